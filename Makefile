@@ -1,0 +1,138 @@
+# sekali - plain GNU make. `make help` lists the targets.
+#
+# Objects are built twice: into $(B)/obj for the production binaries, and with
+# -DSK_FAULTS into $(B)/fault for the fault-test build of sekalid, so that no
+# production binary contains a failpoint.
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+B       ?= build
+
+PKGS    = librabbitmq hiredis libpq yaml-0.1
+CC     ?= cc
+CFLAGS ?= -O2 -g
+override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+                   -fno-strict-aliasing -MMD -MP -iquote src -Iinclude \
+                   $(shell pkg-config --cflags $(PKGS)) \
+                   -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"'
+LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
+CHECK_LIBS = $(shell pkg-config --libs check)
+
+CORE    = common config log backoff
+DAEMON  = $(CORE) main supervisor worker broker envelope lock heartbeat store plugin host failpoint
+CTL     = $(CORE) ctl broker lock
+
+obj   = $(patsubst %,$(B)/obj/%.o,$(1))
+fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
+
+HANDLERS     = $(B)/handlers/invoice.so
+TEST_PLUGINS = $(patsubst tests/plugins/%.c,$(B)/tests/plugins/%.so,$(wildcard tests/plugins/*.c))
+UNIT_TESTS   = $(patsubst tests/unit/%.c,$(B)/tests/%,$(wildcard tests/unit/check_*.c))
+INTEG_TESTS  = $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/integration/check_*.c))
+FAULT_TESTS  = $(patsubst tests/fault/%.c,$(B)/tests/%,$(wildcard tests/fault/check_*.c))
+TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
+
+.PHONY: all tests check check-unit deps servers demo bench asan valgrind install clean help
+all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
+
+tests: all $(B)/fault/sekalid $(TEST_PLUGINS) $(TESTS)
+
+$(B)/sekalid: $(call obj,$(DAEMON))
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(B)/fault/sekalid: $(call fobj,$(DAEMON))
+	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(LDLIBS)
+$(B)/sekalictl: $(call obj,$(CTL))
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/obj/%.o: src/%.c | $(B)/obj
+	$(CC) $(CFLAGS) -c -o $@ $<
+$(B)/fault/%.o: src/%.c | $(B)/fault
+	$(CC) $(CFLAGS) -DSK_FAULTS -c -o $@ $<
+
+# Handlers are built exactly as a handler author would: against the public
+# header only, position-independent, with no daemon symbols.
+$(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
+	$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+$(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests/plugins
+	$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+
+# Each unit suite links only the module it tests (plus the core).
+$(B)/tests/check_config:   $(call obj,$(CORE))
+$(B)/tests/check_envelope: $(call obj,$(CORE) envelope)
+$(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
+$(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
+	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
+
+HARNESS = $(call obj,$(CORE) broker lock) $(B)/obj/harness.o
+$(B)/obj/harness.o: tests/harness.c | $(B)/obj
+	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
+$(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
+	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
+$(B)/tests/check_%: tests/fault/check_%.c $(HARNESS) | $(B)/tests
+	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
+
+$(B)/obj $(B)/fault $(B)/handlers $(B)/tests $(B)/tests/plugins:
+	mkdir -p $@
+
+# The README's two commands. Both install what is missing first, then build
+# in a sub-make, so that pkg-config sees the freshly installed libraries.
+deps:
+	tools/install-deps.sh
+servers:
+	tests/servers.sh start
+
+check: deps
+	$(MAKE) tests
+	tests/servers.sh start
+	tests/run.sh $(B)
+
+check-unit: tests
+	tests/run.sh $(B) unit
+
+demo: deps
+	$(MAKE) all
+	tests/servers.sh start
+	tools/demo.sh $(B)
+
+bench: deps
+	$(MAKE) all
+	tests/servers.sh start
+	tests/bench/run.sh $(B)
+
+# ASan and UBSan over the whole suite, in a separate build tree.
+asan: deps
+	$(MAKE) B=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" tests
+	tests/servers.sh start
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    tests/run.sh build/asan
+
+# Valgrind over the unit suites and over sekalid in the integration suites.
+valgrind: deps
+	$(MAKE) tests
+	tests/servers.sh start
+	SEKALI_VALGRIND=1 tests/run.sh $(B)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/sekali/handlers \
+	    $(DESTDIR)$(PREFIX)/include/sekali $(DESTDIR)$(PREFIX)/share/sekali/sql
+	install -m 755 $(B)/sekalid $(B)/sekalictl $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(HANDLERS) $(DESTDIR)$(PREFIX)/lib/sekali/handlers/
+	install -m 644 include/sekali/handler.h $(DESTDIR)$(PREFIX)/include/sekali/
+	install -m 644 sql/*.sql $(DESTDIR)$(PREFIX)/share/sekali/sql/
+	install -d $(DESTDIR)/etc/sekali
+	test -e $(DESTDIR)/etc/sekali/sekali.yaml || \
+	    install -m 640 conf/sekali.yaml $(DESTDIR)/etc/sekali/sekali.yaml
+
+clean:
+	rm -rf build
+
+help:
+	@echo "all       sekalid, sekalictl and the example handlers (in $(B)/)"
+	@echo "check     install what is missing, start test servers, run every test"
+	@echo "demo      install what is missing, start servers, run sekalid on duplicate jobs"
+	@echo "bench     throughput and latency against pgbench on the same SQL"
+	@echo "asan      the test suite under ASan and UBSan"
+	@echo "valgrind  the test suite with sekalid under valgrind"
+	@echo "install   PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
+
+-include $(shell find build -name '*.d' 2>/dev/null)

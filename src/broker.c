@@ -1,0 +1,343 @@
+/* broker.c - RabbitMQ through librabbitmq: one connection, one channel.
+ *
+ * librabbitmq is synchronous: heartbeats are only answered while we are inside
+ * one of its calls, and a consumer's connection can carry unrelated frames
+ * (channel.close, basic.return) between deliveries. This file hides both: the
+ * consume loop reads the stray frames and turns a closed channel into SK_ERR,
+ * and publishing waits for the confirm frame by frame. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+
+#include "broker.h"
+
+#define CHANNEL 1
+
+struct sk_broker {
+    amqp_connection_state_t conn;
+    bool                    confirming;
+    uint64_t                next_publish_tag;
+};
+
+static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
+static struct timeval to_timeval(uint32_t ms);
+static int wait_confirm(struct sk_broker *b, uint64_t tag, struct sk_err *err);
+
+int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
+{
+    struct sk_broker *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return sk_err_errno(err, SK_ERR, "calloc(broker)");
+    b->next_publish_tag = 1;
+
+    b->conn = amqp_new_connection();
+    if (b->conn == NULL) {
+        sk_err_set(err, SK_ERR, "amqp_new_connection failed");
+        goto fail;
+    }
+    amqp_socket_t *socket = amqp_tcp_socket_new(b->conn);
+    if (socket == NULL) {
+        sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
+        goto fail;
+    }
+    struct timeval timeout = to_timeval(conf->connect_timeout_ms);
+    int status = amqp_socket_open_noblock(socket, conf->host, conf->port, &timeout);
+    if (status != AMQP_STATUS_OK) {
+        sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", conf->host, conf->port,
+                   amqp_error_string2(status));
+        goto fail;
+    }
+    /* Bound the login and every later RPC, so a wedged broker turns into an
+     * error we can back off from instead of a hung worker. */
+    amqp_set_handshake_timeout(b->conn, &timeout);
+    amqp_set_rpc_timeout(b->conn, &timeout);
+
+    int heartbeat_s = (int)((conf->heartbeat_ms + 999) / 1000);
+    amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
+                                        heartbeat_s, AMQP_SASL_METHOD_PLAIN, conf->user,
+                                        conf->password != NULL ? conf->password : "");
+    if (rpc_check(reply, "amqp_login", err) != SK_OK)
+        goto fail;
+    amqp_channel_open(b->conn, CHANNEL);
+    if (rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err) != SK_OK)
+        goto fail;
+
+    *out = b;
+    return SK_OK;
+
+fail:
+    sk_broker_close(b);
+    return err != NULL ? err->code : SK_ERR;
+}
+
+void sk_broker_close(struct sk_broker *b)
+{
+    if (b == NULL)
+        return;
+    if (b->conn != NULL) {
+        /* Closing politely makes the broker requeue our unacked deliveries at
+         * once; if the connection is already broken these fail harmlessly. */
+        amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
+        amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+        amqp_destroy_connection(b->conn);
+    }
+    free(b);
+}
+
+int sk_broker_declare(struct sk_broker *b, const char *name, struct sk_err *err)
+{
+    char dead[512];
+    int n = snprintf(dead, sizeof(dead), "%s.dead", name);
+    if (n < 0 || (size_t)n >= sizeof(dead))
+        return sk_err_set(err, SK_ERR, "queue name too long: %s", name);
+
+    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
+                       amqp_empty_table);
+    if (rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err) != SK_OK)
+        return err != NULL ? err->code : SK_ERR;
+
+    /* A rejected message goes to name.dead through the default exchange; the
+     * broker moves it, so a dead letter cannot be lost between two queues. */
+    amqp_table_entry_t args[2];
+    args[0].key = amqp_cstring_bytes("x-dead-letter-exchange");
+    args[0].value.kind = AMQP_FIELD_KIND_UTF8;
+    args[0].value.value.bytes = amqp_cstring_bytes("");
+    args[1].key = amqp_cstring_bytes("x-dead-letter-routing-key");
+    args[1].value.kind = AMQP_FIELD_KIND_UTF8;
+    args[1].value.value.bytes = amqp_cstring_bytes(dead);
+    amqp_table_t table = { .num_entries = 2, .entries = args };
+
+    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare", err);
+}
+
+int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
+                          uint32_t *consumers, struct sk_err *err)
+{
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name),
+                                                     1, 0, 0, 0, amqp_empty_table);
+    if (rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err) != SK_OK)
+        return err != NULL ? err->code : SK_ERR;
+    if (messages != NULL)
+        *messages = ok->message_count;
+    if (consumers != NULL)
+        *consumers = ok->consumer_count;
+    return SK_OK;
+}
+
+int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
+                      struct sk_err *err)
+{
+    amqp_basic_qos(b->conn, CHANNEL, 0, prefetch, 0);
+    if (rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err) != SK_OK)
+        return err != NULL ? err->code : SK_ERR;
+    amqp_basic_consume(b->conn, CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
+                       amqp_empty_table);
+    return rpc_check(amqp_get_rpc_reply(b->conn), "basic.consume", err);
+}
+
+int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
+                   struct sk_err *err)
+{
+    amqp_maybe_release_buffers(b->conn);
+    struct timeval timeout = to_timeval((uint32_t)timeout_ms);
+    amqp_rpc_reply_t reply = amqp_consume_message(b->conn, env, &timeout, 0);
+    if (reply.reply_type == AMQP_RESPONSE_NORMAL)
+        return SK_OK;
+    if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+        reply.library_error == AMQP_STATUS_TIMEOUT)
+        return SK_AGAIN;
+    if (reply.reply_type != AMQP_RESPONSE_LIBRARY_EXCEPTION ||
+        reply.library_error != AMQP_STATUS_UNEXPECTED_STATE)
+        return rpc_check(reply, "basic.consume(next)", err) == SK_OK ? SK_AGAIN : SK_ERR;
+
+    /* Something other than a delivery arrived: read it to learn whether the
+     * channel or the connection is going away. */
+    amqp_frame_t frame;
+    if (amqp_simple_wait_frame(b->conn, &frame) != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_ERR, "amqp connection lost while waiting for a delivery");
+    if (frame.frame_type != AMQP_FRAME_METHOD)
+        return SK_AGAIN;
+    switch (frame.payload.method.id) {
+    case AMQP_CHANNEL_CLOSE_METHOD: {
+        amqp_channel_close_t *m = frame.payload.method.decoded;
+        return sk_err_set(err, SK_ERR, "broker closed the channel: %.*s",
+                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    }
+    case AMQP_CONNECTION_CLOSE_METHOD: {
+        amqp_connection_close_t *m = frame.payload.method.decoded;
+        return sk_err_set(err, SK_ERR, "broker closed the connection: %.*s",
+                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    }
+    case AMQP_BASIC_CANCEL_METHOD:
+        return sk_err_set(err, SK_ERR, "broker cancelled the consumer (queue deleted?)");
+    default:
+        return SK_AGAIN;
+    }
+}
+
+void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
+{
+    (void)b;
+    amqp_destroy_envelope(env);
+}
+
+int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
+{
+    int status = amqp_basic_ack(b->conn, CHANNEL, delivery_tag, 0);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
+    return SK_OK;
+}
+
+int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
+                     struct sk_err *err)
+{
+    int status = amqp_basic_reject(b->conn, CHANNEL, delivery_tag, requeue);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.reject failed: %s", amqp_error_string2(status));
+    return SK_OK;
+}
+
+int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
+{
+    amqp_confirm_select(b->conn, CHANNEL);
+    if (rpc_check(amqp_get_rpc_reply(b->conn), "confirm.select", err) != SK_OK)
+        return err != NULL ? err->code : SK_ERR;
+    b->confirming = true;
+    return SK_OK;
+}
+
+int sk_broker_publish(struct sk_broker *b, const char *routing_key,
+                      const struct sk_message *msg, struct sk_err *err)
+{
+    sk_assert(b->confirming);
+
+    amqp_table_entry_t headers[2];
+    int n_headers = 0;
+    if (msg->idempotency_key != NULL) {
+        headers[n_headers].key = amqp_cstring_bytes("x-idempotency-key");
+        headers[n_headers].value.kind = AMQP_FIELD_KIND_UTF8;
+        headers[n_headers].value.value.bytes = amqp_cstring_bytes(msg->idempotency_key);
+        n_headers++;
+    }
+    if (msg->resource_key != NULL) {
+        headers[n_headers].key = amqp_cstring_bytes("x-resource-key");
+        headers[n_headers].value.kind = AMQP_FIELD_KIND_UTF8;
+        headers[n_headers].value.value.bytes = amqp_cstring_bytes(msg->resource_key);
+        n_headers++;
+    }
+
+    amqp_basic_properties_t props = { 0 };
+    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    if (msg->message_id != NULL) {
+        props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+        props.message_id = amqp_cstring_bytes(msg->message_id);
+    }
+    if (msg->type != NULL) {
+        props._flags |= AMQP_BASIC_TYPE_FLAG;
+        props.type = amqp_cstring_bytes(msg->type);
+    }
+    if (msg->content_type != NULL) {
+        props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+        props.content_type = amqp_cstring_bytes(msg->content_type);
+    }
+    if (n_headers > 0) {
+        props._flags |= AMQP_BASIC_HEADERS_FLAG;
+        props.headers.num_entries = n_headers;
+        props.headers.entries = headers;
+    }
+
+    amqp_bytes_t body = { .len = msg->body_len, .bytes = (void *)msg->body };
+    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
+                                    amqp_cstring_bytes(routing_key), 1, 0, &props, body);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
+                          amqp_error_string2(status));
+    return wait_confirm(b, b->next_publish_tag++, err);
+}
+
+/* A mandatory publish to a missing queue comes back as basic.return followed
+ * by the ack, so a return seen before the ack turns the ack into a failure. */
+static int wait_confirm(struct sk_broker *b, uint64_t tag, struct sk_err *err)
+{
+    bool returned = false;
+    for (;;) {
+        amqp_frame_t frame;
+        struct timeval timeout = to_timeval(30000);
+        int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
+        if (status != AMQP_STATUS_OK)
+            return sk_err_set(err, SK_AGAIN, "waiting for publisher confirm: %s",
+                              amqp_error_string2(status));
+        if (frame.frame_type != AMQP_FRAME_METHOD)
+            continue;
+        switch (frame.payload.method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+            amqp_basic_ack_t *ack = frame.payload.method.decoded;
+            if (ack->delivery_tag < tag)
+                continue;
+            if (returned)
+                return sk_err_set(err, SK_ERR, "broker returned the message: no such queue");
+            return SK_OK;
+        }
+        case AMQP_BASIC_NACK_METHOD:
+            return sk_err_set(err, SK_ERR, "broker nacked the message");
+        case AMQP_BASIC_RETURN_METHOD: {
+            returned = true;
+            /* The returned message's header and body follow; consume them. */
+            amqp_message_t message;
+            amqp_rpc_reply_t reply = amqp_read_message(b->conn, frame.channel, &message, 0);
+            if (reply.reply_type != AMQP_RESPONSE_NORMAL)
+                return sk_err_set(err, SK_AGAIN, "reading a returned message failed");
+            amqp_destroy_message(&message);
+            continue;
+        }
+        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CONNECTION_CLOSE_METHOD:
+            return sk_err_set(err, SK_AGAIN, "broker closed the channel while publishing");
+        default:
+            continue;
+        }
+    }
+}
+
+static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err)
+{
+    switch (reply.reply_type) {
+    case AMQP_RESPONSE_NORMAL:
+        return SK_OK;
+    case AMQP_RESPONSE_NONE:
+        return sk_err_set(err, SK_AGAIN, "%s: missing RPC reply", what);
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+        return sk_err_set(err, SK_AGAIN, "%s: %s", what,
+                          amqp_error_string2(reply.library_error));
+    case AMQP_RESPONSE_SERVER_EXCEPTION:
+        if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+            amqp_connection_close_t *m = reply.reply.decoded;
+            return sk_err_set(err, SK_ERR, "%s: broker closed the connection: %u %.*s", what,
+                              m->reply_code, (int)m->reply_text.len,
+                              (const char *)m->reply_text.bytes);
+        }
+        if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+            amqp_channel_close_t *m = reply.reply.decoded;
+            return sk_err_set(err, SK_ERR, "%s: broker closed the channel: %u %.*s", what,
+                              m->reply_code, (int)m->reply_text.len,
+                              (const char *)m->reply_text.bytes);
+        }
+        return sk_err_set(err, SK_ERR, "%s: unexpected server method 0x%08x", what,
+                          reply.reply.id);
+    }
+    return sk_err_set(err, SK_ERR, "%s: unknown reply type", what);
+}
+
+static struct timeval to_timeval(uint32_t ms)
+{
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+    return tv;
+}

@@ -1,0 +1,73 @@
+/* broker.h - one RabbitMQ connection (librabbitmq): connect, declare, consume,
+ * ack, publish with confirms.
+ *
+ * Named "broker" rather than "amqp" so that it never shadows librabbitmq's own
+ * <amqp.h>. One struct sk_broker is one AMQP connection with one channel; it
+ * is owned by one thread and never shared. */
+#ifndef SK_BROKER_H
+#define SK_BROKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <amqp.h>
+
+#include "common.h"
+#include "config.h"
+
+struct sk_broker;
+
+/* A message to publish. Absent strings are NULL; headers are optional. */
+struct sk_message {
+    const char    *message_id;
+    const char    *type;
+    const char    *content_type;
+    const char    *idempotency_key;  /* sent as header x-idempotency-key */
+    const char    *resource_key;     /* sent as header x-resource-key */
+    const void    *body;
+    size_t         body_len;
+};
+
+/* Connects, logs in and opens the channel. Blocks at most the configured
+ * connect timeout. Returns SK_OK, SK_AGAIN (unreachable) or SK_ERR (refused
+ * login, bad vhost). On success *out is owned by the caller. */
+int  sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err);
+void sk_broker_close(struct sk_broker *b);
+
+/* Declares the durable work queue `name`, whose rejected messages the broker
+ * dead-letters to the durable queue `name.dead`. */
+int sk_broker_declare(struct sk_broker *b, const char *name, struct sk_err *err);
+
+/* Message count of a queue (ready messages only), without creating it. */
+int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
+                          uint32_t *consumers, struct sk_err *err);
+
+/* Starts consuming `queue` with manual acks and at most `prefetch` unacked. */
+int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
+                      struct sk_err *err);
+
+/* Waits up to timeout_ms for the next delivery. Returns SK_OK with *env filled
+ * (release it with sk_broker_release()), SK_AGAIN when nothing arrived in
+ * time, or SK_ERR when the connection or channel is gone. */
+int  sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
+                    struct sk_err *err);
+void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env);
+
+int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err);
+
+/* requeue: hand the message back to the queue; otherwise the broker
+ * dead-letters it to `queue.dead`. */
+int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
+                     struct sk_err *err);
+
+/* Puts the channel in confirm mode; needed once before sk_broker_publish(). */
+int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
+
+/* Publishes a persistent, mandatory message to the default exchange and waits
+ * for the broker's confirm. Returns SK_OK once confirmed, SK_ERR if the broker
+ * nacked or returned it (no such queue), SK_AGAIN if the connection failed.
+ * Only for connections that do not consume: it reads frames synchronously. */
+int sk_broker_publish(struct sk_broker *b, const char *routing_key,
+                      const struct sk_message *msg, struct sk_err *err);
+
+#endif

@@ -1,0 +1,52 @@
+/* common.h - result codes, the error buffer and assertions shared by every module.
+ *
+ * Every fallible function returns one of the SK_* codes and, when the caller passes
+ * a struct sk_err, explains the failure there. The code tells the caller what to do
+ * next; the message is for the one place that logs it. */
+#ifndef SK_COMMON_H
+#define SK_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    SK_OK    =  0,
+    SK_ERR   = -1,  /* permanent for this input: do not retry as is */
+    SK_AGAIN = -2,  /* transient (server unreachable, timeout): back off and retry */
+    SK_BUSY  = -3,  /* someone else holds it: try later */
+    SK_DUP   = -4,  /* already completed: acknowledge, do nothing */
+};
+
+/* Process exit codes are an interface: the supervisor and systemd's
+ * RestartPreventExitStatus= both rely on them. */
+enum {
+    SK_EXIT_OK      = 0,
+    SK_EXIT_RUNTIME = 1,
+    SK_EXIT_CONFIG  = 2,  /* never respawned: it would fail the same way */
+    SK_EXIT_ABI     = 3,  /* never respawned: the plugin must be rebuilt */
+};
+
+struct sk_err {
+    int  code;
+    int  sys_errno;
+    char msg[256];
+};
+
+/* Fills err (which may be NULL) and returns code, so callers can write
+ * `return sk_err_set(err, SK_ERR, "...")`. */
+int sk_err_set(struct sk_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Like sk_err_set, appending ": strerror(errno)" and keeping errno. */
+int sk_err_errno(struct sk_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+_Noreturn void sk_assert_fail(const char *expr, const char *file, int line);
+
+/* For states that cannot occur. Bad input never reaches an assert. */
+#define sk_assert(expr) \
+    ((expr) ? (void)0 : sk_assert_fail(#expr, __FILE__, __LINE__))
+
+#define SK_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif

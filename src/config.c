@@ -1,0 +1,992 @@
+/* config.c - turns sekali.yaml into an immutable struct sk_conf.
+ *
+ * Owns the schema. Each section is a static table of keys (type, field,
+ * bounds, required), as nginx's command tables are, so a new key is one line
+ * and the walker below does not change. The file is loaded whole with
+ * libyaml's node API and walked in document order; the first error stops the
+ * load and carries the offending node's file:line:column, so `sekalid -t`
+ * reads like `nginx -t`. Secrets are resolved here, at load time, so that a
+ * reload picks up rotated ones and the rest of the daemon sees a password. */
+#include "config.h"
+
+#include <amqp.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <libpq-fe.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#define SEC  UINT64_C(1000)
+#define MIN  (60 * SEC)
+#define HOUR (60 * MIN)
+#define DAY  (24 * HOUR)
+#define KIB  UINT64_C(1024)
+#define MIB  (1024 * KIB)
+
+#define MAX_FILE      MIB         /* a config larger than this is a mistake */
+#define MAX_SECRET    (64 * KIB)  /* keeps password_file: /dev/zero finite */
+#define MAX_DEPTH     64          /* libyaml's emitter recurses */
+#define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
+#define NAME_CHARS    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
+#define MIN_LOCK_TTL  100         /* shorter leases cannot be renewed (every ttl/3) in time */
+
+enum type {
+    T_STR,            /* char *, non-empty */
+    T_NAME,           /* char *, 1 to MAX_NAME of NAME_CHARS: safe in AMQP, Redis and logs */
+    T_PATH,           /* char *, resolved against the config file's directory */
+    T_LIST,           /* char ** of non-empty scalars, followed by its size_t count */
+    T_INT,            /* int in [min, max] */
+    T_BOOL,           /* bool: true/false/yes/no/on/off */
+    T_DURATION,       /* uint32_t milliseconds in [min, max] */
+    T_SIZE,           /* size_t bytes in [min, max] */
+    T_ENUM,           /* an enum whose values index names[] */
+    T_SECTION,        /* a nested mapping described by sub[] */
+    T_PASSWORD_ENV,   /* char *password, read from the named variable */
+    T_PASSWORD_FILE,  /* char *password, read from the named file */
+    T_CUSTOM,         /* fn() parses it and may fill several fields */
+};
+
+struct loader;
+
+struct key {
+    const char        *name;
+    enum type          type;
+    size_t             offset;  /* of the field in the section's struct */
+    uint64_t           min, max;
+    bool               required;
+    const struct key  *sub;
+    const char *const *names;
+    int              (*fn)(struct loader *L, yaml_node_t *value, void *base);
+};
+
+struct unit { const char *name; uint64_t n; };
+
+struct loader {
+    const char      *path;
+    char            *dir;          /* absolute directory of path */
+    yaml_document_t *doc;
+    struct sk_err   *err;
+    const char      *secret_from;  /* where this section's password came from */
+};
+
+static int parse(struct loader *L, yaml_parser_t *parser, const char *text, size_t len);
+static int load_map(struct loader *L, yaml_node_t *map, const char *label,
+                    const struct key *table, void *base);
+static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *base);
+static int amqp_url(struct loader *L, yaml_node_t *v, void *base);
+static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
+static int load_queues(struct loader *L, yaml_node_t *v, void *base);
+static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
+static int queue_config(struct loader *L, yaml_node_t *v, void *base);
+static int copy_node(struct loader *L, yaml_document_t *dst, int index, int *memo, int depth);
+static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst);
+static int claim_secret(struct loader *L, yaml_node_t *v, const char *source);
+static int scalar(struct loader *L, yaml_node_t *n, const char *label,
+                  const char *expect, const char **out);
+static int store(struct loader *L, yaml_node_t *n, char **dst, const char *s);
+static int fail(struct loader *L, const yaml_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static yaml_node_t *node(struct loader *L, int index);
+static yaml_node_t *find_value(struct loader *L, yaml_node_t *map, const char *key);
+static const char *kind(const yaml_node_t *n);
+static bool is_null(const yaml_node_t *n);
+static int parse_int(const char *s, int64_t *v);
+static int parse_bool(const char *s, bool *v);
+static int parse_unit(const char *s, const struct unit *units, uint64_t *out);
+static const char *fmt_unit(uint64_t n, const struct unit *units, char *buf, size_t len);
+static char *resolve(struct loader *L, const char *path);
+static int slurp(const char *path, size_t max, char **out, size_t *len, const char **op);
+static void wipe(char *s);
+
+/* The schema. Adding a key: a line here, a field in config.h, its default
+ * below the tables, and a documented line in conf/sekali.yaml. */
+#define OF(s, f)                   offsetof(struct s, f)
+#define STR(n, s, f)               { .name = n, .type = T_STR, .offset = OF(s, f) }
+#define NAME(n, s, f, req)         { .name = n, .type = T_NAME, .offset = OF(s, f), .required = req }
+#define PATH(n, s, f, req)         { .name = n, .type = T_PATH, .offset = OF(s, f), .required = req }
+#define LIST(n, s, f)              { .name = n, .type = T_LIST, .offset = OF(s, f) }
+#define INT(n, s, f, lo, hi)       { .name = n, .type = T_INT, .offset = OF(s, f), .min = lo, .max = hi }
+#define BOOL(n, s, f)              { .name = n, .type = T_BOOL, .offset = OF(s, f) }
+#define DURATION(n, s, f, lo, hi)  { .name = n, .type = T_DURATION, .offset = OF(s, f), .min = lo, .max = hi }
+#define SIZE(n, s, f, lo, hi)      { .name = n, .type = T_SIZE, .offset = OF(s, f), .min = lo, .max = hi }
+#define ENUM(n, s, f, list)        { .name = n, .type = T_ENUM, .offset = OF(s, f), .names = list }
+#define SECTION(n, f, table, req)  { .name = n, .type = T_SECTION, .offset = OF(sk_conf, f), \
+                                     .sub = table, .required = req }
+#define CUSTOM(n, func, req)       { .name = n, .type = T_CUSTOM, .fn = func, .required = req }
+#define PASSWORD(s) \
+    { .name = "password_env",  .type = T_PASSWORD_ENV,  .offset = OF(s, password) }, \
+    { .name = "password_file", .type = T_PASSWORD_FILE, .offset = OF(s, password) }
+#define END                        { .name = NULL }
+
+/* Indexed by enum value: keep them in config.h's order. */
+static const char *const modes[]   = { "transactional", "external", NULL };
+static const char *const levels[]  = { "debug", "info", "warn", "error", NULL };
+static const char *const formats[] = { "auto", "json", "text", NULL };
+
+static const struct key amqp_keys[] = {
+    CUSTOM("url", amqp_url, true),
+    PASSWORD(sk_amqp_conf),
+    DURATION("heartbeat",       sk_amqp_conf, heartbeat_ms,       0, HOUR),
+    DURATION("connect_timeout", sk_amqp_conf, connect_timeout_ms, 1, HOUR),
+    END
+};
+
+static const struct key redis_keys[] = {
+    STR("host",         sk_redis_conf, host),
+    INT("port",         sk_redis_conf, port, 1, 65535),
+    INT("db",           sk_redis_conf, db, 0, 15),
+    PASSWORD(sk_redis_conf),
+    DURATION("timeout", sk_redis_conf, timeout_ms, 1, HOUR),
+    END
+};
+
+static const struct key postgres_keys[] = {
+    CUSTOM("conninfo", pg_conninfo, true),
+    PASSWORD(sk_postgres_conf),
+    END
+};
+
+static const struct key lock_keys[] = {
+    DURATION("ttl",       sk_lock_conf, ttl_ms,       MIN_LOCK_TTL, DAY),
+    DURATION("busy_wait", sk_lock_conf, busy_wait_ms, 0, HOUR),
+    END
+};
+
+static const struct key log_keys[] = {
+    ENUM("level",  sk_log_conf, level,  levels),
+    ENUM("format", sk_log_conf, format, formats),
+    END
+};
+
+static const struct key queue_keys[] = {
+    NAME("name",            sk_queue_conf, name, true),
+    PATH("handler",         sk_queue_conf, handler, true),
+    INT("workers",          sk_queue_conf, workers,  1, 256),
+    INT("prefetch",         sk_queue_conf, prefetch, 1, 65535),
+    ENUM("mode",            sk_queue_conf, mode, modes),
+    BOOL("lock",            sk_queue_conf, lock),
+    DURATION("lock_ttl",    sk_queue_conf, lock_ttl_ms, MIN_LOCK_TTL, DAY),
+    SIZE("max_body",        sk_queue_conf, max_body, 1, 128 * MIB),
+    LIST("job_types",       sk_queue_conf, job_types),
+    DURATION("job_timeout", sk_queue_conf, job_timeout_ms, 0, DAY),
+    CUSTOM("config", queue_config, false),
+    END
+};
+
+static const struct key top_keys[] = {
+    SECTION("amqp",     amqp,     amqp_keys,     true),
+    SECTION("redis",    redis,    redis_keys,    false),
+    SECTION("postgres", postgres, postgres_keys, true),
+    SECTION("lock",     lock,     lock_keys,     false),
+    SECTION("log",      log,      log_keys,      false),
+    DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
+    CUSTOM("queues", load_queues, true),
+    END
+};
+
+/* Strings (redis.host, amqp.password) are set in sk_conf_load(). */
+static const struct sk_conf conf_defaults = {
+    .amqp  = { .heartbeat_ms = 30 * SEC, .connect_timeout_ms = 5 * SEC },
+    .redis = { .port = 6379, .timeout_ms = 2 * SEC },
+    .lock  = { .ttl_ms = 30 * SEC, .busy_wait_ms = 2 * SEC },
+    .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
+    .shutdown_timeout_ms = 30 * SEC,
+};
+
+/* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
+static const struct sk_queue_conf queue_defaults = {
+    .workers = 1, .prefetch = 1, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
+};
+
+/* Largest first: fmt_unit() picks the first that divides exactly. */
+static const struct unit duration_units[] = {
+    { "h", HOUR }, { "m", MIN }, { "s", SEC }, { "ms", 1 }, { NULL, 0 },
+};
+static const struct unit size_units[] = {
+    { "GiB", 1024 * MIB }, { "MiB", MIB }, { "KiB", KIB }, { "GB", 1000000000 },
+    { "MB", 1000000 }, { "kB", 1000 }, { "B", 1 }, { "", 1 }, { NULL, 0 },
+};
+
+/* T_ENUM writes through an int; T_LIST finds its count right after the array. */
+_Static_assert(OF(sk_queue_conf, n_job_types) == OF(sk_queue_conf, job_types) + sizeof(char **),
+               "n_job_types follows job_types");
+_Static_assert(sizeof(enum sk_queue_mode) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum sk_log_level) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum sk_log_format) == sizeof(int), "enum size");
+
+int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
+{
+    struct loader L = { .path = path, .err = err };
+    struct sk_conf *c = NULL;
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    char *text = NULL, *dircopy = NULL;
+    const char *op;
+    size_t len;
+    int rc = SK_ERR;
+
+    int e = slurp(path, MAX_FILE, &text, &len, &op);
+    if (e != 0) {
+        errno = e;
+        return sk_err_errno(err, SK_ERR, "%s: cannot %s", path, op);
+    }
+    /* Relative handler and password paths follow the file, not the cwd:
+     * the supervisor may have chdir()ed long before a reload. */
+    if ((dircopy = strdup(path)) == NULL || (L.dir = realpath(dirname(dircopy), NULL)) == NULL) {
+        sk_err_errno(err, SK_ERR, "%s: cannot resolve its directory", path);
+        goto fail;
+    }
+    if ((c = malloc(sizeof(*c))) != NULL) {
+        *c = conf_defaults;
+        c->path = strdup(path);
+        c->redis.host = strdup("127.0.0.1");
+        c->amqp.password = strdup("guest");  /* the broker's default, as in amqp_parse_url() */
+    }
+    if (c == NULL || !c->path || !c->redis.host || !c->amqp.password || !yaml_parser_initialize(&parser)) {
+        sk_err_set(err, SK_ERR, "%s: out of memory", path);
+        goto fail;
+    }
+    L.doc = &doc;
+    if (parse(&L, &parser, text, len) == SK_OK) {
+        rc = load_map(&L, yaml_document_get_root_node(&doc), "top level", top_keys, c);
+        yaml_document_delete(&doc);
+    }
+    yaml_parser_delete(&parser);
+    if (rc != SK_OK)
+        goto fail;
+
+    /* Only now, because lock: may come after queues:. */
+    for (size_t i = 0; i < c->n_queues; i++)
+        if (c->queues[i].lock_ttl_ms == 0)
+            c->queues[i].lock_ttl_ms = c->lock.ttl_ms;
+    *out = c;
+    c = NULL;
+fail:
+    sk_conf_free(c);
+    free(L.dir);
+    free(dircopy);
+    free(text);
+    return rc;
+}
+
+void sk_conf_free(struct sk_conf *c)
+{
+    if (c == NULL)
+        return;
+    free(c->path);
+    free(c->amqp.host);
+    free(c->amqp.vhost);
+    free(c->amqp.user);
+    wipe(c->amqp.password);
+    free(c->redis.host);
+    wipe(c->redis.password);
+    free(c->postgres.conninfo);
+    wipe(c->postgres.password);
+    for (size_t i = 0; i < c->n_queues; i++) {
+        struct sk_queue_conf *q = &c->queues[i];
+        free(q->name);
+        free(q->handler);
+        wipe(q->handler_config);  /* handlers keep their own secrets there */
+        for (size_t j = 0; j < q->n_job_types; j++)
+            free(q->job_types[j]);
+        free(q->job_types);
+    }
+    free(c->queues);
+    free(c);
+}
+
+const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char *name)
+{
+    for (size_t i = 0; conf != NULL && name != NULL && i < conf->n_queues; i++)
+        if (strcmp(conf->queues[i].name, name) == 0)
+            return &conf->queues[i];
+    return NULL;
+}
+
+int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err)
+{
+    int r = parse_unit(text, duration_units, ms);
+
+    if (r == SK_AGAIN)
+        return sk_err_set(err, SK_ERR, "duration \"%.64s\" is too large", text);
+    if (r != SK_OK)
+        return sk_err_set(err, SK_ERR, "invalid duration \"%.64s\": expected a number "
+                          "followed by ms, s, m or h", text);
+    return SK_OK;
+}
+
+int sk_parse_size(const char *text, uint64_t *bytes, struct sk_err *err)
+{
+    int r = parse_unit(text, size_units, bytes);
+
+    if (r == SK_AGAIN)
+        return sk_err_set(err, SK_ERR, "size \"%.64s\" is too large", text);
+    if (r != SK_OK)
+        return sk_err_set(err, SK_ERR, "invalid size \"%.64s\": expected a number optionally "
+                          "followed by B, kB, KiB, MB, MiB, GB or GiB", text);
+    return SK_OK;
+}
+
+/* Loads the one document of text into *L->doc, which the caller deletes
+ * on success. A syntax error, an empty file or a second document fails. */
+static int parse(struct loader *L, yaml_parser_t *parser, const char *text, size_t len)
+{
+    yaml_document_t extra;
+    yaml_node_t *root;
+    yaml_mark_t m;
+
+    yaml_parser_set_input_string(parser, (const unsigned char *)text, len);
+    if (yaml_parser_load(parser, L->doc)) {
+        root = yaml_document_get_root_node(L->doc);
+        if (root == NULL || is_null(root)) {
+            yaml_document_delete(L->doc);
+            return sk_err_set(L->err, SK_ERR, "%s:1:1: empty file: expected a mapping of "
+                              "sections", L->path);
+        }
+        /* Whatever follows the first document would be silently ignored. */
+        if (yaml_parser_load(parser, &extra)) {
+            m = extra.start_mark;
+            root = yaml_document_get_root_node(&extra);
+            yaml_document_delete(&extra);
+            if (root == NULL)
+                return SK_OK;
+            yaml_document_delete(L->doc);
+            return sk_err_set(L->err, SK_ERR, "%s:%zu:%zu: found a second YAML document; a "
+                              "config file holds one", L->path, m.line + 1, m.column + 1);
+        }
+        yaml_document_delete(L->doc);
+    }
+    m = parser->problem_mark;
+    if (parser->error == YAML_READER_ERROR) {
+        /* The reader (bad UTF-8, control characters) has a byte offset, not a mark. */
+        m = (yaml_mark_t){ 0, 0, 0 };
+        for (size_t i = 0; i < parser->problem_offset && i < len; i++) {
+            m.column = text[i] == '\n' ? 0 : m.column + (((unsigned char)text[i] & 0xc0) != 0x80);
+            m.line += text[i] == '\n';
+        }
+    }
+    if (parser->context == NULL)
+        return sk_err_set(L->err, SK_ERR, "%s:%zu:%zu: syntax error: %s", L->path, m.line + 1,
+                          m.column + 1, parser->problem ? parser->problem : "out of memory");
+    return sk_err_set(L->err, SK_ERR, "%s:%zu:%zu: syntax error: %s (%s that starts at %zu:%zu)",
+                      L->path, m.line + 1, m.column + 1, parser->problem, parser->context,
+                      parser->context_mark.line + 1, parser->context_mark.column + 1);
+}
+
+/* Applies each pair of map to base through table, in document order, then
+ * checks the required keys. label names the mapping in messages. A null
+ * value (a section whose lines are all commented out) counts as empty. */
+static int load_map(struct loader *L, yaml_node_t *map, const char *label,
+                    const struct key *table, void *base)
+{
+    const char *saved = L->secret_from, *name;
+    yaml_node_pair_t *p = NULL, *end = NULL;
+    char where[48];
+    uint64_t seen = 0;
+    int rc = SK_OK;
+
+    if (map->type != YAML_MAPPING_NODE && !is_null(map))
+        return fail(L, map, "%s: expected a mapping, got %s", label, kind(map));
+    if (map->type == YAML_MAPPING_NODE) {
+        p = map->data.mapping.pairs.start;
+        end = map->data.mapping.pairs.top;
+    }
+    snprintf(where, sizeof(where), "%s %s", table == top_keys ? "at the" : "in", label);
+    L->secret_from = NULL;
+    for (; p < end && rc == SK_OK; p++) {
+        yaml_node_t *kn = node(L, p->key);
+        size_t i;
+
+        if ((rc = scalar(L, kn, "key", "a scalar", &name)) != SK_OK)
+            break;
+        for (i = 0; table[i].name != NULL && strcmp(table[i].name, name) != 0; i++)
+            ;
+        sk_assert(i < 64);
+        if (table[i].name == NULL)
+            rc = fail(L, kn, "unknown key \"%.64s\" %s", name, where);
+        else if (seen & (UINT64_C(1) << i))
+            rc = fail(L, kn, "duplicate key \"%s\" %s", name, where);
+        else
+            rc = apply(L, &table[i], node(L, p->value), base);
+        seen |= UINT64_C(1) << i;
+    }
+    for (size_t i = 0; rc == SK_OK && table[i].name != NULL; i++)
+        if (table[i].required && !(seen & (UINT64_C(1) << i)))
+            rc = fail(L, map, "missing required key \"%s\" %s", table[i].name, where);
+    L->secret_from = saved;
+    return rc;
+}
+
+static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *base)
+{
+    void *field = (char *)base + k->offset;
+    const struct unit *units = k->type == T_DURATION ? duration_units : size_units;
+    char lo[32], hi[32], names[96];
+    struct sk_err e;
+    const char *s;
+    int64_t i;
+    uint64_t u;
+    int rc;
+
+    if (k->type == T_SECTION)
+        return load_map(L, v, k->name, k->sub, field);
+    if (k->type == T_CUSTOM)
+        return k->fn(L, v, base);
+    if (k->type == T_PASSWORD_ENV || k->type == T_PASSWORD_FILE)
+        return password(L, k, v, field);
+    if (k->type == T_LIST)
+        return load_list(L, k, v, field);
+    rc = scalar(L, v, k->name, k->type == T_INT ? "an integer" : k->type == T_BOOL ? "a boolean"
+                : "a scalar", &s);
+    if (rc != SK_OK)
+        return rc;
+    if ((*s == '\0' || is_null(v)) && (k->type == T_STR || k->type == T_PATH))
+        return fail(L, v, "%s must not be empty", k->name);
+
+    switch (k->type) {
+    case T_STR:
+        return store(L, v, field, s);
+    case T_NAME:
+        if (strlen(s) > MAX_NAME || s[strspn(s, NAME_CHARS)] != '\0' || *s == '\0')
+            return fail(L, v, "invalid %s \"%.64s\": use 1 to %d characters from "
+                        "A-Z a-z 0-9 . _ -", k->name, s, MAX_NAME);
+        return store(L, v, field, s);
+    case T_PATH:  /* existence is the plugin loader's business: it can say why */
+        free(*(char **)field);
+        if ((*(char **)field = resolve(L, s)) == NULL)
+            return fail(L, v, "out of memory");
+        return SK_OK;
+    case T_INT:
+        if (parse_int(s, &i) != SK_OK)
+            return fail(L, v, "%s: expected an integer, got \"%.64s\"", k->name, s);
+        if (i < (int64_t)k->min || i > (int64_t)k->max)
+            return fail(L, v, "%s must be between %" PRIu64 " and %" PRIu64 ", got %.64s",
+                        k->name, k->min, k->max, s);
+        *(int *)field = (int)i;
+        return SK_OK;
+    case T_BOOL:
+        if (parse_bool(s, field) != SK_OK)
+            return fail(L, v, "%s: expected a boolean (true/false/yes/no/on/off), got \"%.64s\"",
+                        k->name, s);
+        return SK_OK;
+    case T_DURATION:
+    case T_SIZE:
+        rc = k->type == T_DURATION ? sk_parse_duration(s, &u, &e) : sk_parse_size(s, &u, &e);
+        if (rc != SK_OK)
+            return fail(L, v, "%s", e.msg);
+        if (u < k->min || u > k->max)
+            return fail(L, v, "%s must be between %s and %s, got %.64s", k->name,
+                        fmt_unit(k->min, units, lo, sizeof(lo)),
+                        fmt_unit(k->max, units, hi, sizeof(hi)), s);
+        if (k->type == T_DURATION)
+            *(uint32_t *)field = (uint32_t)u;
+        else
+            *(size_t *)field = (size_t)u;
+        return SK_OK;
+    case T_ENUM:
+        for (int j = 0; k->names[j] != NULL; j++) {
+            if (strcmp(k->names[j], s) == 0) {
+                *(int *)field = j;
+                return SK_OK;
+            }
+        }
+        names[0] = '\0';
+        for (int j = 0; k->names[j] != NULL; j++)
+            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+                     j == 0 ? "" : k->names[j + 1] ? ", " : " or ", k->names[j]);
+        return fail(L, v, "unknown %s \"%.64s\": expected %s", k->name, s, names);
+    default:
+        sk_assert(!"unhandled key type");
+        return SK_ERR;
+    }
+}
+
+/* amqp://[user[:password]@]host[:port]/[vhost], split into its fields.
+ * Messages leave the URL out: it may hold a password. */
+static int amqp_url(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_amqp_conf *a = base;
+    struct amqp_connection_info ci;
+    const char *s;
+    char *copy;
+    int rc;
+
+    if ((rc = scalar(L, v, "url", "a scalar", &s)) != SK_OK)
+        return rc;
+    size_t len = strlen(s);
+    if ((copy = strdup(s)) == NULL)  /* amqp_parse_url() writes into its argument */
+        return fail(L, v, "out of memory");
+    amqp_default_connection_info(&ci);
+    if (amqp_parse_url(copy, &ci) != AMQP_STATUS_OK || *ci.host == '\0' || ci.port < 1) {
+        rc = fail(L, v, "url: invalid AMQP URL: expected amqp://[user[:password]@]host[:port]/[vhost]");
+        goto done;
+    }
+    /* There are no TLS settings to go with amqps://, and clear text on a
+     * URL that asked for TLS would be worse than refusing. */
+    if (ci.ssl) {
+        rc = fail(L, v, "url: amqps:// is not supported; use amqp://");
+        goto done;
+    }
+    /* A password from the URL points into copy; the library's default does not. */
+    bool embedded = (uintptr_t)ci.password >= (uintptr_t)copy &&
+                    (uintptr_t)ci.password <= (uintptr_t)copy + len;
+    if (embedded && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
+                     (rc = store(L, v, &a->password, ci.password)) != SK_OK))
+        goto done;
+    /* "amqp://host/" parses to an empty vhost, which no broker has: whoever
+     * writes it means the default one. */
+    if ((rc = store(L, v, &a->host, ci.host)) == SK_OK &&
+        (rc = store(L, v, &a->user, ci.user)) == SK_OK &&
+        (rc = store(L, v, &a->vhost, *ci.vhost ? ci.vhost : "/")) == SK_OK)
+        a->port = ci.port;
+done:
+    explicit_bzero(copy, len);
+    free(copy);
+    return rc;
+}
+
+/* libpq validates the string. A password inside it moves to
+ * postgres.password, so that conninfo can be logged. */
+static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_postgres_conf *p = base;
+    PQconninfoOption *opts, *o, *pw = NULL;
+    char *msg = NULL, *buf = NULL;
+    size_t len = 0;
+    const char *s;
+    int rc;
+
+    if ((rc = scalar(L, v, "conninfo", "a scalar", &s)) != SK_OK)
+        return rc;
+    if ((opts = PQconninfoParse(s, &msg)) == NULL) {
+        if (msg != NULL)
+            msg[strcspn(msg, "\n")] = '\0';
+        rc = fail(L, v, "conninfo: %s", msg ? msg : "out of memory");
+        PQfreemem(msg);
+        return rc;
+    }
+    for (o = opts; o->keyword != NULL; o++)
+        if (strcmp(o->keyword, "password") == 0 && o->val != NULL)
+            pw = o;
+    if (pw == NULL) {
+        rc = store(L, v, &p->conninfo, s);
+    } else if ((rc = claim_secret(L, v, "the password in conninfo")) == SK_OK &&
+               (rc = store(L, v, &p->password, pw->val)) == SK_OK) {
+        FILE *f = open_memstream(&buf, &len);
+        for (o = opts; f != NULL && o->keyword != NULL; o++) {
+            if (o->val == NULL || o == pw)
+                continue;
+            fprintf(f, "%s%s='", ftell(f) > 0 ? " " : "", o->keyword);
+            for (const char *c = o->val; *c != '\0'; c++)
+                fprintf(f, "%s%c", *c == '\'' || *c == '\\' ? "\\" : "", *c);
+            fputc('\'', f);
+        }
+        if (f == NULL || fclose(f) != 0) {
+            free(buf);
+            rc = fail(L, v, "out of memory");
+        } else {
+            free(p->conninfo);
+            p->conninfo = buf;
+        }
+    }
+    if (pw != NULL)
+        explicit_bzero(pw->val, strlen(pw->val));  /* PQconninfoFree() only frees */
+    PQconninfoFree(opts);
+    return rc;
+}
+
+static int load_queues(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_conf *c = base;
+    char label[32];
+    int rc;
+
+    if (v->type != YAML_SEQUENCE_NODE && !is_null(v))
+        return fail(L, v, "queues: expected a sequence, got %s", kind(v));
+    if (is_null(v) || v->data.sequence.items.top == v->data.sequence.items.start)
+        return fail(L, v, "queues must list at least one queue");
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if ((c->queues = calloc(n, sizeof(*c->queues))) == NULL)
+        return fail(L, v, "out of memory");
+    c->n_queues = n;
+
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = node(L, v->data.sequence.items.start[i]);
+
+        c->queues[i] = queue_defaults;
+        snprintf(label, sizeof(label), "queues[%zu]", i);
+        if ((rc = load_map(L, item, label, queue_keys, &c->queues[i])) != SK_OK)
+            return rc;
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(c->queues[j].name, c->queues[i].name) != 0)
+                continue;
+            yaml_node_t *first = node(L, v->data.sequence.items.start[j]);
+            return fail(L, find_value(L, item, "name"),
+                        "duplicate queue name \"%s\" (first defined at line %zu)",
+                        c->queues[i].name, find_value(L, first, "name")->start_mark.line + 1);
+        }
+    }
+    return SK_OK;
+}
+
+static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field)
+{
+    char ***items = field;
+    size_t *count = (size_t *)(items + 1);
+    char label[48];
+    const char *s;
+    int rc;
+
+    if (is_null(v))
+        return SK_OK;
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(L, v, "%s: expected a sequence, got %s", k->name, kind(v));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n > 0 && (*items = calloc(n, sizeof(**items))) == NULL)
+        return fail(L, v, "out of memory");
+    *count = n;
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = node(L, v->data.sequence.items.start[i]);
+        snprintf(label, sizeof(label), "%s[%zu]", k->name, i);
+        if ((rc = scalar(L, item, label, "a scalar", &s)) != SK_OK)
+            return rc;
+        if (*s == '\0')
+            return fail(L, item, "%s must not be empty", label);
+        if ((rc = store(L, item, &(*items)[i], s)) != SK_OK)
+            return rc;
+    }
+    return SK_OK;
+}
+
+/* Handlers parse their own section, so each gets it back as YAML text: the
+ * subtree is copied into a document of its own and run through the emitter. */
+static int queue_config(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_queue_conf *q = base;
+    size_t len = 0, n = (size_t)(L->doc->nodes.top - L->doc->nodes.start);
+    yaml_document_t doc;
+    yaml_emitter_t em;
+    char *buf = NULL;
+    FILE *f = NULL;
+    int *memo, root = 0, rc = SK_ERR;
+
+    if (is_null(v))
+        return SK_OK;
+    if ((memo = calloc(n + 1, sizeof(*memo))) == NULL ||
+        !yaml_document_initialize(&doc, NULL, NULL, NULL, 1, 1)) {
+        free(memo);
+        return fail(L, v, "out of memory");
+    }
+    root = copy_node(L, &doc, (int)(v - L->doc->nodes.start) + 1, memo, 0);
+    free(memo);
+    if (root == 0 || (f = open_memstream(&buf, &len)) == NULL || !yaml_emitter_initialize(&em)) {
+        yaml_document_delete(&doc);
+        if (f != NULL)
+            fclose(f);
+        free(buf);
+        return root == 0 ? SK_ERR : fail(L, v, "out of memory");
+    }
+    yaml_emitter_set_output_file(&em, f);
+    yaml_emitter_set_unicode(&em, 1);
+    yaml_emitter_set_width(&em, -1);  /* folding long scalars helps no one */
+    /* dump() consumes the document, whether or not it succeeds. */
+    if (yaml_emitter_open(&em) && yaml_emitter_dump(&em, &doc) && yaml_emitter_close(&em))
+        rc = SK_OK;
+    else
+        rc = fail(L, v, "config: cannot re-emit as YAML: %s",
+                  em.problem ? em.problem : "out of memory");
+    yaml_emitter_delete(&em);
+    if (fclose(f) != 0 && rc == SK_OK)
+        rc = fail(L, v, "out of memory");
+    if (rc == SK_OK)
+        q->handler_config = buf;
+    else
+        free(buf);
+    return rc;
+}
+
+/* Copies node `index` of the loaded document into dst. memo maps source to
+ * copied indexes, so aliases stay shared (the emitter re-anchors them) and
+ * neither a billion laughs nor a self-reference expands. Returns the new
+ * index, or 0 with the error set. */
+static int copy_node(struct loader *L, yaml_document_t *dst, int index, int *memo, int depth)
+{
+    yaml_node_t *n = node(L, index);
+    int d, ok = 1;
+
+    if (memo[index] != 0)
+        return memo[index];
+    if (depth > MAX_DEPTH) {
+        fail(L, n, "config: nested deeper than %d levels", MAX_DEPTH);
+        return 0;
+    }
+    if (n->type == YAML_SCALAR_NODE)
+        d = yaml_document_add_scalar(dst, n->tag, n->data.scalar.value,
+                                     (int)n->data.scalar.length, n->data.scalar.style);
+    else if (n->type == YAML_SEQUENCE_NODE)
+        d = yaml_document_add_sequence(dst, n->tag, YAML_ANY_SEQUENCE_STYLE);
+    else
+        d = yaml_document_add_mapping(dst, n->tag, YAML_ANY_MAPPING_STYLE);
+    memo[index] = d;
+
+    if (d != 0 && n->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t *it = n->data.sequence.items.start;
+             ok && it < n->data.sequence.items.top; it++) {
+            int item = copy_node(L, dst, *it, memo, depth + 1);
+            if (item == 0)
+                return 0;
+            ok = yaml_document_append_sequence_item(dst, d, item);
+        }
+    } else if (d != 0 && n->type == YAML_MAPPING_NODE) {
+        for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
+             ok && p < n->data.mapping.pairs.top; p++) {
+            int k = copy_node(L, dst, p->key, memo, depth + 1);
+            int val = k != 0 ? copy_node(L, dst, p->value, memo, depth + 1) : 0;
+            if (val == 0)
+                return 0;
+            ok = yaml_document_append_mapping_pair(dst, d, k, val);
+        }
+    }
+    if (d == 0 || !ok) {
+        fail(L, n, "out of memory");
+        return 0;
+    }
+    return d;
+}
+
+/* password_env: NAME or password_file: PATH. The file holds the password
+ * alone, and editors append a newline, so one is dropped. */
+static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst)
+{
+    const char *name, *op, *val;
+    char *path = NULL, *buf = NULL;
+    size_t len = 0;
+    int rc, e;
+
+    if ((rc = scalar(L, v, k->name, "a scalar", &name)) != SK_OK ||
+        (rc = claim_secret(L, v, k->name)) != SK_OK)
+        return rc;
+    if (k->type == T_PASSWORD_ENV) {
+        if ((val = getenv(name)) == NULL || *val == '\0')
+            return fail(L, v, "password_env: environment variable %.64s is %s", name,
+                        val ? "empty" : "not set");
+        return store(L, v, dst, val);
+    }
+    if ((path = resolve(L, name)) == NULL)
+        return fail(L, v, "out of memory");
+    if ((e = slurp(path, MAX_SECRET, &buf, &len, &op)) == 0 && len > 0 && buf[len - 1] == '\n') {
+        buf[--len] = '\0';
+        if (len > 0 && buf[len - 1] == '\r')
+            buf[--len] = '\0';
+    }
+    if (e != 0)
+        rc = fail(L, v, "password_file: cannot %s %.128s: %s", op, path, strerror(e));
+    else if (len == 0 || strlen(buf) != len)
+        rc = fail(L, v, "password_file: %.128s %s", path, len ? "contains a NUL byte" : "is empty");
+    else
+        rc = store(L, v, dst, buf);
+    if (buf != NULL)
+        explicit_bzero(buf, len);
+    free(buf);
+    free(path);
+    return rc;
+}
+
+/* One source per password, so that no one has to wonder which one wins. */
+static int claim_secret(struct loader *L, yaml_node_t *v, const char *source)
+{
+    if (L->secret_from != NULL)
+        return fail(L, v, "%s conflicts with %s: give the password one way only",
+                    source, L->secret_from);
+    L->secret_from = source;
+    return SK_OK;
+}
+
+/* Checks that n is a scalar without NUL bytes (a C string would cut it
+ * short); expect completes "label: expected ..., got ..." otherwise. */
+static int scalar(struct loader *L, yaml_node_t *n, const char *label,
+                  const char *expect, const char **out)
+{
+    if (n->type != YAML_SCALAR_NODE)
+        return fail(L, n, "%s: expected %s, got %s", label, expect, kind(n));
+    *out = (const char *)n->data.scalar.value;
+    if (strlen(*out) != n->data.scalar.length)
+        return fail(L, n, "%s: contains a NUL character", label);
+    return SK_OK;
+}
+
+static int store(struct loader *L, yaml_node_t *n, char **dst, const char *s)
+{
+    char *copy = strdup(s);
+
+    if (copy == NULL)
+        return fail(L, n, "out of memory");
+    wipe(*dst);
+    *dst = copy;
+    return SK_OK;
+}
+
+static int fail(struct loader *L, const yaml_node_t *n, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return sk_err_set(L->err, SK_ERR, "%s:%zu:%zu: %s", L->path,
+                      n->start_mark.line + 1, n->start_mark.column + 1, msg);
+}
+
+static yaml_node_t *node(struct loader *L, int index)
+{
+    yaml_node_t *n = yaml_document_get_node(L->doc, index);
+
+    sk_assert(n != NULL);
+    return n;
+}
+
+/* The value of the first pair named key; the caller knows there is one. */
+static yaml_node_t *find_value(struct loader *L, yaml_node_t *map, const char *key)
+{
+    yaml_node_pair_t *p = map->data.mapping.pairs.start;
+
+    while (strcmp((const char *)node(L, p->key)->data.scalar.value, key) != 0)
+        p++;
+    return node(L, p->value);
+}
+
+static const char *kind(const yaml_node_t *n)
+{
+    if (is_null(n))
+        return "null";
+    return n->type == YAML_MAPPING_NODE ? "a mapping"
+         : n->type == YAML_SEQUENCE_NODE ? "a sequence" : "a scalar";
+}
+
+/* YAML's null: an empty, ~ or null plain scalar. A quoted "" is a string. */
+static bool is_null(const yaml_node_t *n)
+{
+    static const char *const nulls[] = { "", "~", "null", "Null", "NULL" };
+
+    for (size_t i = 0; n->type == YAML_SCALAR_NODE && i < SK_ARRAY_LEN(nulls); i++)
+        if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+            strcmp((const char *)n->data.scalar.value, nulls[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Decimal only. Out-of-range values clamp, and the caller's bounds catch them. */
+static int parse_int(const char *s, int64_t *v)
+{
+    const char *d = *s == '-' ? s + 1 : s;
+    char *end;
+
+    if (*d < '0' || *d > '9')
+        return SK_ERR;
+    *v = strtoll(s, &end, 10);
+    return *end == '\0' ? SK_OK : SK_ERR;
+}
+
+static int parse_bool(const char *s, bool *v)
+{
+    static const char *const words[] = { "false", "true", "no", "yes", "off", "on" };
+
+    for (size_t i = 0; i < SK_ARRAY_LEN(words); i++) {
+        if (strcasecmp(s, words[i]) == 0) {
+            *v = i % 2 == 1;
+            return SK_OK;
+        }
+    }
+    return SK_ERR;
+}
+
+/* Digits, then exactly one of units. Returns SK_OK, SK_ERR (malformed) or
+ * SK_AGAIN (does not fit in 64 bits). */
+static int parse_unit(const char *s, const struct unit *units, uint64_t *out)
+{
+    bool overflow = false;
+    const char *p = s;
+    uint64_t n = 0;
+
+    for (; *p >= '0' && *p <= '9'; p++) {
+        overflow = overflow || n > (UINT64_MAX - (uint64_t)(*p - '0')) / 10;
+        n = n * 10 + (uint64_t)(*p - '0');
+    }
+    for (size_t i = 0; p != s && units[i].name != NULL; i++) {
+        if (strcmp(p, units[i].name) != 0)
+            continue;
+        if (overflow || n > UINT64_MAX / units[i].n)
+            return SK_AGAIN;
+        *out = n * units[i].n;
+        return SK_OK;
+    }
+    return SK_ERR;
+}
+
+/* In the largest unit that divides n exactly, so that bounds read as written. */
+static const char *fmt_unit(uint64_t n, const struct unit *units, char *buf, size_t len)
+{
+    size_t i = 0;
+
+    while (n != 0 && n % units[i].n != 0)
+        i++;
+    snprintf(buf, len, "%" PRIu64 "%s", n == 0 ? 0 : n / units[i].n, n == 0 ? "" : units[i].name);
+    return buf;
+}
+
+/* Returns a new string: path if absolute, else path under the config's directory. */
+static char *resolve(struct loader *L, const char *path)
+{
+    char *out;
+
+    if (path[0] == '/')
+        return strdup(path);
+    return asprintf(&out, "%s/%s", L->dir, path) < 0 ? NULL : out;
+}
+
+/* Reads at most max bytes of path into a new NUL-terminated buffer.
+ * Returns 0, or an errno value with *op naming the step that failed. */
+static int slurp(const char *path, size_t max, char **out, size_t *len, const char **op)
+{
+    FILE *f;
+    char *buf;
+    int e = 0;
+
+    *op = "open";
+    if ((f = fopen(path, "re")) == NULL)
+        return errno;
+    *op = "read";
+    if ((buf = malloc(max + 2)) == NULL) {
+        fclose(f);
+        return ENOMEM;
+    }
+    size_t n = fread(buf, 1, max + 1, f);
+    if (ferror(f))
+        e = errno;
+    else if (n > max)
+        e = EFBIG;
+    fclose(f);
+    if (e != 0) {
+        explicit_bzero(buf, n);  /* it may be a password */
+        free(buf);
+        return e;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* Frees a string that may hold a secret, so that it does not linger in the heap. */
+static void wipe(char *s)
+{
+    if (s != NULL)
+        explicit_bzero(s, strlen(s));
+    free(s);
+}

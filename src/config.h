@@ -1,0 +1,100 @@
+/* config.h - the parsed, validated configuration: an immutable snapshot.
+ *
+ * sk_conf_load() reads one YAML file and either returns a complete snapshot
+ * or fails with "file:line:column: message" in err. Nothing in a snapshot
+ * changes after loading; a reload builds a new one and frees the old.
+ * Durations are stored in milliseconds, sizes in bytes. */
+#ifndef SK_CONFIG_H
+#define SK_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+enum sk_queue_mode {
+    SK_MODE_TRANSACTIONAL = 0,  /* handler writes inside the claim's transaction */
+    SK_MODE_EXTERNAL,           /* handler acts outside the database (issue: failure handling) */
+};
+
+enum sk_log_level { SK_LOG_DEBUG = 0, SK_LOG_INFO, SK_LOG_WARN, SK_LOG_ERROR };
+enum sk_log_format { SK_LOG_FORMAT_AUTO = 0, SK_LOG_FORMAT_JSON, SK_LOG_FORMAT_TEXT };
+
+struct sk_amqp_conf {
+    char    *host;
+    int      port;
+    char    *vhost;
+    char    *user;
+    char    *password;             /* resolved from url, password_env or password_file */
+    uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
+    uint32_t connect_timeout_ms;
+};
+
+struct sk_redis_conf {
+    char    *host;
+    int      port;
+    int      db;
+    char    *password;             /* NULL: no AUTH */
+    uint32_t timeout_ms;           /* connect and command timeout */
+};
+
+struct sk_postgres_conf {
+    char    *conninfo;             /* libpq connection string, without the password */
+    char    *password;             /* NULL: libpq's own defaults (.pgpass, PGPASSWORD) */
+};
+
+struct sk_lock_conf {
+    uint32_t ttl_ms;               /* lease length; renewed every ttl/3 */
+    uint32_t busy_wait_ms;         /* how long to wait for a busy lock before handing back */
+};
+
+struct sk_log_conf {
+    enum sk_log_level  level;
+    enum sk_log_format format;
+};
+
+struct sk_queue_conf {
+    char              *name;
+    char              *handler;        /* path of the handler .so */
+    char              *handler_config; /* the `config:` section re-emitted as YAML; NULL if absent */
+    int                workers;
+    int                prefetch;
+    enum sk_queue_mode mode;
+    bool               lock;           /* take a Redis lock on the resource key */
+    uint32_t           lock_ttl_ms;    /* this queue's lease (defaults to lock.ttl) */
+    size_t             max_body;       /* larger messages are dead-lettered */
+    char             **job_types;      /* accepted AMQP `type` values; none means any */
+    size_t             n_job_types;
+    uint32_t           job_timeout_ms; /* 0: no limit */
+};
+
+struct sk_conf {
+    char                   *path;
+    struct sk_amqp_conf     amqp;
+    struct sk_redis_conf    redis;
+    struct sk_postgres_conf postgres;
+    struct sk_lock_conf     lock;
+    struct sk_log_conf      log;
+    uint32_t                shutdown_timeout_ms;
+    struct sk_queue_conf   *queues;
+    size_t                  n_queues;
+};
+
+/* Loads and validates path. On success *out is a new snapshot the caller
+ * frees with sk_conf_free(). On failure returns SK_ERR with err->msg set to
+ * "path:line:column: message" (the position of the offending node), or
+ * "path: message" when there is no position (file unreadable). */
+int  sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err);
+void sk_conf_free(struct sk_conf *conf);
+
+const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char *name);
+
+/* "250ms", "30s", "5m", "1h" (a bare integer is not accepted: the unit is
+ * part of the meaning). Returns SK_OK or SK_ERR with a message in err. */
+int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err);
+
+/* "512", "64KiB", "1MiB", "1GiB" (also kB/MB/GB as powers of 1000). */
+int sk_parse_size(const char *text, uint64_t *bytes, struct sk_err *err);
+
+#endif

@@ -1,0 +1,313 @@
+/* ctl.c - sekalictl, the operator's tool: apply the schema, enqueue a job.
+ *
+ *   sekalictl [-c FILE] migrate [--sql-dir DIR]
+ *   sekalictl [-c FILE] enqueue QUEUE TYPE [--key K] [--resource R] [--id ID] [BODY | -]
+ *
+ * Migrations are the files DIR/NNN_name.sql, applied in name order, each in
+ * its own transaction together with its row in sekali.schema_migrations, under
+ * an advisory lock so that two hosts migrating at once do not race. */
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "broker.h"
+#include "config.h"
+#include "lock.h"
+
+#ifndef SK_CONF_PATH
+#define SK_CONF_PATH "/etc/sekali/sekali.yaml"
+#endif
+#ifndef SK_SQL_DIR
+#define SK_SQL_DIR "/usr/local/share/sekali/sql"
+#endif
+
+/* Any fixed number works; it only has to be the same for every sekalictl. */
+#define MIGRATION_LOCK_ID 0x73656b616c69LL  /* "sekali" */
+
+static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
+static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv);
+static PGconn *pg_connect(const struct sk_conf *conf);
+static bool exec_ok(PGconn *pg, const char *sql, const char *what);
+static char *read_all(FILE *f, size_t *len);
+static int only_sql(const struct dirent *d);
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: sekalictl [-c FILE] COMMAND [ARGS]\n"
+            "  migrate [--sql-dir DIR]       apply the schema migrations (default " SK_SQL_DIR
+            ")\n"
+            "  enqueue QUEUE TYPE [--key K] [--resource R] [--id ID] [BODY | -]\n"
+            "                                publish one job straight to QUEUE and wait for\n"
+            "                                the broker's confirm; the body comes from the\n"
+            "                                argument, or from stdin when it is - or absent\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = SK_CONF_PATH;
+    int opt;
+    /* "+": stop at the command, whose own options come after it. */
+    while ((opt = getopt(argc, argv, "+c:h")) != -1) {
+        switch (opt) {
+        case 'c': path = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *command = argv[optind];
+
+    struct sk_conf *conf = NULL;
+    struct sk_err err = { 0 };
+    if (sk_conf_load(path, &conf, &err) != SK_OK) {
+        fprintf(stderr, "sekalictl: %s\n", err.msg);
+        return 2;
+    }
+    int code;
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    optind = 1;
+    if (strcmp(command, "migrate") == 0) {
+        code = cmd_migrate(conf, sub_argc, sub_argv);
+    } else if (strcmp(command, "enqueue") == 0) {
+        code = cmd_enqueue(conf, sub_argc, sub_argv);
+    } else {
+        fprintf(stderr, "sekalictl: unknown command \"%s\"\n", command);
+        usage(stderr);
+        code = 2;
+    }
+    sk_conf_free(conf);
+    return code;
+}
+
+static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
+{
+    const char *dir = getenv("SEKALI_SQL_DIR") != NULL ? getenv("SEKALI_SQL_DIR") : SK_SQL_DIR;
+    static const struct option options[] = { { "sql-dir", required_argument, NULL, 'd' },
+                                             { NULL, 0, NULL, 0 } };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (opt != 'd') {
+            usage(stderr);
+            return 2;
+        }
+        dir = optarg;
+    }
+
+    struct dirent **files = NULL;
+    int n = scandir(dir, &files, only_sql, alphasort);
+    if (n < 0) {
+        fprintf(stderr, "sekalictl: cannot read %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    PGconn *pg = pg_connect(conf);
+    int code = 1;
+    if (pg == NULL)
+        goto out;
+
+    char lock_sql[96];
+    snprintf(lock_sql, sizeof(lock_sql), "SELECT pg_advisory_lock(%lld)", MIGRATION_LOCK_ID);
+    if (!exec_ok(pg, lock_sql, "pg_advisory_lock") ||
+        !exec_ok(pg, "CREATE SCHEMA IF NOT EXISTS sekali;"
+                     "CREATE TABLE IF NOT EXISTS sekali.schema_migrations ("
+                     "  version text PRIMARY KEY,"
+                     "  applied_at timestamptz NOT NULL DEFAULT now())",
+                 "create sekali.schema_migrations"))
+        goto out;
+
+    int applied = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = files[i]->d_name;
+        const char *params[] = { name };
+        PGresult *res = PQexecParams(pg, "SELECT 1 FROM sekali.schema_migrations "
+                                         "WHERE version = $1", 1, NULL, params, NULL, NULL, 0);
+        bool done = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1;
+        bool failed = PQresultStatus(res) != PGRES_TUPLES_OK;
+        PQclear(res);
+        if (failed) {
+            fprintf(stderr, "sekalictl: reading sekali.schema_migrations: %s",
+                    PQerrorMessage(pg));
+            goto out;
+        }
+        if (done)
+            continue;
+
+        char file[4096];
+        snprintf(file, sizeof(file), "%s/%s", dir, name);
+        FILE *f = fopen(file, "r");
+        if (f == NULL) {
+            fprintf(stderr, "sekalictl: cannot open %s: %s\n", file, strerror(errno));
+            goto out;
+        }
+        size_t len;
+        char *sql = read_all(f, &len);
+        fclose(f);
+        if (sql == NULL) {
+            fprintf(stderr, "sekalictl: cannot read %s\n", file);
+            goto out;
+        }
+        bool ok = exec_ok(pg, "BEGIN", "BEGIN") && exec_ok(pg, sql, file);
+        free(sql);
+        if (ok) {
+            res = PQexecParams(pg, "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
+                               1, NULL, params, NULL, NULL, 0);
+            ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+            PQclear(res);
+        }
+        if (!ok || !exec_ok(pg, "COMMIT", "COMMIT")) {
+            exec_ok(pg, "ROLLBACK", "ROLLBACK");
+            fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
+            goto out;
+        }
+        printf("applied %s\n", name);
+        applied++;
+    }
+    if (applied == 0)
+        printf("schema is up to date (%d migrations)\n", n);
+    code = 0;
+
+out:
+    PQfinish(pg);
+    for (int i = 0; i < n; i++)
+        free(files[i]);
+    free(files);
+    return code;
+}
+
+static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
+{
+    struct sk_message msg = { .content_type = "application/json" };
+    char id[SK_LOCK_TOKEN_LEN + 1];
+    static const struct option options[] = {
+        { "key", required_argument, NULL, 'k' },
+        { "resource", required_argument, NULL, 'r' },
+        { "id", required_argument, NULL, 'i' },
+        { "content-type", required_argument, NULL, 't' },
+        { NULL, 0, NULL, 0 },
+    };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (opt) {
+        case 'k': msg.idempotency_key = optarg; break;
+        case 'r': msg.resource_key = optarg; break;
+        case 'i': msg.message_id = optarg; break;
+        case 't': msg.content_type = optarg; break;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (argc - optind < 2 || argc - optind > 3) {
+        usage(stderr);
+        return 2;
+    }
+    const char *queue = argv[optind];
+    msg.type = argv[optind + 1];
+    if (msg.message_id == NULL) {
+        /* A fresh random id per call: a retried call is a new message, and
+         * only an explicit --key makes two calls the same job. */
+        sk_lock_new_token(id);
+        msg.message_id = id;
+    }
+
+    char *body = NULL;
+    const char *arg_body = argc - optind == 3 ? argv[optind + 2] : "-";
+    if (strcmp(arg_body, "-") == 0) {
+        body = read_all(stdin, &msg.body_len);
+        if (body == NULL) {
+            fprintf(stderr, "sekalictl: cannot read the body from stdin\n");
+            return 1;
+        }
+        msg.body = body;
+    } else {
+        msg.body = arg_body;
+        msg.body_len = strlen(arg_body);
+    }
+
+    struct sk_broker *b = NULL;
+    struct sk_err err = { 0 };
+    int rc = sk_broker_open(&b, &conf->amqp, &err);
+    if (rc == SK_OK)
+        rc = sk_broker_declare(b, queue, &err);
+    if (rc == SK_OK)
+        rc = sk_broker_confirm_select(b, &err);
+    if (rc == SK_OK)
+        rc = sk_broker_publish(b, queue, &msg, &err);
+    sk_broker_close(b);
+    free(body);
+    if (rc != SK_OK) {
+        fprintf(stderr, "sekalictl: enqueue to %s failed: %s\n", queue, err.msg);
+        return 1;
+    }
+    printf("%s\n", msg.message_id);
+    return 0;
+}
+
+static PGconn *pg_connect(const struct sk_conf *conf)
+{
+    const char *keywords[] = { "dbname", "application_name", "password", NULL };
+    const char *values[] = { conf->postgres.conninfo, "sekalictl", conf->postgres.password,
+                             NULL };
+    if (conf->postgres.password == NULL)
+        keywords[2] = NULL;
+    PGconn *pg = PQconnectdbParams(keywords, values, 1);
+    if (PQstatus(pg) != CONNECTION_OK) {
+        fprintf(stderr, "sekalictl: PostgreSQL connection failed: %s", PQerrorMessage(pg));
+        PQfinish(pg);
+        return NULL;
+    }
+    return pg;
+}
+
+static bool exec_ok(PGconn *pg, const char *sql, const char *what)
+{
+    PGresult *res = PQexec(pg, sql);
+    ExecStatusType status = PQresultStatus(res);
+    bool ok = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
+    if (!ok)
+        fprintf(stderr, "sekalictl: %s: %s", what, PQresultErrorMessage(res));
+    PQclear(res);
+    return ok;
+}
+
+static char *read_all(FILE *f, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL)
+        return NULL;
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            char *bigger = realloc(buf, cap * 2);
+            if (bigger == NULL) {
+                free(buf);
+                return NULL;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    if (ferror(f)) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static int only_sql(const struct dirent *d)
+{
+    size_t len = strlen(d->d_name);
+    return len > 4 && strcmp(d->d_name + len - 4, ".sql") == 0 && d->d_name[0] != '.';
+}

@@ -1,0 +1,179 @@
+/* envelope.c - validation and key extraction for one delivery.
+ *
+ * The keys decide what "the same job" means, so their rules live in one place:
+ *   job_id          = message_id (required)
+ *   idempotency key = header x-idempotency-key, else job_id
+ *   resource key    = header x-resource-key, else the idempotency key
+ * Keys must be valid UTF-8 without NUL bytes: they end up in PostgreSQL text
+ * columns and Redis key names, and a key that cannot be stored faithfully
+ * cannot protect anything. */
+#include <stdio.h>
+#include <string.h>
+
+#include "envelope.h"
+
+static int copy_key(char *dst, size_t dst_size, amqp_bytes_t src, const char *what,
+                    struct sk_err *err);
+static const amqp_field_value_t *find_header(const amqp_basic_properties_t *p,
+                                             const char *name);
+static int header_key(const amqp_basic_properties_t *p, const char *name, char *dst,
+                      size_t dst_size, bool *present, struct sk_err *err);
+static bool valid_utf8(const unsigned char *s, size_t len);
+static bool type_accepted(const struct sk_queue_conf *q, const char *type);
+
+int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
+                      struct sk_envelope *out, struct sk_err *err)
+{
+    const amqp_basic_properties_t *p = &env->message.properties;
+    out->body = env->message.body.bytes;
+    out->body_len = env->message.body.len;
+    out->redelivered = env->redelivered != 0;
+    out->delivery_attempt = out->redelivered ? 2 : 1;
+    out->job_type[0] = '\0';
+    out->content_type[0] = '\0';
+
+    if (out->body_len > q->max_body)
+        return sk_err_set(err, SK_ERR, "body of %zu bytes exceeds max_body %zu",
+                          out->body_len, q->max_body);
+
+    if (!(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) || p->message_id.len == 0)
+        return sk_err_set(err, SK_ERR, "missing message_id");
+    if (copy_key(out->job_id, sizeof(out->job_id), p->message_id, "message_id", err) != SK_OK)
+        return SK_ERR;
+
+    if (p->_flags & AMQP_BASIC_TYPE_FLAG &&
+        copy_key(out->job_type, sizeof(out->job_type), p->type, "type", err) != SK_OK)
+        return SK_ERR;
+    if (!type_accepted(q, out->job_type))
+        return sk_err_set(err, SK_ERR, "unknown job type \"%s\"", out->job_type);
+
+    if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG &&
+        copy_key(out->content_type, sizeof(out->content_type), p->content_type,
+                 "content_type", err) != SK_OK)
+        return SK_ERR;
+
+    bool present;
+    if (header_key(p, "x-idempotency-key", out->idempotency_key,
+                   sizeof(out->idempotency_key), &present, err) != SK_OK)
+        return SK_ERR;
+    if (!present)
+        memcpy(out->idempotency_key, out->job_id, strlen(out->job_id) + 1);
+
+    if (header_key(p, "x-resource-key", out->resource_key, sizeof(out->resource_key),
+                   &present, err) != SK_OK)
+        return SK_ERR;
+    if (!present)
+        memcpy(out->resource_key, out->idempotency_key, strlen(out->idempotency_key) + 1);
+
+    /* Quorum queues count deliveries themselves; it is more precise than the
+     * redelivered flag, which only says "at least the second". */
+    const amqp_field_value_t *count = find_header(p, "x-delivery-count");
+    if (count != NULL) {
+        int64_t n = -1;
+        switch (count->kind) {
+        case AMQP_FIELD_KIND_I8:  n = count->value.i8; break;
+        case AMQP_FIELD_KIND_U8:  n = count->value.u8; break;
+        case AMQP_FIELD_KIND_I16: n = count->value.i16; break;
+        case AMQP_FIELD_KIND_U16: n = count->value.u16; break;
+        case AMQP_FIELD_KIND_I32: n = count->value.i32; break;
+        case AMQP_FIELD_KIND_U32: n = count->value.u32; break;
+        case AMQP_FIELD_KIND_I64: n = count->value.i64; break;
+        case AMQP_FIELD_KIND_U64: n = (int64_t)count->value.u64; break;
+        default: break;
+        }
+        if (n >= 0 && n < UINT32_MAX)
+            out->delivery_attempt = (uint32_t)n + 1;
+    }
+    return SK_OK;
+}
+
+static int copy_key(char *dst, size_t dst_size, amqp_bytes_t src, const char *what,
+                    struct sk_err *err)
+{
+    if (src.len == 0)
+        return sk_err_set(err, SK_ERR, "empty %s", what);
+    if (src.len >= dst_size)
+        return sk_err_set(err, SK_ERR, "%s of %zu bytes is longer than %zu", what, src.len,
+                          dst_size - 1);
+    if (memchr(src.bytes, '\0', src.len) != NULL)
+        return sk_err_set(err, SK_ERR, "%s contains a NUL byte", what);
+    if (!valid_utf8(src.bytes, src.len))
+        return sk_err_set(err, SK_ERR, "%s is not valid UTF-8", what);
+    memcpy(dst, src.bytes, src.len);
+    dst[src.len] = '\0';
+    return SK_OK;
+}
+
+static const amqp_field_value_t *find_header(const amqp_basic_properties_t *p,
+                                             const char *name)
+{
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return NULL;
+    size_t name_len = strlen(name);
+    for (int i = 0; i < p->headers.num_entries; i++) {
+        const amqp_table_entry_t *e = &p->headers.entries[i];
+        if (e->key.len == name_len && memcmp(e->key.bytes, name, name_len) == 0)
+            return &e->value;
+    }
+    return NULL;
+}
+
+static int header_key(const amqp_basic_properties_t *p, const char *name, char *dst,
+                      size_t dst_size, bool *present, struct sk_err *err)
+{
+    const amqp_field_value_t *v = find_header(p, name);
+    *present = v != NULL;
+    if (v == NULL)
+        return SK_OK;
+    if (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)
+        return sk_err_set(err, SK_ERR, "header %s must be a string", name);
+    return copy_key(dst, dst_size, v->value.bytes, name, err);
+}
+
+/* Rejects overlong forms, surrogates and code points past U+10FFFF. */
+static bool valid_utf8(const unsigned char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        size_t n;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            n = 1;
+            cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            n = 2;
+            cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            n = 3;
+            cp = c & 0x07;
+        } else {
+            return false;
+        }
+        if (i + n >= len)
+            return false;
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return false;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        static const uint32_t min_for_len[] = { 0, 0x80, 0x800, 0x10000 };
+        if (cp < min_for_len[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        i += n + 1;
+    }
+    return true;
+}
+
+static bool type_accepted(const struct sk_queue_conf *q, const char *type)
+{
+    if (q->n_job_types == 0)
+        return true;
+    for (size_t i = 0; i < q->n_job_types; i++)
+        if (strcmp(q->job_types[i], type) == 0)
+            return true;
+    return false;
+}

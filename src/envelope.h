@@ -1,0 +1,37 @@
+/* envelope.h - turns an AMQP delivery into a validated job envelope.
+ *
+ * This is where untrusted input is checked: everything a producer controls
+ * (properties, headers, body size) is validated here, and a failure yields a
+ * dead-letter reason instead of reaching the pipeline. */
+#ifndef SK_ENVELOPE_H
+#define SK_ENVELOPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <amqp.h>
+
+#include "common.h"
+#include "config.h"
+
+#define SK_KEY_MAX 512  /* longest job id or key, in bytes */
+
+struct sk_envelope {
+    char        job_id[SK_KEY_MAX + 1];
+    char        job_type[256];
+    char        idempotency_key[SK_KEY_MAX + 1];
+    char        resource_key[SK_KEY_MAX + 1];
+    char        content_type[256];
+    const void *body;              /* borrowed from the delivery */
+    size_t      body_len;
+    uint32_t    delivery_attempt;  /* 1 on the first delivery */
+    bool        redelivered;
+};
+
+/* Fills out from env for queue q. Returns SK_OK, or SK_ERR with the
+ * dead-letter reason in err->msg. The body stays owned by env. */
+int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
+                      struct sk_envelope *out, struct sk_err *err);
+
+#endif

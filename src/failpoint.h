@@ -1,0 +1,21 @@
+/* failpoint.h - named places where a fault build kills its own process.
+ *
+ * Fault tests need a worker to die at an exact step ("after_commit": the
+ * effect is committed, the ack not yet sent). Only the fault build (make
+ * builds build/fault/sekalid with -DSK_FAULTS) contains this code; in a
+ * production build every failpoint compiles to nothing and cannot be reached.
+ *
+ * In a fault build, SEKALI_FAILPOINT=name[:key] arms the point `name`, for
+ * one idempotency key if given. When it fires, the process writes its pid to
+ * the file named by SEKALI_FAILPOINT_MARK (if set), so the test can prove the
+ * fault happened, then kills itself with SIGKILL. */
+#ifndef SK_FAILPOINT_H
+#define SK_FAILPOINT_H
+
+#ifdef SK_FAULTS
+void sk_failpoint(const char *name, const char *key);
+#else
+#define sk_failpoint(name, key) ((void)(name), (void)(key))
+#endif
+
+#endif

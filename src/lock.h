@@ -1,0 +1,43 @@
+/* lock.h - a lease lock in Redis with an owner token (hiredis).
+ *
+ * The lock only makes concurrent work on one resource rare; it never decides
+ * whether a job's effect happens (PostgreSQL does). Expiry is Redis's: we pass
+ * a TTL and never compare clocks. Renewal and release are compare-by-token
+ * scripts, so a worker whose lease expired cannot extend or delete the lock a
+ * newer owner holds. One struct sk_lock is one connection, owned by one thread. */
+#ifndef SK_LOCK_H
+#define SK_LOCK_H
+
+#include <stdint.h>
+
+#include "common.h"
+#include "config.h"
+
+#define SK_LOCK_TOKEN_LEN 32  /* hex characters of a random owner token */
+
+struct sk_lock;
+
+/* Connects and loads the scripts. Returns SK_OK, or SK_AGAIN if Redis is
+ * unreachable or refused AUTH/SELECT (transient from our side: back off). */
+int  sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err);
+void sk_lock_close(struct sk_lock *l);
+
+/* Writes a fresh random owner token of SK_LOCK_TOKEN_LEN hex chars plus NUL. */
+void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1]);
+
+/* SET key token NX PX ttl. Returns SK_OK (ours now), SK_BUSY (another owner)
+ * or SK_AGAIN (Redis unreachable: the connection is dropped and reopened on
+ * the next call). Blocks at most the configured command timeout. */
+int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,
+                    struct sk_err *err);
+
+/* Extends the lease to ttl_ms if token still owns key. SK_OK, SK_BUSY (lost:
+ * expired or taken), or SK_AGAIN. */
+int sk_lock_renew(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,
+                  struct sk_err *err);
+
+/* Deletes key if token still owns it. SK_OK, SK_BUSY (not ours any more), or
+ * SK_AGAIN. */
+int sk_lock_release(struct sk_lock *l, const char *key, const char *token, struct sk_err *err);
+
+#endif

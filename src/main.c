@@ -1,0 +1,116 @@
+/* main.c - sekalid's command line: check a configuration, or run the daemon.
+ *
+ *   sekalid -c /etc/sekali/sekali.yaml      run
+ *   sekalid -t -c /etc/sekali/sekali.yaml   check the configuration and the
+ *                                           handlers, then exit (like nginx -t)
+ *
+ * Configuration and handlers are loaded here, before any worker exists, so a
+ * mistake stops sekalid at once with exit code 2 (configuration) or 3
+ * (handler ABI), which the systemd unit lists as not worth a restart. */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "config.h"
+#include "log.h"
+#include "plugin.h"
+#include "supervisor.h"
+
+#ifndef SK_VERSION
+#define SK_VERSION "0.1.0"
+#endif
+#ifndef SK_CONF_PATH
+#define SK_CONF_PATH "/etc/sekali/sekali.yaml"
+#endif
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: sekalid [-t] [-c FILE]\n"
+            "  -c FILE  configuration file (default " SK_CONF_PATH ")\n"
+            "  -t       check the configuration and handlers, then exit\n"
+            "  -V       print the version and exit\n");
+}
+
+/* The configuration language is ahead of this version of the daemon: these
+ * settings parse, but running with them would silently ignore them, which for
+ * a job's exactly-once guarantee is worse than refusing to start. */
+static int refuse_unsupported(const struct sk_conf *conf, const char *path)
+{
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &conf->queues[i];
+        if (q->mode == SK_MODE_EXTERNAL) {
+            fprintf(stderr, "sekalid: %s: queue %s: mode external is not supported by this "
+                    "version; use transactional\n", path, q->name);
+            return SK_ERR;
+        }
+        if (q->job_timeout_ms != 0) {
+            fprintf(stderr, "sekalid: %s: queue %s: job_timeout is not supported by this "
+                    "version; remove it or set 0s\n", path, q->name);
+            return SK_ERR;
+        }
+    }
+    return SK_OK;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = SK_CONF_PATH;
+    bool test_only = false;
+    int opt;
+    while ((opt = getopt(argc, argv, "c:thV")) != -1) {
+        switch (opt) {
+        case 'c': path = optarg; break;
+        case 't': test_only = true; break;
+        case 'V': printf("sekalid %s (handler ABI %d.%d)\n", SK_VERSION,
+                         SEKALI_HANDLER_ABI_MAJOR, SEKALI_HANDLER_ABI_MINOR);
+                  return SK_EXIT_OK;
+        case 'h': usage(stdout); return SK_EXIT_OK;
+        default: usage(stderr); return SK_EXIT_CONFIG;
+        }
+    }
+    if (optind != argc) {
+        usage(stderr);
+        return SK_EXIT_CONFIG;
+    }
+
+    struct sk_conf *conf = NULL;
+    struct sk_err err = { 0 };
+    if (sk_conf_load(path, &conf, &err) != SK_OK) {
+        fprintf(stderr, "sekalid: %s\n", err.msg);
+        if (test_only)
+            fprintf(stderr, "sekalid: configuration file %s test failed\n", path);
+        return SK_EXIT_CONFIG;
+    }
+    if (refuse_unsupported(conf, path) != SK_OK) {
+        sk_conf_free(conf);
+        return SK_EXIT_CONFIG;
+    }
+    sk_log_init(conf->log.level, conf->log.format, "supervisor");
+
+    struct sk_plugin *plugins = calloc(conf->n_queues, sizeof(*plugins));
+    if (plugins == NULL) {
+        fprintf(stderr, "sekalid: out of memory\n");
+        sk_conf_free(conf);
+        return SK_EXIT_RUNTIME;
+    }
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        if (sk_plugin_load(conf->queues[i].handler, &plugins[i], &err) != SK_OK) {
+            fprintf(stderr, "sekalid: queue %s: %s\n", conf->queues[i].name, err.msg);
+            free(plugins);
+            sk_conf_free(conf);
+            return SK_EXIT_ABI;
+        }
+    }
+
+    int code = SK_EXIT_OK;
+    if (test_only)
+        fprintf(stderr, "sekalid: configuration file %s test is successful\n", path);
+    else
+        code = sk_supervisor_run(conf, plugins);
+
+    free(plugins);
+    sk_conf_free(conf);
+    return code;
+}

@@ -1,0 +1,273 @@
+/* store.c - claims, completes and fails idempotency keys in PostgreSQL.
+ *
+ * The SQL lives in sql/ as functions of schema `sekali` (claim, complete,
+ * fail) so that the daemon, the benchmark's pgbench script and an operator at
+ * psql all run the very same statements. Here they are prepared once per
+ * connection, and the two per-job round trips use libpq's pipeline mode:
+ * BEGIN travels with the claim, and the completion with its COMMIT.
+ *
+ * A connection that breaks is reset lazily at the next claim; a job whose
+ * commit outcome is unknown is never acked, so the broker redelivers it and
+ * the claim of the redelivery tells what happened. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store.h"
+
+struct sk_store {
+    const struct sk_postgres_conf *conf;
+    const char                    *application_name;
+    PGconn                        *conn;
+};
+
+/* One statement of a pipeline: a prepared statement's name, or SQL text. */
+struct step {
+    const char        *prepared;
+    const char        *sql;
+    int                n_params;
+    const char *const *values;
+    const int         *lengths;
+    const int         *formats;
+};
+
+static const struct {
+    const char *name, *sql;
+} statements[] = {
+    { "sk_claim", "SELECT * FROM sekali.claim($1, $2, $3, $4, $5)" },
+    { "sk_complete", "SELECT sekali.complete($1, $2, $3, $4)" },
+    { "sk_fail", "SELECT sekali.fail($1, $2, $3, $4, $5, $6)" },
+};
+
+static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
+static int pipeline(struct sk_store *s, const struct step *steps, int n, PGresult **last,
+                    struct sk_err *err);
+static int connection_error(struct sk_store *s, const char *what, struct sk_err *err);
+
+int sk_store_open(struct sk_store **out, const struct sk_postgres_conf *conf,
+                  const char *application_name, struct sk_err *err)
+{
+    struct sk_store *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return sk_err_errno(err, SK_ERR, "calloc(store)");
+    s->conf = conf;
+    s->application_name = application_name;
+    int rc = connect_and_prepare(s, err);
+    if (rc != SK_OK) {
+        sk_store_close(s);
+        return rc;
+    }
+    *out = s;
+    return SK_OK;
+}
+
+void sk_store_close(struct sk_store *s)
+{
+    if (s == NULL)
+        return;
+    PQfinish(s->conn);
+    free(s);
+}
+
+PGconn *sk_store_conn(struct sk_store *s)
+{
+    return s->conn;
+}
+
+int sk_store_claim(struct sk_store *s, const char *queue, const char *key, const char *owner,
+                   const char *job_id, const char *job_type, struct sk_claim *out,
+                   struct sk_err *err)
+{
+    if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK) {
+        int rc = connect_and_prepare(s, err);
+        if (rc != SK_OK)
+            return rc;
+    }
+
+    const char *values[] = { queue, key, owner, job_id, job_type };
+    const struct step steps[] = {
+        { .sql = "BEGIN" },
+        { .prepared = "sk_claim", .n_params = 5, .values = values },
+    };
+    PGresult *res = NULL;
+    int rc = pipeline(s, steps, 2, &res, err);
+    if (rc != SK_OK)
+        return rc;
+
+    if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
+        PQclear(res);
+        sk_store_rollback(s, NULL);
+        return sk_err_set(err, SK_ERR, "sekali.claim(%s/%s) returned no row", queue, key);
+    }
+    const char *status = PQgetvalue(res, 0, 0);
+    out->fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+    out->attempts = atoi(PQgetvalue(res, 0, 2));
+    bool processing = strcmp(status, "processing") == 0;
+    PQclear(res);
+    if (processing)
+        return SK_OK;
+
+    /* Finished before: commit only the duplicate count, then tell the caller to ack. */
+    const struct step commit[] = { { .sql = "COMMIT" } };
+    rc = pipeline(s, commit, 1, NULL, err);
+    return rc == SK_OK ? SK_DUP : rc;
+}
+
+int sk_store_complete(struct sk_store *s, const char *queue, const char *key, int64_t fence,
+                      const void *result, size_t result_len, struct sk_err *err)
+{
+    char fence_text[24];
+    snprintf(fence_text, sizeof(fence_text), "%lld", (long long)fence);
+    const char *values[] = { queue, key, fence_text, result };
+    const int lengths[] = { 0, 0, 0, (int)result_len };
+    const int formats[] = { 0, 0, 0, 1 };  /* the result is bytea: send it raw */
+    const struct step steps[] = {
+        { .prepared = "sk_complete", .n_params = 4, .values = values, .lengths = lengths,
+          .formats = formats },
+        { .sql = "COMMIT" },
+    };
+    int rc = pipeline(s, steps, 2, NULL, err);
+    if (rc == SK_ERR)
+        sk_store_rollback(s, NULL);
+    return rc;
+}
+
+int sk_store_rollback(struct sk_store *s, struct sk_err *err)
+{
+    if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK)
+        return sk_err_set(err, SK_AGAIN, "ROLLBACK: not connected");
+    /* An explicit ROLLBACK is also what leaves an aborted pipeline's
+     * transaction block; outside a transaction it only warns. */
+    PGresult *res = PQexec(s->conn, "ROLLBACK");
+    ExecStatusType status = PQresultStatus(res);
+    PQclear(res);
+    if (status != PGRES_COMMAND_OK)
+        return connection_error(s, "ROLLBACK", err);
+    return SK_OK;
+}
+
+int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const char *owner,
+                  const char *job_id, const char *job_type, const char *error,
+                  struct sk_err *err)
+{
+    if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK)
+        return sk_err_set(err, SK_AGAIN, "sekali.fail: not connected");
+    const char *values[] = { queue, key, owner, job_id, job_type, error };
+    PGresult *res = PQexecPrepared(s->conn, "sk_fail", 6, values, NULL, NULL, 0);
+    ExecStatusType status = PQresultStatus(res);
+    if (status != PGRES_TUPLES_OK) {
+        sk_err_set(err, SK_ERR, "sekali.fail(%s/%s) failed: %s", queue, key,
+                   PQresultErrorMessage(res));
+        PQclear(res);
+        return PQstatus(s->conn) == CONNECTION_OK ? SK_ERR : SK_AGAIN;
+    }
+    PQclear(res);
+    return SK_OK;
+}
+
+static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
+{
+    PQfinish(s->conn);
+    /* expand_dbname: the first "dbname" is the whole conninfo string; the
+     * later keywords override what it says. */
+    const char *keywords[] = { "dbname", "application_name", "password", NULL };
+    const char *values[] = { s->conf->conninfo, s->application_name, s->conf->password, NULL };
+    if (s->conf->password == NULL)
+        keywords[2] = NULL;
+    s->conn = PQconnectdbParams(keywords, values, 1);
+    if (s->conn == NULL)
+        return sk_err_set(err, SK_AGAIN, "PQconnectdbParams: out of memory");
+    if (PQstatus(s->conn) != CONNECTION_OK) {
+        sk_err_set(err, SK_AGAIN, "PostgreSQL connection failed: %s", PQerrorMessage(s->conn));
+        PQfinish(s->conn);
+        s->conn = NULL;
+        return SK_AGAIN;
+    }
+    for (size_t i = 0; i < SK_ARRAY_LEN(statements); i++) {
+        PGresult *res = PQprepare(s->conn, statements[i].name, statements[i].sql, 0, NULL);
+        ExecStatusType status = PQresultStatus(res);
+        if (status != PGRES_COMMAND_OK) {
+            sk_err_set(err, SK_ERR, "PQprepare(%s) failed: %s(is the schema migrated? "
+                       "run sekalictl migrate)", statements[i].name, PQresultErrorMessage(res));
+            PQclear(res);
+            PQfinish(s->conn);
+            s->conn = NULL;
+            return SK_ERR;
+        }
+        PQclear(res);
+    }
+    return SK_OK;
+}
+
+/* Sends steps as one pipeline and reads every result up to the sync, so the
+ * connection is always left idle and out of pipeline mode. Keeps the last
+ * step's result in *last if asked. Returns SK_OK, SK_ERR (a statement failed;
+ * the first error is in err and the transaction is aborted) or SK_AGAIN. */
+static int pipeline(struct sk_store *s, const struct step *steps, int n, PGresult **last,
+                    struct sk_err *err)
+{
+    if (PQenterPipelineMode(s->conn) != 1)
+        return connection_error(s, "PQenterPipelineMode", err);
+    for (int i = 0; i < n; i++) {
+        int sent = steps[i].prepared != NULL
+            ? PQsendQueryPrepared(s->conn, steps[i].prepared, steps[i].n_params,
+                                  steps[i].values, steps[i].lengths, steps[i].formats, 0)
+            : PQsendQueryParams(s->conn, steps[i].sql, 0, NULL, NULL, NULL, NULL, 0);
+        if (sent != 1) {
+            PQexitPipelineMode(s->conn);
+            return connection_error(s, "PQsendQuery", err);
+        }
+    }
+    if (PQpipelineSync(s->conn) != 1) {
+        PQexitPipelineMode(s->conn);
+        return connection_error(s, "PQpipelineSync", err);
+    }
+
+    int rc = SK_OK;
+    int step = 0;
+    int nulls = 0;
+    for (;;) {
+        PGresult *res = PQgetResult(s->conn);
+        if (res == NULL) {
+            /* Each statement's results end with one NULL; a second in a row
+             * means no more will come: the connection died under us. */
+            if (++nulls > 1 || PQstatus(s->conn) != CONNECTION_OK) {
+                rc = connection_error(s, "PQgetResult", err);
+                break;
+            }
+            continue;
+        }
+        nulls = 0;
+        ExecStatusType status = PQresultStatus(res);
+        if (status == PGRES_PIPELINE_SYNC) {
+            PQclear(res);
+            break;
+        }
+        const char *what = step < n ? (steps[step].prepared != NULL ? steps[step].prepared
+                                                                    : steps[step].sql)
+                                    : "pipeline";
+        if (status == PGRES_FATAL_ERROR && rc == SK_OK) {
+            rc = PQstatus(s->conn) == CONNECTION_OK ? SK_ERR : SK_AGAIN;
+            sk_err_set(err, rc, "%s failed: %s", what, PQresultErrorMessage(res));
+        }
+        if (last != NULL && step == n - 1 && rc == SK_OK && status == PGRES_TUPLES_OK)
+            *last = res;
+        else
+            PQclear(res);
+        step++;
+    }
+    PQexitPipelineMode(s->conn);
+    if (rc != SK_OK && last != NULL && *last != NULL) {
+        PQclear(*last);
+        *last = NULL;
+    }
+    return rc;
+}
+
+static int connection_error(struct sk_store *s, const char *what, struct sk_err *err)
+{
+    if (PQstatus(s->conn) != CONNECTION_OK)
+        return sk_err_set(err, SK_AGAIN, "%s: PostgreSQL connection lost: %s", what,
+                          PQerrorMessage(s->conn));
+    return sk_err_set(err, SK_ERR, "%s failed: %s", what, PQerrorMessage(s->conn));
+}

@@ -1,0 +1,61 @@
+/* store.h - the idempotency store in PostgreSQL (libpq).
+ *
+ * One struct sk_store is one connection, owned by one thread. The job's
+ * transaction runs on it: sk_store_claim() opens it and locks the key's row,
+ * the handler writes its effect on sk_store_conn(), and sk_store_complete()
+ * marks the key completed and commits, all or nothing. */
+#ifndef SK_STORE_H
+#define SK_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#include "common.h"
+#include "config.h"
+
+struct sk_store;
+
+struct sk_claim {
+    int64_t fence;
+    int     attempts;
+};
+
+/* Connects and prepares the statements. SK_OK, SK_AGAIN (unreachable), or
+ * SK_ERR (authentication or schema missing: run sekalictl migrate). */
+int  sk_store_open(struct sk_store **out, const struct sk_postgres_conf *conf,
+                   const char *application_name, struct sk_err *err);
+void sk_store_close(struct sk_store *s);
+
+/* Borrowed: the connection the job's transaction runs on. */
+PGconn *sk_store_conn(struct sk_store *s);
+
+/* BEGIN and claim (queue, key) in one round trip. Returns SK_OK with the
+ * transaction open and the row locked; SK_DUP when the key already completed
+ * or failed (the duplicate is counted and the transaction committed); SK_AGAIN
+ * when the connection failed (the caller must not ack); SK_ERR otherwise.
+ * Blocks while another transaction holds the same key. */
+int sk_store_claim(struct sk_store *s, const char *queue, const char *key, const char *owner,
+                   const char *job_id, const char *job_type, struct sk_claim *out,
+                   struct sk_err *err);
+
+/* Marks the key completed under `fence`, saves result, and COMMITs, in one
+ * round trip. SK_OK once committed; SK_ERR when the transaction could not
+ * commit (the handler left it failed, or the fence was lost) and was rolled
+ * back; SK_AGAIN when the connection failed and the outcome is unknown (the
+ * caller must not ack: a redelivery's claim finds out). */
+int sk_store_complete(struct sk_store *s, const char *queue, const char *key, int64_t fence,
+                      const void *result, size_t result_len, struct sk_err *err);
+
+/* Rolls back the job's transaction. SK_OK or SK_AGAIN. */
+int sk_store_rollback(struct sk_store *s, struct sk_err *err);
+
+/* Records the key as failed with `error` in its own transaction (after a
+ * rollback). A completed key stays completed. SK_OK, SK_AGAIN or SK_ERR. */
+int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const char *owner,
+                  const char *job_id, const char *job_type, const char *error,
+                  struct sk_err *err);
+
+#endif

@@ -1,0 +1,14 @@
+/* worker.h - one worker process: consumes one queue, one job at a time. */
+#ifndef SK_WORKER_H
+#define SK_WORKER_H
+
+#include "config.h"
+#include "plugin.h"
+
+/* Runs the worker loop in the calling (freshly forked) process until SIGTERM
+ * or SIGINT, then finishes the job in flight and returns the process exit
+ * code (SK_EXIT_*). conf and plugin are borrowed from the supervisor. */
+int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
+                  const struct sk_plugin *plugin);
+
+#endif

@@ -1,0 +1,14 @@
+-- The test handler's effect table (tests/plugins/effect.c): one row per
+-- committed execution, so counting rows per key counts effects.
+CREATE SCHEMA IF NOT EXISTS sekali_test;
+CREATE TABLE IF NOT EXISTS sekali_test.effects (
+    id              bigserial PRIMARY KEY,
+    queue           text      NOT NULL,
+    idempotency_key text      NOT NULL,
+    job_id          text      NOT NULL,
+    pid             integer   NOT NULL,
+    fence           bigint    NOT NULL,
+    attempt         integer   NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS effects_by_key ON sekali_test.effects (queue, idempotency_key);

@@ -1,0 +1,164 @@
+/* check_crash.c - workers killed at the two moments that matter most:
+ * in the middle of the handler, and after COMMIT but before the ack.
+ * Each test first proves the worker really died there, then that the job's
+ * effect exists exactly once and nothing is left in the queue. */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define EFFECT "tests/plugins/effect.so"
+
+static long long effects_for(PGconn *pg, const char *queue, const char *key)
+{
+    return h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects "
+                          "WHERE queue = '%s' AND idempotency_key = '%s'", queue, key);
+}
+
+static long long key_count(PGconn *pg, const char *queue, const char *key, const char *column)
+{
+    return h_pg_count(pg, "SELECT coalesce(sum(%s), 0) FROM sekali.idempotency_keys "
+                          "WHERE queue = '%s' AND key = '%s' AND status = 'completed'",
+                      column, queue, key);
+}
+
+/* The pid in the name of the first dir/stall.<pid> file, or 0. */
+static pid_t stalled_pid(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    pid_t pid = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, "stall.", 6) == 0)
+            pid = (pid_t)atol(e->d_name + 6);
+    closedir(d);
+    return pid;
+}
+
+static bool process_gone(pid_t pid)
+{
+    return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+START_TEST(test_worker_killed_mid_handler_job_runs_again_once)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "midkill");
+    char *dir = h_tmpdir("midkill");
+    char extra[1200];
+    /* A short lease: the dead worker's lock must expire before the job can
+     * run again, and the test should not wait the default 30 s for it. */
+    snprintf(extra, sizeof(extra), "    lock_ttl: 2s\n    config:\n      marker_dir: %s\n",
+             dir);
+    char *config = h_write_config(dir, queue, EFFECT, 2, extra);
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+
+    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
+    H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
+    h_publish(b, queue, "test", "stall-1", "order-stall", NULL, "stall");
+
+    H_WAIT(stalled_pid(dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = stalled_pid(dir);
+    ck_assert_int_eq(effects_for(pg, queue, "order-stall"), 0);
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    H_WAIT(process_gone(victim), 10000, "worker %ld should be dead after SIGKILL", (long)victim);
+
+    H_WAIT(effects_for(pg, queue, "order-stall") == 1, 30000,
+           "the killed job should run again and commit once");
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                    "'%s' AND pid = %ld", queue, (long)victim), 0);
+    h_stop_sekalid(sekalid, dir);
+
+    ck_assert_int_eq(effects_for(pg, queue, "order-stall"), 1);
+    ck_assert_int_eq(h_queue_depth(b, queue), 0);
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    ck_assert_int_ge(h_count_lines(log, "killed by signal 9"), 1);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_worker_killed_after_commit_before_ack_is_a_counted_duplicate)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "postcommit");
+    char *dir = h_tmpdir("postcommit");
+    char *config = h_write_config(dir, queue, EFFECT, 2, "    lock_ttl: 2s\n");
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+
+    char mark[1024], armed[128], mark_env[1100];
+    snprintf(mark, sizeof(mark), "%s/failpoint.mark", dir);
+    snprintf(armed, sizeof(armed), "SEKALI_FAILPOINT=after_commit:order-42");
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", mark);
+    const char *env[] = { armed, mark_env, NULL };
+    pid_t sekalid = h_start_sekalid("fault/sekalid", config, dir, env);
+    H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
+
+    h_publish(b, queue, "test", "msg-42", "order-42", NULL, "ok");
+    h_publish(b, queue, "test", "msg-43", "order-43", NULL, "ok");
+
+    H_WAIT(access(mark, F_OK) == 0, 20000, "the after_commit failpoint never fired");
+    char *text = h_read_file(mark);
+    pid_t victim = (pid_t)atol(text);
+    free(text);
+    H_WAIT(process_gone(victim), 10000, "worker %ld should have killed itself", (long)victim);
+
+    /* The effect was committed before the death; the redelivery must find
+     * the completed key and be acked as a duplicate. */
+    H_WAIT(key_count(pg, queue, "order-42", "duplicates") == 1, 30000,
+           "the redelivery of order-42 should be counted as one duplicate");
+    ck_assert_int_eq(effects_for(pg, queue, "order-42"), 1);
+    H_WAIT(effects_for(pg, queue, "order-43") == 1, 20000, "order-43 should run once");
+    h_stop_sekalid(sekalid, dir);
+
+    ck_assert_int_eq(effects_for(pg, queue, "order-42"), 1);
+    ck_assert_int_eq(h_queue_depth(b, queue), 0);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_production_binary_has_no_failpoints)
+{
+    h_init();
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "grep -q SEKALI_FAILPOINT %s/sekalid", h_build_dir());
+    ck_assert_msg(system(cmd) != 0, "build/sekalid must not contain failpoints");
+    snprintf(cmd, sizeof(cmd), "grep -q SEKALI_FAILPOINT %s/fault/sekalid", h_build_dir());
+    ck_assert_msg(system(cmd) == 0, "the fault build should contain the failpoints");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("crash");
+    TCase *tc = tcase_create("kill");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_worker_killed_mid_handler_job_runs_again_once);
+    tcase_add_test(tc, test_worker_killed_after_commit_before_ack_is_a_counted_duplicate);
+    tcase_add_test(tc, test_production_binary_has_no_failpoints);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

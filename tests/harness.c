@@ -1,0 +1,290 @@
+/* harness.c - shared plumbing of the integration and fault suites. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static const char *build_dir;
+static const char *amqp_url;
+static const char *pg_conninfo;
+static const char *scratch;
+static int redis_port;
+static int slowdown = 1;
+static struct sk_amqp_conf amqp_conf;
+
+static const char *require_env(const char *name)
+{
+    const char *v = getenv(name);
+    ck_assert_msg(v != NULL && v[0] != '\0',
+                  "%s is not set: run the suites through tests/run.sh, which reads "
+                  "tests/servers.sh env", name);
+    return v;
+}
+
+void h_init(void)
+{
+    build_dir = require_env("SEKALI_BUILD");
+    amqp_url = require_env("SEKALI_AMQP_URL");
+    pg_conninfo = require_env("SEKALI_PG_CONNINFO");
+    scratch = require_env("SEKALI_SCRATCH");
+    redis_port = atoi(require_env("SEKALI_REDIS_PORT"));
+    if (getenv("SEKALI_VALGRIND") != NULL)
+        slowdown = 20;
+    else if (strstr(build_dir, "asan") != NULL)
+        slowdown = 3;
+
+    static char url_copy[512];
+    snprintf(url_copy, sizeof(url_copy), "%s", amqp_url);
+    struct amqp_connection_info info;
+    ck_assert_int_eq(amqp_parse_url(url_copy, &info), AMQP_STATUS_OK);
+    amqp_conf = (struct sk_amqp_conf){
+        .host = info.host, .port = info.port, .vhost = info.vhost, .user = info.user,
+        .password = info.password, .heartbeat_ms = 0, .connect_timeout_ms = 5000,
+    };
+}
+
+const char *h_build_dir(void) { return build_dir; }
+const char *h_amqp_url(void) { return amqp_url; }
+const char *h_pg_conninfo(void) { return pg_conninfo; }
+int h_redis_port(void) { return redis_port; }
+int h_ms(int ms) { return ms * slowdown; }
+
+int64_t h_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+void h_nap(void)
+{
+    struct timespec t = { .tv_sec = 0, .tv_nsec = 20 * 1000000L };
+    nanosleep(&t, NULL);
+}
+
+char *h_tmpdir(const char *name)
+{
+    char *path = NULL;
+    ck_assert(asprintf(&path, "%s/tests/%s.XXXXXX", scratch, name) > 0);
+    char parent[1024];
+    snprintf(parent, sizeof(parent), "%s/tests", scratch);
+    mkdir(parent, 0755);
+    ck_assert_msg(mkdtemp(path) != NULL, "mkdtemp(%s): %s", path, strerror(errno));
+    return path;
+}
+
+void h_unique_name(char *out, size_t size, const char *prefix)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    snprintf(out, size, "%s-%ld-%ld-%ld", prefix, (long)getpid(), (long)t.tv_sec,
+             t.tv_nsec / 1000);
+}
+
+PGconn *h_pg(void)
+{
+    PGconn *pg = PQconnectdb(pg_conninfo);
+    ck_assert_msg(PQstatus(pg) == CONNECTION_OK, "PostgreSQL: %s", PQerrorMessage(pg));
+    return pg;
+}
+
+void h_pg_exec(PGconn *pg, const char *sql)
+{
+    PGresult *res = PQexec(pg, sql);
+    ExecStatusType status = PQresultStatus(res);
+    ck_assert_msg(status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK, "%s: %s", sql,
+                  PQresultErrorMessage(res));
+    PQclear(res);
+}
+
+long long h_pg_count(PGconn *pg, const char *fmt, ...)
+{
+    char sql[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof(sql), fmt, ap);
+    va_end(ap);
+    PGresult *res = PQexec(pg, sql);
+    ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1, "%s: %s",
+                  sql, PQresultErrorMessage(res));
+    long long n = PQgetisnull(res, 0, 0) ? 0 : atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return n;
+}
+
+char *h_write_config(const char *dir, const char *queue, const char *handler, int workers,
+                     const char *extra_queue_yaml)
+{
+    char *path = NULL;
+    ck_assert(asprintf(&path, "%s/sekali.yaml", dir) > 0);
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "fopen(%s): %s", path, strerror(errno));
+    fprintf(f,
+            "amqp:\n"
+            "  url: \"%s\"\n"
+            "  heartbeat: 30s\n"
+            "redis:\n"
+            "  host: 127.0.0.1\n"
+            "  port: %d\n"
+            "postgres:\n"
+            "  conninfo: \"%s\"\n"
+            "lock:\n"
+            "  ttl: 30s\n"
+            "  busy_wait: 500ms\n"
+            "log:\n"
+            "  level: info\n"
+            "  format: json\n"
+            "shutdown_timeout: 20s\n"
+            "queues:\n"
+            "  - name: %s\n"
+            "    handler: %s/%s\n"
+            "    workers: %d\n"
+            "    prefetch: 4\n"
+            "%s",
+            amqp_url, redis_port, pg_conninfo, queue, build_dir, handler, workers,
+            extra_queue_yaml != NULL ? extra_queue_yaml : "");
+    ck_assert_int_eq(fclose(f), 0);
+    return path;
+}
+
+pid_t h_start_sekalid(const char *binary, const char *config, const char *dir,
+                      const char *const *extra_env)
+{
+    char exe[1024], log[1024], vg_log[1024];
+    snprintf(exe, sizeof(exe), "%s/%s", build_dir, binary);
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    snprintf(vg_log, sizeof(vg_log), "--log-file=%s/valgrind.%%p.log", dir);
+
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd < 0)
+            _exit(120);
+        dup2(fd, STDERR_FILENO);
+        dup2(fd, STDOUT_FILENO);
+        for (const char *const *e = extra_env; e != NULL && *e != NULL; e++)
+            putenv((char *)*e);
+        if (getenv("SEKALI_VALGRIND") != NULL) {
+            execlp("valgrind", "valgrind", "-q", "--leak-check=full",
+                   "--errors-for-leak-kinds=definite", "--show-leak-kinds=definite",
+                   vg_log, exe, "-c", config, (char *)NULL);
+        } else {
+            execl(exe, exe, "-c", config, (char *)NULL);
+        }
+        _exit(127);
+    }
+    return pid;
+}
+
+int h_wait_exit(pid_t pid, int timeout_ms, const char *what)
+{
+    int64_t deadline = h_now_ms() + h_ms(timeout_ms);
+    for (;;) {
+        int status;
+        pid_t got = waitpid(pid, &status, WNOHANG);
+        ck_assert_int_ge(got, 0);
+        if (got == pid)
+            return status;
+        if (h_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            ck_abort_msg("%s: process %ld did not exit within %d ms", what, (long)pid,
+                         h_ms(timeout_ms));
+        }
+        h_nap();
+    }
+}
+
+void h_stop_sekalid(pid_t pid, const char *dir)
+{
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    int status = h_wait_exit(pid, 30000, "sekalid after SIGTERM");
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "sekalid should exit 0 after SIGTERM, got status 0x%x (see %s/sekalid.log)",
+                  status, dir);
+    if (getenv("SEKALI_VALGRIND") != NULL) {
+        char cmd[2048];
+        snprintf(cmd, sizeof(cmd), "cat %s/valgrind.*.log 2>/dev/null | grep -q .", dir);
+        ck_assert_msg(system(cmd) != 0, "valgrind reported errors: see %s/valgrind.*.log",
+                      dir);
+    }
+}
+
+struct sk_broker *h_broker(void)
+{
+    struct sk_broker *b = NULL;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_open(&b, &amqp_conf, &err) == SK_OK, "broker: %s", err.msg);
+    ck_assert_msg(sk_broker_confirm_select(b, &err) == SK_OK, "confirm.select: %s", err.msg);
+    return b;
+}
+
+void h_publish(struct sk_broker *b, const char *queue, const char *type, const char *message_id,
+               const char *idempotency_key, const char *resource_key, const char *body)
+{
+    struct sk_message msg = {
+        .message_id = message_id, .type = type, .content_type = "text/plain",
+        .idempotency_key = idempotency_key, .resource_key = resource_key,
+        .body = body, .body_len = strlen(body),
+    };
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_publish(b, queue, &msg, &err) == SK_OK, "publish to %s: %s", queue,
+                  err.msg);
+}
+
+uint32_t h_queue_depth(struct sk_broker *b, const char *queue)
+{
+    uint32_t messages = 0;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_queue_depth(b, queue, &messages, NULL, &err) == SK_OK,
+                  "queue depth of %s: %s", queue, err.msg);
+    return messages;
+}
+
+uint32_t h_consumers(struct sk_broker *b, const char *queue)
+{
+    uint32_t consumers = 0;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_queue_depth(b, queue, NULL, &consumers, &err) == SK_OK,
+                  "consumers of %s: %s", queue, err.msg);
+    return consumers;
+}
+
+char *h_read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        fwrite(chunk, 1, n, mem);
+    fclose(mem);
+    fclose(f);
+    return buf;
+}
+
+int h_count_lines(const char *path, const char *needle)
+{
+    char *text = h_read_file(path);
+    if (text == NULL)
+        return 0;
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"))
+        n += strstr(line, needle) != NULL;
+    free(text);
+    return n;
+}

@@ -1,0 +1,114 @@
+/* effect.c - the test suites' handler: records one row per execution.
+ *
+ * Every run inserts into sekali_test.effects inside the job's transaction, so
+ * the row count per key is exactly the number of times the job's effect was
+ * committed. The body selects a behaviour:
+ *   "stall"    on the first delivery: write MARKER_DIR/stall.<pid> and block
+ *              until killed (a worker dying mid-handler); later deliveries run
+ *   "fail"     return SEKALI_FAIL
+ *   "retry"    return SEKALI_RETRY on the first delivery
+ *   anything   record the effect and return SEKALI_OK
+ * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+#include <sekali/handler.h>
+
+struct state {
+    const struct sekali_host *host;
+    char                      marker_dir[512];
+};
+
+static void scalar(const char *config, const char *key, char *out, size_t size)
+{
+    out[0] = '\0';
+    const char *p = config != NULL ? strstr(config, key) : NULL;
+    if (p == NULL || p[strlen(key)] != ':')
+        return;
+    p += strlen(key) + 1;
+    while (*p == ' ' || *p == '"' || *p == '\'')
+        p++;
+    size_t n = strcspn(p, "\"'\r\n");
+    if (n >= size)
+        n = size - 1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+}
+
+static int effect_init(const struct sekali_host *host, const char *config, void **out)
+{
+    char fail[16];
+    scalar(config, "fail_init", fail, sizeof(fail));
+    if (strcmp(fail, "yes") == 0 || strcmp(fail, "true") == 0)
+        return SEKALI_FAIL;
+    struct state *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return SEKALI_RETRY;
+    s->host = host;
+    scalar(config, "marker_dir", s->marker_dir, sizeof(s->marker_dir));
+    *out = s;
+    return SEKALI_OK;
+}
+
+static int body_is(const struct sekali_job *job, const char *word)
+{
+    return job->body_len == strlen(word) && memcmp(job->body, word, job->body_len) == 0;
+}
+
+static void stall(struct state *s)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/stall.%ld", s->marker_dir, (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0)
+        close(fd);
+    /* Bounded, so that a test that forgets to kill us cannot hang CI. */
+    for (int i = 0; i < 1200; i++) {
+        struct timespec t = { .tv_sec = 0, .tv_nsec = 100 * 1000000L };
+        nanosleep(&t, NULL);
+    }
+}
+
+static int effect_handle(void *state, const struct sekali_job *job, struct sekali_ctx *ctx)
+{
+    struct state *s = state;
+    if (body_is(job, "fail")) {
+        s->host->set_error(ctx, "the job asked to fail");
+        return SEKALI_FAIL;
+    }
+    if (body_is(job, "retry") && job->delivery_attempt == 1) {
+        s->host->set_error(ctx, "the job asked to be retried");
+        return SEKALI_RETRY;
+    }
+    if (body_is(job, "stall") && job->delivery_attempt == 1 && s->marker_dir[0] != '\0')
+        stall(s);
+
+    char pid[16], fence[24], attempt[16];
+    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    snprintf(fence, sizeof(fence), "%lld", (long long)job->fence);
+    snprintf(attempt, sizeof(attempt), "%u", job->delivery_attempt);
+    const char *values[] = { job->queue, job->idempotency_key, job->job_id, pid, fence, attempt };
+    PGresult *res = PQexecParams(s->host->pg(ctx),
+                                 "INSERT INTO sekali_test.effects "
+                                 "(queue, idempotency_key, job_id, pid, fence, attempt) "
+                                 "VALUES ($1, $2, $3, $4, $5, $6)",
+                                 6, NULL, values, NULL, NULL, 0);
+    int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    if (!ok)
+        s->host->set_error(ctx, PQresultErrorMessage(res));
+    PQclear(res);
+    return ok ? SEKALI_OK : SEKALI_RETRY;
+}
+
+static void effect_fini(void *state)
+{
+    free(state);
+}
+
+SEKALI_HANDLER_DEFINE(.name = "effect", .version = "test", .init = effect_init,
+                      .handle = effect_handle, .fini = effect_fini)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the test suites against the servers of tests/servers.sh.
+#   tests/run.sh BUILD_DIR [unit|integration|fault ...]
+# Prepares the database (schema migrations, the test handler's table), runs
+# each check suite, and ends with one line "N passed, N failed" over all of them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+shift || true
+kinds=("$@")
+[ ${#kinds[@]} -gt 0 ] || kinds=(unit integration fault)
+
+eval "$(tests/servers.sh env)"
+export SEKALI_BUILD="$PWD/$build"
+
+needs_servers=0
+for kind in "${kinds[@]}"; do [ "$kind" != unit ] && needs_servers=1; done
+if [ $needs_servers -eq 1 ]; then
+    mkdir -p "$SEKALI_SCRATCH/tests"
+    conf="$SEKALI_SCRATCH/tests/migrate.yaml"
+    cat > "$conf" <<YAML
+amqp:
+  url: "$SEKALI_AMQP_URL"
+postgres:
+  conninfo: "$SEKALI_PG_CONNINFO"
+queues:
+  - name: migrate
+    handler: unused.so
+YAML
+    "$build/sekalictl" -c "$conf" migrate --sql-dir sql >/dev/null || exit 1
+    psql -q -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" -f tests/data/effects.sql >/dev/null || exit 1
+fi
+
+passed=0 failed=0
+for kind in "${kinds[@]}"; do
+    dir=tests/$kind
+    for src in "$dir"/check_*.c; do
+        [ -e "$src" ] || continue
+        name=$(basename "$src" .c)
+        bin="$build/tests/$name"
+        echo "== $kind/$name"
+        if [ "$kind" = unit ] && [ -n "${SEKALI_VALGRIND:-}" ]; then
+            out=$(CK_FORK=no valgrind -q --error-exitcode=99 --leak-check=full \
+                  --errors-for-leak-kinds=definite "$bin" 2>&1)
+        else
+            out=$("$bin" 2>&1)
+        fi
+        rc=$?
+        printf '%s\n' "$out"
+        # check prints "NN%: Checks: N, Failures: N, Errors: N" per suite.
+        summary=$(printf '%s\n' "$out" | grep -E '^[0-9]+%: Checks: ' | tail -n 1)
+        if [ -z "$summary" ]; then
+            echo "$name: no check summary (exit $rc)"; failed=$((failed + 1)); continue
+        fi
+        n=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$summary")
+        f=$(sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1+\2/' <<<"$summary")
+        f=$((f))
+        passed=$((passed + n - f)); failed=$((failed + f))
+        if [ $rc -ne 0 ] && [ $f -eq 0 ]; then
+            echo "$name: exited $rc (valgrind or a crash outside a test)"; failed=$((failed + 1))
+        fi
+    done
+done
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

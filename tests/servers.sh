@@ -1,0 +1,775 @@
+#!/usr/bin/env bash
+# tests/servers.sh - private PostgreSQL, Redis and RabbitMQ servers for the
+# sekali tests and demo.
+#
+# Everything lives in one scratch directory (default /tmp/sekali-servers) and
+# listens on 127.0.0.1 only, on private ports, so the servers can never clash
+# with (or be mistaken for) system services.  Nothing under /etc, systemd or
+# root's home is touched; the only system change is installing missing Debian
+# packages.
+#
+# Usage: tests/servers.sh COMMAND
+#   start                       install missing packages, start all three, wait
+#   stop [--wipe]               stop what we started; --wipe removes the scratch dir
+#   status                      say which servers run (exit 0 only if all three do)
+#   env                         print shell-sourceable settings (only this writes stdout)
+#   start-postgres  | stop-postgres  | restart-postgres
+#   start-redis     | stop-redis     | restart-redis
+#   start-rabbitmq  | stop-rabbitmq  | restart-rabbitmq
+#
+# Settings (environment; defaults in brackets):
+#   SEKALI_SCRATCH [/tmp/sekali-servers]   SEKALI_PG_PORT [55432]
+#   SEKALI_REDIS_PORT [56379]              SEKALI_AMQP_PORT [55672]
+#   SEKALI_AMQP_DIST_PORT [AMQP port + 1]  Erlang distribution port of the broker
+#   SEKALI_EPMD_PORT [54369]               private epmd
+#   SEKALI_RABBIT_NODE [sekali-test@localhost]
+#   SEKALI_AMQP_CONSUMER_TIMEOUT [3600000] ms
+#   SEKALI_WAIT [30] / SEKALI_WAIT_RABBIT [60]  seconds to wait for a server
+# Ports chosen at `start` are remembered in the scratch dir, so later commands
+# (stop, env, restart-*) find the servers without the variables being set again.
+
+set -euo pipefail
+
+PROG=servers.sh
+
+say() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+die() { printf '%s: ERROR: %s\n' "$PROG" "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------
+
+SCRATCH=${SEKALI_SCRATCH:-/tmp/sekali-servers}
+case $SCRATCH in /*) ;; *) SCRATCH=$PWD/$SCRATCH ;; esac   # we cd around later
+SCRATCH=${SCRATCH%/}
+[ -n "$SCRATCH" ] || die "SEKALI_SCRATCH must not be /"
+SETTINGS_FILE=$SCRATCH/settings.env
+MARKER=$SCRATCH/.sekali-servers     # proves a dir is ours before `stop --wipe`
+
+# Values remembered by the last `start` are the defaults; explicit environment
+# variables still win.
+SAVED_PG_PORT='' SAVED_REDIS_PORT='' SAVED_AMQP_PORT='' SAVED_AMQP_DIST_PORT=''
+SAVED_EPMD_PORT='' SAVED_RABBIT_NODE=''
+if [ -f "$SETTINGS_FILE" ]; then
+    # shellcheck disable=SC1090
+    . "$SETTINGS_FILE"
+fi
+
+PG_PORT=${SEKALI_PG_PORT:-${SAVED_PG_PORT:-55432}}
+REDIS_PORT=${SEKALI_REDIS_PORT:-${SAVED_REDIS_PORT:-56379}}
+AMQP_PORT=${SEKALI_AMQP_PORT:-${SAVED_AMQP_PORT:-55672}}
+# RabbitMQ's default distribution port is AMQP port + 20000, which is > 65535
+# for our private AMQP port, so it must always be set explicitly.
+AMQP_DIST_PORT=${SEKALI_AMQP_DIST_PORT:-${SAVED_AMQP_DIST_PORT:-$((AMQP_PORT + 1))}}
+EPMD_PORT=${SEKALI_EPMD_PORT:-${SAVED_EPMD_PORT:-54369}}
+RABBIT_NODE=${SEKALI_RABBIT_NODE:-${SAVED_RABBIT_NODE:-sekali-test@localhost}}
+CONSUMER_TIMEOUT=${SEKALI_AMQP_CONSUMER_TIMEOUT:-3600000}
+WAIT=${SEKALI_WAIT:-30}
+WAIT_RABBIT=${SEKALI_WAIT_RABBIT:-60}
+
+for p in PG_PORT REDIS_PORT AMQP_PORT AMQP_DIST_PORT EPMD_PORT; do
+    [[ ${!p} =~ ^[0-9]+$ ]] && [ "${!p}" -ge 1 ] && [ "${!p}" -le 65535 ] ||
+        die "$p=${!p} is not a valid port"
+done
+
+DB_USER=sekali DB_PASS=sekali DB_NAME=sekali
+AMQP_USER=sekali AMQP_PASS=sekali
+
+BIN=$SCRATCH/bin
+PG=$SCRATCH/postgres
+PGDATA=$PG/data
+PGRUN=$PG/run                       # unix socket dir
+PGLOG=$PG/log/postgresql.log
+REDIS=$SCRATCH/redis
+REDIS_PID=$REDIS/redis.pid
+REDIS_LOG=$REDIS/redis.log
+RMQ=$SCRATCH/rabbitmq
+RMQ_PID=$RMQ/rabbit.pid             # beam pid, written by RabbitMQ itself
+RMQ_LOG=$RMQ/log/rabbit.log
+RMQ_STARTUP_LOG=$RMQ/log/startup.log
+EPMD_PID=$RMQ/epmd.pid
+EPMD_LOG=$RMQ/log/epmd.log
+
+RMQ_SBIN=/usr/lib/rabbitmq/bin      # the real scripts, not the Debian su-wrappers
+
+IS_ROOT=0; [ "$(id -u)" = 0 ] && IS_ROOT=1
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+# Newest installed PostgreSQL server binaries (Debian: /usr/lib/postgresql/N/bin).
+pg_bindir() {
+    local d best=''
+    for d in /usr/lib/postgresql/*/bin; do
+        [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] || continue
+        if [ -z "$best" ] || [ "$(basename "$(dirname "$d")")" -gt "$(basename "$(dirname "$best")")" ] 2>/dev/null; then
+            best=$d
+        fi
+    done
+    printf '%s' "$best"
+}
+
+# PostgreSQL refuses to run as root; as root run its tools as `postgres`.
+as_pg() {
+    if [ "$IS_ROOT" = 1 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# Is something accepting TCP connections on 127.0.0.1:$1 ?
+tcp_open() {
+    timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
+}
+
+# Does $1 name a live process whose command name starts with $2 (guards
+# against pid reuse)?  Zombies count as dead: in containers whose pid 1 does
+# not reap orphans, a stopped daemon lingers as a zombie forever.
+pid_is() {
+    local pid=$1 stat
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    # /proc/PID/stat: "PID (COMM) STATE ..."
+    [[ ${stat#*\(} == "$2"* ]] || return 1
+    [[ ${stat##*\) } != Z* ]]
+}
+
+read_pid() { [ -f "$1" ] && tr -dc '0-9' <"$1" || true; }
+
+# Print the last lines of a log so a failure is diagnosable from CI output.
+show_log() {
+    [ -f "$1" ] || return 0
+    say "---- last lines of $1 ----"
+    tail -n 25 "$1" | sed "s/^/$PROG:   /" >&2 || true
+}
+
+# wait_for SECONDS DESCRIPTION LOGFILE COMMAND...: poll COMMAND until it
+# succeeds; on timeout name the server, point at its log and fail.
+wait_for() {
+    local secs=$1 what=$2 log=$3; shift 3
+    local deadline=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        if [ $SECONDS -ge $deadline ]; then
+            show_log "$log"
+            die "$what did not answer within ${secs}s (log: $log)"
+        fi
+        sleep 0.2
+    done
+}
+
+# Fail early, with a clear message, if a port we need belongs to someone else.
+require_free_port() {
+    if tcp_open "$1"; then
+        die "$2: port 127.0.0.1:$1 is already in use by another process (set $3 to choose another port)"
+    fi
+}
+
+squote() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
+
+# A single lock so concurrent `start`/`stop` calls do not race each other.
+# Every daemon is launched with `9>&-`: an inherited fd 9 would keep the lock
+# held for the daemon's whole life and deadlock the next call.
+take_lock() {
+    mkdir -p "$SCRATCH"
+    exec 9>"$SCRATCH/.lock"
+    if ! flock -n 9; then
+        say "waiting for another servers.sh holding $SCRATCH/.lock"
+        flock -w 300 9 || die "could not lock $SCRATCH/.lock within 300s"
+    fi
+}
+
+# ---------------------------------------------------------------------------
+# Packages
+# ---------------------------------------------------------------------------
+
+missing_binaries() {
+    local b missing=()
+    [ -n "$(pg_bindir)" ] || missing+=(initdb/pg_ctl)
+    for b in psql pg_isready redis-server redis-cli epmd runuser flock timeout; do
+        command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+    done
+    [ -x "$RMQ_SBIN/rabbitmq-server" ] && [ -x "$RMQ_SBIN/rabbitmqctl" ] || missing+=(rabbitmq-server)
+    if [ "$IS_ROOT" = 1 ]; then
+        getent passwd postgres >/dev/null || missing+=(postgres-user)
+    fi
+    printf '%s\n' "${missing[@]}"
+}
+
+install_packages() {
+    local missing
+    missing=$(missing_binaries)
+    [ -n "$missing" ] || return 0
+    say "missing: ${missing//$'\n'/ } - installing Debian packages"
+    [ "$IS_ROOT" = 1 ] || die "need root to apt-get install postgresql redis-server rabbitmq-server"
+    # Keep the package scripts from starting the *system* services we do not
+    # use (they would only eat memory): a temporary policy-rc.d denies
+    # service starts for invoke-rc.d/deb-systemd-invoke.  Only if the admin has
+    # no policy-rc.d of their own.
+    local policy=/usr/sbin/policy-rc.d own_policy=0
+    if [ ! -e "$policy" ] && [ "${SEKALI_APT_ALLOW_SERVICE_START:-0}" != 1 ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        postgresql redis-server rabbitmq-server
+    if [ "$own_policy" = 1 ]; then rm -f "$policy"; trap - EXIT; fi
+    missing=$(missing_binaries)
+    [ -z "$missing" ] || die "still missing after apt-get install: ${missing//$'\n'/ }"
+}
+
+# ---------------------------------------------------------------------------
+# Scratch dir and wrappers
+# ---------------------------------------------------------------------------
+
+prepare_scratch() {
+    mkdir -p "$SCRATCH" "$BIN"
+    # postgres must be able to traverse into the scratch dir.
+    chmod 755 "$SCRATCH"
+    touch "$MARKER"
+    cat >"$SETTINGS_FILE" <<EOF
+# written by tests/servers.sh start; defaults for later commands
+SAVED_PG_PORT=$PG_PORT
+SAVED_REDIS_PORT=$REDIS_PORT
+SAVED_AMQP_PORT=$AMQP_PORT
+SAVED_AMQP_DIST_PORT=$AMQP_DIST_PORT
+SAVED_EPMD_PORT=$EPMD_PORT
+SAVED_RABBIT_NODE=$(squote "$RABBIT_NODE")
+EOF
+    write_wrappers
+}
+
+# The environment every RabbitMQ/Erlang command needs to find *our* node:
+# private epmd, private cookie (HOME), and all files in the scratch dir (so
+# /etc/rabbitmq and /var/lib/rabbitmq are never read or written).
+rabbit_env_lines() {
+    local v
+    for v in \
+        "HOME=$RMQ/home" \
+        "RABBITMQ_NODENAME=$RABBIT_NODE" \
+        "RABBITMQ_CONF_ENV_FILE=$RMQ/rabbitmq-env.conf" \
+        "RABBITMQ_CONFIG_FILE=$RMQ/rabbitmq.conf" \
+        "RABBITMQ_CONFIG_FILES=$RMQ/conf.d" \
+        "RABBITMQ_ADVANCED_CONFIG_FILE=$RMQ/advanced.config" \
+        "RABBITMQ_ENABLED_PLUGINS_FILE=$RMQ/enabled_plugins" \
+        "RABBITMQ_MNESIA_BASE=$RMQ/mnesia" \
+        "RABBITMQ_LOG_BASE=$RMQ/log" \
+        "RABBITMQ_LOGS=$RMQ_LOG" \
+        "RABBITMQ_PID_FILE=$RMQ_PID" \
+        "RABBITMQ_MOTD_FILE=$RMQ/motd" \
+        "RABBITMQ_DIST_PORT=$AMQP_DIST_PORT" \
+        "RABBITMQ_CTL_DIST_PORT_MIN=$((AMQP_DIST_PORT + 1))" \
+        "RABBITMQ_CTL_DIST_PORT_MAX=$((AMQP_DIST_PORT + 10))" \
+        "RABBITMQ_CTL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}" \
+        "ERL_EPMD_PORT=$EPMD_PORT" \
+        "ERL_EPMD_ADDRESS=127.0.0.1" \
+        "ERL_CRASH_DUMP=$RMQ/log/erl_crash.dump"; do
+        printf 'export %s=%s\n' "${v%%=*}" "$(squote "${v#*=}")"
+    done
+}
+
+write_wrappers() {
+    # psql connecting as sekali over TCP with the password (what the daemon does).
+    cat >"$BIN/psql" <<EOF
+#!/bin/sh
+# generated by tests/servers.sh: psql as $DB_USER on the private PostgreSQL
+export PGHOST=127.0.0.1 PGPORT=$PG_PORT PGUSER=$DB_USER PGPASSWORD=$DB_PASS PGDATABASE=$DB_NAME
+exec psql "\$@"
+EOF
+    cat >"$BIN/redis-cli" <<EOF
+#!/bin/sh
+# generated by tests/servers.sh: redis-cli on the private Redis
+exec redis-cli -h 127.0.0.1 -p $REDIS_PORT "\$@"
+EOF
+    local tool
+    for tool in rabbitmqctl rabbitmq-diagnostics; do
+        {
+            echo '#!/bin/sh'
+            echo "# generated by tests/servers.sh: $tool against the private node $RABBIT_NODE"
+            rabbit_env_lines
+            echo "cd $(squote "$RMQ")"
+            echo "exec $RMQ_SBIN/$tool \"\$@\""
+        } >"$BIN/$tool"
+    done
+    chmod 755 "$BIN"/*
+}
+
+# ---------------------------------------------------------------------------
+# PostgreSQL
+# ---------------------------------------------------------------------------
+
+pg_running() {
+    local bindir; bindir=$(pg_bindir)
+    [ -n "$bindir" ] && [ -f "$PGDATA/PG_VERSION" ] &&
+        as_pg "$bindir/pg_ctl" status -D "$PGDATA" >/dev/null 2>&1
+}
+
+# As root, the server's files must belong to postgres.
+pg_own() {
+    if [ "$IS_ROOT" = 1 ]; then chown -R postgres:postgres "$1"; fi
+}
+
+# Admin psql as the postgres superuser over the private unix socket.
+pg_admin() {
+    as_pg psql -h "$PGRUN" -p "$PG_PORT" -U postgres -d postgres \
+        -X -A -t -q -v ON_ERROR_STOP=1 "$@"
+}
+
+# A real query as sekali, over TCP, with password auth.
+pg_query_ok() {
+    [ "$(PGPASSWORD=$DB_PASS PGCONNECT_TIMEOUT=3 psql -X -A -t \
+        "host=127.0.0.1 port=$PG_PORT dbname=$DB_NAME user=$DB_USER" \
+        -c 'SELECT 42' 2>/dev/null)" = 42 ]
+}
+
+pg_init() {
+    local bindir=$1
+    say "postgres: initdb in $PGDATA"
+    rm -rf "$PGDATA"
+    mkdir -p "$PGDATA" "$PGRUN" "$(dirname "$PGLOG")"
+    pg_own "$PG"
+    chmod 700 "$PGDATA"
+    # trust on the socket is safe: the socket dir and socket are 0700.
+    as_pg "$bindir/initdb" -D "$PGDATA" -U postgres -E UTF8 --locale=C \
+        --auth-local=trust --auth-host=scram-sha-256 >"$PG/log/initdb.log" 2>&1 ||
+        { show_log "$PG/log/initdb.log"; die "postgres: initdb failed"; }
+    echo "include 'sekali.conf'" | as_pg tee -a "$PGDATA/postgresql.conf" >/dev/null
+}
+
+pg_configure() {
+    # Regenerated on every start so a changed port takes effect.
+    as_pg tee "$PGDATA/sekali.conf" >/dev/null <<EOF
+# written by tests/servers.sh
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PGRUN'
+unix_socket_permissions = 0700
+max_connections = 200
+shared_buffers = 128MB
+# test speed over durability
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+EOF
+    as_pg tee "$PGDATA/pg_hba.conf" >/dev/null <<EOF
+# written by tests/servers.sh
+# TYPE  DATABASE  USER  ADDRESS        METHOD
+local   all       all                  trust
+host    all       all   127.0.0.1/32   scram-sha-256
+EOF
+}
+
+# Create role and database if missing (idempotent).
+pg_bootstrap() {
+    if [ "$(pg_admin -c "SELECT 1 FROM pg_roles WHERE rolname = '$DB_USER'")" != 1 ]; then
+        say "postgres: creating role $DB_USER"
+        pg_admin -c "CREATE ROLE $DB_USER LOGIN SUPERUSER PASSWORD '$DB_PASS'"
+    fi
+    if [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$DB_NAME'")" != 1 ]; then
+        say "postgres: creating database $DB_NAME"
+        pg_admin -c "CREATE DATABASE $DB_NAME OWNER $DB_USER"
+    fi
+}
+
+start_postgres() {
+    local bindir; bindir=$(pg_bindir)
+    [ -n "$bindir" ] || die "postgres: no initdb/pg_ctl under /usr/lib/postgresql/*/bin"
+    if pg_running && pg_query_ok; then
+        say "postgres: already running on 127.0.0.1:$PG_PORT"
+        return 0
+    fi
+    if pg_running; then
+        # Ours but not answering as sekali (e.g. still starting): let the
+        # waits below decide instead of starting a second one.
+        say "postgres: running but not answering yet, waiting"
+    else
+        require_free_port "$PG_PORT" postgres SEKALI_PG_PORT
+        as_pg test -x "$SCRATCH" ||
+            die "postgres: user postgres cannot enter $SCRATCH (a parent dir is not world-executable); choose another SEKALI_SCRATCH"
+        [ -f "$PGDATA/PG_VERSION" ] || pg_init "$bindir"
+        mkdir -p "$PGRUN" "$(dirname "$PGLOG")"
+        pg_own "$PG"
+        pg_configure
+        say "postgres: starting on 127.0.0.1:$PG_PORT ($bindir)"
+        as_pg "$bindir/pg_ctl" start -D "$PGDATA" -l "$PGLOG" -w -t "$WAIT" -s 9>&- ||
+            { show_log "$PGLOG"; die "postgres: pg_ctl start failed (log: $PGLOG)"; }
+    fi
+    wait_for "$WAIT" "postgres (pg_isready)" "$PGLOG" pg_isready -q -h 127.0.0.1 -p "$PG_PORT"
+    pg_bootstrap
+    wait_for "$WAIT" "postgres (query as $DB_USER)" "$PGLOG" pg_query_ok
+    say "postgres: ready"
+}
+
+stop_postgres() {
+    local bindir; bindir=$(pg_bindir)
+    if ! pg_running; then
+        return 0
+    fi
+    say "postgres: stopping"
+    as_pg "$bindir/pg_ctl" stop -D "$PGDATA" -m fast -w -t "$WAIT" -s ||
+        as_pg "$bindir/pg_ctl" stop -D "$PGDATA" -m immediate -w -t "$WAIT" -s ||
+        die "postgres: could not stop (log: $PGLOG)"
+}
+
+# ---------------------------------------------------------------------------
+# Redis
+# ---------------------------------------------------------------------------
+
+redis_pid() {
+    local pid; pid=$(read_pid "$REDIS_PID")
+    pid_is "$pid" redis-server && printf '%s' "$pid"
+}
+
+redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+
+start_redis() {
+    if redis_pid >/dev/null; then
+        if redis_ping; then
+            say "redis: already running on 127.0.0.1:$REDIS_PORT"
+            return 0
+        fi
+        say "redis: running but not answering yet, waiting"
+    else
+        require_free_port "$REDIS_PORT" redis SEKALI_REDIS_PORT
+        mkdir -p "$REDIS"
+        rm -f "$REDIS_PID"
+        # No persistence: tests want a clean, fast, throw-away store.
+        cat >"$REDIS/redis.conf" <<EOF
+# written by tests/servers.sh
+bind 127.0.0.1
+port $REDIS_PORT
+daemonize yes
+pidfile $REDIS_PID
+logfile $REDIS_LOG
+dir $REDIS
+save ""
+appendonly no
+EOF
+        say "redis: starting on 127.0.0.1:$REDIS_PORT"
+        (cd "$REDIS" && redis-server "$REDIS/redis.conf") 9>&- ||
+            { show_log "$REDIS_LOG"; die "redis: redis-server failed to start (log: $REDIS_LOG)"; }
+    fi
+    wait_for "$WAIT" "redis (ping)" "$REDIS_LOG" redis_ping
+    say "redis: ready"
+}
+
+stop_redis() {
+    local pid; pid=$(redis_pid) || return 0
+    say "redis: stopping"
+    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
+    wait_pid_gone "$pid" redis-server "$WAIT" || kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$REDIS_PID"
+}
+
+# wait_pid_gone PID COMM SECONDS
+wait_pid_gone() {
+    local deadline=$((SECONDS + $3))
+    while pid_is "$1" "$2"; do
+        [ $SECONDS -lt $deadline ] || return 1
+        sleep 0.1
+    done
+}
+
+# ---------------------------------------------------------------------------
+# RabbitMQ (+ its private epmd)
+# ---------------------------------------------------------------------------
+
+# Run a command with our RabbitMQ environment, from inside the scratch dir
+# (Erlang may drop files into cwd).  Runs as the invoking user (root here):
+# RabbitMQ itself does not mind, and everything it touches is in the scratch
+# dir; the Debian /usr/sbin wrappers are avoided because they su to the
+# `rabbitmq` user and cd to /var/lib/rabbitmq.
+rmq_env() {
+    (
+        eval "$(rabbit_env_lines)"
+        cd "$RMQ"
+        exec "$@"
+    )
+}
+
+rmqctl() { rmq_env "$RMQ_SBIN/rabbitmqctl" "$@"; }
+
+epmd_pid() {
+    local pid; pid=$(read_pid "$EPMD_PID")
+    pid_is "$pid" epmd && printf '%s' "$pid"
+}
+
+epmd_ok() { ERL_EPMD_PORT=$EPMD_PORT epmd -port "$EPMD_PORT" -names >/dev/null 2>&1; }
+
+start_epmd() {
+    if epmd_ok; then
+        return 0            # ours from an earlier start (port is private)
+    fi
+    require_free_port "$EPMD_PORT" epmd SEKALI_EPMD_PORT
+    # Start it ourselves (not via `erl`'s implicit `epmd -daemon`) so we know
+    # its pid and can stop exactly it; new session so a test harness killing
+    # our process group does not take it down.
+    say "epmd: starting on 127.0.0.1:$EPMD_PORT"
+    setsid epmd -port "$EPMD_PORT" -address 127.0.0.1 </dev/null >>"$EPMD_LOG" 2>&1 9>&- &
+    echo $! >"$EPMD_PID"
+    wait_for 10 "epmd" "$EPMD_LOG" epmd_ok
+}
+
+stop_epmd() {
+    local pid
+    if pid=$(epmd_pid); then
+        kill -TERM "$pid" 2>/dev/null || true
+        wait_pid_gone "$pid" epmd 5 || kill -KILL "$pid" 2>/dev/null || true
+    fi
+    # If our epmd had died, `erl` would have spawned a replacement on our
+    # private port; that one is ours too.
+    if epmd_ok; then
+        epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true
+    fi
+    rm -f "$EPMD_PID"
+}
+
+rabbit_pid() {
+    local pid; pid=$(read_pid "$RMQ_PID")
+    pid_is "$pid" beam && printf '%s' "$pid"
+}
+
+# Speak AMQP: send the 0-9-1 protocol header and expect the first byte of a
+# method frame (Connection.Start) back.  Proves the listener is the broker and
+# it accepts clients, not just that the port is open.
+amqp_handshake_ok() {
+    [ "$(timeout 5 bash -c '
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf "AMQP\x00\x00\x09\x01" >&3
+        head -c 1 <&3 | od -An -tx1' _ "$AMQP_PORT" 2>/dev/null | tr -d ' \n')" = 01 ]
+}
+
+rabbit_write_config() {
+    mkdir -p "$RMQ/home" "$RMQ/conf.d" "$RMQ/log" "$RMQ/mnesia"
+    : >"$RMQ/rabbitmq-env.conf"     # keeps /etc/rabbitmq/rabbitmq-env.conf out
+    echo '[].' >"$RMQ/enabled_plugins"  # no management plugin: faster boot
+    echo '[].' >"$RMQ/advanced.config"
+    # Private Erlang cookie (HOME is in the scratch dir): root's ~ untouched.
+    if [ ! -s "$RMQ/home/.erlang.cookie" ]; then
+        LC_ALL=C tr -dc 'A-Z' </dev/urandom 2>/dev/null | head -c 20 >"$RMQ/home/.erlang.cookie" || true
+        [ -s "$RMQ/home/.erlang.cookie" ] || echo SEKALITESTCOOKIE >"$RMQ/home/.erlang.cookie"
+    fi
+    chmod 400 "$RMQ/home/.erlang.cookie"
+    # default_user* only take effect when the node's database is created,
+    # i.e. on first boot; the user then persists in mnesia.
+    cat >"$RMQ/rabbitmq.conf" <<EOF
+# written by tests/servers.sh
+listeners.tcp.default = 127.0.0.1:$AMQP_PORT
+distribution.listener.interface = 127.0.0.1
+distribution.listener.port_range.min = $AMQP_DIST_PORT
+distribution.listener.port_range.max = $AMQP_DIST_PORT
+default_vhost = /
+default_user = $AMQP_USER
+default_pass = $AMQP_PASS
+default_user_tags.administrator = true
+default_permissions.configure = .*
+default_permissions.read = .*
+default_permissions.write = .*
+consumer_timeout = $CONSUMER_TIMEOUT
+log.file.level = info
+log.console = false
+EOF
+}
+
+start_rabbitmq() {
+    local pid
+    mkdir -p "$RMQ/log"
+    if pid=$(rabbit_pid); then
+        if amqp_handshake_ok; then
+            say "rabbitmq: already running on 127.0.0.1:$AMQP_PORT (node $RABBIT_NODE)"
+            return 0
+        fi
+        say "rabbitmq: running but not answering yet, waiting"
+    else
+        require_free_port "$AMQP_PORT" rabbitmq SEKALI_AMQP_PORT
+        require_free_port "$AMQP_DIST_PORT" "rabbitmq (erlang distribution)" SEKALI_AMQP_DIST_PORT
+        rabbit_write_config
+        write_wrappers
+        start_epmd
+        rm -f "$RMQ_PID"
+        say "rabbitmq: starting node $RABBIT_NODE on 127.0.0.1:$AMQP_PORT"
+        # Background instead of -detached so boot errors land in startup.log;
+        # setsid so it survives the caller's process group being killed.
+        : >"$RMQ_STARTUP_LOG"
+        (
+            eval "$(rabbit_env_lines)"
+            cd "$RMQ"
+            exec setsid "$RMQ_SBIN/rabbitmq-server"
+        ) </dev/null >>"$RMQ_STARTUP_LOG" 2>&1 9>&- &
+        echo $! >"$RMQ/rabbitmq-server.pid"
+    fi
+    rabbit_wait
+    say "rabbitmq: ready"
+}
+
+# Kill a half-started broker: setsid made the launcher a process group
+# leader, and the VM lives in that group.
+rabbit_kill_launch() {
+    local launcher=$1 pid
+    pid=$(rabbit_pid) || pid=''
+    if [ -n "$launcher" ] && pid_is "$launcher" ''; then
+        kill -TERM -- "-$launcher" 2>/dev/null || true
+    fi
+    [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null || true
+    sleep 2
+    if [ -n "$launcher" ] && pid_is "$launcher" ''; then
+        kill -KILL -- "-$launcher" 2>/dev/null || true
+    fi
+    if [ -n "$pid" ] && pid_is "$pid" beam; then kill -KILL "$pid" 2>/dev/null || true; fi
+    rm -f "$RMQ_PID" "$RMQ/rabbitmq-server.pid"
+    stop_epmd
+}
+
+# Wait for boot: await_startup needs the node to be reachable first, so retry
+# it; bail out early if the VM died instead of sitting out the timeout.
+rabbit_wait() {
+    local deadline=$((SECONDS + WAIT_RABBIT)) launcher left
+    launcher=$(read_pid "$RMQ/rabbitmq-server.pid")
+    while :; do
+        left=$((deadline - SECONDS))
+        if [ "$left" -le 0 ]; then
+            show_log "$RMQ_STARTUP_LOG"; show_log "$RMQ_LOG"
+            rabbit_kill_launch "$launcher"
+            die "rabbitmq did not start within ${WAIT_RABBIT}s (logs: $RMQ_LOG, $RMQ_STARTUP_LOG)"
+        fi
+        # (any name: right after `&` the launcher may not have exec'd yet)
+        if ! rabbit_pid >/dev/null && ! pid_is "$launcher" ''; then
+            show_log "$RMQ_STARTUP_LOG"; show_log "$RMQ_LOG"
+            rabbit_kill_launch "$launcher"
+            die "rabbitmq exited during startup (logs: $RMQ_LOG, $RMQ_STARTUP_LOG)"
+        fi
+        if rabbit_pid >/dev/null &&
+           rmqctl -q await_startup -t "$left" >/dev/null 2>&1 &&
+           amqp_handshake_ok; then
+            return 0
+        fi
+        sleep 0.5
+    done
+}
+
+stop_rabbitmq() {
+    local pid launcher
+    launcher=$(read_pid "$RMQ/rabbitmq-server.pid")
+    if pid=$(rabbit_pid); then
+        say "rabbitmq: stopping node $RABBIT_NODE"
+        # `stop PIDFILE` returns only once the VM process has exited.
+        if ! timeout "$WAIT_RABBIT" "$BIN/rabbitmqctl" -q stop "$RMQ_PID" >/dev/null 2>&1; then
+            say "rabbitmq: rabbitmqctl stop failed, sending SIGTERM to $pid"
+            kill -TERM "$pid" 2>/dev/null || true
+            wait_pid_gone "$pid" beam 20 || kill -KILL "$pid" 2>/dev/null || true
+        fi
+        wait_pid_gone "$pid" beam 10 || true
+    fi
+    # The sh launcher exits with the VM; make sure (only if it is still the
+    # sh, then with its whole group in case a VM is left without a pid file).
+    if [ -n "$launcher" ] && pid_is "$launcher" rabbitmq-server; then
+        kill -TERM -- "-$launcher" 2>/dev/null || true
+    fi
+    rm -f "$RMQ_PID" "$RMQ/rabbitmq-server.pid"
+    stop_epmd
+}
+
+# ---------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------
+
+cmd_start() {
+    local t0=$SECONDS
+    install_packages
+    take_lock
+    prepare_scratch
+    cd "$SCRATCH"
+    # Redis and PostgreSQL are quick; RabbitMQ is the slow one.  Sequential
+    # keeps errors readable; RabbitMQ's boot dominates anyway.
+    start_redis
+    start_postgres
+    start_rabbitmq
+    say "all servers ready in $((SECONDS - t0))s; use: eval \"\$($0 env)\""
+}
+
+cmd_stop() {
+    local wipe=0
+    [ "${1:-}" = --wipe ] && wipe=1
+    if [ ! -d "$SCRATCH" ]; then
+        return 0
+    fi
+    [ -f "$MARKER" ] || die "$SCRATCH does not look like ours (no $MARKER); not touching it"
+    take_lock
+    cd "$SCRATCH"
+    stop_rabbitmq
+    stop_redis
+    stop_postgres
+    if [ "$wipe" = 1 ]; then
+        say "removing $SCRATCH"
+        cd /
+        rm -rf -- "$SCRATCH"
+    fi
+    say "stopped"
+}
+
+cmd_single() {
+    local action=$1 server=$2
+    case $action in start|restart) install_packages ;; esac
+    take_lock
+    [ -f "$MARKER" ] || prepare_scratch
+    cd "$SCRATCH"
+    case $action in
+        stop) "stop_$server" ;;
+        start) "start_$server" ;;
+        restart) "stop_$server"; "start_$server" ;;
+    esac
+}
+
+cmd_status() {
+    local all=0 pid
+    if pg_running && pg_query_ok; then
+        say "postgres: running on 127.0.0.1:$PG_PORT ($PGDATA)"
+    else say "postgres: not running"; all=3; fi
+    if pid=$(redis_pid) && redis_ping; then
+        say "redis: running on 127.0.0.1:$REDIS_PORT (pid $pid)"
+    else say "redis: not running"; all=3; fi
+    if pid=$(rabbit_pid) && amqp_handshake_ok; then
+        say "rabbitmq: running on 127.0.0.1:$AMQP_PORT (node $RABBIT_NODE, pid $pid)"
+    else say "rabbitmq: not running"; all=3; fi
+    return $all
+}
+
+cmd_env() {
+    e() { printf 'export %s=%s\n' "$1" "$(squote "$2")"; }
+    e SEKALI_SCRATCH "$SCRATCH"
+    e SEKALI_BIN "$BIN"
+    e SEKALI_PG_PORT "$PG_PORT"
+    e SEKALI_PG_CONNINFO "host=127.0.0.1 port=$PG_PORT dbname=$DB_NAME user=$DB_USER password=$DB_PASS"
+    e SEKALI_PG_URL "postgresql://$DB_USER:$DB_PASS@127.0.0.1:$PG_PORT/$DB_NAME"
+    e SEKALI_REDIS_HOST 127.0.0.1
+    e SEKALI_REDIS_PORT "$REDIS_PORT"
+    e SEKALI_REDIS_URL "redis://127.0.0.1:$REDIS_PORT/0"
+    e SEKALI_AMQP_HOST 127.0.0.1
+    e SEKALI_AMQP_PORT "$AMQP_PORT"
+    e SEKALI_AMQP_USER "$AMQP_USER"
+    e SEKALI_AMQP_PASSWORD "$AMQP_PASS"
+    e SEKALI_AMQP_VHOST /
+    # %2f = vhost "/".  A bare trailing slash ("...:55672/") means the
+    # *empty* vhost to URI parsers such as librabbitmq's amqp_parse_url.
+    e SEKALI_AMQP_URL "amqp://$AMQP_USER:$AMQP_PASS@127.0.0.1:$AMQP_PORT/%2f"
+    e SEKALI_AMQP_DIST_PORT "$AMQP_DIST_PORT"
+    e SEKALI_EPMD_PORT "$EPMD_PORT"
+    e SEKALI_RABBIT_NODE "$RABBIT_NODE"
+    e SEKALI_RABBITMQCTL "$BIN/rabbitmqctl"
+}
+
+usage() {
+    sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+case ${1:-} in
+    start)  cmd_start ;;
+    stop)   shift; cmd_stop "$@" ;;
+    status) cmd_status ;;
+    env)    cmd_env ;;
+    start-postgres|stop-postgres|restart-postgres| \
+    start-redis|stop-redis|restart-redis| \
+    start-rabbitmq|stop-rabbitmq|restart-rabbitmq)
+            cmd_single "${1%%-*}" "${1#*-}" ;;
+    -h|--help|help) usage ;;
+    *) usage ;;
+esac

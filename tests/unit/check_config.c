@@ -1,0 +1,738 @@
+/* check_config.c - the config loader against the fixtures in tests/data/.
+ *
+ * Good fixtures prove each key lands in its field and each default holds;
+ * one broken fixture per kind of mistake pins the exact message, position
+ * included, because `sekalid -t` output is what an operator acts on. Run
+ * from the repository root: fixture paths are relative to it. */
+#include "config.h"
+
+#include <check.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#define DATA "tests/data/"
+
+struct bad_case {
+    const char *file;
+    const char *env;      /* set to "x" for this case; the others are unset */
+    const char *message;  /* the whole of err.msg */
+};
+
+static const char *const test_env[] = {
+    "SEKALI_TEST_AMQP_PASSWORD", "SEKALI_TEST_REDIS_PASSWORD", "SEKALI_TEST_SURELY_UNSET",
+};
+
+/* One per kind of mistake. Lines and columns are 1-based, as editors count. */
+static const struct bad_case bad_cases[] = {
+    { "bad_syntax.yaml", NULL,
+      DATA "bad_syntax.yaml:6:1: syntax error: found unexpected end of stream "
+      "(while scanning a quoted scalar that starts at 4:13)" },
+    { "bad_syntax_indent.yaml", NULL,
+      DATA "bad_syntax_indent.yaml:3:13: syntax error: mapping values are not allowed in this context" },
+    { "bad_utf8.yaml", NULL,
+      DATA "bad_utf8.yaml:3:13: syntax error: incomplete UTF-8 octet sequence" },
+    { "bad_empty.yaml", NULL,
+      DATA "bad_empty.yaml:1:1: empty file: expected a mapping of sections" },
+    { "bad_comments_only.yaml", NULL,
+      DATA "bad_comments_only.yaml:1:1: empty file: expected a mapping of sections" },
+    { "bad_two_documents.yaml", NULL,
+      DATA "bad_two_documents.yaml:7:1: found a second YAML document; a config file holds one" },
+    { "bad_root_sequence.yaml", NULL,
+      DATA "bad_root_sequence.yaml:1:1: top level: expected a mapping, got a sequence" },
+    { "bad_unknown_key.yaml", NULL,
+      DATA "bad_unknown_key.yaml:8:5: unknown key \"prefetchh\" in queues[0]" },
+    { "bad_unknown_section.yaml", NULL,
+      DATA "bad_unknown_section.yaml:3:1: unknown key \"rabbit\" at the top level" },
+    { "bad_type_mapping.yaml", NULL,
+      DATA "bad_type_mapping.yaml:2:3: amqp: expected a mapping, got a sequence" },
+    { "bad_type_sequence.yaml", NULL,
+      DATA "bad_type_sequence.yaml:6:3: queues: expected a sequence, got a mapping" },
+    { "bad_type_scalar.yaml", NULL,
+      DATA "bad_type_scalar.yaml:2:8: url: expected a scalar, got a sequence" },
+    { "bad_type_integer.yaml", NULL,
+      DATA "bad_type_integer.yaml:2:9: port: expected an integer, got \"six-three-seven-nine\"" },
+    { "bad_type_boolean.yaml", NULL,
+      DATA "bad_type_boolean.yaml:8:11: lock: expected a boolean (true/false/yes/no/on/off), "
+      "got \"maybe\"" },
+    { "bad_type_queue_item.yaml", NULL,
+      DATA "bad_type_queue_item.yaml:6:5: queues[0]: expected a mapping, got a scalar" },
+    { "bad_missing_url.yaml", NULL,
+      DATA "bad_missing_url.yaml:2:3: missing required key \"url\" in amqp" },
+    { "bad_missing_queues.yaml", NULL,
+      DATA "bad_missing_queues.yaml:1:1: missing required key \"queues\" at the top level" },
+    { "bad_missing_handler.yaml", NULL,
+      DATA "bad_missing_handler.yaml:6:5: missing required key \"handler\" in queues[0]" },
+    { "bad_queues_empty.yaml", NULL,
+      DATA "bad_queues_empty.yaml:5:9: queues must list at least one queue" },
+    { "bad_duration.yaml", NULL,
+      DATA "bad_duration.yaml:3:14: invalid duration \"30x\": expected a number followed by "
+      "ms, s, m or h" },
+    { "bad_duration_bare.yaml", NULL,
+      DATA "bad_duration_bare.yaml:1:19: invalid duration \"30\": expected a number followed by "
+      "ms, s, m or h" },
+    { "bad_duration_range.yaml", NULL,
+      DATA "bad_duration_range.yaml:3:14: heartbeat must be between 0 and 1h, got 2h" },
+    { "bad_lock_ttl_min.yaml", NULL,
+      DATA "bad_lock_ttl_min.yaml:2:8: ttl must be between 100ms and 24h, got 50ms" },
+    { "bad_size.yaml", NULL,
+      DATA "bad_size.yaml:8:15: invalid size \"1.5MiB\": expected a number optionally followed "
+      "by B, kB, KiB, MB, MiB, GB or GiB" },
+    { "bad_size_range.yaml", NULL,
+      DATA "bad_size_range.yaml:8:15: max_body must be between 1B and 128MiB, got 256MiB" },
+    { "bad_range.yaml", NULL,
+      DATA "bad_range.yaml:8:14: workers must be between 1 and 256, got 0" },
+    { "bad_port_range.yaml", NULL,
+      DATA "bad_port_range.yaml:2:9: port must be between 1 and 65535, got 70000" },
+    { "bad_duplicate_key.yaml", NULL,
+      DATA "bad_duplicate_key.yaml:4:3: duplicate key \"port\" in redis" },
+    { "bad_duplicate_queue.yaml", NULL,
+      DATA "bad_duplicate_queue.yaml:11:11: duplicate queue name \"invoices\" "
+      "(first defined at line 6)" },
+    { "bad_queue_name.yaml", NULL,
+      DATA "bad_queue_name.yaml:6:11: invalid name \"send invoices\": use 1 to 200 characters "
+      "from A-Z a-z 0-9 . _ -" },
+    { "bad_enum_mode.yaml", NULL,
+      DATA "bad_enum_mode.yaml:8:11: unknown mode \"batch\": expected transactional or external" },
+    { "bad_enum_level.yaml", NULL,
+      DATA "bad_enum_level.yaml:2:10: unknown level \"verbose\": expected debug, info, warn or error" },
+    { "bad_enum_format.yaml", NULL,
+      DATA "bad_enum_format.yaml:2:11: unknown format \"xml\": expected auto, json or text" },
+    { "bad_empty_host.yaml", NULL,
+      DATA "bad_empty_host.yaml:2:9: host must not be empty" },
+    { "bad_amqp_url.yaml", NULL,
+      DATA "bad_amqp_url.yaml:2:8: url: invalid AMQP URL: expected "
+      "amqp://[user[:password]@]host[:port]/[vhost]" },
+    { "bad_amqps.yaml", NULL,
+      DATA "bad_amqps.yaml:2:8: url: amqps:// is not supported; use amqp://" },
+    { "bad_conninfo.yaml", NULL,
+      DATA "bad_conninfo.yaml:4:13: conninfo: missing \"=\" after \"dbname\" in connection info string" },
+    { "bad_conninfo_option.yaml", NULL,
+      DATA "bad_conninfo_option.yaml:4:13: conninfo: invalid connection option \"colour\"" },
+    { "bad_two_passwords.yaml", NULL,
+      DATA "bad_two_passwords.yaml:3:17: password_env conflicts with the password in url: "
+      "give the password one way only" },
+    { "bad_two_passwords_pg.yaml", NULL,
+      DATA "bad_two_passwords_pg.yaml:5:18: password_file conflicts with the password in "
+      "conninfo: give the password one way only" },
+    { "bad_env_and_file.yaml", "SEKALI_TEST_REDIS_PASSWORD",
+      DATA "bad_env_and_file.yaml:3:18: password_file conflicts with password_env: "
+      "give the password one way only" },
+    { "bad_password_env_unset.yaml", NULL,
+      DATA "bad_password_env_unset.yaml:2:17: password_env: environment variable "
+      "SEKALI_TEST_SURELY_UNSET is not set" },
+    { "bad_password_file_missing.yaml", NULL,
+      DATA "bad_password_file_missing.yaml:2:18: password_file: cannot open "
+      "/nonexistent/sekali/redis-password: No such file or directory" },
+    { "bad_job_types.yaml", NULL,
+      DATA "bad_job_types.yaml:8:33: job_types[1]: expected a scalar, got a mapping" },
+    { "bad_first_error_wins.yaml", NULL,
+      DATA "bad_first_error_wins.yaml:3:14: invalid duration \"forever\": expected a number "
+      "followed by ms, s, m or h" },
+    { "bad_deep_config.yaml", NULL,
+      DATA "bad_deep_config.yaml:8:78: config: nested deeper than 64 levels" },
+};
+
+static struct sk_conf *load_ok(const char *path)
+{
+    struct sk_err err = { 0 };
+    struct sk_conf *conf = NULL;
+
+    int rc = sk_conf_load(path, &conf, &err);
+    ck_assert_msg(rc == SK_OK, "%s: %s", path, err.msg);
+    ck_assert_ptr_nonnull(conf);
+    return conf;
+}
+
+/* Returns the message of a load that must fail; valid until the next call. */
+static const char *load_error(const char *path)
+{
+    static struct sk_err err;
+    struct sk_conf *conf = NULL;
+
+    memset(&err, 0, sizeof(err));
+    int rc = sk_conf_load(path, &conf, &err);
+    if (rc == SK_OK)
+        sk_conf_free(conf);
+    ck_assert_msg(rc == SK_ERR, "%s loaded, but should have failed", path);
+    ck_assert_ptr_null(conf);
+    return err.msg;
+}
+
+/* Writes text to a new file under /tmp named from tmpl (which must end in
+ * XXXXXX plus suffix_len more characters) and returns its path in tmpl. */
+static void write_temp(char *tmpl, int suffix_len, const char *text)
+{
+    int fd = mkstemps(tmpl, suffix_len);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+/* A config whose redis section reads its password from password_file. */
+static void write_config_with_file(char *cfg, const char *password_file)
+{
+    char text[512];
+
+    snprintf(text, sizeof(text),
+             "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "redis:\n  password_file: %s\n"
+             "queues: [{name: q, handler: h.so}]\n", password_file);
+    write_temp(cfg, 5, text);
+}
+
+START_TEST(test_each_broken_fixture_is_reported_with_its_position)
+{
+    const struct bad_case *c = &bad_cases[_i];
+    char path[PATH_MAX];
+
+    for (size_t i = 0; i < sizeof(test_env) / sizeof(test_env[0]); i++)
+        unsetenv(test_env[i]);
+    if (c->env != NULL)
+        setenv(c->env, "x", 1);
+    snprintf(path, sizeof(path), DATA "%s", c->file);
+    ck_assert_str_eq(load_error(path), c->message);
+}
+END_TEST
+
+START_TEST(test_unknown_key_is_reported_with_position)
+{
+    ck_assert_str_eq(load_error(DATA "bad_unknown_key.yaml"),
+                     DATA "bad_unknown_key.yaml:8:5: unknown key \"prefetchh\" in queues[0]");
+}
+END_TEST
+
+START_TEST(test_missing_file_is_reported_without_position)
+{
+    ck_assert_str_eq(load_error(DATA "no_such_file.yaml"),
+                     DATA "no_such_file.yaml: cannot open: No such file or directory");
+}
+END_TEST
+
+START_TEST(test_directory_is_reported_as_unreadable)
+{
+    ck_assert_str_eq(load_error("tests/data"), "tests/data: cannot read: Is a directory");
+}
+END_TEST
+
+START_TEST(test_failed_load_leaves_the_old_snapshot_in_place)
+{
+    struct sk_conf *live = load_ok(DATA "good_minimal.yaml"), *conf = live;
+    struct sk_err err = { 0 };
+
+    ck_assert_int_eq(sk_conf_load(DATA "bad_range.yaml", &conf, &err), SK_ERR);
+    ck_assert_ptr_eq(conf, live);
+    ck_assert_int_eq(err.code, SK_ERR);
+    sk_conf_free(live);
+}
+END_TEST
+
+START_TEST(test_minimal_config_takes_every_default)
+{
+    struct sk_conf *c = load_ok(DATA "good_minimal.yaml");
+
+    ck_assert_str_eq(c->path, DATA "good_minimal.yaml");
+    ck_assert_str_eq(c->amqp.host, "127.0.0.1");
+    ck_assert_int_eq(c->amqp.port, 5672);
+    ck_assert_str_eq(c->amqp.vhost, "/");
+    ck_assert_str_eq(c->amqp.user, "guest");
+    ck_assert_str_eq(c->amqp.password, "guest");
+    ck_assert_uint_eq(c->amqp.heartbeat_ms, 30000);
+    ck_assert_uint_eq(c->amqp.connect_timeout_ms, 5000);
+    ck_assert_str_eq(c->redis.host, "127.0.0.1");
+    ck_assert_int_eq(c->redis.port, 6379);
+    ck_assert_int_eq(c->redis.db, 0);
+    ck_assert_ptr_null(c->redis.password);
+    ck_assert_uint_eq(c->redis.timeout_ms, 2000);
+    ck_assert_str_eq(c->postgres.conninfo, "host=127.0.0.1 dbname=sekali");
+    ck_assert_ptr_null(c->postgres.password);
+    ck_assert_uint_eq(c->lock.ttl_ms, 30000);
+    ck_assert_uint_eq(c->lock.busy_wait_ms, 2000);
+    ck_assert_int_eq(c->log.level, SK_LOG_INFO);
+    ck_assert_int_eq(c->log.format, SK_LOG_FORMAT_AUTO);
+    ck_assert_uint_eq(c->shutdown_timeout_ms, 30000);
+
+    ck_assert_uint_eq(c->n_queues, 1);
+    const struct sk_queue_conf *q = &c->queues[0];
+    ck_assert_str_eq(q->name, "invoices");
+    ck_assert_str_eq(q->handler, "/usr/lib/sekali/handlers/invoice.so");
+    ck_assert_ptr_null(q->handler_config);
+    ck_assert_int_eq(q->workers, 1);
+    ck_assert_int_eq(q->prefetch, 1);
+    ck_assert_int_eq(q->mode, SK_MODE_TRANSACTIONAL);
+    ck_assert(q->lock);
+    ck_assert_uint_eq(q->lock_ttl_ms, 30000);
+    ck_assert_uint_eq(q->max_body, 1024 * 1024);
+    ck_assert_ptr_null(q->job_types);
+    ck_assert_uint_eq(q->n_job_types, 0);
+    ck_assert_uint_eq(q->job_timeout_ms, 0);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_full_config_sets_every_key)
+{
+    struct sk_conf *c = load_ok(DATA "good_full.yaml");
+
+    ck_assert_str_eq(c->amqp.host, "mq.example");
+    ck_assert_int_eq(c->amqp.port, 5673);
+    ck_assert_str_eq(c->amqp.vhost, "jobs");
+    ck_assert_str_eq(c->amqp.user, "worker");
+    ck_assert_str_eq(c->amqp.password, "s3cret");
+    ck_assert_uint_eq(c->amqp.heartbeat_ms, 0);
+    ck_assert_uint_eq(c->amqp.connect_timeout_ms, 250);
+    ck_assert_str_eq(c->redis.host, "redis.example");
+    ck_assert_int_eq(c->redis.port, 6380);
+    ck_assert_int_eq(c->redis.db, 3);
+    ck_assert_uint_eq(c->redis.timeout_ms, 1500);
+    ck_assert_str_eq(c->postgres.conninfo, "host=db.example port=5433 dbname=sekali user=sekali");
+    ck_assert_uint_eq(c->lock.ttl_ms, 20000);
+    ck_assert_uint_eq(c->lock.busy_wait_ms, 0);
+    ck_assert_int_eq(c->log.level, SK_LOG_DEBUG);
+    ck_assert_int_eq(c->log.format, SK_LOG_FORMAT_JSON);
+    ck_assert_uint_eq(c->shutdown_timeout_ms, 60000);
+
+    ck_assert_uint_eq(c->n_queues, 2);
+    const struct sk_queue_conf *q = &c->queues[0];
+    ck_assert_str_eq(q->name, "invoices");
+    ck_assert_int_eq(q->workers, 4);
+    ck_assert_int_eq(q->prefetch, 8);
+    ck_assert_int_eq(q->mode, SK_MODE_EXTERNAL);
+    ck_assert(!q->lock);
+    ck_assert_uint_eq(q->lock_ttl_ms, 45000);
+    ck_assert_uint_eq(q->max_body, 64 * 1024);
+    ck_assert_uint_eq(q->n_job_types, 2);
+    ck_assert_str_eq(q->job_types[0], "create_invoice");
+    ck_assert_str_eq(q->job_types[1], "void_invoice");
+    ck_assert_uint_eq(q->job_timeout_ms, 5 * 60 * 1000);
+    ck_assert_str_eq(c->queues[1].name, "mail.out_1");
+    ck_assert_uint_eq(c->queues[1].n_job_types, 0);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later)
+{
+    struct sk_conf *c = load_ok(DATA "good_full.yaml");
+
+    /* queues: precedes lock: in the file, and the second queue sets no lock_ttl. */
+    ck_assert_uint_eq(c->queues[1].lock_ttl_ms, 20000);
+    ck_assert_uint_eq(c->queues[0].lock_ttl_ms, 45000);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_null_sections_keep_their_defaults)
+{
+    struct sk_conf *c = load_ok(DATA "good_null_sections.yaml");
+
+    ck_assert_str_eq(c->redis.host, "127.0.0.1");
+    ck_assert_uint_eq(c->lock.ttl_ms, 30000);
+    ck_assert_ptr_null(c->queues[0].handler_config);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_queue_is_found_by_name)
+{
+    struct sk_conf *c = load_ok(DATA "good_full.yaml");
+
+    ck_assert_ptr_eq(sk_conf_queue(c, "mail.out_1"), &c->queues[1]);
+    ck_assert_ptr_eq(sk_conf_queue(c, "invoices"), &c->queues[0]);
+    ck_assert_ptr_null(sk_conf_queue(c, "invoice"));
+    ck_assert_ptr_null(sk_conf_queue(NULL, "invoices"));
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_free_accepts_null)
+{
+    sk_conf_free(NULL);
+}
+END_TEST
+
+START_TEST(test_relative_handler_is_resolved_against_config_directory)
+{
+    struct sk_conf *c = load_ok(DATA "good_full.yaml");
+    char dir[PATH_MAX], want[PATH_MAX + 64];
+
+    ck_assert_ptr_nonnull(realpath("tests/data", dir));
+    snprintf(want, sizeof(want), "%s/handlers/invoice.so", dir);
+    ck_assert_str_eq(c->queues[0].handler, want);
+    snprintf(want, sizeof(want), "%s/../handlers/mail.so", dir);
+    ck_assert_str_eq(c->queues[1].handler, want);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_absolute_handler_is_kept_as_written)
+{
+    struct sk_conf *c = load_ok(DATA "good_minimal.yaml");
+
+    ck_assert_str_eq(c->queues[0].handler, "/usr/lib/sekali/handlers/invoice.so");
+    sk_conf_free(c);
+}
+END_TEST
+
+/* The value of key in the root mapping of doc, or NULL. */
+static yaml_node_t *lookup(yaml_document_t *doc, yaml_node_t *map, const char *key)
+{
+    ck_assert_int_eq(map->type, YAML_MAPPING_NODE);
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        if (strcmp((const char *)k->data.scalar.value, key) == 0)
+            return yaml_document_get_node(doc, p->value);
+    }
+    return NULL;
+}
+
+START_TEST(test_handler_config_is_reemitted_as_yaml)
+{
+    struct sk_conf *c = load_ok(DATA "good_full.yaml");
+    const char *text = c->queues[0].handler_config;
+    yaml_parser_t parser;
+    yaml_document_t doc;
+
+    ck_assert_str_eq(text, "table: invoices\nretries: 3\nnested:\n  list:\n  - a\n  - \"b\"\n");
+
+    /* And it reads back as the same tree. */
+    ck_assert(yaml_parser_initialize(&parser));
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+    ck_assert(yaml_parser_load(&parser, &doc));
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    ck_assert_str_eq((const char *)lookup(&doc, root, "table")->data.scalar.value, "invoices");
+    ck_assert_str_eq((const char *)lookup(&doc, root, "retries")->data.scalar.value, "3");
+    yaml_node_t *list = lookup(&doc, lookup(&doc, root, "nested"), "list");
+    ck_assert_int_eq(list->type, YAML_SEQUENCE_NODE);
+    ck_assert_int_eq(list->data.sequence.items.top - list->data.sequence.items.start, 2);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_absent_handler_config_is_null)
+{
+    struct sk_conf *c = load_ok(DATA "good_full.yaml");
+
+    ck_assert_ptr_null(c->queues[1].handler_config);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_aliases_in_handler_config_are_not_expanded)
+{
+    struct sk_conf *c = load_ok(DATA "good_aliases.yaml");
+
+    /* Expanded, the laughs would be 9^9 scalars; shared, they are a page. */
+    ck_assert_uint_lt(strlen(sk_conf_queue(c, "laughs")->handler_config), 4096);
+    ck_assert_ptr_nonnull(strstr(sk_conf_queue(c, "laughs")->handler_config, "i:\n- *id008\n"));
+    ck_assert_str_eq(sk_conf_queue(c, "loop")->handler_config, "&id001\n- 1\n- *id001\n");
+    ck_assert_str_eq(sk_conf_queue(c, "scalar")->handler_config, "just text\n");
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_url_password_is_used_and_empty_vhost_means_default)
+{
+    struct sk_conf *c = load_ok(DATA "good_null_sections.yaml");
+
+    ck_assert_str_eq(c->amqp.user, "sekali");
+    ck_assert_str_eq(c->amqp.password, "pw");
+    ck_assert_str_eq(c->amqp.vhost, "/");
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_conninfo_password_moves_out_of_conninfo)
+{
+    struct sk_conf *c = load_ok(DATA "good_null_sections.yaml");
+
+    ck_assert_str_eq(c->postgres.password, "pg pw");
+    ck_assert_str_eq(c->postgres.conninfo, "user='sekali' connect_timeout='5' dbname='sekali' "
+                     "host='db.example' port='5433'");
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_password_env_is_read_at_load)
+{
+    setenv("SEKALI_TEST_AMQP_PASSWORD", "from env", 1);
+    struct sk_conf *c = load_ok(DATA "good_password_env.yaml");
+
+    ck_assert_str_eq(c->amqp.password, "from env");
+    ck_assert_str_eq(c->amqp.user, "sekali");
+    ck_assert_str_eq(c->redis.password, "from env");
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_empty_password_env_is_refused)
+{
+    setenv("SEKALI_TEST_SURELY_UNSET", "", 1);
+    ck_assert_str_eq(load_error(DATA "bad_password_env_unset.yaml"),
+                     DATA "bad_password_env_unset.yaml:2:17: password_env: environment variable "
+                     "SEKALI_TEST_SURELY_UNSET is empty");
+    unsetenv("SEKALI_TEST_SURELY_UNSET");
+}
+END_TEST
+
+START_TEST(test_password_file_loses_exactly_one_trailing_newline)
+{
+    static const struct { const char *content, *password; } cases[] = {
+        { "hunter2\n", "hunter2" }, { "hunter2", "hunter2" },
+        { "two\n\n", "two\n" }, { "crlf\r\n", "crlf" }, { " spaced ", " spaced " },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char pw[] = "/tmp/sekali-pw-XXXXXX", cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+        write_temp(pw, 0, cases[i].content);
+        write_config_with_file(cfg, pw);
+        struct sk_conf *c = load_ok(cfg);
+        unlink(pw);
+        unlink(cfg);
+        ck_assert_str_eq(c->redis.password, cases[i].password);
+        sk_conf_free(c);
+    }
+}
+END_TEST
+
+START_TEST(test_relative_password_file_follows_config_directory)
+{
+    char pw[] = "/tmp/sekali-pw-XXXXXX", cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+    char cwd[PATH_MAX];
+
+    write_temp(pw, 0, "relative\n");
+    write_config_with_file(cfg, pw + strlen("/tmp/"));
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof(cwd)));
+    ck_assert_int_eq(chdir("/"), 0);  /* the cwd must not matter */
+    struct sk_conf *c = load_ok(cfg);
+    ck_assert_int_eq(chdir(cwd), 0);
+    unlink(pw);
+    unlink(cfg);
+    ck_assert_str_eq(c->redis.password, "relative");
+    ck_assert_str_eq(c->queues[0].handler, "/tmp/h.so");
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_empty_password_file_is_refused)
+{
+    char pw[] = "/tmp/sekali-pw-XXXXXX", cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+    char want[256];
+
+    write_temp(pw, 0, "\n");
+    write_config_with_file(cfg, pw);
+    snprintf(want, sizeof(want), "%s:4:18: password_file: %s is empty", cfg, pw);
+    const char *msg = load_error(cfg);
+    unlink(pw);
+    unlink(cfg);
+    ck_assert_str_eq(msg, want);
+}
+END_TEST
+
+START_TEST(test_unreadable_password_file_is_reported_at_its_key)
+{
+    char cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+    char want[256];
+
+    write_config_with_file(cfg, "/tmp");
+    snprintf(want, sizeof(want), "%s:4:18: password_file: cannot read /tmp: Is a directory", cfg);
+    const char *msg = load_error(cfg);
+    unlink(cfg);
+    ck_assert_str_eq(msg, want);
+}
+END_TEST
+
+START_TEST(test_example_config_loads)
+{
+    setenv("SEKALI_AMQP_PASSWORD", "amqp-secret", 1);
+    setenv("SEKALI_PG_PASSWORD", "pg-secret", 1);
+    struct sk_conf *c = load_ok("conf/sekali.yaml");
+
+    ck_assert_str_eq(c->amqp.user, "sekali");
+    ck_assert_str_eq(c->amqp.password, "amqp-secret");
+    ck_assert_str_eq(c->amqp.vhost, "/");
+    ck_assert_str_eq(c->postgres.conninfo, "host=127.0.0.1 port=5432 dbname=sekali user=sekali");
+    ck_assert_str_eq(c->postgres.password, "pg-secret");
+    const struct sk_queue_conf *q = sk_conf_queue(c, "invoices");
+    ck_assert_ptr_nonnull(q);
+    ck_assert_str_eq(q->handler, "/usr/local/lib/sekali/handlers/invoice.so");
+    ck_assert_str_eq(q->handler_config, "table: invoices\n");
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_duration_accepts_each_unit)
+{
+    static const struct { const char *text; uint64_t ms; } cases[] = {
+        { "250ms", 250 }, { "30s", 30000 }, { "5m", 300000 }, { "1h", 3600000 },
+        { "0s", 0 }, { "0ms", 0 }, { "007s", 7000 },
+        { "18446744073709551615ms", UINT64_MAX },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t ms = 1;
+        struct sk_err err = { 0 };
+        ck_assert_msg(sk_parse_duration(cases[i].text, &ms, &err) == SK_OK, "%s: %s",
+                      cases[i].text, err.msg);
+        ck_assert_uint_eq(ms, cases[i].ms);
+    }
+}
+END_TEST
+
+START_TEST(test_duration_rejects_malformed_text)
+{
+    static const char *const cases[] = {
+        "30", "", "s", "30x", "1.5s", "-5s", "+5s", " 5s", "5s ", "5 s", "5S", "5sec", "1h30m",
+    };
+    char want[256];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t ms = 42;
+        struct sk_err err = { 0 };
+        ck_assert_int_eq(sk_parse_duration(cases[i], &ms, &err), SK_ERR);
+        snprintf(want, sizeof(want), "invalid duration \"%s\": expected a number followed by "
+                 "ms, s, m or h", cases[i]);
+        ck_assert_str_eq(err.msg, want);
+        ck_assert_uint_eq(ms, 42);
+    }
+    ck_assert_int_eq(sk_parse_duration("30x", &(uint64_t){ 0 }, NULL), SK_ERR);
+}
+END_TEST
+
+START_TEST(test_duration_detects_overflow)
+{
+    struct sk_err err = { 0 };
+    uint64_t ms;
+
+    ck_assert_int_eq(sk_parse_duration("18446744073709551616ms", &ms, &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "duration \"18446744073709551616ms\" is too large");
+    ck_assert_int_eq(sk_parse_duration("5124095576031h", &ms, &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "duration \"5124095576031h\" is too large");
+    ck_assert_int_eq(sk_parse_duration("5124095576030h", &ms, &err), SK_OK);
+    ck_assert_uint_eq(ms, UINT64_C(5124095576030) * 3600000);
+    ck_assert_int_eq(sk_parse_duration("99999999999999999999999999x", &ms, &err), SK_ERR);
+    ck_assert_ptr_nonnull(strstr(err.msg, "invalid duration"));
+}
+END_TEST
+
+START_TEST(test_size_accepts_each_unit)
+{
+    static const struct { const char *text; uint64_t bytes; } cases[] = {
+        { "512", 512 }, { "512B", 512 }, { "0", 0 },
+        { "64KiB", 64 * 1024 }, { "1MiB", 1024 * 1024 }, { "1GiB", UINT64_C(1) << 30 },
+        { "2kB", 2000 }, { "3MB", 3000000 }, { "4GB", UINT64_C(4000000000) },
+        { "18446744073709551615", UINT64_MAX },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t bytes = 1;
+        struct sk_err err = { 0 };
+        ck_assert_msg(sk_parse_size(cases[i].text, &bytes, &err) == SK_OK, "%s: %s",
+                      cases[i].text, err.msg);
+        ck_assert_uint_eq(bytes, cases[i].bytes);
+    }
+}
+END_TEST
+
+START_TEST(test_size_rejects_malformed_text)
+{
+    static const char *const cases[] = {
+        "", "MiB", "1.5MiB", "-1", "1 MiB", "1mib", "1KB", "1K", "1TiB", "12XB", "0x10",
+    };
+    char want[256];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t bytes = 42;
+        struct sk_err err = { 0 };
+        ck_assert_int_eq(sk_parse_size(cases[i], &bytes, &err), SK_ERR);
+        snprintf(want, sizeof(want), "invalid size \"%s\": expected a number optionally followed "
+                 "by B, kB, KiB, MB, MiB, GB or GiB", cases[i]);
+        ck_assert_str_eq(err.msg, want);
+        ck_assert_uint_eq(bytes, 42);
+    }
+}
+END_TEST
+
+START_TEST(test_size_detects_overflow)
+{
+    struct sk_err err = { 0 };
+    uint64_t bytes;
+
+    ck_assert_int_eq(sk_parse_size("18446744073709551616", &bytes, &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "size \"18446744073709551616\" is too large");
+    ck_assert_int_eq(sk_parse_size("17179869184GiB", &bytes, &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "size \"17179869184GiB\" is too large");
+    ck_assert_int_eq(sk_parse_size("17179869183GiB", &bytes, &err), SK_OK);
+    ck_assert_uint_eq(bytes, UINT64_C(17179869183) << 30);
+}
+END_TEST
+
+static Suite *config_suite(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc;
+
+    tc = tcase_create("errors");
+    tcase_add_loop_test(tc, test_each_broken_fixture_is_reported_with_its_position,
+                        0, sizeof(bad_cases) / sizeof(bad_cases[0]));
+    tcase_add_test(tc, test_unknown_key_is_reported_with_position);
+    tcase_add_test(tc, test_missing_file_is_reported_without_position);
+    tcase_add_test(tc, test_directory_is_reported_as_unreadable);
+    tcase_add_test(tc, test_failed_load_leaves_the_old_snapshot_in_place);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("values");
+    tcase_add_test(tc, test_minimal_config_takes_every_default);
+    tcase_add_test(tc, test_full_config_sets_every_key);
+    tcase_add_test(tc, test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later);
+    tcase_add_test(tc, test_null_sections_keep_their_defaults);
+    tcase_add_test(tc, test_queue_is_found_by_name);
+    tcase_add_test(tc, test_free_accepts_null);
+    tcase_add_test(tc, test_example_config_loads);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("handler");
+    tcase_add_test(tc, test_relative_handler_is_resolved_against_config_directory);
+    tcase_add_test(tc, test_absolute_handler_is_kept_as_written);
+    tcase_add_test(tc, test_handler_config_is_reemitted_as_yaml);
+    tcase_add_test(tc, test_absent_handler_config_is_null);
+    tcase_add_test(tc, test_aliases_in_handler_config_are_not_expanded);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("secrets");
+    tcase_add_test(tc, test_url_password_is_used_and_empty_vhost_means_default);
+    tcase_add_test(tc, test_conninfo_password_moves_out_of_conninfo);
+    tcase_add_test(tc, test_password_env_is_read_at_load);
+    tcase_add_test(tc, test_empty_password_env_is_refused);
+    tcase_add_test(tc, test_password_file_loses_exactly_one_trailing_newline);
+    tcase_add_test(tc, test_empty_password_file_is_refused);
+    tcase_add_test(tc, test_unreadable_password_file_is_reported_at_its_key);
+    tcase_add_test(tc, test_relative_password_file_follows_config_directory);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("units");
+    tcase_add_test(tc, test_duration_accepts_each_unit);
+    tcase_add_test(tc, test_duration_rejects_malformed_text);
+    tcase_add_test(tc, test_duration_detects_overflow);
+    tcase_add_test(tc, test_size_accepts_each_unit);
+    tcase_add_test(tc, test_size_rejects_malformed_text);
+    tcase_add_test(tc, test_size_detects_overflow);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(config_suite());
+
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

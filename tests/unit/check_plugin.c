@@ -1,0 +1,104 @@
+/* check_plugin.c - the handler ABI checks, on descriptors built in place. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "plugin.h"
+
+static int handle(void *state, const struct sekali_job *job, struct sekali_ctx *ctx)
+{
+    (void)state, (void)job, (void)ctx;
+    return SEKALI_OK;
+}
+
+static struct sekali_handler good(void)
+{
+    return (struct sekali_handler){
+        .abi_major = SEKALI_HANDLER_ABI_MAJOR, .abi_minor = SEKALI_HANDLER_ABI_MINOR,
+        .struct_size = sizeof(struct sekali_handler), .name = "t", .handle = handle,
+    };
+}
+
+START_TEST(test_current_descriptor_is_accepted)
+{
+    struct sekali_handler h = good();
+    ck_assert_int_eq(sk_plugin_check(&h, "t.so", NULL), SK_OK);
+}
+END_TEST
+
+START_TEST(test_other_major_version_is_refused_with_both_values)
+{
+    struct sekali_handler h = good();
+    h.abi_major = 2;
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_check(&h, "t.so", &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "handler t.so: incompatible ABI: abi_major is 2, sekalid needs 1 "
+                              "(rebuild the handler against this sekali/handler.h)");
+}
+END_TEST
+
+START_TEST(test_newer_minor_version_is_accepted)
+{
+    struct sekali_handler h = good();
+    h.abi_minor = SEKALI_HANDLER_ABI_MINOR + 3;
+    h.struct_size += 16;  /* members appended by a newer header */
+    ck_assert_int_eq(sk_plugin_check(&h, "t.so", NULL), SK_OK);
+}
+END_TEST
+
+START_TEST(test_descriptor_smaller_than_version_1_0_is_refused)
+{
+    struct sekali_handler h = good();
+    h.struct_size = 16;
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_check(&h, "t.so", &err), SK_ERR);
+    ck_assert_ptr_nonnull(strstr(err.msg, "struct_size is 16"));
+}
+END_TEST
+
+START_TEST(test_missing_handle_callback_is_refused)
+{
+    struct sekali_handler h = good();
+    h.handle = NULL;
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_check(&h, "t.so", &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "handler t.so: mandatory callback handle is NULL");
+}
+END_TEST
+
+START_TEST(test_null_descriptor_is_refused)
+{
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_check(NULL, "t.so", &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "handler t.so: sekali_handler_v1() returned NULL");
+}
+END_TEST
+
+START_TEST(test_missing_file_is_refused)
+{
+    struct sk_plugin p;
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_load("/nonexistent/x.so", &p, &err), SK_ERR);
+    ck_assert_ptr_nonnull(strstr(err.msg, "handler /nonexistent/x.so: cannot load"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("plugin");
+    TCase *tc = tcase_create("abi");
+    tcase_add_test(tc, test_current_descriptor_is_accepted);
+    tcase_add_test(tc, test_other_major_version_is_refused_with_both_values);
+    tcase_add_test(tc, test_newer_minor_version_is_accepted);
+    tcase_add_test(tc, test_descriptor_smaller_than_version_1_0_is_refused);
+    tcase_add_test(tc, test_missing_handle_callback_is_refused);
+    tcase_add_test(tc, test_null_descriptor_is_refused);
+    tcase_add_test(tc, test_missing_file_is_refused);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The demo behind `make demo`: sekalid with the example invoice handler takes
+# 100 orders, each published three times (the way a retrying producer would),
+# and the counts at the end show one invoice per order.
+#   tools/demo.sh BUILD_DIR      (servers from tests/servers.sh must be running)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+orders=${DEMO_ORDERS:-100}
+copies=3
+
+eval "$(tests/servers.sh env)"
+work="$SEKALI_SCRATCH/demo"
+mkdir -p "$work"
+conf="$work/sekali.yaml"
+cat > "$conf" <<YAML
+amqp:
+  url: "$SEKALI_AMQP_URL"
+redis:
+  host: 127.0.0.1
+  port: $SEKALI_REDIS_PORT
+postgres:
+  conninfo: "$SEKALI_PG_CONNINFO"
+log:
+  level: info
+  format: json
+queues:
+  - name: invoices
+    handler: $PWD/$build/handlers/invoice.so
+    workers: 4
+    prefetch: 8
+    config:
+      table: invoices
+YAML
+
+say() { printf 'demo: %s\n' "$*"; }
+sql() { psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" -c "$1"; }
+
+"$build/sekalictl" -c "$conf" migrate --sql-dir sql | sed 's/^/demo: migrate: /'
+psql -X -q -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" -f examples/invoice.sql
+# A fresh start, so the counts below are this run's alone.
+sql "TRUNCATE invoices; DELETE FROM sekali.idempotency_keys WHERE queue = 'invoices'"
+
+"$build/sekalid" -t -c "$conf"
+"$build/sekalid" -c "$conf" 2> "$work/sekalid.log" &
+sekalid=$!
+trap 'kill -TERM $sekalid 2>/dev/null || true' EXIT
+say "sekalid running (pid $sekalid, log $work/sekalid.log)"
+
+say "publishing $orders orders x $copies copies, each copy a separate message"
+for copy in $(seq 1 $copies); do
+    for i in $(seq 1 "$orders"); do
+        printf '{"order_id": "A-%d", "amount_cents": %d}' "$i" $((1000 + i)) |
+            "$build/sekalictl" -c "$conf" enqueue invoices create_invoice --key "order-A-$i" - \
+            > /dev/null &
+        # A few publishers at a time, like several producer instances retrying.
+        (( i % 8 == 0 )) && wait
+    done
+done
+wait
+
+expected_dups=$((orders * (copies - 1)))
+for _ in $(seq 1 600); do
+    done_keys=$(sql "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = 'invoices' AND status = 'completed'")
+    dups=$(sql "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys WHERE queue = 'invoices'")
+    [ "$done_keys" -eq "$orders" ] && [ "$dups" -eq "$expected_dups" ] && break
+    sleep 0.1
+done
+
+kill -TERM $sekalid
+wait $sekalid && status=0 || status=$?
+trap - EXIT
+
+invoices=$(sql "SELECT count(*) FROM invoices")
+distinct=$(sql "SELECT count(DISTINCT order_id) FROM invoices")
+doubled=$(sql "SELECT count(*) FROM (SELECT order_id FROM invoices GROUP BY 1 HAVING count(*) > 1) d")
+dups=$(sql "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys WHERE queue = 'invoices'")
+cat <<REPORT
+
+  messages published          $((orders * copies))  ($orders orders x $copies copies)
+  invoices created            $invoices
+  orders invoiced             $distinct
+  orders invoiced twice       $doubled
+  duplicates suppressed       $dups
+  sekalid exit status         $status
+
+REPORT
+if [ "$invoices" -eq "$orders" ] && [ "$doubled" -eq 0 ] && [ "$dups" -eq "$expected_dups" ] && [ $status -eq 0 ]; then
+    say "every order was invoiced exactly once."
+    say "the servers keep running; stop them with: tests/servers.sh stop"
+else
+    say "UNEXPECTED COUNTS: see $work/sekalid.log" >&2
+    exit 1
+fi

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what building and testing sekali needs from Debian, if missing.
+# Safe to run again: it asks apt only when a package is not installed.
+set -euo pipefail
+
+packages=(
+    build-essential pkg-config
+    librabbitmq-dev libhiredis-dev libpq-dev libyaml-dev libsystemd-dev check
+    postgresql postgresql-client redis-server rabbitmq-server
+    valgrind procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing packages: ${missing[*]}; run as root or install them" >&2
+    exit 1
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# Debian starts freshly installed servers when it can; sekali's tests run
+# their own on private ports, so stop the system ones from starting at all.
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && created_policy=1
+fi
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+[ $created_policy -eq 1 ] && rm -f "$policy"
+exit 0
