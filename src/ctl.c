@@ -76,7 +76,7 @@ int main(int argc, char **argv)
     int code;
     int sub_argc = argc - optind;
     char **sub_argv = argv + optind;
-    optind = 1;
+    optind = 0;  /* 0, not 1: glibc then also forgets the "+" of the first scan */
     if (strcmp(command, "migrate") == 0) {
         code = cmd_migrate(conf, sub_argc, sub_argv);
     } else if (strcmp(command, "enqueue") == 0) {

@@ -11,6 +11,7 @@ kinds=("$@")
 [ ${#kinds[@]} -gt 0 ] || kinds=(unit integration fault)
 
 eval "$(tests/servers.sh env)"
+export PGOPTIONS="-c client_min_messages=warning"
 export SEKALI_BUILD="$PWD/$build"
 
 needs_servers=0

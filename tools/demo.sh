@@ -10,6 +10,7 @@ orders=${DEMO_ORDERS:-100}
 copies=3
 
 eval "$(tests/servers.sh env)"
+export PGOPTIONS="-c client_min_messages=warning"
 work="$SEKALI_SCRATCH/demo"
 mkdir -p "$work"
 conf="$work/sekali.yaml"
@@ -48,16 +49,21 @@ trap 'kill -TERM $sekalid 2>/dev/null || true' EXIT
 say "sekalid running (pid $sekalid, log $work/sekalid.log)"
 
 say "publishing $orders orders x $copies copies, each copy a separate message"
+publishers=()
 for copy in $(seq 1 $copies); do
     for i in $(seq 1 "$orders"); do
         printf '{"order_id": "A-%d", "amount_cents": %d}' "$i" $((1000 + i)) |
             "$build/sekalictl" -c "$conf" enqueue invoices create_invoice --key "order-A-$i" - \
             > /dev/null &
+        publishers+=($!)
         # A few publishers at a time, like several producer instances retrying.
-        (( i % 8 == 0 )) && wait
+        if (( ${#publishers[@]} == 8 )); then
+            wait "${publishers[@]}"
+            publishers=()
+        fi
     done
 done
-wait
+[ ${#publishers[@]} -eq 0 ] || wait "${publishers[@]}"
 
 expected_dups=$((orders * (copies - 1)))
 for _ in $(seq 1 600); do
