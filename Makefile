@@ -18,7 +18,7 @@ override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstric
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
-CORE    = common config log backoff
+CORE    = common config config_value log backoff
 DAEMON  = $(CORE) main supervisor worker broker envelope lock heartbeat store plugin host failpoint
 CTL     = $(CORE) ctl broker lock
 

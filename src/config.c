@@ -6,7 +6,12 @@
  * libyaml's node API and walked in document order; the first error stops the
  * load and carries the offending node's file:line:column, so `sekalid -t`
  * reads like `nginx -t`. Secrets are resolved here, at load time, so that a
- * reload picks up rotated ones and the rest of the daemon sees a password. */
+ * reload picks up rotated ones and the rest of the daemon sees a password.
+ *
+ * Values that can be parsed without the walker (integers, booleans, durations
+ * and sizes, password sources, the handler's section re-emitted as YAML) are
+ * in config_value.c; this file hands them their node's text and adds the
+ * node's position to their messages. */
 #include "config.h"
 
 #include <amqp.h>
@@ -18,8 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <yaml.h>
+
+#include "config_value.h"
 
 #define SEC  UINT64_C(1000)
 #define MIN  (60 * SEC)
@@ -29,8 +35,6 @@
 #define MIB  (1024 * KIB)
 
 #define MAX_FILE      MIB         /* a config larger than this is a mistake */
-#define MAX_SECRET    (64 * KIB)  /* keeps password_file: /dev/zero finite */
-#define MAX_DEPTH     64          /* libyaml's emitter recurses */
 #define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
 #define NAME_CHARS    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 #define MIN_LOCK_TTL  100         /* shorter leases cannot be renewed (every ttl/3) in time */
@@ -64,8 +68,6 @@ struct key {
     int              (*fn)(struct loader *L, yaml_node_t *value, void *base);
 };
 
-struct unit { const char *name; uint64_t n; };
-
 struct loader {
     const char      *path;
     char            *dir;          /* absolute directory of path */
@@ -83,7 +85,6 @@ static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
 static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
-static int copy_node(struct loader *L, yaml_document_t *dst, int index, int *memo, int depth);
 static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst);
 static int claim_secret(struct loader *L, yaml_node_t *v, const char *source);
 static int scalar(struct loader *L, yaml_node_t *n, const char *label,
@@ -95,13 +96,7 @@ static yaml_node_t *node(struct loader *L, int index);
 static yaml_node_t *find_value(struct loader *L, yaml_node_t *map, const char *key);
 static const char *kind(const yaml_node_t *n);
 static bool is_null(const yaml_node_t *n);
-static int parse_int(const char *s, int64_t *v);
-static int parse_bool(const char *s, bool *v);
-static int parse_unit(const char *s, const struct unit *units, uint64_t *out);
-static const char *fmt_unit(uint64_t n, const struct unit *units, char *buf, size_t len);
 static char *resolve(struct loader *L, const char *path);
-static int slurp(const char *path, size_t max, char **out, size_t *len, const char **op);
-static void wipe(char *s);
 
 /* The schema. Adding a key: a line here, a field in config.h, its default
  * below the tables, and a documented line in conf/sekali.yaml. */
@@ -203,15 +198,6 @@ static const struct sk_queue_conf queue_defaults = {
     .workers = 1, .prefetch = 1, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
 };
 
-/* Largest first: fmt_unit() picks the first that divides exactly. */
-static const struct unit duration_units[] = {
-    { "h", HOUR }, { "m", MIN }, { "s", SEC }, { "ms", 1 }, { NULL, 0 },
-};
-static const struct unit size_units[] = {
-    { "GiB", 1024 * MIB }, { "MiB", MIB }, { "KiB", KIB }, { "GB", 1000000000 },
-    { "MB", 1000000 }, { "kB", 1000 }, { "B", 1 }, { "", 1 }, { NULL, 0 },
-};
-
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */
 _Static_assert(OF(sk_queue_conf, n_job_types) == OF(sk_queue_conf, job_types) + sizeof(char **),
                "n_job_types follows job_types");
@@ -230,7 +216,7 @@ int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
     size_t len;
     int rc = SK_ERR;
 
-    int e = slurp(path, MAX_FILE, &text, &len, &op);
+    int e = sk_conf_value_read_file(path, MAX_FILE, &text, &len, &op);
     if (e != 0) {
         errno = e;
         return sk_err_errno(err, SK_ERR, "%s: cannot %s", path, op);
@@ -282,16 +268,16 @@ void sk_conf_free(struct sk_conf *c)
     free(c->amqp.host);
     free(c->amqp.vhost);
     free(c->amqp.user);
-    wipe(c->amqp.password);
+    sk_conf_value_wipe(c->amqp.password);
     free(c->redis.host);
-    wipe(c->redis.password);
+    sk_conf_value_wipe(c->redis.password);
     free(c->postgres.conninfo);
-    wipe(c->postgres.password);
+    sk_conf_value_wipe(c->postgres.password);
     for (size_t i = 0; i < c->n_queues; i++) {
         struct sk_queue_conf *q = &c->queues[i];
         free(q->name);
         free(q->handler);
-        wipe(q->handler_config);  /* handlers keep their own secrets there */
+        sk_conf_value_wipe(q->handler_config);  /* handlers keep their own secrets there */
         for (size_t j = 0; j < q->n_job_types; j++)
             free(q->job_types[j]);
         free(q->job_types);
@@ -306,30 +292,6 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
         if (strcmp(conf->queues[i].name, name) == 0)
             return &conf->queues[i];
     return NULL;
-}
-
-int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err)
-{
-    int r = parse_unit(text, duration_units, ms);
-
-    if (r == SK_AGAIN)
-        return sk_err_set(err, SK_ERR, "duration \"%.64s\" is too large", text);
-    if (r != SK_OK)
-        return sk_err_set(err, SK_ERR, "invalid duration \"%.64s\": expected a number "
-                          "followed by ms, s, m or h", text);
-    return SK_OK;
-}
-
-int sk_parse_size(const char *text, uint64_t *bytes, struct sk_err *err)
-{
-    int r = parse_unit(text, size_units, bytes);
-
-    if (r == SK_AGAIN)
-        return sk_err_set(err, SK_ERR, "size \"%.64s\" is too large", text);
-    if (r != SK_OK)
-        return sk_err_set(err, SK_ERR, "invalid size \"%.64s\": expected a number optionally "
-                          "followed by B, kB, KiB, MB, MiB, GB or GiB", text);
-    return SK_OK;
 }
 
 /* Loads the one document of text into *L->doc, which the caller deletes
@@ -425,7 +387,8 @@ static int load_map(struct loader *L, yaml_node_t *map, const char *label,
 static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *base)
 {
     void *field = (char *)base + k->offset;
-    const struct unit *units = k->type == T_DURATION ? duration_units : size_units;
+    const char *(*fmt)(uint64_t, char *, size_t) = k->type == T_DURATION ?
+        sk_conf_value_fmt_duration : sk_conf_value_fmt_size;
     char lo[32], hi[32], names[96];
     struct sk_err e;
     const char *s;
@@ -462,7 +425,7 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
             return fail(L, v, "out of memory");
         return SK_OK;
     case T_INT:
-        if (parse_int(s, &i) != SK_OK)
+        if (sk_conf_value_parse_int(s, &i) != SK_OK)
             return fail(L, v, "%s: expected an integer, got \"%.64s\"", k->name, s);
         if (i < (int64_t)k->min || i > (int64_t)k->max)
             return fail(L, v, "%s must be between %" PRIu64 " and %" PRIu64 ", got %.64s",
@@ -470,7 +433,7 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
         *(int *)field = (int)i;
         return SK_OK;
     case T_BOOL:
-        if (parse_bool(s, field) != SK_OK)
+        if (sk_conf_value_parse_bool(s, field) != SK_OK)
             return fail(L, v, "%s: expected a boolean (true/false/yes/no/on/off), got \"%.64s\"",
                         k->name, s);
         return SK_OK;
@@ -481,8 +444,7 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
             return fail(L, v, "%s", e.msg);
         if (u < k->min || u > k->max)
             return fail(L, v, "%s must be between %s and %s, got %.64s", k->name,
-                        fmt_unit(k->min, units, lo, sizeof(lo)),
-                        fmt_unit(k->max, units, hi, sizeof(hi)), s);
+                        fmt(k->min, lo, sizeof(lo)), fmt(k->max, hi, sizeof(hi)), s);
         if (k->type == T_DURATION)
             *(uint32_t *)field = (uint32_t)u;
         else
@@ -663,138 +625,40 @@ static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void
     return SK_OK;
 }
 
-/* Handlers parse their own section, so each gets it back as YAML text: the
- * subtree is copied into a document of its own and run through the emitter. */
+/* Handlers parse their own section, so each gets it back as YAML text. */
 static int queue_config(struct loader *L, yaml_node_t *v, void *base)
 {
     struct sk_queue_conf *q = base;
-    size_t len = 0, n = (size_t)(L->doc->nodes.top - L->doc->nodes.start);
-    yaml_document_t doc;
-    yaml_emitter_t em;
-    char *buf = NULL;
-    FILE *f = NULL;
-    int *memo, root = 0, rc = SK_ERR;
+    const yaml_node_t *at;
+    struct sk_err e;
 
     if (is_null(v))
         return SK_OK;
-    if ((memo = calloc(n + 1, sizeof(*memo))) == NULL ||
-        !yaml_document_initialize(&doc, NULL, NULL, NULL, 1, 1)) {
-        free(memo);
-        return fail(L, v, "out of memory");
-    }
-    root = copy_node(L, &doc, (int)(v - L->doc->nodes.start) + 1, memo, 0);
-    free(memo);
-    if (root == 0 || (f = open_memstream(&buf, &len)) == NULL || !yaml_emitter_initialize(&em)) {
-        yaml_document_delete(&doc);
-        if (f != NULL)
-            fclose(f);
-        free(buf);
-        return root == 0 ? SK_ERR : fail(L, v, "out of memory");
-    }
-    yaml_emitter_set_output_file(&em, f);
-    yaml_emitter_set_unicode(&em, 1);
-    yaml_emitter_set_width(&em, -1);  /* folding long scalars helps no one */
-    /* dump() consumes the document, whether or not it succeeds. */
-    if (yaml_emitter_open(&em) && yaml_emitter_dump(&em, &doc) && yaml_emitter_close(&em))
-        rc = SK_OK;
-    else
-        rc = fail(L, v, "config: cannot re-emit as YAML: %s",
-                  em.problem ? em.problem : "out of memory");
-    yaml_emitter_delete(&em);
-    if (fclose(f) != 0 && rc == SK_OK)
-        rc = fail(L, v, "out of memory");
-    if (rc == SK_OK)
-        q->handler_config = buf;
-    else
-        free(buf);
-    return rc;
+    if (sk_conf_value_emit(L->doc, v, "config", &q->handler_config, &at, &e) != SK_OK)
+        return fail(L, at, "%s", e.msg);
+    return SK_OK;
 }
 
-/* Copies node `index` of the loaded document into dst. memo maps source to
- * copied indexes, so aliases stay shared (the emitter re-anchors them) and
- * neither a billion laughs nor a self-reference expands. Returns the new
- * index, or 0 with the error set. */
-static int copy_node(struct loader *L, yaml_document_t *dst, int index, int *memo, int depth)
-{
-    yaml_node_t *n = node(L, index);
-    int d, ok = 1;
-
-    if (memo[index] != 0)
-        return memo[index];
-    if (depth > MAX_DEPTH) {
-        fail(L, n, "config: nested deeper than %d levels", MAX_DEPTH);
-        return 0;
-    }
-    if (n->type == YAML_SCALAR_NODE)
-        d = yaml_document_add_scalar(dst, n->tag, n->data.scalar.value,
-                                     (int)n->data.scalar.length, n->data.scalar.style);
-    else if (n->type == YAML_SEQUENCE_NODE)
-        d = yaml_document_add_sequence(dst, n->tag, YAML_ANY_SEQUENCE_STYLE);
-    else
-        d = yaml_document_add_mapping(dst, n->tag, YAML_ANY_MAPPING_STYLE);
-    memo[index] = d;
-
-    if (d != 0 && n->type == YAML_SEQUENCE_NODE) {
-        for (yaml_node_item_t *it = n->data.sequence.items.start;
-             ok && it < n->data.sequence.items.top; it++) {
-            int item = copy_node(L, dst, *it, memo, depth + 1);
-            if (item == 0)
-                return 0;
-            ok = yaml_document_append_sequence_item(dst, d, item);
-        }
-    } else if (d != 0 && n->type == YAML_MAPPING_NODE) {
-        for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
-             ok && p < n->data.mapping.pairs.top; p++) {
-            int k = copy_node(L, dst, p->key, memo, depth + 1);
-            int val = k != 0 ? copy_node(L, dst, p->value, memo, depth + 1) : 0;
-            if (val == 0)
-                return 0;
-            ok = yaml_document_append_mapping_pair(dst, d, k, val);
-        }
-    }
-    if (d == 0 || !ok) {
-        fail(L, n, "out of memory");
-        return 0;
-    }
-    return d;
-}
-
-/* password_env: NAME or password_file: PATH. The file holds the password
- * alone, and editors append a newline, so one is dropped. */
+/* password_env: NAME or password_file: PATH, one source per section. */
 static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst)
 {
-    const char *name, *op, *val;
-    char *path = NULL, *buf = NULL;
-    size_t len = 0;
-    int rc, e;
+    const char *name;
+    char *path;
+    struct sk_err e;
+    int rc;
 
     if ((rc = scalar(L, v, k->name, "a scalar", &name)) != SK_OK ||
         (rc = claim_secret(L, v, k->name)) != SK_OK)
         return rc;
     if (k->type == T_PASSWORD_ENV) {
-        if ((val = getenv(name)) == NULL || *val == '\0')
-            return fail(L, v, "password_env: environment variable %.64s is %s", name,
-                        val ? "empty" : "not set");
-        return store(L, v, dst, val);
+        rc = sk_conf_value_password_env(k->name, name, dst, &e);
+    } else {
+        if ((path = resolve(L, name)) == NULL)
+            return fail(L, v, "out of memory");
+        rc = sk_conf_value_password_file(k->name, path, dst, &e);
+        free(path);
     }
-    if ((path = resolve(L, name)) == NULL)
-        return fail(L, v, "out of memory");
-    if ((e = slurp(path, MAX_SECRET, &buf, &len, &op)) == 0 && len > 0 && buf[len - 1] == '\n') {
-        buf[--len] = '\0';
-        if (len > 0 && buf[len - 1] == '\r')
-            buf[--len] = '\0';
-    }
-    if (e != 0)
-        rc = fail(L, v, "password_file: cannot %s %.128s: %s", op, path, strerror(e));
-    else if (len == 0 || strlen(buf) != len)
-        rc = fail(L, v, "password_file: %.128s %s", path, len ? "contains a NUL byte" : "is empty");
-    else
-        rc = store(L, v, dst, buf);
-    if (buf != NULL)
-        explicit_bzero(buf, len);
-    free(buf);
-    free(path);
-    return rc;
+    return rc == SK_OK ? SK_OK : fail(L, v, "%s", e.msg);
 }
 
 /* One source per password, so that no one has to wonder which one wins. */
@@ -826,7 +690,7 @@ static int store(struct loader *L, yaml_node_t *n, char **dst, const char *s)
 
     if (copy == NULL)
         return fail(L, n, "out of memory");
-    wipe(*dst);
+    sk_conf_value_wipe(*dst);
     *dst = copy;
     return SK_OK;
 }
@@ -881,65 +745,6 @@ static bool is_null(const yaml_node_t *n)
     return false;
 }
 
-/* Decimal only. Out-of-range values clamp, and the caller's bounds catch them. */
-static int parse_int(const char *s, int64_t *v)
-{
-    const char *d = *s == '-' ? s + 1 : s;
-    char *end;
-
-    if (*d < '0' || *d > '9')
-        return SK_ERR;
-    *v = strtoll(s, &end, 10);
-    return *end == '\0' ? SK_OK : SK_ERR;
-}
-
-static int parse_bool(const char *s, bool *v)
-{
-    static const char *const words[] = { "false", "true", "no", "yes", "off", "on" };
-
-    for (size_t i = 0; i < SK_ARRAY_LEN(words); i++) {
-        if (strcasecmp(s, words[i]) == 0) {
-            *v = i % 2 == 1;
-            return SK_OK;
-        }
-    }
-    return SK_ERR;
-}
-
-/* Digits, then exactly one of units. Returns SK_OK, SK_ERR (malformed) or
- * SK_AGAIN (does not fit in 64 bits). */
-static int parse_unit(const char *s, const struct unit *units, uint64_t *out)
-{
-    bool overflow = false;
-    const char *p = s;
-    uint64_t n = 0;
-
-    for (; *p >= '0' && *p <= '9'; p++) {
-        overflow = overflow || n > (UINT64_MAX - (uint64_t)(*p - '0')) / 10;
-        n = n * 10 + (uint64_t)(*p - '0');
-    }
-    for (size_t i = 0; p != s && units[i].name != NULL; i++) {
-        if (strcmp(p, units[i].name) != 0)
-            continue;
-        if (overflow || n > UINT64_MAX / units[i].n)
-            return SK_AGAIN;
-        *out = n * units[i].n;
-        return SK_OK;
-    }
-    return SK_ERR;
-}
-
-/* In the largest unit that divides n exactly, so that bounds read as written. */
-static const char *fmt_unit(uint64_t n, const struct unit *units, char *buf, size_t len)
-{
-    size_t i = 0;
-
-    while (n != 0 && n % units[i].n != 0)
-        i++;
-    snprintf(buf, len, "%" PRIu64 "%s", n == 0 ? 0 : n / units[i].n, n == 0 ? "" : units[i].name);
-    return buf;
-}
-
 /* Returns a new string: path if absolute, else path under the config's directory. */
 static char *resolve(struct loader *L, const char *path)
 {
@@ -948,45 +753,4 @@ static char *resolve(struct loader *L, const char *path)
     if (path[0] == '/')
         return strdup(path);
     return asprintf(&out, "%s/%s", L->dir, path) < 0 ? NULL : out;
-}
-
-/* Reads at most max bytes of path into a new NUL-terminated buffer.
- * Returns 0, or an errno value with *op naming the step that failed. */
-static int slurp(const char *path, size_t max, char **out, size_t *len, const char **op)
-{
-    FILE *f;
-    char *buf;
-    int e = 0;
-
-    *op = "open";
-    if ((f = fopen(path, "re")) == NULL)
-        return errno;
-    *op = "read";
-    if ((buf = malloc(max + 2)) == NULL) {
-        fclose(f);
-        return ENOMEM;
-    }
-    size_t n = fread(buf, 1, max + 1, f);
-    if (ferror(f))
-        e = errno;
-    else if (n > max)
-        e = EFBIG;
-    fclose(f);
-    if (e != 0) {
-        explicit_bzero(buf, n);  /* it may be a password */
-        free(buf);
-        return e;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-/* Frees a string that may hold a secret, so that it does not linger in the heap. */
-static void wipe(char *s)
-{
-    if (s != NULL)
-        explicit_bzero(s, strlen(s));
-    free(s);
 }

@@ -26,7 +26,8 @@ struct sk_amqp_conf {
     int      port;
     char    *vhost;
     char    *user;
-    char    *password;             /* resolved from url, password_env or password_file */
+    char    *password;             /* never NULL: from url, password_env or password_file,
+                                    * else "guest", the broker's default */
     uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
     uint32_t connect_timeout_ms;
 };
@@ -40,7 +41,9 @@ struct sk_redis_conf {
 };
 
 struct sk_postgres_conf {
-    char    *conninfo;             /* libpq connection string, without the password */
+    char    *conninfo;             /* libpq connection string, without the password: one
+                                    * written inside it moves to `password`, and the rest
+                                    * is rewritten as key='value' pairs */
     char    *password;             /* NULL: libpq's own defaults (.pgpass, PGPASSWORD) */
 };
 
@@ -82,9 +85,10 @@ struct sk_conf {
 };
 
 /* Loads and validates path. On success *out is a new snapshot the caller
- * frees with sk_conf_free(). On failure returns SK_ERR with err->msg set to
- * "path:line:column: message" (the position of the offending node), or
- * "path: message" when there is no position (file unreadable). */
+ * frees with sk_conf_free(). On failure returns SK_ERR, leaves *out untouched
+ * and sets err->msg to "path:line:column: message" (the position of the
+ * offending node), or "path: message" when there is no position (file
+ * unreadable). */
 int  sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err);
 void sk_conf_free(struct sk_conf *conf);
 

@@ -1,0 +1,69 @@
+/* config_value.h - private to config.c: config values that are parsed
+ * without knowing where they sit in the schema.
+ *
+ * Messages carry no position: config.c knows the node and adds
+ * "file:line:column: " in front. A message names its key through the label
+ * argument ("<label>: <problem>"), except "out of memory", which reads the
+ * same for every key. The public parsers, sk_parse_duration() and
+ * sk_parse_size(), are declared in config.h and defined in config_value.c. */
+#ifndef SK_CONFIG_VALUE_H
+#define SK_CONFIG_VALUE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <yaml.h>
+
+#include "common.h"
+
+/* Decimal only, with an optional '-'. Out-of-range values clamp, and the
+ * caller's bounds catch them. Returns SK_OK, or SK_ERR (nothing written). */
+int sk_conf_value_parse_int(const char *s, int64_t *v);
+
+/* true/false, yes/no, on/off, in any case. Returns SK_OK, or SK_ERR
+ * (nothing written). */
+int sk_conf_value_parse_bool(const char *s, bool *v);
+
+/* Writes ms (or bytes) into buf in the largest unit that divides it exactly
+ * ("90s", not "90000ms"; "0" for zero), so that a bound quoted in a message
+ * reads as the schema wrote it. Truncates to len. Returns buf. */
+const char *sk_conf_value_fmt_duration(uint64_t ms, char *buf, size_t len);
+const char *sk_conf_value_fmt_size(uint64_t bytes, char *buf, size_t len);
+
+/* password_env: the value of the environment variable `name`, which must be
+ * set and non-empty.
+ * password_file: the contents of the file at `path` (already resolved by the
+ * caller), at most 64 KiB, with one trailing "\n" or "\r\n" dropped; it must
+ * not be empty or contain a NUL byte.
+ * On success wipes the old *dst and replaces it with a new string, which the
+ * caller frees with sk_conf_value_wipe(). On failure returns SK_ERR, leaves
+ * *dst untouched and fills err. Intermediate copies are wiped. */
+int sk_conf_value_password_env(const char *label, const char *name, char **dst,
+                               struct sk_err *err);
+int sk_conf_value_password_file(const char *label, const char *path, char **dst,
+                                struct sk_err *err);
+
+/* Re-emits node v of doc, with everything under it, as a YAML document of its
+ * own: handlers parse their section themselves. Aliases stay shared (the
+ * emitter re-anchors them), so neither a billion laughs nor a self-reference
+ * expands; nesting deeper than 64 levels fails. doc is not changed.
+ * On success sets *out to a new string, which the caller frees with
+ * sk_conf_value_wipe() (handlers keep their secrets there). On failure
+ * returns SK_ERR, leaves *out untouched, fills err and points *at to the node
+ * to blame: v, or the node under it that could not be copied. */
+int sk_conf_value_emit(yaml_document_t *doc, const yaml_node_t *v, const char *label,
+                       char **out, const yaml_node_t **at, struct sk_err *err);
+
+/* Reads at most max bytes of path into a new NUL-terminated buffer, which the
+ * caller frees; *len excludes the NUL. Returns 0, or an errno value (EFBIG:
+ * longer than max) with *op naming the step that failed, "open" or "read".
+ * On failure *out and *len are untouched and what was read is wiped, since
+ * the file may be a password. */
+int sk_conf_value_read_file(const char *path, size_t max, char **out, size_t *len,
+                            const char **op);
+
+/* Wipes and frees a string that may hold a secret, so that it does not
+ * linger in the heap. Accepts NULL. */
+void sk_conf_value_wipe(char *s);
+
+#endif
