@@ -27,6 +27,7 @@ struct sk_broker {
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static struct timeval to_timeval(uint32_t ms);
 static int wait_confirm(struct sk_broker *b, uint64_t tag, struct sk_err *err);
+static amqp_table_entry_t text_entry(const char *key, const char *value);
 
 int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
 {
@@ -103,13 +104,8 @@ int sk_broker_declare(struct sk_broker *b, const char *name, struct sk_err *err)
 
     /* A rejected message goes to name.dead through the default exchange; the
      * broker moves it, so a dead letter cannot be lost between two queues. */
-    amqp_table_entry_t args[2];
-    args[0].key = amqp_cstring_bytes("x-dead-letter-exchange");
-    args[0].value.kind = AMQP_FIELD_KIND_UTF8;
-    args[0].value.value.bytes = amqp_cstring_bytes("");
-    args[1].key = amqp_cstring_bytes("x-dead-letter-routing-key");
-    args[1].value.kind = AMQP_FIELD_KIND_UTF8;
-    args[1].value.value.bytes = amqp_cstring_bytes(dead);
+    amqp_table_entry_t args[2] = { text_entry("x-dead-letter-exchange", ""),
+                                   text_entry("x-dead-letter-routing-key", dead) };
     amqp_table_t table = { .num_entries = 2, .entries = args };
 
     amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
@@ -204,6 +200,18 @@ int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
     return SK_OK;
 }
 
+int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
+                  struct sk_err *err)
+{
+    amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 1);
+    if (rpc_check(reply, "basic.get", err) != SK_OK)
+        return err != NULL ? err->code : SK_ERR;
+    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+        return SK_BUSY;
+    reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
+    return rpc_check(reply, "basic.get(read)", err);
+}
+
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
 {
     amqp_confirm_select(b->conn, CHANNEL);
@@ -261,6 +269,84 @@ int sk_broker_publish(struct sk_broker *b, const char *routing_key,
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
                           amqp_error_string2(status));
     return wait_confirm(b, b->next_publish_tag++, err);
+}
+
+int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
+                            char *name, size_t size, struct sk_err *err)
+{
+    int n = snprintf(name, size, "%s.delay.%u", queue, delay_ms);
+    if (n < 0 || (size_t)n >= size)
+        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
+    amqp_table_entry_t args[4];
+    args[0] = text_entry("x-dead-letter-exchange", "");
+    args[1] = text_entry("x-dead-letter-routing-key", queue);
+    args[2].key = amqp_cstring_bytes("x-message-ttl");
+    args[2].value.kind = AMQP_FIELD_KIND_I64;
+    args[2].value.value.i64 = delay_ms;
+    args[3].key = amqp_cstring_bytes("x-expires");
+    args[3].value.kind = AMQP_FIELD_KIND_I64;
+    args[3].value.value.i64 = (int64_t)delay_ms + 10 * 60 * 1000;
+    amqp_table_t table = { .num_entries = 4, .entries = args };
+    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
+}
+
+int sk_broker_republish(struct sk_broker *b, const char *routing_key,
+                        const amqp_envelope_t *original, const struct sk_header *extra,
+                        size_t n_extra, struct sk_err *err)
+{
+    sk_assert(b->confirming);
+    amqp_basic_properties_t props = original->message.properties;
+    const amqp_table_t *old = (props._flags & AMQP_BASIC_HEADERS_FLAG) ? &props.headers : NULL;
+    size_t n_old = old != NULL ? (size_t)old->num_entries : 0;
+    amqp_table_entry_t *entries = calloc(n_old + n_extra, sizeof(*entries));
+    if (entries == NULL)
+        return sk_err_errno(err, SK_AGAIN, "calloc(headers)");
+
+    size_t n = 0;
+    for (size_t i = 0; i < n_old; i++) {
+        bool replaced = false;
+        for (size_t k = 0; k < n_extra && !replaced; k++)
+            replaced = old->entries[i].key.len == strlen(extra[k].key) &&
+                       memcmp(old->entries[i].key.bytes, extra[k].key,
+                              old->entries[i].key.len) == 0;
+        if (!replaced)
+            entries[n++] = old->entries[i];
+    }
+    for (size_t k = 0; k < n_extra; k++) {
+        if (extra[k].text != NULL) {
+            entries[n++] = text_entry(extra[k].key, extra[k].text);
+        } else {
+            entries[n].key = amqp_cstring_bytes(extra[k].key);
+            entries[n].value.kind = AMQP_FIELD_KIND_I64;
+            entries[n].value.value.i64 = extra[k].number;
+            n++;
+        }
+    }
+    props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.headers.num_entries = (int)n;
+    props.headers.entries = entries;
+    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    /* A TTL set by the producer would make the copy vanish in a delay queue. */
+    props._flags &= ~AMQP_BASIC_EXPIRATION_FLAG;
+
+    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
+                                    amqp_cstring_bytes(routing_key), 1, 0, &props,
+                                    original->message.body);
+    free(entries);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
+                          amqp_error_string2(status));
+    return wait_confirm(b, b->next_publish_tag++, err);
+}
+
+static amqp_table_entry_t text_entry(const char *key, const char *value)
+{
+    amqp_table_entry_t e;
+    e.key = amqp_cstring_bytes(key);
+    e.value.kind = AMQP_FIELD_KIND_UTF8;
+    e.value.value.bytes = amqp_cstring_bytes(value);
+    return e;
 }
 
 /* A mandatory publish to a missing queue comes back as basic.return followed

@@ -17,6 +17,13 @@
 
 struct sk_broker;
 
+/* A header to add to (or replace in) a republished message. */
+struct sk_header {
+    const char *key;
+    const char *text;   /* a string value, or NULL for the number */
+    int64_t     number;
+};
+
 /* A message to publish. Absent strings are NULL; headers are optional. */
 struct sk_message {
     const char    *message_id;
@@ -60,6 +67,12 @@ int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err
 int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
                      struct sk_err *err);
 
+/* Takes one message from queue (basic.get, acked on receipt). Returns SK_OK
+ * with *msg filled (free it with amqp_destroy_message()), SK_BUSY when the
+ * queue is empty, or SK_AGAIN/SK_ERR. For tools and tests, not the workers. */
+int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
+                  struct sk_err *err);
+
 /* Puts the channel in confirm mode; needed once before sk_broker_publish(). */
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
 
@@ -69,5 +82,20 @@ int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
  * Only for connections that do not consume: it reads frames synchronously. */
 int sk_broker_publish(struct sk_broker *b, const char *routing_key,
                       const struct sk_message *msg, struct sk_err *err);
+
+/* Declares the delay queue for `queue` and delay_ms, and writes its name to
+ * name (size bytes): messages sit there for delay_ms, then the broker
+ * dead-letters them back to `queue`. The queue deletes itself once unused
+ * for 10 minutes longer than its delay, which cannot happen while it still
+ * holds a message, provided it is declared again before each publish. */
+int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
+                            char *name, size_t size, struct sk_err *err);
+
+/* Publishes a persistent copy of original (properties and body) to
+ * routing_key, with `extra` headers added or replacing those of the same
+ * name, and waits for the confirm. Same results as sk_broker_publish(). */
+int sk_broker_republish(struct sk_broker *b, const char *routing_key,
+                        const amqp_envelope_t *original, const struct sk_header *extra,
+                        size_t n_extra, struct sk_err *err);
 
 #endif

@@ -110,6 +110,8 @@ static char *resolve(struct loader *L, const char *path);
 #define DURATION(n, s, f, lo, hi)  { .name = n, .type = T_DURATION, .offset = OF(s, f), .min = lo, .max = hi }
 #define SIZE(n, s, f, lo, hi)      { .name = n, .type = T_SIZE, .offset = OF(s, f), .min = lo, .max = hi }
 #define ENUM(n, s, f, list)        { .name = n, .type = T_ENUM, .offset = OF(s, f), .names = list }
+#define SUBSECTION(n, s, f, table)  { .name = n, .type = T_SECTION, .offset = OF(s, f), \
+                                     .sub = table }
 #define SECTION(n, f, table, req)  { .name = n, .type = T_SECTION, .offset = OF(sk_conf, f), \
                                      .sub = table, .required = req }
 #define CUSTOM(n, func, req)       { .name = n, .type = T_CUSTOM, .fn = func, .required = req }
@@ -122,6 +124,7 @@ static char *resolve(struct loader *L, const char *path);
 static const char *const modes[]   = { "transactional", "external", NULL };
 static const char *const levels[]  = { "debug", "info", "warn", "error", NULL };
 static const char *const formats[] = { "auto", "json", "text", NULL };
+static const char *const redis_down[] = { "proceed", "wait", NULL };
 
 static const struct key amqp_keys[] = {
     CUSTOM("url", amqp_url, true),
@@ -143,6 +146,9 @@ static const struct key redis_keys[] = {
 static const struct key postgres_keys[] = {
     CUSTOM("conninfo", pg_conninfo, true),
     PASSWORD(sk_postgres_conf),
+    DURATION("lock_timeout", sk_postgres_conf, lock_timeout_ms, 1, HOUR),
+    DURATION("idle_in_transaction_timeout", sk_postgres_conf, idle_in_transaction_timeout_ms,
+             0, DAY),
     END
 };
 
@@ -158,6 +164,13 @@ static const struct key log_keys[] = {
     END
 };
 
+static const struct key retry_keys[] = {
+    INT("max_attempts",  sk_retry_conf, max_attempts, 1, 1000),
+    DURATION("initial",  sk_retry_conf, initial_ms, 1, HOUR),
+    DURATION("max",      sk_retry_conf, max_ms, 1, DAY),
+    END
+};
+
 static const struct key queue_keys[] = {
     NAME("name",            sk_queue_conf, name, true),
     PATH("handler",         sk_queue_conf, handler, true),
@@ -169,6 +182,8 @@ static const struct key queue_keys[] = {
     SIZE("max_body",        sk_queue_conf, max_body, 1, 128 * MIB),
     LIST("job_types",       sk_queue_conf, job_types),
     DURATION("job_timeout", sk_queue_conf, job_timeout_ms, 0, DAY),
+    SUBSECTION("retry",     sk_queue_conf, retry, retry_keys),
+    ENUM("on_redis_down",   sk_queue_conf, on_redis_down, redis_down),
     CUSTOM("config", queue_config, false),
     END
 };
@@ -188,6 +203,7 @@ static const struct key top_keys[] = {
 static const struct sk_conf conf_defaults = {
     .amqp  = { .heartbeat_ms = 30 * SEC, .connect_timeout_ms = 5 * SEC },
     .redis = { .port = 6379, .timeout_ms = 2 * SEC },
+    .postgres = { .lock_timeout_ms = 5 * SEC, .idle_in_transaction_timeout_ms = 10 * 60 * SEC },
     .lock  = { .ttl_ms = 30 * SEC, .busy_wait_ms = 2 * SEC },
     .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
     .shutdown_timeout_ms = 30 * SEC,
@@ -196,6 +212,8 @@ static const struct sk_conf conf_defaults = {
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
 static const struct sk_queue_conf queue_defaults = {
     .workers = 1, .prefetch = 1, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
+    .retry = { .max_attempts = 5, .initial_ms = SEC, .max_ms = 5 * 60 * SEC },
+    .on_redis_down = SK_REDIS_DOWN_PROCEED,
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */
@@ -204,6 +222,7 @@ _Static_assert(OF(sk_queue_conf, n_job_types) == OF(sk_queue_conf, job_types) + 
 _Static_assert(sizeof(enum sk_queue_mode) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_log_level) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_log_format) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum sk_redis_down) == sizeof(int), "enum size");
 
 int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
 {

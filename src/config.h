@@ -18,6 +18,12 @@ enum sk_queue_mode {
     SK_MODE_EXTERNAL,           /* handler acts outside the database (issue: failure handling) */
 };
 
+/* What a worker does while Redis is unreachable. */
+enum sk_redis_down {
+    SK_REDIS_DOWN_PROCEED = 0,  /* run without the lock: PostgreSQL's row lock still decides */
+    SK_REDIS_DOWN_WAIT,         /* hand jobs back until Redis answers again */
+};
+
 enum sk_log_level { SK_LOG_DEBUG = 0, SK_LOG_INFO, SK_LOG_WARN, SK_LOG_ERROR };
 enum sk_log_format { SK_LOG_FORMAT_AUTO = 0, SK_LOG_FORMAT_JSON, SK_LOG_FORMAT_TEXT };
 
@@ -45,6 +51,8 @@ struct sk_postgres_conf {
                                     * written inside it moves to `password`, and the rest
                                     * is rewritten as key='value' pairs */
     char    *password;             /* NULL: libpq's own defaults (.pgpass, PGPASSWORD) */
+    uint32_t lock_timeout_ms;      /* longest a claim waits for another worker's row */
+    uint32_t idle_in_transaction_timeout_ms;  /* 0: off */
 };
 
 struct sk_lock_conf {
@@ -55,6 +63,12 @@ struct sk_lock_conf {
 struct sk_log_conf {
     enum sk_log_level  level;
     enum sk_log_format format;
+};
+
+struct sk_retry_conf {
+    int      max_attempts;         /* deliveries a job gets before it is dead-lettered */
+    uint32_t initial_ms;           /* first retry delay's ceiling; doubles per attempt */
+    uint32_t max_ms;               /* the ceiling's cap */
 };
 
 struct sk_queue_conf {
@@ -70,6 +84,8 @@ struct sk_queue_conf {
     char             **job_types;      /* accepted AMQP `type` values; none means any */
     size_t             n_job_types;
     uint32_t           job_timeout_ms; /* 0: no limit */
+    struct sk_retry_conf retry;
+    enum sk_redis_down on_redis_down;
 };
 
 struct sk_conf {

@@ -18,6 +18,7 @@ static const amqp_field_value_t *find_header(const amqp_basic_properties_t *p,
                                              const char *name);
 static int header_key(const amqp_basic_properties_t *p, const char *name, char *dst,
                       size_t dst_size, bool *present, struct sk_err *err);
+static int64_t header_int(const amqp_basic_properties_t *p, const char *name);
 static bool valid_utf8(const unsigned char *s, size_t len);
 static bool type_accepted(const struct sk_queue_conf *q, const char *type);
 
@@ -29,6 +30,8 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     out->body_len = env->message.body.len;
     out->redelivered = env->redelivered != 0;
     out->delivery_attempt = out->redelivered ? 2 : 1;
+    out->scheduled_attempt = 1;
+    out->first_failure[0] = '\0';
     out->job_type[0] = '\0';
     out->content_type[0] = '\0';
 
@@ -65,25 +68,22 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     if (!present)
         memcpy(out->resource_key, out->idempotency_key, strlen(out->idempotency_key) + 1);
 
-    /* Quorum queues count deliveries themselves; it is more precise than the
-     * redelivered flag, which only says "at least the second". */
-    const amqp_field_value_t *count = find_header(p, "x-delivery-count");
-    if (count != NULL) {
-        int64_t n = -1;
-        switch (count->kind) {
-        case AMQP_FIELD_KIND_I8:  n = count->value.i8; break;
-        case AMQP_FIELD_KIND_U8:  n = count->value.u8; break;
-        case AMQP_FIELD_KIND_I16: n = count->value.i16; break;
-        case AMQP_FIELD_KIND_U16: n = count->value.u16; break;
-        case AMQP_FIELD_KIND_I32: n = count->value.i32; break;
-        case AMQP_FIELD_KIND_U32: n = count->value.u32; break;
-        case AMQP_FIELD_KIND_I64: n = count->value.i64; break;
-        case AMQP_FIELD_KIND_U64: n = (int64_t)count->value.u64; break;
-        default: break;
-        }
-        if (n >= 0 && n < UINT32_MAX)
-            out->delivery_attempt = (uint32_t)n + 1;
-    }
+    /* The attempt is the one this copy was scheduled for (sekali's retry
+     * header) plus the broker's redeliveries of the copy: exact with a
+     * quorum queue's x-delivery-count, at least one with `redelivered`. */
+    int64_t scheduled = header_int(p, "x-sekali-attempt");
+    out->scheduled_attempt = scheduled >= 1 && scheduled < UINT32_MAX / 2 ? (uint32_t)scheduled : 1;
+    int64_t redeliveries = header_int(p, "x-delivery-count");
+    if (redeliveries < 0 || redeliveries > UINT32_MAX / 2)
+        redeliveries = out->redelivered ? 1 : 0;
+    out->delivery_attempt = out->scheduled_attempt + (uint32_t)redeliveries;
+
+    out->first_failure[0] = '\0';
+    const amqp_field_value_t *first = find_header(p, "x-sekali-first-failure");
+    if (first != NULL && first->kind == AMQP_FIELD_KIND_UTF8 &&
+        copy_key(out->first_failure, sizeof(out->first_failure), first->value.bytes,
+                 "x-sekali-first-failure", err) != SK_OK)
+        return SK_ERR;
     return SK_OK;
 }
 
@@ -128,6 +128,25 @@ static int header_key(const amqp_basic_properties_t *p, const char *name, char *
     if (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)
         return sk_err_set(err, SK_ERR, "header %s must be a string", name);
     return copy_key(dst, dst_size, v->value.bytes, name, err);
+}
+
+/* An integer header's value, or -1 when absent or not an integer. */
+static int64_t header_int(const amqp_basic_properties_t *p, const char *name)
+{
+    const amqp_field_value_t *v = find_header(p, name);
+    if (v == NULL)
+        return -1;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_I8:  return v->value.i8;
+    case AMQP_FIELD_KIND_U8:  return v->value.u8;
+    case AMQP_FIELD_KIND_I16: return v->value.i16;
+    case AMQP_FIELD_KIND_U16: return v->value.u16;
+    case AMQP_FIELD_KIND_I32: return v->value.i32;
+    case AMQP_FIELD_KIND_U32: return v->value.u32;
+    case AMQP_FIELD_KIND_I64: return v->value.i64;
+    case AMQP_FIELD_KIND_U64: return v->value.u64 > INT64_MAX ? -1 : (int64_t)v->value.u64;
+    default:                  return -1;
+    }
 }
 
 /* Rejects overlong forms, surrogates and code points past U+10FFFF. */

@@ -26,6 +26,8 @@ struct sk_envelope {
     const void *body;              /* borrowed from the delivery */
     size_t      body_len;
     uint32_t    delivery_attempt;  /* 1 on the first delivery */
+    uint32_t    scheduled_attempt; /* x-sekali-attempt: the attempt this copy was sent for */
+    char        first_failure[64]; /* x-sekali-first-failure, or "" */
     bool        redelivered;
 };
 

@@ -91,6 +91,8 @@ int sk_store_claim(struct sk_store *s, const char *queue, const char *key, const
     };
     PGresult *res = NULL;
     int rc = pipeline(s, steps, 2, &res, err);
+    if (rc == SK_BUSY || rc == SK_ERR)
+        sk_store_rollback(s, NULL);
     if (rc != SK_OK)
         return rc;
 
@@ -170,10 +172,19 @@ static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
     PQfinish(s->conn);
     /* expand_dbname: the first "dbname" is the whole conninfo string; the
      * later keywords override what it says. */
-    const char *keywords[] = { "dbname", "application_name", "password", NULL };
-    const char *values[] = { s->conf->conninfo, s->application_name, s->conf->password, NULL };
+    /* lock_timeout bounds how long a claim waits for a row that another
+     * worker holds (a duplicate delivery racing a live job): past it the
+     * claim fails with SK_BUSY and the delivery is re-scheduled. It applies
+     * to the handler's statements in the job's transaction as well. */
+    char options[128];
+    snprintf(options, sizeof(options),
+             "-c lock_timeout=%u -c idle_in_transaction_session_timeout=%u",
+             s->conf->lock_timeout_ms, s->conf->idle_in_transaction_timeout_ms);
+    const char *keywords[] = { "dbname", "application_name", "options", "password", NULL };
+    const char *values[] = { s->conf->conninfo, s->application_name, options,
+                             s->conf->password, NULL };
     if (s->conf->password == NULL)
-        keywords[2] = NULL;
+        keywords[3] = NULL;
     s->conn = PQconnectdbParams(keywords, values, 1);
     if (s->conn == NULL)
         return sk_err_set(err, SK_AGAIN, "PQconnectdbParams: out of memory");
@@ -247,7 +258,10 @@ static int pipeline(struct sk_store *s, const struct step *steps, int n, PGresul
                                                                     : steps[step].sql)
                                     : "pipeline";
         if (status == PGRES_FATAL_ERROR && rc == SK_OK) {
-            rc = PQstatus(s->conn) == CONNECTION_OK ? SK_ERR : SK_AGAIN;
+            const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+            rc = PQstatus(s->conn) != CONNECTION_OK ? SK_AGAIN
+               : state != NULL && strcmp(state, "55P03") == 0 ? SK_BUSY  /* lock_timeout */
+               : SK_ERR;
             sk_err_set(err, rc, "%s failed: %s", what, PQresultErrorMessage(res));
         }
         if (last != NULL && step == n - 1 && rc == SK_OK && status == PGRES_TUPLES_OK)

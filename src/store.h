@@ -34,9 +34,10 @@ PGconn *sk_store_conn(struct sk_store *s);
 
 /* BEGIN and claim (queue, key) in one round trip. Returns SK_OK with the
  * transaction open and the row locked; SK_DUP when the key already completed
- * or failed (the duplicate is counted and the transaction committed); SK_AGAIN
+ * or failed (the duplicate is counted and the transaction committed); SK_BUSY
+ * when another transaction held the key past postgres.lock_timeout; SK_AGAIN
  * when the connection failed (the caller must not ack); SK_ERR otherwise.
- * Blocks while another transaction holds the same key. */
+ * Blocks while another transaction holds the same key, up to lock_timeout. */
 int sk_store_claim(struct sk_store *s, const char *queue, const char *key, const char *owner,
                    const char *job_id, const char *job_type, struct sk_claim *out,
                    struct sk_err *err);

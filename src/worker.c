@@ -27,6 +27,7 @@
 #include "host.h"
 #include "lock.h"
 #include "log.h"
+#include "reschedule.h"
 #include "store.h"
 #include "worker.h"
 
@@ -67,18 +68,31 @@ struct worker {
     const struct sekali_handler *handler;
     void                        *handler_state;
     struct sk_broker            *broker;
+    struct sk_broker            *publisher;    /* confirmed copies: retries, dead letters */
     struct sk_lock              *lock;
     struct sk_store             *store;
     struct sk_heartbeat         *heartbeat;
     struct sk_backoff            broker_backoff;
     bool                         broker_down_logged;
-    bool                         redis_down_logged;
+    bool                         redis_down;
+    bool                         postgres_down_logged;
+    int64_t                      redis_retry_at_ms;
+    struct sk_backoff            redis_backoff;
+    struct sk_backoff            postgres_backoff;
     char                         owner[128];   /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;          /* reused for every job */
 };
 
+/* What happens to the delivery itself once the job's outcome is settled. */
+enum disposition {
+    ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
+    REQUEUE,      /* back to the queue unchanged */
+    DEAD_LETTER,  /* the broker moves it to <queue>.dead */
+};
+
 struct job {
-    enum job_state     state;
+    enum job_state         state;
+    const amqp_envelope_t *delivery;
     struct sk_envelope env;
     uint64_t           delivery_tag;
     char               lock_key[SK_KEY_MAX + 300];
@@ -93,15 +107,24 @@ static volatile sig_atomic_t stop_requested;
 static void on_stop_signal(int signo);
 static int  setup(struct worker *w, struct sk_err *err);
 static void teardown(struct worker *w);
+static bool ensure_store(struct worker *w);
 static bool ensure_broker(struct worker *w);
 static void drop_broker(struct worker *w, const char *why);
 static void process(struct worker *w, const amqp_envelope_t *delivery);
 static int  take_lock(struct worker *w, struct job *j);
+static int  without_redis(struct worker *w, const char *why);
+static int64_t monotonic_ms(void);
 static void release_lock(struct worker *w, struct job *j);
 static void run_handler(struct worker *w, struct job *j);
 static void transition(struct job *j, enum job_state to);
-static void finish(struct worker *w, struct job *j, bool ack, bool requeue,
-                   const char *outcome);
+static void give_up(struct worker *w, struct job *j, const char *reason, const char *why);
+static void dead_letter(struct worker *w, struct job *j, bool parsed, const char *reason,
+                        const char *why);
+static void later(struct worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
+                  const char *error, const char *outcome);
+static bool ensure_publisher(struct worker *w, struct sk_err *err);
+static void drop_publisher(struct worker *w, const char *why);
+static void finish(struct worker *w, struct job *j, enum disposition d, const char *outcome);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
                   const struct sk_plugin *plugin)
@@ -115,6 +138,8 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     w->queue = queue;
     w->handler = plugin->handler;
     w->broker_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
+    w->postgres_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
+    w->redis_backoff = (struct sk_backoff){ .base_ms = 200, .cap_ms = 5000 };
 
     struct sk_err err = { 0 };
     int exit_code = SK_EXIT_OK;
@@ -129,7 +154,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
                 w->handler->version != NULL ? w->handler->version : "?");
 
     while (!stop_requested) {
-        if (!ensure_broker(w))
+        if (!ensure_store(w) || !ensure_broker(w))
             continue;
         amqp_envelope_t delivery;
         rc = sk_broker_next(w->broker, &delivery, POLL_MS, &err);
@@ -180,18 +205,17 @@ static int setup(struct worker *w, struct sk_err *err)
 
     char app_name[256];
     snprintf(app_name, sizeof(app_name), "sekali worker %s", w->queue->name);
+    /* A missing schema fails here, once, with exit 2. A server that is
+     * merely down is not fatal: the store and the lock reconnect at the
+     * next job, and the broker is not consumed from until then. */
     int rc = sk_store_open(&w->store, &w->conf->postgres, app_name, err);
-    if (rc != SK_OK)
+    if (rc == SK_ERR)
         return rc;
-
+    if (rc == SK_AGAIN) {
+        sk_log_warn("PostgreSQL unavailable at start, will retry: %s", err->msg);
+        w->postgres_down_logged = true;
+    }
     if (w->queue->lock) {
-        struct sk_err lock_err = { 0 };
-        /* Redis may be down now and back later: the lock connects lazily. */
-        if (sk_lock_open(&w->lock, &w->conf->redis, &lock_err) != SK_OK) {
-            sk_log_warn("redis unavailable at start, continuing on PostgreSQL alone: %s",
-                        lock_err.msg);
-            w->redis_down_logged = true;
-        }
         rc = sk_heartbeat_start(&w->heartbeat, &w->conf->redis, w->queue->lock_ttl_ms, err);
         if (rc != SK_OK)
             return SK_AGAIN;
@@ -203,10 +227,33 @@ static void teardown(struct worker *w)
 {
     sk_heartbeat_stop(w->heartbeat);
     sk_broker_close(w->broker);
+    sk_broker_close(w->publisher);
     sk_lock_close(w->lock);
     sk_store_close(w->store);
     if (w->handler->fini != NULL && w->handler_state != NULL)
         w->handler->fini(w->handler_state);
+}
+
+/* Until PostgreSQL answers, the worker does not consume: deliveries would
+ * only go back to the broker. */
+static bool ensure_store(struct worker *w)
+{
+    if (w->store != NULL)
+        return true;
+    struct sk_err err = { 0 };
+    char app_name[256];
+    snprintf(app_name, sizeof(app_name), "sekali worker %s", w->queue->name);
+    if (sk_store_open(&w->store, &w->conf->postgres, app_name, &err) == SK_OK) {
+        sk_log_info("PostgreSQL reachable again");
+        w->postgres_down_logged = false;
+        sk_backoff_reset(&w->postgres_backoff);
+        return true;
+    }
+    if (!w->postgres_down_logged)
+        sk_log_warn("PostgreSQL unavailable, retrying with backoff: %s", err.msg);
+    w->postgres_down_logged = true;
+    sk_sleep_ms(sk_backoff_next(&w->postgres_backoff));
+    return false;
 }
 
 static bool ensure_broker(struct worker *w)
@@ -246,16 +293,14 @@ static void drop_broker(struct worker *w, const char *why)
 
 static void process(struct worker *w, const amqp_envelope_t *delivery)
 {
-    struct job j = { .state = JOB_RECEIVED, .delivery_tag = delivery->delivery_tag };
+    struct job j = { .state = JOB_RECEIVED, .delivery = delivery,
+                     .delivery_tag = delivery->delivery_tag };
     struct sk_err err = { 0 };
 
     j.log.queue = w->queue->name;
     if (sk_envelope_parse(delivery, w->queue, &j.env, &err) != SK_OK) {
-        /* Poison: the broker moves it to <queue>.dead; the reason is logged
-         * here because a reject cannot carry it. */
-        sk_log_job(SK_LOG_WARN, &j.log, "malformed message dead-lettered: %s", err.msg);
-        if (sk_broker_reject(w->broker, j.delivery_tag, false, &err) != SK_OK)
-            drop_broker(w, err.msg);
+        sk_log_job(SK_LOG_WARN, &j.log, "malformed message: %s", err.msg);
+        dead_letter(w, &j, false, "malformed", err.msg);
         return;
     }
     j.log.job_id = j.env.job_id;
@@ -267,7 +312,13 @@ static void process(struct worker *w, const amqp_envelope_t *delivery)
     if (w->queue->lock) {
         int rc = take_lock(w, &j);
         if (rc == SK_BUSY) {
-            finish(w, &j, false, true, "lock busy, handed back to the broker");
+            later(w, &j, sk_reschedule_bucket(sk_jitter(100, 1000)), j.env.delivery_attempt,
+                  NULL, "lock busy");
+            return;
+        }
+        if (rc == SK_AGAIN) {
+            later(w, &j, sk_reschedule_bucket(sk_jitter(1000, 5000)), j.env.delivery_attempt,
+                  NULL, "redis down");
             return;
         }
     }
@@ -275,64 +326,96 @@ static void process(struct worker *w, const amqp_envelope_t *delivery)
     int rc = sk_store_claim(w->store, w->queue->name, j.env.idempotency_key, w->owner,
                             j.env.job_id, j.env.job_type, &j.claim, &err);
     if (rc == SK_DUP) {
-        finish(w, &j, true, false, "duplicate suppressed");
+        finish(w, &j, ACK, "duplicate suppressed");
+        return;
+    }
+    if (rc == SK_BUSY) {
+        /* A live worker holds the key's row: it is running this very job.
+         * Come back later rather than wait; its outcome decides ours. */
+        later(w, &j, sk_reschedule_bucket(sk_jitter(100, 1000)), j.env.delivery_attempt, NULL,
+              "key busy in PostgreSQL");
         return;
     }
     if (rc != SK_OK) {
-        sk_log_job(SK_LOG_ERROR, &j.log, "claim failed: %s", err.msg);
-        /* Not acked: a later delivery claims again. The pause keeps a
-         * database outage from turning into a hot redelivery loop. */
-        sk_sleep_ms(sk_jitter(100, 1000));
-        finish(w, &j, false, true, "claim failed, handed back to the broker");
+        if (!w->postgres_down_logged)
+            sk_log_job(SK_LOG_ERROR, &j.log, "claim failed, backing off: %s", err.msg);
+        w->postgres_down_logged = rc == SK_AGAIN;
+        /* Handed back unchanged: an outage is not the job's failure, and the
+         * backoff keeps it from turning into a hot redelivery loop. */
+        sk_sleep_ms(sk_backoff_next(&w->postgres_backoff));
+        finish(w, &j, REQUEUE, "claim failed, handed back to the broker");
         return;
     }
+    if (w->postgres_down_logged)
+        sk_log_info("PostgreSQL reachable again");
+    w->postgres_down_logged = false;
+    sk_backoff_reset(&w->postgres_backoff);
     j.log.fence = j.claim.fence;
     transition(&j, JOB_CLAIMED);
     run_handler(w, &j);
 }
 
-/* SK_OK once locked or when going on without Redis; SK_BUSY when another
- * owner kept the resource for all of lock.busy_wait. */
+/* SK_OK once locked, or when Redis is down and the queue proceeds without
+ * it; SK_BUSY when another owner kept the resource for all of
+ * lock.busy_wait; SK_AGAIN when Redis is down and the queue waits for it. */
 static int take_lock(struct worker *w, struct job *j)
 {
     snprintf(j->lock_key, sizeof(j->lock_key), "sekali:lock:%s:%s", w->queue->name,
              j->env.resource_key);
     sk_lock_new_token(j->lock_token);
 
+    /* While Redis is down, ask it again only when the backoff allows: an
+     * unreachable host would otherwise cost a connect timeout per job. */
+    if (w->redis_down && monotonic_ms() < w->redis_retry_at_ms)
+        return without_redis(w, NULL);
+
     struct sk_err err = { 0 };
-    struct timespec start;
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    int64_t give_up_at = monotonic_ms() + w->conf->lock.busy_wait_ms;
     for (;;) {
         int rc = w->lock != NULL ? SK_OK : sk_lock_open(&w->lock, &w->conf->redis, &err);
         if (rc == SK_OK)
             rc = sk_lock_acquire(w->lock, j->lock_key, j->lock_token, w->queue->lock_ttl_ms,
                                  &err);
+        if (rc == SK_AGAIN) {
+            w->redis_retry_at_ms = monotonic_ms() + sk_backoff_next(&w->redis_backoff);
+            return without_redis(w, err.msg);
+        }
         if (rc == SK_OK) {
-            if (w->redis_down_logged)
+            if (w->redis_down)
                 sk_log_info("redis reachable again, locking resumed");
-            w->redis_down_logged = false;
+            w->redis_down = false;
+            sk_backoff_reset(&w->redis_backoff);
             j->locked = true;
             j->log.lock_owner = j->lock_token;
             sk_heartbeat_watch(w->heartbeat, j->lock_key, j->lock_token);
             transition(j, JOB_LOCKED);
             return SK_OK;
         }
-        if (rc == SK_AGAIN) {
-            /* PostgreSQL's row lock still serialises the key; the Redis lock
-             * only saves duplicate work, so an outage costs speed, not safety. */
-            if (!w->redis_down_logged)
-                sk_log_warn("redis unavailable, going on without locks: %s", err.msg);
-            w->redis_down_logged = true;
-            return SK_OK;
-        }
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t waited_ms = (now.tv_sec - start.tv_sec) * 1000 +
-                            (now.tv_nsec - start.tv_nsec) / 1000000;
-        if (waited_ms >= w->conf->lock.busy_wait_ms || stop_requested)
+        if (monotonic_ms() >= give_up_at || stop_requested)
             return SK_BUSY;
         sk_sleep_ms(sk_jitter(5, 50));
     }
+}
+
+/* PostgreSQL's row lock still serialises each key; the Redis lock only saves
+ * duplicate work, so with `proceed` an outage costs speed, not safety, and
+ * `wait` keeps the work itself serialised. Logs once per outage. */
+static int without_redis(struct worker *w, const char *why)
+{
+    bool proceed = w->queue->on_redis_down == SK_REDIS_DOWN_PROCEED;
+    if (!w->redis_down)
+        sk_log_warn("redis unavailable, %s: %s",
+                    proceed ? "going on without locks" : "holding jobs back",
+                    why != NULL ? why : "");
+    w->redis_down = true;
+    return proceed ? SK_OK : SK_AGAIN;
+}
+
+static int64_t monotonic_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 static void release_lock(struct worker *w, struct job *j)
@@ -379,41 +462,114 @@ static void run_handler(struct worker *w, struct job *j)
                                    j->claim.fence, ctx->result, ctx->result_len, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
-            finish(w, j, true, false, "completed");
+            finish(w, j, ACK, "completed");
             return;
         }
-        sk_log_job(SK_LOG_ERROR, &j->log, "commit failed%s: %s",
-                   rc == SK_AGAIN ? " (outcome unknown, redelivery will tell)" : "", err.msg);
-        sk_sleep_ms(sk_jitter(100, 1000));
-        finish(w, j, false, true, "not committed, handed back to the broker");
-        return;
-    }
-
-    if (sk_store_rollback(w->store, &err) != SK_OK)
+        if (rc == SK_AGAIN) {
+            /* The COMMIT may or may not have happened; only a redelivery's
+             * claim can tell, so the message must go back unchanged. */
+            sk_log_job(SK_LOG_ERROR, &j->log, "commit outcome unknown: %s", err.msg);
+            finish(w, j, REQUEUE, "commit outcome unknown, handed back to the broker");
+            return;
+        }
+        /* Rolled back: the handler left the transaction failed. */
+        snprintf(ctx->error, sizeof(ctx->error), "commit failed: %s", err.msg);
+        status = SEKALI_RETRY;
+    } else if (sk_store_rollback(w->store, &err) != SK_OK) {
         sk_log_job(SK_LOG_WARN, &j->log, "rollback failed: %s", err.msg);
-    if (status == SEKALI_RETRY) {
-        sk_log_job(SK_LOG_INFO, &j->log, "handler asked to retry: %s", ctx->error);
-        sk_sleep_ms(sk_jitter(50, 500));
-        finish(w, j, false, true, "retry, handed back to the broker");
-        return;
     }
 
-    char reason[600];
-    if (status == SEKALI_FAIL)
-        snprintf(reason, sizeof(reason), "%s", ctx->error[0] ? ctx->error : "handler failed");
-    else
-        snprintf(reason, sizeof(reason), "handler returned invalid status %d", status);
-    int rc = sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,
-                           j->env.job_id, j->env.job_type, reason, &err);
-    if (rc != SK_OK) {
-        /* Without the failed row a redelivery would run it again; better to
-         * keep the message than to drop the record of why it failed. */
-        sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
-        finish(w, j, false, true, "failure not recorded, handed back to the broker");
+    if (status == SEKALI_RETRY) {
+        const char *why = ctx->error[0] != '\0' ? ctx->error : "handler asked to retry";
+        if (j->env.delivery_attempt < (uint32_t)w->queue->retry.max_attempts) {
+            uint32_t next = j->env.delivery_attempt + 1;
+            later(w, j, sk_reschedule_retry_delay(&w->queue->retry, next), next, why, "retry");
+            return;
+        }
+        give_up(w, j, "retries exhausted", why);
         return;
     }
-    sk_log_job(SK_LOG_WARN, &j->log, "job failed: %s", reason);
-    finish(w, j, false, false, "failed, dead-lettered");
+    char why[600];
+    if (status == SEKALI_FAIL)
+        snprintf(why, sizeof(why), "%s", ctx->error[0] != '\0' ? ctx->error : "handler failed");
+    else
+        snprintf(why, sizeof(why), "handler returned invalid status %d", status);
+    give_up(w, j, "failed", why);
+}
+
+/* Records the key as failed, then dead-letters the message. Without the
+ * failed row a later copy would run again, so if it cannot be written the
+ * message goes back to the broker instead. */
+static void give_up(struct worker *w, struct job *j, const char *reason, const char *why)
+{
+    struct sk_err err = { 0 };
+    int rc = sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,
+                           j->env.job_id, j->env.job_type, why, &err);
+    if (rc != SK_OK) {
+        sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
+        sk_sleep_ms(sk_jitter(100, 1000));
+        finish(w, j, REQUEUE, "failure not recorded, handed back to the broker");
+        return;
+    }
+    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", reason, why);
+    dead_letter(w, j, true, reason, why);
+}
+
+/* Sends a confirmed copy to `queue`.dead with the reason, then acks. If no
+ * copy can be made, the broker's own dead-lettering (reject) still keeps the
+ * message, without the reason headers. */
+static void dead_letter(struct worker *w, struct job *j, bool parsed, const char *reason,
+                        const char *why)
+{
+    struct sk_err err = { 0 };
+    if (ensure_publisher(w, &err) &&
+        sk_reschedule_dead(w->publisher, w->queue->name, j->delivery, parsed ? &j->env : NULL,
+                           reason, why, &err) == SK_OK) {
+        finish(w, j, ACK, "dead-lettered");
+        return;
+    }
+    drop_publisher(w, err.msg);
+    finish(w, j, DEAD_LETTER, "dead-lettered by the broker (no reason headers)");
+}
+
+/* Sends a confirmed copy that comes back after delay_ms, then acks. If no
+ * copy can be made, the message goes back to the queue as it is. */
+static void later(struct worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
+                  const char *error, const char *outcome)
+{
+    struct sk_err err = { 0 };
+    if (ensure_publisher(w, &err) &&
+        sk_reschedule_later(w->publisher, w->queue->name, j->delivery, &j->env, delay_ms,
+                            next_attempt, error, &err) == SK_OK) {
+        char text[128];
+        snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);
+        finish(w, j, ACK, text);
+        return;
+    }
+    drop_publisher(w, err.msg);
+    sk_sleep_ms(sk_jitter(100, 1000));
+    finish(w, j, REQUEUE, "could not re-schedule, handed back to the broker");
+}
+
+static bool ensure_publisher(struct worker *w, struct sk_err *err)
+{
+    if (w->publisher != NULL)
+        return true;
+    int rc = sk_broker_open(&w->publisher, &w->conf->amqp, err);
+    if (rc == SK_OK)
+        rc = sk_broker_confirm_select(w->publisher, err);
+    if (rc == SK_OK)
+        return true;
+    sk_broker_close(w->publisher);
+    w->publisher = NULL;
+    return false;
+}
+
+static void drop_publisher(struct worker *w, const char *why)
+{
+    sk_log_warn("publishing connection failed: %s", why);
+    sk_broker_close(w->publisher);
+    w->publisher = NULL;
 }
 
 static void transition(struct job *j, enum job_state to)
@@ -423,17 +579,16 @@ static void transition(struct job *j, enum job_state to)
     sk_failpoint(state_failpoints[to], j->env.idempotency_key);
 }
 
-/* The only exit of a delivered job: ack it (effect durable or duplicate), or
- * reject it back to the queue or to the dead letters; then drop the lock.
- * The lock is released after the ack so that no other worker can start on
- * this resource while our outcome is still in flight. */
-static void finish(struct worker *w, struct job *j, bool ack, bool requeue,
-                   const char *outcome)
+/* The only exit of a delivered job: ack it (effect durable, duplicate, or a
+ * confirmed copy made), requeue it, or let the broker dead-letter it; then
+ * drop the lock. The lock is released after the ack so that no other worker
+ * can start on this resource while our outcome is still in flight. */
+static void finish(struct worker *w, struct job *j, enum disposition d, const char *outcome)
 {
     struct sk_err err = { 0 };
-    int rc = ack ? sk_broker_ack(w->broker, j->delivery_tag, &err)
-                 : sk_broker_reject(w->broker, j->delivery_tag, requeue, &err);
-    if (ack && rc == SK_OK)
+    int rc = d == ACK ? sk_broker_ack(w->broker, j->delivery_tag, &err)
+                      : sk_broker_reject(w->broker, j->delivery_tag, d == REQUEUE, &err);
+    if (d == ACK && rc == SK_OK)
         transition(j, JOB_ACKED);
     release_lock(w, j);
     sk_log_job(SK_LOG_INFO, &j->log, "%s", outcome);

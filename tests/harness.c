@@ -301,3 +301,69 @@ int h_count_lines(const char *path, const char *needle)
     free(text);
     return n;
 }
+
+void h_publish_raw(struct sk_broker *b, const char *queue, const char *message_id,
+                   const char *type, const struct sk_header *headers, size_t n_headers,
+                   const void *body, size_t body_len)
+{
+    amqp_envelope_t env;
+    memset(&env, 0, sizeof(env));
+    amqp_basic_properties_t *p = &env.message.properties;
+    if (message_id != NULL) {
+        p->_flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+        p->message_id = amqp_cstring_bytes(message_id);
+    }
+    if (type != NULL) {
+        p->_flags |= AMQP_BASIC_TYPE_FLAG;
+        p->type = amqp_cstring_bytes(type);
+    }
+    env.message.body.bytes = (void *)body;
+    env.message.body.len = body_len;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_republish(b, queue, &env, headers, n_headers, &err) == SK_OK,
+                  "publish to %s: %s", queue, err.msg);
+}
+
+bool h_get(struct sk_broker *b, const char *queue, amqp_message_t *msg)
+{
+    struct sk_err err = { 0 };
+    int rc = sk_broker_get(b, queue, msg, &err);
+    ck_assert_msg(rc == SK_OK || rc == SK_BUSY, "basic.get from %s: %s", queue, err.msg);
+    return rc == SK_OK;
+}
+
+static const amqp_field_value_t *header(const amqp_message_t *msg, const char *key)
+{
+    const amqp_basic_properties_t *p = &msg->properties;
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return NULL;
+    for (int i = 0; i < p->headers.num_entries; i++)
+        if (p->headers.entries[i].key.len == strlen(key) &&
+            memcmp(p->headers.entries[i].key.bytes, key, strlen(key)) == 0)
+            return &p->headers.entries[i].value;
+    return NULL;
+}
+
+const char *h_header_text(const amqp_message_t *msg, const char *key, char *buf, size_t size)
+{
+    const amqp_field_value_t *v = header(msg, key);
+    buf[0] = '\0';
+    if (v != NULL && v->kind == AMQP_FIELD_KIND_UTF8)
+        snprintf(buf, size, "%.*s", (int)v->value.bytes.len, (const char *)v->value.bytes.bytes);
+    return buf;
+}
+
+int64_t h_header_int(const amqp_message_t *msg, const char *key)
+{
+    const amqp_field_value_t *v = header(msg, key);
+    if (v == NULL)
+        return -1;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_I64: return v->value.i64;
+    case AMQP_FIELD_KIND_I32: return v->value.i32;
+    case AMQP_FIELD_KIND_U32: return v->value.u32;
+    case AMQP_FIELD_KIND_I16: return v->value.i16;
+    case AMQP_FIELD_KIND_U8:  return v->value.u8;
+    default: return -1;
+    }
+}

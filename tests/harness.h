@@ -67,6 +67,20 @@ struct sk_broker *h_broker(void);
 void h_publish(struct sk_broker *b, const char *queue, const char *type, const char *message_id,
                const char *idempotency_key, const char *resource_key, const char *body);
 uint32_t h_queue_depth(struct sk_broker *b, const char *queue);
+
+/* Publishes a message built field by field, for malformed input: absent
+ * strings are left out, headers are added as given. */
+void h_publish_raw(struct sk_broker *b, const char *queue, const char *message_id,
+                   const char *type, const struct sk_header *headers, size_t n_headers,
+                   const void *body, size_t body_len);
+
+/* Takes one message from queue; false if it is empty. Free with
+ * amqp_destroy_message(). */
+bool h_get(struct sk_broker *b, const char *queue, amqp_message_t *msg);
+
+/* A header of msg as text (into buf) or as a number; "" or -1 if absent. */
+const char *h_header_text(const amqp_message_t *msg, const char *key, char *buf, size_t size);
+int64_t     h_header_int(const amqp_message_t *msg, const char *key);
 uint32_t h_consumers(struct sk_broker *b, const char *queue);
 
 /* Reads the whole file, or NULL if missing; the caller frees. */

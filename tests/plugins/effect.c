@@ -7,6 +7,8 @@
  *              until killed (a worker dying mid-handler); later deliveries run
  *   "fail"     return SEKALI_FAIL
  *   "retry"    return SEKALI_RETRY on the first delivery
+ *   "retry_always"  return SEKALI_RETRY on every delivery
+ *   "sleep:MS" sleep MS milliseconds, then record the effect
  *   anything   record the effect and return SEKALI_OK
  * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config). */
 #include <fcntl.h>
@@ -85,8 +87,19 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
         s->host->set_error(ctx, "the job asked to be retried");
         return SEKALI_RETRY;
     }
+    if (body_is(job, "retry_always")) {
+        s->host->set_error(ctx, "the job always asks to be retried");
+        return SEKALI_RETRY;
+    }
     if (body_is(job, "stall") && job->delivery_attempt == 1 && s->marker_dir[0] != '\0')
         stall(s);
+    if (job->body_len > 6 && memcmp(job->body, "sleep:", 6) == 0) {
+        char ms[16] = "";
+        memcpy(ms, (const char *)job->body + 6, job->body_len - 6 < 15 ? job->body_len - 6 : 15);
+        long n = atol(ms);
+        struct timespec t = { .tv_sec = n / 1000, .tv_nsec = (n % 1000) * 1000000L };
+        nanosleep(&t, NULL);
+    }
 
     char pid[16], fence[24], attempt[16];
     snprintf(pid, sizeof(pid), "%ld", (long)getpid());

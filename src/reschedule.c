@@ -1,0 +1,83 @@
+/* reschedule.c - retry copies through delay queues, and dead letters with
+ * their reasons (see reschedule.h). */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "backoff.h"
+#include "reschedule.h"
+
+#define LADDER_START_MS 10
+
+static void now_iso8601(char *out, size_t size);
+
+uint32_t sk_reschedule_bucket(uint32_t delay_ms)
+{
+    uint64_t step = LADDER_START_MS;
+    while (step < delay_ms)
+        step = step * 5 / 4 + 1;
+    return step > UINT32_MAX ? UINT32_MAX : (uint32_t)step;
+}
+
+uint32_t sk_reschedule_retry_delay(const struct sk_retry_conf *retry, uint32_t next_attempt)
+{
+    uint64_t ceiling = retry->initial_ms;
+    for (uint32_t i = 2; i < next_attempt && ceiling < retry->max_ms; i++)
+        ceiling *= 2;
+    if (ceiling > retry->max_ms)
+        ceiling = retry->max_ms;
+    return sk_reschedule_bucket(sk_jitter(0, (uint32_t)ceiling));
+}
+
+int sk_reschedule_later(struct sk_broker *pub, const char *queue, const amqp_envelope_t *env,
+                        const struct sk_envelope *parsed, uint32_t delay_ms,
+                        uint32_t next_attempt, const char *error, struct sk_err *err)
+{
+    char delay_queue[600], now[64];
+    int rc = sk_broker_declare_delay(pub, queue, delay_ms, delay_queue, sizeof(delay_queue), err);
+    if (rc != SK_OK)
+        return rc;
+    now_iso8601(now, sizeof(now));
+    struct sk_header headers[3] = {
+        { .key = "x-sekali-attempt", .number = next_attempt },
+    };
+    size_t n = 1;
+    if (error != NULL) {
+        headers[n++] = (struct sk_header){ .key = "x-sekali-last-error", .text = error };
+        headers[n++] = (struct sk_header){
+            .key = "x-sekali-first-failure",
+            .text = parsed->first_failure[0] != '\0' ? parsed->first_failure : now };
+    }
+    return sk_broker_republish(pub, delay_queue, env, headers, n, err);
+}
+
+int sk_reschedule_dead(struct sk_broker *pub, const char *queue, const amqp_envelope_t *env,
+                       const struct sk_envelope *parsed, const char *reason, const char *error,
+                       struct sk_err *err)
+{
+    char dead[600], now[64];
+    int n = snprintf(dead, sizeof(dead), "%s.dead", queue);
+    if (n < 0 || (size_t)n >= sizeof(dead))
+        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
+    now_iso8601(now, sizeof(now));
+    const char *first = parsed != NULL && parsed->first_failure[0] != '\0'
+        ? parsed->first_failure : now;
+    struct sk_header headers[] = {
+        { .key = "x-sekali-reason", .text = reason },
+        { .key = "x-sekali-error", .text = error != NULL ? error : "" },
+        { .key = "x-sekali-attempts", .number = parsed != NULL ? parsed->delivery_attempt : 1 },
+        { .key = "x-sekali-queue", .text = queue },
+        { .key = "x-sekali-first-failure", .text = first },
+        { .key = "x-sekali-last-failure", .text = now },
+    };
+    return sk_broker_republish(pub, dead, env, headers, SK_ARRAY_LEN(headers), err);
+}
+
+static void now_iso8601(char *out, size_t size)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    struct tm tm;
+    gmtime_r(&t.tv_sec, &tm);
+    strftime(out, size, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}

@@ -1,0 +1,207 @@
+/* check_outcomes.c - what happens to jobs that do not simply succeed:
+ * retries through delay queues, dead letters with their reasons, poison
+ * messages, and a busy lock. Every dead letter is read back from
+ * <queue>.dead with its headers; nothing may be lost or run twice. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+
+#define EFFECT "tests/plugins/effect.so"
+#define FAST_RETRIES "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 50ms\n"
+
+struct run {
+    char              queue[128];
+    char              dead[160];
+    char             *dir;
+    char             *config;
+    PGconn           *pg;
+    struct sk_broker *b;
+    pid_t             sekalid;
+};
+
+static void start(struct run *r, const char *name, int workers, const char *extra)
+{
+    h_init();
+    h_unique_name(r->queue, sizeof(r->queue), name);
+    snprintf(r->dead, sizeof(r->dead), "%s.dead", r->queue);
+    r->dir = h_tmpdir(name);
+    r->config = h_write_config(r->dir, r->queue, EFFECT, workers, extra);
+    r->pg = h_pg();
+    r->b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL), SK_OK);
+    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, NULL);
+    H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
+           "%d workers should consume %s", workers, r->queue);
+}
+
+/* Stops sekalid cleanly and checks nothing was left in the work queue. The
+ * connections stay open for the test's last checks; the process ends soon. */
+static void stop(struct run *r)
+{
+    h_stop_sekalid(r->sekalid, r->dir);
+    ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
+}
+
+static long long effects(struct run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
+                             "AND idempotency_key = '%s'", r->queue, key);
+}
+
+static const char *key_status(struct run *r, const char *key, char *buf, size_t size)
+{
+    PGresult *res = PQexecParams(r->pg, "SELECT status FROM sekali.idempotency_keys "
+                                        "WHERE queue = $1 AND key = $2", 2, NULL,
+                                 (const char *[]){ r->queue, key }, NULL, NULL, 0);
+    snprintf(buf, size, "%s", PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "absent");
+    PQclear(res);
+    return buf;
+}
+
+/* Takes the one dead letter and checks its reason and error headers. */
+static void expect_dead(struct run *r, const char *reason, const char *error_part,
+                        int64_t attempts)
+{
+    H_WAIT(h_queue_depth(r->b, r->dead) == 1, 20000, "expected 1 dead letter in %s, have %u",
+           r->dead, h_queue_depth(r->b, r->dead));
+    amqp_message_t msg;
+    ck_assert(h_get(r->b, r->dead, &msg));
+    char buf[600];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof(buf)), reason);
+    ck_assert_msg(strstr(h_header_text(&msg, "x-sekali-error", buf, sizeof(buf)), error_part),
+                  "x-sekali-error \"%s\" should contain \"%s\"", buf, error_part);
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-queue", buf, sizeof(buf)), r->queue);
+    ck_assert_int_eq(strlen(h_header_text(&msg, "x-sekali-first-failure", buf, sizeof(buf))), 20);
+    ck_assert_int_eq(strlen(h_header_text(&msg, "x-sekali-last-failure", buf, sizeof(buf))), 20);
+    if (attempts > 0)
+        ck_assert_int_eq(h_header_int(&msg, "x-sekali-attempts"), attempts);
+    amqp_destroy_message(&msg);
+}
+
+START_TEST(test_retried_job_runs_again_and_commits_once)
+{
+    struct run r;
+    start(&r, "retry", 2, FAST_RETRIES);
+    h_publish(r.b, r.queue, "test", "retry-1", "k-retry", NULL, "retry");
+    H_WAIT(effects(&r, "k-retry") == 1, 20000, "the retried job should commit");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), 2);
+    stop(&r);
+    ck_assert_int_eq(effects(&r, "k-retry"), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+}
+END_TEST
+
+START_TEST(test_exhausted_retries_dead_letter_with_headers)
+{
+    struct run r;
+    start(&r, "exhaust", 1, FAST_RETRIES);
+    h_publish(r.b, r.queue, "test", "exhaust-1", "k-exhaust", NULL, "retry_always");
+    expect_dead(&r, "retries exhausted", "always asks to be retried", 3);
+    char status[32];
+    ck_assert_str_eq(key_status(&r, "k-exhaust", status, sizeof(status)), "failed");
+    ck_assert_int_eq(effects(&r, "k-exhaust"), 0);
+    stop(&r);
+}
+END_TEST
+
+START_TEST(test_failed_job_is_dead_lettered_and_recorded)
+{
+    struct run r;
+    start(&r, "fail", 1, FAST_RETRIES);
+    h_publish(r.b, r.queue, "test", "fail-1", "k-fail", NULL, "fail");
+    expect_dead(&r, "failed", "the job asked to fail", 1);
+    char status[32];
+    ck_assert_str_eq(key_status(&r, "k-fail", status, sizeof(status)), "failed");
+    /* A later copy of a failed key is a duplicate, not a second attempt. */
+    h_publish(r.b, r.queue, "test", "fail-2", "k-fail", NULL, "ok");
+    H_WAIT(h_pg_count(r.pg, "SELECT duplicates FROM sekali.idempotency_keys WHERE queue = '%s'",
+                      r.queue) == 1, 20000, "the copy of a failed key should be a duplicate");
+    ck_assert_int_eq(effects(&r, "k-fail"), 0);
+    stop(&r);
+}
+END_TEST
+
+START_TEST(test_poison_messages_are_dead_lettered_with_their_reason)
+{
+    struct run r;
+    start(&r, "poison", 1, "    max_body: 64\n    job_types: [test]\n");
+    char big[100];
+    memset(big, 'x', sizeof(big));
+    struct sk_header int_key = { .key = "x-idempotency-key", .number = 7 };
+    struct sk_header bad_utf8 = { .key = "x-resource-key", .text = "bad\xff" "key" };
+    static const struct {
+        const char *expected;
+    } cases[] = {
+        { "missing message_id" },
+        { "body of 100 bytes exceeds max_body 64" },
+        { "unknown job type \"refund\"" },
+        { "header x-idempotency-key must be a string" },
+        { "x-resource-key is not valid UTF-8" },
+    };
+    h_publish_raw(r.b, r.queue, NULL, "test", NULL, 0, "{}", 2);
+    h_publish_raw(r.b, r.queue, "p-big", "test", NULL, 0, big, sizeof(big));
+    h_publish_raw(r.b, r.queue, "p-type", "refund", NULL, 0, "{}", 2);
+    h_publish_raw(r.b, r.queue, "p-int", "test", &int_key, 1, "{}", 2);
+    h_publish_raw(r.b, r.queue, "p-utf8", "test", &bad_utf8, 1, "{}", 2);
+    h_publish(r.b, r.queue, "test", "good-1", NULL, NULL, "ok");
+    H_WAIT(effects(&r, "good-1") == 1, 20000, "the good job after the poison should complete");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 5, 20000, "expected 5 dead letters, have %u",
+           h_queue_depth(r.b, r.dead));
+
+    for (size_t i = 0; i < SK_ARRAY_LEN(cases); i++) {
+        amqp_message_t msg;
+        ck_assert(h_get(r.b, r.dead, &msg));
+        char buf[600];
+        ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof(buf)), "malformed");
+        ck_assert_str_eq(h_header_text(&msg, "x-sekali-error", buf, sizeof(buf)),
+                         cases[i].expected);
+        amqp_destroy_message(&msg);
+    }
+    stop(&r);
+}
+END_TEST
+
+START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
+{
+    struct run r;
+    /* Two jobs for one resource, two workers: the second finds the lock
+     * held for longer than busy_wait and must come back later. */
+    start(&r, "busy", 2, FAST_RETRIES);
+    h_publish(r.b, r.queue, "test", "busy-1", "k-busy-1", "account-7", "sleep:1500");
+    h_publish(r.b, r.queue, "test", "busy-2", "k-busy-2", "account-7", "ok");
+    H_WAIT(effects(&r, "k-busy-1") == 1 && effects(&r, "k-busy-2") == 1, 30000,
+           "both jobs on the busy resource should complete once");
+    stop(&r);
+
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
+    ck_assert_msg(h_count_lines(log, "lock busy: re-scheduled") >= 1,
+                  "the second job should have been re-scheduled for the busy lock");
+    /* Not a failed attempt: it ran as attempt 1. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND idempotency_key = 'k-busy-2'", r.queue), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("outcomes");
+    TCase *tc = tcase_create("outcomes");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_retried_job_runs_again_and_commits_once);
+    tcase_add_test(tc, test_exhausted_retries_dead_letter_with_headers);
+    tcase_add_test(tc, test_failed_job_is_dead_lettered_and_recorded);
+    tcase_add_test(tc, test_poison_messages_are_dead_lettered_with_their_reason);
+    tcase_add_test(tc, test_busy_lock_reschedules_without_counting_an_attempt);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
