@@ -1,4 +1,5 @@
-/* backoff.h - exponential backoff with full jitter, for every retry loop.
+/* backoff.h - exponential backoff with full jitter, for every retry loop,
+ * and the clock and sleep that retry loops use.
  *
  * Full jitter (a uniform delay between 0 and the capped exponential) keeps a
  * fleet of workers that lost the same server from reconnecting in lockstep. */
@@ -19,6 +20,9 @@ void     sk_backoff_reset(struct sk_backoff *b);
 
 /* A uniform random value in [lo, hi]. */
 uint32_t sk_jitter(uint32_t lo, uint32_t hi);
+
+/* CLOCK_MONOTONIC in milliseconds: for deadlines, never for dates. */
+int64_t sk_now_ms(void);
 
 /* Sleeps ms milliseconds; returns early when a signal arrives. */
 void sk_sleep_ms(uint32_t ms);

@@ -45,11 +45,6 @@ static int refuse_unsupported(const struct sk_conf *conf, const char *path)
                     "version; use transactional\n", path, q->name);
             return SK_ERR;
         }
-        if (q->job_timeout_ms != 0) {
-            fprintf(stderr, "sekalid: %s: queue %s: job_timeout is not supported by this "
-                    "version; remove it or set 0s\n", path, q->name);
-            return SK_ERR;
-        }
     }
     return SK_OK;
 }

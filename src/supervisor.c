@@ -25,6 +25,7 @@
 
 #include "backoff.h"
 #include "log.h"
+#include "scoreboard.h"
 #include "supervisor.h"
 #include "worker.h"
 
@@ -49,15 +50,17 @@ struct supervisor {
     bool                     stopping;
     int64_t                  kill_at_ms;
     int                      exit_code;
+    struct sk_scoreboard    *scoreboard;   /* slot i belongs to slots[i] */
+    bool                     any_job_timeout;
 };
 
-static int64_t now_ms(void);
 static void spawn(struct supervisor *s, struct slot *slot);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct slot *slot, int status);
 static void begin_stop(struct supervisor *s, const char *why);
 static size_t running(const struct supervisor *s);
 static int next_timeout(const struct supervisor *s);
+static void kill_overdue_jobs(struct supervisor *s);
 
 int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugins)
 {
@@ -75,6 +78,15 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
             s.slots[i++] = (struct slot){
                 .queue = q, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
 
+    struct sk_err err = { 0 };
+    if (sk_scoreboard_create(&s.scoreboard, s.n_slots, &err) != SK_OK) {
+        sk_log_error("%s", err.msg);
+        free(s.slots);
+        return SK_EXIT_RUNTIME;
+    }
+    for (size_t q = 0; q < conf->n_queues; q++)
+        s.any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
+
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
@@ -85,6 +97,7 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
     s.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (s.signal_fd < 0) {
         sk_log_error("signalfd failed: %s", strerror(errno));
+        sk_scoreboard_destroy(s.scoreboard);
         free(s.slots);
         return SK_EXIT_RUNTIME;
     }
@@ -123,7 +136,7 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
         }
         reap(&s);
 
-        int64_t now = now_ms();
+        int64_t now = sk_now_ms();
         if (s.stopping) {
             if (now >= s.kill_at_ms && running(&s) > 0) {
                 sk_log_warn("shutdown_timeout passed, killing %zu workers", running(&s));
@@ -134,12 +147,14 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
             }
             continue;
         }
+        kill_overdue_jobs(&s);
         for (i = 0; i < s.n_slots; i++)
             if (s.slots[i].pid == 0 && now >= s.slots[i].restart_at_ms)
                 spawn(&s, &s.slots[i]);
     }
 
     close(s.signal_fd);
+    sk_scoreboard_destroy(s.scoreboard);
     free(s.slots);
     sk_log_info("supervisor exiting with status %d", s.exit_code);
     return s.exit_code;
@@ -152,7 +167,7 @@ static void spawn(struct supervisor *s, struct slot *slot)
     pid_t pid = fork();
     if (pid < 0) {
         sk_log_error("fork failed: %s", strerror(errno));
-        slot->restart_at_ms = now_ms() + sk_backoff_next(&slot->backoff);
+        slot->restart_at_ms = sk_now_ms() + sk_backoff_next(&slot->backoff);
         return;
     }
     if (pid == 0) {
@@ -168,10 +183,12 @@ static void spawn(struct supervisor *s, struct slot *slot)
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         sk_log_init(s->conf->log.level, s->conf->log.format, "worker");
-        exit(sk_worker_run(s->conf, queue, &s->plugins[slot->queue]));
+        struct sk_slot *shared = sk_scoreboard_slot(s->scoreboard, (size_t)(slot - s->slots));
+        atomic_store(&shared->job_started_ms, 0);
+        exit(sk_worker_run(s->conf, queue, &s->plugins[slot->queue], shared));
     }
     slot->pid = pid;
-    slot->started_ms = now_ms();
+    slot->started_ms = sk_now_ms();
     sk_log_debug("started worker %ld for queue %s", (long)pid, queue->name);
 }
 
@@ -195,7 +212,7 @@ static void reap(struct supervisor *s)
 static void on_exit_status(struct supervisor *s, struct slot *slot, int status)
 {
     const char *queue = s->conf->queues[slot->queue].name;
-    int64_t lived = now_ms() - slot->started_ms;
+    int64_t lived = sk_now_ms() - slot->started_ms;
 
     if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && s->stopping) {
         sk_log_debug("worker for queue %s stopped", queue);
@@ -227,7 +244,7 @@ static void on_exit_status(struct supervisor *s, struct slot *slot, int status)
                      "restarts are backing off up to %u ms", queue, slot->quick_deaths,
                      slot->backoff.cap_ms);
     }
-    slot->restart_at_ms = now_ms() + sk_backoff_next(&slot->backoff);
+    slot->restart_at_ms = sk_now_ms() + sk_backoff_next(&slot->backoff);
 }
 
 static void begin_stop(struct supervisor *s, const char *why)
@@ -235,7 +252,7 @@ static void begin_stop(struct supervisor *s, const char *why)
     if (s->stopping)
         return;
     s->stopping = true;
-    s->kill_at_ms = now_ms() + s->conf->shutdown_timeout_ms;
+    s->kill_at_ms = sk_now_ms() + s->conf->shutdown_timeout_ms;
     sk_log_info("stopping (%s): waiting up to %u ms for %zu workers to finish their jobs", why,
                 s->conf->shutdown_timeout_ms, running(s));
     for (size_t i = 0; i < s->n_slots; i++)
@@ -251,10 +268,34 @@ static size_t running(const struct supervisor *s)
     return n;
 }
 
-/* Sleep until the next restart or kill deadline, or a signal. */
+/* A job past its queue's job_timeout is killed with its worker: SIGKILL,
+ * because a handler stuck in a loop or a syscall would never see a gentler
+ * signal. Its transaction rolls back and the broker redelivers the job. */
+static void kill_overdue_jobs(struct supervisor *s)
+{
+    if (!s->any_job_timeout)
+        return;
+    int64_t now = sk_now_ms();
+    for (size_t i = 0; i < s->n_slots; i++) {
+        const struct sk_queue_conf *queue = &s->conf->queues[s->slots[i].queue];
+        struct sk_slot *shared = sk_scoreboard_slot(s->scoreboard, i);
+        int64_t started = atomic_load(&shared->job_started_ms);
+        if (s->slots[i].pid <= 0 || queue->job_timeout_ms == 0 || started == 0 ||
+            now - started <= (int64_t)queue->job_timeout_ms)
+            continue;
+        sk_log_warn("worker %ld of queue %s has run one job for %lld ms, over its job_timeout "
+                    "of %u ms: killing it", (long)s->slots[i].pid, queue->name,
+                    (long long)(now - started), queue->job_timeout_ms);
+        kill(s->slots[i].pid, SIGKILL);
+        atomic_store(&shared->job_started_ms, 0);
+    }
+}
+
+/* Sleep until the next restart or kill deadline, or a signal; with job
+ * timeouts, wake at least every 100 ms to check them. */
 static int next_timeout(const struct supervisor *s)
 {
-    int64_t now = now_ms();
+    int64_t now = sk_now_ms();
     int64_t next = INT64_MAX;
     if (s->stopping) {
         next = s->kill_at_ms;
@@ -263,16 +304,9 @@ static int next_timeout(const struct supervisor *s)
             if (s->slots[i].pid == 0 && s->slots[i].restart_at_ms < next)
                 next = s->slots[i].restart_at_ms;
     }
-    if (next == INT64_MAX)
-        return -1;
+    int64_t longest = s->any_job_timeout && !s->stopping ? 100 : 60000;
     if (next <= now)
         return 0;
-    return next - now > 60000 ? 60000 : (int)(next - now);
+    return next == INT64_MAX || next - now > longest ? (int)longest : (int)(next - now);
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}

@@ -28,6 +28,7 @@
 #include "lock.h"
 #include "log.h"
 #include "reschedule.h"
+#include "scoreboard.h"
 #include "store.h"
 #include "worker.h"
 
@@ -80,6 +81,7 @@ struct worker {
     struct sk_backoff            redis_backoff;
     struct sk_backoff            postgres_backoff;
     char                         owner[128];   /* host:pid, recorded with each claim */
+    struct sk_slot              *slot;         /* ours in the supervisor's scoreboard */
     struct sekali_ctx            ctx;          /* reused for every job */
 };
 
@@ -113,7 +115,6 @@ static void drop_broker(struct worker *w, const char *why);
 static void process(struct worker *w, const amqp_envelope_t *delivery);
 static int  take_lock(struct worker *w, struct job *j);
 static int  without_redis(struct worker *w, const char *why);
-static int64_t monotonic_ms(void);
 static void release_lock(struct worker *w, struct job *j);
 static void run_handler(struct worker *w, struct job *j);
 static void transition(struct job *j, enum job_state to);
@@ -127,7 +128,7 @@ static void drop_publisher(struct worker *w, const char *why);
 static void finish(struct worker *w, struct job *j, enum disposition d, const char *outcome);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
-                  const struct sk_plugin *plugin)
+                  const struct sk_plugin *plugin, struct sk_slot *slot)
 {
     struct worker *w = calloc(1, sizeof(*w));
     if (w == NULL) {
@@ -136,6 +137,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     }
     w->conf = conf;
     w->queue = queue;
+    w->slot = slot;
     w->handler = plugin->handler;
     w->broker_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
     w->postgres_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
@@ -164,7 +166,10 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
             drop_broker(w, err.msg);
             continue;
         }
+        /* The supervisor kills us if this outlives queue.job_timeout. */
+        atomic_store(&w->slot->job_started_ms, sk_now_ms());
         process(w, &delivery);
+        atomic_store(&w->slot->job_started_ms, 0);
         sk_broker_release(w->broker, &delivery);
     }
     sk_log_info("worker for queue %s stopping", queue->name);
@@ -366,18 +371,18 @@ static int take_lock(struct worker *w, struct job *j)
 
     /* While Redis is down, ask it again only when the backoff allows: an
      * unreachable host would otherwise cost a connect timeout per job. */
-    if (w->redis_down && monotonic_ms() < w->redis_retry_at_ms)
+    if (w->redis_down && sk_now_ms() < w->redis_retry_at_ms)
         return without_redis(w, NULL);
 
     struct sk_err err = { 0 };
-    int64_t give_up_at = monotonic_ms() + w->conf->lock.busy_wait_ms;
+    int64_t give_up_at = sk_now_ms() + w->conf->lock.busy_wait_ms;
     for (;;) {
         int rc = w->lock != NULL ? SK_OK : sk_lock_open(&w->lock, &w->conf->redis, &err);
         if (rc == SK_OK)
             rc = sk_lock_acquire(w->lock, j->lock_key, j->lock_token, w->queue->lock_ttl_ms,
                                  &err);
         if (rc == SK_AGAIN) {
-            w->redis_retry_at_ms = monotonic_ms() + sk_backoff_next(&w->redis_backoff);
+            w->redis_retry_at_ms = sk_now_ms() + sk_backoff_next(&w->redis_backoff);
             return without_redis(w, err.msg);
         }
         if (rc == SK_OK) {
@@ -391,7 +396,7 @@ static int take_lock(struct worker *w, struct job *j)
             transition(j, JOB_LOCKED);
             return SK_OK;
         }
-        if (monotonic_ms() >= give_up_at || stop_requested)
+        if (sk_now_ms() >= give_up_at || stop_requested)
             return SK_BUSY;
         sk_sleep_ms(sk_jitter(5, 50));
     }
@@ -409,13 +414,6 @@ static int without_redis(struct worker *w, const char *why)
                     why != NULL ? why : "");
     w->redis_down = true;
     return proceed ? SK_OK : SK_AGAIN;
-}
-
-static int64_t monotonic_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 static void release_lock(struct worker *w, struct job *j)

@@ -49,7 +49,7 @@ for kind in "${kinds[@]}"; do
         rc=$?
         printf '%s\n' "$out"
         # check prints "NN%: Checks: N, Failures: N, Errors: N" per suite.
-        summary=$(printf '%s\n' "$out" | grep -E '^[0-9]+%: Checks: ' | tail -n 1)
+        summary=$(printf '%s\n' "$out" | grep -oE '[0-9]+%: Checks: .*' | tail -n 1)
         if [ -z "$summary" ]; then
             echo "$name: no check summary (exit $rc)"; failed=$((failed + 1)); continue
         fi

@@ -136,6 +136,45 @@ START_TEST(test_worker_killed_after_commit_before_ack_is_a_counted_duplicate)
 }
 END_TEST
 
+START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "timeout");
+    char *dir = h_tmpdir("timeout");
+    char extra[1200];
+    snprintf(extra, sizeof(extra), "    job_timeout: 1s\n    lock_ttl: 2s\n    config:\n"
+             "      marker_dir: %s\n", dir);
+    char *config = h_write_config(dir, queue, EFFECT, 1, extra);
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+
+    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
+    H_WAIT(h_consumers(b, queue) == 1, 20000, "a worker should consume %s", queue);
+    h_publish(b, queue, "test", "slow-1", "order-slow", NULL, "stall");
+    H_WAIT(stalled_pid(dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = stalled_pid(dir);
+
+    /* Nobody but the supervisor kills it: the stall lasts two minutes. */
+    H_WAIT(process_gone(victim), 10000, "the supervisor should kill the overdue worker %ld",
+           (long)victim);
+    H_WAIT(effects_for(pg, queue, "order-slow") == 1, 30000,
+           "the job should run again after the kill and commit once");
+    h_stop_sekalid(sekalid, dir);
+
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    ck_assert_int_eq(h_count_lines(log, "over its job_timeout of 1000 ms: killing it"), 1);
+    ck_assert_int_eq(effects_for(pg, queue, "order-slow"), 1);
+    ck_assert_int_eq(h_queue_depth(b, queue), 0);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_production_binary_has_no_failpoints)
 {
     h_init();
@@ -154,6 +193,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_worker_killed_mid_handler_job_runs_again_once);
     tcase_add_test(tc, test_worker_killed_after_commit_before_ack_is_a_counted_duplicate);
+    tcase_add_test(tc, test_job_over_its_timeout_is_killed_and_runs_again_once);
     tcase_add_test(tc, test_production_binary_has_no_failpoints);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

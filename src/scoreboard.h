@@ -1,0 +1,28 @@
+/* scoreboard.h - what each worker tells the supervisor, in shared memory.
+ *
+ * The supervisor maps one slot per worker before forking; each worker writes
+ * only its own slot and the supervisor only reads. Plain atomics, no locks:
+ * a worker killed mid-write cannot leave a lock held. Times are
+ * CLOCK_MONOTONIC milliseconds, which all processes of one host share. */
+#ifndef SK_SCOREBOARD_H
+#define SK_SCOREBOARD_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+struct sk_slot {
+    _Atomic int64_t job_started_ms;  /* 0 while idle */
+};
+
+struct sk_scoreboard;
+
+/* Maps n zeroed slots shared with children forked later. */
+int  sk_scoreboard_create(struct sk_scoreboard **out, size_t n, struct sk_err *err);
+void sk_scoreboard_destroy(struct sk_scoreboard *sb);
+
+struct sk_slot *sk_scoreboard_slot(struct sk_scoreboard *sb, size_t i);
+
+#endif

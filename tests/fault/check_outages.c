@@ -1,0 +1,177 @@
+/* check_outages.c - each server going away in the middle of a run.
+ *
+ * Every test first proves the outage really happened (the server's process
+ * was stopped or restarted by tests/servers.sh, and the workers logged it),
+ * then that every key's effect exists exactly once and nothing is left in
+ * the queue. The servers are shared with the other suites, so each test
+ * starts by making sure all three run, and restores the one it stopped. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define EFFECT "tests/plugins/effect.so"
+#define JOBS   300
+
+static void servers(const char *command)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
+    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
+}
+
+struct run {
+    char              queue[128];
+    char             *dir;
+    char              log[1024];
+    PGconn           *pg;
+    struct sk_broker *b;
+    pid_t             sekalid;
+};
+
+static void start(struct run *r, const char *name, const char *extra)
+{
+    h_init();
+    servers("start");
+    h_unique_name(r->queue, sizeof(r->queue), name);
+    r->dir = h_tmpdir(name);
+    snprintf(r->log, sizeof(r->log), "%s/sekalid.log", r->dir);
+    char *config = h_write_config(r->dir, r->queue, EFFECT, 4, extra);
+    r->pg = h_pg();
+    r->b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL), SK_OK);
+    r->sekalid = h_start_sekalid("sekalid", config, r->dir, NULL);
+    free(config);
+    H_WAIT(h_consumers(r->b, r->queue) == 4, 20000, "4 workers should consume %s", r->queue);
+}
+
+static void publish_jobs(struct run *r, const char *body)
+{
+    for (int i = 0; i < JOBS; i++) {
+        char id[64];
+        snprintf(id, sizeof(id), "job-%d", i);
+        h_publish(r->b, r->queue, "test", id, NULL, NULL, body);
+    }
+}
+
+static long long completed(struct run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND status = 'completed'", r->queue);
+}
+
+/* Exactly once: JOBS keys completed, JOBS effects, none doubled, queue empty. */
+static void expect_exactly_once(struct run *r)
+{
+    H_WAIT(completed(r) == JOBS, 90000, "expected %d completed keys, have %lld", JOBS,
+           completed(r));
+    h_stop_sekalid(r->sekalid, r->dir);
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                       "'%s'", r->queue), JOBS);
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM (SELECT idempotency_key FROM "
+                                       "sekali_test.effects WHERE queue = '%s' GROUP BY 1 "
+                                       "HAVING count(*) > 1) AS doubled", r->queue), 0);
+    ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
+    sk_broker_close(r->b);
+    PQfinish(r->pg);
+    free(r->dir);
+}
+
+START_TEST(test_redis_stopped_mid_run_with_proceed_policy)
+{
+    struct run r;
+    start(&r, "redis-proceed", "    on_redis_down: proceed\n");
+    publish_jobs(&r, "sleep:5");
+    H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the outage");
+    servers("stop-redis");
+    H_WAIT(h_count_lines(r.log, "redis unavailable, going on without locks") >= 1, 30000,
+           "the workers should notice that Redis is gone");
+    long long during = completed(&r);
+    H_WAIT(completed(&r) > during, 30000, "jobs should go on completing without Redis");
+    servers("start-redis");
+    expect_exactly_once(&r);
+}
+END_TEST
+
+START_TEST(test_redis_stopped_mid_run_with_wait_policy)
+{
+    struct run r;
+    start(&r, "redis-wait", "    on_redis_down: wait\n");
+    servers("stop-redis");
+    publish_jobs(&r, "ok");
+    H_WAIT(h_count_lines(r.log, "redis down: re-scheduled") >= 4, 30000,
+           "the workers should hold jobs back while Redis is gone");
+    /* Redis is provably down here, and no job may run without its lock. */
+    ck_assert_int_eq(completed(&r), 0);
+    ck_assert_int_ge(h_count_lines(r.log, "holding jobs back"), 1);
+    servers("start-redis");
+    expect_exactly_once(&r);
+}
+END_TEST
+
+START_TEST(test_postgres_restarted_mid_run)
+{
+    struct run r;
+    start(&r, "pg-restart", NULL);
+    publish_jobs(&r, "sleep:5");
+    H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
+    PQfinish(r.pg);
+    servers("restart-postgres");
+    r.pg = h_pg();
+    H_WAIT(h_count_lines(r.log, "PostgreSQL") >= 1, 30000,
+           "the workers should notice that PostgreSQL went away");
+    expect_exactly_once(&r);
+}
+END_TEST
+
+START_TEST(test_rabbitmq_connections_closed_mid_run)
+{
+    struct run r;
+    start(&r, "amqp-close", NULL);
+    publish_jobs(&r, "sleep:5");
+    H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the connections close");
+    sk_broker_close(r.b);
+    ck_assert_int_eq(system("\"$SEKALI_RABBITMQCTL\" close_all_connections test "
+                            ">/dev/null 2>&1"), 0);
+    r.b = h_broker();
+    H_WAIT(h_count_lines(r.log, "lost the broker connection") >= 4, 30000,
+           "every worker should lose its connection");
+    H_WAIT(h_consumers(r.b, r.queue) == 4, 30000, "the workers should consume again");
+    expect_exactly_once(&r);
+}
+END_TEST
+
+START_TEST(test_rabbitmq_restarted_mid_run)
+{
+    struct run r;
+    start(&r, "amqp-restart", NULL);
+    publish_jobs(&r, "sleep:5");
+    H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
+    sk_broker_close(r.b);
+    servers("restart-rabbitmq");
+    r.b = h_broker();
+    H_WAIT(h_count_lines(r.log, "lost the broker connection") >= 4, 30000,
+           "every worker should lose its connection");
+    H_WAIT(h_consumers(r.b, r.queue) == 4, 60000, "the workers should consume again");
+    expect_exactly_once(&r);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("outages");
+    TCase *tc = tcase_create("outages");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_redis_stopped_mid_run_with_proceed_policy);
+    tcase_add_test(tc, test_redis_stopped_mid_run_with_wait_policy);
+    tcase_add_test(tc, test_postgres_restarted_mid_run);
+    tcase_add_test(tc, test_rabbitmq_connections_closed_mid_run);
+    tcase_add_test(tc, test_rabbitmq_restarted_mid_run);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
