@@ -90,7 +90,8 @@ void sk_broker_close(struct sk_broker *b)
     free(b);
 }
 
-int sk_broker_declare(struct sk_broker *b, const char *name, struct sk_err *err)
+int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
+                      struct sk_err *err)
 {
     char dead[512];
     int n = snprintf(dead, sizeof(dead), "%s.dead", name);
@@ -104,10 +105,23 @@ int sk_broker_declare(struct sk_broker *b, const char *name, struct sk_err *err)
 
     /* A rejected message goes to name.dead through the default exchange; the
      * broker moves it, so a dead letter cannot be lost between two queues. */
-    amqp_table_entry_t args[2] = { text_entry("x-dead-letter-exchange", ""),
+    amqp_table_entry_t args[6] = { text_entry("x-dead-letter-exchange", ""),
                                    text_entry("x-dead-letter-routing-key", dead) };
-    amqp_table_t table = { .num_entries = 2, .entries = args };
-
+    int n_args = 2;
+    if (shape != NULL && shape->quorum) {
+        args[n_args++] = text_entry("x-queue-type", "quorum");
+        /* Quorum queues drop dead letters unless told otherwise; at-least-once
+         * dead-lettering requires reject-publish overflow. */
+        args[n_args++] = text_entry("x-dead-letter-strategy", "at-least-once");
+        args[n_args++] = text_entry("x-overflow", "reject-publish");
+        if (shape->delivery_limit > 0) {
+            args[n_args].key = amqp_cstring_bytes("x-delivery-limit");
+            args[n_args].value.kind = AMQP_FIELD_KIND_I64;
+            args[n_args].value.value.i64 = shape->delivery_limit;
+            n_args++;
+        }
+    }
+    amqp_table_t table = { .num_entries = n_args, .entries = args };
     amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
     return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare", err);
 }

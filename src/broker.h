@@ -41,9 +41,18 @@ struct sk_message {
 int  sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err);
 void sk_broker_close(struct sk_broker *b);
 
-/* Declares the durable work queue `name`, whose rejected messages the broker
- * dead-letters to the durable queue `name.dead`. */
-int sk_broker_declare(struct sk_broker *b, const char *name, struct sk_err *err);
+/* How a work queue is declared; it must be the same for every declarer, or
+ * the broker refuses the second declaration. */
+struct sk_queue_shape {
+    bool     quorum;          /* a replicated quorum queue instead of a classic one */
+    uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none */
+};
+
+/* Declares the durable work queue `name` with shape (NULL: classic), whose
+ * rejected messages the broker dead-letters to the durable queue
+ * `name.dead`. */
+int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
+                      struct sk_err *err);
 
 /* Message count of a queue (ready messages only), without creating it. */
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,

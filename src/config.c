@@ -125,6 +125,7 @@ static const char *const modes[]   = { "transactional", "external", NULL };
 static const char *const levels[]  = { "debug", "info", "warn", "error", NULL };
 static const char *const formats[] = { "auto", "json", "text", NULL };
 static const char *const redis_down[] = { "proceed", "wait", NULL };
+static const char *const queue_types[] = { "classic", "quorum", NULL };
 
 static const struct key amqp_keys[] = {
     CUSTOM("url", amqp_url, true),
@@ -184,6 +185,8 @@ static const struct key queue_keys[] = {
     DURATION("job_timeout", sk_queue_conf, job_timeout_ms, 0, DAY),
     SUBSECTION("retry",     sk_queue_conf, retry, retry_keys),
     ENUM("on_redis_down",   sk_queue_conf, on_redis_down, redis_down),
+    ENUM("queue_type",      sk_queue_conf, queue_type, queue_types),
+    INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
     CUSTOM("config", queue_config, false),
     END
 };
@@ -223,6 +226,7 @@ _Static_assert(sizeof(enum sk_queue_mode) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_log_level) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_log_format) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_redis_down) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum sk_queue_type) == sizeof(int), "enum size");
 
 int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
 {

@@ -24,6 +24,8 @@ enum sk_redis_down {
     SK_REDIS_DOWN_WAIT,         /* hand jobs back until Redis answers again */
 };
 
+enum sk_queue_type { SK_QUEUE_CLASSIC = 0, SK_QUEUE_QUORUM };
+
 enum sk_log_level { SK_LOG_DEBUG = 0, SK_LOG_INFO, SK_LOG_WARN, SK_LOG_ERROR };
 enum sk_log_format { SK_LOG_FORMAT_AUTO = 0, SK_LOG_FORMAT_JSON, SK_LOG_FORMAT_TEXT };
 
@@ -86,6 +88,8 @@ struct sk_queue_conf {
     uint32_t           job_timeout_ms; /* 0: no limit */
     struct sk_retry_conf retry;
     enum sk_redis_down on_redis_down;
+    enum sk_queue_type queue_type;
+    int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
 };
 
 struct sk_conf {

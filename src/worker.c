@@ -82,6 +82,7 @@ struct worker {
     struct sk_backoff            postgres_backoff;
     char                         owner[128];   /* host:pid, recorded with each claim */
     struct sk_slot              *slot;         /* ours in the supervisor's scoreboard */
+    struct sk_queue_shape        shape;
     struct sekali_ctx            ctx;          /* reused for every job */
 };
 
@@ -138,6 +139,8 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     w->conf = conf;
     w->queue = queue;
     w->slot = slot;
+    w->shape = (struct sk_queue_shape){ .quorum = queue->queue_type == SK_QUEUE_QUORUM,
+                                        .delivery_limit = (uint32_t)queue->delivery_limit };
     w->handler = plugin->handler;
     w->broker_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
     w->postgres_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
@@ -268,7 +271,7 @@ static bool ensure_broker(struct worker *w)
     struct sk_err err = { 0 };
     int rc = sk_broker_open(&w->broker, &w->conf->amqp, &err);
     if (rc == SK_OK)
-        rc = sk_broker_declare(w->broker, w->queue->name, &err);
+        rc = sk_broker_declare(w->broker, w->queue->name, &w->shape, &err);
     if (rc == SK_OK)
         rc = sk_broker_consume(w->broker, w->queue->name, (uint16_t)w->queue->prefetch, &err);
     if (rc == SK_OK) {

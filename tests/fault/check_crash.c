@@ -61,7 +61,7 @@ START_TEST(test_worker_killed_mid_handler_job_runs_again_once)
     char *config = h_write_config(dir, queue, EFFECT, 2, extra);
     PGconn *pg = h_pg();
     struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
 
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
@@ -100,7 +100,7 @@ START_TEST(test_worker_killed_after_commit_before_ack_is_a_counted_duplicate)
     char *config = h_write_config(dir, queue, EFFECT, 2, "    lock_ttl: 2s\n");
     PGconn *pg = h_pg();
     struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
 
     char mark[1024], armed[128], mark_env[1100];
     snprintf(mark, sizeof(mark), "%s/failpoint.mark", dir);
@@ -148,7 +148,7 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
     char *config = h_write_config(dir, queue, EFFECT, 1, extra);
     PGconn *pg = h_pg();
     struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
 
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     H_WAIT(h_consumers(b, queue) == 1, 20000, "a worker should consume %s", queue);
@@ -175,6 +175,57 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
 }
 END_TEST
 
+START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
+{
+    h_init();
+    char queue[128], dead[160];
+    h_unique_name(queue, sizeof(queue), "quorum");
+    snprintf(dead, sizeof(dead), "%s.dead", queue);
+    char *dir = h_tmpdir("quorum");
+    /* No lock: the dead worker's lease would send the redelivery through a
+     * delay queue first, and that hop would become the first death reason. */
+    char *config = h_write_config(dir, queue, EFFECT, 1,
+                                  "    queue_type: quorum\n    delivery_limit: 2\n"
+                                  "    lock: false\n");
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    struct sk_queue_shape shape = { .quorum = true, .delivery_limit = 2 };
+    ck_assert_int_eq(sk_broker_declare(b, queue, &shape, NULL), SK_OK);
+
+    char mark[1024], mark_env[1100];
+    snprintf(mark, sizeof(mark), "%s/failpoint.mark", dir);
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", mark);
+    const char *env[] = { "SEKALI_FAILPOINT=after_claim:order-poison", mark_env, NULL };
+    pid_t sekalid = h_start_sekalid("fault/sekalid", config, dir, env);
+    H_WAIT(h_consumers(b, queue) == 1, 20000, "a worker should consume %s", queue);
+
+    h_publish(b, queue, "test", "poison-1", "order-poison", NULL, "ok");
+    H_WAIT(h_queue_depth(b, dead) == 1, 60000,
+           "past its delivery limit the job should be in %s, which has %u", dead,
+           h_queue_depth(b, dead));
+    ck_assert_int_ge(h_count_lines(mark, "after_claim"), 2);
+
+    h_publish(b, queue, "test", "fine-1", "order-fine", NULL, "ok");
+    H_WAIT(effects_for(pg, queue, "order-fine") == 1, 30000, "a healthy job should still run");
+    ck_assert_int_eq(h_pg_count(pg, "SELECT attempt FROM sekali_test.effects WHERE queue = '%s' "
+                                    "AND idempotency_key = 'order-fine'", queue), 1);
+    h_stop_sekalid(sekalid, dir);
+
+    ck_assert_int_eq(effects_for(pg, queue, "order-poison"), 0);
+    ck_assert_int_eq(h_queue_depth(b, queue), 0);
+    amqp_message_t msg;
+    ck_assert(h_get(b, dead, &msg));
+    char reason[64];
+    ck_assert_str_eq(h_header_text(&msg, "x-first-death-reason", reason, sizeof(reason)),
+                     "delivery_limit");
+    amqp_destroy_message(&msg);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_production_binary_has_no_failpoints)
 {
     h_init();
@@ -194,6 +245,7 @@ int main(void)
     tcase_add_test(tc, test_worker_killed_mid_handler_job_runs_again_once);
     tcase_add_test(tc, test_worker_killed_after_commit_before_ack_is_a_counted_duplicate);
     tcase_add_test(tc, test_job_over_its_timeout_is_killed_and_runs_again_once);
+    tcase_add_test(tc, test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker);
     tcase_add_test(tc, test_production_binary_has_no_failpoints);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -40,7 +40,7 @@ static void start(struct run *r, const char *name, const char *extra)
     char *config = h_write_config(r->dir, r->queue, EFFECT, 4, extra);
     r->pg = h_pg();
     r->b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
     r->sekalid = h_start_sekalid("sekalid", config, r->dir, NULL);
     free(config);
     H_WAIT(h_consumers(r->b, r->queue) == 4, 20000, "4 workers should consume %s", r->queue);

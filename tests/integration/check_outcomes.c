@@ -31,7 +31,7 @@ static void start(struct run *r, const char *name, int workers, const char *extr
     r->config = h_write_config(r->dir, r->queue, EFFECT, workers, extra);
     r->pg = h_pg();
     r->b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
     r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, NULL);
     H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
            "%d workers should consume %s", workers, r->queue);

@@ -45,7 +45,7 @@ START_TEST(test_thousand_unique_jobs_have_one_effect_each)
     char *config = h_write_config(dir, queue, EFFECT, 4, NULL);
     PGconn *pg = h_pg();
     struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
 
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     wait_consumers(b, queue, 4);
@@ -104,7 +104,7 @@ START_TEST(test_concurrent_duplicates_run_once_and_are_counted)
     char *config = h_write_config(dir, queue, EFFECT, 4, NULL);
     PGconn *pg = h_pg();
     struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
 
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     wait_consumers(b, queue, 4);
@@ -144,7 +144,7 @@ START_TEST(test_malformed_message_is_dead_lettered_not_dropped)
     char *config = h_write_config(dir, queue, EFFECT, 1, NULL);
     PGconn *pg = h_pg();
     struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
 
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     wait_consumers(b, queue, 1);
