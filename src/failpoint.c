@@ -39,6 +39,21 @@ void sk_failpoint(const char *name, const char *key)
     raise(SIGKILL);
 }
 
+bool sk_fault_active(const char *name)
+{
+    size_t len = strlen(name);
+    const char *p = getenv("SEKALI_FAULTS");
+    while (p != NULL && *p != '\0') {
+        size_t n = strcspn(p, ",");
+        if (n == len && strncmp(p, name, len) == 0)
+            return true;
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return false;
+}
+
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sk_failpoint_unused;

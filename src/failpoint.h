@@ -12,10 +12,16 @@
 #ifndef SK_FAILPOINT_H
 #define SK_FAILPOINT_H
 
+#include <stdbool.h>
+
 #ifdef SK_FAULTS
 void sk_failpoint(const char *name, const char *key);
+/* True when SEKALI_FAULTS (a comma-separated list) names this fault, e.g.
+ * "no_renew": the lock heartbeat stops renewing, so leases really expire. */
+bool sk_fault_active(const char *name);
 #else
 #define sk_failpoint(name, key) ((void)(name), (void)(key))
+#define sk_fault_active(name)   ((void)(name), false)
 #endif
 
 #endif

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "envelope.h"
+#include "failpoint.h"
 #include "heartbeat.h"
 #include "lock.h"
 #include "log.h"
@@ -135,6 +136,10 @@ static void *run(void *arg)
 
         struct sk_err err = { 0 };
         int rc = lock != NULL ? SK_OK : sk_lock_open(&lock, hb->conf, &err);
+        if (sk_fault_active("no_renew")) {
+            pthread_mutex_lock(&hb->mutex);
+            continue;
+        }
         if (rc == SK_OK)
             rc = sk_lock_renew(lock, key, token, hb->ttl_ms, &err);
         if (rc == SK_AGAIN && !redis_down)

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "harness.h"
 
 #define EFFECT "tests/plugins/effect.so"
@@ -226,6 +228,65 @@ START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
 }
 END_TEST
 
+/* Two copies of one key on two workers, with a lease far shorter than the
+ * job and renewal switched off: the first worker's lock really expires
+ * while its handler runs, the second takes the lock (Redis shows a second
+ * owner token), and PostgreSQL alone still makes the effect happen once. */
+START_TEST(test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "expiry");
+    char *dir = h_tmpdir("expiry");
+    char *config = h_write_config(dir, queue, EFFECT, 2, "    lock_ttl: 300ms\n");
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+
+    const char *env[] = { "SEKALI_FAULTS=no_renew", NULL };
+    pid_t sekalid = h_start_sekalid("fault/sekalid", config, dir, env);
+    H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
+    h_publish(b, queue, "test", "expiry-1", "order-expiry", NULL, "sleep:3000");
+    h_publish(b, queue, "test", "expiry-2", "order-expiry", NULL, "sleep:3000");
+
+    char lock_key[256], first[64] = "", second[64] = "";
+    snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:order-expiry", queue);
+    int64_t deadline = h_now_ms() + h_ms(20000);
+    while (second[0] == '\0' && h_now_ms() < deadline) {
+        redisReply *reply = redisCommand(redis, "GET %s", lock_key);
+        if (reply != NULL && reply->type == REDIS_REPLY_STRING) {
+            if (first[0] == '\0')
+                snprintf(first, sizeof(first), "%s", reply->str);
+            else if (strcmp(first, reply->str) != 0)
+                snprintf(second, sizeof(second), "%s", reply->str);
+        }
+        freeReplyObject(reply);
+        h_nap();
+    }
+    ck_assert_msg(first[0] != '\0' && second[0] != '\0',
+                  "Redis should show two owners of %s in turn (saw \"%s\" and \"%s\")",
+                  lock_key, first, second);
+    /* The second owner took over while the first handler still ran. */
+    ck_assert_int_eq(effects_for(pg, queue, "order-expiry"), 0);
+
+    H_WAIT(key_count(pg, queue, "order-expiry", "duplicates") == 1, 30000,
+           "the second copy should end as a counted duplicate");
+    h_stop_sekalid(sekalid, dir);
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    ck_assert_int_ge(h_count_lines(log, "lock had expired before release"), 1);
+    ck_assert_int_eq(effects_for(pg, queue, "order-expiry"), 1);
+    ck_assert_int_eq(h_queue_depth(b, queue), 0);
+    redisFree(redis);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_production_binary_has_no_failpoints)
 {
     h_init();
@@ -246,6 +307,7 @@ int main(void)
     tcase_add_test(tc, test_worker_killed_after_commit_before_ack_is_a_counted_duplicate);
     tcase_add_test(tc, test_job_over_its_timeout_is_killed_and_runs_again_once);
     tcase_add_test(tc, test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker);
+    tcase_add_test(tc, test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once);
     tcase_add_test(tc, test_production_binary_has_no_failpoints);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
