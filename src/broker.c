@@ -22,11 +22,13 @@ struct sk_broker {
     amqp_connection_state_t conn;
     bool                    confirming;
     uint64_t                next_publish_tag;
+    uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
 };
 
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static struct timeval to_timeval(uint32_t ms);
 static int wait_confirm(struct sk_broker *b, uint64_t tag, struct sk_err *err);
+static int flush_acks(struct sk_broker *b, struct sk_err *err);
 static amqp_table_entry_t text_entry(const char *key, const char *value);
 
 int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
@@ -81,6 +83,7 @@ void sk_broker_close(struct sk_broker *b)
     if (b == NULL)
         return;
     if (b->conn != NULL) {
+        flush_acks(b, NULL);
         /* Closing politely makes the broker requeue our unacked deliveries at
          * once; if the connection is already broken these fail harmlessly. */
         amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
@@ -154,6 +157,12 @@ int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
 int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
                    struct sk_err *err)
 {
+    /* Acks go out only when no delivery is waiting in our buffers: one
+     * multiple-ack then settles a whole prefetch window, which halves the
+     * broker's work per job. */
+    if (b->ack_pending != 0 && !amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn) &&
+        flush_acks(b, err) != SK_OK)
+        return SK_ERR;
     amqp_maybe_release_buffers(b->conn);
     struct timeval timeout = to_timeval((uint32_t)timeout_ms);
     amqp_rpc_reply_t reply = amqp_consume_message(b->conn, env, &timeout, 0);
@@ -199,7 +208,21 @@ void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
 
 int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
 {
-    int status = amqp_basic_ack(b->conn, CHANNEL, delivery_tag, 0);
+    (void)err;
+    sk_assert(delivery_tag > b->ack_pending);
+    b->ack_pending = delivery_tag;
+    return SK_OK;
+}
+
+/* Deliveries are settled strictly in order, so acking up to the highest
+ * pending tag with `multiple` settles exactly the ones acked since the last
+ * flush: every lower tag was already acked, rejected or flushed. */
+static int flush_acks(struct sk_broker *b, struct sk_err *err)
+{
+    if (b->ack_pending == 0)
+        return SK_OK;
+    int status = amqp_basic_ack(b->conn, CHANNEL, b->ack_pending, 1);
+    b->ack_pending = 0;
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
     return SK_OK;

@@ -69,6 +69,12 @@ int  sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
                     struct sk_err *err);
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env);
 
+/* Acks delivery_tag (and every earlier delivery this consumer settled).
+ * The ack is sent lazily, by sk_broker_next() once no delivery is waiting
+ * in our buffers, or by sk_broker_close(): if the connection dies first, the
+ * broker redelivers those messages, which the caller must treat as
+ * duplicates (it does: their keys are completed). Tags must be acked in
+ * delivery order. */
 int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err);
 
 /* requeue: hand the message back to the queue; otherwise the broker

@@ -460,7 +460,8 @@ static void run_handler(struct worker *w, struct job *j)
     struct sk_err err = { 0 };
     if (status == SEKALI_OK) {
         int rc = sk_store_complete(w->store, w->queue->name, j->env.idempotency_key,
-                                   j->claim.fence, ctx->result, ctx->result_len, &err);
+                                   j->claim.fence, ctx->result_len > 0 ? ctx->result : NULL,
+                                   ctx->result_len, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
             finish(w, j, ACK, "completed");
@@ -582,8 +583,9 @@ static void transition(struct job *j, enum job_state to)
 
 /* The only exit of a delivered job: ack it (effect durable, duplicate, or a
  * confirmed copy made), requeue it, or let the broker dead-letter it; then
- * drop the lock. The lock is released after the ack so that no other worker
- * can start on this resource while our outcome is still in flight. */
+ * drop the lock. The ack may leave later (see sk_broker_ack()): by then the
+ * outcome is already durable, so releasing the lock first is safe, and a
+ * redelivery of an unsent ack finds a completed key. */
 static void finish(struct worker *w, struct job *j, enum disposition d, const char *outcome)
 {
     struct sk_err err = { 0 };
