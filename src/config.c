@@ -187,6 +187,7 @@ static const struct key queue_keys[] = {
     ENUM("on_redis_down",   sk_queue_conf, on_redis_down, redis_down),
     ENUM("queue_type",      sk_queue_conf, queue_type, queue_types),
     INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
+    DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
     CUSTOM("config", queue_config, false),
     END
 };
@@ -217,6 +218,7 @@ static const struct sk_queue_conf queue_defaults = {
     .workers = 1, .prefetch = 1, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
     .retry = { .max_attempts = 5, .initial_ms = SEC, .max_ms = 5 * 60 * SEC },
     .on_redis_down = SK_REDIS_DOWN_PROCEED,
+    .lease_ms = 30 * SEC,
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */

@@ -89,6 +89,7 @@ struct sk_queue_conf {
     struct sk_retry_conf retry;
     enum sk_redis_down on_redis_down;
     enum sk_queue_type queue_type;
+    uint32_t           lease_ms;       /* external mode: the key's lease, renewed every lease/3 */
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
 };
 

@@ -1,11 +1,11 @@
-/* heartbeat.c - renews the running job's lock from a second thread.
+/* heartbeat.c - renews the running job's lock and lease from a second thread.
  *
- * The main thread only swaps the watched (key, token) under a mutex; it never
- * waits for Redis on the thread's behalf. The thread wakes on a fixed tick of
- * ttl/3 instead of being signalled per job: a lease taken just after a tick is
- * first renewed at most 2*ttl/3 later, still inside its ttl, and the hot path
- * pays for no wake-up. A generation number keeps a renewal that raced with
- * unwatch() from flagging the next job's lock as lost. */
+ * The main thread only swaps what is watched under a mutex; it never waits
+ * for a server on the thread's behalf. The thread wakes on a fixed tick
+ * (ttl/3) instead of being signalled per job: a lease taken just after a
+ * tick is first renewed at most 2*ttl/3 later, still inside its ttl, and the
+ * hot path pays for no wake-up. A generation number keeps a renewal that
+ * raced with unwatch() from flagging the next job's ownership as lost. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -15,37 +15,58 @@
 #include <string.h>
 #include <time.h>
 
+#include <libpq-fe.h>
+
 #include "envelope.h"
 #include "failpoint.h"
 #include "heartbeat.h"
+#include "lease.h"
 #include "lock.h"
 #include "log.h"
+#include "store.h"
+
+/* What one job owns; copied out of the mutex for each renewal. */
+struct watched {
+    bool     lock;
+    char     lock_key[SK_KEY_MAX + 300];
+    char     token[SK_LOCK_TOKEN_LEN + 1];
+    uint32_t ttl_ms;
+    bool     lease;
+    char     queue[256];
+    char     key[SK_KEY_MAX + 1];
+    int64_t  fence;
+    uint32_t lease_ms;
+};
 
 struct sk_heartbeat {
-    const struct sk_redis_conf *conf;
-    uint32_t                    ttl_ms;
-    pthread_t                   thread;
-    pthread_mutex_t             mutex;
-    pthread_cond_t              cond;
-    bool                        stopping;
-    bool                        watching;
-    uint64_t                    generation;
-    char                        key[SK_KEY_MAX + 64];
-    char                        token[SK_LOCK_TOKEN_LEN + 1];
-    atomic_bool                 lost;
+    const struct sk_conf *conf;
+    uint32_t              tick_ms;
+    pthread_t             thread;
+    pthread_mutex_t       mutex;
+    pthread_cond_t        cond;
+    bool                  stopping;
+    uint64_t              generation;
+    struct watched        watched;
+    atomic_bool           lost;
+    /* Owned by the thread alone. */
+    struct sk_lock       *redis;
+    PGconn               *pg;
+    bool                  redis_down, pg_down;
 };
 
 static void *run(void *arg);
+static int renew_lock(struct sk_heartbeat *hb, const struct watched *w);
+static int renew_lease(struct sk_heartbeat *hb, const struct watched *w);
 static struct timespec deadline_after(uint32_t ms);
 
-int sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_redis_conf *conf,
-                       uint32_t ttl_ms, struct sk_err *err)
+int sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_conf *conf,
+                       uint32_t tick_ms, struct sk_err *err)
 {
     struct sk_heartbeat *hb = calloc(1, sizeof(*hb));
     if (hb == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(heartbeat)");
     hb->conf = conf;
-    hb->ttl_ms = ttl_ms;
+    hb->tick_ms = tick_ms > 0 ? tick_ms : 1;
     atomic_init(&hb->lost, false);
     pthread_mutex_init(&hb->mutex, NULL);
     pthread_condattr_t attr;
@@ -55,7 +76,7 @@ int sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_redis_conf *co
     pthread_condattr_destroy(&attr);
 
     /* Signals belong to the main thread's loop; this thread must never run a
-     * handler in the middle of a Redis call. */
+     * handler in the middle of a server call. */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
@@ -81,26 +102,46 @@ void sk_heartbeat_stop(struct sk_heartbeat *hb)
     pthread_cond_signal(&hb->cond);
     pthread_mutex_unlock(&hb->mutex);
     pthread_join(hb->thread, NULL);
+    sk_lock_close(hb->redis);
+    PQfinish(hb->pg);
     pthread_cond_destroy(&hb->cond);
     pthread_mutex_destroy(&hb->mutex);
     free(hb);
 }
 
-void sk_heartbeat_watch(struct sk_heartbeat *hb, const char *key, const char *token)
+void sk_heartbeat_watch_lock(struct sk_heartbeat *hb, const char *key, const char *token,
+                             uint32_t ttl_ms)
 {
     pthread_mutex_lock(&hb->mutex);
-    snprintf(hb->key, sizeof(hb->key), "%s", key);
-    memcpy(hb->token, token, sizeof(hb->token));
-    hb->watching = true;
+    snprintf(hb->watched.lock_key, sizeof(hb->watched.lock_key), "%s", key);
+    memcpy(hb->watched.token, token, sizeof(hb->watched.token));
+    hb->watched.ttl_ms = ttl_ms;
+    hb->watched.lock = true;
     hb->generation++;
     atomic_store(&hb->lost, false);
+    pthread_mutex_unlock(&hb->mutex);
+}
+
+void sk_heartbeat_watch_lease(struct sk_heartbeat *hb, const char *queue, const char *key,
+                              int64_t fence, uint32_t lease_ms)
+{
+    pthread_mutex_lock(&hb->mutex);
+    snprintf(hb->watched.queue, sizeof(hb->watched.queue), "%s", queue);
+    snprintf(hb->watched.key, sizeof(hb->watched.key), "%s", key);
+    hb->watched.fence = fence;
+    hb->watched.lease_ms = lease_ms;
+    hb->watched.lease = true;
+    hb->generation++;
+    if (!hb->watched.lock)
+        atomic_store(&hb->lost, false);
     pthread_mutex_unlock(&hb->mutex);
 }
 
 void sk_heartbeat_unwatch(struct sk_heartbeat *hb)
 {
     pthread_mutex_lock(&hb->mutex);
-    hb->watching = false;
+    hb->watched.lock = false;
+    hb->watched.lease = false;
     hb->generation++;
     pthread_mutex_unlock(&hb->mutex);
 }
@@ -113,48 +154,65 @@ const atomic_bool *sk_heartbeat_lost(struct sk_heartbeat *hb)
 static void *run(void *arg)
 {
     struct sk_heartbeat *hb = arg;
-    struct sk_lock *lock = NULL;
-    uint32_t tick_ms = hb->ttl_ms / 3 > 0 ? hb->ttl_ms / 3 : 1;
-    bool redis_down = false;
 
     pthread_mutex_lock(&hb->mutex);
     for (;;) {
-        struct timespec deadline = deadline_after(tick_ms);
+        struct timespec deadline = deadline_after(hb->tick_ms);
         while (!hb->stopping &&
                pthread_cond_timedwait(&hb->cond, &hb->mutex, &deadline) == 0)
             ;
         if (hb->stopping)
             break;
-        if (!hb->watching)
+        if (!hb->watched.lock && !hb->watched.lease)
+            continue;
+        if (sk_fault_active("no_renew"))
             continue;
 
-        char key[sizeof(hb->key)], token[sizeof(hb->token)];
-        memcpy(key, hb->key, sizeof(key));
-        memcpy(token, hb->token, sizeof(token));
+        struct watched w = hb->watched;
         uint64_t generation = hb->generation;
         pthread_mutex_unlock(&hb->mutex);
 
-        struct sk_err err = { 0 };
-        int rc = lock != NULL ? SK_OK : sk_lock_open(&lock, hb->conf, &err);
-        if (sk_fault_active("no_renew")) {
-            pthread_mutex_lock(&hb->mutex);
-            continue;
-        }
-        if (rc == SK_OK)
-            rc = sk_lock_renew(lock, key, token, hb->ttl_ms, &err);
-        if (rc == SK_AGAIN && !redis_down)
-            sk_log_warn("lock renewal failed, will retry each %u ms: %s", tick_ms, err.msg);
-        redis_down = rc == SK_AGAIN;
+        bool lost = (w.lock && renew_lock(hb, &w) == SK_BUSY) |
+                    (w.lease && renew_lease(hb, &w) == SK_BUSY);
 
         pthread_mutex_lock(&hb->mutex);
-        if (rc == SK_BUSY && hb->generation == generation && hb->watching) {
+        if (lost && hb->generation == generation) {
             atomic_store(&hb->lost, true);
-            sk_log_warn("lock %s lost while the job runs (expired or taken over)", key);
+            sk_log_warn("%s of %s lost while the job runs (expired or taken over)",
+                        w.lease ? "lease" : "lock", w.lease ? w.key : w.lock_key);
         }
     }
     pthread_mutex_unlock(&hb->mutex);
-    sk_lock_close(lock);
     return NULL;
+}
+
+static int renew_lock(struct sk_heartbeat *hb, const struct watched *w)
+{
+    struct sk_err err = { 0 };
+    int rc = hb->redis != NULL ? SK_OK : sk_lock_open(&hb->redis, &hb->conf->redis, &err);
+    if (rc == SK_OK)
+        rc = sk_lock_renew(hb->redis, w->lock_key, w->token, w->ttl_ms, &err);
+    if (rc == SK_AGAIN && !hb->redis_down)
+        sk_log_warn("lock renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
+    hb->redis_down = rc == SK_AGAIN;
+    return rc;
+}
+
+static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)
+{
+    struct sk_err err = { 0 };
+    if (hb->pg != NULL && PQstatus(hb->pg) != CONNECTION_OK) {
+        PQfinish(hb->pg);
+        hb->pg = NULL;
+    }
+    if (hb->pg == NULL)
+        hb->pg = sk_store_dial(&hb->conf->postgres, "sekali heartbeat", &err);
+    int rc = hb->pg == NULL ? SK_AGAIN
+                            : sk_lease_renew(hb->pg, w->queue, w->key, w->fence, w->lease_ms, &err);
+    if (rc != SK_OK && rc != SK_BUSY && !hb->pg_down)
+        sk_log_warn("lease renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
+    hb->pg_down = rc != SK_OK && rc != SK_BUSY;
+    return rc;
 }
 
 static struct timespec deadline_after(uint32_t ms)

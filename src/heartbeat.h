@@ -1,9 +1,11 @@
-/* heartbeat.h - the lock-renewal thread of a worker.
+/* heartbeat.h - the renewal thread of a worker.
  *
- * While a job runs, this thread extends its Redis lease every ttl/3 on its own
- * Redis connection (hiredis contexts are never shared between threads). If
- * Redis says the lease is gone, it raises the lost flag; the handler can see
- * it through host->lock_held(), and the worker logs it. */
+ * While a job runs, this thread extends what the job owns: its Redis lock
+ * (every lock ttl/3) and, in external mode, its PostgreSQL lease (every
+ * lease/3), each on the thread's own connection (hiredis and libpq
+ * connections are never shared between threads). When Redis or PostgreSQL
+ * says the job no longer owns it, the thread raises the lost flag; the
+ * handler sees it through host->lock_held(). */
 #ifndef SK_HEARTBEAT_H
 #define SK_HEARTBEAT_H
 
@@ -15,20 +17,27 @@
 
 struct sk_heartbeat;
 
-/* Starts the thread with all signals blocked. ttl_ms sets its tick (ttl/3).
- * Returns SK_OK or SK_ERR (thread creation failed). Redis being down is not
- * an error here: the thread keeps trying at each tick. */
-int  sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_redis_conf *conf,
-                        uint32_t ttl_ms, struct sk_err *err);
+/* Starts the thread with all signals blocked; it wakes every tick_ms. Redis
+ * or PostgreSQL being down is not an error here: the thread keeps trying at
+ * each tick. Returns SK_OK or SK_ERR (thread creation failed). */
+int  sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_conf *conf,
+                        uint32_t tick_ms, struct sk_err *err);
 /* Stops and joins the thread; accepts NULL. */
 void sk_heartbeat_stop(struct sk_heartbeat *hb);
 
-/* Renew key (owned by token) until unwatch. Copies both strings; clears the
- * lost flag. Never blocks on Redis. Worker main thread only. */
-void sk_heartbeat_watch(struct sk_heartbeat *hb, const char *key, const char *token);
+/* Renew the lock `key` (owned by token) for ttl_ms at each tick. Copies the
+ * strings and clears the lost flag. Never blocks on a server. */
+void sk_heartbeat_watch_lock(struct sk_heartbeat *hb, const char *key, const char *token,
+                             uint32_t ttl_ms);
+
+/* Renew the lease of (queue, key) under fence for lease_ms at each tick. */
+void sk_heartbeat_watch_lease(struct sk_heartbeat *hb, const char *queue, const char *key,
+                              int64_t fence, uint32_t lease_ms);
+
+/* Stop renewing anything (the job is over). */
 void sk_heartbeat_unwatch(struct sk_heartbeat *hb);
 
-/* Raised when Redis reports the watched lease gone; reset by watch(). */
+/* Raised when a watched lock or lease is found lost; cleared by a watch. */
 const atomic_bool *sk_heartbeat_lost(struct sk_heartbeat *hb);
 
 #endif

@@ -4,6 +4,7 @@
  * buffers never need to outlive the call. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "host.h"
@@ -14,6 +15,8 @@ static struct pg_conn *host_pg(struct sekali_ctx *ctx);
 static int host_lock_held(struct sekali_ctx *ctx);
 static int host_set_result(struct sekali_ctx *ctx, const void *data, size_t len);
 static void host_set_error(struct sekali_ctx *ctx, const char *message);
+static int host_checkpoint_save(struct sekali_ctx *ctx, const char *name, const char *value);
+static const char *host_checkpoint(struct sekali_ctx *ctx, const char *name);
 
 static const struct sekali_host host = {
     .abi_major = SEKALI_HANDLER_ABI_MAJOR,
@@ -24,6 +27,8 @@ static const struct sekali_host host = {
     .lock_held = host_lock_held,
     .set_result = host_set_result,
     .set_error = host_set_error,
+    .checkpoint_save = host_checkpoint_save,
+    .checkpoint = host_checkpoint,
 };
 
 const struct sekali_host *sk_host(void)
@@ -35,6 +40,8 @@ void sk_host_ctx_reset(struct sekali_ctx *ctx)
 {
     ctx->result_len = 0;
     ctx->error[0] = '\0';
+    ctx->external = false;
+    sk_lease_checkpoints_clear(&ctx->checkpoints);
 }
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
@@ -71,4 +78,49 @@ static int host_set_result(struct sekali_ctx *ctx, const void *data, size_t len)
 static void host_set_error(struct sekali_ctx *ctx, const char *message)
 {
     snprintf(ctx->error, sizeof(ctx->error), "%s", message != NULL ? message : "");
+}
+
+static int host_checkpoint_save(struct sekali_ctx *ctx, const char *name, const char *value)
+{
+    if (!ctx->external || name == NULL || value == NULL)
+        return -1;
+    struct sk_err err = { 0 };
+    int rc = sk_lease_save_checkpoint(ctx->pg, ctx->log->queue, ctx->log->idempotency_key,
+                                      ctx->log->fence, name, value, &err);
+    if (rc != SK_OK) {
+        sk_log_job(SK_LOG_WARN, ctx->log, "checkpoint %s not saved: %s", name,
+                   rc == SK_BUSY ? "fenced out, another worker owns the job" : err.msg);
+        return -1;
+    }
+    /* Keep the in-memory view in step, so checkpoint() sees it at once. */
+    for (size_t i = 0; i < ctx->checkpoints.n; i++) {
+        if (strcmp(ctx->checkpoints.items[i].name, name) == 0) {
+            char *copy = strdup(value);
+            if (copy != NULL) {
+                free(ctx->checkpoints.items[i].value);
+                ctx->checkpoints.items[i].value = copy;
+            }
+            return 0;
+        }
+    }
+    if (ctx->checkpoints.n < SK_CHECKPOINTS_MAX) {
+        struct sk_checkpoint *c = &ctx->checkpoints.items[ctx->checkpoints.n];
+        c->name = strdup(name);
+        c->value = strdup(value);
+        if (c->name != NULL && c->value != NULL) {
+            ctx->checkpoints.n++;
+        } else {
+            free(c->name);
+            free(c->value);
+        }
+    }
+    return 0;
+}
+
+static const char *host_checkpoint(struct sekali_ctx *ctx, const char *name)
+{
+    for (size_t i = 0; name != NULL && i < ctx->checkpoints.n; i++)
+        if (strcmp(ctx->checkpoints.items[i].name, name) == 0)
+            return ctx->checkpoints.items[i].value;
+    return NULL;
 }

@@ -8,6 +8,7 @@
 
 #include <sekali/handler.h>
 
+#include "lease.h"
 #include "log.h"
 
 #define SK_RESULT_MAX (64 * 1024)  /* a saved result is a receipt, not a payload */
@@ -16,7 +17,9 @@
 struct sekali_ctx {
     struct pg_conn          *pg;
     const struct sk_log_job *log;
-    const atomic_bool       *lock_lost;   /* NULL when the queue takes no lock */
+    const atomic_bool       *lock_lost;   /* NULL when the job owns nothing to renew */
+    bool                     external;    /* external mode: checkpoints are fenced */
+    struct sk_checkpoints    checkpoints; /* loaded at an external claim */
     char                     result[SK_RESULT_MAX];
     size_t                   result_len;
     char                     error[512];
@@ -25,7 +28,7 @@ struct sekali_ctx {
 /* The vtable handed to every handler's init(). Valid for the process's life. */
 const struct sekali_host *sk_host(void);
 
-/* Clears what the previous job left in ctx. */
+/* Clears what the previous job left in ctx, checkpoints included. */
 void sk_host_ctx_reset(struct sekali_ctx *ctx);
 
 #endif

@@ -33,22 +33,6 @@ static void usage(FILE *out)
             "  -V       print the version and exit\n");
 }
 
-/* The configuration language is ahead of this version of the daemon: these
- * settings parse, but running with them would silently ignore them, which for
- * a job's exactly-once guarantee is worse than refusing to start. */
-static int refuse_unsupported(const struct sk_conf *conf, const char *path)
-{
-    for (size_t i = 0; i < conf->n_queues; i++) {
-        const struct sk_queue_conf *q = &conf->queues[i];
-        if (q->mode == SK_MODE_EXTERNAL) {
-            fprintf(stderr, "sekalid: %s: queue %s: mode external is not supported by this "
-                    "version; use transactional\n", path, q->name);
-            return SK_ERR;
-        }
-    }
-    return SK_OK;
-}
-
 int main(int argc, char **argv)
 {
     const char *path = SK_CONF_PATH;
@@ -76,10 +60,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "sekalid: %s\n", err.msg);
         if (test_only)
             fprintf(stderr, "sekalid: configuration file %s test failed\n", path);
-        return SK_EXIT_CONFIG;
-    }
-    if (refuse_unsupported(conf, path) != SK_OK) {
-        sk_conf_free(conf);
         return SK_EXIT_CONFIG;
     }
     sk_log_init(conf->log.level, conf->log.format, "supervisor");

@@ -17,7 +17,7 @@
 
 struct sk_store {
     const struct sk_postgres_conf *conf;
-    const char                    *application_name;
+    char                           application_name[64];  /* copied: reconnects need it */
     PGconn                        *conn;
 };
 
@@ -51,7 +51,7 @@ int sk_store_open(struct sk_store **out, const struct sk_postgres_conf *conf,
     if (s == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(store)");
     s->conf = conf;
-    s->application_name = application_name;
+    snprintf(s->application_name, sizeof(s->application_name), "%s", application_name);
     int rc = connect_and_prepare(s, err);
     if (rc != SK_OK) {
         sk_store_close(s);
@@ -74,15 +74,20 @@ PGconn *sk_store_conn(struct sk_store *s)
     return s->conn;
 }
 
+int sk_store_reconnect(struct sk_store *s, struct sk_err *err)
+{
+    if (s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK)
+        return SK_OK;
+    return connect_and_prepare(s, err);
+}
+
 int sk_store_claim(struct sk_store *s, const char *queue, const char *key, const char *owner,
                    const char *job_id, const char *job_type, struct sk_claim *out,
                    struct sk_err *err)
 {
-    if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK) {
-        int rc = connect_and_prepare(s, err);
-        if (rc != SK_OK)
-            return rc;
-    }
+    int rc = sk_store_reconnect(s, err);
+    if (rc != SK_OK)
+        return rc;
 
     const char *values[] = { queue, key, owner, job_id, job_type };
     const struct step steps[] = {
@@ -90,7 +95,7 @@ int sk_store_claim(struct sk_store *s, const char *queue, const char *key, const
         { .prepared = "sk_claim", .n_params = 5, .values = values },
     };
     PGresult *res = NULL;
-    int rc = pipeline(s, steps, 2, &res, err);
+    rc = pipeline(s, steps, 2, &res, err);
     if (rc == SK_BUSY || rc == SK_ERR)
         sk_store_rollback(s, NULL);
     if (rc != SK_OK)
@@ -167,11 +172,9 @@ int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const 
     return SK_OK;
 }
 
-static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
+PGconn *sk_store_dial(const struct sk_postgres_conf *conf, const char *application_name,
+                      struct sk_err *err)
 {
-    PQfinish(s->conn);
-    /* expand_dbname: the first "dbname" is the whole conninfo string; the
-     * later keywords override what it says. */
     /* lock_timeout bounds how long a claim waits for a row that another
      * worker holds (a duplicate delivery racing a live job): past it the
      * claim fails with SK_BUSY and the delivery is re-scheduled. It applies
@@ -179,21 +182,32 @@ static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
     char options[128];
     snprintf(options, sizeof(options),
              "-c lock_timeout=%u -c idle_in_transaction_session_timeout=%u",
-             s->conf->lock_timeout_ms, s->conf->idle_in_transaction_timeout_ms);
+             conf->lock_timeout_ms, conf->idle_in_transaction_timeout_ms);
+    /* expand_dbname: the first "dbname" is the whole conninfo string; the
+     * later keywords override what it says. */
     const char *keywords[] = { "dbname", "application_name", "options", "password", NULL };
-    const char *values[] = { s->conf->conninfo, s->application_name, options,
-                             s->conf->password, NULL };
-    if (s->conf->password == NULL)
+    const char *values[] = { conf->conninfo, application_name, options, conf->password, NULL };
+    if (conf->password == NULL)
         keywords[3] = NULL;
-    s->conn = PQconnectdbParams(keywords, values, 1);
-    if (s->conn == NULL)
-        return sk_err_set(err, SK_AGAIN, "PQconnectdbParams: out of memory");
-    if (PQstatus(s->conn) != CONNECTION_OK) {
-        sk_err_set(err, SK_AGAIN, "PostgreSQL connection failed: %s", PQerrorMessage(s->conn));
-        PQfinish(s->conn);
-        s->conn = NULL;
-        return SK_AGAIN;
+    PGconn *pg = PQconnectdbParams(keywords, values, 1);
+    if (pg == NULL) {
+        sk_err_set(err, SK_AGAIN, "PQconnectdbParams: out of memory");
+        return NULL;
     }
+    if (PQstatus(pg) != CONNECTION_OK) {
+        sk_err_set(err, SK_AGAIN, "PostgreSQL connection failed: %s", PQerrorMessage(pg));
+        PQfinish(pg);
+        return NULL;
+    }
+    return pg;
+}
+
+static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
+{
+    PQfinish(s->conn);
+    s->conn = sk_store_dial(s->conf, s->application_name, err);
+    if (s->conn == NULL)
+        return SK_AGAIN;
     for (size_t i = 0; i < SK_ARRAY_LEN(statements); i++) {
         PGresult *res = PQprepare(s->conn, statements[i].name, statements[i].sql, 0, NULL);
         ExecStatusType status = PQresultStatus(res);

@@ -29,6 +29,15 @@ int  sk_store_open(struct sk_store **out, const struct sk_postgres_conf *conf,
                    const char *application_name, struct sk_err *err);
 void sk_store_close(struct sk_store *s);
 
+/* A new connection with sekali's session settings (application_name,
+ * lock_timeout, idle_in_transaction_session_timeout), or NULL with SK_AGAIN
+ * in err. The caller owns it. For threads that need their own. */
+PGconn *sk_store_dial(const struct sk_postgres_conf *conf, const char *application_name,
+                      struct sk_err *err);
+
+/* Connects again if the connection was lost. SK_OK, SK_AGAIN or SK_ERR. */
+int sk_store_reconnect(struct sk_store *s, struct sk_err *err);
+
 /* Borrowed: the connection the job's transaction runs on. */
 PGconn *sk_store_conn(struct sk_store *s);
 

@@ -25,6 +25,7 @@
 #include "failpoint.h"
 #include "heartbeat.h"
 #include "host.h"
+#include "lease.h"
 #include "lock.h"
 #include "log.h"
 #include "reschedule.h"
@@ -118,6 +119,11 @@ static int  take_lock(struct worker *w, struct job *j);
 static int  without_redis(struct worker *w, const char *why);
 static void release_lock(struct worker *w, struct job *j);
 static void run_handler(struct worker *w, struct job *j);
+static void run_external(struct worker *w, struct job *j);
+static int  call_handler(struct worker *w, struct job *j, PGconn *pg);
+static void settle_failure(struct worker *w, struct job *j, int status);
+static void claim_failed(struct worker *w, struct job *j, int rc, const char *why);
+static void claimed(struct worker *w, struct job *j);
 static void transition(struct job *j, enum job_state to);
 static void give_up(struct worker *w, struct job *j, const char *reason, const char *why);
 static void dead_letter(struct worker *w, struct job *j, bool parsed, const char *reason,
@@ -223,8 +229,12 @@ static int setup(struct worker *w, struct sk_err *err)
         sk_log_warn("PostgreSQL unavailable at start, will retry: %s", err->msg);
         w->postgres_down_logged = true;
     }
-    if (w->queue->lock) {
-        rc = sk_heartbeat_start(&w->heartbeat, &w->conf->redis, w->queue->lock_ttl_ms, err);
+    bool external = w->queue->mode == SK_MODE_EXTERNAL;
+    if (w->queue->lock || external) {
+        uint32_t shortest = w->queue->lock ? w->queue->lock_ttl_ms : UINT32_MAX;
+        if (external && w->queue->lease_ms < shortest)
+            shortest = w->queue->lease_ms;
+        rc = sk_heartbeat_start(&w->heartbeat, w->conf, shortest / 3, err);
         if (rc != SK_OK)
             return SK_AGAIN;
     }
@@ -234,6 +244,7 @@ static int setup(struct worker *w, struct sk_err *err)
 static void teardown(struct worker *w)
 {
     sk_heartbeat_stop(w->heartbeat);
+    sk_lease_checkpoints_clear(&w->ctx.checkpoints);
     sk_broker_close(w->broker);
     sk_broker_close(w->publisher);
     sk_lock_close(w->lock);
@@ -331,6 +342,11 @@ static void process(struct worker *w, const amqp_envelope_t *delivery)
         }
     }
 
+    if (w->queue->mode == SK_MODE_EXTERNAL) {
+        run_external(w, &j);
+        return;
+    }
+
     int rc = sk_store_claim(w->store, w->queue->name, j.env.idempotency_key, w->owner,
                             j.env.job_id, j.env.job_type, &j.claim, &err);
     if (rc == SK_DUP) {
@@ -345,22 +361,121 @@ static void process(struct worker *w, const amqp_envelope_t *delivery)
         return;
     }
     if (rc != SK_OK) {
-        if (!w->postgres_down_logged)
-            sk_log_job(SK_LOG_ERROR, &j.log, "claim failed, backing off: %s", err.msg);
-        w->postgres_down_logged = rc == SK_AGAIN;
-        /* Handed back unchanged: an outage is not the job's failure, and the
-         * backoff keeps it from turning into a hot redelivery loop. */
-        sk_sleep_ms(sk_backoff_next(&w->postgres_backoff));
-        finish(w, &j, REQUEUE, "claim failed, handed back to the broker");
+        claim_failed(w, &j, rc, err.msg);
         return;
     }
+    claimed(w, &j);
+    run_handler(w, &j);
+}
+
+/* Handed back unchanged: an outage is not the job's failure, and the
+ * backoff keeps it from turning into a hot redelivery loop. */
+static void claim_failed(struct worker *w, struct job *j, int rc, const char *why)
+{
+    if (!w->postgres_down_logged)
+        sk_log_job(SK_LOG_ERROR, &j->log, "claim failed, backing off: %s", why);
+    w->postgres_down_logged = rc == SK_AGAIN;
+    sk_sleep_ms(sk_backoff_next(&w->postgres_backoff));
+    finish(w, j, REQUEUE, "claim failed, handed back to the broker");
+}
+
+static void claimed(struct worker *w, struct job *j)
+{
     if (w->postgres_down_logged)
         sk_log_info("PostgreSQL reachable again");
     w->postgres_down_logged = false;
     sk_backoff_reset(&w->postgres_backoff);
-    j.log.fence = j.claim.fence;
-    transition(&j, JOB_CLAIMED);
-    run_handler(w, &j);
+    j->log.fence = j->claim.fence;
+    transition(j, JOB_CLAIMED);
+}
+
+/* External mode: the claim commits a lease instead of holding a row lock,
+ * the handler acts outside PostgreSQL, and the outcome is recorded only
+ * under the fence this claim got. A worker that stalled past its lease and
+ * comes back finds its completion fenced out: the newer owner's outcome
+ * stands, and this copy is acked without touching it. */
+static void run_external(struct worker *w, struct job *j)
+{
+    struct sk_err err = { 0 };
+    int rc = sk_store_reconnect(w->store, &err);
+    PGconn *pg = sk_store_conn(w->store);
+    if (rc == SK_OK)
+        rc = sk_lease_claim(pg, w->queue->name, j->env.idempotency_key, w->owner,
+                            j->env.job_id, j->env.job_type, w->queue->lease_ms, &j->claim, &err);
+    if (rc == SK_DUP) {
+        finish(w, j, ACK, "duplicate suppressed");
+        return;
+    }
+    if (rc == SK_BUSY) {
+        later(w, j, sk_reschedule_bucket(sk_jitter(w->queue->lease_ms / 4, w->queue->lease_ms)),
+              j->env.delivery_attempt, NULL, "key leased by a live worker");
+        return;
+    }
+    if (rc != SK_OK) {
+        claim_failed(w, j, rc, err.msg);
+        return;
+    }
+    claimed(w, j);
+    sk_heartbeat_watch_lease(w->heartbeat, w->queue->name, j->env.idempotency_key,
+                             j->claim.fence, w->queue->lease_ms);
+
+    struct sekali_ctx *ctx = &w->ctx;
+    sk_host_ctx_reset(ctx);
+    ctx->external = true;
+    if (j->claim.attempts > 1 &&
+        sk_lease_load_checkpoints(pg, w->queue->name, j->env.idempotency_key,
+                                  &ctx->checkpoints, &err) != SK_OK)
+        sk_log_job(SK_LOG_WARN, &j->log, "checkpoints not loaded: %s", err.msg);
+    int status = call_handler(w, j, pg);
+
+    if (status == SEKALI_OK) {
+        rc = sk_lease_finish(pg, w->queue->name, j->env.idempotency_key, j->claim.fence,
+                             "completed", ctx->result_len > 0 ? ctx->result : NULL,
+                             ctx->result_len, NULL, &err);
+        if (rc == SK_OK) {
+            transition(j, JOB_COMMITTED);
+            finish(w, j, ACK, "completed");
+        } else if (rc == SK_BUSY) {
+            sk_log_job(SK_LOG_WARN, &j->log, "completion fenced out: the lease was lost and "
+                       "another worker took the job over; its outcome stands");
+            finish(w, j, ACK, "fenced out");
+        } else {
+            sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
+            finish(w, j, REQUEUE, "completion outcome unknown, handed back to the broker");
+        }
+        return;
+    }
+    if (status == SEKALI_RETRY &&
+        sk_lease_release(pg, w->queue->name, j->env.idempotency_key, j->claim.fence,
+                         &err) == SK_AGAIN)
+        sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
+    settle_failure(w, j, status);
+}
+
+/* Builds the job the handler sees, and runs it on pg. */
+static int call_handler(struct worker *w, struct job *j, PGconn *pg)
+{
+    struct sekali_job job = {
+        .struct_size = sizeof(job),
+        .queue = w->queue->name,
+        .job_id = j->env.job_id,
+        .job_type = j->env.job_type,
+        .idempotency_key = j->env.idempotency_key,
+        .resource_key = j->env.resource_key,
+        .content_type = j->env.content_type,
+        .body = j->env.body,
+        .body_len = j->env.body_len,
+        .delivery_attempt = j->env.delivery_attempt,
+        .fence = j->claim.fence,
+    };
+    struct sekali_ctx *ctx = &w->ctx;
+    ctx->pg = pg;
+    ctx->log = &j->log;
+    ctx->lock_lost = w->heartbeat != NULL && (j->locked || ctx->external)
+        ? sk_heartbeat_lost(w->heartbeat) : NULL;
+    int status = w->handler->handle(w->handler_state, &job, ctx);
+    transition(j, JOB_HANDLED);
+    return status;
 }
 
 /* SK_OK once locked, or when Redis is down and the queue proceeds without
@@ -395,7 +510,8 @@ static int take_lock(struct worker *w, struct job *j)
             sk_backoff_reset(&w->redis_backoff);
             j->locked = true;
             j->log.lock_owner = j->lock_token;
-            sk_heartbeat_watch(w->heartbeat, j->lock_key, j->lock_token);
+            sk_heartbeat_watch_lock(w->heartbeat, j->lock_key, j->lock_token,
+                                    w->queue->lock_ttl_ms);
             transition(j, JOB_LOCKED);
             return SK_OK;
         }
@@ -423,7 +539,6 @@ static void release_lock(struct worker *w, struct job *j)
 {
     if (!j->locked)
         return;
-    sk_heartbeat_unwatch(w->heartbeat);
     j->locked = false;
     struct sk_err err = { 0 };
     int rc = sk_lock_release(w->lock, j->lock_key, j->lock_token, &err);
@@ -435,27 +550,9 @@ static void release_lock(struct worker *w, struct job *j)
 
 static void run_handler(struct worker *w, struct job *j)
 {
-    struct sekali_job job = {
-        .struct_size = sizeof(job),
-        .queue = w->queue->name,
-        .job_id = j->env.job_id,
-        .job_type = j->env.job_type,
-        .idempotency_key = j->env.idempotency_key,
-        .resource_key = j->env.resource_key,
-        .content_type = j->env.content_type,
-        .body = j->env.body,
-        .body_len = j->env.body_len,
-        .delivery_attempt = j->env.delivery_attempt,
-        .fence = j->claim.fence,
-    };
     struct sekali_ctx *ctx = &w->ctx;
     sk_host_ctx_reset(ctx);
-    ctx->pg = sk_store_conn(w->store);
-    ctx->log = &j->log;
-    ctx->lock_lost = w->heartbeat != NULL && j->locked ? sk_heartbeat_lost(w->heartbeat) : NULL;
-
-    int status = w->handler->handle(w->handler_state, &job, ctx);
-    transition(j, JOB_HANDLED);
+    int status = call_handler(w, j, sk_store_conn(w->store));
 
     struct sk_err err = { 0 };
     if (status == SEKALI_OK) {
@@ -480,7 +577,14 @@ static void run_handler(struct worker *w, struct job *j)
     } else if (sk_store_rollback(w->store, &err) != SK_OK) {
         sk_log_job(SK_LOG_WARN, &j->log, "rollback failed: %s", err.msg);
     }
+    settle_failure(w, j, status);
+}
 
+/* RETRY: another attempt later, until retry.max_attempts; FAIL, an invalid
+ * status or the last attempt: the key is recorded failed and dead-lettered. */
+static void settle_failure(struct worker *w, struct job *j, int status)
+{
+    struct sekali_ctx *ctx = &w->ctx;
     if (status == SEKALI_RETRY) {
         const char *why = ctx->error[0] != '\0' ? ctx->error : "handler asked to retry";
         if (j->env.delivery_attempt < (uint32_t)w->queue->retry.max_attempts) {
@@ -505,8 +609,16 @@ static void run_handler(struct worker *w, struct job *j)
 static void give_up(struct worker *w, struct job *j, const char *reason, const char *why)
 {
     struct sk_err err = { 0 };
-    int rc = sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,
-                           j->env.job_id, j->env.job_type, why, &err);
+    int rc = w->queue->mode == SK_MODE_EXTERNAL
+        ? sk_lease_finish(sk_store_conn(w->store), w->queue->name, j->env.idempotency_key,
+                          j->claim.fence, "failed", NULL, 0, why, &err)
+        : sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,
+                        j->env.job_id, j->env.job_type, why, &err);
+    if (rc == SK_BUSY) {
+        sk_log_job(SK_LOG_WARN, &j->log, "failure fenced out: another worker owns the job");
+        finish(w, j, ACK, "fenced out");
+        return;
+    }
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
         sk_sleep_ms(sk_jitter(100, 1000));
@@ -593,6 +705,8 @@ static void finish(struct worker *w, struct job *j, enum disposition d, const ch
                       : sk_broker_reject(w->broker, j->delivery_tag, d == REQUEUE, &err);
     if (d == ACK && rc == SK_OK)
         transition(j, JOB_ACKED);
+    if (w->heartbeat != NULL)
+        sk_heartbeat_unwatch(w->heartbeat);
     release_lock(w, j);
     sk_log_job(SK_LOG_INFO, &j->log, "%s", outcome);
     if (rc != SK_OK)

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 0  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 1  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -74,9 +74,12 @@ struct sekali_host {
     void (*log)(struct sekali_ctx *ctx, int level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 
-    /* The PostgreSQL connection inside the job's open transaction
-     * (transactional mode). Do not COMMIT, ROLLBACK or close it: the host
-     * commits the effect together with the job's completion. */
+    /* Transactional mode: the PostgreSQL connection inside the job's open
+     * transaction. Do not COMMIT, ROLLBACK or close it: the host commits the
+     * effect together with the job's completion. External mode: the
+     * worker's connection, outside any transaction, for the handler's own
+     * bookkeeping; pass job->idempotency_key to the outside service so that
+     * it can deduplicate too. */
     struct pg_conn *(*pg)(struct sekali_ctx *ctx);
 
     /* 1 while this worker still holds the job's Redis lock (or the queue
@@ -91,6 +94,19 @@ struct sekali_host {
 
     /* Records why the job failed or asked for a retry (copied). */
     void (*set_error)(struct sekali_ctx *ctx, const char *message);
+
+    /* Since 1.1 (check host->abi_minor >= 1). External mode's recovery
+     * points: a handler that finished a phase (charged the card) saves a
+     * checkpoint, and an attempt that takes the job over later reads it and
+     * skips that phase. Saving is fenced: it returns 0 when saved, -1 when
+     * this worker no longer owns the job (stop: another one does) or in
+     * transactional mode (where the transaction is the recovery). Values are
+     * text; both strings are copied. */
+    int (*checkpoint_save)(struct sekali_ctx *ctx, const char *name, const char *value);
+
+    /* Since 1.1. The value saved under name by this or an earlier attempt,
+     * or NULL. Borrowed: valid until handle() returns. */
+    const char *(*checkpoint)(struct sekali_ctx *ctx, const char *name);
 
     /* append here; never reorder, resize or remove */
 };

@@ -12,3 +12,15 @@ CREATE TABLE IF NOT EXISTS sekali_test.effects (
     created_at      timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS effects_by_key ON sekali_test.effects (queue, idempotency_key);
+
+-- A stand-in for an outside service in external mode: like a payment API
+-- given an idempotency key, it keeps the first request per key and ignores
+-- the rest. `note` says what the executing attempt found.
+CREATE TABLE IF NOT EXISTS sekali_test.payments (
+    queue           text    NOT NULL,
+    idempotency_key text    NOT NULL,
+    fence           bigint  NOT NULL,
+    pid             integer NOT NULL,
+    note            text    NOT NULL,
+    PRIMARY KEY (queue, idempotency_key)
+);

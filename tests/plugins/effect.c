@@ -10,6 +10,11 @@
  *   "retry_always"  return SEKALI_RETRY on every delivery
  *   "sleep:MS" sleep MS milliseconds, then record the effect
  *   anything   record the effect and return SEKALI_OK
+ *   "pay"      external mode: on a fresh first attempt, save the checkpoint
+ *              "charged", write MARKER_DIR/stall.<pid> and wait until
+ *              MARKER_DIR/release exists; then record the execution and call
+ *              the "payment service" (sekali_test.payments, first request per
+ *              key wins), noting the checkpoint it found
  * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config). */
 #include <fcntl.h>
 #include <stdio.h>
@@ -76,9 +81,60 @@ static void stall(struct state *s)
     }
 }
 
+/* Waits for the test to create MARKER_DIR/release, at most two minutes. */
+static void wait_for_release(struct state *s)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/release", s->marker_dir);
+    for (int i = 0; i < 2400 && access(path, F_OK) != 0; i++) {
+        struct timespec t = { .tv_sec = 0, .tv_nsec = 50 * 1000000L };
+        nanosleep(&t, NULL);
+    }
+}
+
+static int pay(struct state *s, const struct sekali_job *job, struct sekali_ctx *ctx)
+{
+    const char *charged = s->host->checkpoint(ctx, "charged");
+    char note[128];
+    snprintf(note, sizeof(note), "%s", charged != NULL ? charged : "fresh");
+    if (charged == NULL && job->delivery_attempt == 1 && s->marker_dir[0] != '\0') {
+        char value[64];
+        snprintf(value, sizeof(value), "charged by fence %lld", (long long)job->fence);
+        if (s->host->checkpoint_save(ctx, "charged", value) != 0)
+            return SEKALI_RETRY;
+        char path[600];
+        snprintf(path, sizeof(path), "%s/stall.%ld", s->marker_dir, (long)getpid());
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0)
+            close(fd);
+        wait_for_release(s);
+    }
+
+    char pid[16], fence[24];
+    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    snprintf(fence, sizeof(fence), "%lld", (long long)job->fence);
+    const char *values[] = { job->queue, job->idempotency_key, job->job_id, pid, fence, note };
+    PGconn *pg = s->host->pg(ctx);
+    PGresult *res = PQexecParams(pg,
+                                 "WITH run AS (INSERT INTO sekali_test.effects "
+                                 "(queue, idempotency_key, job_id, pid, fence, attempt) "
+                                 "VALUES ($1, $2, $3, $4::int, $5::bigint, 0)) "
+                                 "INSERT INTO sekali_test.payments "
+                                 "(queue, idempotency_key, fence, pid, note) "
+                                 "VALUES ($1, $2, $5::bigint, $4::int, $6) ON CONFLICT DO NOTHING",
+                                 6, NULL, values, NULL, NULL, 0);
+    int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    if (!ok)
+        s->host->set_error(ctx, PQresultErrorMessage(res));
+    PQclear(res);
+    return ok ? SEKALI_OK : SEKALI_RETRY;
+}
+
 static int effect_handle(void *state, const struct sekali_job *job, struct sekali_ctx *ctx)
 {
     struct state *s = state;
+    if (body_is(job, "pay"))
+        return pay(s, job, ctx);
     if (body_is(job, "fail")) {
         s->host->set_error(ctx, "the job asked to fail");
         return SEKALI_FAIL;
