@@ -293,6 +293,14 @@ int sk_broker_publish(struct sk_broker *b, const char *routing_key,
         props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
         props.content_type = amqp_cstring_bytes(msg->content_type);
     }
+    if (msg->reply_to != NULL) {
+        props._flags |= AMQP_BASIC_REPLY_TO_FLAG;
+        props.reply_to = amqp_cstring_bytes(msg->reply_to);
+    }
+    if (msg->correlation_id != NULL) {
+        props._flags |= AMQP_BASIC_CORRELATION_ID_FLAG;
+        props.correlation_id = amqp_cstring_bytes(msg->correlation_id);
+    }
     if (n_headers > 0) {
         props._flags |= AMQP_BASIC_HEADERS_FLAG;
         props.headers.num_entries = n_headers;

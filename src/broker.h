@@ -31,6 +31,8 @@ struct sk_message {
     const char    *content_type;
     const char    *idempotency_key;  /* sent as header x-idempotency-key */
     const char    *resource_key;     /* sent as header x-resource-key */
+    const char    *reply_to;
+    const char    *correlation_id;
     const void    *body;
     size_t         body_len;
 };

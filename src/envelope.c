@@ -55,6 +55,16 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
                  "content_type", err) != SK_OK)
         return SK_ERR;
 
+    out->reply_to[0] = '\0';
+    out->correlation_id[0] = '\0';
+    if (p->_flags & AMQP_BASIC_REPLY_TO_FLAG &&
+        copy_key(out->reply_to, sizeof(out->reply_to), p->reply_to, "reply_to", err) != SK_OK)
+        return SK_ERR;
+    if (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG &&
+        copy_key(out->correlation_id, sizeof(out->correlation_id), p->correlation_id,
+                 "correlation_id", err) != SK_OK)
+        return SK_ERR;
+
     bool present;
     if (header_key(p, "x-idempotency-key", out->idempotency_key,
                    sizeof(out->idempotency_key), &present, err) != SK_OK)

@@ -23,6 +23,8 @@ struct sk_envelope {
     char        idempotency_key[SK_KEY_MAX + 1];
     char        resource_key[SK_KEY_MAX + 1];
     char        content_type[256];
+    char        reply_to[256];      /* "" when no reply is wanted */
+    char        correlation_id[256];
     const void *body;              /* borrowed from the delivery */
     size_t      body_len;
     uint32_t    delivery_attempt;  /* 1 on the first delivery */

@@ -172,6 +172,61 @@ int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const 
     return SK_OK;
 }
 
+int sk_store_reply_state(struct sk_store *s, const char *queue, const char *key,
+                         bool *replied, char **result, size_t *result_len, struct sk_err *err)
+{
+    *result = NULL;
+    *result_len = 0;
+    *replied = true;
+    if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK)
+        return sk_err_set(err, SK_AGAIN, "reply state: not connected");
+    const char *values[] = { queue, key };
+    /* Binary results: the saved result is bytea, sent back as it was saved. */
+    PGresult *res = PQexecParams(s->conn, "SELECT replied_at IS NOT NULL, result FROM "
+                                          "sekali.idempotency_keys WHERE queue = $1 AND key = $2 "
+                                          "AND status = 'completed'",
+                                 2, NULL, values, NULL, NULL, 1);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        int rc = sk_err_set(err, PQstatus(s->conn) == CONNECTION_OK ? SK_ERR : SK_AGAIN,
+                            "reply state of %s/%s: %s", queue, key, PQresultErrorMessage(res));
+        PQclear(res);
+        return rc;
+    }
+    if (PQntuples(res) == 0) {  /* failed, not completed: there is no result to send */
+        PQclear(res);
+        return SK_OK;
+    }
+    *replied = PQgetvalue(res, 0, 0)[0] != 0;
+    if (!PQgetisnull(res, 0, 1)) {
+        size_t len = (size_t)PQgetlength(res, 0, 1);
+        *result = malloc(len + 1);
+        if (*result == NULL) {
+            PQclear(res);
+            return sk_err_errno(err, SK_ERR, "malloc(result)");
+        }
+        memcpy(*result, PQgetvalue(res, 0, 1), len);
+        *result_len = len;
+    }
+    PQclear(res);
+    return SK_OK;
+}
+
+int sk_store_mark_replied(struct sk_store *s, const char *queue, const char *key,
+                          struct sk_err *err)
+{
+    if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK)
+        return sk_err_set(err, SK_AGAIN, "mark replied: not connected");
+    const char *values[] = { queue, key };
+    PGresult *res = PQexecParams(s->conn, "UPDATE sekali.idempotency_keys SET replied_at = now() "
+                                          "WHERE queue = $1 AND key = $2", 2, NULL, values, NULL,
+                                 NULL, 0);
+    int rc = PQresultStatus(res) == PGRES_COMMAND_OK ? SK_OK
+           : sk_err_set(err, SK_AGAIN, "mark replied %s/%s: %s", queue, key,
+                        PQresultErrorMessage(res));
+    PQclear(res);
+    return rc;
+}
+
 PGconn *sk_store_dial(const struct sk_postgres_conf *conf, const char *application_name,
                       struct sk_err *err)
 {

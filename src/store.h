@@ -68,4 +68,15 @@ int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const 
                   const char *job_id, const char *job_type, const char *error,
                   struct sk_err *err);
 
+/* For a reply: whether (queue, key) was already replied to (or has nothing
+ * to reply: it failed), and its saved result (a new buffer the caller frees;
+ * NULL when there is none). Runs outside any job transaction. SK_OK,
+ * SK_AGAIN or SK_ERR. */
+int sk_store_reply_state(struct sk_store *s, const char *queue, const char *key,
+                         bool *replied, char **result, size_t *result_len, struct sk_err *err);
+
+/* Records that the reply went out (after the broker confirmed it). */
+int sk_store_mark_replied(struct sk_store *s, const char *queue, const char *key,
+                          struct sk_err *err);
+
 #endif

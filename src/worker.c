@@ -122,6 +122,8 @@ static void run_handler(struct worker *w, struct job *j);
 static void run_external(struct worker *w, struct job *j);
 static int  call_handler(struct worker *w, struct job *j, PGconn *pg);
 static void settle_failure(struct worker *w, struct job *j, int status);
+static void reply(struct worker *w, struct job *j, const void *result, size_t len);
+static void reply_saved(struct worker *w, struct job *j);
 static void claim_failed(struct worker *w, struct job *j, int rc, const char *why);
 static void claimed(struct worker *w, struct job *j);
 static void transition(struct job *j, enum job_state to);
@@ -350,6 +352,7 @@ static void process(struct worker *w, const amqp_envelope_t *delivery)
     int rc = sk_store_claim(w->store, w->queue->name, j.env.idempotency_key, w->owner,
                             j.env.job_id, j.env.job_type, &j.claim, &err);
     if (rc == SK_DUP) {
+        reply_saved(w, &j);
         finish(w, &j, ACK, "duplicate suppressed");
         return;
     }
@@ -403,6 +406,7 @@ static void run_external(struct worker *w, struct job *j)
         rc = sk_lease_claim(pg, w->queue->name, j->env.idempotency_key, w->owner,
                             j->env.job_id, j->env.job_type, w->queue->lease_ms, &j->claim, &err);
     if (rc == SK_DUP) {
+        reply_saved(w, j);
         finish(w, j, ACK, "duplicate suppressed");
         return;
     }
@@ -434,6 +438,7 @@ static void run_external(struct worker *w, struct job *j)
                              ctx->result_len, NULL, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
+            reply(w, j, ctx->result, ctx->result_len);
             finish(w, j, ACK, "completed");
         } else if (rc == SK_BUSY) {
             sk_log_job(SK_LOG_WARN, &j->log, "completion fenced out: the lease was lost and "
@@ -450,6 +455,54 @@ static void run_external(struct worker *w, struct job *j)
                          &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     settle_failure(w, j, status);
+}
+
+/* Sends result to the job's reply_to, once per key: replied_at is recorded
+ * after the broker confirmed the reply. A reply that cannot be sent is
+ * logged and given up: the job's effect is done and must not run again for
+ * it, and a later copy of the job will send the saved result. */
+static void reply(struct worker *w, struct job *j, const void *result, size_t len)
+{
+    if (j->env.reply_to[0] == '\0')
+        return;
+    struct sk_err err = { 0 };
+    struct sk_message msg = {
+        .message_id = j->env.job_id,
+        .correlation_id = j->env.correlation_id[0] != '\0' ? j->env.correlation_id : NULL,
+        .content_type = "application/octet-stream",
+        .idempotency_key = j->env.idempotency_key,
+        .body = result != NULL ? result : "",
+        .body_len = len,
+    };
+    if (!ensure_publisher(w, &err) ||
+        sk_broker_publish(w->publisher, j->env.reply_to, &msg, &err) != SK_OK) {
+        if (err.code != SK_ERR)
+            drop_publisher(w, err.msg);
+        sk_log_job(SK_LOG_WARN, &j->log, "reply to %s not sent: %s", j->env.reply_to, err.msg);
+        return;
+    }
+    if (sk_store_mark_replied(w->store, w->queue->name, j->env.idempotency_key, &err) != SK_OK)
+        sk_log_job(SK_LOG_WARN, &j->log, "reply sent but not recorded: %s", err.msg);
+}
+
+/* A duplicate of a completed job gets the saved result, unless the reply
+ * already went out (the usual case: it did, with the first copy). */
+static void reply_saved(struct worker *w, struct job *j)
+{
+    if (j->env.reply_to[0] == '\0')
+        return;
+    struct sk_err err = { 0 };
+    bool replied;
+    char *result;
+    size_t len;
+    if (sk_store_reply_state(w->store, w->queue->name, j->env.idempotency_key, &replied,
+                             &result, &len, &err) != SK_OK) {
+        sk_log_job(SK_LOG_WARN, &j->log, "reply state unknown, not replying: %s", err.msg);
+        return;
+    }
+    if (!replied)
+        reply(w, j, result, len);
+    free(result);
 }
 
 /* Builds the job the handler sees, and runs it on pg. */
@@ -561,6 +614,7 @@ static void run_handler(struct worker *w, struct job *j)
                                    ctx->result_len, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
+            reply(w, j, ctx->result, ctx->result_len);
             finish(w, j, ACK, "completed");
             return;
         }

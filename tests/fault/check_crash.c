@@ -287,6 +287,47 @@ START_TEST(test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once
 }
 END_TEST
 
+/* The first worker dies after COMMIT, before it could reply: the redelivery
+ * is a duplicate, and it sends the saved result, once. */
+START_TEST(test_reply_lost_in_a_crash_is_sent_by_the_duplicate)
+{
+    h_init();
+    char queue[128], replies[160];
+    h_unique_name(queue, sizeof(queue), "replycrash");
+    snprintf(replies, sizeof(replies), "%s.replies", queue);
+    char *dir = h_tmpdir("replycrash");
+    char *config = h_write_config(dir, queue, EFFECT, 1, "    lock: false\n");
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
+    ck_assert_int_eq(sk_broker_declare(b, replies, NULL, NULL), SK_OK);
+
+    char mark[1024], mark_env[1100];
+    snprintf(mark, sizeof(mark), "%s/failpoint.mark", dir);
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", mark);
+    const char *env[] = { "SEKALI_FAILPOINT=after_commit:order-reply", mark_env, NULL };
+    pid_t sekalid = h_start_sekalid("fault/sekalid", config, dir, env);
+    H_WAIT(h_consumers(b, queue) == 1, 20000, "a worker should consume %s", queue);
+    struct sk_message msg = { .message_id = "ask-1", .type = "test",
+                              .idempotency_key = "order-reply", .reply_to = replies,
+                              .correlation_id = "corr-9", .body = "ok", .body_len = 2 };
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_publish(b, queue, &msg, &err) == SK_OK, "%s", err.msg);
+
+    H_WAIT(access(mark, F_OK) == 0, 20000, "the after_commit failpoint never fired");
+    H_WAIT(key_count(pg, queue, "order-reply", "duplicates") == 1, 30000,
+           "the redelivery should be a duplicate");
+    H_WAIT(h_queue_depth(b, replies) == 1, 20000, "the duplicate should send the saved result");
+    h_stop_sekalid(sekalid, dir);
+    ck_assert_int_eq(effects_for(pg, queue, "order-reply"), 1);
+    ck_assert_int_eq(h_queue_depth(b, replies), 1);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_production_binary_has_no_failpoints)
 {
     h_init();
@@ -308,6 +349,7 @@ int main(void)
     tcase_add_test(tc, test_job_over_its_timeout_is_killed_and_runs_again_once);
     tcase_add_test(tc, test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker);
     tcase_add_test(tc, test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once);
+    tcase_add_test(tc, test_reply_lost_in_a_crash_is_sent_by_the_duplicate);
     tcase_add_test(tc, test_production_binary_has_no_failpoints);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

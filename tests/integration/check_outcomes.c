@@ -188,6 +188,45 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
 }
 END_TEST
 
+START_TEST(test_reply_is_sent_once_per_key_with_the_saved_result)
+{
+    struct run r;
+    start(&r, "reply", 2, NULL);
+    char replies[160];
+    snprintf(replies, sizeof(replies), "%s.replies", r.queue);
+    ck_assert_int_eq(sk_broker_declare(r.b, replies, NULL, NULL), SK_OK);
+    for (int copy = 0; copy < 3; copy++) {
+        char id[32];
+        snprintf(id, sizeof(id), "ask-%d", copy);
+        struct sk_message msg = {
+            .message_id = id, .type = "test", .idempotency_key = "k-reply",
+            .reply_to = replies, .correlation_id = "corr-1", .body = "ok", .body_len = 2,
+        };
+        struct sk_err err = { 0 };
+        ck_assert_msg(sk_broker_publish(r.b, r.queue, &msg, &err) == SK_OK, "%s", err.msg);
+    }
+    H_WAIT(h_pg_count(r.pg, "SELECT duplicates FROM sekali.idempotency_keys WHERE queue = '%s'",
+                      r.queue) == 2, 20000, "two of the three copies should be duplicates");
+    stop(&r);
+
+    ck_assert_int_eq(effects(&r, "k-reply"), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, replies), 1);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, replies, &msg));
+    ck_assert_uint_eq(msg.properties._flags & AMQP_BASIC_CORRELATION_ID_FLAG,
+                      AMQP_BASIC_CORRELATION_ID_FLAG);
+    ck_assert_int_eq((int)msg.properties.correlation_id.len, 6);
+    ck_assert_int_eq(memcmp(msg.properties.correlation_id.bytes, "corr-1", 6), 0);
+    char body[64];
+    snprintf(body, sizeof(body), "%.*s", (int)msg.body.len, (const char *)msg.body.bytes);
+    ck_assert_msg(strncmp(body, "done by ", 8) == 0, "the reply should carry the result, got %s",
+                  body);
+    amqp_destroy_message(&msg);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND replied_at IS NOT NULL", r.queue), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("outcomes");
@@ -198,6 +237,7 @@ int main(void)
     tcase_add_test(tc, test_failed_job_is_dead_lettered_and_recorded);
     tcase_add_test(tc, test_poison_messages_are_dead_lettered_with_their_reason);
     tcase_add_test(tc, test_busy_lock_reschedules_without_counting_an_attempt);
+    tcase_add_test(tc, test_reply_is_sent_once_per_key_with_the_saved_result);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

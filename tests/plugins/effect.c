@@ -171,6 +171,9 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
     if (!ok)
         s->host->set_error(ctx, PQresultErrorMessage(res));
     PQclear(res);
+    char receipt[64];
+    int n = snprintf(receipt, sizeof(receipt), "done by %s", pid);
+    s->host->set_result(ctx, receipt, (size_t)n);
     return ok ? SEKALI_OK : SEKALI_RETRY;
 }
 
