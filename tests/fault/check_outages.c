@@ -164,16 +164,71 @@ START_TEST(test_rabbitmq_restarted_mid_run)
 }
 END_TEST
 
+static void broker_env(const char *key, long value)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "\"$SEKALI_RABBITMQCTL\" eval "
+             "'application:set_env(rabbit, %s, %ld).' >/dev/null 2>&1", key, value);
+    ck_assert_msg(system(cmd) == 0, "rabbitmqctl eval set_env %s failed", key);
+}
+
+/* The broker gives up on an unacked delivery after consumer_timeout and
+ * hands it to another consumer while the first worker is still running it.
+ * The redelivered copy must not run while the first is alive: the Redis
+ * lock (and under it the key's row) keeps it out, and once the first
+ * commits, the copy is a duplicate. Channels read the timeout when they
+ * open, so the broker's setting is lowered before sekalid starts and
+ * restored after. */
+START_TEST(test_job_outliving_consumer_timeout_runs_once)
+{
+    h_init();
+    servers("start");
+    broker_env("consumer_timeout", 2000);
+    broker_env("channel_tick_interval", 500);
+    struct run r;
+    start(&r, "ackout", "    lock_ttl: 3s\n");
+    h_publish(r.b, r.queue, "test", "slow-1", "k-slow", NULL, "sleep:6000");
+    H_WAIT(h_count_lines(r.log, "acknowledgement") >= 1, 30000,
+           "the broker should close the slow worker's channel for its late ack");
+    broker_env("consumer_timeout", 3600000);
+    broker_env("channel_tick_interval", 60000);
+    H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
+                            "WHERE queue = '%s'", r.queue) >= 1, 60000,
+           "the redelivered copy should end as a duplicate");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), 1);
+    h_stop_sekalid(r.sekalid, r.dir);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, r.queue), 0);
+    sk_broker_close(r.b);
+    PQfinish(r.pg);
+    free(r.dir);
+}
+END_TEST
+
+/* Runs once after the test case, even when a test failed midway, so that
+ * later suites meet the broker's normal consumer timeout. */
+static void restore_broker_env(void)
+{
+    if (system("\"$SEKALI_RABBITMQCTL\" eval 'application:set_env(rabbit, consumer_timeout, "
+               "3600000), application:set_env(rabbit, channel_tick_interval, 60000).' "
+               ">/dev/null 2>&1") != 0)
+        fprintf(stderr, "check_outages: could not restore the broker's consumer_timeout\n");
+}
+
 int main(void)
 {
     Suite *s = suite_create("outages");
     TCase *tc = tcase_create("outages");
     tcase_set_timeout(tc, 600);
+    tcase_add_unchecked_fixture(tc, NULL, restore_broker_env);
     tcase_add_test(tc, test_redis_stopped_mid_run_with_proceed_policy);
     tcase_add_test(tc, test_redis_stopped_mid_run_with_wait_policy);
     tcase_add_test(tc, test_postgres_restarted_mid_run);
     tcase_add_test(tc, test_rabbitmq_connections_closed_mid_run);
     tcase_add_test(tc, test_rabbitmq_restarted_mid_run);
+    tcase_add_test(tc, test_job_outliving_consumer_timeout_runs_once);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
