@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "harness.h"
 
 static const char *build_dir;
@@ -366,4 +368,16 @@ int64_t h_header_int(const amqp_message_t *msg, const char *key)
     case AMQP_FIELD_KIND_U8:  return v->value.u8;
     default: return -1;
     }
+}
+
+bool h_redis_exists(const char *key)
+{
+    redisContext *redis = redisConnect("127.0.0.1", redis_port);
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect to port %d failed",
+                  redis_port);
+    redisReply *reply = redisCommand(redis, "EXISTS %s", key);
+    bool exists = reply != NULL && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1;
+    freeReplyObject(reply);
+    redisFree(redis);
+    return exists;
 }

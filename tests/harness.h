@@ -83,6 +83,9 @@ const char *h_header_text(const amqp_message_t *msg, const char *key, char *buf,
 int64_t     h_header_int(const amqp_message_t *msg, const char *key);
 uint32_t h_consumers(struct sk_broker *b, const char *queue);
 
+/* Whether key exists in the test Redis (a lock being held, say). */
+bool h_redis_exists(const char *key);
+
 /* Reads the whole file, or NULL if missing; the caller frees. */
 char *h_read_file(const char *path);
 
