@@ -19,7 +19,7 @@ LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
 CORE    = common config config_value log backoff
-DAEMON  = $(CORE) main supervisor worker broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease
+DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease
 CTL     = $(CORE) ctl broker lock
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
