@@ -23,8 +23,11 @@ int sk_scoreboard_create(struct sk_scoreboard **out, size_t n, struct sk_err *er
         return sk_err_errno(err, SK_ERR, "mmap(scoreboard)");
     }
     sb->n = n;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         atomic_init(&sb->slots[i].job_started_ms, 0);
+        atomic_init(&sb->slots[i].alive_ms, 0);
+        atomic_init(&sb->slots[i].consuming, 0);
+    }
     *out = sb;
     return SK_OK;
 }

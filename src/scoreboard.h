@@ -15,6 +15,8 @@
 
 struct sk_slot {
     _Atomic int64_t job_started_ms;  /* 0 while idle */
+    _Atomic int64_t alive_ms;        /* the worker's loop last turned; 0 before */
+    _Atomic int     consuming;       /* 1 while subscribed to its queue */
 };
 
 struct sk_scoreboard;

@@ -25,6 +25,7 @@
 
 #include "backoff.h"
 #include "log.h"
+#include "notify.h"
 #include "scoreboard.h"
 #include "supervisor.h"
 #include "worker.h"
@@ -52,6 +53,10 @@ struct supervisor {
     int                      exit_code;
     struct sk_scoreboard    *scoreboard;   /* slot i belongs to slots[i] */
     bool                     any_job_timeout;
+    bool                     ready_sent;    /* READY=1 goes once, when all first consume */
+    uint32_t                 watchdog_ms;   /* systemd's WatchdogSec, or 0 */
+    int64_t                  next_watchdog_ms;
+    char                     status[512];   /* the last STATUS= sent */
 };
 
 static void spawn(struct supervisor *s, struct slot *slot);
@@ -61,6 +66,7 @@ static void begin_stop(struct supervisor *s, const char *why);
 static size_t running(const struct supervisor *s);
 static int next_timeout(const struct supervisor *s);
 static void kill_overdue_jobs(struct supervisor *s);
+static void report(struct supervisor *s);
 
 int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugins)
 {
@@ -102,6 +108,7 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
         return SK_EXIT_RUNTIME;
     }
 
+    s.watchdog_ms = sk_notify_watchdog_ms();
     for (i = 0; i < s.n_slots; i++)
         spawn(&s, &s.slots[i]);
     sk_log_info("supervisor started %zu workers for %zu queues", s.n_slots, conf->n_queues);
@@ -151,6 +158,7 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
         for (i = 0; i < s.n_slots; i++)
             if (s.slots[i].pid == 0 && now >= s.slots[i].restart_at_ms)
                 spawn(&s, &s.slots[i]);
+        report(&s);
     }
 
     close(s.signal_fd);
@@ -174,6 +182,10 @@ static void spawn(struct supervisor *s, struct slot *slot)
         /* The child starts clean: default dispositions, nothing blocked,
          * and it stops by itself if the supervisor dies. */
         close(s->signal_fd);
+        /* Only the supervisor talks to systemd. */
+        unsetenv("NOTIFY_SOCKET");
+        unsetenv("WATCHDOG_USEC");
+        unsetenv("WATCHDOG_PID");
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent)
             _exit(SK_EXIT_RUNTIME);
@@ -202,6 +214,8 @@ static void reap(struct supervisor *s)
         for (size_t i = 0; i < s->n_slots; i++) {
             if (s->slots[i].pid == pid) {
                 s->slots[i].pid = 0;
+                /* A dead worker consumes nothing, whatever its slot says. */
+                atomic_store(&sk_scoreboard_slot(s->scoreboard, i)->consuming, 0);
                 on_exit_status(s, &s->slots[i], status);
                 break;
             }
@@ -252,6 +266,8 @@ static void begin_stop(struct supervisor *s, const char *why)
     if (s->stopping)
         return;
     s->stopping = true;
+    sk_notify_stopping();
+    sk_notify_status("stopping (%s): %zu workers finishing their jobs", why, running(s));
     s->kill_at_ms = sk_now_ms() + s->conf->shutdown_timeout_ms;
     sk_log_info("stopping (%s): waiting up to %u ms for %zu workers to finish their jobs", why,
                 s->conf->shutdown_timeout_ms, running(s));
@@ -266,6 +282,55 @@ static size_t running(const struct supervisor *s)
     for (size_t i = 0; i < s->n_slots; i++)
         n += s->slots[i].pid > 0;
     return n;
+}
+
+/* Tells systemd how things stand: READY=1 once every worker consumes (the
+ * first time), STATUS= when the picture changes, and WATCHDOG=1 only while
+ * every worker's loop is turning or busy with a job that job_timeout
+ * watches: a supervisor that runs while its workers are wedged must not
+ * keep the watchdog quiet. */
+static void report(struct supervisor *s)
+{
+    int64_t now = sk_now_ms();
+    size_t consuming = 0;
+    bool healthy = true;
+    char status[512];
+    size_t len = 0;
+    status[0] = '\0';
+    for (size_t q = 0; q < s->conf->n_queues; q++) {
+        size_t up = 0, of = 0;
+        for (size_t i = 0; i < s->n_slots; i++) {
+            if (s->slots[i].queue != q)
+                continue;
+            of++;
+            struct sk_slot *shared = sk_scoreboard_slot(s->scoreboard, i);
+            bool on = s->slots[i].pid > 0 && atomic_load(&shared->consuming);
+            up += on;
+            int64_t alive = atomic_load(&shared->alive_ms);
+            bool busy = atomic_load(&shared->job_started_ms) != 0;
+            uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
+            if (s->slots[i].pid <= 0 || (!busy && now - alive > (int64_t)grace))
+                healthy = false;
+        }
+        consuming += up;
+        int n = snprintf(status + len, sizeof(status) - len, "%s%s: %zu/%zu workers consuming",
+                         q > 0 ? "; " : "", s->conf->queues[q].name, up, of);
+        if (n > 0 && (size_t)n < sizeof(status) - len)
+            len += (size_t)n;
+    }
+    if (!s->ready_sent && consuming == s->n_slots) {
+        s->ready_sent = true;
+        sk_notify_ready();
+        sk_log_info("ready: every worker is consuming");
+    }
+    if (strcmp(status, s->status) != 0) {
+        memcpy(s->status, status, sizeof(status));
+        sk_notify_status("%s", status);
+    }
+    if (s->watchdog_ms > 0 && healthy && now >= s->next_watchdog_ms) {
+        sk_notify_watchdog();
+        s->next_watchdog_ms = now + s->watchdog_ms / 2;
+    }
 }
 
 /* A job past its queue's job_timeout is killed with its worker: SIGKILL,
@@ -304,7 +369,9 @@ static int next_timeout(const struct supervisor *s)
             if (s->slots[i].pid == 0 && s->slots[i].restart_at_ms < next)
                 next = s->slots[i].restart_at_ms;
     }
-    int64_t longest = s->any_job_timeout && !s->stopping ? 100 : 60000;
+    /* Readiness, liveness and job age live in shared memory, which no
+     * signal announces: look at them often enough. */
+    int64_t longest = s->any_job_timeout && !s->stopping ? 100 : 200;
     if (next <= now)
         return 0;
     return next == INT64_MAX || next - now > longest ? (int)longest : (int)(next - now);

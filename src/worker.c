@@ -56,6 +56,9 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
                 w->handler->version != NULL ? w->handler->version : "?");
 
     while (!stop_requested) {
+        /* Liveness for the supervisor's watchdog: the loop turns at least
+         * every POLL_MS while idle; a job in hand is covered by its start. */
+        atomic_store(&w->slot->alive_ms, sk_now_ms());
         if (!ensure_store(w) || !ensure_broker(w))
             continue;
         amqp_envelope_t delivery;
@@ -181,6 +184,7 @@ static bool ensure_broker(struct sk_worker *w)
             sk_log_info("consuming %s again", w->queue->name);
         w->broker_down_logged = false;
         sk_backoff_reset(&w->broker_backoff);
+        atomic_store(&w->slot->consuming, 1);
         return true;
     }
     sk_broker_close(w->broker);
@@ -196,6 +200,7 @@ static bool ensure_broker(struct sk_worker *w)
 void sk_worker_drop_broker(struct sk_worker *w, const char *why)
 {
     sk_log_warn("lost the broker connection: %s", why);
+    atomic_store(&w->slot->consuming, 0);
     w->broker_down_logged = true;
     sk_broker_close(w->broker);
     w->broker = NULL;
