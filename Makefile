@@ -5,6 +5,7 @@
 # production binary contains a failpoint.
 
 PREFIX  ?= /usr/local
+VERSION  = 0.1.0
 DESTDIR ?=
 B       ?= build
 
@@ -14,7 +15,7 @@ CFLAGS ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
                    -fno-strict-aliasing -MMD -MP -iquote src -Iinclude \
                    $(shell pkg-config --cflags $(PKGS)) \
-                   -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"'
+                   -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
@@ -112,16 +113,34 @@ valgrind: deps
 	tests/servers.sh start
 	SEKALI_VALGRIND=1 tests/run.sh $(B)
 
+# Installs the daemon, the example handler, the header and a pkg-config file
+# for handler authors, the migrations, the unit (with this PREFIX's paths)
+# and, unless one exists, the example configuration.
+BINDIR     = $(PREFIX)/bin
+HANDLERDIR = $(PREFIX)/lib/sekali/handlers
+INCLUDEDIR = $(PREFIX)/include
+SQLDIR     = $(PREFIX)/share/sekali/sql
+DOCDIR     = $(PREFIX)/share/doc/sekali
+UNITDIR   ?= $(PREFIX)/lib/systemd/system
+PCDIR      = $(PREFIX)/lib/pkgconfig
+SYSCONFDIR ?= /etc
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/sekali/handlers \
-	    $(DESTDIR)$(PREFIX)/include/sekali $(DESTDIR)$(PREFIX)/share/sekali/sql
-	install -m 755 $(B)/sekalid $(B)/sekalictl $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(HANDLERS) $(DESTDIR)$(PREFIX)/lib/sekali/handlers/
-	install -m 644 include/sekali/handler.h $(DESTDIR)$(PREFIX)/include/sekali/
-	install -m 644 sql/*.sql $(DESTDIR)$(PREFIX)/share/sekali/sql/
-	install -d $(DESTDIR)/etc/sekali
-	test -e $(DESTDIR)/etc/sekali/sekali.yaml || \
-	    install -m 640 conf/sekali.yaml $(DESTDIR)/etc/sekali/sekali.yaml
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(HANDLERDIR) $(DESTDIR)$(INCLUDEDIR)/sekali \
+	    $(DESTDIR)$(SQLDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PCDIR)
+	install -m 755 $(B)/sekalid $(B)/sekalictl $(DESTDIR)$(BINDIR)/
+	install -m 644 $(HANDLERS) $(DESTDIR)$(HANDLERDIR)/
+	install -m 644 include/sekali/handler.h $(DESTDIR)$(INCLUDEDIR)/sekali/
+	install -m 644 sql/*.sql $(DESTDIR)$(SQLDIR)/
+	install -m 644 README.md LICENSE $(DESTDIR)$(DOCDIR)/
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	    -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/sekali.service.in \
+	    > $(DESTDIR)$(UNITDIR)/sekali.service
+	chmod 644 $(DESTDIR)$(UNITDIR)/sekali.service
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' sekali.pc.in \
+	    > $(DESTDIR)$(PCDIR)/sekali.pc
+	install -d $(DESTDIR)$(SYSCONFDIR)/sekali
+	test -e $(DESTDIR)$(SYSCONFDIR)/sekali/sekali.yaml || \
+	    install -m 640 conf/sekali.yaml $(DESTDIR)$(SYSCONFDIR)/sekali/sekali.yaml
 
 clean:
 	rm -rf build

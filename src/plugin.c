@@ -3,9 +3,15 @@
  * The checks follow the compatibility rules in sekali/handler.h: the major
  * version must match exactly; the descriptor must be at least as large as the
  * 1.0 layout (older minors are fine, their missing members read as absent);
- * and the mandatory callback must be present. */
+ * and the mandatory callback must be present. Before any of that, the file
+ * must be safe to load at all: nobody but root or us may be able to change
+ * it. */
 #include <dlfcn.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "plugin.h"
 
@@ -13,8 +19,43 @@
 #define DESCRIPTOR_V1_0_SIZE \
     (offsetof(struct sekali_handler, fini) + sizeof(((struct sekali_handler *)0)->fini))
 
+/* Code that others can replace runs as sekali with its database
+ * credentials: like sshd with a loose key file, refuse it. The file and its
+ * directory must belong to root or to us, and be writable by nobody else. */
+static int check_ownership(const char *path, struct sk_err *err)
+{
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+
+    const char *paths[] = { path, dir };
+    for (size_t i = 0; i < SK_ARRAY_LEN(paths); i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0)
+            return sk_err_errno(err, SK_ERR, "handler %s: cannot stat %s", path, paths[i]);
+        if (st.st_uid != 0 && st.st_uid != geteuid())
+            return sk_err_set(err, SK_ERR, "handler %s: refusing it: %s is owned by uid %u, "
+                              "not by root or by sekalid's user", path, paths[i],
+                              (unsigned)st.st_uid);
+        /* A sticky directory (like /tmp) still lets anyone add a file. */
+        if (st.st_mode & (S_IWGRP | S_IWOTH))
+            return sk_err_set(err, SK_ERR, "handler %s: refusing it: %s is writable by %s "
+                              "(chmod go-w %s)", path, paths[i],
+                              st.st_mode & S_IWOTH ? "everyone" : "its group", paths[i]);
+    }
+    return SK_OK;
+}
+
 int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
 {
+    if (access(path, F_OK) == 0 && check_ownership(path, err) != SK_OK)
+        return SK_ERR;
     void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (dl == NULL)
         return sk_err_set(err, SK_ERR, "handler %s: cannot load: %s", path, dlerror());

@@ -7,7 +7,7 @@ packages=(
     build-essential pkg-config
     librabbitmq-dev libhiredis-dev libpq-dev libyaml-dev libsystemd-dev check
     postgresql postgresql-client redis-server rabbitmq-server
-    valgrind procps libfaketime
+    valgrind procps libfaketime systemd
 )
 
 missing=()

@@ -1,6 +1,8 @@
 /* check_plugin.c - the handler ABI checks, on descriptors built in place. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <check.h>
 
@@ -84,6 +86,51 @@ START_TEST(test_missing_file_is_refused)
 }
 END_TEST
 
+/* A copy of a real handler in a fresh directory, with the given modes. */
+static void make_handler_copy(char *dir, size_t size, char *file, size_t file_size,
+                              mode_t dir_mode, mode_t file_mode)
+{
+    snprintf(dir, size, "/tmp/check_plugin.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(file, file_size, "%s/h.so", dir);
+    char cmd[2048];
+    const char *build = getenv("SEKALI_BUILD") != NULL ? getenv("SEKALI_BUILD") : "build";
+    snprintf(cmd, sizeof(cmd), "cp %s/handlers/invoice.so %s", build, file);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(chmod(file, file_mode), 0);
+    ck_assert_int_eq(chmod(dir, dir_mode), 0);
+}
+
+START_TEST(test_handler_writable_by_others_is_refused)
+{
+    char dir[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    make_handler_copy(dir, sizeof(dir), file, sizeof(file), 0755, 0644);
+    ck_assert_int_eq(sk_plugin_load(file, &p, &err), SK_OK);
+
+    ck_assert_int_eq(chmod(file, 0666), 0);
+    ck_assert_int_eq(sk_plugin_load(file, &p, &err), SK_ERR);
+    ck_assert_msg(strstr(err.msg, "is writable by everyone") != NULL, "%s", err.msg);
+
+    ck_assert_int_eq(chmod(file, 0664), 0);
+    ck_assert_int_eq(sk_plugin_load(file, &p, &err), SK_ERR);
+    ck_assert_msg(strstr(err.msg, "is writable by its group") != NULL, "%s", err.msg);
+
+    ck_assert_int_eq(chmod(file, 0644), 0);
+    ck_assert_int_eq(chmod(dir, 01777), 0);
+    ck_assert_int_eq(sk_plugin_load(file, &p, &err), SK_ERR);
+    char expected[128];
+    snprintf(expected, sizeof(expected), "refusing it: %s is writable by everyone", dir);
+    ck_assert_msg(strstr(err.msg, expected) != NULL, "%s", err.msg);
+
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("plugin");
@@ -95,6 +142,7 @@ int main(void)
     tcase_add_test(tc, test_missing_handle_callback_is_refused);
     tcase_add_test(tc, test_null_descriptor_is_refused);
     tcase_add_test(tc, test_missing_file_is_refused);
+    tcase_add_test(tc, test_handler_writable_by_others_is_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
