@@ -61,6 +61,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
+$(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

@@ -1,14 +1,22 @@
-/* log.c - writes structured log lines to stderr.
+/* log.c - writes structured log lines.
  *
- * Each line is built in a stack buffer and written with a single write(2), so
- * lines from concurrent workers sharing one stderr (journald, a pipe) never
- * interleave mid-line. Under systemd stderr goes to the journal; journald
- * fields proper come with the service integration. */
+ * Under systemd (stderr is the journal stream named by JOURNAL_STREAM) each
+ * line goes to journald with its fields as journal fields (JOB_ID=,
+ * IDEMPOTENCY_KEY=, FENCE=, ...), so `journalctl IDEMPOTENCY_KEY=x` shows a
+ * key's timeline. Otherwise each line is built in a stack buffer and written
+ * to stderr with a single write(2), as JSON or text, so lines from concurrent
+ * workers sharing one stderr never interleave mid-line. */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <systemd/sd-journal.h>
 
 #include "log.h"
 
@@ -17,6 +25,7 @@
 static enum sk_log_level  min_level = SK_LOG_INFO;
 static enum sk_log_format format = SK_LOG_FORMAT_JSON;
 static const char        *role = "sekali";
+static bool               to_journal;
 
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
@@ -30,10 +39,24 @@ static void put_fmt(struct line *l, const char *fmt, ...) __attribute__((format(
 static void put_json_string(struct line *l, const char *s);
 static void put_field(struct line *l, const char *key, const char *value);
 static void put_job(struct line *l, const struct sk_log_job *job);
+static void send_to_journal(enum sk_log_level level, const char *msg,
+                            const struct sk_log_job *job);
+
+bool sk_log_stderr_is_journal(void)
+{
+    const char *stream = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    if (stream == NULL || sscanf(stream, "%llu:%llu", &dev, &ino) != 2 ||
+        fstat(STDERR_FILENO, &st) != 0)
+        return false;
+    return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
 
 void sk_log_init(enum sk_log_level level, enum sk_log_format fmt, const char *process_role)
 {
     min_level = level;
+    to_journal = fmt == SK_LOG_FORMAT_AUTO && sk_log_stderr_is_journal();
     if (fmt == SK_LOG_FORMAT_AUTO)
         fmt = isatty(STDERR_FILENO) ? SK_LOG_FORMAT_TEXT : SK_LOG_FORMAT_JSON;
     format = fmt;
@@ -64,6 +87,10 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 
     char msg[2048];
     vsnprintf(msg, sizeof(msg), fmt, ap);
+    if (to_journal) {
+        send_to_journal(level, msg, job);
+        return;
+    }
 
     struct line l = { .len = 0 };
     struct timespec now;
@@ -166,4 +193,43 @@ static void put_job(struct line *l, const struct sk_log_job *job)
         else
             put_field(l, "delivery_attempt", num);
     }
+}
+
+/* journald's own fields: PRIORITY is syslog's (error 3 .. debug 7). */
+static void send_to_journal(enum sk_log_level level, const char *msg,
+                            const struct sk_log_job *job)
+{
+    static const int priorities[] = { 7, 6, 4, 3 };
+    char fields[10][640];  /* a key is at most 512 bytes */
+    struct iovec iov[10];
+    int n = 0;
+#define FIELD(...)                                                               \
+    do {                                                                         \
+        int len_ = snprintf(fields[n], sizeof(fields[n]), __VA_ARGS__);          \
+        iov[n].iov_base = fields[n];                                             \
+        iov[n].iov_len = len_ < 0 ? 0 : (size_t)len_ < sizeof(fields[n])         \
+                                            ? (size_t)len_ : sizeof(fields[n]) - 1; \
+        n++;                                                                     \
+    } while (0)
+    FIELD("MESSAGE=%s", msg);
+    FIELD("PRIORITY=%d", priorities[level]);
+    FIELD("SEKALI_ROLE=%s", role);
+    if (job != NULL) {
+        if (job->queue != NULL)
+            FIELD("QUEUE=%s", job->queue);
+        if (job->job_id != NULL)
+            FIELD("JOB_ID=%s", job->job_id);
+        if (job->idempotency_key != NULL)
+            FIELD("IDEMPOTENCY_KEY=%s", job->idempotency_key);
+        if (job->resource_key != NULL)
+            FIELD("RESOURCE_KEY=%s", job->resource_key);
+        if (job->lock_owner != NULL)
+            FIELD("LOCK_OWNER=%s", job->lock_owner);
+        if (job->fence > 0)
+            FIELD("FENCE=%lld", (long long)job->fence);
+        if (job->delivery_attempt > 0)
+            FIELD("DELIVERY_ATTEMPT=%u", job->delivery_attempt);
+    }
+#undef FIELD
+    sd_journal_sendv(iov, n);
 }

@@ -1,12 +1,14 @@
 /* log.h - structured logging for every sekali process.
  *
- * One line per event on stderr: JSON objects (the default when stderr is not a
- * terminal) or "level message key=value" text. Job lines carry the job's
+ * One line per event: to journald with journal fields when stderr is the
+ * journal stream, else on stderr as JSON objects (the default when stderr is
+ * not a terminal) or "level message key=value" text. Job lines carry the job's
  * identifying fields so that one grep on an idempotency key shows its timeline. */
 #ifndef SK_LOG_H
 #define SK_LOG_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -25,6 +27,9 @@ struct sk_log_job {
 /* Sets the level, the format and the process's role ("supervisor",
  * "worker", "ctl") shown on each line. Call once per process, after fork. */
 void sk_log_init(enum sk_log_level level, enum sk_log_format format, const char *role);
+
+/* True when stderr is the journal stream systemd set up (JOURNAL_STREAM). */
+bool sk_log_stderr_is_journal(void);
 
 void sk_log(enum sk_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -1,0 +1,108 @@
+/* check_log.c - structured log lines: fields, escaping, journal detection. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "log.h"
+
+/* Points stderr at a fresh temp file; returns its path (static buffer). */
+static const char *capture_stderr(void)
+{
+    static char path[] = "/tmp/check_log.XXXXXX";
+    strcpy(path, "/tmp/check_log.XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ge(dup2(fd, STDERR_FILENO), 0);
+    close(fd);
+    return path;
+}
+
+static char *slurp(const char *path)
+{
+    static char buf[8192];
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    unlink(path);
+    return buf;
+}
+
+START_TEST(test_json_job_line_carries_every_field)
+{
+    const char *path = capture_stderr();
+    unsetenv("JOURNAL_STREAM");
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_JSON, "worker");
+    struct sk_log_job job = {
+        .queue = "invoices", .job_id = "m-1", .idempotency_key = "order \"7\"",
+        .resource_key = "account-7", .lock_owner = "ab12", .fence = 3, .delivery_attempt = 2,
+    };
+    sk_log_job(SK_LOG_INFO, &job, "completed");
+    const char *line = slurp(path);
+    static const char *const expected[] = {
+        "\"level\":\"info\"", "\"role\":\"worker\"", "\"msg\":\"completed\"",
+        "\"queue\":\"invoices\"", "\"job_id\":\"m-1\"",
+        "\"idempotency_key\":\"order \\\"7\\\"\"", "\"resource_key\":\"account-7\"",
+        "\"lock_owner\":\"ab12\"", "\"fence\":3", "\"delivery_attempt\":2",
+    };
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        ck_assert_msg(strstr(line, expected[i]) != NULL, "missing %s in %s", expected[i], line);
+    ck_assert_int_eq(line[0], '{');
+    ck_assert_int_eq(line[strlen(line) - 2], '}');
+    ck_assert_int_eq(line[strlen(line) - 1], '\n');
+}
+END_TEST
+
+START_TEST(test_lines_below_the_level_are_dropped)
+{
+    const char *path = capture_stderr();
+    sk_log_init(SK_LOG_WARN, SK_LOG_FORMAT_TEXT, "worker");
+    sk_log_info("quiet");
+    sk_log_warn("loud");
+    const char *text = slurp(path);
+    ck_assert_ptr_null(strstr(text, "quiet"));
+    ck_assert_ptr_nonnull(strstr(text, "loud"));
+}
+END_TEST
+
+START_TEST(test_journal_stream_is_recognised_only_for_our_stderr)
+{
+    const char *path = capture_stderr();
+    struct stat st;
+    ck_assert_int_eq(fstat(STDERR_FILENO, &st), 0);
+    char stream[64];
+    snprintf(stream, sizeof(stream), "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    setenv("JOURNAL_STREAM", stream, 1);
+    ck_assert(sk_log_stderr_is_journal());
+    /* Inherited by a process whose stderr was redirected elsewhere. */
+    snprintf(stream, sizeof(stream), "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino + 1);
+    setenv("JOURNAL_STREAM", stream, 1);
+    ck_assert(!sk_log_stderr_is_journal());
+    unsetenv("JOURNAL_STREAM");
+    ck_assert(!sk_log_stderr_is_journal());
+    unlink(path);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("log");
+    TCase *tc = tcase_create("log");
+    tcase_add_test(tc, test_json_job_line_carries_every_field);
+    tcase_add_test(tc, test_lines_below_the_level_are_dropped);
+    tcase_add_test(tc, test_journal_stream_is_recognised_only_for_our_stderr);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
