@@ -64,28 +64,18 @@ int main(int argc, char **argv)
     }
     sk_log_init(conf->log.level, conf->log.format, "supervisor");
 
-    struct sk_plugin *plugins = calloc(conf->n_queues, sizeof(*plugins));
-    if (plugins == NULL) {
-        fprintf(stderr, "sekalid: out of memory\n");
+    struct sk_plugin *plugins = NULL;
+    if (sk_plugin_load_queues(conf, &plugins, &err) != SK_OK) {
+        fprintf(stderr, "sekalid: %s\n", err.msg);
         sk_conf_free(conf);
-        return SK_EXIT_RUNTIME;
-    }
-    for (size_t i = 0; i < conf->n_queues; i++) {
-        if (sk_plugin_load(conf->queues[i].handler, &plugins[i], &err) != SK_OK) {
-            fprintf(stderr, "sekalid: queue %s: %s\n", conf->queues[i].name, err.msg);
-            free(plugins);
-            sk_conf_free(conf);
-            return SK_EXIT_ABI;
-        }
+        return SK_EXIT_ABI;
     }
 
-    int code = SK_EXIT_OK;
-    if (test_only)
+    if (test_only) {
         fprintf(stderr, "sekalid: configuration file %s test is successful\n", path);
-    else
-        code = sk_supervisor_run(conf, plugins);
-
-    free(plugins);
-    sk_conf_free(conf);
-    return code;
+        free(plugins);
+        sk_conf_free(conf);
+        return SK_EXIT_OK;
+    }
+    return sk_supervisor_run(conf, plugins);
 }

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -75,6 +76,23 @@ int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
         return SK_ERR;
     out->path = path;
     out->handler = h;
+    return SK_OK;
+}
+
+int sk_plugin_load_queues(const struct sk_conf *conf, struct sk_plugin **out,
+                          struct sk_err *err)
+{
+    struct sk_plugin *plugins = calloc(conf->n_queues, sizeof(*plugins));
+    if (plugins == NULL)
+        return sk_err_errno(err, SK_ERR, "calloc(plugins)");
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        struct sk_err why = { 0 };
+        if (sk_plugin_load(conf->queues[i].handler, &plugins[i], &why) != SK_OK) {
+            free(plugins);
+            return sk_err_set(err, SK_ERR, "queue %s: %s", conf->queues[i].name, why.msg);
+        }
+    }
+    *out = plugins;
     return SK_OK;
 }
 

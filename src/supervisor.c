@@ -1,9 +1,18 @@
-/* supervisor.c - spawns, reaps and restarts the worker processes.
+/* supervisor.c - spawns, reaps and restarts the worker processes, and
+ * reloads the configuration.
  *
  * The supervisor never touches a broker or a database: a crashing handler
  * takes down one worker, never the parent. Signals stay blocked and arrive
  * through a signalfd, so they are handled at one point of the loop and never
  * interrupt it halfway.
+ *
+ * A configuration and the workers it runs form a generation. SIGHUP loads
+ * the file again; if it is invalid, the current generation runs on and the
+ * error is reported; if it is valid, a new generation starts and the old one
+ * drains (each old worker finishes its job, its unstarted deliveries go back
+ * to the broker for the new workers) and is freed once its last worker left.
+ * SIGTERM retires the current generation the same way, and the supervisor
+ * exits when no generation is left.
  *
  * Restarts back off exponentially with jitter per slot, and the backoff only
  * resets after a worker stayed up for a while; a worker that keeps dying is
@@ -42,56 +51,58 @@ struct slot {
     uint32_t          quick_deaths;
 };
 
-struct supervisor {
-    const struct sk_conf    *conf;
-    const struct sk_plugin  *plugins;
-    struct slot             *slots;
-    size_t                   n_slots;
-    int                      signal_fd;
-    bool                     stopping;
-    int64_t                  kill_at_ms;
-    int                      exit_code;
-    struct sk_scoreboard    *scoreboard;   /* slot i belongs to slots[i] */
-    bool                     any_job_timeout;
-    bool                     ready_sent;    /* READY=1 goes once, when all first consume */
-    uint32_t                 watchdog_ms;   /* systemd's WatchdogSec, or 0 */
-    int64_t                  next_watchdog_ms;
-    char                     status[512];   /* the last STATUS= sent */
+/* One configuration and the workers it runs. Slot i's shared state is
+ * scoreboard slot i. */
+struct generation {
+    struct sk_conf       *conf;
+    struct sk_plugin     *plugins;     /* plugins[q] serves conf->queues[q] */
+    struct slot          *slots;
+    size_t                n_slots;
+    struct sk_scoreboard *scoreboard;
+    bool                  any_job_timeout;
+    int64_t               kill_at_ms;  /* retiring: SIGKILL what is left after this */
+    struct generation    *next;        /* in the list of retiring generations */
 };
 
-static void spawn(struct supervisor *s, struct slot *slot);
+struct supervisor {
+    struct generation *current;      /* NULL once stopping */
+    struct generation *retiring;     /* older generations still draining */
+    int                signal_fd;
+    bool               stopping;
+    int                exit_code;
+    bool               ready_sent;   /* READY=1 for the current generation */
+    uint32_t           watchdog_ms;  /* systemd's WatchdogSec, or 0 */
+    int64_t            next_watchdog_ms;
+    char               status[512];  /* the last STATUS= sent */
+};
+
+static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
+                                         struct sk_err *err);
+static void generation_free(struct generation *g);
+static void retire(struct supervisor *s, struct generation *g, const char *why);
+static void spawn(struct supervisor *s, struct generation *g, struct slot *slot);
 static void reap(struct supervisor *s);
-static void on_exit_status(struct supervisor *s, struct slot *slot, int status);
+static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
+                           int status);
 static void begin_stop(struct supervisor *s, const char *why);
-static size_t running(const struct supervisor *s);
+static void reload(struct supervisor *s);
+static size_t running(const struct generation *g);
 static int next_timeout(const struct supervisor *s);
-static void kill_overdue_jobs(struct supervisor *s);
+static void kill_overdue_jobs(struct generation *g);
+static void kill_stragglers(struct supervisor *s);
 static void report(struct supervisor *s);
 
-int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugins)
+int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
 {
-    struct supervisor s = { .conf = conf, .plugins = plugins, .signal_fd = -1 };
-    for (size_t q = 0; q < conf->n_queues; q++)
-        s.n_slots += (size_t)conf->queues[q].workers;
-    s.slots = calloc(s.n_slots, sizeof(*s.slots));
-    if (s.slots == NULL) {
-        sk_log_error("calloc(slots) failed");
-        return SK_EXIT_RUNTIME;
-    }
-    size_t i = 0;
-    for (size_t q = 0; q < conf->n_queues; q++)
-        for (int k = 0; k < conf->queues[q].workers; k++)
-            s.slots[i++] = (struct slot){
-                .queue = q, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
-
+    struct supervisor s = { .signal_fd = -1 };
     struct sk_err err = { 0 };
-    if (sk_scoreboard_create(&s.scoreboard, s.n_slots, &err) != SK_OK) {
+    s.current = generation_new(conf, plugins, &err);
+    if (s.current == NULL) {
         sk_log_error("%s", err.msg);
-        free(s.slots);
+        sk_conf_free(conf);
+        free(plugins);
         return SK_EXIT_RUNTIME;
     }
-    for (size_t q = 0; q < conf->n_queues; q++)
-        s.any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
 
     sigset_t mask;
     sigemptyset(&mask);
@@ -103,74 +114,127 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
     s.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (s.signal_fd < 0) {
         sk_log_error("signalfd failed: %s", strerror(errno));
-        sk_scoreboard_destroy(s.scoreboard);
-        free(s.slots);
+        generation_free(s.current);
         return SK_EXIT_RUNTIME;
     }
 
     s.watchdog_ms = sk_notify_watchdog_ms();
-    for (i = 0; i < s.n_slots; i++)
-        spawn(&s, &s.slots[i]);
-    sk_log_info("supervisor started %zu workers for %zu queues", s.n_slots, conf->n_queues);
+    for (size_t i = 0; i < s.current->n_slots; i++)
+        spawn(&s, s.current, &s.current->slots[i]);
+    sk_log_info("supervisor started %zu workers for %zu queues", s.current->n_slots,
+                conf->n_queues);
 
-    while (!s.stopping || running(&s) > 0) {
+    while (s.current != NULL || s.retiring != NULL) {
         struct pollfd pfd = { .fd = s.signal_fd, .events = POLLIN };
         int ready = poll(&pfd, 1, next_timeout(&s));
         if (ready < 0 && errno != EINTR) {
             sk_log_error("poll failed: %s", strerror(errno));
             begin_stop(&s, "internal error");
         }
-        if (ready > 0) {
-            struct signalfd_siginfo info;
-            while (read(s.signal_fd, &info, sizeof(info)) == (ssize_t)sizeof(info)) {
-                switch (info.ssi_signo) {
-                case SIGCHLD:
-                    reap(&s);
-                    break;
-                case SIGTERM:
-                case SIGINT:
-                    begin_stop(&s, info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
-                    break;
-                case SIGHUP:
-                    sk_log_warn("SIGHUP: live reload is not supported yet; restart to apply "
-                                "a new configuration");
-                    break;
-                }
-                struct pollfd again = { .fd = s.signal_fd, .events = POLLIN };
-                if (poll(&again, 1, 0) <= 0)
-                    break;
+        struct signalfd_siginfo info;
+        while (ready > 0 && read(s.signal_fd, &info, sizeof(info)) == (ssize_t)sizeof(info)) {
+            switch (info.ssi_signo) {
+            case SIGCHLD:
+                reap(&s);
+                break;
+            case SIGTERM:
+            case SIGINT:
+                begin_stop(&s, info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+                break;
+            case SIGHUP:
+                reload(&s);
+                break;
             }
+            struct pollfd again = { .fd = s.signal_fd, .events = POLLIN };
+            ready = poll(&again, 1, 0);
         }
         reap(&s);
+        kill_stragglers(&s);
+        if (s.current == NULL)
+            continue;
 
         int64_t now = sk_now_ms();
-        if (s.stopping) {
-            if (now >= s.kill_at_ms && running(&s) > 0) {
-                sk_log_warn("shutdown_timeout passed, killing %zu workers", running(&s));
-                for (i = 0; i < s.n_slots; i++)
-                    if (s.slots[i].pid > 0)
-                        kill(s.slots[i].pid, SIGKILL);
-                s.kill_at_ms = INT64_MAX;
-            }
-            continue;
+        kill_overdue_jobs(s.current);
+        for (struct generation *g = s.retiring; g != NULL; g = g->next)
+            kill_overdue_jobs(g);
+        for (size_t i = 0; i < s.current->n_slots; i++) {
+            struct slot *slot = &s.current->slots[i];
+            if (slot->pid == 0 && now >= slot->restart_at_ms)
+                spawn(&s, s.current, slot);
         }
-        kill_overdue_jobs(&s);
-        for (i = 0; i < s.n_slots; i++)
-            if (s.slots[i].pid == 0 && now >= s.slots[i].restart_at_ms)
-                spawn(&s, &s.slots[i]);
         report(&s);
     }
 
     close(s.signal_fd);
-    sk_scoreboard_destroy(s.scoreboard);
-    free(s.slots);
     sk_log_info("supervisor exiting with status %d", s.exit_code);
     return s.exit_code;
 }
 
-static void spawn(struct supervisor *s, struct slot *slot)
+static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
+                                         struct sk_err *err)
 {
-    const struct sk_queue_conf *queue = &s->conf->queues[slot->queue];
+    struct generation *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        sk_err_errno(err, SK_ERR, "calloc(generation)");
+        return NULL;
+    }
+    g->conf = conf;
+    g->plugins = plugins;
+    for (size_t q = 0; q < conf->n_queues; q++) {
+        g->n_slots += (size_t)conf->queues[q].workers;
+        g->any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
+    }
+    g->slots = calloc(g->n_slots, sizeof(*g->slots));
+    if (g->slots == NULL) {
+        sk_err_errno(err, SK_ERR, "calloc(slots)");
+        goto fail;
+    }
+    size_t i = 0;
+    for (size_t q = 0; q < conf->n_queues; q++)
+        for (int k = 0; k < conf->queues[q].workers; k++)
+            g->slots[i++] = (struct slot){
+                .queue = q, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
+    if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
+        goto fail;
+    return g;
+
+fail:
+    free(g->slots);
+    free(g);
+    return NULL;
+}
+
+/* Frees the generation with its configuration. Its plugins stay loaded:
+ * unloading code that may still be referenced is never worth the risk. */
+static void generation_free(struct generation *g)
+{
+    if (g == NULL)
+        return;
+    sk_scoreboard_destroy(g->scoreboard);
+    free(g->slots);
+    sk_conf_free(g->conf);
+    free(g->plugins);
+    free(g);
+}
+
+/* Asks every worker of g to finish its job and exit, and gives them the
+ * generation's shutdown_timeout before SIGKILL. */
+static void retire(struct supervisor *s, struct generation *g, const char *why)
+{
+    g->kill_at_ms = sk_now_ms() + g->conf->shutdown_timeout_ms;
+    sk_log_info("%s: waiting up to %u ms for %zu workers to finish their jobs", why,
+                g->conf->shutdown_timeout_ms, running(g));
+    for (size_t i = 0; i < g->n_slots; i++)
+        if (g->slots[i].pid > 0)
+            kill(g->slots[i].pid, SIGTERM);
+    g->next = s->retiring;
+    s->retiring = g;
+}
+
+static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
+{
+    const struct sk_queue_conf *queue = &g->conf->queues[slot->queue];
+    size_t index = (size_t)(slot - g->slots);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -194,14 +258,23 @@ static void spawn(struct supervisor *s, struct slot *slot)
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        sk_log_init(s->conf->log.level, s->conf->log.format, "worker");
-        struct sk_slot *shared = sk_scoreboard_slot(s->scoreboard, (size_t)(slot - s->slots));
+        sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
+        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, index);
         atomic_store(&shared->job_started_ms, 0);
-        exit(sk_worker_run(s->conf, queue, &s->plugins[slot->queue], shared));
+        exit(sk_worker_run(g->conf, queue, &g->plugins[slot->queue], shared));
     }
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
     sk_log_debug("started worker %ld for queue %s", (long)pid, queue->name);
+}
+
+/* Finds pid's slot in generation g, or NULL. */
+static struct slot *slot_of(struct generation *g, pid_t pid)
+{
+    for (size_t i = 0; g != NULL && i < g->n_slots; i++)
+        if (g->slots[i].pid == pid)
+            return &g->slots[i];
+    return NULL;
 }
 
 static void reap(struct supervisor *s)
@@ -210,29 +283,45 @@ static void reap(struct supervisor *s)
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0)
-            return;
-        for (size_t i = 0; i < s->n_slots; i++) {
-            if (s->slots[i].pid == pid) {
-                s->slots[i].pid = 0;
-                /* A dead worker consumes nothing, whatever its slot says. */
-                atomic_store(&sk_scoreboard_slot(s->scoreboard, i)->consuming, 0);
-                on_exit_status(s, &s->slots[i], status);
+            break;
+        struct generation *g = s->current;
+        struct slot *slot = slot_of(g, pid);
+        for (g = slot != NULL ? g : s->retiring; slot == NULL && g != NULL; g = g->next)
+            if ((slot = slot_of(g, pid)) != NULL)
                 break;
-            }
+        if (slot == NULL)
+            continue;
+        slot->pid = 0;
+        /* A dead worker consumes nothing, whatever its slot says. */
+        atomic_store(&sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots))->consuming,
+                     0);
+        on_exit_status(s, g, slot, status);
+    }
+    /* Free the retired generations whose last worker is gone. */
+    for (struct generation **link = &s->retiring; *link != NULL;) {
+        struct generation *g = *link;
+        if (running(g) > 0) {
+            link = &g->next;
+            continue;
         }
+        *link = g->next;
+        sk_log_debug("a retired generation has drained");
+        generation_free(g);
     }
 }
 
-static void on_exit_status(struct supervisor *s, struct slot *slot, int status)
+static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
+                           int status)
 {
-    const char *queue = s->conf->queues[slot->queue].name;
+    const char *queue = g->conf->queues[slot->queue].name;
     int64_t lived = sk_now_ms() - slot->started_ms;
+    bool retiring = g != s->current;
 
-    if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && s->stopping) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && retiring) {
         sk_log_debug("worker for queue %s stopped", queue);
         return;
     }
-    if (WIFEXITED(status) &&
+    if (!retiring && WIFEXITED(status) &&
         (WEXITSTATUS(status) == SK_EXIT_CONFIG || WEXITSTATUS(status) == SK_EXIT_ABI)) {
         sk_log_error("worker for queue %s exited with status %d; not restarting it, since it "
                      "would fail the same way", queue, WEXITSTATUS(status));
@@ -247,7 +336,7 @@ static void on_exit_status(struct supervisor *s, struct slot *slot, int status)
     else
         sk_log_warn("worker for queue %s exited with status %d after %lld ms", queue,
                     WEXITSTATUS(status), (long long)lived);
-    if (s->stopping)
+    if (retiring)
         return;
 
     if (lived >= STABLE_AFTER_MS) {
@@ -263,62 +352,93 @@ static void on_exit_status(struct supervisor *s, struct slot *slot, int status)
 
 static void begin_stop(struct supervisor *s, const char *why)
 {
-    if (s->stopping)
+    if (s->stopping || s->current == NULL)
         return;
     s->stopping = true;
     sk_notify_stopping();
-    sk_notify_status("stopping (%s): %zu workers finishing their jobs", why, running(s));
-    s->kill_at_ms = sk_now_ms() + s->conf->shutdown_timeout_ms;
-    sk_log_info("stopping (%s): waiting up to %u ms for %zu workers to finish their jobs", why,
-                s->conf->shutdown_timeout_ms, running(s));
-    for (size_t i = 0; i < s->n_slots; i++)
-        if (s->slots[i].pid > 0)
-            kill(s->slots[i].pid, SIGTERM);
+    sk_notify_status("stopping (%s): %zu workers finishing their jobs", why,
+                     running(s->current));
+    char what[128];
+    snprintf(what, sizeof(what), "stopping (%s)", why);
+    retire(s, s->current, what);
+    s->current = NULL;
 }
 
-static size_t running(const struct supervisor *s)
+/* SIGHUP: the new configuration must load completely, handlers included,
+ * before anything changes; otherwise the current generation runs on. */
+static void reload(struct supervisor *s)
+{
+    if (s->current == NULL)
+        return;
+    sk_notify_reloading();
+    sk_log_info("SIGHUP: reloading %s", s->current->conf->path);
+
+    struct sk_err err = { 0 };
+    struct sk_conf *conf = NULL;
+    struct sk_plugin *plugins = NULL;
+    struct generation *g = NULL;
+    if (sk_conf_load(s->current->conf->path, &conf, &err) != SK_OK ||
+        sk_plugin_load_queues(conf, &plugins, &err) != SK_OK ||
+        (g = generation_new(conf, plugins, &err)) == NULL) {
+        sk_log_error("reload failed, still running the previous configuration: %s", err.msg);
+        sk_notify_status("reload failed, running the previous configuration: %s", err.msg);
+        s->status[0] = '\0';
+        sk_notify_ready();
+        sk_conf_free(conf);
+        free(plugins);
+        return;
+    }
+    retire(s, s->current, "reload: retiring the previous generation");
+    s->current = g;
+    s->ready_sent = false;
+    for (size_t i = 0; i < g->n_slots; i++)
+        spawn(s, g, &g->slots[i]);
+    sk_log_info("reloaded: %zu workers for %zu queues", g->n_slots, conf->n_queues);
+}
+
+static size_t running(const struct generation *g)
 {
     size_t n = 0;
-    for (size_t i = 0; i < s->n_slots; i++)
-        n += s->slots[i].pid > 0;
+    for (size_t i = 0; i < g->n_slots; i++)
+        n += g->slots[i].pid > 0;
     return n;
 }
 
-/* Tells systemd how things stand: READY=1 once every worker consumes (the
- * first time), STATUS= when the picture changes, and WATCHDOG=1 only while
- * every worker's loop is turning or busy with a job that job_timeout
- * watches: a supervisor that runs while its workers are wedged must not
- * keep the watchdog quiet. */
+/* Tells systemd how things stand: READY=1 once every worker of the current
+ * generation consumes (at start, and after a reload), STATUS= when the
+ * picture changes, and WATCHDOG=1 only while every worker's loop is turning
+ * or busy with a job that job_timeout watches: a supervisor that runs while
+ * its workers are wedged must not keep the watchdog quiet. */
 static void report(struct supervisor *s)
 {
+    const struct generation *g = s->current;
     int64_t now = sk_now_ms();
     size_t consuming = 0;
     bool healthy = true;
     char status[512];
     size_t len = 0;
     status[0] = '\0';
-    for (size_t q = 0; q < s->conf->n_queues; q++) {
+    for (size_t q = 0; q < g->conf->n_queues; q++) {
         size_t up = 0, of = 0;
-        for (size_t i = 0; i < s->n_slots; i++) {
-            if (s->slots[i].queue != q)
+        for (size_t i = 0; i < g->n_slots; i++) {
+            if (g->slots[i].queue != q)
                 continue;
             of++;
-            struct sk_slot *shared = sk_scoreboard_slot(s->scoreboard, i);
-            bool on = s->slots[i].pid > 0 && atomic_load(&shared->consuming);
-            up += on;
+            struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+            up += g->slots[i].pid > 0 && atomic_load(&shared->consuming);
             int64_t alive = atomic_load(&shared->alive_ms);
             bool busy = atomic_load(&shared->job_started_ms) != 0;
             uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
-            if (s->slots[i].pid <= 0 || (!busy && now - alive > (int64_t)grace))
+            if (g->slots[i].pid <= 0 || (!busy && now - alive > (int64_t)grace))
                 healthy = false;
         }
         consuming += up;
         int n = snprintf(status + len, sizeof(status) - len, "%s%s: %zu/%zu workers consuming",
-                         q > 0 ? "; " : "", s->conf->queues[q].name, up, of);
+                         q > 0 ? "; " : "", g->conf->queues[q].name, up, of);
         if (n > 0 && (size_t)n < sizeof(status) - len)
             len += (size_t)n;
     }
-    if (!s->ready_sent && consuming == s->n_slots) {
+    if (!s->ready_sent && consuming == g->n_slots) {
         s->ready_sent = true;
         sk_notify_ready();
         sk_log_info("ready: every worker is consuming");
@@ -336,44 +456,58 @@ static void report(struct supervisor *s)
 /* A job past its queue's job_timeout is killed with its worker: SIGKILL,
  * because a handler stuck in a loop or a syscall would never see a gentler
  * signal. Its transaction rolls back and the broker redelivers the job. */
-static void kill_overdue_jobs(struct supervisor *s)
+static void kill_overdue_jobs(struct generation *g)
 {
-    if (!s->any_job_timeout)
+    if (!g->any_job_timeout)
         return;
     int64_t now = sk_now_ms();
-    for (size_t i = 0; i < s->n_slots; i++) {
-        const struct sk_queue_conf *queue = &s->conf->queues[s->slots[i].queue];
-        struct sk_slot *shared = sk_scoreboard_slot(s->scoreboard, i);
+    for (size_t i = 0; i < g->n_slots; i++) {
+        const struct sk_queue_conf *queue = &g->conf->queues[g->slots[i].queue];
+        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
         int64_t started = atomic_load(&shared->job_started_ms);
-        if (s->slots[i].pid <= 0 || queue->job_timeout_ms == 0 || started == 0 ||
+        if (g->slots[i].pid <= 0 || queue->job_timeout_ms == 0 || started == 0 ||
             now - started <= (int64_t)queue->job_timeout_ms)
             continue;
         sk_log_warn("worker %ld of queue %s has run one job for %lld ms, over its job_timeout "
-                    "of %u ms: killing it", (long)s->slots[i].pid, queue->name,
+                    "of %u ms: killing it", (long)g->slots[i].pid, queue->name,
                     (long long)(now - started), queue->job_timeout_ms);
-        kill(s->slots[i].pid, SIGKILL);
+        kill(g->slots[i].pid, SIGKILL);
         atomic_store(&shared->job_started_ms, 0);
     }
 }
 
-/* Sleep until the next restart or kill deadline, or a signal; with job
- * timeouts, wake at least every 100 ms to check them. */
+/* Workers of a retired generation still running after its shutdown_timeout
+ * are killed; their jobs roll back and are redelivered, never doubled. */
+static void kill_stragglers(struct supervisor *s)
+{
+    int64_t now = sk_now_ms();
+    for (struct generation *g = s->retiring; g != NULL; g = g->next) {
+        if (now < g->kill_at_ms || running(g) == 0)
+            continue;
+        sk_log_warn("shutdown_timeout passed, killing %zu workers", running(g));
+        for (size_t i = 0; i < g->n_slots; i++)
+            if (g->slots[i].pid > 0)
+                kill(g->slots[i].pid, SIGKILL);
+        g->kill_at_ms = INT64_MAX;
+    }
+}
+
+/* Sleep until the next restart or kill deadline, or a signal; readiness,
+ * liveness and job age live in shared memory, which no signal announces, so
+ * look at them at least every 200 ms (100 ms with job timeouts). */
 static int next_timeout(const struct supervisor *s)
 {
     int64_t now = sk_now_ms();
     int64_t next = INT64_MAX;
-    if (s->stopping) {
-        next = s->kill_at_ms;
-    } else {
-        for (size_t i = 0; i < s->n_slots; i++)
-            if (s->slots[i].pid == 0 && s->slots[i].restart_at_ms < next)
-                next = s->slots[i].restart_at_ms;
-    }
-    /* Readiness, liveness and job age live in shared memory, which no
-     * signal announces: look at them often enough. */
-    int64_t longest = s->any_job_timeout && !s->stopping ? 100 : 200;
+    const struct generation *g = s->current;
+    for (size_t i = 0; g != NULL && i < g->n_slots; i++)
+        if (g->slots[i].pid == 0 && g->slots[i].restart_at_ms < next)
+            next = g->slots[i].restart_at_ms;
+    for (const struct generation *r = s->retiring; r != NULL; r = r->next)
+        if (r->kill_at_ms < next)
+            next = r->kill_at_ms;
+    int64_t longest = g != NULL && g->any_job_timeout ? 100 : 200;
     if (next <= now)
         return 0;
-    return next == INT64_MAX || next - now > longest ? (int)longest : (int)(next - now);
+    return next - now > longest ? (int)longest : (int)(next - now);
 }
-

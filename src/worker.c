@@ -51,9 +51,9 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         exit_code = rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
         goto out;
     }
-    sk_log_info("worker for queue %s started (handler %s %s)", queue->name,
+    sk_log_info("worker for queue %s started (handler %s %s from %s)", queue->name,
                 w->handler->name != NULL ? w->handler->name : "?",
-                w->handler->version != NULL ? w->handler->version : "?");
+                w->handler->version != NULL ? w->handler->version : "?", plugin->path);
 
     while (!stop_requested) {
         /* Liveness for the supervisor's watchdog: the loop turns at least

@@ -130,6 +130,121 @@ START_TEST(test_sigterm_drains_in_flight_jobs_without_loss_or_doubling)
 }
 END_TEST
 
+START_TEST(test_sighup_with_a_broken_config_keeps_the_old_one)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "badreload");
+    char *dir = h_tmpdir("badreload");
+    char *config = h_write_config(dir, queue, EFFECT, 2, NULL);
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
+    char sock[1024], sock_env[1100];
+    snprintf(sock, sizeof(sock), "%s/notify.sock", dir);
+    snprintf(sock_env, sizeof(sock_env), "NOTIFY_SOCKET=%s", sock);
+    int fd = notify_socket(sock);
+    const char *env[] = { sock_env, NULL };
+    pid_t sekalid = h_start_sekalid("sekalid", config, dir, env);
+    static char heard[65536];
+    heard[0] = '\0';
+    H_WAIT((drain_notifications(fd, heard, sizeof(heard)), strstr(heard, "READY=1") != NULL),
+           20000, "sekalid never sent READY=1; heard:\n%s", heard);
+
+    FILE *f = fopen(config, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "    prefetch: lots\n");
+    fclose(f);
+    ck_assert_int_eq(kill(sekalid, SIGHUP), 0);
+    H_WAIT((drain_notifications(fd, heard, sizeof(heard)),
+            strstr(heard, "RELOADING=1") != NULL &&
+            strstr(strstr(heard, "RELOADING=1"), "READY=1") != NULL), 10000,
+           "expected RELOADING=1 then READY=1; heard:\n%s", heard);
+    char expected[1200];
+    snprintf(expected, sizeof(expected), "STATUS=reload failed, running the previous "
+             "configuration: %s:21:", config);
+    ck_assert_msg(strstr(heard, expected) != NULL, "expected \"%s\" in:\n%s", expected, heard);
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    ck_assert_int_eq(h_count_lines(log, "reload failed, still running the previous "
+                                        "configuration"), 1);
+
+    /* Still running on the old configuration. */
+    h_publish(b, queue, "test", "after-1", NULL, NULL, "ok");
+    H_WAIT(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      queue) == 1, 20000, "a job after the failed reload should still run");
+    ck_assert_int_eq(h_consumers(b, queue), 2);
+    h_stop_sekalid(sekalid, dir);
+    close(fd);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_sighup_applies_new_workers_and_handler_under_load_exactly_once)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "reload");
+    char *dir = h_tmpdir("reload");
+    char *config = h_write_config(dir, queue, EFFECT, 2, NULL);
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
+    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
+    H_WAIT(h_consumers(b, queue) == 2, 20000, "2 workers should consume %s", queue);
+    for (int i = 0; i < 300; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "job-%d", i);
+        h_publish(b, queue, "test", id, NULL, NULL, "sleep:5");
+    }
+    const char *count = "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'";
+    H_WAIT(h_pg_count(pg, count, queue) >= 30, 20000, "jobs should be running");
+
+    /* A rebuilt handler goes in under a new name (a loaded .so is never
+     * replaced in place), with a new worker count. */
+    char handler[1024], cmd[2300];
+    snprintf(handler, sizeof(handler), "%s/effect-v2.so", dir);
+    snprintf(cmd, sizeof(cmd), "cp %s/" EFFECT " %s && chmod 755 %s", h_build_dir(), handler,
+             dir);
+    ck_assert_int_eq(system(cmd), 0);
+    char *tmp = h_write_config(dir, queue, EFFECT, 3, NULL);
+    char *text = h_read_file(tmp);
+    char old_handler[1024];
+    snprintf(old_handler, sizeof(old_handler), "%s/" EFFECT, h_build_dir());
+    char *at = strstr(text, old_handler);
+    ck_assert_ptr_nonnull(at);
+    FILE *f = fopen(config, "w");
+    fprintf(f, "%.*s%s%s", (int)(at - text), text, handler, at + strlen(old_handler));
+    fclose(f);
+    free(text);
+    free(tmp);
+    ck_assert_int_eq(kill(sekalid, SIGHUP), 0);
+
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    H_WAIT(h_count_lines(log, "reloaded: 3 workers for 1 queues") == 1, 20000,
+           "the new configuration should be applied");
+    H_WAIT(h_consumers(b, queue) == 3, 30000, "the new generation's 3 workers should consume "
+           "and the old 2 drain away (consumers now %u)", h_consumers(b, queue));
+    H_WAIT(h_pg_count(pg, count, queue) == 300, 60000, "all jobs should complete");
+    h_stop_sekalid(sekalid, dir);
+    char loaded[1200];
+    snprintf(loaded, sizeof(loaded), "from %s)", handler);
+    ck_assert_int_eq(h_count_lines(log, loaded), 3);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(DISTINCT job_id) FROM sekali_test.effects "
+                                    "WHERE queue = '%s'", queue), 300);
+    ck_assert_int_eq(h_pg_count(pg, count, queue), 300);
+    ck_assert_int_eq(h_queue_depth(b, queue), 0);
+    sk_broker_close(b);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("service");
@@ -137,6 +252,8 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_systemd_hears_ready_status_watchdog_and_stopping_in_order);
     tcase_add_test(tc, test_sigterm_drains_in_flight_jobs_without_loss_or_doubling);
+    tcase_add_test(tc, test_sighup_with_a_broken_config_keeps_the_old_one);
+    tcase_add_test(tc, test_sighup_applies_new_workers_and_handler_under_load_exactly_once);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
