@@ -41,7 +41,7 @@ static void drain_notifications(int fd, char *log, size_t size)
     }
 }
 
-START_TEST(test_systemd_hears_ready_status_watchdog_and_stopping_in_order)
+START_TEST(test_systemd_hears_ready_status_watchdog_reloading_stopping_in_order)
 {
     h_init();
     char queue[128];
@@ -67,13 +67,23 @@ START_TEST(test_systemd_hears_ready_status_watchdog_and_stopping_in_order)
     snprintf(expected, sizeof(expected), "STATUS=%s: 2/2 workers consuming", queue);
     ck_assert_msg(strstr(heard, expected) != NULL, "expected \"%s\" in:\n%s", expected, heard);
 
+    /* A reload of the same file: RELOADING=1, then READY=1 again. */
+    ck_assert_int_eq(kill(sekalid, SIGHUP), 0);
+    H_WAIT((drain_notifications(fd, heard, sizeof(heard)),
+            strstr(heard, "RELOADING=1") != NULL &&
+            strstr(strstr(heard, "RELOADING=1"), "READY=1") != NULL), 20000,
+           "expected RELOADING=1 then READY=1; heard:\n%s", heard);
+    const char *reloading = strstr(heard, "RELOADING=1");
+    ck_assert_msg(reloading > strstr(heard, "WATCHDOG=1"),
+                  "RELOADING=1 should follow the first WATCHDOG=1; heard:\n%s", heard);
+
     ck_assert_int_eq(kill(sekalid, SIGTERM), 0);
     int status = h_wait_exit(sekalid, 30000, "sekalid after SIGTERM");
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     drain_notifications(fd, heard, sizeof(heard));
     const char *stopping = strstr(heard, "STOPPING=1");
-    ck_assert_msg(stopping != NULL && stopping > strstr(heard, "READY=1"),
-                  "STOPPING=1 should come after READY=1; heard:\n%s", heard);
+    ck_assert_msg(stopping != NULL && stopping > strstr(heard, "RELOADING=1"),
+                  "STOPPING=1 should come last; heard:\n%s", heard);
     close(fd);
     free(config);
     free(dir);
@@ -250,7 +260,7 @@ int main(void)
     Suite *s = suite_create("service");
     TCase *tc = tcase_create("service");
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_systemd_hears_ready_status_watchdog_and_stopping_in_order);
+    tcase_add_test(tc, test_systemd_hears_ready_status_watchdog_reloading_stopping_in_order);
     tcase_add_test(tc, test_sigterm_drains_in_flight_jobs_without_loss_or_doubling);
     tcase_add_test(tc, test_sighup_with_a_broken_config_keeps_the_old_one);
     tcase_add_test(tc, test_sighup_applies_new_workers_and_handler_under_load_exactly_once);
