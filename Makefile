@@ -19,7 +19,7 @@ LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
 CORE    = common config config_value log backoff
-DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease
+DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease metrics
 CTL     = $(CORE) ctl broker lock
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -60,6 +60,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
+$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

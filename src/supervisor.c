@@ -25,6 +25,7 @@
 
 #include "backoff.h"
 #include "log.h"
+#include "metrics.h"
 #include "scoreboard.h"
 #include "supervisor.h"
 #include "worker.h"
@@ -52,6 +53,7 @@ struct supervisor {
     int                      exit_code;
     struct sk_scoreboard    *scoreboard;   /* slot i belongs to slots[i] */
     bool                     any_job_timeout;
+    struct sk_metrics       *metrics;      /* shared with every worker */
 };
 
 static void spawn(struct supervisor *s, struct slot *slot);
@@ -79,8 +81,10 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
                 .queue = q, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
 
     struct sk_err err = { 0 };
-    if (sk_scoreboard_create(&s.scoreboard, s.n_slots, &err) != SK_OK) {
+    if (sk_scoreboard_create(&s.scoreboard, s.n_slots, &err) != SK_OK ||
+        sk_metrics_create(&s.metrics, conf->n_queues, &err) != SK_OK) {
         sk_log_error("%s", err.msg);
+        sk_scoreboard_destroy(s.scoreboard);
         free(s.slots);
         return SK_EXIT_RUNTIME;
     }
@@ -97,6 +101,7 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
     s.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (s.signal_fd < 0) {
         sk_log_error("signalfd failed: %s", strerror(errno));
+        sk_metrics_destroy(s.metrics);
         sk_scoreboard_destroy(s.scoreboard);
         free(s.slots);
         return SK_EXIT_RUNTIME;
@@ -154,6 +159,7 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
     }
 
     close(s.signal_fd);
+    sk_metrics_destroy(s.metrics);
     sk_scoreboard_destroy(s.scoreboard);
     free(s.slots);
     sk_log_info("supervisor exiting with status %d", s.exit_code);
@@ -185,8 +191,10 @@ static void spawn(struct supervisor *s, struct slot *slot)
         sk_log_init(s->conf->log.level, s->conf->log.format, "worker");
         struct sk_slot *shared = sk_scoreboard_slot(s->scoreboard, (size_t)(slot - s->slots));
         atomic_store(&shared->job_started_ms, 0);
-        exit(sk_worker_run(s->conf, queue, &s->plugins[slot->queue], shared));
+        exit(sk_worker_run(s->conf, queue, &s->plugins[slot->queue], shared,
+                           sk_metrics_queue(s->metrics, slot->queue)));
     }
+    sk_metrics_worker_started(s->metrics, slot->queue, slot->started_ms != 0);
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
     sk_log_debug("started worker %ld for queue %s", (long)pid, queue->name);
@@ -202,6 +210,7 @@ static void reap(struct supervisor *s)
         for (size_t i = 0; i < s->n_slots; i++) {
             if (s->slots[i].pid == pid) {
                 s->slots[i].pid = 0;
+                sk_metrics_worker_exited(s->metrics, s->slots[i].queue);
                 on_exit_status(s, &s->slots[i], status);
                 break;
             }
