@@ -8,7 +8,7 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 B       ?= build
 
-PKGS    = librabbitmq hiredis libpq yaml-0.1
+PKGS    = librabbitmq hiredis libpq yaml-0.1 libmicrohttpd
 CC     ?= cc
 CFLAGS ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
@@ -19,7 +19,8 @@ LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
 CORE    = common config config_value log backoff
-DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease metrics
+DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
+          metrics metrics_http
 CTL     = $(CORE) ctl broker lock
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))

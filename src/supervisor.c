@@ -26,6 +26,7 @@
 #include "backoff.h"
 #include "log.h"
 #include "metrics.h"
+#include "metrics_http.h"
 #include "scoreboard.h"
 #include "supervisor.h"
 #include "worker.h"
@@ -54,6 +55,7 @@ struct supervisor {
     struct sk_scoreboard    *scoreboard;   /* slot i belongs to slots[i] */
     bool                     any_job_timeout;
     struct sk_metrics       *metrics;      /* shared with every worker */
+    struct sk_metrics_http  *http;         /* NULL unless metrics.listen is set */
 };
 
 static void spawn(struct supervisor *s, struct slot *slot);
@@ -105,6 +107,17 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
         sk_scoreboard_destroy(s.scoreboard);
         free(s.slots);
         return SK_EXIT_RUNTIME;
+    }
+    /* Before any worker: a port that cannot be had stops sekalid at once,
+     * as any other configuration mistake does. */
+    int rc = sk_metrics_http_start(&s.http, conf, s.metrics, &err);
+    if (rc != SK_OK) {
+        sk_log_error("%s", err.msg);
+        close(s.signal_fd);
+        sk_metrics_destroy(s.metrics);
+        sk_scoreboard_destroy(s.scoreboard);
+        free(s.slots);
+        return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
 
     for (i = 0; i < s.n_slots; i++)
@@ -159,6 +172,7 @@ int sk_supervisor_run(const struct sk_conf *conf, const struct sk_plugin *plugin
     }
 
     close(s.signal_fd);
+    sk_metrics_http_stop(s.http);  /* its thread reads the metrics */
     sk_metrics_destroy(s.metrics);
     sk_scoreboard_destroy(s.scoreboard);
     free(s.slots);
@@ -180,6 +194,7 @@ static void spawn(struct supervisor *s, struct slot *slot)
         /* The child starts clean: default dispositions, nothing blocked,
          * and it stops by itself if the supervisor dies. */
         close(s->signal_fd);
+        sk_metrics_http_close_in_child(s->http);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent)
             _exit(SK_EXIT_RUNTIME);
