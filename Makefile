@@ -9,7 +9,7 @@ VERSION  = 0.1.0
 DESTDIR ?=
 B       ?= build
 
-PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd
+PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd
 CC     ?= cc
 CFLAGS ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
@@ -20,7 +20,8 @@ LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
 CORE    = common config config_value log backoff
-DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease notify
+DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
+          notify metrics metrics_http
 CTL     = $(CORE) ctl broker lock
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -62,6 +63,7 @@ $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_log:      $(call obj,$(CORE))
+$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

@@ -85,6 +85,7 @@ static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
 static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
+static int metrics_listen(struct loader *L, yaml_node_t *v, void *base);
 static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst);
 static int claim_secret(struct loader *L, yaml_node_t *v, const char *source);
 static int scalar(struct loader *L, yaml_node_t *n, const char *label,
@@ -165,6 +166,11 @@ static const struct key log_keys[] = {
     END
 };
 
+static const struct key metrics_keys[] = {
+    CUSTOM("listen", metrics_listen, false),
+    END
+};
+
 static const struct key retry_keys[] = {
     INT("max_attempts",  sk_retry_conf, max_attempts, 1, 1000),
     DURATION("initial",  sk_retry_conf, initial_ms, 1, HOUR),
@@ -198,6 +204,7 @@ static const struct key top_keys[] = {
     SECTION("postgres", postgres, postgres_keys, true),
     SECTION("lock",     lock,     lock_keys,     false),
     SECTION("log",      log,      log_keys,      false),
+    SECTION("metrics",  metrics,  metrics_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
     CUSTOM("queues", load_queues, true),
     END
@@ -298,6 +305,7 @@ void sk_conf_free(struct sk_conf *c)
     sk_conf_value_wipe(c->redis.password);
     free(c->postgres.conninfo);
     sk_conf_value_wipe(c->postgres.password);
+    free(c->metrics.listen_host);
     for (size_t i = 0; i < c->n_queues; i++) {
         struct sk_queue_conf *q = &c->queues[i];
         free(q->name);
@@ -661,6 +669,31 @@ static int queue_config(struct loader *L, yaml_node_t *v, void *base)
         return SK_OK;
     if (sk_conf_value_emit(L->doc, v, "config", &q->handler_config, &at, &e) != SK_OK)
         return fail(L, at, "%s", e.msg);
+    return SK_OK;
+}
+
+/* host:port, checked now so that a typo fails `sekalid -t`; whether the
+ * address can be bound is only known when the supervisor starts. An empty
+ * or null value leaves the endpoint off. */
+static int metrics_listen(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_metrics_conf *m = base;
+    struct sk_err e;
+    const char *s;
+    char *host;
+    int rc, port;
+
+    if (is_null(v))
+        return SK_OK;
+    if ((rc = scalar(L, v, "listen", "a scalar", &s)) != SK_OK)
+        return rc;
+    if (*s == '\0')
+        return SK_OK;
+    if (sk_conf_value_parse_listen("listen", s, &host, &port, &e) != SK_OK)
+        return fail(L, v, "%s", e.msg);
+    free(m->listen_host);
+    m->listen_host = host;
+    m->listen_port = port;
     return SK_OK;
 }
 

@@ -73,6 +73,13 @@ struct sk_retry_conf {
     uint32_t max_ms;               /* the ceiling's cap */
 };
 
+/* The Prometheus endpoint of the supervisor. */
+struct sk_metrics_conf {
+    char *listen_host;             /* NULL: no endpoint (the section, or listen, is absent
+                                    * or ""); an IPv6 literal without its brackets */
+    int   listen_port;
+};
+
 struct sk_queue_conf {
     char              *name;
     char              *handler;        /* path of the handler .so */
@@ -100,6 +107,7 @@ struct sk_conf {
     struct sk_postgres_conf postgres;
     struct sk_lock_conf     lock;
     struct sk_log_conf      log;
+    struct sk_metrics_conf  metrics;
     uint32_t                shutdown_timeout_ms;
     struct sk_queue_conf   *queues;
     size_t                  n_queues;

@@ -1,7 +1,7 @@
 /* config_value.c - config values that need parsing but not the schema:
- * integers and booleans, durations and sizes with their units, passwords read
- * from the environment or a file, and a handler's `config:` section turned
- * back into YAML text.
+ * integers and booleans, durations and sizes with their units, addresses to
+ * listen on, passwords read from the environment or a file, and a handler's
+ * `config:` section turned back into YAML text.
  *
  * It exists so that config.c is only the schema and its walker. Nothing here
  * knows which key it serves or where the node sits in the file: the caller
@@ -10,6 +10,7 @@
  * are read the same way: bounded, and wiped on failure. */
 #include "config_value.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -41,6 +42,7 @@ struct copy {
 };
 
 static int parse_unit(const char *s, const struct unit *units, uint64_t *out);
+static bool valid_hostname(const char *s);
 static const char *fmt_unit(uint64_t n, const struct unit *units, char *buf, size_t len);
 static int copy_node(struct copy *C, int index, int depth);
 static int replace(char **dst, const char *s, struct sk_err *err);
@@ -110,6 +112,57 @@ const char *sk_conf_value_fmt_duration(uint64_t ms, char *buf, size_t len)
 const char *sk_conf_value_fmt_size(uint64_t bytes, char *buf, size_t len)
 {
     return fmt_unit(bytes, size_units, buf, len);
+}
+
+int sk_conf_value_parse_listen(const char *label, const char *s, char **host, int *port,
+                               struct sk_err *err)
+{
+    const char *colon = strrchr(s, ':'), *start = s, *end;
+    unsigned char addr[sizeof(struct in6_addr)];
+    char name[256];
+    int64_t n;
+
+    if (colon == NULL)
+        return sk_err_set(err, SK_ERR, "%s: expected host:port, got \"%.64s\"", label, s);
+    end = colon;
+    if (*s == '[') {
+        if (colon[-1] != ']')
+            return sk_err_set(err, SK_ERR, "%s: expected [IPv6 address]:port, got \"%.64s\"",
+                              label, s);
+        start = s + 1;
+        end = colon - 1;
+    }
+    if ((size_t)(end - start) >= sizeof(name))
+        return sk_err_set(err, SK_ERR, "%s: host of %zu bytes is too long", label,
+                          (size_t)(end - start));
+    memcpy(name, start, (size_t)(end - start));
+    name[end - start] = '\0';
+
+    /* No empty host meaning "every interface": exposing the endpoint beyond
+     * this machine should be written out as 0.0.0.0 or [::]. */
+    if (name[0] == '\0')
+        return sk_err_set(err, SK_ERR, "%s: missing host in \"%.64s\" (127.0.0.1:PORT for "
+                          "this machine only, 0.0.0.0:PORT for every interface)", label, s);
+    if (start != s) {
+        if (inet_pton(AF_INET6, name, addr) != 1)
+            return sk_err_set(err, SK_ERR, "%s: invalid IPv6 address \"%.64s\"", label, name);
+    } else if (strchr(name, ':') != NULL) {
+        return sk_err_set(err, SK_ERR, "%s: an IPv6 address needs brackets, as in [::1]:9187, "
+                          "got \"%.64s\"", label, s);
+    } else if (name[strspn(name, "0123456789.")] == '\0') {
+        if (inet_pton(AF_INET, name, addr) != 1)
+            return sk_err_set(err, SK_ERR, "%s: invalid IPv4 address \"%.64s\"", label, name);
+    } else if (!valid_hostname(name)) {
+        return sk_err_set(err, SK_ERR, "%s: invalid host name \"%.64s\"", label, name);
+    }
+
+    if (sk_conf_value_parse_int(colon + 1, &n) != SK_OK || colon[1] == '-' || n < 1 || n > 65535)
+        return sk_err_set(err, SK_ERR, "%s: port must be between 1 and 65535, got \"%.16s\"",
+                          label, colon + 1);
+    if ((*host = strdup(name)) == NULL)
+        return sk_err_set(err, SK_ERR, "out of memory");
+    *port = (int)n;
+    return SK_OK;
 }
 
 int sk_conf_value_password_env(const char *label, const char *name, char **dst,
@@ -263,6 +316,25 @@ static int parse_unit(const char *s, const struct unit *units, uint64_t *out)
 }
 
 /* In the largest unit that divides n exactly, so that bounds read as written. */
+/* RFC 1123: dot-separated labels of 1 to 63 letters, digits and hyphens,
+ * not starting or ending with a hyphen; 253 bytes at most. */
+static bool valid_hostname(const char *s)
+{
+    size_t len = strlen(s);
+
+    if (len == 0 || len > 253)
+        return false;
+    while (*s != '\0') {
+        size_t n = strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-");
+        if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-' || (s[n] != '.' && s[n] != '\0'))
+            return false;
+        s += n + (s[n] == '.');
+        if (s[-1] == '.' && *s == '\0')
+            return false;
+    }
+    return true;
+}
+
 static const char *fmt_unit(uint64_t n, const struct unit *units, char *buf, size_t len)
 {
     size_t i = 0;

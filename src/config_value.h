@@ -30,6 +30,14 @@ int sk_conf_value_parse_bool(const char *s, bool *v);
 const char *sk_conf_value_fmt_duration(uint64_t ms, char *buf, size_t len);
 const char *sk_conf_value_fmt_size(uint64_t bytes, char *buf, size_t len);
 
+/* An address to listen on: "host:port" or "[IPv6 literal]:port". The host is
+ * an IPv4 or IPv6 literal or a DNS name (letters, digits, '-' and '.'),
+ * resolved only when it is used; the port is 1..65535. On success sets
+ * *host to a new string (without the brackets), which the caller frees,
+ * and *port. On failure returns SK_ERR with "<label>: ..." in err. */
+int sk_conf_value_parse_listen(const char *label, const char *s, char **host, int *port,
+                               struct sk_err *err);
+
 /* password_env: the value of the environment variable `name`, which must be
  * set and non-empty.
  * password_file: the contents of the file at `path` (already resolved by the

@@ -47,8 +47,13 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     if (p->_flags & AMQP_BASIC_TYPE_FLAG &&
         copy_key(out->job_type, sizeof(out->job_type), p->type, "type", err) != SK_OK)
         return SK_ERR;
-    if (!type_accepted(q, out->job_type))
-        return sk_err_set(err, SK_ERR, "unknown job type \"%s\"", out->job_type);
+    if (!type_accepted(q, out->job_type)) {
+        sk_err_set(err, SK_ERR, "unknown job type \"%s\"", out->job_type);
+        /* Not a type of this queue: keep it out of the per-type metrics,
+         * whose table a stream of made-up types would otherwise fill. */
+        out->job_type[0] = '\0';
+        return SK_ERR;
+    }
 
     if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG &&
         copy_key(out->content_type, sizeof(out->content_type), p->content_type,

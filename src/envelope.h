@@ -34,7 +34,9 @@ struct sk_envelope {
 };
 
 /* Fills out from env for queue q. Returns SK_OK, or SK_ERR with the
- * dead-letter reason in err->msg. The body stays owned by env. */
+ * dead-letter reason in err->msg; then out->job_type is the message's type
+ * if it was valid and accepted by q, else "", and out->redelivered is set.
+ * The body stays owned by env. */
 int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
                       struct sk_envelope *out, struct sk_err *err);
 

@@ -8,15 +8,22 @@
  * redelivers; dying after it leaves a completed key, and the redelivery is
  * acked as a duplicate without running the handler. The Redis lock only keeps
  * two workers from doing the same work at once; it decides nothing.
- * External mode replaces the transaction by a lease and a fence. */
+ * External mode replaces the transaction by a lease and a fence.
+ *
+ * Each delivery is counted in the shared metrics where its outcome becomes
+ * a fact (the commit, the broker's confirm of a copy), never where it is
+ * only attempted, so that the counters say what happened. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "envelope.h"
 #include "failpoint.h"
 #include "lease.h"
 #include "log.h"
+#include "metrics.h"
 #include "reschedule.h"
 #include "worker_job.h"
 
@@ -49,6 +56,13 @@ static const char *const state_failpoints[] = {
     [JOB_ACKED] = "after_ack",
 };
 
+/* The x-sekali-reason header of each kind of dead letter. */
+static const char *const dead_reasons[SK_METRICS_REASONS] = {
+    [SK_METRICS_MALFORMED] = "malformed",
+    [SK_METRICS_FAILED] = "failed",
+    [SK_METRICS_RETRIES_EXHAUSTED] = "retries exhausted",
+};
+
 /* What happens to the delivery itself once the job's outcome is settled. */
 enum disposition {
     ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
@@ -64,7 +78,10 @@ struct job {
     char               lock_key[SK_KEY_MAX + 300];
     char               lock_token[SK_LOCK_TOKEN_LEN + 1];
     bool               locked;
+    bool               leased;      /* external mode: the heartbeat renews our lease */
     struct sk_claim    claim;
+    uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
+    struct sk_metrics_type *metrics;
     struct sk_log_job  log;
 };
 
@@ -75,17 +92,20 @@ static void reply(struct sk_worker *w, struct job *j, const void *result, size_t
 static void reply_saved(struct sk_worker *w, struct job *j);
 static int call_handler(struct sk_worker *w, struct job *j, PGconn *pg);
 static int take_lock(struct sk_worker *w, struct job *j);
+static void waited_for_lock(struct job *j, uint64_t busy_since);
 static int without_redis(struct sk_worker *w, const char *why);
 static void release_lock(struct sk_worker *w, struct job *j);
 static void run_handler(struct sk_worker *w, struct job *j);
 static void settle_failure(struct sk_worker *w, struct job *j, int status);
-static void give_up(struct sk_worker *w, struct job *j, const char *reason, const char *why);
-static void dead_letter(struct sk_worker *w, struct job *j, bool parsed, const char *reason,
-                        const char *why);
-static void later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
+static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason reason,
+                    const char *why);
+static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
+                        enum sk_metrics_reason reason, const char *why);
+static bool later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
                   const char *error, const char *outcome);
 static void transition(struct job *j, enum job_state to);
-static void finish(struct sk_worker *w, struct job *j, enum disposition d, const char *outcome);
+static int finish(struct sk_worker *w, struct job *j, enum disposition d, const char *outcome);
+static uint64_t now_ns(void);
 
 void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
 {
@@ -94,9 +114,15 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
     struct sk_err err = { 0 };
 
     j.log.queue = w->queue->name;
-    if (sk_envelope_parse(delivery, w->queue, &j.env, &err) != SK_OK) {
+    int parsed = sk_envelope_parse(delivery, w->queue, &j.env, &err);
+    /* Even a malformed delivery has a job_type here: "" unless validated. */
+    j.metrics = sk_metrics_lookup(w->metrics, j.env.job_type);
+    sk_metrics_inc(j.metrics, SK_METRIC_DELIVERIES);
+    if (j.env.redelivered || j.env.delivery_attempt > 1)
+        sk_metrics_inc(j.metrics, SK_METRIC_REDELIVERIES);
+    if (parsed != SK_OK) {
         sk_log_job(SK_LOG_WARN, &j.log, "malformed message: %s", err.msg);
-        dead_letter(w, &j, false, "malformed", err.msg);
+        dead_letter(w, &j, false, SK_METRICS_MALFORMED, err.msg);
         return;
     }
     j.log.job_id = j.env.job_id;
@@ -127,6 +153,7 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
     int rc = sk_store_claim(w->store, w->queue->name, j.env.idempotency_key, w->owner,
                             j.env.job_id, j.env.job_type, &j.claim, &err);
     if (rc == SK_DUP) {
+        sk_metrics_inc(j.metrics, SK_METRIC_DUPLICATES);
         reply_saved(w, &j);
         finish(w, &j, ACK, "duplicate suppressed");
         return;
@@ -181,6 +208,7 @@ static void run_external(struct sk_worker *w, struct job *j)
         rc = sk_lease_claim(pg, w->queue->name, j->env.idempotency_key, w->owner,
                             j->env.job_id, j->env.job_type, w->queue->lease_ms, &j->claim, &err);
     if (rc == SK_DUP) {
+        sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(w, j);
         finish(w, j, ACK, "duplicate suppressed");
         return;
@@ -197,6 +225,7 @@ static void run_external(struct sk_worker *w, struct job *j)
     claimed(w, j);
     sk_heartbeat_watch_lease(w->heartbeat, w->queue->name, j->env.idempotency_key,
                              j->claim.fence, w->queue->lease_ms);
+    j->leased = true;
 
     struct sekali_ctx *ctx = &w->ctx;
     sk_host_ctx_reset(ctx);
@@ -216,6 +245,7 @@ static void run_external(struct sk_worker *w, struct job *j)
             reply(w, j, ctx->result, ctx->result_len);
             finish(w, j, ACK, "completed");
         } else if (rc == SK_BUSY) {
+            sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
             sk_log_job(SK_LOG_WARN, &j->log, "completion fenced out: the lease was lost and "
                        "another worker took the job over; its outcome stands");
             finish(w, j, ACK, "fenced out");
@@ -301,6 +331,8 @@ static int call_handler(struct sk_worker *w, struct job *j, PGconn *pg)
     ctx->log = &j->log;
     ctx->lock_lost = w->heartbeat != NULL && (j->locked || ctx->external)
         ? sk_heartbeat_lost(w->heartbeat) : NULL;
+    /* Counted before the call: a handler that kills its worker still ran. */
+    sk_metrics_inc(j->metrics, SK_METRIC_EXECUTIONS);
     int status = w->handler->handle(w->handler_state, &job, ctx);
     transition(j, JOB_HANDLED);
     return status;
@@ -322,16 +354,19 @@ static int take_lock(struct sk_worker *w, struct job *j)
 
     struct sk_err err = { 0 };
     int64_t give_up_at = sk_now_ms() + w->conf->lock.busy_wait_ms;
+    uint64_t busy_since = 0;  /* the first refusal: waiting starts there */
     for (;;) {
         int rc = w->lock != NULL ? SK_OK : sk_lock_open(&w->lock, &w->conf->redis, &err);
         if (rc == SK_OK)
             rc = sk_lock_acquire(w->lock, j->lock_key, j->lock_token, w->queue->lock_ttl_ms,
                                  &err);
         if (rc == SK_AGAIN) {
+            waited_for_lock(j, busy_since);
             w->redis_retry_at_ms = sk_now_ms() + sk_backoff_next(&w->redis_backoff);
             return without_redis(w, err.msg);
         }
         if (rc == SK_OK) {
+            waited_for_lock(j, busy_since);
             if (w->redis_down)
                 sk_log_info("redis reachable again, locking resumed");
             w->redis_down = false;
@@ -343,10 +378,22 @@ static int take_lock(struct sk_worker *w, struct job *j)
             transition(j, JOB_LOCKED);
             return SK_OK;
         }
-        if (sk_now_ms() >= give_up_at || sk_worker_stopping())
+        if (busy_since == 0)
+            busy_since = now_ns();
+        if (sk_now_ms() >= give_up_at || sk_worker_stopping()) {
+            waited_for_lock(j, busy_since);
+            sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
             return SK_BUSY;
+        }
         sk_sleep_ms(sk_jitter(5, 50));
     }
+}
+
+/* Adds the time since the lock was first refused (0: it never was). */
+static void waited_for_lock(struct job *j, uint64_t busy_since)
+{
+    if (busy_since != 0)
+        sk_metrics_lock_wait(j->metrics, now_ns() - busy_since);
 }
 
 /* PostgreSQL's row lock still serialises each key; the Redis lock only saves
@@ -418,10 +465,12 @@ static void settle_failure(struct sk_worker *w, struct job *j, int status)
         const char *why = ctx->error[0] != '\0' ? ctx->error : "handler asked to retry";
         if (j->env.delivery_attempt < (uint32_t)w->queue->retry.max_attempts) {
             uint32_t next = j->env.delivery_attempt + 1;
-            later(w, j, sk_reschedule_retry_delay(&w->queue->retry, next), next, why, "retry");
+            if (later(w, j, sk_reschedule_retry_delay(&w->queue->retry, next), next, why,
+                      "retry"))
+                sk_metrics_inc(j->metrics, SK_METRIC_RETRIES);
             return;
         }
-        give_up(w, j, "retries exhausted", why);
+        give_up(w, j, SK_METRICS_RETRIES_EXHAUSTED, why);
         return;
     }
     char why[600];
@@ -429,13 +478,14 @@ static void settle_failure(struct sk_worker *w, struct job *j, int status)
         snprintf(why, sizeof(why), "%s", ctx->error[0] != '\0' ? ctx->error : "handler failed");
     else
         snprintf(why, sizeof(why), "handler returned invalid status %d", status);
-    give_up(w, j, "failed", why);
+    give_up(w, j, SK_METRICS_FAILED, why);
 }
 
 /* Records the key as failed, then dead-letters the message. Without the
  * failed row a later copy would run again, so if it cannot be written the
  * message goes back to the broker instead. */
-static void give_up(struct sk_worker *w, struct job *j, const char *reason, const char *why)
+static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason reason,
+                    const char *why)
 {
     struct sk_err err = { 0 };
     int rc = w->queue->mode == SK_MODE_EXTERNAL
@@ -444,6 +494,7 @@ static void give_up(struct sk_worker *w, struct job *j, const char *reason, cons
         : sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,
                         j->env.job_id, j->env.job_type, why, &err);
     if (rc == SK_BUSY) {
+        sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_job(SK_LOG_WARN, &j->log, "failure fenced out: another worker owns the job");
         finish(w, j, ACK, "fenced out");
         return;
@@ -454,30 +505,34 @@ static void give_up(struct sk_worker *w, struct job *j, const char *reason, cons
         finish(w, j, REQUEUE, "failure not recorded, handed back to the broker");
         return;
     }
-    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", reason, why);
+    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", dead_reasons[reason], why);
     dead_letter(w, j, true, reason, why);
 }
 
 /* Sends a confirmed copy to `queue`.dead with the reason, then acks. If no
  * copy can be made, the broker's own dead-lettering (reject) still keeps the
- * message, without the reason headers. */
-static void dead_letter(struct sk_worker *w, struct job *j, bool parsed, const char *reason,
-                        const char *why)
+ * message, without the reason headers. Counted once a copy exists: if the
+ * ack is lost, the redelivery makes a second one, and counts it. */
+static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
+                        enum sk_metrics_reason reason, const char *why)
 {
     struct sk_err err = { 0 };
     if (sk_worker_publisher(w, &err) &&
         sk_reschedule_dead(w->publisher, w->queue->name, j->delivery, parsed ? &j->env : NULL,
-                           reason, why, &err) == SK_OK) {
+                           dead_reasons[reason], why, &err) == SK_OK) {
+        sk_metrics_dead_letter(j->metrics, reason);
         finish(w, j, ACK, "dead-lettered");
         return;
     }
     sk_worker_drop_publisher(w, err.msg);
-    finish(w, j, DEAD_LETTER, "dead-lettered by the broker (no reason headers)");
+    if (finish(w, j, DEAD_LETTER, "dead-lettered by the broker (no reason headers)") == SK_OK)
+        sk_metrics_dead_letter(j->metrics, reason);
 }
 
-/* Sends a confirmed copy that comes back after delay_ms, then acks. If no
- * copy can be made, the message goes back to the queue as it is. */
-static void later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
+/* Sends a confirmed copy that comes back after delay_ms, then acks, and
+ * returns true. If no copy can be made, the message goes back to the queue as
+ * it is, and false. */
+static bool later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
                   const char *error, const char *outcome)
 {
     struct sk_err err = { 0 };
@@ -487,16 +542,25 @@ static void later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_
         char text[128];
         snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);
         finish(w, j, ACK, text);
-        return;
+        return true;
     }
     sk_worker_drop_publisher(w, err.msg);
     sk_sleep_ms(sk_jitter(100, 1000));
     finish(w, j, REQUEUE, "could not re-schedule, handed back to the broker");
+    return false;
 }
 
+/* Counts before the failpoint: a worker killed right after COMMIT has
+ * committed, and a later copy will be a duplicate of a counted completion. */
 static void transition(struct job *j, enum job_state to)
 {
     j->state = to;
+    if (to == JOB_CLAIMED) {
+        j->claimed_ns = now_ns();
+    } else if (to == JOB_COMMITTED) {
+        sk_metrics_inc(j->metrics, SK_METRIC_COMPLETIONS);
+        sk_metrics_duration(j->metrics, now_ns() - j->claimed_ns);
+    }
     sk_log_job(SK_LOG_DEBUG, &j->log, "%s", state_names[to]);
     sk_failpoint(state_failpoints[to], j->env.idempotency_key);
 }
@@ -505,18 +569,33 @@ static void transition(struct job *j, enum job_state to)
  * confirmed copy made), requeue it, or let the broker dead-letter it; then
  * drop the lock. The ack may leave later (see sk_broker_ack()): by then the
  * outcome is already durable, so releasing the lock first is safe, and a
- * redelivery of an unsent ack finds a completed key. */
-static void finish(struct sk_worker *w, struct job *j, enum disposition d, const char *outcome)
+ * redelivery of an unsent ack finds a completed key. Returns the broker's
+ * answer to the ack or reject: SK_OK, or SK_AGAIN (connection lost). */
+static int finish(struct sk_worker *w, struct job *j, enum disposition d, const char *outcome)
 {
     struct sk_err err = { 0 };
     int rc = d == ACK ? sk_broker_ack(w->broker, j->delivery_tag, &err)
                       : sk_broker_reject(w->broker, j->delivery_tag, d == REQUEUE, &err);
     if (d == ACK && rc == SK_OK)
         transition(j, JOB_ACKED);
-    if (w->heartbeat != NULL)
+    if (w->heartbeat != NULL) {
         sk_heartbeat_unwatch(w->heartbeat);
+        /* After unwatch the heartbeat can no longer raise the flag for this
+         * job, and only a watch clears it: read now, it is this job's. */
+        if ((j->locked || j->leased) && atomic_load(sk_heartbeat_lost(w->heartbeat)))
+            sk_metrics_inc(j->metrics, SK_METRIC_LOCKS_LOST);
+    }
     release_lock(w, j);
     sk_log_job(SK_LOG_INFO, &j->log, "%s", outcome);
     if (rc != SK_OK)
         sk_worker_drop_broker(w, err.msg);
+    return rc;
+}
+
+/* CLOCK_MONOTONIC in nanoseconds: read through the vDSO, not a syscall. */
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }

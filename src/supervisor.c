@@ -34,6 +34,8 @@
 
 #include "backoff.h"
 #include "log.h"
+#include "metrics.h"
+#include "metrics_http.h"
 #include "notify.h"
 #include "scoreboard.h"
 #include "supervisor.h"
@@ -59,6 +61,7 @@ struct generation {
     struct slot          *slots;
     size_t                n_slots;
     struct sk_scoreboard *scoreboard;
+    struct sk_metrics    *metrics;     /* counted by this generation's workers */
     bool                  any_job_timeout;
     int64_t               kill_at_ms;  /* retiring: SIGKILL what is left after this */
     struct generation    *next;        /* in the list of retiring generations */
@@ -74,6 +77,7 @@ struct supervisor {
     uint32_t           watchdog_ms;  /* systemd's WatchdogSec, or 0 */
     int64_t            next_watchdog_ms;
     char               status[512];  /* the last STATUS= sent */
+    struct sk_metrics_http *http;    /* serves the current generation; NULL if off */
 };
 
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
@@ -116,6 +120,16 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
         sk_log_error("signalfd failed: %s", strerror(errno));
         generation_free(s.current);
         return SK_EXIT_RUNTIME;
+    }
+    /* Before any worker: a port that cannot be had stops sekalid at once,
+     * as any other configuration mistake does. Started with every signal
+     * blocked, so its thread never takes one. */
+    int rc = sk_metrics_http_start(&s.http, conf, s.current->metrics, &err);
+    if (rc != SK_OK) {
+        sk_log_error("%s", err.msg);
+        close(s.signal_fd);
+        generation_free(s.current);
+        return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
 
     s.watchdog_ms = sk_notify_watchdog_ms();
@@ -166,6 +180,7 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
     }
 
     close(s.signal_fd);
+    sk_metrics_http_stop(s.http);
     sk_log_info("supervisor exiting with status %d", s.exit_code);
     return s.exit_code;
 }
@@ -196,9 +211,14 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
                 .queue = q, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
         goto fail;
+    /* Counters start from zero with each generation, as after a restart;
+     * Prometheus's rate() and increase() take such resets in their stride. */
+    if (sk_metrics_create(&g->metrics, conf->n_queues, err) != SK_OK)
+        goto fail;
     return g;
 
 fail:
+    sk_scoreboard_destroy(g->scoreboard);
     free(g->slots);
     free(g);
     return NULL;
@@ -211,6 +231,7 @@ static void generation_free(struct generation *g)
     if (g == NULL)
         return;
     sk_scoreboard_destroy(g->scoreboard);
+    sk_metrics_destroy(g->metrics);
     free(g->slots);
     sk_conf_free(g->conf);
     free(g->plugins);
@@ -246,6 +267,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         /* The child starts clean: default dispositions, nothing blocked,
          * and it stops by itself if the supervisor dies. */
         close(s->signal_fd);
+        sk_metrics_http_close_in_child(s->http);
         /* Only the supervisor talks to systemd. */
         unsetenv("NOTIFY_SOCKET");
         unsetenv("WATCHDOG_USEC");
@@ -261,8 +283,10 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, index);
         atomic_store(&shared->job_started_ms, 0);
-        exit(sk_worker_run(g->conf, queue, &g->plugins[slot->queue], shared));
+        exit(sk_worker_run(g->conf, queue, &g->plugins[slot->queue], shared,
+                           sk_metrics_queue(g->metrics, slot->queue)));
     }
+    sk_metrics_worker_started(g->metrics, slot->queue, slot->started_ms != 0);
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
     sk_log_debug("started worker %ld for queue %s", (long)pid, queue->name);
@@ -292,6 +316,7 @@ static void reap(struct supervisor *s)
         if (slot == NULL)
             continue;
         slot->pid = 0;
+        sk_metrics_worker_exited(g->metrics, slot->queue);
         /* A dead worker consumes nothing, whatever its slot says. */
         atomic_store(&sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots))->consuming,
                      0);
@@ -360,6 +385,9 @@ static void begin_stop(struct supervisor *s, const char *why)
                      running(s->current));
     char what[128];
     snprintf(what, sizeof(what), "stopping (%s)", why);
+    /* The last scrape is over before the generation it reads can go. */
+    sk_metrics_http_stop(s->http);
+    s->http = NULL;
     retire(s, s->current, what);
     s->current = NULL;
 }
@@ -388,6 +416,13 @@ static void reload(struct supervisor *s)
         free(plugins);
         return;
     }
+    const struct sk_metrics_conf *was = &s->current->conf->metrics, *now = &conf->metrics;
+    bool same_listen = was->listen_port == now->listen_port &&
+        (was->listen_host == NULL) == (now->listen_host == NULL) &&
+        (was->listen_host == NULL || strcmp(was->listen_host, now->listen_host) == 0);
+    if (!same_listen)
+        sk_log_warn("reload: metrics.listen changed; the new address takes a restart");
+    sk_metrics_http_switch(s->http, g->conf, g->metrics);
     retire(s, s->current, "reload: retiring the previous generation");
     s->current = g;
     s->ready_sent = false;

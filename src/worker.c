@@ -26,7 +26,8 @@ static bool ensure_store(struct sk_worker *w);
 static bool ensure_broker(struct sk_worker *w);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
-                  const struct sk_plugin *plugin, struct sk_slot *slot)
+                  const struct sk_plugin *plugin, struct sk_slot *slot,
+                  struct sk_metrics_queue *metrics)
 {
     struct sk_worker *w = calloc(1, sizeof(*w));
     if (w == NULL) {
@@ -36,6 +37,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     w->conf = conf;
     w->queue = queue;
     w->slot = slot;
+    w->metrics = metrics;
     w->shape = (struct sk_queue_shape){ .quorum = queue->queue_type == SK_QUEUE_QUORUM,
                                         .delivery_limit = (uint32_t)queue->delivery_limit };
     w->handler = plugin->handler;

@@ -14,6 +14,7 @@
 #include "heartbeat.h"
 #include "host.h"
 #include "lock.h"
+#include "metrics.h"
 #include "scoreboard.h"
 #include "store.h"
 
@@ -39,6 +40,7 @@ struct sk_worker {
     struct sk_backoff            postgres_backoff;
     char                         owner[128];   /* host:pid, recorded with each claim */
     struct sk_slot              *slot;         /* ours in the supervisor's scoreboard */
+    struct sk_metrics_queue     *metrics;      /* our queue's shared counters */
     struct sk_queue_shape        shape;
     struct sekali_ctx            ctx;          /* reused for every job */
 };

@@ -126,6 +126,12 @@ long long h_pg_count(PGconn *pg, const char *fmt, ...)
 char *h_write_config(const char *dir, const char *queue, const char *handler, int workers,
                      const char *extra_queue_yaml)
 {
+    return h_write_config_top(dir, queue, handler, workers, extra_queue_yaml, NULL);
+}
+
+char *h_write_config_top(const char *dir, const char *queue, const char *handler, int workers,
+                         const char *extra_queue_yaml, const char *extra_top_yaml)
+{
     char *path = NULL;
     ck_assert(asprintf(&path, "%s/sekali.yaml", dir) > 0);
     FILE *f = fopen(path, "w");
@@ -146,14 +152,15 @@ char *h_write_config(const char *dir, const char *queue, const char *handler, in
             "  level: info\n"
             "  format: json\n"
             "shutdown_timeout: 20s\n"
+            "%s"
             "queues:\n"
             "  - name: %s\n"
             "    handler: %s/%s\n"
             "    workers: %d\n"
             "    prefetch: 4\n"
             "%s",
-            amqp_url, redis_port, pg_conninfo, queue, build_dir, handler, workers,
-            extra_queue_yaml != NULL ? extra_queue_yaml : "");
+            amqp_url, redis_port, pg_conninfo, extra_top_yaml != NULL ? extra_top_yaml : "",
+            queue, build_dir, handler, workers, extra_queue_yaml != NULL ? extra_queue_yaml : "");
     ck_assert_int_eq(fclose(f), 0);
     return path;
 }

@@ -48,6 +48,11 @@ long long h_pg_count(PGconn *pg, const char *fmt, ...) __attribute__((format(pri
 char *h_write_config(const char *dir, const char *queue, const char *handler, int workers,
                      const char *extra_queue_yaml);
 
+/* As h_write_config(), with extra_top_yaml (whole top-level sections, e.g.
+ * "metrics:\n  listen: ...\n") written before queues:, or NULL. */
+char *h_write_config_top(const char *dir, const char *queue, const char *handler, int workers,
+                         const char *extra_queue_yaml, const char *extra_top_yaml);
+
 /* Starts sekalid (binary relative to the build dir, e.g. "sekalid" or
  * "fault/sekalid") with stderr to dir/sekalid.log. extra_env is a
  * NULL-terminated list of NAME=VALUE, or NULL. */

@@ -5,9 +5,10 @@ set -euo pipefail
 
 packages=(
     build-essential pkg-config
-    librabbitmq-dev libhiredis-dev libpq-dev libyaml-dev libsystemd-dev check
+    librabbitmq-dev libhiredis-dev libpq-dev libyaml-dev libsystemd-dev libmicrohttpd-dev check
     postgresql postgresql-client redis-server rabbitmq-server
     valgrind procps libfaketime systemd
+    curl prometheus   # the metrics test scrapes with curl and checks with promtool
 )
 
 missing=()

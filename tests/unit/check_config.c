@@ -134,6 +134,11 @@ static const struct bad_case bad_cases[] = {
       "followed by ms, s, m or h" },
     { "bad_deep_config.yaml", NULL,
       DATA "bad_deep_config.yaml:8:78: config: nested deeper than 64 levels" },
+    { "bad_metrics_port.yaml", NULL,
+      DATA "bad_metrics_port.yaml:2:11: listen: port must be between 1 and 65535, got \"70000\"" },
+    { "bad_metrics_host.yaml", NULL,
+      DATA "bad_metrics_host.yaml:2:19: listen: missing host in \":9187\" (127.0.0.1:PORT for "
+      "this machine only, 0.0.0.0:PORT for every interface)" },
 };
 
 static struct sk_conf *load_ok(const char *path)
@@ -255,6 +260,7 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_int_eq(c->log.level, SK_LOG_INFO);
     ck_assert_int_eq(c->log.format, SK_LOG_FORMAT_AUTO);
     ck_assert_uint_eq(c->shutdown_timeout_ms, 30000);
+    ck_assert_ptr_null(c->metrics.listen_host);
 
     ck_assert_uint_eq(c->n_queues, 1);
     const struct sk_queue_conf *q = &c->queues[0];
@@ -295,6 +301,8 @@ START_TEST(test_full_config_sets_every_key)
     ck_assert_int_eq(c->log.level, SK_LOG_DEBUG);
     ck_assert_int_eq(c->log.format, SK_LOG_FORMAT_JSON);
     ck_assert_uint_eq(c->shutdown_timeout_ms, 60000);
+    ck_assert_str_eq(c->metrics.listen_host, "::1");
+    ck_assert_int_eq(c->metrics.listen_port, 9187);
 
     ck_assert_uint_eq(c->n_queues, 2);
     const struct sk_queue_conf *q = &c->queues[0];
@@ -563,7 +571,98 @@ START_TEST(test_example_config_loads)
     ck_assert_ptr_nonnull(q);
     ck_assert_str_eq(q->handler, "/usr/local/lib/sekali/handlers/invoice.so");
     ck_assert_str_eq(q->handler_config, "table: invoices\n");
+    ck_assert_ptr_null(c->metrics.listen_host);
     sk_conf_free(c);
+}
+END_TEST
+
+/* Loads a minimal config whose metrics section is `metrics: <section>`;
+ * returns the error message, or "" with host and port filled. */
+static const char *load_listen(const char *section, char *host, size_t size, int *port)
+{
+    static char msg[256];
+    char cfg[] = "/tmp/sekali-listen-XXXXXX.yaml", text[512];
+    struct sk_conf *c = NULL;
+    struct sk_err err = { 0 };
+
+    snprintf(text, sizeof(text),
+             "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "queues: [{name: q, handler: h.so}]\n"
+             "metrics: %s\n", section);
+    write_temp(cfg, 5, text);
+    int rc = sk_conf_load(cfg, &c, &err);
+    unlink(cfg);
+    if (rc != SK_OK) {
+        /* Drop "path:line:column: ": the fixtures pin positions. */
+        const char *p = err.msg;
+        for (int colons = 0; *p != '\0' && colons < 3; p++)
+            colons += *p == ':';
+        snprintf(msg, sizeof(msg), "%s", *p == ' ' ? p + 1 : p);
+        return msg;
+    }
+    snprintf(host, size, "%s", c->metrics.listen_host ? c->metrics.listen_host : "(off)");
+    *port = c->metrics.listen_port;
+    sk_conf_free(c);
+    return "";
+}
+
+START_TEST(test_metrics_listen_takes_host_and_port)
+{
+    static const struct { const char *section, *host; int port; } cases[] = {
+        { "{listen: 127.0.0.1:9187}", "127.0.0.1", 9187 },
+        { "{listen: \"0.0.0.0:1\"}", "0.0.0.0", 1 },
+        { "{listen: \"[::1]:65535\"}", "::1", 65535 },
+        { "{listen: localhost:9187}", "localhost", 9187 },
+        { "{listen: metrics-1.example.com:80}", "metrics-1.example.com", 80 },
+        { "{listen: \"\"}", "(off)", 0 },
+        { "{listen: }", "(off)", 0 },
+        { "{}", "(off)", 0 },
+        { "", "(off)", 0 },
+    };
+    char host[256];
+    int port;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        port = 0;
+        ck_assert_str_eq(load_listen(cases[i].section, host, sizeof(host), &port), "");
+        ck_assert_str_eq(host, cases[i].host);
+        ck_assert_int_eq(port, cases[i].port);
+    }
+}
+END_TEST
+
+START_TEST(test_metrics_listen_refuses_what_cannot_be_an_address)
+{
+    static const struct { const char *section, *message; } cases[] = {
+        { "{listen: \"9187\"}", "listen: expected host:port, got \"9187\"" },
+        { "{listen: \"127.0.0.1\"}", "listen: expected host:port, got \"127.0.0.1\"" },
+        { "{listen: \"127.0.0.1:\"}", "listen: port must be between 1 and 65535, got \"\"" },
+        { "{listen: \"127.0.0.1:0\"}", "listen: port must be between 1 and 65535, got \"0\"" },
+        { "{listen: \"127.0.0.1:-1\"}",
+          "listen: port must be between 1 and 65535, got \"-1\"" },
+        { "{listen: \"127.0.0.1:http\"}",
+          "listen: port must be between 1 and 65535, got \"http\"" },
+        { "{listen: \"127.0.0.1:9187 \"}",
+          "listen: port must be between 1 and 65535, got \"9187 \"" },
+        { "{listen: \"256.0.0.1:9187\"}", "listen: invalid IPv4 address \"256.0.0.1\"" },
+        { "{listen: \"::1:9187\"}",
+          "listen: an IPv6 address needs brackets, as in [::1]:9187, got \"::1:9187\"" },
+        { "{listen: \"[::1]\"}", "listen: expected [IPv6 address]:port, got \"[::1]\"" },
+        { "{listen: \"[::g]:9187\"}", "listen: invalid IPv6 address \"::g\"" },
+        { "{listen: \"bad_host:9187\"}", "listen: invalid host name \"bad_host\"" },
+        { "{listen: \"-host:9187\"}", "listen: invalid host name \"-host\"" },
+        { "{listen: \"host.:9187\"}", "listen: invalid host name \"host.\"" },
+        { "{listen: [127.0.0.1:9187]}", "listen: expected a scalar, got a sequence" },
+        { "{port: 9187}", "unknown key \"port\" in metrics" },
+        { "127.0.0.1:9187", "metrics: expected a mapping, got a scalar" },
+    };
+    char host[256];
+    int port;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ck_assert_str_eq(load_listen(cases[i].section, host, sizeof(host), &port),
+                         cases[i].message);
 }
 END_TEST
 
@@ -695,6 +794,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_queue_is_found_by_name);
     tcase_add_test(tc, test_free_accepts_null);
     tcase_add_test(tc, test_example_config_loads);
+    tcase_add_test(tc, test_metrics_listen_takes_host_and_port);
+    tcase_add_test(tc, test_metrics_listen_refuses_what_cannot_be_an_address);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("handler");

@@ -1,0 +1,86 @@
+/* metrics.h - the counters behind /metrics, in memory shared by the
+ * supervisor and every worker.
+ *
+ * The supervisor maps one area before forking; workers count into it and the
+ * supervisor's HTTP thread reads it (metrics_http.c). Per queue, each job type
+ * has its own counters; a queue holds SK_METRICS_TYPES type names, claimed on
+ * first use, and counts the rest under "other". Everything is a lock-free
+ * atomic, updated with relaxed ordering: a worker killed halfway through an
+ * update can lose at most that update, never wedge the area, and counting
+ * costs a job a few atomic adds, no syscall and no lock. */
+#ifndef SK_METRICS_H
+#define SK_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "config.h"
+
+#define SK_METRICS_TYPES    32  /* job type names per queue; more are counted as "other" */
+#define SK_METRICS_TYPE_MAX 63  /* longest job type name, in bytes; longer is "other" */
+
+/* The monotonic counters of one (queue, job type). Adding one? Name and
+ * describe it in metrics.c's `counters` table, and in the README. */
+enum sk_metric {
+    SK_METRIC_DELIVERIES,    /* every delivery, malformed ones included */
+    SK_METRIC_REDELIVERIES,  /* deliveries flagged redelivered, or past attempt 1 */
+    SK_METRIC_EXECUTIONS,    /* handler calls */
+    SK_METRIC_COMPLETIONS,   /* outcomes committed as completed */
+    SK_METRIC_DUPLICATES,    /* deliveries of a key already completed or failed */
+    SK_METRIC_RETRIES,       /* confirmed retry copies (handler RETRY or failed commit) */
+    SK_METRIC_LOCK_BUSY,     /* deliveries whose resource lock stayed busy for busy_wait */
+    SK_METRIC_LOCKS_LOST,    /* jobs whose lock or lease the heartbeat found lost */
+    SK_METRIC_FENCED_OUT,    /* external mode: outcomes refused under a stale fence */
+    SK_METRIC_COUNT
+};
+
+/* Why a job was dead-lettered by sekali (not by the broker's delivery_limit). */
+enum sk_metrics_reason {
+    SK_METRICS_MALFORMED,          /* failed validation */
+    SK_METRICS_FAILED,             /* handler returned FAIL, or an invalid status */
+    SK_METRICS_RETRIES_EXHAUSTED,  /* RETRY on the last allowed attempt */
+    SK_METRICS_REASONS
+};
+
+struct sk_metrics;        /* the whole area: every queue */
+struct sk_metrics_queue;  /* one queue's part */
+struct sk_metrics_type;   /* one (queue, job type)'s counters */
+
+/* Supervisor, before forking: maps a zeroed area for n_queues queues, shared
+ * with children forked later. SK_OK or SK_ERR. */
+int  sk_metrics_create(struct sk_metrics **out, size_t n_queues, struct sk_err *err);
+/* Unmaps the area; accepts NULL. No other thread may still read it. */
+void sk_metrics_destroy(struct sk_metrics *m);
+
+/* Borrowed: queue q's part (q indexes conf->queues), valid while m is. */
+struct sk_metrics_queue *sk_metrics_queue(struct sk_metrics *m, size_t q);
+
+/* Worker: the counters of job_type ("" for a message without a type),
+ * claiming one of the queue's free type names on its first use (with
+ * compare-and-swap: no lock), or "other" when the table is full or the name
+ * longer than SK_METRICS_TYPE_MAX. Never fails, never blocks. */
+struct sk_metrics_type *sk_metrics_lookup(struct sk_metrics_queue *mq, const char *job_type);
+
+/* Worker: counting. Relaxed atomic adds; safe from any thread or process. */
+void sk_metrics_inc(struct sk_metrics_type *t, enum sk_metric c);
+void sk_metrics_dead_letter(struct sk_metrics_type *t, enum sk_metrics_reason reason);
+/* Adds ns of waiting for a busy lock. */
+void sk_metrics_lock_wait(struct sk_metrics_type *t, uint64_t ns);
+/* Observes one job's duration, claim to commit, in the histogram. */
+void sk_metrics_duration(struct sk_metrics_type *t, uint64_t ns);
+
+/* Supervisor: a worker of queue q was forked (restarted: it replaces one that
+ * died), or has exited. */
+void sk_metrics_worker_started(struct sk_metrics *m, size_t q, bool restarted);
+void sk_metrics_worker_exited(struct sk_metrics *m, size_t q);
+
+/* Renders every metric in Prometheus' text format 0.0.4, with conf's queue
+ * names and limits, into a new buffer the caller frees (malloc). Reads the
+ * area only, so it may run in any thread of the supervisor, concurrently with
+ * the counting. SK_OK, or SK_ERR when out of memory. */
+int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **out,
+                      size_t *len);
+
+#endif

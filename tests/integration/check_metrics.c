@@ -1,0 +1,393 @@
+/* check_metrics.c - the Prometheus endpoint, scraped with curl from a real
+ * sekalid on real servers: after a known workload every counter must equal
+ * what happened, promtool must accept the text as it is, the supervisor
+ * must count the workers it restarts, and a port that is taken must stop
+ * sekalid with exit 2 before any worker starts. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define EFFECT "tests/plugins/effect.so"
+#define FAST_RETRIES "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 50ms\n"
+
+struct run {
+    char              queue[128];
+    char              dead[160];
+    char             *dir;
+    char             *config;
+    char              scrape[1024];  /* the last scrape's file */
+    int               port;
+    PGconn           *pg;
+    struct sk_broker *b;
+    pid_t             sekalid;
+};
+
+/* A listening socket on a loopback port the kernel chose; *port gets it. */
+static int listen_anywhere(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    ck_assert_msg(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 1) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&a, &len) == 0, "%s", strerror(errno));
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void start(struct run *r, const char *name, int workers)
+{
+    h_init();
+    h_unique_name(r->queue, sizeof(r->queue), name);
+    snprintf(r->dead, sizeof(r->dead), "%s.dead", r->queue);
+    r->dir = h_tmpdir(name);
+    /* Free now; the small race with another process taking it would fail
+     * this test loudly (exit 2), never quietly. */
+    close(listen_anywhere(&r->port));
+    char top[128];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", r->port);
+    r->config = h_write_config_top(r->dir, r->queue, EFFECT, workers, FAST_RETRIES, top);
+    snprintf(r->scrape, sizeof(r->scrape), "%s/metrics.txt", r->dir);
+    r->pg = h_pg();
+    r->b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, NULL);
+    H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
+           "%d workers should consume %s", workers, r->queue);
+}
+
+static void done(struct run *r)
+{
+    sk_broker_close(r->b);
+    PQfinish(r->pg);
+    free(r->config);
+    free(r->dir);
+}
+
+/* GET path with curl; returns the HTTP status, 0 if none. The body goes to
+ * dir/response.txt, leaving the last scrape in place to read. */
+static int get(struct run *r, const char *path)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s/response.txt -w '%%{http_code}' "
+             "http://127.0.0.1:%d%s", r->dir, r->port, path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int status = 0;
+    if (fscanf(p, "%d", &status) != 1)
+        status = 0;
+    pclose(p);
+    return status;
+}
+
+/* Scrapes /metrics as Prometheus would (curl -f: an HTTP error fails) and
+ * returns the text; the caller frees it. */
+static char *scrape(struct run *r)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "curl -sf --max-time 10 -o %s http://127.0.0.1:%d/metrics",
+             r->scrape, r->port);
+    int rc = system(cmd);
+    ck_assert_msg(rc == 0, "curl %s: status 0x%x", cmd, rc);
+    char *text = h_read_file(r->scrape);
+    ck_assert_ptr_nonnull(text);
+    return text;
+}
+
+/* The value of one series (name and labels, as rendered), or -1 if absent. */
+static double value(const char *text, const char *series)
+{
+    size_t len = strlen(series);
+    for (const char *p = text; (p = strstr(p, series)) != NULL; p += len)
+        if ((p == text || p[-1] == '\n') && p[len] == ' ')
+            return strtod(p + len + 1, NULL);
+    return -1;
+}
+
+/* One (queue, job type) series of a counter: name{queue="...",job_type="..."}. */
+static double typed(const struct run *r, const char *text, const char *name,
+                    const char *job_type, const char *more_labels)
+{
+    char series[512];
+    snprintf(series, sizeof(series), "%s{queue=\"%s\",job_type=\"%s\"%s}", name, r->queue,
+             job_type, more_labels != NULL ? more_labels : "");
+    return value(text, series);
+}
+
+static double per_queue(const struct run *r, const char *text, const char *name)
+{
+    char series[512];
+    snprintf(series, sizeof(series), "%s{queue=\"%s\"}", name, r->queue);
+    return value(text, series);
+}
+
+static double dead(const struct run *r, const char *text, const char *job_type,
+                   const char *reason)
+{
+    char labels[64];
+    snprintf(labels, sizeof(labels), ",reason=\"%s\"", reason);
+    return typed(r, text, "sekali_dead_letters_total", job_type, labels);
+}
+
+/* promtool must accept the scrape with nothing to say, lint included; and,
+ * which promtool does not check, no series may appear twice. */
+static void expect_valid_exposition(struct run *r, const char *text)
+{
+    char cmd[2048], out[1024];
+    snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", r->scrape);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    ck_assert_msg(status == 0 && n == 0, "promtool check metrics (exit 0x%x) on %s: %s", status,
+                  r->scrape, out);
+
+    char *copy = strdup(text);
+    ck_assert_ptr_nonnull(copy);
+    size_t lines = 0;
+    char **series = calloc(strlen(text) / 2 + 1, sizeof(*series));
+    ck_assert_ptr_nonnull(series);
+    for (char *line = strtok(copy, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        if (line[0] == '#')
+            continue;
+        *strrchr(line, ' ') = '\0';
+        for (size_t i = 0; i < lines; i++)
+            ck_assert_msg(strcmp(series[i], line) != 0, "series %s appears twice", line);
+        series[lines++] = line;
+    }
+    ck_assert_uint_gt(lines, 0);
+    free(series);
+    free(copy);
+}
+
+/* The workload: 20 unique jobs, then 5 copies of 5 of them, 2 jobs that ask
+ * for a retry once, 1 that fails (of another type) and 2 messages without a
+ * message_id. The copies go out only once the originals completed, so each
+ * is a duplicate at its claim and none races its original for the lock. */
+START_TEST(test_counters_equal_what_happened)
+{
+    struct run r;
+    start(&r, "metrics", 2);
+    char id[64];
+    for (int i = 0; i < 20; i++) {
+        snprintf(id, sizeof(id), "job-%d", i);
+        h_publish(r.b, r.queue, "test", id, NULL, NULL, "ok");
+    }
+    h_publish(r.b, r.queue, "test", "retry-1", NULL, NULL, "retry");
+    h_publish(r.b, r.queue, "test", "retry-2", NULL, NULL, "retry");
+    h_publish(r.b, r.queue, "audit", "fail-1", NULL, NULL, "fail");
+    h_publish_raw(r.b, r.queue, NULL, "test", NULL, 0, "{}", 2);
+    h_publish_raw(r.b, r.queue, NULL, "test", NULL, 0, "{}", 2);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      r.queue) == 22, 30000, "20 jobs and 2 retried ones should commit");
+    for (int i = 0; i < 5; i++) {
+        snprintf(id, sizeof(id), "copy-%d", i);
+        char key[64];
+        snprintf(key, sizeof(key), "job-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
+                      "WHERE queue = '%s'", r.queue) == 5, 30000,
+           "the 5 copies should be suppressed as duplicates");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 3, 30000, "expected 3 dead letters, have %u",
+           h_queue_depth(r.b, r.dead));
+
+    /* A counter moves just after the fact it counts (the commit, the
+     * confirm), so wait until the last ones caught up, then compare all. */
+    char *text = NULL;
+    H_WAIT((free(text), text = scrape(&r),
+            typed(&r, text, "sekali_deliveries_total", "test", NULL) == 29 &&
+            typed(&r, text, "sekali_completions_total", "test", NULL) == 22 &&
+            dead(&r, text, "", "malformed") == 2 && dead(&r, text, "audit", "failed") == 1),
+           20000, "the counters should reach the workload's totals; last scrape in %s",
+           r.scrape);
+    ck_assert_int_eq(h_queue_depth(r.b, r.queue), 0);
+
+    static const struct { const char *type, *name; double want; } expect[] = {
+        { "test", "sekali_deliveries_total", 29 },      /* 20 + 5 copies + 2 x 2 attempts */
+        { "test", "sekali_redeliveries_total", 2 },     /* the retries' second attempts */
+        { "test", "sekali_executions_total", 24 },      /* 20 + 2 x 2 */
+        { "test", "sekali_completions_total", 22 },
+        { "test", "sekali_duplicates_total", 5 },
+        { "test", "sekali_retries_total", 2 },
+        { "test", "sekali_lock_busy_total", 0 },
+        { "test", "sekali_locks_lost_total", 0 },
+        { "test", "sekali_fenced_out_total", 0 },
+        { "test", "sekali_job_duration_seconds_count", 22 },
+        { "audit", "sekali_deliveries_total", 1 },
+        { "audit", "sekali_executions_total", 1 },
+        { "audit", "sekali_completions_total", 0 },
+        { "audit", "sekali_retries_total", 0 },
+        { "audit", "sekali_job_duration_seconds_count", 0 },
+        { "", "sekali_deliveries_total", 2 },          /* malformed: their type is not trusted */
+        { "", "sekali_executions_total", 0 },
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(expect); i++) {
+        double got = typed(&r, text, expect[i].name, expect[i].type, NULL);
+        ck_assert_msg(got == expect[i].want, "%s{job_type=\"%s\"} should be %g, is %g (see %s)",
+                      expect[i].name, expect[i].type, expect[i].want, got, r.scrape);
+    }
+    ck_assert(dead(&r, text, "test", "malformed") == 0);
+    ck_assert(dead(&r, text, "test", "failed") == 0);
+    ck_assert(dead(&r, text, "test", "retries_exhausted") == 0);
+    ck_assert(dead(&r, text, "audit", "failed") == 1);
+    ck_assert(dead(&r, text, "audit", "retries_exhausted") == 0);
+    ck_assert(dead(&r, text, "", "malformed") == 2);
+    ck_assert(typed(&r, text, "sekali_job_duration_seconds_bucket", "test",
+                    ",le=\"+Inf\"") == 22);
+    ck_assert(typed(&r, text, "sekali_job_duration_seconds_sum", "test", NULL) > 0);
+    ck_assert(typed(&r, text, "sekali_lock_wait_seconds_total", "test", NULL) >= 0);
+    ck_assert(per_queue(&r, text, "sekali_workers_up") == 2);
+    ck_assert(per_queue(&r, text, "sekali_worker_restarts_total") == 0);
+    ck_assert(per_queue(&r, text, "sekali_lock_ttl_seconds") == 30);
+    ck_assert(per_queue(&r, text, "sekali_job_timeout_seconds") == 0);
+    expect_valid_exposition(&r, text);
+    free(text);
+
+    ck_assert_int_eq(get(&r, "/"), 404);
+    ck_assert_int_eq(get(&r, "/metrics/extra"), 404);
+    h_stop_sekalid(r.sekalid, r.dir);
+    done(&r);
+}
+END_TEST
+
+/* The pids of pid's children (the workers), from /proc; returns how many. */
+static int children(pid_t pid, pid_t *out, int max)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/task/%ld/children", (long)pid, (long)pid);
+    char *text = h_read_file(path);
+    int n = 0;
+    for (char *tok = text != NULL ? strtok(text, " \n") : NULL; tok != NULL && n < max;
+         tok = strtok(NULL, " \n"))
+        out[n++] = (pid_t)atol(tok);
+    free(text);
+    return n;
+}
+
+/* Whether process pid has a descriptor on the socket with this inode. */
+static bool holds_socket(pid_t pid, unsigned long inode)
+{
+    char dir[64], link[512], want[64];
+    snprintf(dir, sizeof(dir), "/proc/%ld/fd", (long)pid);
+    snprintf(want, sizeof(want), "socket:[%lu]", inode);
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return false;
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(path, link, sizeof(link) - 1);
+        found = n > 0 && (link[n] = '\0', strcmp(link, want) == 0);
+    }
+    closedir(d);
+    return found;
+}
+
+/* The inode of the socket listening on 127.0.0.1:port, from /proc/net/tcp. */
+static unsigned long listening_inode(int port)
+{
+    char *text = h_read_file("/proc/net/tcp");
+    ck_assert_ptr_nonnull(text);
+    char want[32];
+    snprintf(want, sizeof(want), "0100007F:%04X", port);
+    unsigned long inode = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char local[64], remote[64];
+        unsigned state;
+        unsigned long node;
+        /* sl local remote st tx:rx tr:when retrnsmt uid timeout inode */
+        if (sscanf(line, " %*s %63s %63s %x %*s %*s %*s %*s %*s %lu", local, remote, &state,
+                   &node) == 4 && strcmp(local, want) == 0 && state == 0x0A)
+            inode = node;
+    }
+    free(text);
+    return inode;
+}
+
+/* The supervisor counts a worker it starts again; the workers never keep
+ * the listening socket that fork() handed them. */
+START_TEST(test_restarted_worker_is_counted_and_only_the_supervisor_listens)
+{
+    struct run r;
+    start(&r, "metrics-restart", 2);
+    pid_t workers[8];
+    ck_assert_int_eq(children(r.sekalid, workers, 8), 2);
+    unsigned long inode = listening_inode(r.port);
+    ck_assert_msg(inode != 0, "nothing listens on 127.0.0.1:%d", r.port);
+    ck_assert_msg(holds_socket(r.sekalid, inode), "the supervisor should hold the socket");
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(!holds_socket(workers[i], inode),
+                      "worker %ld still holds the metrics socket", (long)workers[i]);
+
+    ck_assert_int_eq(kill(workers[0], SIGKILL), 0);
+    char *text = NULL;
+    H_WAIT((free(text), text = scrape(&r),
+            per_queue(&r, text, "sekali_worker_restarts_total") == 1 &&
+            per_queue(&r, text, "sekali_workers_up") == 2),
+           20000, "the killed worker should be restarted and counted; last scrape in %s",
+           r.scrape);
+    expect_valid_exposition(&r, text);
+    free(text);
+    h_stop_sekalid(r.sekalid, r.dir);
+    done(&r);
+}
+END_TEST
+
+/* A port someone else listens on is a configuration problem: exit 2, a
+ * message naming the address, and no worker started. */
+START_TEST(test_taken_port_stops_sekalid_with_exit_2)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "metrics-taken");
+    char *dir = h_tmpdir("metrics-taken");
+    int port;
+    int fd = listen_anywhere(&port);
+    char top[128];
+    snprintf(top, sizeof(top), "metrics: {listen: \"127.0.0.1:%d\"}\n", port);
+    char *config = h_write_config_top(dir, queue, EFFECT, 1, NULL, top);
+
+    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
+    int status = h_wait_exit(sekalid, 10000, "sekalid with a taken metrics port");
+    close(fd);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2,
+                  "expected exit 2, got status 0x%x (see %s/sekalid.log)", status, dir);
+    char log[1024], want[256];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    snprintf(want, sizeof(want), "metrics.listen 127.0.0.1:%d: cannot listen there: bind: "
+             "Address already in use", port);
+    ck_assert_msg(h_count_lines(log, want) == 1, "%s should say \"%s\"", log, want);
+    ck_assert_int_eq(h_count_lines(log, "worker for queue"), 0);
+    free(config);
+    free(dir);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("metrics");
+    TCase *tc = tcase_create("metrics");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_counters_equal_what_happened);
+    tcase_add_test(tc, test_restarted_worker_is_counted_and_only_the_supervisor_listens);
+    tcase_add_test(tc, test_taken_port_stops_sekalid_with_exit_2);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
