@@ -1,20 +1,33 @@
 /* metrics_http.c - serves GET /metrics with libmicrohttpd (see
  * metrics_http.h).
  *
- * The listening socket is made here, not by libmicrohttpd, for two reasons:
- * a port that cannot be bound must stop sekalid with a message that names
- * the configured address (it is a configuration problem), and the forked
- * workers must close their copy of the socket, so its descriptor has to be
- * known. Nothing here logs: the supervisor's thread logs what start returns,
- * and the server thread stays silent, so that it never holds a lock that a
- * fork() could copy in its locked state. */
+ * Why not libmicrohttpd's own polling thread: the supervisor forks workers
+ * while this server runs, and fork() copies only the forking thread, so any
+ * lock another thread holds at that instant stays locked for ever in the
+ * child. libmicrohttpd's thread could be anywhere: in malloc (ASan's
+ * allocator is not fork-safe, and its workers were seen stuck on it), or in
+ * gmtime_r() writing a Date header, holding glibc's time zone lock, which
+ * the worker's first log line then waits on. So this file runs
+ * libmicrohttpd's event loop in a thread of its own, and does every step of
+ * it while holding `gate`, a mutex that fork() takes first (pthread_atfork):
+ * a child is forked only while the thread waits in poll(), holding nothing.
+ *
+ * The listening socket is made here, not by libmicrohttpd: a port that
+ * cannot be bound must stop sekalid with a message naming the configured
+ * address, and the forked workers must close their copy of it, so its
+ * descriptor has to be known. Nothing here logs: the supervisor's thread
+ * logs what start returns, and the server thread stays silent. */
 #include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,13 +42,27 @@
 
 struct sk_metrics_http {
     struct MHD_Daemon    *daemon;
-    int                   fd;
-    pthread_mutex_t       lock;     /* a reload swaps what is served under it */
+    int                   listen_fd;
+    int                   epoll_fd;    /* libmicrohttpd's, polled by the thread */
+    int                   stop_fd;     /* eventfd: written to end the thread */
+    int                   conns[MAX_CONNECTIONS];  /* open connections; -1: none */
+    pthread_t             thread;
+    sem_t                 running;     /* posted once the thread holds the gate */
     const struct sk_conf *conf;
     struct sk_metrics    *metrics;
 };
 
+/* Held by the server thread except while it waits in poll(). */
+static pthread_mutex_t gate = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t  gate_once = PTHREAD_ONCE_INIT;
+
+static void gate_install(void);
+static void gate_lock(void);
+static void gate_unlock(void);
 static int listen_on(const struct sk_metrics_conf *mc, int *fd, struct sk_err *err);
+static void *serve(void *arg);
+static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
+                  enum MHD_ConnectionNotificationCode code);
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **request);
@@ -50,66 +77,128 @@ int sk_metrics_http_start(struct sk_metrics_http **out, const struct sk_conf *co
     *out = NULL;
     if (conf->metrics.listen_host == NULL)
         return SK_OK;
+    int rc = pthread_once(&gate_once, gate_install);
+    if (rc != 0) {
+        errno = rc;
+        return sk_err_errno(err, SK_AGAIN, "pthread_atfork(metrics)");
+    }
     struct sk_metrics_http *h = calloc(1, sizeof(*h));
     if (h == NULL)
         return sk_err_errno(err, SK_AGAIN, "calloc(metrics http)");
     h->conf = conf;
     h->metrics = m;
-    pthread_mutex_init(&h->lock, NULL);
-    int rc = listen_on(&conf->metrics, &h->fd, err);
-    if (rc != SK_OK) {
-        pthread_mutex_destroy(&h->lock);
-        free(h);
-        return rc;
+    for (size_t i = 0; i < MAX_CONNECTIONS; i++)
+        h->conns[i] = -1;
+    h->stop_fd = -1;
+    sem_init(&h->running, 0, 0);
+    if ((rc = listen_on(&conf->metrics, &h->listen_fd, err)) != SK_OK)
+        goto fail;
+
+    rc = SK_AGAIN;
+    h->daemon = MHD_start_daemon(MHD_USE_EPOLL, 0, NULL, NULL, answer, h,
+                                 MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->listen_fd,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned int)MAX_CONNECTIONS,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)CONNECTION_TIMEOUT,
+                                 MHD_OPTION_NOTIFY_CONNECTION, track, h,
+                                 MHD_OPTION_END);
+    if (h->daemon == NULL) {
+        sk_err_set(err, SK_AGAIN, "MHD_start_daemon(metrics) failed");
+        close(h->listen_fd);  /* not yet libmicrohttpd's */
+        goto fail;
+    }
+    h->epoll_fd = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
+    if ((h->stop_fd = eventfd(0, EFD_CLOEXEC)) < 0) {
+        sk_err_errno(err, SK_AGAIN, "eventfd(metrics)");
+        goto fail;
     }
 
-    /* The server's thread inherits this thread's signal mask: with every
-     * signal blocked there, SIGTERM and SIGCHLD still reach only the
-     * supervisor's signalfd, and a write to a closed connection cannot
-     * raise SIGPIPE in it. */
+    /* Signals stay the business of the supervisor's signalfd: the thread
+     * starts with all of them blocked. */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    h->daemon = MHD_start_daemon(MHD_USE_POLL_INTERNAL_THREAD, 0, NULL, NULL, answer, h,
-                                 MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->fd,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned int)MAX_CONNECTIONS,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)CONNECTION_TIMEOUT,
-                                 MHD_OPTION_END);
+    int e = pthread_create(&h->thread, NULL, serve, h);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (h->daemon == NULL) {
-        close(h->fd);
-        pthread_mutex_destroy(&h->lock);
-        free(h);
-        return sk_err_set(err, SK_AGAIN, "MHD_start_daemon(metrics) failed");
+    if (e != 0) {
+        errno = e;
+        sk_err_errno(err, SK_AGAIN, "pthread_create(metrics)");
+        goto fail;
     }
+    /* Until the thread holds the gate, it is still being set up (by libc or
+     * a sanitizer, which may allocate): no fork() before that. */
+    while (sem_wait(&h->running) != 0 && errno == EINTR)
+        ;
     *out = h;
     return SK_OK;
+
+fail:
+    if (h->stop_fd >= 0)
+        close(h->stop_fd);
+    if (h->daemon != NULL)
+        MHD_stop_daemon(h->daemon);  /* closes the listening socket too */
+    sem_destroy(&h->running);
+    free(h);
+    return rc;
 }
 
 void sk_metrics_http_stop(struct sk_metrics_http *h)
 {
     if (h == NULL)
         return;
-    MHD_stop_daemon(h->daemon);  /* joins the thread, closes the listening socket too */
-    pthread_mutex_destroy(&h->lock);
+    uint64_t one = 1;
+    while (write(h->stop_fd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+    pthread_join(h->thread, NULL);
+    MHD_stop_daemon(h->daemon);  /* closes the connections and the listening socket */
+    close(h->stop_fd);
+    sem_destroy(&h->running);
     free(h);
 }
 
+/* The server thread renders only while it holds the gate, so taking the gate
+ * here waits for a scrape in progress, and the next one reads the new
+ * generation. */
 void sk_metrics_http_switch(struct sk_metrics_http *h, const struct sk_conf *conf,
                             struct sk_metrics *m)
 {
     if (h == NULL)
         return;
-    pthread_mutex_lock(&h->lock);
+    gate_lock();
     h->conf = conf;
     h->metrics = m;
-    pthread_mutex_unlock(&h->lock);
+    gate_unlock();
 }
 
+/* The gate is held across fork(), so the connections listed are exactly
+ * those open in the parent at that instant. */
 void sk_metrics_http_close_in_child(struct sk_metrics_http *h)
 {
-    if (h != NULL)
-        close(h->fd);
+    if (h == NULL)
+        return;
+    close(h->listen_fd);
+    close(h->epoll_fd);
+    close(h->stop_fd);
+    for (size_t i = 0; i < MAX_CONNECTIONS; i++)
+        if (h->conns[i] >= 0)
+            close(h->conns[i]);
+}
+
+/* Both sides unlock after fork(): the child's only thread is the copy of
+ * the one that locked it (the usual pthread_atfork pairing). */
+static void gate_install(void)
+{
+    if (pthread_atfork(gate_lock, gate_unlock, gate_unlock) != 0)
+        abort();  /* ENOMEM at start; pthread_once cannot report it */
+}
+
+static void gate_lock(void)
+{
+    pthread_mutex_lock(&gate);
+}
+
+static void gate_unlock(void)
+{
+    pthread_mutex_unlock(&gate);
 }
 
 /* Binds the first address the configured host resolves to. SO_REUSEADDR
@@ -149,6 +238,57 @@ static int listen_on(const struct sk_metrics_conf *mc, int *fd, struct sk_err *e
     return rc;
 }
 
+/* The server thread: libmicrohttpd's event loop, run under the gate. */
+static void *serve(void *arg)
+{
+    struct sk_metrics_http *h = arg;
+
+    pthread_mutex_lock(&gate);
+    sem_post(&h->running);
+    for (;;) {
+        MHD_UNSIGNED_LONG_LONG next;
+        int timeout = -1;  /* nothing timed: only sockets or a stop wake us */
+        if (MHD_get_timeout(h->daemon, &next) == MHD_YES)
+            timeout = next > INT32_MAX ? INT32_MAX : (int)next;
+        pthread_mutex_unlock(&gate);
+        struct pollfd fds[2] = {
+            { .fd = h->epoll_fd, .events = POLLIN },
+            { .fd = h->stop_fd, .events = POLLIN },
+        };
+        int n = poll(fds, 2, timeout);
+        pthread_mutex_lock(&gate);
+        if (n > 0 && fds[1].revents != 0)
+            break;
+        MHD_run(h->daemon);
+    }
+    pthread_mutex_unlock(&gate);
+    return NULL;
+}
+
+/* Keeps conns[] in step with libmicrohttpd's open connections, for
+ * sk_metrics_http_close_in_child(). Runs in MHD_run(), under the gate. */
+static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
+                  enum MHD_ConnectionNotificationCode code)
+{
+    struct sk_metrics_http *h = cls;
+    (void)socket_context;
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info == NULL)
+        return;
+    int fd = info->connect_fd;
+    for (size_t i = 0; i < MAX_CONNECTIONS; i++) {
+        if (code == MHD_CONNECTION_NOTIFY_STARTED && h->conns[i] < 0) {
+            h->conns[i] = fd;
+            return;
+        }
+        if (code == MHD_CONNECTION_NOTIFY_CLOSED && h->conns[i] == fd) {
+            h->conns[i] = -1;
+            return;
+        }
+    }
+}
+
 /* Called by libmicrohttpd once a request's headers are in; a GET has no
  * body to wait for, so every request is answered on the first call. */
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
@@ -164,10 +304,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     char *text;
     size_t len;
-    pthread_mutex_lock(&h->lock);
-    int rc = sk_metrics_render(h->metrics, h->conf, &text, &len);
-    pthread_mutex_unlock(&h->lock);
-    if (rc != SK_OK)
+    if (sk_metrics_render(h->metrics, h->conf, &text, &len) != SK_OK)
         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, text,
                                                                 MHD_RESPMEM_MUST_FREE);

@@ -1,9 +1,10 @@
 /* metrics_http.h - the supervisor's Prometheus endpoint: GET /metrics.
  *
- * libmicrohttpd serves it from a thread of its own in the supervisor, with
- * every signal blocked, so that signals keep arriving only at the
- * supervisor's signalfd. The thread reads the shared metrics and the
- * configuration, never the supervisor's own state. */
+ * A thread of the supervisor runs libmicrohttpd's event loop, with every
+ * signal blocked, so that signals keep arriving only at the supervisor's
+ * signalfd. It reads the shared metrics and the configuration, never the
+ * supervisor's own state, and it is parked while the supervisor forks (see
+ * metrics_http.c), so that workers are forked holding no lock of it. */
 #ifndef SK_METRICS_HTTP_H
 #define SK_METRICS_HTTP_H
 
@@ -22,14 +23,16 @@ struct sk_metrics_http;
 int sk_metrics_http_start(struct sk_metrics_http **out, const struct sk_conf *conf,
                           struct sk_metrics *m, struct sk_err *err);
 
-/* Stops the thread, closes every connection and the listening socket.
- * Accepts NULL. */
+/* Stops and joins the thread, closes every connection and the listening
+ * socket. Accepts NULL. */
 void sk_metrics_http_stop(struct sk_metrics_http *h);
 
-/* In a child forked from the process that started h: closes the child's copy
- * of the listening socket. fork() duplicates it and nothing would close it,
- * so a worker still draining after its supervisor died would keep the port,
- * and the next sekalid could not listen. Accepts NULL. */
+/* In a child forked from the process that started h: closes the child's
+ * copies of the server's descriptors. fork() duplicates them and nothing
+ * would close them: a worker still draining after its supervisor died would
+ * keep the port, and the next sekalid could not listen; an inherited
+ * connection would stay open after the supervisor closed it, and its
+ * client wait for an answer. Accepts NULL. */
 void sk_metrics_http_close_in_child(struct sk_metrics_http *h);
 
 /* After a reload: serve the new generation's configuration and metrics.

@@ -346,6 +346,36 @@ START_TEST(test_restarted_worker_is_counted_and_only_the_supervisor_listens)
 }
 END_TEST
 
+/* After a reload the endpoint serves the new generation: its workers, and
+ * counters that start again from zero, as after a restart. */
+START_TEST(test_reload_keeps_the_endpoint_and_serves_the_new_generation)
+{
+    struct run r;
+    start(&r, "metrics-reload", 2);
+    char *text = scrape(&r);
+    ck_assert(per_queue(&r, text, "sekali_workers_up") == 2);
+    free(text);
+    char *config = h_read_file(r.config);
+    char *workers = strstr(config, "workers: 2");
+    ck_assert_ptr_nonnull(workers);
+    workers[9] = '3';
+    FILE *f = fopen(r.config, "w");
+    fputs(config, f);
+    fclose(f);
+    free(config);
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    text = NULL;
+    H_WAIT((free(text), text = scrape(&r), per_queue(&r, text, "sekali_workers_up") == 3),
+           20000, "after the reload the endpoint should show 3 workers; last scrape in %s",
+           r.scrape);
+    ck_assert(per_queue(&r, text, "sekali_worker_restarts_total") == 0);
+    expect_valid_exposition(&r, text);
+    free(text);
+    h_stop_sekalid(r.sekalid, r.dir);
+    done(&r);
+}
+END_TEST
+
 /* A port someone else listens on is a configuration problem: exit 2, a
  * message naming the address, and no worker started. */
 START_TEST(test_taken_port_stops_sekalid_with_exit_2)
@@ -383,6 +413,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_counters_equal_what_happened);
     tcase_add_test(tc, test_restarted_worker_is_counted_and_only_the_supervisor_listens);
+    tcase_add_test(tc, test_reload_keeps_the_endpoint_and_serves_the_new_generation);
     tcase_add_test(tc, test_taken_port_stops_sekalid_with_exit_2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
