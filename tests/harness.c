@@ -1,4 +1,5 @@
 /* harness.c - shared plumbing of the integration and fault suites. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -387,4 +388,32 @@ bool h_redis_exists(const char *key)
     freeReplyObject(reply);
     redisFree(redis);
     return exists;
+}
+
+pid_t h_stalled_pid(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    pid_t pid = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, "stall.", 6) == 0)
+            pid = (pid_t)atol(e->d_name + 6);
+    closedir(d);
+    return pid;
+}
+
+bool h_process_gone(pid_t pid)
+{
+    return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+int h_run_suite(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

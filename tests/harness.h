@@ -88,6 +88,17 @@ const char *h_header_text(const amqp_message_t *msg, const char *key, char *buf,
 int64_t     h_header_int(const amqp_message_t *msg, const char *key);
 uint32_t h_consumers(struct sk_broker *b, const char *queue);
 
+/* The pid in the name of a dir/stall.<pid> file that the test handler
+ * writes when it stalls (tests/plugins/effect.c), or 0 if there is none. */
+pid_t h_stalled_pid(const char *dir);
+
+/* True once pid no longer exists (killed and reaped by its parent). */
+bool h_process_gone(pid_t pid);
+
+/* Runs the suite with check's defaults (fork mode on) and returns the exit
+ * status for main(): failure if any test failed. */
+int h_run_suite(Suite *s);
+
 /* Whether key exists in the test Redis (a lock being held, say). */
 bool h_redis_exists(const char *key);
 

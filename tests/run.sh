@@ -41,7 +41,7 @@ for kind in "${kinds[@]}"; do
         bin="$build/tests/$name"
         echo "== $kind/$name"
         if [ "$kind" = unit ] && [ -n "${SEKALI_VALGRIND:-}" ]; then
-            out=$(CK_FORK=no valgrind -q --error-exitcode=99 --leak-check=full \
+            out=$(CK_FORK=no valgrind -q --error-exitcode=99 --leak-check=full --child-silent-after-fork=yes \
                   --errors-for-leak-kinds=definite "$bin" 2>&1)
         else
             out=$("$bin" 2>&1)

@@ -29,26 +29,6 @@ static long long key_count(PGconn *pg, const char *queue, const char *key, const
                       column, queue, key);
 }
 
-/* The pid in the name of the first dir/stall.<pid> file, or 0. */
-static pid_t stalled_pid(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return 0;
-    pid_t pid = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, "stall.", 6) == 0)
-            pid = (pid_t)atol(e->d_name + 6);
-    closedir(d);
-    return pid;
-}
-
-static bool process_gone(pid_t pid)
-{
-    return kill(pid, 0) != 0 && errno == ESRCH;
-}
-
 START_TEST(test_worker_killed_mid_handler_job_runs_again_once)
 {
     h_init();
@@ -69,11 +49,11 @@ START_TEST(test_worker_killed_mid_handler_job_runs_again_once)
     H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
     h_publish(b, queue, "test", "stall-1", "order-stall", NULL, "stall");
 
-    H_WAIT(stalled_pid(dir) != 0, 20000, "the handler never reached its stall point");
-    pid_t victim = stalled_pid(dir);
+    H_WAIT(h_stalled_pid(dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = h_stalled_pid(dir);
     ck_assert_int_eq(effects_for(pg, queue, "order-stall"), 0);
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
-    H_WAIT(process_gone(victim), 10000, "worker %ld should be dead after SIGKILL", (long)victim);
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead after SIGKILL", (long)victim);
 
     H_WAIT(effects_for(pg, queue, "order-stall") == 1, 30000,
            "the killed job should run again and commit once");
@@ -119,7 +99,7 @@ START_TEST(test_worker_killed_after_commit_before_ack_is_a_counted_duplicate)
     char *text = h_read_file(mark);
     pid_t victim = (pid_t)atol(text);
     free(text);
-    H_WAIT(process_gone(victim), 10000, "worker %ld should have killed itself", (long)victim);
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should have killed itself", (long)victim);
 
     /* The effect was committed before the death; the redelivery must find
      * the completed key and be acked as a duplicate. */
@@ -155,11 +135,11 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     H_WAIT(h_consumers(b, queue) == 1, 20000, "a worker should consume %s", queue);
     h_publish(b, queue, "test", "slow-1", "order-slow", NULL, "stall");
-    H_WAIT(stalled_pid(dir) != 0, 20000, "the handler never reached its stall point");
-    pid_t victim = stalled_pid(dir);
+    H_WAIT(h_stalled_pid(dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = h_stalled_pid(dir);
 
     /* Nobody but the supervisor kills it: the stall lasts two minutes. */
-    H_WAIT(process_gone(victim), 10000, "the supervisor should kill the overdue worker %ld",
+    H_WAIT(h_process_gone(victim), 10000, "the supervisor should kill the overdue worker %ld",
            (long)victim);
     H_WAIT(effects_for(pg, queue, "order-slow") == 1, 30000,
            "the job should run again after the kill and commit once");
@@ -352,9 +332,5 @@ int main(void)
     tcase_add_test(tc, test_reply_lost_in_a_crash_is_sent_by_the_duplicate);
     tcase_add_test(tc, test_production_binary_has_no_failpoints);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

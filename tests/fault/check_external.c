@@ -18,20 +18,6 @@
 
 #define EFFECT "tests/plugins/effect.so"
 
-static pid_t stalled_pid(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return 0;
-    pid_t pid = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, "stall.", 6) == 0)
-            pid = (pid_t)atol(e->d_name + 6);
-    closedir(d);
-    return pid;
-}
-
 /* The state letter of /proc/PID/stat: 'T' once SIGSTOP took effect. */
 static char process_state(pid_t pid)
 {
@@ -71,8 +57,8 @@ START_TEST(test_stalled_worker_is_fenced_out_after_a_takeover)
     H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
 
     h_publish(b, queue, "test", "pay-1-a", "pay-1", NULL, "pay");
-    H_WAIT(stalled_pid(dir) != 0, 20000, "worker A never reached its handler");
-    pid_t a = stalled_pid(dir);
+    H_WAIT(h_stalled_pid(dir) != 0, 20000, "worker A never reached its handler");
+    pid_t a = h_stalled_pid(dir);
     ck_assert_int_eq(kill(a, SIGSTOP), 0);
     H_WAIT(process_state(a) == 'T', 5000, "worker %ld should be stopped", (long)a);
     H_WAIT(h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' AND "
@@ -159,9 +145,5 @@ int main(void)
     tcase_add_test(tc, test_stalled_worker_is_fenced_out_after_a_takeover);
     tcase_add_test(tc, test_external_duplicates_are_suppressed);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

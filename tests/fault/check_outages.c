@@ -230,9 +230,5 @@ int main(void)
     tcase_add_test(tc, test_rabbitmq_restarted_mid_run);
     tcase_add_test(tc, test_job_outliving_consumer_timeout_runs_once);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

@@ -92,9 +92,5 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_skewed_clocks_still_give_one_effect_per_key);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

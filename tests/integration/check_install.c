@@ -88,9 +88,5 @@ int main(void)
     tcase_add_test(tc, test_install_lays_out_every_file_and_keeps_an_existing_config);
     tcase_add_test(tc, test_unit_verifies_and_rates_2_0_or_lower);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

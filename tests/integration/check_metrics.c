@@ -416,9 +416,5 @@ int main(void)
     tcase_add_test(tc, test_reload_keeps_the_endpoint_and_serves_the_new_generation);
     tcase_add_test(tc, test_taken_port_stops_sekalid_with_exit_2);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

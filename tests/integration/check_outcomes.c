@@ -258,9 +258,5 @@ int main(void)
     tcase_add_test(tc, test_busy_lock_reschedules_without_counting_an_attempt);
     tcase_add_test(tc, test_reply_is_sent_once_per_key_with_the_saved_result);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

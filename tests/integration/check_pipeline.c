@@ -279,9 +279,5 @@ int main(void)
     tcase_add_test(refused, test_config_check_flag_reports_success);
     suite_add_tcase(s, refused);
 
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }

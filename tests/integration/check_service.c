@@ -265,9 +265,5 @@ int main(void)
     tcase_add_test(tc, test_sighup_with_a_broken_config_keeps_the_old_one);
     tcase_add_test(tc, test_sighup_applies_new_workers_and_handler_under_load_exactly_once);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(s);
 }
