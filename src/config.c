@@ -198,12 +198,20 @@ static const struct key queue_keys[] = {
     END
 };
 
+static const struct key outbox_keys[] = {
+    INT("relays",               sk_outbox_conf, relays, 0, 64),
+    INT("batch",                sk_outbox_conf, batch, 1, 10000),
+    DURATION("poll_interval",   sk_outbox_conf, poll_interval_ms, 10, HOUR),
+    END
+};
+
 static const struct key top_keys[] = {
     SECTION("amqp",     amqp,     amqp_keys,     true),
     SECTION("redis",    redis,    redis_keys,    false),
     SECTION("postgres", postgres, postgres_keys, true),
     SECTION("lock",     lock,     lock_keys,     false),
     SECTION("log",      log,      log_keys,      false),
+    SECTION("outbox",   outbox,   outbox_keys,   false),
     SECTION("metrics",  metrics,  metrics_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
     CUSTOM("queues", load_queues, true),
@@ -218,6 +226,7 @@ static const struct sk_conf conf_defaults = {
     .lock  = { .ttl_ms = 30 * SEC, .busy_wait_ms = 2 * SEC },
     .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
     .shutdown_timeout_ms = 30 * SEC,
+    .outbox = { .relays = 0, .batch = 100, .poll_interval_ms = SEC },
 };
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */

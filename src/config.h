@@ -80,6 +80,12 @@ struct sk_metrics_conf {
     int   listen_port;
 };
 
+struct sk_outbox_conf {
+    int      relays;               /* relay processes; 0: none (the default) */
+    int      batch;                /* rows claimed and published per transaction */
+    uint32_t poll_interval_ms;     /* longest wait without a NOTIFY (scheduled jobs) */
+};
+
 struct sk_queue_conf {
     char              *name;
     char              *handler;        /* path of the handler .so */
@@ -108,6 +114,7 @@ struct sk_conf {
     struct sk_lock_conf     lock;
     struct sk_log_conf      log;
     struct sk_metrics_conf  metrics;
+    struct sk_outbox_conf   outbox;
     uint32_t                shutdown_timeout_ms;
     struct sk_queue_conf   *queues;
     size_t                  n_queues;

@@ -1,7 +1,8 @@
 /* ctl.c - sekalictl, the operator's tool: apply the schema, enqueue a job.
  *
  *   sekalictl [-c FILE] migrate [--sql-dir DIR]
- *   sekalictl [-c FILE] enqueue QUEUE TYPE [--key K] [--resource R] [--id ID] [BODY | -]
+ *   sekalictl [-c FILE] enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D]
+ *                               [--at TIME] [--direct [--id ID]] [BODY | -]
  *
  * Migrations are the files DIR/NNN_name.sql, applied in name order, each in
  * its own transaction together with its row in sekali.schema_migrations, under
@@ -33,6 +34,8 @@
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv);
 static PGconn *pg_connect(const struct sk_conf *conf);
+static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
+                          const struct sk_message *msg, const char *dedupe, const char *run_at);
 static bool exec_ok(PGconn *pg, const char *sql, const char *what);
 static char *read_all(FILE *f, size_t *len);
 static int only_sql(const struct dirent *d);
@@ -43,10 +46,14 @@ static void usage(FILE *out)
             "usage: sekalictl [-c FILE] COMMAND [ARGS]\n"
             "  migrate [--sql-dir DIR]       apply the schema migrations (default " SK_SQL_DIR
             ")\n"
-            "  enqueue QUEUE TYPE [--key K] [--resource R] [--id ID] [BODY | -]\n"
-            "                                publish one job straight to QUEUE and wait for\n"
-            "                                the broker's confirm; the body comes from the\n"
-            "                                argument, or from stdin when it is - or absent\n");
+            "  enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D] [--at TIME]\n"
+            "          [--direct [--id ID]] [BODY | -]\n"
+            "                                enqueue one job through the outbox\n"
+            "                                (sekali.enqueue: a relay publishes it), or with\n"
+            "                                --direct publish it straight to QUEUE and wait\n"
+            "                                for the broker's confirm; prints the job id. The\n"
+            "                                body comes from the argument, or from stdin when\n"
+            "                                it is - or absent\n");
 }
 
 int main(int argc, char **argv)
@@ -193,8 +200,13 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         { "resource", required_argument, NULL, 'r' },
         { "id", required_argument, NULL, 'i' },
         { "content-type", required_argument, NULL, 't' },
+        { "dedupe", required_argument, NULL, 'd' },
+        { "at", required_argument, NULL, 'a' },
+        { "direct", no_argument, NULL, 'D' },
         { NULL, 0, NULL, 0 },
     };
+    const char *dedupe = NULL, *run_at = NULL;
+    bool direct = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (opt) {
@@ -202,6 +214,9 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         case 'r': msg.resource_key = optarg; break;
         case 'i': msg.message_id = optarg; break;
         case 't': msg.content_type = optarg; break;
+        case 'd': dedupe = optarg; break;
+        case 'a': run_at = optarg; break;
+        case 'D': direct = true; break;
         default: usage(stderr); return 2;
         }
     }
@@ -232,6 +247,11 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         msg.body_len = strlen(arg_body);
     }
 
+    if (!direct) {
+        int code = enqueue_outbox(conf, queue, &msg, dedupe, run_at);
+        free(body);
+        return code;
+    }
     struct sk_broker *b = NULL;
     struct sk_err err = { 0 };
     /* A queue of the configuration is declared as sekalid declares it; any
@@ -256,6 +276,33 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     }
     printf("%s\n", msg.message_id);
     return 0;
+}
+
+/* One sekali.enqueue() call in its own transaction, as a producer would
+ * make it inside a business transaction. */
+static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
+                          const struct sk_message *msg, const char *dedupe, const char *run_at)
+{
+    PGconn *pg = pg_connect(conf);
+    if (pg == NULL)
+        return 1;
+    const char *values[] = { queue, msg->type, msg->body, msg->idempotency_key, dedupe,
+                             msg->resource_key, run_at };
+    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0 };
+    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
+                                     "coalesce($7::timestamptz, now()))",
+                                 7, NULL, values, lengths, formats, 0);
+    int code = 0;
+    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+        printf("%s\n", PQgetvalue(res, 0, 0));
+    } else {
+        fprintf(stderr, "sekalictl: sekali.enqueue failed: %s", PQresultErrorMessage(res));
+        code = 1;
+    }
+    PQclear(res);
+    PQfinish(pg);
+    return code;
 }
 
 static PGconn *pg_connect(const struct sk_conf *conf)

@@ -26,6 +26,10 @@ void sk_failpoint(const char *name, const char *key)
     }
 
     const char *mark = getenv("SEKALI_FAILPOINT_MARK");
+    /* SEKALI_FAILPOINT_ONCE: only the first process to get here dies, so a
+     * respawned process goes past the point (needs the mark file). */
+    if (mark != NULL && getenv("SEKALI_FAILPOINT_ONCE") != NULL && access(mark, F_OK) == 0)
+        return;
     if (mark != NULL) {
         int fd = open(mark, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (fd >= 0) {

@@ -8,7 +8,8 @@
  * In a fault build, SEKALI_FAILPOINT=name[:key] arms the point `name`, for
  * one idempotency key if given. When it fires, the process writes its pid to
  * the file named by SEKALI_FAILPOINT_MARK (if set), so the test can prove the
- * fault happened, then kills itself with SIGKILL. */
+ * fault happened, then kills itself with SIGKILL. With SEKALI_FAILPOINT_ONCE
+ * set too, a point whose mark file exists no longer fires. */
 #ifndef SK_FAILPOINT_H
 #define SK_FAILPOINT_H
 

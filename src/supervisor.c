@@ -37,6 +37,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
+#include "outbox.h"
 #include "scoreboard.h"
 #include "supervisor.h"
 #include "worker.h"
@@ -44,8 +45,10 @@
 #define STABLE_AFTER_MS     10000  /* a worker up this long resets its backoff */
 #define CRASH_LOOP_RESTARTS 5      /* this many quick restarts in a row ... */
 
+#define RELAY SIZE_MAX  /* slot.queue of an outbox relay, which serves no queue */
+
 struct slot {
-    size_t            queue;       /* index into conf->queues */
+    size_t            queue;       /* index into conf->queues, or RELAY */
     pid_t             pid;         /* 0 while not running */
     int64_t           started_ms;
     int64_t           restart_at_ms;
@@ -199,6 +202,7 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         g->n_slots += (size_t)conf->queues[q].workers;
         g->any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
     }
+    g->n_slots += (size_t)conf->outbox.relays;
     g->slots = calloc(g->n_slots, sizeof(*g->slots));
     if (g->slots == NULL) {
         sk_err_errno(err, SK_ERR, "calloc(slots)");
@@ -209,6 +213,9 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         for (int k = 0; k < conf->queues[q].workers; k++)
             g->slots[i++] = (struct slot){
                 .queue = q, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
+    for (int k = 0; k < conf->outbox.relays; k++)
+        g->slots[i++] = (struct slot){
+            .queue = RELAY, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
         goto fail;
     /* Counters start from zero with each generation, as after a restart;
@@ -252,9 +259,14 @@ static void retire(struct supervisor *s, struct generation *g, const char *why)
     s->retiring = g;
 }
 
+/* What a slot's processes are called in the log. */
+static const char *slot_name(const struct generation *g, const struct slot *slot)
+{
+    return slot->queue == RELAY ? "the outbox relay" : g->conf->queues[slot->queue].name;
+}
+
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 {
-    const struct sk_queue_conf *queue = &g->conf->queues[slot->queue];
     size_t index = (size_t)(slot - g->slots);
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -280,16 +292,21 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, index);
         atomic_store(&shared->job_started_ms, 0);
-        exit(sk_worker_run(g->conf, queue, &g->plugins[slot->queue], shared,
-                           sk_metrics_queue(g->metrics, slot->queue)));
+        if (slot->queue == RELAY) {
+            sk_log_init(g->conf->log.level, g->conf->log.format, "relay");
+            exit(sk_outbox_run(g->conf, shared));
+        }
+        sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
+        exit(sk_worker_run(g->conf, &g->conf->queues[slot->queue], &g->plugins[slot->queue],
+                           shared, sk_metrics_queue(g->metrics, slot->queue)));
     }
-    sk_metrics_worker_started(g->metrics, slot->queue, slot->started_ms != 0);
+    if (slot->queue != RELAY)
+        sk_metrics_worker_started(g->metrics, slot->queue, slot->started_ms != 0);
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
-    sk_log_debug("started worker %ld for queue %s", (long)pid, queue->name);
+    sk_log_debug("started process %ld for %s", (long)pid, slot_name(g, slot));
 }
 
 /* Finds pid's slot in generation g, or NULL. */
@@ -316,7 +333,8 @@ static void reap(struct supervisor *s)
         if (slot == NULL)
             continue;
         slot->pid = 0;
-        sk_metrics_worker_exited(g->metrics, slot->queue);
+        if (slot->queue != RELAY)
+            sk_metrics_worker_exited(g->metrics, slot->queue);
         /* A dead worker consumes nothing, whatever its slot says. */
         atomic_store(&sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots))->consuming,
                      0);
@@ -338,7 +356,7 @@ static void reap(struct supervisor *s)
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
                            int status)
 {
-    const char *queue = g->conf->queues[slot->queue].name;
+    const char *queue = slot_name(g, slot);
     int64_t lived = sk_now_ms() - slot->started_ms;
     bool retiring = g != s->current;
 
@@ -473,6 +491,24 @@ static void report(struct supervisor *s)
         if (n > 0 && (size_t)n < sizeof(status) - len)
             len += (size_t)n;
     }
+    size_t relays = 0, relays_up = 0;
+    for (size_t i = 0; i < g->n_slots; i++) {
+        if (g->slots[i].queue != RELAY)
+            continue;
+        relays++;
+        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+        relays_up += g->slots[i].pid > 0 && atomic_load(&shared->consuming);
+        uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
+        if (g->slots[i].pid <= 0 || now - atomic_load(&shared->alive_ms) > (int64_t)grace)
+            healthy = false;
+    }
+    consuming += relays_up;
+    if (relays > 0) {
+        int n = snprintf(status + len, sizeof(status) - len, "; outbox: %zu/%zu relays up",
+                         relays_up, relays);
+        if (n > 0 && (size_t)n < sizeof(status) - len)
+            len += (size_t)n;
+    }
     if (!s->ready_sent && consuming == g->n_slots) {
         s->ready_sent = true;
         sk_notify_ready();
@@ -497,6 +533,8 @@ static void kill_overdue_jobs(struct generation *g)
         return;
     int64_t now = sk_now_ms();
     for (size_t i = 0; i < g->n_slots; i++) {
+        if (g->slots[i].queue == RELAY)
+            continue;
         const struct sk_queue_conf *queue = &g->conf->queues[g->slots[i].queue];
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
         int64_t started = atomic_load(&shared->job_started_ms);

@@ -25,6 +25,8 @@ postgres:
 log:
   level: info
   format: json
+outbox:
+  relays: 1
 queues:
   - name: invoices
     handler: $PWD/$build/handlers/invoice.so
@@ -48,7 +50,7 @@ sekalid=$!
 trap 'kill -TERM $sekalid 2>/dev/null || true' EXIT
 say "sekalid running (pid $sekalid, log $work/sekalid.log)"
 
-say "publishing $orders orders x $copies copies, each copy a separate message"
+say "enqueueing $orders orders x $copies copies through sekali.enqueue (the outbox), each copy a separate job"
 publishers=()
 for copy in $(seq 1 $copies); do
     for i in $(seq 1 "$orders"); do

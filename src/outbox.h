@@ -1,0 +1,12 @@
+/* outbox.h - an outbox relay process (see outbox.c). */
+#ifndef SK_OUTBOX_H
+#define SK_OUTBOX_H
+
+#include "config.h"
+#include "scoreboard.h"
+
+/* Runs a relay in the calling (freshly forked) process until SIGTERM or
+ * SIGINT; returns the exit code. slot is its place in the scoreboard. */
+int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot);
+
+#endif

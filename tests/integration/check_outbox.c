@@ -1,0 +1,193 @@
+/* check_outbox.c - the producer side: sekali.enqueue() inside the caller's
+ * transaction, unique dedupe keys, scheduled jobs, and an outbox relay that
+ * dies between a publish and its mark. sekalid runs with one relay. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define EFFECT "tests/plugins/effect.so"
+#define RELAY  "outbox:\n  relays: 1\n  poll_interval: 200ms\n"
+
+struct run {
+    char              queue[128];
+    char             *dir;
+    PGconn           *pg;
+    struct sk_broker *b;
+    pid_t             sekalid;
+};
+
+static void start(struct run *r, const char *name, const char *binary,
+                  const char *const *env)
+{
+    h_init();
+    h_unique_name(r->queue, sizeof(r->queue), name);
+    r->dir = h_tmpdir(name);
+    char *config = h_write_config_top(r->dir, r->queue, EFFECT, 2, NULL, RELAY);
+    r->pg = h_pg();
+    r->b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    r->sekalid = h_start_sekalid(binary, config, r->dir, env);
+    free(config);
+    H_WAIT(h_consumers(r->b, r->queue) == 2, 20000, "2 workers should consume %s", r->queue);
+}
+
+static void finish(struct run *r)
+{
+    h_stop_sekalid(r->sekalid, r->dir);
+    ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
+    sk_broker_close(r->b);
+    PQfinish(r->pg);
+    free(r->dir);
+}
+
+/* SELECT sekali.enqueue(...) on pg; returns the job id (static buffer). */
+static const char *enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
+                           const char *run_at)
+{
+    static char id[128];
+    const char *values[] = { queue, "test", "ok", key, dedupe, run_at };
+    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, $2, $3::bytea, $4, $5, NULL, "
+                                     "coalesce($6::timestamptz, now()))",
+                                 6, NULL, values, NULL, NULL, 0);
+    ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "sekali.enqueue: %s",
+                  PQresultErrorMessage(res));
+    snprintf(id, sizeof(id), "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return id;
+}
+
+static long long effects(struct run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
+                             "AND idempotency_key = '%s'", r->queue, key);
+}
+
+START_TEST(test_enqueue_in_a_rolled_back_transaction_publishes_nothing)
+{
+    struct run r;
+    start(&r, "rollback", "sekalid", NULL);
+    h_pg_exec(r.pg, "BEGIN");
+    enqueue(r.pg, r.queue, "k-rolled-back", NULL, NULL);
+    h_pg_exec(r.pg, "ROLLBACK");
+    h_pg_exec(r.pg, "BEGIN");
+    enqueue(r.pg, r.queue, "k-committed", NULL, NULL);
+    h_pg_exec(r.pg, "COMMIT");
+    H_WAIT(effects(&r, "k-committed") == 1, 20000, "the committed job should run");
+    /* The relay publishes in order: the rolled-back job never existed. */
+    ck_assert_int_eq(effects(&r, "k-rolled-back"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
+                                r.queue), 1);
+    finish(&r);
+}
+END_TEST
+
+struct producer {
+    const char        *queue;
+    pthread_barrier_t *barrier;
+    char               id[128];
+};
+
+static void *produce(void *arg)
+{
+    struct producer *p = arg;
+    PGconn *pg = h_pg();
+    h_pg_exec(pg, "BEGIN");
+    pthread_barrier_wait(p->barrier);
+    snprintf(p->id, sizeof(p->id), "%s", enqueue(pg, p->queue, NULL, "dedupe-1", NULL));
+    h_pg_exec(pg, "COMMIT");
+    PQfinish(pg);
+    return NULL;
+}
+
+START_TEST(test_one_dedupe_key_from_eight_connections_gives_one_job)
+{
+    struct run r;
+    start(&r, "dedupe", "sekalid", NULL);
+    pthread_barrier_t barrier;
+    pthread_barrier_init(&barrier, NULL, 8);
+    pthread_t threads[8];
+    struct producer producers[8];
+    for (int i = 0; i < 8; i++) {
+        producers[i] = (struct producer){ .queue = r.queue, .barrier = &barrier };
+        ck_assert_int_eq(pthread_create(&threads[i], NULL, produce, &producers[i]), 0);
+    }
+    for (int i = 0; i < 8; i++)
+        pthread_join(threads[i], NULL);
+    pthread_barrier_destroy(&barrier);
+    for (int i = 1; i < 8; i++)
+        ck_assert_str_eq(producers[i].id, producers[0].id);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
+                                r.queue), 1);
+    H_WAIT(effects(&r, producers[0].id) == 1, 20000, "the one job should run");
+
+    /* Its completion released the key: the next enqueue is a new job. */
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_dedupe WHERE dedupe_key = "
+                            "'dedupe-1' AND released_at IS NOT NULL") == 1, 20000,
+           "completing the job should release its dedupe key");
+    char first[128];
+    snprintf(first, sizeof(first), "%s", producers[0].id);
+    const char *second = enqueue(r.pg, r.queue, NULL, "dedupe-1", NULL);
+    ck_assert_str_ne(second, first);
+    H_WAIT(effects(&r, second) == 1, 20000, "the second job should run");
+    finish(&r);
+}
+END_TEST
+
+START_TEST(test_scheduled_job_is_not_published_before_run_at)
+{
+    struct run r;
+    start(&r, "scheduled", "sekalid", NULL);
+    PGresult *res = PQexec(r.pg, "SELECT now() + interval '2 seconds'");
+    char run_at[64];
+    snprintf(run_at, sizeof(run_at), "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    enqueue(r.pg, r.queue, "k-later", NULL, run_at);
+    H_WAIT(effects(&r, "k-later") == 1, 20000, "the scheduled job should run after run_at");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at >= run_at", r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND created_at >= '%s'", r.queue, run_at), 1);
+    finish(&r);
+}
+END_TEST
+
+START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
+{
+    struct run r;
+    h_init();
+    char *dir = h_tmpdir("relaymark");
+    char mark[1024], mark_env[1100];
+    snprintf(mark, sizeof(mark), "%s/failpoint.mark", dir);
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", mark);
+    const char *env[] = { "SEKALI_FAILPOINT=after_publish:k-twice", "SEKALI_FAILPOINT_ONCE=1",
+                          mark_env, NULL };
+    start(&r, "relaymark", "fault/sekalid", env);
+    enqueue(r.pg, r.queue, "k-twice", NULL, NULL);
+    H_WAIT(access(mark, F_OK) == 0, 20000, "the relay should die between publish and mark");
+    H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
+                            "WHERE queue = '%s'", r.queue) == 1, 30000,
+           "the second publish should arrive as a counted duplicate");
+    ck_assert_int_eq(effects(&r, "k-twice"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at IS NOT NULL", r.queue), 1);
+    finish(&r);
+    free(dir);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("outbox");
+    TCase *tc = tcase_create("outbox");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_enqueue_in_a_rolled_back_transaction_publishes_nothing);
+    tcase_add_test(tc, test_one_dedupe_key_from_eight_connections_gives_one_job);
+    tcase_add_test(tc, test_scheduled_job_is_not_published_before_run_at);
+    tcase_add_test(tc, test_relay_killed_between_publish_and_mark_publishes_twice_runs_once);
+    suite_add_tcase(s, tc);
+    return h_run_suite(s);
+}
