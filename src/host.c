@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <libpq-fe.h>
+
 #include "host.h"
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
@@ -17,6 +19,9 @@ static int host_set_result(struct sekali_ctx *ctx, const void *data, size_t len)
 static void host_set_error(struct sekali_ctx *ctx, const char *message);
 static int host_checkpoint_save(struct sekali_ctx *ctx, const char *name, const char *value);
 static const char *host_checkpoint(struct sekali_ctx *ctx, const char *name);
+static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *job_type,
+                        const void *body, size_t body_len, const char *idempotency_key,
+                        const char *dedupe_key, char *job_id, size_t size);
 
 static const struct sekali_host host = {
     .abi_major = SEKALI_HANDLER_ABI_MAJOR,
@@ -29,6 +34,7 @@ static const struct sekali_host host = {
     .set_error = host_set_error,
     .checkpoint_save = host_checkpoint_save,
     .checkpoint = host_checkpoint,
+    .enqueue = host_enqueue,
 };
 
 const struct sekali_host *sk_host(void)
@@ -123,4 +129,30 @@ static const char *host_checkpoint(struct sekali_ctx *ctx, const char *name)
         if (strcmp(ctx->checkpoints.items[i].name, name) == 0)
             return ctx->checkpoints.items[i].value;
     return NULL;
+}
+
+static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *job_type,
+                        const void *body, size_t body_len, const char *idempotency_key,
+                        const char *dedupe_key, char *job_id, size_t size)
+{
+    if (ctx->pg == NULL || queue == NULL || job_type == NULL || body == NULL) {
+        host_set_error(ctx, "enqueue: no connection, queue, type or body");
+        return -1;
+    }
+    const char *values[] = { queue, job_type, body, idempotency_key, dedupe_key };
+    const int lengths[] = { 0, 0, (int)body_len, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0 };
+    PGresult *res = PQexecParams(ctx->pg, "SELECT sekali.enqueue($1, $2, $3, $4, $5)", 5, NULL,
+                                 values, lengths, formats, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        char why[512];
+        snprintf(why, sizeof(why), "enqueue to %s: %s", queue, PQresultErrorMessage(res));
+        host_set_error(ctx, why);
+        PQclear(res);
+        return -1;
+    }
+    if (job_id != NULL && size > 0)
+        snprintf(job_id, size, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return 0;
 }

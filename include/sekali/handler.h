@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 1  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 2  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -107,6 +107,17 @@ struct sekali_host {
     /* Since 1.1. The value saved under name by this or an earlier attempt,
      * or NULL. Borrowed: valid until handle() returns. */
     const char *(*checkpoint)(struct sekali_ctx *ctx, const char *name);
+
+    /* Since 1.2. Enqueues a follow-up job through the outbox
+     * (sekali.enqueue) on the job's connection: in transactional mode it
+     * commits or rolls back with this job's effect, so a job and the jobs it
+     * triggers happen together or not at all. idempotency_key and
+     * dedupe_key may be NULL. Writes the new job's id to job_id (size
+     * bytes) when job_id is not NULL. Returns 0, or -1 with the reason set
+     * as the job's error (return SEKALI_RETRY then). */
+    int (*enqueue)(struct sekali_ctx *ctx, const char *queue, const char *job_type,
+                   const void *body, size_t body_len, const char *idempotency_key,
+                   const char *dedupe_key, char *job_id, size_t size);
 
     /* append here; never reorder, resize or remove */
 };

@@ -2,6 +2,7 @@
  * transaction, unique dedupe keys, scheduled jobs, and an outbox relay that
  * dies between a publish and its mark. sekalid runs with one relay. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #define EFFECT "tests/plugins/effect.so"
 #define RELAY  "outbox:\n  relays: 1\n  poll_interval: 200ms\n"
+#define RELAYS "outbox:\n  relays: 2\n  poll_interval: 200ms\n"
 
 struct run {
     char              queue[128];
@@ -20,19 +22,27 @@ struct run {
     pid_t             sekalid;
 };
 
-static void start(struct run *r, const char *name, const char *binary,
-                  const char *const *env)
+static void start_with(struct run *r, const char *name, const char *binary,
+                       const char *const *env, int workers, const char *queue_yaml,
+                       const char *top)
 {
     h_init();
     h_unique_name(r->queue, sizeof(r->queue), name);
     r->dir = h_tmpdir(name);
-    char *config = h_write_config_top(r->dir, r->queue, EFFECT, 2, NULL, RELAY);
+    char *config = h_write_config_top(r->dir, r->queue, EFFECT, workers, queue_yaml, top);
     r->pg = h_pg();
     r->b = h_broker();
     ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
     r->sekalid = h_start_sekalid(binary, config, r->dir, env);
     free(config);
-    H_WAIT(h_consumers(r->b, r->queue) == 2, 20000, "2 workers should consume %s", r->queue);
+    H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
+           "%d workers should consume %s", workers, r->queue);
+}
+
+static void start(struct run *r, const char *name, const char *binary,
+                  const char *const *env)
+{
+    start_with(r, name, binary, env, 2, NULL, RELAY);
 }
 
 static void finish(struct run *r)
@@ -179,6 +189,77 @@ START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
 }
 END_TEST
 
+/* 5,000 jobs enqueued in one transaction, two relays: every row published
+ * once (no duplicate arrives: SKIP LOCKED kept the relays apart), every
+ * effect once. */
+START_TEST(test_two_relays_publish_five_thousand_rows_once_each)
+{
+    struct run r;
+    start_with(&r, "tworelays", "sekalid", NULL, 4, NULL, RELAYS);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "SELECT count(sekali.enqueue('%s', 'test', 'ok'::bytea, "
+             "'k-' || i)) FROM generate_series(1, 5000) AS i", r.queue);
+    ck_assert_int_eq(h_pg_count(r.pg, "%s", sql), 5000);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                            "AND status = 'completed'", r.queue) == 5000, 120000,
+           "5000 jobs should complete");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at IS NULL", r.queue), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM "
+                                      "sekali_test.effects WHERE queue = '%s'", r.queue), 5000);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), 5000);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM "
+                                      "sekali.idempotency_keys WHERE queue = '%s'", r.queue), 0);
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
+    ck_assert_int_eq(h_count_lines(log, "outbox relay started"), 2);
+    finish(&r);
+}
+END_TEST
+
+/* Chains A -> B -> C: each job enqueues the next in its own transaction
+ * (host->enqueue). Workers are killed while the chains run; every link must
+ * still happen exactly once. */
+START_TEST(test_job_chains_survive_worker_kills_with_each_link_once)
+{
+    struct run r;
+    /* A killed worker's lock outlives it by its TTL: keep that short. */
+    start_with(&r, "chain", "sekalid", NULL, 3, "    lock_ttl: 1s\n", RELAY);
+    for (int i = 0; i < 20; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "chain-%d", i);
+        const char *values[] = { r.queue, key };
+        PGresult *res = PQexecParams(r.pg, "SELECT sekali.enqueue($1, 'test', "
+                                           "'chain:2'::bytea, $2)", 2, NULL, values, NULL,
+                                     NULL, 0);
+        ck_assert_int_eq(PQresultStatus(res), PGRES_TUPLES_OK);
+        PQclear(res);
+    }
+    const char *count = "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'";
+    int kills = 0;
+    for (long long seen = 0; kills < 3 && seen < 50; kills++) {
+        H_WAIT(h_pg_count(r.pg, count, r.queue) > seen, 30000, "the chains should advance");
+        seen = h_pg_count(r.pg, count, r.queue);
+        long long victim = h_pg_count(r.pg, "SELECT pid FROM sekali_test.effects WHERE queue = "
+                                            "'%s' ORDER BY id DESC LIMIT 1", r.queue);
+        kill((pid_t)victim, SIGKILL);
+        H_WAIT(h_process_gone((pid_t)victim), 10000, "worker %lld should die", victim);
+    }
+    ck_assert_int_ge(kills, 1);
+    H_WAIT(h_pg_count(r.pg, count, r.queue) >= 60, 60000, "all 60 links should run");
+    finish(&r);
+    PGconn *pg = h_pg();
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                    "'%s'", r.queue), 60);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(DISTINCT idempotency_key) FROM "
+                                    "sekali_test.effects WHERE queue = '%s'", r.queue), 60);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                    "'%s' AND idempotency_key LIKE '%%++'", r.queue), 20);
+    PQfinish(pg);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("outbox");
@@ -188,6 +269,8 @@ int main(void)
     tcase_add_test(tc, test_one_dedupe_key_from_eight_connections_gives_one_job);
     tcase_add_test(tc, test_scheduled_job_is_not_published_before_run_at);
     tcase_add_test(tc, test_relay_killed_between_publish_and_mark_publishes_twice_runs_once);
+    tcase_add_test(tc, test_two_relays_publish_five_thousand_rows_once_each);
+    tcase_add_test(tc, test_job_chains_survive_worker_kills_with_each_link_once);
     suite_add_tcase(s, tc);
     return h_run_suite(s);
 }

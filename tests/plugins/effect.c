@@ -15,6 +15,9 @@
  *              MARKER_DIR/release exists; then record the execution and call
  *              the "payment service" (sekali_test.payments, first request per
  *              key wins), noting the checkpoint it found
+ *   "chain:N"  record the effect and, for N > 0, enqueue "chain:N-1" to the same
+ *              queue with idempotency key "<key>+" (host->enqueue, ABI 1.2),
+ *              in the same transaction
  * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config). */
 #include <fcntl.h>
 #include <stdio.h>
@@ -171,6 +174,22 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
     if (!ok)
         s->host->set_error(ctx, PQresultErrorMessage(res));
     PQclear(res);
+    if (ok && job->body_len > 6 && memcmp(job->body, "chain:", 6) == 0) {
+        char digits[16] = "";
+        size_t n_digits = job->body_len - 6 < sizeof(digits) - 1 ? job->body_len - 6
+                                                                  : sizeof(digits) - 1;
+        memcpy(digits, (const char *)job->body + 6, n_digits);  /* bodies are not strings */
+        int left = atoi(digits);
+        if (left > 0) {
+            char next_body[32], next_key[600];
+            int len = snprintf(next_body, sizeof(next_body), "chain:%d", left - 1);
+            snprintf(next_key, sizeof(next_key), "%s+", job->idempotency_key);
+            if (s->host->abi_minor < 2 ||
+                s->host->enqueue(ctx, job->queue, job->job_type, next_body, (size_t)len,
+                                 next_key, NULL, NULL, 0) != 0)
+                return SEKALI_RETRY;
+        }
+    }
     char receipt[64];
     int n = snprintf(receipt, sizeof(receipt), "done by %s", pid);
     s->host->set_result(ctx, receipt, (size_t)n);
