@@ -21,7 +21,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 
 CORE    = common config config_value log backoff
 DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
-          notify metrics metrics_http outbox
+          notify metrics metrics_http outbox janitor
 CTL     = $(CORE) ctl broker lock
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))

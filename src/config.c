@@ -194,6 +194,7 @@ static const struct key queue_keys[] = {
     ENUM("queue_type",      sk_queue_conf, queue_type, queue_types),
     INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
+    DURATION("retention",   sk_queue_conf, retention_ms, SEC, 45 * DAY),
     CUSTOM("config", queue_config, false),
     END
 };
@@ -205,6 +206,13 @@ static const struct key outbox_keys[] = {
     END
 };
 
+static const struct key janitor_keys[] = {
+    DURATION("interval",         sk_janitor_conf, interval_ms, 0, DAY),
+    INT("batch",                 sk_janitor_conf, batch, 1, 100000),
+    DURATION("outbox_retention", sk_janitor_conf, outbox_retention_ms, SEC, 45 * DAY),
+    END
+};
+
 static const struct key top_keys[] = {
     SECTION("amqp",     amqp,     amqp_keys,     true),
     SECTION("redis",    redis,    redis_keys,    false),
@@ -212,6 +220,7 @@ static const struct key top_keys[] = {
     SECTION("lock",     lock,     lock_keys,     false),
     SECTION("log",      log,      log_keys,      false),
     SECTION("outbox",   outbox,   outbox_keys,   false),
+    SECTION("janitor",  janitor,  janitor_keys,  false),
     SECTION("metrics",  metrics,  metrics_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
     CUSTOM("queues", load_queues, true),
@@ -227,6 +236,7 @@ static const struct sk_conf conf_defaults = {
     .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
     .shutdown_timeout_ms = 30 * SEC,
     .outbox = { .relays = 0, .batch = 100, .poll_interval_ms = SEC },
+    .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .outbox_retention_ms = 7 * DAY },
 };
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
@@ -235,6 +245,7 @@ static const struct sk_queue_conf queue_defaults = {
     .retry = { .max_attempts = 5, .initial_ms = SEC, .max_ms = 5 * 60 * SEC },
     .on_redis_down = SK_REDIS_DOWN_PROCEED,
     .lease_ms = 30 * SEC,
+    .retention_ms = 30 * DAY,
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */

@@ -86,6 +86,12 @@ struct sk_outbox_conf {
     uint32_t poll_interval_ms;     /* longest wait without a NOTIFY (scheduled jobs) */
 };
 
+struct sk_janitor_conf {
+    uint32_t interval_ms;          /* between rounds; 0: no janitor */
+    int      batch;                /* rows per DELETE, so no lock is held for long */
+    uint32_t outbox_retention_ms;  /* published outbox rows older than this go */
+};
+
 struct sk_queue_conf {
     char              *name;
     char              *handler;        /* path of the handler .so */
@@ -103,6 +109,7 @@ struct sk_queue_conf {
     enum sk_redis_down on_redis_down;
     enum sk_queue_type queue_type;
     uint32_t           lease_ms;       /* external mode: the key's lease, renewed every lease/3 */
+    uint32_t           retention_ms;   /* finished keys older than this are deleted */
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
 };
 
@@ -115,6 +122,7 @@ struct sk_conf {
     struct sk_log_conf      log;
     struct sk_metrics_conf  metrics;
     struct sk_outbox_conf   outbox;
+    struct sk_janitor_conf  janitor;
     uint32_t                shutdown_timeout_ms;
     struct sk_queue_conf   *queues;
     size_t                  n_queues;

@@ -37,6 +37,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
+#include "janitor.h"
 #include "outbox.h"
 #include "scoreboard.h"
 #include "supervisor.h"
@@ -45,7 +46,8 @@
 #define STABLE_AFTER_MS     10000  /* a worker up this long resets its backoff */
 #define CRASH_LOOP_RESTARTS 5      /* this many quick restarts in a row ... */
 
-#define RELAY SIZE_MAX  /* slot.queue of an outbox relay, which serves no queue */
+#define RELAY   SIZE_MAX        /* slot.queue of an outbox relay, which serves no queue */
+#define JANITOR (SIZE_MAX - 1)  /* slot.queue of the janitor */
 
 struct slot {
     size_t            queue;       /* index into conf->queues, or RELAY */
@@ -94,6 +96,7 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static size_t running(const struct generation *g);
+static size_t workers(const struct generation *g);
 static int next_timeout(const struct supervisor *s);
 static void kill_overdue_jobs(struct generation *g);
 static void kill_stragglers(struct supervisor *s);
@@ -138,7 +141,7 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
     s.watchdog_ms = sk_notify_watchdog_ms();
     for (size_t i = 0; i < s.current->n_slots; i++)
         spawn(&s, s.current, &s.current->slots[i]);
-    sk_log_info("supervisor started %zu workers for %zu queues", s.current->n_slots,
+    sk_log_info("supervisor started %zu workers for %zu queues", workers(s.current),
                 conf->n_queues);
 
     while (s.current != NULL || s.retiring != NULL) {
@@ -202,7 +205,7 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         g->n_slots += (size_t)conf->queues[q].workers;
         g->any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
     }
-    g->n_slots += (size_t)conf->outbox.relays;
+    g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0);
     g->slots = calloc(g->n_slots, sizeof(*g->slots));
     if (g->slots == NULL) {
         sk_err_errno(err, SK_ERR, "calloc(slots)");
@@ -216,6 +219,9 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
     for (int k = 0; k < conf->outbox.relays; k++)
         g->slots[i++] = (struct slot){
             .queue = RELAY, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
+    if (conf->janitor.interval_ms > 0)
+        g->slots[i++] = (struct slot){
+            .queue = JANITOR, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
         goto fail;
     /* Counters start from zero with each generation, as after a restart;
@@ -262,7 +268,9 @@ static void retire(struct supervisor *s, struct generation *g, const char *why)
 /* What a slot's processes are called in the log. */
 static const char *slot_name(const struct generation *g, const struct slot *slot)
 {
-    return slot->queue == RELAY ? "the outbox relay" : g->conf->queues[slot->queue].name;
+    return slot->queue == RELAY   ? "the outbox relay"
+         : slot->queue == JANITOR ? "the janitor"
+                                  : g->conf->queues[slot->queue].name;
 }
 
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
@@ -298,11 +306,15 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
             sk_log_init(g->conf->log.level, g->conf->log.format, "relay");
             exit(sk_outbox_run(g->conf, shared));
         }
+        if (slot->queue == JANITOR) {
+            sk_log_init(g->conf->log.level, g->conf->log.format, "janitor");
+            exit(sk_janitor_run(g->conf, shared));
+        }
         sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
         exit(sk_worker_run(g->conf, &g->conf->queues[slot->queue], &g->plugins[slot->queue],
                            shared, sk_metrics_queue(g->metrics, slot->queue)));
     }
-    if (slot->queue != RELAY)
+    if (slot->queue < g->conf->n_queues)
         sk_metrics_worker_started(g->metrics, slot->queue, slot->started_ms != 0);
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
@@ -333,7 +345,7 @@ static void reap(struct supervisor *s)
         if (slot == NULL)
             continue;
         slot->pid = 0;
-        if (slot->queue != RELAY)
+        if (slot->queue < g->conf->n_queues)
             sk_metrics_worker_exited(g->metrics, slot->queue);
         /* A dead worker consumes nothing, whatever its slot says. */
         atomic_store(&sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots))->consuming,
@@ -446,7 +458,16 @@ static void reload(struct supervisor *s)
     s->ready_sent = false;
     for (size_t i = 0; i < g->n_slots; i++)
         spawn(s, g, &g->slots[i]);
-    sk_log_info("reloaded: %zu workers for %zu queues", g->n_slots, conf->n_queues);
+    sk_log_info("reloaded: %zu workers for %zu queues", workers(g), conf->n_queues);
+}
+
+/* Queue workers only: relays and the janitor are not counted. */
+static size_t workers(const struct generation *g)
+{
+    size_t n = 0;
+    for (size_t q = 0; q < g->conf->n_queues; q++)
+        n += (size_t)g->conf->queues[q].workers;
+    return n;
 }
 
 static size_t running(const struct generation *g)
@@ -493,16 +514,17 @@ static void report(struct supervisor *s)
     }
     size_t relays = 0, relays_up = 0;
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (g->slots[i].queue != RELAY)
+        if (g->slots[i].queue < g->conf->n_queues)
             continue;
-        relays++;
+        relays += g->slots[i].queue == RELAY;
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-        relays_up += g->slots[i].pid > 0 && atomic_load(&shared->consuming);
+        bool up = g->slots[i].pid > 0 && atomic_load(&shared->consuming);
+        consuming += up;
+        relays_up += up && g->slots[i].queue == RELAY;
         uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
         if (g->slots[i].pid <= 0 || now - atomic_load(&shared->alive_ms) > (int64_t)grace)
             healthy = false;
     }
-    consuming += relays_up;
     if (relays > 0) {
         int n = snprintf(status + len, sizeof(status) - len, "; outbox: %zu/%zu relays up",
                          relays_up, relays);
@@ -533,7 +555,7 @@ static void kill_overdue_jobs(struct generation *g)
         return;
     int64_t now = sk_now_ms();
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (g->slots[i].queue == RELAY)
+        if (g->slots[i].queue >= g->conf->n_queues)
             continue;
         const struct sk_queue_conf *queue = &g->conf->queues[g->slots[i].queue];
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
