@@ -207,6 +207,57 @@ START_TEST(test_job_outliving_consumer_timeout_runs_once)
 }
 END_TEST
 
+/* RabbitMQ stopped: enqueued jobs wait in the outbox (the relay reports the
+ * outage and retries), and once the broker is back every one is published
+ * and runs once. */
+START_TEST(test_outbox_rows_wait_for_rabbitmq_and_all_run_once)
+{
+    h_init();
+    servers("start");
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "outbox-down");
+    char *dir = h_tmpdir("outbox-down");
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    char *config = h_write_config_top(dir, queue, EFFECT, 2, NULL,
+                                      "outbox:\n  relays: 1\n  poll_interval: 200ms\n");
+    PGconn *pg = h_pg();
+    struct sk_broker *b = h_broker();
+    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
+    sk_broker_close(b);
+    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
+    H_WAIT(h_count_lines(log, "ready: every worker is consuming") == 1, 20000,
+           "sekalid should become ready");
+
+    servers("stop-rabbitmq");
+    char sql[512];
+    snprintf(sql, sizeof(sql), "SELECT count(sekali.enqueue('%s', 'test', 'ok'::bytea, "
+             "'k-' || i)) FROM generate_series(1, 100) AS i", queue);
+    ck_assert_int_eq(h_pg_count(pg, "%s", sql), 100);
+    H_WAIT(h_count_lines(log, "outbox relay lost a connection") >= 1 ||
+           h_count_lines(log, "outbox relay cannot connect") >= 1, 30000,
+           "the relay should notice that RabbitMQ is gone");
+    /* The broker is provably down: nothing can have been published. */
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                    "AND published_at IS NOT NULL", queue), 0);
+
+    servers("start-rabbitmq");
+    H_WAIT(h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                          "AND status = 'completed'", queue) == 100, 90000,
+           "every waiting job should run once RabbitMQ is back");
+    h_stop_sekalid(sekalid, dir);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                    "'%s'", queue), 100);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(DISTINCT idempotency_key) FROM "
+                                    "sekali_test.effects WHERE queue = '%s'", queue), 100);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                    "AND published_at IS NULL", queue), 0);
+    PQfinish(pg);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 /* Runs once after the test case, even when a test failed midway, so that
  * later suites meet the broker's normal consumer timeout. */
 static void restore_broker_env(void)
@@ -229,6 +280,7 @@ int main(void)
     tcase_add_test(tc, test_rabbitmq_connections_closed_mid_run);
     tcase_add_test(tc, test_rabbitmq_restarted_mid_run);
     tcase_add_test(tc, test_job_outliving_consumer_timeout_runs_once);
+    tcase_add_test(tc, test_outbox_rows_wait_for_rabbitmq_and_all_run_once);
     suite_add_tcase(s, tc);
     return h_run_suite(s);
 }
