@@ -176,7 +176,8 @@ static void *run(void *arg)
                     (w.lease && renew_lease(hb, &w) == SK_BUSY);
 
         pthread_mutex_lock(&hb->mutex);
-        if (lost && hb->generation == generation) {
+        /* Logged once per job: the flag stays up until the next watch. */
+        if (lost && hb->generation == generation && !atomic_load(&hb->lost)) {
             atomic_store(&hb->lost, true);
             sk_log_warn("%s of %s lost while the job runs (expired or taken over)",
                         w.lease ? "lease" : "lock", w.lease ? w.key : w.lock_key);

@@ -180,8 +180,10 @@ static void claim_failed(struct sk_worker *w, struct job *j, int rc, const char 
     if (!w->postgres_down_logged)
         sk_log_job(SK_LOG_ERROR, &j->log, "claim failed, backing off: %s", why);
     w->postgres_down_logged = rc == SK_AGAIN;
-    sk_sleep_ms(sk_backoff_next(&w->postgres_backoff));
+    /* Hand back and unlock first, then pause: the lock must not be held
+     * through the backoff, or other jobs for the resource wait for nothing. */
     finish(w, j, REQUEUE, "claim failed, handed back to the broker");
+    sk_sleep_ms(sk_backoff_next(&w->postgres_backoff));
 }
 
 static void claimed(struct sk_worker *w, struct job *j)
@@ -501,8 +503,8 @@ static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason r
     }
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
-        sk_sleep_ms(sk_jitter(100, 1000));
         finish(w, j, REQUEUE, "failure not recorded, handed back to the broker");
+        sk_sleep_ms(sk_jitter(100, 1000));
         return;
     }
     sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", dead_reasons[reason], why);
@@ -545,8 +547,8 @@ static bool later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_
         return true;
     }
     sk_worker_drop_publisher(w, err.msg);
-    sk_sleep_ms(sk_jitter(100, 1000));
     finish(w, j, REQUEUE, "could not re-schedule, handed back to the broker");
+    sk_sleep_ms(sk_jitter(100, 1000));
     return false;
 }
 

@@ -347,9 +347,12 @@ static void reap(struct supervisor *s)
         slot->pid = 0;
         if (slot->queue < g->conf->n_queues)
             sk_metrics_worker_exited(g->metrics, slot->queue);
-        /* A dead worker consumes nothing, whatever its slot says. */
-        atomic_store(&sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots))->consuming,
-                     0);
+        /* A dead worker consumes nothing and runs no job, whatever its slot
+         * says; left as it was, a job start it never cleared would get its
+         * replacement killed by the job timeout. */
+        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
+        atomic_store(&shared->consuming, 0);
+        atomic_store(&shared->job_started_ms, 0);
         on_exit_status(s, g, slot, status);
     }
     /* Free the retired generations whose last worker is gone. */
