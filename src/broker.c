@@ -93,6 +93,12 @@ void sk_broker_close(struct sk_broker *b)
     free(b);
 }
 
+struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q)
+{
+    return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
+                                    .delivery_limit = (uint32_t)q->delivery_limit };
+}
+
 int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
                       struct sk_err *err)
 {
@@ -265,18 +271,10 @@ int sk_broker_publish(struct sk_broker *b, const char *routing_key,
 
     amqp_table_entry_t headers[2];
     int n_headers = 0;
-    if (msg->idempotency_key != NULL) {
-        headers[n_headers].key = amqp_cstring_bytes("x-idempotency-key");
-        headers[n_headers].value.kind = AMQP_FIELD_KIND_UTF8;
-        headers[n_headers].value.value.bytes = amqp_cstring_bytes(msg->idempotency_key);
-        n_headers++;
-    }
-    if (msg->resource_key != NULL) {
-        headers[n_headers].key = amqp_cstring_bytes("x-resource-key");
-        headers[n_headers].value.kind = AMQP_FIELD_KIND_UTF8;
-        headers[n_headers].value.value.bytes = amqp_cstring_bytes(msg->resource_key);
-        n_headers++;
-    }
+    if (msg->idempotency_key != NULL)
+        headers[n_headers++] = text_entry("x-idempotency-key", msg->idempotency_key);
+    if (msg->resource_key != NULL)
+        headers[n_headers++] = text_entry("x-resource-key", msg->resource_key);
 
     amqp_basic_properties_t props = { 0 };
     props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;

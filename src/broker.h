@@ -50,6 +50,9 @@ struct sk_queue_shape {
     uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none */
 };
 
+/* The shape sekalid declares a configured queue with. */
+struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q);
+
 /* Declares the durable work queue `name` with shape (NULL: classic), whose
  * rejected messages the broker dead-letters to the durable queue
  * `name.dead`. */

@@ -257,13 +257,11 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     /* A queue of the configuration is declared as sekalid declares it; any
      * other must already exist (the mandatory publish reports it if not). */
     const struct sk_queue_conf *q = sk_conf_queue(conf, queue);
-    struct sk_queue_shape shape = { 0 };
-    if (q != NULL)
-        shape = (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
-                                         .delivery_limit = (uint32_t)q->delivery_limit };
     int rc = sk_broker_open(&b, &conf->amqp, &err);
-    if (rc == SK_OK && q != NULL)
+    if (rc == SK_OK && q != NULL) {
+        struct sk_queue_shape shape = sk_broker_shape(q);
         rc = sk_broker_declare(b, queue, &shape, &err);
+    }
     if (rc == SK_OK)
         rc = sk_broker_confirm_select(b, &err);
     if (rc == SK_OK)

@@ -127,8 +127,7 @@ static int declare_queues(struct relay *r, struct sk_err *err)
 {
     for (size_t i = 0; i < r->conf->n_queues; i++) {
         const struct sk_queue_conf *q = &r->conf->queues[i];
-        struct sk_queue_shape shape = { .quorum = q->queue_type == SK_QUEUE_QUORUM,
-                                        .delivery_limit = (uint32_t)q->delivery_limit };
+        struct sk_queue_shape shape = sk_broker_shape(q);
         int rc = sk_broker_declare(r->broker, q->name, &shape, err);
         if (rc != SK_OK)
             return rc;

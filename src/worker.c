@@ -38,8 +38,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     w->queue = queue;
     w->slot = slot;
     w->metrics = metrics;
-    w->shape = (struct sk_queue_shape){ .quorum = queue->queue_type == SK_QUEUE_QUORUM,
-                                        .delivery_limit = (uint32_t)queue->delivery_limit };
+    w->shape = sk_broker_shape(queue);
     w->handler = plugin->handler;
     w->broker_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
     w->postgres_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
