@@ -4,7 +4,7 @@
  * one of its calls, and a consumer's connection can carry unrelated frames
  * (channel.close, basic.return) between deliveries. This file hides both: the
  * consume loop reads the stray frames and turns a closed channel into SK_ERR,
- * and publishing waits for the confirm frame by frame. */
+ * and publishing waits for confirms frame by frame. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +27,12 @@ struct sk_broker {
 
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static struct timeval to_timeval(uint32_t ms);
-static int wait_confirm(struct sk_broker *b, uint64_t tag, struct sk_err *err);
+static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
+                     struct sk_err *err);
+static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple,
+                     const char *nacked);
+static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
+                                        const amqp_basic_properties_t *props);
 static int flush_acks(struct sk_broker *b, struct sk_err *err);
 static amqp_table_entry_t text_entry(const char *key, const char *value);
 
@@ -267,6 +272,17 @@ int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
 int sk_broker_publish(struct sk_broker *b, const char *routing_key,
                       const struct sk_message *msg, struct sk_err *err)
 {
+    struct sk_publish p;
+    int rc = sk_broker_publish_async(b, routing_key, msg, &p, err);
+    if (rc == SK_OK)
+        rc = await_one(b, &p, routing_key, err);
+    return rc;
+}
+
+int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
+                            const struct sk_message *msg, struct sk_publish *p,
+                            struct sk_err *err)
+{
     sk_assert(b->confirming);
 
     amqp_table_entry_t headers[2];
@@ -311,7 +327,8 @@ int sk_broker_publish(struct sk_broker *b, const char *routing_key,
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
                           amqp_error_string2(status));
-    return wait_confirm(b, b->next_publish_tag++, err);
+    *p = (struct sk_publish){ .message_id = msg->message_id, .tag = b->next_publish_tag++ };
+    return SK_OK;
 }
 
 int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
@@ -380,7 +397,9 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
                           amqp_error_string2(status));
-    return wait_confirm(b, b->next_publish_tag++, err);
+    /* Alone in flight, a return can only be this copy's: no id needed. */
+    struct sk_publish p = { .tag = b->next_publish_tag++ };
+    return await_one(b, &p, routing_key, err);
 }
 
 static amqp_table_entry_t text_entry(const char *key, const char *value)
@@ -392,38 +411,53 @@ static amqp_table_entry_t text_entry(const char *key, const char *value)
     return e;
 }
 
-/* A mandatory publish to a missing queue comes back as basic.return followed
- * by the ack, so a return seen before the ack turns the ack into a failure. */
-static int wait_confirm(struct sk_broker *b, uint64_t tag, struct sk_err *err)
+static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
+                     struct sk_err *err)
 {
-    bool returned = false;
-    for (;;) {
+    int rc = sk_broker_await_confirms(b, p, 1, err);
+    if (rc == SK_OK && p->rc != SK_OK)
+        return sk_err_set(err, p->rc, "publish to %s: %s", routing_key, p->why);
+    return rc;
+}
+
+/* A mandatory publish to a missing queue comes back as basic.return, sent
+ * before the ack that confirms it (an ack may confirm many: `multiple`), so
+ * a publish returned before it is settled is a failure. */
+int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
+                             struct sk_err *err)
+{
+    size_t unsettled = n;
+    while (unsettled > 0) {
         amqp_frame_t frame;
         struct timeval timeout = to_timeval(30000);
         int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
         if (status != AMQP_STATUS_OK)
-            return sk_err_set(err, SK_AGAIN, "waiting for publisher confirm: %s",
+            return sk_err_set(err, SK_AGAIN, "waiting for publisher confirms: %s",
                               amqp_error_string2(status));
         if (frame.frame_type != AMQP_FRAME_METHOD)
             continue;
         switch (frame.payload.method.id) {
         case AMQP_BASIC_ACK_METHOD: {
             amqp_basic_ack_t *ack = frame.payload.method.decoded;
-            if (ack->delivery_tag < tag)
-                continue;
-            if (returned)
-                return sk_err_set(err, SK_ERR, "broker returned the message: no such queue");
-            return SK_OK;
+            unsettled -= settle(p, n, ack->delivery_tag, ack->multiple, NULL);
+            continue;
         }
-        case AMQP_BASIC_NACK_METHOD:
-            return sk_err_set(err, SK_ERR, "broker nacked the message");
+        case AMQP_BASIC_NACK_METHOD: {
+            amqp_basic_nack_t *nack = frame.payload.method.decoded;
+            unsettled -= settle(p, n, nack->delivery_tag, nack->multiple,
+                                "the broker nacked the message");
+            continue;
+        }
         case AMQP_BASIC_RETURN_METHOD: {
-            returned = true;
-            /* The returned message's header and body follow; consume them. */
+            /* The returned message's header and body follow; its id says
+             * which publish it was. */
             amqp_message_t message;
             amqp_rpc_reply_t reply = amqp_read_message(b->conn, frame.channel, &message, 0);
             if (reply.reply_type != AMQP_RESPONSE_NORMAL)
                 return sk_err_set(err, SK_AGAIN, "reading a returned message failed");
+            struct sk_publish *returned = find_returned(p, n, &message.properties);
+            if (returned != NULL)
+                returned->returned = true;
             amqp_destroy_message(&message);
             continue;
         }
@@ -434,6 +468,44 @@ static int wait_confirm(struct sk_broker *b, uint64_t tag, struct sk_err *err)
             continue;
         }
     }
+    return SK_OK;
+}
+
+/* Settles the publishes a confirm covers (tag, or every tag up to it when
+ * multiple) and returns how many were not settled before. A confirm for an
+ * older publish, outside p, settles nothing. */
+static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple,
+                     const char *nacked)
+{
+    size_t settled = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].settled || p[i].tag > tag || (!multiple && p[i].tag != tag))
+            continue;
+        p[i].settled = true;
+        p[i].rc = SK_OK;
+        if (nacked != NULL || p[i].returned) {
+            p[i].rc = SK_ERR;
+            p[i].why = nacked != NULL ? nacked : "the broker returned the message: no such queue";
+        }
+        settled++;
+    }
+    return settled;
+}
+
+static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
+                                        const amqp_basic_properties_t *props)
+{
+    if (n == 1)
+        return p;
+    if (!(props->_flags & AMQP_BASIC_MESSAGE_ID_FLAG))
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!p[i].settled && p[i].message_id != NULL &&
+            strlen(p[i].message_id) == props->message_id.len &&
+            memcmp(p[i].message_id, props->message_id.bytes, props->message_id.len) == 0)
+            return &p[i];
+    }
+    return NULL;
 }
 
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err)

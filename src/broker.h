@@ -103,6 +103,32 @@ int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
 int sk_broker_publish(struct sk_broker *b, const char *routing_key,
                       const struct sk_message *msg, struct sk_err *err);
 
+/* One publish whose confirm is awaited later, so that a batch of messages
+ * costs one wait for the broker (and lets it write them to disk together)
+ * instead of one wait each. */
+struct sk_publish {
+    const char *message_id;  /* recognises the publish in a basic.return; may be NULL */
+    uint64_t    tag;         /* the channel's publish sequence number */
+    bool        returned;    /* the broker could not route it */
+    bool        settled;     /* confirmed (acked or nacked) */
+    int         rc;          /* once settled: SK_OK, or SK_ERR with why */
+    const char *why;         /* static text: why it was not accepted */
+};
+
+/* Sends msg as sk_broker_publish() does, without waiting: fills *p. SK_OK,
+ * or SK_AGAIN if the connection failed. */
+int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
+                            const struct sk_message *msg, struct sk_publish *p,
+                            struct sk_err *err);
+
+/* Waits until each of the n publishes, made in this order and the latest of
+ * this channel, is settled; then each p[i].rc says whether the broker took it.
+ * A return is matched by message id (or, alone in flight, to the one). SK_OK,
+ * or SK_AGAIN if the connection failed first: then none of them may be taken
+ * as published. */
+int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
+                             struct sk_err *err);
+
 /* Declares the delay queue for `queue` and delay_ms, and writes its name to
  * name (size bytes): messages sit there for delay_ms, then the broker
  * dead-letters them back to `queue`. The queue deletes itself once unused

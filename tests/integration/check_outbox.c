@@ -165,6 +165,43 @@ START_TEST(test_scheduled_job_is_not_published_before_run_at)
 }
 END_TEST
 
+/* One batch, and in its middle a row for a queue that does not exist: the
+ * broker returns that message (mandatory), the row keeps a publish_error
+ * and stays unpublished, and the rows around it are published and run. */
+START_TEST(test_unroutable_row_is_marked_and_its_batch_still_published)
+{
+    struct run r;
+    start(&r, "unroutable", "sekalid", NULL);
+    char missing[160];
+    snprintf(missing, sizeof(missing), "%s-missing", r.queue);
+    /* One transaction: one now(), so the relay's order is insertion order. */
+    h_pg_exec(r.pg, "BEGIN");
+    char key[32];
+    for (int i = 1; i <= 10; i++) {
+        snprintf(key, sizeof(key), "k-%d", i);
+        enqueue(r.pg, r.queue, key, NULL, NULL);
+        if (i == 5)
+            enqueue(r.pg, missing, "k-missing", NULL, NULL);
+    }
+    h_pg_exec(r.pg, "COMMIT");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      r.queue) == 10, 20000, "the 10 routable jobs should run");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' AND "
+                            "publish_error LIKE '%%no such queue%%' AND published_at IS NULL",
+                      missing) == 1, 20000, "the unroutable row should hold its publish_error");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at IS NOT NULL AND publish_error IS NULL",
+                                r.queue), 10);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM "
+                                      "sekali_test.effects WHERE queue = '%s'", r.queue), 10);
+    char log[1024], want[256];
+    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
+    snprintf(want, sizeof(want), "for queue %s not published", missing);
+    ck_assert_int_eq(h_count_lines(log, want), 1);
+    finish(&r);
+}
+END_TEST
+
 START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
 {
     struct run r;
@@ -268,6 +305,7 @@ int main(void)
     tcase_add_test(tc, test_enqueue_in_a_rolled_back_transaction_publishes_nothing);
     tcase_add_test(tc, test_one_dedupe_key_from_eight_connections_gives_one_job);
     tcase_add_test(tc, test_scheduled_job_is_not_published_before_run_at);
+    tcase_add_test(tc, test_unroutable_row_is_marked_and_its_batch_still_published);
     tcase_add_test(tc, test_relay_killed_between_publish_and_mark_publishes_twice_runs_once);
     tcase_add_test(tc, test_two_relays_publish_five_thousand_rows_once_each);
     tcase_add_test(tc, test_job_chains_survive_worker_kills_with_each_link_once);
