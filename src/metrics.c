@@ -15,12 +15,14 @@
  * lookups then use the first, and rendering adds up slots of one name. A
  * worker killed while CLAIMING leaves that slot unused, nothing else. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#include "backoff.h"
 #include "metrics.h"
 
 /* A counter shared between processes must not hide a lock: a process killed
@@ -53,21 +55,43 @@ struct sk_metrics_type {
     _Atomic uint64_t duration_ns;
 };
 
-struct type_slot {
-    _Atomic uint32_t       state;
-    char                   name[SK_METRICS_TYPE_MAX + 1];  /* immutable once READY */
-    struct sk_metrics_type counters;
+/* A name claimed for one series: a job type, or an outbox's target queue. */
+struct name_slot {
+    _Atomic uint32_t state;
+    char             name[SK_METRICS_NAME_MAX + 1];  /* immutable once READY */
 };
 
 struct sk_metrics_queue {
-    _Atomic uint64_t restarts;
-    _Atomic int64_t  workers_up;
-    struct type_slot types[SK_METRICS_TYPES + 1];  /* the last one is "other" */
+    _Atomic uint64_t       restarts;
+    _Atomic int64_t        workers_up;
+    /* Parallel arrays; the last entry is "other". */
+    struct name_slot       type_names[SK_METRICS_TYPES + 1];
+    struct sk_metrics_type types[SK_METRICS_TYPES + 1];
+};
+
+/* What the relays did and what the outbox holds, for one target queue. The
+ * backlog gauges are one relay's latest sample of the table: lag_ms was the
+ * oldest due row's wait then, sampled_ms the CLOCK_MONOTONIC time of it. */
+struct sk_metrics_outq {
+    _Atomic uint64_t published;
+    _Atomic uint64_t unroutable;
+    _Atomic uint64_t pending;
+    _Atomic uint64_t failed_rows;
+    _Atomic uint64_t lag_ms;
+    _Atomic uint64_t sampled_ms;
+};
+
+struct outbox_area {
+    _Atomic uint64_t       last_sample_ms;  /* CLOCK_MONOTONIC; claimed by compare-and-swap */
+    struct name_slot       queue_names[SK_METRICS_OUTBOX_QUEUES + 1];
+    struct sk_metrics_outq queues[SK_METRICS_OUTBOX_QUEUES + 1];
 };
 
 struct sk_metrics {
-    struct sk_metrics_queue *queues;  /* the shared mapping */
+    struct outbox_area      *outbox;  /* the shared mapping starts here, */
+    struct sk_metrics_queue *queues;  /* and goes on with one part per queue */
     size_t                   n;
+    size_t                   size;
 };
 
 /* One (queue, job type) as rendered: the sum of the slots of that name,
@@ -115,8 +139,11 @@ static const char *const reasons[SK_METRICS_REASONS] = {
     [SK_METRICS_RETRIES_EXHAUSTED] = "retries_exhausted",
 };
 
+static size_t claim(struct name_slot *names, size_t n, const char *name, size_t max_len);
 static size_t collect(struct sk_metrics_queue *mq, struct row *rows);
 static void add_slot(struct row *r, struct sk_metrics_type *t);
+static void render_outbox(FILE *f, struct outbox_area *o);
+static uint64_t lag_now(struct sk_metrics_outq *oq, uint64_t now);
 static void header(FILE *f, const char *name, const char *type, const char *help);
 static void labels(FILE *f, const char *queue, const char *job_type);
 static void label_value(FILE *f, const char *s);
@@ -124,20 +151,24 @@ static void seconds(FILE *f, uint64_t ns);
 
 int sk_metrics_create(struct sk_metrics **out, size_t n_queues, struct sk_err *err)
 {
+    _Static_assert(sizeof(struct outbox_area) % _Alignof(struct sk_metrics_queue) == 0,
+                   "the queues' part must start aligned after the outbox's");
     struct sk_metrics *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(metrics)");
     /* Anonymous shared memory, as the scoreboard: inherited across fork(),
      * zeroed by the kernel, and gone with the last process. */
-    m->queues = mmap(NULL, n_queues * sizeof(*m->queues), PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (m->queues == MAP_FAILED) {
+    m->size = sizeof(*m->outbox) + n_queues * sizeof(*m->queues);
+    m->outbox = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m->outbox == MAP_FAILED) {
         free(m);
         return sk_err_errno(err, SK_ERR, "mmap(metrics, %zu queues)", n_queues);
     }
+    m->queues = (struct sk_metrics_queue *)(m->outbox + 1);
     m->n = n_queues;
     for (size_t q = 0; q < n_queues; q++)
-        memcpy(m->queues[q].types[SK_METRICS_TYPES].name, "other", sizeof("other"));
+        memcpy(m->queues[q].type_names[SK_METRICS_TYPES].name, "other", sizeof("other"));
+    memcpy(m->outbox->queue_names[SK_METRICS_OUTBOX_QUEUES].name, "other", sizeof("other"));
     *out = m;
     return SK_OK;
 }
@@ -146,7 +177,7 @@ void sk_metrics_destroy(struct sk_metrics *m)
 {
     if (m == NULL)
         return;
-    munmap(m->queues, m->n * sizeof(*m->queues));
+    munmap(m->outbox, m->size);
     free(m);
 }
 
@@ -158,9 +189,23 @@ struct sk_metrics_queue *sk_metrics_queue(struct sk_metrics *m, size_t q)
 
 struct sk_metrics_type *sk_metrics_lookup(struct sk_metrics_queue *mq, const char *job_type)
 {
-    size_t len = strlen(job_type);
-    for (size_t i = 0; len <= SK_METRICS_TYPE_MAX && i < SK_METRICS_TYPES; i++) {
-        struct type_slot *s = &mq->types[i];
+    return &mq->types[claim(mq->type_names, SK_METRICS_TYPES, job_type, SK_METRICS_TYPE_MAX)];
+}
+
+struct sk_metrics_outq *sk_metrics_outbox_lookup(struct sk_metrics *m, const char *queue)
+{
+    return &m->outbox->queues[claim(m->outbox->queue_names, SK_METRICS_OUTBOX_QUEUES, queue,
+                                    SK_METRICS_NAME_MAX)];
+}
+
+/* The index of name's slot among the n of names, claiming a free one on
+ * first use; n (the "other" slot, after them) when all are taken or the name
+ * is longer than max_len. */
+static size_t claim(struct name_slot *names, size_t n, const char *name, size_t max_len)
+{
+    size_t len = strlen(name);
+    for (size_t i = 0; len <= max_len && i < n; i++) {
+        struct name_slot *s = &names[i];
         uint32_t state = atomic_load_explicit(&s->state, memory_order_acquire);
         /* A failed exchange leaves the slot's current state in `state`:
          * taken meanwhile, it may have been taken for this very name. */
@@ -168,17 +213,17 @@ struct sk_metrics_type *sk_metrics_lookup(struct sk_metrics_queue *mq, const cha
             atomic_compare_exchange_strong_explicit(&s->state, &state, SLOT_CLAIMING,
                                                     memory_order_acquire,
                                                     memory_order_acquire)) {
-            memcpy(s->name, job_type, len + 1);
+            memcpy(s->name, name, len + 1);
             atomic_store_explicit(&s->state, SLOT_READY, memory_order_release);
-            return &s->counters;
+            return i;
         }
-        if (state == SLOT_READY && strcmp(s->name, job_type) == 0)
-            return &s->counters;
+        if (state == SLOT_READY && strcmp(s->name, name) == 0)
+            return i;
     }
-    struct type_slot *other = &mq->types[SK_METRICS_TYPES];
+    struct name_slot *other = &names[n];
     if (atomic_load_explicit(&other->state, memory_order_relaxed) != SLOT_READY)
         atomic_store_explicit(&other->state, SLOT_READY, memory_order_release);
-    return &other->counters;
+    return n;
 }
 
 void sk_metrics_inc(struct sk_metrics_type *t, enum sk_metric c)
@@ -203,6 +248,53 @@ void sk_metrics_duration(struct sk_metrics_type *t, uint64_t ns)
         b++;
     atomic_fetch_add_explicit(&t->duration[b], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&t->duration_ns, ns, memory_order_relaxed);
+}
+
+void sk_metrics_outbox_published(struct sk_metrics_outq *oq)
+{
+    atomic_fetch_add_explicit(&oq->published, 1, memory_order_relaxed);
+}
+
+void sk_metrics_outbox_unroutable(struct sk_metrics_outq *oq)
+{
+    atomic_fetch_add_explicit(&oq->unroutable, 1, memory_order_relaxed);
+}
+
+bool sk_metrics_outbox_sample_due(struct sk_metrics *m, int64_t every_ms)
+{
+    uint64_t now = (uint64_t)sk_now_ms();
+    uint64_t last = atomic_load_explicit(&m->outbox->last_sample_ms, memory_order_relaxed);
+    if (last != 0 && now - last < (uint64_t)every_ms)
+        return false;
+    /* Of relays asking at once, the one whose exchange succeeds samples. */
+    return atomic_compare_exchange_strong_explicit(&m->outbox->last_sample_ms, &last, now,
+                                                   memory_order_relaxed, memory_order_relaxed);
+}
+
+void sk_metrics_outbox_backlog(struct sk_metrics *m, const struct sk_outbox_backlog *b, size_t n)
+{
+    struct outbox_area *o = m->outbox;
+    uint64_t pending[SK_METRICS_OUTBOX_QUEUES + 1] = { 0 };
+    uint64_t failed[SK_METRICS_OUTBOX_QUEUES + 1] = { 0 };
+    uint64_t lag[SK_METRICS_OUTBOX_QUEUES + 1] = { 0 };
+    for (size_t i = 0; i < n; i++) {
+        size_t k = claim(o->queue_names, SK_METRICS_OUTBOX_QUEUES, b[i].queue,
+                         SK_METRICS_NAME_MAX);
+        pending[k] += b[i].pending;
+        failed[k] += b[i].failed_rows;
+        if (b[i].lag_ms > lag[k])
+            lag[k] = b[i].lag_ms;
+    }
+    uint64_t now = (uint64_t)sk_now_ms();
+    for (size_t k = 0; k <= SK_METRICS_OUTBOX_QUEUES; k++) {
+        if (atomic_load_explicit(&o->queue_names[k].state, memory_order_acquire) != SLOT_READY)
+            continue;
+        struct sk_metrics_outq *oq = &o->queues[k];
+        atomic_store_explicit(&oq->pending, pending[k], memory_order_relaxed);
+        atomic_store_explicit(&oq->failed_rows, failed[k], memory_order_relaxed);
+        atomic_store_explicit(&oq->lag_ms, lag[k], memory_order_relaxed);
+        atomic_store_explicit(&oq->sampled_ms, now, memory_order_relaxed);
+    }
 }
 
 void sk_metrics_worker_started(struct sk_metrics *m, size_t q, bool restarted)
@@ -328,6 +420,9 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
         fputc('\n', f);
     }
 
+    if (conf->outbox.relays > 0)
+        render_outbox(f, m->outbox);
+
     int failed = ferror(f);
     if (fclose(f) != 0 || failed) {
         free(buf);
@@ -342,13 +437,70 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
     return SK_OK;
 }
 
+/* The relays' figures, one series per target queue seen. */
+static void render_outbox(FILE *f, struct outbox_area *o)
+{
+    /* Each family reads one field of struct sk_metrics_outq; the lag, not a
+     * plain field, is marked by LAG. */
+    enum { LAG = SIZE_MAX };
+    static const struct {
+        const char *name, *type, *help;
+        size_t      field;
+    } families[] = {
+        { "sekali_outbox_published_total", "counter",
+          "Outbox rows the relays published and the broker confirmed, by target queue.",
+          offsetof(struct sk_metrics_outq, published) },
+        { "sekali_outbox_unroutable_total", "counter",
+          "Outbox rows the broker refused (no such queue, or nacked), marked with publish_error.",
+          offsetof(struct sk_metrics_outq, unroutable) },
+        { "sekali_outbox_pending", "gauge", "Due outbox rows waiting to be published.",
+          offsetof(struct sk_metrics_outq, pending) },
+        { "sekali_outbox_failed_rows", "gauge",
+          "Unpublished outbox rows holding a publish_error, waiting for an operator.",
+          offsetof(struct sk_metrics_outq, failed_rows) },
+        { "sekali_outbox_lag_seconds", "gauge",
+          "How long the oldest due outbox row has been waiting to be published.", LAG },
+    };
+    uint64_t now = (uint64_t)sk_now_ms();
+    for (size_t fam = 0; fam < SK_ARRAY_LEN(families); fam++) {
+        header(f, families[fam].name, families[fam].type, families[fam].help);
+        for (size_t k = 0; k <= SK_METRICS_OUTBOX_QUEUES; k++) {
+            if (atomic_load_explicit(&o->queue_names[k].state, memory_order_acquire) !=
+                SLOT_READY)
+                continue;
+            struct sk_metrics_outq *oq = &o->queues[k];
+            fputs(families[fam].name, f);
+            labels(f, o->queue_names[k].name, NULL);
+            fputs("} ", f);
+            if (families[fam].field == LAG) {
+                seconds(f, lag_now(oq, now) * 1000000);
+            } else {
+                _Atomic uint64_t *value =
+                    (_Atomic uint64_t *)((char *)oq + families[fam].field);
+                fprintf(f, "%" PRIu64, atomic_load_explicit(value, memory_order_relaxed));
+            }
+            fputc('\n', f);
+        }
+    }
+}
+
+/* A sampled lag, grown by the time since its sample while rows wait. */
+static uint64_t lag_now(struct sk_metrics_outq *oq, uint64_t now)
+{
+    if (atomic_load_explicit(&oq->pending, memory_order_relaxed) == 0)
+        return 0;
+    uint64_t lag = atomic_load_explicit(&oq->lag_ms, memory_order_relaxed);
+    uint64_t sampled = atomic_load_explicit(&oq->sampled_ms, memory_order_relaxed);
+    return lag + (now > sampled ? now - sampled : 0);
+}
+
 /* Fills rows with the queue's job types, one row per distinct name, and
  * returns how many. */
 static size_t collect(struct sk_metrics_queue *mq, struct row *rows)
 {
     size_t n = 0;
     for (size_t i = 0; i <= SK_METRICS_TYPES; i++) {
-        struct type_slot *s = &mq->types[i];
+        struct name_slot *s = &mq->type_names[i];
         if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_READY)
             continue;
         size_t r = 0;
@@ -356,7 +508,7 @@ static size_t collect(struct sk_metrics_queue *mq, struct row *rows)
             r++;
         if (r == n)
             rows[n++].name = s->name;
-        add_slot(&rows[r], &s->counters);
+        add_slot(&rows[r], &mq->types[i]);
     }
     return n;
 }

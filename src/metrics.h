@@ -1,8 +1,8 @@
 /* metrics.h - the counters behind /metrics, in memory shared by the
- * supervisor and every worker.
+ * supervisor, every worker and every outbox relay.
  *
- * The supervisor maps one area before forking; workers count into it and the
- * supervisor's HTTP thread reads it (metrics_http.c). Per queue, each job type
+ * The supervisor maps one area before forking; workers and relays count into
+ * it and the supervisor's HTTP thread reads it (metrics_http.c). Per queue, each job type
  * has its own counters; a queue holds SK_METRICS_TYPES type names, claimed on
  * first use, and counts the rest under "other". Everything is a lock-free
  * atomic, updated with relaxed ordering: a worker killed halfway through an
@@ -20,6 +20,8 @@
 
 #define SK_METRICS_TYPES    32  /* job type names per queue; more are counted as "other" */
 #define SK_METRICS_TYPE_MAX 63  /* longest job type name, in bytes; longer is "other" */
+#define SK_METRICS_OUTBOX_QUEUES 32  /* target queues the relays count apart; more: "other" */
+#define SK_METRICS_NAME_MAX 255  /* longest name of any series (AMQP's queue name limit) */
 
 /* The monotonic counters of one (queue, job type). Adding one? Name and
  * describe it in metrics.c's `counters` table, and in the README. */
@@ -47,6 +49,7 @@ enum sk_metrics_reason {
 struct sk_metrics;        /* the whole area: every queue */
 struct sk_metrics_queue;  /* one queue's part */
 struct sk_metrics_type;   /* one (queue, job type)'s counters */
+struct sk_metrics_outq;   /* the outbox's figures for one target queue */
 
 /* Supervisor, before forking: maps a zeroed area for n_queues queues, shared
  * with children forked later. SK_OK or SK_ERR. */
@@ -70,6 +73,31 @@ void sk_metrics_dead_letter(struct sk_metrics_type *t, enum sk_metrics_reason re
 void sk_metrics_lock_wait(struct sk_metrics_type *t, uint64_t ns);
 /* Observes one job's duration, claim to commit, in the histogram. */
 void sk_metrics_duration(struct sk_metrics_type *t, uint64_t ns);
+
+/* Outbox relay: the figures of target queue `queue` (any queue a row names,
+ * served by this sekalid or not), claimed like job types: "other" past
+ * SK_METRICS_OUTBOX_QUEUES names. Never fails, never blocks. */
+struct sk_metrics_outq *sk_metrics_outbox_lookup(struct sk_metrics *m, const char *queue);
+/* Relay: a row's publish was confirmed, or refused (unroutable or nacked). */
+void sk_metrics_outbox_published(struct sk_metrics_outq *oq);
+void sk_metrics_outbox_unroutable(struct sk_metrics_outq *oq);
+
+/* One target queue's backlog in a sample of the outbox table. */
+struct sk_outbox_backlog {
+    const char *queue;
+    uint64_t    pending;      /* due rows not yet published */
+    uint64_t    failed_rows;  /* unpublished rows that hold a publish_error */
+    uint64_t    lag_ms;       /* how long the oldest due row has been due; 0: none */
+};
+
+/* Relay: whether this relay should sample the backlog now. True for one
+ * caller at most once per every_ms, however many relays ask. */
+bool sk_metrics_outbox_sample_due(struct sk_metrics *m, int64_t every_ms);
+/* Relay: records a sample of the whole table; a queue missing from it has
+ * no backlog. Between samples, the lag of a queue with pending rows is
+ * rendered as growing with the time since the sample, so a relay that
+ * stopped sampling (the database is down) still shows the lag rising. */
+void sk_metrics_outbox_backlog(struct sk_metrics *m, const struct sk_outbox_backlog *b, size_t n);
 
 /* Supervisor: a worker of queue q was forked (restarted: it replaces one that
  * died), or has exited. */

@@ -1,19 +1,23 @@
 /* outbox.c - an outbox relay process: committed sekali.outbox rows to
  * RabbitMQ, each published before it is marked.
  *
- * A relay claims due rows with FOR UPDATE SKIP LOCKED (so several relays
- * share the table without blocking each other), publishes each as a
- * persistent, mandatory message and waits for the broker's confirm, and only
- * then marks the batch published, in the same transaction as the claim. A
- * crash between a confirm and the mark leaves the rows unpublished: they are
- * published again, and the consumer side absorbs the duplicate. A message
- * the broker cannot route (no such queue) is not lost either: its row keeps
- * publish_error and is skipped until an operator clears it.
+ * A relay claims a batch of due rows with FOR UPDATE SKIP LOCKED (so several
+ * relays share the table without blocking each other), publishes each as a
+ * persistent, mandatory message, waits once for the broker's confirms of the
+ * whole batch, and only then marks the confirmed rows published, in the same
+ * transaction as the claim. A crash between a confirm and the mark leaves
+ * the rows unpublished: they are published again, and the consumer side
+ * absorbs the duplicates. A message the broker cannot route (no such queue)
+ * is not lost either: its row keeps publish_error and is skipped until an
+ * operator clears it.
  *
  * The relay sleeps on LISTEN sekali_outbox (sekali.enqueue() notifies at
- * COMMIT) and wakes at least every poll_interval for jobs whose run_at came. */
+ * COMMIT) and wakes at least every poll_interval for jobs whose run_at came.
+ * When metrics are served, one relay at a time also samples the backlog per
+ * target queue (pending rows, lag of the oldest) every SAMPLE_EVERY_MS. */
 #include <endian.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,11 +33,20 @@
 #include "outbox.h"
 #include "store.h"
 
+/* Columns of claim_rows()' result. */
+enum { COL_ID, COL_JOB_ID, COL_QUEUE, COL_JOB_TYPE, COL_BODY, COL_KEY, COL_RESOURCE };
+
+/* How often one of the relays samples the backlog for the metrics. */
+#define SAMPLE_EVERY_MS 2000
+
 struct relay {
     const struct sk_conf *conf;
     struct sk_slot       *slot;
+    struct sk_metrics    *metrics;
+    bool                  sampling;    /* the metrics are served, so the backlog is sampled */
     PGconn               *pg;
     struct sk_broker     *broker;
+    struct sk_publish    *publishes;   /* one per row of a batch */
     struct sk_backoff     backoff;
     bool                  down_logged;
 };
@@ -44,34 +57,50 @@ static void on_stop_signal(int signo);
 static bool connect_all(struct relay *r);
 static int declare_queues(struct relay *r, struct sk_err *err);
 static void disconnect(struct relay *r, const char *why);
-static int relay_batch(struct relay *r, int *published);
+static int relay_batch(struct relay *r, int *claimed);
+static PGresult *claim_rows(struct relay *r);
+static int publish_rows(struct relay *r, PGresult *rows, int n);
+static int mark_rows(struct relay *r, PGresult *rows, int n);
+static void count_rows(struct relay *r, PGresult *rows, int n);
+static uint64_t row_id(PGresult *rows, int i);
+static void sample_backlog(struct relay *r);
+static void lost(struct relay *r, const char *what);
 static void wait_for_work(struct relay *r);
 
-int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot)
+int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
     struct sigaction sa = { .sa_handler = on_stop_signal };
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    struct relay r = { .conf = conf, .slot = slot,
+    struct relay r = { .conf = conf, .slot = slot, .metrics = metrics,
+                       .sampling = conf->metrics.listen_host != NULL,
+                       .publishes = calloc((size_t)conf->outbox.batch, sizeof(*r.publishes)),
                        .backoff = { .base_ms = 100, .cap_ms = 10000 } };
+    if (r.publishes == NULL) {
+        sk_log_error("outbox relay: out of memory for a batch of %d", conf->outbox.batch);
+        return SK_EXIT_RUNTIME;
+    }
     sk_log_info("outbox relay started");
     while (!stop_requested) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         if (!connect_all(&r))
             continue;
-        int published = 0;
-        int rc = relay_batch(&r, &published);
+        int claimed = 0;
+        int rc = relay_batch(&r, &claimed);
         if (rc == SK_AGAIN) {
             sk_sleep_ms(sk_backoff_next(&r.backoff));
             continue;
         }
+        if (r.sampling && sk_metrics_outbox_sample_due(metrics, SAMPLE_EVERY_MS))
+            sample_backlog(&r);
         /* A full batch means more may be waiting: go on at once. */
-        if (published < conf->outbox.batch)
+        if (claimed < conf->outbox.batch && r.pg != NULL)
             wait_for_work(&r);
     }
     disconnect(&r, NULL);
+    free(r.publishes);
     sk_log_info("outbox relay stopping");
     return SK_EXIT_OK;
 }
@@ -148,11 +177,30 @@ static void disconnect(struct relay *r, const char *why)
     r->pg = NULL;
 }
 
-/* One transaction: claim due rows, publish each with a confirm, mark them.
- * SK_OK (with *published rows), or SK_AGAIN after a connection failed (the
- * transaction rolled back; nothing marked, everything published so far will
- * be published again). */
-static int relay_batch(struct relay *r, int *published)
+/* One transaction: claim due rows, publish them all, wait once for the
+ * broker's confirms, mark them. SK_OK (with *claimed rows), or SK_AGAIN
+ * after a connection failed (the transaction rolled back; nothing marked,
+ * everything published so far will be published again). */
+static int relay_batch(struct relay *r, int *claimed)
+{
+    PGresult *rows = claim_rows(r);
+    if (rows == NULL)
+        return SK_AGAIN;
+    int n = PQntuples(rows);
+    int rc = publish_rows(r, rows, n);
+    if (rc == SK_OK)
+        rc = mark_rows(r, rows, n);
+    if (rc == SK_OK)
+        count_rows(r, rows, n);
+    PQclear(rows);
+    *claimed = n;
+    return rc;
+}
+
+/* BEGIN, and the due rows locked for this relay alone; NULL after a failure
+ * (disconnected). Results are binary: ids are int8 in network order, texts
+ * as they are. */
+static PGresult *claim_rows(struct relay *r)
 {
     char limit[16];
     snprintf(limit, sizeof(limit), "%d", r->conf->outbox.batch);
@@ -165,74 +213,173 @@ static int relay_batch(struct relay *r, int *published)
         "FROM sekali.outbox WHERE published_at IS NULL AND publish_error IS NULL "
         "AND run_at <= now() ORDER BY run_at, id LIMIT $1 FOR UPDATE SKIP LOCKED",
         1, NULL, params, NULL, NULL, 1) : NULL;
-    if (rows == NULL || PQresultStatus(rows) != PGRES_TUPLES_OK) {
-        char why[300];
-        snprintf(why, sizeof(why), "claiming outbox rows: %s", PQerrorMessage(r->pg));
-        PQclear(rows);
-        disconnect(r, why);
-        return SK_AGAIN;
-    }
+    if (rows != NULL && PQresultStatus(rows) == PGRES_TUPLES_OK)
+        return rows;
+    PQclear(rows);
+    lost(r, "claiming outbox rows");
+    return NULL;
+}
 
-    /* Binary results: ids are int8 in network order, texts as they are. */
-    int n = PQntuples(rows);
+/* Publishes every row, then waits for all their confirms at once: the
+ * broker writes a batch of persistent messages to disk together, which one
+ * confirm at a time would spread over one disk write each. Fills
+ * r->publishes[i] with row i's outcome. */
+static int publish_rows(struct relay *r, PGresult *rows, int n)
+{
+    struct sk_err err = { 0 };
     for (int i = 0; i < n; i++) {
-        char id[24];
-        uint64_t raw;
-        memcpy(&raw, PQgetvalue(rows, i, 0), sizeof(raw));
-        snprintf(id, sizeof(id), "%llu", (unsigned long long)be64toh(raw));
         struct sk_message msg = {
-            .message_id = PQgetvalue(rows, i, 1),
-            .type = PQgetvalue(rows, i, 3),
+            .message_id = PQgetvalue(rows, i, COL_JOB_ID),
+            .type = PQgetvalue(rows, i, COL_JOB_TYPE),
             .content_type = "application/octet-stream",
-            .idempotency_key = PQgetvalue(rows, i, 5),
-            .resource_key = PQgetisnull(rows, i, 6) ? NULL : PQgetvalue(rows, i, 6),
-            .body = PQgetvalue(rows, i, 4),
-            .body_len = (size_t)PQgetlength(rows, i, 4),
+            .idempotency_key = PQgetvalue(rows, i, COL_KEY),
+            .resource_key = PQgetisnull(rows, i, COL_RESOURCE) ? NULL
+                                                                : PQgetvalue(rows, i, COL_RESOURCE),
+            .body = PQgetvalue(rows, i, COL_BODY),
+            .body_len = (size_t)PQgetlength(rows, i, COL_BODY),
         };
-        const char *queue = PQgetvalue(rows, i, 2);
-        struct sk_err err = { 0 };
-        int rc = sk_broker_publish(r->broker, queue, &msg, &err);
-        if (rc == SK_AGAIN) {
-            PQclear(rows);
+        if (sk_broker_publish_async(r->broker, PQgetvalue(rows, i, COL_QUEUE), &msg,
+                                    &r->publishes[i], &err) != SK_OK) {
             disconnect(r, err.msg);
             return SK_AGAIN;
         }
-        const char *mark[] = { id, rc == SK_OK ? NULL : err.msg };
-        if (rc != SK_OK)
-            sk_log_error("outbox row %s for queue %s not published: %s", id, queue, err.msg);
-        sk_failpoint("after_publish", msg.idempotency_key);
-        PGresult *res = PQexecParams(r->pg,
-            "UPDATE sekali.outbox SET published_at = CASE WHEN $2::text IS NULL THEN now() END, "
-            "publish_error = $2 WHERE id = $1", 2, NULL, mark, NULL, NULL, 0);
-        bool marked = PQresultStatus(res) == PGRES_COMMAND_OK;
-        PQclear(res);
-        if (!marked) {
-            char why[300];
-            snprintf(why, sizeof(why), "marking outbox row %s: %s", id, PQerrorMessage(r->pg));
-            PQclear(rows);
-            disconnect(r, why);
-            return SK_AGAIN;
-        }
     }
-    PQclear(rows);
-    PGresult *commit = PQexec(r->pg, "COMMIT");
-    ok = PQresultStatus(commit) == PGRES_COMMAND_OK;
-    PQclear(commit);
-    if (!ok) {
-        char why[300];
-        snprintf(why, sizeof(why), "COMMIT of published rows: %s", PQerrorMessage(r->pg));
-        disconnect(r, why);
+    if (n > 0 && sk_broker_await_confirms(r->broker, r->publishes, n, &err) != SK_OK) {
+        disconnect(r, err.msg);
         return SK_AGAIN;
     }
-    *published = n;
     return SK_OK;
+}
+
+/* Marks the confirmed rows published with one UPDATE, each refused row with
+ * its publish_error, and commits. */
+static int mark_rows(struct relay *r, PGresult *rows, int n)
+{
+    /* "{id,id,...}": at most 20 digits and a comma per id, and the braces. */
+    char *ids = malloc((size_t)n * 21 + 3);
+    if (ids == NULL) {
+        lost(r, "out of memory marking outbox rows");
+        return SK_AGAIN;
+    }
+    size_t len = 0;
+    int confirmed = 0;
+    ids[len++] = '{';
+    for (int i = 0; i < n; i++) {
+        sk_failpoint("after_publish", PQgetvalue(rows, i, COL_KEY));
+        if (r->publishes[i].rc != SK_OK)
+            continue;
+        len += (size_t)sprintf(ids + len, "%s%" PRIu64, confirmed++ > 0 ? "," : "",
+                               row_id(rows, i));
+    }
+    memcpy(ids + len, "}", 2);
+
+    bool ok = true;
+    if (confirmed > 0) {
+        const char *params[] = { ids };
+        PGresult *res = PQexecParams(r->pg,
+            "UPDATE sekali.outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
+            1, NULL, params, NULL, NULL, 0);
+        ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        PQclear(res);
+    }
+    free(ids);
+    for (int i = 0; ok && i < n; i++) {
+        if (r->publishes[i].rc == SK_OK)
+            continue;
+        char id[24];
+        snprintf(id, sizeof(id), "%" PRIu64, row_id(rows, i));
+        sk_log_error("outbox row %s for queue %s not published: %s", id,
+                     PQgetvalue(rows, i, COL_QUEUE), r->publishes[i].why);
+        const char *params[] = { id, r->publishes[i].why };
+        PGresult *res = PQexecParams(r->pg,
+            "UPDATE sekali.outbox SET publish_error = $2 WHERE id = $1", 2, NULL, params,
+            NULL, NULL, 0);
+        ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        PQclear(res);
+    }
+    if (ok) {
+        PGresult *commit = PQexec(r->pg, "COMMIT");
+        ok = PQresultStatus(commit) == PGRES_COMMAND_OK;
+        PQclear(commit);
+    }
+    if (!ok) {
+        lost(r, "marking published outbox rows");
+        return SK_AGAIN;
+    }
+    return SK_OK;
+}
+
+/* Counted once committed: a row published again after a failed commit is
+ * counted once, when it is marked. */
+static void count_rows(struct relay *r, PGresult *rows, int n)
+{
+    for (int i = 0; i < n; i++) {
+        struct sk_metrics_outq *oq =
+            sk_metrics_outbox_lookup(r->metrics, PQgetvalue(rows, i, COL_QUEUE));
+        if (r->publishes[i].rc == SK_OK)
+            sk_metrics_outbox_published(oq);
+        else
+            sk_metrics_outbox_unroutable(oq);
+    }
+}
+
+static uint64_t row_id(PGresult *rows, int i)
+{
+    uint64_t raw;
+    memcpy(&raw, PQgetvalue(rows, i, COL_ID), sizeof(raw));
+    return be64toh(raw);
+}
+
+/* The backlog per target queue, for the lag and pending gauges. Cheap while
+ * the outbox keeps up: it reads only the partial index of unpublished rows. */
+static void sample_backlog(struct relay *r)
+{
+    PGresult *res = PQexec(r->pg,
+        "SELECT queue, count(*) FILTER (WHERE publish_error IS NULL AND run_at <= now()), "
+        "count(*) FILTER (WHERE publish_error IS NOT NULL), "
+        "coalesce((extract(epoch FROM now() - min(run_at) FILTER "
+        "(WHERE publish_error IS NULL AND run_at <= now())) * 1000)::bigint, 0) "
+        "FROM sekali.outbox WHERE published_at IS NULL GROUP BY queue");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        PQclear(res);
+        lost(r, "sampling the outbox backlog");
+        return;
+    }
+    int n = PQntuples(res);
+    struct sk_outbox_backlog *backlog = calloc((size_t)n + 1, sizeof(*backlog));
+    if (backlog != NULL) {
+        for (int i = 0; i < n; i++)
+            backlog[i] = (struct sk_outbox_backlog){
+                .queue = PQgetvalue(res, i, 0),
+                .pending = strtoull(PQgetvalue(res, i, 1), NULL, 10),
+                .failed_rows = strtoull(PQgetvalue(res, i, 2), NULL, 10),
+                .lag_ms = strtoull(PQgetvalue(res, i, 3), NULL, 10),
+            };
+        sk_metrics_outbox_backlog(r->metrics, backlog, (size_t)n);
+    }
+    free(backlog);
+    PQclear(res);
+}
+
+/* Drops both connections after a PostgreSQL failure, saying what failed. */
+static void lost(struct relay *r, const char *what)
+{
+    char why[400];
+    snprintf(why, sizeof(why), "%s: %s", what,
+             r->pg != NULL ? PQerrorMessage(r->pg) : "no connection");
+    disconnect(r, why);
 }
 
 /* Sleeps until a NOTIFY, the poll interval, or a stop request. */
 static void wait_for_work(struct relay *r)
 {
+    /* While the backlog is sampled, wake for the samples as well: rows whose
+     * run_at came are due, and lagging, without any NOTIFY. */
+    int64_t timeout = r->conf->outbox.poll_interval_ms;
+    if (r->sampling && timeout > SAMPLE_EVERY_MS)
+        timeout = SAMPLE_EVERY_MS;
     struct pollfd pfd = { .fd = PQsocket(r->pg), .events = POLLIN };
-    int ready = poll(&pfd, 1, (int)r->conf->outbox.poll_interval_ms);
+    int ready = poll(&pfd, 1, (int)timeout);
     if (ready <= 0)
         return;
     if (PQconsumeInput(r->pg) != 1) {

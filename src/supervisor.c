@@ -304,7 +304,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         atomic_store(&shared->job_started_ms, 0);
         if (slot->queue == RELAY) {
             sk_log_init(g->conf->log.level, g->conf->log.format, "relay");
-            exit(sk_outbox_run(g->conf, shared));
+            exit(sk_outbox_run(g->conf, shared, g->metrics));
         }
         if (slot->queue == JANITOR) {
             sk_log_init(g->conf->log.level, g->conf->log.format, "janitor");

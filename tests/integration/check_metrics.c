@@ -45,7 +45,8 @@ static int listen_anywhere(int *port)
     return fd;
 }
 
-static void start(struct run *r, const char *name, int workers)
+/* extra: more top-level YAML (sections other than metrics and janitor), or NULL. */
+static void start_with(struct run *r, const char *name, int workers, const char *extra)
 {
     h_init();
     h_unique_name(r->queue, sizeof(r->queue), name);
@@ -54,10 +55,10 @@ static void start(struct run *r, const char *name, int workers)
     /* Free now; the small race with another process taking it would fail
      * this test loudly (exit 2), never quietly. */
     close(listen_anywhere(&r->port));
-    char top[128];
+    char top[512];
     /* No janitor: the tests count the supervisor's children. */
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
-             r->port);
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n%s",
+             r->port, extra != NULL ? extra : "");
     r->config = h_write_config_top(r->dir, r->queue, EFFECT, workers, FAST_RETRIES, top);
     snprintf(r->scrape, sizeof(r->scrape), "%s/metrics.txt", r->dir);
     r->pg = h_pg();
@@ -66,6 +67,11 @@ static void start(struct run *r, const char *name, int workers)
     r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, NULL);
     H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
            "%d workers should consume %s", workers, r->queue);
+}
+
+static void start(struct run *r, const char *name, int workers)
+{
+    start_with(r, name, workers, NULL);
 }
 
 static void done(struct run *r)
@@ -126,11 +132,16 @@ static double typed(const struct run *r, const char *text, const char *name,
     return value(text, series);
 }
 
-static double per_queue(const struct run *r, const char *text, const char *name)
+static double of_queue(const char *text, const char *name, const char *queue)
 {
     char series[512];
-    snprintf(series, sizeof(series), "%s{queue=\"%s\"}", name, r->queue);
+    snprintf(series, sizeof(series), "%s{queue=\"%s\"}", name, queue);
     return value(text, series);
+}
+
+static double per_queue(const struct run *r, const char *text, const char *name)
+{
+    return of_queue(text, name, r->queue);
 }
 
 static double dead(const struct run *r, const char *text, const char *job_type,
@@ -378,6 +389,89 @@ START_TEST(test_reload_keeps_the_endpoint_and_serves_the_new_generation)
 }
 END_TEST
 
+/* SELECT sekali.enqueue(queue, 'test', 'ok', key, run_at or now()); returns
+ * the job id (static buffer). */
+static const char *enqueue(PGconn *pg, const char *queue, const char *key, const char *run_at)
+{
+    static char id[128];
+    const char *values[] = { queue, key, run_at };
+    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, 'test', 'ok'::bytea, $2, NULL, "
+                                     "NULL, coalesce($3::timestamptz, now()))",
+                                 3, NULL, values, NULL, NULL, 0);
+    ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "sekali.enqueue: %s",
+                  PQresultErrorMessage(res));
+    snprintf(id, sizeof(id), "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return id;
+}
+
+/* The relay's figures: publishes counted per target queue, a row the broker
+ * cannot route counted as such and as a failed row, and a due row the relay
+ * cannot take (another transaction holds it) showing as pending with a lag
+ * that grows until it is published, then drops to 0. */
+START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
+{
+    struct run r;
+    start_with(&r, "metrics-outbox", 1, "outbox:\n  relays: 1\n  poll_interval: 100ms\n");
+    char missing[160];
+    snprintf(missing, sizeof(missing), "%s-missing", r.queue);
+    char key[32];
+    h_pg_exec(r.pg, "BEGIN");
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof(key), "k-%d", i);
+        enqueue(r.pg, r.queue, key, NULL);
+    }
+    enqueue(r.pg, missing, "k-missing", NULL);
+    h_pg_exec(r.pg, "COMMIT");
+    char *text = NULL;
+    H_WAIT((free(text), text = scrape(&r),
+            per_queue(&r, text, "sekali_outbox_published_total") == 10 &&
+            of_queue(text, "sekali_outbox_unroutable_total", missing) == 1 &&
+            of_queue(text, "sekali_outbox_failed_rows", missing) == 1),
+           20000, "10 publishes and 1 refusal should be counted; last scrape in %s", r.scrape);
+    ck_assert(of_queue(text, "sekali_outbox_published_total", missing) == 0);
+    ck_assert(per_queue(&r, text, "sekali_outbox_unroutable_total") == 0);
+    ck_assert(of_queue(text, "sekali_outbox_pending", missing) == 0);
+    ck_assert(of_queue(text, "sekali_outbox_lag_seconds", missing) == 0);
+
+    /* A row due in a moment, locked by this test before it is due: the
+     * relay's SKIP LOCKED passes it by, so it waits, and lags. */
+    PGresult *res = PQexec(r.pg, "SELECT now() + interval '300 milliseconds'");
+    char run_at[64];
+    snprintf(run_at, sizeof(run_at), "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    char held_id[128];
+    snprintf(held_id, sizeof(held_id), "%s", enqueue(r.pg, r.queue, "k-held", run_at));
+    PGconn *holder = h_pg();
+    h_pg_exec(holder, "BEGIN");
+    ck_assert_int_eq(h_pg_count(holder, "SELECT count(*) FROM (SELECT 1 FROM sekali.outbox "
+                                        "WHERE job_id = '%s' AND published_at IS NULL "
+                                        "FOR UPDATE) AS held", held_id), 1);
+    H_WAIT((free(text), text = scrape(&r),
+            per_queue(&r, text, "sekali_outbox_pending") == 1 &&
+            per_queue(&r, text, "sekali_outbox_lag_seconds") >= 2),
+           20000, "the held row should show as pending and lagging; last scrape in %s",
+           r.scrape);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND idempotency_key = 'k-held'", r.queue), 0);
+    h_pg_exec(holder, "COMMIT");
+    PQfinish(holder);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' AND "
+                            "idempotency_key = 'k-held'", r.queue) == 1, 20000,
+           "the released row should be published and run");
+    H_WAIT((free(text), text = scrape(&r),
+            per_queue(&r, text, "sekali_outbox_published_total") == 11 &&
+            per_queue(&r, text, "sekali_outbox_pending") == 0 &&
+            per_queue(&r, text, "sekali_outbox_lag_seconds") == 0),
+           20000, "the lag should be gone once the row is published; last scrape in %s",
+           r.scrape);
+    expect_valid_exposition(&r, text);
+    free(text);
+    h_stop_sekalid(r.sekalid, r.dir);
+    done(&r);
+}
+END_TEST
+
 /* A port someone else listens on is a configuration problem: exit 2, a
  * message naming the address, and no worker started. */
 START_TEST(test_taken_port_stops_sekalid_with_exit_2)
@@ -417,6 +511,7 @@ int main(void)
     tcase_add_test(tc, test_restarted_worker_is_counted_and_only_the_supervisor_listens);
     tcase_add_test(tc, test_reload_keeps_the_endpoint_and_serves_the_new_generation);
     tcase_add_test(tc, test_taken_port_stops_sekalid_with_exit_2);
+    tcase_add_test(tc, test_outbox_publishes_refusals_and_lag_are_measured);
     suite_add_tcase(s, tc);
     return h_run_suite(s);
 }

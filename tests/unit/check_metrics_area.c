@@ -234,6 +234,81 @@ START_TEST(test_dead_letters_lock_waits_and_outcomes_are_rendered)
 }
 END_TEST
 
+/* The relays' figures: counters per target queue, a backlog sample that
+ * zeroes the queues it no longer lists, and one relay sampling per period. */
+START_TEST(test_outbox_figures_per_target_queue)
+{
+    struct sk_metrics *m = area();
+    conf.outbox.relays = 1;
+    struct sk_metrics_outq *invoices = sk_metrics_outbox_lookup(m, "invoices");
+    ck_assert_ptr_eq(sk_metrics_outbox_lookup(m, "invoices"), invoices);
+    ck_assert_ptr_ne(sk_metrics_outbox_lookup(m, "elsewhere"), invoices);
+    sk_metrics_outbox_published(invoices);
+    sk_metrics_outbox_published(invoices);
+    sk_metrics_outbox_unroutable(sk_metrics_outbox_lookup(m, "nowhere"));
+    struct sk_outbox_backlog first[] = {
+        { .queue = "invoices", .pending = 7, .failed_rows = 0, .lag_ms = 2500 },
+        { .queue = "nowhere", .pending = 0, .failed_rows = 1, .lag_ms = 0 },
+    };
+    sk_metrics_outbox_backlog(m, first, 2);
+    char *text = render(m);
+    has_line(text, "sekali_outbox_published_total{queue=\"invoices\"} 2");
+    has_line(text, "sekali_outbox_published_total{queue=\"nowhere\"} 0");
+    has_line(text, "sekali_outbox_unroutable_total{queue=\"nowhere\"} 1");
+    has_line(text, "sekali_outbox_pending{queue=\"invoices\"} 7");
+    has_line(text, "sekali_outbox_failed_rows{queue=\"nowhere\"} 1");
+    has_line(text, "sekali_outbox_lag_seconds{queue=\"nowhere\"} 0.000000000");
+    has_line(text, "# TYPE sekali_outbox_lag_seconds gauge");
+    /* Rendered a moment after the sample, the lag has grown by that moment. */
+    const char *lag = strstr(text, "sekali_outbox_lag_seconds{queue=\"invoices\"} ");
+    ck_assert_ptr_nonnull(lag);
+    double seconds = strtod(strchr(lag, ' ') + 1, NULL);
+    ck_assert_msg(seconds >= 2.5 && seconds < 10, "lag %g", seconds);
+    free(text);
+
+    /* The next sample no longer lists invoices: its backlog is gone. */
+    struct sk_outbox_backlog second[] = { { .queue = "nowhere", .failed_rows = 1 } };
+    sk_metrics_outbox_backlog(m, second, 1);
+    text = render(m);
+    has_line(text, "sekali_outbox_pending{queue=\"invoices\"} 0");
+    has_line(text, "sekali_outbox_lag_seconds{queue=\"invoices\"} 0.000000000");
+    has_line(text, "sekali_outbox_failed_rows{queue=\"nowhere\"} 1");
+    free(text);
+
+    ck_assert(sk_metrics_outbox_sample_due(m, 60000));
+    ck_assert(!sk_metrics_outbox_sample_due(m, 60000));
+
+    /* Without relays there is nothing to say about an outbox. */
+    conf.outbox.relays = 0;
+    text = render(m);
+    ck_assert_ptr_null(strstr(text, "sekali_outbox_"));
+    free(text);
+    sk_metrics_destroy(m);
+}
+END_TEST
+
+START_TEST(test_outbox_queues_past_the_table_or_too_long_count_as_other)
+{
+    struct sk_metrics *m = area();
+    char name[SK_METRICS_NAME_MAX + 2];
+    memset(name, 'q', SK_METRICS_NAME_MAX);
+    name[SK_METRICS_NAME_MAX] = '\0';
+    struct sk_metrics_outq *longest = sk_metrics_outbox_lookup(m, name);
+    for (int i = 1; i < SK_METRICS_OUTBOX_QUEUES; i++) {
+        snprintf(name, sizeof(name), "queue-%d", i);
+        sk_metrics_outbox_lookup(m, name);
+    }
+    struct sk_metrics_outq *other = sk_metrics_outbox_lookup(m, "one-too-many");
+    ck_assert_ptr_ne(other, longest);
+    ck_assert_ptr_eq(sk_metrics_outbox_lookup(m, "and-another"), other);
+    memset(name, 'q', SK_METRICS_NAME_MAX + 1);
+    name[SK_METRICS_NAME_MAX + 1] = '\0';
+    ck_assert_ptr_eq(sk_metrics_outbox_lookup(m, name), other);
+    ck_assert_ptr_eq(sk_metrics_outbox_lookup(m, "queue-3"), sk_metrics_outbox_lookup(m, "queue-3"));
+    sk_metrics_destroy(m);
+}
+END_TEST
+
 START_TEST(test_queue_gauges_come_from_the_supervisor_and_the_config)
 {
     struct sk_metrics *m = area();
@@ -284,6 +359,8 @@ int main(void)
     tcase_add_test(tc, test_histogram_is_cumulative_with_inclusive_bounds);
     tcase_add_test(tc, test_dead_letters_lock_waits_and_outcomes_are_rendered);
     tcase_add_test(tc, test_queue_gauges_come_from_the_supervisor_and_the_config);
+    tcase_add_test(tc, test_outbox_figures_per_target_queue);
+    tcase_add_test(tc, test_outbox_queues_past_the_table_or_too_long_count_as_other);
     tcase_add_test(tc, test_destroy_accepts_null);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
