@@ -9,6 +9,7 @@ packages=(
     postgresql postgresql-client redis-server rabbitmq-server
     valgrind procps libfaketime systemd
     curl prometheus   # the metrics test scrapes with curl and checks with promtool
+    python3 python3-psycopg  # the README's Python producer is run by a test
 )
 
 missing=()
