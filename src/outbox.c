@@ -258,7 +258,7 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
     /* "{id,id,...}": at most 20 digits and a comma per id, and the braces. */
     char *ids = malloc((size_t)n * 21 + 3);
     if (ids == NULL) {
-        lost(r, "out of memory marking outbox rows");
+        disconnect(r, "out of memory marking outbox rows");
         return SK_AGAIN;
     }
     size_t len = 0;

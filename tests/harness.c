@@ -124,6 +124,21 @@ long long h_pg_count(PGconn *pg, const char *fmt, ...)
     return n;
 }
 
+const char *h_enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
+                      const char *run_at)
+{
+    static char id[128];
+    const char *values[] = { queue, key, dedupe, run_at };
+    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, 'test', 'ok'::bytea, $2, $3, "
+                                     "NULL, coalesce($4::timestamptz, now()))",
+                                 4, NULL, values, NULL, NULL, 0);
+    ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "sekali.enqueue: %s",
+                  PQresultErrorMessage(res));
+    snprintf(id, sizeof(id), "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return id;
+}
+
 char *h_write_config(const char *dir, const char *queue, const char *handler, int workers,
                      const char *extra_queue_yaml)
 {

@@ -41,6 +41,12 @@ PGconn   *h_pg(void);
 void      h_pg_exec(PGconn *pg, const char *sql);
 long long h_pg_count(PGconn *pg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* sekali.enqueue(queue, 'test', 'ok', key, dedupe, NULL, run_at) on pg, in
+ * whatever transaction pg is in; NULLs take the defaults (run_at: now).
+ * Returns the job id, in a buffer the next call overwrites. */
+const char *h_enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
+                      const char *run_at);
+
 /* Writes a sekalid config for one queue into dir and returns its path
  * (caller frees). handler is a path under the build dir, e.g.
  * "tests/plugins/effect.so". extra_queue_yaml is appended to the queue's

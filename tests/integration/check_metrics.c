@@ -184,6 +184,15 @@ static void expect_valid_exposition(struct run *r, const char *text)
     free(copy);
 }
 
+/* Ends a test on its last scrape: valid as a whole, then a clean stop. */
+static void finish(struct run *r, char *last_scrape)
+{
+    expect_valid_exposition(r, last_scrape);
+    free(last_scrape);
+    h_stop_sekalid(r->sekalid, r->dir);
+    done(r);
+}
+
 /* The workload: 20 unique jobs, then 5 copies of 5 of them, 2 jobs that ask
  * for a retry once, 1 that fails (of another type) and 2 messages without a
  * message_id. The copies go out only once the originals completed, so each
@@ -352,10 +361,7 @@ START_TEST(test_restarted_worker_is_counted_and_only_the_supervisor_listens)
             per_queue(&r, text, "sekali_workers_up") == 2),
            20000, "the killed worker should be restarted and counted; last scrape in %s",
            r.scrape);
-    expect_valid_exposition(&r, text);
-    free(text);
-    h_stop_sekalid(r.sekalid, r.dir);
-    done(&r);
+    finish(&r, text);
 }
 END_TEST
 
@@ -382,28 +388,9 @@ START_TEST(test_reload_keeps_the_endpoint_and_serves_the_new_generation)
            20000, "after the reload the endpoint should show 3 workers; last scrape in %s",
            r.scrape);
     ck_assert(per_queue(&r, text, "sekali_worker_restarts_total") == 0);
-    expect_valid_exposition(&r, text);
-    free(text);
-    h_stop_sekalid(r.sekalid, r.dir);
-    done(&r);
+    finish(&r, text);
 }
 END_TEST
-
-/* SELECT sekali.enqueue(queue, 'test', 'ok', key, run_at or now()); returns
- * the job id (static buffer). */
-static const char *enqueue(PGconn *pg, const char *queue, const char *key, const char *run_at)
-{
-    static char id[128];
-    const char *values[] = { queue, key, run_at };
-    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, 'test', 'ok'::bytea, $2, NULL, "
-                                     "NULL, coalesce($3::timestamptz, now()))",
-                                 3, NULL, values, NULL, NULL, 0);
-    ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "sekali.enqueue: %s",
-                  PQresultErrorMessage(res));
-    snprintf(id, sizeof(id), "%s", PQgetvalue(res, 0, 0));
-    PQclear(res);
-    return id;
-}
 
 /* The relay's figures: publishes counted per target queue, a row the broker
  * cannot route counted as such and as a failed row, and a due row the relay
@@ -419,9 +406,9 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
     h_pg_exec(r.pg, "BEGIN");
     for (int i = 0; i < 10; i++) {
         snprintf(key, sizeof(key), "k-%d", i);
-        enqueue(r.pg, r.queue, key, NULL);
+        h_enqueue(r.pg, r.queue, key, NULL, NULL);
     }
-    enqueue(r.pg, missing, "k-missing", NULL);
+    h_enqueue(r.pg, missing, "k-missing", NULL, NULL);
     h_pg_exec(r.pg, "COMMIT");
     char *text = NULL;
     H_WAIT((free(text), text = scrape(&r),
@@ -441,7 +428,7 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
     snprintf(run_at, sizeof(run_at), "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
     char held_id[128];
-    snprintf(held_id, sizeof(held_id), "%s", enqueue(r.pg, r.queue, "k-held", run_at));
+    snprintf(held_id, sizeof(held_id), "%s", h_enqueue(r.pg, r.queue, "k-held", NULL, run_at));
     PGconn *holder = h_pg();
     h_pg_exec(holder, "BEGIN");
     ck_assert_int_eq(h_pg_count(holder, "SELECT count(*) FROM (SELECT 1 FROM sekali.outbox "
@@ -465,10 +452,7 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
             per_queue(&r, text, "sekali_outbox_lag_seconds") == 0),
            20000, "the lag should be gone once the row is published; last scrape in %s",
            r.scrape);
-    expect_valid_exposition(&r, text);
-    free(text);
-    h_stop_sekalid(r.sekalid, r.dir);
-    done(&r);
+    finish(&r, text);
 }
 END_TEST
 

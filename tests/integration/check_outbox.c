@@ -54,22 +54,6 @@ static void finish(struct run *r)
     free(r->dir);
 }
 
-/* SELECT sekali.enqueue(...) on pg; returns the job id (static buffer). */
-static const char *enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
-                           const char *run_at)
-{
-    static char id[128];
-    const char *values[] = { queue, "test", "ok", key, dedupe, run_at };
-    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, $2, $3::bytea, $4, $5, NULL, "
-                                     "coalesce($6::timestamptz, now()))",
-                                 6, NULL, values, NULL, NULL, 0);
-    ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "sekali.enqueue: %s",
-                  PQresultErrorMessage(res));
-    snprintf(id, sizeof(id), "%s", PQgetvalue(res, 0, 0));
-    PQclear(res);
-    return id;
-}
-
 static long long effects(struct run *r, const char *key)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
@@ -81,10 +65,10 @@ START_TEST(test_enqueue_in_a_rolled_back_transaction_publishes_nothing)
     struct run r;
     start(&r, "rollback", "sekalid", NULL);
     h_pg_exec(r.pg, "BEGIN");
-    enqueue(r.pg, r.queue, "k-rolled-back", NULL, NULL);
+    h_enqueue(r.pg, r.queue, "k-rolled-back", NULL, NULL);
     h_pg_exec(r.pg, "ROLLBACK");
     h_pg_exec(r.pg, "BEGIN");
-    enqueue(r.pg, r.queue, "k-committed", NULL, NULL);
+    h_enqueue(r.pg, r.queue, "k-committed", NULL, NULL);
     h_pg_exec(r.pg, "COMMIT");
     H_WAIT(effects(&r, "k-committed") == 1, 20000, "the committed job should run");
     /* The relay publishes in order: the rolled-back job never existed. */
@@ -107,7 +91,7 @@ static void *produce(void *arg)
     PGconn *pg = h_pg();
     h_pg_exec(pg, "BEGIN");
     pthread_barrier_wait(p->barrier);
-    snprintf(p->id, sizeof(p->id), "%s", enqueue(pg, p->queue, NULL, "dedupe-1", NULL));
+    snprintf(p->id, sizeof(p->id), "%s", h_enqueue(pg, p->queue, NULL, "dedupe-1", NULL));
     h_pg_exec(pg, "COMMIT");
     PQfinish(pg);
     return NULL;
@@ -140,7 +124,7 @@ START_TEST(test_one_dedupe_key_from_eight_connections_gives_one_job)
            "completing the job should release its dedupe key");
     char first[128];
     snprintf(first, sizeof(first), "%s", producers[0].id);
-    const char *second = enqueue(r.pg, r.queue, NULL, "dedupe-1", NULL);
+    const char *second = h_enqueue(r.pg, r.queue, NULL, "dedupe-1", NULL);
     ck_assert_str_ne(second, first);
     H_WAIT(effects(&r, second) == 1, 20000, "the second job should run");
     finish(&r);
@@ -155,7 +139,7 @@ START_TEST(test_scheduled_job_is_not_published_before_run_at)
     char run_at[64];
     snprintf(run_at, sizeof(run_at), "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
-    enqueue(r.pg, r.queue, "k-later", NULL, run_at);
+    h_enqueue(r.pg, r.queue, "k-later", NULL, run_at);
     H_WAIT(effects(&r, "k-later") == 1, 20000, "the scheduled job should run after run_at");
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
                                       "AND published_at >= run_at", r.queue), 1);
@@ -179,9 +163,9 @@ START_TEST(test_unroutable_row_is_marked_and_its_batch_still_published)
     char key[32];
     for (int i = 1; i <= 10; i++) {
         snprintf(key, sizeof(key), "k-%d", i);
-        enqueue(r.pg, r.queue, key, NULL, NULL);
+        h_enqueue(r.pg, r.queue, key, NULL, NULL);
         if (i == 5)
-            enqueue(r.pg, missing, "k-missing", NULL, NULL);
+            h_enqueue(r.pg, missing, "k-missing", NULL, NULL);
     }
     h_pg_exec(r.pg, "COMMIT");
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
@@ -213,7 +197,7 @@ START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
     const char *env[] = { "SEKALI_FAILPOINT=after_publish:k-twice", "SEKALI_FAILPOINT_ONCE=1",
                           mark_env, NULL };
     start(&r, "relaymark", "fault/sekalid", env);
-    enqueue(r.pg, r.queue, "k-twice", NULL, NULL);
+    h_enqueue(r.pg, r.queue, "k-twice", NULL, NULL);
     H_WAIT(access(mark, F_OK) == 0, 20000, "the relay should die between publish and mark");
     H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
                             "WHERE queue = '%s'", r.queue) == 1, 30000,
