@@ -14,6 +14,7 @@
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 
+#include "backoff.h"
 #include "broker.h"
 
 #define CHANNEL 1
@@ -23,8 +24,10 @@ struct sk_broker {
     bool                    confirming;
     uint64_t                next_publish_tag;
     uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
+    int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
 };
 
+static int heartbeat_seconds(const struct sk_amqp_conf *conf);
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static struct timeval to_timeval(uint32_t ms);
 static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
@@ -65,9 +68,8 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
     amqp_set_handshake_timeout(b->conn, &timeout);
     amqp_set_rpc_timeout(b->conn, &timeout);
 
-    int heartbeat_s = (int)((conf->heartbeat_ms + 999) / 1000);
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
-                                        heartbeat_s, AMQP_SASL_METHOD_PLAIN, conf->user,
+                                        heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
     if (rpc_check(reply, "amqp_login", err) != SK_OK)
         goto fail;
@@ -258,6 +260,32 @@ int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
         return SK_BUSY;
     reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
     return rpc_check(reply, "basic.get(read)", err);
+}
+
+int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err)
+{
+    int heartbeat_s = amqp_get_heartbeat(b->conn);
+    int64_t now = sk_now_ms();
+    if (heartbeat_s <= 0 || now - b->keepalive_ms < (int64_t)heartbeat_s * 1000 / 2)
+        return SK_OK;
+    amqp_frame_t frame = { .frame_type = AMQP_FRAME_HEARTBEAT, .channel = 0 };
+    int status = amqp_send_frame(b->conn, &frame);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "sending an AMQP heartbeat: %s",
+                          amqp_error_string2(status));
+    b->keepalive_ms = now;
+    return SK_OK;
+}
+
+uint32_t sk_broker_keepalive_period_ms(const struct sk_amqp_conf *conf)
+{
+    return (uint32_t)heartbeat_seconds(conf) * 1000 / 4;
+}
+
+/* AMQP negotiates whole seconds; a configured fraction rounds up. */
+static int heartbeat_seconds(const struct sk_amqp_conf *conf)
+{
+    return (int)((conf->heartbeat_ms + 999) / 1000);
 }
 
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)

@@ -93,6 +93,20 @@ int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
 int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                   struct sk_err *err);
 
+/* Sends a heartbeat frame if this did not send one for half the negotiated
+ * heartbeat, so that the broker keeps a connection nobody is using now:
+ * librabbitmq sends heartbeats only inside its own calls, and RabbitMQ
+ * closes a connection silent for about two heartbeats. Never reads (a
+ * consuming connection may hold deliveries for sk_broker_next()). Another
+ * thread than the owner's may call it while the owner keeps off the
+ * connection. SK_OK, or SK_AGAIN if the connection is broken. */
+int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err);
+
+/* How often to call sk_broker_keepalive() on an idle connection: a quarter
+ * of the heartbeat asked of the broker (whole seconds, so at least 250 ms);
+ * 0 when heartbeats are off. */
+uint32_t sk_broker_keepalive_period_ms(const struct sk_amqp_conf *conf);
+
 /* Puts the channel in confirm mode; needed once before sk_broker_publish(). */
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
 

@@ -47,6 +47,7 @@ struct sk_heartbeat {
     bool                  stopping;
     uint64_t              generation;
     struct watched        watched;
+    struct sk_broker     *lent[2];     /* a handler's connections, kept alive; NULL: none */
     atomic_bool           lost;
     /* Owned by the thread alone. */
     struct sk_lock       *redis;
@@ -137,6 +138,24 @@ void sk_heartbeat_watch_lease(struct sk_heartbeat *hb, const char *queue, const 
     pthread_mutex_unlock(&hb->mutex);
 }
 
+void sk_heartbeat_lend_brokers(struct sk_heartbeat *hb, struct sk_broker *consumer,
+                               struct sk_broker *publisher)
+{
+    pthread_mutex_lock(&hb->mutex);
+    hb->lent[0] = consumer;
+    hb->lent[1] = publisher;
+    pthread_mutex_unlock(&hb->mutex);
+}
+
+void sk_heartbeat_return_brokers(struct sk_heartbeat *hb)
+{
+    /* The thread sends only while holding the mutex: taking it waits out a
+     * send in progress. */
+    pthread_mutex_lock(&hb->mutex);
+    hb->lent[0] = hb->lent[1] = NULL;
+    pthread_mutex_unlock(&hb->mutex);
+}
+
 void sk_heartbeat_unwatch(struct sk_heartbeat *hb)
 {
     pthread_mutex_lock(&hb->mutex);
@@ -163,6 +182,11 @@ static void *run(void *arg)
             ;
         if (hb->stopping)
             break;
+        /* A failed send is not ours to handle: the worker finds the
+         * connection broken at its next use, and reconnects. */
+        for (size_t i = 0; i < SK_ARRAY_LEN(hb->lent); i++)
+            if (hb->lent[i] != NULL)
+                sk_broker_keepalive(hb->lent[i], NULL);
         if (!hb->watched.lock && !hb->watched.lease)
             continue;
         if (sk_fault_active("no_renew"))

@@ -5,13 +5,19 @@
  * lease/3), each on the thread's own connection (hiredis and libpq
  * connections are never shared between threads). When Redis or PostgreSQL
  * says the job no longer owns it, the thread raises the lost flag; the
- * handler sees it through host->lock_held(). */
+ * handler sees it through host->lock_held().
+ *
+ * While a handler runs, the worker's RabbitMQ connections are lent to this
+ * thread, which keeps them alive with heartbeat frames: the worker cannot
+ * answer the broker then, and a handler longer than the AMQP heartbeat
+ * would otherwise lose its connection, and its job be redelivered. */
 #ifndef SK_HEARTBEAT_H
 #define SK_HEARTBEAT_H
 
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "broker.h"
 #include "common.h"
 #include "config.h"
 
@@ -33,6 +39,14 @@ void sk_heartbeat_watch_lock(struct sk_heartbeat *hb, const char *key, const cha
 /* Renew the lease of (queue, key) under fence for lease_ms at each tick. */
 void sk_heartbeat_watch_lease(struct sk_heartbeat *hb, const char *queue, const char *key,
                               int64_t fence, uint32_t lease_ms);
+
+/* Lends the worker's connections (either may be NULL) to the thread, which
+ * sends them heartbeats at each tick until sk_heartbeat_return_brokers().
+ * Meanwhile the caller must not use them. */
+void sk_heartbeat_lend_brokers(struct sk_heartbeat *hb, struct sk_broker *consumer,
+                               struct sk_broker *publisher);
+/* Takes them back; once it returns, the thread no longer touches them. */
+void sk_heartbeat_return_brokers(struct sk_heartbeat *hb);
 
 /* Stop renewing anything (the job is over). */
 void sk_heartbeat_unwatch(struct sk_heartbeat *hb);

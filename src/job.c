@@ -335,7 +335,11 @@ static int call_handler(struct sk_worker *w, struct job *j, PGconn *pg)
         ? sk_heartbeat_lost(w->heartbeat) : NULL;
     /* Counted before the call: a handler that kills its worker still ran. */
     sk_metrics_inc(j->metrics, SK_METRIC_EXECUTIONS);
+    if (w->heartbeat != NULL)
+        sk_heartbeat_lend_brokers(w->heartbeat, w->broker, w->publisher);
     int status = w->handler->handle(w->handler_state, &job, ctx);
+    if (w->heartbeat != NULL)
+        sk_heartbeat_return_brokers(w->heartbeat);
     transition(j, JOB_HANDLED);
     return status;
 }

@@ -95,6 +95,10 @@ int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_me
         }
         if (r.sampling && sk_metrics_outbox_sample_due(metrics, SAMPLE_EVERY_MS))
             sample_backlog(&r);
+        /* Between batches the broker hears nothing from librabbitmq. */
+        struct sk_err err = { 0 };
+        if (r.broker != NULL && sk_broker_keepalive(r.broker, &err) != SK_OK)
+            disconnect(&r, err.msg);
         /* A full batch means more may be waiting: go on at once. */
         if (claimed < conf->outbox.batch && r.pg != NULL)
             wait_for_work(&r);
@@ -374,10 +378,15 @@ static void lost(struct relay *r, const char *what)
 static void wait_for_work(struct relay *r)
 {
     /* While the backlog is sampled, wake for the samples as well: rows whose
-     * run_at came are due, and lagging, without any NOTIFY. */
+     * run_at came are due, and lagging, without any NOTIFY. And wake in time
+     * to keep the broker connection alive (sk_broker_keepalive() sends at
+     * half the heartbeat). */
     int64_t timeout = r->conf->outbox.poll_interval_ms;
     if (r->sampling && timeout > SAMPLE_EVERY_MS)
         timeout = SAMPLE_EVERY_MS;
+    uint32_t keepalive = sk_broker_keepalive_period_ms(&r->conf->amqp);
+    if (keepalive > 0 && timeout > keepalive)
+        timeout = keepalive;
     struct pollfd pfd = { .fd = PQsocket(r->pg), .events = POLLIN };
     int ready = poll(&pfd, 1, (int)timeout);
     if (ready <= 0)

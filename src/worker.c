@@ -62,6 +62,10 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         atomic_store(&w->slot->alive_ms, sk_now_ms());
         if (!ensure_store(w) || !ensure_broker(w))
             continue;
+        /* The publishing connection idles between retries and dead letters;
+         * librabbitmq would let the broker drop it for want of heartbeats. */
+        if (w->publisher != NULL && sk_broker_keepalive(w->publisher, &err) != SK_OK)
+            sk_worker_drop_publisher(w, err.msg);
         amqp_envelope_t delivery;
         rc = sk_broker_next(w->broker, &delivery, POLL_MS, &err);
         if (rc == SK_AGAIN)
@@ -124,15 +128,18 @@ static int setup(struct sk_worker *w, struct sk_err *err)
         sk_log_warn("PostgreSQL unavailable at start, will retry: %s", err->msg);
         w->postgres_down_logged = true;
     }
-    bool external = w->queue->mode == SK_MODE_EXTERNAL;
-    if (w->queue->lock || external) {
-        uint32_t shortest = w->queue->lock ? w->queue->lock_ttl_ms : UINT32_MAX;
-        if (external && w->queue->lease_ms < shortest)
-            shortest = w->queue->lease_ms;
-        rc = sk_heartbeat_start(&w->heartbeat, w->conf, shortest / 3, err);
-        if (rc != SK_OK)
-            return SK_AGAIN;
-    }
+    /* The thread's tick: a third of the lock's and the lease's time, and
+     * often enough to keep the broker connections of a long handler alive. */
+    uint32_t tick = UINT32_MAX;
+    if (w->queue->lock)
+        tick = w->queue->lock_ttl_ms / 3;
+    if (w->queue->mode == SK_MODE_EXTERNAL && w->queue->lease_ms / 3 < tick)
+        tick = w->queue->lease_ms / 3;
+    uint32_t keepalive = sk_broker_keepalive_period_ms(&w->conf->amqp);
+    if (keepalive > 0 && keepalive < tick)
+        tick = keepalive;
+    if (tick != UINT32_MAX && sk_heartbeat_start(&w->heartbeat, w->conf, tick, err) != SK_OK)
+        return SK_AGAIN;
     return SK_OK;
 }
 

@@ -127,7 +127,7 @@ long long h_pg_count(PGconn *pg, const char *fmt, ...)
 const char *h_enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
                       const char *run_at)
 {
-    static char id[128];
+    static _Thread_local char id[128];  /* producers call it from several threads */
     const char *values[] = { queue, key, dedupe, run_at };
     PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, 'test', 'ok'::bytea, $2, $3, "
                                      "NULL, coalesce($4::timestamptz, now()))",
@@ -179,6 +179,19 @@ char *h_write_config_top(const char *dir, const char *queue, const char *handler
             queue, build_dir, handler, workers, extra_queue_yaml != NULL ? extra_queue_yaml : "");
     ck_assert_int_eq(fclose(f), 0);
     return path;
+}
+
+void h_config_replace(const char *path, const char *from, const char *to)
+{
+    char *text = h_read_file(path);
+    ck_assert_msg(text != NULL, "cannot read %s", path);
+    char *at = strstr(text, from);
+    ck_assert_msg(at != NULL, "%s has no \"%s\"", path, from);
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "fopen(%s): %s", path, strerror(errno));
+    fprintf(f, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    ck_assert_int_eq(fclose(f), 0);
+    free(text);
 }
 
 pid_t h_start_sekalid(const char *binary, const char *config, const char *dir,

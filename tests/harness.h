@@ -43,7 +43,7 @@ long long h_pg_count(PGconn *pg, const char *fmt, ...) __attribute__((format(pri
 
 /* sekali.enqueue(queue, 'test', 'ok', key, dedupe, NULL, run_at) on pg, in
  * whatever transaction pg is in; NULLs take the defaults (run_at: now).
- * Returns the job id, in a buffer the next call overwrites. */
+ * Returns the job id, in a buffer the thread's next call overwrites. */
 const char *h_enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
                       const char *run_at);
 
@@ -58,6 +58,10 @@ char *h_write_config(const char *dir, const char *queue, const char *handler, in
  * "metrics:\n  listen: ...\n") written before queues:, or NULL. */
 char *h_write_config_top(const char *dir, const char *queue, const char *handler, int workers,
                          const char *extra_queue_yaml, const char *extra_top_yaml);
+
+/* Replaces the first `from` in the config file at path by `to` (e.g. the
+ * amqp heartbeat the harness writes, "heartbeat: 30s"). */
+void h_config_replace(const char *path, const char *from, const char *to);
 
 /* Starts sekalid (binary relative to the build dir, e.g. "sekalid" or
  * "fault/sekalid") with stderr to dir/sekalid.log. extra_env is a

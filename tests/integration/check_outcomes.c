@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -22,19 +23,31 @@ struct run {
     pid_t             sekalid;
 };
 
-static void start(struct run *r, const char *name, int workers, const char *extra)
+/* heartbeat: the AMQP heartbeat to negotiate, or NULL for the harness's 30s. */
+static void start_with(struct run *r, const char *name, int workers, const char *extra,
+                       const char *heartbeat)
 {
     h_init();
     h_unique_name(r->queue, sizeof(r->queue), name);
     snprintf(r->dead, sizeof(r->dead), "%s.dead", r->queue);
     r->dir = h_tmpdir(name);
     r->config = h_write_config(r->dir, r->queue, EFFECT, workers, extra);
+    if (heartbeat != NULL) {
+        char line[64];
+        snprintf(line, sizeof(line), "heartbeat: %s", heartbeat);
+        h_config_replace(r->config, "heartbeat: 30s", line);
+    }
     r->pg = h_pg();
     r->b = h_broker();
     ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
     r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, NULL);
     H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
            "%d workers should consume %s", workers, r->queue);
+}
+
+static void start(struct run *r, const char *name, int workers, const char *extra)
+{
+    start_with(r, name, workers, extra, NULL);
 }
 
 /* Stops sekalid cleanly and checks nothing was left in the work queue. The
@@ -133,6 +146,51 @@ START_TEST(test_failed_job_is_dead_lettered_and_recorded)
                       r.queue) == 1, 20000, "the copy of a failed key should be a duplicate");
     ck_assert_int_eq(effects(&r, "k-fail"), 0);
     stop(&r);
+    done(&r);
+}
+END_TEST
+
+/* With a 1 s AMQP heartbeat, RabbitMQ drops a connection that sends nothing
+ * for about 2 s. A handler running 4 s keeps its worker away from the
+ * consuming connection all that time; the connection must survive it: no
+ * reconnect, no redelivery, so no duplicate to absorb. */
+START_TEST(test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection)
+{
+    struct run r;
+    start_with(&r, "longjob", 1, NULL, "1s");
+    h_publish(r.b, r.queue, "test", "long-1", "k-long", NULL, "sleep:4000");
+    H_WAIT(effects(&r, "k-long") == 1, 30000, "the long job should commit");
+    h_publish(r.b, r.queue, "test", "after-1", "k-after", NULL, "ok");
+    H_WAIT(effects(&r, "k-after") == 1, 20000, "the next job should run");
+    stop(&r);
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
+    ck_assert_int_eq(h_count_lines(log, "lost the broker connection"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM "
+                                      "sekali.idempotency_keys WHERE queue = '%s'", r.queue), 0);
+    ck_assert_int_eq(effects(&r, "k-long"), 1);
+    done(&r);
+}
+END_TEST
+
+/* The connection for dead letters and retries is opened at the first one
+ * and then sits idle. After 4 heartbeat intervals of idleness the next dead
+ * letter must still go through it, with its reason headers (the broker's
+ * own dead-lettering, the fallback, carries none). */
+START_TEST(test_dead_letter_after_an_idle_spell_keeps_its_reason)
+{
+    struct run r;
+    start_with(&r, "idlepub", 1, FAST_RETRIES, "1s");
+    h_publish(r.b, r.queue, "test", "fail-1", "k-fail-1", NULL, "fail");
+    expect_dead(&r, "failed", "the job asked to fail", 1);
+    /* The idleness is the fault under test, so this is a plain sleep. */
+    sleep(4);
+    h_publish(r.b, r.queue, "test", "fail-2", "k-fail-2", NULL, "fail");
+    expect_dead(&r, "failed", "the job asked to fail", 1);
+    stop(&r);
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
+    ck_assert_int_eq(h_count_lines(log, "publishing connection failed"), 0);
     done(&r);
 }
 END_TEST
@@ -254,6 +312,8 @@ int main(void)
     tcase_add_test(tc, test_retried_job_runs_again_and_commits_once);
     tcase_add_test(tc, test_exhausted_retries_dead_letter_with_headers);
     tcase_add_test(tc, test_failed_job_is_dead_lettered_and_recorded);
+    tcase_add_test(tc, test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection);
+    tcase_add_test(tc, test_dead_letter_after_an_idle_spell_keeps_its_reason);
     tcase_add_test(tc, test_poison_messages_are_dead_lettered_with_their_reason);
     tcase_add_test(tc, test_busy_lock_reschedules_without_counting_an_attempt);
     tcase_add_test(tc, test_reply_is_sent_once_per_key_with_the_saved_result);
