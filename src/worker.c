@@ -22,6 +22,7 @@ static volatile sig_atomic_t stop_requested;
 static void on_stop_signal(int signo);
 static int  setup(struct sk_worker *w, struct sk_err *err);
 static void teardown(struct sk_worker *w);
+static int  open_store(struct sk_worker *w, struct sk_err *err);
 static bool ensure_store(struct sk_worker *w);
 static bool ensure_broker(struct sk_worker *w);
 
@@ -116,12 +117,10 @@ static int setup(struct sk_worker *w, struct sk_err *err)
             return sk_err_set(err, SK_AGAIN, "handler init() asked to retry later");
     }
 
-    char app_name[256];
-    snprintf(app_name, sizeof(app_name), "sekali worker %s", w->queue->name);
     /* A missing schema fails here, once, with exit 2. A server that is
      * merely down is not fatal: the store and the lock reconnect at the
      * next job, and the broker is not consumed from until then. */
-    int rc = sk_store_open(&w->store, &w->conf->postgres, app_name, err);
+    int rc = open_store(w, err);
     if (rc == SK_ERR)
         return rc;
     if (rc == SK_AGAIN) {
@@ -155,6 +154,14 @@ static void teardown(struct sk_worker *w)
         w->handler->fini(w->handler_state);
 }
 
+/* Named for pg_stat_activity, where an operator looks for a stuck worker. */
+static int open_store(struct sk_worker *w, struct sk_err *err)
+{
+    char app_name[256];
+    snprintf(app_name, sizeof(app_name), "sekali worker %s", w->queue->name);
+    return sk_store_open(&w->store, &w->conf->postgres, app_name, err);
+}
+
 /* Until PostgreSQL answers, the worker does not consume: deliveries would
  * only go back to the broker. */
 static bool ensure_store(struct sk_worker *w)
@@ -162,9 +169,7 @@ static bool ensure_store(struct sk_worker *w)
     if (w->store != NULL)
         return true;
     struct sk_err err = { 0 };
-    char app_name[256];
-    snprintf(app_name, sizeof(app_name), "sekali worker %s", w->queue->name);
-    if (sk_store_open(&w->store, &w->conf->postgres, app_name, &err) == SK_OK) {
+    if (open_store(w, &err) == SK_OK) {
         sk_log_info("PostgreSQL reachable again");
         w->postgres_down_logged = false;
         sk_backoff_reset(&w->postgres_backoff);
