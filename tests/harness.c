@@ -127,11 +127,17 @@ long long h_pg_count(PGconn *pg, const char *fmt, ...)
 const char *h_enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
                       const char *run_at)
 {
+    return h_enqueue_body(pg, queue, "ok", key, dedupe, run_at);
+}
+
+const char *h_enqueue_body(PGconn *pg, const char *queue, const char *body, const char *key,
+                           const char *dedupe, const char *run_at)
+{
     static _Thread_local char id[128];  /* producers call it from several threads */
-    const char *values[] = { queue, key, dedupe, run_at };
-    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, 'test', 'ok'::bytea, $2, $3, "
-                                     "NULL, coalesce($4::timestamptz, now()))",
-                                 4, NULL, values, NULL, NULL, 0);
+    const char *values[] = { queue, body, key, dedupe, run_at };
+    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, 'test', $2::bytea, $3, $4, "
+                                     "NULL, coalesce($5::timestamptz, now()))",
+                                 5, NULL, values, NULL, NULL, 0);
     ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "sekali.enqueue: %s",
                   PQresultErrorMessage(res));
     snprintf(id, sizeof(id), "%s", PQgetvalue(res, 0, 0));

@@ -46,6 +46,9 @@ long long h_pg_count(PGconn *pg, const char *fmt, ...) __attribute__((format(pri
  * Returns the job id, in a buffer the thread's next call overwrites. */
 const char *h_enqueue(PGconn *pg, const char *queue, const char *key, const char *dedupe,
                       const char *run_at);
+/* The same with another body (a behaviour of tests/plugins/effect.c). */
+const char *h_enqueue_body(PGconn *pg, const char *queue, const char *body, const char *key,
+                           const char *dedupe, const char *run_at);
 
 /* Writes a sekalid config for one queue into dir and returns its path
  * (caller frees). handler is a path under the build dir, e.g.

@@ -137,6 +137,80 @@ START_TEST(test_one_dedupe_key_from_eight_connections_gives_one_job)
 }
 END_TEST
 
+/* The dedupe key's row, as "held" (live, unreleased), "released", or "absent". */
+static const char *dedupe_state(PGconn *pg, const char *dedupe_key, const char *job_id)
+{
+    if (h_pg_count(pg, "SELECT count(*) FROM sekali.job_dedupe WHERE dedupe_key = '%s' AND "
+                       "job_id = '%s' AND released_at IS NULL", dedupe_key, job_id) == 1)
+        return "held";
+    if (h_pg_count(pg, "SELECT count(*) FROM sekali.job_dedupe WHERE dedupe_key = '%s' AND "
+                       "job_id = '%s' AND released_at IS NOT NULL", dedupe_key, job_id) == 1)
+        return "released";
+    return "absent";
+}
+
+/* A worker SIGKILLed in the middle of a deduplicated job leaves the key
+ * held (the job is not done); the rerun on redelivery completes it and
+ * releases the key in the same transaction as its effect, after which the
+ * key admits a new job. */
+START_TEST(test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_completes)
+{
+    struct run r;
+    h_init();
+    char *marks = h_tmpdir("dedupekill-marks");
+    char yaml[1200];
+    /* The dead worker's lock must expire before the rerun can take it. */
+    snprintf(yaml, sizeof(yaml), "    lock_ttl: 2s\n    config:\n      marker_dir: %s\n", marks);
+    start_with(&r, "dedupekill", "sekalid", NULL, 2, yaml, RELAY);
+    char dedupe_key[160], job_id[128];
+    snprintf(dedupe_key, sizeof(dedupe_key), "dedupe-%s", r.queue);
+    snprintf(job_id, sizeof(job_id), "%s", h_enqueue_body(r.pg, r.queue, "stall", NULL,
+                                                          dedupe_key, NULL));
+
+    H_WAIT(h_stalled_pid(marks) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = h_stalled_pid(marks);
+    ck_assert_str_eq(dedupe_state(r.pg, dedupe_key, job_id), "held");
+    ck_assert_str_eq(h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL), job_id);
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead after SIGKILL",
+           (long)victim);
+
+    H_WAIT(effects(&r, job_id) == 1, 30000, "the killed job should run again and commit");
+    /* Released by the commit that made the effect, so visible with it. */
+    ck_assert_str_eq(dedupe_state(r.pg, dedupe_key, job_id), "released");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND pid = %ld", r.queue, (long)victim), 0);
+    const char *next = h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL);
+    ck_assert_str_ne(next, job_id);
+    H_WAIT(effects(&r, next) == 1, 20000, "the job enqueued after the release should run");
+    finish(&r);
+    free(marks);
+}
+END_TEST
+
+/* A job that fails is dead-lettered, and the transaction that records the
+ * failure releases its dedupe key: a failed job must not block the key. */
+START_TEST(test_dead_lettered_job_releases_its_dedupe_key)
+{
+    struct run r;
+    start(&r, "dedupedead", "sekalid", NULL);
+    char dedupe_key[160], job_id[128], dead[160];
+    snprintf(dedupe_key, sizeof(dedupe_key), "dedupe-%s", r.queue);
+    snprintf(dead, sizeof(dead), "%s.dead", r.queue);
+    snprintf(job_id, sizeof(job_id), "%s", h_enqueue_body(r.pg, r.queue, "fail", NULL,
+                                                          dedupe_key, NULL));
+    H_WAIT(h_queue_depth(r.b, dead) == 1, 20000, "the failing job should be dead-lettered");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = '%s' AND status = 'failed'",
+                                r.queue, job_id), 1);
+    ck_assert_str_eq(dedupe_state(r.pg, dedupe_key, job_id), "released");
+    const char *next = h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL);
+    ck_assert_str_ne(next, job_id);
+    H_WAIT(effects(&r, next) == 1, 20000, "the job enqueued after the release should run");
+    finish(&r);
+}
+END_TEST
+
 START_TEST(test_scheduled_job_is_not_published_before_run_at)
 {
     struct run r;
@@ -297,6 +371,8 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_enqueue_in_a_rolled_back_transaction_publishes_nothing);
     tcase_add_test(tc, test_one_dedupe_key_from_eight_connections_gives_one_job);
+    tcase_add_test(tc, test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_completes);
+    tcase_add_test(tc, test_dead_lettered_job_releases_its_dedupe_key);
     tcase_add_test(tc, test_scheduled_job_is_not_published_before_run_at);
     tcase_add_test(tc, test_unroutable_row_is_marked_and_its_batch_still_published);
     tcase_add_test(tc, test_relay_killed_between_publish_and_mark_publishes_twice_runs_once);
