@@ -102,6 +102,7 @@ bench: deps
 	$(MAKE) all
 	tests/servers.sh start
 	tests/bench/run.sh $(B)
+	tests/bench/enqueue.sh $(B)
 
 # ASan and UBSan over the whole suite, in a separate build tree.
 asan: deps
@@ -152,7 +153,8 @@ help:
 	@echo "all       sekalid, sekalictl and the example handlers (in $(B)/)"
 	@echo "check     install what is missing, start test servers, run every test"
 	@echo "demo      install what is missing, start servers, run sekalid on duplicate jobs"
-	@echo "bench     throughput and latency against pgbench on the same SQL"
+	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
+	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
 	@echo "asan      the test suite under ASan and UBSan"
 	@echo "valgrind  the test suite with sekalid under valgrind"
 	@echo "install   PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"

@@ -1,0 +1,195 @@
+# tests/bench/lib.sh - what the two halves of `make bench` share: set-up,
+# the helpers they build, and the checks and statistics both report with.
+#
+# Sourced (never run) by tests/bench/run.sh and tests/bench/enqueue.sh,
+# from the repository's root, after `set -euo pipefail` and with `build`
+# (the build directory) and `workers` (sekalid workers per queue) set.
+# Leaves behind: the test servers' settings (SEKALI_*), `pgbench`, `work`
+# (the scratch directory for run files), `out` (the built helpers) and an
+# EXIT trap that stops a run in progress (see cleanup below).
+
+# shellcheck shell=bash
+# shellcheck disable=SC2154  # build and workers: set by the sourcing script
+
+say() { printf 'bench: %s\n' "$*"; }
+die() { printf 'bench: FAILED: %s\n' "$*" >&2; exit 1; }
+
+tests/servers.sh status >/dev/null 2>&1 || die "the test servers are not running: tests/servers.sh start"
+eval "$(tests/servers.sh env)"
+if [ ! -x "$build/sekalid" ] || [ ! -x "$build/sekalictl" ]; then
+    die "no $build/sekalid or $build/sekalictl: make all"
+fi
+
+pgbench=$(command -v pgbench || true)
+if [ -z "$pgbench" ]; then
+    for p in /usr/lib/postgresql/*/bin/pgbench; do [ -x "$p" ] && pgbench=$p; done
+fi
+[ -n "$pgbench" ] || die "pgbench not found: apt-get install postgresql-client"
+
+work=$SEKALI_SCRATCH/bench
+mkdir -p "$work" "$build/bench"
+out=$(cd "$build/bench" && pwd)
+
+# ---------------------------------------------------------------------------
+# Build: the handler exactly as the Makefile builds handlers (public header
+# only, -fPIC -shared), the two helpers like the daemon's own objects.
+# ---------------------------------------------------------------------------
+cc=${CC:-cc}
+cflags=(-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes
+        -fno-strict-aliasing)
+# pkg-config prints flags meant to be split into words.
+# shellcheck disable=SC2046
+{
+    "$cc" "${cflags[@]}" -fPIC -shared -Iinclude $(pkg-config --cflags libpq) \
+        -o "$out/bench_handler.so" tests/bench/bench_handler.c $(pkg-config --libs libpq)
+    "$cc" "${cflags[@]}" $(pkg-config --cflags librabbitmq) \
+        -o "$out/bench_amqp" tests/bench/bench_amqp.c $(pkg-config --libs librabbitmq)
+    "$cc" "${cflags[@]}" $(pkg-config --cflags libpq) \
+        -o "$out/bench_sekalid" tests/bench/bench_sekalid.c $(pkg-config --libs libpq)
+}
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+# One SQL statement (or a script on stdin), unaligned, tuples only; without
+# the NOTICEs of idempotent DDL ("schema already exists, skipping").
+quiet_pg='-c client_min_messages=warning'
+sql() { PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" "$@"; }
+
+# write_conf QUEUE [RELAYS]: a sekalid configuration consuming QUEUE with the
+# bench handler, and RELAYS outbox relays (none by default). Log level warn:
+# at info every job logs a line, and the benchmark would measure the logging.
+write_conf() {
+    local conf=$work/$1.yaml
+    cat >"$conf" <<YAML
+amqp:
+  url: "$SEKALI_AMQP_URL"
+redis:
+  host: 127.0.0.1
+  port: $SEKALI_REDIS_PORT
+postgres:
+  conninfo: "$SEKALI_PG_CONNINFO"
+log:
+  level: warn
+  format: json
+shutdown_timeout: 20s
+outbox:
+  relays: ${2:-0}
+queues:
+  - name: $1
+    handler: $out/bench_handler.so
+    workers: $workers
+    prefetch: 8
+YAML
+    printf '%s' "$conf"
+}
+
+# schema CONF: sekali's migrations and the bench tables, and CONF checked by
+# sekalid -t (quietly, unless it fails).
+schema() {
+    PGOPTIONS=$quiet_pg "$build/sekalictl" -c "$1" migrate --sql-dir sql >/dev/null
+    sql -f tests/bench/bench.sql
+    "$build/sekalid" -t -c "$1" 2>/dev/null || "$build/sekalid" -t -c "$1"
+}
+
+# quiesce RUN: the servers and the test suites share this machine with us.
+# Waits (at most 10 s) until the CPUs were less than 10% busy for half a
+# second, so that a compile or a test suite that is just finishing, or the
+# previous run's autovacuum, does not land in this run; if the machine stays
+# busy, the run goes ahead and says so, since its figures then include that.
+quiesce() {
+    local a b total idle busy=0 i try
+    for try in $(seq 1 20); do
+        read -r -a a < <(head -n 1 /proc/stat)
+        sleep 0.5
+        read -r -a b < <(head -n 1 /proc/stat)
+        # cpu user nice system idle iowait irq softirq steal: busy = all but idle and iowait.
+        total=0
+        for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+        idle=$((b[4] - a[4] + b[5] - a[5]))
+        busy=$(( total > 0 ? (total - idle) * 100 / total : 0 ))
+        (( busy < 10 )) && return 0
+        [ "$try" -lt 20 ] || break
+    done
+    say "note: the machine was still $busy% busy after 10 s of waiting before $1;" \
+        "its figures include that load"
+}
+
+# verify QUEUE EXPECTED [amqp]: every key completed once, one effect per key,
+# and (with amqp) nothing left in the queue or its dead letters.
+verify() {
+    local queue=$1 expected=$2 counts keys completed dups effects distinct
+    counts=$(sql -F ' ' -c "
+        SELECT (SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '$queue'),
+               (SELECT count(*) FROM sekali.idempotency_keys
+                 WHERE queue = '$queue' AND status = 'completed'),
+               (SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys
+                 WHERE queue = '$queue'),
+               (SELECT count(*) FROM sekali_bench.jobs WHERE queue = '$queue'),
+               (SELECT count(DISTINCT key) FROM sekali_bench.jobs WHERE queue = '$queue')")
+    read -r keys completed dups effects distinct <<<"$counts"
+    if [ "$keys" -ne "$expected" ] || [ "$completed" -ne "$expected" ]; then
+        die "$queue: $completed of $keys keys completed, expected $expected"
+    fi
+    [ "$effects" -eq "$expected" ] ||
+        die "$queue: $effects effects for $expected jobs ($distinct distinct keys)"
+    [ "$distinct" -eq "$expected" ] || die "$queue: $((effects - distinct)) keys doubled"
+    # Duplicate deliveries are harmless by design, but none should happen
+    # without faults; say so rather than fail.
+    [ "$dups" -eq 0 ] || say "$queue: note: $dups duplicate deliveries suppressed"
+    if [ "${3:-}" = amqp ]; then
+        local depth
+        depth=$("$out/bench_amqp" "$SEKALI_AMQP_URL" depth "$queue")
+        [[ $depth == "ready=0 dead=0 consumers=0" ]] ||
+            die "$queue: not empty after sekalid stopped: $depth"
+    fi
+}
+
+# latency QUEUE: "measured p50 p99 max" of QUEUE's jobs, in ms, from the
+# time stamped in each job's body (published_us) to its effect's
+# clock_timestamp() (committed). The first second is left out: it is each
+# worker's first jobs (PostgreSQL compiling the plpgsql functions, the
+# handler preparing its INSERT), and a steady state is what the
+# percentiles are about.
+latency() {
+    sql -F ' ' -c "
+        SELECT count(*),
+               round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+               round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+               round(max(ms)::numeric, 1)
+          FROM (SELECT published_us - min(published_us) OVER () AS since_us,
+                       (extract(epoch FROM committed) * 1e6 - published_us) / 1e3 AS ms
+                  FROM sekali_bench.jobs WHERE queue = '$1') latencies
+         WHERE since_us >= 1000000"
+}
+
+# Warnings and errors in a sekalid log (level warn hides the routine lines).
+log_problems() {
+    local n
+    n=$(grep -c -E '"level":"(warn|error)"' "$1" || true)
+    if [ "$n" -gt 0 ]; then
+        say "note: $n warnings/errors in $1, first ones:"
+        grep -m 3 -E '"level":"(warn|error)"' "$1" | sed 's/^/bench:   /'
+    fi
+}
+
+# field NAME FILE: the value of a "name value" line written by bench_sekalid.
+field() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
+
+# median VALUES...: the middle value (the mean of the two middle ones).
+median() {
+    printf '%s\n' "$@" | sort -g |
+        awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# If we exit early: stop a latency run's background driver (sekalid
+# follows it), and delete the queue in use, which may still hold thousands
+# of persistent jobs that nothing will consume. Its rows stay for a look;
+# the next invocation drops them.
+driver='' live_queue=''
+cleanup() {
+    [ -z "$driver" ] || kill -TERM "$driver" 2>/dev/null || true
+    [ -z "$live_queue" ] || "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$live_queue" 2>/dev/null || true
+}
+trap cleanup EXIT
