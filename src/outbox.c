@@ -66,6 +66,7 @@ static uint64_t row_id(PGresult *rows, int i);
 static void sample_backlog(struct relay *r);
 static void lost(struct relay *r, const char *what);
 static void wait_for_work(struct relay *r);
+static bool take_notifies(struct relay *r);
 
 int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
@@ -335,15 +336,20 @@ static uint64_t row_id(PGresult *rows, int i)
 }
 
 /* The backlog per target queue, for the lag and pending gauges. Cheap while
- * the outbox keeps up: it reads only the partial index of unpublished rows. */
+ * the outbox keeps up: each half reads one partial index (sql/005), of the
+ * due rows and of the refused ones. */
 static void sample_backlog(struct relay *r)
 {
     PGresult *res = PQexec(r->pg,
-        "SELECT queue, count(*) FILTER (WHERE publish_error IS NULL AND run_at <= now()), "
-        "count(*) FILTER (WHERE publish_error IS NOT NULL), "
-        "coalesce((extract(epoch FROM now() - min(run_at) FILTER "
-        "(WHERE publish_error IS NULL AND run_at <= now())) * 1000)::bigint, 0) "
-        "FROM sekali.outbox WHERE published_at IS NULL GROUP BY queue");
+        "SELECT queue, sum(pending), sum(failed), max(lag_ms) FROM ("
+        "  SELECT queue, count(*) AS pending, 0 AS failed, "
+        "         (extract(epoch FROM now() - min(run_at)) * 1000)::bigint AS lag_ms "
+        "    FROM sekali.outbox WHERE published_at IS NULL AND publish_error IS NULL "
+        "     AND run_at <= now() GROUP BY queue "
+        "  UNION ALL "
+        "  SELECT queue, 0, count(*), 0 FROM sekali.outbox "
+        "   WHERE published_at IS NULL AND publish_error IS NOT NULL GROUP BY queue"
+        ") AS backlog GROUP BY queue");
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         PQclear(res);
         lost(r, "sampling the outbox backlog");
@@ -377,6 +383,11 @@ static void lost(struct relay *r, const char *what)
 /* Sleeps until a NOTIFY, the poll interval, or a stop request. */
 static void wait_for_work(struct relay *r)
 {
+    /* A NOTIFY that arrived during the batch was read by libpq along with
+     * the batch's results: it waits in libpq's queue, not on the socket,
+     * and poll() would sleep through it. */
+    if (take_notifies(r))
+        return;
     /* While the backlog is sampled, wake for the samples as well: rows whose
      * run_at came are due, and lagging, without any NOTIFY. And wake in time
      * to keep the broker connection alive (sk_broker_keepalive() sends at
@@ -395,7 +406,17 @@ static void wait_for_work(struct relay *r)
         disconnect(r, PQerrorMessage(r->pg));
         return;
     }
+    take_notifies(r);
+}
+
+/* Frees the notifications libpq holds; whether there were any. */
+static bool take_notifies(struct relay *r)
+{
+    bool any = false;
     PGnotify *note;
-    while ((note = PQnotifies(r->pg)) != NULL)
+    while ((note = PQnotifies(r->pg)) != NULL) {
         PQfreemem(note);
+        any = true;
+    }
+    return any;
 }
