@@ -449,3 +449,76 @@ int h_run_suite(Suite *s)
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+
+void h_run_open(struct h_run *r, const char *name)
+{
+    h_init();
+    memset(r, 0, sizeof(*r));
+    h_unique_name(r->queue, sizeof(r->queue), name);
+    snprintf(r->dead, sizeof(r->dead), "%s.dead", r->queue);
+    r->dir = h_tmpdir(name);
+    snprintf(r->log, sizeof(r->log), "%s/sekalid.log", r->dir);
+    snprintf(r->mark, sizeof(r->mark), "%s/failpoint.mark", r->dir);
+    r->pg = h_pg();
+    r->b = h_broker();
+}
+
+void h_run_start(struct h_run *r, const struct h_run_opts *o)
+{
+    ck_assert_msg(o->workers >= 1, "h_run_start: %d workers", o->workers);
+    r->config = h_write_config_top(r->dir, r->queue, o->handler != NULL ? o->handler : H_EFFECT,
+                                   o->workers, o->queue_yaml, o->top_yaml);
+    if (o->heartbeat != NULL) {
+        char line[64];
+        snprintf(line, sizeof(line), "heartbeat: %s", o->heartbeat);
+        h_config_replace(r->config, "heartbeat: 30s", line);
+    }
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, o->shape, NULL), SK_OK);
+
+    char mark_env[1100];
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", r->mark);
+    const char *env[16];
+    size_t n = 0;
+    for (const char *const *e = o->env; e != NULL && *e != NULL; e++) {
+        ck_assert_uint_lt(n, SK_ARRAY_LEN(env) - 2);
+        env[n++] = *e;
+    }
+    env[n++] = mark_env;
+    env[n] = NULL;
+    r->sekalid = h_start_sekalid(o->binary != NULL ? o->binary : "sekalid", r->config, r->dir,
+                                 env);
+    H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)o->workers, 20000,
+           "%d workers should consume %s, have %u", o->workers, r->queue,
+           h_consumers(r->b, r->queue));
+}
+
+void h_run_stop(struct h_run *r)
+{
+    h_stop_sekalid(r->sekalid, r->dir);
+    ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
+}
+
+void h_run_close(struct h_run *r)
+{
+    sk_broker_close(r->b);
+    PQfinish(r->pg);
+    free(r->config);
+    free(r->dir);
+}
+
+TCase *h_tcase(Suite *s, const char *name, double timeout, const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout);
+    for (const TTest *const *t = tests; *t != NULL; t++)
+        tcase_add_test(tc, *t);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
+Suite *h_suite(const char *name, double timeout, const TTest *const *tests)
+{
+    Suite *s = suite_create(name);
+    h_tcase(s, name, timeout, tests);
+    return s;
+}

@@ -17,6 +17,13 @@
 #include "broker.h"
 #include "config.h"
 
+/* The test handler (tests/plugins/effect.c), as h_write_config() takes it. */
+#define H_EFFECT       "tests/plugins/effect.so"
+/* Queue settings that retry at once and give up after the third attempt. */
+#define H_FAST_RETRIES "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 50ms\n"
+/* One outbox relay that polls often, so scheduled jobs are not kept waiting. */
+#define H_RELAY        "outbox:\n  relays: 1\n  poll_interval: 200ms\n"
+
 /* Reads the SEKALI_* settings exported by tests/run.sh; aborts the test
  * with a pointer to tests/servers.sh if they are missing. */
 void h_init(void);
@@ -120,6 +127,61 @@ char *h_read_file(const char *path);
 
 /* Number of lines of path containing needle. */
 int h_count_lines(const char *path, const char *needle);
+
+/* One test's sekalid on a queue of its own, with the connections the test
+ * checks it through. Fields are for the test to read; a test that restarts
+ * a server may replace pg or b with a new connection (h_pg(), h_broker()). */
+struct h_run {
+    char              queue[128];  /* unique to this run: keys never collide */
+    char              dead[160];   /* <queue>.dead */
+    char             *dir;         /* the test's files: config, logs, marks */
+    char              log[1024];   /* dir/sekalid.log */
+    char              mark[1024];  /* dir/failpoint.mark: written where a failpoint fired */
+    char             *config;      /* dir/sekali.yaml, once written */
+    PGconn           *pg;
+    struct sk_broker *b;
+    pid_t             sekalid;
+};
+
+/* How h_run_start() configures and starts sekalid. Zeroed fields take the
+ * defaults, so callers name only what their test is about. */
+struct h_run_opts {
+    const char                  *binary;      /* under the build dir; NULL: "sekalid" */
+    const char                  *handler;     /* under the build dir; NULL: H_EFFECT */
+    int                          workers;     /* of the queue: at least 1 */
+    const char                  *queue_yaml;  /* as h_write_config_top()'s extra_queue_yaml */
+    const char                  *top_yaml;    /* as its extra_top_yaml */
+    const char                  *heartbeat;   /* amqp.heartbeat, e.g. "1s"; NULL: 30s */
+    const char *const           *env;         /* NAME=VALUE list for sekalid, NULL-terminated */
+    const struct sk_queue_shape *shape;       /* the queue's declared shape; NULL: classic */
+};
+
+/* h_init(), then names the run's queue after name, makes its directory and
+ * opens a PostgreSQL connection and a publishing broker connection.
+ * Nothing is declared or started yet: a test may set up tables or files in
+ * r->dir first. Release with h_run_close(). */
+void h_run_open(struct h_run *r, const char *name);
+
+/* Writes the config, declares the queue, starts sekalid and waits until
+ * every worker consumes. sekalid runs with SEKALI_FAILPOINT_MARK=r->mark,
+ * so a fault test only arms its failpoint and can prove it fired. */
+void h_run_start(struct h_run *r, const struct h_run_opts *o);
+
+/* Stops sekalid cleanly (h_stop_sekalid()) and asserts the queue is empty:
+ * after a clean stop anything unacked would be back in it. The connections
+ * stay open for the test's last checks. */
+void h_run_stop(struct h_run *r);
+
+/* Closes the connections and frees what h_run_open() and h_run_start()
+ * took; it does not stop sekalid. */
+void h_run_close(struct h_run *r);
+
+/* Adds a test case named name to s: the tests of the NULL-terminated list,
+ * each under timeout seconds. Returns it, for fixtures. */
+TCase *h_tcase(Suite *s, const char *name, double timeout, const TTest *const *tests);
+
+/* A suite of one test case, both named name (as h_tcase()). */
+Suite *h_suite(const char *name, double timeout, const TTest *const *tests);
 
 /* Polls `cond` every 20 ms until true, or fails the test after timeout_ms
  * with the message, which should say what was expected and what was seen. */

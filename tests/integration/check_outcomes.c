@@ -10,69 +10,13 @@
 
 #include "harness.h"
 
-#define EFFECT "tests/plugins/effect.so"
-#define FAST_RETRIES "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 50ms\n"
-
-struct run {
-    char              queue[128];
-    char              dead[160];
-    char             *dir;
-    char             *config;
-    PGconn           *pg;
-    struct sk_broker *b;
-    pid_t             sekalid;
-};
-
-/* heartbeat: the AMQP heartbeat to negotiate, or NULL for the harness's 30s. */
-static void start_with(struct run *r, const char *name, int workers, const char *extra,
-                       const char *heartbeat)
-{
-    h_init();
-    h_unique_name(r->queue, sizeof(r->queue), name);
-    snprintf(r->dead, sizeof(r->dead), "%s.dead", r->queue);
-    r->dir = h_tmpdir(name);
-    r->config = h_write_config(r->dir, r->queue, EFFECT, workers, extra);
-    if (heartbeat != NULL) {
-        char line[64];
-        snprintf(line, sizeof(line), "heartbeat: %s", heartbeat);
-        h_config_replace(r->config, "heartbeat: 30s", line);
-    }
-    r->pg = h_pg();
-    r->b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
-    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, NULL);
-    H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
-           "%d workers should consume %s", workers, r->queue);
-}
-
-static void start(struct run *r, const char *name, int workers, const char *extra)
-{
-    start_with(r, name, workers, extra, NULL);
-}
-
-/* Stops sekalid cleanly and checks nothing was left in the work queue. The
- * connections stay open for the test's last checks, closed by done(). */
-static void stop(struct run *r)
-{
-    h_stop_sekalid(r->sekalid, r->dir);
-    ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
-}
-
-static void done(struct run *r)
-{
-    sk_broker_close(r->b);
-    PQfinish(r->pg);
-    free(r->config);
-    free(r->dir);
-}
-
-static long long effects(struct run *r, const char *key)
+static long long effects(struct h_run *r, const char *key)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
                              "AND idempotency_key = '%s'", r->queue, key);
 }
 
-static const char *key_status(struct run *r, const char *key, char *buf, size_t size)
+static const char *key_status(struct h_run *r, const char *key, char *buf, size_t size)
 {
     PGresult *res = PQexecParams(r->pg, "SELECT status FROM sekali.idempotency_keys "
                                         "WHERE queue = $1 AND key = $2", 2, NULL,
@@ -83,7 +27,7 @@ static const char *key_status(struct run *r, const char *key, char *buf, size_t 
 }
 
 /* Takes the one dead letter and checks its reason and error headers. */
-static void expect_dead(struct run *r, const char *reason, const char *error_part,
+static void expect_dead(struct h_run *r, const char *reason, const char *error_part,
                         int64_t attempts)
 {
     H_WAIT(h_queue_depth(r->b, r->dead) == 1, 20000, "expected 1 dead letter in %s, have %u",
@@ -104,37 +48,40 @@ static void expect_dead(struct run *r, const char *reason, const char *error_par
 
 START_TEST(test_retried_job_runs_again_and_commits_once)
 {
-    struct run r;
-    start(&r, "retry", 2, FAST_RETRIES);
+    struct h_run r;
+    h_run_open(&r, "retry");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = H_FAST_RETRIES });
     h_publish(r.b, r.queue, "test", "retry-1", "k-retry", NULL, "retry");
     H_WAIT(effects(&r, "k-retry") == 1, 20000, "the retried job should commit");
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
                                       "'%s'", r.queue), 2);
-    stop(&r);
+    h_run_stop(&r);
     ck_assert_int_eq(effects(&r, "k-retry"), 1);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
-    done(&r);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_exhausted_retries_dead_letter_with_headers)
 {
-    struct run r;
-    start(&r, "exhaust", 1, FAST_RETRIES);
+    struct h_run r;
+    h_run_open(&r, "exhaust");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES });
     h_publish(r.b, r.queue, "test", "exhaust-1", "k-exhaust", NULL, "retry_always");
     expect_dead(&r, "retries exhausted", "always asks to be retried", 3);
     char status[32];
     ck_assert_str_eq(key_status(&r, "k-exhaust", status, sizeof(status)), "failed");
     ck_assert_int_eq(effects(&r, "k-exhaust"), 0);
-    stop(&r);
-    done(&r);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_failed_job_is_dead_lettered_and_recorded)
 {
-    struct run r;
-    start(&r, "fail", 1, FAST_RETRIES);
+    struct h_run r;
+    h_run_open(&r, "fail");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES });
     h_publish(r.b, r.queue, "test", "fail-1", "k-fail", NULL, "fail");
     expect_dead(&r, "failed", "the job asked to fail", 1);
     char status[32];
@@ -145,8 +92,8 @@ START_TEST(test_failed_job_is_dead_lettered_and_recorded)
                       "WHERE queue = '%s'",
                       r.queue) == 1, 20000, "the copy of a failed key should be a duplicate");
     ck_assert_int_eq(effects(&r, "k-fail"), 0);
-    stop(&r);
-    done(&r);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -156,20 +103,19 @@ END_TEST
  * reconnect, no redelivery, so no duplicate to absorb. */
 START_TEST(test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection)
 {
-    struct run r;
-    start_with(&r, "longjob", 1, NULL, "1s");
+    struct h_run r;
+    h_run_open(&r, "longjob");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .heartbeat = "1s" });
     h_publish(r.b, r.queue, "test", "long-1", "k-long", NULL, "sleep:4000");
     H_WAIT(effects(&r, "k-long") == 1, 30000, "the long job should commit");
     h_publish(r.b, r.queue, "test", "after-1", "k-after", NULL, "ok");
     H_WAIT(effects(&r, "k-after") == 1, 20000, "the next job should run");
-    stop(&r);
-    char log[1024];
-    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
-    ck_assert_int_eq(h_count_lines(log, "lost the broker connection"), 0);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "lost the broker connection"), 0);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM "
                                       "sekali.idempotency_keys WHERE queue = '%s'", r.queue), 0);
     ck_assert_int_eq(effects(&r, "k-long"), 1);
-    done(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -179,26 +125,28 @@ END_TEST
  * own dead-lettering, the fallback, carries none). */
 START_TEST(test_dead_letter_after_an_idle_spell_keeps_its_reason)
 {
-    struct run r;
-    start_with(&r, "idlepub", 1, FAST_RETRIES, "1s");
+    struct h_run r;
+    h_run_open(&r, "idlepub");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES,
+                                          .heartbeat = "1s" });
     h_publish(r.b, r.queue, "test", "fail-1", "k-fail-1", NULL, "fail");
     expect_dead(&r, "failed", "the job asked to fail", 1);
     /* The idleness is the fault under test, so this is a plain sleep. */
     sleep(4);
     h_publish(r.b, r.queue, "test", "fail-2", "k-fail-2", NULL, "fail");
     expect_dead(&r, "failed", "the job asked to fail", 1);
-    stop(&r);
-    char log[1024];
-    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
-    ck_assert_int_eq(h_count_lines(log, "publishing connection failed"), 0);
-    done(&r);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "publishing connection failed"), 0);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_poison_messages_are_dead_lettered_with_their_reason)
 {
-    struct run r;
-    start(&r, "poison", 1, "    max_body: 64\n    job_types: [test]\n");
+    struct h_run r;
+    h_run_open(&r, "poison");
+    h_run_start(&r, &(struct h_run_opts){
+        .workers = 1, .queue_yaml = "    max_body: 64\n    job_types: [test]\n" });
     char big[100];
     memset(big, 'x', sizeof(big));
     struct sk_header int_key = { .key = "x-idempotency-key", .number = 7 };
@@ -231,17 +179,18 @@ START_TEST(test_poison_messages_are_dead_lettered_with_their_reason)
                          cases[i].expected);
         amqp_destroy_message(&msg);
     }
-    stop(&r);
-    done(&r);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
 {
-    struct run r;
+    struct h_run r;
     /* Two jobs for one resource, two workers: the second finds the lock
      * held for longer than busy_wait and must come back later. */
-    start(&r, "busy", 2, FAST_RETRIES);
+    h_run_open(&r, "busy");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = H_FAST_RETRIES });
     h_publish(r.b, r.queue, "test", "busy-1", "k-busy-1", "account-7", "sleep:3000");
     char lock[256];
     snprintf(lock, sizeof(lock), "sekali:lock:%s:account-7", r.queue);
@@ -249,24 +198,23 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
     h_publish(r.b, r.queue, "test", "busy-2", "k-busy-2", "account-7", "ok");
     H_WAIT(effects(&r, "k-busy-1") == 1 && effects(&r, "k-busy-2") == 1, 30000,
            "both jobs on the busy resource should complete once");
-    stop(&r);
+    h_run_stop(&r);
 
-    char log[1024];
-    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
-    ck_assert_msg(h_count_lines(log, "lock busy: re-scheduled") >= 1,
+    ck_assert_msg(h_count_lines(r.log, "lock busy: re-scheduled") >= 1,
                   "the second job should have been re-scheduled for the busy lock");
     /* Not a failed attempt: it ran as attempt 1. */
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
                                       "'%s' AND idempotency_key = 'k-busy-2'", r.queue), 1);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
-    done(&r);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_reply_is_sent_once_per_key_with_the_saved_result)
 {
-    struct run r;
-    start(&r, "reply", 2, NULL);
+    struct h_run r;
+    h_run_open(&r, "reply");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2 });
     char replies[160];
     snprintf(replies, sizeof(replies), "%s.replies", r.queue);
     ck_assert_int_eq(sk_broker_declare(r.b, replies, NULL, NULL), SK_OK);
@@ -283,7 +231,7 @@ START_TEST(test_reply_is_sent_once_per_key_with_the_saved_result)
     H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
                       "WHERE queue = '%s'",
                       r.queue) == 2, 20000, "two of the three copies should be duplicates");
-    stop(&r);
+    h_run_stop(&r);
 
     ck_assert_int_eq(effects(&r, "k-reply"), 1);
     ck_assert_int_eq(h_queue_depth(r.b, replies), 1);
@@ -300,23 +248,22 @@ START_TEST(test_reply_is_sent_once_per_key_with_the_saved_result)
     amqp_destroy_message(&msg);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
                                       "queue = '%s' AND replied_at IS NOT NULL", r.queue), 1);
-    done(&r);
+    h_run_close(&r);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("outcomes");
-    TCase *tc = tcase_create("outcomes");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_retried_job_runs_again_and_commits_once);
-    tcase_add_test(tc, test_exhausted_retries_dead_letter_with_headers);
-    tcase_add_test(tc, test_failed_job_is_dead_lettered_and_recorded);
-    tcase_add_test(tc, test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection);
-    tcase_add_test(tc, test_dead_letter_after_an_idle_spell_keeps_its_reason);
-    tcase_add_test(tc, test_poison_messages_are_dead_lettered_with_their_reason);
-    tcase_add_test(tc, test_busy_lock_reschedules_without_counting_an_attempt);
-    tcase_add_test(tc, test_reply_is_sent_once_per_key_with_the_saved_result);
-    suite_add_tcase(s, tc);
-    return h_run_suite(s);
+    const TTest *tests[] = {
+        test_retried_job_runs_again_and_commits_once,
+        test_exhausted_retries_dead_letter_with_headers,
+        test_failed_job_is_dead_lettered_and_recorded,
+        test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection,
+        test_dead_letter_after_an_idle_spell_keeps_its_reason,
+        test_poison_messages_are_dead_lettered_with_their_reason,
+        test_busy_lock_reschedules_without_counting_an_attempt,
+        test_reply_is_sent_once_per_key_with_the_saved_result,
+        NULL,
+    };
+    return h_run_suite(h_suite("outcomes", 300, tests));
 }
