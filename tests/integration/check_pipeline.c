@@ -11,8 +11,6 @@
 
 #include "harness.h"
 
-#define EFFECT "tests/plugins/effect.so"
-
 static long long effects(PGconn *pg, const char *queue)
 {
     return h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'", queue);
@@ -30,45 +28,26 @@ static long long duplicates(PGconn *pg, const char *queue)
                           "WHERE queue = '%s'", queue);
 }
 
-static void wait_consumers(struct sk_broker *b, const char *queue, uint32_t n)
-{
-    H_WAIT(h_consumers(b, queue) == n, 20000, "expected %u consumers on %s, have %u", n, queue,
-           h_consumers(b, queue));
-}
-
 START_TEST(test_thousand_unique_jobs_have_one_effect_each)
 {
-    h_init();
-    char queue[128];
-    h_unique_name(queue, sizeof(queue), "unique");
-    char *dir = h_tmpdir("unique");
-    char *config = h_write_config(dir, queue, EFFECT, 4, NULL);
-    PGconn *pg = h_pg();
-    struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
-
-    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
-    wait_consumers(b, queue, 4);
+    struct h_run r;
+    h_run_open(&r, "unique");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 4 });
     for (int i = 0; i < 1000; i++) {
         char id[64];
         snprintf(id, sizeof(id), "job-%d", i);
-        h_publish(b, queue, "test", id, NULL, NULL, "ok");
+        h_publish(r.b, r.queue, "test", id, NULL, NULL, "ok");
     }
-    H_WAIT(completed(pg, queue) == 1000, 60000, "expected 1000 completed keys, have %lld",
-           completed(pg, queue));
-    h_stop_sekalid(sekalid, dir);
+    H_WAIT(completed(r.pg, r.queue) == 1000, 60000, "expected 1000 completed keys, have %lld",
+           completed(r.pg, r.queue));
+    h_run_stop(&r);
 
-    /* After a clean stop anything unacked would be back in the queue. */
-    ck_assert_int_eq(h_queue_depth(b, queue), 0);
-    ck_assert_int_eq(effects(pg, queue), 1000);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM (SELECT idempotency_key FROM "
-                                    "sekali_test.effects WHERE queue = '%s' GROUP BY 1 "
-                                    "HAVING count(*) > 1) AS doubled", queue), 0);
-    ck_assert_int_eq(duplicates(pg, queue), 0);
-    sk_broker_close(b);
-    PQfinish(pg);
-    free(config);
-    free(dir);
+    ck_assert_int_eq(effects(r.pg, r.queue), 1000);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM (SELECT idempotency_key FROM "
+                                      "sekali_test.effects WHERE queue = '%s' GROUP BY 1 "
+                                      "HAVING count(*) > 1) AS doubled", r.queue), 0);
+    ck_assert_int_eq(duplicates(r.pg, r.queue), 0);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -97,72 +76,46 @@ static void *produce(void *arg)
 
 START_TEST(test_concurrent_duplicates_run_once_and_are_counted)
 {
-    h_init();
-    char queue[128];
-    h_unique_name(queue, sizeof(queue), "dups");
-    char *dir = h_tmpdir("dups");
-    char *config = h_write_config(dir, queue, EFFECT, 4, NULL);
-    PGconn *pg = h_pg();
-    struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
-
-    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
-    wait_consumers(b, queue, 4);
+    struct h_run r;
+    h_run_open(&r, "dups");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 4 });
     pthread_t threads[4];
     struct producer producers[4];
     for (int i = 0; i < 4; i++) {
-        producers[i] = (struct producer){ .queue = queue, .index = i };
+        producers[i] = (struct producer){ .queue = r.queue, .index = i };
         ck_assert_int_eq(pthread_create(&threads[i], NULL, produce, &producers[i]), 0);
     }
     for (int i = 0; i < 4; i++)
         pthread_join(threads[i], NULL);
 
-    H_WAIT(completed(pg, queue) == 200 && duplicates(pg, queue) == 800, 60000,
+    H_WAIT(completed(r.pg, r.queue) == 200 && duplicates(r.pg, r.queue) == 800, 60000,
            "expected 200 completed keys and 800 duplicates, have %lld and %lld",
-           completed(pg, queue), duplicates(pg, queue));
-    h_stop_sekalid(sekalid, dir);
+           completed(r.pg, r.queue), duplicates(r.pg, r.queue));
+    h_run_stop(&r);
 
-    ck_assert_int_eq(h_queue_depth(b, queue), 0);
-    ck_assert_int_eq(effects(pg, queue), 200);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(DISTINCT idempotency_key) FROM "
-                                    "sekali_test.effects WHERE queue = '%s'", queue), 200);
-    ck_assert_int_eq(duplicates(pg, queue), 800);
-    sk_broker_close(b);
-    PQfinish(pg);
-    free(config);
-    free(dir);
+    ck_assert_int_eq(effects(r.pg, r.queue), 200);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM "
+                                      "sekali_test.effects WHERE queue = '%s'", r.queue), 200);
+    ck_assert_int_eq(duplicates(r.pg, r.queue), 800);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_malformed_message_is_dead_lettered_not_dropped)
 {
-    h_init();
-    char queue[128], dead[160];
-    h_unique_name(queue, sizeof(queue), "poison");
-    snprintf(dead, sizeof(dead), "%s.dead", queue);
-    char *dir = h_tmpdir("poison");
-    char *config = h_write_config(dir, queue, EFFECT, 1, NULL);
-    PGconn *pg = h_pg();
-    struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
+    struct h_run r;
+    h_run_open(&r, "poison");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1 });
+    h_publish(r.b, r.queue, "test", NULL, NULL, NULL, "no message id");
+    h_publish(r.b, r.queue, "test", "good-1", NULL, NULL, "ok");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "expected 1 dead letter in %s, have %u",
+           r.dead, h_queue_depth(r.b, r.dead));
+    H_WAIT(completed(r.pg, r.queue) == 1, 20000,
+           "the good job after the bad one should complete");
+    h_run_stop(&r);
 
-    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
-    wait_consumers(b, queue, 1);
-    h_publish(b, queue, "test", NULL, NULL, NULL, "no message id");
-    h_publish(b, queue, "test", "good-1", NULL, NULL, "ok");
-    H_WAIT(h_queue_depth(b, dead) == 1, 20000, "expected 1 dead letter in %s, have %u", dead,
-           h_queue_depth(b, dead));
-    H_WAIT(completed(pg, queue) == 1, 20000, "the good job after the bad one should complete");
-    h_stop_sekalid(sekalid, dir);
-
-    char log[1024];
-    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
-    ck_assert_int_eq(h_count_lines(log, "malformed message: missing message_id"), 1);
-    ck_assert_int_eq(h_queue_depth(b, queue), 0);
-    sk_broker_close(b);
-    PQfinish(pg);
-    free(config);
-    free(dir);
+    ck_assert_int_eq(h_count_lines(r.log, "malformed message: missing message_id"), 1);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -225,7 +178,7 @@ START_TEST(test_handler_config_failure_stops_without_restart_loop)
     char queue[128];
     h_unique_name(queue, sizeof(queue), "initfail");
     char *dir = h_tmpdir("initfail");
-    char *config = h_write_config(dir, queue, EFFECT, 2, "    config:\n      fail_init: yes\n");
+    char *config = h_write_config(dir, queue, H_EFFECT, 2, "    config:\n      fail_init: yes\n");
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     int status = h_wait_exit(sekalid, 20000, "sekalid whose handler rejects its config");
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "expected exit 2, got 0x%x",
@@ -251,7 +204,7 @@ START_TEST(test_config_check_flag_reports_success)
     char queue[128];
     h_unique_name(queue, sizeof(queue), "check");
     char *dir = h_tmpdir("check");
-    char *config = h_write_config(dir, queue, EFFECT, 1, NULL);
+    char *config = h_write_config(dir, queue, H_EFFECT, 1, NULL);
     char cmd[2048];
     snprintf(cmd, sizeof(cmd), "%s/sekalid -t -c %s 2>&1 | grep -q 'test is successful'",
              h_build_dir(), config);
@@ -263,21 +216,21 @@ END_TEST
 
 int main(void)
 {
+    const TTest *end_to_end[] = {
+        test_thousand_unique_jobs_have_one_effect_each,
+        test_concurrent_duplicates_run_once_and_are_counted,
+        test_malformed_message_is_dead_lettered_not_dropped,
+        NULL,
+    };
+    const TTest *refused_start[] = {
+        test_handler_with_wrong_abi_is_refused_at_start,
+        test_config_error_exits_2_with_position,
+        test_handler_config_failure_stops_without_restart_loop,
+        test_config_check_flag_reports_success,
+        NULL,
+    };
     Suite *s = suite_create("pipeline");
-    TCase *tc = tcase_create("end_to_end");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_thousand_unique_jobs_have_one_effect_each);
-    tcase_add_test(tc, test_concurrent_duplicates_run_once_and_are_counted);
-    tcase_add_test(tc, test_malformed_message_is_dead_lettered_not_dropped);
-    suite_add_tcase(s, tc);
-
-    TCase *refused = tcase_create("refused_start");
-    tcase_set_timeout(refused, 300);
-    tcase_add_test(refused, test_handler_with_wrong_abi_is_refused_at_start);
-    tcase_add_test(refused, test_config_error_exits_2_with_position);
-    tcase_add_test(refused, test_handler_config_failure_stops_without_restart_loop);
-    tcase_add_test(refused, test_config_check_flag_reports_success);
-    suite_add_tcase(s, refused);
-
+    h_tcase(s, "end_to_end", 600, end_to_end);
+    h_tcase(s, "refused_start", 300, refused_start);
     return h_run_suite(s);
 }
