@@ -10,51 +10,9 @@
 
 #include "harness.h"
 
-#define EFFECT "tests/plugins/effect.so"
-#define RELAY  "outbox:\n  relays: 1\n  poll_interval: 200ms\n"
 #define RELAYS "outbox:\n  relays: 2\n  poll_interval: 200ms\n"
 
-struct run {
-    char              queue[128];
-    char             *dir;
-    PGconn           *pg;
-    struct sk_broker *b;
-    pid_t             sekalid;
-};
-
-static void start_with(struct run *r, const char *name, const char *binary,
-                       const char *const *env, int workers, const char *queue_yaml,
-                       const char *top)
-{
-    h_init();
-    h_unique_name(r->queue, sizeof(r->queue), name);
-    r->dir = h_tmpdir(name);
-    char *config = h_write_config_top(r->dir, r->queue, EFFECT, workers, queue_yaml, top);
-    r->pg = h_pg();
-    r->b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
-    r->sekalid = h_start_sekalid(binary, config, r->dir, env);
-    free(config);
-    H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
-           "%d workers should consume %s", workers, r->queue);
-}
-
-static void start(struct run *r, const char *name, const char *binary,
-                  const char *const *env)
-{
-    start_with(r, name, binary, env, 2, NULL, RELAY);
-}
-
-static void finish(struct run *r)
-{
-    h_stop_sekalid(r->sekalid, r->dir);
-    ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
-    sk_broker_close(r->b);
-    PQfinish(r->pg);
-    free(r->dir);
-}
-
-static long long effects(struct run *r, const char *key)
+static long long effects(struct h_run *r, const char *key)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
                              "AND idempotency_key = '%s'", r->queue, key);
@@ -62,8 +20,9 @@ static long long effects(struct run *r, const char *key)
 
 START_TEST(test_enqueue_in_a_rolled_back_transaction_publishes_nothing)
 {
-    struct run r;
-    start(&r, "rollback", "sekalid", NULL);
+    struct h_run r;
+    h_run_open(&r, "rollback");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .top_yaml = H_RELAY });
     h_pg_exec(r.pg, "BEGIN");
     h_enqueue(r.pg, r.queue, "k-rolled-back", NULL, NULL);
     h_pg_exec(r.pg, "ROLLBACK");
@@ -75,7 +34,8 @@ START_TEST(test_enqueue_in_a_rolled_back_transaction_publishes_nothing)
     ck_assert_int_eq(effects(&r, "k-rolled-back"), 0);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
                                 r.queue), 1);
-    finish(&r);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -100,8 +60,9 @@ static void *produce(void *arg)
 
 START_TEST(test_one_dedupe_key_from_eight_connections_gives_one_job)
 {
-    struct run r;
-    start(&r, "dedupe", "sekalid", NULL);
+    struct h_run r;
+    h_run_open(&r, "dedupe");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .top_yaml = H_RELAY });
     /* Of this run alone: the test database outlives runs, and a key some
      * interrupted run left held would hand out that run's job. */
     char dedupe_key[160];
@@ -133,7 +94,8 @@ START_TEST(test_one_dedupe_key_from_eight_connections_gives_one_job)
     const char *second = h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL);
     ck_assert_str_ne(second, first);
     H_WAIT(effects(&r, second) == 1, 20000, "the second job should run");
-    finish(&r);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -155,20 +117,19 @@ static const char *dedupe_state(PGconn *pg, const char *dedupe_key, const char *
  * key admits a new job. */
 START_TEST(test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_completes)
 {
-    struct run r;
-    h_init();
-    char *marks = h_tmpdir("dedupekill-marks");
+    struct h_run r;
+    h_run_open(&r, "dedupekill");
     char yaml[1200];
     /* The dead worker's lock must expire before the rerun can take it. */
-    snprintf(yaml, sizeof(yaml), "    lock_ttl: 2s\n    config:\n      marker_dir: %s\n", marks);
-    start_with(&r, "dedupekill", "sekalid", NULL, 2, yaml, RELAY);
+    snprintf(yaml, sizeof(yaml), "    lock_ttl: 2s\n    config:\n      marker_dir: %s\n", r.dir);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = yaml, .top_yaml = H_RELAY });
     char dedupe_key[160], job_id[128];
     snprintf(dedupe_key, sizeof(dedupe_key), "dedupe-%s", r.queue);
     snprintf(job_id, sizeof(job_id), "%s", h_enqueue_body(r.pg, r.queue, "stall", NULL,
                                                           dedupe_key, NULL));
 
-    H_WAIT(h_stalled_pid(marks) != 0, 20000, "the handler never reached its stall point");
-    pid_t victim = h_stalled_pid(marks);
+    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = h_stalled_pid(r.dir);
     ck_assert_str_eq(dedupe_state(r.pg, dedupe_key, job_id), "held");
     ck_assert_str_eq(h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL), job_id);
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
@@ -183,8 +144,8 @@ START_TEST(test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_comple
     const char *next = h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL);
     ck_assert_str_ne(next, job_id);
     H_WAIT(effects(&r, next) == 1, 20000, "the job enqueued after the release should run");
-    finish(&r);
-    free(marks);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -192,14 +153,14 @@ END_TEST
  * failure releases its dedupe key: a failed job must not block the key. */
 START_TEST(test_dead_lettered_job_releases_its_dedupe_key)
 {
-    struct run r;
-    start(&r, "dedupedead", "sekalid", NULL);
-    char dedupe_key[160], job_id[128], dead[160];
+    struct h_run r;
+    h_run_open(&r, "dedupedead");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .top_yaml = H_RELAY });
+    char dedupe_key[160], job_id[128];
     snprintf(dedupe_key, sizeof(dedupe_key), "dedupe-%s", r.queue);
-    snprintf(dead, sizeof(dead), "%s.dead", r.queue);
     snprintf(job_id, sizeof(job_id), "%s", h_enqueue_body(r.pg, r.queue, "fail", NULL,
                                                           dedupe_key, NULL));
-    H_WAIT(h_queue_depth(r.b, dead) == 1, 20000, "the failing job should be dead-lettered");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "the failing job should be dead-lettered");
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
                                       "queue = '%s' AND key = '%s' AND status = 'failed'",
                                 r.queue, job_id), 1);
@@ -207,14 +168,16 @@ START_TEST(test_dead_lettered_job_releases_its_dedupe_key)
     const char *next = h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL);
     ck_assert_str_ne(next, job_id);
     H_WAIT(effects(&r, next) == 1, 20000, "the job enqueued after the release should run");
-    finish(&r);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_scheduled_job_is_not_published_before_run_at)
 {
-    struct run r;
-    start(&r, "scheduled", "sekalid", NULL);
+    struct h_run r;
+    h_run_open(&r, "scheduled");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .top_yaml = H_RELAY });
     PGresult *res = PQexec(r.pg, "SELECT now() + interval '2 seconds'");
     char run_at[64];
     snprintf(run_at, sizeof(run_at), "%s", PQgetvalue(res, 0, 0));
@@ -225,7 +188,8 @@ START_TEST(test_scheduled_job_is_not_published_before_run_at)
                                       "AND published_at >= run_at", r.queue), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
                                       "'%s' AND created_at >= '%s'", r.queue, run_at), 1);
-    finish(&r);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -234,8 +198,9 @@ END_TEST
  * and stays unpublished, and the rows around it are published and run. */
 START_TEST(test_unroutable_row_is_marked_and_its_batch_still_published)
 {
-    struct run r;
-    start(&r, "unroutable", "sekalid", NULL);
+    struct h_run r;
+    h_run_open(&r, "unroutable");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .top_yaml = H_RELAY });
     char missing[160];
     snprintf(missing, sizeof(missing), "%s-missing", r.queue);
     /* One transaction: one now(), so the relay's order is insertion order. */
@@ -258,27 +223,24 @@ START_TEST(test_unroutable_row_is_marked_and_its_batch_still_published)
                                 r.queue), 10);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM "
                                       "sekali_test.effects WHERE queue = '%s'", r.queue), 10);
-    char log[1024], want[256];
-    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
+    char want[256];
     snprintf(want, sizeof(want), "for queue %s not published", missing);
-    ck_assert_int_eq(h_count_lines(log, want), 1);
-    finish(&r);
+    ck_assert_int_eq(h_count_lines(r.log, want), 1);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
 {
-    struct run r;
-    h_init();
-    char *dir = h_tmpdir("relaymark");
-    char mark[1024], mark_env[1100];
-    snprintf(mark, sizeof(mark), "%s/failpoint.mark", dir);
-    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", mark);
+    struct h_run r;
+    h_run_open(&r, "relaymark");
     const char *env[] = { "SEKALI_FAILPOINT=after_publish:k-twice", "SEKALI_FAILPOINT_ONCE=1",
-                          mark_env, NULL };
-    start(&r, "relaymark", "fault/sekalid", env);
+                          NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 2,
+                                          .top_yaml = H_RELAY });
     h_enqueue(r.pg, r.queue, "k-twice", NULL, NULL);
-    H_WAIT(access(mark, F_OK) == 0, 20000, "the relay should die between publish and mark");
+    H_WAIT(access(r.mark, F_OK) == 0, 20000, "the relay should die between publish and mark");
     H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
                             "WHERE queue = '%s'", r.queue) == 1, 30000,
            "the second publish should arrive as a counted duplicate");
@@ -288,8 +250,8 @@ START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' AND "
                             "published_at IS NOT NULL", r.queue) == 1, 20000,
            "the second relay should mark the row published");
-    finish(&r);
-    free(dir);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -298,8 +260,9 @@ END_TEST
  * effect once. */
 START_TEST(test_two_relays_publish_five_thousand_rows_once_each)
 {
-    struct run r;
-    start_with(&r, "tworelays", "sekalid", NULL, 4, NULL, RELAYS);
+    struct h_run r;
+    h_run_open(&r, "tworelays");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 4, .top_yaml = RELAYS });
     char sql[512];
     snprintf(sql, sizeof(sql), "SELECT count(sekali.enqueue('%s', 'test', 'ok'::bytea, "
              "'k-' || i)) FROM generate_series(1, 5000) AS i", r.queue);
@@ -315,10 +278,9 @@ START_TEST(test_two_relays_publish_five_thousand_rows_once_each)
                                       "'%s'", r.queue), 5000);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM "
                                       "sekali.idempotency_keys WHERE queue = '%s'", r.queue), 0);
-    char log[1024];
-    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
-    ck_assert_int_eq(h_count_lines(log, "outbox relay started"), 2);
-    finish(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "outbox relay started"), 2);
+    h_run_stop(&r);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -327,9 +289,11 @@ END_TEST
  * still happen exactly once. */
 START_TEST(test_job_chains_survive_worker_kills_with_each_link_once)
 {
-    struct run r;
+    struct h_run r;
     /* A killed worker's lock outlives it by its TTL: keep that short. */
-    start_with(&r, "chain", "sekalid", NULL, 3, "    lock_ttl: 1s\n", RELAY);
+    h_run_open(&r, "chain");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 3, .queue_yaml = "    lock_ttl: 1s\n",
+                                          .top_yaml = H_RELAY });
     for (int i = 0; i < 20; i++) {
         char key[32];
         snprintf(key, sizeof(key), "chain-%d", i);
@@ -352,32 +316,30 @@ START_TEST(test_job_chains_survive_worker_kills_with_each_link_once)
     }
     ck_assert_int_ge(kills, 1);
     H_WAIT(h_pg_count(r.pg, count, r.queue) >= 60, 60000, "all 60 links should run");
-    finish(&r);
-    PGconn *pg = h_pg();
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
-                                    "'%s'", r.queue), 60);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(DISTINCT idempotency_key) FROM "
-                                    "sekali_test.effects WHERE queue = '%s'", r.queue), 60);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
-                                    "'%s' AND idempotency_key LIKE '%%++'", r.queue), 20);
-    PQfinish(pg);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), 60);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM "
+                                      "sekali_test.effects WHERE queue = '%s'", r.queue), 60);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND idempotency_key LIKE '%%++'", r.queue), 20);
+    h_run_close(&r);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("outbox");
-    TCase *tc = tcase_create("outbox");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_enqueue_in_a_rolled_back_transaction_publishes_nothing);
-    tcase_add_test(tc, test_one_dedupe_key_from_eight_connections_gives_one_job);
-    tcase_add_test(tc, test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_completes);
-    tcase_add_test(tc, test_dead_lettered_job_releases_its_dedupe_key);
-    tcase_add_test(tc, test_scheduled_job_is_not_published_before_run_at);
-    tcase_add_test(tc, test_unroutable_row_is_marked_and_its_batch_still_published);
-    tcase_add_test(tc, test_relay_killed_between_publish_and_mark_publishes_twice_runs_once);
-    tcase_add_test(tc, test_two_relays_publish_five_thousand_rows_once_each);
-    tcase_add_test(tc, test_job_chains_survive_worker_kills_with_each_link_once);
-    suite_add_tcase(s, tc);
-    return h_run_suite(s);
+    const TTest *tests[] = {
+        test_enqueue_in_a_rolled_back_transaction_publishes_nothing,
+        test_one_dedupe_key_from_eight_connections_gives_one_job,
+        test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_completes,
+        test_dead_lettered_job_releases_its_dedupe_key,
+        test_scheduled_job_is_not_published_before_run_at,
+        test_unroutable_row_is_marked_and_its_batch_still_published,
+        test_relay_killed_between_publish_and_mark_publishes_twice_runs_once,
+        test_two_relays_publish_five_thousand_rows_once_each,
+        test_job_chains_survive_worker_kills_with_each_link_once,
+        NULL,
+    };
+    return h_run_suite(h_suite("outbox", 300, tests));
 }
