@@ -17,19 +17,10 @@
 
 #include "harness.h"
 
-#define EFFECT "tests/plugins/effect.so"
-#define FAST_RETRIES "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 50ms\n"
-
 struct run {
-    char              queue[128];
-    char              dead[160];
-    char             *dir;
-    char             *config;
-    char              scrape[1024];  /* the last scrape's file */
-    int               port;
-    PGconn           *pg;
-    struct sk_broker *b;
-    pid_t             sekalid;
+    struct h_run h;
+    char         scrape[1024];  /* the last scrape's file */
+    int          port;          /* of the metrics endpoint */
 };
 
 /* A listening socket on a loopback port the kernel chose; *port gets it. */
@@ -48,10 +39,7 @@ static int listen_anywhere(int *port)
 /* extra: more top-level YAML (sections other than metrics and janitor), or NULL. */
 static void start_with(struct run *r, const char *name, int workers, const char *extra)
 {
-    h_init();
-    h_unique_name(r->queue, sizeof(r->queue), name);
-    snprintf(r->dead, sizeof(r->dead), "%s.dead", r->queue);
-    r->dir = h_tmpdir(name);
+    h_run_open(&r->h, name);
     /* Free now; the small race with another process taking it would fail
      * this test loudly (exit 2), never quietly. */
     close(listen_anywhere(&r->port));
@@ -59,27 +47,14 @@ static void start_with(struct run *r, const char *name, int workers, const char 
     /* No janitor: the tests count the supervisor's children. */
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n%s",
              r->port, extra != NULL ? extra : "");
-    r->config = h_write_config_top(r->dir, r->queue, EFFECT, workers, FAST_RETRIES, top);
-    snprintf(r->scrape, sizeof(r->scrape), "%s/metrics.txt", r->dir);
-    r->pg = h_pg();
-    r->b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
-    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, NULL);
-    H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)workers, 20000,
-           "%d workers should consume %s", workers, r->queue);
+    snprintf(r->scrape, sizeof(r->scrape), "%s/metrics.txt", r->h.dir);
+    h_run_start(&r->h, &(struct h_run_opts){ .workers = workers, .queue_yaml = H_FAST_RETRIES,
+                                             .top_yaml = top });
 }
 
 static void start(struct run *r, const char *name, int workers)
 {
     start_with(r, name, workers, NULL);
-}
-
-static void done(struct run *r)
-{
-    sk_broker_close(r->b);
-    PQfinish(r->pg);
-    free(r->config);
-    free(r->dir);
 }
 
 /* GET path with curl; returns the HTTP status, 0 if none. The body goes to
@@ -88,7 +63,7 @@ static int get(struct run *r, const char *path)
 {
     char cmd[2048];
     snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s/response.txt -w '%%{http_code}' "
-             "http://127.0.0.1:%d%s", r->dir, r->port, path);
+             "http://127.0.0.1:%d%s", r->h.dir, r->port, path);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     int status = 0;
@@ -127,7 +102,7 @@ static double typed(const struct run *r, const char *text, const char *name,
                     const char *job_type, const char *more_labels)
 {
     char series[512];
-    snprintf(series, sizeof(series), "%s{queue=\"%s\",job_type=\"%s\"%s}", name, r->queue,
+    snprintf(series, sizeof(series), "%s{queue=\"%s\",job_type=\"%s\"%s}", name, r->h.queue,
              job_type, more_labels != NULL ? more_labels : "");
     return value(text, series);
 }
@@ -141,7 +116,7 @@ static double of_queue(const char *text, const char *name, const char *queue)
 
 static double per_queue(const struct run *r, const char *text, const char *name)
 {
-    return of_queue(text, name, r->queue);
+    return of_queue(text, name, r->h.queue);
 }
 
 static double dead(const struct run *r, const char *text, const char *job_type,
@@ -189,8 +164,8 @@ static void finish(struct run *r, char *last_scrape)
 {
     expect_valid_exposition(r, last_scrape);
     free(last_scrape);
-    h_stop_sekalid(r->sekalid, r->dir);
-    done(r);
+    h_stop_sekalid(r->h.sekalid, r->h.dir);
+    h_run_close(&r->h);
 }
 
 /* The workload: 20 unique jobs, then 5 copies of 5 of them, 2 jobs that ask
@@ -204,26 +179,26 @@ START_TEST(test_counters_equal_what_happened)
     char id[64];
     for (int i = 0; i < 20; i++) {
         snprintf(id, sizeof(id), "job-%d", i);
-        h_publish(r.b, r.queue, "test", id, NULL, NULL, "ok");
+        h_publish(r.h.b, r.h.queue, "test", id, NULL, NULL, "ok");
     }
-    h_publish(r.b, r.queue, "test", "retry-1", NULL, NULL, "retry");
-    h_publish(r.b, r.queue, "test", "retry-2", NULL, NULL, "retry");
-    h_publish(r.b, r.queue, "audit", "fail-1", NULL, NULL, "fail");
-    h_publish_raw(r.b, r.queue, NULL, "test", NULL, 0, "{}", 2);
-    h_publish_raw(r.b, r.queue, NULL, "test", NULL, 0, "{}", 2);
-    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
-                      r.queue) == 22, 30000, "20 jobs and 2 retried ones should commit");
+    h_publish(r.h.b, r.h.queue, "test", "retry-1", NULL, NULL, "retry");
+    h_publish(r.h.b, r.h.queue, "test", "retry-2", NULL, NULL, "retry");
+    h_publish(r.h.b, r.h.queue, "audit", "fail-1", NULL, NULL, "fail");
+    h_publish_raw(r.h.b, r.h.queue, NULL, "test", NULL, 0, "{}", 2);
+    h_publish_raw(r.h.b, r.h.queue, NULL, "test", NULL, 0, "{}", 2);
+    H_WAIT(h_pg_count(r.h.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      r.h.queue) == 22, 30000, "20 jobs and 2 retried ones should commit");
     for (int i = 0; i < 5; i++) {
         snprintf(id, sizeof(id), "copy-%d", i);
         char key[64];
         snprintf(key, sizeof(key), "job-%d", i);
-        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+        h_publish(r.h.b, r.h.queue, "test", id, key, NULL, "ok");
     }
-    H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
-                      "WHERE queue = '%s'", r.queue) == 5, 30000,
+    H_WAIT(h_pg_count(r.h.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
+                      "WHERE queue = '%s'", r.h.queue) == 5, 30000,
            "the 5 copies should be suppressed as duplicates");
-    H_WAIT(h_queue_depth(r.b, r.dead) == 3, 30000, "expected 3 dead letters, have %u",
-           h_queue_depth(r.b, r.dead));
+    H_WAIT(h_queue_depth(r.h.b, r.h.dead) == 3, 30000, "expected 3 dead letters, have %u",
+           h_queue_depth(r.h.b, r.h.dead));
 
     /* A counter moves just after the fact it counts (the commit, the
      * confirm), so wait until the last ones caught up, then compare all. */
@@ -234,7 +209,7 @@ START_TEST(test_counters_equal_what_happened)
             dead(&r, text, "", "malformed") == 2 && dead(&r, text, "audit", "failed") == 1),
            20000, "the counters should reach the workload's totals; last scrape in %s",
            r.scrape);
-    ck_assert_int_eq(h_queue_depth(r.b, r.queue), 0);
+    ck_assert_int_eq(h_queue_depth(r.h.b, r.h.queue), 0);
 
     static const struct { const char *type, *name; double want; } expect[] = {
         { "test", "sekali_deliveries_total", 29 },      /* 20 + 5 copies + 2 x 2 attempts */
@@ -279,8 +254,8 @@ START_TEST(test_counters_equal_what_happened)
 
     ck_assert_int_eq(get(&r, "/"), 404);
     ck_assert_int_eq(get(&r, "/metrics/extra"), 404);
-    h_stop_sekalid(r.sekalid, r.dir);
-    done(&r);
+    h_stop_sekalid(r.h.sekalid, r.h.dir);
+    h_run_close(&r.h);
 }
 END_TEST
 
@@ -346,10 +321,10 @@ START_TEST(test_restarted_worker_is_counted_and_only_the_supervisor_listens)
     struct run r;
     start(&r, "metrics-restart", 2);
     pid_t workers[8];
-    ck_assert_int_eq(children(r.sekalid, workers, 8), 2);
+    ck_assert_int_eq(children(r.h.sekalid, workers, 8), 2);
     unsigned long inode = listening_inode(r.port);
     ck_assert_msg(inode != 0, "nothing listens on 127.0.0.1:%d", r.port);
-    ck_assert_msg(holds_socket(r.sekalid, inode), "the supervisor should hold the socket");
+    ck_assert_msg(holds_socket(r.h.sekalid, inode), "the supervisor should hold the socket");
     for (int i = 0; i < 2; i++)
         ck_assert_msg(!holds_socket(workers[i], inode),
                       "worker %ld still holds the metrics socket", (long)workers[i]);
@@ -374,15 +349,15 @@ START_TEST(test_reload_keeps_the_endpoint_and_serves_the_new_generation)
     char *text = scrape(&r);
     ck_assert(per_queue(&r, text, "sekali_workers_up") == 2);
     free(text);
-    char *config = h_read_file(r.config);
+    char *config = h_read_file(r.h.config);
     char *workers = strstr(config, "workers: 2");
     ck_assert_ptr_nonnull(workers);
     workers[9] = '3';
-    FILE *f = fopen(r.config, "w");
+    FILE *f = fopen(r.h.config, "w");
     fputs(config, f);
     fclose(f);
     free(config);
-    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    ck_assert_int_eq(kill(r.h.sekalid, SIGHUP), 0);
     text = NULL;
     H_WAIT((free(text), text = scrape(&r), per_queue(&r, text, "sekali_workers_up") == 3),
            20000, "after the reload the endpoint should show 3 workers; last scrape in %s",
@@ -401,15 +376,15 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
     struct run r;
     start_with(&r, "metrics-outbox", 1, "outbox:\n  relays: 1\n  poll_interval: 100ms\n");
     char missing[160];
-    snprintf(missing, sizeof(missing), "%s-missing", r.queue);
+    snprintf(missing, sizeof(missing), "%s-missing", r.h.queue);
     char key[32];
-    h_pg_exec(r.pg, "BEGIN");
+    h_pg_exec(r.h.pg, "BEGIN");
     for (int i = 0; i < 10; i++) {
         snprintf(key, sizeof(key), "k-%d", i);
-        h_enqueue(r.pg, r.queue, key, NULL, NULL);
+        h_enqueue(r.h.pg, r.h.queue, key, NULL, NULL);
     }
-    h_enqueue(r.pg, missing, "k-missing", NULL, NULL);
-    h_pg_exec(r.pg, "COMMIT");
+    h_enqueue(r.h.pg, missing, "k-missing", NULL, NULL);
+    h_pg_exec(r.h.pg, "COMMIT");
     char *text = NULL;
     H_WAIT((free(text), text = scrape(&r),
             per_queue(&r, text, "sekali_outbox_published_total") == 10 &&
@@ -423,12 +398,12 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
 
     /* A row due in a moment, locked by this test before it is due: the
      * relay's SKIP LOCKED passes it by, so it waits, and lags. */
-    PGresult *res = PQexec(r.pg, "SELECT now() + interval '300 milliseconds'");
+    PGresult *res = PQexec(r.h.pg, "SELECT now() + interval '300 milliseconds'");
     char run_at[64];
     snprintf(run_at, sizeof(run_at), "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
     char held_id[128];
-    snprintf(held_id, sizeof(held_id), "%s", h_enqueue(r.pg, r.queue, "k-held", NULL, run_at));
+    snprintf(held_id, sizeof(held_id), "%s", h_enqueue(r.h.pg, r.h.queue, "k-held", NULL, run_at));
     PGconn *holder = h_pg();
     h_pg_exec(holder, "BEGIN");
     ck_assert_int_eq(h_pg_count(holder, "SELECT count(*) FROM (SELECT 1 FROM sekali.outbox "
@@ -439,12 +414,12 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
             per_queue(&r, text, "sekali_outbox_lag_seconds") >= 2),
            20000, "the held row should show as pending and lagging; last scrape in %s",
            r.scrape);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
-                                      "'%s' AND idempotency_key = 'k-held'", r.queue), 0);
+    ck_assert_int_eq(h_pg_count(r.h.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                        "'%s' AND idempotency_key = 'k-held'", r.h.queue), 0);
     h_pg_exec(holder, "COMMIT");
     PQfinish(holder);
-    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' AND "
-                            "idempotency_key = 'k-held'", r.queue) == 1, 20000,
+    H_WAIT(h_pg_count(r.h.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' AND "
+                              "idempotency_key = 'k-held'", r.h.queue) == 1, 20000,
            "the released row should be published and run");
     H_WAIT((free(text), text = scrape(&r),
             per_queue(&r, text, "sekali_outbox_published_total") == 11 &&
@@ -468,7 +443,7 @@ START_TEST(test_taken_port_stops_sekalid_with_exit_2)
     int fd = listen_anywhere(&port);
     char top[128];
     snprintf(top, sizeof(top), "metrics: {listen: \"127.0.0.1:%d\"}\n", port);
-    char *config = h_write_config_top(dir, queue, EFFECT, 1, NULL, top);
+    char *config = h_write_config_top(dir, queue, H_EFFECT, 1, NULL, top);
 
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     int status = h_wait_exit(sekalid, 10000, "sekalid with a taken metrics port");
@@ -488,14 +463,13 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("metrics");
-    TCase *tc = tcase_create("metrics");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_counters_equal_what_happened);
-    tcase_add_test(tc, test_restarted_worker_is_counted_and_only_the_supervisor_listens);
-    tcase_add_test(tc, test_reload_keeps_the_endpoint_and_serves_the_new_generation);
-    tcase_add_test(tc, test_taken_port_stops_sekalid_with_exit_2);
-    tcase_add_test(tc, test_outbox_publishes_refusals_and_lag_are_measured);
-    suite_add_tcase(s, tc);
-    return h_run_suite(s);
+    const TTest *tests[] = {
+        test_counters_equal_what_happened,
+        test_restarted_worker_is_counted_and_only_the_supervisor_listens,
+        test_reload_keeps_the_endpoint_and_serves_the_new_generation,
+        test_taken_port_stops_sekalid_with_exit_2,
+        test_outbox_publishes_refusals_and_lag_are_measured,
+        NULL,
+    };
+    return h_run_suite(h_suite("metrics", 300, tests));
 }
