@@ -14,7 +14,6 @@
 #include "harness.h"
 
 #define PYTHON "/usr/bin/python3"  /* Debian's, with python3-psycopg; not a pyenv shim */
-#define RELAY  "outbox:\n  relays: 1\n  poll_interval: 200ms\n"
 
 /* The first ```python block of README.md, or NULL; the caller frees. */
 static char *readme_python(void)
@@ -72,71 +71,59 @@ static int run_script(const char *script, const char *dsn, const char *dir, char
  * key, and no second job exists. */
 START_TEST(test_readme_python_producer_enqueues_in_the_business_transaction)
 {
-    h_init();
-    char queue[128];
-    h_unique_name(queue, sizeof(queue), "example");
-    char *dir = h_tmpdir("example");
-    PGconn *pg = h_pg();
+    struct h_run r;
+    h_run_open(&r, "example");
     char *invoices_sql = h_read_file("examples/invoice.sql");
     ck_assert_ptr_nonnull(invoices_sql);
-    h_pg_exec(pg, invoices_sql);
+    h_pg_exec(r.pg, invoices_sql);
     free(invoices_sql);
     /* The example's `orders` table, in a schema of its own on the search path. */
-    h_pg_exec(pg, "CREATE SCHEMA IF NOT EXISTS sekali_example");
-    h_pg_exec(pg, "CREATE TABLE IF NOT EXISTS sekali_example.orders "
-                  "(id text PRIMARY KEY, amount_cents bigint NOT NULL)");
-    h_pg_exec(pg, "DELETE FROM sekali_example.orders WHERE id = 'A-7'");
-
-    char *config = h_write_config_top(dir, queue, "handlers/invoice.so", 1,
-                                      "    config: {table: invoices}\n", RELAY);
-    struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
-    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
-    H_WAIT(h_consumers(b, queue) == 1, 20000, "a worker should consume %s", queue);
+    h_pg_exec(r.pg, "CREATE SCHEMA IF NOT EXISTS sekali_example");
+    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_example.orders "
+                    "(id text PRIMARY KEY, amount_cents bigint NOT NULL)");
+    h_pg_exec(r.pg, "DELETE FROM sekali_example.orders WHERE id = 'A-7'");
+    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/invoice.so", .workers = 1,
+                                          .queue_yaml = "    config: {table: invoices}\n",
+                                          .top_yaml = H_RELAY });
 
     char *block = readme_python();
     ck_assert_msg(block != NULL, "README.md has no ```python block");
-    char *script = write_script(dir, block, queue);
+    char *script = write_script(r.dir, block, r.queue);
     char dsn[1024];
     snprintf(dsn, sizeof(dsn), "%s options=-csearch_path=sekali_example", h_pg_conninfo());
     char job_id[256];
-    ck_assert_msg(run_script(script, dsn, dir, job_id, sizeof(job_id)) == 0,
-                  "%s failed: see %s/producer.err", script, dir);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_example.orders WHERE id = "
-                                    "'A-7'"), 1);
-    H_WAIT(h_pg_count(pg, "SELECT count(*) FROM invoices WHERE job_id = '%s' AND order_id = "
-                          "'A-7' AND amount_cents = 1250", job_id) == 1, 20000,
+    ck_assert_msg(run_script(script, dsn, r.dir, job_id, sizeof(job_id)) == 0,
+                  "%s failed: see %s/producer.err", script, r.dir);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_example.orders WHERE id = "
+                                      "'A-7'"), 1);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM invoices WHERE job_id = '%s' AND order_id = "
+                            "'A-7' AND amount_cents = 1250", job_id) == 1, 20000,
            "the invoice for job %s should be made", job_id);
 
     char again[256];
-    ck_assert_msg(run_script(script, dsn, dir, again, sizeof(again)) != 0,
+    ck_assert_msg(run_script(script, dsn, r.dir, again, sizeof(again)) != 0,
                   "the second run should fail on the order's primary key");
     char errors[1024];
-    snprintf(errors, sizeof(errors), "%s/producer.err", dir);
+    snprintf(errors, sizeof(errors), "%s/producer.err", r.dir);
     ck_assert_int_eq(h_count_lines(errors, "duplicate key value"), 1);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
-                                queue), 1);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
-                                    "queue = '%s' AND key = 'order-A-7' AND "
-                                    "status = 'completed'", queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
+                                r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'order-A-7' AND "
+                                      "status = 'completed'", r.queue), 1);
 
-    h_stop_sekalid(sekalid, dir);
-    ck_assert_int_eq(h_queue_depth(b, queue), 0);
-    sk_broker_close(b);
-    PQfinish(pg);
+    h_run_stop(&r);
+    h_run_close(&r);
     free(script);
     free(block);
-    free(config);
-    free(dir);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("examples");
-    TCase *tc = tcase_create("examples");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_readme_python_producer_enqueues_in_the_business_transaction);
-    suite_add_tcase(s, tc);
-    return h_run_suite(s);
+    const TTest *tests[] = {
+        test_readme_python_producer_enqueues_in_the_business_transaction,
+        NULL,
+    };
+    return h_run_suite(h_suite("examples", 120, tests));
 }
