@@ -22,14 +22,20 @@ static char *run(const char *cmd)
     return out;
 }
 
-START_TEST(test_install_lays_out_every_file_and_keeps_an_existing_config)
+/* `make install` of this build into dir/usr, with its configuration in dir/etc. */
+static void install_into(const char *dir)
 {
-    h_init();
-    char *dir = h_tmpdir("install");
     char cmd[4096];
     snprintf(cmd, sizeof(cmd), "make -s install B=%s PREFIX=%s/usr SYSCONFDIR=%s/etc 2>&1",
              h_build_dir(), dir, dir);
     run(cmd);
+}
+
+START_TEST(test_install_lays_out_every_file_and_keeps_an_existing_config)
+{
+    h_init();
+    char *dir = h_tmpdir("install");
+    install_into(dir);
     static const char *const files[] = {
         "usr/bin/sekalid", "usr/bin/sekalictl", "usr/lib/sekali/handlers/invoice.so",
         "usr/include/sekali/handler.h", "usr/lib/pkgconfig/sekali.pc",
@@ -43,6 +49,7 @@ START_TEST(test_install_lays_out_every_file_and_keeps_an_existing_config)
     }
 
     /* An operator's configuration survives a reinstall. */
+    char cmd[4096];
     snprintf(cmd, sizeof(cmd), "echo '# mine' > %s/etc/sekali/sekali.yaml && "
              "make -s install B=%s PREFIX=%s/usr SYSCONFDIR=%s/etc 2>&1 && "
              "cat %s/etc/sekali/sekali.yaml", dir, h_build_dir(), dir, dir, dir);
@@ -61,11 +68,8 @@ START_TEST(test_unit_verifies_and_rates_2_0_or_lower)
 {
     h_init();
     char *dir = h_tmpdir("unit");
-    char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "make -s install B=%s PREFIX=%s/usr SYSCONFDIR=%s/etc 2>&1",
-             h_build_dir(), dir, dir);
-    run(cmd);
-    char unit[2048];
+    install_into(dir);
+    char unit[2048], cmd[4096];
     snprintf(unit, sizeof(unit), "%s/usr/lib/systemd/system/sekali.service", dir);
     snprintf(cmd, sizeof(cmd), "systemd-analyze verify %s 2>&1", unit);
     ck_assert_str_eq(run(cmd), "");
@@ -82,11 +86,10 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("install");
-    TCase *tc = tcase_create("install");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_install_lays_out_every_file_and_keeps_an_existing_config);
-    tcase_add_test(tc, test_unit_verifies_and_rates_2_0_or_lower);
-    suite_add_tcase(s, tc);
-    return h_run_suite(s);
+    const TTest *tests[] = {
+        test_install_lays_out_every_file_and_keeps_an_existing_config,
+        test_unit_verifies_and_rates_2_0_or_lower,
+        NULL,
+    };
+    return h_run_suite(h_suite("install", 120, tests));
 }
