@@ -16,8 +16,6 @@
 
 #include "harness.h"
 
-#define EFFECT "tests/plugins/effect.so"
-
 /* The state letter of /proc/PID/stat: 'T' once SIGSTOP took effect. */
 static char process_state(pid_t pid)
 {
@@ -33,117 +31,93 @@ static char process_state(pid_t pid)
     return close_paren != NULL && close_paren[1] == ' ' ? close_paren[2] : '?';
 }
 
-static long long key_value(PGconn *pg, const char *queue, const char *column)
+static long long key_value(const struct h_run *r, const char *column)
 {
-    return h_pg_count(pg, "SELECT %s FROM sekali.idempotency_keys WHERE queue = '%s' "
-                          "AND key = 'pay-1'", column, queue);
+    return h_pg_count(r->pg, "SELECT %s FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND key = 'pay-1'", column, r->queue);
 }
 
 START_TEST(test_stalled_worker_is_fenced_out_after_a_takeover)
 {
-    h_init();
-    char queue[128];
-    h_unique_name(queue, sizeof(queue), "external");
-    char *dir = h_tmpdir("external");
+    struct h_run r;
+    h_run_open(&r, "external");
     char extra[1200];
     /* No Redis lock: the lease alone must keep the outcome single. */
     snprintf(extra, sizeof(extra), "    mode: external\n    lease: 1s\n    lock: false\n"
-             "    config:\n      marker_dir: %s\n", dir);
-    char *config = h_write_config(dir, queue, EFFECT, 2, extra);
-    PGconn *pg = h_pg();
-    struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
-    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
-    H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
+             "    config:\n      marker_dir: %s\n", r.dir);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = extra });
 
-    h_publish(b, queue, "test", "pay-1-a", "pay-1", NULL, "pay");
-    H_WAIT(h_stalled_pid(dir) != 0, 20000, "worker A never reached its handler");
-    pid_t a = h_stalled_pid(dir);
+    h_publish(r.b, r.queue, "test", "pay-1-a", "pay-1", NULL, "pay");
+    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "worker A never reached its handler");
+    pid_t a = h_stalled_pid(r.dir);
     ck_assert_int_eq(kill(a, SIGSTOP), 0);
     H_WAIT(process_state(a) == 'T', 5000, "worker %ld should be stopped", (long)a);
-    H_WAIT(h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' AND "
-                          "key = 'pay-1' AND lease_until < now()", queue) == 1, 10000,
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                            "AND key = 'pay-1' AND lease_until < now()", r.queue) == 1, 10000,
            "A's lease should run out while A is frozen");
 
-    h_publish(b, queue, "test", "pay-1-b", "pay-1", NULL, "pay");
-    H_WAIT(h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' AND "
-                          "key = 'pay-1' AND status = 'completed'", queue) == 1, 20000,
+    h_publish(r.b, r.queue, "test", "pay-1-b", "pay-1", NULL, "pay");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                            "AND key = 'pay-1' AND status = 'completed'", r.queue) == 1, 20000,
            "worker B should take over and complete");
-    ck_assert_int_eq(key_value(pg, queue, "fence"), 2);
+    ck_assert_int_eq(key_value(&r, "fence"), 2);
 
     char release[1024];
-    snprintf(release, sizeof(release), "%s/release", dir);
+    snprintf(release, sizeof(release), "%s/release", r.dir);
     FILE *f = fopen(release, "w");
     ck_assert_ptr_nonnull(f);
     fclose(f);
     ck_assert_int_eq(kill(a, SIGCONT), 0);
-    H_WAIT(key_value(pg, queue, "fenced_out") == 1, 20000,
+    H_WAIT(key_value(&r, "fenced_out") == 1, 20000,
            "A's late completion should be fenced out and counted");
-    h_stop_sekalid(sekalid, dir);
+    h_run_stop(&r);
 
     /* One outcome: B's, under fence 2, resumed from A's checkpoint. */
-    ck_assert_int_eq(key_value(pg, queue, "fence"), 2);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.payments WHERE queue = "
-                                    "'%s'", queue), 1);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT fence FROM sekali_test.payments WHERE queue = '%s'",
-                                queue), 2);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.payments WHERE queue = "
-                                    "'%s' AND note = 'charged by fence 1'", queue), 1);
+    ck_assert_int_eq(key_value(&r, "fence"), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.payments WHERE queue = "
+                                      "'%s'", r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT fence FROM sekali_test.payments WHERE queue = "
+                                      "'%s'", r.queue), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.payments WHERE queue = "
+                                      "'%s' AND note = 'charged by fence 1'", r.queue), 1);
     /* Both attempts really ran (the brief split brain happened). */
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(DISTINCT pid) FROM sekali_test.effects WHERE "
-                                    "queue = '%s'", queue), 2);
-    char log[1024];
-    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
-    ck_assert_int_eq(h_count_lines(log, "completion fenced out"), 1);
-    ck_assert_int_eq(h_queue_depth(b, queue), 0);
-    sk_broker_close(b);
-    PQfinish(pg);
-    free(config);
-    free(dir);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT pid) FROM sekali_test.effects "
+                                      "WHERE queue = '%s'", r.queue), 2);
+    ck_assert_int_eq(h_count_lines(r.log, "completion fenced out"), 1);
+    h_run_close(&r);
 }
 END_TEST
 
 START_TEST(test_external_duplicates_are_suppressed)
 {
-    h_init();
-    char queue[128];
-    h_unique_name(queue, sizeof(queue), "extdup");
-    char *dir = h_tmpdir("extdup");
-    char *config = h_write_config(dir, queue, EFFECT, 2, "    mode: external\n");
-    PGconn *pg = h_pg();
-    struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
-    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
-    H_WAIT(h_consumers(b, queue) == 2, 20000, "two workers should consume %s", queue);
+    struct h_run r;
+    h_run_open(&r, "extdup");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = "    mode: external\n" });
     for (int copy = 0; copy < 3; copy++)
         for (int k = 0; k < 50; k++) {
             char id[64], key[64];
             snprintf(id, sizeof(id), "m-%d-%d", k, copy);
             snprintf(key, sizeof(key), "k-%d", k);
-            h_publish(b, queue, "test", id, key, NULL, "pay");
+            h_publish(r.b, r.queue, "test", id, key, NULL, "pay");
         }
-    H_WAIT(h_pg_count(pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
-                          "WHERE queue = '%s'", queue) == 100, 30000, "expected 100 duplicates");
-    h_stop_sekalid(sekalid, dir);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
-                                queue), 50);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = "
-                                    "'%s' AND status = 'completed'", queue), 50);
-    ck_assert_int_eq(h_queue_depth(b, queue), 0);
-    sk_broker_close(b);
-    PQfinish(pg);
-    free(config);
-    free(dir);
+    H_WAIT(h_pg_count(r.pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
+                            "WHERE queue = '%s'", r.queue) == 100, 30000,
+           "expected 100 duplicates");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), 50);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND status = 'completed'", r.queue), 50);
+    h_run_close(&r);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("external");
-    TCase *tc = tcase_create("external");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_stalled_worker_is_fenced_out_after_a_takeover);
-    tcase_add_test(tc, test_external_duplicates_are_suppressed);
-    suite_add_tcase(s, tc);
-    return h_run_suite(s);
+    const TTest *tests[] = {
+        test_stalled_worker_is_fenced_out_after_a_takeover,
+        test_external_duplicates_are_suppressed,
+        NULL,
+    };
+    return h_run_suite(h_suite("external", 300, tests));
 }
