@@ -11,7 +11,6 @@
 
 #include "harness.h"
 
-#define EFFECT "tests/plugins/effect.so"
 #define JOBS   300
 
 static void servers(const char *command)
@@ -21,34 +20,16 @@ static void servers(const char *command)
     ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
 }
 
-struct run {
-    char              queue[128];
-    char             *dir;
-    char              log[1024];
-    PGconn           *pg;
-    struct sk_broker *b;
-    pid_t             sekalid;
-};
-
-static void start(struct run *r, const char *name, const char *extra)
+static void start(struct h_run *r, const char *name, const char *queue_yaml)
 {
-    h_init();
     servers("start");
-    h_unique_name(r->queue, sizeof(r->queue), name);
-    r->dir = h_tmpdir(name);
-    snprintf(r->log, sizeof(r->log), "%s/sekalid.log", r->dir);
-    char *config = h_write_config(r->dir, r->queue, EFFECT, 4, extra);
-    r->pg = h_pg();
-    r->b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
-    r->sekalid = h_start_sekalid("sekalid", config, r->dir, NULL);
-    free(config);
-    H_WAIT(h_consumers(r->b, r->queue) == 4, 20000, "4 workers should consume %s", r->queue);
+    h_run_open(r, name);
+    h_run_start(r, &(struct h_run_opts){ .workers = 4, .queue_yaml = queue_yaml });
 }
 
 /* Publishes jobs [from, to): the second half of each test goes out after
  * the fault, so some jobs must be done while or after it happens. */
-static void publish_jobs(struct run *r, int from, int to, const char *body)
+static void publish_jobs(struct h_run *r, int from, int to, const char *body)
 {
     for (int i = from; i < to; i++) {
         char id[64];
@@ -57,32 +38,29 @@ static void publish_jobs(struct run *r, int from, int to, const char *body)
     }
 }
 
-static long long completed(struct run *r)
+static long long completed(struct h_run *r)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
                              "AND status = 'completed'", r->queue);
 }
 
 /* Exactly once: JOBS keys completed, JOBS effects, none doubled, queue empty. */
-static void expect_exactly_once(struct run *r)
+static void expect_exactly_once(struct h_run *r)
 {
     H_WAIT(completed(r) == JOBS, 90000, "expected %d completed keys, have %lld", JOBS,
            completed(r));
-    h_stop_sekalid(r->sekalid, r->dir);
+    h_run_stop(r);
     ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
                                        "'%s'", r->queue), JOBS);
     ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM (SELECT idempotency_key FROM "
                                        "sekali_test.effects WHERE queue = '%s' GROUP BY 1 "
                                        "HAVING count(*) > 1) AS doubled", r->queue), 0);
-    ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
-    sk_broker_close(r->b);
-    PQfinish(r->pg);
-    free(r->dir);
+    h_run_close(r);
 }
 
 START_TEST(test_redis_stopped_mid_run_with_proceed_policy)
 {
-    struct run r;
+    struct h_run r;
     start(&r, "redis-proceed", "    on_redis_down: proceed\n");
     publish_jobs(&r, 0, JOBS / 2, "sleep:5");
     H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the outage");
@@ -99,7 +77,7 @@ END_TEST
 
 START_TEST(test_redis_stopped_mid_run_with_wait_policy)
 {
-    struct run r;
+    struct h_run r;
     start(&r, "redis-wait", "    on_redis_down: wait\n");
     servers("stop-redis");
     publish_jobs(&r, 0, JOBS, "ok");
@@ -115,7 +93,7 @@ END_TEST
 
 START_TEST(test_postgres_restarted_mid_run)
 {
-    struct run r;
+    struct h_run r;
     start(&r, "pg-restart", NULL);
     publish_jobs(&r, 0, JOBS / 2, "sleep:5");
     H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
@@ -131,7 +109,7 @@ END_TEST
 
 START_TEST(test_rabbitmq_connections_closed_mid_run)
 {
-    struct run r;
+    struct h_run r;
     start(&r, "amqp-close", NULL);
     publish_jobs(&r, 0, JOBS / 2, "sleep:5");
     H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the connections close");
@@ -149,7 +127,7 @@ END_TEST
 
 START_TEST(test_rabbitmq_restarted_mid_run)
 {
-    struct run r;
+    struct h_run r;
     start(&r, "amqp-restart", NULL);
     publish_jobs(&r, 0, JOBS / 2, "sleep:5");
     H_WAIT(completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
@@ -185,7 +163,7 @@ START_TEST(test_job_outliving_consumer_timeout_runs_once)
     servers("start");
     broker_env("consumer_timeout", 2000);
     broker_env("channel_tick_interval", 500);
-    struct run r;
+    struct h_run r;
     start(&r, "ackout", "    lock_ttl: 3s\n");
     h_publish(r.b, r.queue, "test", "slow-1", "k-slow", NULL, "sleep:6000");
     H_WAIT(h_count_lines(r.log, "acknowledgement") >= 1, 30000,
@@ -197,13 +175,10 @@ START_TEST(test_job_outliving_consumer_timeout_runs_once)
            "the redelivered copy should end as a duplicate");
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
                                       "'%s'", r.queue), 1);
-    h_stop_sekalid(r.sekalid, r.dir);
+    h_run_stop(&r);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
                                       "'%s'", r.queue), 1);
-    ck_assert_int_eq(h_queue_depth(r.b, r.queue), 0);
-    sk_broker_close(r.b);
-    PQfinish(r.pg);
-    free(r.dir);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -212,49 +187,43 @@ END_TEST
  * and runs once. */
 START_TEST(test_outbox_rows_wait_for_rabbitmq_and_all_run_once)
 {
-    h_init();
     servers("start");
-    char queue[128];
-    h_unique_name(queue, sizeof(queue), "outbox-down");
-    char *dir = h_tmpdir("outbox-down");
-    char log[1024];
-    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
-    char *config = h_write_config_top(dir, queue, EFFECT, 2, NULL,
-                                      "outbox:\n  relays: 1\n  poll_interval: 200ms\n");
-    PGconn *pg = h_pg();
-    struct sk_broker *b = h_broker();
-    ck_assert_int_eq(sk_broker_declare(b, queue, NULL, NULL), SK_OK);
-    sk_broker_close(b);
-    pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
-    H_WAIT(h_count_lines(log, "ready: every worker is consuming") == 1, 20000,
+    struct h_run r;
+    h_run_open(&r, "outbox-down");
+    /* Ready by sekalid's own word: the test's broker connection goes before
+     * the broker does, so it is closed as soon as the queue is declared. */
+    r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 2, NULL, H_RELAY);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    sk_broker_close(r.b);
+    r.b = NULL;
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_count_lines(r.log, "ready: every worker is consuming") == 1, 20000,
            "sekalid should become ready");
 
     servers("stop-rabbitmq");
     char sql[512];
     snprintf(sql, sizeof(sql), "SELECT count(sekali.enqueue('%s', 'test', 'ok'::bytea, "
-             "'k-' || i)) FROM generate_series(1, 100) AS i", queue);
-    ck_assert_int_eq(h_pg_count(pg, "%s", sql), 100);
-    H_WAIT(h_count_lines(log, "outbox relay lost a connection") >= 1 ||
-           h_count_lines(log, "outbox relay cannot connect") >= 1, 30000,
+             "'k-' || i)) FROM generate_series(1, 100) AS i", r.queue);
+    ck_assert_int_eq(h_pg_count(r.pg, "%s", sql), 100);
+    H_WAIT(h_count_lines(r.log, "outbox relay lost a connection") >= 1 ||
+           h_count_lines(r.log, "outbox relay cannot connect") >= 1, 30000,
            "the relay should notice that RabbitMQ is gone");
     /* The broker is provably down: nothing can have been published. */
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
-                                    "AND published_at IS NOT NULL", queue), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at IS NOT NULL", r.queue), 0);
 
     servers("start-rabbitmq");
-    H_WAIT(h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
-                          "AND status = 'completed'", queue) == 100, 90000,
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                            "AND status = 'completed'", r.queue) == 100, 90000,
            "every waiting job should run once RabbitMQ is back");
-    h_stop_sekalid(sekalid, dir);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
-                                    "'%s'", queue), 100);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(DISTINCT idempotency_key) FROM "
-                                    "sekali_test.effects WHERE queue = '%s'", queue), 100);
-    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
-                                    "AND published_at IS NULL", queue), 0);
-    PQfinish(pg);
-    free(config);
-    free(dir);
+    h_stop_sekalid(r.sekalid, r.dir);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), 100);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM "
+                                      "sekali_test.effects WHERE queue = '%s'", r.queue), 100);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at IS NULL", r.queue), 0);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -270,17 +239,18 @@ static void restore_broker_env(void)
 
 int main(void)
 {
+    const TTest *tests[] = {
+        test_redis_stopped_mid_run_with_proceed_policy,
+        test_redis_stopped_mid_run_with_wait_policy,
+        test_postgres_restarted_mid_run,
+        test_rabbitmq_connections_closed_mid_run,
+        test_rabbitmq_restarted_mid_run,
+        test_job_outliving_consumer_timeout_runs_once,
+        test_outbox_rows_wait_for_rabbitmq_and_all_run_once,
+        NULL,
+    };
     Suite *s = suite_create("outages");
-    TCase *tc = tcase_create("outages");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = h_tcase(s, "outages", 600, tests);
     tcase_add_unchecked_fixture(tc, NULL, restore_broker_env);
-    tcase_add_test(tc, test_redis_stopped_mid_run_with_proceed_policy);
-    tcase_add_test(tc, test_redis_stopped_mid_run_with_wait_policy);
-    tcase_add_test(tc, test_postgres_restarted_mid_run);
-    tcase_add_test(tc, test_rabbitmq_connections_closed_mid_run);
-    tcase_add_test(tc, test_rabbitmq_restarted_mid_run);
-    tcase_add_test(tc, test_job_outliving_consumer_timeout_runs_once);
-    tcase_add_test(tc, test_outbox_rows_wait_for_rabbitmq_and_all_run_once);
-    suite_add_tcase(s, tc);
     return h_run_suite(s);
 }
