@@ -13,7 +13,6 @@
 
 #include "harness.h"
 
-#define EFFECT    "tests/plugins/effect.so"
 #define FAKETIME  "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 #define KEYS      200
 #define COPIES    3
@@ -33,7 +32,7 @@ START_TEST(test_skewed_clocks_still_give_one_effect_per_key)
     char *dirs[3];
     for (int i = 0; i < 3; i++) {
         dirs[i] = h_tmpdir("skew");
-        char *config = h_write_config(dirs[i], queue, EFFECT, 2, NULL);
+        char *config = h_write_config(dirs[i], queue, H_EFFECT, 2, NULL);
         char faketime[32];
         snprintf(faketime, sizeof(faketime), "FAKETIME=%s", offsets[i] != NULL ? offsets[i] : "");
         const char *skewed[] = { "LD_PRELOAD=" FAKETIME, faketime, NULL };
@@ -87,10 +86,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("skew");
-    TCase *tc = tcase_create("skew");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_skewed_clocks_still_give_one_effect_per_key);
-    suite_add_tcase(s, tc);
-    return h_run_suite(s);
+    const TTest *tests[] = {
+        test_skewed_clocks_still_give_one_effect_per_key,
+        NULL,
+    };
+    return h_run_suite(h_suite("skew", 300, tests));
 }
