@@ -65,7 +65,7 @@ $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
-	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
+	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
 HARNESS = $(call obj,$(CORE) broker lock) $(B)/obj/harness.o
 $(B)/obj/harness.o: tests/harness.c | $(B)/obj

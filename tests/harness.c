@@ -441,15 +441,6 @@ bool h_process_gone(pid_t pid)
     return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-int h_run_suite(Suite *s)
-{
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
-
 void h_run_open(struct h_run *r, const char *name)
 {
     h_init();
@@ -504,21 +495,4 @@ void h_run_close(struct h_run *r)
     PQfinish(r->pg);
     free(r->config);
     free(r->dir);
-}
-
-TCase *h_tcase(Suite *s, const char *name, double timeout, const TTest *const *tests)
-{
-    TCase *tc = tcase_create(name);
-    tcase_set_timeout(tc, timeout);
-    for (const TTest *const *t = tests; *t != NULL; t++)
-        tcase_add_test(tc, *t);
-    suite_add_tcase(s, tc);
-    return tc;
-}
-
-Suite *h_suite(const char *name, double timeout, const TTest *const *tests)
-{
-    Suite *s = suite_create(name);
-    h_tcase(s, name, timeout, tests);
-    return s;
 }

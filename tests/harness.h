@@ -16,6 +16,7 @@
 
 #include "broker.h"
 #include "config.h"
+#include "suite.h"
 
 /* The test handler (tests/plugins/effect.c), as h_write_config() takes it. */
 #define H_EFFECT       "tests/plugins/effect.so"
@@ -115,10 +116,6 @@ pid_t h_stalled_pid(const char *dir);
 /* True once pid no longer exists (killed and reaped by its parent). */
 bool h_process_gone(pid_t pid);
 
-/* Runs the suite with check's defaults (fork mode on) and returns the exit
- * status for main(): failure if any test failed. */
-int h_run_suite(Suite *s);
-
 /* Whether key exists in the test Redis (a lock being held, say). */
 bool h_redis_exists(const char *key);
 
@@ -175,13 +172,6 @@ void h_run_stop(struct h_run *r);
 /* Closes the connections and frees what h_run_open() and h_run_start()
  * took; it does not stop sekalid. */
 void h_run_close(struct h_run *r);
-
-/* Adds a test case named name to s: the tests of the NULL-terminated list,
- * each under timeout seconds. Returns it, for fixtures. */
-TCase *h_tcase(Suite *s, const char *name, double timeout, const TTest *const *tests);
-
-/* A suite of one test case, both named name (as h_tcase()). */
-Suite *h_suite(const char *name, double timeout, const TTest *const *tests);
 
 /* Polls `cond` every 20 ms until true, or fails the test after timeout_ms
  * with the message, which should say what was expected and what was seen. */

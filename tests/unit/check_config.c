@@ -5,6 +5,7 @@
  * included, because `sekalid -t` output is what an operator acts on. Run
  * from the repository root: fixture paths are relative to it. */
 #include "config.h"
+#include "suite.h"
 
 #include <check.h>
 #include <limits.h>
@@ -830,10 +831,5 @@ static Suite *config_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(config_suite());
-
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return h_run_suite(config_suite());
 }

@@ -5,6 +5,7 @@
 #include <check.h>
 
 #include "envelope.h"
+#include "suite.h"
 
 static struct sk_queue_conf queue = { .name = "q", .max_body = 64 };
 
@@ -166,18 +167,16 @@ END_TEST
 
 int main(void)
 {
+    const TTest *tests[] = {
+        test_keys_default_to_the_message_id,
+        test_headers_override_keys_and_resource_defaults_to_idempotency_key,
+        test_redelivery_and_delivery_count_set_the_attempt,
+        test_bad_messages_get_a_reason,
+        test_unknown_job_type_is_rejected_when_types_are_listed,
+        test_valid_multibyte_keys_pass,
+        NULL,
+    };
     Suite *s = suite_create("envelope");
-    TCase *tc = tcase_create("parse");
-    tcase_add_test(tc, test_keys_default_to_the_message_id);
-    tcase_add_test(tc, test_headers_override_keys_and_resource_defaults_to_idempotency_key);
-    tcase_add_test(tc, test_redelivery_and_delivery_count_set_the_attempt);
-    tcase_add_test(tc, test_bad_messages_get_a_reason);
-    tcase_add_test(tc, test_unknown_job_type_is_rejected_when_types_are_listed);
-    tcase_add_test(tc, test_valid_multibyte_keys_pass);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    h_tcase(s, "parse", 0, tests);
+    return h_run_suite(s);
 }

@@ -9,6 +9,7 @@
 #include <check.h>
 
 #include "log.h"
+#include "suite.h"
 
 /* Points stderr at a fresh temp file; returns its path (static buffer). */
 static const char *capture_stderr(void)
@@ -94,15 +95,11 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("log");
-    TCase *tc = tcase_create("log");
-    tcase_add_test(tc, test_json_job_line_carries_every_field);
-    tcase_add_test(tc, test_lines_below_the_level_are_dropped);
-    tcase_add_test(tc, test_journal_stream_is_recognised_only_for_our_stderr);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    const TTest *tests[] = {
+        test_json_job_line_carries_every_field,
+        test_lines_below_the_level_are_dropped,
+        test_journal_stream_is_recognised_only_for_our_stderr,
+        NULL,
+    };
+    return h_run_suite(h_suite("log", 0, tests));
 }

@@ -3,6 +3,7 @@
  * Prometheus reads. (The endpoint and the workers' counting are tested end
  * to end in tests/integration/check_metrics.c.) */
 #include "metrics.h"
+#include "suite.h"
 
 #include <check.h>
 #include <signal.h>
@@ -348,24 +349,24 @@ END_TEST
 
 int main(void)
 {
+    const TTest *types[] = {
+        test_each_type_has_its_own_counters_and_empty_is_a_type,
+        test_types_past_the_table_or_too_long_count_as_other,
+        test_counts_from_many_processes_add_up_in_one_series,
+        NULL,
+    };
+    const TTest *text[] = {
+        test_label_values_are_escaped,
+        test_histogram_is_cumulative_with_inclusive_bounds,
+        test_dead_letters_lock_waits_and_outcomes_are_rendered,
+        test_queue_gauges_come_from_the_supervisor_and_the_config,
+        test_outbox_figures_per_target_queue,
+        test_outbox_queues_past_the_table_or_too_long_count_as_other,
+        test_destroy_accepts_null,
+        NULL,
+    };
     Suite *s = suite_create("metrics_area");
-    TCase *tc = tcase_create("types");
-    tcase_add_test(tc, test_each_type_has_its_own_counters_and_empty_is_a_type);
-    tcase_add_test(tc, test_types_past_the_table_or_too_long_count_as_other);
-    tcase_add_test(tc, test_counts_from_many_processes_add_up_in_one_series);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("text");
-    tcase_add_test(tc, test_label_values_are_escaped);
-    tcase_add_test(tc, test_histogram_is_cumulative_with_inclusive_bounds);
-    tcase_add_test(tc, test_dead_letters_lock_waits_and_outcomes_are_rendered);
-    tcase_add_test(tc, test_queue_gauges_come_from_the_supervisor_and_the_config);
-    tcase_add_test(tc, test_outbox_figures_per_target_queue);
-    tcase_add_test(tc, test_outbox_queues_past_the_table_or_too_long_count_as_other);
-    tcase_add_test(tc, test_destroy_accepts_null);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    h_tcase(s, "types", 0, types);
+    h_tcase(s, "text", 0, text);
+    return h_run_suite(s);
 }

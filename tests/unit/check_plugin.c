@@ -7,6 +7,7 @@
 #include <check.h>
 
 #include "plugin.h"
+#include "suite.h"
 
 static int handle(void *state, const struct sekali_job *job, struct sekali_ctx *ctx)
 {
@@ -133,20 +134,18 @@ END_TEST
 
 int main(void)
 {
+    const TTest *tests[] = {
+        test_current_descriptor_is_accepted,
+        test_other_major_version_is_refused_with_both_values,
+        test_newer_minor_version_is_accepted,
+        test_descriptor_smaller_than_version_1_0_is_refused,
+        test_missing_handle_callback_is_refused,
+        test_null_descriptor_is_refused,
+        test_missing_file_is_refused,
+        test_handler_writable_by_others_is_refused,
+        NULL,
+    };
     Suite *s = suite_create("plugin");
-    TCase *tc = tcase_create("abi");
-    tcase_add_test(tc, test_current_descriptor_is_accepted);
-    tcase_add_test(tc, test_other_major_version_is_refused_with_both_values);
-    tcase_add_test(tc, test_newer_minor_version_is_accepted);
-    tcase_add_test(tc, test_descriptor_smaller_than_version_1_0_is_refused);
-    tcase_add_test(tc, test_missing_handle_callback_is_refused);
-    tcase_add_test(tc, test_null_descriptor_is_refused);
-    tcase_add_test(tc, test_missing_file_is_refused);
-    tcase_add_test(tc, test_handler_writable_by_others_is_refused);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    h_tcase(s, "abi", 0, tests);
+    return h_run_suite(s);
 }
