@@ -111,6 +111,15 @@ static const char *dedupe_state(PGconn *pg, const char *dedupe_key, const char *
     return "absent";
 }
 
+/* A released key hands the next enqueue a new job, not job_id, and it runs. */
+static void expect_key_admits_a_new_job(struct h_run *r, const char *dedupe_key,
+                                        const char *job_id)
+{
+    const char *next = h_enqueue(r->pg, r->queue, NULL, dedupe_key, NULL);
+    ck_assert_str_ne(next, job_id);
+    H_WAIT(effects(r, next) == 1, 20000, "the job enqueued after the release should run");
+}
+
 /* A worker SIGKILLed in the middle of a deduplicated job leaves the key
  * held (the job is not done); the rerun on redelivery completes it and
  * releases the key in the same transaction as its effect, after which the
@@ -141,9 +150,7 @@ START_TEST(test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_comple
     ck_assert_str_eq(dedupe_state(r.pg, dedupe_key, job_id), "released");
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
                                       "'%s' AND pid = %ld", r.queue, (long)victim), 0);
-    const char *next = h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL);
-    ck_assert_str_ne(next, job_id);
-    H_WAIT(effects(&r, next) == 1, 20000, "the job enqueued after the release should run");
+    expect_key_admits_a_new_job(&r, dedupe_key, job_id);
     h_run_stop(&r);
     h_run_close(&r);
 }
@@ -165,9 +172,7 @@ START_TEST(test_dead_lettered_job_releases_its_dedupe_key)
                                       "queue = '%s' AND key = '%s' AND status = 'failed'",
                                 r.queue, job_id), 1);
     ck_assert_str_eq(dedupe_state(r.pg, dedupe_key, job_id), "released");
-    const char *next = h_enqueue(r.pg, r.queue, NULL, dedupe_key, NULL);
-    ck_assert_str_ne(next, job_id);
-    H_WAIT(effects(&r, next) == 1, 20000, "the job enqueued after the release should run");
+    expect_key_admits_a_new_job(&r, dedupe_key, job_id);
     h_run_stop(&r);
     h_run_close(&r);
 }
