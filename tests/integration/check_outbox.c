@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -178,6 +179,34 @@ START_TEST(test_dead_lettered_job_releases_its_dedupe_key)
 }
 END_TEST
 
+/* A NOTIFY that reaches the relay while it works through a batch must not
+ * be slept through. With an hour's poll interval (and AMQP heartbeats off,
+ * which would wake the relay too), a job enqueued just behind another is
+ * published at once, or not for an hour. The pairs are spaced 0 to 4 ms
+ * apart, so that the second NOTIFY falls now before the relay's claim, now
+ * in the middle of its batch: a relay that misses it fails here. */
+START_TEST(test_job_enqueued_during_a_batch_is_not_left_for_the_poll_interval)
+{
+    struct h_run r;
+    h_run_open(&r, "notify");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .heartbeat = "0s",
+                                          .top_yaml = "outbox:\n  relays: 1\n"
+                                                      "  poll_interval: 1h\n" });
+    for (int i = 0; i < 25; i++) {
+        char first[32], second[32];
+        snprintf(first, sizeof(first), "k-%d-first", i);
+        snprintf(second, sizeof(second), "k-%d-second", i);
+        h_enqueue(r.pg, r.queue, first, NULL, NULL);
+        nanosleep(&(struct timespec){ .tv_nsec = (i % 5) * 1000000L }, NULL);
+        h_enqueue(r.pg, r.queue, second, NULL, NULL);
+        H_WAIT(effects(&r, first) == 1 && effects(&r, second) == 1, 10000,
+               "pair %d: both jobs should run, not wait for the poll interval", i);
+    }
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_scheduled_job_is_not_published_before_run_at)
 {
     struct h_run r;
@@ -339,6 +368,7 @@ int main(void)
         test_one_dedupe_key_from_eight_connections_gives_one_job,
         test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_completes,
         test_dead_lettered_job_releases_its_dedupe_key,
+        test_job_enqueued_during_a_batch_is_not_left_for_the_poll_interval,
         test_scheduled_job_is_not_published_before_run_at,
         test_unroutable_row_is_marked_and_its_batch_still_published,
         test_relay_killed_between_publish_and_mark_publishes_twice_runs_once,
