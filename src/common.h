@@ -49,4 +49,6 @@ _Noreturn void sk_assert_fail(const char *expr, const char *file, int line);
 
 #define SK_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+#define SK_KEY_MAX 512  /* longest job id or key, in bytes */
+
 #endif

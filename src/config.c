@@ -193,6 +193,7 @@ static const struct key queue_keys[] = {
     ENUM("on_redis_down",   sk_queue_conf, on_redis_down, redis_down),
     ENUM("queue_type",      sk_queue_conf, queue_type, queue_types),
     INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
+    INT("max_crashes",      sk_queue_conf, max_crashes, 0, 1000),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
     DURATION("retention",   sk_queue_conf, retention_ms, SEC, 45 * DAY),
     CUSTOM("config", queue_config, false),
@@ -246,6 +247,7 @@ static const struct sk_queue_conf queue_defaults = {
     .on_redis_down = SK_REDIS_DOWN_PROCEED,
     .lease_ms = 30 * SEC,
     .retention_ms = 30 * DAY,
+    .max_crashes = 3,
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */

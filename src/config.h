@@ -111,6 +111,7 @@ struct sk_queue_conf {
     uint32_t           lease_ms;       /* external mode: the key's lease, renewed every lease/3 */
     uint32_t           retention_ms;   /* finished keys older than this are deleted */
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
+    int                max_crashes;    /* a job whose worker died this often is dead-lettered; 0: off */
 };
 
 struct sk_conf {

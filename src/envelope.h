@@ -15,8 +15,6 @@
 #include "common.h"
 #include "config.h"
 
-#define SK_KEY_MAX 512  /* longest job id or key, in bytes */
-
 struct sk_envelope {
     char        job_id[SK_KEY_MAX + 1];
     char        job_type[256];

@@ -2,8 +2,9 @@
  *
  * Every janitor.interval it deletes, per queue, idempotency keys finished
  * (completed or failed) longer ago than the queue's retention, with their
- * checkpoints; outbox rows published longer ago than outbox_retention; and
- * dedupe keys released or expired more than an hour ago. A finished key protects against late
+ * checkpoints; outbox rows published longer ago than outbox_retention;
+ * dedupe keys released or expired more than an hour ago; and crash counts
+ * (sql/006) a day old. A finished key protects against late
  * duplicates, so retention must be longer than any redelivery can be late.
  * A row still `processing`, an unpublished outbox row or a live dedupe key
  * is never touched.
@@ -84,6 +85,11 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
                   "sekali.job_dedupe WHERE released_at < now() - interval '1 hour' "
                   "OR expires_at < now() - interval '1 hour' LIMIT $1::int)",
               dedupe, 1, conf->janitor.batch, "dedupe keys") < 0)
+        return SK_AGAIN;
+    /* A crash loop crashes within minutes: a day-old count is history. */
+    if (drain(pg, "DELETE FROM sekali.job_crashes WHERE ctid IN (SELECT ctid FROM "
+                  "sekali.job_crashes WHERE last_crash < now() - interval '1 day' "
+                  "LIMIT $1::int)", dedupe, 1, conf->janitor.batch, "crash counts") < 0)
         return SK_AGAIN;
     return SK_OK;
 }

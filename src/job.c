@@ -61,6 +61,7 @@ static const char *const dead_reasons[SK_METRICS_REASONS] = {
     [SK_METRICS_MALFORMED] = "malformed",
     [SK_METRICS_FAILED] = "failed",
     [SK_METRICS_RETRIES_EXHAUSTED] = "retries exhausted",
+    [SK_METRICS_CRASHED] = "crashed",
 };
 
 /* What happens to the delivery itself once the job's outcome is settled. */
@@ -99,6 +100,7 @@ static void run_handler(struct sk_worker *w, struct job *j);
 static void settle_failure(struct sk_worker *w, struct job *j, int status);
 static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason reason,
                     const char *why);
+static bool crashed_too_often(struct sk_worker *w, struct job *j);
 static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why);
 static bool later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
@@ -130,6 +132,10 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
     j.log.resource_key = j.env.resource_key;
     j.log.delivery_attempt = j.env.delivery_attempt;
     transition(&j, JOB_RECEIVED);
+    /* Should this worker die now, its replacement counts the crash. */
+    snprintf(w->slot->job_key, sizeof(w->slot->job_key), "%s", j.env.idempotency_key);
+    if (j.env.redelivered && w->queue->max_crashes > 0 && crashed_too_often(w, &j))
+        return;
 
     if (w->queue->lock) {
         int rc = take_lock(w, &j);
@@ -171,6 +177,25 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
     }
     claimed(w, &j);
     run_handler(w, &j);
+}
+
+/* A redelivery may be the job that killed its worker. The broker tells a
+ * classic queue's consumer no delivery count, so sekali keeps a count of
+ * crashes per key (sql/006, recorded by the dead worker's replacement); past
+ * the queue's max_crashes the job is failed and dead-lettered, not run. A
+ * count that cannot be read lets the job run: the claim will meet whatever
+ * is wrong with PostgreSQL. */
+static bool crashed_too_often(struct sk_worker *w, struct job *j)
+{
+    int crashes = 0;
+    if (sk_store_crashes(w->store, w->queue->name, j->env.idempotency_key, &crashes, NULL) !=
+            SK_OK ||
+        crashes < w->queue->max_crashes)
+        return false;
+    char why[128];
+    snprintf(why, sizeof(why), "its worker died %d times while running it", crashes);
+    give_up(w, j, SK_METRICS_CRASHED, why);
+    return true;
 }
 
 /* Handed back unchanged: an outage is not the job's failure, and the
@@ -489,12 +514,13 @@ static void settle_failure(struct sk_worker *w, struct job *j, int status)
 
 /* Records the key as failed, then dead-letters the message. Without the
  * failed row a later copy would run again, so if it cannot be written the
- * message goes back to the broker instead. */
+ * message goes back to the broker instead. A leased job (external mode)
+ * fails under its fence; any other in a transaction of its own. */
 static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason reason,
                     const char *why)
 {
     struct sk_err err = { 0 };
-    int rc = w->queue->mode == SK_MODE_EXTERNAL
+    int rc = j->leased
         ? sk_lease_finish(sk_store_conn(w->store), w->queue->name, j->env.idempotency_key,
                           j->claim.fence, "failed", NULL, 0, why, &err)
         : sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,

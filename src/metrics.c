@@ -137,6 +137,7 @@ static const char *const reasons[SK_METRICS_REASONS] = {
     [SK_METRICS_MALFORMED] = "malformed",
     [SK_METRICS_FAILED] = "failed",
     [SK_METRICS_RETRIES_EXHAUSTED] = "retries_exhausted",
+    [SK_METRICS_CRASHED] = "crashed",
 };
 
 static size_t claim(struct name_slot *names, size_t n, const char *name, size_t max_len);
@@ -343,7 +344,7 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
 
     header(f, "sekali_dead_letters_total", "counter",
            "Jobs sekali dead-lettered to <queue>.dead, by reason: malformed, failed, "
-           "retries_exhausted.");
+           "retries_exhausted, crashed.");
     EACH_ROW(r) {
         for (int why = 0; why < SK_METRICS_REASONS; why++) {
             fputs("sekali_dead_letters_total", f);

@@ -43,6 +43,7 @@ enum sk_metrics_reason {
     SK_METRICS_MALFORMED,          /* failed validation */
     SK_METRICS_FAILED,             /* handler returned FAIL, or an invalid status */
     SK_METRICS_RETRIES_EXHAUSTED,  /* RETRY on the last allowed attempt */
+    SK_METRICS_CRASHED,            /* its worker died running it max_crashes times */
     SK_METRICS_REASONS
 };
 

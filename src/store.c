@@ -43,6 +43,8 @@ static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
 static int pipeline(struct sk_store *s, const struct step *steps, int n, PGresult **last,
                     struct sk_err *err);
 static int connection_error(struct sk_store *s, const char *what, struct sk_err *err);
+static int count_query(struct sk_store *s, const char *sql, const char *queue, const char *key,
+                       int *out, struct sk_err *err);
 
 int sk_store_open(struct sk_store **out, const struct sk_postgres_conf *conf,
                   const char *application_name, struct sk_err *err)
@@ -207,6 +209,38 @@ int sk_store_reply_state(struct sk_store *s, const char *queue, const char *key,
         memcpy(*result, PQgetvalue(res, 0, 1), len);
         *result_len = len;
     }
+    PQclear(res);
+    return SK_OK;
+}
+
+int sk_store_record_crash(struct sk_store *s, const char *queue, const char *key, int *crashes,
+                          struct sk_err *err)
+{
+    return count_query(s, "SELECT sekali.record_crash($1, $2)", queue, key, crashes, err);
+}
+
+int sk_store_crashes(struct sk_store *s, const char *queue, const char *key, int *crashes,
+                     struct sk_err *err)
+{
+    return count_query(s, "SELECT coalesce((SELECT crashes FROM sekali.job_crashes "
+                          "WHERE queue = $1 AND key = $2), 0)", queue, key, crashes, err);
+}
+
+/* Runs sql with (queue, key) and reads the one integer it returns. */
+static int count_query(struct sk_store *s, const char *sql, const char *queue, const char *key,
+                       int *out, struct sk_err *err)
+{
+    if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK)
+        return sk_err_set(err, SK_AGAIN, "crash count: not connected");
+    const char *values[] = { queue, key };
+    PGresult *res = PQexecParams(s->conn, sql, 2, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        sk_err_set(err, SK_ERR, "crash count of %s/%s: %s", queue, key,
+                   PQresultErrorMessage(res));
+        PQclear(res);
+        return PQstatus(s->conn) == CONNECTION_OK ? SK_ERR : SK_AGAIN;
+    }
+    *out = atoi(PQgetvalue(res, 0, 0));
     PQclear(res);
     return SK_OK;
 }

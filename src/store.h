@@ -68,6 +68,17 @@ int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const 
                   const char *job_id, const char *job_type, const char *error,
                   struct sk_err *err);
 
+/* Counts a crash of (queue, key): its worker died while running it. In a
+ * transaction of its own, outside any job. *crashes gets the new count.
+ * SK_OK, SK_AGAIN or SK_ERR. */
+int sk_store_record_crash(struct sk_store *s, const char *queue, const char *key, int *crashes,
+                          struct sk_err *err);
+
+/* How many crashes are recorded for (queue, key); 0 when none. Outside any
+ * job transaction. SK_OK, SK_AGAIN or SK_ERR. */
+int sk_store_crashes(struct sk_store *s, const char *queue, const char *key, int *crashes,
+                     struct sk_err *err);
+
 /* For a reply: whether (queue, key) was already replied to (or has nothing
  * to reply: it failed), and its saved result (a new buffer the caller frees;
  * NULL when there is none). Runs outside any job transaction. SK_OK,

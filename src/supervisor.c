@@ -352,7 +352,9 @@ static void reap(struct supervisor *s)
          * replacement killed by the job timeout. */
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
         atomic_store(&shared->consuming, 0);
-        atomic_store(&shared->job_started_ms, 0);
+        /* Its replacement records the crash against the job's key. */
+        if (atomic_exchange(&shared->job_started_ms, 0) != 0 && shared->job_key[0] != '\0')
+            atomic_store(&shared->died_in_job, 1);
         on_exit_status(s, g, slot, status);
     }
     /* Free the retired generations whose last worker is gone. */

@@ -23,6 +23,7 @@ static void on_stop_signal(int signo);
 static int  setup(struct sk_worker *w, struct sk_err *err);
 static void teardown(struct sk_worker *w);
 static int  open_store(struct sk_worker *w, struct sk_err *err);
+static void record_crash(struct sk_worker *w);
 static bool ensure_store(struct sk_worker *w);
 static bool ensure_broker(struct sk_worker *w);
 
@@ -63,6 +64,8 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         atomic_store(&w->slot->alive_ms, sk_now_ms());
         if (!ensure_store(w) || !ensure_broker(w))
             continue;
+        if (atomic_load(&w->slot->died_in_job))
+            record_crash(w);
         /* The publishing connection idles between retries and dead letters;
          * librabbitmq would let the broker drop it for want of heartbeats. */
         if (w->publisher != NULL && sk_broker_keepalive(w->publisher, &err) != SK_OK)
@@ -75,7 +78,9 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
             sk_worker_drop_broker(w, err.msg);
             continue;
         }
-        /* The supervisor kills us if this outlives queue.job_timeout. */
+        /* The supervisor kills us if this outlives queue.job_timeout. The
+         * key is the job's once parsed: never the previous job's. */
+        w->slot->job_key[0] = '\0';
         atomic_store(&w->slot->job_started_ms, sk_now_ms());
         sk_job_process(w, &delivery);
         atomic_store(&w->slot->job_started_ms, 0);
@@ -152,6 +157,28 @@ static void teardown(struct sk_worker *w)
     sk_store_close(w->store);
     if (w->handler->fini != NULL && w->handler_state != NULL)
         w->handler->fini(w->handler_state);
+}
+
+/* The worker this one replaces died running a job: count it against the
+ * job's key (sql/006), so that a job that keeps killing its workers is
+ * dead-lettered when it comes back (job.c). Before this worker takes a job
+ * of its own, which would overwrite the key; tried once, since a count
+ * lost is one crash more before the job is stopped, never a wrong outcome. */
+static void record_crash(struct sk_worker *w)
+{
+    int crashes = 0;
+    struct sk_err err = { 0 };
+    if (sk_store_record_crash(w->store, w->queue->name, w->slot->job_key, &crashes, &err) ==
+        SK_OK)
+        sk_log_warn("the previous worker died running the job with key %s: crash %d of it%s",
+                    w->slot->job_key, crashes,
+                    w->queue->max_crashes > 0 && crashes >= w->queue->max_crashes
+                        ? ", so it will be dead-lettered when it comes back" : "");
+    else
+        sk_log_warn("the previous worker died running the job with key %s; the crash is not "
+                    "counted: %s", w->slot->job_key, err.msg);
+    w->slot->job_key[0] = '\0';
+    atomic_store(&w->slot->died_in_job, 0);
 }
 
 /* Named for pg_stat_activity, where an operator looks for a stuck worker. */

@@ -147,6 +147,52 @@ START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
 }
 END_TEST
 
+/* The same poison job on a classic queue, where the broker counts nothing:
+ * the failpoint kills the worker after every claim of the key, each
+ * replacement records the crash, and with max_crashes 2 the next
+ * redelivery is dead-lettered with reason "crashed" and the key failed,
+ * without a third run. A healthy job after it runs as attempt 1. */
+START_TEST(test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker)
+{
+    struct h_run r;
+    h_run_open(&r, "crashloop");
+    const char *env[] = { "SEKALI_FAILPOINT=after_claim:order-poison", NULL };
+    /* No lock: the dead worker's lock would send each redelivery through a
+     * delay queue first, which only makes the loop slower. */
+    h_run_start(&r, &(struct h_run_opts){
+        .binary = "fault/sekalid", .env = env, .workers = 1,
+        .queue_yaml = "    max_crashes: 2\n    lock: false\n" });
+
+    h_publish(r.b, r.queue, "test", "poison-1", "order-poison", NULL, "ok");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 60000,
+           "after 2 crashes the job should be in %s, which has %u", r.dead,
+           h_queue_depth(r.b, r.dead));
+    /* The worker really died twice at the failpoint, and not a third time. */
+    ck_assert_int_eq(h_count_lines(r.mark, "after_claim"), 2);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal"), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
+                                      "'%s' AND key = 'order-poison'", r.queue), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'order-poison' AND status = "
+                                      "'failed'", r.queue), 1);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char text[256];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-error", text, sizeof(text)),
+                     "its worker died 2 times while running it");
+    amqp_destroy_message(&msg);
+
+    h_publish(r.b, r.queue, "test", "fine-1", "order-fine", NULL, "ok");
+    H_WAIT(effects_for(&r, "order-fine") == 1, 30000, "a healthy job should still run");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND idempotency_key = 'order-fine'", r.queue), 1);
+    h_run_stop(&r);
+    ck_assert_int_eq(effects_for(&r, "order-poison"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
 /* Two copies of one key on two workers, with a lease far shorter than the
  * job and renewal switched off: the first worker's lock really expires
  * while its handler runs, the second takes the lock (Redis shows a second
@@ -242,6 +288,7 @@ int main(void)
         test_worker_killed_after_commit_before_ack_is_a_counted_duplicate,
         test_job_over_its_timeout_is_killed_and_runs_again_once,
         test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker,
+        test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker,
         test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once,
         test_reply_lost_in_a_crash_is_sent_by_the_duplicate,
         test_production_binary_has_no_failpoints,

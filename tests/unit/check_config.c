@@ -277,6 +277,7 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_ptr_null(q->job_types);
     ck_assert_uint_eq(q->n_job_types, 0);
     ck_assert_uint_eq(q->job_timeout_ms, 0);
+    ck_assert_int_eq(q->max_crashes, 3);
     sk_conf_free(c);
 }
 END_TEST
@@ -318,6 +319,7 @@ START_TEST(test_full_config_sets_every_key)
     ck_assert_str_eq(q->job_types[0], "create_invoice");
     ck_assert_str_eq(q->job_types[1], "void_invoice");
     ck_assert_uint_eq(q->job_timeout_ms, 5 * 60 * 1000);
+    ck_assert_int_eq(q->max_crashes, 0);
     ck_assert_str_eq(c->queues[1].name, "mail.out_1");
     ck_assert_uint_eq(c->queues[1].n_job_types, 0);
     sk_conf_free(c);
