@@ -223,7 +223,9 @@ int sk_store_crashes(struct sk_store *s, const char *queue, const char *key, int
                      struct sk_err *err)
 {
     return count_query(s, "SELECT coalesce((SELECT crashes FROM sekali.job_crashes "
-                          "WHERE queue = $1 AND key = $2), 0)", queue, key, crashes, err);
+                          "WHERE queue = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM "
+                          "sekali.idempotency_keys WHERE queue = $1 AND key = $2 AND status "
+                          "IN ('completed', 'failed'))), 0)", queue, key, crashes, err);
 }
 
 /* Runs sql with (queue, key) and reads the one integer it returns. */

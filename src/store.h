@@ -74,8 +74,10 @@ int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const 
 int sk_store_record_crash(struct sk_store *s, const char *queue, const char *key, int *crashes,
                           struct sk_err *err);
 
-/* How many crashes are recorded for (queue, key); 0 when none. Outside any
- * job transaction. SK_OK, SK_AGAIN or SK_ERR. */
+/* How many crashes are recorded for (queue, key); 0 when none, and when the
+ * key is finished (completed or failed: a copy of it is a duplicate, to be
+ * acked as such, not dead-lettered). Outside any job transaction. SK_OK,
+ * SK_AGAIN or SK_ERR. */
 int sk_store_crashes(struct sk_store *s, const char *queue, const char *key, int *crashes,
                      struct sk_err *err);
 
