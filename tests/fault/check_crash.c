@@ -118,10 +118,12 @@ START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
     h_run_open(&r, "quorum");
     const char *env[] = { "SEKALI_FAILPOINT=after_claim:order-poison", NULL };
     /* No lock: the dead worker's lease would send the redelivery through a
-     * delay queue first, and that hop would become the first death reason. */
+     * delay queue first, and that hop would become the first death reason.
+     * No crash limit of sekali's: the broker's delivery_limit is under test. */
     h_run_start(&r, &(struct h_run_opts){
         .binary = "fault/sekalid", .env = env, .workers = 1,
-        .queue_yaml = "    queue_type: quorum\n    delivery_limit: 2\n    lock: false\n",
+        .queue_yaml = "    queue_type: quorum\n    delivery_limit: 2\n    lock: false\n"
+                      "    max_crashes: 0\n",
         .shape = &(struct sk_queue_shape){ .quorum = true, .delivery_limit = 2 } });
 
     h_publish(r.b, r.queue, "test", "poison-1", "order-poison", NULL, "ok");
