@@ -112,33 +112,48 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
 }
 END_TEST
 
+/* A run whose fault build kills its worker after every claim of the key
+ * order-poison (no lock: a dead worker's lock would send each redelivery
+ * through a delay queue first), with that job published; returns once it
+ * is in the run's dead-letter queue. */
+static void publish_poison_until_dead(struct h_run *r, const char *name, const char *queue_yaml,
+                                      const struct sk_queue_shape *shape)
+{
+    static const char *const env[] = { "SEKALI_FAILPOINT=after_claim:order-poison", NULL };
+    h_run_open(r, name);
+    h_run_start(r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                         .queue_yaml = queue_yaml, .shape = shape });
+    h_publish(r->b, r->queue, "test", "poison-1", "order-poison", NULL, "ok");
+    H_WAIT(h_queue_depth(r->b, r->dead) == 1, 60000,
+           "the poison job should end in %s, which has %u", r->dead,
+           h_queue_depth(r->b, r->dead));
+}
+
+/* After the poison job, a healthy one runs, as its first attempt; then the
+ * run stops cleanly and the poison job never had an effect. */
+static void expect_healthy_job_after_poison(struct h_run *r)
+{
+    h_publish(r->b, r->queue, "test", "fine-1", "order-fine", NULL, "ok");
+    H_WAIT(effects_for(r, "order-fine") == 1, 30000, "a healthy job should still run");
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                       "'%s' AND idempotency_key = 'order-fine'", r->queue), 1);
+    h_run_stop(r);
+    ck_assert_int_eq(effects_for(r, "order-poison"), 0);
+}
+
 START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
 {
     struct h_run r;
-    h_run_open(&r, "quorum");
-    const char *env[] = { "SEKALI_FAILPOINT=after_claim:order-poison", NULL };
-    /* No lock: the dead worker's lease would send the redelivery through a
-     * delay queue first, and that hop would become the first death reason.
-     * No crash limit of sekali's: the broker's delivery_limit is under test. */
-    h_run_start(&r, &(struct h_run_opts){
-        .binary = "fault/sekalid", .env = env, .workers = 1,
-        .queue_yaml = "    queue_type: quorum\n    delivery_limit: 2\n    lock: false\n"
-                      "    max_crashes: 0\n",
-        .shape = &(struct sk_queue_shape){ .quorum = true, .delivery_limit = 2 } });
-
-    h_publish(r.b, r.queue, "test", "poison-1", "order-poison", NULL, "ok");
-    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 60000,
-           "past its delivery limit the job should be in %s, which has %u", r.dead,
-           h_queue_depth(r.b, r.dead));
+    /* Without the lock's delay-queue hop, which would become the first
+     * death reason; and without sekali's crash limit: the broker's
+     * delivery_limit is under test. */
+    publish_poison_until_dead(&r, "quorum",
+                              "    queue_type: quorum\n    delivery_limit: 2\n    lock: false\n"
+                              "    max_crashes: 0\n",
+                              &(struct sk_queue_shape){ .quorum = true, .delivery_limit = 2 });
     ck_assert_int_ge(h_count_lines(r.mark, "after_claim"), 2);
+    expect_healthy_job_after_poison(&r);
 
-    h_publish(r.b, r.queue, "test", "fine-1", "order-fine", NULL, "ok");
-    H_WAIT(effects_for(&r, "order-fine") == 1, 30000, "a healthy job should still run");
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
-                                      "'%s' AND idempotency_key = 'order-fine'", r.queue), 1);
-    h_run_stop(&r);
-
-    ck_assert_int_eq(effects_for(&r, "order-poison"), 0);
     amqp_message_t msg;
     ck_assert(h_get(r.b, r.dead, &msg));
     char reason[64];
@@ -150,25 +165,13 @@ START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
 END_TEST
 
 /* The same poison job on a classic queue, where the broker counts nothing:
- * the failpoint kills the worker after every claim of the key, each
- * replacement records the crash, and with max_crashes 2 the next
+ * each replacement records the crash, and with max_crashes 2 the next
  * redelivery is dead-lettered with reason "crashed" and the key failed,
  * without a third run. A healthy job after it runs as attempt 1. */
 START_TEST(test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker)
 {
     struct h_run r;
-    h_run_open(&r, "crashloop");
-    const char *env[] = { "SEKALI_FAILPOINT=after_claim:order-poison", NULL };
-    /* No lock: the dead worker's lock would send each redelivery through a
-     * delay queue first, which only makes the loop slower. */
-    h_run_start(&r, &(struct h_run_opts){
-        .binary = "fault/sekalid", .env = env, .workers = 1,
-        .queue_yaml = "    max_crashes: 2\n    lock: false\n" });
-
-    h_publish(r.b, r.queue, "test", "poison-1", "order-poison", NULL, "ok");
-    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 60000,
-           "after 2 crashes the job should be in %s, which has %u", r.dead,
-           h_queue_depth(r.b, r.dead));
+    publish_poison_until_dead(&r, "crashloop", "    max_crashes: 2\n    lock: false\n", NULL);
     /* The worker really died twice at the failpoint, and not a third time. */
     ck_assert_int_eq(h_count_lines(r.mark, "after_claim"), 2);
     ck_assert_int_eq(h_count_lines(r.log, "killed by signal"), 2);
@@ -184,13 +187,7 @@ START_TEST(test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker)
     ck_assert_str_eq(h_header_text(&msg, "x-sekali-error", text, sizeof(text)),
                      "its worker died 2 times while running it");
     amqp_destroy_message(&msg);
-
-    h_publish(r.b, r.queue, "test", "fine-1", "order-fine", NULL, "ok");
-    H_WAIT(effects_for(&r, "order-fine") == 1, 30000, "a healthy job should still run");
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
-                                      "'%s' AND idempotency_key = 'order-fine'", r.queue), 1);
-    h_run_stop(&r);
-    ck_assert_int_eq(effects_for(&r, "order-poison"), 0);
+    expect_healthy_job_after_poison(&r);
     h_run_close(&r);
 }
 END_TEST
