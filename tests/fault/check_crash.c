@@ -57,6 +57,15 @@ START_TEST(test_worker_killed_mid_handler_job_runs_again_once)
 }
 END_TEST
 
+/* The pid that starts the failpoint's mark file, or 0 while it has none. */
+static pid_t mark_pid(const char *path)
+{
+    char *text = h_read_file(path);
+    pid_t pid = text != NULL ? (pid_t)atol(text) : 0;
+    free(text);
+    return pid;
+}
+
 START_TEST(test_worker_killed_after_commit_before_ack_is_a_counted_duplicate)
 {
     struct h_run r;
@@ -68,10 +77,9 @@ START_TEST(test_worker_killed_after_commit_before_ack_is_a_counted_duplicate)
     h_publish(r.b, r.queue, "test", "msg-42", "order-42", NULL, "ok");
     h_publish(r.b, r.queue, "test", "msg-43", "order-43", NULL, "ok");
 
-    H_WAIT(access(r.mark, F_OK) == 0, 20000, "the after_commit failpoint never fired");
-    char *text = h_read_file(r.mark);
-    pid_t victim = (pid_t)atol(text);
-    free(text);
+    /* The failpoint creates the mark file, then writes its pid into it. */
+    pid_t victim = 0;
+    H_WAIT((victim = mark_pid(r.mark)) != 0, 20000, "the after_commit failpoint never fired");
     H_WAIT(h_process_gone(victim), 10000, "worker %ld should have killed itself", (long)victim);
 
     /* The effect was committed before the death; the redelivery must find
