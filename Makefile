@@ -12,10 +12,12 @@ B       ?= build
 PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd
 CC     ?= cc
 CFLAGS ?= -O2 -g
-override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
-                   -fno-strict-aliasing -MMD -MP -iquote src -Iinclude \
-                   $(shell pkg-config --cflags $(PKGS)) \
-                   -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
+# What every build of sekali's sources needs, gcc's and the fuzzers' clang's.
+SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+            -fno-strict-aliasing -MMD -MP -iquote src -Iinclude \
+            $(shell pkg-config --cflags $(PKGS)) \
+            -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
+override CFLAGS += $(SK_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
@@ -34,7 +36,8 @@ INTEG_TESTS  = $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/in
 FAULT_TESTS  = $(patsubst tests/fault/%.c,$(B)/tests/%,$(wildcard tests/fault/check_*.c))
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 
-.PHONY: all tests check check-unit deps servers demo bench asan valgrind install clean help
+.PHONY: all tests check check-unit deps servers demo bench asan valgrind fuzz fuzzers fuzz-seeds \
+        install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
 tests: all $(B)/fault/sekalid $(TEST_PLUGINS) $(TESTS)
@@ -75,7 +78,40 @@ $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
 $(B)/tests/check_%: tests/fault/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
-$(B)/obj $(B)/fault $(B)/handlers $(B)/tests $(B)/tests/plugins:
+# libFuzzer harnesses (tests/fuzz/), built by clang under ASan and UBSan in a
+# tree of their own: the gcc objects above are not instrumented for coverage.
+FUZZ_CC      ?= clang
+FUZZ_B        = $(B)/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CFLAGS   = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=all $(SK_CFLAGS)
+FUZZERS       = $(patsubst tests/fuzz/%.c,$(FUZZ_B)/%,$(wildcard tests/fuzz/fuzz_*.c))
+zobj          = $(patsubst %,$(FUZZ_B)/obj/%.o,$(1))
+
+$(FUZZ_B)/fuzz_config:   $(call zobj,$(CORE))
+$(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope)
+$(FUZZ_B)/fuzz_values:   $(call zobj,$(CORE))
+$(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c | $(FUZZ_B)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+$(FUZZ_B)/obj/%.o: src/%.c | $(FUZZ_B)/obj
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+$(FUZZ_B)/envelope_seeds: tests/fuzz/envelope_seeds.c | $(FUZZ_B)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+fuzzers: $(FUZZERS)
+
+# Each harness for FUZZ_SECONDS; fails on any finding, whose input is kept
+# under $(FUZZ_B)/artifacts/.
+fuzz: deps
+	$(MAKE) fuzzers
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_B)
+
+# Rewrites the envelope seeds in the source tree (they are committed).
+fuzz-seeds: $(FUZZ_B)/envelope_seeds
+	mkdir -p tests/fuzz/corpus/envelope
+	$(FUZZ_B)/envelope_seeds tests/fuzz/corpus/envelope
+
+$(B)/obj $(B)/fault $(B)/handlers $(B)/tests $(B)/tests/plugins $(FUZZ_B) $(FUZZ_B)/obj:
 	mkdir -p $@
 
 # The README's two commands. Both install what is missing first, then build
@@ -86,7 +122,7 @@ servers:
 	tests/servers.sh start
 
 check: deps
-	$(MAKE) tests
+	$(MAKE) tests fuzzers
 	tests/servers.sh start
 	tests/run.sh $(B)
 
@@ -109,13 +145,13 @@ asan: deps
 	$(MAKE) B=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" tests
 	tests/servers.sh start
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	    tests/run.sh build/asan
+	    tests/run.sh build/asan unit integration fault
 
 # Valgrind over the unit suites and over sekalid in the integration suites.
 valgrind: deps
 	$(MAKE) tests
 	tests/servers.sh start
-	SEKALI_VALGRIND=1 tests/run.sh $(B)
+	SEKALI_VALGRIND=1 tests/run.sh $(B) unit integration fault
 
 # Installs the daemon, the example handler, the header and a pkg-config file
 # for handler authors, the migrations, the unit (with this PREFIX's paths)
@@ -157,6 +193,7 @@ help:
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
 	@echo "asan      the test suite under ASan and UBSan"
 	@echo "valgrind  the test suite with sekalid under valgrind"
+	@echo "fuzz      each libFuzzer harness for FUZZ_SECONDS=$(FUZZ_SECONDS) (clang, ASan, UBSan)"
 	@echo "install   PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Runs the test suites against the servers of tests/servers.sh.
-#   tests/run.sh BUILD_DIR [unit|integration|fault ...]
+#   tests/run.sh BUILD_DIR [unit|integration|fault|fuzz ...]
 # Prepares the database (schema migrations, the test handler's table), runs
 # each check suite, and ends with one line "N passed, N failed" over all of them.
+# The fuzz kind runs each libFuzzer harness of BUILD_DIR/fuzz (make fuzzers)
+# for FUZZ_SECONDS, 20 unless set, and counts each harness as one check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 shift || true
 kinds=("$@")
-[ ${#kinds[@]} -gt 0 ] || kinds=(unit integration fault)
+[ ${#kinds[@]} -gt 0 ] || kinds=(unit integration fault fuzz)
 
 eval "$(tests/servers.sh env)"
 export PGOPTIONS="-c client_min_messages=warning"
 export SEKALI_BUILD="$PWD/$build"
 
 needs_servers=0
-for kind in "${kinds[@]}"; do [ "$kind" != unit ] && needs_servers=1; done
+for kind in "${kinds[@]}"; do [ "$kind" != unit ] && [ "$kind" != fuzz ] && needs_servers=1; done
 if [ $needs_servers -eq 1 ]; then
     mkdir -p "$SEKALI_SCRATCH/tests"
     conf="$SEKALI_SCRATCH/tests/migrate.yaml"
@@ -34,6 +36,18 @@ fi
 
 passed=0 failed=0
 for kind in "${kinds[@]}"; do
+    if [ "$kind" = fuzz ]; then
+        for src in tests/fuzz/fuzz_*.c; do
+            name=$(basename "$src" .c)
+            echo "== fuzz/$name"
+            if FUZZ_SECONDS=${FUZZ_SECONDS:-20} tests/fuzz/run.sh "$build/fuzz" "${name#fuzz_}"; then
+                passed=$((passed + 1))
+            else
+                failed=$((failed + 1))
+            fi
+        done
+        continue
+    fi
     dir=tests/$kind
     for src in "$dir"/check_*.c; do
         [ -e "$src" ] || continue

@@ -10,6 +10,7 @@ packages=(
     valgrind procps libfaketime systemd
     curl prometheus   # the metrics test scrapes with curl and checks with promtool
     python3 python3-psycopg  # the README's Python producer is run by a test
+    clang libfuzzer-14-dev libclang-rt-14-dev  # make fuzz: libFuzzer harnesses under ASan/UBSan
 )
 
 missing=()
