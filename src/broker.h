@@ -112,7 +112,8 @@ int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
 
 /* Publishes a persistent, mandatory message to the default exchange and waits
  * for the broker's confirm. Returns SK_OK once confirmed, SK_ERR if the broker
- * nacked or returned it (no such queue), SK_AGAIN if the connection failed.
+ * nacked or returned it (no such queue) or if AMQP cannot carry it (see
+ * sk_broker_publish_async()), SK_AGAIN if the connection failed.
  * Only for connections that do not consume: it reads frames synchronously. */
 int sk_broker_publish(struct sk_broker *b, const char *routing_key,
                       const struct sk_message *msg, struct sk_err *err);
@@ -129,14 +130,17 @@ struct sk_publish {
     const char *why;         /* static text: why it was not accepted */
 };
 
-/* Sends msg as sk_broker_publish() does, without waiting: fills *p. SK_OK,
- * or SK_AGAIN if the connection failed. */
+/* Sends msg as sk_broker_publish() does, without waiting: fills *p. SK_OK;
+ * SK_ERR if the message can never be sent (a routing key or property over
+ * AMQP's 255 bytes, properties and headers over one frame): nothing was sent,
+ * the connection is as it was, and *p is settled with rc SK_ERR and why; or
+ * SK_AGAIN if the connection failed. */
 int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
                             const struct sk_message *msg, struct sk_publish *p,
                             struct sk_err *err);
 
 /* Waits until each of the n publishes, made in this order and the latest of
- * this channel, is settled; then each p[i].rc says whether the broker took it.
+ * this channel, is settled (those refused before sending already are); then each p[i].rc says whether the broker took it.
  * A return is matched by message id (or, alone in flight, to the one). SK_OK,
  * or SK_AGAIN if the connection failed first: then none of them may be taken
  * as published. */

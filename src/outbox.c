@@ -9,7 +9,11 @@
  * the rows unpublished: they are published again, and the consumer side
  * absorbs the duplicates. A message the broker cannot route (no such queue)
  * is not lost either: its row keeps publish_error and is skipped until an
- * operator clears it.
+ * operator clears it. So is a row AMQP cannot carry at all (a queue name or
+ * job type over 255 bytes, keys too long for a frame: sql/008 refuses them
+ * at enqueue, but older rows or direct INSERTs may hold them): it is refused
+ * before anything of it is sent, so it never costs the connection, and the
+ * rest of its batch goes on.
  *
  * The relay sleeps on LISTEN sekali_outbox (sekali.enqueue() notifies at
  * COMMIT) and wakes at least every poll_interval for jobs whose run_at came.
@@ -243,8 +247,11 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
             .body = PQgetvalue(rows, i, COL_BODY),
             .body_len = (size_t)PQgetlength(rows, i, COL_BODY),
         };
-        if (sk_broker_publish_async(r->broker, PQgetvalue(rows, i, COL_QUEUE), &msg,
-                                    &r->publishes[i], &err) != SK_OK) {
+        /* A row AMQP cannot carry is refused, not retried: it would fail
+         * the same way on every connection, and hold up every row after it. */
+        int rc = sk_broker_publish_async(r->broker, PQgetvalue(rows, i, COL_QUEUE), &msg,
+                                         &r->publishes[i], &err);
+        if (rc == SK_AGAIN) {
             disconnect(r, err.msg);
             return SK_AGAIN;
         }
