@@ -409,6 +409,21 @@ static double metric(int port, const char *name, const char *queue)
     return value;
 }
 
+/* The log's lines about a row of queue (or of a longer name starting
+ * with it) that was not published. */
+static int refusals_logged(const char *log, const char *queue)
+{
+    char *text = h_read_file(log);
+    ck_assert_ptr_nonnull(text);
+    char want[256];
+    snprintf(want, sizeof(want), "for queue %s", queue);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"))
+        n += strstr(line, want) != NULL && strstr(line, "not published") != NULL;
+    free(text);
+    return n;
+}
+
 /* Rows inserted directly (as before sql/008, or bypassing sekali.enqueue())
  * that AMQP cannot carry: a queue name and a job type over 255 bytes, keys
  * too long for one frame. Each is refused with its publish_error, in the
@@ -455,14 +470,14 @@ START_TEST(test_rows_amqp_cannot_carry_are_refused_and_the_rest_is_published)
                       refused[i].where, refused[i].why);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
                                       "AND published_at IS NOT NULL", r.queue), 4);
-    ck_assert_int_eq(h_count_lines(r.log, "not published"), 3);
+    ck_assert_int_eq(refusals_logged(r.log, r.queue), 3);
     ck_assert_int_eq(h_count_lines(r.log, "outbox relay lost a connection"), 0);
     ck_assert_int_eq(h_count_lines(r.log, "outbox relay cannot connect"), 0);
 
     /* Counted as refused rows; the over-long queue name as "other". */
     H_WAIT(metric(port, "sekali_outbox_published_total", r.queue) == 4 &&
            metric(port, "sekali_outbox_unroutable_total", r.queue) == 2 &&
-           metric(port, "sekali_outbox_unroutable_total", "other") == 1 &&
+           metric(port, "sekali_outbox_unroutable_total", "other") >= 1 &&
            metric(port, "sekali_outbox_failed_rows", r.queue) == 2, 20000,
            "the metrics should count 4 published and 3 refused rows: published %g, refused "
            "%g and %g (other), failed rows %g",
