@@ -27,6 +27,7 @@ struct sk_broker {
     uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
     amqp_bytes_t            scratch;          /* trial encodings of a publish's properties */
+    bool                    channel_closed;   /* by the broker, refusing what we sent */
 };
 
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
@@ -559,7 +560,16 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
             amqp_destroy_message(&message);
             continue;
         }
-        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+            /* The broker refused something sent on this channel (over its
+             * max_message_size, not permitted): a connection error could not
+             * close only the channel. */
+            amqp_channel_close_t *m = frame.payload.method.decoded;
+            b->channel_closed = true;
+            return sk_err_set(err, SK_AGAIN, "the broker closed the channel while publishing: "
+                              "%u %.*s", m->reply_code, (int)m->reply_text.len,
+                              (const char *)m->reply_text.bytes);
+        }
         case AMQP_CONNECTION_CLOSE_METHOD:
             return sk_err_set(err, SK_AGAIN, "broker closed the channel while publishing");
         default:
@@ -567,6 +577,11 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
         }
     }
     return SK_OK;
+}
+
+bool sk_broker_channel_refused(const struct sk_broker *b)
+{
+    return b != NULL && b->channel_closed;
 }
 
 /* Settles the publishes a confirm covers (tag, or every tag up to it when

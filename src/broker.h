@@ -147,6 +147,12 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
 int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
                              struct sk_err *err);
 
+/* After sk_broker_await_confirms() failed: whether the broker closed the
+ * channel (then one of the publishes was refused by the broker itself, e.g.
+ * a body over its max_message_size), rather than the connection failing.
+ * The connection is of no further use either way. */
+bool sk_broker_channel_refused(const struct sk_broker *b);
+
 /* Declares the delay queue for `queue` and delay_ms, and writes its name to
  * name (size bytes): messages sit there for delay_ms, then the broker
  * dead-letters them back to `queue`. The queue deletes itself once unused

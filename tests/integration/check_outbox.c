@@ -494,6 +494,58 @@ START_TEST(test_rows_amqp_cannot_carry_are_refused_and_the_rest_is_published)
 }
 END_TEST
 
+static void broker_max_message_size(long bytes)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "\"$SEKALI_RABBITMQCTL\" eval "
+             "'application:set_env(rabbit, max_message_size, %ld).' >/dev/null 2>&1", bytes);
+    ck_assert_msg(system(cmd) == 0, "rabbitmqctl eval set_env max_message_size failed");
+}
+
+/* A row the broker itself refuses (a body over its max_message_size: it
+ * closes the channel, without saying which message) is found by relaying
+ * its batch one row at a time, and refused with the broker's reason; the
+ * rows before and after it are published and run, and the relay reconnects
+ * only for the refusals, never in a loop. Channels read the limit when they
+ * open, so it is lowered before sekalid starts, and restored after. */
+START_TEST(test_row_the_broker_refuses_is_found_and_the_rest_is_published)
+{
+    struct h_run r;
+    h_run_open(&r, "brokerrefuses");
+    h_pg_exec(r.pg, "BEGIN");
+    h_enqueue(r.pg, r.queue, "k-1", NULL, NULL);
+    h_enqueue(r.pg, r.queue, "k-2", NULL, NULL);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'test', convert_to(repeat('x', "
+             "20000), 'UTF8'), 'k-big')", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_enqueue(r.pg, r.queue, "k-3", NULL, NULL);
+    h_pg_exec(r.pg, "COMMIT");
+    broker_max_message_size(8192);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = H_RELAY });
+
+    H_WAIT(effects(&r, "k-1") + effects(&r, "k-2") + effects(&r, "k-3") == 3, 30000,
+           "the rows around the refused one should be published and run");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' AND "
+                            "idempotency_key = 'k-big' AND published_at IS NULL AND "
+                            "publish_error LIKE '%%406%%max size%%'", r.queue) == 1, 20000,
+           "the big row should hold the broker's refusal as its publish_error");
+    h_enqueue(r.pg, r.queue, "k-later", NULL, NULL);
+    H_WAIT(effects(&r, "k-later") == 1, 20000, "a job enqueued later should run");
+    broker_max_message_size(134217728);
+    ck_assert_int_eq(effects(&r, "k-big"), 0);
+    ck_assert_int_eq(refusals_logged(r.log, r.queue), 1);
+    /* Once for the batch, once for the row found alone. */
+    ck_assert_int_eq(h_count_lines(r.log, "outbox relay lost a connection"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "outbox relay: the broker refused row"), 1);
+    h_run_stop(&r);
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.outbox WHERE queue = '%s' AND "
+             "published_at IS NULL", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
 {
     struct h_run r;
@@ -607,6 +659,7 @@ int main(void)
         test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_back,
         test_enqueue_refuses_what_could_never_be_published_and_enqueues_nothing,
         test_rows_amqp_cannot_carry_are_refused_and_the_rest_is_published,
+        test_row_the_broker_refuses_is_found_and_the_rest_is_published,
         test_relay_killed_between_publish_and_mark_publishes_twice_runs_once,
         test_two_relays_publish_five_thousand_rows_once_each,
         test_job_chains_survive_worker_kills_with_each_link_once,
