@@ -127,7 +127,7 @@ struct sk_publish {
     bool        returned;    /* the broker could not route it */
     bool        settled;     /* confirmed (acked or nacked) */
     int         rc;          /* once settled: SK_OK, or SK_ERR with why */
-    const char *why;         /* static text: why it was not accepted */
+    const char *why;         /* static text (or the caller's): why it was not accepted */
 };
 
 /* Sends msg as sk_broker_publish() does, without waiting: fills *p. SK_OK;

@@ -13,7 +13,9 @@
  * job type over 255 bytes, keys too long for a frame: sql/008 refuses them
  * at enqueue, but older rows or direct INSERTs may hold them): it is refused
  * before anything of it is sent, so it never costs the connection, and the
- * rest of its batch goes on.
+ * rest of its batch goes on. A row the broker refuses by closing the channel
+ * (a body over its max_message_size) is found by relaying the batch again
+ * one row at a time, and refused alike.
  *
  * The relay sleeps on LISTEN sekali_outbox (sekali.enqueue() notifies at
  * COMMIT) and wakes at least every poll_interval for jobs whose run_at came.
