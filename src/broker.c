@@ -561,11 +561,12 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
             continue;
         }
         case AMQP_CHANNEL_CLOSE_METHOD: {
-            /* The broker refused something sent on this channel (over its
-             * max_message_size, not permitted): a connection error could not
-             * close only the channel. */
+            /* 406 and 403: the broker refused something sent on this
+             * channel (over its max_message_size, not permitted). Any other
+             * code is taken as a failure of the broker, to retry. */
             amqp_channel_close_t *m = frame.payload.method.decoded;
-            b->channel_closed = true;
+            b->channel_closed = m->reply_code == AMQP_PRECONDITION_FAILED ||
+                                m->reply_code == AMQP_ACCESS_REFUSED;
             return sk_err_set(err, SK_AGAIN, "the broker closed the channel while publishing: "
                               "%u %.*s", m->reply_code, (int)m->reply_text.len,
                               (const char *)m->reply_text.bytes);

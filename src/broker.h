@@ -148,8 +148,9 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
                              struct sk_err *err);
 
 /* After sk_broker_await_confirms() failed: whether the broker closed the
- * channel (then one of the publishes was refused by the broker itself, e.g.
- * a body over its max_message_size), rather than the connection failing.
+ * channel refusing one of the publishes (406 or 403: a body over its
+ * max_message_size, a queue the user may not write to), rather than the
+ * connection or the broker failing.
  * The connection is of no further use either way. */
 bool sk_broker_channel_refused(const struct sk_broker *b);
 
