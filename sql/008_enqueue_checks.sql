@@ -60,8 +60,8 @@ BEGIN
               USING ERRCODE = '22004', HINT = 'An empty body is ''''::bytea.';
     END IF;
     IF octet_length(p_body) > 536870912 THEN
-        RAISE EXCEPTION 'sekali.enqueue: the body is % bytes long, over 512 MiB (RabbitMQ''s limit)',
-                        octet_length(p_body)
+        RAISE EXCEPTION 'sekali.enqueue: the body is % bytes long, over 512 MiB '
+                        '(RabbitMQ''s limit)', octet_length(p_body)
               USING ERRCODE = '22001';
     END IF;
 

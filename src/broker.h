@@ -140,18 +140,18 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
                             struct sk_err *err);
 
 /* Waits until each of the n publishes, made in this order and the latest of
- * this channel, is settled (those refused before sending already are); then each p[i].rc says whether the broker took it.
- * A return is matched by message id (or, alone in flight, to the one). SK_OK,
- * or SK_AGAIN if the connection failed first: then none of them may be taken
- * as published. */
+ * this channel, is settled (those refused before sending already are); then
+ * each p[i].rc says whether the broker took it. A return is matched by
+ * message id (or, alone in flight, to the one). SK_OK, or SK_AGAIN if the
+ * connection failed first: then none of them may be taken as published. */
 int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
                              struct sk_err *err);
 
 /* After sk_broker_await_confirms() failed: whether the broker closed the
  * channel refusing one of the publishes (406 or 403: a body over its
  * max_message_size, a queue the user may not write to), rather than the
- * connection or the broker failing.
- * The connection is of no further use either way. */
+ * connection or the broker failing. The connection is of no further use
+ * either way. */
 bool sk_broker_channel_refused(const struct sk_broker *b);
 
 /* Declares the delay queue for `queue` and delay_ms, and writes its name to
