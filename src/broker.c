@@ -6,6 +6,7 @@
  * consume loop reads the stray frames and turns a closed channel into SK_ERR,
  * and publishing waits for confirms frame by frame. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,8 @@ struct sk_broker {
     uint64_t                next_publish_tag;
     uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
+    amqp_bytes_t            scratch;          /* trial encodings of a publish's properties */
+    bool                    channel_closed;   /* by the broker, refusing what we sent */
 };
 
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
@@ -38,6 +41,8 @@ static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
                                         const amqp_basic_properties_t *props);
 static int flush_acks(struct sk_broker *b, struct sk_err *err);
 static amqp_table_entry_t text_entry(const char *key, const char *value);
+static const char *unsendable(struct sk_broker *b, const amqp_basic_publish_t *method,
+                              const amqp_basic_properties_t *props);
 
 int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
 {
@@ -97,6 +102,7 @@ void sk_broker_close(struct sk_broker *b)
         amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
         amqp_destroy_connection(b->conn);
     }
+    free(b->scratch.bytes);
     free(b);
 }
 
@@ -349,14 +355,77 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
         props.headers.entries = headers;
     }
 
+    /* librabbitmq writes basic.publish before it encodes the properties: a
+     * message it cannot encode would leave half a publish on the wire, and
+     * the broker would close the connection for it. So a message is checked
+     * whole before any of it is sent, and one that can never be sent is
+     * refused here, with the connection left as it was. */
+    amqp_basic_publish_t method = { .exchange = amqp_empty_bytes,
+                                    .routing_key = amqp_cstring_bytes(routing_key),
+                                    .mandatory = 1 };
+    const char *why = unsendable(b, &method, &props);
+    if (why != NULL) {
+        *p = (struct sk_publish){ .message_id = msg->message_id, .settled = true, .rc = SK_ERR,
+                                  .why = why };
+        return sk_err_set(err, SK_ERR, "publish to %.64s%s refused before sending: %s",
+                          routing_key, strlen(routing_key) > 64 ? "..." : "", why);
+    }
     amqp_bytes_t body = { .len = msg->body_len, .bytes = (void *)msg->body };
-    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
-                                    amqp_cstring_bytes(routing_key), 1, 0, &props, body);
+    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes, method.routing_key, 1,
+                                    0, &props, body);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
                           amqp_error_string2(status));
     *p = (struct sk_publish){ .message_id = msg->message_id, .tag = b->next_publish_tag++ };
     return SK_OK;
+}
+
+/* Why librabbitmq could not send this publish, or NULL if it can. Each
+ * short string (at most 255 bytes in AMQP) is named; then both frames are
+ * encoded for trial, as librabbitmq will encode them: the method, and the
+ * properties and headers, which must fit in one frame of the negotiated
+ * size (a body is split over as many frames as it needs). */
+static const char *unsendable(struct sk_broker *b, const amqp_basic_publish_t *method,
+                              const amqp_basic_properties_t *props)
+{
+    static const struct { amqp_flags_t flag; size_t offset; const char *why; } strings[] = {
+        { AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id),
+          "the message id (job id) is longer than 255 bytes, the AMQP limit" },
+        { AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type),
+          "the type (job type) is longer than 255 bytes, the AMQP limit" },
+        { AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type),
+          "the content type is longer than 255 bytes, the AMQP limit" },
+        { AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to),
+          "reply_to is longer than 255 bytes, the AMQP limit" },
+        { AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id),
+          "the correlation id is longer than 255 bytes, the AMQP limit" },
+    };
+    if (method->routing_key.len > UINT8_MAX)
+        return "the queue name is longer than 255 bytes, the AMQP limit";
+    for (size_t i = 0; i < SK_ARRAY_LEN(strings); i++) {
+        const amqp_bytes_t *text =
+            (const amqp_bytes_t *)((const char *)props + strings[i].offset);
+        if ((props->_flags & strings[i].flag) && text->len > UINT8_MAX)
+            return strings[i].why;
+    }
+
+    unsigned char encoded[512];  /* a publish method is at most 263 bytes */
+    if (amqp_encode_method(AMQP_BASIC_PUBLISH_METHOD, (void *)method,
+                           (amqp_bytes_t){ .len = sizeof(encoded), .bytes = encoded }) < 0)
+        return "librabbitmq cannot encode the publish method";
+    /* A header frame carries 7 bytes of frame header, 12 of class, weight
+     * and body size, the properties, and the frame end. */
+    size_t room = (size_t)amqp_get_frame_max(b->conn) - 20;
+    if (b->scratch.len < room) {
+        void *bytes = realloc(b->scratch.bytes, room);
+        if (bytes == NULL)
+            return NULL;  /* no trial then: librabbitmq will say */
+        b->scratch = (amqp_bytes_t){ .len = room, .bytes = bytes };
+    }
+    if (amqp_encode_properties(AMQP_BASIC_CLASS, (void *)props,
+                               (amqp_bytes_t){ .len = room, .bytes = b->scratch.bytes }) < 0)
+        return "its properties and headers (keys) do not fit in one AMQP frame";
+    return NULL;
 }
 
 int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
@@ -454,7 +523,9 @@ static int await_one(struct sk_broker *b, struct sk_publish *p, const char *rout
 int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
                              struct sk_err *err)
 {
-    size_t unsettled = n;
+    size_t unsettled = 0;
+    for (size_t i = 0; i < n; i++)
+        unsettled += !p[i].settled;
     while (unsettled > 0) {
         amqp_frame_t frame;
         struct timeval timeout = to_timeval(30000);
@@ -489,7 +560,17 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
             amqp_destroy_message(&message);
             continue;
         }
-        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+            /* 406 and 403: the broker refused something sent on this
+             * channel (over its max_message_size, not permitted). Any other
+             * code is taken as a failure of the broker, to retry. */
+            amqp_channel_close_t *m = frame.payload.method.decoded;
+            b->channel_closed = m->reply_code == AMQP_PRECONDITION_FAILED ||
+                                m->reply_code == AMQP_ACCESS_REFUSED;
+            return sk_err_set(err, SK_AGAIN, "the broker closed the channel while publishing: "
+                              "%u %.*s", m->reply_code, (int)m->reply_text.len,
+                              (const char *)m->reply_text.bytes);
+        }
         case AMQP_CONNECTION_CLOSE_METHOD:
             return sk_err_set(err, SK_AGAIN, "broker closed the channel while publishing");
         default:
@@ -497,6 +578,11 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
         }
     }
     return SK_OK;
+}
+
+bool sk_broker_channel_refused(const struct sk_broker *b)
+{
+    return b != NULL && b->channel_closed;
 }
 
 /* Settles the publishes a confirm covers (tag, or every tag up to it when

@@ -112,7 +112,8 @@ int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
 
 /* Publishes a persistent, mandatory message to the default exchange and waits
  * for the broker's confirm. Returns SK_OK once confirmed, SK_ERR if the broker
- * nacked or returned it (no such queue), SK_AGAIN if the connection failed.
+ * nacked or returned it (no such queue) or if AMQP cannot carry it (see
+ * sk_broker_publish_async()), SK_AGAIN if the connection failed.
  * Only for connections that do not consume: it reads frames synchronously. */
 int sk_broker_publish(struct sk_broker *b, const char *routing_key,
                       const struct sk_message *msg, struct sk_err *err);
@@ -126,22 +127,32 @@ struct sk_publish {
     bool        returned;    /* the broker could not route it */
     bool        settled;     /* confirmed (acked or nacked) */
     int         rc;          /* once settled: SK_OK, or SK_ERR with why */
-    const char *why;         /* static text: why it was not accepted */
+    const char *why;         /* static text (or the caller's): why it was not accepted */
 };
 
-/* Sends msg as sk_broker_publish() does, without waiting: fills *p. SK_OK,
- * or SK_AGAIN if the connection failed. */
+/* Sends msg as sk_broker_publish() does, without waiting: fills *p. SK_OK;
+ * SK_ERR if the message can never be sent (a routing key or property over
+ * AMQP's 255 bytes, properties and headers over one frame): nothing was sent,
+ * the connection is as it was, and *p is settled with rc SK_ERR and why; or
+ * SK_AGAIN if the connection failed. */
 int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
                             const struct sk_message *msg, struct sk_publish *p,
                             struct sk_err *err);
 
 /* Waits until each of the n publishes, made in this order and the latest of
- * this channel, is settled; then each p[i].rc says whether the broker took it.
- * A return is matched by message id (or, alone in flight, to the one). SK_OK,
- * or SK_AGAIN if the connection failed first: then none of them may be taken
- * as published. */
+ * this channel, is settled (those refused before sending already are); then
+ * each p[i].rc says whether the broker took it. A return is matched by
+ * message id (or, alone in flight, to the one). SK_OK, or SK_AGAIN if the
+ * connection failed first: then none of them may be taken as published. */
 int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
                              struct sk_err *err);
+
+/* After sk_broker_await_confirms() failed: whether the broker closed the
+ * channel refusing one of the publishes (406 or 403: a body over its
+ * max_message_size, a queue the user may not write to), rather than the
+ * connection or the broker failing. The connection is of no further use
+ * either way. */
+bool sk_broker_channel_refused(const struct sk_broker *b);
 
 /* Declares the delay queue for `queue` and delay_ms, and writes its name to
  * name (size bytes): messages sit there for delay_ms, then the broker

@@ -46,6 +46,7 @@ struct sk_metrics_http {
     int                   epoll_fd;    /* libmicrohttpd's, polled by the thread */
     int                   stop_fd;     /* eventfd: written to end the thread */
     int                   conns[MAX_CONNECTIONS];  /* open connections; -1: none */
+    unsigned long         closed;      /* connections closed so far, for run() */
     pthread_t             thread;
     sem_t                 running;     /* posted once the thread holds the gate */
     const struct sk_conf *conf;
@@ -61,6 +62,7 @@ static void gate_lock(void);
 static void gate_unlock(void);
 static int listen_on(const struct sk_metrics_conf *mc, int *fd, struct sk_err *err);
 static void *serve(void *arg);
+static void run(struct sk_metrics_http *h);
 static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
                   enum MHD_ConnectionNotificationCode code);
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
@@ -259,19 +261,39 @@ static void *serve(void *arg)
         pthread_mutex_lock(&gate);
         if (n > 0 && fds[1].revents != 0)
             break;
-        MHD_run(h->daemon);
+        run(h);
     }
     pthread_mutex_unlock(&gate);
     return NULL;
 }
 
+/* One step of libmicrohttpd's loop, taken again as long as a step closes
+ * connections. At the connection limit libmicrohttpd takes the listening
+ * socket out of its epoll set, and it puts it back only at the start of a
+ * step, when it has room, while a step frees its closed connections at its
+ * very end. A step that closes the connections of a full server therefore
+ * ends with the socket still out; when no connection is left to time out,
+ * serve() would then wait with no timeout on an empty set, and the endpoint
+ * would never accept again. The step after a close puts it back. */
+static void run(struct sk_metrics_http *h)
+{
+    unsigned long closed;
+    do {
+        closed = h->closed;
+        MHD_run(h->daemon);
+    } while (h->closed != closed);
+}
+
 /* Keeps conns[] in step with libmicrohttpd's open connections, for
- * sk_metrics_http_close_in_child(). Runs in MHD_run(), under the gate. */
+ * sk_metrics_http_close_in_child(), and counts the closed ones for run().
+ * Runs in MHD_run(), under the gate. */
 static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
                   enum MHD_ConnectionNotificationCode code)
 {
     struct sk_metrics_http *h = cls;
     (void)socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        h->closed++;
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (info == NULL)

@@ -9,7 +9,13 @@
  * the rows unpublished: they are published again, and the consumer side
  * absorbs the duplicates. A message the broker cannot route (no such queue)
  * is not lost either: its row keeps publish_error and is skipped until an
- * operator clears it.
+ * operator clears it. So is a row AMQP cannot carry at all (a queue name or
+ * job type over 255 bytes, keys too long for a frame: sql/008 refuses them
+ * at enqueue, but older rows or direct INSERTs may hold them): it is refused
+ * before anything of it is sent, so it never costs the connection, and the
+ * rest of its batch goes on. A row the broker refuses by closing the channel
+ * (a body over its max_message_size) is found by relaying the batch again
+ * one row at a time, and refused alike.
  *
  * The relay sleeps on LISTEN sekali_outbox (sekali.enqueue() notifies at
  * COMMIT) and wakes at least every poll_interval for jobs whose run_at came.
@@ -49,6 +55,8 @@ struct relay {
     struct sk_publish    *publishes;   /* one per row of a batch */
     struct sk_backoff     backoff;
     bool                  down_logged;
+    int                   singly;      /* rows still to relay one per batch */
+    char                  refusal[256];  /* the broker's reason for a row's refusal */
 };
 
 static volatile sig_atomic_t stop_requested;
@@ -198,7 +206,10 @@ static int relay_batch(struct relay *r, int *claimed)
     if (rc == SK_OK)
         count_rows(r, rows, n);
     PQclear(rows);
-    *claimed = n;
+    if (rc == SK_OK && r->singly > 0)
+        r->singly = n > 0 ? r->singly - n : 0;
+    /* One at a time, a batch is never full: yet more may be waiting. */
+    *claimed = r->singly > 0 ? r->conf->outbox.batch : n;
     return rc;
 }
 
@@ -208,7 +219,7 @@ static int relay_batch(struct relay *r, int *claimed)
 static PGresult *claim_rows(struct relay *r)
 {
     char limit[16];
-    snprintf(limit, sizeof(limit), "%d", r->conf->outbox.batch);
+    snprintf(limit, sizeof(limit), "%d", r->singly > 0 ? 1 : r->conf->outbox.batch);
     const char *params[] = { limit };
     PGresult *begin = PQexec(r->pg, "BEGIN");
     bool ok = PQresultStatus(begin) == PGRES_COMMAND_OK;
@@ -243,13 +254,37 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
             .body = PQgetvalue(rows, i, COL_BODY),
             .body_len = (size_t)PQgetlength(rows, i, COL_BODY),
         };
-        if (sk_broker_publish_async(r->broker, PQgetvalue(rows, i, COL_QUEUE), &msg,
-                                    &r->publishes[i], &err) != SK_OK) {
+        /* A row AMQP cannot carry is refused, not retried: it would fail
+         * the same way on every connection, and hold up every row after it. */
+        int rc = sk_broker_publish_async(r->broker, PQgetvalue(rows, i, COL_QUEUE), &msg,
+                                         &r->publishes[i], &err);
+        if (rc == SK_AGAIN) {
             disconnect(r, err.msg);
             return SK_AGAIN;
         }
     }
     if (n > 0 && sk_broker_await_confirms(r->broker, r->publishes, n, &err) != SK_OK) {
+        if (!sk_broker_channel_refused(r->broker)) {
+            disconnect(r, err.msg);
+            return SK_AGAIN;
+        }
+        /* The broker refused one of the rows by closing the channel, which
+         * does not say which. Alone in its batch, it is that row: refused,
+         * and its transaction goes on to mark it. Otherwise the rows of the
+         * batch are relayed again one at a time, to find it (those it took
+         * before closing arrive twice, which consumers absorb). */
+        if (n == 1) {
+            sk_log_warn("outbox relay: the broker refused row %" PRIu64 ": %s",
+                        row_id(rows, 0), err.msg);
+            snprintf(r->refusal, sizeof(r->refusal), "%s", err.msg);
+            r->publishes[0].settled = true;
+            r->publishes[0].rc = SK_ERR;
+            r->publishes[0].why = r->refusal;
+            sk_broker_close(r->broker);  /* its channel is gone; PostgreSQL stays */
+            r->broker = NULL;
+            return SK_OK;
+        }
+        r->singly = n;
         disconnect(r, err.msg);
         return SK_AGAIN;
     }

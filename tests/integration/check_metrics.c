@@ -431,6 +431,195 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
 }
 END_TEST
 
+/* The connections the endpoint holds: the server's ends of established
+ * loopback connections to its port that have a descriptor (in the accept
+ * queue, a connection has none: inode 0), from /proc/net/tcp. */
+static int held_connections(int port)
+{
+    char *text = h_read_file("/proc/net/tcp");
+    ck_assert_ptr_nonnull(text);
+    char want[32];
+    snprintf(want, sizeof(want), "0100007F:%04X", port);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char local[64];
+        unsigned state;
+        unsigned long inode;
+        if (sscanf(line, " %*s %63s %*s %x %*s %*s %*s %*s %*s %lu", local, &state,
+                   &inode) == 3 && strcmp(local, want) == 0 && state != 0x0A && inode != 0)
+            n++;
+    }
+    free(text);
+    return n;
+}
+
+/* How many connections wait in the accept queue of the socket listening on
+ * port (a listening socket's rx_queue), or -1 if none listens. */
+static int accept_queue(int port)
+{
+    char *text = h_read_file("/proc/net/tcp");
+    ck_assert_ptr_nonnull(text);
+    char want[32];
+    snprintf(want, sizeof(want), "0100007F:%04X", port);
+    int n = -1;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char local[64];
+        unsigned state, rx;
+        if (sscanf(line, " %*s %63s %*s %x %*x:%x", local, &state, &rx) == 3 &&
+            strcmp(local, want) == 0 && state == 0x0A)
+            n = (int)rx;
+    }
+    free(text);
+    return n;
+}
+
+/* The state letter of a process (R, S, T...), from /proc; '?' if gone. */
+static char process_state(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", (long)pid);
+    char *text = h_read_file(path);
+    char *paren = text != NULL ? strrchr(text, ')') : NULL;
+    char state = paren != NULL && paren[1] == ' ' ? paren[2] : '?';
+    free(text);
+    return state;
+}
+
+/* Opens n connections to the endpoint that never send a request, as idle
+ * scrapers or a port scan would. The connects do not block: past the
+ * server's backlog the kernel holds them, and the test must go on. */
+static void open_idle(int port, int *fds, int n)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    for (int i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        ck_assert_msg(fds[i] >= 0, "socket: %s", strerror(errno));
+        int rc = connect(fds[i], (struct sockaddr *)&a, sizeof(a));
+        ck_assert_msg(rc == 0 || errno == EINPROGRESS, "connect to port %d: %s", port,
+                      strerror(errno));
+    }
+}
+
+/* Whether the server closed its end of fd (end of file or a reset). */
+static bool closed_by_server(int fd)
+{
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+static int count_closed_by_server(const int *fds, int n)
+{
+    int closed = 0;
+    for (int i = 0; i < n; i++)
+        closed += closed_by_server(fds[i]);
+    return closed;
+}
+
+/* A scrape must be answered within a second (stretched under sanitizers). */
+static void expect_prompt_scrape(struct run *r, const char *after)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "curl -sf --max-time %.3f -o %s http://127.0.0.1:%d/metrics",
+             h_ms(1000) / 1000.0, r->scrape, r->port);
+    int64_t start = h_now_ms();
+    int rc = system(cmd);
+    ck_assert_msg(rc == 0, "after %s, /metrics did not answer within %d ms (curl status 0x%x, "
+                  "%lld ms): the endpoint is wedged", after, h_ms(1000), rc,
+                  (long long)(h_now_ms() - start));
+    char *text = h_read_file(r->scrape);
+    ck_assert_ptr_nonnull(text);
+    ck_assert(per_queue(r, text, "sekali_workers_up") == 1);
+    free(text);
+}
+
+/* Fills the endpoint's connection limit (16) with n idle connections, the
+ * rest waiting in the accept queue, then closes them all from the client's
+ * side at once; the endpoint must answer the next scrape at once, then do the same
+ * again (libmicrohttpd takes its listening socket out of its epoll set at
+ * the limit, and it must be put back every time). */
+static void idle_connections_closed_by_client(int n)
+{
+    struct run r;
+    char name[64];
+    snprintf(name, sizeof(name), "metrics-idle-%d", n);
+    start(&r, name, 1);
+    int *fds = calloc((size_t)n, sizeof(*fds));
+    ck_assert_ptr_nonnull(fds);
+    for (int round = 0; round < 2; round++) {
+        open_idle(r.port, fds, n);
+        H_WAIT(held_connections(r.port) == 16, 10000,
+               "the endpoint should hold its limit of 16 connections, holds %d",
+               held_connections(r.port));
+        /* All at once, as the endpoint sees them when it was busy: the
+         * supervisor is stopped while the clients close. */
+        ck_assert_int_eq(kill(r.h.sekalid, SIGSTOP), 0);
+        H_WAIT(process_state(r.h.sekalid) == 'T', 5000, "sekalid should stop, is in state %c",
+               process_state(r.h.sekalid));
+        for (int i = 0; i < n; i++)
+            close(fds[i]);
+        ck_assert_int_eq(kill(r.h.sekalid, SIGCONT), 0);
+        /* Those it held it closes at once; before a scrape, the accept
+         * queue must have room for it, or its SYN would wait for a retry. */
+        H_WAIT(held_connections(r.port) == 0 && accept_queue(r.port) < 64, 10000,
+               "the endpoint should close the %d connections closed by the client and take "
+               "the queued ones (holds %d, %d queued)", n, held_connections(r.port),
+               accept_queue(r.port));
+        char after[128];
+        snprintf(after, sizeof(after), "%d idle connections closed by the client (round %d)", n,
+                 round + 1);
+        expect_prompt_scrape(&r, after);
+    }
+    free(fds);
+    finish(&r, scrape(&r));
+}
+
+START_TEST(test_16_idle_connections_closed_by_the_client_leave_metrics_answering)
+{
+    idle_connections_closed_by_client(16);
+}
+END_TEST
+
+START_TEST(test_64_idle_connections_closed_by_the_client_leave_metrics_answering)
+{
+    idle_connections_closed_by_client(64);
+}
+END_TEST
+
+START_TEST(test_200_idle_connections_closed_by_the_client_leave_metrics_answering)
+{
+    idle_connections_closed_by_client(200);
+}
+END_TEST
+
+/* The same limit, this time left to the endpoint's 10 s idle timeout; a
+ * reload afterwards changes nothing either way. */
+START_TEST(test_16_idle_connections_timed_out_leave_metrics_answering)
+{
+    struct run r;
+    start(&r, "metrics-idle-timeout", 1);
+    int fds[16];
+    open_idle(r.port, fds, 16);
+    H_WAIT(held_connections(r.port) == 16, 10000,
+           "the endpoint should hold its limit of 16 connections, holds %d",
+           held_connections(r.port));
+    int64_t opened = h_now_ms();
+    H_WAIT(count_closed_by_server(fds, 16) == 16, 30000,
+           "the endpoint should time out all 16 idle connections, closed %d",
+           count_closed_by_server(fds, 16));
+    ck_assert_msg(h_now_ms() - opened >= 9000, "closed after %lld ms, before the 10 s timeout",
+                  (long long)(h_now_ms() - opened));
+    expect_prompt_scrape(&r, "16 idle connections timed out");
+    for (int i = 0; i < 16; i++)
+        close(fds[i]);
+    ck_assert_int_eq(kill(r.h.sekalid, SIGHUP), 0);
+    H_WAIT(h_count_lines(r.h.log, "reloaded: ") == 1, 10000, "the reload should be logged");
+    expect_prompt_scrape(&r, "a reload");
+    finish(&r, scrape(&r));
+}
+END_TEST
+
 /* A port someone else listens on is a configuration problem: exit 2, a
  * message naming the address, and no worker started. */
 START_TEST(test_taken_port_stops_sekalid_with_exit_2)
@@ -469,6 +658,10 @@ int main(void)
         test_reload_keeps_the_endpoint_and_serves_the_new_generation,
         test_taken_port_stops_sekalid_with_exit_2,
         test_outbox_publishes_refusals_and_lag_are_measured,
+        test_16_idle_connections_closed_by_the_client_leave_metrics_answering,
+        test_64_idle_connections_closed_by_the_client_leave_metrics_answering,
+        test_200_idle_connections_closed_by_the_client_leave_metrics_answering,
+        test_16_idle_connections_timed_out_leave_metrics_answering,
         NULL,
     };
     return h_run_suite(h_suite("metrics", 300, tests));

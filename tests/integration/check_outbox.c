@@ -1,11 +1,14 @@
 /* check_outbox.c - the producer side: sekali.enqueue() inside the caller's
  * transaction, unique dedupe keys, scheduled jobs, and an outbox relay that
  * dies between a publish and its mark. sekalid runs with one relay. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -285,6 +288,264 @@ START_TEST(test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_
 }
 END_TEST
 
+/* Calls sekali.enqueue() with these values; returns the SQLSTATE of its
+ * error ("" if it enqueued) and copies the error message to msg. */
+static const char *enqueue_error(PGconn *pg, const char *queue, const char *type,
+                                 const char *key, const char *resource, const char *dedupe,
+                                 char *msg, size_t size)
+{
+    static char state[8];
+    const char *values[] = { queue, type, key, dedupe, resource };
+    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, $2, 'ok'::bytea, $3, $4, $5)",
+                                 5, NULL, values, NULL, NULL, 0);
+    const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    snprintf(state, sizeof(state), "%s", PQresultStatus(res) == PGRES_TUPLES_OK ? ""
+                                         : code != NULL ? code : "?");
+    snprintf(msg, size, "%s", PQresultErrorMessage(res));
+    PQclear(res);
+    return state;
+}
+
+/* s filled with n copies of c after prefix (at most size - 1 bytes). */
+static char *padded(char *s, size_t size, const char *prefix, const char *c, size_t n)
+{
+    snprintf(s, size, "%s", prefix);
+    for (size_t i = 0; i < n && strlen(s) + strlen(c) < size; i++)
+        strcat(s, c);
+    return s;
+}
+
+/* Values AMQP cannot carry, or workers would dead-letter, are refused by
+ * sekali.enqueue() itself with a clear error and leave nothing behind;
+ * values at the limits are taken. */
+START_TEST(test_enqueue_refuses_what_could_never_be_published_and_enqueues_nothing)
+{
+    h_init();
+    PGconn *pg = h_pg();
+    char base[128], queue256[300], queue255[300], wide[300], type256[300], type255[300];
+    char key513[600], dedupe[160], msg[512];
+    h_unique_name(base, sizeof(base), "enqueue-limits");
+    snprintf(dedupe, sizeof(dedupe), "dedupe-%s", base);
+    padded(queue256, sizeof(queue256), base, "q", 256 - strlen(base));
+    padded(queue255, sizeof(queue255), base, "q", 255 - strlen(base));
+    /* 128 characters of 2 bytes: under 255 characters, over 255 bytes. */
+    padded(wide, sizeof(wide), "", "\xc3\xa9", 128);
+    padded(type256, sizeof(type256), "", "t", 256);
+    padded(type255, sizeof(type255), "", "t", 255);
+    padded(key513, sizeof(key513), "", "k", 513);
+
+    static const struct { int queue; const char *type, *key, *resource, *state, *says; } cases[] = {
+        { 256, "test", NULL, NULL, "22001", "queue name is 256 bytes long, over 255" },
+        { 0, "test", NULL, NULL, "22023", "queue name is empty" },
+        { 2, "test", NULL, NULL, "22001", "queue name is 256 bytes long, over 255" },
+        { 1, "", NULL, NULL, "22023", "job type is empty" },
+        { 1, "T256", NULL, NULL, "22001", "job type is 256 bytes long, over 255" },
+        { 1, "test", "", NULL, "22023", "idempotency key is empty" },
+        { 1, "test", "K513", NULL, "22001", "idempotency key is 513 bytes long, over 512" },
+        { 1, "test", NULL, "", "22023", "resource key is empty" },
+        { 1, "test", NULL, "K513", "22001", "resource key is 513 bytes long, over 512" },
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(cases); i++) {
+        const char *q = cases[i].queue == 256 ? queue256 : cases[i].queue == 0 ? ""
+                        : cases[i].queue == 2 ? wide : base;
+        const char *type = strcmp(cases[i].type, "T256") == 0 ? type256 : cases[i].type;
+        const char *key = cases[i].key != NULL && strcmp(cases[i].key, "K513") == 0
+                          ? key513 : cases[i].key;
+        const char *resource = cases[i].resource != NULL &&
+                               strcmp(cases[i].resource, "K513") == 0 ? key513
+                                                                      : cases[i].resource;
+        /* With a dedupe key too: the refusal comes before the key is taken. */
+        const char *state = enqueue_error(pg, q, type, key, resource, dedupe, msg, sizeof(msg));
+        ck_assert_msg(strcmp(state, cases[i].state) == 0 && strstr(msg, cases[i].says) != NULL,
+                      "case %zu: expected SQLSTATE %s saying \"%s\", got \"%s\": %s", i,
+                      cases[i].state, cases[i].says, state, msg);
+    }
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue LIKE "
+                                    "'%s%%' OR queue = '' OR queue = '%s'", base, wide), 0);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.job_dedupe WHERE dedupe_key "
+                                    "= '%s'", dedupe), 0);
+
+    /* At the limits: taken, and the queue name's bytes counted, not its
+     * characters. */
+    char key512[600];
+    padded(key512, sizeof(key512), "", "k", 512);
+    ck_assert_str_eq(enqueue_error(pg, queue255, type255, key512, key512, NULL, msg,
+                                   sizeof(msg)), "");
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                    "AND octet_length(job_type) = 255", queue255), 1);
+    h_pg_exec(pg, "DELETE FROM sekali.outbox WHERE queue = '' OR queue LIKE 'enqueue-limits%'");
+    PQfinish(pg);
+}
+END_TEST
+
+/* A free loopback port (the small race with another process taking it
+ * would fail the test loudly: sekalid exits 2). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    ck_assert(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* One series of a /metrics scrape, or -1 if absent (or no answer). */
+static double metric(int port, const char *name, const char *queue)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "curl -sf --max-time 10 http://127.0.0.1:%d/metrics", port);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char want[512], line[1024];
+    snprintf(want, sizeof(want), "%s{queue=\"%s\"} ", name, queue);
+    double value = -1;
+    while (fgets(line, sizeof(line), p) != NULL)
+        if (strncmp(line, want, strlen(want)) == 0)
+            value = strtod(line + strlen(want), NULL);
+    pclose(p);
+    return value;
+}
+
+/* The log's lines about a row of queue (or of a longer name starting
+ * with it) that was not published. */
+static int refusals_logged(const char *log, const char *queue)
+{
+    char *text = h_read_file(log);
+    ck_assert_ptr_nonnull(text);
+    char want[256];
+    snprintf(want, sizeof(want), "for queue %s", queue);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"))
+        n += strstr(line, want) != NULL && strstr(line, "not published") != NULL;
+    free(text);
+    return n;
+}
+
+/* Rows inserted directly (as before sql/008, or bypassing sekali.enqueue())
+ * that AMQP cannot carry: a queue name and a job type over 255 bytes, keys
+ * too long for one frame. Each is refused with its publish_error, in the
+ * same batch as good rows before and after it, which are published and run,
+ * as is a job enqueued later; the relay never drops its connection. */
+START_TEST(test_rows_amqp_cannot_carry_are_refused_and_the_rest_is_published)
+{
+    struct h_run r;
+    h_run_open(&r, "unsendable");
+    int port = free_port();
+    char top[256];
+    snprintf(top, sizeof(top), "%smetrics:\n  listen: 127.0.0.1:%d\n", H_RELAY, port);
+    char sql[1024];
+    h_pg_exec(r.pg, "BEGIN");
+    h_enqueue(r.pg, r.queue, "k-1", NULL, NULL);
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.outbox (job_id, queue, job_type, body, "
+             "idempotency_key) VALUES "
+             "(gen_random_uuid()::text, '%s' || repeat('q', 300), 'test', 'ok', 'k-queue'), "
+             "(gen_random_uuid()::text, '%s', repeat('t', 300), 'ok', 'k-type'), "
+             "(gen_random_uuid()::text, '%s', 'test', 'ok', repeat('k', 200000))",
+             r.queue, r.queue, r.queue);
+    h_pg_exec(r.pg, sql);
+    h_enqueue(r.pg, r.queue, "k-2", NULL, NULL);
+    h_enqueue(r.pg, r.queue, "k-3", NULL, NULL);
+    h_pg_exec(r.pg, "COMMIT");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
+
+    H_WAIT(effects(&r, "k-1") + effects(&r, "k-2") + effects(&r, "k-3") == 3, 20000,
+           "the good rows of the batch should be published and run");
+    h_enqueue(r.pg, r.queue, "k-later", NULL, NULL);
+    H_WAIT(effects(&r, "k-later") == 1, 20000, "a job enqueued later should run");
+
+    static const struct { const char *where, *why; } refused[] = {
+        { "octet_length(queue) > 300", "queue name is longer than 255 bytes" },
+        { "octet_length(job_type) = 300", "type (job type) is longer than 255 bytes" },
+        { "octet_length(idempotency_key) = 200000", "do not fit in one AMQP frame" },
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(refused); i++)
+        ck_assert_msg(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue LIKE "
+                                       "'%s%%' AND %s AND published_at IS NULL AND "
+                                       "publish_error LIKE '%%%s%%'", r.queue,
+                                 refused[i].where, refused[i].why) == 1,
+                      "the row with %s should hold publish_error \"...%s...\"",
+                      refused[i].where, refused[i].why);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at IS NOT NULL", r.queue), 4);
+    ck_assert_int_eq(refusals_logged(r.log, r.queue), 3);
+    ck_assert_int_eq(h_count_lines(r.log, "outbox relay lost a connection"), 0);
+    ck_assert_int_eq(h_count_lines(r.log, "outbox relay cannot connect"), 0);
+
+    /* Counted as refused rows; the over-long queue name as "other". */
+    H_WAIT(metric(port, "sekali_outbox_published_total", r.queue) == 4 &&
+           metric(port, "sekali_outbox_unroutable_total", r.queue) == 2 &&
+           metric(port, "sekali_outbox_unroutable_total", "other") >= 1 &&
+           metric(port, "sekali_outbox_failed_rows", r.queue) == 2, 20000,
+           "the metrics should count 4 published and 3 refused rows: published %g, refused "
+           "%g and %g (other), failed rows %g",
+           metric(port, "sekali_outbox_published_total", r.queue),
+           metric(port, "sekali_outbox_unroutable_total", r.queue),
+           metric(port, "sekali_outbox_unroutable_total", "other"),
+           metric(port, "sekali_outbox_failed_rows", r.queue));
+    h_run_stop(&r);
+    /* Refused rows wait for an operator for ever: this one deletes them. */
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.outbox WHERE queue LIKE '%s%%' AND "
+             "published_at IS NULL", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_run_close(&r);
+}
+END_TEST
+
+static void broker_max_message_size(long bytes)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "\"$SEKALI_RABBITMQCTL\" eval "
+             "'application:set_env(rabbit, max_message_size, %ld).' >/dev/null 2>&1", bytes);
+    ck_assert_msg(system(cmd) == 0, "rabbitmqctl eval set_env max_message_size failed");
+}
+
+/* A row the broker itself refuses (a body over its max_message_size: it
+ * closes the channel, without saying which message) is found by relaying
+ * its batch one row at a time, and refused with the broker's reason; the
+ * rows before and after it are published and run, and the relay reconnects
+ * only for the refusals, never in a loop. Channels read the limit when they
+ * open, so it is lowered before sekalid starts, and restored after. */
+START_TEST(test_row_the_broker_refuses_is_found_and_the_rest_is_published)
+{
+    struct h_run r;
+    h_run_open(&r, "brokerrefuses");
+    h_pg_exec(r.pg, "BEGIN");
+    h_enqueue(r.pg, r.queue, "k-1", NULL, NULL);
+    h_enqueue(r.pg, r.queue, "k-2", NULL, NULL);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'test', convert_to(repeat('x', "
+             "20000), 'UTF8'), 'k-big')", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_enqueue(r.pg, r.queue, "k-3", NULL, NULL);
+    h_pg_exec(r.pg, "COMMIT");
+    broker_max_message_size(8192);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = H_RELAY });
+
+    H_WAIT(effects(&r, "k-1") + effects(&r, "k-2") + effects(&r, "k-3") == 3, 30000,
+           "the rows around the refused one should be published and run");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' AND "
+                            "idempotency_key = 'k-big' AND published_at IS NULL AND "
+                            "publish_error LIKE '%%406%%max size%%'", r.queue) == 1, 20000,
+           "the big row should hold the broker's refusal as its publish_error");
+    h_enqueue(r.pg, r.queue, "k-later", NULL, NULL);
+    H_WAIT(effects(&r, "k-later") == 1, 20000, "a job enqueued later should run");
+    broker_max_message_size(134217728);
+    ck_assert_int_eq(effects(&r, "k-big"), 0);
+    ck_assert_int_eq(refusals_logged(r.log, r.queue), 1);
+    /* Once for the batch, once for the row found alone. */
+    ck_assert_int_eq(h_count_lines(r.log, "outbox relay lost a connection"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "outbox relay: the broker refused row"), 1);
+    h_run_stop(&r);
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.outbox WHERE queue = '%s' AND "
+             "published_at IS NULL", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_relay_killed_between_publish_and_mark_publishes_twice_runs_once)
 {
     struct h_run r;
@@ -396,6 +657,9 @@ int main(void)
         test_job_enqueued_during_a_batch_is_not_left_for_the_poll_interval,
         test_scheduled_job_is_not_published_before_run_at,
         test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_back,
+        test_enqueue_refuses_what_could_never_be_published_and_enqueues_nothing,
+        test_rows_amqp_cannot_carry_are_refused_and_the_rest_is_published,
+        test_row_the_broker_refuses_is_found_and_the_rest_is_published,
         test_relay_killed_between_publish_and_mark_publishes_twice_runs_once,
         test_two_relays_publish_five_thousand_rows_once_each,
         test_job_chains_survive_worker_kills_with_each_link_once,
