@@ -88,15 +88,6 @@ static int visit_show(struct dlq *d, struct letter *l);
 static int visit_replay(struct dlq *d, struct letter *l);
 static int visit_purge(struct dlq *d, struct letter *l);
 static int finish(struct dlq *d, int rc, const char *verb);
-static const amqp_field_value_t *header(const amqp_message_t *m, const char *name);
-static bool header_text(const amqp_message_t *m, const char *name, char *out, size_t size);
-static int64_t field_int(const amqp_field_value_t *v);
-static void iso_time(uint64_t seconds, char *out, size_t size);
-static size_t utf8_len(const unsigned char *s, size_t left);
-static void put_json(FILE *f, const void *s, size_t len);
-static void put_jstr(FILE *f, const char *s);
-static void put_text(FILE *f, const void *s, size_t len, size_t max);
-static void put_field(FILE *f, const amqp_field_value_t *v, bool json);
 static void json_item(struct dlq *d);
 static void json_letter_fields(FILE *f, const struct letter *l);
 static void json_letter(FILE *f, const struct letter *l);
@@ -169,11 +160,11 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
                         "sekalid with relays runs\n");
     if (d.json) {
         printf("{\"queue\":");
-        put_jstr(stdout, queue);
+        sk_ctl_put_jstr(stdout, queue);
         printf(",\"dead_letter_queue\":");
-        put_jstr(stdout, d.dead);
+        sk_ctl_put_jstr(stdout, d.dead);
         printf(",\"command\":");
-        put_jstr(stdout, sub);
+        sk_ctl_put_jstr(stdout, sub);
         printf(",\"%s\":[", replay || purge ? "results" : "dead_letters");
     } else if (rc == SK_OK && list) {
         printf("KEY | REASON | ATTEMPTS | KEY STATUS | FIRST FAILURE | LAST FAILURE | JOB ID | "
@@ -268,23 +259,23 @@ static void decode(struct dlq *d, struct letter *l)
         l->job_type = p->type;
     /* The key as a worker would take it, even from a malformed letter,
      * so that purge --key can name it. */
-    const amqp_field_value_t *k = header(&l->msg, "x-idempotency-key");
+    const amqp_field_value_t *k = sk_ctl_header(&l->msg, "x-idempotency-key");
     if (k != NULL && (k->kind == AMQP_FIELD_KIND_UTF8 || k->kind == AMQP_FIELD_KIND_BYTES))
         l->key = k->value.bytes;
     else if (k == NULL)
         l->key = l->job_id;
 
     char number[32];
-    if (header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason))) {
+    if (sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason))) {
         l->source = "sekali";
-        header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
-        l->attempts = field_int(header(&l->msg, "x-sekali-attempts"));
-        header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
-        header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
+        sk_ctl_header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
+        l->attempts = sk_ctl_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
+        sk_ctl_header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
+        sk_ctl_header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
         return;
     }
     /* The broker's x-death: its latest death first. */
-    const amqp_field_value_t *deaths = header(&l->msg, "x-death");
+    const amqp_field_value_t *deaths = sk_ctl_header(&l->msg, "x-death");
     if (deaths != NULL && deaths->kind == AMQP_FIELD_KIND_ARRAY &&
         deaths->value.array.num_entries > 0 &&
         deaths->value.array.entries[0].kind == AMQP_FIELD_KIND_TABLE) {
@@ -305,15 +296,15 @@ static void decode(struct dlq *d, struct letter *l)
                 snprintf(from, sizeof(from), "%.*s", (int)v->value.bytes.len,
                          (const char *)v->value.bytes.bytes);
             else if (len == 5 && memcmp(e->key.bytes, "count", 5) == 0)
-                count = field_int(v);
+                count = sk_ctl_field_int(v);
             else if (len == 4 && memcmp(e->key.bytes, "time", 4) == 0 &&
                      v->kind == AMQP_FIELD_KIND_TIMESTAMP)
-                iso_time(v->value.u64, l->last, sizeof(l->last));
+                sk_ctl_iso_time(v->value.u64, l->last, sizeof(l->last));
         }
         snprintf(number, sizeof(number), "%lld", (long long)count);
         snprintf(l->error, sizeof(l->error), "dead-lettered by the broker from %s (%s, %s "
                  "time%s)", from, l->reason, count >= 0 ? number : "?", count == 1 ? "" : "s");
-        int64_t deliveries = field_int(header(&l->msg, "x-delivery-count"));
+        int64_t deliveries = sk_ctl_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
         l->attempts = deliveries >= 0 ? deliveries : -1;
         return;
     }
@@ -331,7 +322,7 @@ static void key_state(struct dlq *d, struct letter *l)
         return;
     /* Only a key PostgreSQL can hold: valid UTF-8 without NUL. */
     for (size_t i = 0, n; i < l->key.len; i += n)
-        if ((n = utf8_len((const unsigned char *)l->key.bytes + i, l->key.len - i)) == 0 ||
+        if ((n = sk_ctl_utf8_len((const unsigned char *)l->key.bytes + i, l->key.len - i)) == 0 ||
             ((const char *)l->key.bytes)[i] == '\0')
             return;
     snprintf(l->status, sizeof(l->status), "?");
@@ -386,7 +377,7 @@ static int visit_list(struct dlq *d, struct letter *l)
         return SK_OK;
     }
     if (l->key.len > 0)
-        put_text(stdout, l->key.bytes, l->key.len, 24);
+        sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 24);
     else
         printf("(no key)");
     printf(" | %s | ", l->reason);
@@ -396,11 +387,11 @@ static int visit_list(struct dlq *d, struct letter *l)
         printf("?");
     printf(" | %s | %s | %s | ", l->status[0] != '\0' ? l->status : "-",
            l->first[0] != '\0' ? l->first : "-", l->last[0] != '\0' ? l->last : "-");
-    put_text(stdout, l->job_id.bytes, l->job_id.len, 36);
+    sk_ctl_put_text(stdout, l->job_id.bytes, l->job_id.len, 36);
     printf(" | ");
-    put_text(stdout, l->job_type.bytes, l->job_type.len, 12);
+    sk_ctl_put_text(stdout, l->job_type.bytes, l->job_type.len, 12);
     printf(" | ");
-    put_text(stdout, l->parsed ? l->error : l->parse_error,
+    sk_ctl_put_text(stdout, l->parsed ? l->error : l->parse_error,
              strlen(l->parsed ? l->error : l->parse_error), TEXT_ERROR_MAX);
     printf("\n");
     return SK_OK;
@@ -421,23 +412,23 @@ static int visit_show(struct dlq *d, struct letter *l)
         printf(",\"headers\":{");
         for (int i = 0; h != NULL && i < h->num_entries; i++) {
             printf(i > 0 ? "," : "");
-            put_json(stdout, h->entries[i].key.bytes, h->entries[i].key.len);
+            sk_ctl_put_json(stdout, h->entries[i].key.bytes, h->entries[i].key.len);
             printf(":");
-            put_field(stdout, &h->entries[i].value, true);
+            sk_ctl_put_field(stdout, &h->entries[i].value, true);
         }
         printf("},\"body_preview\":");
-        put_json(stdout, l->msg.body.bytes, preview);
+        sk_ctl_put_json(stdout, l->msg.body.bytes, preview);
         printf("}");
         return SK_OK;
     }
     printf("dead letter %d of %s\n  key:            ", d->seen, d->dead);
-    put_text(stdout, l->key.bytes, l->key.len, 0);
+    sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 0);
     printf("\n  job id:         ");
-    put_text(stdout, l->job_id.bytes, l->job_id.len, 0);
+    sk_ctl_put_text(stdout, l->job_id.bytes, l->job_id.len, 0);
     printf("\n  job type:       ");
-    put_text(stdout, l->job_type.bytes, l->job_type.len, 0);
+    sk_ctl_put_text(stdout, l->job_type.bytes, l->job_type.len, 0);
     printf("\n  reason:         %s (recorded by %s)\n  error:          ", l->reason, l->source);
-    put_text(stdout, l->error, strlen(l->error), 0);
+    sk_ctl_put_text(stdout, l->error, strlen(l->error), 0);
     printf("\n  attempts:       ");
     if (l->attempts >= 0)
         printf("%lld\n", (long long)l->attempts);
@@ -447,7 +438,7 @@ static int visit_show(struct dlq *d, struct letter *l)
            l->last[0] ? l->last : "-");
     printf("  replayable:     %s", l->parsed && l->job_type.len > 0 ? "yes" : "no: ");
     if (!l->parsed)
-        put_text(stdout, l->parse_error, strlen(l->parse_error), 0);
+        sk_ctl_put_text(stdout, l->parse_error, strlen(l->parse_error), 0);
     else if (l->job_type.len == 0)
         printf("no job type (the outbox needs one)");
     printf("\n  key in PostgreSQL: %s", l->status[0] != '\0' ? l->status : "-");
@@ -460,13 +451,13 @@ static int visit_show(struct dlq *d, struct letter *l)
     printf("\n  headers:\n");
     for (int i = 0; h != NULL && i < h->num_entries; i++) {
         printf("    ");
-        put_text(stdout, h->entries[i].key.bytes, h->entries[i].key.len, 0);
+        sk_ctl_put_text(stdout, h->entries[i].key.bytes, h->entries[i].key.len, 0);
         printf(" = ");
-        put_field(stdout, &h->entries[i].value, false);
+        sk_ctl_put_field(stdout, &h->entries[i].value, false);
         printf("\n");
     }
     printf("  body (%zu bytes): ", l->msg.body.len);
-    put_text(stdout, l->msg.body.bytes, preview, 0);
+    sk_ctl_put_text(stdout, l->msg.body.bytes, preview, 0);
     printf("%s\n", preview < l->msg.body.len ? "..." : "");
     return SK_OK;
 }
@@ -479,29 +470,29 @@ static void result(struct dlq *d, const struct letter *l, const char *outcome,
         json_item(d);
         printf("{\"key\":");
         if (l->key.len > 0)
-            put_json(stdout, l->key.bytes, l->key.len);
+            sk_ctl_put_json(stdout, l->key.bytes, l->key.len);
         else
             printf("null");
         printf(",");
         json_null_or(stdout, "dead_job_id", l->job_id.bytes, l->job_id.len);
         printf(",\"reason\":");
-        put_jstr(stdout, l->reason);
+        sk_ctl_put_jstr(stdout, l->reason);
         printf(",\"outcome\":");
-        put_jstr(stdout, outcome);
+        sk_ctl_put_jstr(stdout, outcome);
         printf(",");
         json_null_or(stdout, "new_job_id", new_job_id, new_job_id ? strlen(new_job_id) : 0);
         printf(",\"detail\":");
-        put_jstr(stdout, detail);
+        sk_ctl_put_jstr(stdout, detail);
         printf("}");
         return;
     }
     printf("%-17s ", outcome);
     if (l->key.len > 0)
-        put_text(stdout, l->key.bytes, l->key.len, 0);
+        sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 0);
     else
         printf("(no key)");
     printf(" [%s]: ", l->reason);
-    put_text(stdout, detail, strlen(detail), 0);
+    sk_ctl_put_text(stdout, detail, strlen(detail), 0);
     printf("\n");
 }
 
@@ -573,7 +564,7 @@ static int visit_purge(struct dlq *d, struct letter *l)
     snprintf(job_id, sizeof(job_id), "%.*s", (int)l->job_id.len, (const char *)l->job_id.bytes);
     bool storable_id = true;
     for (size_t i = 0, n; i < l->job_id.len; i += n)
-        if ((n = utf8_len((const unsigned char *)l->job_id.bytes + i, l->job_id.len - i)) == 0 ||
+        if ((n = sk_ctl_utf8_len((const unsigned char *)l->job_id.bytes + i, l->job_id.len - i)) == 0 ||
             job_id[i] == '\0')
             storable_id = false;
     const char *values[] = { d->queue, l->status[0] != '\0' ? key : NULL,
@@ -608,7 +599,7 @@ static int finish(struct dlq *d, int rc, const char *verb)
     else if (d->matched == 0 && (show || d->sel_key != NULL || d->sel_reason != NULL))
         code = SK_CTL_NOT_FOUND;
 
-    char summary[512];
+    char summary[1400];
     if (list)
         snprintf(summary, sizeof(summary), "%d dead letter%s in %s, %d replayable", d->matched,
                  d->matched == 1 ? "" : "s", d->dead, d->done);
@@ -625,7 +616,7 @@ static int finish(struct dlq *d, int rc, const char *verb)
 
     if (d->json) {
         printf("],\"summary\":{\"text\":");
-        put_jstr(stdout, summary);
+        sk_ctl_put_jstr(stdout, summary);
         printf(",\"scanned\":%d,\"selected\":%d", d->seen, d->matched);
         if (strcmp(verb, "replay") == 0)
             printf(",\"replayed\":%d,\"already_replayed\":%d,\"refused\":%d", d->done,
@@ -636,7 +627,7 @@ static int finish(struct dlq *d, int rc, const char *verb)
             printf(",\"replayable\":%d", d->done);
         printf("},\"error\":");
         if (rc != SK_OK)
-            put_jstr(stdout, d->err.msg);
+            sk_ctl_put_jstr(stdout, d->err.msg);
         else
             printf("null");
         printf(",\"exit_code\":%d}\n", code);
@@ -649,199 +640,6 @@ static int finish(struct dlq *d, int rc, const char *verb)
     else if (code == SK_CTL_NOT_FOUND)
         fprintf(stderr, "sekalictl: no dead letter in %s matches\n", d->dead);
     return code;
-}
-
-static const amqp_field_value_t *header(const amqp_message_t *m, const char *name)
-{
-    const amqp_basic_properties_t *p = &m->properties;
-    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
-        return NULL;
-    size_t len = strlen(name);
-    for (int i = 0; i < p->headers.num_entries; i++)
-        if (p->headers.entries[i].key.len == len &&
-            memcmp(p->headers.entries[i].key.bytes, name, len) == 0)
-            return &p->headers.entries[i].value;
-    return NULL;
-}
-
-static bool header_text(const amqp_message_t *m, const char *name, char *out, size_t size)
-{
-    const amqp_field_value_t *v = header(m, name);
-    out[0] = '\0';
-    if (v == NULL || (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES))
-        return false;
-    size_t n = v->value.bytes.len < size - 1 ? v->value.bytes.len : size - 1;
-    memcpy(out, v->value.bytes.bytes, n);
-    out[n] = '\0';
-    return true;
-}
-
-/* An integer field's value, or -1 when absent or not an integer. */
-static int64_t field_int(const amqp_field_value_t *v)
-{
-    if (v == NULL)
-        return -1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_I8:  return v->value.i8;
-    case AMQP_FIELD_KIND_U8:  return v->value.u8;
-    case AMQP_FIELD_KIND_I16: return v->value.i16;
-    case AMQP_FIELD_KIND_U16: return v->value.u16;
-    case AMQP_FIELD_KIND_I32: return v->value.i32;
-    case AMQP_FIELD_KIND_U32: return v->value.u32;
-    case AMQP_FIELD_KIND_I64: return v->value.i64;
-    case AMQP_FIELD_KIND_U64: return v->value.u64 > INT64_MAX ? -1 : (int64_t)v->value.u64;
-    default:                  return -1;
-    }
-}
-
-static void iso_time(uint64_t seconds, char *out, size_t size)
-{
-    time_t t = (time_t)seconds;
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(out, size, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
-/* Length of the valid UTF-8 sequence at s (1 to 4), or 0 if there is none:
- * overlong forms, surrogates and code points past U+10FFFF are invalid. */
-static size_t utf8_len(const unsigned char *s, size_t left)
-{
-    if (s[0] < 0x80)
-        return 1;
-    size_t n = (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3 : (s[0] & 0xf8) == 0xf0 ? 4
-                                                                                              : 0;
-    if (n == 0 || n > left)
-        return 0;
-    uint32_t cp = s[0] & (0x7f >> n);
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    static const uint32_t min[] = { 0, 0, 0x80, 0x800, 0x10000 };
-    if (cp < min[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return n;
-}
-
-/* A JSON string; bytes that are not UTF-8 become U+FFFD, so the document
- * always parses. */
-static void put_json(FILE *f, const void *s, size_t len)
-{
-    const unsigned char *p = s;
-    fputc('"', f);
-    for (size_t i = 0; i < len;) {
-        size_t n = utf8_len(p + i, len - i);
-        if (n == 0) {
-            fputs("\\ufffd", f);
-            i++;
-            continue;
-        }
-        unsigned char c = p[i];
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", f);
-        else if (c == '\t')
-            fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(f, "\\u%04x", c);
-        else
-            fwrite(p + i, 1, n, f);
-        i += n;
-    }
-    fputc('"', f);
-}
-
-static void put_jstr(FILE *f, const char *s)
-{
-    put_json(f, s, strlen(s));
-}
-
-/* Text for a terminal: control characters and bytes that are not UTF-8 as
- * escapes, so that a key cannot break a line or the terminal; cut at max
- * characters (0: no limit) with "...". */
-static void put_text(FILE *f, const void *s, size_t len, size_t max)
-{
-    const unsigned char *p = s;
-    size_t shown = 0;
-    for (size_t i = 0; i < len; shown++) {
-        if (max > 0 && shown + 3 >= max && len - i > 3) {
-            fputs("...", f);
-            return;
-        }
-        size_t n = utf8_len(p + i, len - i);
-        if (n == 0 || p[i] < 0x20 || p[i] == 0x7f || p[i] == '\\') {
-            if (p[i] == '\n')
-                fputs("\\n", f);
-            else if (p[i] == '\\')
-                fputs("\\\\", f);
-            else
-                fprintf(f, "\\x%02x", p[i]);
-            i++;
-            continue;
-        }
-        fwrite(p + i, 1, n, f);
-        i += n;
-    }
-}
-
-/* Any header value: JSON, or compact text (x-death's tables and arrays). */
-static void put_field(FILE *f, const amqp_field_value_t *v, bool json)
-{
-    char t[64];
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_BOOLEAN:
-        fputs(v->value.boolean ? "true" : "false", f);
-        return;
-    case AMQP_FIELD_KIND_F32:
-        fprintf(f, "%g", (double)v->value.f32);
-        return;
-    case AMQP_FIELD_KIND_F64:
-        fprintf(f, "%g", v->value.f64);
-        return;
-    case AMQP_FIELD_KIND_UTF8:
-    case AMQP_FIELD_KIND_BYTES:
-        if (json)
-            put_json(f, v->value.bytes.bytes, v->value.bytes.len);
-        else
-            put_text(f, v->value.bytes.bytes, v->value.bytes.len, 0);
-        return;
-    case AMQP_FIELD_KIND_TIMESTAMP:
-        iso_time(v->value.u64, t, sizeof(t));
-        fprintf(f, json ? "\"%s\"" : "%s", t);
-        return;
-    case AMQP_FIELD_KIND_ARRAY:
-        fputc('[', f);
-        for (int i = 0; i < v->value.array.num_entries; i++) {
-            fputs(i > 0 ? (json ? "," : ", ") : "", f);
-            put_field(f, &v->value.array.entries[i], json);
-        }
-        fputc(']', f);
-        return;
-    case AMQP_FIELD_KIND_TABLE:
-        fputc('{', f);
-        for (int i = 0; i < v->value.table.num_entries; i++) {
-            const amqp_table_entry_t *e = &v->value.table.entries[i];
-            fputs(i > 0 ? (json ? "," : ", ") : "", f);
-            if (json) {
-                put_json(f, e->key.bytes, e->key.len);
-                fputc(':', f);
-            } else {
-                put_text(f, e->key.bytes, e->key.len, 0);
-                fputc('=', f);
-            }
-            put_field(f, &e->value, json);
-        }
-        fputc('}', f);
-        return;
-    default:
-        if (field_int(v) != -1 || v->kind == AMQP_FIELD_KIND_I64 ||
-            v->kind == AMQP_FIELD_KIND_I32)
-            fprintf(f, "%lld", (long long)field_int(v));
-        else
-            fputs(json ? "null" : "?", f);
-    }
 }
 
 static void json_item(struct dlq *d)
@@ -857,7 +655,7 @@ static void json_null_or(FILE *f, const char *name, const void *s, size_t len)
     if (s == NULL || len == 0)
         fputs("null", f);
     else
-        put_json(f, s, len);
+        sk_ctl_put_json(f, s, len);
 }
 
 /* One dead letter's summary as a JSON object, left open: show appends its
@@ -871,9 +669,9 @@ static void json_letter_fields(FILE *f, const struct letter *l)
     fputc(',', f);
     json_null_or(f, "job_type", l->job_type.bytes, l->job_type.len);
     fprintf(f, ",\"reason\":");
-    put_jstr(f, l->reason);
+    sk_ctl_put_jstr(f, l->reason);
     fprintf(f, ",\"recorded_by\":\"%s\",\"error\":", l->source);
-    put_jstr(f, l->error);
+    sk_ctl_put_jstr(f, l->error);
     if (l->attempts >= 0)
         fprintf(f, ",\"attempts\":%lld", (long long)l->attempts);
     else
