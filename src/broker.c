@@ -265,6 +265,9 @@ int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
 int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                    uint64_t *delivery_tag, struct sk_err *err)
 {
+    /* The previous message was copied into its own pool: the channel's
+     * frames can go, or a long scan would keep every basic.get-ok. */
+    amqp_maybe_release_buffers_on_channel(b->conn, CHANNEL);
     amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 0);
     if (rpc_check(reply, "basic.get", err) != SK_OK)
         return err != NULL ? err->code : SK_ERR;

@@ -77,7 +77,8 @@ struct dlq {
     struct sk_err               err;
 };
 
-static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue);
+static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue,
+                    bool need_pg);
 static void close_dlq(struct dlq *d);
 static int scan(struct dlq *d, visit_fn visit);
 static void decode(struct dlq *d, struct letter *l);
@@ -153,7 +154,7 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
     snprintf(d.os_user, sizeof(d.os_user), "%s", pw != NULL ? pw->pw_name : "uid?");
     snprintf(d.actor, sizeof(d.actor), "%s", by != NULL ? by : d.os_user);
 
-    int rc = open_dlq(&d, conf, queue);
+    int rc = open_dlq(&d, conf, queue, replay || purge);
     if (rc == SK_OK && replay && conf->outbox.relays == 0)
         fprintf(stderr, "sekalictl: note: this configuration runs no outbox relay "
                         "(outbox.relays: 0); replayed jobs wait in sekali.outbox until a "
@@ -177,10 +178,11 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
     return code;
 }
 
-/* Connects to RabbitMQ (required) and PostgreSQL (list and show go on
- * without it, showing "?" as each key's status; replay and purge never
- * start without it). */
-static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue)
+/* Connects to RabbitMQ and PostgreSQL. Without PostgreSQL, list and show
+ * still print what the broker holds, with "?" as each key's status, and
+ * exit 1; replay and purge do not start. */
+static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue,
+                    bool need_pg)
 {
     d->conf = conf;
     d->queue = queue;
@@ -195,8 +197,10 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
     if (sk_broker_open(&d->broker, &conf->amqp, &d->err) != SK_OK)
         return SK_ERR;
     d->pg = sk_ctl_pg_connect(conf);
-    if (d->pg == NULL)
+    if (d->pg == NULL && need_pg)
         return sk_err_set(&d->err, SK_AGAIN, "PostgreSQL unreachable");
+    if (d->pg == NULL)
+        return SK_OK;
     /* A worker's transaction holds a key's row while its handler runs:
      * wait for it a while, not for ever. */
     PQclear(PQexec(d->pg, "SET lock_timeout = '10s'"));
@@ -318,7 +322,7 @@ static void key_state(struct dlq *d, struct letter *l)
 {
     l->status[0] = '\0';
     l->key_attempts = l->crashes = l->replays = -1;
-    if (l->key.len == 0)
+    if (l->key.len == 0 || l->key.len > SK_KEY_MAX)
         return;
     /* Only a key PostgreSQL can hold: valid UTF-8 without NUL. */
     for (size_t i = 0, n; i < l->key.len; i += n)
@@ -592,6 +596,9 @@ static int finish(struct dlq *d, int rc, const char *verb)
 {
     bool list = strcmp(verb, "list") == 0, show = strcmp(verb, "show") == 0;
     int code = SK_CTL_OK;
+    if (rc == SK_OK && d->pg == NULL)
+        rc = sk_err_set(&d->err, SK_AGAIN, "PostgreSQL unreachable: the keys' status is "
+                        "unknown (\"?\")");
     if (rc != SK_OK)
         code = SK_CTL_FAILED;
     else if (d->refused > 0)
