@@ -538,14 +538,13 @@ static int visit_replay(struct dlq *d, struct letter *l)
         /* Committed: from here the dead letter is only a stale copy. */
         sk_failpoint("dlq_after_commit", l->env.idempotency_key);
         rc = sk_broker_ack_one(d->broker, l->tag, &d->err);
-        if (strcmp(outcome, "replayed") == 0)
+        if (strcmp(outcome, "replayed") == 0) {
             d->done++;
-        else
+            snprintf(why, sizeof(why), "enqueued as job %s (%s)", job_id, detail);
+        } else {
             d->already++;
-        snprintf(why, sizeof(why), "%s%s%s", outcome[0] == 'r' ? "enqueued as job " : "",
-                 outcome[0] == 'r' ? job_id : "", outcome[0] == 'r' ? "" : detail);
-        if (outcome[0] == 'r')
-            snprintf(why + strlen(why), sizeof(why) - strlen(why), " (%s)", detail);
+            snprintf(why, sizeof(why), "dead letter removed: %s", detail);
+        }
         result(d, l, outcome, job_id, why);
     } else {
         d->refused++;
