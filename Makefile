@@ -24,7 +24,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CORE    = common config config_value log backoff
 DAEMON  = $(CORE) main supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
           notify metrics metrics_http outbox janitor
-CTL     = $(CORE) ctl broker lock
+CTL     = $(CORE) ctl ctl_dlq ctl_out broker lock envelope failpoint
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
@@ -40,7 +40,7 @@ TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
         install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
-tests: all $(B)/fault/sekalid $(TEST_PLUGINS) $(TESTS)
+tests: all $(B)/fault/sekalid $(B)/fault/sekalictl $(TEST_PLUGINS) $(TESTS)
 
 $(B)/sekalid: $(call obj,$(DAEMON))
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -48,6 +48,8 @@ $(B)/fault/sekalid: $(call fobj,$(DAEMON))
 	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(LDLIBS)
 $(B)/sekalictl: $(call obj,$(CTL))
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(B)/fault/sekalictl: $(call fobj,$(CTL))
+	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(LDLIBS)
 
 $(B)/obj/%.o: src/%.c | $(B)/obj
 	$(CC) $(CFLAGS) -c -o $@ $<

@@ -268,6 +268,30 @@ int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
     return rpc_check(reply, "basic.get(read)", err);
 }
 
+int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
+                   uint64_t *delivery_tag, struct sk_err *err)
+{
+    /* The previous message was copied into its own pool: the channel's
+     * frames can go, or a long scan would keep every basic.get-ok. */
+    amqp_maybe_release_buffers_on_channel(b->conn, CHANNEL);
+    amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 0);
+    if (rpc_check(reply, "basic.get", err) != SK_OK)
+        return err != NULL ? err->code : SK_ERR;
+    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+        return SK_BUSY;
+    *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
+    reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
+    return rpc_check(reply, "basic.get(read)", err);
+}
+
+int sk_broker_ack_one(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
+{
+    int status = amqp_basic_ack(b->conn, CHANNEL, delivery_tag, 0);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
+    return SK_OK;
+}
+
 int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err)
 {
     int heartbeat_s = amqp_get_heartbeat(b->conn);

@@ -93,6 +93,20 @@ int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
 int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                   struct sk_err *err);
 
+/* Takes the next message of queue without acking it (basic.get): it stays
+ * the broker's until sk_broker_ack_one() removes it, or until the channel
+ * closes, when the broker puts it back where it was. Returns SK_OK with
+ * *msg (free it with amqp_destroy_message()) and *delivery_tag, SK_BUSY when
+ * nothing is left to take, or SK_AGAIN/SK_ERR. For tools that read a queue
+ * without consuming it (sekalictl dlq), not the workers. */
+int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
+                   uint64_t *delivery_tag, struct sk_err *err);
+
+/* Acks exactly one message taken with sk_broker_peek(), at once (not
+ * batched, not `multiple`). The broker acts on it before it answers any
+ * later synchronous call on the channel, e.g. sk_broker_queue_depth(). */
+int sk_broker_ack_one(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err);
+
 /* Sends a heartbeat frame if this did not send one for half the negotiated
  * heartbeat, so that the broker keeps a connection nobody is using now:
  * librabbitmq sends heartbeats only inside its own calls, and RabbitMQ

@@ -1,8 +1,10 @@
-/* ctl.c - sekalictl, the operator's tool: apply the schema, enqueue a job.
+/* ctl.c - sekalictl, the operator's tool: apply the schema, enqueue a job;
+ * the dead-letter commands live in ctl_dlq.c.
  *
  *   sekalictl [-c FILE] migrate [--sql-dir DIR]
  *   sekalictl [-c FILE] enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D]
  *                               [--at TIME] [--direct [--id ID]] [BODY | -]
+ *   sekalictl [-c FILE] dlq (list|show|replay|purge) QUEUE ...
  *
  * Migrations are the files DIR/NNN_name.sql, applied in name order, each in
  * its own transaction together with its row in sekali.schema_migrations, under
@@ -19,6 +21,7 @@
 
 #include "broker.h"
 #include "config.h"
+#include "ctl.h"
 #include "lock.h"
 
 #ifndef SK_CONF_PATH
@@ -33,7 +36,6 @@
 
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv);
-static PGconn *pg_connect(const struct sk_conf *conf);
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                           const struct sk_message *msg, const char *dedupe, const char *run_at);
 static bool exec_ok(PGconn *pg, const char *sql, const char *what);
@@ -53,7 +55,16 @@ static void usage(FILE *out)
             "                                --direct publish it straight to QUEUE and wait\n"
             "                                for the broker's confirm; prints the job id. The\n"
             "                                body comes from the argument, or from stdin when\n"
-            "                                it is - or absent\n");
+            "                                it is - or absent\n"
+            "  dlq list QUEUE [--json]       the dead letters of QUEUE.dead, left in place\n"
+            "  dlq show QUEUE KEY [--json]   everything about KEY's dead letters\n"
+            "  dlq replay QUEUE (--key K | --reason R | --all) [--by NAME] [--json]\n"
+            "                                re-arm each key and enqueue its job again\n"
+            "                                through the outbox (a relay must run)\n"
+            "  dlq purge QUEUE (--key K | --reason R | --all) [--by NAME] [--json]\n"
+            "                                remove dead letters; their keys stay failed\n"
+            "exit codes: 0 done, 1 runtime failure, 2 usage or configuration, 3 some\n"
+            "dead letters refused, 4 nothing matched\n");
 }
 
 int main(int argc, char **argv)
@@ -88,6 +99,8 @@ int main(int argc, char **argv)
         code = cmd_migrate(conf, sub_argc, sub_argv);
     } else if (strcmp(command, "enqueue") == 0) {
         code = cmd_enqueue(conf, sub_argc, sub_argv);
+    } else if (strcmp(command, "dlq") == 0) {
+        code = sk_ctl_dlq(conf, sub_argc, sub_argv);
     } else {
         fprintf(stderr, "sekalictl: unknown command \"%s\"\n", command);
         usage(stderr);
@@ -117,7 +130,7 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
         fprintf(stderr, "sekalictl: cannot read %s: %s\n", dir, strerror(errno));
         return 1;
     }
-    PGconn *pg = pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_connect(conf);
     int code = 1;
     if (pg == NULL)
         goto out;
@@ -281,7 +294,7 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                           const struct sk_message *msg, const char *dedupe, const char *run_at)
 {
-    PGconn *pg = pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
         return 1;
     const char *values[] = { queue, msg->type, msg->body, msg->idempotency_key, dedupe,
@@ -303,7 +316,7 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
     return code;
 }
 
-static PGconn *pg_connect(const struct sk_conf *conf)
+PGconn *sk_ctl_pg_connect(const struct sk_conf *conf)
 {
     const char *keywords[] = { "dbname", "application_name", "password", NULL };
     const char *values[] = { conf->postgres.conninfo, "sekalictl", conf->postgres.password,

@@ -1,0 +1,388 @@
+/* check_dlq.c - sekalictl dlq on real dead letters of every reason: list and
+ * show leave them in place and in order; replay runs each job once more,
+ * exactly once, refuses what would be malformed again and what completed
+ * meanwhile; purge removes exactly what it selects; every action leaves an
+ * audit row; every --json output parses. Jobs fail through
+ * tests/plugins/flaky.c until the test creates <dir>/release. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define FLAKY "tests/plugins/flaky.so"
+
+static long long effects(struct h_run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
+                             "AND idempotency_key = '%s'", r->queue, key);
+}
+
+static long long audits(struct h_run *r, const char *action, const char *where)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.dlq_audit WHERE queue = '%s' AND "
+                             "action = '%s' AND %s", r->queue, action, where);
+}
+
+/* Runs `sekalictl -c CONFIG dlq ARGS...` (binary under the build dir) with
+ * extra environment; its stdout goes to dir/ctl.out, which *out gets (the
+ * caller frees). Returns the exit code, or 128 + the signal that ended it. */
+static int ctl_as(struct h_run *r, const char *binary, const char *const *env, char **out,
+                  const char *const *args)
+{
+    char path[1100], exe[1100];
+    snprintf(path, sizeof(path), "%s/ctl.out", r->dir);
+    snprintf(exe, sizeof(exe), "%s/%s", h_build_dir(), binary);
+    const char *argv[32] = { exe, "-c", r->config, "dlq" };
+    size_t n = 4;
+    for (; *args != NULL; args++)
+        argv[n++] = *args;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, 1) < 0)
+            _exit(127);
+        for (; env != NULL && *env != NULL; env++)
+            putenv((char *)*env);
+        execv(exe, (char **)argv);
+        _exit(127);
+    }
+    int status = h_wait_exit(pid, 60000, "sekalictl dlq");
+    *out = h_read_file(path);
+    ck_assert_ptr_nonnull(*out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+#define CTL(r, out, ...) ctl_as((r), "sekalictl", NULL, (out), (const char *const[]){ __VA_ARGS__, NULL })
+
+/* Asserts that dir/ctl.out is one JSON document for which the Python
+ * expression `cond` (over the document d) holds. */
+static void json_holds(struct h_run *r, const char *cond)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "python3 -c 'import json,sys; d = json.load(open(sys.argv[1], "
+             "encoding=\"utf-8\")); sys.exit(0 if (%s) else 1)' %s/ctl.out", cond, r->dir);
+    ck_assert_msg(system(cmd) == 0, "JSON output should parse and satisfy %s", cond);
+}
+
+/* Before sekalid starts: a copy of `key` that the broker itself
+ * dead-letters (rejected without requeue: sekali's fallback when it cannot
+ * publish a dead letter with its reasons), so it carries x-death only. */
+static void broker_rejects(struct h_run *r, const char *message_id, const char *key,
+                           const char *body)
+{
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    h_publish(r->b, r->queue, "test", message_id, key, NULL, body);
+    amqp_message_t msg;
+    uint64_t tag;
+    ck_assert_int_eq(sk_broker_peek(r->b, r->queue, &msg, &tag, NULL), SK_OK);
+    amqp_destroy_message(&msg);
+    ck_assert_int_eq(sk_broker_reject(r->b, tag, false, NULL), SK_OK);
+    H_WAIT(h_queue_depth(r->b, r->dead) == 1, 10000, "the rejected copy should be in %s",
+           r->dead);
+}
+
+/* Starts sekalid with flaky.so (failing until released), one relay, fast
+ * retries and max_crashes 1; without locks, whose
+ * holder's death would send the redelivery through a delay queue first. */
+static void start(struct h_run *r)
+{
+    char queue_yaml[1500];
+    snprintf(queue_yaml, sizeof(queue_yaml),
+             H_FAST_RETRIES "    job_types: [test]\n    max_crashes: 1\n"
+             "    lock: false\n    config:\n      marker_dir: %s\n", r->dir);
+    h_run_start(r, &(struct h_run_opts){ .handler = FLAKY, .workers = 1,
+                                         .queue_yaml = queue_yaml, .top_yaml = H_RELAY });
+}
+
+/* Dead letters of every reason: rejected by the broker (k-rejected),
+ * failed (k-fail), retries exhausted (k-retry), crashed (k-crash: its
+ * handler aborts the worker, then past max_crashes), malformed without a
+ * message id, and
+ * malformed by an unknown type (key m-refund). */
+static void every_reason(struct h_run *r, const char *name)
+{
+    h_run_open(r, name);
+    broker_rejects(r, "m-rejected", "k-rejected", "ok");
+    start(r);
+    h_publish(r->b, r->queue, "test", "m-fail", "k-fail", NULL, "fail");
+    h_publish(r->b, r->queue, "test", "m-retry", "k-retry", NULL, "retry");
+    h_publish(r->b, r->queue, "test", "m-crash", "k-crash", NULL, "crash");
+    h_publish_raw(r->b, r->queue, NULL, "test", NULL, 0, "{}", 2);
+    h_publish_raw(r->b, r->queue, "m-refund", "refund", NULL, 0, "{}", 2);
+    H_WAIT(h_queue_depth(r->b, r->dead) == 6, 60000, "expected 6 dead letters in %s, have %u",
+           r->dead, h_queue_depth(r->b, r->dead));
+}
+
+START_TEST(test_list_and_show_report_every_reason_and_leave_the_queue_as_it_was)
+{
+    struct h_run r;
+    every_reason(&r, "dlqlist");
+    char *first, *second, *out;
+    ck_assert_int_eq(CTL(&r, &first, "list", r.queue), 0);
+    static const char *const rows[] = {
+        "k-rejected | rejected | ", "k-fail | failed | 1 | failed | ",
+        "k-retry | retries exhausted | 3 | failed | ", "k-crash | crashed | 2 | failed | ",
+        "(no key) | malformed | 1 | - | ", "m-refund | malformed | 1 | absent | ",
+        "6 dead letters in ",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(rows); i++)
+        ck_assert_msg(strstr(first, rows[i]) != NULL, "list should show \"%s\":\n%s", rows[i],
+                      first);
+    ck_assert_msg(strstr(first, ", 4 replayable") != NULL, "%s", first);
+    ck_assert_msg(strstr(first, "unknown job type") != NULL, "%s", first);
+    /* Nothing consumed, nothing reordered. */
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 6);
+    ck_assert_int_eq(CTL(&r, &second, "list", r.queue), 0);
+    ck_assert_str_eq(first, second);
+
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
+    json_holds(&r, "len(d[\"dead_letters\"]) == 6 and d[\"summary\"][\"replayable\"] == 4 and "
+                   "sorted(x[\"reason\"] for x in d[\"dead_letters\"]) == [\"crashed\", "
+                   "\"failed\", \"malformed\", \"malformed\", \"rejected\", "
+                   "\"retries exhausted\"] and [x[\"recorded_by\"] for x in d[\"dead_letters\"]"
+                   " if x[\"key\"] == \"k-rejected\"] == [\"broker\"]");
+    free(out);
+
+    ck_assert_int_eq(CTL(&r, &out, "show", r.queue, "k-fail"), 0);
+    static const char *const lines[] = {
+        "reason:         failed (recorded by sekali)", "flaky: failing until released",
+        "key in PostgreSQL: failed", "x-sekali-queue = ", "body (4 bytes): fail",
+        "replayable:     yes",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(lines); i++)
+        ck_assert_msg(strstr(out, lines[i]) != NULL, "show should say \"%s\":\n%s", lines[i], out);
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "show", r.queue, "k-crash", "--json"), 0);
+    json_holds(&r, "d[\"dead_letters\"][0][\"headers\"][\"x-sekali-reason\"] == \"crashed\" and "
+                   "d[\"dead_letters\"][0][\"crashes\"] == 1 and "
+                   "d[\"dead_letters\"][0][\"body_preview\"] == \"crash\"");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "show", r.queue, "k-rejected", "--json"), 0);
+    json_holds(&r, "d[\"dead_letters\"][0][\"headers\"][\"x-death\"][0][\"reason\"] == "
+                   "\"rejected\" and d[\"dead_letters\"][0][\"key_status\"] == \"absent\"");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "show", r.queue, "no-such-key"), 4);
+    free(out);
+
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 6);
+    h_run_stop(&r);
+    free(first);
+    free(second);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_replay_runs_each_failed_job_exactly_once_and_refuses_malformed_ones)
+{
+    struct h_run r;
+    every_reason(&r, "dlqreplay");
+    char release[1100];
+    snprintf(release, sizeof(release), "%s/release", r.dir);
+    fclose(fopen(release, "w"));
+
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--all", "--by", "tester", "--json"), 3);
+    json_holds(&r, "d[\"summary\"][\"replayed\"] == 4 and d[\"summary\"][\"refused\"] == 2 and "
+                   "all(\"malformed\" in x[\"detail\"] for x in d[\"results\"] "
+                   "if x[\"outcome\"] == \"refused\") and d[\"exit_code\"] == 3");
+    free(out);
+    static const char *const keys[] = { "k-rejected", "k-fail", "k-retry", "k-crash" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(keys); i++)
+        H_WAIT(effects(&r, keys[i]) == 1, 30000, "replayed %s should run once", keys[i]);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 2);
+    ck_assert_int_eq(audits(&r, "replay", "actor = 'tester'"), 4);
+    ck_assert_int_eq(audits(&r, "replay", "key = 'k-fail' AND old_status = 'failed' AND "
+                                          "error = 'flaky: failing until released'"), 1);
+    ck_assert_int_eq(audits(&r, "replay", "key = 'k-crash' AND old_crashes = 1"), 1);
+    ck_assert_int_eq(audits(&r, "replay", "key = 'k-rejected' AND old_status = 'absent'"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                      "'%s'", r.queue), 0);
+
+    /* Again: only the malformed ones are left, and refused again. */
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--all"), 3);
+    ck_assert_msg(strstr(out, "replayed 0, already replayed (removed) 0, refused 2") != NULL,
+                  "%s", out);
+    ck_assert_msg(strstr(out, "missing message_id") != NULL, "%s", out);
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--reason", "malformed"), 0);
+    ck_assert_msg(strstr(out, "purged 2 of 2 selected") != NULL, "%s", out);
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(audits(&r, "purge", "true"), 2);
+
+    h_run_stop(&r);
+    for (size_t i = 0; i < SK_ARRAY_LEN(keys); i++)
+        ck_assert_int_eq(effects(&r, keys[i]), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND status = 'completed'", r.queue), 4);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Two dead letters of one key: the broker's copy and sekali's. The first
+ * replay re-arms the key; the second copy is refused while that run is
+ * pending, and once the key completed it is refused as completed meanwhile
+ * and purged; the job ran once. */
+START_TEST(test_replay_of_a_key_that_completed_meanwhile_is_refused)
+{
+    struct h_run r;
+    h_run_open(&r, "dlqdone");
+    broker_rejects(&r, "m-1", "k-twice", "fail");
+    start(&r);
+    h_publish(r.b, r.queue, "test", "m-2", "k-twice", NULL, "fail");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 2, 30000, "expected 2 dead letters, have %u",
+           h_queue_depth(r.b, r.dead));
+    char release[1100];
+    snprintf(release, sizeof(release), "%s/release", r.dir);
+    fclose(fopen(release, "w"));
+
+    /* With sekalid stopped the first replay's job cannot run before the
+     * second dead letter is looked at. */
+    h_run_stop(&r);
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-twice"), 3);
+    ck_assert_msg(strstr(out, "replayed 1, already replayed (removed) 0, refused 1") != NULL &&
+                  strstr(out, "pending: an earlier replay re-armed the key") != NULL, "%s", out);
+    free(out);
+    free(r.config);
+    start(&r);
+    H_WAIT(effects(&r, "k-twice") == 1, 30000, "the replayed job should run once");
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-twice", "--json"), 3);
+    json_holds(&r, "d[\"results\"][0][\"outcome\"] == \"refused\" and "
+                   "d[\"results\"][0][\"detail\"].startswith(\"completed meanwhile\")");
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 1);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-twice"), 0);
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(audits(&r, "purge", "key = 'k-twice' AND old_status = 'completed'"), 1);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-twice"), 4);
+    free(out);
+    h_run_stop(&r);
+    ck_assert_int_eq(effects(&r, "k-twice"), 1);
+    h_run_close(&r);
+}
+END_TEST
+
+/* sekalictl killed after the replay's COMMIT, before the ack: the dead
+ * letter is back, the job enqueued once. The next replay only removes it. */
+START_TEST(test_replay_cut_between_commit_and_ack_stays_exactly_once)
+{
+    struct h_run r;
+    h_run_open(&r, "dlqcut");
+    start(&r);
+    h_publish(r.b, r.queue, "test", "m-cut", "k-cut", NULL, "fail");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 30000, "k-cut should be dead-lettered");
+    char release[1100], mark_env[1200];
+    snprintf(release, sizeof(release), "%s/release", r.dir);
+    fclose(fopen(release, "w"));
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", r.mark);
+    const char *env[] = { "SEKALI_FAILPOINT=dlq_after_commit:k-cut", mark_env, NULL };
+
+    char *out;
+    ck_assert_int_eq(ctl_as(&r, "fault/sekalictl", env, &out,
+                            (const char *const[]){ "replay", r.queue, "--key", "k-cut", NULL }),
+                     128 + SIGKILL);
+    free(out);
+    ck_assert_int_eq(h_count_lines(r.mark, "dlq_after_commit"), 1);
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 10000, "the unacked dead letter should be back");
+    H_WAIT(effects(&r, "k-cut") == 1, 30000, "the committed replay should run the job once");
+
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-cut"), 0);
+    ck_assert_msg(strstr(out, "already_replayed") != NULL &&
+                  strstr(out, "replayed 0, already replayed (removed) 1") != NULL, "%s", out);
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND idempotency_key = 'k-cut'", r.queue), 1);
+    ck_assert_int_eq(audits(&r, "replay", "key = 'k-cut'"), 1);
+    h_run_stop(&r);
+    ck_assert_int_eq(effects(&r, "k-cut"), 1);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Purge takes exactly what its selector names; failed keys stay failed,
+ * and a key full of characters JSON must escape comes back intact. */
+START_TEST(test_purge_removes_exactly_the_selected_dead_letters)
+{
+    struct h_run r;
+    h_run_open(&r, "dlqpurge");
+    start(&r);
+    static const char odd[] = "k-\"odd\"\\key\n\t\xc3\xa9";
+    h_publish(r.b, r.queue, "test", "m-a", "k-a", NULL, "fail");
+    h_publish(r.b, r.queue, "test", "m-b", "k-b", NULL, "retry");
+    h_publish(r.b, r.queue, "test", "m-odd", odd, NULL, "fail");
+    h_publish(r.b, r.queue, "test", "m-c", "k-c", NULL, "fail");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 4, 30000, "expected 4 dead letters, have %u",
+           h_queue_depth(r.b, r.dead));
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
+    json_holds(&r, "\"k-\\\"odd\\\"\\\\key\\n\\t\\u00e9\" in [x[\"key\"] for x in "
+                   "d[\"dead_letters\"]]");
+    free(out);
+
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--reason", "retries_exhausted"), 0);
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 3);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-a", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"purged\"] == 1 and d[\"results\"][0][\"key\"] == \"k-a\"");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue), 0);
+    ck_assert_msg(strstr(out, "k-a |") == NULL && strstr(out, "k-b |") == NULL &&
+                  strstr(out, "k-c | failed") != NULL && strstr(out, "odd") != NULL &&
+                  strstr(out, "2 dead letters") != NULL, "%s", out);
+    free(out);
+    ck_assert_int_eq(audits(&r, "purge", "key IN ('k-a', 'k-b') AND old_status = 'failed'"), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND status = 'failed'", r.queue), 4);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--all"), 0);
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints)
+{
+    struct h_run r;
+    h_run_open(&r, "dlqusage");
+    r.config = h_write_config(r.dir, r.queue, FLAKY, 1, NULL);
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue), 2);
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--all", "--key", "k"), 2);
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "frobnicate", r.queue), 2);
+    free(out);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "grep -q SEKALI_FAILPOINT %s/sekalictl", h_build_dir());
+    ck_assert_msg(system(cmd) != 0, "build/sekalictl must not contain failpoints");
+    h_run_close(&r);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_list_and_show_report_every_reason_and_leave_the_queue_as_it_was,
+        test_replay_runs_each_failed_job_exactly_once_and_refuses_malformed_ones,
+        test_replay_of_a_key_that_completed_meanwhile_is_refused,
+        test_replay_cut_between_commit_and_ack_stays_exactly_once,
+        test_purge_removes_exactly_the_selected_dead_letters,
+        test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints,
+        NULL,
+    };
+    Suite *s = suite_create("dlq");
+    h_tcase(s, "dlq", 600, tests);
+    return h_run_suite(s);
+}
