@@ -1,4 +1,5 @@
 /* check_plugin.c - the handler ABI checks, on descriptors built in place. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -286,6 +287,33 @@ START_TEST(test_two_handlers_loaded_in_turn_are_each_their_own)
 }
 END_TEST
 
+/* The check and the load must be one lookup: the object glibc mapped is
+ * named by the descriptor that was checked, not by the path, which someone
+ * could have pointed elsewhere in between. */
+START_TEST(test_handler_is_loaded_through_the_descriptor_that_was_checked)
+{
+    char root[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/h.so", "handlers/invoice.so");
+    snprintf(file, sizeof(file), "%s/h/h.so", root);
+    ck_assert_msg(sk_plugin_load(file, &p, &err) == SK_OK, "%s", err.msg);
+
+    Dl_info info;
+    ck_assert_int_ne(dladdr(*(void **)&p.handler->handle, &info), 0);
+    ck_assert_msg(strncmp(info.dli_fname, "/proc/self/fd/", 14) == 0,
+                  "loaded from %s, not from a descriptor", info.dli_fname);
+    struct stat loaded, checked;
+    ck_assert_int_eq(stat(info.dli_fname, &loaded), 0);
+    ck_assert_int_eq(stat(file, &checked), 0);
+    ck_assert(loaded.st_dev == checked.st_dev && loaded.st_ino == checked.st_ino);
+    remove_tree(root);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -302,6 +330,7 @@ int main(void)
         test_handler_under_a_directory_of_another_user_is_refused,
         test_sticky_directory_is_refused_only_as_the_handlers_own,
         test_two_handlers_loaded_in_turn_are_each_their_own,
+        test_handler_is_loaded_through_the_descriptor_that_was_checked,
         NULL,
     };
     Suite *s = suite_create("plugin");
