@@ -165,6 +165,7 @@ SQLDIR     = $(PREFIX)/share/sekali/sql
 DOCDIR     = $(PREFIX)/share/doc/sekali
 UNITDIR   ?= $(PREFIX)/lib/systemd/system
 PCDIR      = $(PREFIX)/lib/pkgconfig
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 SYSCONFDIR ?= /etc
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(HANDLERDIR) $(DESTDIR)$(INCLUDEDIR)/sekali \
@@ -180,9 +181,27 @@ install: all
 	chmod 644 $(DESTDIR)$(UNITDIR)/sekali.service
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' sekali.pc.in \
 	    > $(DESTDIR)$(PCDIR)/sekali.pc
+	install -d $(DESTDIR)$(SYSUSERSDIR)
+	install -m 644 systemd/sekali.sysusers $(DESTDIR)$(SYSUSERSDIR)/sekali.conf
+	@# The unit runs as sekali, which must read the configuration (and any
+	@# password_file): onto this machine, as root, the account is made here;
+	@# a package (DESTDIR) gets it from the sysusers.d file above.
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && ! getent passwd sekali >/dev/null; then \
+	    echo "make install: creating system user and group sekali"; \
+	    useradd --system --user-group --no-create-home --home-dir /nonexistent \
+	        --shell /usr/sbin/nologin --comment "sekali worker daemon" sekali; \
+	fi
 	install -d $(DESTDIR)$(SYSCONFDIR)/sekali
-	test -e $(DESTDIR)$(SYSCONFDIR)/sekali/sekali.yaml || \
-	    install -m 640 conf/sekali.yaml $(DESTDIR)$(SYSCONFDIR)/sekali/sekali.yaml
+	@# root:sekali 0640: the service reads it, only root changes it.
+	@conf=$(DESTDIR)$(SYSCONFDIR)/sekali/sekali.yaml; \
+	if [ ! -e "$$conf" ]; then \
+	    sed -e 's|/usr/local/lib/sekali/handlers/|$(HANDLERDIR)/|' conf/sekali.yaml > "$$conf.new" && \
+	    chmod 640 "$$conf.new" && \
+	    { chgrp sekali "$$conf.new" 2>/dev/null || \
+	      echo "make install: no group sekali here: chgrp sekali $(SYSCONFDIR)/sekali/sekali.yaml" \
+	           "on the target, or the service cannot read it" >&2; } && \
+	    mv "$$conf.new" "$$conf"; \
+	fi
 
 clean:
 	rm -rf build

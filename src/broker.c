@@ -76,8 +76,20 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    if (rpc_check(reply, "amqp_login", err) != SK_OK)
+    if (rpc_check(reply, "amqp_login", err) != SK_OK) {
+        /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
+         * authentication_failure_close, so RabbitMQ says so instead of
+         * dropping the socket); 530 NOT_ALLOWED: no access to the vhost. */
+        if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+            reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+            uint16_t code = ((amqp_connection_close_t *)reply.reply.decoded)->reply_code;
+            if (code == AMQP_ACCESS_REFUSED || code == AMQP_NOT_ALLOWED) {
+                sk_broker_close(b);
+                return sk_err_mark_auth(err, SK_ERR);
+            }
+        }
         goto fail;
+    }
     amqp_channel_open(b->conn, CHANNEL);
     if (rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err) != SK_OK)
         goto fail;

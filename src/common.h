@@ -15,6 +15,11 @@ enum {
     SK_AGAIN = -2,  /* transient (server unreachable, timeout): back off and retry */
     SK_BUSY  = -3,  /* someone else holds it: try later */
     SK_DUP   = -4,  /* already completed: acknowledge, do nothing */
+    /* Never returned, only left in sk_err.code next to the usual return
+     * code: the server refused our credentials. Retrying as is cannot help
+     * until someone fixes the password, so callers that can tell it apart
+     * (a worker starting up, the Redis policy) do; the rest retry. */
+    SK_AUTH  = -5,
 };
 
 /* Process exit codes are an interface: the supervisor and systemd's
@@ -36,6 +41,15 @@ struct sk_err {
  * `return sk_err_set(err, SK_ERR, "...")`. */
 int sk_err_set(struct sk_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Marks err (which may be NULL) as an authentication refusal (SK_AUTH) and
+ * returns rc unchanged. */
+static inline int sk_err_mark_auth(struct sk_err *err, int rc)
+{
+    if (err != NULL)
+        err->code = SK_AUTH;
+    return rc;
+}
 
 /* Like sk_err_set, appending ": strerror(errno)" and keeping errno. */
 int sk_err_errno(struct sk_err *err, int code, const char *fmt, ...)

@@ -82,6 +82,8 @@ static int load_map(struct loader *L, yaml_node_t *map, const char *label,
 static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *base);
 static int amqp_url(struct loader *L, yaml_node_t *v, void *base);
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
+static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg);
+static bool uri_password(const char *s, size_t *at, size_t *len);
 static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
@@ -271,10 +273,9 @@ int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
     int rc = SK_ERR;
 
     int e = sk_conf_value_read_file(path, MAX_FILE, &text, &len, &op);
-    if (e != 0) {
-        errno = e;
-        return sk_err_errno(err, SK_ERR, "%s: cannot %s", path, op);
-    }
+    if (e != 0)
+        return sk_err_set(err, SK_ERR, "%s: cannot %s: %s", path, op,
+                          sk_conf_value_read_error(e));
     /* Relative handler and password paths follow the file, not the cwd:
      * the supervisor may have chdir()ed long before a reload. */
     if ((dircopy = strdup(path)) == NULL || (L.dir = realpath(dirname(dircopy), NULL)) == NULL) {
@@ -473,6 +474,11 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
         if (strlen(s) > MAX_NAME || s[strspn(s, NAME_CHARS)] != '\0' || *s == '\0')
             return fail(L, v, "invalid %s \"%.64s\": use 1 to %d characters from "
                         "A-Z a-z 0-9 . _ -", k->name, s, MAX_NAME);
+        /* RabbitMQ reserves the prefix: declaring such a queue is refused
+         * with ACCESS_REFUSED, which workers would retry for ever. */
+        if (strncmp(s, "amq.", 4) == 0)
+            return fail(L, v, "invalid %s \"%.64s\": names starting with \"amq.\" are "
+                        "reserved by RabbitMQ", k->name, s);
         return store(L, v, field, s);
     case T_PATH:  /* existence is the plugin loader's business: it can say why */
         free(*(char **)field);
@@ -581,9 +587,7 @@ static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base)
     if ((rc = scalar(L, v, "conninfo", "a scalar", &s)) != SK_OK)
         return rc;
     if ((opts = PQconninfoParse(s, &msg)) == NULL) {
-        if (msg != NULL)
-            msg[strcspn(msg, "\n")] = '\0';
-        rc = fail(L, v, "conninfo: %s", msg ? msg : "out of memory");
+        rc = conninfo_error(L, v, s, msg);
         PQfreemem(msg);
         return rc;
     }
@@ -615,6 +619,81 @@ static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base)
         explicit_bzero(pw->val, strlen(pw->val));  /* PQconninfoFree() only frees */
     PQconninfoFree(opts);
     return rc;
+}
+
+/* libpq quotes the text it could not parse, and that text may be the
+ * password, or the whole URI with the password in it. When the string could
+ * hold a password, every quoted part of the message is left out but for a
+ * quoted "=", "]", ":" or "/", libpq's own punctuation; for a URI
+ * the password is swapped for a harmless one and parsed again, to say
+ * whether the password itself is what is malformed. */
+static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg)
+{
+    char out[200];
+    size_t at, len, n = 0;
+
+    if (msg == NULL)
+        return fail(L, v, "out of memory");
+    msg[strcspn(msg, "\n")] = '\0';
+    bool in_uri = uri_password(s, &at, &len);
+    if (!in_uri && strcasestr(s, "password") == NULL)
+        return fail(L, v, "conninfo: %s", msg);
+
+    /* libpq's own punctuation ("=", "]") stays: it says what was expected. */
+    for (const char *p = msg; *p != '\0' && n + 5 < sizeof(out); p++) {
+        const char *close = *p == '"' ? strchr(p + 1, '"') : NULL;
+        if (close == NULL) {
+            out[n++] = *p;
+        } else if (close == p + 2 && strchr("=]:/", p[1]) != NULL) {
+            memcpy(out + n, p, 3);
+            n += 3;
+            p = close;
+        } else {
+            memcpy(out + n, "\"...\"", 5);
+            n += 5;
+            p = close;
+        }
+    }
+    out[n] = '\0';
+
+    if (in_uri) {
+        char *copy = malloc(strlen(s) + 2), *why = NULL;
+        PQconninfoOption *opts = NULL;
+        if (copy == NULL)
+            return fail(L, v, "out of memory");
+        snprintf(copy, strlen(s) + 2, "%.*sx%s", (int)at, s, s + at + len);
+        if ((opts = PQconninfoParse(copy, &why)) != NULL) {
+            PQconninfoFree(opts);
+            free(copy);
+            return fail(L, v, "conninfo: the password in the URI is malformed (%s); "
+                        "percent-encode it, or move it to password_file", out);
+        }
+        PQfreemem(why);
+        free(copy);
+    }
+    return fail(L, v, "conninfo: %s (quoted text left out: conninfo holds a password)", out);
+}
+
+/* Where the password of a postgres:// or postgresql:// URI is: between the
+ * first ':' and the '@' of the user info, which, as libpq reads it, ends at
+ * the first '@' or '/'. */
+static bool uri_password(const char *s, size_t *at, size_t *len)
+{
+    static const char *const schemes[] = { "postgresql://", "postgres://" };
+    const char *p = NULL;
+
+    for (size_t i = 0; i < SK_ARRAY_LEN(schemes) && p == NULL; i++)
+        if (strncmp(s, schemes[i], strlen(schemes[i])) == 0)
+            p = s + strlen(schemes[i]);
+    if (p == NULL)
+        return false;
+    const char *end = p + strcspn(p, "@/");
+    const char *colon = memchr(p, ':', (size_t)(end - p));
+    if (*end != '@' || colon == NULL)
+        return false;
+    *at = (size_t)(colon + 1 - s);
+    *len = (size_t)(end - colon - 1);
+    return true;
 }
 
 static int load_queues(struct loader *L, yaml_node_t *v, void *base)

@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "config.h"
 
@@ -193,7 +196,8 @@ int sk_conf_value_password_file(const char *label, const char *path, char **dst,
             buf[--len] = '\0';
     }
     if (e != 0)
-        rc = sk_err_set(err, SK_ERR, "%s: cannot %s %.128s: %s", label, op, path, strerror(e));
+        rc = sk_err_set(err, SK_ERR, "%s: cannot %s %.128s: %s", label, op, path,
+                        sk_conf_value_read_error(e));
     else if (len == 0 || strlen(buf) != len)
         rc = sk_err_set(err, SK_ERR, "%s: %.128s %s", label, path,
                         len ? "contains a NUL byte" : "is empty");
@@ -256,14 +260,32 @@ int sk_conf_value_emit(yaml_document_t *doc, const yaml_node_t *v, const char *l
 int sk_conf_value_read_file(const char *path, size_t max, char **out, size_t *len,
                             const char **op)
 {
+    struct stat st;
     FILE *f;
     char *buf;
-    int e = 0;
+    int fd, e = 0;
 
+    /* Opened without blocking and checked before reading: a FIFO would
+     * otherwise hang `sekalid -t` and a reload until someone writes to it. */
     *op = "open";
-    if ((f = fopen(path, "re")) == NULL)
+    if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)) < 0)
         return errno;
     *op = "read";
+    if (fstat(fd, &st) != 0)
+        e = errno;
+    else if (S_ISDIR(st.st_mode))
+        e = EISDIR;
+    else if (!S_ISREG(st.st_mode))
+        e = SK_NOT_REGULAR;
+    if (e != 0) {
+        close(fd);
+        return e;
+    }
+    if (fcntl(fd, F_SETFL, 0) != 0 || (f = fdopen(fd, "r")) == NULL) {
+        e = errno;
+        close(fd);
+        return e;
+    }
     if ((buf = malloc(max + 2)) == NULL) {
         fclose(f);
         return ENOMEM;
@@ -283,6 +305,11 @@ int sk_conf_value_read_file(const char *path, size_t max, char **out, size_t *le
     *out = buf;
     *len = n;
     return 0;
+}
+
+const char *sk_conf_value_read_error(int e)
+{
+    return e == SK_NOT_REGULAR ? "not a regular file (a FIFO, device or socket)" : strerror(e);
 }
 
 void sk_conf_value_wipe(char *s)

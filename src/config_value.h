@@ -62,13 +62,21 @@ int sk_conf_value_password_file(const char *label, const char *path, char **dst,
 int sk_conf_value_emit(yaml_document_t *doc, const yaml_node_t *v, const char *label,
                        char **out, const yaml_node_t **at, struct sk_err *err);
 
-/* Reads at most max bytes of path into a new NUL-terminated buffer, which the
- * caller frees; *len excludes the NUL. Returns 0, or an errno value (EFBIG:
- * longer than max) with *op naming the step that failed, "open" or "read".
+/* Returned by sk_conf_value_read_file() for a path that is not a regular
+ * file or a directory; no errno value has this meaning. */
+#define SK_NOT_REGULAR (-1)
+
+/* Reads at most max bytes of the regular file path into a new NUL-terminated
+ * buffer, which the caller frees; *len excludes the NUL. Never blocks on a
+ * FIFO. Returns 0, or an errno value (EFBIG: longer than max; EISDIR) or
+ * SK_NOT_REGULAR, with *op naming the step that failed, "open" or "read".
  * On failure *out and *len are untouched and what was read is wiped, since
  * the file may be a password. */
 int sk_conf_value_read_file(const char *path, size_t max, char **out, size_t *len,
                             const char **op);
+
+/* The text for a value returned by sk_conf_value_read_file(). */
+const char *sk_conf_value_read_error(int e);
 
 /* Wipes and frees a string that may hold a secret, so that it does not
  * linger in the heap. Accepts NULL. */

@@ -394,6 +394,10 @@ static int take_lock(struct sk_worker *w, struct job *j)
         if (rc == SK_AGAIN) {
             waited_for_lock(j, busy_since);
             w->redis_retry_at_ms = sk_now_ms() + sk_backoff_next(&w->redis_backoff);
+            if (err.code == SK_AUTH && !w->redis_refused)
+                sk_log_error("redis refused sekali's credentials: holding jobs back whatever "
+                             "on_redis_down says, until redis.password is fixed: %s", err.msg);
+            w->redis_refused = err.code == SK_AUTH;
             return without_redis(w, err.msg);
         }
         if (rc == SK_OK) {
@@ -401,6 +405,7 @@ static int take_lock(struct sk_worker *w, struct job *j)
             if (w->redis_down)
                 sk_log_info("redis reachable again, locking resumed");
             w->redis_down = false;
+            w->redis_refused = false;
             sk_backoff_reset(&w->redis_backoff);
             j->locked = true;
             j->log.lock_owner = j->lock_token;
@@ -432,6 +437,12 @@ static void waited_for_lock(struct job *j, uint64_t busy_since)
  * `wait` keeps the work itself serialised. Logs once per outage. */
 static int without_redis(struct sk_worker *w, const char *why)
 {
+    /* A refused password is a configuration error, not an outage: going on
+     * without locks would hide it for as long as nobody reads the log. */
+    if (w->redis_refused) {
+        w->redis_down = true;
+        return SK_AGAIN;
+    }
     bool proceed = w->queue->on_redis_down == SK_REDIS_DOWN_PROCEED;
     if (!w->redis_down)
         sk_log_warn("redis unavailable, %s: %s",

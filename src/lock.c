@@ -5,6 +5,7 @@
  * them (restart, SCRIPT FLUSH) they are loaded again and the call repeated. A
  * failed connection is freed at once and reopened lazily on the next call, so
  * callers see SK_AGAIN and decide how to back off. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ static int run_script(struct sk_lock *l, const char *script, char sha[41], const
                       const char *token, const char *ttl, struct sk_err *err);
 static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
                        struct sk_err *err);
+static bool refused_login(const char *reply);
 
 int sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err)
 {
@@ -187,6 +189,16 @@ static int run_script(struct sk_lock *l, const char *script, char sha[41], const
     }
 }
 
+/* NOAUTH: Redis wants a password we did not give; WRONGPASS (Redis 6 and
+ * later) or "invalid password" (before): it is not the one we gave; "AUTH
+ * ... called without any password configured": we give one it does not have. */
+static bool refused_login(const char *reply)
+{
+    return strncmp(reply, "NOAUTH", 6) == 0 || strncmp(reply, "WRONGPASS", 9) == 0 ||
+           strncmp(reply, "ERR invalid password", 20) == 0 ||
+           strncmp(reply, "ERR AUTH", 8) == 0;
+}
+
 /* Any failure drops the connection: after a timeout hiredis may still have a
  * reply in flight, and reading it as the answer to the next command would
  * attribute one key's answer to another. */
@@ -198,6 +210,8 @@ static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
                    l->ctx != NULL ? l->ctx->errstr : "not connected");
     else if (reply->type == REDIS_REPLY_ERROR)
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what, reply->str);
+    if (reply != NULL && reply->type == REDIS_REPLY_ERROR && refused_login(reply->str))
+        sk_err_mark_auth(err, SK_AGAIN);
     else
         sk_err_set(err, SK_AGAIN, "redis %s: unexpected reply type %d", what, reply->type);
     if (reply != NULL)

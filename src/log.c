@@ -5,7 +5,10 @@
  * IDEMPOTENCY_KEY=, FENCE=, ...), so `journalctl IDEMPOTENCY_KEY=x` shows a
  * key's timeline. Otherwise each line is built in a stack buffer and written
  * to stderr with a single write(2), as JSON or text, so lines from concurrent
- * workers sharing one stderr never interleave mid-line. */
+ * workers sharing one stderr never interleave mid-line. Keys come from
+ * producers: in text format control characters are escaped and a value that
+ * could pass for more than one field is quoted, so that no key can forge a
+ * line or a field. */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -37,6 +40,8 @@ struct line {
 static void put_raw(struct line *l, const char *s, size_t n);
 static void put_fmt(struct line *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put_json_string(struct line *l, const char *s);
+static void put_text(struct line *l, const char *s, bool quoted);
+static bool needs_quotes(const char *s);
 static void put_field(struct line *l, const char *key, const char *value);
 static void put_job(struct line *l, const struct sk_log_job *job);
 static void send_to_journal(enum sk_log_level level, const char *msg,
@@ -110,7 +115,8 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
         put_job(&l, job);
         put_raw(&l, "}", 1);
     } else {
-        put_fmt(&l, "%s %-5s %s[%ld] %s", ts, level_names[level], role, (long)getpid(), msg);
+        put_fmt(&l, "%s %-5s %s[%ld] ", ts, level_names[level], role, (long)getpid());
+        put_text(&l, msg, false);
         put_job(&l, job);
     }
     /* Leave room for the newline even when the line was cut short. */
@@ -165,8 +171,42 @@ static void put_field(struct line *l, const char *key, const char *value)
         put_fmt(l, ",\"%s\":", key);
         put_json_string(l, value);
     } else {
-        put_fmt(l, " %s=%s", key, value);
+        put_fmt(l, " %s=", key);
+        put_text(l, value, needs_quotes(value));
     }
+}
+
+/* Control characters become C escapes (\n, \t, \xHH). Inside quotes '"' and
+ * '\\' are escaped too, so that the closing quote is the value's end. */
+static void put_text(struct line *l, const char *s, bool quoted)
+{
+    if (quoted)
+        put_raw(l, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        if (*p == '\n')
+            put_raw(l, "\\n", 2);
+        else if (*p == '\r')
+            put_raw(l, "\\r", 2);
+        else if (*p == '\t')
+            put_raw(l, "\\t", 2);
+        else if (*p < 0x20 || *p == 0x7f)
+            put_fmt(l, "\\x%02x", *p);
+        else if (quoted && (*p == '"' || *p == '\\'))
+            put_raw(l, (const char[]){ '\\', (char)*p }, 2);
+        else
+            put_raw(l, (const char *)p, 1);
+    }
+    if (quoted)
+        put_raw(l, "\"", 1);
+}
+
+/* A value with a space or '=' could read as a second key=value pair. */
+static bool needs_quotes(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++)
+        if (*p <= ' ' || *p == '=' || *p == '"' || *p == '\\' || *p == 0x7f)
+            return true;
+    return false;
 }
 
 static void put_job(struct line *l, const struct sk_log_job *job)

@@ -5,8 +5,12 @@
  * 1.0 layout (older minors are fine, their missing members read as absent);
  * and the mandatory callback must be present. Before any of that, the file
  * must be safe to load at all: nobody but root or us may be able to change
- * it. */
+ * it, or any directory on its way from /. */
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,43 +25,104 @@
     (offsetof(struct sekali_handler, fini) + sizeof(((struct sekali_handler *)0)->fini))
 
 /* Code that others can replace runs as sekali with its database
- * credentials: like sshd with a loose key file, refuse it. The file and its
- * directory must belong to root or to us, and be writable by nobody else. */
-static int check_ownership(const char *path, struct sk_err *err)
+ * credentials: like sshd with a loose key file, refuse it. What is loaded is
+ * the file that was checked: the path is resolved once (symlinks included),
+ * every directory from / down to the file's own is checked, the file is
+ * opened and checked through its descriptor, and dlopen() is given that
+ * descriptor, so nothing can be swapped in between the check and the load.
+ *
+ * check_dir(): dir is resolved; own says whether the handler sits in it. */
+static int check_dir(const char *path, const char *dir, bool own, struct sk_err *err)
 {
-    char dir[4096];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        snprintf(dir, sizeof(dir), ".");
-    else if (slash == dir)
-        dir[1] = '\0';
-    else
-        *slash = '\0';
+    struct stat st;
 
-    const char *paths[] = { path, dir };
-    for (size_t i = 0; i < SK_ARRAY_LEN(paths); i++) {
-        struct stat st;
-        if (stat(paths[i], &st) != 0)
-            return sk_err_errno(err, SK_ERR, "handler %s: cannot stat %s", path, paths[i]);
-        if (st.st_uid != 0 && st.st_uid != geteuid())
-            return sk_err_set(err, SK_ERR, "handler %s: refusing it: %s is owned by uid %u, "
-                              "not by root or by sekalid's user", path, paths[i],
-                              (unsigned)st.st_uid);
-        /* A sticky directory (like /tmp) still lets anyone add a file. */
-        if (st.st_mode & (S_IWGRP | S_IWOTH))
-            return sk_err_set(err, SK_ERR, "handler %s: refusing it: %s is writable by %s "
-                              "(chmod go-w %s)", path, paths[i],
-                              st.st_mode & S_IWOTH ? "everyone" : "its group", paths[i]);
+    if (stat(dir, &st) != 0)
+        return sk_err_errno(err, SK_ERR, "handler %s: cannot stat %s", path, dir);
+    if (st.st_uid != 0 && st.st_uid != geteuid())
+        return sk_err_set(err, SK_ERR, "handler %s: refusing it: directory %s is owned by "
+                          "uid %u, not by root or by sekalid's user", path, dir,
+                          (unsigned)st.st_uid);
+    if (!(st.st_mode & (S_IWGRP | S_IWOTH)))
+        return SK_OK;
+    /* Above the handler's own directory a sticky one (like /tmp) is safe:
+     * nobody else may rename or remove the entry below it, which is ours.
+     * As the handler's own directory it is not: anyone may add a file. */
+    if ((st.st_mode & S_ISVTX) && !own)
+        return SK_OK;
+    return sk_err_set(err, SK_ERR, "handler %s: refusing it: directory %s is writable by %s "
+                      "(mode %04o; chmod go-w %s)", path, dir,
+                      st.st_mode & S_IWOTH ? "everyone" : "its group",
+                      (unsigned)(st.st_mode & 07777), dir);
+}
+
+/* Opens the resolved path and returns its descriptor, or -1 with err set. */
+static int open_checked(const char *path, const char *real, struct sk_err *err)
+{
+    char dir[PATH_MAX];
+    struct stat st;
+    int fd;
+
+    /* Each prefix of real ending before a '/' is a directory: "/", "/usr", ... */
+    for (const char *slash = real; (slash = strchr(slash, '/')) != NULL; slash++) {
+        size_t n = slash == real ? 1 : (size_t)(slash - real);
+        memcpy(dir, real, n);
+        dir[n] = '\0';
+        if (check_dir(path, dir, strchr(slash + 1, '/') == NULL, err) != SK_OK)
+            return -1;
     }
-    return SK_OK;
+    if ((fd = open(real, O_RDONLY | O_CLOEXEC | O_NOCTTY)) < 0) {
+        sk_err_errno(err, SK_ERR, "handler %s: cannot load: open %s", path, real);
+        return -1;
+    }
+    const char *why = NULL;
+    if (fstat(fd, &st) != 0)
+        sk_err_errno(err, SK_ERR, "handler %s: cannot stat %s", path, real);
+    else if (!S_ISREG(st.st_mode))
+        why = "is not a regular file";
+    else if (st.st_uid != 0 && st.st_uid != geteuid())
+        sk_err_set(err, SK_ERR, "handler %s: refusing it: %s is owned by uid %u, not by root "
+                   "or by sekalid's user", path, real, (unsigned)st.st_uid);
+    else if (st.st_mode & (S_IWGRP | S_IWOTH))
+        sk_err_set(err, SK_ERR, "handler %s: refusing it: %s is writable by %s (mode %04o; "
+                   "chmod go-w %s)", path, real, st.st_mode & S_IWOTH ? "everyone" : "its group",
+                   (unsigned)(st.st_mode & 07777), real);
+    else
+        return fd;
+    if (why != NULL)
+        sk_err_set(err, SK_ERR, "handler %s: refusing it: %s %s", path, real, why);
+    close(fd);
+    return -1;
+}
+
+/* dlopen() takes a name, and glibc hands back an already loaded object whose
+ * name matches: "/proc/self/fd/N" must therefore stay unique, so the
+ * descriptor stays open as long as the object it named is loaded (for ever:
+ * handlers are never unloaded). When the same file was loaded before, glibc
+ * recognises it by device and inode and returns the earlier object, and the
+ * new descriptor is not needed. */
+static void *load_fd(int fd)
+{
+    char name[64];
+    struct link_map *map = NULL;
+
+    snprintf(name, sizeof(name), "/proc/self/fd/%d", fd);
+    void *dl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (dl == NULL || dlinfo(dl, RTLD_DI_LINKMAP, &map) != 0 || map == NULL ||
+        strcmp(map->l_name, name) != 0)
+        close(fd);
+    return dl;
 }
 
 int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
 {
-    if (access(path, F_OK) == 0 && check_ownership(path, err) != SK_OK)
+    char *real = realpath(path, NULL);
+    if (real == NULL)
+        return sk_err_errno(err, SK_ERR, "handler %s: cannot load", path);
+    int fd = open_checked(path, real, err);
+    free(real);
+    if (fd < 0)
         return SK_ERR;
-    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *dl = load_fd(fd);
     if (dl == NULL)
         return sk_err_set(err, SK_ERR, "handler %s: cannot load: %s", path, dlerror());
 

@@ -40,6 +40,7 @@ static const struct {
 };
 
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
+static bool refused_login(PGconn *pg);
 static int pipeline(struct sk_store *s, const struct step *steps, int n, PGresult **last,
                     struct sk_err *err);
 static int connection_error(struct sk_store *s, const char *what, struct sk_err *err);
@@ -287,10 +288,32 @@ PGconn *sk_store_dial(const struct sk_postgres_conf *conf, const char *applicati
     }
     if (PQstatus(pg) != CONNECTION_OK) {
         sk_err_set(err, SK_AGAIN, "PostgreSQL connection failed: %s", PQerrorMessage(pg));
+        if (refused_login(pg))
+            sk_err_mark_auth(err, SK_AGAIN);
         PQfinish(pg);
         return NULL;
     }
     return pg;
+}
+
+/* libpq keeps no SQLSTATE for a failed connection, so the server's message
+ * tells 28P01 (invalid_password) and 28000 (invalid_authorization_
+ * specification: unknown role, no pg_hba.conf entry, failed peer or ident
+ * check) from an outage; a server with lc_messages in another language is
+ * taken for down. libpq's own "no password supplied" is the same mistake. */
+static bool refused_login(PGconn *pg)
+{
+    static const char *const signs[] = {
+        "authentication failed", "no pg_hba.conf entry", "no password supplied",
+    };
+    const char *msg = PQerrorMessage(pg);
+
+    if (PQconnectionNeedsPassword(pg))
+        return true;
+    for (size_t i = 0; i < SK_ARRAY_LEN(signs); i++)
+        if (strstr(msg, signs[i]) != NULL)
+            return true;
+    return strstr(msg, "role \"") != NULL && strstr(msg, "\" does not exist") != NULL;
 }
 
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err)

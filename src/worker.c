@@ -20,7 +20,8 @@
 static volatile sig_atomic_t stop_requested;
 
 static void on_stop_signal(int signo);
-static int  setup(struct sk_worker *w, struct sk_err *err);
+static int  setup(struct sk_worker *w, bool first, struct sk_err *err);
+static int  check_logins(struct sk_worker *w, struct sk_err *err);
 static void teardown(struct sk_worker *w);
 static int  open_store(struct sk_worker *w, struct sk_err *err);
 static void record_crash(struct sk_worker *w);
@@ -46,9 +47,13 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     w->postgres_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
     w->redis_backoff = (struct sk_backoff){ .base_ms = 200, .cap_ms = 5000 };
 
+    /* The first worker of its slot (at start or in a new generation) has
+     * never turned its loop. Only it treats a refused password as fatal: a
+     * replacement after a crash, like a running worker, keeps retrying. */
+    bool first = atomic_load(&slot->alive_ms) == 0;
     struct sk_err err = { 0 };
     int exit_code = SK_EXIT_OK;
-    int rc = setup(w, &err);
+    int rc = setup(w, first, &err);
     if (rc != SK_OK) {
         sk_log_error("worker for queue %s cannot start: %s", queue->name, err.msg);
         exit_code = rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
@@ -102,7 +107,7 @@ static void on_stop_signal(int signo)
 
 /* Returns SK_OK; SK_ERR when retrying cannot help (bad handler config,
  * missing schema); SK_AGAIN when a restart later may succeed. */
-static int setup(struct sk_worker *w, struct sk_err *err)
+static int setup(struct sk_worker *w, bool first, struct sk_err *err)
 {
     /* No SA_RESTART: a stop request must interrupt sleeps and waits. */
     struct sigaction sa = { .sa_handler = on_stop_signal };
@@ -128,10 +133,17 @@ static int setup(struct sk_worker *w, struct sk_err *err)
     int rc = open_store(w, err);
     if (rc == SK_ERR)
         return rc;
+    if (rc == SK_AGAIN && err->code == SK_AUTH && first)
+        return sk_err_set(err, SK_ERR, "PostgreSQL refused sekali's credentials (check "
+                          "postgres.conninfo and its password): %.180s", err->msg);
     if (rc == SK_AGAIN) {
-        sk_log_warn("PostgreSQL unavailable at start, will retry: %s", err->msg);
+        sk_log_warn("PostgreSQL %s at start, will retry: %s",
+                    err->code == SK_AUTH ? "refused sekali's credentials" : "unavailable",
+                    err->msg);
         w->postgres_down_logged = true;
     }
+    if (first && (rc = check_logins(w, err)) != SK_OK)
+        return rc;
     /* The thread's tick: a third of the lock's and the lease's time, and
      * often enough to keep the broker connections of a long handler alive. */
     uint32_t tick = UINT32_MAX;
@@ -144,6 +156,28 @@ static int setup(struct sk_worker *w, struct sk_err *err)
         tick = keepalive;
     if (tick != UINT32_MAX && sk_heartbeat_start(&w->heartbeat, w->conf, tick, err) != SK_OK)
         return SK_AGAIN;
+    return SK_OK;
+}
+
+/* A wrong password would otherwise only show as a worker retrying for ever:
+ * log in once to RabbitMQ, and to Redis if the queue locks, and give up with
+ * SK_ERR (exit 2) if either refuses. A server that is merely down is left to
+ * the loop's retries. The Redis connection is kept for the first job. */
+static int check_logins(struct sk_worker *w, struct sk_err *err)
+{
+    struct sk_broker *probe = NULL;
+    struct sk_err why = { 0 };
+
+    if (sk_broker_open(&probe, &w->conf->amqp, &why) == SK_OK)
+        sk_broker_close(probe);
+    else if (why.code == SK_AUTH)
+        return sk_err_set(err, SK_ERR, "RabbitMQ refused sekali's credentials (user %s on vhost "
+                          "%s; check amqp.url and its password): %.160s", w->conf->amqp.user,
+                          w->conf->amqp.vhost, why.msg);
+    if (w->queue->lock && sk_lock_open(&w->lock, &w->conf->redis, &why) != SK_OK &&
+        why.code == SK_AUTH)
+        return sk_err_set(err, SK_ERR, "Redis refused sekali's credentials (check "
+                          "redis.password_env or password_file): %.180s", why.msg);
     return SK_OK;
 }
 
@@ -202,7 +236,10 @@ static bool ensure_store(struct sk_worker *w)
         sk_backoff_reset(&w->postgres_backoff);
         return true;
     }
-    if (!w->postgres_down_logged)
+    if (!w->postgres_down_logged && err.code == SK_AUTH)
+        sk_log_error("PostgreSQL refused sekali's credentials, retrying with backoff until "
+                     "the password is fixed: %s", err.msg);
+    else if (!w->postgres_down_logged)
         sk_log_warn("PostgreSQL unavailable, retrying with backoff: %s", err.msg);
     w->postgres_down_logged = true;
     sk_sleep_ms(sk_backoff_next(&w->postgres_backoff));
@@ -230,7 +267,10 @@ static bool ensure_broker(struct sk_worker *w)
     sk_broker_close(w->broker);
     w->broker = NULL;
     uint32_t delay = sk_backoff_next(&w->broker_backoff);
-    if (!w->broker_down_logged)
+    if (!w->broker_down_logged && err.code == SK_AUTH)
+        sk_log_error("RabbitMQ refused sekali's credentials for %s, retrying with backoff "
+                     "until the password is fixed: %s", w->queue->name, err.msg);
+    else if (!w->broker_down_logged)
         sk_log_warn("cannot consume %s, retrying with backoff: %s", w->queue->name, err.msg);
     w->broker_down_logged = true;
     sk_sleep_ms(delay);

@@ -34,6 +34,7 @@ struct sk_worker {
     struct sk_backoff            broker_backoff;
     bool                         broker_down_logged;
     bool                         redis_down;
+    bool                         redis_refused;  /* down because it refused our password */
     bool                         postgres_down_logged;
     int64_t                      redis_retry_at_ms;
     struct sk_backoff            redis_backoff;

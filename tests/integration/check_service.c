@@ -1,5 +1,6 @@
 /* check_service.c - sekalid as a service: what it tells systemd, how it
- * drains on SIGTERM, and what its logs never contain. */
+ * drains on SIGTERM, how it answers wrong credentials, and what its logs and
+ * `sekalid -t` never contain. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,6 +10,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <hiredis/hiredis.h>
 
 #include "harness.h"
 
@@ -226,6 +229,195 @@ START_TEST(test_sighup_applies_new_workers_and_handler_under_load_exactly_once)
 }
 END_TEST
 
+/* `sekalid -t` on a conninfo whose password is malformed: exit 2, the
+ * position and the problem, never the password. */
+START_TEST(test_check_mode_reports_a_bad_conninfo_without_its_password)
+{
+    h_init();
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/sekalid -t -c tests/data/bad_secret_pg_uri_percent.yaml 2>&1",
+             h_build_dir());
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    static char out[8192];
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "expected exit 2, got 0x%x: %s",
+                  status, out);
+    ck_assert_msg(strstr(out, "tests/data/bad_secret_pg_uri_percent.yaml:4:13: conninfo: the "
+                              "password in the URI is malformed") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "Sup3r") == NULL, "the password is shown: %s", out);
+}
+END_TEST
+
+/* Starts sekalid on config (with env), expects exit 2 with `expected` in its
+ * log exactly once, and `secret` nowhere in it. */
+static void assert_refused_at_start(const char *dir, const char *config, const char *const *env,
+                                    const char *expected, const char *secret)
+{
+    pid_t sekalid = h_start_sekalid("sekalid", config, dir, env);
+    int status = h_wait_exit(sekalid, 30000, "sekalid with wrong credentials");
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2,
+                  "expected exit 2, got status 0x%x (see %s)", status, log);
+    ck_assert_msg(h_count_lines(log, expected) == 1, "%s should say \"%s\" once", log, expected);
+    ck_assert_int_ge(h_count_lines(log, "not restarting it"), 1);
+    if (secret != NULL)
+        ck_assert_msg(h_count_lines(log, secret) == 0, "%s shows the password", log);
+}
+
+START_TEST(test_wrong_amqp_password_stops_sekalid_with_exit_2)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "amqp-auth");
+    char *dir = h_tmpdir("amqp-auth");
+    char *config = h_write_config(dir, queue, H_EFFECT, 1, NULL);
+    /* amqp://user:password@host:port/vhost: swap the password. */
+    const char *url = h_amqp_url(), *colon = strchr(strstr(url, "://") + 3, ':');
+    const char *at = strchr(url, '@');
+    ck_assert_msg(colon != NULL && at != NULL && colon < at, "no password in %s", url);
+    char from[256];
+    snprintf(from, sizeof(from), "%.*s", (int)(at - colon + 1), colon);
+    h_config_replace(config, from, ":wrong-Pa55word@");
+    assert_refused_at_start(dir, config, NULL, "RabbitMQ refused sekali's credentials",
+                            "wrong-Pa55word");
+    free(config);
+    free(dir);
+}
+END_TEST
+
+/* The test servers authenticate TCP logins with scram-sha-256 (servers.sh). */
+START_TEST(test_wrong_postgres_password_stops_sekalid_with_exit_2)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "pg-auth");
+    char *dir = h_tmpdir("pg-auth");
+    char *config = h_write_config(dir, queue, H_EFFECT, 1, NULL);
+    ck_assert_msg(strstr(h_pg_conninfo(), "password=") != NULL, "no password in conninfo");
+    h_config_replace(config, "password=", "password=wrong-Pa55word");
+    assert_refused_at_start(dir, config, NULL, "PostgreSQL refused sekali's credentials",
+                            "wrong-Pa55word");
+    free(config);
+    free(dir);
+}
+END_TEST
+
+/* The test Redis has no password: these tests give it one for a while.
+ * Every test of the tcase and its teardown (in the parent, so it runs even
+ * when a test fails) take it away again. */
+#define REDIS_PASSWORD "right-Pa55word"
+
+static redisContext *redis_admin(void)
+{
+    redisContext *c = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(c != NULL && c->err == 0, "cannot connect to redis");
+    redisReply *r = redisCommand(c, "AUTH %s", REDIS_PASSWORD);  /* refused if none is set */
+    freeReplyObject(r);
+    return c;
+}
+
+static void redis_require_password(const char *password)
+{
+    redisContext *c = redis_admin();
+    redisReply *r = redisCommand(c, "CONFIG SET requirepass %s", password);
+    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_STATUS, "CONFIG SET requirepass failed");
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static void redis_open_again(void)
+{
+    h_init();
+    redis_require_password("");
+}
+
+START_TEST(test_wrong_or_missing_redis_password_stops_sekalid_with_exit_2)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "redis-auth");
+    char *dir = h_tmpdir("redis-auth");
+    char *config = h_write_config(dir, queue, H_EFFECT, 1, NULL);
+    redis_require_password(REDIS_PASSWORD);
+
+    /* No password given: NOAUTH. */
+    assert_refused_at_start(dir, config, NULL, "Redis refused sekali's credentials", NULL);
+
+    /* The wrong one: WRONGPASS. */
+    char *dir2 = h_tmpdir("redis-auth");
+    char *config2 = h_write_config(dir2, queue, H_EFFECT, 1, NULL);
+    h_config_replace(config2, "redis:\n", "redis:\n  password_env: SEKALI_TEST_REDIS_PW\n");
+    const char *env[] = { "SEKALI_TEST_REDIS_PW=wrong-Pa55word", NULL };
+    assert_refused_at_start(dir2, config2, env, "Redis refused sekali's credentials",
+                            "wrong-Pa55word");
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/sekalid.log", dir2);
+    ck_assert_int_eq(h_count_lines(log, "WRONGPASS"), 1);
+    redis_require_password("");
+    free(config);
+    free(config2);
+    free(dir);
+    free(dir2);
+}
+END_TEST
+
+/* The supervisor's first child, read from /proc. */
+static pid_t first_child(pid_t parent)
+{
+    char path[64], buf[256] = "";
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)parent, (int)parent);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(fgets(buf, sizeof(buf), f));
+    fclose(f);
+    return (pid_t)atoi(buf);
+}
+
+/* At run time (here: a worker replacing one that was killed, which is not
+ * fatal as a start is) a refused Redis password is a configuration error,
+ * not an outage: even under on_redis_down: proceed, jobs are held back (and
+ * re-scheduled) rather than run without locks, it is logged once, and they
+ * run once the password matches again. */
+START_TEST(test_redis_refusing_the_password_at_run_time_holds_jobs_back_under_proceed)
+{
+    struct h_run r;
+    h_run_open(&r, "redis-refused");
+    struct h_run_opts o = { .workers = 1, .queue_yaml = "    on_redis_down: proceed\n" };
+    h_run_start(&r, &o);
+    const char *effects = "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
+                          "AND job_id = '%s'";
+    h_publish(r.b, r.queue, "test", "warm-1", NULL, NULL, "ok");
+    H_WAIT(h_pg_count(r.pg, effects, r.queue, "warm-1") == 1, 20000, "warm-1 should run");
+
+    redis_require_password(REDIS_PASSWORD);
+    pid_t worker = first_child(r.sekalid);
+    ck_assert_int_gt(worker, 0);
+    ck_assert_int_eq(kill(worker, SIGKILL), 0);
+    char started[256];
+    snprintf(started, sizeof(started), "worker for queue %s started", r.queue);
+    H_WAIT(h_count_lines(r.log, started) == 2, 20000, "the killed worker should be replaced");
+
+    h_publish(r.b, r.queue, "test", "held-1", NULL, NULL, "ok");
+    H_WAIT(h_count_lines(r.log, "redis refused sekali's credentials") == 1, 20000,
+           "the refusal should be logged (see %s)", r.log);
+    ck_assert_int_eq(h_pg_count(r.pg, effects, r.queue, "held-1"), 0);
+    ck_assert_int_eq(h_count_lines(r.log, "going on without locks"), 0);
+
+    redis_require_password("");
+    H_WAIT(h_pg_count(r.pg, effects, r.queue, "held-1") == 1, 30000,
+           "held-1 should run once the password matches");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, effects, r.queue, "held-1"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "redis refused sekali's credentials"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "going on without locks"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -233,7 +425,17 @@ int main(void)
         test_sigterm_drains_in_flight_jobs_without_loss_or_doubling,
         test_sighup_with_a_broken_config_keeps_the_old_one,
         test_sighup_applies_new_workers_and_handler_under_load_exactly_once,
+        test_check_mode_reports_a_bad_conninfo_without_its_password,
+        test_wrong_amqp_password_stops_sekalid_with_exit_2,
+        test_wrong_postgres_password_stops_sekalid_with_exit_2,
         NULL,
     };
-    return h_run_suite(h_suite("service", 300, tests));
+    Suite *s = h_suite("service", 300, tests);
+    TCase *tc = tcase_create("redis-auth");
+    tcase_set_timeout(tc, 300);
+    tcase_add_unchecked_fixture(tc, NULL, redis_open_again);
+    tcase_add_test(tc, test_wrong_or_missing_redis_password_stops_sekalid_with_exit_2);
+    tcase_add_test(tc, test_redis_refusing_the_password_at_run_time_holds_jobs_back_under_proceed);
+    suite_add_tcase(s, tc);
+    return h_run_suite(s);
 }

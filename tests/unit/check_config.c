@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -96,6 +97,9 @@ static const struct bad_case bad_cases[] = {
     { "bad_queue_name.yaml", NULL,
       DATA "bad_queue_name.yaml:6:11: invalid name \"send invoices\": use 1 to 200 characters "
       "from A-Z a-z 0-9 . _ -" },
+    { "bad_queue_name_amq.yaml", NULL,
+      DATA "bad_queue_name_amq.yaml:6:11: invalid name \"amq.invoices\": names starting with "
+      "\"amq.\" are reserved by RabbitMQ" },
     { "bad_enum_mode.yaml", NULL,
       DATA "bad_enum_mode.yaml:8:11: unknown mode \"batch\": expected transactional or external" },
     { "bad_enum_level.yaml", NULL,
@@ -178,6 +182,56 @@ static void write_temp(char *tmpl, int suffix_len, const char *text)
     close(fd);
 }
 
+/* Every way a password can be written, each in a config that fails to load:
+ * the message must still say where and what, and never the password, since
+ * it goes to `sekalid -t`, the reload log line and systemd's status line. */
+#define SECRET "Sup3rS3cret"
+
+static const struct bad_case secret_cases[] = {
+    { "bad_secret_pg_uri_percent.yaml", NULL,
+      DATA "bad_secret_pg_uri_percent.yaml:4:13: conninfo: the password in the URI is malformed "
+      "(invalid percent-encoded token: \"...\"); percent-encode it, or move it to password_file" },
+    { "bad_secret_pg_uri_host.yaml", NULL,
+      DATA "bad_secret_pg_uri_host.yaml:4:13: conninfo: end of string reached when looking for "
+      "matching \"]\" in IPv6 host address in URI: \"...\" (quoted text left out: conninfo "
+      "holds a password)" },
+    { "bad_secret_pg_uri_param.yaml", NULL,
+      DATA "bad_secret_pg_uri_param.yaml:4:13: conninfo: missing key/value separator \"=\" in "
+      "URI query parameter: \"...\" (quoted text left out: conninfo holds a password)" },
+    { "bad_secret_pg_uri_query.yaml", NULL,
+      DATA "bad_secret_pg_uri_query.yaml:4:13: conninfo: forbidden value %00 in percent-encoded "
+      "value: \"...\" (quoted text left out: conninfo holds a password)" },
+    { "bad_secret_pg_keyword.yaml", NULL,
+      DATA "bad_secret_pg_keyword.yaml:4:13: conninfo: missing \"=\" after \"...\" in "
+      "connection info string (quoted text left out: conninfo holds a password)" },
+    { "bad_secret_pg_keyword_quote.yaml", NULL,
+      DATA "bad_secret_pg_keyword_quote.yaml:4:13: conninfo: unterminated quoted string in "
+      "connection info string (quoted text left out: conninfo holds a password)" },
+    { "bad_secret_pg_keyword_option.yaml", NULL,
+      DATA "bad_secret_pg_keyword_option.yaml:4:13: conninfo: invalid connection option "
+      "\"...\" (quoted text left out: conninfo holds a password)" },
+    { "bad_secret_amqp_url.yaml", NULL,
+      DATA "bad_secret_amqp_url.yaml:2:8: url: invalid AMQP URL: expected "
+      "amqp://[user[:password]@]host[:port]/[vhost]" },
+    { "bad_secret_amqp_url_percent.yaml", NULL,
+      DATA "bad_secret_amqp_url_percent.yaml:2:8: url: invalid AMQP URL: expected "
+      "amqp://[user[:password]@]host[:port]/[vhost]" },
+    { "bad_secret_env_and_url.yaml", "SEKALI_TEST_SECRET",
+      DATA "bad_secret_env_and_url.yaml:4:17: password_env conflicts with the password in url: "
+      "give the password one way only" },
+    { "bad_secret_env_conninfo.yaml", "SEKALI_TEST_SECRET",
+      DATA "bad_secret_env_conninfo.yaml:7:13: conninfo: missing \"=\" after \"dbname\" in "
+      "connection info string" },
+};
+
+/* "Sup3r S3cret" in bad_secret_pg_keyword.yaml is two words: neither may show. */
+static void assert_no_secret(const char *msg)
+{
+    static const char *const parts[] = { SECRET, "Sup3r", "S3cret" };
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+        ck_assert_msg(strstr(msg, parts[i]) == NULL, "the message shows the password: %s", msg);
+}
+
 /* A config whose redis section reads its password from password_file. */
 static void write_config_with_file(char *cfg, const char *password_file)
 {
@@ -202,6 +256,21 @@ START_TEST(test_each_broken_fixture_is_reported_with_its_position)
         setenv(c->env, "x", 1);
     snprintf(path, sizeof(path), DATA "%s", c->file);
     ck_assert_str_eq(load_error(path), c->message);
+}
+END_TEST
+
+START_TEST(test_each_password_form_is_left_out_of_the_error)
+{
+    const struct bad_case *c = &secret_cases[_i];
+    char path[PATH_MAX];
+
+    unsetenv("SEKALI_TEST_SECRET");
+    if (c->env != NULL)
+        setenv(c->env, SECRET, 1);
+    snprintf(path, sizeof(path), DATA "%s", c->file);
+    const char *msg = load_error(path);
+    assert_no_secret(msg);
+    ck_assert_str_eq(msg, c->message);
 }
 END_TEST
 
@@ -559,6 +628,66 @@ START_TEST(test_unreadable_password_file_is_reported_at_its_key)
 }
 END_TEST
 
+START_TEST(test_password_file_with_a_nul_byte_is_refused_without_showing_it)
+{
+    char pw[] = "/tmp/sekali-pw-XXXXXX", cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+    char want[256];
+
+    int fd = mkstemp(pw);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "Sup3r\0S3cret\n", 13), 13);
+    close(fd);
+    write_config_with_file(cfg, pw);
+    snprintf(want, sizeof(want), "%s:4:18: password_file: %s contains a NUL byte", cfg, pw);
+    const char *msg = load_error(cfg);
+    unlink(pw);
+    unlink(cfg);
+    assert_no_secret(msg);
+    ck_assert_str_eq(msg, want);
+}
+END_TEST
+
+/* Nobody writes to the FIFO: the load must not wait for a writer. The
+ * alarm turns a hang into a failure of this test alone. */
+START_TEST(test_password_file_that_is_a_fifo_is_refused_without_blocking)
+{
+    char dir[] = "/tmp/sekali-fifo-XXXXXX", fifo[64], cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+    char want[256];
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/pw", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    write_config_with_file(cfg, fifo);
+    alarm(10);
+    const char *msg = load_error(cfg);
+    alarm(0);
+    snprintf(want, sizeof(want), "%s:4:18: password_file: cannot read %s: not a regular file "
+             "(a FIFO, device or socket)", cfg, fifo);
+    unlink(fifo);
+    rmdir(dir);
+    unlink(cfg);
+    ck_assert_str_eq(msg, want);
+}
+END_TEST
+
+START_TEST(test_config_file_that_is_a_fifo_is_refused_without_blocking)
+{
+    char dir[] = "/tmp/sekali-fifo-XXXXXX", fifo[64], want[256];
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/sekali.yaml", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    alarm(10);
+    const char *msg = load_error(fifo);
+    alarm(0);
+    snprintf(want, sizeof(want), "%s: cannot read: not a regular file (a FIFO, device or "
+             "socket)", fifo);
+    unlink(fifo);
+    rmdir(dir);
+    ck_assert_str_eq(msg, want);
+}
+END_TEST
+
 START_TEST(test_example_config_loads)
 {
     setenv("SEKALI_AMQP_PASSWORD", "amqp-secret", 1);
@@ -817,6 +946,11 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_password_file_loses_exactly_one_trailing_newline);
     tcase_add_test(tc, test_empty_password_file_is_refused);
     tcase_add_test(tc, test_unreadable_password_file_is_reported_at_its_key);
+    tcase_add_loop_test(tc, test_each_password_form_is_left_out_of_the_error,
+                        0, sizeof(secret_cases) / sizeof(secret_cases[0]));
+    tcase_add_test(tc, test_password_file_with_a_nul_byte_is_refused_without_showing_it);
+    tcase_add_test(tc, test_password_file_that_is_a_fifo_is_refused_without_blocking);
+    tcase_add_test(tc, test_config_file_that_is_a_fifo_is_refused_without_blocking);
     tcase_add_test(tc, test_relative_password_file_follows_config_directory);
     suite_add_tcase(s, tc);
 

@@ -93,12 +93,39 @@ START_TEST(test_journal_stream_is_recognised_only_for_our_stderr)
 }
 END_TEST
 
+/* A key is the producer's: a newline in it must not start a line of its
+ * own that a reader (or a log shipper) would take for sekali's. */
+START_TEST(test_text_line_escapes_control_characters_in_keys_and_message)
+{
+    const char *path = capture_stderr();
+    unsetenv("JOURNAL_STREAM");
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_TEXT, "worker");
+    struct sk_log_job job = {
+        .queue = "q", .job_id = "m-1",
+        .idempotency_key = "k\n2026-01-01T00:00:00.000Z error worker[1] forged\r\x1b[2J",
+        .resource_key = "a b=c",
+    };
+    sk_log_job(SK_LOG_INFO, &job, "claimed %s", "x\ny\tz");
+    const char *text = slurp(path);
+    ck_assert_msg(strchr(text, '\n') == text + strlen(text) - 1, "more than one line: %s", text);
+    ck_assert_ptr_null(strchr(text, '\r'));
+    ck_assert_ptr_null(strchr(text, '\x1b'));
+    ck_assert_msg(strstr(text, "claimed x\\ny\\tz") != NULL, "%s", text);
+    ck_assert_msg(strstr(text, "idempotency_key=\"k\\n2026-01-01T00:00:00.000Z error "
+                               "worker[1] forged\\r\\x1b[2J\"") != NULL, "%s", text);
+    /* A space or '=' in a value would forge a field: such values are quoted. */
+    ck_assert_msg(strstr(text, "resource_key=\"a b=c\"") != NULL, "%s", text);
+    ck_assert_msg(strstr(text, " job_id=m-1") != NULL, "%s", text);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_json_job_line_carries_every_field,
         test_lines_below_the_level_are_dropped,
         test_journal_stream_is_recognised_only_for_our_stderr,
+        test_text_line_escapes_control_characters_in_keys_and_message,
         NULL,
     };
     return h_run_suite(h_suite("log", 0, tests));

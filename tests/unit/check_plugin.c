@@ -1,8 +1,10 @@
 /* check_plugin.c - the handler ABI checks, on descriptors built in place. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <check.h>
 
@@ -123,12 +125,192 @@ START_TEST(test_handler_writable_by_others_is_refused)
     ck_assert_int_eq(chmod(dir, 01777), 0);
     ck_assert_int_eq(sk_plugin_load(file, &p, &err), SK_ERR);
     char expected[128];
-    snprintf(expected, sizeof(expected), "refusing it: %s is writable by everyone", dir);
+    snprintf(expected, sizeof(expected), "refusing it: directory %s is writable by everyone", dir);
     ck_assert_msg(strstr(err.msg, expected) != NULL, "%s", err.msg);
 
     char cmd[256];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A scratch tree for the bypasses: root is a fresh 0700 directory under /tmp
+ * (sticky, so safe above us); each test builds what it needs below it. */
+static void scratch(char *root, size_t size)
+{
+    snprintf(root, size, "/tmp/check_plugin.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(root));
+}
+
+static void mkdir_mode(const char *root, const char *sub, mode_t mode)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", root, sub);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    ck_assert_int_eq(chmod(path, mode), 0);  /* mkdir() goes through the umask */
+}
+
+static void copy_handler(const char *root, const char *sub, const char *plugin)
+{
+    char cmd[2048];
+    const char *build = getenv("SEKALI_BUILD") != NULL ? getenv("SEKALI_BUILD") : "build";
+    snprintf(cmd, sizeof(cmd), "cp %s/%s %s/%s && chmod 0644 %s/%s", build, plugin, root, sub,
+             root, sub);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static void remove_tree(const char *root)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* The message names the directory at fault and how it is loose. */
+static void assert_refused(const char *file, const char *root, const char *dir, const char *how)
+{
+    struct sk_plugin p;
+    struct sk_err err;
+    char expected[512];
+
+    ck_assert_int_eq(sk_plugin_load(file, &p, &err), SK_ERR);
+    snprintf(expected, sizeof(expected), "handler %s: refusing it: directory %s/%s %s", file,
+             root, dir, how);
+    ck_assert_msg(strstr(err.msg, expected) != NULL, "expected \"%s\" in \"%s\"", expected,
+                  err.msg);
+}
+
+/* The link sits in a safe directory; the code it points at does not. */
+START_TEST(test_symlink_to_a_handler_in_a_world_writable_directory_is_refused)
+{
+    char root[64], link[128], target[128];
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "safe", 0755);
+    mkdir_mode(root, "open", 0755);
+    copy_handler(root, "open/h.so", "handlers/invoice.so");
+    snprintf(link, sizeof(link), "%s/safe/h.so", root);
+    snprintf(target, sizeof(target), "%s/open/h.so", root);
+    ck_assert_int_eq(symlink(target, link), 0);
+    struct sk_plugin p;
+    ck_assert_int_eq(sk_plugin_load(link, &p, NULL), SK_OK);
+
+    snprintf(target, sizeof(target), "%s/open", root);
+    ck_assert_int_eq(chmod(target, 0777), 0);
+    assert_refused(link, root, "open", "is writable by everyone (mode 0777");
+    remove_tree(root);
+}
+END_TEST
+
+/* Whoever can write to the parent can rename the handler's directory away
+ * and put one of their own in its place. */
+START_TEST(test_handler_whose_parent_directory_is_world_writable_is_refused)
+{
+    char root[64], file[128], dir[128];
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "parent", 0755);
+    mkdir_mode(root, "parent/handlers", 0755);
+    copy_handler(root, "parent/handlers/h.so", "handlers/invoice.so");
+    snprintf(file, sizeof(file), "%s/parent/handlers/h.so", root);
+    struct sk_plugin p;
+    ck_assert_int_eq(sk_plugin_load(file, &p, NULL), SK_OK);
+
+    snprintf(dir, sizeof(dir), "%s/parent", root);
+    ck_assert_int_eq(chmod(dir, 0777), 0);
+    assert_refused(file, root, "parent", "is writable by everyone (mode 0777");
+    ck_assert_int_eq(chmod(dir, 0775), 0);
+    assert_refused(file, root, "parent", "is writable by its group (mode 0775");
+    remove_tree(root);
+}
+END_TEST
+
+START_TEST(test_handler_under_a_directory_of_another_user_is_refused)
+{
+    char root[64], file[128], dir[128];
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "theirs", 0755);
+    mkdir_mode(root, "theirs/handlers", 0755);
+    copy_handler(root, "theirs/handlers/h.so", "handlers/invoice.so");
+    snprintf(file, sizeof(file), "%s/theirs/handlers/h.so", root);
+    snprintf(dir, sizeof(dir), "%s/theirs", root);
+    ck_assert_int_eq(chown(dir, 65534, 65534), 0);
+    assert_refused(file, root, "theirs", "is owned by uid 65534");
+    remove_tree(root);
+}
+END_TEST
+
+/* /tmp is sticky: nobody else may rename or remove root's directory in it,
+ * so it is safe above the handler, but not as the handler's own directory. */
+START_TEST(test_sticky_directory_is_refused_only_as_the_handlers_own)
+{
+    char root[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "sticky", 01777);
+    mkdir_mode(root, "sticky/mine", 0755);
+    copy_handler(root, "sticky/mine/h.so", "handlers/invoice.so");
+    snprintf(file, sizeof(file), "%s/sticky/mine/h.so", root);
+    ck_assert_msg(sk_plugin_load(file, &p, &err) == SK_OK, "%s", err.msg);
+
+    copy_handler(root, "sticky/h.so", "handlers/invoice.so");
+    snprintf(file, sizeof(file), "%s/sticky/h.so", root);
+    assert_refused(file, root, "sticky", "is writable by everyone (mode 1777");
+    remove_tree(root);
+}
+END_TEST
+
+/* Each load goes through its own descriptor's /proc name; a name reused for
+ * another file must not hand back the first one. */
+START_TEST(test_two_handlers_loaded_in_turn_are_each_their_own)
+{
+    char root[64], a[128], b[128];
+    struct sk_plugin pa, pb, again;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/a.so", "handlers/invoice.so");
+    copy_handler(root, "h/b.so", "tests/plugins/effect.so");
+    snprintf(a, sizeof(a), "%s/h/a.so", root);
+    snprintf(b, sizeof(b), "%s/h/b.so", root);
+    ck_assert_msg(sk_plugin_load(a, &pa, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_plugin_load(b, &pb, &err) == SK_OK, "%s", err.msg);
+    ck_assert_ptr_ne(pa.handler, pb.handler);
+    ck_assert_str_ne(pa.handler->name, pb.handler->name);
+    ck_assert_msg(sk_plugin_load(a, &again, &err) == SK_OK, "%s", err.msg);
+    ck_assert_ptr_eq(again.handler, pa.handler);
+    remove_tree(root);
+}
+END_TEST
+
+/* The check and the load must be one lookup: the object glibc mapped is
+ * named by the descriptor that was checked, not by the path, which someone
+ * could have pointed elsewhere in between. */
+START_TEST(test_handler_is_loaded_through_the_descriptor_that_was_checked)
+{
+    char root[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/h.so", "handlers/invoice.so");
+    snprintf(file, sizeof(file), "%s/h/h.so", root);
+    ck_assert_msg(sk_plugin_load(file, &p, &err) == SK_OK, "%s", err.msg);
+
+    Dl_info info;
+    ck_assert_int_ne(dladdr(*(void **)&p.handler->handle, &info), 0);
+    ck_assert_msg(strncmp(info.dli_fname, "/proc/self/fd/", 14) == 0,
+                  "loaded from %s, not from a descriptor", info.dli_fname);
+    struct stat loaded, checked;
+    ck_assert_int_eq(stat(info.dli_fname, &loaded), 0);
+    ck_assert_int_eq(stat(file, &checked), 0);
+    ck_assert(loaded.st_dev == checked.st_dev && loaded.st_ino == checked.st_ino);
+    remove_tree(root);
 }
 END_TEST
 
@@ -143,6 +325,12 @@ int main(void)
         test_null_descriptor_is_refused,
         test_missing_file_is_refused,
         test_handler_writable_by_others_is_refused,
+        test_symlink_to_a_handler_in_a_world_writable_directory_is_refused,
+        test_handler_whose_parent_directory_is_world_writable_is_refused,
+        test_handler_under_a_directory_of_another_user_is_refused,
+        test_sticky_directory_is_refused_only_as_the_handlers_own,
+        test_two_handlers_loaded_in_turn_are_each_their_own,
+        test_handler_is_loaded_through_the_descriptor_that_was_checked,
         NULL,
     };
     Suite *s = suite_create("plugin");
