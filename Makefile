@@ -157,7 +157,7 @@ valgrind: deps
 
 # Installs the daemon, the example handler, the header and a pkg-config file
 # for handler authors, the migrations, the unit (with this PREFIX's paths)
-# and, unless one exists, the example configuration.
+# the man pages and, unless one exists, the example configuration.
 BINDIR     = $(PREFIX)/bin
 HANDLERDIR = $(PREFIX)/lib/sekali/handlers
 INCLUDEDIR = $(PREFIX)/include
@@ -166,6 +166,7 @@ DOCDIR     = $(PREFIX)/share/doc/sekali
 UNITDIR   ?= $(PREFIX)/lib/systemd/system
 PCDIR      = $(PREFIX)/lib/pkgconfig
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+MANDIR     = $(PREFIX)/share/man
 SYSCONFDIR ?= /etc
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(HANDLERDIR) $(DESTDIR)$(INCLUDEDIR)/sekali \
@@ -175,6 +176,10 @@ install: all
 	install -m 644 include/sekali/handler.h $(DESTDIR)$(INCLUDEDIR)/sekali/
 	install -m 644 sql/*.sql $(DESTDIR)$(SQLDIR)/
 	install -m 644 README.md LICENSE $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+	install -m 644 man/*.3 $(DESTDIR)$(MANDIR)/man3/
+	install -m 644 man/*.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 644 man/*.8 $(DESTDIR)$(MANDIR)/man8/
 	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
 	    -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/sekali.service.in \
 	    > $(DESTDIR)$(UNITDIR)/sekali.service
