@@ -7,7 +7,8 @@
  * that COMMIT, neither exists; after it, a redelivery is recognised as a
  * duplicate and this function is not called again.
  *
- * Build: cc -fPIC -shared -o invoice.so invoice.c $(pkg-config --libs libpq)
+ * Build (after `make install`; tests/integration/check_handler_build.c runs it):
+ *     cc -fPIC -shared -o invoice.so invoice.c $(pkg-config --cflags --libs sekali libpq)
  * Config (the queue's `config:` section):
  *     table: invoices     # where invoices go; created by examples/invoice.sql */
 #include <ctype.h>
