@@ -9,6 +9,7 @@ packages=(
     postgresql postgresql-client redis-server rabbitmq-server
     valgrind procps libfaketime systemd
     curl prometheus   # the metrics test scrapes with curl and checks with promtool
+    mandoc            # check_docs lints the man pages
     python3 python3-psycopg  # the README's Python producer is run by a test
     clang libfuzzer-14-dev libclang-rt-14-dev  # make fuzz: libFuzzer harnesses under ASan/UBSan
 )
