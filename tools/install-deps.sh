@@ -9,10 +9,15 @@ packages=(
     postgresql postgresql-client redis-server rabbitmq-server
     valgrind procps libfaketime systemd
     curl prometheus   # the metrics test scrapes with curl and checks with promtool
-    mandoc            # check_docs lints the man pages
+    mandoc man-db     # check_docs lints the man pages; check_handler_build finds them
     python3 python3-psycopg  # the README's Python producer is run by a test
+    nodejs            # and its Node.js producer (node-postgres comes from npm, in the test)
     clang libfuzzer-14-dev libclang-rt-14-dev  # make fuzz: libFuzzer harnesses under ASan/UBSan
 )
+
+# Debian's npm, unless the nodejs installed already brings one (NodeSource's
+# does, and conflicts with Debian's npm package).
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do

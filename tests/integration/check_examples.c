@@ -4,8 +4,7 @@
  * database, while sekalid serves the queue with the example invoice handler.
  * So a README that drifts from sekali.enqueue() fails here.
  *
- * The Node.js block is not run: node-postgres is not packaged for the
- * Node.js this project's machines have, and dependencies come from Debian. */
+ * The Node.js block is run by check_node_producer.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
