@@ -51,10 +51,16 @@ static int run_in(const char *dir, const char *env, const char *command, const c
 }
 
 /* `make install` of this build into dir/prefix (configuration into
- * dir/etc); returns the prefix. The caller frees. */
+ * dir/etc); returns the prefix. The caller frees. The build must be up to
+ * date: make would otherwise rebuild it with the scratch prefix compiled in
+ * (SK_SQL_DIR). */
 static char *install_into(const char *dir)
 {
     char *prefix = NULL, *cmd = NULL;
+    ck_assert(asprintf(&cmd, "make -s -q B='%s' all", h_build_dir()) > 0);
+    ck_assert_msg(system(cmd) == 0, "%s/ is not up to date with the sources: run make tests",
+                  h_build_dir());
+    free(cmd);
     ck_assert(asprintf(&prefix, "%s/prefix", dir) > 0);
     ck_assert(asprintf(&cmd, "make -s install B='%s' PREFIX='%s' SYSCONFDIR='%s/etc' "
                        ">'%s/install.log' 2>&1", h_build_dir(), prefix, dir, dir) > 0);
