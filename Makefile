@@ -157,7 +157,8 @@ valgrind: deps
 
 # Installs the daemon, the example handler, the header and a pkg-config file
 # for handler authors, the migrations, the unit (with this PREFIX's paths)
-# the man pages and, unless one exists, the example configuration.
+# the man pages, the Grafana dashboard and alerting rules and, unless one
+# exists, the example configuration.
 BINDIR     = $(PREFIX)/bin
 HANDLERDIR = $(PREFIX)/lib/sekali/handlers
 INCLUDEDIR = $(PREFIX)/include
@@ -167,6 +168,7 @@ UNITDIR   ?= $(PREFIX)/lib/systemd/system
 PCDIR      = $(PREFIX)/lib/pkgconfig
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 MANDIR     = $(PREFIX)/share/man
+SHAREDIR   = $(PREFIX)/share/sekali
 SYSCONFDIR ?= /etc
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(HANDLERDIR) $(DESTDIR)$(INCLUDEDIR)/sekali \
@@ -180,6 +182,9 @@ install: all
 	install -m 644 man/*.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 man/*.5 $(DESTDIR)$(MANDIR)/man5/
 	install -m 644 man/*.8 $(DESTDIR)$(MANDIR)/man8/
+	install -d $(DESTDIR)$(SHAREDIR)/grafana $(DESTDIR)$(SHAREDIR)/prometheus
+	install -m 644 contrib/grafana/sekali.json $(DESTDIR)$(SHAREDIR)/grafana/
+	install -m 644 contrib/prometheus/sekali-rules.yml $(DESTDIR)$(SHAREDIR)/prometheus/
 	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
 	    -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/sekali.service.in \
 	    > $(DESTDIR)$(UNITDIR)/sekali.service

@@ -187,17 +187,19 @@ START_TEST(test_example_build_comment_builds_the_invoice_handler)
 }
 END_TEST
 
-/* make install puts each man page where man(1) looks under the prefix. */
-START_TEST(test_install_puts_the_man_pages_in_their_sections)
+/* make install puts each man page where man(1) looks under the prefix,
+ * and the dashboard and alerting rules under share/sekali. */
+START_TEST(test_install_puts_the_man_pages_dashboard_and_rules_in_place)
 {
     h_init();
     char *dir = h_tmpdir("man_install");
     char *prefix = install_into(dir);
-    const char *pages[] = { "man3/sekali-handler.3", "man5/sekali.yaml.5", "man8/sekalid.8",
-                            "man8/sekalictl.8" };
-    for (size_t i = 0; i < sizeof(pages) / sizeof(pages[0]); i++) {
+    const char *files[] = { "man/man3/sekali-handler.3", "man/man5/sekali.yaml.5",
+                            "man/man8/sekalid.8", "man/man8/sekalictl.8",
+                            "sekali/grafana/sekali.json", "sekali/prometheus/sekali-rules.yml" };
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         char path[1200];
-        snprintf(path, sizeof(path), "%s/share/man/%s", prefix, pages[i]);
+        snprintf(path, sizeof(path), "%s/share/%s", prefix, files[i]);
         struct stat st;
         ck_assert_msg(stat(path, &st) == 0 && (st.st_mode & 0777) == 0644,
                       "%s should be installed, mode 644", path);
@@ -218,7 +220,7 @@ int main(void)
     const TTest *tests[] = {
         test_readme_handler_builds_with_its_command_as_written_and_runs,
         test_example_build_comment_builds_the_invoice_handler,
-        test_install_puts_the_man_pages_in_their_sections,
+        test_install_puts_the_man_pages_dashboard_and_rules_in_place,
         NULL,
     };
     return h_run_suite(h_suite("handler_build", 180, tests));
