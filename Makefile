@@ -156,7 +156,7 @@ valgrind: deps
 	SEKALI_VALGRIND=1 tests/run.sh $(B) unit integration fault
 
 # Installs the daemon, the example handler, the header and a pkg-config file
-# for handler authors, the migrations, the unit (with this PREFIX's paths)
+# for handler authors, the migrations, the unit (with this PREFIX's paths),
 # the man pages, the Grafana dashboard and alerting rules and, unless one
 # exists, the example configuration.
 BINDIR     = $(PREFIX)/bin
