@@ -58,6 +58,15 @@ bool sk_fault_active(const char *name)
     return false;
 }
 
+void sk_fault_hold(const char *name)
+{
+    const char *file = getenv("SEKALI_HOLD_FILE");
+    if (file == NULL || !sk_fault_active(name))
+        return;
+    while (access(file, F_OK) == 0)
+        usleep(20000);
+}
+
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sk_failpoint_unused;

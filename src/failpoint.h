@@ -20,9 +20,14 @@ void sk_failpoint(const char *name, const char *key);
 /* True when SEKALI_FAULTS (a comma-separated list) names this fault, e.g.
  * "no_renew": the lock heartbeat stops renewing, so leases really expire. */
 bool sk_fault_active(const char *name);
+/* When SEKALI_FAULTS names this fault, blocks for as long as the file named
+ * by SEKALI_HOLD_FILE exists: a test holds a process at a step, proves what
+ * that looks like from outside, and lets it go by removing the file. */
+void sk_fault_hold(const char *name);
 #else
 #define sk_failpoint(name, key) ((void)(name), (void)(key))
 #define sk_fault_active(name)   ((void)(name), false)
+#define sk_fault_hold(name)     ((void)(name))
 #endif
 
 #endif

@@ -1,5 +1,5 @@
-/* metrics_http.c - serves GET /metrics with libmicrohttpd (see
- * metrics_http.h).
+/* metrics_http.c - serves GET /metrics, /livez and /readyz with
+ * libmicrohttpd (see metrics_http.h).
  *
  * Why not libmicrohttpd's own polling thread: the supervisor forks workers
  * while this server runs, and fork() copies only the forking thread, so any
@@ -16,13 +16,20 @@
  * cannot be bound must stop sekalid with a message naming the configured
  * address, and the forked workers must close their copy of it, so its
  * descriptor has to be known. Nothing here logs: the supervisor's thread
- * logs what start returns, and the server thread stays silent. */
+ * logs what start returns, and the server thread stays silent.
+ *
+ * Health: the supervisor stamps each turn of its loop in an atomic, and
+ * hands over its readiness verdict and text under `health_lock`, which the
+ * server thread takes only while holding the gate, so it is never held
+ * across fork() either. A supervisor stuck in its loop stops stamping while
+ * this thread goes on answering: that is what /livez sees. */
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,12 +40,14 @@
 
 #include <microhttpd.h>
 
+#include "backoff.h"
 #include "metrics_http.h"
 
 #define BACKLOG            64
 #define MAX_CONNECTIONS    16  /* scrapers are few; anything more is a mistake or worse */
 #define CONNECTION_TIMEOUT 10  /* seconds an idle connection is kept */
 #define CONTENT_TYPE       "text/plain; version=0.0.4; charset=utf-8"
+#define STATUS_MAX         512
 
 struct sk_metrics_http {
     struct MHD_Daemon    *daemon;
@@ -51,6 +60,12 @@ struct sk_metrics_http {
     sem_t                 running;     /* posted once the thread holds the gate */
     const struct sk_conf *conf;
     struct sk_metrics    *metrics;
+    _Atomic int64_t       loop_ms;     /* the supervisor's loop last turned */
+    /* /readyz's verdict and text: written by the supervisor's thread only,
+     * under health_lock; read by the server thread under it. */
+    pthread_mutex_t       health_lock;
+    bool                  ready;
+    char                  status[STATUS_MAX];
 };
 
 /* Held by the server thread except while it waits in poll(). */
@@ -70,6 +85,10 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
                               size_t *upload_size, void **request);
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
                              const char *text);
+static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status,
+                                  const char *text);
+static enum MHD_Result livez(struct sk_metrics_http *h, struct MHD_Connection *conn);
+static enum MHD_Result readyz(struct sk_metrics_http *h, struct MHD_Connection *conn);
 static enum MHD_Result send_response(struct MHD_Connection *conn, unsigned int status,
                                      struct MHD_Response *resp);
 
@@ -93,6 +112,9 @@ int sk_metrics_http_start(struct sk_metrics_http **out, const struct sk_conf *co
         h->conns[i] = -1;
     h->stop_fd = -1;
     sem_init(&h->running, 0, 0);
+    pthread_mutex_init(&h->health_lock, NULL);
+    atomic_store(&h->loop_ms, sk_now_ms());
+    snprintf(h->status, sizeof(h->status), "starting: the workers are not consuming yet");
     if ((rc = listen_on(&conf->metrics, &h->listen_fd, err)) != SK_OK)
         goto fail;
 
@@ -139,6 +161,7 @@ fail:
     if (h->daemon != NULL)
         MHD_stop_daemon(h->daemon);  /* closes the listening socket too */
     sem_destroy(&h->running);
+    pthread_mutex_destroy(&h->health_lock);
     free(h);
     return rc;
 }
@@ -154,6 +177,7 @@ void sk_metrics_http_stop(struct sk_metrics_http *h)
     MHD_stop_daemon(h->daemon);  /* closes the connections and the listening socket */
     close(h->stop_fd);
     sem_destroy(&h->running);
+    pthread_mutex_destroy(&h->health_lock);
     free(h);
 }
 
@@ -168,7 +192,28 @@ void sk_metrics_http_switch(struct sk_metrics_http *h, const struct sk_conf *con
     gate_lock();
     h->conf = conf;
     h->metrics = m;
+    /* Like READY=1 to systemd: sent again only once the new generation
+     * consumes. */
+    pthread_mutex_lock(&h->health_lock);
+    h->ready = false;
+    snprintf(h->status, sizeof(h->status), "reloading: the new workers are not consuming yet");
+    pthread_mutex_unlock(&h->health_lock);
     gate_unlock();
+}
+
+/* Only the supervisor's thread writes ready and status, so it may compare
+ * them without the lock; it takes it to change them. */
+void sk_metrics_http_health(struct sk_metrics_http *h, bool ready, const char *status)
+{
+    if (h == NULL)
+        return;
+    atomic_store(&h->loop_ms, sk_now_ms());
+    if (ready == h->ready && strncmp(status, h->status, sizeof(h->status) - 1) == 0)
+        return;
+    pthread_mutex_lock(&h->health_lock);
+    h->ready = ready;
+    snprintf(h->status, sizeof(h->status), "%s", status);
+    pthread_mutex_unlock(&h->health_lock);
 }
 
 /* The gate is held across fork(), so the connections listed are exactly
@@ -320,10 +365,13 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     struct sk_metrics_http *h = cls;
     (void)version, (void)upload, (void)upload_size, (void)request;
 
-    if (strcmp(url, "/metrics") != 0)
-        return reply(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics\n");
+    bool health = strcmp(url, "/livez") == 0 || strcmp(url, "/readyz") == 0;
+    if (strcmp(url, "/metrics") != 0 && !health)
+        return reply(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics, /livez or /readyz\n");
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+    if (health)
+        return url[1] == 'l' ? livez(h, conn) : readyz(h, conn);
     char *text;
     size_t len;
     if (sk_metrics_render(h->metrics, h->conf, &text, &len) != SK_OK)
@@ -350,6 +398,53 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    return send_response(conn, status, resp);
+}
+
+/* How long the supervisor's loop has been stuck, or 0 if it turns. */
+static int64_t stalled_ms(struct sk_metrics_http *h)
+{
+    int64_t age = sk_now_ms() - atomic_load(&h->loop_ms);
+    return age > SK_LIVEZ_STALL_MS ? age : 0;
+}
+
+static enum MHD_Result livez(struct sk_metrics_http *h, struct MHD_Connection *conn)
+{
+    int64_t stalled = stalled_ms(h);
+    if (stalled == 0)
+        return reply(conn, MHD_HTTP_OK, "live\n");
+    char text[128];
+    snprintf(text, sizeof(text), "not live: the supervisor's loop has not turned for %lld ms\n",
+             (long long)stalled);
+    return reply_copy(conn, MHD_HTTP_SERVICE_UNAVAILABLE, text);
+}
+
+/* A stuck supervisor's last verdict is stale: it cannot see workers die. */
+static enum MHD_Result readyz(struct sk_metrics_http *h, struct MHD_Connection *conn)
+{
+    char text[STATUS_MAX + 64];
+    int64_t stalled = stalled_ms(h);
+    if (stalled != 0) {
+        snprintf(text, sizeof(text), "not ready: the supervisor's loop has not turned for "
+                 "%lld ms\n", (long long)stalled);
+        return reply_copy(conn, MHD_HTTP_SERVICE_UNAVAILABLE, text);
+    }
+    pthread_mutex_lock(&h->health_lock);
+    bool ready = h->ready;
+    snprintf(text, sizeof(text), "%s: %s\n", ready ? "ready" : "not ready", h->status);
+    pthread_mutex_unlock(&h->health_lock);
+    return reply_copy(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text);
+}
+
+/* A text made for this request; libmicrohttpd keeps its own copy. */
+static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status,
+                                  const char *text)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), (void *)text,
+                                                                MHD_RESPMEM_MUST_COPY);
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
     return send_response(conn, status, resp);
 }
 

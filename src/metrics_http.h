@@ -1,12 +1,16 @@
-/* metrics_http.h - the supervisor's Prometheus endpoint: GET /metrics.
+/* metrics_http.h - the supervisor's HTTP endpoint: GET /metrics (Prometheus),
+ * /livez and /readyz (health).
  *
  * A thread of the supervisor runs libmicrohttpd's event loop, with every
  * signal blocked, so that signals keep arriving only at the supervisor's
  * signalfd. It reads the shared metrics and the configuration, never the
- * supervisor's own state, and it is parked while the supervisor forks (see
- * metrics_http.c), so that workers are forked holding no lock of it. */
+ * supervisor's own state: what health needs, the supervisor hands over with
+ * sk_metrics_http_health(). The thread is parked while the supervisor forks
+ * (see metrics_http.c), so that workers are forked holding no lock of it. */
 #ifndef SK_METRICS_HTTP_H
 #define SK_METRICS_HTTP_H
+
+#include <stdbool.h>
 
 #include "common.h"
 #include "config.h"
@@ -37,9 +41,23 @@ void sk_metrics_http_close_in_child(struct sk_metrics_http *h);
 
 /* After a reload: serve the new generation's configuration and metrics.
  * Waits for a scrape in progress; afterwards the old ones are not read
- * again and may be freed. The listening address stays the one of the
+ * again and may be freed. /readyz says "not ready" until the supervisor
+ * reports the new generation ready. The listening address stays the one of the
  * start: changing metrics.listen takes a restart. */
 void sk_metrics_http_switch(struct sk_metrics_http *h, const struct sk_conf *conf,
                             struct sk_metrics *m);
+
+/* /livez answers 503 once the supervisor's loop has not turned for this
+ * long. The loop wakes at least every 200 ms; a reload (configuration and
+ * handlers loaded, workers forked) is one turn and takes well under this. */
+#define SK_LIVEZ_STALL_MS 10000
+
+/* Called by the supervisor at every turn of its loop: stamps the turn for
+ * /livez and tells /readyz whether the current generation is ready (every
+ * worker consuming, every relay and the janitor up) and, as a line of text,
+ * how its workers stand, e.g. "invoices: 1/2 workers consuming". Cheap: an
+ * atomic store, and a copy only when the text or the verdict changed.
+ * Accepts NULL. */
+void sk_metrics_http_health(struct sk_metrics_http *h, bool ready, const char *status);
 
 #endif

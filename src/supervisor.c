@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "backoff.h"
+#include "failpoint.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
@@ -182,6 +183,7 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
             if (slot->pid == 0 && now >= slot->restart_at_ms)
                 spawn(&s, s.current, slot);
         }
+        sk_fault_hold("hold_supervisor");
         report(&s);
     }
 
@@ -545,6 +547,7 @@ static void report(struct supervisor *s)
         memcpy(s->status, status, sizeof(status));
         sk_notify_status("%s", status);
     }
+    sk_metrics_http_health(s->http, consuming == g->n_slots, status);
     if (s->watchdog_ms > 0 && healthy && now >= s->next_watchdog_ms) {
         sk_notify_watchdog();
         s->next_watchdog_ms = now + s->watchdog_ms / 2;

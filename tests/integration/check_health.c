@@ -1,0 +1,249 @@
+/* check_health.c - /livez and /readyz on the metrics listener, asked with
+ * curl of a real sekalid on real servers, one test per state: ready, not
+ * ready while the workers cannot consume (RabbitMQ refuses them their
+ * queue), ready again; not ready after a reload whose new workers cannot
+ * consume, although the old ones did; not live while the supervisor's loop
+ * is held (the fault build's hold_supervisor), live again once let go. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+struct run {
+    struct h_run h;
+    int          port;        /* of the metrics endpoint */
+    char         body[1024];  /* the last answer's body */
+    char         hold[1100];  /* dir/hold: the supervisor is held while it exists */
+};
+
+/* A loopback port the kernel had free a moment ago. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    ck_assert_msg(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&a, &len) == 0, "%s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* GET path with curl; returns the HTTP status (0 if none), the body in
+ * r->body. */
+static int get(struct run *r, const char *path)
+{
+    char cmd[2048], file[1100];
+    snprintf(file, sizeof(file), "%s/response.txt", r->h.dir);
+    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s -w '%%{http_code}' "
+             "http://127.0.0.1:%d%s", file, r->port, path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int status = 0;
+    if (fscanf(p, "%d", &status) != 1)
+        status = 0;
+    pclose(p);
+    char *text = h_read_file(file);
+    snprintf(r->body, sizeof(r->body), "%s", text != NULL ? text : "");
+    free(text);
+    return status;
+}
+
+/* The answer to path is status with exactly this body. */
+static bool answers(struct run *r, const char *path, int status, const char *body)
+{
+    return get(r, path) == status && strcmp(r->body, body) == 0;
+}
+
+static void rabbitmqctl(const char *args)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "\"$SEKALI_RABBITMQCTL\" %s >/dev/null 2>&1", args);
+    int rc = system(cmd);
+    ck_assert_msg(rc == 0, "rabbitmqctl %s: status 0x%x", args, rc);
+}
+
+/* The test user may, or may not, read (consume) from any queue. Publishing
+ * and declaring stay allowed. */
+static void allow_consuming(bool allow)
+{
+    char args[256];
+    snprintf(args, sizeof(args), "set_permissions -p / \"$SEKALI_AMQP_USER\" '.*' '.*' '%s'",
+             allow ? ".*" : "^$");
+    rabbitmqctl(args);
+}
+
+/* held: runs the fault build, whose supervisor loop stops while r->hold
+ * exists. */
+static void start(struct run *r, const char *name, bool held)
+{
+    allow_consuming(true);  /* whatever a failed test before left */
+    h_run_open(&r->h, name);
+    r->port = free_port();
+    snprintf(r->hold, sizeof(r->hold), "%s/hold", r->h.dir);
+    char top[256], hold_env[1200];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", r->port);
+    snprintf(hold_env, sizeof(hold_env), "SEKALI_HOLD_FILE=%s", r->hold);
+    const char *env[] = { "SEKALI_FAULTS=hold_supervisor", hold_env, NULL };
+    h_run_start(&r->h, &(struct h_run_opts){ .binary = held ? "fault/sekalid" : NULL,
+                                             .workers = 2, .top_yaml = top,
+                                             .env = held ? env : NULL });
+}
+
+/* The queue's consumers as RabbitMQ counts them, asked with rabbitmqctl:
+ * the test's own connection may not be allowed to look. */
+static int consumers(const char *queue)
+{
+    FILE *p = popen("\"$SEKALI_RABBITMQCTL\" -q list_queues -p / name consumers 2>/dev/null", "r");
+    ck_assert_ptr_nonnull(p);
+    char line[512];
+    int n = -1;
+    size_t len = strlen(queue);
+    while (fgets(line, sizeof(line), p) != NULL)
+        if (strncmp(line, queue, len) == 0 && line[len] == '\t')
+            n = atoi(line + len + 1);
+    pclose(p);
+    return n;
+}
+
+static void expect_ready(struct run *r, const char *why)
+{
+    char want[256];
+    snprintf(want, sizeof(want), "ready: %s: 2/2 workers consuming\n", r->h.queue);
+    H_WAIT(answers(r, "/readyz", 200, want), 30000, "%s: /readyz should answer 200 \"%s\", "
+           "answered \"%s\"", why, want, r->body);
+}
+
+static void finish(struct run *r)
+{
+    h_run_stop(&r->h);
+    h_run_close(&r->h);
+}
+
+START_TEST(test_readyz_and_livez_answer_200_while_every_worker_consumes)
+{
+    struct run r;
+    start(&r, "health-ready", false);
+    ck_assert_uint_eq(h_consumers(r.h.b, r.h.queue), 2);
+    expect_ready(&r, "both workers consume");
+    ck_assert_msg(answers(&r, "/livez", 200, "live\n"), "/livez: \"%s\"", r.body);
+    /* /metrics is as it was, and other paths still say where to look. */
+    ck_assert_int_eq(get(&r, "/metrics"), 200);
+    ck_assert_ptr_nonnull(strstr(r.body, "sekali_"));
+    ck_assert_int_eq(get(&r, "/health"), 404);
+    finish(&r);
+}
+END_TEST
+
+/* RabbitMQ refusing the queue to the workers (read permission taken, their
+ * connections closed) keeps them from consuming for as long as it lasts. */
+START_TEST(test_readyz_says_503_and_why_while_no_worker_can_consume_then_200_again)
+{
+    struct run r;
+    start(&r, "health-refused", false);
+    expect_ready(&r, "at start");
+
+    allow_consuming(false);
+    sk_broker_close(r.h.b);
+    rabbitmqctl("close_all_connections health-test");
+    H_WAIT(h_count_lines(r.h.log, "lost the broker connection") >= 2, 30000,
+           "both workers should lose their connection");
+    char want[256];
+    snprintf(want, sizeof(want), "not ready: %s: 0/2 workers consuming\n", r.h.queue);
+    H_WAIT(answers(&r, "/readyz", 503, want), 30000, "/readyz should answer 503 \"%s\", "
+           "answered \"%s\"", want, r.body);
+    /* RabbitMQ agrees: nobody consumes the queue. */
+    ck_assert_int_eq(consumers(r.h.queue), 0);
+    ck_assert_msg(answers(&r, "/livez", 200, "live\n"), "not ready is still live: \"%s\"",
+                  r.body);
+
+    allow_consuming(true);
+    r.h.b = h_broker();
+    expect_ready(&r, "once RabbitMQ lets the workers consume again");
+    ck_assert_int_eq(consumers(r.h.queue), 2);
+    finish(&r);
+}
+END_TEST
+
+/* The old generation's workers keep consuming on their open channels; the
+ * new ones cannot start to: readiness follows the new generation. */
+START_TEST(test_readyz_says_503_after_a_reload_until_the_new_workers_consume)
+{
+    struct run r;
+    start(&r, "health-reload", false);
+    expect_ready(&r, "at start");
+
+    allow_consuming(false);
+    ck_assert_int_eq(consumers(r.h.queue), 2);  /* the old workers' channels stay open */
+    ck_assert_int_eq(kill(r.h.sekalid, SIGHUP), 0);
+    H_WAIT(h_count_lines(r.h.log, "reloaded: ") == 1, 30000, "the reload should be logged");
+    H_WAIT(h_count_lines(r.h.log, "ACCESS_REFUSED") >= 1, 30000,
+           "the new workers should be refused their queue (see %s)", r.h.log);
+    char want[256];
+    snprintf(want, sizeof(want), "not ready: %s: 0/2 workers consuming\n", r.h.queue);
+    H_WAIT(answers(&r, "/readyz", 503, want), 30000, "/readyz should answer 503 \"%s\", "
+           "answered \"%s\"", want, r.body);
+    H_WAIT(consumers(r.h.queue) == 0, 30000, "the old workers should have stopped consuming");
+
+    allow_consuming(true);
+    expect_ready(&r, "once the new generation consumes");
+    finish(&r);
+}
+END_TEST
+
+/* SIGSTOP would stop the HTTP thread too: the fault build holds only the
+ * supervisor's loop, and the server thread must notice. */
+START_TEST(test_livez_says_503_while_the_supervisor_loop_is_held_then_200_again)
+{
+    struct run r;
+    start(&r, "health-held", true);
+    expect_ready(&r, "at start");
+    ck_assert_msg(answers(&r, "/livez", 200, "live\n"), "/livez: \"%s\"", r.body);
+
+    FILE *f = fopen(r.hold, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    int64_t held = h_now_ms();
+    H_WAIT(get(&r, "/livez") == 503, 60000, "/livez should answer 503 once the loop is held "
+           "for 10 s, answered \"%s\"", r.body);
+    ck_assert_msg(h_now_ms() - held >= 9000, "503 after %lld ms, before the 10 s bound",
+                  (long long)(h_now_ms() - held));
+    ck_assert_msg(strncmp(r.body, "not live: the supervisor's loop has not turned for ", 51) == 0,
+                  "/livez: \"%s\"", r.body);
+    ck_assert_msg(get(&r, "/readyz") == 503 &&
+                  strncmp(r.body, "not ready: the supervisor's loop has not turned for ", 52) == 0,
+                  "a held supervisor cannot vouch for its workers: /readyz \"%s\"", r.body);
+    /* The server thread still answers: it is only the loop that stopped. */
+    ck_assert_int_eq(get(&r, "/metrics"), 200);
+
+    ck_assert_int_eq(unlink(r.hold), 0);
+    H_WAIT(answers(&r, "/livez", 200, "live\n"), 30000,
+           "/livez should answer 200 once the loop turns again, answered \"%s\"", r.body);
+    expect_ready(&r, "once the loop turns again");
+    finish(&r);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_readyz_and_livez_answer_200_while_every_worker_consumes,
+        test_readyz_says_503_and_why_while_no_worker_can_consume_then_200_again,
+        test_readyz_says_503_after_a_reload_until_the_new_workers_consume,
+        test_livez_says_503_while_the_supervisor_loop_is_held_then_200_again,
+        NULL,
+    };
+    int rc = h_run_suite(h_suite("health", 300, tests));
+    /* Whatever a failed test left behind: the next suites need to consume. */
+    if (system("\"$SEKALI_RABBITMQCTL\" set_permissions -p / \"$SEKALI_AMQP_USER\" "
+               "'.*' '.*' '.*' >/dev/null 2>&1") != 0)
+        fprintf(stderr, "check_health: could not restore the test user's permissions\n");
+    return rc;
+}
