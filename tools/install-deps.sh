@@ -13,6 +13,7 @@ packages=(
     python3 python3-psycopg  # the README's Python producer is run by a test
     nodejs            # and its Node.js producer (node-postgres comes from npm, in the test)
     clang libfuzzer-14-dev libclang-rt-14-dev  # make fuzz: libFuzzer harnesses under ASan/UBSan
+    debhelper dpkg-dev fakeroot lintian  # check_package builds debian/ and lints the .debs
 )
 
 # Debian's npm, unless the nodejs installed already brings one (NodeSource's
