@@ -1,7 +1,9 @@
 /* scoreboard.h - what each worker tells the supervisor, in shared memory.
  *
  * The supervisor maps one slot per worker before forking; each worker writes
- * only its own slot and the supervisor only reads, but for died_in_job.
+ * only its own slot. The supervisor reads it, and writes it only while no
+ * worker runs on it: at reap time (died_in_job, the orphaned lock) and
+ * before forking (the new worker's phase and progress start from zero).
  * Plain atomics, no locks: a worker killed mid-write cannot leave a lock
  * held. Times are CLOCK_MONOTONIC milliseconds, which all processes of one
  * host share. */
