@@ -159,6 +159,45 @@ START_TEST(test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_a
 }
 END_TEST
 
+/* The other side of the rule: a handler that faults (SIGSEGV) kills its
+ * worker by its own doing, which counts, so with max_crashes 1 its next
+ * delivery is dead-lettered "crashed" while a healthy job beside it runs
+ * once. An outside-looking SIGKILL after the claim (the failpoint) of a
+ * second key on the same run counts nothing. */
+START_TEST(test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_is_not)
+{
+    struct h_run r;
+    h_run_open(&r, "segv");
+    const char *env[] = { "SEKALI_FAILPOINT=after_claim:order-killed", "SEKALI_FAILPOINT_ONCE=1",
+                          NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                          .queue_yaml = "    max_crashes: 1\n    lock: false\n" });
+    h_publish(r.b, r.queue, "test", "killed-1", "order-killed", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "segv-1", "order-segv", NULL, "segv");
+    h_publish(r.b, r.queue, "test", "fine-1", "order-fine", NULL, "ok");
+
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 60000, "the segfaulting job should be dead-lettered");
+    H_WAIT(effects_for(&r, "order-fine") == 1, 30000, "the healthy job should run once");
+    H_WAIT(effects_for(&r, "order-killed") == 1, 30000,
+           "the job whose worker was killed after its claim should run once");
+    h_run_stop(&r);
+
+    ck_assert_int_eq(h_count_lines(r.mark, "after_claim"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 11"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                      "'%s' AND key = 'order-killed'", r.queue), 0);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char text[64];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
+    amqp_destroy_message(&msg);
+    ck_assert_int_eq(effects_for(&r, "order-segv"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
 #define STORM_KEYS 1500
 
 /* Four workers, a SIGKILL to a random one every 100-200 ms for 4 s, with
@@ -232,6 +271,7 @@ int main(void)
 {
     const TTest *tests[] = {
         test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_at_once,
+        test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_is_not,
         test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
         NULL,
     };
