@@ -419,6 +419,7 @@ static int take_lock(struct sk_worker *w, struct job *j)
         }
         if (busy_since == 0)
             busy_since = now_ns();
+        sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
         if (sk_now_ms() >= give_up_at || sk_worker_stopping()) {
             waited_for_lock(j, busy_since);
             sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);

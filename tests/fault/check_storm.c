@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "harness.h"
 
 static long long effects_for(const struct h_run *r, const char *key)
@@ -159,6 +161,54 @@ START_TEST(test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_a
 }
 END_TEST
 
+/* The rest of issue 9's chain: two workers in turn die while they wait for
+ * a lock another owner (here the test) holds on the job's resource, in
+ * the state "received". Before, the slot's key made each death a crash of
+ * the job, and with max_crashes 2 the job was dead-lettered unrun; now
+ * neither counts, and the job runs once when the owner lets go. */
+START_TEST(test_deaths_while_waiting_for_the_lock_cost_the_job_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "lockwait");
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    char lock_key[256];
+    snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:order-wait", r.queue);
+    redisReply *reply = redisCommand(redis, "SET %s test-owner PX 60000", lock_key);
+    ck_assert_ptr_nonnull(reply);
+    freeReplyObject(reply);
+
+    const char *env[] = { "SEKALI_FAILPOINT=lock_busy:order-wait", "SEKALI_FAILPOINT_TIMES=2",
+                          NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                          .queue_yaml = "    max_crashes: 2\n" });
+    h_publish(r.b, r.queue, "test", "wait-1", "order-wait", NULL, "ok");
+    H_WAIT(h_count_lines(r.mark, "lock_busy") == 2, 20000,
+           "two workers should have died waiting for the lock (mark has %d)",
+           h_count_lines(r.mark, "lock_busy"));
+    char *marks = h_read_file(r.mark);
+    ck_assert_ptr_nonnull(marks);
+    for (const char *p = marks; *p != '\0'; p = strchr(p, '\n') + 1) {
+        pid_t victim = (pid_t)atol(p);
+        H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    }
+    free(marks);
+    reply = redisCommand(redis, "DEL %s", lock_key);
+    ck_assert_ptr_nonnull(reply);
+    freeReplyObject(reply);
+
+    H_WAIT(effects_for(&r, "order-wait") == 1, 30000, "the job should run once");
+    h_run_stop(&r);
+    ck_assert_int_eq(effects_for(&r, "order-wait"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                      "'%s'", r.queue), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    redisFree(redis);
+    h_run_close(&r);
+}
+END_TEST
+
 /* The other side of the rule: a handler that faults (SIGSEGV) kills its
  * worker by its own doing, which counts, so with max_crashes 1 its next
  * delivery is dead-lettered "crashed" while a healthy job beside it runs
@@ -271,6 +321,7 @@ int main(void)
 {
     const TTest *tests[] = {
         test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_at_once,
+        test_deaths_while_waiting_for_the_lock_cost_the_job_nothing,
         test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_is_not,
         test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
         NULL,
