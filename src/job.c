@@ -386,6 +386,14 @@ static int take_lock(struct sk_worker *w, struct job *j)
     if (w->redis_down && sk_now_ms() < w->redis_retry_at_ms)
         return without_redis(w, NULL);
 
+    /* Recorded before Redis is asked, not after it said yes: a worker that
+     * dies between the SET and this store would otherwise leave a lock its
+     * replacement knows nothing of, and the redelivery would wait out the
+     * TTL. Deleting by a token that never took the lock deletes nothing. */
+    memcpy(w->slot->lock_key, j->lock_key, sizeof(w->slot->lock_key));
+    memcpy(w->slot->lock_token, j->lock_token, sizeof(w->slot->lock_token));
+    atomic_store(&w->slot->lock_held, 1);
+
     struct sk_err err = { 0 };
     int64_t give_up_at = sk_now_ms() + w->conf->lock.busy_wait_ms;
     uint64_t busy_since = 0;  /* the first refusal: waiting starts there */
@@ -395,6 +403,7 @@ static int take_lock(struct sk_worker *w, struct job *j)
             rc = sk_lock_acquire(w->lock, j->lock_key, j->lock_token, w->queue->lock_ttl_ms,
                                  &err);
         if (rc == SK_AGAIN) {
+            atomic_store(&w->slot->lock_held, 0);
             waited_for_lock(j, busy_since);
             w->redis_retry_at_ms = sk_now_ms() + sk_backoff_next(&w->redis_backoff);
             if (err.code == SK_AUTH && !w->redis_refused)
@@ -412,11 +421,6 @@ static int take_lock(struct sk_worker *w, struct job *j)
             sk_backoff_reset(&w->redis_backoff);
             j->locked = true;
             j->log.lock_owner = j->lock_token;
-            /* Should this worker die holding it, its replacement deletes it
-             * at once instead of leaving the redelivery to wait for the TTL. */
-            memcpy(w->slot->lock_key, j->lock_key, sizeof(w->slot->lock_key));
-            memcpy(w->slot->lock_token, j->lock_token, sizeof(w->slot->lock_token));
-            atomic_store(&w->slot->lock_held, 1);
             sk_heartbeat_watch_lock(w->heartbeat, j->lock_key, j->lock_token,
                                     w->queue->lock_ttl_ms);
             transition(j, JOB_LOCKED);
@@ -426,6 +430,7 @@ static int take_lock(struct sk_worker *w, struct job *j)
             busy_since = now_ns();
         sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
         if (sk_now_ms() >= give_up_at || sk_worker_stopping()) {
+            atomic_store(&w->slot->lock_held, 0);
             waited_for_lock(j, busy_since);
             sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
             return SK_BUSY;

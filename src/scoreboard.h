@@ -45,8 +45,9 @@ struct sk_slot {
      * in job_key); cleared by the replacement once it has recorded the
      * crash in PostgreSQL. */
     _Atomic int     died_in_job;
-    /* The Redis lock the worker holds: lock_held is set after key and token
-     * are written, and cleared after the release. */
+    /* The Redis lock the worker holds or is asking for: lock_held is set
+     * after key and token are written, before the SET, and cleared after the
+     * release or the refusal. */
     _Atomic int     lock_held;
     char            lock_key[SK_SLOT_LOCK_KEY_MAX];
     char            lock_token[SK_LOCK_TOKEN_LEN + 1];
