@@ -29,6 +29,7 @@ struct event {
     int64_t us;       /* Unix time in microseconds; INT64_MAX: unknown */
     int     seq;      /* order of events of the same instant */
     size_t  order;    /* insertion order, the last tie-break */
+    bool    coarse;   /* known to the second only: sorted at its end */
     char   *queue;
     char   *source;
     char   *what;
@@ -170,7 +171,15 @@ static void dead_letter_event(struct trace *t, const char *queue, const amqp_mes
     char detail[800];
     snprintf(detail, sizeof(detail), "in %s.dead now: reason %s after %s attempt(s)%s%s", queue,
              reason, attempts, error[0] != '\0' ? ", error: " : "", error);
-    add_event(t, death_us(m), 10, queue, "broker", "dead-lettered", detail);
+    /* Dead letters carry whole seconds: within its second, the letter comes
+     * after what PostgreSQL dated (sekali dead-letters once it recorded the
+     * failure), so it sorts at the second's end and is shown as a second. */
+    int64_t us = death_us(m);
+    size_t before = t->n;
+    add_event(t, us == INT64_MAX ? us : us + 999999, 10, queue, "broker", "dead-lettered",
+              detail);
+    if (t->n > before)
+        t->ev[before].coarse = true;
     t->dead_letters++;
 }
 
@@ -278,7 +287,7 @@ static void read_journal(struct trace *t)
                  t->journal_lines, t->journal_lines == JOURNAL_MAX ? " (the newest)" : "");
 }
 
-static void put_time(int64_t us, char *out, size_t size)
+static void put_time(int64_t us, bool coarse, char *out, size_t size)
 {
     if (us == INT64_MAX) {
         snprintf(out, size, "(time unknown)");
@@ -289,7 +298,10 @@ static void put_time(int64_t us, char *out, size_t size)
     gmtime_r(&s, &tm);
     char base[32];
     strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out, size, "%s.%03dZ", base, (int)(us % 1000000 / 1000));
+    if (coarse)
+        snprintf(out, size, "%sZ", base);
+    else
+        snprintf(out, size, "%s.%03dZ", base, (int)(us % 1000000 / 1000));
 }
 
 static void print(const struct trace *t, int code)
@@ -306,7 +318,7 @@ static void print(const struct trace *t, int code)
         printf(",\"events\":[");
         for (size_t i = 0; i < t->n; i++) {
             const struct event *e = &t->ev[i];
-            put_time(e->us, when, sizeof(when));
+            put_time(e->us, e->coarse, when, sizeof(when));
             printf("%s{\"time\":", i > 0 ? "," : "");
             if (e->us == INT64_MAX)
                 printf("null");
@@ -335,7 +347,7 @@ static void print(const struct trace *t, int code)
     }
     for (size_t i = 0; i < t->n; i++) {
         const struct event *e = &t->ev[i];
-        put_time(e->us, when, sizeof(when));
+        put_time(e->us, e->coarse, when, sizeof(when));
         printf("%-24s ", when);
         sk_ctl_put_text(stdout, e->queue, strlen(e->queue), 0);
         printf(" %-9s %-16s ", e->source, e->what);
