@@ -381,7 +381,10 @@ static void print_json(const struct status *s, int code)
         else
             printf("null");
         printf(",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
-        put_num_or_null(q->up_known, q->up);
+        if (q->up_known)
+            printf("%.0f", q->up);
+        else
+            printf("null");
         if (q->broker_ok)
             printf(",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
                    "\"delay_queues\":%u,\"dead\":%u", q->consumers, q->ready, q->delayed,
