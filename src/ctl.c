@@ -40,7 +40,9 @@
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv);
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
-                          const struct sk_message *msg, const char *dedupe, const char *run_at);
+                          const struct sk_message *msg, const char *dedupe, const char *run_at,
+                          bool json);
+static void print_job_id(const char *id, bool json);
 static bool exec_ok(PGconn *pg, const char *sql, const char *what);
 static char *read_all(FILE *f, size_t *len);
 static int only_sql(const struct dirent *d);
@@ -52,13 +54,14 @@ static const struct command {
     const char *synopsis;
     const char *help;
 } commands[] = {
-    { "migrate", "migrate [--sql-dir DIR]",
+    { "migrate", "migrate [--sql-dir DIR] [--json]",
       "Apply the schema migrations (DIR/NNN_name.sql, default " SK_SQL_DIR ") not yet\n"
       "applied, each once, in name order, under an advisory lock.\n"
-      "  --sql-dir DIR   read the migrations from DIR (also $SEKALI_SQL_DIR)\n" },
+      "  --sql-dir DIR   read the migrations from DIR (also $SEKALI_SQL_DIR)\n"
+      "  --json          print {\"applied\": [names], \"migrations\": N}\n" },
     { "enqueue",
       "enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D] [--at TIME]\n"
-      "          [--content-type T] [--direct [--id ID]] [BODY | -]",
+      "          [--content-type T] [--direct [--id ID]] [--json] [BODY | -]",
       "Enqueue one job through the outbox (sekali.enqueue: a relay publishes it), or\n"
       "with --direct publish it straight to QUEUE and wait for the broker's confirm;\n"
       "prints the job id. The body comes from the argument, or from stdin when it is\n"
@@ -69,7 +72,8 @@ static const struct command {
       "  --at TIME          run at TIME (a PostgreSQL timestamptz), not now\n"
       "  --content-type T   content type of the message (default application/json)\n"
       "  --direct           publish to the broker at once, not through the outbox\n"
-      "  --id ID            with --direct: the message id (default: a random one)\n" },
+      "  --id ID            with --direct: the message id (default: a random one)\n"
+      "  --json             print {\"job_id\": ID}\n" },
     { "status", "status [--json]",
       "Per queue: workers up and consuming, ready, delayed and dead messages (the\n"
       "broker), keys processing and failed, the oldest processing key's age, the\n"
@@ -224,14 +228,24 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
 {
     const char *dir = getenv("SEKALI_SQL_DIR") != NULL ? getenv("SEKALI_SQL_DIR") : SK_SQL_DIR;
     static const struct option options[] = { { "sql-dir", required_argument, NULL, 'd' },
+                                             { "json", no_argument, NULL, 'j' },
                                              { NULL, 0, NULL, 0 } };
+    bool json = false, opened = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (opt == 'j') {
+            json = true;
+            continue;
+        }
         if (opt != 'd') {
             command_help(find_command("migrate"), stderr);
             return SK_CTL_USAGE;
         }
         dir = optarg;
+    }
+    if (optind != argc) {
+        command_help(find_command("migrate"), stderr);
+        return SK_CTL_USAGE;
     }
 
     struct dirent **files = NULL;
@@ -256,6 +270,10 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
         goto out;
 
     int applied = 0;
+    if (json) {
+        printf("{\"applied\":[");
+        opened = true;
+    }
     for (int i = 0; i < n; i++) {
         const char *name = files[i]->d_name;
         const char *params[] = { name };
@@ -299,14 +317,24 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
             fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
             goto out;
         }
-        printf("applied %s\n", name);
+        if (json) {
+            printf("%s", applied > 0 ? "," : "");
+            sk_ctl_put_jstr(stdout, name);
+        } else {
+            printf("applied %s\n", name);
+        }
         applied++;
     }
-    if (applied == 0)
+    if (json)
+        printf("],\"migrations\":%d}\n", n);
+    else if (applied == 0)
         printf("schema is up to date (%d migrations)\n", n);
     code = 0;
 
 out:
+    /* A failure halfway still closes the document, listing what was applied. */
+    if (opened && code != 0)
+        printf("],\"migrations\":%d,\"failed\":true}\n", n);
     PQfinish(pg);
     for (int i = 0; i < n; i++)
         free(files[i]);
@@ -326,10 +354,11 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         { "dedupe", required_argument, NULL, 'd' },
         { "at", required_argument, NULL, 'a' },
         { "direct", no_argument, NULL, 'D' },
+        { "json", no_argument, NULL, 'j' },
         { NULL, 0, NULL, 0 },
     };
     const char *dedupe = NULL, *run_at = NULL;
-    bool direct = false;
+    bool direct = false, json = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (opt) {
@@ -340,6 +369,7 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         case 'd': dedupe = optarg; break;
         case 'a': run_at = optarg; break;
         case 'D': direct = true; break;
+        case 'j': json = true; break;
         default: command_help(find_command("enqueue"), stderr); return SK_CTL_USAGE;
         }
     }
@@ -371,7 +401,7 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     }
 
     if (!direct) {
-        int code = enqueue_outbox(conf, queue, &msg, dedupe, run_at);
+        int code = enqueue_outbox(conf, queue, &msg, dedupe, run_at, json);
         free(body);
         return code;
     }
@@ -395,14 +425,26 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         fprintf(stderr, "sekalictl: enqueue to %s failed: %s\n", queue, err.msg);
         return 1;
     }
-    printf("%s\n", msg.message_id);
+    print_job_id(msg.message_id, json);
     return 0;
 }
 
 /* One sekali.enqueue() call in its own transaction, as a producer would
  * make it inside a business transaction. */
+static void print_job_id(const char *id, bool json)
+{
+    if (json) {
+        printf("{\"job_id\":");
+        sk_ctl_put_jstr(stdout, id);
+        printf("}\n");
+    } else {
+        printf("%s\n", id);
+    }
+}
+
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
-                          const struct sk_message *msg, const char *dedupe, const char *run_at)
+                          const struct sk_message *msg, const char *dedupe, const char *run_at,
+                          bool json)
 {
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
@@ -416,7 +458,7 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                                  7, NULL, values, lengths, formats, 0);
     int code = 0;
     if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
-        printf("%s\n", PQgetvalue(res, 0, 0));
+        print_job_id(PQgetvalue(res, 0, 0), json);
     } else {
         fprintf(stderr, "sekalictl: sekali.enqueue failed: %s", PQresultErrorMessage(res));
         code = 1;

@@ -1,9 +1,12 @@
-/* ctl.h - what sekalictl's command files share (ctl.c runs main and the
- * schema and enqueue commands, ctl_dlq.c the dead-letter commands).
+/* ctl.h - what sekalictl's command files share (ctl.c runs main, help and
+ * the schema and enqueue commands, ctl_dlq.c the dead-letter commands,
+ * ctl_status.c and ctl_trace.c status and trace, ctl_http.c the scrape of
+ * sekalid's /metrics).
  *
  * Exit codes of every command: 0 done, 1 runtime failure (a server
  * unreachable, an SQL error), 2 usage or configuration error, 3 some dead
- * letters were refused (the rest done), 4 nothing matched. */
+ * letters were refused (the rest done), 4 nothing matched, 5 status found
+ * sekalid not running or a queue without consumer. */
 #ifndef SK_CTL_H
 #define SK_CTL_H
 

@@ -125,6 +125,11 @@ START_TEST(test_status_reports_what_broker_database_and_sekalid_hold_and_fails_o
              "'unroutable: test')", r.queue, r.queue, r.queue);
     h_pg_exec(r.pg, sql);
     H_WAIT(h_queue_depth(r.b, r.dead) == 2, 10000, "two dead letters expected in %s", r.dead);
+    /* The schema tests/run.sh applied is complete: nothing left to apply. */
+    char *migrated;
+    ck_assert_int_eq(CTL(&r, &migrated, "migrate", "--sql-dir", "sql", "--json"), 0);
+    json_holds(r.dir, "d[\"applied\"] == [] and d[\"migrations\"] >= 9");
+    free(migrated);
 
     char *out = NULL;
     /* The janitor's first round runs at start: wait for it through status. */
@@ -235,7 +240,10 @@ START_TEST(test_trace_tells_an_outbox_job_its_run_and_its_duplicate_in_time_orde
     /* Keys are unique to the run: trace looks in every queue of the database. */
     char key[200];
     snprintf(key, sizeof(key), "story-%s", r.queue);
-    h_enqueue(r.pg, r.queue, key, NULL, NULL);
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "enqueue", r.queue, "test", "--key", key, "--json", "ok"), 0);
+    json_holds(r.dir, "len(d[\"job_id\"]) == 36");
+    free(out);
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' AND "
                             "idempotency_key = '%s'", r.queue, key) == 1,
            30000, "the job should run once");
@@ -247,7 +255,6 @@ START_TEST(test_trace_tells_an_outbox_job_its_run_and_its_duplicate_in_time_orde
                             "AND key = '%s'", r.queue, key) == 1,
            30000, "the second delivery should be counted as a duplicate");
 
-    char *out;
     ck_assert_int_eq(CTL(&r, &out, "trace", key, "--json"), 0);
     events_in_order(r.dir, "[\"enqueued\", \"published\", \"claimed\", \"completed\", "
                            "\"duplicates\"]");
