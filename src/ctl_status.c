@@ -271,9 +271,10 @@ static void print_text(const struct status *s)
 {
     const struct sk_conf *conf = s->conf;
     if (conf->metrics.listen_host != NULL)
-        printf("sekalid: %s (metrics endpoint %s:%d %s)\n",
+        printf("sekalid: %s (metrics endpoint %s:%d %s%s)\n",
                s->running == 1 ? "running" : "NOT RUNNING", conf->metrics.listen_host,
-               conf->metrics.listen_port, s->metrics != NULL ? "answered" : s->metrics_why);
+               conf->metrics.listen_port, s->metrics != NULL ? "answered" : "did not answer: ",
+               s->metrics != NULL ? "" : s->metrics_why);
     else
         printf("sekalid: %s (judged by the queues' consumers: metrics disabled)\n",
                s->running == 1 ? "running" : s->running == 0 ? "NOT RUNNING" : "unknown");

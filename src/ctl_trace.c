@@ -380,6 +380,11 @@ int sk_ctl_trace(const struct sk_conf *conf, int argc, char **argv)
         return SK_CTL_USAGE;
     }
     t.key = argv[optind];
+    if (strlen(t.key) > SK_KEY_MAX) {
+        fprintf(stderr, "sekalictl: a key is at most %d bytes; no job has this one\n",
+                SK_KEY_MAX);
+        return SK_CTL_USAGE;
+    }
     if (t.only_queue != NULL) {
         add_queue(&t, t.only_queue);
     } else {
