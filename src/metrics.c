@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "backoff.h"
 #include "metrics.h"
@@ -84,6 +85,8 @@ struct sk_metrics_outq {
 
 struct outbox_area {
     _Atomic uint64_t       last_sample_ms;  /* CLOCK_MONOTONIC; claimed by compare-and-swap */
+    _Atomic uint64_t       relay_round_ms;  /* CLOCK_REALTIME of the latest round; 0: none */
+    _Atomic uint64_t       janitor_round_ms;
     struct name_slot       queue_names[SK_METRICS_OUTBOX_QUEUES + 1];
     struct sk_metrics_outq queues[SK_METRICS_OUTBOX_QUEUES + 1];
 };
@@ -437,6 +440,22 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
 
     if (conf->outbox.relays > 0)
         render_outbox(f, m->outbox);
+    if (conf->outbox.relays > 0) {
+        header(f, "sekali_relay_last_round_timestamp_seconds", "gauge",
+               "When an outbox relay last finished a batch (Unix time); 0 before the first.");
+        fputs("sekali_relay_last_round_timestamp_seconds ", f);
+        seconds(f, atomic_load_explicit(&m->outbox->relay_round_ms, memory_order_relaxed) *
+                       1000000);
+        fputc('\n', f);
+    }
+    if (conf->janitor.interval_ms > 0) {
+        header(f, "sekali_janitor_last_round_timestamp_seconds", "gauge",
+               "When the janitor last finished a round (Unix time); 0 before the first.");
+        fputs("sekali_janitor_last_round_timestamp_seconds ", f);
+        seconds(f, atomic_load_explicit(&m->outbox->janitor_round_ms, memory_order_relaxed) *
+                       1000000);
+        fputc('\n', f);
+    }
 
     int failed = ferror(f);
     if (fclose(f) != 0 || failed) {
@@ -450,6 +469,23 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
     *out = buf;
     *len = size;
     return SK_OK;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void sk_metrics_relay_round(struct sk_metrics *m)
+{
+    atomic_store_explicit(&m->outbox->relay_round_ms, wall_ms(), memory_order_relaxed);
+}
+
+void sk_metrics_janitor_round(struct sk_metrics *m)
+{
+    atomic_store_explicit(&m->outbox->janitor_round_ms, wall_ms(), memory_order_relaxed);
 }
 
 /* The relays' figures, one series per target queue seen. */

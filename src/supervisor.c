@@ -335,7 +335,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         }
         if (slot->queue == JANITOR) {
             sk_log_init(g->conf->log.level, g->conf->log.format, "janitor");
-            exit(sk_janitor_run(g->conf, shared));
+            exit(sk_janitor_run(g->conf, shared, g->metrics));
         }
         sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
         exit(sk_worker_run(g->conf, &g->conf->queues[slot->queue], &g->plugins[slot->queue],
