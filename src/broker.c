@@ -174,6 +174,36 @@ int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messa
     return SK_OK;
 }
 
+int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
+                          uint32_t *messages, uint32_t *consumers, struct sk_err *err)
+{
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name),
+                                                     1, 0, 0, 0, amqp_empty_table);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    /* 404 closes only the channel: acknowledge that and open it again, so
+     * that a tool can probe many names over one connection. */
+    if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+        reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+        ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
+        amqp_channel_close_ok_t close_ok = { 0 };
+        if (amqp_send_method(b->conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
+            AMQP_STATUS_OK)
+            return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
+        amqp_channel_open(b->conn, CHANNEL);
+        if (rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err) != SK_OK)
+            return err != NULL ? err->code : SK_ERR;
+        *exists = false;
+        *messages = *consumers = 0;
+        return SK_OK;
+    }
+    if (rpc_check(reply, "queue.declare(passive)", err) != SK_OK)
+        return err != NULL ? err->code : SK_ERR;
+    *exists = true;
+    *messages = ok->message_count;
+    *consumers = ok->consumer_count;
+    return SK_OK;
+}
+
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
                       struct sk_err *err)
 {

@@ -63,6 +63,12 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
                           uint32_t *consumers, struct sk_err *err);
 
+/* As sk_broker_queue_depth(), but a queue that does not exist is an
+ * answer (*exists false), not an error: the channel the broker closed is
+ * opened again (without confirm mode). For tools that probe many names. */
+int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
+                          uint32_t *messages, uint32_t *consumers, struct sk_err *err);
+
 /* Starts consuming `queue` with manual acks and at most `prefetch` unacked. */
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
                       struct sk_err *err);

@@ -5,6 +5,9 @@
  *   sekalictl [-c FILE] enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D]
  *                               [--at TIME] [--direct [--id ID]] [BODY | -]
  *   sekalictl [-c FILE] dlq (list|show|replay|purge) QUEUE ...
+ *   sekalictl [-c FILE] status [--json]                   (ctl_status.c)
+ *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]    (ctl_trace.c)
+ *   sekalictl help [COMMAND] | --help | --version
  *
  * Migrations are the files DIR/NNN_name.sql, applied in name order, each in
  * its own transaction together with its row in sekali.schema_migrations, under
@@ -37,75 +40,186 @@
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv);
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
-                          const struct sk_message *msg, const char *dedupe, const char *run_at);
+                          const struct sk_message *msg, const char *dedupe, const char *run_at,
+                          bool json);
+static void print_job_id(const char *id, bool json);
 static bool exec_ok(PGconn *pg, const char *sql, const char *what);
 static char *read_all(FILE *f, size_t *len);
 static int only_sql(const struct dirent *d);
 
+/* Each command's synopsis and what it does: `sekalictl help COMMAND`,
+ * `sekalictl COMMAND --help`, and (synopses only) the general usage. */
+static const struct command {
+    const char *name;
+    const char *synopsis;
+    const char *help;
+} commands[] = {
+    { "migrate", "migrate [--sql-dir DIR] [--json]",
+      "Apply the schema migrations (DIR/NNN_name.sql, default " SK_SQL_DIR ") not yet\n"
+      "applied, each once, in name order, under an advisory lock.\n"
+      "  --sql-dir DIR   read the migrations from DIR (also $SEKALI_SQL_DIR)\n"
+      "  --json          print {\"applied\": [names], \"migrations\": N}\n" },
+    { "enqueue",
+      "enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D] [--at TIME]\n"
+      "          [--content-type T] [--direct [--id ID]] [--json] [BODY | -]",
+      "Enqueue one job through the outbox (sekali.enqueue: a relay publishes it), or\n"
+      "with --direct publish it straight to QUEUE and wait for the broker's confirm;\n"
+      "prints the job id. The body comes from the argument, or from stdin when it is\n"
+      "- or absent.\n"
+      "  --key K            idempotency key (default: the job id)\n"
+      "  --resource R       resource key the job's lock is taken on\n"
+      "  --dedupe D         refuse a second job with dedupe key D while one is held\n"
+      "  --at TIME          run at TIME (a PostgreSQL timestamptz), not now\n"
+      "  --content-type T   content type of the message (default application/json)\n"
+      "  --direct           publish to the broker at once, not through the outbox\n"
+      "  --id ID            with --direct: the message id (default: a random one)\n"
+      "  --json             print {\"job_id\": ID}\n" },
+    { "status", "status [--json]",
+      "Per queue: workers up and consuming, ready, delayed and dead messages (the\n"
+      "broker), keys processing and failed, the oldest processing key's age, the\n"
+      "outbox rows pending and their lag (PostgreSQL); the relays' and janitor's\n"
+      "last round (sekalid's /metrics, when metrics.listen is set).\n"
+      "  --json   one JSON document\n"
+      "Exits 0 when healthy, 5 when sekalid is not running or a queue has no\n"
+      "consumer, 1 when a source could not be read.\n" },
+    { "trace", "trace KEY [--queue QUEUE] [--json]",
+      "Everything sekali recorded about idempotency key KEY, in time order: its\n"
+      "outbox rows, its idempotency row, crashes, dead-letter actions, its dead\n"
+      "letters (left in place) and its journal lines.\n"
+      "  --queue QUEUE   only QUEUE (default: every queue where KEY is known)\n"
+      "  --json          one JSON document\n"
+      "Exits 0 when something was found, 4 when nothing was, 1 when a source could\n"
+      "not be read.\n" },
+    { "dlq",
+      "dlq list QUEUE [--json]\n"
+      "  dlq show QUEUE KEY [--json]\n"
+      "  dlq replay QUEUE (--key K | --reason R | --all) [--by NAME] [--json]\n"
+      "  dlq purge QUEUE (--key K | --reason R | --all) [--by NAME] [--json]",
+      "The dead letters of QUEUE.dead: list and show leave them in place; replay\n"
+      "re-arms each selected key and enqueues its job again through the outbox (a\n"
+      "relay must run); purge removes them (their keys stay failed).\n"
+      "  --key K      the dead letters of key K\n"
+      "  --reason R   those dead-lettered for reason R\n"
+      "  --all        every dead letter\n"
+      "  --by NAME    who acts, for the audit row (default: the OS user)\n"
+      "  --json       one JSON document\n"
+      "Exits 3 when some dead letters were refused, 4 when nothing matched.\n" },
+    { "help", "help [COMMAND]", "Describe COMMAND, or list the commands.\n" },
+};
+
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: sekalictl [-c FILE] COMMAND [ARGS]\n"
-            "  migrate [--sql-dir DIR]       apply the schema migrations (default " SK_SQL_DIR
-            ")\n"
-            "  enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D] [--at TIME]\n"
-            "          [--direct [--id ID]] [BODY | -]\n"
-            "                                enqueue one job through the outbox\n"
-            "                                (sekali.enqueue: a relay publishes it), or with\n"
-            "                                --direct publish it straight to QUEUE and wait\n"
-            "                                for the broker's confirm; prints the job id. The\n"
-            "                                body comes from the argument, or from stdin when\n"
-            "                                it is - or absent\n"
-            "  dlq list QUEUE [--json]       the dead letters of QUEUE.dead, left in place\n"
-            "  dlq show QUEUE KEY [--json]   everything about KEY's dead letters\n"
-            "  dlq replay QUEUE (--key K | --reason R | --all) [--by NAME] [--json]\n"
-            "                                re-arm each key and enqueue its job again\n"
-            "                                through the outbox (a relay must run)\n"
-            "  dlq purge QUEUE (--key K | --reason R | --all) [--by NAME] [--json]\n"
-            "                                remove dead letters; their keys stay failed\n"
-            "exit codes: 0 done, 1 runtime failure, 2 usage or configuration, 3 some\n"
-            "dead letters refused, 4 nothing matched\n");
+    fprintf(out, "usage: sekalictl [-c FILE] COMMAND [ARGS]\n"
+                 "       sekalictl help COMMAND | --help | --version\n"
+                 "commands:\n");
+    for (size_t i = 0; i < SK_ARRAY_LEN(commands); i++)
+        fprintf(out, "  %s\n", commands[i].synopsis);
+    fprintf(out, "options:\n"
+                 "  -c, --config FILE   configuration file (default " SK_CONF_PATH ")\n"
+                 "  -h, --help          print this help and exit\n"
+                 "  -V, --version       print the version and exit\n"
+                 "exit codes: 0 done, 1 runtime failure, 2 usage or configuration, 3 some\n"
+                 "dead letters refused, 4 nothing matched, 5 status: not healthy\n");
+}
+
+static const struct command *find_command(const char *name)
+{
+    for (size_t i = 0; i < SK_ARRAY_LEN(commands); i++)
+        if (strcmp(commands[i].name, name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+static void command_help(const struct command *c, FILE *out)
+{
+    fprintf(out, "usage: sekalictl [-c FILE] %s\n\n%s", c->synopsis, c->help);
+}
+
+/* sekalictl help [COMMAND] */
+static int cmd_help(int argc, char **argv)
+{
+    if (argc == 1) {
+        usage(stdout);
+        return SK_CTL_OK;
+    }
+    const struct command *c = argc == 2 ? find_command(argv[1]) : NULL;
+    if (c == NULL) {
+        if (argc == 2)
+            fprintf(stderr, "sekalictl: no command \"%s\"\n", argv[1]);
+        usage(stderr);
+        return SK_CTL_USAGE;
+    }
+    command_help(c, stdout);
+    return SK_CTL_OK;
+}
+
+/* Whether a command's own arguments ask for its help (before any "--"). */
+static bool asks_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return true;
+    return false;
 }
 
 int main(int argc, char **argv)
 {
     const char *path = SK_CONF_PATH;
+    static const struct option options[] = {
+        { "config", required_argument, NULL, 'c' },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, 'V' },
+        { NULL, 0, NULL, 0 },
+    };
     int opt;
     /* "+": stop at the command, whose own options come after it. */
-    while ((opt = getopt(argc, argv, "+c:h")) != -1) {
+    while ((opt = getopt_long(argc, argv, "+c:hV", options, NULL)) != -1) {
         switch (opt) {
         case 'c': path = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'h': usage(stdout); return SK_CTL_OK;
+        case 'V': printf("sekalictl %s\n", SK_VERSION); return SK_CTL_OK;
+        default: usage(stderr); return SK_CTL_USAGE;
         }
     }
     if (optind >= argc) {
         usage(stderr);
-        return 2;
+        return SK_CTL_USAGE;
     }
     const char *command = argv[optind];
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    const struct command *c = find_command(command);
+    if (c == NULL) {
+        fprintf(stderr, "sekalictl: unknown command \"%s\"\n", command);
+        usage(stderr);
+        return SK_CTL_USAGE;
+    }
+    /* Help needs no configuration. */
+    if (strcmp(command, "help") == 0)
+        return cmd_help(sub_argc, sub_argv);
+    if (asks_help(sub_argc, sub_argv)) {
+        command_help(c, stdout);
+        return SK_CTL_OK;
+    }
 
     struct sk_conf *conf = NULL;
     struct sk_err err = { 0 };
     if (sk_conf_load(path, &conf, &err) != SK_OK) {
         fprintf(stderr, "sekalictl: %s\n", err.msg);
-        return 2;
+        return SK_CTL_USAGE;
     }
     int code;
-    int sub_argc = argc - optind;
-    char **sub_argv = argv + optind;
     optind = 0;  /* 0, not 1: glibc then also forgets the "+" of the first scan */
-    if (strcmp(command, "migrate") == 0) {
+    if (strcmp(command, "migrate") == 0)
         code = cmd_migrate(conf, sub_argc, sub_argv);
-    } else if (strcmp(command, "enqueue") == 0) {
+    else if (strcmp(command, "enqueue") == 0)
         code = cmd_enqueue(conf, sub_argc, sub_argv);
-    } else if (strcmp(command, "dlq") == 0) {
+    else if (strcmp(command, "status") == 0)
+        code = sk_ctl_status(conf, sub_argc, sub_argv);
+    else if (strcmp(command, "trace") == 0)
+        code = sk_ctl_trace(conf, sub_argc, sub_argv);
+    else
         code = sk_ctl_dlq(conf, sub_argc, sub_argv);
-    } else {
-        fprintf(stderr, "sekalictl: unknown command \"%s\"\n", command);
-        usage(stderr);
-        code = 2;
-    }
     sk_conf_free(conf);
     return code;
 }
@@ -114,14 +228,24 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
 {
     const char *dir = getenv("SEKALI_SQL_DIR") != NULL ? getenv("SEKALI_SQL_DIR") : SK_SQL_DIR;
     static const struct option options[] = { { "sql-dir", required_argument, NULL, 'd' },
+                                             { "json", no_argument, NULL, 'j' },
                                              { NULL, 0, NULL, 0 } };
+    bool json = false, opened = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (opt == 'j') {
+            json = true;
+            continue;
+        }
         if (opt != 'd') {
-            usage(stderr);
-            return 2;
+            command_help(find_command("migrate"), stderr);
+            return SK_CTL_USAGE;
         }
         dir = optarg;
+    }
+    if (optind != argc) {
+        command_help(find_command("migrate"), stderr);
+        return SK_CTL_USAGE;
     }
 
     struct dirent **files = NULL;
@@ -146,6 +270,10 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
         goto out;
 
     int applied = 0;
+    if (json) {
+        printf("{\"applied\":[");
+        opened = true;
+    }
     for (int i = 0; i < n; i++) {
         const char *name = files[i]->d_name;
         const char *params[] = { name };
@@ -189,14 +317,24 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
             fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
             goto out;
         }
-        printf("applied %s\n", name);
+        if (json) {
+            printf("%s", applied > 0 ? "," : "");
+            sk_ctl_put_jstr(stdout, name);
+        } else {
+            printf("applied %s\n", name);
+        }
         applied++;
     }
-    if (applied == 0)
+    if (json)
+        printf("],\"migrations\":%d}\n", n);
+    else if (applied == 0)
         printf("schema is up to date (%d migrations)\n", n);
     code = 0;
 
 out:
+    /* A failure halfway still closes the document, listing what was applied. */
+    if (opened && code != 0)
+        printf("],\"migrations\":%d,\"failed\":true}\n", n);
     PQfinish(pg);
     for (int i = 0; i < n; i++)
         free(files[i]);
@@ -216,10 +354,11 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         { "dedupe", required_argument, NULL, 'd' },
         { "at", required_argument, NULL, 'a' },
         { "direct", no_argument, NULL, 'D' },
+        { "json", no_argument, NULL, 'j' },
         { NULL, 0, NULL, 0 },
     };
     const char *dedupe = NULL, *run_at = NULL;
-    bool direct = false;
+    bool direct = false, json = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (opt) {
@@ -230,12 +369,13 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         case 'd': dedupe = optarg; break;
         case 'a': run_at = optarg; break;
         case 'D': direct = true; break;
-        default: usage(stderr); return 2;
+        case 'j': json = true; break;
+        default: command_help(find_command("enqueue"), stderr); return SK_CTL_USAGE;
         }
     }
     if (argc - optind < 2 || argc - optind > 3) {
-        usage(stderr);
-        return 2;
+        command_help(find_command("enqueue"), stderr);
+        return SK_CTL_USAGE;
     }
     const char *queue = argv[optind];
     msg.type = argv[optind + 1];
@@ -261,7 +401,7 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     }
 
     if (!direct) {
-        int code = enqueue_outbox(conf, queue, &msg, dedupe, run_at);
+        int code = enqueue_outbox(conf, queue, &msg, dedupe, run_at, json);
         free(body);
         return code;
     }
@@ -285,14 +425,26 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
         fprintf(stderr, "sekalictl: enqueue to %s failed: %s\n", queue, err.msg);
         return 1;
     }
-    printf("%s\n", msg.message_id);
+    print_job_id(msg.message_id, json);
     return 0;
 }
 
 /* One sekali.enqueue() call in its own transaction, as a producer would
  * make it inside a business transaction. */
+static void print_job_id(const char *id, bool json)
+{
+    if (json) {
+        printf("{\"job_id\":");
+        sk_ctl_put_jstr(stdout, id);
+        printf("}\n");
+    } else {
+        printf("%s\n", id);
+    }
+}
+
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
-                          const struct sk_message *msg, const char *dedupe, const char *run_at)
+                          const struct sk_message *msg, const char *dedupe, const char *run_at,
+                          bool json)
 {
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
@@ -306,7 +458,7 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                                  7, NULL, values, lengths, formats, 0);
     int code = 0;
     if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
-        printf("%s\n", PQgetvalue(res, 0, 0));
+        print_job_id(PQgetvalue(res, 0, 0), json);
     } else {
         fprintf(stderr, "sekalictl: sekali.enqueue failed: %s", PQresultErrorMessage(res));
         code = 1;

@@ -1,9 +1,12 @@
-/* ctl.h - what sekalictl's command files share (ctl.c runs main and the
- * schema and enqueue commands, ctl_dlq.c the dead-letter commands).
+/* ctl.h - what sekalictl's command files share (ctl.c runs main, help and
+ * the schema and enqueue commands, ctl_dlq.c the dead-letter commands,
+ * ctl_status.c and ctl_trace.c status and trace, ctl_http.c the scrape of
+ * sekalid's /metrics).
  *
  * Exit codes of every command: 0 done, 1 runtime failure (a server
  * unreachable, an SQL error), 2 usage or configuration error, 3 some dead
- * letters were refused (the rest done), 4 nothing matched. */
+ * letters were refused (the rest done), 4 nothing matched, 5 status found
+ * sekalid not running or a queue without consumer. */
 #ifndef SK_CTL_H
 #define SK_CTL_H
 
@@ -22,6 +25,7 @@
 #define SK_CTL_USAGE     2
 #define SK_CTL_REFUSED   3
 #define SK_CTL_NOT_FOUND 4
+#define SK_CTL_UNHEALTHY 5  /* status: sekalid not running, or a queue without consumer */
 
 /* A new connection to the configured PostgreSQL, or NULL after printing
  * why on stderr. The caller owns it. */
@@ -29,6 +33,20 @@ PGconn *sk_ctl_pg_connect(const struct sk_conf *conf);
 
 /* sekalictl dlq SUBCOMMAND ...: argv[0] is "dlq". Returns an exit code. */
 int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv);
+
+/* sekalictl status [--json]. */
+int sk_ctl_status(const struct sk_conf *conf, int argc, char **argv);
+/* sekalictl trace KEY [--queue Q] [--json]. */
+int sk_ctl_trace(const struct sk_conf *conf, int argc, char **argv);
+
+/* ctl_http.c: GET http://host:port/path within timeout_ms. The body of a
+ * 200 answer (NUL-terminated; the caller frees it), or NULL with why. */
+char *sk_ctl_http_get(const char *host, int port, const char *path, int timeout_ms,
+                      char *why, size_t why_size);
+/* The value of the first sample of metric `name` in Prometheus text (with
+ * label queue="queue" when queue is not NULL); *found says whether there
+ * was one. */
+double sk_ctl_metric(const char *text, const char *name, const char *queue, bool *found);
 
 /* ctl_out.c: reading headers and printing them. */
 

@@ -94,7 +94,7 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
     return SK_OK;
 }
 
-int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot)
+int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
     struct sigaction sa = { .sa_handler = on_stop_signal };
     sigemptyset(&sa.sa_mask);
@@ -120,6 +120,7 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot)
             continue;
         }
         sk_backoff_reset(&backoff);
+        sk_metrics_janitor_round(metrics);
         /* Sleep in short steps, so that the supervisor sees us alive. */
         for (uint32_t slept = 0; slept < conf->janitor.interval_ms && !stop_requested;
              slept += 200) {

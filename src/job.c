@@ -362,7 +362,10 @@ static int call_handler(struct sk_worker *w, struct job *j, PGconn *pg)
     sk_metrics_inc(j->metrics, SK_METRIC_EXECUTIONS);
     if (w->heartbeat != NULL)
         sk_heartbeat_lend_brokers(w->heartbeat, w->broker, w->publisher);
+    /* Only a death inside this call can be the job's doing. */
+    atomic_store(&w->slot->phase, SK_PHASE_HANDLER);
     int status = w->handler->handle(w->handler_state, &job, ctx);
+    atomic_store(&w->slot->phase, SK_PHASE_JOB);
     if (w->heartbeat != NULL)
         sk_heartbeat_return_brokers(w->heartbeat);
     transition(j, JOB_HANDLED);
@@ -383,6 +386,14 @@ static int take_lock(struct sk_worker *w, struct job *j)
     if (w->redis_down && sk_now_ms() < w->redis_retry_at_ms)
         return without_redis(w, NULL);
 
+    /* Recorded before Redis is asked, not after it said yes: a worker that
+     * dies between the SET and this store would otherwise leave a lock its
+     * replacement knows nothing of, and the redelivery would wait out the
+     * TTL. Deleting by a token that never took the lock deletes nothing. */
+    memcpy(w->slot->lock_key, j->lock_key, sizeof(w->slot->lock_key));
+    memcpy(w->slot->lock_token, j->lock_token, sizeof(w->slot->lock_token));
+    atomic_store(&w->slot->lock_held, 1);
+
     struct sk_err err = { 0 };
     int64_t give_up_at = sk_now_ms() + w->conf->lock.busy_wait_ms;
     uint64_t busy_since = 0;  /* the first refusal: waiting starts there */
@@ -392,6 +403,7 @@ static int take_lock(struct sk_worker *w, struct job *j)
             rc = sk_lock_acquire(w->lock, j->lock_key, j->lock_token, w->queue->lock_ttl_ms,
                                  &err);
         if (rc == SK_AGAIN) {
+            atomic_store(&w->slot->lock_held, 0);
             waited_for_lock(j, busy_since);
             w->redis_retry_at_ms = sk_now_ms() + sk_backoff_next(&w->redis_backoff);
             if (err.code == SK_AUTH && !w->redis_refused)
@@ -416,7 +428,9 @@ static int take_lock(struct sk_worker *w, struct job *j)
         }
         if (busy_since == 0)
             busy_since = now_ns();
+        sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
         if (sk_now_ms() >= give_up_at || sk_worker_stopping()) {
+            atomic_store(&w->slot->lock_held, 0);
             waited_for_lock(j, busy_since);
             sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
             return SK_BUSY;
@@ -459,6 +473,7 @@ static void release_lock(struct sk_worker *w, struct job *j)
     j->locked = false;
     struct sk_err err = { 0 };
     int rc = sk_lock_release(w->lock, j->lock_key, j->lock_token, &err);
+    atomic_store(&w->slot->lock_held, 0);
     if (rc == SK_BUSY)
         sk_log_job(SK_LOG_WARN, &j->log, "lock had expired before release");
     else if (rc != SK_OK)

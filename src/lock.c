@@ -205,15 +205,16 @@ static bool refused_login(const char *reply)
 static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
                        struct sk_err *err)
 {
-    if (reply == NULL)
+    if (reply == NULL) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what,
                    l->ctx != NULL ? l->ctx->errstr : "not connected");
-    else if (reply->type == REDIS_REPLY_ERROR)
+    } else if (reply->type == REDIS_REPLY_ERROR) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what, reply->str);
-    if (reply != NULL && reply->type == REDIS_REPLY_ERROR && refused_login(reply->str))
-        sk_err_mark_auth(err, SK_AGAIN);
-    else
+        if (refused_login(reply->str))
+            sk_err_mark_auth(err, SK_AGAIN);
+    } else {
         sk_err_set(err, SK_AGAIN, "redis %s: unexpected reply type %d", what, reply->type);
+    }
     if (reply != NULL)
         freeReplyObject(reply);
     disconnect(l);

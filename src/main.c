@@ -3,6 +3,10 @@
  *   sekalid -c /etc/sekali/sekali.yaml      run
  *   sekalid -t -c /etc/sekali/sekali.yaml   check the configuration and the
  *                                           handlers, then exit (like nginx -t)
+ *   sekalid --help | --version
+ * Every option has a GNU long form (--config, --test). A bad option or an
+ * operand prints the usage on stderr and exits 2, as a bad configuration
+ * does; --help prints it on stdout and exits 0.
  *
  * Configuration and handlers are loaded here, before any worker exists, so a
  * mistake stops sekalid at once with exit code 2 (configuration) or 3
@@ -28,17 +32,28 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: sekalid [-t] [-c FILE]\n"
-            "  -c FILE  configuration file (default " SK_CONF_PATH ")\n"
-            "  -t       check the configuration and handlers, then exit\n"
-            "  -V       print the version and exit\n");
+            "Run sekali's workers, outbox relays and janitor as configured in FILE.\n"
+            "  -c, --config FILE  configuration file (default " SK_CONF_PATH ")\n"
+            "  -t, --test         check the configuration and handlers, then exit\n"
+            "  -h, --help         print this help and exit\n"
+            "  -V, --version      print the version and exit\n"
+            "exit codes: 0 stopped cleanly, 1 runtime failure, 2 bad usage or\n"
+            "configuration, 3 a handler built for another ABI\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *path = SK_CONF_PATH;
     bool test_only = false;
+    static const struct option options[] = {
+        { "config", required_argument, NULL, 'c' },
+        { "test", no_argument, NULL, 't' },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, 'V' },
+        { NULL, 0, NULL, 0 },
+    };
     int opt;
-    while ((opt = getopt(argc, argv, "c:thV")) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:thV", options, NULL)) != -1) {
         switch (opt) {
         case 'c': path = optarg; break;
         case 't': test_only = true; break;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "backoff.h"
 #include "metrics.h"
@@ -64,6 +65,7 @@ struct name_slot {
 struct sk_metrics_queue {
     _Atomic uint64_t       restarts;
     _Atomic int64_t        workers_up;
+    _Atomic uint64_t       locks_released_for_dead;
     /* Parallel arrays; the last entry is "other". */
     struct name_slot       type_names[SK_METRICS_TYPES + 1];
     struct sk_metrics_type types[SK_METRICS_TYPES + 1];
@@ -83,6 +85,8 @@ struct sk_metrics_outq {
 
 struct outbox_area {
     _Atomic uint64_t       last_sample_ms;  /* CLOCK_MONOTONIC; claimed by compare-and-swap */
+    _Atomic uint64_t       relay_round_ms;  /* CLOCK_REALTIME of the latest round; 0: none */
+    _Atomic uint64_t       janitor_round_ms;
     struct name_slot       queue_names[SK_METRICS_OUTBOX_QUEUES + 1];
     struct sk_metrics_outq queues[SK_METRICS_OUTBOX_QUEUES + 1];
 };
@@ -311,6 +315,11 @@ void sk_metrics_worker_exited(struct sk_metrics *m, size_t q)
     atomic_fetch_sub_explicit(&sk_metrics_queue(m, q)->workers_up, 1, memory_order_relaxed);
 }
 
+void sk_metrics_lock_released_for_dead(struct sk_metrics_queue *mq)
+{
+    atomic_fetch_add_explicit(&mq->locks_released_for_dead, 1, memory_order_relaxed);
+}
+
 int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **out,
                       size_t *len)
 {
@@ -393,6 +402,14 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
         fprintf(f, "} %" PRIu64 "\n",
                 atomic_load_explicit(&m->queues[q].restarts, memory_order_relaxed));
     }
+    header(f, "sekali_locks_released_for_dead_total", "counter",
+           "Redis locks of dead workers deleted by their replacements, before lock_ttl.");
+    for (size_t q = 0; q < m->n; q++) {
+        fputs("sekali_locks_released_for_dead_total", f);
+        labels(f, conf->queues[q].name, NULL);
+        fprintf(f, "} %" PRIu64 "\n", atomic_load_explicit(&m->queues[q].locks_released_for_dead,
+                                                          memory_order_relaxed));
+    }
     header(f, "sekali_workers_up", "gauge", "Worker processes running now.");
     for (size_t q = 0; q < m->n; q++) {
         int64_t up = atomic_load_explicit(&m->queues[q].workers_up, memory_order_relaxed);
@@ -423,6 +440,22 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
 
     if (conf->outbox.relays > 0)
         render_outbox(f, m->outbox);
+    if (conf->outbox.relays > 0) {
+        header(f, "sekali_relay_last_round_timestamp_seconds", "gauge",
+               "When an outbox relay last finished a batch (Unix time); 0 before the first.");
+        fputs("sekali_relay_last_round_timestamp_seconds ", f);
+        seconds(f, atomic_load_explicit(&m->outbox->relay_round_ms, memory_order_relaxed) *
+                       1000000);
+        fputc('\n', f);
+    }
+    if (conf->janitor.interval_ms > 0) {
+        header(f, "sekali_janitor_last_round_timestamp_seconds", "gauge",
+               "When the janitor last finished a round (Unix time); 0 before the first.");
+        fputs("sekali_janitor_last_round_timestamp_seconds ", f);
+        seconds(f, atomic_load_explicit(&m->outbox->janitor_round_ms, memory_order_relaxed) *
+                       1000000);
+        fputc('\n', f);
+    }
 
     int failed = ferror(f);
     if (fclose(f) != 0 || failed) {
@@ -436,6 +469,23 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
     *out = buf;
     *len = size;
     return SK_OK;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void sk_metrics_relay_round(struct sk_metrics *m)
+{
+    atomic_store_explicit(&m->outbox->relay_round_ms, wall_ms(), memory_order_relaxed);
+}
+
+void sk_metrics_janitor_round(struct sk_metrics *m)
+{
+    atomic_store_explicit(&m->outbox->janitor_round_ms, wall_ms(), memory_order_relaxed);
 }
 
 /* The relays' figures, one series per target queue seen. */

@@ -100,10 +100,18 @@ bool sk_metrics_outbox_sample_due(struct sk_metrics *m, int64_t every_ms);
  * stopped sampling (the database is down) still shows the lag rising. */
 void sk_metrics_outbox_backlog(struct sk_metrics *m, const struct sk_outbox_backlog *b, size_t n);
 
+/* Relay or janitor: a round (a relay's batch, the janitor's sweep of every
+ * table) has just finished; rendered as the wall-clock time of the latest
+ * one, so that sekalictl status and alerts can tell a stuck process. */
+void sk_metrics_relay_round(struct sk_metrics *m);
+void sk_metrics_janitor_round(struct sk_metrics *m);
+
 /* Supervisor: a worker of queue q was forked (restarted: it replaces one that
  * died), or has exited. */
 void sk_metrics_worker_started(struct sk_metrics *m, size_t q, bool restarted);
 void sk_metrics_worker_exited(struct sk_metrics *m, size_t q);
+/* Worker: it deleted the Redis lock a dead worker of its slot still held. */
+void sk_metrics_lock_released_for_dead(struct sk_metrics_queue *mq);
 
 /* Renders every metric in Prometheus' text format 0.0.4, with conf's queue
  * names and limits, into a new buffer the caller frees (malloc). Reads the

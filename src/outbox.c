@@ -102,6 +102,7 @@ int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_me
             sk_sleep_ms(sk_backoff_next(&r.backoff));
             continue;
         }
+        sk_metrics_relay_round(metrics);
         if (r.sampling && sk_metrics_outbox_sample_due(metrics, SAMPLE_EVERY_MS))
             sample_backlog(&r);
         /* Between batches the broker hears nothing from librabbitmq. */

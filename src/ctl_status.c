@@ -1,0 +1,414 @@
+/* ctl_status.c - sekalictl status: is sekalid running, and how is each of
+ * its queues doing, from the three places that know:
+ *
+ *   the broker     ready messages and consumers of the queue, of its delay
+ *                  queues and of <queue>.dead (passive queue.declare: it
+ *                  creates nothing; AMQP does not report unacked messages);
+ *   PostgreSQL     keys processing and failed, the oldest processing key,
+ *                  the outbox rows waiting for the queue
+ *                  (sekali.queue_status(), sql/011_status.sql);
+ *   sekalid        workers up and the relays' and janitor's last rounds,
+ *                  which live in the supervisor's shared memory and are
+ *                  read through its /metrics endpoint when metrics.listen
+ *                  is set.
+ *
+ * Exit codes: 0 every queue has a consumer and sekalid answers; 5
+ * (SK_CTL_UNHEALTHY) sekalid is not running or a queue has no consumer; 1 a
+ * source could not be read (and nothing unhealthy was seen). */
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "broker.h"
+#include "ctl.h"
+#include "reschedule.h"
+
+#define SCRAPE_TIMEOUT_MS 3000
+#define BUSY_DELAY_MAX_MS 5000  /* the longest busy-lock re-schedule (src/job.c) */
+
+/* One queue's figures; a figure whose source failed is marked unknown. */
+struct qstat {
+    const struct sk_queue_conf *conf;
+    bool     broker_ok, exists;
+    uint32_t ready, consumers, dead, delayed, delay_queues;
+    bool     dead_exists;
+    bool     up_known;
+    double   up;
+    bool     pg_ok, oldest_known;
+    long long processing, failed, outbox_pending, outbox_refused;
+    double   oldest_s, outbox_lag_s;
+    char     problem[256];  /* "" when healthy */
+};
+
+struct status {
+    const struct sk_conf *conf;
+    bool          json;
+    struct qstat *q;
+    char         *metrics;          /* the scraped text; NULL if none */
+    char          metrics_why[300]; /* why there is none */
+    char          broker_why[300], pg_why[300];
+    int           running;          /* 1 yes, 0 no, -1 unknown */
+    double        now;
+};
+
+static void read_broker(struct status *s);
+static void read_pg(struct status *s);
+static void read_metrics(struct status *s);
+static void print_text(const struct status *s);
+static void print_json(const struct status *s, int code);
+
+static void status_usage(FILE *out)
+{
+    fprintf(out, "usage: sekalictl status [--json]\n");
+}
+
+int sk_ctl_status(const struct sk_conf *conf, int argc, char **argv)
+{
+    static const struct option options[] = { { "json", no_argument, NULL, 'j' },
+                                             { "help", no_argument, NULL, 'h' },
+                                             { NULL, 0, NULL, 0 } };
+    struct status s = { .conf = conf, .running = -1 };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "jh", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': s.json = true; break;
+        case 'h': status_usage(stdout); return SK_CTL_OK;
+        default: status_usage(stderr); return SK_CTL_USAGE;
+        }
+    }
+    if (optind != argc) {
+        status_usage(stderr);
+        return SK_CTL_USAGE;
+    }
+    s.q = calloc(conf->n_queues, sizeof(*s.q));
+    if (s.q == NULL) {
+        fprintf(stderr, "sekalictl: out of memory\n");
+        return SK_CTL_FAILED;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s.now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    for (size_t i = 0; i < conf->n_queues; i++)
+        s.q[i].conf = &conf->queues[i];
+
+    read_metrics(&s);
+    read_broker(&s);
+    read_pg(&s);
+
+    /* Without an endpoint, consumers on the queues are the sign of life. */
+    if (conf->metrics.listen_host != NULL) {
+        s.running = s.metrics != NULL;
+    } else if (s.broker_why[0] == '\0') {
+        s.running = 0;
+        for (size_t i = 0; i < conf->n_queues; i++)
+            if (s.q[i].consumers > 0)
+                s.running = 1;
+    }
+    bool unhealthy = s.running == 0, failed = s.running == -1;
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        struct qstat *q = &s.q[i];
+        if (!q->broker_ok)
+            failed = true;
+        else if (!q->exists)
+            snprintf(q->problem, sizeof(q->problem), "the queue does not exist");
+        else if (q->consumers == 0)
+            snprintf(q->problem, sizeof(q->problem), "no consumer");
+        else if (q->up_known && q->up < q->conf->workers)
+            snprintf(q->problem, sizeof(q->problem), "%.0f of %d workers up", q->up,
+                     q->conf->workers);
+        if (q->problem[0] != '\0' && (!q->exists || q->consumers == 0))
+            unhealthy = true;
+        if (!q->pg_ok)
+            failed = true;
+    }
+    int code = unhealthy ? SK_CTL_UNHEALTHY : failed ? SK_CTL_FAILED : SK_CTL_OK;
+    if (s.json)
+        print_json(&s, code);
+    else
+        print_text(&s);
+    free(s.metrics);
+    free(s.q);
+    return code;
+}
+
+static void read_metrics(struct status *s)
+{
+    const struct sk_metrics_conf *m = &s->conf->metrics;
+    if (m->listen_host == NULL) {
+        snprintf(s->metrics_why, sizeof(s->metrics_why), "metrics disabled");
+        return;
+    }
+    char why[256];
+    s->metrics = sk_ctl_http_get(m->listen_host, m->listen_port, "/metrics", SCRAPE_TIMEOUT_MS,
+                                 why, sizeof(why));
+    if (s->metrics == NULL) {
+        snprintf(s->metrics_why, sizeof(s->metrics_why), "%s", why);
+        return;
+    }
+    for (size_t i = 0; i < s->conf->n_queues; i++)
+        s->q[i].up = sk_ctl_metric(s->metrics, "sekali_workers_up", s->q[i].conf->name,
+                                   &s->q[i].up_known);
+}
+
+/* The delay queues sekali may have declared for q: the bucket ladder
+ * (src/reschedule.c) up to the longest delay it schedules. Those that
+ * exist are counted; a delay queue deletes itself once unused. */
+static int read_delays(struct sk_broker *b, struct qstat *q, struct sk_err *err)
+{
+    uint32_t top = q->conf->retry.max_ms;
+    if (top < BUSY_DELAY_MAX_MS)
+        top = BUSY_DELAY_MAX_MS;
+    if (top < q->conf->lease_ms)
+        top = q->conf->lease_ms;
+    top = sk_reschedule_bucket(top);
+    for (uint32_t step = sk_reschedule_bucket(0);; step = sk_reschedule_bucket(step + 1)) {
+        char name[600];
+        snprintf(name, sizeof(name), "%s.delay.%u", q->conf->name, step);
+        bool exists;
+        uint32_t messages, consumers;
+        if (sk_broker_queue_probe(b, name, &exists, &messages, &consumers, err) != SK_OK)
+            return SK_ERR;
+        if (exists) {
+            q->delay_queues++;
+            q->delayed += messages;
+        }
+        if (step >= top)
+            return SK_OK;
+    }
+}
+
+static void read_broker(struct status *s)
+{
+    struct sk_broker *b = NULL;
+    struct sk_err err = { 0 };
+    if (sk_broker_open(&b, &s->conf->amqp, &err) != SK_OK) {
+        snprintf(s->broker_why, sizeof(s->broker_why), "%s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < s->conf->n_queues; i++) {
+        struct qstat *q = &s->q[i];
+        char dead[600];
+        snprintf(dead, sizeof(dead), "%s.dead", q->conf->name);
+        uint32_t dead_consumers;
+        if (sk_broker_queue_probe(b, q->conf->name, &q->exists, &q->ready, &q->consumers,
+                                  &err) != SK_OK ||
+            sk_broker_queue_probe(b, dead, &q->dead_exists, &q->dead, &dead_consumers, &err) !=
+                SK_OK ||
+            read_delays(b, q, &err) != SK_OK) {
+            snprintf(s->broker_why, sizeof(s->broker_why), "%s", err.msg);
+            break;
+        }
+        q->broker_ok = true;
+    }
+    sk_broker_close(b);
+}
+
+static void read_pg(struct status *s)
+{
+    PGconn *pg = sk_ctl_pg_connect(s->conf);
+    if (pg == NULL) {
+        snprintf(s->pg_why, sizeof(s->pg_why), "PostgreSQL connection failed");
+        return;
+    }
+    for (size_t i = 0; i < s->conf->n_queues; i++) {
+        struct qstat *q = &s->q[i];
+        const char *params[] = { q->conf->name };
+        PGresult *res = PQexecParams(pg, "SELECT * FROM sekali.queue_status($1)", 1, NULL,
+                                     params, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+            snprintf(s->pg_why, sizeof(s->pg_why), "sekali.queue_status: %s",
+                     PQresultErrorMessage(res));
+            s->pg_why[strcspn(s->pg_why, "\n")] = '\0';
+            PQclear(res);
+            break;
+        }
+        q->pg_ok = true;
+        q->processing = atoll(PQgetvalue(res, 0, 0));
+        q->failed = atoll(PQgetvalue(res, 0, 1));
+        q->oldest_known = !PQgetisnull(res, 0, 2);
+        q->oldest_s = q->oldest_known ? atof(PQgetvalue(res, 0, 2)) : 0;
+        q->outbox_pending = atoll(PQgetvalue(res, 0, 3));
+        q->outbox_refused = atoll(PQgetvalue(res, 0, 4));
+        q->outbox_lag_s = atof(PQgetvalue(res, 0, 5));
+        PQclear(res);
+    }
+    PQfinish(pg);
+}
+
+/* A last-round gauge: the Unix time, or 0 with *known false. */
+static double last_round(const struct status *s, const char *metric, bool *known)
+{
+    *known = false;
+    if (s->metrics == NULL)
+        return 0;
+    bool found;
+    double t = sk_ctl_metric(s->metrics, metric, NULL, &found);
+    *known = found && t > 0;
+    return t;
+}
+
+static void put_round_text(const struct status *s, const char *what, const char *metric)
+{
+    bool known;
+    double t = last_round(s, metric, &known);
+    char iso[64];
+    printf("%s: ", what);
+    if (s->metrics == NULL)
+        printf("last round unknown (%s)\n", s->metrics_why);
+    else if (!known)
+        printf("no round finished yet\n");
+    else {
+        sk_ctl_iso_time((uint64_t)t, iso, sizeof(iso));
+        printf("last round %s (%.1fs ago)\n", iso, s->now - t > 0 ? s->now - t : 0);
+    }
+}
+
+static void print_text(const struct status *s)
+{
+    const struct sk_conf *conf = s->conf;
+    if (conf->metrics.listen_host != NULL)
+        printf("sekalid: %s (metrics endpoint %s:%d %s%s)\n",
+               s->running == 1 ? "running" : "NOT RUNNING", conf->metrics.listen_host,
+               conf->metrics.listen_port, s->metrics != NULL ? "answered" : "did not answer: ",
+               s->metrics != NULL ? "" : s->metrics_why);
+    else
+        printf("sekalid: %s (judged by the queues' consumers: metrics disabled)\n",
+               s->running == 1 ? "running" : s->running == 0 ? "NOT RUNNING" : "unknown");
+    if (s->broker_why[0] != '\0')
+        printf("broker: %s\n", s->broker_why);
+    if (s->pg_why[0] != '\0')
+        printf("postgresql: %s\n", s->pg_why);
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        const struct qstat *q = &s->q[i];
+        printf("\nqueue ");
+        sk_ctl_put_text(stdout, q->conf->name, strlen(q->conf->name), 0);
+        printf(": %s\n", q->problem[0] != '\0' ? q->problem : q->broker_ok ? "ok" : "unknown");
+        printf("  workers     %d configured, ", q->conf->workers);
+        if (q->up_known)
+            printf("%.0f up", q->up);
+        else
+            printf("up unknown (%s)", s->metrics != NULL ? "not in /metrics" : s->metrics_why);
+        if (q->broker_ok)
+            printf(", %u consuming\n", q->consumers);
+        else
+            printf(", consuming unknown\n");
+        if (q->broker_ok)
+            printf("  messages    %u ready, unacked unknown (AMQP does not report it), "
+                   "%u delayed in %u delay queues, %u dead in %s.dead\n",
+                   q->ready, q->delayed, q->delay_queues, q->dead, q->conf->name);
+        else
+            printf("  messages    unknown (broker unreachable)\n");
+        if (q->pg_ok) {
+            printf("  keys        %lld processing", q->processing);
+            if (q->oldest_known)
+                printf(" (oldest first claimed %.1fs ago)", q->oldest_s);
+            printf(", %lld failed\n", q->failed);
+            printf("  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
+                   q->outbox_pending, q->outbox_lag_s, q->outbox_refused);
+        } else {
+            printf("  keys        unknown (PostgreSQL unreachable)\n");
+        }
+    }
+    printf("\n");
+    if (conf->outbox.relays > 0) {
+        char what[64];
+        snprintf(what, sizeof(what), "outbox relays (%d)", conf->outbox.relays);
+        put_round_text(s, what, "sekali_relay_last_round_timestamp_seconds");
+    } else {
+        printf("outbox relays: none configured\n");
+    }
+    if (conf->janitor.interval_ms > 0)
+        put_round_text(s, "janitor", "sekali_janitor_last_round_timestamp_seconds");
+    else
+        printf("janitor: disabled\n");
+}
+
+static void put_num_or_null(bool known, double v)
+{
+    if (known && isfinite(v))
+        printf("%.3f", v);
+    else
+        printf("null");
+}
+
+static void put_round_json(const struct status *s, const char *name, int configured,
+                           const char *metric)
+{
+    bool known;
+    double t = last_round(s, metric, &known);
+    printf(",\"%s\":{\"configured\":%d,\"last_round\":", name, configured);
+    if (known) {
+        char iso[64];
+        sk_ctl_iso_time((uint64_t)t, iso, sizeof(iso));
+        printf("\"%s\",\"last_round_age_seconds\":%.3f", iso, s->now - t > 0 ? s->now - t : 0);
+    } else {
+        printf("null,\"last_round_age_seconds\":null");
+    }
+    printf("}");
+}
+
+static void print_json(const struct status *s, int code)
+{
+    const struct sk_conf *conf = s->conf;
+    printf("{\"sekalid\":{\"running\":%s,\"metrics\":",
+           s->running == 1 ? "true" : s->running == 0 ? "false" : "null");
+    if (s->metrics != NULL)
+        printf("\"answered\"");
+    else
+        sk_ctl_put_jstr(stdout, s->metrics_why);
+    printf("},\"broker_error\":");
+    if (s->broker_why[0] != '\0')
+        sk_ctl_put_jstr(stdout, s->broker_why);
+    else
+        printf("null");
+    printf(",\"postgresql_error\":");
+    if (s->pg_why[0] != '\0')
+        sk_ctl_put_jstr(stdout, s->pg_why);
+    else
+        printf("null");
+    printf(",\"queues\":[");
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        const struct qstat *q = &s->q[i];
+        printf("%s{\"name\":", i > 0 ? "," : "");
+        sk_ctl_put_jstr(stdout, q->conf->name);
+        printf(",\"healthy\":%s,\"problem\":", q->problem[0] == '\0' && q->broker_ok ? "true"
+                                                                                   : "false");
+        if (q->problem[0] != '\0')
+            sk_ctl_put_jstr(stdout, q->problem);
+        else
+            printf("null");
+        printf(",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
+        if (q->up_known)
+            printf("%.0f", q->up);
+        else
+            printf("null");
+        if (q->broker_ok)
+            printf(",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
+                   "\"delay_queues\":%u,\"dead\":%u", q->consumers, q->ready, q->delayed,
+                   q->delay_queues, q->dead);
+        else
+            printf(",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
+                   "\"delay_queues\":null,\"dead\":null");
+        if (q->pg_ok) {
+            printf(",\"processing\":%lld,\"failed\":%lld,\"oldest_processing_seconds\":",
+                   q->processing, q->failed);
+            put_num_or_null(q->oldest_known, q->oldest_s);
+            printf(",\"outbox_pending\":%lld,\"outbox_refused\":%lld,"
+                   "\"outbox_lag_seconds\":%.3f", q->outbox_pending, q->outbox_refused,
+                   q->outbox_lag_s);
+        } else {
+            printf(",\"processing\":null,\"failed\":null,\"oldest_processing_seconds\":null,"
+                   "\"outbox_pending\":null,\"outbox_refused\":null,\"outbox_lag_seconds\":null");
+        }
+        printf("}");
+    }
+    printf("]");
+    put_round_json(s, "relays", conf->outbox.relays, "sekali_relay_last_round_timestamp_seconds");
+    put_round_json(s, "janitor", conf->janitor.interval_ms > 0,
+                   "sekali_janitor_last_round_timestamp_seconds");
+    printf(",\"exit_code\":%d}\n", code);
+}

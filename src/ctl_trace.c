@@ -1,0 +1,411 @@
+/* ctl_trace.c - sekalictl trace KEY [--queue Q] [--json]: one job's story
+ * in time order, from every place sekali leaves a trace of it:
+ *
+ *   PostgreSQL  its outbox rows, its idempotency row, its crash count and the
+ *               dead-letter actions on it (sekali.trace(), sql/011_status.sql);
+ *   the broker  its dead letters in <queue>.dead, read without consuming
+ *               them (basic.get without ack: they go back on close);
+ *   journald    the log lines sekali wrote with IDEMPOTENCY_KEY=KEY.
+ *
+ * Without --queue, every configured queue and every queue PostgreSQL knows
+ * the key in. Exit codes: 0 found, 4 nothing anywhere, 1 a source could not
+ * be read, 2 bad usage. */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <systemd/sd-journal.h>
+
+#include "broker.h"
+#include "ctl.h"
+
+#define JOURNAL_MAX 1000  /* log lines shown at most, the newest kept */
+
+struct event {
+    int64_t us;       /* Unix time in microseconds; INT64_MAX: unknown */
+    int     seq;      /* order of events of the same instant */
+    size_t  order;    /* insertion order, the last tie-break */
+    bool    coarse;   /* known to the second only: sorted at its end */
+    char   *queue;
+    char   *source;
+    char   *what;
+    char   *detail;
+};
+
+struct trace {
+    const char   *key;
+    const char   *only_queue;
+    bool          json;
+    struct event *ev;
+    size_t        n, cap;
+    char        **queues;  /* where to look for dead letters */
+    size_t        n_queues;
+    bool          failed;
+    char          journal_note[256];
+    size_t        journal_lines;
+    size_t        dead_letters;
+};
+
+static void trace_usage(FILE *out)
+{
+    fprintf(out, "usage: sekalictl trace KEY [--queue QUEUE] [--json]\n");
+}
+
+static void add_event(struct trace *t, int64_t us, int seq, const char *queue,
+                      const char *source, const char *what, const char *detail)
+{
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 32;
+        struct event *bigger = realloc(t->ev, cap * sizeof(*bigger));
+        if (bigger == NULL)
+            return;  /* out of memory: the event is left out, not the program */
+        t->ev = bigger;
+        t->cap = cap;
+    }
+    struct event *e = &t->ev[t->n];
+    *e = (struct event){ .us = us, .seq = seq, .order = t->n, .queue = strdup(queue),
+                         .source = strdup(source), .what = strdup(what),
+                         .detail = strdup(detail) };
+    if (e->queue == NULL || e->source == NULL || e->what == NULL || e->detail == NULL) {
+        free(e->queue);
+        free(e->source);
+        free(e->what);
+        free(e->detail);
+        return;
+    }
+    t->n++;
+}
+
+static void add_queue(struct trace *t, const char *queue)
+{
+    for (size_t i = 0; i < t->n_queues; i++)
+        if (strcmp(t->queues[i], queue) == 0)
+            return;
+    char **bigger = realloc(t->queues, (t->n_queues + 1) * sizeof(*bigger));
+    if (bigger == NULL)
+        return;
+    t->queues = bigger;
+    if ((t->queues[t->n_queues] = strdup(queue)) != NULL)
+        t->n_queues++;
+}
+
+static int by_time(const void *a, const void *b)
+{
+    const struct event *x = a, *y = b;
+    if (x->us != y->us)
+        return x->us < y->us ? -1 : 1;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static void read_pg(struct trace *t, const struct sk_conf *conf)
+{
+    PGconn *pg = sk_ctl_pg_connect(conf);
+    if (pg == NULL) {
+        t->failed = true;
+        return;
+    }
+    const char *params[] = { t->key, t->only_queue };
+    PGresult *res = PQexecParams(pg, "SELECT queue, (extract(epoch FROM at) * 1000000)::int8, "
+                                     "seq, source, event, detail FROM sekali.trace($1, $2)",
+                                 2, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        fprintf(stderr, "sekalictl: sekali.trace: %s", PQresultErrorMessage(res));
+        t->failed = true;
+    } else {
+        for (int i = 0; i < PQntuples(res); i++) {
+            add_queue(t, PQgetvalue(res, i, 0));
+            add_event(t, atoll(PQgetvalue(res, i, 1)), atoi(PQgetvalue(res, i, 2)),
+                      PQgetvalue(res, i, 0), PQgetvalue(res, i, 3), PQgetvalue(res, i, 4),
+                      PQgetvalue(res, i, 5));
+        }
+    }
+    PQclear(res);
+    PQfinish(pg);
+}
+
+/* "2026-01-31T12:00:00Z" as Unix microseconds, or INT64_MAX. */
+static int64_t iso_us(const char *s)
+{
+    struct tm tm = { 0 };
+    const char *end = strptime(s, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    if (end == NULL || *end != '\0')
+        return INT64_MAX;
+    return (int64_t)timegm(&tm) * 1000000;
+}
+
+/* When the letter died: sekali's x-sekali-last-failure, else the time of
+ * the broker's latest x-death entry. */
+static int64_t death_us(const amqp_message_t *m)
+{
+    char text[64];
+    if (sk_ctl_header_text(m, "x-sekali-last-failure", text, sizeof(text)))
+        return iso_us(text);
+    const amqp_field_value_t *deaths = sk_ctl_header(m, "x-death");
+    if (deaths == NULL || deaths->kind != AMQP_FIELD_KIND_ARRAY ||
+        deaths->value.array.num_entries < 1 ||
+        deaths->value.array.entries[0].kind != AMQP_FIELD_KIND_TABLE)
+        return INT64_MAX;
+    const amqp_table_t *d = &deaths->value.array.entries[0].value.table;
+    for (int i = 0; i < d->num_entries; i++)
+        if (d->entries[i].key.len == 4 && memcmp(d->entries[i].key.bytes, "time", 4) == 0 &&
+            d->entries[i].value.kind == AMQP_FIELD_KIND_TIMESTAMP)
+            return (int64_t)d->entries[i].value.value.u64 * 1000000;
+    return INT64_MAX;
+}
+
+static void dead_letter_event(struct trace *t, const char *queue, const amqp_message_t *m)
+{
+    char reason[64], error[512], attempts[32] = "?";
+    if (!sk_ctl_header_text(m, "x-sekali-reason", reason, sizeof(reason)))
+        snprintf(reason, sizeof(reason), "rejected by the broker");
+    sk_ctl_header_text(m, "x-sekali-error", error, sizeof(error));
+    int64_t n = sk_ctl_field_int(sk_ctl_header(m, "x-sekali-attempts"));
+    if (n >= 0)
+        snprintf(attempts, sizeof(attempts), "%lld", (long long)n);
+    char detail[800];
+    snprintf(detail, sizeof(detail), "in %s.dead now: reason %s after %s attempt(s)%s%s", queue,
+             reason, attempts, error[0] != '\0' ? ", error: " : "", error);
+    /* Dead letters carry whole seconds: within its second, the letter comes
+     * after what PostgreSQL dated (sekali dead-letters once it recorded the
+     * failure), so it sorts at the second's end and is shown as a second. */
+    int64_t us = death_us(m);
+    size_t before = t->n;
+    add_event(t, us == INT64_MAX ? us : us + 999999, 10, queue, "broker", "dead-lettered",
+              detail);
+    if (t->n > before)
+        t->ev[before].coarse = true;
+    t->dead_letters++;
+}
+
+/* Peeks through each queue's .dead: every letter stays unacked until our
+ * channel closes, then the broker puts them all back in their order. */
+static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
+{
+    struct sk_broker *b = NULL;
+    struct sk_err err = { 0 };
+    if (sk_broker_open(&b, &conf->amqp, &err) != SK_OK) {
+        fprintf(stderr, "sekalictl: broker: %s\n", err.msg);
+        t->failed = true;
+        return;
+    }
+    size_t key_len = strlen(t->key);
+    for (size_t i = 0; i < t->n_queues; i++) {
+        char dead[600];
+        snprintf(dead, sizeof(dead), "%s.dead", t->queues[i]);
+        bool exists;
+        uint32_t messages, consumers;
+        if (sk_broker_queue_probe(b, dead, &exists, &messages, &consumers, &err) != SK_OK) {
+            fprintf(stderr, "sekalictl: %s: %s\n", dead, err.msg);
+            t->failed = true;
+            break;
+        }
+        for (uint32_t seen = 0; exists && seen < messages; seen++) {
+            amqp_message_t m;
+            uint64_t tag;
+            int rc = sk_broker_peek(b, dead, &m, &tag, &err);
+            if (rc == SK_BUSY)
+                break;
+            if (rc != SK_OK) {
+                fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
+                t->failed = true;
+                goto out;
+            }
+            const amqp_field_value_t *k = sk_ctl_header(&m, "x-idempotency-key");
+            bool mine;
+            if (k != NULL && (k->kind == AMQP_FIELD_KIND_UTF8 || k->kind == AMQP_FIELD_KIND_BYTES))
+                mine = k->value.bytes.len == key_len &&
+                       memcmp(k->value.bytes.bytes, t->key, key_len) == 0;
+            else  /* no key header: the message id is the key */
+                mine = m.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG &&
+                       m.properties.message_id.len == key_len &&
+                       memcmp(m.properties.message_id.bytes, t->key, key_len) == 0;
+            if (mine)
+                dead_letter_event(t, t->queues[i], &m);
+            amqp_destroy_message(&m);
+        }
+        /* Put this queue's letters back before the next queue's are read. */
+        sk_broker_close(b);
+        b = NULL;
+        if (i + 1 < t->n_queues && sk_broker_open(&b, &conf->amqp, &err) != SK_OK) {
+            fprintf(stderr, "sekalictl: broker: %s\n", err.msg);
+            t->failed = true;
+            break;
+        }
+    }
+out:
+    sk_broker_close(b);
+}
+
+static void read_journal(struct trace *t)
+{
+    sd_journal *j = NULL;
+    if (access("/var/log/journal", F_OK) != 0 && access("/run/log/journal", F_OK) != 0) {
+        snprintf(t->journal_note, sizeof(t->journal_note), "no journal on this host");
+        return;
+    }
+    int r = sd_journal_open(&j, SD_JOURNAL_LOCAL_ONLY);
+    if (r < 0) {
+        snprintf(t->journal_note, sizeof(t->journal_note), "cannot open the journal: %s",
+                 strerror(-r));
+        return;
+    }
+    char match[700];
+    snprintf(match, sizeof(match), "IDEMPOTENCY_KEY=%s", t->key);
+    sd_journal_add_match(j, match, 0);
+    if (t->only_queue != NULL) {
+        char q[700];
+        snprintf(q, sizeof(q), "QUEUE=%s", t->only_queue);
+        sd_journal_add_match(j, q, 0);  /* AND with the key: different fields */
+    }
+    /* The newest JOURNAL_MAX lines: read backwards from the tail. */
+    sd_journal_seek_tail(j);
+    while (t->journal_lines < JOURNAL_MAX && sd_journal_previous(j) > 0) {
+        uint64_t us = 0;
+        const void *data;
+        size_t len;
+        sd_journal_get_realtime_usec(j, &us);
+        char msg[1024] = "", queue[300] = "";
+        if (sd_journal_get_data(j, "MESSAGE", &data, &len) >= 0 && len > 8)
+            snprintf(msg, sizeof(msg), "%.*s", (int)(len - 8), (const char *)data + 8);
+        if (sd_journal_get_data(j, "QUEUE", &data, &len) >= 0 && len > 6)
+            snprintf(queue, sizeof(queue), "%.*s", (int)(len - 6), (const char *)data + 6);
+        add_event(t, (int64_t)us, 20, queue, "journal", "log", msg);
+        t->journal_lines++;
+    }
+    sd_journal_close(j);
+    if (t->journal_lines == 0)
+        snprintf(t->journal_note, sizeof(t->journal_note),
+                 "no journal entries with IDEMPOTENCY_KEY=this key");
+    else
+        snprintf(t->journal_note, sizeof(t->journal_note), "%zu journal entries%s",
+                 t->journal_lines, t->journal_lines == JOURNAL_MAX ? " (the newest)" : "");
+}
+
+static void put_time(int64_t us, bool coarse, char *out, size_t size)
+{
+    if (us == INT64_MAX) {
+        snprintf(out, size, "(time unknown)");
+        return;
+    }
+    time_t s = (time_t)(us / 1000000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    char base[32];
+    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+    if (coarse)
+        snprintf(out, size, "%sZ", base);
+    else
+        snprintf(out, size, "%s.%03dZ", base, (int)(us % 1000000 / 1000));
+}
+
+static void print(const struct trace *t, int code)
+{
+    char when[64];
+    if (t->json) {
+        printf("{\"key\":");
+        sk_ctl_put_jstr(stdout, t->key);
+        printf(",\"queue\":");
+        if (t->only_queue != NULL)
+            sk_ctl_put_jstr(stdout, t->only_queue);
+        else
+            printf("null");
+        printf(",\"events\":[");
+        for (size_t i = 0; i < t->n; i++) {
+            const struct event *e = &t->ev[i];
+            put_time(e->us, e->coarse, when, sizeof(when));
+            printf("%s{\"time\":", i > 0 ? "," : "");
+            if (e->us == INT64_MAX)
+                printf("null");
+            else
+                printf("\"%s\"", when);
+            printf(",\"queue\":");
+            sk_ctl_put_jstr(stdout, e->queue);
+            printf(",\"source\":");
+            sk_ctl_put_jstr(stdout, e->source);
+            printf(",\"event\":");
+            sk_ctl_put_jstr(stdout, e->what);
+            printf(",\"detail\":");
+            sk_ctl_put_jstr(stdout, e->detail);
+            printf("}");
+        }
+        printf("],\"dead_letters\":%zu,\"journal\":", t->dead_letters);
+        sk_ctl_put_jstr(stdout, t->journal_note);
+        printf(",\"exit_code\":%d}\n", code);
+        return;
+    }
+    if (t->n == 0) {
+        printf("nothing known of key ");
+        sk_ctl_put_text(stdout, t->key, strlen(t->key), 0);
+        printf("%s (%s)\n", t->failed ? " in the sources that answered" : "", t->journal_note);
+        return;
+    }
+    for (size_t i = 0; i < t->n; i++) {
+        const struct event *e = &t->ev[i];
+        put_time(e->us, e->coarse, when, sizeof(when));
+        printf("%-24s ", when);
+        sk_ctl_put_text(stdout, e->queue, strlen(e->queue), 0);
+        printf(" %-9s %-16s ", e->source, e->what);
+        sk_ctl_put_text(stdout, e->detail, strlen(e->detail), 0);
+        printf("\n");
+    }
+    printf("journal: %s\n", t->journal_note);
+}
+
+int sk_ctl_trace(const struct sk_conf *conf, int argc, char **argv)
+{
+    static const struct option options[] = { { "queue", required_argument, NULL, 'q' },
+                                             { "json", no_argument, NULL, 'j' },
+                                             { "help", no_argument, NULL, 'h' },
+                                             { NULL, 0, NULL, 0 } };
+    struct trace t = { 0 };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "q:jh", options, NULL)) != -1) {
+        switch (opt) {
+        case 'q': t.only_queue = optarg; break;
+        case 'j': t.json = true; break;
+        case 'h': trace_usage(stdout); return SK_CTL_OK;
+        default: trace_usage(stderr); return SK_CTL_USAGE;
+        }
+    }
+    /* argv[0] is "trace"; getopt moved the operands to the end. */
+    if (argc - optind != 1 || argv[optind][0] == '\0' ||
+        (t.only_queue != NULL && t.only_queue[0] == '\0')) {
+        trace_usage(stderr);
+        return SK_CTL_USAGE;
+    }
+    t.key = argv[optind];
+    if (strlen(t.key) > SK_KEY_MAX) {
+        fprintf(stderr, "sekalictl: a key is at most %d bytes; no job has this one\n",
+                SK_KEY_MAX);
+        return SK_CTL_USAGE;
+    }
+    if (t.only_queue != NULL) {
+        add_queue(&t, t.only_queue);
+    } else {
+        for (size_t i = 0; i < conf->n_queues; i++)
+            add_queue(&t, conf->queues[i].name);
+    }
+    read_pg(&t, conf);
+    read_dead_letters(&t, conf);
+    read_journal(&t);
+    qsort(t.ev, t.n, sizeof(*t.ev), by_time);
+    int code = t.failed ? SK_CTL_FAILED : t.n == 0 ? SK_CTL_NOT_FOUND : SK_CTL_OK;
+    print(&t, code);
+    for (size_t i = 0; i < t.n; i++) {
+        free(t.ev[i].queue);
+        free(t.ev[i].source);
+        free(t.ev[i].what);
+        free(t.ev[i].detail);
+    }
+    free(t.ev);
+    for (size_t i = 0; i < t.n_queues; i++)
+        free(t.queues[i]);
+    free(t.queues);
+    return code;
+}
