@@ -6,6 +6,7 @@
  * consume loop reads the stray frames and turns a closed channel into SK_ERR,
  * and publishing waits for confirms frame by frame. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,6 +419,18 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     /* A TTL set by the producer would make the copy vanish in a delay queue. */
     props._flags &= ~AMQP_BASIC_EXPIRATION_FLAG;
 
+    /* librabbitmq would send the method frame, then fail to encode the
+     * header frame, leaving the channel half-way through a publish; checked
+     * first, the connection stays usable and the caller learns that this
+     * message, not the broker, is the problem. */
+    size_t frame = SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(&props);
+    int frame_max = amqp_get_frame_max(b->conn);
+    if (frame_max > 0 && frame > (size_t)frame_max) {
+        free(entries);
+        return sk_err_set(err, SK_ERR, "a copy to %s would need a %zu-byte header frame, over "
+                          "the frame size of %d bytes", routing_key, frame, frame_max);
+    }
+
     int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
                                     amqp_cstring_bytes(routing_key), 1, 0, &props,
                                     original->message.body);
@@ -428,6 +441,78 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     /* Alone in flight, a return can only be this copy's: no id needed. */
     struct sk_publish p = { .tag = b->next_publish_tag++ };
     return await_one(b, &p, routing_key, err);
+}
+
+static size_t field_size(const amqp_field_value_t *v);
+
+size_t sk_broker_table_size(const amqp_table_t *t)
+{
+    size_t n = 0;
+    for (int i = 0; i < t->num_entries; i++)
+        n += 1 + t->entries[i].key.len + field_size(&t->entries[i].value);
+    return n;
+}
+
+/* A field's kind octet and its value. */
+static size_t field_size(const amqp_field_value_t *v)
+{
+    size_t n = 1;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_BOOLEAN:
+    case AMQP_FIELD_KIND_I8:
+    case AMQP_FIELD_KIND_U8:        return n + 1;
+    case AMQP_FIELD_KIND_I16:
+    case AMQP_FIELD_KIND_U16:       return n + 2;
+    case AMQP_FIELD_KIND_I32:
+    case AMQP_FIELD_KIND_U32:
+    case AMQP_FIELD_KIND_F32:       return n + 4;
+    case AMQP_FIELD_KIND_DECIMAL:   return n + 5;
+    case AMQP_FIELD_KIND_I64:
+    case AMQP_FIELD_KIND_U64:
+    case AMQP_FIELD_KIND_F64:
+    case AMQP_FIELD_KIND_TIMESTAMP: return n + 8;
+    case AMQP_FIELD_KIND_UTF8:
+    case AMQP_FIELD_KIND_BYTES:     return n + 4 + v->value.bytes.len;
+    case AMQP_FIELD_KIND_TABLE:     return n + 4 + sk_broker_table_size(&v->value.table);
+    case AMQP_FIELD_KIND_ARRAY:
+        n += 4;
+        for (int i = 0; i < v->value.array.num_entries; i++)
+            n += field_size(&v->value.array.entries[i]);
+        return n;
+    default:                        return n;  /* void */
+    }
+}
+
+size_t sk_broker_properties_size(const amqp_basic_properties_t *p)
+{
+    static const struct {
+        amqp_flags_t flag;
+        size_t       offset;
+    } strings[] = {
+        { AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type) },
+        { AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding) },
+        { AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id) },
+        { AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to) },
+        { AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration) },
+        { AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id) },
+        { AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type) },
+        { AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id) },
+        { AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id) },
+        { AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id) },
+    };
+    size_t n = 2;  /* the flags: 14 properties fit in one flag word */
+    for (size_t i = 0; i < SK_ARRAY_LEN(strings); i++)
+        if (p->_flags & strings[i].flag)
+            n += 1 + ((const amqp_bytes_t *)((const char *)p + strings[i].offset))->len;
+    if (p->_flags & AMQP_BASIC_HEADERS_FLAG)
+        n += 4 + sk_broker_table_size(&p->headers);
+    if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
+        n += 1;
+    if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
+        n += 1;
+    if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG)
+        n += 8;
+    return n;
 }
 
 static amqp_table_entry_t text_entry(const char *key, const char *value)

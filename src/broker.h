@@ -153,9 +153,23 @@ int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t del
 
 /* Publishes a persistent copy of original (properties and body) to
  * routing_key, with `extra` headers added or replacing those of the same
- * name, and waits for the confirm. Same results as sk_broker_publish(). */
+ * name, and waits for the confirm. Same results as sk_broker_publish(),
+ * and SK_ERR, before anything is sent, when the copy's properties would not
+ * fit in one frame of this connection: a fault of the message, which no
+ * retry can cure, unlike SK_AGAIN (the connection failed). */
 int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         const amqp_envelope_t *original, const struct sk_header *extra,
                         size_t n_extra, struct sk_err *err);
+
+/* Bytes an AMQP 0-9-1 field table takes on the wire (without its own
+ * 4-byte length), and the bytes of a content header frame's properties
+ * (flags included). Pure: for validation and for checks before sending. */
+size_t sk_broker_table_size(const amqp_table_t *t);
+size_t sk_broker_properties_size(const amqp_basic_properties_t *p);
+
+/* Wire bytes of a content header frame around its properties: the frame's
+ * type, channel, size and end octet (8), then class, weight, body size (12).
+ * The whole frame must fit in the connection's frame_max. */
+#define SK_BROKER_HEADER_FRAME_OVERHEAD 20
 
 #endif
