@@ -63,13 +63,18 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
                           uint32_t *consumers, struct sk_err *err);
 
-/* Starts consuming `queue` with manual acks and at most `prefetch` unacked. */
+/* Starts consuming `queue` with manual acks and at most `prefetch` unacked.
+ * A delivery whose body is over max_body bytes (0: no limit) is not read
+ * into memory: see sk_broker_next(). */
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
-                      struct sk_err *err);
+                      size_t max_body, struct sk_err *err);
 
 /* Waits up to timeout_ms for the next delivery. Returns SK_OK with *env filled
  * (release it with sk_broker_release()), SK_AGAIN when nothing arrived in
- * time, or SK_ERR when the connection or channel is gone. */
+ * time, or SK_ERR when the connection or channel is gone. A body over the
+ * consumer's max_body is skipped unread: then env->message.body has its
+ * length and NULL bytes, and no properties are set; such a delivery cannot
+ * be republished (SK_ERR), only rejected. */
 int  sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
                     struct sk_err *err);
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env);

@@ -188,6 +188,63 @@ START_TEST(test_unused_odd_properties_do_not_dead_letter_a_job)
 }
 END_TEST
 
+/* The peak resident size (VmHWM) of sekalid's largest child, in KiB. */
+static long worker_peak_kib(pid_t sekalid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)sekalid, (int)sekalid);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot read %s", path);
+    long peak = 0;
+    int child;
+    while (fscanf(f, "%d", &child) == 1) {
+        char status[64], line[256];
+        snprintf(status, sizeof(status), "/proc/%d/status", child);
+        FILE *s = fopen(status, "r");
+        if (s == NULL)
+            continue;
+        long kib;
+        while (fgets(line, sizeof(line), s) != NULL)
+            if (sscanf(line, "VmHWM: %ld kB", &kib) == 1 && kib > peak)
+                peak = kib;
+        fclose(s);
+    }
+    fclose(f);
+    return peak;
+}
+
+/* A body over max_body is refused from the size its header frame announces:
+ * the worker never holds it (its peak memory stays far below the body), and
+ * the broker dead-letters the whole message, body and all. */
+START_TEST(test_body_over_max_body_is_refused_without_reading_it)
+{
+    enum { BODY = 48 << 20 };
+    struct h_run r;
+    h_run_open(&r, "bigbody");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    max_body: 1MiB\n" });
+    char *body = malloc(BODY);
+    ck_assert_ptr_nonnull(body);
+    memset(body, 'b', BODY);
+    h_publish_raw(r.b, r.queue, "huge-1", "test", NULL, 0, body, BODY);
+    free(body);
+    h_publish(r.b, r.queue, "test", "good-5", "k-good", NULL, "ok");
+    H_WAIT(effects(&r, "k-good") == 1, 30000, "the good job behind the huge body should complete");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "the huge message should be in %s", r.dead);
+    long peak = worker_peak_kib(r.sekalid);
+    ck_assert_msg(peak > 0 && peak < (BODY >> 10) / 4,
+                  "the worker's peak memory (%ld KiB) should be far below the body (%d KiB)",
+                  peak, BODY >> 10);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "body of 50331648 bytes exceeds max_body 1048576"), 2);
+
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    ck_assert_uint_eq(msg.body.len, BODY);
+    amqp_destroy_message(&msg);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -196,6 +253,7 @@ int main(void)
         test_reply_to_a_sekali_queue_is_refused_before_the_job_runs,
         test_producer_attempt_header_does_not_skip_retries,
         test_unused_odd_properties_do_not_dead_letter_a_job,
+        test_body_over_max_body_is_refused_without_reading_it,
         NULL,
     };
     return h_run_suite(h_suite("hostile", 300, tests));
