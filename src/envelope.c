@@ -23,6 +23,7 @@ static int64_t header_int(const amqp_basic_properties_t *p, const char *name);
 static bool valid_utf8(const unsigned char *s, size_t len);
 static bool type_accepted(const struct sk_queue_conf *q, const char *type);
 static bool back_from_delay(const amqp_basic_properties_t *p, const char *queue);
+static size_t headers_size(const amqp_basic_properties_t *p);
 static bool bytes_eq(amqp_bytes_t b, const char *s);
 static bool has_prefix(const char *s, const char *prefix, const char *rest);
 
@@ -44,7 +45,7 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
                           out->body_len, q->max_body);
     /* Checked before anything else reads them: headers too large to be
      * copied with sekali's own could never be retried (see config.c). */
-    size_t headers = p->_flags & AMQP_BASIC_HEADERS_FLAG ? sk_broker_table_size(&p->headers) : 0;
+    size_t headers = headers_size(p);
     if (headers > q->max_headers)
         return sk_err_set(err, SK_ERR, "headers of %zu bytes exceed max_headers %zu", headers,
                           q->max_headers);
@@ -228,6 +229,22 @@ static bool type_accepted(const struct sk_queue_conf *q, const char *type)
         if (strcmp(q->job_types[i], type) == 0)
             return true;
     return false;
+}
+
+/* The headers' wire size without x-death: the broker's record grows with
+ * each delay queue a job goes through, and max_headers leaves room for it,
+ * so that a job accepted once is not refused on its way back from a retry. */
+static size_t headers_size(const amqp_basic_properties_t *p)
+{
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return 0;
+    size_t n = sk_broker_table_size(&p->headers);
+    const amqp_field_value_t *deaths = find_header(p, "x-death");
+    if (deaths != NULL) {
+        amqp_table_entry_t e = { .key = amqp_cstring_bytes("x-death"), .value = *deaths };
+        n -= sk_broker_table_size(&(amqp_table_t){ .num_entries = 1, .entries = &e });
+    }
+    return n;
 }
 
 /* Whether the latest death in x-death is an expiry in one of queue's delay
