@@ -66,7 +66,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
-$(B)/tests/check_envelope: $(call obj,$(CORE) envelope)
+$(B)/tests/check_envelope: $(call obj,$(CORE) envelope broker)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)

@@ -28,6 +28,24 @@ struct sk_broker {
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
     amqp_bytes_t            scratch;          /* trial encodings of a publish's properties */
     bool                    channel_closed;   /* by the broker, refusing what we sent */
+    size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
+};
+
+/* The short-string properties, each with its flag. */
+static const struct {
+    amqp_flags_t flag;
+    size_t       offset;
+} property_strings[] = {
+    { AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type) },
+    { AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding) },
+    { AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id) },
+    { AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to) },
+    { AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration) },
+    { AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id) },
+    { AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type) },
+    { AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id) },
+    { AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id) },
+    { AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id) },
 };
 
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
@@ -40,6 +58,10 @@ static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple
 static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
                                         const amqp_basic_properties_t *props);
 static int flush_acks(struct sk_broker *b, struct sk_err *err);
+static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
+                         struct sk_err *err);
+static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
+                            amqp_pool_t *pool);
 static amqp_table_entry_t text_entry(const char *key, const char *value);
 static const char *unsendable(struct sk_broker *b, const amqp_basic_publish_t *method,
                               const amqp_basic_properties_t *props);
@@ -205,8 +227,9 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
 }
 
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
-                      struct sk_err *err)
+                      size_t max_body, struct sk_err *err)
 {
+    b->max_body = max_body;
     amqp_basic_qos(b->conn, CHANNEL, 0, prefetch, 0);
     if (rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err) != SK_OK)
         return err != NULL ? err->code : SK_ERR;
@@ -226,23 +249,20 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
         return SK_ERR;
     amqp_maybe_release_buffers(b->conn);
     struct timeval timeout = to_timeval((uint32_t)timeout_ms);
-    amqp_rpc_reply_t reply = amqp_consume_message(b->conn, env, &timeout, 0);
-    if (reply.reply_type == AMQP_RESPONSE_NORMAL)
-        return SK_OK;
-    if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-        reply.library_error == AMQP_STATUS_TIMEOUT)
-        return SK_AGAIN;
-    if (reply.reply_type != AMQP_RESPONSE_LIBRARY_EXCEPTION ||
-        reply.library_error != AMQP_STATUS_UNEXPECTED_STATE)
-        return rpc_check(reply, "basic.consume(next)", err) == SK_OK ? SK_AGAIN : SK_ERR;
-
-    /* Something other than a delivery arrived: read it to learn whether the
-     * channel or the connection is going away. */
     amqp_frame_t frame;
-    if (amqp_simple_wait_frame(b->conn, &frame) != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_ERR, "amqp connection lost while waiting for a delivery");
+    int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
+    if (status == AMQP_STATUS_TIMEOUT)
+        return SK_AGAIN;
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_ERR, "amqp connection lost while waiting for a delivery: %s",
+                          amqp_error_string2(status));
     if (frame.frame_type != AMQP_FRAME_METHOD)
         return SK_AGAIN;
+    if (frame.payload.method.id == AMQP_BASIC_DELIVER_METHOD)
+        return read_delivery(b, &frame, env, err);
+
+    /* Something other than a delivery arrived: it tells whether the
+     * channel or the connection is going away. */
     switch (frame.payload.method.id) {
     case AMQP_CHANNEL_CLOSE_METHOD: {
         amqp_channel_close_t *m = frame.payload.method.decoded;
@@ -259,6 +279,92 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
     default:
         return SK_AGAIN;
     }
+}
+
+/* What amqp_consume_message() does, with one difference: the content
+ * header announces the body's size, and a body over max_body is skipped
+ * frame by frame instead of being gathered in memory. The frames are read
+ * from the same buffer either way: no extra system call per delivery. */
+static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
+                         struct sk_err *err)
+{
+    const amqp_basic_deliver_t *d = deliver->payload.method.decoded;
+    memset(env, 0, sizeof(*env));
+    env->channel = deliver->channel;
+    env->delivery_tag = d->delivery_tag;
+    env->redelivered = d->redelivered;
+    env->consumer_tag = amqp_bytes_malloc_dup(d->consumer_tag);
+    env->exchange = amqp_bytes_malloc_dup(d->exchange);
+    env->routing_key = amqp_bytes_malloc_dup(d->routing_key);
+    init_amqp_pool(&env->message.pool, 4096);
+
+    amqp_frame_t frame;
+    int status = amqp_simple_wait_frame(b->conn, &frame);
+    if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_HEADER ||
+        frame.channel != env->channel) {
+        amqp_destroy_envelope(env);
+        return sk_err_set(err, SK_ERR, "reading a delivery's header: %s",
+                          status != AMQP_STATUS_OK ? amqp_error_string2(status)
+                                                   : "unexpected frame");
+    }
+    uint64_t size = frame.payload.properties.body_size;
+    bool keep = b->max_body == 0 || size <= b->max_body;
+    if (keep) {
+        if (clone_properties(frame.payload.properties.decoded, &env->message.properties,
+                             &env->message.pool) != SK_OK ||
+            (size > 0 && (env->message.body = amqp_bytes_malloc(size)).bytes == NULL)) {
+            amqp_destroy_envelope(env);
+            return sk_err_set(err, SK_ERR, "out of memory reading a delivery");
+        }
+    }
+    /* A body not kept is announced by its length with no bytes; the
+     * properties are left out too (the delivery is refused unread). */
+    env->message.body.len = size;
+
+    for (uint64_t got = 0; got < size;) {
+        status = amqp_simple_wait_frame(b->conn, &frame);
+        if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_BODY ||
+            frame.channel != env->channel ||
+            frame.payload.body_fragment.len > size - got) {
+            amqp_destroy_envelope(env);
+            return sk_err_set(err, SK_ERR, "reading a delivery's body: %s",
+                              status != AMQP_STATUS_OK ? amqp_error_string2(status)
+                                                       : "unexpected frame");
+        }
+        if (keep)
+            memcpy((char *)env->message.body.bytes + got, frame.payload.body_fragment.bytes,
+                   frame.payload.body_fragment.len);
+        else
+            amqp_maybe_release_buffers_on_channel(b->conn, env->channel);
+        got += frame.payload.body_fragment.len;
+    }
+    return SK_OK;
+}
+
+/* Deep copy into pool: the decoded frame lives only until the connection's
+ * buffers are recycled. */
+static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
+                            amqp_pool_t *pool)
+{
+    /* Only the flagged fields were decoded: the others hold garbage. */
+    *to = *from;
+    for (size_t i = 0; i < SK_ARRAY_LEN(property_strings); i++) {
+        amqp_bytes_t *b = (amqp_bytes_t *)((char *)to + property_strings[i].offset);
+        if (!(from->_flags & property_strings[i].flag) || b->len == 0) {
+            *b = amqp_empty_bytes;
+            continue;
+        }
+        void *copy = amqp_pool_alloc(pool, b->len);
+        if (copy == NULL)
+            return SK_ERR;
+        memcpy(copy, b->bytes, b->len);
+        b->bytes = copy;
+    }
+    to->headers = amqp_empty_table;
+    if ((from->_flags & AMQP_BASIC_HEADERS_FLAG) &&
+        amqp_table_clone(&from->headers, &to->headers, pool) != AMQP_STATUS_OK)
+        return SK_ERR;
+    return SK_OK;
 }
 
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
@@ -519,6 +625,9 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         size_t n_extra, struct sk_err *err)
 {
     sk_assert(b->confirming);
+    if (original->message.body.bytes == NULL && original->message.body.len > 0)
+        return sk_err_set(err, SK_ERR, "no copy of a body of %zu bytes that was not read",
+                          original->message.body.len);
     amqp_basic_properties_t props = original->message.properties;
     const amqp_table_t *old = (props._flags & AMQP_BASIC_HEADERS_FLAG) ? &props.headers : NULL;
     size_t n_old = old != NULL ? (size_t)old->num_entries : 0;
@@ -553,6 +662,18 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     /* A TTL set by the producer would make the copy vanish in a delay queue. */
     props._flags &= ~AMQP_BASIC_EXPIRATION_FLAG;
 
+    /* librabbitmq would send the method frame, then fail to encode the
+     * header frame, leaving the channel half-way through a publish; checked
+     * first, the connection stays usable and the caller learns that this
+     * message, not the broker, is the problem. */
+    size_t frame = SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(&props);
+    int frame_max = amqp_get_frame_max(b->conn);
+    if (frame_max > 0 && frame > (size_t)frame_max) {
+        free(entries);
+        return sk_err_set(err, SK_ERR, "a copy to %s would need a %zu-byte header frame, over "
+                          "the frame size of %d bytes", routing_key, frame, frame_max);
+    }
+
     int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
                                     amqp_cstring_bytes(routing_key), 1, 0, &props,
                                     original->message.body);
@@ -563,6 +684,63 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     /* Alone in flight, a return can only be this copy's: no id needed. */
     struct sk_publish p = { .tag = b->next_publish_tag++ };
     return await_one(b, &p, routing_key, err);
+}
+
+static size_t field_size(const amqp_field_value_t *v);
+
+size_t sk_broker_table_size(const amqp_table_t *t)
+{
+    size_t n = 0;
+    for (int i = 0; i < t->num_entries; i++)
+        n += 1 + t->entries[i].key.len + field_size(&t->entries[i].value);
+    return n;
+}
+
+/* A field's kind octet and its value. */
+static size_t field_size(const amqp_field_value_t *v)
+{
+    size_t n = 1;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_BOOLEAN:
+    case AMQP_FIELD_KIND_I8:
+    case AMQP_FIELD_KIND_U8:        return n + 1;
+    case AMQP_FIELD_KIND_I16:
+    case AMQP_FIELD_KIND_U16:       return n + 2;
+    case AMQP_FIELD_KIND_I32:
+    case AMQP_FIELD_KIND_U32:
+    case AMQP_FIELD_KIND_F32:       return n + 4;
+    case AMQP_FIELD_KIND_DECIMAL:   return n + 5;
+    case AMQP_FIELD_KIND_I64:
+    case AMQP_FIELD_KIND_U64:
+    case AMQP_FIELD_KIND_F64:
+    case AMQP_FIELD_KIND_TIMESTAMP: return n + 8;
+    case AMQP_FIELD_KIND_UTF8:
+    case AMQP_FIELD_KIND_BYTES:     return n + 4 + v->value.bytes.len;
+    case AMQP_FIELD_KIND_TABLE:     return n + 4 + sk_broker_table_size(&v->value.table);
+    case AMQP_FIELD_KIND_ARRAY:
+        n += 4;
+        for (int i = 0; i < v->value.array.num_entries; i++)
+            n += field_size(&v->value.array.entries[i]);
+        return n;
+    default:                        return n;  /* void */
+    }
+}
+
+size_t sk_broker_properties_size(const amqp_basic_properties_t *p)
+{
+    size_t n = 2;  /* the flags: 14 properties fit in one flag word */
+    for (size_t i = 0; i < SK_ARRAY_LEN(property_strings); i++)
+        if (p->_flags & property_strings[i].flag)
+            n += 1 + ((const amqp_bytes_t *)((const char *)p + property_strings[i].offset))->len;
+    if (p->_flags & AMQP_BASIC_HEADERS_FLAG)
+        n += 4 + sk_broker_table_size(&p->headers);
+    if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
+        n += 1;
+    if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
+        n += 1;
+    if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG)
+        n += 8;
+    return n;
 }
 
 static amqp_table_entry_t text_entry(const char *key, const char *value)

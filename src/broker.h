@@ -69,13 +69,18 @@ int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messa
 int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
                           uint32_t *messages, uint32_t *consumers, struct sk_err *err);
 
-/* Starts consuming `queue` with manual acks and at most `prefetch` unacked. */
+/* Starts consuming `queue` with manual acks and at most `prefetch` unacked.
+ * A delivery whose body is over max_body bytes (0: no limit) is not read
+ * into memory: see sk_broker_next(). */
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
-                      struct sk_err *err);
+                      size_t max_body, struct sk_err *err);
 
 /* Waits up to timeout_ms for the next delivery. Returns SK_OK with *env filled
  * (release it with sk_broker_release()), SK_AGAIN when nothing arrived in
- * time, or SK_ERR when the connection or channel is gone. */
+ * time, or SK_ERR when the connection or channel is gone. A body over the
+ * consumer's max_body is skipped unread: then env->message.body has its
+ * length and NULL bytes, and no properties are set; such a delivery cannot
+ * be republished (SK_ERR), only rejected. */
 int  sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
                     struct sk_err *err);
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env);
@@ -184,9 +189,23 @@ int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t del
 
 /* Publishes a persistent copy of original (properties and body) to
  * routing_key, with `extra` headers added or replacing those of the same
- * name, and waits for the confirm. Same results as sk_broker_publish(). */
+ * name, and waits for the confirm. Same results as sk_broker_publish(),
+ * and SK_ERR, before anything is sent, when the copy's properties would not
+ * fit in one frame of this connection: a fault of the message, which no
+ * retry can cure, unlike SK_AGAIN (the connection failed). */
 int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         const amqp_envelope_t *original, const struct sk_header *extra,
                         size_t n_extra, struct sk_err *err);
+
+/* Bytes an AMQP 0-9-1 field table takes on the wire (without its own
+ * 4-byte length), and the bytes of a content header frame's properties
+ * (flags included). Pure: for validation and for checks before sending. */
+size_t sk_broker_table_size(const amqp_table_t *t);
+size_t sk_broker_properties_size(const amqp_basic_properties_t *p);
+
+/* Wire bytes of a content header frame around its properties: the frame's
+ * type, channel, size and end octet (8), then class, weight, body size (12).
+ * The whole frame must fit in the connection's frame_max. */
+#define SK_BROKER_HEADER_FRAME_OVERHEAD 20
 
 #endif

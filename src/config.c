@@ -189,6 +189,7 @@ static const struct key queue_keys[] = {
     BOOL("lock",            sk_queue_conf, lock),
     DURATION("lock_ttl",    sk_queue_conf, lock_ttl_ms, MIN_LOCK_TTL, DAY),
     SIZE("max_body",        sk_queue_conf, max_body, 1, 128 * MIB),
+    SIZE("max_headers",     sk_queue_conf, max_headers, 1, MIB),
     LIST("job_types",       sk_queue_conf, job_types),
     DURATION("job_timeout", sk_queue_conf, job_timeout_ms, 0, DAY),
     SUBSECTION("retry",     sk_queue_conf, retry, retry_keys),
@@ -250,9 +251,23 @@ static const struct sk_conf conf_defaults = {
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
 };
 
+/* A retry or dead-letter copy must fit, properties and all, in one header
+ * frame: 131072 bytes, the frame_max sekalid asks for and RabbitMQ's
+ * default. Around the producer's headers a copy carries at most: the
+ * frame's own 20 bytes and 10 short strings (2.6 KB); sekali's headers,
+ * about 1 KB (the error text, up to 512 bytes, the queue name, timestamps);
+ * and the broker's x-death, one entry of about 700 bytes per delay queue
+ * the message went through, some 50 at the most (the delay ladder from
+ * 10 ms to 5 min), so 35 KB. 131072 - 2.6 K - 1 K - 35 K leaves about
+ * 90 KB; 64 KiB keeps a margin. A copy that still does not fit is
+ * dead-lettered, never handed back (job.c), so this limit only says early
+ * and plainly what would otherwise fail at the first retry. */
+#define MAX_HEADERS_DEFAULT (64 * 1024)
+
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
 static const struct sk_queue_conf queue_defaults = {
     .workers = 1, .prefetch = 1, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
+    .max_headers = MAX_HEADERS_DEFAULT,
     .retry = { .max_attempts = 5, .initial_ms = SEC, .max_ms = 5 * 60 * SEC },
     .on_redis_down = SK_REDIS_DOWN_PROCEED,
     .lease_ms = 30 * SEC,

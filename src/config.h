@@ -108,6 +108,7 @@ struct sk_queue_conf {
     bool               lock;           /* take a Redis lock on the resource key */
     uint32_t           lock_ttl_ms;    /* this queue's lease (defaults to lock.ttl) */
     size_t             max_body;       /* larger messages are dead-lettered */
+    size_t             max_headers;    /* so are messages whose headers table is larger */
     char             **job_types;      /* accepted AMQP `type` values; none means any */
     size_t             n_job_types;
     uint32_t           job_timeout_ms; /* 0: no limit */

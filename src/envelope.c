@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "broker.h"
 #include "envelope.h"
 
 static int copy_key(char *dst, size_t dst_size, amqp_bytes_t src, const char *what,
@@ -21,6 +22,10 @@ static int header_key(const amqp_basic_properties_t *p, const char *name, char *
 static int64_t header_int(const amqp_basic_properties_t *p, const char *name);
 static bool valid_utf8(const unsigned char *s, size_t len);
 static bool type_accepted(const struct sk_queue_conf *q, const char *type);
+static bool back_from_delay(const amqp_basic_properties_t *p, const char *queue);
+static size_t headers_size(const amqp_basic_properties_t *p);
+static bool bytes_eq(amqp_bytes_t b, const char *s);
+static bool has_prefix(const char *s, const char *prefix, const char *rest);
 
 int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
                       struct sk_envelope *out, struct sk_err *err)
@@ -38,6 +43,12 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     if (out->body_len > q->max_body)
         return sk_err_set(err, SK_ERR, "body of %zu bytes exceeds max_body %zu",
                           out->body_len, q->max_body);
+    /* Checked before anything else reads them: headers too large to be
+     * copied with sekali's own could never be retried (see config.c). */
+    size_t headers = headers_size(p);
+    if (headers > q->max_headers)
+        return sk_err_set(err, SK_ERR, "headers of %zu bytes exceed max_headers %zu", headers,
+                          q->max_headers);
 
     if (!(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) || p->message_id.len == 0)
         return sk_err_set(err, SK_ERR, "missing message_id");
@@ -55,17 +66,23 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
         return SK_ERR;
     }
 
+    /* Optional properties are checked only as far as sekali uses them: a
+     * content type it cannot pass on as text, or an empty correlation id,
+     * is treated as absent rather than failing a job that needs neither. */
     if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG &&
         copy_key(out->content_type, sizeof(out->content_type), p->content_type,
-                 "content_type", err) != SK_OK)
-        return SK_ERR;
+                 "content_type", NULL) != SK_OK)
+        out->content_type[0] = '\0';
 
     out->reply_to[0] = '\0';
     out->correlation_id[0] = '\0';
-    if (p->_flags & AMQP_BASIC_REPLY_TO_FLAG &&
+    if (p->_flags & AMQP_BASIC_REPLY_TO_FLAG && p->reply_to.len > 0 &&
         copy_key(out->reply_to, sizeof(out->reply_to), p->reply_to, "reply_to", err) != SK_OK)
         return SK_ERR;
-    if (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG &&
+    /* The correlation id only travels with a reply: without one it is not
+     * looked at; with one, it must be text the reply can carry back. */
+    if (out->reply_to[0] != '\0' && p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG &&
+        p->correlation_id.len > 0 &&
         copy_key(out->correlation_id, sizeof(out->correlation_id), p->correlation_id,
                  "correlation_id", err) != SK_OK)
         return SK_ERR;
@@ -85,8 +102,10 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
 
     /* The attempt is the one this copy was scheduled for (sekali's retry
      * header) plus the broker's redeliveries of the copy: exact with a
-     * quorum queue's x-delivery-count, at least one with `redelivered`. */
-    int64_t scheduled = header_int(p, "x-sekali-attempt");
+     * quorum queue's x-delivery-count, at least one with `redelivered`.
+     * The retry header counts only on a copy that came back from one of
+     * this queue's delay queues: from a producer it would skip retries. */
+    int64_t scheduled = back_from_delay(p, q->name) ? header_int(p, "x-sekali-attempt") : -1;
     out->scheduled_attempt = scheduled >= 1 && scheduled < UINT32_MAX / 2 ? (uint32_t)scheduled : 1;
     int64_t redeliveries = header_int(p, "x-delivery-count");
     if (redeliveries < 0 || redeliveries > UINT32_MAX / 2)
@@ -210,4 +229,80 @@ static bool type_accepted(const struct sk_queue_conf *q, const char *type)
         if (strcmp(q->job_types[i], type) == 0)
             return true;
     return false;
+}
+
+/* The headers' wire size without x-death: the broker's record grows with
+ * each delay queue a job goes through, and max_headers leaves room for it,
+ * so that a job accepted once is not refused on its way back from a retry. */
+static size_t headers_size(const amqp_basic_properties_t *p)
+{
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return 0;
+    size_t n = sk_broker_table_size(&p->headers);
+    const amqp_field_value_t *deaths = find_header(p, "x-death");
+    if (deaths != NULL) {
+        amqp_table_entry_t e = { .key = amqp_cstring_bytes("x-death"), .value = *deaths };
+        n -= sk_broker_table_size(&(amqp_table_t){ .num_entries = 1, .entries = &e });
+    }
+    return n;
+}
+
+/* Whether the latest death in x-death is an expiry in one of queue's delay
+ * queues, which is how sekali's retry copies come back. The broker puts the
+ * latest death first. A producer could forge x-death as well, but then it
+ * has to mean to; a stray or copied x-sekali-attempt alone no longer counts. */
+static bool back_from_delay(const amqp_basic_properties_t *p, const char *queue)
+{
+    const amqp_field_value_t *deaths = find_header(p, "x-death");
+    if (deaths == NULL || deaths->kind != AMQP_FIELD_KIND_ARRAY ||
+        deaths->value.array.num_entries < 1 ||
+        deaths->value.array.entries[0].kind != AMQP_FIELD_KIND_TABLE)
+        return false;
+    const amqp_table_t *latest = &deaths->value.array.entries[0].value.table;
+    bool expired = false, from_delay = false;
+    for (int i = 0; i < latest->num_entries; i++) {
+        const amqp_table_entry_t *e = &latest->entries[i];
+        if (e->value.kind != AMQP_FIELD_KIND_UTF8 && e->value.kind != AMQP_FIELD_KIND_BYTES)
+            continue;
+        amqp_bytes_t v = e->value.value.bytes;
+        if (bytes_eq(e->key, "reason")) {
+            expired = bytes_eq(v, "expired");
+        } else if (bytes_eq(e->key, "queue")) {
+            size_t qlen = strlen(queue);
+            from_delay = v.len > qlen + 7 && memcmp(v.bytes, queue, qlen) == 0 &&
+                         memcmp((const char *)v.bytes + qlen, ".delay.", 7) == 0;
+        }
+    }
+    return expired && from_delay;
+}
+
+static bool bytes_eq(amqp_bytes_t b, const char *s)
+{
+    return b.len == strlen(s) && memcmp(b.bytes, s, b.len) == 0;
+}
+
+const char *sk_envelope_reply_refused(const char *reply_to, const struct sk_conf *conf)
+{
+    if (strcmp(reply_to, "amq.rabbitmq.reply-to") == 0 ||
+        strncmp(reply_to, "amq.rabbitmq.reply-to.", 22) == 0)
+        return NULL;
+    if (strncmp(reply_to, "amq.", 4) == 0)
+        return "reply_to names a queue reserved by the broker (amq.*)";
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        const char *name = conf->queues[i].name;
+        if (strcmp(reply_to, name) == 0 || has_prefix(reply_to, name, ".dead") ||
+            has_prefix(reply_to, name, ".delay."))
+            return "reply_to names a queue sekali consumes, or its dead letters or delay queues";
+    }
+    return NULL;
+}
+
+/* Whether s is prefix followed by rest (rest ".dead": exactly; ".delay.":
+ * and anything after). */
+static bool has_prefix(const char *s, const char *prefix, const char *rest)
+{
+    size_t n = strlen(prefix), r = strlen(rest);
+    if (strncmp(s, prefix, n) != 0 || strncmp(s + n, rest, r) != 0)
+        return false;
+    return rest[r - 1] == '.' || s[n + r] == '\0';
 }

@@ -38,4 +38,11 @@ struct sk_envelope {
 int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
                       struct sk_envelope *out, struct sk_err *err);
 
+/* Why a reply may not go to reply_to, or NULL if it may. Replies must not
+ * feed a queue sekali itself consumes (the reply, carrying the job's id and
+ * key, would run there as a job or pose as a dead letter or retry copy),
+ * nor the broker's amq.* names, except direct reply-to
+ * (amq.rabbitmq.reply-to). */
+const char *sk_envelope_reply_refused(const char *reply_to, const struct sk_conf *conf);
+
 #endif

@@ -127,6 +127,17 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
         dead_letter(w, &j, false, SK_METRICS_MALFORMED, err.msg);
         return;
     }
+    const char *refused = j.env.reply_to[0] != '\0'
+        ? sk_envelope_reply_refused(j.env.reply_to, w->conf) : NULL;
+    if (refused != NULL) {
+        /* Refused before anything runs: a job whose reply cannot be sent
+         * would leave its caller waiting with the effect already made. */
+        char why[400];
+        snprintf(why, sizeof(why), "%s: %s", refused, j.env.reply_to);
+        sk_log_job(SK_LOG_WARN, &j.log, "malformed message: %s", why);
+        dead_letter(w, &j, false, SK_METRICS_MALFORMED, why);
+        return;
+    }
     j.log.job_id = j.env.job_id;
     j.log.idempotency_key = j.env.idempotency_key;
     j.log.resource_key = j.env.resource_key;
@@ -569,38 +580,58 @@ static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason r
 
 /* Sends a confirmed copy to `queue`.dead with the reason, then acks. If no
  * copy can be made, the broker's own dead-lettering (reject) still keeps the
- * message, without the reason headers. Counted once a copy exists: if the
- * ack is lost, the redelivery makes a second one, and counts it. */
+ * message, without the reason headers, which the log line gives. Counted
+ * once a copy exists: if the ack is lost, the redelivery makes a second one,
+ * and counts it. */
 static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why)
 {
     struct sk_err err = { 0 };
-    if (sk_worker_publisher(w, &err) &&
+    bool connected = sk_worker_publisher(w, &err);
+    if (connected &&
         sk_reschedule_dead(w->publisher, w->queue->name, j->delivery, parsed ? &j->env : NULL,
                            dead_reasons[reason], why, &err) == SK_OK) {
         sk_metrics_dead_letter(j->metrics, reason);
         finish(w, j, ACK, "dead-lettered");
         return;
     }
-    sk_worker_drop_publisher(w, err.msg);
-    if (finish(w, j, DEAD_LETTER, "dead-lettered by the broker (no reason headers)") == SK_OK)
+    /* A copy refused for its own sake (too large) leaves the connection
+     * sound; only a failed connection is dropped. */
+    if (!connected || err.code != SK_ERR)
+        sk_worker_drop_publisher(w, err.msg);
+    char text[1200];
+    snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
+             "no copy: %s)", dead_reasons[reason], why, err.msg);
+    if (finish(w, j, DEAD_LETTER, text) == SK_OK)
         sk_metrics_dead_letter(j->metrics, reason);
 }
 
 /* Sends a confirmed copy that comes back after delay_ms, then acks, and
- * returns true. If no copy can be made, the message goes back to the queue as
- * it is, and false. */
+ * returns true. If the publisher cannot reach the broker, the message goes
+ * back to the queue as it is, after a pause, and false. If the broker
+ * refuses the copy or it cannot be made at all (too large for a frame),
+ * handing it back would bring it straight back, at the same attempt, ahead
+ * of the jobs behind it, for ever: it is dead-lettered instead (reason
+ * malformed: nothing about it can change), and false. */
 static bool later(struct sk_worker *w, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
                   const char *error, const char *outcome)
 {
     struct sk_err err = { 0 };
-    if (sk_worker_publisher(w, &err) &&
+    bool connected = sk_worker_publisher(w, &err);
+    if (connected &&
         sk_reschedule_later(w->publisher, w->queue->name, j->delivery, &j->env, delay_ms,
                             next_attempt, error, &err) == SK_OK) {
         char text[128];
         snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);
         finish(w, j, ACK, text);
         return true;
+    }
+    if (connected && err.code == SK_ERR) {
+        char why[700];
+        snprintf(why, sizeof(why), "cannot be re-scheduled (%s): %s", outcome, err.msg);
+        sk_log_job(SK_LOG_WARN, &j->log, "job malformed: %s", why);
+        dead_letter(w, j, true, SK_METRICS_MALFORMED, why);
+        return false;
     }
     sk_worker_drop_publisher(w, err.msg);
     finish(w, j, REQUEUE, "could not re-schedule, handed back to the broker");

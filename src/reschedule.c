@@ -34,9 +34,12 @@ int sk_reschedule_later(struct sk_broker *pub, const char *queue, const amqp_env
                         uint32_t next_attempt, const char *error, struct sk_err *err)
 {
     char delay_queue[600], now[64];
-    int rc = sk_broker_declare_delay(pub, queue, delay_ms, delay_queue, sizeof(delay_queue), err);
-    if (rc != SK_OK)
-        return rc;
+    /* A delay queue that cannot be declared is the broker's or the
+     * configuration's problem, never this message's: SK_AGAIN, so that the
+     * caller hands the message back rather than dead-letter it. */
+    if (sk_broker_declare_delay(pub, queue, delay_ms, delay_queue, sizeof(delay_queue), err) !=
+        SK_OK)
+        return err != NULL ? (err->code = SK_AGAIN) : SK_AGAIN;
     now_iso8601(now, sizeof(now));
     struct sk_header headers[3] = {
         { .key = "x-sekali-attempt", .number = next_attempt },

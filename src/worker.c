@@ -297,7 +297,8 @@ static bool ensure_broker(struct sk_worker *w)
     if (rc == SK_OK)
         rc = sk_broker_declare(w->broker, w->queue->name, &w->shape, &err);
     if (rc == SK_OK)
-        rc = sk_broker_consume(w->broker, w->queue->name, (uint16_t)w->queue->prefetch, &err);
+        rc = sk_broker_consume(w->broker, w->queue->name, (uint16_t)w->queue->prefetch,
+                               w->queue->max_body, &err);
     if (rc == SK_OK) {
         if (w->broker_down_logged)
             sk_log_info("consuming %s again", w->queue->name);

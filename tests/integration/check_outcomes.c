@@ -151,11 +151,13 @@ START_TEST(test_poison_messages_are_dead_lettered_with_their_reason)
     memset(big, 'x', sizeof(big));
     struct sk_header int_key = { .key = "x-idempotency-key", .number = 7 };
     struct sk_header bad_utf8 = { .key = "x-resource-key", .text = "bad\xff" "key" };
+    /* NULL: a body over max_body is refused unread, so the broker
+     * dead-letters it (x-death) and sekali's reason is only in the log. */
     static const struct {
         const char *expected;
     } cases[] = {
         { "missing message_id" },
-        { "body of 100 bytes exceeds max_body 64" },
+        { NULL },
         { "unknown job type \"refund\"" },
         { "header x-idempotency-key must be a string" },
         { "x-resource-key is not valid UTF-8" },
@@ -170,16 +172,29 @@ START_TEST(test_poison_messages_are_dead_lettered_with_their_reason)
     H_WAIT(h_queue_depth(r.b, r.dead) == 5, 20000, "expected 5 dead letters, have %u",
            h_queue_depth(r.b, r.dead));
 
+    /* The broker's dead letter may overtake sekali's copies: it is taken
+     * out wherever it is, the others come in order. */
+    size_t next = 0, by_broker = 0;
     for (size_t i = 0; i < SK_ARRAY_LEN(cases); i++) {
         amqp_message_t msg;
         ck_assert(h_get(r.b, r.dead, &msg));
         char buf[600];
-        ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof(buf)), "malformed");
+        if (h_header_text(&msg, "x-sekali-reason", buf, sizeof(buf))[0] == '\0') {
+            ck_assert_uint_eq(msg.body.len, sizeof(big));
+            by_broker++;
+            amqp_destroy_message(&msg);
+            continue;
+        }
+        while (cases[next].expected == NULL)
+            next++;
+        ck_assert_str_eq(buf, "malformed");
         ck_assert_str_eq(h_header_text(&msg, "x-sekali-error", buf, sizeof(buf)),
-                         cases[i].expected);
+                         cases[next++].expected);
         amqp_destroy_message(&msg);
     }
+    ck_assert_uint_eq(by_broker, 1);
     h_run_stop(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "body of 100 bytes exceeds max_body 64"), 2);
     h_run_close(&r);
 }
 END_TEST

@@ -4,14 +4,18 @@
 
 #include <check.h>
 
+#include "broker.h"
 #include "envelope.h"
 #include "suite.h"
 
-static struct sk_queue_conf queue = { .name = "q", .max_body = 64 };
+static struct sk_queue_conf queue = { .name = "q", .max_body = 64, .max_headers = 4096 };
 
 struct fixture {
     amqp_envelope_t    env;
     amqp_table_entry_t headers[4];
+    /* An x-death header: one death, as the broker writes it. */
+    amqp_field_value_t death;
+    amqp_table_entry_t death_fields[2];
 };
 
 static void make(struct fixture *f, const char *message_id, const char *body)
@@ -165,6 +169,187 @@ START_TEST(test_valid_multibyte_keys_pass)
 }
 END_TEST
 
+static void add_int_header(struct fixture *f, const char *key, int64_t value)
+{
+    amqp_basic_properties_t *p = &f->env.message.properties;
+    amqp_table_entry_t *e = &f->headers[p->headers.num_entries++];
+    e->key = amqp_cstring_bytes(key);
+    e->value.kind = AMQP_FIELD_KIND_I64;
+    e->value.value.i64 = value;
+    p->_flags |= AMQP_BASIC_HEADERS_FLAG;
+    p->headers.entries = f->headers;
+}
+
+/* Adds x-death with its latest death: `reason` in queue `from`. */
+static void add_death(struct fixture *f, const char *from, const char *reason)
+{
+    f->death_fields[0].key = amqp_cstring_bytes("queue");
+    f->death_fields[0].value.kind = AMQP_FIELD_KIND_UTF8;
+    f->death_fields[0].value.value.bytes = amqp_cstring_bytes(from);
+    f->death_fields[1].key = amqp_cstring_bytes("reason");
+    f->death_fields[1].value.kind = AMQP_FIELD_KIND_UTF8;
+    f->death_fields[1].value.value.bytes = amqp_cstring_bytes(reason);
+    f->death.kind = AMQP_FIELD_KIND_TABLE;
+    f->death.value.table = (amqp_table_t){ .num_entries = 2, .entries = f->death_fields };
+    amqp_basic_properties_t *p = &f->env.message.properties;
+    amqp_table_entry_t *e = &f->headers[p->headers.num_entries++];
+    e->key = amqp_cstring_bytes("x-death");
+    e->value.kind = AMQP_FIELD_KIND_ARRAY;
+    e->value.value.array = (amqp_array_t){ .num_entries = 1, .entries = &f->death };
+    p->_flags |= AMQP_BASIC_HEADERS_FLAG;
+    p->headers.entries = f->headers;
+}
+
+START_TEST(test_producer_attempt_header_is_ignored)
+{
+    struct fixture f;
+    make(&f, "job-1", "{}");
+    add_int_header(&f, "x-sekali-attempt", 5);
+    struct sk_envelope out;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 1);
+
+    /* Dead-lettered by some other queue, or rejected from a delay queue:
+     * still not one of sekali's retry copies coming back. */
+    add_death(&f, "elsewhere.delay.100", "expired");
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 1);
+    make(&f, "job-1", "{}");
+    add_int_header(&f, "x-sekali-attempt", 5);
+    add_death(&f, "q.delay.100", "rejected");
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 1);
+}
+END_TEST
+
+START_TEST(test_attempt_header_counts_on_a_copy_back_from_a_delay_queue)
+{
+    struct fixture f;
+    make(&f, "job-1", "{}");
+    add_int_header(&f, "x-sekali-attempt", 3);
+    add_death(&f, "q.delay.1250", "expired");
+    struct sk_envelope out;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 3);
+}
+END_TEST
+
+START_TEST(test_headers_over_max_headers_are_malformed)
+{
+    struct fixture f;
+    make(&f, "job-1", "{}");
+    char big[5000];
+    memset(big, 'h', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    add_header(&f, "x-big", big);
+    struct sk_envelope out;
+    struct sk_err err;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, &err), SK_ERR);
+    /* key (1 + 5), kind (1), length (4), value (4999) */
+    ck_assert_str_eq(err.msg, "headers of 5010 bytes exceed max_headers 4096");
+    struct sk_queue_conf roomy = queue;
+    roomy.max_headers = 5010;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &roomy, &out, &err), SK_OK);
+    /* The broker's x-death, which grows with each retry, is not counted. */
+    add_death(&f, "q.delay.10", "expired");
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &roomy, &out, &err), SK_OK);
+}
+END_TEST
+
+/* The sizes librabbitmq's own encoder produces, for every kind of field. */
+START_TEST(test_wire_sizes_match_the_encoder)
+{
+    amqp_field_value_t inner[2] = {
+        { .kind = AMQP_FIELD_KIND_I8, .value.i8 = 1 },
+        { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("abc") },
+    };
+    amqp_table_entry_t sub[1] = {
+        { .key = amqp_cstring_bytes("d"), .value = { .kind = AMQP_FIELD_KIND_DECIMAL } },
+    };
+    amqp_table_entry_t e[] = {
+        { .key = amqp_cstring_bytes("b"), .value = { .kind = AMQP_FIELD_KIND_BOOLEAN } },
+        { .key = amqp_cstring_bytes("i16"), .value = { .kind = AMQP_FIELD_KIND_I16 } },
+        { .key = amqp_cstring_bytes("u32"), .value = { .kind = AMQP_FIELD_KIND_U32 } },
+        { .key = amqp_cstring_bytes("f64"), .value = { .kind = AMQP_FIELD_KIND_F64 } },
+        { .key = amqp_cstring_bytes("ts"), .value = { .kind = AMQP_FIELD_KIND_TIMESTAMP } },
+        { .key = amqp_cstring_bytes("v"), .value = { .kind = AMQP_FIELD_KIND_VOID } },
+        { .key = amqp_cstring_bytes("x"), .value = { .kind = AMQP_FIELD_KIND_BYTES,
+                                                     .value.bytes = amqp_cstring_bytes("xy") } },
+        { .key = amqp_cstring_bytes("a"), .value = { .kind = AMQP_FIELD_KIND_ARRAY,
+                                                     .value.array = { 2, inner } } },
+        { .key = amqp_cstring_bytes("t"), .value = { .kind = AMQP_FIELD_KIND_TABLE,
+                                                     .value.table = { 1, sub } } },
+    };
+    amqp_table_t table = { .num_entries = SK_ARRAY_LEN(e), .entries = e };
+    char buf[1024];
+    size_t offset = 0;
+    ck_assert_int_eq(amqp_encode_table((amqp_bytes_t){ sizeof(buf), buf }, &table, &offset),
+                     AMQP_STATUS_OK);
+    /* amqp_encode_table() writes the table's 4-byte length too. */
+    ck_assert_uint_eq(sk_broker_table_size(&table) + 4, offset);
+
+    amqp_basic_properties_t p = {
+        ._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_HEADERS_FLAG |
+                  AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
+                  AMQP_BASIC_REPLY_TO_FLAG,
+        .message_id = amqp_cstring_bytes("job-1"), .type = amqp_cstring_bytes("t"),
+        .reply_to = amqp_cstring_bytes("r"), .headers = table, .delivery_mode = 2,
+    };
+    /* flags 2, id 6, type 2, reply_to 2, headers 4 + table, mode 1, time 8 */
+    ck_assert_uint_eq(sk_broker_properties_size(&p), 25 + sk_broker_table_size(&table));
+}
+END_TEST
+
+START_TEST(test_unused_optional_properties_do_not_fail_a_job)
+{
+    struct fixture f;
+    make(&f, "job-1", "{}");
+    amqp_basic_properties_t *p = &f.env.message.properties;
+    p->_flags |= AMQP_BASIC_CORRELATION_ID_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG;
+    p->correlation_id = amqp_cstring_bytes("");
+    p->content_type = amqp_cstring_bytes("text/\xff");
+    struct sk_envelope out;
+    struct sk_err err;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, &err), SK_OK);
+    ck_assert_str_eq(out.content_type, "");
+    ck_assert_str_eq(out.correlation_id, "");
+
+    /* Without a reply the correlation id is not used at all. */
+    p->correlation_id = amqp_cstring_bytes("c\xfe");
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, &err), SK_OK);
+    /* With one, it must be text the reply can carry. */
+    p->_flags |= AMQP_BASIC_REPLY_TO_FLAG;
+    p->reply_to = amqp_cstring_bytes("replies");
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "correlation_id is not valid UTF-8");
+    p->correlation_id = amqp_cstring_bytes("");
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, &err), SK_OK);
+    ck_assert_str_eq(out.reply_to, "replies");
+    ck_assert_str_eq(out.correlation_id, "");
+}
+END_TEST
+
+START_TEST(test_replies_to_sekali_and_broker_queues_are_refused)
+{
+    struct sk_queue_conf queues[2] = { { .name = "billing" }, { .name = "mail" } };
+    struct sk_conf conf = { .queues = queues, .n_queues = 2 };
+    static const char *const refused[] = {
+        "billing", "mail", "billing.dead", "mail.delay.10", "billing.delay.",
+        "amq.gen-123", "amq.direct",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(refused); i++)
+        ck_assert_msg(sk_envelope_reply_refused(refused[i], &conf) != NULL,
+                      "a reply to %s should be refused", refused[i]);
+    static const char *const allowed[] = {
+        "billing.replies", "billing.deadline", "mailbox", "amq.rabbitmq.reply-to",
+        "amq.rabbitmq.reply-to.g1h2AA5yZXBseUAyODQ0MDkxMw==.z6OCh", "replies",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(allowed); i++)
+        ck_assert_msg(sk_envelope_reply_refused(allowed[i], &conf) == NULL,
+                      "a reply to %s should be allowed", allowed[i]);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -174,6 +359,12 @@ int main(void)
         test_bad_messages_get_a_reason,
         test_unknown_job_type_is_rejected_when_types_are_listed,
         test_valid_multibyte_keys_pass,
+        test_producer_attempt_header_is_ignored,
+        test_attempt_header_counts_on_a_copy_back_from_a_delay_queue,
+        test_headers_over_max_headers_are_malformed,
+        test_wire_sizes_match_the_encoder,
+        test_unused_optional_properties_do_not_fail_a_job,
+        test_replies_to_sekali_and_broker_queues_are_refused,
         NULL,
     };
     Suite *s = suite_create("envelope");
