@@ -26,7 +26,6 @@ struct sk_broker {
     uint64_t                next_publish_tag;
     uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
-    amqp_bytes_t            scratch;          /* trial encodings of a publish's properties */
     bool                    channel_closed;   /* by the broker, refusing what we sent */
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
 };
@@ -63,7 +62,7 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
 static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
                             amqp_pool_t *pool);
 static amqp_table_entry_t text_entry(const char *key, const char *value);
-static const char *unsendable(struct sk_broker *b, const amqp_basic_publish_t *method,
+static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
 
 int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
@@ -136,7 +135,6 @@ void sk_broker_close(struct sk_broker *b)
         amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
         amqp_destroy_connection(b->conn);
     }
-    free(b->scratch.bytes);
     free(b);
 }
 
@@ -532,10 +530,7 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
      * the broker would close the connection for it. So a message is checked
      * whole before any of it is sent, and one that can never be sent is
      * refused here, with the connection left as it was. */
-    amqp_basic_publish_t method = { .exchange = amqp_empty_bytes,
-                                    .routing_key = amqp_cstring_bytes(routing_key),
-                                    .mandatory = 1 };
-    const char *why = unsendable(b, &method, &props);
+    const char *why = unsendable(b, routing_key, &props);
     if (why != NULL) {
         *p = (struct sk_publish){ .message_id = msg->message_id, .settled = true, .rc = SK_ERR,
                                   .why = why };
@@ -543,8 +538,8 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
                           routing_key, strlen(routing_key) > 64 ? "..." : "", why);
     }
     amqp_bytes_t body = { .len = msg->body_len, .bytes = (void *)msg->body };
-    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes, method.routing_key, 1,
-                                    0, &props, body);
+    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
+                                    amqp_cstring_bytes(routing_key), 1, 0, &props, body);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
                           amqp_error_string2(status));
@@ -552,12 +547,12 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
     return SK_OK;
 }
 
-/* Why librabbitmq could not send this publish, or NULL if it can. Each
- * short string (at most 255 bytes in AMQP) is named; then both frames are
- * encoded for trial, as librabbitmq will encode them: the method, and the
- * properties and headers, which must fit in one frame of the negotiated
- * size (a body is split over as many frames as it needs). */
-static const char *unsendable(struct sk_broker *b, const amqp_basic_publish_t *method,
+/* Why librabbitmq could not send this publish, or NULL if it can: a short
+ * string over AMQP's 255 bytes (each is named), or properties and headers
+ * that do not fit in one frame of the negotiated size (a body is split over
+ * as many frames as it needs, a header frame is not). Computed, not trial
+ * encoded, so a publish costs no second encoding. */
+static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props)
 {
     static const struct { amqp_flags_t flag; size_t offset; const char *why; } strings[] = {
@@ -572,7 +567,7 @@ static const char *unsendable(struct sk_broker *b, const amqp_basic_publish_t *m
         { AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id),
           "the correlation id is longer than 255 bytes, the AMQP limit" },
     };
-    if (method->routing_key.len > UINT8_MAX)
+    if (strlen(routing_key) > UINT8_MAX)
         return "the queue name is longer than 255 bytes, the AMQP limit";
     for (size_t i = 0; i < SK_ARRAY_LEN(strings); i++) {
         const amqp_bytes_t *text =
@@ -580,22 +575,9 @@ static const char *unsendable(struct sk_broker *b, const amqp_basic_publish_t *m
         if ((props->_flags & strings[i].flag) && text->len > UINT8_MAX)
             return strings[i].why;
     }
-
-    unsigned char encoded[512];  /* a publish method is at most 263 bytes */
-    if (amqp_encode_method(AMQP_BASIC_PUBLISH_METHOD, (void *)method,
-                           (amqp_bytes_t){ .len = sizeof(encoded), .bytes = encoded }) < 0)
-        return "librabbitmq cannot encode the publish method";
-    /* A header frame carries 7 bytes of frame header, 12 of class, weight
-     * and body size, the properties, and the frame end. */
-    size_t room = (size_t)amqp_get_frame_max(b->conn) - 20;
-    if (b->scratch.len < room) {
-        void *bytes = realloc(b->scratch.bytes, room);
-        if (bytes == NULL)
-            return NULL;  /* no trial then: librabbitmq will say */
-        b->scratch = (amqp_bytes_t){ .len = room, .bytes = bytes };
-    }
-    if (amqp_encode_properties(AMQP_BASIC_CLASS, (void *)props,
-                               (amqp_bytes_t){ .len = room, .bytes = b->scratch.bytes }) < 0)
+    int frame_max = amqp_get_frame_max(b->conn);
+    if (frame_max > 0 &&
+        SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(props) > (size_t)frame_max)
         return "its properties and headers (keys) do not fit in one AMQP frame";
     return NULL;
 }
@@ -666,12 +648,10 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
      * header frame, leaving the channel half-way through a publish; checked
      * first, the connection stays usable and the caller learns that this
      * message, not the broker, is the problem. */
-    size_t frame = SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(&props);
-    int frame_max = amqp_get_frame_max(b->conn);
-    if (frame_max > 0 && frame > (size_t)frame_max) {
+    const char *why = unsendable(b, routing_key, &props);
+    if (why != NULL) {
         free(entries);
-        return sk_err_set(err, SK_ERR, "a copy to %s would need a %zu-byte header frame, over "
-                          "the frame size of %d bytes", routing_key, frame, frame_max);
+        return sk_err_set(err, SK_ERR, "no copy to %s can be sent: %s", routing_key, why);
     }
 
     int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
