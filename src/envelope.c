@@ -34,6 +34,7 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     out->body = env->message.body.bytes;
     out->body_len = env->message.body.len;
     out->redelivered = env->redelivered != 0;
+    out->rescheduled = false;
     out->delivery_attempt = out->redelivered ? 2 : 1;
     out->scheduled_attempt = 1;
     out->first_failure[0] = '\0';
@@ -105,7 +106,8 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
      * quorum queue's x-delivery-count, at least one with `redelivered`.
      * The retry header counts only on a copy that came back from one of
      * this queue's delay queues: from a producer it would skip retries. */
-    int64_t scheduled = back_from_delay(p, q->name) ? header_int(p, "x-sekali-attempt") : -1;
+    out->rescheduled = back_from_delay(p, q->name);
+    int64_t scheduled = out->rescheduled ? header_int(p, "x-sekali-attempt") : -1;
     out->scheduled_attempt = scheduled >= 1 && scheduled < UINT32_MAX / 2 ? (uint32_t)scheduled : 1;
     int64_t redeliveries = header_int(p, "x-delivery-count");
     if (redeliveries < 0 || redeliveries > UINT32_MAX / 2)

@@ -29,6 +29,7 @@ struct sk_envelope {
     uint32_t    scheduled_attempt; /* x-sekali-attempt: the attempt this copy was sent for */
     char        first_failure[64]; /* x-sekali-first-failure, or "" */
     bool        redelivered;
+    bool        rescheduled;       /* a copy back from one of the queue's delay queues */
 };
 
 /* Fills out from env for queue q. Returns SK_OK, or SK_ERR with the

@@ -145,7 +145,11 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
     transition(&j, JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
     snprintf(w->slot->job_key, sizeof(w->slot->job_key), "%s", j.env.idempotency_key);
-    if (j.env.redelivered && w->queue->max_crashes > 0 && crashed_too_often(w, &j))
+    /* A copy from a delay queue may be the crashing job too: re-scheduled
+     * because its dead worker's lock was still held, it carries no
+     * `redelivered`, and unchecked it would crash workers for ever. */
+    if ((j.env.redelivered || j.env.rescheduled) && w->queue->max_crashes > 0 &&
+        crashed_too_often(w, &j))
         return;
 
     if (w->queue->lock) {

@@ -69,13 +69,19 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
          * every POLL_MS while idle; a job in hand is covered by its start. */
         atomic_store(&w->slot->alive_ms, sk_now_ms());
         /* First, before anything is consumed: the redelivery of the dead
-         * worker's job is waiting for that lock. */
-        if (atomic_load(&w->slot->orphan_held))
+         * worker's job is waiting for that lock. But if the job killed that
+         * worker, its crash is recorded first: a copy that took the freed
+         * lock before the count was written would run the job uncounted. */
+        bool job_died = atomic_load(&w->slot->died_in_job);
+        if (!job_died && atomic_load(&w->slot->orphan_held))
             free_dead_lock(w);
         if (!ensure_store(w) || !ensure_broker(w))
             continue;
-        if (atomic_load(&w->slot->died_in_job))
+        if (job_died) {
             record_crash(w);
+            if (atomic_load(&w->slot->orphan_held))
+                free_dead_lock(w);
+        }
         /* The publishing connection idles between retries and dead letters;
          * librabbitmq would let the broker drop it for want of heartbeats. */
         if (w->publisher != NULL && sk_broker_keepalive(w->publisher, &err) != SK_OK)

@@ -248,6 +248,43 @@ START_TEST(test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_i
 }
 END_TEST
 
+/* A job that killed its worker can come back as a copy from a delay queue
+ * instead of a redelivery: the other worker met the dead worker's lock
+ * still held and re-scheduled it. Such a copy carries no `redelivered`, and
+ * must meet the crash count all the same, or a job that kills workers
+ * would run for ever. Set up exactly: the crash is recorded as the dead
+ * worker's replacement records it, and the copy really travels through the
+ * queue's delay queue, which the broker dead-letters back to the queue. */
+START_TEST(test_crashing_job_back_from_a_delay_queue_still_meets_max_crashes)
+{
+    struct h_run r;
+    h_run_open(&r, "delaycopy");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    max_crashes: 1\n" });
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT sekali.record_crash('%s', 'order-copy')", r.queue),
+                     1);
+    char delay[300];
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_declare_delay(r.b, r.queue, 50, delay, sizeof(delay), &err) == SK_OK,
+                  "%s", err.msg);
+    /* Published only to the delay queue: the worker can get it only as
+     * the broker's dead letter from there, as it gets every retry. */
+    struct sk_header headers[] = { { .key = "x-idempotency-key", .text = "order-copy" },
+                                   { .key = "x-sekali-attempt", .number = 1 } };
+    h_publish_raw(r.b, delay, "copy-1", "test", headers, 2, "ok", 2);
+
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 30000,
+           "the copy of a job that crashed its worker should be dead-lettered");
+    h_run_stop(&r);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char text[64];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
+    amqp_destroy_message(&msg);
+    ck_assert_int_eq(effects_for(&r, "order-copy"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
 #define STORM_KEYS 1500
 
 /* Four workers, a SIGKILL to a random one every 100-200 ms for 4 s, with
@@ -323,6 +360,7 @@ int main(void)
         test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_at_once,
         test_deaths_while_waiting_for_the_lock_cost_the_job_nothing,
         test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_is_not,
+        test_crashing_job_back_from_a_delay_queue_still_meets_max_crashes,
         test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
         NULL,
     };
