@@ -83,7 +83,7 @@ say() { printf 'chaos: %s\n' "$*" >&2; }
 die() { printf 'chaos: FAILED: %s\n' "$*" >&2; exit 1; }
 
 producer=$build/chaos/chaos_producer
-handler=$PWD/$build/tests/plugins/effect.so
+handler=$(cd "$build" 2>/dev/null && pwd)/tests/plugins/effect.so   # the config needs it absolute
 [ -x "$producer" ] && [ -f "$handler" ] || die "no $producer or $handler: make tests"
 work=$SEKALI_SCRATCH/chaos
 rm -rf "$work"
