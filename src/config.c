@@ -214,6 +214,12 @@ static const struct key janitor_keys[] = {
     END
 };
 
+static const struct key restart_keys[] = {
+    DURATION("initial", sk_restart_conf, initial_ms, 1, HOUR),
+    DURATION("max",     sk_restart_conf, max_ms, 1, DAY),
+    END
+};
+
 static const struct key top_keys[] = {
     SECTION("amqp",     amqp,     amqp_keys,     true),
     SECTION("redis",    redis,    redis_keys,    false),
@@ -223,6 +229,7 @@ static const struct key top_keys[] = {
     SECTION("outbox",   outbox,   outbox_keys,   false),
     SECTION("janitor",  janitor,  janitor_keys,  false),
     SECTION("metrics",  metrics,  metrics_keys,  false),
+    SECTION("restart",  restart,  restart_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
     CUSTOM("queues", load_queues, true),
     END
@@ -238,6 +245,7 @@ static const struct sk_conf conf_defaults = {
     .shutdown_timeout_ms = 30 * SEC,
     .outbox = { .relays = 0, .batch = 100, .poll_interval_ms = SEC },
     .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .outbox_retention_ms = 7 * DAY },
+    .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
 };
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */

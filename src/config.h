@@ -92,6 +92,12 @@ struct sk_janitor_conf {
     uint32_t outbox_retention_ms;  /* published outbox rows older than this go */
 };
 
+/* The supervisor's restart delays for workers that die without progress. */
+struct sk_restart_conf {
+    uint32_t initial_ms;           /* first delay's ceiling; doubles per death */
+    uint32_t max_ms;               /* the ceiling's cap */
+};
+
 struct sk_queue_conf {
     char              *name;
     char              *handler;        /* path of the handler .so */
@@ -124,6 +130,7 @@ struct sk_conf {
     struct sk_metrics_conf  metrics;
     struct sk_outbox_conf   outbox;
     struct sk_janitor_conf  janitor;
+    struct sk_restart_conf  restart;
     uint32_t                shutdown_timeout_ms;
     struct sk_queue_conf   *queues;
     size_t                  n_queues;

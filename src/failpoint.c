@@ -10,6 +10,18 @@
 
 #include "failpoint.h"
 
+/* Lines in the mark file: how often a failpoint fired so far. */
+static long fired(const char *mark)
+{
+    FILE *f = fopen(mark, "re");
+    long lines = 0;
+    for (int c; f != NULL && (c = fgetc(f)) != EOF;)
+        lines += c == '\n';
+    if (f != NULL)
+        fclose(f);
+    return lines;
+}
+
 void sk_failpoint(const char *name, const char *key)
 {
     const char *armed = getenv("SEKALI_FAILPOINT");
@@ -29,6 +41,11 @@ void sk_failpoint(const char *name, const char *key)
     /* SEKALI_FAILPOINT_ONCE: only the first process to get here dies, so a
      * respawned process goes past the point (needs the mark file). */
     if (mark != NULL && getenv("SEKALI_FAILPOINT_ONCE") != NULL && access(mark, F_OK) == 0)
+        return;
+    /* SEKALI_FAILPOINT_TIMES=N: only the first N processes die (the mark
+     * file has a line per death), so a chain of replacements can be killed. */
+    const char *times = getenv("SEKALI_FAILPOINT_TIMES");
+    if (mark != NULL && times != NULL && fired(mark) >= atol(times))
         return;
     if (mark != NULL) {
         int fd = open(mark, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -9,7 +9,8 @@
  * one idempotency key if given. When it fires, the process writes its pid to
  * the file named by SEKALI_FAILPOINT_MARK (if set), so the test can prove the
  * fault happened, then kills itself with SIGKILL. With SEKALI_FAILPOINT_ONCE
- * set too, a point whose mark file exists no longer fires. */
+ * set too, a point whose mark file exists no longer fires; with
+ * SEKALI_FAILPOINT_TIMES=N, it fires for the first N processes only. */
 #ifndef SK_FAILPOINT_H
 #define SK_FAILPOINT_H
 

@@ -362,7 +362,10 @@ static int call_handler(struct sk_worker *w, struct job *j, PGconn *pg)
     sk_metrics_inc(j->metrics, SK_METRIC_EXECUTIONS);
     if (w->heartbeat != NULL)
         sk_heartbeat_lend_brokers(w->heartbeat, w->broker, w->publisher);
+    /* Only a death inside this call can be the job's doing. */
+    atomic_store(&w->slot->phase, SK_PHASE_HANDLER);
     int status = w->handler->handle(w->handler_state, &job, ctx);
+    atomic_store(&w->slot->phase, SK_PHASE_JOB);
     if (w->heartbeat != NULL)
         sk_heartbeat_return_brokers(w->heartbeat);
     transition(j, JOB_HANDLED);
@@ -404,6 +407,11 @@ static int take_lock(struct sk_worker *w, struct job *j)
             sk_backoff_reset(&w->redis_backoff);
             j->locked = true;
             j->log.lock_owner = j->lock_token;
+            /* Should this worker die holding it, its replacement deletes it
+             * at once instead of leaving the redelivery to wait for the TTL. */
+            memcpy(w->slot->lock_key, j->lock_key, sizeof(w->slot->lock_key));
+            memcpy(w->slot->lock_token, j->lock_token, sizeof(w->slot->lock_token));
+            atomic_store(&w->slot->lock_held, 1);
             sk_heartbeat_watch_lock(w->heartbeat, j->lock_key, j->lock_token,
                                     w->queue->lock_ttl_ms);
             transition(j, JOB_LOCKED);
@@ -411,6 +419,7 @@ static int take_lock(struct sk_worker *w, struct job *j)
         }
         if (busy_since == 0)
             busy_since = now_ns();
+        sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
         if (sk_now_ms() >= give_up_at || sk_worker_stopping()) {
             waited_for_lock(j, busy_since);
             sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
@@ -448,6 +457,7 @@ static void release_lock(struct sk_worker *w, struct job *j)
     j->locked = false;
     struct sk_err err = { 0 };
     int rc = sk_lock_release(w->lock, j->lock_key, j->lock_token, &err);
+    atomic_store(&w->slot->lock_held, 0);
     if (rc == SK_BUSY)
         sk_log_job(SK_LOG_WARN, &j->log, "lock had expired before release");
     else if (rc != SK_OK)

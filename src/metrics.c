@@ -64,6 +64,7 @@ struct name_slot {
 struct sk_metrics_queue {
     _Atomic uint64_t       restarts;
     _Atomic int64_t        workers_up;
+    _Atomic uint64_t       locks_released_for_dead;
     /* Parallel arrays; the last entry is "other". */
     struct name_slot       type_names[SK_METRICS_TYPES + 1];
     struct sk_metrics_type types[SK_METRICS_TYPES + 1];
@@ -311,6 +312,11 @@ void sk_metrics_worker_exited(struct sk_metrics *m, size_t q)
     atomic_fetch_sub_explicit(&sk_metrics_queue(m, q)->workers_up, 1, memory_order_relaxed);
 }
 
+void sk_metrics_lock_released_for_dead(struct sk_metrics_queue *mq)
+{
+    atomic_fetch_add_explicit(&mq->locks_released_for_dead, 1, memory_order_relaxed);
+}
+
 int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **out,
                       size_t *len)
 {
@@ -392,6 +398,14 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
         labels(f, conf->queues[q].name, NULL);
         fprintf(f, "} %" PRIu64 "\n",
                 atomic_load_explicit(&m->queues[q].restarts, memory_order_relaxed));
+    }
+    header(f, "sekali_locks_released_for_dead_total", "counter",
+           "Redis locks of dead workers deleted by their replacements, before lock_ttl.");
+    for (size_t q = 0; q < m->n; q++) {
+        fputs("sekali_locks_released_for_dead_total", f);
+        labels(f, conf->queues[q].name, NULL);
+        fprintf(f, "} %" PRIu64 "\n", atomic_load_explicit(&m->queues[q].locks_released_for_dead,
+                                                          memory_order_relaxed));
     }
     header(f, "sekali_workers_up", "gauge", "Worker processes running now.");
     for (size_t q = 0; q < m->n; q++) {

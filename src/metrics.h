@@ -104,6 +104,8 @@ void sk_metrics_outbox_backlog(struct sk_metrics *m, const struct sk_outbox_back
  * died), or has exited. */
 void sk_metrics_worker_started(struct sk_metrics *m, size_t q, bool restarted);
 void sk_metrics_worker_exited(struct sk_metrics *m, size_t q);
+/* Worker: it deleted the Redis lock a dead worker of its slot still held. */
+void sk_metrics_lock_released_for_dead(struct sk_metrics_queue *mq);
 
 /* Renders every metric in Prometheus' text format 0.0.4, with conf's queue
  * names and limits, into a new buffer the caller frees (malloc). Reads the

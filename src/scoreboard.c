@@ -27,6 +27,12 @@ int sk_scoreboard_create(struct sk_scoreboard **out, size_t n, struct sk_err *er
         atomic_init(&sb->slots[i].job_started_ms, 0);
         atomic_init(&sb->slots[i].alive_ms, 0);
         atomic_init(&sb->slots[i].consuming, 0);
+        atomic_init(&sb->slots[i].phase, SK_PHASE_IDLE);
+        atomic_init(&sb->slots[i].ready, 0);
+        atomic_init(&sb->slots[i].finished, 0);
+        atomic_init(&sb->slots[i].died_in_job, 0);
+        atomic_init(&sb->slots[i].lock_held, 0);
+        atomic_init(&sb->slots[i].orphan_held, 0);
     }
     *out = sb;
     return SK_OK;

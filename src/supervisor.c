@@ -14,9 +14,14 @@
  * SIGTERM retires the current generation the same way, and the supervisor
  * exits when no generation is left.
  *
- * Restarts back off exponentially with jitter per slot, and the backoff only
- * resets after a worker stayed up for a while; a worker that keeps dying is
- * reported as a crash loop instead of being respawned at full speed. A worker
+ * A worker that made progress before it died (it finished a delivery, or it
+ * was consuming when something outside killed it) is restarted at once; only
+ * deaths without progress (before becoming ready, or of its own doing) back
+ * off exponentially with jitter per slot (restart: in the config), and five
+ * of those in a row are reported as a crash loop. At reap time the
+ * supervisor also decides whether the death is the job's (the handler was
+ * running and the worker faulted, exited, was OOM-killed or timed out), and
+ * moves a lock the dead worker held to where its replacement frees it. A worker
  * exiting with SK_EXIT_CONFIG or SK_EXIT_ABI would fail the same way again, so
  * the supervisor stops everything and exits with that code. */
 #include <errno.h>
@@ -43,8 +48,7 @@
 #include "supervisor.h"
 #include "worker.h"
 
-#define STABLE_AFTER_MS     10000  /* a worker up this long resets its backoff */
-#define CRASH_LOOP_RESTARTS 5      /* this many quick restarts in a row ... */
+#define CRASH_LOOP_RESTARTS 5      /* this many deaths without progress in a row ... */
 
 #define RELAY   SIZE_MAX        /* slot.queue of an outbox relay, which serves no queue */
 #define JANITOR (SIZE_MAX - 1)  /* slot.queue of the janitor */
@@ -55,7 +59,14 @@ struct slot {
     int64_t           started_ms;
     int64_t           restart_at_ms;
     struct sk_backoff backoff;
-    uint32_t          quick_deaths;
+    uint32_t          quick_deaths;  /* deaths without progress in a row */
+    bool              timed_out;     /* the supervisor SIGKILLed it for job_timeout */
+};
+
+/* How a worker's death is judged at reap time. */
+struct death {
+    bool job_caused;  /* counts against its job's key (sql/006) */
+    bool progress;    /* restart at once, reset the backoff */
 };
 
 /* One configuration and the workers it runs. Slot i's shared state is
@@ -83,6 +94,9 @@ struct supervisor {
     int64_t            next_watchdog_ms;
     char               status[512];  /* the last STATUS= sent */
     struct sk_metrics_http *http;    /* serves the current generation; NULL if off */
+    char               oom_file[512];  /* the memory cgroup's OOM-kill counter; "" if none */
+    long long          oom_seen;     /* its value at the last reap */
+    long long          oom_unclaimed;  /* OOM kills no reaped SIGKILL accounted for yet */
 };
 
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
@@ -92,7 +106,11 @@ static void retire(struct supervisor *s, struct generation *g, const char *why);
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status);
+                           int status, const struct death *d);
+static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slot *shared,
+                          int status);
+static void oom_find(struct supervisor *s);
+static long long oom_kills(const struct supervisor *s);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static size_t running(const struct generation *g);
@@ -139,6 +157,7 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
     }
 
     s.watchdog_ms = sk_notify_watchdog_ms();
+    oom_find(&s);
     for (size_t i = 0; i < s.current->n_slots; i++)
         spawn(&s, s.current, &s.current->slots[i]);
     sk_log_info("supervisor started %zu workers for %zu queues", workers(s.current),
@@ -212,16 +231,15 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         goto fail;
     }
     size_t i = 0;
+    struct sk_backoff backoff = { .base_ms = conf->restart.initial_ms,
+                                  .cap_ms = conf->restart.max_ms };
     for (size_t q = 0; q < conf->n_queues; q++)
         for (int k = 0; k < conf->queues[q].workers; k++)
-            g->slots[i++] = (struct slot){
-                .queue = q, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
+            g->slots[i++] = (struct slot){ .queue = q, .backoff = backoff };
     for (int k = 0; k < conf->outbox.relays; k++)
-        g->slots[i++] = (struct slot){
-            .queue = RELAY, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
+        g->slots[i++] = (struct slot){ .queue = RELAY, .backoff = backoff };
     if (conf->janitor.interval_ms > 0)
-        g->slots[i++] = (struct slot){
-            .queue = JANITOR, .backoff = { .base_ms = 200, .cap_ms = 30000 } };
+        g->slots[i++] = (struct slot){ .queue = JANITOR, .backoff = backoff };
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
         goto fail;
     /* Counters start from zero with each generation, as after a restart;
@@ -276,6 +294,16 @@ static const char *slot_name(const struct generation *g, const struct slot *slot
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 {
     size_t index = (size_t)(slot - g->slots);
+    /* The new worker's progress starts from nothing; written before the
+     * fork, so a child killed at once cannot be judged by its predecessor's.
+     * The dead worker's job key and orphaned lock stay for it to handle. */
+    struct sk_slot *fresh = sk_scoreboard_slot(g->scoreboard, index);
+    atomic_store(&fresh->job_started_ms, 0);
+    atomic_store(&fresh->phase, SK_PHASE_IDLE);
+    atomic_store(&fresh->ready, 0);
+    atomic_store(&fresh->finished, 0);
+    atomic_store(&fresh->lock_held, 0);
+    slot->timed_out = false;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -301,7 +329,6 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, index);
-        atomic_store(&shared->job_started_ms, 0);
         if (slot->queue == RELAY) {
             sk_log_init(g->conf->log.level, g->conf->log.format, "relay");
             exit(sk_outbox_run(g->conf, shared, g->metrics));
@@ -351,11 +378,21 @@ static void reap(struct supervisor *s)
          * says; left as it was, a job start it never cleared would get its
          * replacement killed by the job timeout. */
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
+        struct death d = judge(s, slot, shared, status);
         atomic_store(&shared->consuming, 0);
+        atomic_store(&shared->job_started_ms, 0);
         /* Its replacement records the crash against the job's key. */
-        if (atomic_exchange(&shared->job_started_ms, 0) != 0 && shared->job_key[0] != '\0')
+        if (d.job_caused && shared->job_key[0] != '\0')
             atomic_store(&shared->died_in_job, 1);
-        on_exit_status(s, g, slot, status);
+        /* And deletes the lock it held, before it consumes anything. A newer
+         * orphan replaces an older one still pending: that one has had the
+         * longer time to expire by itself. */
+        if (atomic_exchange(&shared->lock_held, 0)) {
+            memcpy(shared->orphan_key, shared->lock_key, sizeof(shared->orphan_key));
+            memcpy(shared->orphan_token, shared->lock_token, sizeof(shared->orphan_token));
+            atomic_store(&shared->orphan_held, 1);
+        }
+        on_exit_status(s, g, slot, status, &d);
     }
     /* Free the retired generations whose last worker is gone. */
     for (struct generation **link = &s->retiring; *link != NULL;) {
@@ -370,8 +407,49 @@ static void reap(struct supervisor *s)
     }
 }
 
+/* Signals a process raises on itself by faulting or aborting: never sent
+ * from outside in practice, so a handler that gets one did it itself. */
+static bool fault_signal(int sig)
+{
+    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE ||
+           sig == SIGABRT || sig == SIGSYS;
+}
+
+/* Whose death this was. It counts against the job only if the handler was
+ * running and the worker faulted (fault_signal()), exited by itself (the
+ * worker's own code never exits inside the handler, so the handler did),
+ * was SIGKILLed by this supervisor for job_timeout, or by the kernel's OOM
+ * killer (the memory cgroup's counter rose since the last reap). Any other
+ * signal, and every death outside the handler (parsing, waiting for or
+ * taking the lock, claiming, committing, acking, idle), is no fault of the
+ * job. Progress: the worker finished a delivery since it started, or it was
+ * ready and something outside killed it. */
+static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slot *shared,
+                          int status)
+{
+    bool oom = false;
+    long long kills = oom_kills(s);
+    if (kills > s->oom_seen)
+        s->oom_unclaimed += kills - s->oom_seen;
+    if (kills >= 0)
+        s->oom_seen = kills;
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && !slot->timed_out &&
+        s->oom_unclaimed > 0) {
+        oom = true;
+        s->oom_unclaimed--;
+    }
+    bool fault = WIFSIGNALED(status) && fault_signal(WTERMSIG(status));
+    bool own = fault || WIFEXITED(status) || slot->timed_out || oom;
+    bool in_handler = atomic_load(&shared->phase) == SK_PHASE_HANDLER;
+    bool ready = atomic_load(&shared->ready) || atomic_load(&shared->consuming);
+    return (struct death){
+        .job_caused = in_handler && own,
+        .progress = atomic_load(&shared->finished) > 0 || (ready && !own),
+    };
+}
+
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status)
+                           int status, const struct death *d)
 {
     const char *queue = slot_name(g, slot);
     int64_t lived = sk_now_ms() - slot->started_ms;
@@ -390,24 +468,86 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
         begin_stop(s, "a worker cannot run with this configuration");
         return;
     }
-    if (WIFSIGNALED(status))
-        sk_log_warn("worker for queue %s killed by signal %d after %lld ms", queue,
-                    WTERMSIG(status), (long long)lived);
-    else
-        sk_log_warn("worker for queue %s exited with status %d after %lld ms", queue,
-                    WEXITSTATUS(status), (long long)lived);
-    if (retiring)
-        return;
-
-    if (lived >= STABLE_AFTER_MS) {
+    uint32_t delay = 0;
+    if (!retiring && d->progress) {
         sk_backoff_reset(&slot->backoff);
         slot->quick_deaths = 0;
-    } else if (++slot->quick_deaths == CRASH_LOOP_RESTARTS) {
-        sk_log_error("worker for queue %s is crash-looping (%u quick deaths in a row); "
-                     "restarts are backing off up to %u ms", queue, slot->quick_deaths,
-                     slot->backoff.cap_ms);
+    } else if (!retiring) {
+        delay = sk_backoff_next(&slot->backoff);
     }
-    slot->restart_at_ms = sk_now_ms() + sk_backoff_next(&slot->backoff);
+    char what[64] = "";
+    if (!retiring)
+        snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
+                                                : "; restarting in %u ms", delay);
+    if (WIFSIGNALED(status))
+        sk_log_warn("worker for queue %s killed by signal %d after %lld ms%s%s", queue,
+                    WTERMSIG(status), (long long)lived,
+                    d->job_caused ? " (its job's doing)" : "", what);
+    else
+        sk_log_warn("worker for queue %s exited with status %d after %lld ms%s%s", queue,
+                    WEXITSTATUS(status), (long long)lived,
+                    d->job_caused ? " (its job's doing)" : "", what);
+    if (retiring)
+        return;
+    if (!d->progress && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
+        sk_log_error("worker for queue %s is crash-looping (%u deaths in a row without "
+                     "progress); restarts are backing off up to %u ms", queue,
+                     slot->quick_deaths, slot->backoff.cap_ms);
+    slot->restart_at_ms = sk_now_ms() + delay;
+}
+
+/* Finds the memory cgroup's OOM-kill counter of this process, which its
+ * workers share: cgroup v1's memory.oom_control (also in hybrid mode, where
+ * the memory controller is v1's), else cgroup v2's memory.events. Without
+ * either, OOM kills look like outside kills: logged once, here. */
+static void oom_find(struct supervisor *s)
+{
+    s->oom_file[0] = '\0';
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    char line[1024], v1[512] = "", v2[512] = "";
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        char *controllers = strchr(line, ':');
+        char *path = controllers != NULL ? strchr(controllers + 1, ':') : NULL;
+        if (path == NULL)
+            continue;
+        *path++ = '\0';
+        controllers++;
+        if (strcmp(line, "0") == 0 && controllers[0] == '\0')
+            snprintf(v2, sizeof(v2), "/sys/fs/cgroup%s/memory.events", path);
+        for (char *c = strtok(controllers, ","); c != NULL; c = strtok(NULL, ","))
+            if (strcmp(c, "memory") == 0)
+                snprintf(v1, sizeof(v1), "/sys/fs/cgroup/memory%s/memory.oom_control", path);
+    }
+    if (f != NULL)
+        fclose(f);
+    if (v1[0] != '\0' && access(v1, R_OK) == 0)
+        snprintf(s->oom_file, sizeof(s->oom_file), "%s", v1);
+    else if (v2[0] != '\0' && access(v2, R_OK) == 0)
+        snprintf(s->oom_file, sizeof(s->oom_file), "%s", v2);
+    s->oom_seen = oom_kills(s);
+    if (s->oom_seen < 0)
+        sk_log_warn("no memory cgroup OOM-kill counter readable: a worker the OOM killer "
+                    "kills in a handler is taken for an outside kill, and its job is not "
+                    "counted as crashed");
+    else
+        sk_log_debug("OOM kills counted from %s", s->oom_file);
+}
+
+/* The `oom_kill N` line of the counter file, or -1. */
+static long long oom_kills(const struct supervisor *s)
+{
+    if (s->oom_file[0] == '\0')
+        return -1;
+    FILE *f = fopen(s->oom_file, "re");
+    char line[128];
+    long long n = -1;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "oom_kill %lld", &n) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return n;
 }
 
 static void begin_stop(struct supervisor *s, const char *why)
@@ -572,6 +712,7 @@ static void kill_overdue_jobs(struct generation *g)
                     "of %u ms: killing it", (long)g->slots[i].pid, queue->name,
                     (long long)(now - started), queue->job_timeout_ms);
         kill(g->slots[i].pid, SIGKILL);
+        g->slots[i].timed_out = true;
         atomic_store(&shared->job_started_ms, 0);
     }
 }

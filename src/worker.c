@@ -24,6 +24,7 @@ static int  setup(struct sk_worker *w, struct sk_err *err);
 static void teardown(struct sk_worker *w);
 static int  open_store(struct sk_worker *w, struct sk_err *err);
 static void record_crash(struct sk_worker *w);
+static void free_dead_lock(struct sk_worker *w);
 static bool ensure_store(struct sk_worker *w);
 static bool ensure_broker(struct sk_worker *w);
 
@@ -62,6 +63,10 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         /* Liveness for the supervisor's watchdog: the loop turns at least
          * every POLL_MS while idle; a job in hand is covered by its start. */
         atomic_store(&w->slot->alive_ms, sk_now_ms());
+        /* First, before anything is consumed: the redelivery of the dead
+         * worker's job is waiting for that lock. */
+        if (atomic_load(&w->slot->orphan_held))
+            free_dead_lock(w);
         if (!ensure_store(w) || !ensure_broker(w))
             continue;
         if (atomic_load(&w->slot->died_in_job))
@@ -81,9 +86,13 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         /* The supervisor kills us if this outlives queue.job_timeout. The
          * key is the job's once parsed: never the previous job's. */
         w->slot->job_key[0] = '\0';
+        atomic_store(&w->slot->phase, SK_PHASE_JOB);
         atomic_store(&w->slot->job_started_ms, sk_now_ms());
         sk_job_process(w, &delivery);
         atomic_store(&w->slot->job_started_ms, 0);
+        atomic_store(&w->slot->phase, SK_PHASE_IDLE);
+        /* Progress: the supervisor restarts this worker at once if it dies. */
+        atomic_fetch_add(&w->slot->finished, 1);
         sk_broker_release(w->broker, &delivery);
     }
     sk_log_info("worker for queue %s stopping", queue->name);
@@ -181,6 +190,39 @@ static void record_crash(struct sk_worker *w)
     atomic_store(&w->slot->died_in_job, 0);
 }
 
+/* A worker of this slot died holding a Redis lock (the supervisor moved it
+ * to orphan_key): delete it if its token still owns it, so the dead
+ * worker's redelivered job runs now rather than after lock_ttl. Its owner
+ * is provably dead, and the compare by token cannot delete a lock a live
+ * worker took since. While Redis is unreachable the orphan stays recorded
+ * and is tried again when the Redis backoff allows; the worker consumes in
+ * the meantime, as it would without the orphan. */
+static void free_dead_lock(struct sk_worker *w)
+{
+    if (w->redis_down && sk_now_ms() < w->redis_retry_at_ms)
+        return;
+    struct sk_err err = { 0 };
+    int rc = w->lock != NULL ? SK_OK : sk_lock_open(&w->lock, &w->conf->redis, &err);
+    if (rc == SK_OK)
+        rc = sk_lock_release(w->lock, w->slot->orphan_key, w->slot->orphan_token, &err);
+    if (rc == SK_AGAIN) {
+        w->redis_retry_at_ms = sk_now_ms() + sk_backoff_next(&w->redis_backoff);
+        if (!w->redis_down)
+            sk_log_warn("cannot free the lock %s of a dead worker yet, will retry: %s",
+                        w->slot->orphan_key, err.msg);
+        w->redis_down = true;
+        return;
+    }
+    if (rc == SK_OK) {
+        sk_metrics_lock_released_for_dead(w->metrics);
+        sk_log_info("freed the lock %s that a dead worker held", w->slot->orphan_key);
+    } else {
+        sk_log_debug("the dead worker's lock %s had already expired or changed hands",
+                     w->slot->orphan_key);
+    }
+    atomic_store(&w->slot->orphan_held, 0);
+}
+
 /* Named for pg_stat_activity, where an operator looks for a stuck worker. */
 static int open_store(struct sk_worker *w, struct sk_err *err)
 {
@@ -225,6 +267,7 @@ static bool ensure_broker(struct sk_worker *w)
         w->broker_down_logged = false;
         sk_backoff_reset(&w->broker_backoff);
         atomic_store(&w->slot->consuming, 1);
+        atomic_store(&w->slot->ready, 1);
         return true;
     }
     sk_broker_close(w->broker);

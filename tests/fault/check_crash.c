@@ -116,22 +116,29 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
 
     ck_assert_int_eq(h_count_lines(r.log, "over its job_timeout of 1000 ms: killing it"), 1);
     ck_assert_int_eq(effects_for(&r, "order-slow"), 1);
+    /* A job_timeout kill in the handler is the job's doing: counted. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
+                                      "'%s' AND key = 'order-slow'", r.queue), 1);
     h_run_close(&r);
 }
 END_TEST
 
-/* A run whose fault build kills its worker after every claim of the key
- * order-poison (no lock: a dead worker's lock would send each redelivery
- * through a delay queue first), with that job published; returns once it
- * is in the run's dead-letter queue. */
+/* A run whose worker dies on every delivery of the key order-poison (no
+ * lock: a dead worker's lock would send each redelivery through a delay
+ * queue first), with that job published; returns once it is in the run's
+ * dead-letter queue. With a body, the handler kills its own worker
+ * (tests/plugins/effect.c); without, the fault build's failpoint does,
+ * after the claim, as a SIGKILL from outside would. */
 static void publish_poison_until_dead(struct h_run *r, const char *name, const char *queue_yaml,
-                                      const struct sk_queue_shape *shape)
+                                      const struct sk_queue_shape *shape, const char *body)
 {
     static const char *const env[] = { "SEKALI_FAILPOINT=after_claim:order-poison", NULL };
     h_run_open(r, name);
-    h_run_start(r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+    h_run_start(r, &(struct h_run_opts){ .binary = body == NULL ? "fault/sekalid" : NULL,
+                                         .env = body == NULL ? env : NULL, .workers = 1,
                                          .queue_yaml = queue_yaml, .shape = shape });
-    h_publish(r->b, r->queue, "test", "poison-1", "order-poison", NULL, "ok");
+    h_publish(r->b, r->queue, "test", "poison-1", "order-poison", NULL,
+              body != NULL ? body : "ok");
     H_WAIT(h_queue_depth(r->b, r->dead) == 1, 60000,
            "the poison job should end in %s, which has %u", r->dead,
            h_queue_depth(r->b, r->dead));
@@ -158,7 +165,8 @@ START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
     publish_poison_until_dead(&r, "quorum",
                               "    queue_type: quorum\n    delivery_limit: 2\n    lock: false\n"
                               "    max_crashes: 0\n",
-                              &(struct sk_queue_shape){ .quorum = true, .delivery_limit = 2 });
+                              &(struct sk_queue_shape){ .quorum = true, .delivery_limit = 2 },
+                              NULL);
     ck_assert_int_ge(h_count_lines(r.mark, "after_claim"), 2);
     expect_healthy_job_after_poison(&r);
 
@@ -172,17 +180,38 @@ START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
 }
 END_TEST
 
-/* The same poison job on a classic queue, where the broker counts nothing:
- * each replacement records the crash, and with max_crashes 2 the next
- * redelivery is dead-lettered with reason "crashed" and the key failed,
- * without a third run. A healthy job after it runs as attempt 1. */
+/* A poison job on a classic queue, where the broker counts nothing: its
+ * handler aborts (SIGABRT, the job's own doing), each replacement records
+ * the crash, and with max_crashes 2 the next redelivery is dead-lettered
+ * with reason "crashed" and the key failed, without a third run. Its
+ * batch-mates, prefetched by the same dying workers, all complete once,
+ * and a healthy job after it runs as attempt 1. */
 START_TEST(test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker)
 {
     struct h_run r;
-    publish_poison_until_dead(&r, "crashloop", "    max_crashes: 2\n    lock: false\n", NULL);
-    /* The worker really died twice at the failpoint, and not a third time. */
-    ck_assert_int_eq(h_count_lines(r.mark, "after_claim"), 2);
+    h_run_open(&r, "crashloop");
+    /* The harness's prefetch of 4 puts the poison job in one batch with
+     * its neighbours. */
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    max_crashes: 2\n"
+                                          "    lock: false\n" });
+    char key[32], id[32];
+    for (int i = 0; i < 6; i++) {
+        snprintf(key, sizeof(key), "mate-%d", i);
+        snprintf(id, sizeof(id), "mate-msg-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+        if (i == 2)
+            h_publish(r.b, r.queue, "test", "poison-1", "order-poison", NULL, "abort");
+    }
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 60000,
+           "the poison job should end in %s, which has %u", r.dead, h_queue_depth(r.b, r.dead));
+    for (int i = 0; i < 6; i++) {
+        snprintf(key, sizeof(key), "mate-%d", i);
+        H_WAIT(effects_for(&r, key) == 1, 30000, "batch-mate %s should complete once", key);
+    }
+    /* The worker really died twice of the abort, and not a third time. */
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 6"), 2);
     ck_assert_int_eq(h_count_lines(r.log, "killed by signal"), 2);
+    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 2);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
                                       "'%s' AND key = 'order-poison'", r.queue), 2);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "

@@ -9,6 +9,8 @@
  *   "retry"    return SEKALI_RETRY on the first delivery
  *   "retry_always"  return SEKALI_RETRY on every delivery
  *   "sleep:MS" sleep MS milliseconds, then record the effect
+ *   "abort"    abort(): the handler kills its own worker (SIGABRT), every time
+ *   "segv"     the same with SIGSEGV
  *   anything   record the effect and return SEKALI_OK
  *   "pay"      external mode: on a fresh first attempt, save the checkpoint
  *              "charged", write MARKER_DIR/stall.<pid> and wait until
@@ -20,6 +22,7 @@
  *              in the same transaction
  * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config). */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +141,10 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
     struct state *s = state;
     if (body_is(job, "pay"))
         return pay(s, job, ctx);
+    if (body_is(job, "abort"))
+        abort();
+    if (body_is(job, "segv"))
+        raise(SIGSEGV);  /* as a wild pointer would, without undefined behaviour */
     if (body_is(job, "fail")) {
         s->host->set_error(ctx, "the job asked to fail");
         return SEKALI_FAIL;

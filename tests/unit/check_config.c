@@ -137,6 +137,13 @@ static const struct bad_case bad_cases[] = {
       DATA "bad_deep_config.yaml:8:78: config: nested deeper than 64 levels" },
     { "bad_metrics_port.yaml", NULL,
       DATA "bad_metrics_port.yaml:2:11: listen: port must be between 1 and 65535, got \"70000\"" },
+    { "bad_restart_initial.yaml", NULL,
+      DATA "bad_restart_initial.yaml:4:12: initial must be between 1ms and 1h, got 0ms" },
+    { "bad_restart_max.yaml", NULL,
+      DATA "bad_restart_max.yaml:5:8: invalid duration \"soon\": expected a number followed by "
+      "ms, s, m or h" },
+    { "bad_restart_key.yaml", NULL,
+      DATA "bad_restart_key.yaml:5:3: unknown key \"cap\" in restart" },
     { "bad_metrics_host.yaml", NULL,
       DATA "bad_metrics_host.yaml:2:19: listen: missing host in \":9187\" (127.0.0.1:PORT for "
       "this machine only, 0.0.0.0:PORT for every interface)" },
@@ -278,6 +285,24 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_uint_eq(q->n_job_types, 0);
     ck_assert_uint_eq(q->job_timeout_ms, 0);
     ck_assert_int_eq(q->max_crashes, 3);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_restart_backoff_defaults_to_200ms_up_to_30s)
+{
+    struct sk_conf *c = load_ok(DATA "good_minimal.yaml");
+    ck_assert_uint_eq(c->restart.initial_ms, 200);
+    ck_assert_uint_eq(c->restart.max_ms, 30000);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_restart_section_sets_the_backoff)
+{
+    struct sk_conf *c = load_ok(DATA "good_restart.yaml");
+    ck_assert_uint_eq(c->restart.initial_ms, 50);
+    ck_assert_uint_eq(c->restart.max_ms, 120000);
     sk_conf_free(c);
 }
 END_TEST
@@ -792,6 +817,8 @@ static Suite *config_suite(void)
     tc = tcase_create("values");
     tcase_add_test(tc, test_minimal_config_takes_every_default);
     tcase_add_test(tc, test_full_config_sets_every_key);
+    tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
+    tcase_add_test(tc, test_restart_section_sets_the_backoff);
     tcase_add_test(tc, test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later);
     tcase_add_test(tc, test_null_sections_keep_their_defaults);
     tcase_add_test(tc, test_queue_is_found_by_name);

@@ -1,0 +1,332 @@
+/* check_storm.c - workers killed from outside, again and again: no job is
+ * charged with deaths it did not cause, a dead worker's lock is freed at
+ * once, and the supervisor keeps every slot running. Each test proves the
+ * kills happened (the pids died, the supervisor logged the signal), then
+ * that every job's effect exists exactly once. */
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "harness.h"
+
+static long long effects_for(const struct h_run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects "
+                             "WHERE queue = '%s' AND idempotency_key = '%s'", r->queue, key);
+}
+
+/* A TCP port free right now, for the metrics endpoint; a process taking it
+ * meanwhile makes sekalid exit 2, which fails the test loudly. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* The value of name{queue="<queue>"} on the metrics endpoint, or -1. */
+static double queue_metric(const struct h_run *r, int port, const char *name)
+{
+    char cmd[2048], path[1100], series[512];
+    snprintf(path, sizeof(path), "%s/metrics.txt", r->dir);
+    snprintf(cmd, sizeof(cmd), "curl -sf --max-time 10 -o %s http://127.0.0.1:%d/metrics",
+             path, port);
+    ck_assert_msg(system(cmd) == 0, "scrape failed: %s", cmd);
+    char *text = h_read_file(path);
+    ck_assert_ptr_nonnull(text);
+    snprintf(series, sizeof(series), "%s{queue=\"%s\"} ", name, r->queue);
+    double v = -1;
+    for (const char *p = text; (p = strstr(p, series)) != NULL; p++)
+        if (p == text || p[-1] == '\n') {
+            v = strtod(p + strlen(series), NULL);
+            break;
+        }
+    free(text);
+    return v;
+}
+
+/* The pids of parent's children (sekalid's workers), up to max. */
+static size_t children(pid_t parent, pid_t *out, size_t max)
+{
+    size_t n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d != NULL && n < max && (e = readdir(d)) != NULL) {
+        long pid = atol(e->d_name);
+        if (pid <= 0)
+            continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "re");
+        if (f == NULL)
+            continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        /* pid (comm) state ppid: comm may hold spaces, so after the last ')'. */
+        const char *rp = strrchr(buf, ')');
+        char state;
+        long ppid;
+        if (rp != NULL && sscanf(rp + 1, " %c %ld", &state, &ppid) == 2 && ppid == parent &&
+            state != 'Z')
+            out[n++] = (pid_t)pid;
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* The longest "restarting in N ms" the supervisor logged; 0 if none. */
+static long longest_restart_delay(const char *log)
+{
+    char *text = h_read_file(log);
+    long longest = 0;
+    const char *needle = "restarting in ";
+    for (const char *p = text; p != NULL && (p = strstr(p, needle)) != NULL; p++) {
+        long ms = atol(p + strlen(needle));
+        if (ms > longest)
+            longest = ms;
+    }
+    free(text);
+    return longest;
+}
+
+/* The chain of issue 9: a worker dies holding the lock on the job's
+ * resource, and so do its next two replacements, each right after it took
+ * the lock again (SIGKILL from the fault build's failpoint, as from
+ * outside). None of those deaths happened in the handler, so none is
+ * counted against the job (before, each was, and with max_crashes 3 the
+ * job was dead-lettered without ever running). Each replacement frees the
+ * dead worker's lock before consuming, so the job completes long before
+ * the 30 s lock_ttl would have let it. */
+START_TEST(test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_at_once)
+{
+    struct h_run r;
+    h_run_open(&r, "deadlock");
+    int port = free_port();
+    char top[256];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
+             port);
+    const char *env[] = { "SEKALI_FAILPOINT=after_lock:order-chain",
+                          "SEKALI_FAILPOINT_TIMES=3", NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                          .queue_yaml = "    lock_ttl: 30s\n    max_crashes: 3\n",
+                                          .top_yaml = top });
+    int64_t published = h_now_ms();
+    h_publish(r.b, r.queue, "test", "chain-1", "order-chain", NULL, "ok");
+
+    H_WAIT(h_count_lines(r.mark, "after_lock") == 3, 20000,
+           "three workers should have died holding the lock (mark has %d)",
+           h_count_lines(r.mark, "after_lock"));
+    char *marks = h_read_file(r.mark);
+    ck_assert_ptr_nonnull(marks);
+    for (const char *p = marks; *p != '\0'; p = strchr(p, '\n') + 1) {
+        pid_t victim = (pid_t)atol(p);
+        H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    }
+    free(marks);
+
+    H_WAIT(effects_for(&r, "order-chain") == 1, 15000,
+           "the job should complete once, without waiting out the 30 s lock_ttl");
+    int64_t took = h_now_ms() - published;
+    ck_assert_msg(took < 20000, "the job took %lld ms: it waited for the lock's TTL",
+                  (long long)took);
+    ck_assert_int_eq(queue_metric(&r, port, "sekali_locks_released_for_dead_total"), 3);
+    h_run_stop(&r);
+
+    ck_assert_int_eq(effects_for(&r, "order-chain"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), 3);
+    ck_assert_int_eq(h_count_lines(r.log, "freed the lock"), 3);
+    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT coalesce(sum(crashes), 0) FROM sekali.job_crashes "
+                                      "WHERE queue = '%s'", r.queue), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'order-chain' AND status = "
+                                      "'completed'", r.queue), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The rest of issue 9's chain: two workers in turn die while they wait for
+ * a lock another owner (here the test) holds on the job's resource, in
+ * the state "received". Before, the slot's key made each death a crash of
+ * the job, and with max_crashes 2 the job was dead-lettered unrun; now
+ * neither counts, and the job runs once when the owner lets go. */
+START_TEST(test_deaths_while_waiting_for_the_lock_cost_the_job_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "lockwait");
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    char lock_key[256];
+    snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:order-wait", r.queue);
+    redisReply *reply = redisCommand(redis, "SET %s test-owner PX 60000", lock_key);
+    ck_assert_ptr_nonnull(reply);
+    freeReplyObject(reply);
+
+    const char *env[] = { "SEKALI_FAILPOINT=lock_busy:order-wait", "SEKALI_FAILPOINT_TIMES=2",
+                          NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                          .queue_yaml = "    max_crashes: 2\n" });
+    h_publish(r.b, r.queue, "test", "wait-1", "order-wait", NULL, "ok");
+    H_WAIT(h_count_lines(r.mark, "lock_busy") == 2, 20000,
+           "two workers should have died waiting for the lock (mark has %d)",
+           h_count_lines(r.mark, "lock_busy"));
+    char *marks = h_read_file(r.mark);
+    ck_assert_ptr_nonnull(marks);
+    for (const char *p = marks; *p != '\0'; p = strchr(p, '\n') + 1) {
+        pid_t victim = (pid_t)atol(p);
+        H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    }
+    free(marks);
+    reply = redisCommand(redis, "DEL %s", lock_key);
+    ck_assert_ptr_nonnull(reply);
+    freeReplyObject(reply);
+
+    H_WAIT(effects_for(&r, "order-wait") == 1, 30000, "the job should run once");
+    h_run_stop(&r);
+    ck_assert_int_eq(effects_for(&r, "order-wait"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                      "'%s'", r.queue), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    redisFree(redis);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The other side of the rule: a handler that faults (SIGSEGV) kills its
+ * worker by its own doing, which counts, so with max_crashes 1 its next
+ * delivery is dead-lettered "crashed" while a healthy job beside it runs
+ * once. An outside-looking SIGKILL after the claim (the failpoint) of a
+ * second key on the same run counts nothing. */
+START_TEST(test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_is_not)
+{
+    struct h_run r;
+    h_run_open(&r, "segv");
+    const char *env[] = { "SEKALI_FAILPOINT=after_claim:order-killed", "SEKALI_FAILPOINT_ONCE=1",
+                          NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                          .queue_yaml = "    max_crashes: 1\n    lock: false\n" });
+    h_publish(r.b, r.queue, "test", "killed-1", "order-killed", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "segv-1", "order-segv", NULL, "segv");
+    h_publish(r.b, r.queue, "test", "fine-1", "order-fine", NULL, "ok");
+
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 60000, "the segfaulting job should be dead-lettered");
+    H_WAIT(effects_for(&r, "order-fine") == 1, 30000, "the healthy job should run once");
+    H_WAIT(effects_for(&r, "order-killed") == 1, 30000,
+           "the job whose worker was killed after its claim should run once");
+    h_run_stop(&r);
+
+    ck_assert_int_eq(h_count_lines(r.mark, "after_claim"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 11"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                      "'%s' AND key = 'order-killed'", r.queue), 0);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char text[64];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
+    amqp_destroy_message(&msg);
+    ck_assert_int_eq(effects_for(&r, "order-segv"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+#define STORM_KEYS 1500
+
+/* Four workers, a SIGKILL to a random one every 100-200 ms for 4 s, with
+ * work in the queue throughout. Every kill is an outside kill of a worker
+ * that was consuming, so every slot comes back at once: no crash loop is
+ * reported, no restart waits past the first two backoff steps (a worker
+ * killed before it was ready), all four consume again within seconds, and
+ * every key's effect exists exactly once, with no crash counted. */
+START_TEST(test_kill_storm_restarts_every_slot_promptly_and_loses_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "storm");
+    int port = free_port();
+    char top[256];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n"
+             "restart:\n  initial: 200ms\n  max: 30s\n", port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 4, .queue_yaml = "    lock_ttl: 2s\n",
+                                          .top_yaml = top });
+    char key[64], id[64];
+    for (int i = 0; i < STORM_KEYS; i++) {
+        snprintf(key, sizeof(key), "storm-%d", i);
+        snprintf(id, sizeof(id), "msg-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, key, "sleep:10");
+    }
+
+    int kills = 0;
+    int64_t storm_end = h_now_ms() + 4000;
+    while (h_now_ms() < storm_end) {
+        pid_t pids[16];
+        size_t n = children(r.sekalid, pids, 16);
+        if (n > 0) {
+            pid_t victim = pids[(size_t)rand() % n];
+            if (kill(victim, SIGKILL) == 0) {
+                H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead",
+                       (long)victim);
+                kills++;
+            }
+        }
+        struct timespec t = { 0, (100 + rand() % 101) * 1000000L };
+        nanosleep(&t, NULL);
+    }
+    ck_assert_int_ge(kills, 15);
+
+    /* Recovery is bounded: the slots were restarted, not left to back off. */
+    H_WAIT(h_consumers(r.b, r.queue) == 4, 5000,
+           "all 4 workers should consume again soon after the storm (%u do)",
+           h_consumers(r.b, r.queue));
+    ck_assert_int_eq(queue_metric(&r, port, "sekali_workers_up"), 4);
+    ck_assert_int_eq(queue_metric(&r, port, "sekali_worker_restarts_total"), kills);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM sekali_test.effects "
+                            "WHERE queue = '%s'", r.queue) == STORM_KEYS, 120000,
+           "every key should be done");
+    h_run_stop(&r);
+
+    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), kills);
+    ck_assert_int_eq(h_count_lines(r.log, "crash-looping"), 0);
+    ck_assert_int_ge(h_count_lines(r.log, "restarting at once"), kills / 2);
+    long longest = longest_restart_delay(r.log);
+    ck_assert_msg(longest <= 400, "a restart waited %ld ms: the storm pushed a slot into backoff",
+                  longest);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s'", r.queue), STORM_KEYS);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                      "'%s'", r.queue), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_at_once,
+        test_deaths_while_waiting_for_the_lock_cost_the_job_nothing,
+        test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_is_not,
+        test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
+        NULL,
+    };
+    Suite *s = suite_create("storm");
+    h_tcase(s, "kill", 600, tests);
+    return h_run_suite(s);
+}
