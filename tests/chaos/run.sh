@@ -113,6 +113,10 @@ state() {
 # dead PID: true once PID is gone or a zombie (killed, not yet reaped).
 dead() { local s; s=$(state "$1"); [ -z "$s" ] || [ "$s" = Z ] || [ "$s" = X ]; }
 stopped() { [ "$(state "$1")" = T ]; }
+# start_time PID: when PID started (clock ticks since boot), "" if gone;
+# gone PID START: PID is dead, or the pid now names a newer process.
+start_time() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null || true; }
+gone() { dead "$1" || [ "$(start_time "$1")" != "$2" ]; }
 resumed() { local s; s=$(state "$1"); [ -n "$s" ] && [ "$s" != T ]; }
 
 # nap MS: sleep MS milliseconds.
@@ -168,8 +172,12 @@ stop_sekalid() {
         sleep 0.1
     done
     if kill -0 "$sekalid" 2>/dev/null; then
-        say "sekalid $sekalid did not stop within 30 s of SIGTERM; killing it"
-        kill -KILL -- "$sekalid" 2>/dev/null || true
+        say "sekalid $sekalid did not stop within 30 s of SIGTERM; killing it and its workers"
+        local left
+        left=$(workers_of "$sekalid")
+        kill -KILL "$sekalid" 2>/dev/null || true
+        # shellcheck disable=SC2086  # a list of pids
+        [ -z "$left" ] || kill -KILL $left 2>/dev/null || true
     fi
     wait "$sekalid" 2>/dev/null || true
     sekalid=''
@@ -193,6 +201,7 @@ chaos_cleanup() {
     cleanup
 }
 trap chaos_cleanup EXIT
+trap 'exit 130' INT TERM   # so that the EXIT clean-up runs then too
 
 # ---------------------------------------------------------------------------
 # Faults. Each writes one line to $faults: "KIND detail", or "unverified
@@ -215,11 +224,14 @@ storm() {
             echo "miss" >>"$faults"
         else
             victim=${live[RANDOM % ${#live[@]}]}
-            start=$(awk '{ print $22 }' "/proc/$victim/stat" 2>/dev/null || true)
-            if kill -KILL "$victim" 2>/dev/null && wait_until 2000 dead "$victim"; then
+            start=$(start_time "$victim")
+            # The stopped worker may have been chosen just before its pid
+            # was written down: a worker in state T is left alone; one
+            # that is gone before the signal was not our kill.
+            if stopped "$victim" || [ -z "$start" ] || ! kill -KILL "$victim" 2>/dev/null; then
+                echo "miss" >>"$faults"
+            elif wait_until 2000 gone "$victim" "$start"; then
                 echo "kill $victim" >>"$faults"
-            elif [ -z "$start" ]; then
-                echo "miss" >>"$faults"   # it died on its own before our signal
             else
                 echo "unverified kill $victim (still $(state "$victim") 2 s after SIGKILL)" >>"$faults"
             fi
