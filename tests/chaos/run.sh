@@ -51,6 +51,10 @@
 #   CHAOS_SEED         the producer's duplicates and shuffle [random, printed]
 # Files, kept for diagnosis: $SEKALI_SCRATCH/chaos/ (calm.sekalid.log and
 # storm.sekalid.log at log level warn, faults.log, servers.log).
+
+# The whole script is one compound command, read before it runs: editing
+# the file while a soak runs cannot change what the running soak does.
+{
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -518,3 +522,4 @@ if awk -v r="$ratio" -v m="$min_ratio" 'BEGIN { exit !(r < m) }'; then
 fi
 [ "$status" = 0 ] || say "logs: $work"
 exit "$status"
+}
