@@ -111,7 +111,7 @@ bench: deps
 
 # The long chaos soak (the short one runs in `make check`, check_chaos).
 chaos: deps
-	$(MAKE) all $(CHAOS)
+	$(MAKE) all $(CHAOS) $(TEST_PLUGINS)
 	tests/servers.sh start
 	tests/chaos/run.sh $(B)
 
