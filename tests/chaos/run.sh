@@ -32,10 +32,13 @@
 #          restarts=... throughput: fault-free=R/s storm=R/s ratio=X ...
 # doubled: keys with more than one effect; lost: keys without one once the
 # storm run ended; ratio: the kill storm's throughput over the calm run's.
-# Exits 1 on any doubled or lost key, a fault that did not happen or cannot
-# be verified, or a storm run that does not finish within CHAOS_TIMEOUT
-# (then the keys still without an effect count as lost: the timeout is the
-# throughput floor). The ratio itself is reported, and fails the run only
+# A run ends when every key has its effect (end=done), or, after 15 s
+# without progress once the faults are over, when RabbitMQ holds no message
+# of the queue or its delay queues any more, ready or unacked (end=drained:
+# nothing more can come), or at CHAOS_TIMEOUT (end=timeout: the throughput
+# floor); the keys then without an effect are lost.
+# Exits 1 on any doubled or lost key, or a fault that did not happen or
+# cannot be verified. The ratio itself is reported, and fails the run only
 # below CHAOS_MIN_RATIO (default 0: report only; the target is >= 0.5).
 #
 # Settings (environment; defaults in brackets, the short run's in braces):
@@ -370,12 +373,21 @@ fault_sequence() {
 # effect), window_ms and window_keys (how far the kill storm alone got; in
 # the calm run, the time to window_pct of the keys).
 # ---------------------------------------------------------------------------
-run_ms=0 done=0 run_t0=0 published=0 window_ms=0 window_keys=0
+run_ms=0 done=0 run_t0=0 published=0 window_ms=0 window_keys=0 drained=0
+
+# in_flight: messages of $queue and its delay queues (not its dead letters),
+# ready or delivered and not yet acked, as the broker counts them.
+in_flight() {
+    "$SEKALI_RABBITMQCTL" -q list_queues name messages 2>/dev/null |
+        awk -v q="$queue" '$1 == q || index($1, q ".delay.") == 1 { n += $2; seen = 1 }
+                           END { if (!seen) exit 1; print n + 0 }'
+}
+
 count_keys() {
     sql -c "SELECT count(DISTINCT idempotency_key) FROM sekali_test.effects WHERE queue = '$queue'"
 }
 one_run() {
-    local kind=$1 conf log t0 n=0 last_n=-1 elapsed last_say=0
+    local kind=$1 conf log t0 n=0 last_n=-1 elapsed last_say=0 last_change=0
     queue=chaos-$kind-$seed
     live_queue=$queue
     conf=$(write_conf "$queue")
@@ -392,7 +404,7 @@ one_run() {
     quiesce "the $kind run"
     "$build/sekalid" -c "$conf" 2>>"$log" &
     sekalid=$!
-    t0=$(now_ms) run_t0=$t0 window_ms=0 window_keys=0 done=0
+    t0=$(now_ms) run_t0=$t0 window_ms=0 window_keys=0 done=0 drained=0
     if [ "$kind" = storm ]; then
         storm & storm_pid=$!
         fault_sequence "$t0" & driver_pid=$!
@@ -412,6 +424,19 @@ one_run() {
             window_ms=$elapsed window_keys=$n
         fi
         if (( n >= keys )); then done=1; break; fi
+        # No progress for 15 s with the fault sequence over: if the broker
+        # holds nothing for this queue any more, nothing is coming.
+        [ "$n" = "$last_n" ] || last_change=$elapsed
+        if (( elapsed - last_change >= 15000 )) && { [ "$kind" = calm ] || [ -z "$driver_pid" ] ||
+                                                  ! kill -0 "$driver_pid" 2>/dev/null; }; then
+            if [ "$(in_flight || echo unknown)" = 0 ]; then
+                drained=1
+                say "$kind: DRAINED: the queue is empty, but only $n of $keys keys have an effect;" \
+                    "the others are lost (log: $log)"
+                break
+            fi
+            last_change=$elapsed   # look again in 15 s
+        fi
         if (( elapsed - last_say >= 10000 )); then
             say "$kind: $n of $keys keys done after $((elapsed / 1000)) s"
             last_say=$elapsed
@@ -428,7 +453,7 @@ one_run() {
         echo "$keys" >"$work/progress"
         wait "$driver_pid" 2>/dev/null || true; driver_pid=''
     fi
-    if [ "$done" = 0 ]; then
+    if [ "$done" = 0 ] && [ "$drained" = 0 ]; then
         say "$kind: TIMEOUT: only $n of $keys keys had an effect after $timeout s" \
             "(CHAOS_TIMEOUT); the others count as lost (log: $log)"
     else
@@ -464,7 +489,7 @@ say "seed $seed: $keys keys, $dup_percent% published twice, ${job_ms}ms jobs," \
     "$workers workers, lock.ttl ${lock_ttl}ms"
 
 one_run calm
-[ "$done" = 1 ] || die "the fault-free run did not finish within $timeout s (log: $work/calm.sekalid.log)"
+[ "$done" = 1 ] || die "the fault-free run ended with keys missing (log: $work/calm.sekalid.log)"
 calm_ms=$run_ms calm_window_ms=$window_ms calm_window_keys=$window_keys
 calm_doubled=$(doubled_keys)
 "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
@@ -472,6 +497,9 @@ say "calm: $keys keys in $(seconds "$calm_ms") s, doubled $calm_doubled"
 
 one_run storm
 storm_ms=$run_ms
+ending=timeout
+[ "$drained" = 0 ] || ending=drained
+[ "$done" = 0 ] || ending='done'
 read -r effects distinct < <(sql -F ' ' -c "
     SELECT count(*), count(DISTINCT idempotency_key) FROM sekali_test.effects WHERE queue = '$queue'")
 doubled=$(doubled_keys)
@@ -503,7 +531,8 @@ printf ' faults: kills=%s misses=%s stops=%s restarts=redis:%s,rabbitmq:%s,postg
     "$kills" "$misses" "$stops" "$r_redis" "$r_rabbit" "$r_pg" "$late" "$unverified"
 printf ' crash-loop-logs=%s throughput: fault-free=%s/s storm=%s/s ratio=%s whole=%s/s' \
     "$crash_loops" "$calm_rate" "$storm_rate" "$ratio" "$(rate "$distinct" "$storm_ms")"
-printf ' seconds: calm=%s storm=%s seed=%s\n' "$(seconds "$calm_ms")" "$(seconds "$storm_ms")" "$seed"
+printf ' seconds: calm=%s storm=%s end=%s seed=%s\n' "$(seconds "$calm_ms")" "$(seconds "$storm_ms")" \
+    "$ending" "$seed"
 
 status=0
 [ "$calm_doubled" -eq 0 ] || { say "the fault-free run doubled $calm_doubled keys"; status=1; }
