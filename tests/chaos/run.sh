@@ -50,6 +50,9 @@
 #   CHAOS_LOCK_TTL     lock.ttl in ms [2000]
 #   CHAOS_KILL_MIN_MS, CHAOS_KILL_MAX_MS   pause between kills [100, 200]
 #   CHAOS_TIMEOUT      seconds each run may take [600] {45}
+#   CHAOS_FAULTS       the faults to inject, for diagnosis: some of
+#                      kill stop redis rabbitmq postgres [all of them]
+#   CHAOS_LOG_LEVEL    sekalid's log level [warn] (info logs every job)
 #   CHAOS_MIN_RATIO    fail if the storm/calm throughput ratio is below [0]
 #   CHAOS_SEED         the producer's duplicates and shuffle [random, printed]
 # Files, kept for diagnosis: $SEKALI_SCRATCH/chaos/ (calm.sekalid.log and
@@ -69,6 +72,14 @@ job_ms=${CHAOS_JOB_MS:-10}
 lock_ttl=${CHAOS_LOCK_TTL:-2000}
 kill_min=${CHAOS_KILL_MIN_MS:-100}
 kill_max=${CHAOS_KILL_MAX_MS:-200}
+fault_kinds=" ${CHAOS_FAULTS:-kill stop redis rabbitmq postgres} "
+log_level=${CHAOS_LOG_LEVEL:-warn}
+for f in $fault_kinds; do
+    case $f in kill|stop|redis|rabbitmq|postgres) ;; *)
+        echo "chaos: CHAOS_FAULTS: unknown fault '$f' (kill stop redis rabbitmq postgres)" >&2; exit 2 ;;
+    esac
+done
+case $log_level in debug|info|warn|error) ;; *) echo "chaos: CHAOS_LOG_LEVEL: debug, info, warn or error" >&2; exit 2 ;; esac
 timeout=${CHAOS_TIMEOUT:-$([ "$short" = 1 ] && echo 45 || echo 600)}
 min_ratio=${CHAOS_MIN_RATIO:-0}
 seed=${CHAOS_SEED:-$((RANDOM * 32768 + RANDOM))}
@@ -159,7 +170,7 @@ postgres:
 lock:
   ttl: ${lock_ttl}ms
 log:
-  level: warn
+  level: $log_level
   format: json
 shutdown_timeout: 10s
 outbox:
@@ -358,7 +369,9 @@ restart_postgres() {
 fault_sequence() {
     trap 'exit 0' TERM
     local t0=$1 step pct n
-    for step in "$window_pct stop_worker" "50 restart_redis" "55 restart_rabbitmq" "60 restart_postgres"; do
+    for step in "$window_pct stop_worker stop" "50 restart_redis redis" "55 restart_rabbitmq rabbitmq" \
+                "60 restart_postgres postgres"; do
+        [[ $fault_kinds == *" ${step##* } "* ]] || continue
         pct=${step%% *}
         while :; do
             n=$(cat "$work/progress" 2>/dev/null || echo 0)
@@ -367,7 +380,8 @@ fault_sequence() {
             sleep 0.05
         done
         [ -e "$work/sequence" ] || printf '%s %s\n' $(( $(now_ms) - t0 )) "$n" >"$work/sequence"
-        ${step#* }
+        step=${step#* }
+        ${step% *}
     done
 }
 
@@ -411,7 +425,7 @@ one_run() {
     sekalid=$!
     t0=$(now_ms) run_t0=$t0 window_ms=0 window_keys=0 done=0 drained=0
     if [ "$kind" = storm ]; then
-        storm & storm_pid=$!
+        if [[ $fault_kinds == *" kill "* ]]; then storm & storm_pid=$!; fi
         fault_sequence "$t0" & driver_pid=$!
     fi
 
@@ -547,7 +561,10 @@ if [ "$unverified" -gt 0 ]; then
     say "faults that could not be verified:"; grep '^unverified' "$faults" | sed 's/^/chaos:   /' >&2
     status=1
 fi
-if [ "$stops" -ne 1 ] || [ "$r_redis" -ne 1 ] || [ "$r_rabbit" -ne 1 ] || [ "$r_pg" -ne 1 ] || [ "$kills" -eq 0 ]; then
+# want KIND COUNT: COUNT is right for KIND (once if chosen, else none).
+want() { if [[ $fault_kinds == *" $1 "* ]]; then [ "$2" -eq 1 ]; else [ "$2" -eq 0 ]; fi; }
+if ! want stop "$stops" || ! want redis "$r_redis" || ! want rabbitmq "$r_rabbit" || ! want postgres "$r_pg" ||
+   ! { [[ $fault_kinds != *" kill "* ]] || [ "$kills" -gt 0 ]; }; then
     say "not every fault happened (see $faults)"; status=1
 fi
 [ "$late" -eq 0 ] || say "note: $late of the stop and restarts came after the last effect"
