@@ -41,6 +41,8 @@ static const struct {
 
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
 static bool refused_login(PGconn *pg);
+static char *user_options(const char *conninfo);
+static int durable_commits(PGconn *pg, struct sk_err *err);
 static int pipeline(struct sk_store *s, const struct step *steps, int n, PGresult **last,
                     struct sk_err *err);
 static int connection_error(struct sk_store *s, const char *what, struct sk_err *err);
@@ -270,11 +272,18 @@ PGconn *sk_store_dial(const struct sk_postgres_conf *conf, const char *applicati
     /* lock_timeout bounds how long a claim waits for a row that another
      * worker holds (a duplicate delivery racing a live job): past it the
      * claim fails with SK_BUSY and the delivery is re-scheduled. It applies
-     * to the handler's statements in the job's transaction as well. */
-    char options[128];
-    snprintf(options, sizeof(options),
-             "-c lock_timeout=%u -c idle_in_transaction_session_timeout=%u",
-             conf->lock_timeout_ms, conf->idle_in_transaction_timeout_ms);
+     * to the handler's statements in the job's transaction as well. The
+     * user's own options (from the conninfo, else PGOPTIONS) come first, so
+     * that they are kept and sekali's two settings win over theirs. */
+    char *user = user_options(conf->conninfo);
+    char *options = NULL;
+    if (asprintf(&options, "%s%s-c lock_timeout=%u -c idle_in_transaction_session_timeout=%u",
+                 user != NULL ? user : "", user != NULL ? " " : "", conf->lock_timeout_ms,
+                 conf->idle_in_transaction_timeout_ms) < 0) {
+        free(user);
+        sk_err_set(err, SK_AGAIN, "asprintf(options): out of memory");
+        return NULL;
+    }
     /* expand_dbname: the first "dbname" is the whole conninfo string; the
      * later keywords override what it says. */
     const char *keywords[] = { "dbname", "application_name", "options", "password", NULL };
@@ -282,18 +291,76 @@ PGconn *sk_store_dial(const struct sk_postgres_conf *conf, const char *applicati
     if (conf->password == NULL)
         keywords[3] = NULL;
     PGconn *pg = PQconnectdbParams(keywords, values, 1);
+    free(options);
     if (pg == NULL) {
+        free(user);
         sk_err_set(err, SK_AGAIN, "PQconnectdbParams: out of memory");
         return NULL;
     }
     if (PQstatus(pg) != CONNECTION_OK) {
+        free(user);
         sk_err_set(err, SK_AGAIN, "PostgreSQL connection failed: %s", PQerrorMessage(pg));
         if (refused_login(pg))
             sk_err_mark_auth(err, SK_AGAIN);
         PQfinish(pg);
         return NULL;
     }
+    bool chosen = user != NULL && strstr(user, "synchronous_commit") != NULL;
+    free(user);
+    if (!chosen && durable_commits(pg, err) != SK_OK) {
+        PQfinish(pg);
+        return NULL;
+    }
     return pg;
+}
+
+/* The options the user's conninfo sets, else PGOPTIONS, or NULL; the caller
+ * frees them. Passing "options" to libpq replaces both, so they are read
+ * here and handed on. */
+static char *user_options(const char *conninfo)
+{
+    char *found = NULL;
+    PQconninfoOption *parsed = PQconninfoParse(conninfo, NULL);
+    for (PQconninfoOption *o = parsed; o != NULL && o->keyword != NULL; o++)
+        if (strcmp(o->keyword, "options") == 0 && o->val != NULL && o->val[0] != '\0')
+            found = strdup(o->val);
+    PQconninfoFree(parsed);
+    const char *env = getenv("PGOPTIONS");
+    if (found == NULL && env != NULL && env[0] != '\0')
+        found = strdup(env);
+    return found;
+}
+
+/* A server whose default is synchronous_commit = off acknowledges a COMMIT
+ * before it is durable, and sekali acks the message right after: a crash of
+ * PostgreSQL then loses a job whose message is gone (the chaos soak lost
+ * some that way). Such a session is raised to `on`; any stronger setting
+ * (remote_write, remote_apply) is left as it is, and so is a value the
+ * user's options choose. */
+static int durable_commits(PGconn *pg, struct sk_err *err)
+{
+    const char *value = PQparameterStatus(pg, "synchronous_commit");
+    PGresult *res = NULL;
+    if (value == NULL) {
+        res = PQexec(pg, "SHOW synchronous_commit");
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+            sk_err_set(err, SK_AGAIN, "SHOW synchronous_commit failed: %s",
+                       PQresultErrorMessage(res));
+            PQclear(res);
+            return SK_AGAIN;
+        }
+        value = PQgetvalue(res, 0, 0);
+    }
+    bool off = strcmp(value, "off") == 0;
+    PQclear(res);
+    if (!off)
+        return SK_OK;
+    res = PQexec(pg, "SET synchronous_commit = on");
+    int rc = PQresultStatus(res) == PGRES_COMMAND_OK ? SK_OK : SK_AGAIN;
+    if (rc != SK_OK)
+        sk_err_set(err, SK_AGAIN, "SET synchronous_commit failed: %s", PQresultErrorMessage(res));
+    PQclear(res);
+    return rc;
 }
 
 /* libpq keeps no SQLSTATE for a failed connection, so the server's message

@@ -119,6 +119,30 @@ START_TEST(test_malformed_message_is_dead_lettered_not_dropped)
 }
 END_TEST
 
+/* The job's session keeps the user's own options (PGOPTIONS here, as
+ * from the conninfo), sekali's lock_timeout wins over theirs, and a
+ * server whose default is synchronous_commit = off (the test servers')
+ * still gets durable commits from sekali: an ack after a COMMIT that a
+ * crash can undo would lose the job. */
+START_TEST(test_job_session_keeps_user_options_and_commits_durably)
+{
+    struct h_run r;
+    h_run_open(&r, "settings");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM pg_settings WHERE name = "
+                                      "'synchronous_commit' AND setting = 'off'"), 1);
+    const char *env[] = { "PGOPTIONS=-c statement_timeout=12345 -c lock_timeout=999", NULL };
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .env = env });
+    h_publish(r.b, r.queue, "test", "settings-1", NULL, NULL, "settings");
+    H_WAIT(completed(r.pg, r.queue) == 1, 20000, "the job should complete");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND convert_from(result, 'UTF8') = "
+                                      "'lock_timeout=5000;statement_timeout=12345;"
+                                      "synchronous_commit=on'", r.queue), 1);
+    h_run_close(&r);
+}
+END_TEST
+
 /* sekalid must refuse to start, exit 3 and say why, for each broken plugin. */
 static void assert_refused(const char *handler, const char *expected)
 {
@@ -220,6 +244,7 @@ int main(void)
         test_thousand_unique_jobs_have_one_effect_each,
         test_concurrent_duplicates_run_once_and_are_counted,
         test_malformed_message_is_dead_lettered_not_dropped,
+        test_job_session_keeps_user_options_and_commits_durably,
         NULL,
     };
     const TTest *refused_start[] = {

@@ -11,6 +11,8 @@
  *   "sleep:MS" sleep MS milliseconds, then record the effect
  *   "abort"    abort(): the handler kills its own worker (SIGABRT), every time
  *   "segv"     the same with SIGSEGV
+ *   "settings" record the effect, and save as the result the session's
+ *              lock_timeout, statement_timeout and synchronous_commit
  *   anything   record the effect and return SEKALI_OK
  *   "pay"      external mode: on a fresh first attempt, save the checkpoint
  *              "charged", write MARKER_DIR/stall.<pid> and wait until
@@ -197,8 +199,17 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
                 return SEKALI_RETRY;
         }
     }
-    char receipt[64];
+    char receipt[256];
     int n = snprintf(receipt, sizeof(receipt), "done by %s", pid);
+    if (ok && body_is(job, "settings")) {
+        res = PQexec(s->host->pg(ctx), "SELECT string_agg(name || '=' || setting, ';' ORDER BY "
+                                       "name) FROM pg_settings WHERE name IN ('lock_timeout', "
+                                       "'statement_timeout', 'synchronous_commit')");
+        ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+        if (ok)
+            n = snprintf(receipt, sizeof(receipt), "%s", PQgetvalue(res, 0, 0));
+        PQclear(res);
+    }
     s->host->set_result(ctx, receipt, (size_t)n);
     return ok ? SEKALI_OK : SEKALI_RETRY;
 }
