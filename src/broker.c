@@ -666,6 +666,23 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     return await_one(b, &p, routing_key, err);
 }
 
+int64_t sk_broker_field_int(const amqp_field_value_t *v)
+{
+    if (v == NULL)
+        return -1;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_I8:  return v->value.i8;
+    case AMQP_FIELD_KIND_U8:  return v->value.u8;
+    case AMQP_FIELD_KIND_I16: return v->value.i16;
+    case AMQP_FIELD_KIND_U16: return v->value.u16;
+    case AMQP_FIELD_KIND_I32: return v->value.i32;
+    case AMQP_FIELD_KIND_U32: return v->value.u32;
+    case AMQP_FIELD_KIND_I64: return v->value.i64;
+    case AMQP_FIELD_KIND_U64: return v->value.u64 > INT64_MAX ? -1 : (int64_t)v->value.u64;
+    default:                  return -1;
+    }
+}
+
 static size_t field_size(const amqp_field_value_t *v);
 
 size_t sk_broker_table_size(const amqp_table_t *t)

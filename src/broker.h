@@ -197,6 +197,10 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         const amqp_envelope_t *original, const struct sk_header *extra,
                         size_t n_extra, struct sk_err *err);
 
+/* An integer field's value, or -1 when absent (NULL), not an integer, or
+ * an unsigned value past INT64_MAX. Pure. */
+int64_t sk_broker_field_int(const amqp_field_value_t *v);
+
 /* Bytes an AMQP 0-9-1 field table takes on the wire (without its own
  * 4-byte length), and the bytes of a content header frame's properties
  * (flags included). Pure: for validation and for checks before sending. */

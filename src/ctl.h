@@ -54,8 +54,6 @@ double sk_ctl_metric(const char *text, const char *name, const char *queue, bool
 const amqp_field_value_t *sk_ctl_header(const amqp_message_t *m, const char *name);
 /* A string header copied into out (cut to size), or false and "". */
 bool sk_ctl_header_text(const amqp_message_t *m, const char *name, char *out, size_t size);
-/* An integer field's value, or -1 when absent (NULL) or not an integer. */
-int64_t sk_ctl_field_int(const amqp_field_value_t *v);
 /* seconds since the epoch as 2026-01-31T12:00:00Z. */
 void sk_ctl_iso_time(uint64_t seconds, char *out, size_t size);
 /* Length of the valid UTF-8 sequence at s (left > 0 bytes), or 0. */

@@ -273,7 +273,7 @@ static void decode(struct dlq *d, struct letter *l)
     if (sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason))) {
         l->source = "sekali";
         sk_ctl_header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
-        l->attempts = sk_ctl_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
+        l->attempts = sk_broker_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
         sk_ctl_header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
         sk_ctl_header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
         return;
@@ -300,7 +300,7 @@ static void decode(struct dlq *d, struct letter *l)
                 snprintf(from, sizeof(from), "%.*s", (int)v->value.bytes.len,
                          (const char *)v->value.bytes.bytes);
             else if (len == 5 && memcmp(e->key.bytes, "count", 5) == 0)
-                count = sk_ctl_field_int(v);
+                count = sk_broker_field_int(v);
             else if (len == 4 && memcmp(e->key.bytes, "time", 4) == 0 &&
                      v->kind == AMQP_FIELD_KIND_TIMESTAMP)
                 sk_ctl_iso_time(v->value.u64, l->last, sizeof(l->last));
@@ -308,7 +308,7 @@ static void decode(struct dlq *d, struct letter *l)
         snprintf(number, sizeof(number), "%lld", (long long)count);
         snprintf(l->error, sizeof(l->error), "dead-lettered by the broker from %s (%s, %s "
                  "time%s)", from, l->reason, count >= 0 ? number : "?", count == 1 ? "" : "s");
-        int64_t deliveries = sk_ctl_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
+        int64_t deliveries = sk_broker_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
         l->attempts = deliveries >= 0 ? deliveries : -1;
         return;
     }

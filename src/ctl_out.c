@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "broker.h"
 #include "ctl.h"
 
 const amqp_field_value_t *sk_ctl_header(const amqp_message_t *m, const char *name)
@@ -33,23 +34,6 @@ bool sk_ctl_header_text(const amqp_message_t *m, const char *name, char *out, si
 }
 
 /* An integer field's value, or -1 when absent or not an integer. */
-int64_t sk_ctl_field_int(const amqp_field_value_t *v)
-{
-    if (v == NULL)
-        return -1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_I8:  return v->value.i8;
-    case AMQP_FIELD_KIND_U8:  return v->value.u8;
-    case AMQP_FIELD_KIND_I16: return v->value.i16;
-    case AMQP_FIELD_KIND_U16: return v->value.u16;
-    case AMQP_FIELD_KIND_I32: return v->value.i32;
-    case AMQP_FIELD_KIND_U32: return v->value.u32;
-    case AMQP_FIELD_KIND_I64: return v->value.i64;
-    case AMQP_FIELD_KIND_U64: return v->value.u64 > INT64_MAX ? -1 : (int64_t)v->value.u64;
-    default:                  return -1;
-    }
-}
-
 void sk_ctl_iso_time(uint64_t seconds, char *out, size_t size)
 {
     time_t t = (time_t)seconds;
@@ -192,9 +176,9 @@ void sk_ctl_put_field(FILE *f, const amqp_field_value_t *v, bool json)
         fputc('}', f);
         return;
     default:
-        if (sk_ctl_field_int(v) != -1 || v->kind == AMQP_FIELD_KIND_I64 ||
+        if (sk_broker_field_int(v) != -1 || v->kind == AMQP_FIELD_KIND_I64 ||
             v->kind == AMQP_FIELD_KIND_I32)
-            fprintf(f, "%lld", (long long)sk_ctl_field_int(v));
+            fprintf(f, "%lld", (long long)sk_broker_field_int(v));
         else
             fputs(json ? "null" : "?", f);
     }

@@ -165,7 +165,7 @@ static void dead_letter_event(struct trace *t, const char *queue, const amqp_mes
     if (!sk_ctl_header_text(m, "x-sekali-reason", reason, sizeof(reason)))
         snprintf(reason, sizeof(reason), "rejected by the broker");
     sk_ctl_header_text(m, "x-sekali-error", error, sizeof(error));
-    int64_t n = sk_ctl_field_int(sk_ctl_header(m, "x-sekali-attempts"));
+    int64_t n = sk_broker_field_int(sk_ctl_header(m, "x-sekali-attempts"));
     if (n >= 0)
         snprintf(attempts, sizeof(attempts), "%lld", (long long)n);
     char detail[800];

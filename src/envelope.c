@@ -169,20 +169,7 @@ static int header_key(const amqp_basic_properties_t *p, const char *name, char *
 /* An integer header's value, or -1 when absent or not an integer. */
 static int64_t header_int(const amqp_basic_properties_t *p, const char *name)
 {
-    const amqp_field_value_t *v = find_header(p, name);
-    if (v == NULL)
-        return -1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_I8:  return v->value.i8;
-    case AMQP_FIELD_KIND_U8:  return v->value.u8;
-    case AMQP_FIELD_KIND_I16: return v->value.i16;
-    case AMQP_FIELD_KIND_U16: return v->value.u16;
-    case AMQP_FIELD_KIND_I32: return v->value.i32;
-    case AMQP_FIELD_KIND_U32: return v->value.u32;
-    case AMQP_FIELD_KIND_I64: return v->value.i64;
-    case AMQP_FIELD_KIND_U64: return v->value.u64 > INT64_MAX ? -1 : (int64_t)v->value.u64;
-    default:                  return -1;
-    }
+    return sk_broker_field_int(find_header(p, name));
 }
 
 /* Rejects overlong forms, surrogates and code points past U+10FFFF. */

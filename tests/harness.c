@@ -2,11 +2,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -83,6 +85,18 @@ char *h_tmpdir(const char *name)
     mkdir(parent, 0755);
     ck_assert_msg(mkdtemp(path) != NULL, "mkdtemp(%s): %s", path, strerror(errno));
     return path;
+}
+
+int h_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    ck_assert_msg(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&a, &len) == 0, "bind: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
 }
 
 void h_unique_name(char *out, size_t size, const char *prefix)

@@ -44,6 +44,10 @@ char *h_tmpdir(const char *name);
 /* A queue name unique to this run, so tests never see each other's jobs. */
 void h_unique_name(char *out, size_t size, const char *prefix);
 
+/* A loopback TCP port that was free a moment ago (bound to port 0, then
+ * closed), for a listener the test starts: sekalid's metrics, Prometheus. */
+int h_free_port(void);
+
 /* PostgreSQL: a new connection (migrated schema and test tables ready). */
 PGconn   *h_pg(void);
 void      h_pg_exec(PGconn *pg, const char *sql);

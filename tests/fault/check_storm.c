@@ -23,20 +23,6 @@ static long long effects_for(const struct h_run *r, const char *key)
                              "WHERE queue = '%s' AND idempotency_key = '%s'", r->queue, key);
 }
 
-/* A TCP port free right now, for the metrics endpoint; a process taking it
- * meanwhile makes sekalid exit 2, which fails the test loudly. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* The value of name{queue="<queue>"} on the metrics endpoint, or -1. */
 static double queue_metric(const struct h_run *r, int port, const char *name)
 {
@@ -116,7 +102,7 @@ START_TEST(test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_a
 {
     struct h_run r;
     h_run_open(&r, "deadlock");
-    int port = free_port();
+    int port = h_free_port();
     char top[256];
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
              port);
@@ -297,7 +283,7 @@ START_TEST(test_kill_storm_restarts_every_slot_promptly_and_loses_nothing)
 {
     struct h_run r;
     h_run_open(&r, "storm");
-    int port = free_port();
+    int port = h_free_port();
     char top[256];
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n"
              "restart:\n  initial: 200ms\n  max: 30s\n", port);

@@ -78,20 +78,6 @@ static void assert_has(const char *text, const char *needle)
     ck_assert_msg(strstr(text, needle) != NULL, "expected \"%s\" in:\n%s", needle, text);
 }
 
-/* A loopback port free a moment ago (a race with another process taking it
- * fails the start loudly, never quietly). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    ck_assert_msg(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-                  getsockname(fd, (struct sockaddr *)&a, &len) == 0, "%s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* sekalid with `workers` workers of effect.so, one relay and, when
  * metrics, the metrics endpoint and a janitor. */
 static void start(struct h_run *r, const char *name, int workers, bool metrics)
@@ -100,7 +86,7 @@ static void start(struct h_run *r, const char *name, int workers, bool metrics)
     char top[512];
     if (metrics)
         snprintf(top, sizeof(top), H_RELAY "metrics:\n  listen: 127.0.0.1:%d\n"
-                                            "janitor:\n  interval: 1h\n", free_port());
+                                            "janitor:\n  interval: 1h\n", h_free_port());
     else
         snprintf(top, sizeof(top), H_RELAY "janitor:\n  interval: 0s\n");
     h_run_start(r, &(struct h_run_opts){ .workers = workers, .queue_yaml = H_FAST_RETRIES,

@@ -23,19 +23,6 @@ struct run {
     char         hold[1100];  /* dir/hold: the supervisor is held while it exists */
 };
 
-/* A loopback port the kernel had free a moment ago. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    ck_assert_msg(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-                  getsockname(fd, (struct sockaddr *)&a, &len) == 0, "%s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* GET path with curl; returns the HTTP status (0 if none), the body in
  * r->body. */
 static int get(struct run *r, const char *path)
@@ -86,7 +73,7 @@ static void start(struct run *r, const char *name, bool held)
 {
     allow_consuming(true);  /* whatever a failed test before left */
     h_run_open(&r->h, name);
-    r->port = free_port();
+    r->port = h_free_port();
     snprintf(r->hold, sizeof(r->hold), "%s/hold", r->h.dir);
     char top[256], hold_env[1200];
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", r->port);

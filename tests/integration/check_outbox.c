@@ -378,20 +378,6 @@ START_TEST(test_enqueue_refuses_what_could_never_be_published_and_enqueues_nothi
 }
 END_TEST
 
-/* A free loopback port (the small race with another process taking it
- * would fail the test loudly: sekalid exits 2). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    ck_assert(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* One series of a /metrics scrape, or -1 if absent (or no answer). */
 static double metric(int port, const char *name, const char *queue)
 {
@@ -433,7 +419,7 @@ START_TEST(test_rows_amqp_cannot_carry_are_refused_and_the_rest_is_published)
 {
     struct h_run r;
     h_run_open(&r, "unsendable");
-    int port = free_port();
+    int port = h_free_port();
     char top[256];
     snprintf(top, sizeof(top), "%smetrics:\n  listen: 127.0.0.1:%d\n", H_RELAY, port);
     char sql[1024];

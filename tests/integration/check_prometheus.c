@@ -23,21 +23,6 @@
 
 #define PROMETHEUS "/usr/bin/prometheus"
 
-/* A loopback port that was free a moment ago. Another process taking it
- * in between fails the test loudly (its server cannot start), never
- * quietly. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    ck_assert_msg(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-                  getsockname(fd, (struct sockaddr *)&a, &len) == 0, "%s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* Writes dir/prometheus.yml, scraping sekalid's endpoint every second and
  * evaluating contrib's rules every second. */
 static void write_prometheus_config(const char *dir, int metrics_port)
@@ -203,7 +188,7 @@ START_TEST(test_prometheus_scrapes_sekalid_and_serves_its_series)
 {
     struct h_run r;
     h_run_open(&r, "prometheus");
-    int metrics_port = free_port(), prom_port = free_port();
+    int metrics_port = h_free_port(), prom_port = h_free_port();
     ck_assert_int_ne(metrics_port, prom_port);
     char top[256];
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", metrics_port);
