@@ -115,6 +115,9 @@ for run in $(seq 1 "$runs"); do
     queue=$run_id-pgbench-$run
     settle
     quiesce "pgbench run $run"
+    # With sekali's durability: it raises its sessions to synchronous_commit
+    # on where the server (as the test servers) defaults to off.
+    PGOPTIONS="-c synchronous_commit=on" \
     "$pgbench" -n -M prepared -c "$pg_clients" -j "$pg_threads" -t "$pg_per_client" \
         -f tests/bench/job.pgbench -D "queue=$queue" "$SEKALI_PG_CONNINFO" \
         >"$work/$queue.log" 2>&1 || die "pgbench run $run (see $work/$queue.log)"
