@@ -394,7 +394,8 @@ int sk_ctl_trace(const struct sk_conf *conf, int argc, char **argv)
     read_pg(&t, conf);
     read_dead_letters(&t, conf);
     read_journal(&t);
-    qsort(t.ev, t.n, sizeof(*t.ev), by_time);
+    if (t.n > 1)  /* t.ev is NULL when nothing was found: qsort must not see it */
+        qsort(t.ev, t.n, sizeof(*t.ev), by_time);
     int code = t.failed ? SK_CTL_FAILED : t.n == 0 ? SK_CTL_NOT_FOUND : SK_CTL_OK;
     print(&t, code);
     for (size_t i = 0; i < t.n; i++) {
