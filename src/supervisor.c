@@ -69,6 +69,7 @@ struct slot {
 struct death {
     bool job_caused;  /* counts against its job's key (sql/006) */
     bool progress;    /* restart at once, reset the backoff */
+    bool outside;     /* killed from outside: restart at once, backoff as it was */
 };
 
 /* One configuration and the workers it runs. Slot i's shared state is
@@ -448,7 +449,11 @@ static bool fault_signal(int sig)
  * signal, and every death outside the handler (parsing, waiting for or
  * taking the lock, claiming, committing, acking, idle), is no fault of the
  * job. Progress: the worker finished a delivery since it started, or it was
- * ready and something outside killed it. */
+ * ready and something outside killed it. An outside kill before it was
+ * ready (during a broker outage, say, when no worker can become ready) is
+ * no sign that it cannot get going either: it neither backs off nor counts
+ * towards a crash loop, and leaves the backoff of the slot's own failures
+ * as it was. */
 static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slot *shared,
                           int status)
 {
@@ -470,6 +475,7 @@ static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slo
     return (struct death){
         .job_caused = in_handler && own,
         .progress = atomic_load(&shared->finished) > 0 || (ready && !own),
+        .outside = !own,
     };
 }
 
@@ -497,7 +503,7 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
     if (!retiring && d->progress) {
         sk_backoff_reset(&slot->backoff);
         slot->quick_deaths = 0;
-    } else if (!retiring) {
+    } else if (!retiring && !d->outside) {
         delay = sk_backoff_next(&slot->backoff);
     }
     char what[64] = "";
@@ -514,7 +520,7 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
                     d->job_caused ? " (its job's doing)" : "", what);
     if (retiring)
         return;
-    if (!d->progress && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
+    if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
         sk_log_error("worker for queue %s is crash-looping (%u deaths in a row without "
                      "progress); restarts are backing off up to %u ms", queue,
                      slot->quick_deaths, slot->backoff.cap_ms);
