@@ -49,6 +49,7 @@ static const struct {
 
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
+static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
 static struct timeval to_timeval(uint32_t ms);
 static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
                      struct sk_err *err);
@@ -141,7 +142,8 @@ void sk_broker_close(struct sk_broker *b)
 struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q)
 {
     return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
-                                    .delivery_limit = (uint32_t)q->delivery_limit };
+                                    .delivery_limit = (uint32_t)q->delivery_limit,
+                                    .passive = q->declare == SK_DECLARE_PASSIVE };
 }
 
 int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
@@ -156,6 +158,17 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
                        amqp_empty_table);
     if (rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err) != SK_OK)
         return err != NULL ? err->code : SK_ERR;
+
+    if (shape != NULL && shape->passive) {
+        amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
+                           amqp_empty_table);
+        amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+        /* SK_AGAIN: the infrastructure tool may create it later. */
+        if (channel_closed_with(reply, AMQP_NOT_FOUND))
+            return sk_err_set(err, SK_AGAIN, "queue %s does not exist: with declare: passive "
+                              "someone else must declare it (or set declare: auto)", name);
+        return rpc_check(reply, "queue.declare(passive)", err);
+    }
 
     /* A rejected message goes to name.dead through the default exchange; the
      * broker moves it, so a dead letter cannot be lost between two queues. */
@@ -177,7 +190,14 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
     }
     amqp_table_t table = { .num_entries = n_args, .entries = args };
     amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare", err);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
+        amqp_channel_close_t *m = reply.reply.decoded;
+        return sk_err_set(err, SK_ERR, "declared by someone else with other arguments: set "
+                          "declare: passive to consume it as it is (%.*s)",
+                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    }
+    return rpc_check(reply, "queue.declare", err);
 }
 
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
@@ -890,6 +910,14 @@ static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *er
                           reply.reply.id);
     }
     return sk_err_set(err, SK_ERR, "%s: unknown reply type", what);
+}
+
+/* Whether the broker answered by closing the channel with this reply code. */
+static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code)
+{
+    return reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+           reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+           ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == code;
 }
 
 static struct timeval to_timeval(uint32_t ms)

@@ -48,6 +48,7 @@ void sk_broker_close(struct sk_broker *b);
 struct sk_queue_shape {
     bool     quorum;          /* a replicated quorum queue instead of a classic one */
     uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none */
+    bool     passive;         /* declared by someone else: only check that it exists */
 };
 
 /* The shape sekalid declares a configured queue with. */
@@ -55,7 +56,10 @@ struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q);
 
 /* Declares the durable work queue `name` with shape (NULL: classic), whose
  * rejected messages the broker dead-letters to the durable queue
- * `name.dead`. */
+ * `name.dead`. With shape->passive, `name.dead` is still declared but `name`
+ * is only checked to exist, whatever its arguments. The error of a missing
+ * passive queue, or of one whose arguments differ from sekali's, says what
+ * to do about it. */
 int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
                       struct sk_err *err);
 

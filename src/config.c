@@ -129,6 +129,7 @@ static const char *const levels[]  = { "debug", "info", "warn", "error", NULL };
 static const char *const formats[] = { "auto", "json", "text", NULL };
 static const char *const redis_down[] = { "proceed", "wait", NULL };
 static const char *const queue_types[] = { "classic", "quorum", NULL };
+static const char *const declares[] = { "auto", "passive", NULL };
 
 static const struct key amqp_keys[] = {
     CUSTOM("url", amqp_url, true),
@@ -195,6 +196,7 @@ static const struct key queue_keys[] = {
     SUBSECTION("retry",     sk_queue_conf, retry, retry_keys),
     ENUM("on_redis_down",   sk_queue_conf, on_redis_down, redis_down),
     ENUM("queue_type",      sk_queue_conf, queue_type, queue_types),
+    ENUM("declare",         sk_queue_conf, declare, declares),
     INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
     INT("max_crashes",      sk_queue_conf, max_crashes, 0, 1000),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
@@ -283,6 +285,7 @@ _Static_assert(sizeof(enum sk_log_level) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_log_format) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_redis_down) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_queue_type) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum sk_queue_declare) == sizeof(int), "enum size");
 
 int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
 {

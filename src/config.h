@@ -26,6 +26,11 @@ enum sk_redis_down {
 
 enum sk_queue_type { SK_QUEUE_CLASSIC = 0, SK_QUEUE_QUORUM };
 
+/* Who declares a work queue: sekali with its own arguments, or someone else
+ * (a definitions file, an infrastructure tool), in which case sekali only
+ * checks that it exists and consumes it as it is. */
+enum sk_queue_declare { SK_DECLARE_AUTO = 0, SK_DECLARE_PASSIVE };
+
 enum sk_log_level { SK_LOG_DEBUG = 0, SK_LOG_INFO, SK_LOG_WARN, SK_LOG_ERROR };
 enum sk_log_format { SK_LOG_FORMAT_AUTO = 0, SK_LOG_FORMAT_JSON, SK_LOG_FORMAT_TEXT };
 
@@ -115,6 +120,7 @@ struct sk_queue_conf {
     struct sk_retry_conf retry;
     enum sk_redis_down on_redis_down;
     enum sk_queue_type queue_type;
+    enum sk_queue_declare declare;
     uint32_t           lease_ms;       /* external mode: the key's lease, renewed every lease/3 */
     uint32_t           retention_ms;   /* finished keys older than this are deleted */
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */

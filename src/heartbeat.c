@@ -173,6 +173,7 @@ const atomic_bool *sk_heartbeat_lost(struct sk_heartbeat *hb)
 static void *run(void *arg)
 {
     struct sk_heartbeat *hb = arg;
+    pthread_setname_np(pthread_self(), "sk-heartbeat");
 
     pthread_mutex_lock(&hb->mutex);
     for (;;) {

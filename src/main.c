@@ -19,6 +19,7 @@
 #include "config.h"
 #include "log.h"
 #include "plugin.h"
+#include "proctitle.h"
 #include "supervisor.h"
 
 #ifndef SK_VERSION
@@ -52,6 +53,8 @@ int main(int argc, char **argv)
         { "version", no_argument, NULL, 'V' },
         { NULL, 0, NULL, 0 },
     };
+    /* First: getopt's optarg and getenv must already point at the copies. */
+    sk_proctitle_init(argc, argv);
     int opt;
     while ((opt = getopt_long(argc, argv, "c:thV", options, NULL)) != -1) {
         switch (opt) {

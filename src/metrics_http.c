@@ -289,6 +289,7 @@ static int listen_on(const struct sk_metrics_conf *mc, int *fd, struct sk_err *e
 static void *serve(void *arg)
 {
     struct sk_metrics_http *h = arg;
+    pthread_setname_np(pthread_self(), "sk-metrics");
 
     pthread_mutex_lock(&gate);
     sem_post(&h->running);

@@ -45,6 +45,7 @@
 #include "notify.h"
 #include "janitor.h"
 #include "outbox.h"
+#include "proctitle.h"
 #include "scoreboard.h"
 #include "supervisor.h"
 #include "worker.h"
@@ -126,6 +127,7 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
 {
     struct supervisor s = { .signal_fd = -1 };
     struct sk_err err = { 0 };
+    sk_proctitle_set("sekalid: supervisor", "sk-supervisor");
     s.current = generation_new(conf, plugins, &err);
     if (s.current == NULL) {
         sk_log_error("%s", err.msg);
@@ -294,6 +296,26 @@ static const char *slot_name(const struct generation *g, const struct slot *slot
                                   : g->conf->queues[slot->queue].name;
 }
 
+/* Names the child for ps/top: slots of one role are numbered from 1 in
+ * slot order, which restarts keep, so a title names the same slot for life. */
+static void set_title(const struct generation *g, const struct slot *slot)
+{
+    unsigned n = 1;
+    for (const struct slot *o = g->slots; o < slot; o++)
+        n += o->queue == slot->queue;
+    char title[300];
+    if (slot->queue == RELAY)
+        snprintf(title, sizeof title, "sekalid: outbox relay #%u", n);
+    else if (slot->queue == JANITOR)
+        snprintf(title, sizeof title, "sekalid: janitor");
+    else
+        snprintf(title, sizeof title, "sekalid: worker %s#%u",
+                 g->conf->queues[slot->queue].name, n);
+    sk_proctitle_set(title, slot->queue == RELAY     ? "sk-relay"
+                            : slot->queue == JANITOR ? "sk-janitor"
+                                                     : "sk-worker");
+}
+
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 {
     size_t index = (size_t)(slot - g->slots);
@@ -319,6 +341,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
          * and it stops by itself if the supervisor dies. */
         close(s->signal_fd);
         sk_metrics_http_close_in_child(s->http);
+        set_title(g, slot);
         /* Only the supervisor talks to systemd. */
         unsetenv("NOTIFY_SOCKET");
         unsetenv("WATCHDOG_USEC");

@@ -102,6 +102,8 @@ static const struct bad_case bad_cases[] = {
       "\"amq.\" are reserved by RabbitMQ" },
     { "bad_enum_mode.yaml", NULL,
       DATA "bad_enum_mode.yaml:8:11: unknown mode \"batch\": expected transactional or external" },
+    { "bad_enum_declare.yaml", NULL,
+      DATA "bad_enum_declare.yaml:8:14: unknown declare \"passiv\": expected auto or passive" },
     { "bad_enum_level.yaml", NULL,
       DATA "bad_enum_level.yaml:2:10: unknown level \"verbose\": expected debug, info, warn or error" },
     { "bad_enum_format.yaml", NULL,

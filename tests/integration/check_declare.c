@@ -1,0 +1,169 @@
+/* check_declare.c - queues declared by someone else: `declare: passive`
+ * consumes them as they are, whatever their arguments or policies, and
+ * `declare: auto` says what to do instead of retrying in silence. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+
+#include "harness.h"
+
+#define PASSIVE "    declare: passive\n" H_FAST_RETRIES
+
+/* Declares the durable queue `name` as another tool would: with arguments
+ * of its own (x-max-length, a dead-letter exchange that is not sekali's), or
+ * none at all. Over a connection of its own, as sk_broker always adds
+ * sekali's arguments. */
+static void declare_foreign(const char *name, bool with_arguments)
+{
+    char *url = strdup(h_amqp_url());
+    struct amqp_connection_info info;
+    ck_assert_int_eq(amqp_parse_url(url, &info), AMQP_STATUS_OK);
+    amqp_connection_state_t conn = amqp_new_connection();
+    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
+    ck_assert_int_eq(amqp_socket_open(socket, info.host, info.port), AMQP_STATUS_OK);
+    ck_assert_int_eq(amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+                                info.user, info.password).reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_channel_open(conn, 1);
+    ck_assert_int_eq(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_table_entry_t args[2];
+    args[0].key = amqp_cstring_bytes("x-max-length");
+    args[0].value.kind = AMQP_FIELD_KIND_I64;
+    args[0].value.value.i64 = 10000;
+    args[1].key = amqp_cstring_bytes("x-dead-letter-exchange");
+    args[1].value.kind = AMQP_FIELD_KIND_UTF8;
+    args[1].value.value.bytes = amqp_cstring_bytes("amq.fanout");
+    amqp_table_t table = { .num_entries = with_arguments ? 2 : 0, .entries = args };
+    amqp_queue_declare(conn, 1, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    ck_assert_msg(amqp_get_rpc_reply(conn).reply_type == AMQP_RESPONSE_NORMAL,
+                  "declaring %s failed", name);
+    amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
+    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(conn);
+    free(url);
+}
+
+static void rabbitmqctl(const char *args)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "\"$SEKALI_RABBITMQCTL\" %s >/dev/null 2>&1", args);
+    int rc = system(cmd);
+    ck_assert_msg(rc == 0, "rabbitmqctl %s: status 0x%x", args, rc);
+}
+
+static long long effects(struct h_run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' AND "
+                             "idempotency_key = '%s'", r->queue, key);
+}
+
+/* One job of each outcome on a queue sekali did not declare: it runs once,
+ * a retry goes through sekali's delay queue back to it, and a failure lands
+ * in <queue>.dead, which sekali publishes to itself. */
+static void run_each_outcome_once(struct h_run *r)
+{
+    h_run_start(r, &(struct h_run_opts){ .workers = 2, .queue_yaml = PASSIVE,
+                                         .shape = &(struct sk_queue_shape){ .passive = true } });
+    h_publish(r->b, r->queue, "test", "ok-1", "k-ok", NULL, "ok");
+    h_publish(r->b, r->queue, "test", "retry-1", "k-retry", NULL, "retry");
+    h_publish(r->b, r->queue, "test", "fail-1", "k-fail", NULL, "fail");
+    H_WAIT(effects(r, "k-ok") == 1 && effects(r, "k-retry") == 1, 20000,
+           "the ok and retried jobs should commit once each (ok %lld, retry %lld)",
+           effects(r, "k-ok"), effects(r, "k-retry"));
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                       "'%s' AND idempotency_key = 'k-retry'", r->queue), 2);
+    H_WAIT(h_queue_depth(r->b, r->dead) == 1, 20000, "the failed job should be in %s, has %u",
+           r->dead, h_queue_depth(r->b, r->dead));
+    amqp_message_t msg;
+    ck_assert(h_get(r->b, r->dead, &msg));
+    char buf[200];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof buf), "failed");
+    amqp_destroy_message(&msg);
+    h_run_stop(r);
+    ck_assert_int_eq(effects(r, "k-ok"), 1);
+    ck_assert_int_eq(effects(r, "k-retry"), 1);
+    ck_assert_int_eq(effects(r, "k-fail"), 0);
+}
+
+START_TEST(test_passive_queue_with_other_arguments_runs_retries_and_dead_letters)
+{
+    struct h_run r;
+    h_run_open(&r, "passive");
+    declare_foreign(r.queue, true);
+    run_each_outcome_once(&r);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_passive_queue_under_a_policy_runs_retries_and_dead_letters)
+{
+    struct h_run r;
+    h_run_open(&r, "policy");
+    char args[600];
+    /* The policy's dead-letter exchange is not sekali's: sekali's own
+     * copies to <queue>.dead must not depend on it. */
+    snprintf(args, sizeof args, "set_policy --apply-to queues %s-p '^%s$' "
+             "'{\"max-length\":10000,\"dead-letter-exchange\":\"amq.fanout\"}'", r.queue, r.queue);
+    rabbitmqctl(args);
+    declare_foreign(r.queue, false);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "\"$SEKALI_RABBITMQCTL\" list_queues -q name policy 2>/dev/null "
+             "| grep -q '^%s[[:space:]]*%s-p$'", r.queue, r.queue);
+    H_WAIT(system(cmd) == 0, 10000, "the policy should apply to %s", r.queue);
+    run_each_outcome_once(&r);
+    snprintf(args, sizeof args, "clear_policy %s-p", r.queue);
+    rabbitmqctl(args);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_auto_declare_of_a_foreign_queue_says_to_set_passive_once)
+{
+    struct h_run r;
+    h_run_open(&r, "auto");
+    declare_foreign(r.queue, true);
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_count_lines(r.log, "set declare: passive") >= 1, 20000,
+           "sekalid should say to set declare: passive");
+    ck_assert_int_eq(h_count_lines(r.log, "inequivalent arg"), 1);
+    /* A bounded window of the worker's backoff retries: still one line. */
+    int64_t until = h_now_ms() + h_ms(3000);
+    while (h_now_ms() < until)
+        h_nap();
+    ck_assert_int_eq(h_count_lines(r.log, "set declare: passive"), 1);
+    ck_assert_int_eq(h_consumers(r.b, r.queue), 0);
+    h_stop_sekalid(r.sekalid, r.dir);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_passive_queue_that_does_not_exist_is_waited_for)
+{
+    struct h_run r;
+    h_run_open(&r, "absent");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, PASSIVE);
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_count_lines(r.log, "does not exist") >= 1, 20000,
+           "sekalid should say the passive queue does not exist");
+    declare_foreign(r.queue, true);
+    H_WAIT(h_consumers(r.b, r.queue) == 1, 30000, "the worker should consume once it exists");
+    ck_assert_int_eq(h_count_lines(r.log, "does not exist"), 1);
+    h_stop_sekalid(r.sekalid, r.dir);
+    h_run_close(&r);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_passive_queue_with_other_arguments_runs_retries_and_dead_letters,
+        test_passive_queue_under_a_policy_runs_retries_and_dead_letters,
+        test_auto_declare_of_a_foreign_queue_says_to_set_passive_once,
+        test_passive_queue_that_does_not_exist_is_waited_for,
+        NULL,
+    };
+    return h_run_suite(h_suite("declare", 180, tests));
+}
