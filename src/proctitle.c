@@ -14,6 +14,10 @@
 extern char **environ;
 
 static char  *area;      /* start of the original argv strings; NULL if unusable */
+/* The copy of the environment. setenv() may later replace environ with an
+ * array of its own and drop ours without freeing it (it frees only what it
+ * allocated): held here, it stays reachable rather than leaked. */
+static char **environ_copy;
 static size_t area_len;  /* contiguous bytes from area, through the last string's NUL */
 
 static void free_strings(char **v, size_t n)
@@ -60,7 +64,7 @@ void sk_proctitle_init(int argc, char **argv)
             return;
         }
     /* Only now, with every copy made, repoint: the old strings are dead. */
-    environ = env;
+    environ = environ_copy = env;
     for (int i = 0; i < argc; i++)
         argv[i] = args[i];
     free(args);  /* the array only: the strings live on through argv */

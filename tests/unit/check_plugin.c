@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <valgrind/valgrind.h>
 
 #include <check.h>
 
@@ -292,6 +293,10 @@ END_TEST
  * could have pointed elsewhere in between. */
 START_TEST(test_handler_is_loaded_through_the_descriptor_that_was_checked)
 {
+    /* Valgrind loads objects through descriptors of its own: the name
+     * glibc keeps then says nothing of ours. */
+    if (RUNNING_ON_VALGRIND)
+        return;
     char root[64], file[128];
     struct sk_plugin p;
     struct sk_err err;
