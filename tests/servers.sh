@@ -220,6 +220,20 @@ install_packages() {
 # Scratch dir and wrappers
 # ---------------------------------------------------------------------------
 
+# Every default port here lies in Linux's ephemeral range (32768-60999), so
+# any client socket of a busy test run can be given one as its local port,
+# and a server restarted then cannot listen on it (RabbitMQ died with
+# could_not_start_listener that way under load). Reserving the ports keeps
+# the kernel from handing them out; it changes nothing else, and where the
+# setting cannot be written (an unprivileged run) all goes on as before.
+reserve_ports() {
+    local file=/proc/sys/net/ipv4/ip_local_reserved_ports current wanted
+    [ -w "$file" ] || return 0
+    current=$(<"$file")
+    wanted="$PG_PORT,$REDIS_PORT,$AMQP_PORT,$AMQP_DIST_PORT-$((AMQP_DIST_PORT + 10)),$EPMD_PORT"
+    echo "${current:+$current,}$wanted" >"$file" 2>/dev/null || true
+}
+
 prepare_scratch() {
     mkdir -p "$SCRATCH" "$BIN"
     # postgres must be able to traverse into the scratch dir.
@@ -676,6 +690,7 @@ cmd_start() {
     install_packages
     take_lock
     prepare_scratch
+    reserve_ports
     cd "$SCRATCH"
     # Redis and PostgreSQL are quick; RabbitMQ is the slow one.  Sequential
     # keeps errors readable; RabbitMQ's boot dominates anyway.
@@ -710,6 +725,7 @@ cmd_single() {
     case $action in start|restart) install_packages ;; esac
     take_lock
     [ -f "$MARKER" ] || prepare_scratch
+    reserve_ports
     cd "$SCRATCH"
     case $action in
         stop) "stop_$server" ;;

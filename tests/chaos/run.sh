@@ -210,17 +210,16 @@ stop_sekalid() {
 # stops, the queue in use is deleted (lib.sh's cleanup); and if a server
 # restart was cut short, the servers are brought back up.
 chaos_cleanup() {
-    local interrupted=0
     for p in "$storm_pid" "$driver_pid"; do
-        [ -n "$p" ] && kill -TERM "$p" 2>/dev/null && interrupted=1
+        [ -n "$p" ] && kill -TERM "$p" 2>/dev/null
     done
     [ -n "$storm_pid" ] && wait "$storm_pid" 2>/dev/null
     [ -n "$driver_pid" ] && wait "$driver_pid" 2>/dev/null
     [ -s "$stopped_file" ] && kill -CONT "$(<"$stopped_file")" 2>/dev/null
     stop_sekalid
-    if [ "$interrupted" = 1 ]; then
-        tests/servers.sh start >>"$work/servers.log" 2>&1 || say "tests/servers.sh start failed: see $work/servers.log"
-    fi
+    # Whatever happened (an interruption, a restart that failed), the suites
+    # after the soak need every server up: start starts only what is down.
+    tests/servers.sh start >>"$work/servers.log" 2>&1 || say "tests/servers.sh start failed: see $work/servers.log"
     cleanup
 }
 trap chaos_cleanup EXIT
