@@ -14,10 +14,13 @@
 extern char **environ;
 
 static char  *area;      /* start of the original argv strings; NULL if unusable */
-/* The copy of the environment. setenv() may later replace environ with an
- * array of its own and drop ours without freeing it (it frees only what it
- * allocated): held here, it stays reachable rather than leaked. */
-static char **environ_copy;
+/* The environment, copied: the array environ points at, which setenv()
+ * may drop for one it allocates, and a second array of the same strings,
+ * never handed to glibc, since unsetenv() edits the first in place. Held
+ * here, both stay reachable rather than leaked, whatever glibc does.
+ * Volatile because nothing reads them: the compiler would drop the stores. */
+static char **volatile environ_array;
+static char **volatile environ_strings;
 static size_t area_len;  /* contiguous bytes from area, through the last string's NUL */
 
 static void free_strings(char **v, size_t n)
@@ -45,9 +48,11 @@ void sk_proctitle_init(int argc, char **argv)
         end = environ[i] + strlen(environ[i]) + 1;
 
     char **env = calloc(n_env + 1, sizeof *env);
+    char **kept = calloc(n_env + 1, sizeof *kept);
     char **args = calloc((size_t)argc, sizeof *args);
-    if (!env || !args) {
+    if (!env || !kept || !args) {
         free(env);
+        free(kept);
         free(args);
         return;
     }
@@ -55,16 +60,20 @@ void sk_proctitle_init(int argc, char **argv)
         if (!(env[i] = strdup(environ[i]))) {
             free_strings(env, n_env);
             free_strings(args, (size_t)argc);
+            free(kept);
             return;
         }
     for (int i = 0; i < argc; i++)
         if (!(args[i] = strdup(argv[i]))) {
             free_strings(env, n_env);
             free_strings(args, (size_t)argc);
+            free(kept);
             return;
         }
     /* Only now, with every copy made, repoint: the old strings are dead. */
-    environ = environ_copy = env;
+    memcpy(kept, env, n_env * sizeof *kept);
+    environ_strings = kept;
+    environ = environ_array = env;
     for (int i = 0; i < argc; i++)
         argv[i] = args[i];
     free(args);  /* the array only: the strings live on through argv */

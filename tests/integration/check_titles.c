@@ -77,6 +77,9 @@ static bool has_thread(pid_t pid, const char *name)
 
 START_TEST(test_supervisor_workers_relay_janitor_and_threads_carry_their_titles)
 {
+    /* Under valgrind, /proc/PID/cmdline is valgrind's copy of argv. */
+    if (getenv("SEKALI_VALGRIND") != NULL)
+        return;
     struct h_run r;
     h_run_open(&r, "titles");
     char second[160], queue_yaml[600], top[300];
