@@ -329,6 +329,21 @@ uint32_t h_consumers(struct sk_broker *b, const char *queue)
     return consumers;
 }
 
+char *h_readme_block(const char *lang)
+{
+    char *readme = h_read_file("README.md");
+    ck_assert_msg(readme != NULL, "README.md not found: run from the repository root");
+    char fence[32];
+    snprintf(fence, sizeof(fence), "```%s\n", lang);
+    char *start = strstr(readme, fence);
+    char *end = start != NULL ? strstr(start + strlen(fence), "\n```") : NULL;
+    char *block = NULL;
+    if (end != NULL)
+        block = strndup(start + strlen(fence), (size_t)(end - start) - strlen(fence) + 1);
+    free(readme);
+    return block;
+}
+
 char *h_read_file(const char *path)
 {
     FILE *f = fopen(path, "r");

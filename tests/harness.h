@@ -126,6 +126,11 @@ bool h_redis_exists(const char *key);
 /* Reads the whole file, or NULL if missing; the caller frees. */
 char *h_read_file(const char *path);
 
+/* The first ```lang fenced block of README.md (run from the repository
+ * root), without its fences, or NULL; the caller frees. Tests run the
+ * README's examples exactly as written through it. */
+char *h_readme_block(const char *lang);
+
 /* Number of lines of path containing needle. */
 int h_count_lines(const char *path, const char *needle);
 

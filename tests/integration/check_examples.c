@@ -14,21 +14,6 @@
 
 #define PYTHON "/usr/bin/python3"  /* Debian's, with python3-psycopg; not a pyenv shim */
 
-/* The first ```python block of README.md, or NULL; the caller frees. */
-static char *readme_python(void)
-{
-    char *readme = h_read_file("README.md");
-    ck_assert_msg(readme != NULL, "README.md not found: run from the repository root");
-    const char *fence = "```python\n";
-    char *start = strstr(readme, fence);
-    char *end = start != NULL ? strstr(start + strlen(fence), "\n```") : NULL;
-    char *block = NULL;
-    if (end != NULL)
-        block = strndup(start + strlen(fence), (size_t)(end - start) - strlen(fence) + 1);
-    free(readme);
-    return block;
-}
-
 /* Writes the block as a script: psycopg imported, dsn from argv, the job id
  * printed; "invoices" is replaced by queue. Returns the script's path. */
 static char *write_script(const char *dir, const char *block, const char *queue)
@@ -85,7 +70,7 @@ START_TEST(test_readme_python_producer_enqueues_in_the_business_transaction)
                                           .queue_yaml = "    config: {table: invoices}\n",
                                           .top_yaml = H_RELAY });
 
-    char *block = readme_python();
+    char *block = h_readme_block("python");
     ck_assert_msg(block != NULL, "README.md has no ```python block");
     char *script = write_script(r.dir, block, r.queue);
     char dsn[1024];

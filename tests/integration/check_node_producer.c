@@ -45,21 +45,6 @@ static char *node_postgres(void)
     return dir;
 }
 
-/* The first ```js block of README.md, or NULL; the caller frees. */
-static char *readme_js(void)
-{
-    char *readme = h_read_file("README.md");
-    ck_assert_msg(readme != NULL, "README.md not found: run from the repository root");
-    const char *fence = "```js\n";
-    char *start = strstr(readme, fence);
-    char *end = start != NULL ? strstr(start + strlen(fence), "\n```") : NULL;
-    char *block = NULL;
-    if (end != NULL)
-        block = strndup(start + strlen(fence), (size_t)(end - start) - strlen(fence) + 1);
-    free(readme);
-    return block;
-}
-
 /* Writes the block as a script that makes a pool on argv[2] with the
  * example's schema first on the search path, calls the block's
  * enqueueInvoice() and prints the job id; 'invoices' becomes queue. */
@@ -129,7 +114,7 @@ START_TEST(test_readme_node_producer_enqueues_in_the_business_transaction)
                                           .queue_yaml = "    config: {table: invoices}\n",
                                           .top_yaml = H_RELAY });
 
-    char *block = readme_js();
+    char *block = h_readme_block("js");
     ck_assert_msg(block != NULL, "README.md has no ```js block");
     char *script = write_script(r.dir, block, r.queue);
     char job_id[256];
