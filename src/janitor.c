@@ -12,7 +12,6 @@
  * Each DELETE takes at most janitor.batch rows and commits on its own, so
  * it never holds many row locks or a long transaction; a round repeats
  * batches until one comes back short. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +21,8 @@
 #include "backoff.h"
 #include "janitor.h"
 #include "log.h"
+#include "process.h"
 #include "store.h"
-
-static volatile sig_atomic_t stop_requested;
-
-static void on_stop_signal(int signo)
-{
-    (void)signo;
-    stop_requested = 1;
-}
 
 /* Runs sql (with $1 = batch and the given extra parameters) until a batch
  * deletes fewer rows than asked. Returns rows deleted, or -1. */
@@ -48,7 +40,7 @@ static long long drain(PGconn *pg, const char *sql, const char *const *params, i
         long long n = atoll(PQcmdTuples(res));
         PQclear(res);
         total += n;
-        if (n < batch || stop_requested)
+        if (n < batch || sk_process_stopping())
             return total;
     }
 }
@@ -57,7 +49,7 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
 {
     char batch[16], ms[24];
     snprintf(batch, sizeof(batch), "%d", conf->janitor.batch);
-    for (size_t i = 0; i < conf->n_queues && !stop_requested; i++) {
+    for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
         const struct sk_queue_conf *q = &conf->queues[i];
         snprintf(ms, sizeof(ms), "%u", q->retention_ms);
         const char *params[] = { batch, q->name, ms };
@@ -96,15 +88,12 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
 
 int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
-    struct sigaction sa = { .sa_handler = on_stop_signal };
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    sk_process_install_stop();
     sk_log_info("janitor started");
 
     struct sk_backoff backoff = { .base_ms = 500, .cap_ms = 30000 };
     PGconn *pg = NULL;
-    while (!stop_requested) {
+    while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         struct sk_err err = { 0 };
         if (pg == NULL && (pg = sk_store_dial(&conf->postgres, "sekali janitor", &err)) == NULL) {
@@ -122,7 +111,7 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         sk_backoff_reset(&backoff);
         sk_metrics_janitor_round(metrics);
         /* Sleep in short steps, so that the supervisor sees us alive. */
-        for (uint32_t slept = 0; slept < conf->janitor.interval_ms && !stop_requested;
+        for (uint32_t slept = 0; slept < conf->janitor.interval_ms && !sk_process_stopping();
              slept += 200) {
             atomic_store(&slot->alive_ms, sk_now_ms());
             sk_sleep_ms(200);

@@ -24,6 +24,7 @@
 #include "lease.h"
 #include "log.h"
 #include "metrics.h"
+#include "process.h"
 #include "reschedule.h"
 #include "worker_job.h"
 
@@ -444,7 +445,7 @@ static int take_lock(struct sk_worker *w, struct job *j)
         if (busy_since == 0)
             busy_since = now_ns();
         sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
-        if (sk_now_ms() >= give_up_at || sk_worker_stopping()) {
+        if (sk_now_ms() >= give_up_at || sk_process_stopping()) {
             atomic_store(&w->slot->lock_held, 0);
             waited_for_lock(j, busy_since);
             sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);

@@ -25,7 +25,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +36,7 @@
 #include "failpoint.h"
 #include "log.h"
 #include "outbox.h"
+#include "process.h"
 #include "store.h"
 
 /* Columns of claim_rows()' result. */
@@ -59,9 +59,7 @@ struct relay {
     char                  refusal[256];  /* the broker's reason for a row's refusal */
 };
 
-static volatile sig_atomic_t stop_requested;
 
-static void on_stop_signal(int signo);
 static bool connect_all(struct relay *r);
 static int declare_queues(struct relay *r, struct sk_err *err);
 static void disconnect(struct relay *r, const char *why);
@@ -78,10 +76,7 @@ static bool take_notifies(struct relay *r);
 
 int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
-    struct sigaction sa = { .sa_handler = on_stop_signal };
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    sk_process_install_stop();
 
     struct relay r = { .conf = conf, .slot = slot, .metrics = metrics,
                        .sampling = conf->metrics.listen_host != NULL,
@@ -92,7 +87,7 @@ int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_me
         return SK_EXIT_RUNTIME;
     }
     sk_log_info("outbox relay started");
-    while (!stop_requested) {
+    while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         if (!connect_all(&r))
             continue;
@@ -117,12 +112,6 @@ int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_me
     free(r.publishes);
     sk_log_info("outbox relay stopping");
     return SK_EXIT_OK;
-}
-
-static void on_stop_signal(int signo)
-{
-    (void)signo;
-    stop_requested = 1;
 }
 
 static bool connect_all(struct relay *r)

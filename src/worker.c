@@ -1,10 +1,9 @@
-/* worker.c - one worker process: its connections, its signals, its loop.
+/* worker.c - one worker process: its connections and its loop.
  *
  * A worker consumes one queue, one job at a time (job.c runs each delivery
  * through the pipeline). It owns its RabbitMQ, Redis and PostgreSQL
  * connections, opened after fork, and reconnects to any server it loses,
  * with jittered backoff, logging once per outage. */
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,14 +11,13 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "process.h"
 #include "worker.h"
 #include "worker_job.h"
 
 #define POLL_MS 250  /* longest a stop request waits for an idle worker */
 
-static volatile sig_atomic_t stop_requested;
 
-static void on_stop_signal(int signo);
 static int  setup(struct sk_worker *w, bool first, struct sk_err *err);
 static int  check_logins(struct sk_worker *w, struct sk_err *err);
 static void teardown(struct sk_worker *w);
@@ -64,7 +62,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
                 w->handler->name != NULL ? w->handler->name : "?",
                 w->handler->version != NULL ? w->handler->version : "?", plugin->path);
 
-    while (!stop_requested) {
+    while (!sk_process_stopping()) {
         /* Liveness for the supervisor's watchdog: the loop turns at least
          * every POLL_MS while idle; a job in hand is covered by its start. */
         atomic_store(&w->slot->alive_ms, sk_now_ms());
@@ -114,21 +112,11 @@ out:
     return exit_code;
 }
 
-static void on_stop_signal(int signo)
-{
-    (void)signo;
-    stop_requested = 1;
-}
-
 /* Returns SK_OK; SK_ERR when retrying cannot help (bad handler config,
  * missing schema); SK_AGAIN when a restart later may succeed. */
 static int setup(struct sk_worker *w, bool first, struct sk_err *err)
 {
-    /* No SA_RESTART: a stop request must interrupt sleeps and waits. */
-    struct sigaction sa = { .sa_handler = on_stop_signal };
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    sk_process_install_stop();
 
     char host[64] = "localhost";
     gethostname(host, sizeof(host) - 1);
@@ -357,7 +345,3 @@ void sk_worker_drop_publisher(struct sk_worker *w, const char *why)
     w->publisher = NULL;
 }
 
-bool sk_worker_stopping(void)
-{
-    return stop_requested != 0;
-}

@@ -51,7 +51,6 @@ struct sk_worker {
 void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery);
 
 /* Provided by worker.c for the pipeline. */
-bool sk_worker_stopping(void);
 bool sk_worker_publisher(struct sk_worker *w, struct sk_err *err);
 void sk_worker_drop_publisher(struct sk_worker *w, const char *why);
 void sk_worker_drop_broker(struct sk_worker *w, const char *why);
