@@ -7,10 +7,11 @@
  * callers see SK_AGAIN and decide how to back off.
  *
  * The per-job commands (SET NX PX, EVALSHA) are written in Redis's wire
- * protocol by hand into a buffer the connection keeps, from parts prepared
- * when it connects: redisCommand() would parse its format string and build
- * the command through a dozen allocations on every call, which was most of
- * a job's lock cost. */
+ * protocol by hand, a few copies into a buffer the connection keeps (the
+ * TTL's digits made once) and handed to hiredis already formatted:
+ * redisCommand() would parse its format string and build the command
+ * through a dozen allocations on every call, which was most of a job's
+ * lock cost. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,7 +359,9 @@ static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
 {
     if (reply == NULL) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what,
-                   l->ctx != NULL ? l->ctx->errstr : "not connected");
+                   l->ctx == NULL       ? "not connected"
+                   : l->ctx->err != 0   ? l->ctx->errstr
+                                        : "out of memory for the command");
     } else if (reply->type == REDIS_REPLY_ERROR) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what, reply->str);
         if (refused_login(reply->str))
