@@ -79,6 +79,8 @@ $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
+$(B)/tests/check_backoff:  $(call obj,$(CORE))
+$(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule broker)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

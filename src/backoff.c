@@ -27,5 +27,7 @@ uint32_t sk_jitter(uint32_t lo, uint32_t hi)
     uint32_t r;
     if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
         r = (uint32_t)clock();
-    return lo + r % (hi - lo + 1);
+    /* In 64 bits: [0, UINT32_MAX] spans 2^32 values, which wraps to 0 in 32. */
+    uint64_t span = (uint64_t)hi - lo + 1;
+    return lo + (uint32_t)(r % span);
 }
