@@ -344,19 +344,27 @@ char *h_readme_block(const char *lang)
     return block;
 }
 
+/* All of in, NUL-terminated; the caller frees it. */
+static char *read_all(FILE *in)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(mem);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), in)) > 0)
+        fwrite(chunk, 1, n, mem);
+    fclose(mem);
+    return buf;
+}
+
 char *h_read_file(const char *path)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return NULL;
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&buf, &len);
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-        fwrite(chunk, 1, n, mem);
-    fclose(mem);
+    char *buf = read_all(f);
     fclose(f);
     return buf;
 }
@@ -577,14 +585,7 @@ char *h_scrape(int port)
     snprintf(cmd, sizeof(cmd), "curl -sf --max-time 10 http://127.0.0.1:%d/metrics", port);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&text, &len);
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), p)) > 0)
-        fwrite(chunk, 1, n, mem);
-    fclose(mem);
+    char *text = read_all(p);
     if (pclose(p) != 0) {
         free(text);
         return NULL;
