@@ -13,9 +13,19 @@
 #include <amqp.h>
 
 #include "common.h"
-#include "config.h"
 
 struct sk_broker;
+
+struct sk_amqp_conf {
+    char    *host;
+    int      port;
+    char    *vhost;
+    char    *user;
+    char    *password;             /* never NULL: from url, password_env or password_file,
+                                    * else "guest", the broker's default */
+    uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
+    uint32_t connect_timeout_ms;
+};
 
 /* A header to add to (or replace in) a republished message. */
 struct sk_header {
@@ -50,9 +60,6 @@ struct sk_queue_shape {
     uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none */
     bool     passive;         /* declared by someone else: only check that it exists */
 };
-
-/* The shape sekalid declares a configured queue with. */
-struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q);
 
 /* Declares the durable work queue `name` with shape (NULL: classic), whose
  * rejected messages the broker dead-letters to the durable queue
