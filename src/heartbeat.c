@@ -17,13 +17,12 @@
 
 #include <libpq-fe.h>
 
-#include "envelope.h"
 #include "failpoint.h"
 #include "heartbeat.h"
 #include "lease.h"
 #include "lock.h"
 #include "log.h"
-#include "store.h"
+#include "pg.h"
 
 /* What one job owns; copied out of the mutex for each renewal. */
 struct watched {

@@ -10,6 +10,7 @@
 #include <libpq-fe.h>
 
 #include "host.h"
+#include "pg.h"
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

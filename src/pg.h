@@ -25,7 +25,10 @@ struct sk_postgres_conf {
 };
 
 /* One statement: a prepared statement's name, or SQL text, with its
- * parameters (lengths and formats as PQexecParams takes them; NULL: text). */
+ * parameters (lengths and formats as PQexecParams takes them; NULL: text).
+ * Text without parameters or binary results goes by the simple protocol,
+ * so it may hold several statements (a migration file); the outcome is the
+ * last one's. */
 struct sk_pg_stmt {
     const char        *prepared;    /* name of a prepared statement, or NULL */
     const char        *sql;         /* the text, when prepared is NULL */

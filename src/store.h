@@ -68,7 +68,8 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
 int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const void *result,
                       size_t result_len, struct sk_err *err);
 
-/* Rolls back the job's transaction. SK_OK or SK_AGAIN. */
+/* Rolls back the job's transaction. SK_OK, SK_AGAIN (connection lost: the
+ * server rolled it back) or SK_ERR. */
 int sk_store_rollback(struct sk_store *s, struct sk_err *err);
 
 /* Records the key as failed with `error` in its own transaction (after a
