@@ -19,9 +19,10 @@
 struct sk_store;
 
 /* Which job's key a store or lease call is about. The strings are borrowed
- * from the caller for the call; fence is what the claim returned (0 before
- * it), and fence_text its decimal form, written once by
- * sk_keyref_set_fence() for every statement that states the fence. */
+ * from the caller for the call. fence is what the claim returned and
+ * fence_text its decimal form, written once by sk_keyref_set_fence() for
+ * every statement that states the fence; both are empty (0, "") before the
+ * claim, when only the calls that take no fence may be made. */
 struct sk_keyref {
     const char *queue;
     const char *key;
