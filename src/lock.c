@@ -18,7 +18,6 @@
 #include <string.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <sys/random.h>
 
 #include <hiredis/hiredis.h>
 
@@ -86,43 +85,20 @@ void sk_lock_close(struct sk_lock *l)
 /* A token is this process's random prefix and a counter: no system call
  * per job. What the token must do is tell one lease holder from every
  * other, and it does: the counter never repeats within a process (64 bits),
- * and two processes differ in their 64-bit prefixes drawn from getrandom()
+ * and two processes differ in their 64-bit prefixes from sk_random_hex()
  * (a collision needs some 2^32 processes alive at once). A forked child
  * draws again, so workers forked from one supervisor never share a prefix.
  * It is no secret from those who can read Redis or the logs, but it never
  * was: whoever reaches Redis can delete the lock outright. */
-static char                 token_prefix[SK_LOCK_TOKEN_LEN / 2];
+static char                 token_prefix[SK_LOCK_TOKEN_LEN / 2 + 1];
 static _Atomic uint64_t     token_counter;
 static pthread_once_t       token_once = PTHREAD_ONCE_INIT;
-
-static void put_hex(char *out, const unsigned char *raw, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = hex[raw[i] >> 4];
-        out[2 * i + 1] = hex[raw[i] & 0x0f];
-    }
-}
-
-static void fill_random(unsigned char *raw, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = getrandom(raw + got, n - got, 0);
-        if (r > 0)
-            got += (size_t)r;
-    }
-}
 
 /* Also the fork handler: the child is single-threaded when it runs. */
 static void draw_token_prefix(void)
 {
-    unsigned char raw[sizeof(token_prefix) / 2 + sizeof(uint64_t)];
-    fill_random(raw, sizeof(raw));
-    put_hex(token_prefix, raw, sizeof(token_prefix) / 2);
-    uint64_t start;
-    memcpy(&start, raw + sizeof(token_prefix) / 2, sizeof(start));
-    atomic_store(&token_counter, start);
+    sk_random_hex(token_prefix, SK_LOCK_TOKEN_LEN / 2);
+    atomic_store(&token_counter, 0);
 }
 
 static void init_tokens(void)
@@ -133,13 +109,12 @@ static void init_tokens(void)
 
 void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1])
 {
+    static const char hex[] = "0123456789abcdef";
     pthread_once(&token_once, init_tokens);
     uint64_t n = atomic_fetch_add(&token_counter, 1);
-    unsigned char raw[sizeof(n)];
-    for (size_t i = 0; i < sizeof(raw); i++)
-        raw[i] = (unsigned char)(n >> (8 * (sizeof(raw) - 1 - i)));
-    memcpy(token, token_prefix, sizeof(token_prefix));
-    put_hex(token + sizeof(token_prefix), raw, sizeof(raw));
+    memcpy(token, token_prefix, SK_LOCK_TOKEN_LEN / 2);
+    for (size_t i = SK_LOCK_TOKEN_LEN; i > SK_LOCK_TOKEN_LEN / 2; i--, n >>= 4)
+        token[i - 1] = hex[n & 0x0f];
     token[SK_LOCK_TOKEN_LEN] = '\0';
 }
 
