@@ -132,7 +132,7 @@ bench_config() {
     local pg_per_client=$((jobs / workers))
     local pg_jobs=$((pg_per_client * workers))
     local v run queue conf result rate hwm growth tps
-    local -a rates pgbench_tps pg_cpu
+    local -a pgbench_tps pg_cpu
     local -A v_rates v_cpu v_hwm
     say "== $label: $jobs jobs, $runs runs, binaries: ${names[*]}; scratch files in $work"
     for run in $(seq 1 "$runs"); do
