@@ -2,7 +2,7 @@
  * supervisor, every worker and every outbox relay.
  *
  * The supervisor maps one area before forking; workers and relays count into
- * it and the supervisor's HTTP thread reads it (metrics_http.c). Per queue, each job type
+ * it and the supervisor reads it to answer a scrape (metrics_http.c). Per queue, each job type
  * has its own counters; a queue holds SK_METRICS_TYPES type names, claimed on
  * first use, and counts the rest under "other". Everything is a lock-free
  * atomic, updated with relaxed ordering: a worker killed halfway through an

@@ -102,6 +102,9 @@ struct supervisor {
     long long          oom_unclaimed;  /* OOM kills no reaped SIGKILL accounted for yet */
 };
 
+static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins);
+static void turn(struct supervisor *s);
+static void take_signals(struct supervisor *s);
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
                                          struct sk_err *err);
 static void generation_free(struct generation *g);
@@ -126,16 +129,30 @@ static void report(struct supervisor *s);
 int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
 {
     struct supervisor s = { .signal_fd = -1 };
-    struct sk_err err = { 0 };
     sk_proctitle_set("sekalid: supervisor", "sk-supervisor");
-    s.current = generation_new(conf, plugins, &err);
-    if (s.current == NULL) {
+    int rc = start(&s, conf, plugins);
+    if (rc != SK_EXIT_OK)
+        return rc;
+    while (s.current != NULL || s.retiring != NULL)
+        turn(&s);
+    close(s.signal_fd);
+    sk_metrics_http_stop(s.http);
+    sk_log_info("supervisor exiting with status %d", s.exit_code);
+    return s.exit_code;
+}
+
+/* Takes the signals, opens the endpoint, forks the first generation.
+ * Returns SK_EXIT_OK, or the exit code of the failure (already logged). */
+static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins)
+{
+    struct sk_err err = { 0 };
+    s->current = generation_new(conf, plugins, &err);
+    if (s->current == NULL) {
         sk_log_error("%s", err.msg);
         sk_conf_free(conf);
         free(plugins);
         return SK_EXIT_RUNTIME;
     }
-
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
@@ -143,76 +160,87 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGHUP);
     sigprocmask(SIG_BLOCK, &mask, NULL);
-    s.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
-    if (s.signal_fd < 0) {
+    s->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
+    if (s->signal_fd < 0) {
         sk_log_error("signalfd failed: %s", strerror(errno));
-        generation_free(s.current);
+        generation_free(s->current);
         return SK_EXIT_RUNTIME;
     }
     /* Before any worker: a port that cannot be had stops sekalid at once,
-     * as any other configuration mistake does. Started with every signal
-     * blocked, so its thread never takes one. */
-    int rc = sk_metrics_http_start(&s.http, conf, s.current->metrics, &err);
+     * as any other configuration mistake does. */
+    int rc = sk_metrics_http_start(&s->http, conf, s->current->metrics, &err);
     if (rc != SK_OK) {
         sk_log_error("%s", err.msg);
-        close(s.signal_fd);
-        generation_free(s.current);
+        close(s->signal_fd);
+        generation_free(s->current);
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
-
-    s.watchdog_ms = sk_notify_watchdog_ms();
-    oom_find(&s);
-    for (size_t i = 0; i < s.current->n_slots; i++)
-        spawn(&s, s.current, &s.current->slots[i]);
-    sk_log_info("supervisor started %zu workers for %zu queues", workers(s.current),
+    s->watchdog_ms = sk_notify_watchdog_ms();
+    oom_find(s);
+    for (size_t i = 0; i < s->current->n_slots; i++)
+        spawn(s, s->current, &s->current->slots[i]);
+    sk_log_info("supervisor started %zu workers for %zu queues", workers(s->current),
                 conf->n_queues);
+    return SK_EXIT_OK;
+}
 
-    while (s.current != NULL || s.retiring != NULL) {
-        struct pollfd pfd = { .fd = s.signal_fd, .events = POLLIN };
-        int ready = poll(&pfd, 1, next_timeout(&s));
-        if (ready < 0 && errno != EINTR) {
+/* One turn of the loop: wait for a signal, a scrape or the next deadline,
+ * then handle what is due. The HTTP endpoint is answered last, so /readyz
+ * tells what this turn found. */
+static void turn(struct supervisor *s)
+{
+    int timeout = next_timeout(s);
+    struct pollfd fds[2] = { { .fd = s->signal_fd, .events = POLLIN } };
+    sk_metrics_http_poll(s->http, &fds[1], &timeout);
+    int ready = poll(fds, 2, timeout);
+    if (ready < 0) {
+        if (errno != EINTR) {
             sk_log_error("poll failed: %s", strerror(errno));
-            begin_stop(&s, "internal error");
+            begin_stop(s, "internal error");
         }
-        struct signalfd_siginfo info;
-        while (ready > 0 && read(s.signal_fd, &info, sizeof(info)) == (ssize_t)sizeof(info)) {
-            switch (info.ssi_signo) {
-            case SIGCHLD:
-                reap(&s);
-                break;
-            case SIGTERM:
-            case SIGINT:
-                begin_stop(&s, info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
-                break;
-            case SIGHUP:
-                reload(&s);
-                break;
-            }
-            struct pollfd again = { .fd = s.signal_fd, .events = POLLIN };
-            ready = poll(&again, 1, 0);
-        }
-        reap(&s);
-        kill_stragglers(&s);
-        if (s.current == NULL)
-            continue;
-
-        int64_t now = sk_now_ms();
-        kill_overdue_jobs(s.current);
-        for (struct generation *g = s.retiring; g != NULL; g = g->next)
-            kill_overdue_jobs(g);
-        for (size_t i = 0; i < s.current->n_slots; i++) {
-            struct slot *slot = &s.current->slots[i];
-            if (slot->pid == 0 && now >= slot->restart_at_ms)
-                spawn(&s, s.current, slot);
-        }
-        sk_fault_hold("hold_supervisor");
-        report(&s);
+        fds[1].revents = 0;
     }
+    if (ready > 0 && fds[0].revents != 0)
+        take_signals(s);
+    reap(s);
+    kill_stragglers(s);
+    if (s->current == NULL)
+        return;
+    int64_t now = sk_now_ms();
+    kill_overdue_jobs(s->current);
+    for (struct generation *g = s->retiring; g != NULL; g = g->next)
+        kill_overdue_jobs(g);
+    for (size_t i = 0; i < s->current->n_slots; i++) {
+        struct slot *slot = &s->current->slots[i];
+        if (slot->pid == 0 && now >= slot->restart_at_ms)
+            spawn(s, s->current, slot);
+    }
+    sk_fault_hold("hold_supervisor");
+    report(s);
+    sk_metrics_http_serve(s->http, &fds[1]);
+}
 
-    close(s.signal_fd);
-    sk_metrics_http_stop(s.http);
-    sk_log_info("supervisor exiting with status %d", s.exit_code);
-    return s.exit_code;
+/* Reads every pending signal off the signalfd and acts on it. */
+static void take_signals(struct supervisor *s)
+{
+    struct signalfd_siginfo info;
+    while (read(s->signal_fd, &info, sizeof(info)) == (ssize_t)sizeof(info)) {
+        switch (info.ssi_signo) {
+        case SIGCHLD:
+            reap(s);
+            break;
+        case SIGTERM:
+        case SIGINT:
+            begin_stop(s, info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+            break;
+        case SIGHUP:
+            reload(s);
+            break;
+        }
+        struct pollfd again = { .fd = s->signal_fd, .events = POLLIN };
+        if (poll(&again, 1, 0) <= 0)
+            break;
+    }
 }
 
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
