@@ -14,6 +14,10 @@
  * SIGTERM retires the current generation the same way, and the supervisor
  * exits when no generation is left.
  *
+ * Each slot of a generation has a role (struct sk_role_ops: a queue's
+ * worker, an outbox relay, the janitor) that names its process and runs it;
+ * every child starts with the same sk_process_child_init().
+ *
  * A worker that made progress before it died (it finished a delivery, or it
  * was consuming when something outside killed it) is restarted at once; only
  * deaths without progress (before becoming ready, or of its own doing) back
@@ -31,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -45,6 +48,7 @@
 #include "notify.h"
 #include "janitor.h"
 #include "outbox.h"
+#include "process.h"
 #include "proctitle.h"
 #include "scoreboard.h"
 #include "supervisor.h"
@@ -52,11 +56,42 @@
 
 #define CRASH_LOOP_RESTARTS 5      /* this many deaths without progress in a row ... */
 
-#define RELAY   SIZE_MAX        /* slot.queue of an outbox relay, which serves no queue */
-#define JANITOR (SIZE_MAX - 1)  /* slot.queue of the janitor */
+/* What a child process gets from its slot. */
+struct sk_child {
+    const struct sk_conf   *conf;
+    size_t                  queue;    /* a worker's: index into conf->queues */
+    const struct sk_plugin *plugin;   /* a worker's: its queue's handler */
+    struct sk_slot         *shared;   /* its scoreboard slot */
+    struct sk_metrics      *metrics;
+};
+
+enum sk_role { SK_ROLE_WORKER, SK_ROLE_RELAY, SK_ROLE_JANITOR };
+
+/* A kind of child process. Adding one is a row of `roles` and a count in
+ * generation_new(). */
+struct sk_role_ops {
+    const char *name;       /* in titles and the log: "outbox relay" */
+    const char *comm;       /* for top */
+    const char *log_role;   /* the process field of its log lines */
+    bool        counts_as_worker;  /* a queue's consumer: job_timeout, workers_up, STATUS */
+    bool        numbered;   /* the role may have several slots: "#n" in the title */
+    int       (*run)(const struct sk_child *c);  /* its exit status */
+};
+
+static int run_worker(const struct sk_child *c);
+static int run_relay(const struct sk_child *c);
+static int run_janitor(const struct sk_child *c);
+
+static const struct sk_role_ops roles[] = {
+    [SK_ROLE_WORKER] = { "worker", "sk-worker", "worker", true, true, run_worker },
+    [SK_ROLE_RELAY] = { "outbox relay", "sk-relay", "relay", false, true, run_relay },
+    [SK_ROLE_JANITOR] = { "janitor", "sk-janitor", "janitor", false, false, run_janitor },
+};
 
 struct slot {
-    size_t            queue;       /* index into conf->queues, or RELAY */
+    const struct sk_role_ops *ops;
+    size_t            queue;       /* a worker's: index into conf->queues */
+    char              title[300];  /* for ps, the same for the slot's life */
     pid_t             pid;         /* 0 while not running */
     int64_t           started_ms;
     int64_t           restart_at_ms;
@@ -109,6 +144,8 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
                                          struct sk_err *err);
 static void generation_free(struct generation *g);
 static void retire(struct supervisor *s, struct generation *g, const char *why);
+static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
+                      size_t queue, unsigned number);
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
@@ -125,6 +162,8 @@ static int next_timeout(const struct supervisor *s);
 static void kill_overdue_jobs(struct generation *g);
 static void kill_stragglers(struct supervisor *s);
 static void report(struct supervisor *s);
+static bool slot_up(const struct generation *g, size_t i);
+static void describe(const struct generation *g, char *status, size_t size);
 
 int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
 {
@@ -264,15 +303,13 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         goto fail;
     }
     size_t i = 0;
-    struct sk_backoff backoff = { .base_ms = conf->restart.initial_ms,
-                                  .cap_ms = conf->restart.max_ms };
     for (size_t q = 0; q < conf->n_queues; q++)
         for (int k = 0; k < conf->queues[q].workers; k++)
-            g->slots[i++] = (struct slot){ .queue = q, .backoff = backoff };
+            slot_init(g, &g->slots[i++], SK_ROLE_WORKER, q, (unsigned)k + 1);
     for (int k = 0; k < conf->outbox.relays; k++)
-        g->slots[i++] = (struct slot){ .queue = RELAY, .backoff = backoff };
+        slot_init(g, &g->slots[i++], SK_ROLE_RELAY, 0, (unsigned)k + 1);
     if (conf->janitor.interval_ms > 0)
-        g->slots[i++] = (struct slot){ .queue = JANITOR, .backoff = backoff };
+        slot_init(g, &g->slots[i++], SK_ROLE_JANITOR, 0, 1);
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
         goto fail;
     /* Counters start from zero with each generation, as after a restart;
@@ -316,46 +353,64 @@ static void retire(struct supervisor *s, struct generation *g, const char *why)
     s->retiring = g;
 }
 
-/* What a slot's processes are called in the log. */
-static const char *slot_name(const struct generation *g, const struct slot *slot)
+/* Slots of one role are numbered from 1 in slot order (per queue for
+ * workers), which restarts keep, so a title names the same slot for life. */
+static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
+                      size_t queue, unsigned number)
 {
-    return slot->queue == RELAY   ? "the outbox relay"
-         : slot->queue == JANITOR ? "the janitor"
-                                  : g->conf->queues[slot->queue].name;
+    const struct sk_conf *conf = g->conf;
+    *slot = (struct slot){ .ops = &roles[role], .queue = queue,
+                           .backoff = { .base_ms = conf->restart.initial_ms,
+                                        .cap_ms = conf->restart.max_ms } };
+    if (slot->ops->counts_as_worker)
+        snprintf(slot->title, sizeof(slot->title), "sekalid: %s %s#%u", slot->ops->name,
+                 conf->queues[queue].name, number);
+    else if (slot->ops->numbered)
+        snprintf(slot->title, sizeof(slot->title), "sekalid: %s #%u", slot->ops->name, number);
+    else
+        snprintf(slot->title, sizeof(slot->title), "sekalid: %s", slot->ops->name);
 }
 
-/* Names the child for ps/top: slots of one role are numbered from 1 in
- * slot order, which restarts keep, so a title names the same slot for life. */
-static void set_title(const struct generation *g, const struct slot *slot)
+/* What a slot's process is called in the log: "worker for queue invoices",
+ * "the outbox relay". */
+static const char *slot_name(const struct generation *g, const struct slot *slot, char *buf,
+                             size_t size)
 {
-    unsigned n = 1;
-    for (const struct slot *o = g->slots; o < slot; o++)
-        n += o->queue == slot->queue;
-    char title[300];
-    if (slot->queue == RELAY)
-        snprintf(title, sizeof title, "sekalid: outbox relay #%u", n);
-    else if (slot->queue == JANITOR)
-        snprintf(title, sizeof title, "sekalid: janitor");
+    if (slot->ops->counts_as_worker)
+        snprintf(buf, size, "%s for queue %s", slot->ops->name,
+                 g->conf->queues[slot->queue].name);
     else
-        snprintf(title, sizeof title, "sekalid: worker %s#%u",
-                 g->conf->queues[slot->queue].name, n);
-    sk_proctitle_set(title, slot->queue == RELAY     ? "sk-relay"
-                            : slot->queue == JANITOR ? "sk-janitor"
-                                                     : "sk-worker");
+        snprintf(buf, size, "the %s", slot->ops->name);
+    return buf;
+}
+
+static int run_worker(const struct sk_child *c)
+{
+    return sk_worker_run(c->conf, &c->conf->queues[c->queue], c->plugin, c->shared,
+                         sk_metrics_queue(c->metrics, c->queue));
+}
+
+static int run_relay(const struct sk_child *c)
+{
+    return sk_outbox_run(c->conf, c->shared, c->metrics);
+}
+
+static int run_janitor(const struct sk_child *c)
+{
+    return sk_janitor_run(c->conf, c->shared, c->metrics);
 }
 
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 {
-    size_t index = (size_t)(slot - g->slots);
-    /* The new worker's progress starts from nothing; written before the
+    /* The new process's progress starts from nothing; written before the
      * fork, so a child killed at once cannot be judged by its predecessor's.
      * The dead worker's job key and orphaned lock stay for it to handle. */
-    struct sk_slot *fresh = sk_scoreboard_slot(g->scoreboard, index);
-    atomic_store(&fresh->job_started_ms, 0);
-    atomic_store(&fresh->phase, SK_PHASE_IDLE);
-    atomic_store(&fresh->ready, 0);
-    atomic_store(&fresh->finished, 0);
-    atomic_store(&fresh->lock_held, 0);
+    struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
+    atomic_store(&shared->job_started_ms, 0);
+    atomic_store(&shared->phase, SK_PHASE_IDLE);
+    atomic_store(&shared->ready, 0);
+    atomic_store(&shared->finished, 0);
+    atomic_store(&shared->lock_held, 0);
     slot->timed_out = false;
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -365,41 +420,23 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         return;
     }
     if (pid == 0) {
-        /* The child starts clean: default dispositions, nothing blocked,
-         * and it stops by itself if the supervisor dies. */
-        close(s->signal_fd);
-        sk_metrics_http_close_in_child(s->http);
-        set_title(g, slot);
-        /* Only the supervisor talks to systemd. */
-        unsetenv("NOTIFY_SOCKET");
-        unsetenv("WATCHDOG_USEC");
-        unsetenv("WATCHDOG_PID");
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(SK_EXIT_RUNTIME);
-        signal(SIGCHLD, SIG_DFL);
-        signal(SIGHUP, SIG_IGN);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, index);
-        if (slot->queue == RELAY) {
-            sk_log_init(g->conf->log.level, g->conf->log.format, "relay");
-            exit(sk_outbox_run(g->conf, shared, g->metrics));
-        }
-        if (slot->queue == JANITOR) {
-            sk_log_init(g->conf->log.level, g->conf->log.format, "janitor");
-            exit(sk_janitor_run(g->conf, shared, g->metrics));
-        }
-        sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
-        exit(sk_worker_run(g->conf, &g->conf->queues[slot->queue], &g->plugins[slot->queue],
-                           shared, sk_metrics_queue(g->metrics, slot->queue)));
+        sk_process_child_init(&(struct sk_child_init){
+            .parent = parent, .signal_fd = s->signal_fd, .http = s->http,
+            .title = slot->title, .comm = slot->ops->comm, .log_role = slot->ops->log_role,
+            .log = &g->conf->log });
+        struct sk_child child = { .conf = g->conf, .queue = slot->queue,
+                                  .plugin = slot->ops->counts_as_worker ? &g->plugins[slot->queue]
+                                                                    : NULL,
+                                  .shared = shared,
+                                  .metrics = g->metrics };
+        exit(slot->ops->run(&child));
     }
-    if (slot->queue < g->conf->n_queues)
+    if (slot->ops->counts_as_worker)
         sk_metrics_worker_started(g->metrics, slot->queue, slot->started_ms != 0);
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
-    sk_log_debug("started process %ld for %s", (long)pid, slot_name(g, slot));
+    char name[300];
+    sk_log_debug("started process %ld: %s", (long)pid, slot_name(g, slot, name, sizeof(name)));
 }
 
 /* Finds pid's slot in generation g, or NULL. */
@@ -426,7 +463,7 @@ static void reap(struct supervisor *s)
         if (slot == NULL)
             continue;
         slot->pid = 0;
-        if (slot->queue < g->conf->n_queues)
+        if (slot->ops->counts_as_worker)
             sk_metrics_worker_exited(g->metrics, slot->queue);
         /* A dead worker consumes nothing and runs no job, whatever its slot
          * says; left as it was, a job start it never cleared would get its
@@ -510,18 +547,19 @@ static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slo
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
                            int status, const struct death *d)
 {
-    const char *queue = slot_name(g, slot);
+    char name[300];
+    const char *who = slot_name(g, slot, name, sizeof(name));
     int64_t lived = sk_now_ms() - slot->started_ms;
     bool retiring = g != s->current;
 
     if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && retiring) {
-        sk_log_debug("worker for queue %s stopped", queue);
+        sk_log_debug("%s stopped", who);
         return;
     }
     if (!retiring && WIFEXITED(status) &&
         (WEXITSTATUS(status) == SK_EXIT_CONFIG || WEXITSTATUS(status) == SK_EXIT_ABI)) {
-        sk_log_error("worker for queue %s exited with status %d; not restarting it, since it "
-                     "would fail the same way", queue, WEXITSTATUS(status));
+        sk_log_error("%s exited with status %d; not restarting it, since it "
+                     "would fail the same way", who, WEXITSTATUS(status));
         if (s->exit_code == SK_EXIT_OK)
             s->exit_code = WEXITSTATUS(status);
         begin_stop(s, "a worker cannot run with this configuration");
@@ -539,18 +577,18 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
         snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
                                                 : "; restarting in %u ms", delay);
     if (WIFSIGNALED(status))
-        sk_log_warn("worker for queue %s killed by signal %d after %lld ms%s%s", queue,
+        sk_log_warn("%s killed by signal %d after %lld ms%s%s", who,
                     WTERMSIG(status), (long long)lived,
                     d->job_caused ? " (its job's doing)" : "", what);
     else
-        sk_log_warn("worker for queue %s exited with status %d after %lld ms%s%s", queue,
+        sk_log_warn("%s exited with status %d after %lld ms%s%s", who,
                     WEXITSTATUS(status), (long long)lived,
                     d->job_caused ? " (its job's doing)" : "", what);
     if (retiring)
         return;
     if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
-        sk_log_error("worker for queue %s is crash-looping (%u deaths in a row without "
-                     "progress); restarts are backing off up to %u ms", queue,
+        sk_log_error("%s is crash-looping (%u deaths in a row without "
+                     "progress); restarts are backing off up to %u ms", who,
                      slot->quick_deaths, slot->backoff.cap_ms);
     slot->restart_at_ms = sk_now_ms() + delay;
 }
@@ -669,8 +707,8 @@ static void reload(struct supervisor *s)
 static size_t workers(const struct generation *g)
 {
     size_t n = 0;
-    for (size_t q = 0; q < g->conf->n_queues; q++)
-        n += (size_t)g->conf->queues[q].workers;
+    for (size_t i = 0; i < g->n_slots; i++)
+        n += g->slots[i].ops->counts_as_worker;
     return n;
 }
 
@@ -691,50 +729,19 @@ static void report(struct supervisor *s)
 {
     const struct generation *g = s->current;
     int64_t now = sk_now_ms();
+    uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
     size_t consuming = 0;
     bool healthy = true;
-    char status[512];
-    size_t len = 0;
-    status[0] = '\0';
-    for (size_t q = 0; q < g->conf->n_queues; q++) {
-        size_t up = 0, of = 0;
-        for (size_t i = 0; i < g->n_slots; i++) {
-            if (g->slots[i].queue != q)
-                continue;
-            of++;
-            struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-            up += g->slots[i].pid > 0 && atomic_load(&shared->consuming);
-            int64_t alive = atomic_load(&shared->alive_ms);
-            bool busy = atomic_load(&shared->job_started_ms) != 0;
-            uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
-            if (g->slots[i].pid <= 0 || (!busy && now - alive > (int64_t)grace))
-                healthy = false;
-        }
-        consuming += up;
-        int n = snprintf(status + len, sizeof(status) - len, "%s%s: %zu/%zu workers consuming",
-                         q > 0 ? "; " : "", g->conf->queues[q].name, up, of);
-        if (n > 0 && (size_t)n < sizeof(status) - len)
-            len += (size_t)n;
-    }
-    size_t relays = 0, relays_up = 0;
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (g->slots[i].queue < g->conf->n_queues)
-            continue;
-        relays += g->slots[i].queue == RELAY;
-        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-        bool up = g->slots[i].pid > 0 && atomic_load(&shared->consuming);
-        consuming += up;
-        relays_up += up && g->slots[i].queue == RELAY;
-        uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
-        if (g->slots[i].pid <= 0 || now - atomic_load(&shared->alive_ms) > (int64_t)grace)
+        consuming += slot_up(g, i);
+        const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+        bool busy = atomic_load(&shared->job_started_ms) != 0;
+        if (g->slots[i].pid <= 0 ||
+            (!busy && now - atomic_load(&shared->alive_ms) > (int64_t)grace))
             healthy = false;
     }
-    if (relays > 0) {
-        int n = snprintf(status + len, sizeof(status) - len, "; outbox: %zu/%zu relays up",
-                         relays_up, relays);
-        if (n > 0 && (size_t)n < sizeof(status) - len)
-            len += (size_t)n;
-    }
+    char status[512];
+    describe(g, status, sizeof(status));
     if (!s->ready_sent && consuming == g->n_slots) {
         s->ready_sent = true;
         sk_notify_ready();
@@ -751,6 +758,42 @@ static void report(struct supervisor *s)
     }
 }
 
+/* Slot i's process runs and says it consumes (a relay or the janitor: that
+ * it is connected and working). */
+static bool slot_up(const struct generation *g, size_t i)
+{
+    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+    return g->slots[i].pid > 0 && atomic_load(&shared->consuming);
+}
+
+/* The STATUS= line: "invoices: 1/2 workers consuming; outbox: 1/1 relays up". */
+static void describe(const struct generation *g, char *status, size_t size)
+{
+    size_t len = 0, relays = 0, relays_up = 0;
+    status[0] = '\0';
+    for (size_t q = 0; q < g->conf->n_queues; q++) {
+        size_t up = 0, of = 0;
+        for (size_t i = 0; i < g->n_slots; i++) {
+            if (g->slots[i].ops->counts_as_worker && g->slots[i].queue == q) {
+                of++;
+                up += slot_up(g, i);
+            }
+        }
+        int n = snprintf(status + len, size - len, "%s%s: %zu/%zu workers consuming",
+                         q > 0 ? "; " : "", g->conf->queues[q].name, up, of);
+        if (n > 0 && (size_t)n < size - len)
+            len += (size_t)n;
+    }
+    for (size_t i = 0; i < g->n_slots; i++) {
+        if (g->slots[i].ops == &roles[SK_ROLE_RELAY]) {
+            relays++;
+            relays_up += slot_up(g, i);
+        }
+    }
+    if (relays > 0)
+        snprintf(status + len, size - len, "; outbox: %zu/%zu relays up", relays_up, relays);
+}
+
 /* A job past its queue's job_timeout is killed with its worker: SIGKILL,
  * because a handler stuck in a loop or a syscall would never see a gentler
  * signal. Its transaction rolls back and the broker redelivers the job. */
@@ -760,7 +803,7 @@ static void kill_overdue_jobs(struct generation *g)
         return;
     int64_t now = sk_now_ms();
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (g->slots[i].queue >= g->conf->n_queues)
+        if (!g->slots[i].ops->counts_as_worker)
             continue;
         const struct sk_queue_conf *queue = &g->conf->queues[g->slots[i].queue];
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
