@@ -23,7 +23,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 
 CORE    = common config config_value log backoff
 DAEMON  = $(CORE) main proctitle process supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
-          notify metrics metrics_text metrics_http outbox janitor
+          notify oom metrics metrics_text metrics_http outbox janitor
 CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker lock envelope failpoint \
           reschedule
 

@@ -46,6 +46,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
+#include "oom.h"
 #include "janitor.h"
 #include "outbox.h"
 #include "process.h"
@@ -153,7 +154,6 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
 static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slot *shared,
                           int status);
 static void oom_find(struct supervisor *s);
-static long long oom_kills(const struct supervisor *s);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static size_t running(const struct generation *g);
@@ -523,7 +523,7 @@ static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slo
                           int status)
 {
     bool oom = false;
-    long long kills = oom_kills(s);
+    long long kills = sk_oom_kills(s->oom_file);
     if (kills > s->oom_seen)
         s->oom_unclaimed += kills - s->oom_seen;
     if (kills >= 0)
@@ -593,58 +593,17 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
     slot->restart_at_ms = sk_now_ms() + delay;
 }
 
-/* Finds the memory cgroup's OOM-kill counter of this process, which its
- * workers share: cgroup v1's memory.oom_control (also in hybrid mode, where
- * the memory controller is v1's), else cgroup v2's memory.events. Without
- * either, OOM kills look like outside kills: logged once, here. */
+/* Without a counter, OOM kills look like outside kills: logged once, here. */
 static void oom_find(struct supervisor *s)
 {
-    s->oom_file[0] = '\0';
-    FILE *f = fopen("/proc/self/cgroup", "re");
-    char line[1024], v1[512] = "", v2[512] = "";
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        line[strcspn(line, "\n")] = '\0';
-        char *controllers = strchr(line, ':');
-        char *path = controllers != NULL ? strchr(controllers + 1, ':') : NULL;
-        if (path == NULL)
-            continue;
-        *path++ = '\0';
-        controllers++;
-        if (strcmp(line, "0") == 0 && controllers[0] == '\0')
-            snprintf(v2, sizeof(v2), "/sys/fs/cgroup%s/memory.events", path);
-        for (char *c = strtok(controllers, ","); c != NULL; c = strtok(NULL, ","))
-            if (strcmp(c, "memory") == 0)
-                snprintf(v1, sizeof(v1), "/sys/fs/cgroup/memory%s/memory.oom_control", path);
-    }
-    if (f != NULL)
-        fclose(f);
-    if (v1[0] != '\0' && access(v1, R_OK) == 0)
-        snprintf(s->oom_file, sizeof(s->oom_file), "%s", v1);
-    else if (v2[0] != '\0' && access(v2, R_OK) == 0)
-        snprintf(s->oom_file, sizeof(s->oom_file), "%s", v2);
-    s->oom_seen = oom_kills(s);
+    sk_oom_find(s->oom_file, sizeof(s->oom_file));
+    s->oom_seen = sk_oom_kills(s->oom_file);
     if (s->oom_seen < 0)
         sk_log_warn("no memory cgroup OOM-kill counter readable: a worker the OOM killer "
                     "kills in a handler is taken for an outside kill, and its job is not "
                     "counted as crashed");
     else
         sk_log_debug("OOM kills counted from %s", s->oom_file);
-}
-
-/* The `oom_kill N` line of the counter file, or -1. */
-static long long oom_kills(const struct supervisor *s)
-{
-    if (s->oom_file[0] == '\0')
-        return -1;
-    FILE *f = fopen(s->oom_file, "re");
-    char line[128];
-    long long n = -1;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "oom_kill %lld", &n) == 1)
-            break;
-    if (f != NULL)
-        fclose(f);
-    return n;
 }
 
 static void begin_stop(struct supervisor *s, const char *why)
