@@ -21,7 +21,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "backoff.h"
+#include "clock.h"
 #include "metrics.h"
 
 /* A counter shared between processes must not hide a lock: a process killed
