@@ -148,6 +148,7 @@ static void retire(struct supervisor *s, struct generation *g, const char *why);
 static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
                       size_t queue, unsigned number);
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot);
+static void fresh(struct sk_slot *shared);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
                            int status, const struct death *d);
@@ -402,15 +403,8 @@ static int run_janitor(const struct sk_child *c)
 
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 {
-    /* The new process's progress starts from nothing; written before the
-     * fork, so a child killed at once cannot be judged by its predecessor's.
-     * The dead worker's job key and orphaned lock stay for it to handle. */
     struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
-    atomic_store(&shared->job_started_ms, 0);
-    atomic_store(&shared->phase, SK_PHASE_IDLE);
-    atomic_store(&shared->ready, 0);
-    atomic_store(&shared->finished, 0);
-    atomic_store(&shared->lock_held, 0);
+    fresh(shared);
     slot->timed_out = false;
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -424,11 +418,10 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
             .parent = parent, .signal_fd = s->signal_fd, .http = s->http,
             .title = slot->title, .comm = slot->ops->comm, .log_role = slot->ops->log_role,
             .log = &g->conf->log });
-        struct sk_child child = { .conf = g->conf, .queue = slot->queue,
-                                  .plugin = slot->ops->counts_as_worker ? &g->plugins[slot->queue]
-                                                                    : NULL,
-                                  .shared = shared,
-                                  .metrics = g->metrics };
+        const struct sk_child child = {
+            .conf = g->conf, .queue = slot->queue, .shared = shared, .metrics = g->metrics,
+            .plugin = slot->ops->counts_as_worker ? &g->plugins[slot->queue] : NULL,
+        };
         exit(slot->ops->run(&child));
     }
     if (slot->ops->counts_as_worker)
@@ -437,6 +430,18 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
     slot->started_ms = sk_now_ms();
     char name[300];
     sk_log_debug("started process %ld: %s", (long)pid, slot_name(g, slot, name, sizeof(name)));
+}
+
+/* The new process's progress starts from nothing; written before the fork,
+ * so a child killed at once cannot be judged by its predecessor's. The dead
+ * worker's job key and orphaned lock stay for it to handle. */
+static void fresh(struct sk_slot *shared)
+{
+    atomic_store(&shared->job_started_ms, 0);
+    atomic_store(&shared->phase, SK_PHASE_IDLE);
+    atomic_store(&shared->ready, 0);
+    atomic_store(&shared->finished, 0);
+    atomic_store(&shared->lock_held, 0);
 }
 
 /* Finds pid's slot in generation g, or NULL. */
