@@ -14,9 +14,9 @@
  * SIGTERM retires the current generation the same way, and the supervisor
  * exits when no generation is left.
  *
- * Each slot of a generation has a role (struct sk_role_ops: a queue's
- * worker, an outbox relay, the janitor) that names its process and runs it;
- * every child starts with the same sk_process_child_init().
+ * Each slot of a generation has a role (roles.h: a queue's worker, an
+ * outbox relay, the janitor) that names its process and runs it; every
+ * child starts with the same sk_process_child_init().
  *
  * A worker that made progress before it died (it finished a delivery, or it
  * was consuming when something outside killed it) is restarted at once; only
@@ -47,47 +47,13 @@
 #include "metrics_http.h"
 #include "notify.h"
 #include "oom.h"
-#include "janitor.h"
-#include "outbox.h"
 #include "process.h"
 #include "proctitle.h"
+#include "roles.h"
 #include "scoreboard.h"
 #include "supervisor.h"
-#include "worker.h"
 
 #define CRASH_LOOP_RESTARTS 5      /* this many deaths without progress in a row ... */
-
-/* What a child process gets from its slot. */
-struct sk_child {
-    const struct sk_conf   *conf;
-    size_t                  queue;    /* a worker's: index into conf->queues */
-    const struct sk_plugin *plugin;   /* a worker's: its queue's handler */
-    struct sk_slot         *shared;   /* its scoreboard slot */
-    struct sk_metrics      *metrics;
-};
-
-enum sk_role { SK_ROLE_WORKER, SK_ROLE_RELAY, SK_ROLE_JANITOR };
-
-/* A kind of child process. Adding one is a row of `roles` and a count in
- * generation_new(). */
-struct sk_role_ops {
-    const char *name;       /* in titles and the log: "outbox relay" */
-    const char *comm;       /* for top */
-    const char *log_role;   /* the process field of its log lines */
-    bool        counts_as_worker;  /* a queue's consumer: job_timeout, workers_up, STATUS */
-    bool        numbered;   /* the role may have several slots: "#n" in the title */
-    int       (*run)(const struct sk_child *c);  /* its exit status */
-};
-
-static int run_worker(const struct sk_child *c);
-static int run_relay(const struct sk_child *c);
-static int run_janitor(const struct sk_child *c);
-
-static const struct sk_role_ops roles[] = {
-    [SK_ROLE_WORKER] = { "worker", "sk-worker", "worker", true, true, run_worker },
-    [SK_ROLE_RELAY] = { "outbox relay", "sk-relay", "relay", false, true, run_relay },
-    [SK_ROLE_JANITOR] = { "janitor", "sk-janitor", "janitor", false, false, run_janitor },
-};
 
 struct slot {
     const struct sk_role_ops *ops;
@@ -360,7 +326,7 @@ static void slot_init(const struct generation *g, struct slot *slot, enum sk_rol
                       size_t queue, unsigned number)
 {
     const struct sk_conf *conf = g->conf;
-    *slot = (struct slot){ .ops = &roles[role], .queue = queue,
+    *slot = (struct slot){ .ops = &sk_roles[role], .queue = queue,
                            .backoff = { .base_ms = conf->restart.initial_ms,
                                         .cap_ms = conf->restart.max_ms } };
     if (slot->ops->counts_as_worker)
@@ -383,22 +349,6 @@ static const char *slot_name(const struct generation *g, const struct slot *slot
     else
         snprintf(buf, size, "the %s", slot->ops->name);
     return buf;
-}
-
-static int run_worker(const struct sk_child *c)
-{
-    return sk_worker_run(c->conf, &c->conf->queues[c->queue], c->plugin, c->shared,
-                         sk_metrics_queue(c->metrics, c->queue));
-}
-
-static int run_relay(const struct sk_child *c)
-{
-    return sk_outbox_run(c->conf, c->shared, c->metrics);
-}
-
-static int run_janitor(const struct sk_child *c)
-{
-    return sk_janitor_run(c->conf, c->shared, c->metrics);
 }
 
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
@@ -749,7 +699,7 @@ static void describe(const struct generation *g, char *status, size_t size)
             len += (size_t)n;
     }
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (g->slots[i].ops == &roles[SK_ROLE_RELAY]) {
+        if (g->slots[i].ops == &sk_roles[SK_ROLE_RELAY]) {
             relays++;
             relays_up += slot_up(g, i);
         }
