@@ -261,7 +261,7 @@ static const struct sk_conf conf_defaults = {
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
 static const struct sk_queue_conf queue_defaults = {
-    .workers = 1, .prefetch = 1, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
+    .workers = 1, .prefetch = 10, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
     .max_headers = MAX_HEADERS_DEFAULT,
     .retry = { .max_attempts = 5, .initial_ms = SEC, .max_ms = 5 * 60 * SEC },
     .on_redis_down = SK_REDIS_DOWN_PROCEED,

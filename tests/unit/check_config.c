@@ -341,7 +341,7 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_str_eq(q->handler, "/usr/lib/sekali/handlers/invoice.so");
     ck_assert_ptr_null(q->handler_config);
     ck_assert_int_eq(q->workers, 1);
-    ck_assert_int_eq(q->prefetch, 1);
+    ck_assert_int_eq(q->prefetch, 10);
     ck_assert_int_eq(q->mode, SK_MODE_TRANSACTIONAL);
     ck_assert(q->lock);
     ck_assert_uint_eq(q->lock_ttl_ms, 30000);
