@@ -23,6 +23,9 @@
 /* The size of the 1.0 descriptor: every member up to and including fini. */
 #define DESCRIPTOR_V1_0_SIZE \
     (offsetof(struct sekali_handler, fini) + sizeof(((struct sekali_handler *)0)->fini))
+/* ... and of the 1.3 one, which added check. */
+#define DESCRIPTOR_V1_3_SIZE \
+    (offsetof(struct sekali_handler, check) + sizeof(((struct sekali_handler *)0)->check))
 
 /* Code that others can replace runs as sekali with its database
  * credentials: like sshd with a loose key file, refuse it. What is loaded is
@@ -96,21 +99,36 @@ static int open_checked(const char *path, const char *real, struct sk_err *err)
 
 /* dlopen() takes a name, and glibc hands back an already loaded object whose
  * name matches: "/proc/self/fd/N" must therefore stay unique, so the
- * descriptor stays open as long as the object it named is loaded (for ever:
- * handlers are never unloaded). When the same file was loaded before, glibc
- * recognises it by device and inode and returns the earlier object, and the
- * new descriptor is not needed. */
-static void *load_fd(int fd)
+ * descriptor stays open as long as the object it named is loaded (for ever,
+ * once accepted: handlers in use are never unloaded). When the same file was
+ * loaded before, glibc recognises it by device and inode and returns the
+ * earlier object, and the new descriptor is not needed. *kept is the
+ * descriptor left open for the object, or -1. */
+static void *load_fd(int fd, int *kept)
 {
     char name[64];
     struct link_map *map = NULL;
 
+    *kept = -1;
     snprintf(name, sizeof(name), "/proc/self/fd/%d", fd);
     void *dl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (dl == NULL || dlinfo(dl, RTLD_DI_LINKMAP, &map) != 0 || map == NULL ||
         strcmp(map->l_name, name) != 0)
         close(fd);
+    else
+        *kept = fd;
     return dl;
+}
+
+/* A refused object is unloaded, as PostgreSQL's loader does: otherwise each
+ * failed reload would leave one more mapping behind. dlclose() only drops
+ * a reference, so an object that a running generation also loaded stays. */
+static void unload(void *dl, int kept)
+{
+    if (dl != NULL)
+        dlclose(dl);
+    if (kept >= 0)
+        close(kept);
 }
 
 int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
@@ -122,39 +140,70 @@ int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
     free(real);
     if (fd < 0)
         return SK_ERR;
-    void *dl = load_fd(fd);
+    int kept;
+    void *dl = load_fd(fd, &kept);
     if (dl == NULL)
         return sk_err_set(err, SK_ERR, "handler %s: cannot load: %s", path, dlerror());
 
     dlerror();
     void *sym = dlsym(dl, SEKALI_HANDLER_SYMBOL);
     const char *why = dlerror();
-    if (sym == NULL || why != NULL)
-        return sk_err_set(err, SK_ERR,
-                          "handler %s: no symbol %s (is it a sekali handler? define it with "
-                          "SEKALI_HANDLER_DEFINE)", path, SEKALI_HANDLER_SYMBOL);
+    if (sym == NULL || why != NULL) {
+        sk_err_set(err, SK_ERR, "handler %s: no symbol %s (is it a sekali handler? define it "
+                   "with SEKALI_HANDLER_DEFINE)", path, SEKALI_HANDLER_SYMBOL);
+        unload(dl, kept);
+        return SK_ERR;
+    }
 
     const struct sekali_handler *(*get)(void);
     *(void **)&get = sym;
     const struct sekali_handler *h = get();
-    if (sk_plugin_check(h, path, err) != SK_OK)
-        return SK_ERR;
+    if (sk_plugin_check(h, path, err) != SK_OK) {
+        unload(dl, kept);
+        return SK_PLUGIN_ABI;
+    }
     out->path = path;
     out->handler = h;
+    out->dl = dl;
+    out->fd = kept;
     return SK_OK;
 }
 
-int sk_plugin_load_queues(const struct sk_conf *conf, struct sk_plugin **out,
-                          struct sk_err *err)
+int sk_plugin_check_config(const struct sk_plugin *p, const struct sekali_host *host,
+                           const char *config, struct sk_err *err)
+{
+    const struct sekali_handler *h = p->handler;
+    if (h->struct_size < DESCRIPTOR_V1_3_SIZE || h->check == NULL)
+        return SK_OK;
+    char why[512] = "";
+    if (h->check(host, config, why, sizeof(why)) == SEKALI_OK)
+        return SK_OK;
+    why[sizeof(why) - 1] = '\0';
+    return sk_err_set(err, SK_ERR, "handler %s rejects its config: %s", p->path,
+                      why[0] != '\0' ? why : "(no reason given)");
+}
+
+int sk_plugin_load_queues(const struct sk_conf *conf, const struct sekali_host *host,
+                          struct sk_plugin **out, struct sk_err *err)
 {
     struct sk_plugin *plugins = calloc(conf->n_queues, sizeof(*plugins));
     if (plugins == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(plugins)");
     for (size_t i = 0; i < conf->n_queues; i++) {
         struct sk_err why = { 0 };
-        if (sk_plugin_load(conf->queues[i].handler, &plugins[i], &why) != SK_OK) {
+        size_t loaded = i;
+        int rc = sk_plugin_load(conf->queues[i].handler, &plugins[i], &why);
+        if (rc == SK_OK) {
+            loaded = i + 1;
+            rc = sk_plugin_check_config(&plugins[i], host, conf->queues[i].handler_config,
+                                        &why);
+        }
+        if (rc != SK_OK) {
+            /* Nothing of a refused set runs: drop the references it took. */
+            for (size_t j = 0; j < loaded; j++)
+                unload(plugins[j].dl, plugins[j].fd);
             free(plugins);
-            return sk_err_set(err, SK_ERR, "queue %s: %s", conf->queues[i].name, why.msg);
+            return sk_err_set(err, rc, "queue %s: %s", conf->queues[i].name, why.msg);
         }
     }
     *out = plugins;

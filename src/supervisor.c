@@ -39,6 +39,7 @@
 
 #include "backoff.h"
 #include "failpoint.h"
+#include "host.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
@@ -612,7 +613,7 @@ static void reload(struct supervisor *s)
     struct sk_plugin *plugins = NULL;
     struct generation *g = NULL;
     if (sk_conf_load(s->current->conf->path, &conf, &err) != SK_OK ||
-        sk_plugin_load_queues(conf, &plugins, &err) != SK_OK ||
+        sk_plugin_load_queues(conf, sk_host(), &plugins, &err) != SK_OK ||
         (g = generation_new(conf, plugins, &err)) == NULL) {
         sk_log_error("reload failed, still running the previous configuration: %s", err.msg);
         sk_notify_status("reload failed, running the previous configuration: %s", err.msg);
