@@ -69,6 +69,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope broker)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
+$(B)/tests/check_host:     $(call obj,$(CORE) host lease)
 $(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)

@@ -1,4 +1,5 @@
 /* check_plugin.c - the handler ABI checks, on descriptors built in place. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,6 +320,98 @@ START_TEST(test_handler_is_loaded_through_the_descriptor_that_was_checked)
 }
 END_TEST
 
+static int reject(const struct sekali_host *host, const char *config, char *err, size_t size)
+{
+    (void)host;
+    snprintf(err, size, "`table: %s` is not a table name", config != NULL ? config : "?");
+    return SEKALI_FAIL;
+}
+
+START_TEST(test_config_rejected_by_check_is_refused_with_the_handlers_message)
+{
+    struct sekali_handler h = good();
+    h.check = reject;
+    struct sk_plugin p = { .path = "t.so", .handler = &h };
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_check_config(&p, NULL, "1x", &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "handler t.so rejects its config: `table: 1x` is not a table name");
+}
+END_TEST
+
+/* A 1.2 descriptor ends before check: whatever lies after it is not read. */
+START_TEST(test_descriptor_of_abi_1_2_is_accepted_and_its_config_not_checked)
+{
+    struct sekali_handler h = good();
+    h.abi_minor = 2;
+    h.struct_size = (uint32_t)offsetof(struct sekali_handler, check);
+    h.check = reject;  /* past struct_size: must not be called */
+    ck_assert_int_eq(sk_plugin_check(&h, "t.so", NULL), SK_OK);
+    struct sk_plugin p = { .path = "t.so", .handler = &h };
+    ck_assert_int_eq(sk_plugin_check_config(&p, NULL, "1x", NULL), SK_OK);
+}
+END_TEST
+
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Exit 3 is for a handler built for another ABI alone; a file that is no
+ * sekali handler is a configuration mistake. Either way the refused object
+ * is unloaded and its descriptor closed, so failed reloads leak nothing. */
+static void assert_unloaded_after_refusal(const char *plugin, int code, const char *msg)
+{
+    char root[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/h.so", plugin);
+    snprintf(file, sizeof(file), "%s/h/h.so", root);
+    int fds = open_fds();
+    ck_assert_int_eq(sk_plugin_load(file, &p, &err), code);
+    ck_assert_msg(strstr(err.msg, msg) != NULL, "%s: %s", plugin, err.msg);
+    ck_assert_int_eq(open_fds(), fds);
+    ck_assert_msg(dlopen(file, RTLD_NOW | RTLD_NOLOAD) == NULL, "%s is still loaded", plugin);
+    remove_tree(root);
+}
+
+START_TEST(test_refused_handlers_are_unloaded_and_only_an_abi_mismatch_is_an_abi_error)
+{
+    assert_unloaded_after_refusal("tests/plugins/old_abi.so", SK_PLUGIN_ABI,
+                                  "incompatible ABI: abi_major is 0");
+    assert_unloaded_after_refusal("tests/plugins/null_handle.so", SK_PLUGIN_ABI,
+                                  "mandatory callback handle is NULL");
+    assert_unloaded_after_refusal("tests/plugins/no_symbol.so", SK_ERR,
+                                  "no symbol sekali_handler_v1");
+}
+END_TEST
+
+/* The control: an accepted handler stays loaded (RTLD_NOLOAD finds it). */
+START_TEST(test_accepted_handler_stays_loaded)
+{
+    char root[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/h.so", "tests/plugins/abi_1_2.so");
+    snprintf(file, sizeof(file), "%s/h/h.so", root);
+    ck_assert_msg(sk_plugin_load(file, &p, &err) == SK_OK, "%s", err.msg);
+    ck_assert_uint_eq(p.handler->abi_minor, 2);
+    ck_assert_ptr_nonnull(dlopen(file, RTLD_NOW | RTLD_NOLOAD));
+    remove_tree(root);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -336,6 +429,10 @@ int main(void)
         test_sticky_directory_is_refused_only_as_the_handlers_own,
         test_two_handlers_loaded_in_turn_are_each_their_own,
         test_handler_is_loaded_through_the_descriptor_that_was_checked,
+        test_config_rejected_by_check_is_refused_with_the_handlers_message,
+        test_descriptor_of_abi_1_2_is_accepted_and_its_config_not_checked,
+        test_refused_handlers_are_unloaded_and_only_an_abi_mismatch_is_an_abi_error,
+        test_accepted_handler_stays_loaded,
         NULL,
     };
     Suite *s = suite_create("plugin");
