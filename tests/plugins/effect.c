@@ -22,6 +22,10 @@
  *   "chain:N"  record the effect and, for N > 0, enqueue "chain:N-1" to the same
  *              queue with idempotency key "<key>+" (host->enqueue_job, ABI 1.3),
  *              in the same transaction
+ *   "options"  record the effect and enqueue a job of type "later" with every
+ *              option of host->enqueue_job(): idempotency key "<key>/later",
+ *              resource key "res-<key>", dedupe key "dedupe-<key>" held for an
+ *              hour, to run at 2100-01-01 (so it stays in the outbox)
  *   "occ:NAME" add 1 to sekali_test.occ_rows' row NAME with a version-guarded
  *              update (optimistic concurrency); on the first attempt, between
  *              reading the row and updating it, write MARKER_DIR/occ.<pid> and
@@ -251,6 +255,19 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
             if (job->host->abi_minor < 3 || job->host->enqueue_job(ctx, &next, NULL, 0) != 0)
                 return SEKALI_RETRY;
         }
+    }
+    if (ok && body_is(job, "options")) {
+        char key[600], resource[600], dedupe[600];
+        snprintf(key, sizeof(key), "%s/later", job->idempotency_key);
+        snprintf(resource, sizeof(resource), "res-%s", job->idempotency_key);
+        snprintf(dedupe, sizeof(dedupe), "dedupe-%s", job->idempotency_key);
+        struct sekali_enqueue later = {
+            .struct_size = sizeof(later), .queue = job->queue, .job_type = "later",
+            .body = "ok", .body_len = 2, .idempotency_key = key, .resource_key = resource,
+            .dedupe_key = dedupe, .run_at_ms = 4102444800000LL, .dedupe_ttl_ms = 3600000,
+        };
+        if (job->host->enqueue_job(ctx, &later, NULL, 0) != 0)
+            return SEKALI_RETRY;
     }
     char receipt[256];
     int n = snprintf(receipt, sizeof(receipt), "done by %s", pid);
