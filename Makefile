@@ -12,6 +12,8 @@ B       ?= build
 PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd
 CC     ?= cc
 CFLAGS ?= -O2 -g
+# The caller's CFLAGS before sekali's are added: what handlers are built with.
+USER_CFLAGS := $(CFLAGS)
 # What every build of sekali's sources needs, gcc's and the fuzzers' clang's.
 SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
             -fno-strict-aliasing -MMD -MP -iquote src -Iinclude \
@@ -21,7 +23,7 @@ override CFLAGS += $(SK_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
-CORE    = common config config_value log backoff
+CORE    = common config config_value log backoff clock
 DAEMON  = $(CORE) main proctitle process supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
           notify metrics metrics_http outbox janitor
 CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker lock envelope failpoint \
@@ -59,11 +61,16 @@ $(B)/fault/%.o: src/%.c | $(B)/fault
 	$(CC) $(CFLAGS) -DSK_FAULTS -c -o $@ $<
 
 # Handlers are built exactly as a handler author would: against the public
-# header only, position-independent, with no daemon symbols.
+# header only (no -iquote src, no daemon defines), position-independent, with
+# no daemon symbols. HANDLER_CFLAGS is the one given to authors, so a handler
+# that reaches for a private header fails here first. The caller's CFLAGS
+# (optimisation, sanitizers) still apply, but never the daemon's own flags.
+HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --cflags libpq)
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
 $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests/plugins
-	$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< \
+	    $(shell pkg-config --libs libpq)
 
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
@@ -73,6 +80,8 @@ $(B)/tests/check_host:     $(call obj,$(CORE) host lease)
 $(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
+$(B)/tests/check_backoff:  $(call obj,$(CORE))
+$(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule broker)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

@@ -51,6 +51,10 @@ struct sk_queue_shape {
     bool     passive;         /* declared by someone else: only check that it exists */
 };
 
+/* Writes the name of queue's dead-letter queue, `queue.dead`, into out:
+ * the one place that spells it. SK_ERR if it does not fit in size. */
+int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err);
+
 /* The shape sekalid declares a configured queue with. */
 struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q);
 

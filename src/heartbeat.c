@@ -17,7 +17,6 @@
 
 #include <libpq-fe.h>
 
-#include "envelope.h"
 #include "failpoint.h"
 #include "heartbeat.h"
 #include "lease.h"

@@ -34,7 +34,11 @@
  *              host->conflict()
  * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config that
  * check() lets through), `check_fail: WHY` (check() rejects the config). The
- * handler reaches the host through job->host (ABI 1.3). */
+ * handler reaches the host through job->host (ABI 1.3).
+ *
+ * Built as handlers are, with -std=c11 and nothing more: it asks for POSIX
+ * (nanosleep, kill, getpid) itself. */
+#define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
