@@ -614,9 +614,9 @@ START_TEST(test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl)
                                       "NULL", r.queue), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_dedupe d JOIN "
                                       "sekali.outbox o USING (job_id) WHERE o.queue = '%s' AND "
-                                      "d.dedupe_key = 'dedupe-opts-1' AND d.expires_at BETWEEN "
-                                      "now() + interval '55 minutes' AND now() + interval "
-                                      "'61 minutes'", r.queue), 1);
+                                      "d.dedupe_key = 'dedupe-' || o.queue || '-opts-1' AND "
+                                      "d.expires_at BETWEEN now() + interval '55 minutes' AND "
+                                      "now() + interval '61 minutes'", r.queue), 1);
     h_run_stop(&r);
     h_run_close(&r);
 }

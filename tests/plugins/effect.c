@@ -24,8 +24,9 @@
  *              in the same transaction
  *   "options"  record the effect and enqueue a job of type "later" with every
  *              option of host->enqueue_job(): idempotency key "<key>/later",
- *              resource key "res-<key>", dedupe key "dedupe-<key>" held for an
- *              hour, to run at 2100-01-01 (so it stays in the outbox)
+ *              resource key "res-<key>", dedupe key "dedupe-<queue>-<key>"
+ *              held for an hour, to run at 2100-01-01 (so it stays in the
+ *              outbox)
  *   "occ:NAME" add 1 to sekali_test.occ_rows' row NAME with a version-guarded
  *              update (optimistic concurrency); on the first attempt, between
  *              reading the row and updating it, write MARKER_DIR/occ.<pid> and
@@ -264,7 +265,8 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
         char key[600], resource[600], dedupe[600];
         snprintf(key, sizeof(key), "%s/later", job->idempotency_key);
         snprintf(resource, sizeof(resource), "res-%s", job->idempotency_key);
-        snprintf(dedupe, sizeof(dedupe), "dedupe-%s", job->idempotency_key);
+        /* Dedupe keys are global: the queue keeps runs of a test apart. */
+        snprintf(dedupe, sizeof(dedupe), "dedupe-%s-%s", job->queue, job->idempotency_key);
         struct sekali_enqueue later = {
             .struct_size = sizeof(later), .queue = job->queue, .job_type = "later",
             .body = "ok", .body_len = 2, .idempotency_key = key, .resource_key = resource,
