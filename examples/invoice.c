@@ -93,8 +93,9 @@ static int invoice_init(const struct sekali_host *host, const char *config, void
                  "WHERE customer = $1::jsonb->>'customer'", totals);
         /* The guard: only the version this job read may be replaced. */
         snprintf(s->update_total_sql, sizeof(s->update_total_sql),
-                 "UPDATE %s SET invoiced_cents = $2::bigint + ($3::jsonb->>'amount_cents')::bigint, "
-                 "version = version + 1 WHERE customer = $1 AND version = $4::bigint",
+                 "UPDATE %s SET invoiced_cents = $2::bigint + "
+                 "($3::jsonb->>'amount_cents')::bigint, version = version + 1 "
+                 "WHERE customer = $1 AND version = $4::bigint",
                  totals);
     }
     *state = s;

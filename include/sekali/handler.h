@@ -4,10 +4,10 @@
  * that returns a static descriptor. That name is the permanent entry symbol:
  * it stays sekali_handler_v1 in every ABI version, even after a major bump,
  * so a plugin built for another major version is still found and refused
- * with its abi_major named, never with a bare "no symbol". sekalid loads it with RTLD_NOW|RTLD_LOCAL,
- * checks the descriptor's ABI version and size, and refuses to start on a
- * mismatch. Plugins reach the daemon only through the sekali_host vtable and
- * never link against daemon symbols.
+ * with its abi_major named, never with a bare "no symbol". sekalid loads
+ * it with RTLD_NOW|RTLD_LOCAL, checks the descriptor's ABI version and size,
+ * and refuses to start on a mismatch. Plugins reach the daemon only
+ * through the sekali_host vtable and never link against daemon symbols.
  *
  * Growing the ABI without breaking built plugins:
  *   - structs only grow at their end, and carry their own struct_size;
