@@ -22,6 +22,7 @@
 
 #include "broker.h"
 #include "ctl.h"
+#include "pg.h"
 
 #define JOURNAL_MAX 1000  /* log lines shown at most, the newest kept */
 
@@ -111,11 +112,15 @@ static void read_pg(struct trace *t, const struct sk_conf *conf)
         return;
     }
     const char *params[] = { t->key, t->only_queue };
-    PGresult *res = PQexecParams(pg, "SELECT queue, (extract(epoch FROM at) * 1000000)::int8, "
-                                     "seq, source, event, detail FROM sekali.trace($1, $2)",
-                                 2, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        fprintf(stderr, "sekalictl: sekali.trace: %s", PQresultErrorMessage(res));
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT queue, (extract(epoch FROM at) * 1000000)::int8, "
+               "seq, source, event, detail FROM sekali.trace($1, $2)",
+        .n_params = 2, .values = params, .what = "sekali.trace",
+    };
+    struct sk_err err = { 0 };
+    PGresult *res;
+    if (sk_pg_exec(pg, &st, &res, &err) != SK_OK) {
+        fprintf(stderr, "sekalictl: %s\n", err.msg);
         t->failed = true;
     } else {
         for (int i = 0; i < PQntuples(res); i++) {

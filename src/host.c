@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include "host.h"
+#include "pg.h"
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -173,8 +174,9 @@ static int host_checkpoint_save(struct sekali_ctx *ctx, const char *name, const 
     if (!ctx->external || name == NULL || value == NULL)
         return -1;
     struct sk_err err = { 0 };
-    int rc = sk_lease_save_checkpoint(ctx->pg, ctx->log->queue, ctx->log->idempotency_key,
-                                      ctx->log->fence, name, value, &err);
+    struct sk_keyref ref = { .queue = ctx->log->queue, .key = ctx->log->idempotency_key };
+    sk_keyref_set_fence(&ref, ctx->log->fence);
+    int rc = sk_lease_save_checkpoint(ctx->pg, &ref, name, value, &err);
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_WARN, ctx->log, "checkpoint %s not saved: %s", name,
                    rc == SK_BUSY ? "fenced out, another worker owns the job" : err.msg);
@@ -249,18 +251,20 @@ static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue 
                              e.resource_key, run_at, ttl };
     const int lengths[] = { 0, 0, (int)e.body_len, 0, 0, 0, 0, 0 };
     const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0 };
-    PGresult *res = PQexecParams(
-        ctx->pg,
-        "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
-        "CASE WHEN $7::bigint = 0 THEN now() ELSE to_timestamp($7::bigint / 1000.0) END, "
-        "CASE WHEN $8::bigint <= 0 THEN interval '1 day' "
-        "ELSE $8::bigint * interval '1 millisecond' END)",
-        8, NULL, values, lengths, formats, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
+               "CASE WHEN $7::bigint = 0 THEN now() ELSE to_timestamp($7::bigint / 1000.0) END, "
+               "CASE WHEN $8::bigint <= 0 THEN interval '1 day' "
+               "ELSE $8::bigint * interval '1 millisecond' END)",
+        .n_params = 8, .values = values, .lengths = lengths, .formats = formats,
+        .one_row = true, .what = "sekali.enqueue",
+    };
+    struct sk_err err = { 0 };
+    PGresult *res;
+    if (sk_pg_exec(ctx->pg, &st, &res, &err) != SK_OK) {
         char why[512];
-        snprintf(why, sizeof(why), "enqueue to %s: %s", e.queue, PQresultErrorMessage(res));
+        snprintf(why, sizeof(why), "enqueue to %s: %s", e.queue, err.msg);
         host_set_error(ctx, why);
-        PQclear(res);
         return -1;
     }
     if (job_id != NULL && size > 0)

@@ -82,6 +82,7 @@ struct job {
     bool               locked;
     bool               leased;      /* external mode: the heartbeat renews our lease */
     struct sk_claim    claim;
+    struct sk_keyref   ref;         /* the key, for the store and the lease */
     uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
     struct sk_metrics_type *metrics;
     struct sk_log_job  log;
@@ -143,6 +144,9 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
     j.log.idempotency_key = j.env.idempotency_key;
     j.log.resource_key = j.env.resource_key;
     j.log.delivery_attempt = j.env.delivery_attempt;
+    j.ref = (struct sk_keyref){ .queue = w->queue->name, .key = j.env.idempotency_key,
+                                .owner = w->owner, .job_id = j.env.job_id,
+                                .job_type = j.env.job_type };
     transition(&j, JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
     snprintf(w->slot->job_key, sizeof(w->slot->job_key), "%s", j.env.idempotency_key);
@@ -172,8 +176,7 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
         return;
     }
 
-    int rc = sk_store_claim(w->store, w->queue->name, j.env.idempotency_key, w->owner,
-                            j.env.job_id, j.env.job_type, &j.claim, &err);
+    int rc = sk_store_claim(w->store, &j.ref, &j.claim, &err);
     if (rc == SK_DUP) {
         sk_metrics_inc(j.metrics, SK_METRIC_DUPLICATES);
         reply_saved(w, &j);
@@ -204,8 +207,7 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
 static bool crashed_too_often(struct sk_worker *w, struct job *j)
 {
     int crashes = 0;
-    if (sk_store_crashes(w->store, w->queue->name, j->env.idempotency_key, &crashes, NULL) !=
-            SK_OK ||
+    if (sk_store_crashes(w->store, &j->ref, &crashes, NULL) != SK_OK ||
         crashes < w->queue->max_crashes)
         return false;
     char why[128];
@@ -234,6 +236,7 @@ static void claimed(struct sk_worker *w, struct job *j)
     w->postgres_down_logged = false;
     sk_backoff_reset(&w->postgres_backoff);
     j->log.fence = j->claim.fence;
+    sk_keyref_set_fence(&j->ref, j->claim.fence);
     transition(j, JOB_CLAIMED);
 }
 
@@ -248,8 +251,7 @@ static void run_external(struct sk_worker *w, struct job *j)
     int rc = sk_store_reconnect(w->store, &err);
     PGconn *pg = sk_store_conn(w->store);
     if (rc == SK_OK)
-        rc = sk_lease_claim(pg, w->queue->name, j->env.idempotency_key, w->owner,
-                            j->env.job_id, j->env.job_type, w->queue->lease_ms, &j->claim, &err);
+        rc = sk_lease_claim(pg, &j->ref, w->queue->lease_ms, &j->claim, &err);
     if (rc == SK_DUP) {
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(w, j);
@@ -274,14 +276,12 @@ static void run_external(struct sk_worker *w, struct job *j)
     sk_host_ctx_reset(ctx);
     ctx->external = true;
     if (j->claim.attempts > 1 &&
-        sk_lease_load_checkpoints(pg, w->queue->name, j->env.idempotency_key,
-                                  &ctx->checkpoints, &err) != SK_OK)
+        sk_lease_load_checkpoints(pg, &j->ref, &ctx->checkpoints, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "checkpoints not loaded: %s", err.msg);
     int status = call_handler(w, j, pg);
 
     if (status == SEKALI_OK) {
-        rc = sk_lease_finish(pg, w->queue->name, j->env.idempotency_key, j->claim.fence,
-                             "completed", ctx->result_len > 0 ? ctx->result : NULL,
+        rc = sk_lease_finish(pg, &j->ref, "completed", ctx->result_len > 0 ? ctx->result : NULL,
                              ctx->result_len, NULL, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
@@ -299,8 +299,7 @@ static void run_external(struct sk_worker *w, struct job *j)
         return;
     }
     if (status == SEKALI_RETRY &&
-        sk_lease_release(pg, w->queue->name, j->env.idempotency_key, j->claim.fence,
-                         &err) == SK_AGAIN)
+        sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     settle_failure(w, j, status);
 }
@@ -329,7 +328,7 @@ static void reply(struct sk_worker *w, struct job *j, const void *result, size_t
         sk_log_job(SK_LOG_WARN, &j->log, "reply to %s not sent: %s", j->env.reply_to, err.msg);
         return;
     }
-    if (sk_store_mark_replied(w->store, w->queue->name, j->env.idempotency_key, &err) != SK_OK)
+    if (sk_store_mark_replied(w->store, &j->ref, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "reply sent but not recorded: %s", err.msg);
 }
 
@@ -343,8 +342,7 @@ static void reply_saved(struct sk_worker *w, struct job *j)
     bool replied;
     char *result;
     size_t len;
-    if (sk_store_reply_state(w->store, w->queue->name, j->env.idempotency_key, &replied,
-                             &result, &len, &err) != SK_OK) {
+    if (sk_store_reply_state(w->store, &j->ref, &replied, &result, &len, &err) != SK_OK) {
         sk_log_job(SK_LOG_WARN, &j->log, "reply state unknown, not replying: %s", err.msg);
         return;
     }
@@ -513,8 +511,7 @@ static void run_handler(struct sk_worker *w, struct job *j)
 
     struct sk_err err = { 0 };
     if (status == SEKALI_OK) {
-        int rc = sk_store_complete(w->store, w->queue->name, j->env.idempotency_key,
-                                   j->claim.fence, ctx->result_len > 0 ? ctx->result : NULL,
+        int rc = sk_store_complete(w->store, &j->ref, ctx->result_len > 0 ? ctx->result : NULL,
                                    ctx->result_len, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
@@ -575,10 +572,8 @@ static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason r
 {
     struct sk_err err = { 0 };
     int rc = j->leased
-        ? sk_lease_finish(sk_store_conn(w->store), w->queue->name, j->env.idempotency_key,
-                          j->claim.fence, "failed", NULL, 0, why, &err)
-        : sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,
-                        j->env.job_id, j->env.job_type, why, &err);
+        ? sk_lease_finish(sk_store_conn(w->store), &j->ref, "failed", NULL, 0, why, &err)
+        : sk_store_fail(w->store, &j->ref, why, &err);
     if (rc == SK_BUSY) {
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_job(SK_LOG_WARN, &j->log, "failure fenced out: another worker owns the job");
