@@ -98,25 +98,66 @@ static int open_checked(const char *path, const char *real, struct sk_err *err)
 }
 
 /* dlopen() takes a name, and glibc hands back an already loaded object whose
- * name matches: "/proc/self/fd/N" must therefore stay unique, so the
- * descriptor stays open as long as the object it named is loaded (for ever,
- * once accepted: handlers in use are never unloaded). When the same file was
- * loaded before, glibc recognises it by device and inode and returns the
- * earlier object, and the new descriptor is not needed. *kept is the
- * descriptor left open for the object, or -1. */
+ * name matches: "/proc/self/fd/N" must therefore name one file for as long
+ * as an object was loaded under it, so the descriptor stays open while the
+ * object is loaded (for ever, once accepted: handlers in use are never
+ * unloaded). A file loaded again (a reload of an unchanged handler) must not
+ * reach dlopen() under a new name either: glibc would recognise the file by
+ * device and inode, return the loaded object, and file the new name under
+ * it, and once that descriptor is closed the next handler opened there
+ * would get the old object back. So this table finds such a file first, and
+ * takes a reference on its object under the object's own name. */
+struct loaded {
+    dev_t dev;
+    ino_t ino;
+    int   fd;   /* the descriptor whose /proc name the object has */
+};
+static struct loaded *table;
+static size_t n_table, table_cap;
+
 static void *load_fd(int fd, int *kept)
 {
     char name[64];
     struct link_map *map = NULL;
+    struct stat st;
 
     *kept = -1;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return NULL;
+    }
+    for (size_t i = 0; i < n_table; i++) {
+        if (table[i].dev != st.st_dev || table[i].ino != st.st_ino)
+            continue;
+        snprintf(name, sizeof(name), "/proc/self/fd/%d", table[i].fd);
+        void *dl = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (dl != NULL) {
+            close(fd);
+            return dl;
+        }
+    }
+    if (n_table == table_cap) {
+        size_t cap = table_cap > 0 ? table_cap * 2 : 8;
+        struct loaded *grown = realloc(table, cap * sizeof(*grown));
+        if (grown == NULL) {
+            close(fd);
+            return NULL;
+        }
+        table = grown;
+        table_cap = cap;
+    }
     snprintf(name, sizeof(name), "/proc/self/fd/%d", fd);
     void *dl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (dl == NULL || dlinfo(dl, RTLD_DI_LINKMAP, &map) != 0 || map == NULL ||
-        strcmp(map->l_name, name) != 0)
+    if (dl == NULL) {
         close(fd);
-    else
-        *kept = fd;
+        return NULL;
+    }
+    /* An object glibc knew by other means (never one of ours): the name
+     * now points at it too, so the descriptor stays open, untracked. */
+    if (dlinfo(dl, RTLD_DI_LINKMAP, &map) != 0 || map == NULL || strcmp(map->l_name, name) != 0)
+        return dl;
+    table[n_table++] = (struct loaded){ .dev = st.st_dev, .ino = st.st_ino, .fd = fd };
+    *kept = fd;
     return dl;
 }
 
@@ -127,8 +168,15 @@ static void unload(void *dl, int kept)
 {
     if (dl != NULL)
         dlclose(dl);
-    if (kept >= 0)
-        close(kept);
+    if (kept < 0)
+        return;
+    for (size_t i = 0; i < n_table; i++) {
+        if (table[i].fd == kept) {
+            table[i] = table[--n_table];
+            break;
+        }
+    }
+    close(kept);
 }
 
 int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
@@ -142,8 +190,11 @@ int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
         return SK_ERR;
     int kept;
     void *dl = load_fd(fd, &kept);
-    if (dl == NULL)
-        return sk_err_set(err, SK_ERR, "handler %s: cannot load: %s", path, dlerror());
+    if (dl == NULL) {
+        const char *why = dlerror();
+        return sk_err_set(err, SK_ERR, "handler %s: cannot load: %s", path,
+                          why != NULL ? why : "out of memory");
+    }
 
     dlerror();
     void *sym = dlsym(dl, SEKALI_HANDLER_SYMBOL);

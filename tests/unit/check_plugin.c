@@ -289,6 +289,32 @@ START_TEST(test_two_handlers_loaded_in_turn_are_each_their_own)
 }
 END_TEST
 
+/* A reload of an unchanged handler loads the same file again. glibc then
+ * returns the loaded object, and files the new descriptor's /proc name
+ * under it; that descriptor is closed, so the next file opened gets its
+ * number, and thus the same name: it must still be its own object, not the
+ * first handler under a name glibc has seen. */
+START_TEST(test_file_loaded_after_a_reload_of_an_unchanged_handler_is_its_own)
+{
+    char root[64], a[128], b[128];
+    struct sk_plugin pa, again, pb;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/a.so", "handlers/invoice.so");
+    copy_handler(root, "h/b.so", "tests/plugins/abi_1_2.so");
+    snprintf(a, sizeof(a), "%s/h/a.so", root);
+    snprintf(b, sizeof(b), "%s/h/b.so", root);
+    ck_assert_msg(sk_plugin_load(a, &pa, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_plugin_load(a, &again, &err) == SK_OK, "%s", err.msg);
+    ck_assert_ptr_eq(again.handler, pa.handler);
+    ck_assert_msg(sk_plugin_load(b, &pb, &err) == SK_OK, "%s", err.msg);
+    ck_assert_str_eq(pb.handler->name, "abi_1_2");
+    remove_tree(root);
+}
+END_TEST
+
 /* The check and the load must be one lookup: the object glibc mapped is
  * named by the descriptor that was checked, not by the path, which someone
  * could have pointed elsewhere in between. */
@@ -428,6 +454,7 @@ int main(void)
         test_handler_under_a_directory_of_another_user_is_refused,
         test_sticky_directory_is_refused_only_as_the_handlers_own,
         test_two_handlers_loaded_in_turn_are_each_their_own,
+        test_file_loaded_after_a_reload_of_an_unchanged_handler_is_its_own,
         test_handler_is_loaded_through_the_descriptor_that_was_checked,
         test_config_rejected_by_check_is_refused_with_the_handlers_message,
         test_descriptor_of_abi_1_2_is_accepted_and_its_config_not_checked,
