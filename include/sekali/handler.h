@@ -151,13 +151,13 @@ struct sekali_host {
      * or NULL. Borrowed: valid until handle() returns. */
     const char *(*checkpoint)(struct sekali_ctx *ctx, const char *name);
 
-    /* Since 1.2; frozen since 1.3, use enqueue_job(). Enqueues a follow-up job through the outbox
-     * (sekali.enqueue) on the job's connection: in transactional mode it
-     * commits or rolls back with this job's effect, so a job and the jobs it
-     * triggers happen together or not at all. idempotency_key and
-     * dedupe_key may be NULL. Writes the new job's id to job_id (size
-     * bytes) when job_id is not NULL. Returns 0, or -1 with the reason set
-     * as the job's error (return SEKALI_RETRY then). */
+    /* Since 1.2; frozen since 1.3: use enqueue_job(). Enqueues a follow-up
+     * job through the outbox (sekali.enqueue) on the job's connection: in
+     * transactional mode it commits or rolls back with this job's effect,
+     * so a job and the jobs it triggers happen together or not at all.
+     * idempotency_key and dedupe_key may be NULL. Writes the new job's id
+     * to job_id (size bytes) when job_id is not NULL. Returns 0, or -1 with
+     * the reason set as the job's error (return SEKALI_RETRY then). */
     int (*enqueue)(struct sekali_ctx *ctx, const char *queue, const char *job_type,
                    const void *body, size_t body_len, const char *idempotency_key,
                    const char *dedupe_key, char *job_id, size_t size);
@@ -198,8 +198,10 @@ struct sekali_handler {
     /* Optional. Called once per worker process before its first job.
      * config is the queue's `config:` section as YAML text, or NULL.
      * Returns SEKALI_OK, SEKALI_RETRY (transient: the worker restarts later)
-     * or SEKALI_FAIL (bad configuration: sekalid stops). Validate the
-     * config in check() instead, where a mistake cannot stop a reload. */
+     * or SEKALI_FAIL (bad configuration: at start sekalid stops with exit
+     * 2; in a reload the new configuration is abandoned). Validate the
+     * config in check() instead: `sekalid -t` runs it, and it fails a
+     * reload before any new worker starts. */
     int (*init)(const struct sekali_host *host, const char *config, void **state);
 
     /* Mandatory. Performs the job's business effect. */
