@@ -26,8 +26,8 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
 
 CORE    = common config config_value log backoff clock
-DAEMON  = $(CORE) main proctitle process supervisor worker job broker envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
-          notify metrics metrics_http outbox janitor
+DAEMON  = $(CORE) main proctitle process supervisor roles worker job broker envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+          notify oom metrics metrics_text metrics_http outbox janitor
 CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker pg envelope failpoint \
           reschedule
 
@@ -80,8 +80,9 @@ $(B)/tests/check_envelope: $(call obj,$(CORE) envelope broker)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)
 $(B)/tests/check_log:      $(call obj,$(CORE))
-$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
+$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
+$(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
 $(B)/tests/check_backoff:  $(call obj,$(CORE))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule broker)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests

@@ -187,9 +187,9 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
 {
     d->conf = conf;
     d->queue = queue;
-    int n = snprintf(d->dead, sizeof(d->dead), "%s.dead", queue);
-    if (n < 0 || (size_t)n >= sizeof(d->dead))
-        return sk_err_set(&d->err, SK_ERR, "queue name too long: %s", queue);
+    int rc = sk_broker_dead_name(queue, d->dead, sizeof(d->dead), &d->err);
+    if (rc != SK_OK)
+        return rc;
     const struct sk_queue_conf *q = sk_conf_queue(conf, queue);
     /* A queue this configuration does not serve: only the rules every
      * queue has (a message id, UTF-8 keys) decide what is malformed. */

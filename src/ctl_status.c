@@ -193,7 +193,7 @@ static void read_broker(struct status *s)
     for (size_t i = 0; i < s->conf->n_queues; i++) {
         struct qstat *q = &s->q[i];
         char dead[600];
-        snprintf(dead, sizeof(dead), "%s.dead", q->conf->name);
+        sk_broker_dead_name(q->conf->name, dead, sizeof(dead), NULL);   /* names fit: config caps them */
         uint32_t dead_consumers;
         if (sk_broker_queue_probe(b, q->conf->name, &q->exists, &q->ready, &q->consumers,
                                   &err) != SK_OK ||

@@ -202,7 +202,11 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
     size_t key_len = strlen(t->key);
     for (size_t i = 0; i < t->n_queues; i++) {
         char dead[600];
-        snprintf(dead, sizeof(dead), "%s.dead", t->queues[i]);
+        if (sk_broker_dead_name(t->queues[i], dead, sizeof(dead), &err) != SK_OK) {
+            fprintf(stderr, "sekalictl: %s\n", err.msg);
+            t->failed = true;
+            continue;
+        }
         bool exists;
         uint32_t messages, consumers;
         if (sk_broker_queue_probe(b, dead, &exists, &messages, &consumers, &err) != SK_OK) {

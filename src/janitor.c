@@ -75,7 +75,6 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
 
 int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
-    sk_process_install_stop();
     sk_log_info("janitor started");
 
     struct sk_backoff backoff = { .base_ms = 500, .cap_ms = 30000 };

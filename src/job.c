@@ -57,14 +57,6 @@ static const char *const state_failpoints[] = {
     [JOB_ACKED] = "after_ack",
 };
 
-/* The x-sekali-reason header of each kind of dead letter. */
-static const char *const dead_reasons[SK_METRICS_REASONS] = {
-    [SK_METRICS_MALFORMED] = "malformed",
-    [SK_METRICS_FAILED] = "failed",
-    [SK_METRICS_RETRIES_EXHAUSTED] = "retries exhausted",
-    [SK_METRICS_CRASHED] = "crashed",
-};
-
 /* What happens to the delivery itself once the job's outcome is settled. */
 enum disposition {
     ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
@@ -586,7 +578,7 @@ static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason r
         sk_sleep_ms(sk_jitter(100, 1000));
         return;
     }
-    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", dead_reasons[reason], why);
+    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
     dead_letter(w, j, true, reason, why);
 }
 
@@ -602,7 +594,7 @@ static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
     bool connected = sk_worker_publisher(w, &err);
     if (connected &&
         sk_reschedule_dead(w->publisher, w->queue->name, j->delivery, parsed ? &j->env : NULL,
-                           dead_reasons[reason], why, &err) == SK_OK) {
+                           sk_metrics_reason_name(reason), why, &err) == SK_OK) {
         sk_metrics_dead_letter(j->metrics, reason);
         finish(w, j, ACK, "dead-lettered");
         return;
@@ -613,7 +605,7 @@ static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
         sk_worker_drop_publisher(w, err.msg);
     char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
-             "no copy: %s)", dead_reasons[reason], why, err.msg);
+             "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     if (finish(w, j, DEAD_LETTER, text) == SK_OK)
         sk_metrics_dead_letter(j->metrics, reason);
 }

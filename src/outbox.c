@@ -76,8 +76,6 @@ static bool take_notifies(struct relay *r);
 
 int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
-    sk_process_install_stop();
-
     struct relay r = { .conf = conf, .slot = slot, .metrics = metrics,
                        .sampling = conf->metrics.listen_host != NULL,
                        .publishes = calloc((size_t)conf->outbox.batch, sizeof(*r.publishes)),

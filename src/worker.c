@@ -116,8 +116,6 @@ out:
  * missing schema); SK_AGAIN when a restart later may succeed. */
 static int setup(struct sk_worker *w, bool first, struct sk_err *err)
 {
-    sk_process_install_stop();
-
     char host[64] = "localhost";
     gethostname(host, sizeof(host) - 1);
     snprintf(w->owner, sizeof(w->owner), "%s:%ld", host, (long)getpid());
