@@ -185,7 +185,7 @@ static int check_logins(struct sk_worker *w, struct sk_err *err)
 static void teardown(struct sk_worker *w)
 {
     sk_heartbeat_stop(w->heartbeat);
-    sk_lease_checkpoints_clear(&w->ctx.checkpoints);
+    sk_host_ctx_free(&w->ctx);
     sk_broker_close(w->broker);
     sk_broker_close(w->publisher);
     sk_lock_close(w->lock);

@@ -630,6 +630,31 @@ START_TEST(test_job_chains_survive_worker_kills_with_each_link_once)
 }
 END_TEST
 
+/* host->enqueue_job() (ABI 1.3) passes every option of sekali.enqueue():
+ * the handler's follow-up carries its resource key, waits for its run_at,
+ * and holds its dedupe key for the TTL it asked for. */
+START_TEST(test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl)
+{
+    struct h_run r;
+    h_run_open(&r, "enqopts");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1 });
+    h_publish(r.b, r.queue, "test", "opts-1", NULL, NULL, "options");
+    H_WAIT(h_effects(&r, "opts-1") == 1, 20000, "the job should run");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND job_type = 'later' AND idempotency_key = "
+                                      "'opts-1/later' AND resource_key = 'res-opts-1' AND "
+                                      "run_at = '2100-01-01 00:00:00+00' AND published_at IS "
+                                      "NULL", r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_dedupe d JOIN "
+                                      "sekali.outbox o USING (job_id) WHERE o.queue = '%s' AND "
+                                      "d.dedupe_key = 'dedupe-' || o.queue || '-opts-1' AND "
+                                      "d.expires_at BETWEEN now() + interval '55 minutes' AND "
+                                      "now() + interval '61 minutes'", r.queue), 1);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -647,6 +672,7 @@ int main(void)
         test_relay_killed_between_publish_and_mark_publishes_twice_runs_once,
         test_two_relays_publish_five_thousand_rows_once_each,
         test_job_chains_survive_worker_kills_with_each_link_once,
+        test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl,
         NULL,
     };
     return h_run_suite(h_suite("outbox", 300, tests));
