@@ -45,12 +45,21 @@ struct sk_amqp_conf {
     uint32_t connect_timeout_ms;
 };
 
+/* One host:port, as written in a list of servers. */
+struct sk_addr {
+    char *host;
+    int   port;
+};
+
 struct sk_redis_conf {
-    char    *host;
+    char    *host;                 /* unused when sentinels are given */
     int      port;
     int      db;
-    char    *password;             /* NULL: no AUTH */
-    uint32_t timeout_ms;           /* connect and command timeout */
+    char    *password;             /* NULL: no AUTH (the master's, not the sentinels') */
+    uint32_t timeout_ms;           /* connect and command timeout, sentinels' too */
+    struct sk_addr *sentinels;     /* asked in turn for master_name's address; */
+    size_t   n_sentinels;          /* 0: connect to host:port directly */
+    char    *master_name;          /* set exactly when n_sentinels > 0 */
 };
 
 struct sk_postgres_conf {
