@@ -12,49 +12,50 @@
 # log level warn, tests/plugins/effect.so (one row per job, in the job's
 # transaction, with its Redis lock).
 # Two workloads, each published in full before the hosts start:
-#   cpu   BENCH_CLUSTER_KEYS [2000] jobs whose handler does nothing but its
+#   short BENCH_CLUSTER_KEYS [4000] jobs whose handler does nothing but its
 #         insert: what sekali, the servers and the kernel cost per job;
 #   wait  BENCH_CLUSTER_WAIT_KEYS [600] jobs that each sleep 50 ms first: a
 #         handler waiting on something else (an API, a disk).
-# Runs: hosts 1, 2, 3 on a classic queue, for both workloads; then the cpu
+# Runs: hosts 1, 2, 3 on a classic queue, for both workloads; then the short
 # workload on 1 host with a quorum queue (on a one-node broker: the cost of
 # the Raft log, without any replication to other nodes). Each run
-# BENCH_CLUSTER_REPEATS [3] times; throughput = (jobs - 1) / (last effect's
-# commit time - first's), so sekalid's start-up is not counted. Prints the
-# median per run and ratios as a Markdown table on stdout.
+# BENCH_CLUSTER_REPEATS [3] rounds of all of them; throughput = (jobs - 1) /
+# (last effect's transaction time - first's), so sekalid's start-up is not
+# counted. Prints the medians and each run's figure as a Markdown table on
+# stdout, with each run's ratio to the same round's 1 host on a classic queue.
 {
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
-name=bench-cluster
-keys=${BENCH_CLUSTER_KEYS:-2000}
+name=bench_cluster
+keys=${BENCH_CLUSTER_KEYS:-4000}
 wait_keys=${BENCH_CLUSTER_WAIT_KEYS:-600}
 workers=${BENCH_CLUSTER_WORKERS:-2}
 repeats=${BENCH_CLUSTER_REPEATS:-3}
 for v in keys wait_keys workers repeats; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "bench-cluster: $v must be a positive number" >&2; exit 2; }
 done
-work=${SEKALI_SCRATCH:?set SEKALI_SCRATCH and the other SEKALI_* settings (tests/servers.sh)}/cluster-bench
-rm -rf "$work"
-mkdir -p "$work"
 # shellcheck source=tests/cluster/sekalid_lib.sh
 . tests/cluster/sekalid_lib.sh
 # shellcheck source=tests/cluster/netns_lib.sh
 . tests/cluster/netns_lib.sh
 
 pids=() queue='' rate=0
+declare -A last
 cleanup() {
+    local rc=$?
     local p
     for p in "${pids[@]}"; do stop_pid "$p"; done
     [ -z "$queue" ] || [ -z "${SEKALI_RABBITMQCTL:-}" ] || drop_queue "$queue"
     srv_down
     net_down
+    keep_or_wipe "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 net_up 3
-srv_up
+srv_ns_up
 for i in 1 2 3; do wait_for 10 "host $i reaching $SRV_ADDR" reaches "$i" "$SEKALI_PG_PORT"; done
 
 # local_conf: the same servers through 127.0.0.1, for the schema.
@@ -68,8 +69,8 @@ schema "$conf"
 # a subshell: the EXIT clean-up must see the sekalid pids it started.)
 one_run() {
     local workload=$1 hosts=$2 type=$3 n body i extra
-    n=$([ "$workload" = cpu ] && echo "$keys" || echo "$wait_keys")
-    body=$([ "$workload" = cpu ] && echo "x" || echo "sleep:50")
+    n=$([ "$workload" = short ] && echo "$keys" || echo "$wait_keys")
+    body=$([ "$workload" = short ] && echo "x" || echo "sleep:50")
     queue=bench-$workload-$hosts-$type-$$-$RANDOM
     extra="    prefetch: 8"
     [ "$type" = classic ] || extra="$extra
@@ -102,47 +103,49 @@ one_run() {
     queue=''
 }
 
-# quiesce: wait (at most 10 s) for the CPUs to be less than 15 % busy for
+# quiesce: wait (at most 5 s) for the CPUs to be less than 15 % busy for
 # half a second, so a run does not start on the previous one's tail (the
 # machine is shared: if it stays busy, the run goes ahead and says so).
 quiesce() {
     local a b i total idle busy=100 try
-    for try in $(seq 1 20); do
+    for try in $(seq 1 10); do
         read -r -a a < <(head -n 1 /proc/stat); sleep 0.5; read -r -a b < <(head -n 1 /proc/stat)
         total=0; for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
         idle=$((b[4] - a[4] + b[5] - a[5]))
         busy=$(( total > 0 ? (total - idle) * 100 / total : 0 ))
         (( busy < 15 )) && return 0
     done
-    say "note: the machine was still $busy% busy after 10 s of waiting; this run includes that load"
+    say "note: the machine was still $busy% busy after 5 s of waiting; this run includes that load"
 }
 
-median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0) ? a / b : 0 }'; }
 
-declare -A result
-for spec in "cpu 1 classic" "cpu 2 classic" "cpu 3 classic" "wait 1 classic" "wait 2 classic" \
-            "wait 3 classic" "cpu 1 quorum"; do
-    read -r w h t <<<"$spec"
-    runs=()
-    for r in $(seq 1 "$repeats"); do
+# Rounds: each round runs every configuration once, so that load from
+# elsewhere on the machine (it is shared) falls on all of them alike, and
+# each ratio is taken against its own round's baseline, then the median.
+specs=("short 1 classic" "short 2 classic" "short 3 classic" "short 1 quorum"
+       "wait 1 classic" "wait 2 classic" "wait 3 classic")
+declare -A rates ratios
+for r in $(seq 1 "$repeats"); do
+    for spec in "${specs[@]}"; do
+        read -r w h t <<<"$spec"
         one_run "$w" "$h" "$t"
-        runs+=("$rate")
-        say "$w, $h host(s), $t queue, run $r: ${runs[-1]} jobs/s"
+        rates[$spec]="${rates[$spec]:-} $rate"
+        [ "$h" = 1 ] && [ "$t" = classic ] && last[$w]=$rate
+        ratios[$spec]="${ratios[$spec]:-} $(ratio "$rate" "${last[$w]}")"
+        say "round $r: $w, $h host(s), $t queue: $rate jobs/s"
     done
-    result[$w $h $t]="$(median "${runs[@]}") ${runs[*]}"
 done
 
-cpus=$(nproc)
-printf '\n| workload | hosts | queue | jobs/s (median of %s) | runs | vs 1 host |\n|---|---|---|---|---|---|\n' "$repeats"
-for spec in "cpu 1 classic" "cpu 2 classic" "cpu 3 classic" "wait 1 classic" "wait 2 classic" \
-            "wait 3 classic" "cpu 1 quorum"; do
+printf '\n| workload | hosts | queue | jobs/s (median of %s) | runs | ratio (median) |\n|---|---|---|---|---|---|\n' "$repeats"
+for spec in "${specs[@]}"; do
     read -r w h t <<<"$spec"
-    read -r med rest <<<"${result[$spec]}"
-    base=${result[$w 1 classic]%% *}
-    printf '| %s | %s | %s | %s | %s | %s |\n' "$w" "$h" "$t" "$med" "${rest// /, }" "$(ratio "$med" "$base")"
+    # shellcheck disable=SC2086  # lists of numbers
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$w" "$h" "$t" "$(median ${rates[$spec]})" \
+        "$(echo ${rates[$spec]} | sed 's/ /, /g')" "$(median ${ratios[$spec]})"
 done
-printf '\nquorum/classic (cpu, 1 host): %s; %s CPUs, %s workers per host\n' \
-    "$(ratio "${result[cpu 1 quorum]%% *}" "${result[cpu 1 classic]%% *}")" "$cpus" "$workers"
+printf '\nratio: against the same round'"'"'s 1 host on a classic queue; %s CPUs, %s workers per host\n' \
+    "$(nproc)" "$workers"
 exit 0
 }

@@ -2,7 +2,7 @@
 # test_netns.sh and bench_cluster.sh: the namespaces, their links, and a
 # private set of test servers that listens on an address of ours.
 #
-# Sourced after sekalid_lib.sh, with `work` set. Needs root (ip netns).
+# Sourced after sekalid_lib.sh. Needs root (ip netns).
 #
 # The layout, all of it created here and removed by net_down:
 #   veth NS-srv0 <-> NS-srv1, both ends in this namespace, up, with
@@ -77,32 +77,14 @@ link_state() { ip -br link show "$(host_link "$1")" 2>/dev/null | awk '{ print $
 cut_link() { ip link set "$(host_link "$1")" down; }
 restore_link() { ip link set "$(host_link "$1")" up; }
 
-# srv_up: a private set of tests/servers.sh servers, in $SEKALI_SCRATCH-netns
-# on ports 50 above the standard set's, listening on SRV_ADDR too; exports
-# its settings (SEKALI_*). srv_down stops and wipes it.
-srv_up() {
-    export SEKALI_SCRATCH=${SEKALI_SCRATCH:?}-netns
-    export SEKALI_PG_PORT=$(( ${SEKALI_PG_PORT:-55432} + 50 ))
-    export SEKALI_REDIS_PORT=$(( ${SEKALI_REDIS_PORT:-56379} + 50 ))
-    export SEKALI_AMQP_PORT=$(( ${SEKALI_AMQP_PORT:-55672} + 50 ))
-    export SEKALI_AMQP_DIST_PORT=$(( SEKALI_AMQP_PORT + 1 ))
-    export SEKALI_EPMD_PORT=$(( ${SEKALI_EPMD_PORT:-54369} + 50 ))
-    local node=${SEKALI_RABBIT_NODE:-sekali-test@localhost}
-    export SEKALI_RABBIT_NODE=${node%@*}-netns@${node#*@}
-    export SEKALI_LISTEN_EXTRA=$SRV_ADDR/16
-    say "starting private servers in $SEKALI_SCRATCH, also listening on $SRV_ADDR"
-    tests/servers.sh start >"$work/servers.log" 2>&1 ||
-        { tail -n 20 "$work/servers.log" >&2; die "tests/servers.sh start (private set) failed"; }
-    eval "$(tests/servers.sh env)"
-    # As the namespaces reach them.
+# srv_ns_up: the test's private servers (srv_up), also listening on
+# SRV_ADDR, and the URLs by which the namespaces reach them.
+srv_ns_up() {
+    srv_up "$SRV_ADDR/16"
     NS_AMQP_URL="amqp://$SEKALI_AMQP_USER:$SEKALI_AMQP_PASSWORD@$SRV_ADDR:$SEKALI_AMQP_PORT/%2f"
     # keepalives and tcp_user_timeout: a session whose peer went silent
     # fails in seconds, not after the kernel's two hours of keepalive.
     NS_PG_CONNINFO="host=$SRV_ADDR port=$SEKALI_PG_PORT dbname=sekali user=sekali password=sekali keepalives_idle=2 keepalives_interval=1 keepalives_count=3 tcp_user_timeout=5000"
-}
-srv_down() {
-    [ -n "${SEKALI_LISTEN_EXTRA:-}" ] || return 0
-    tests/servers.sh stop --wipe >>"$work/servers.log" 2>&1 || say "tests/servers.sh stop (private set) failed"
 }
 
 # run_in I CONF LOG: sekalid on host i, in the background; sets $!.

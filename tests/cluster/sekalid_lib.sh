@@ -1,10 +1,16 @@
 # tests/cluster/sekalid_lib.sh - what test_sentinel.sh, test_netns.sh and
-# bench_cluster.sh share: the test servers, the schema, the producer, a
-# sekalid configuration and the counts every run reports.
+# bench_cluster.sh share: a private set of test servers, the schema, the
+# producer, a sekalid configuration and the counts every run reports.
 #
 # Sourced (never run) from the repository's root, after `set -euo pipefail`,
-# with `build` (the build directory) and `name` (the test's short name, for
+# with `build` (the build directory) and `name` (the test's name, for
 # messages) set. Messages go to stderr; the caller's result line to stdout.
+# Leaves behind `work`, the test's own directory (wiped first).
+#
+# Settings, as for the other cluster tests (tests/cluster/run.sh):
+#   SEKALI_CLUSTER_PORT_BASE [47000]  ports from here to +99
+#   SEKALI_CLUSTER_SCRATCH [/tmp/sekali-cluster]  work = SCRATCH/NAME
+#   SEKALI_CLUSTER_KEEP [0]  1: keep work after a pass too
 
 # shellcheck shell=bash
 # shellcheck disable=SC2154  # build and name: set by the sourcing script
@@ -13,6 +19,15 @@ say() { printf '%s: %s\n' "$name" "$*" >&2; }
 die() { printf '%s: FAILED: %s\n' "$name" "$*" >&2; exit 1; }
 
 now_ms() { local t=${EPOCHREALTIME/./}; printf '%s' $((t / 1000)); }
+
+port_base=${SEKALI_CLUSTER_PORT_BASE:-47000}
+[[ $port_base =~ ^[0-9]+$ ]] && (( port_base >= 1024 && port_base + 100 <= 65535 )) ||
+    die "SEKALI_CLUSTER_PORT_BASE must be a port from 1024 to 65435"
+work=${SEKALI_CLUSTER_SCRATCH:-/tmp/sekali-cluster}/$name
+case $work in /tmp/*|/var/tmp/*) ;; *) die "SEKALI_CLUSTER_SCRATCH must lie under /tmp or /var/tmp" ;; esac
+rm -rf "$work"
+mkdir -p "$work"
+chmod 755 "$work" "$(dirname "$work")"
 
 # wait_for SECONDS WHAT COMMAND...: polls COMMAND every 50 ms; after
 # SECONDS fails the test, saying WHAT did not happen.
@@ -38,21 +53,34 @@ handler=$(cd "$build" 2>/dev/null && pwd)/tests/plugins/effect.so   # absolute: 
 [ -x "$build/sekalid" ] && [ -x "$build/sekalictl" ] && [ -x "$producer" ] && [ -f "$handler" ] ||
     die "no $build/sekalid, sekalictl, $producer or $handler: make all tests"
 
-# servers_up: the test servers of tests/servers.sh (SEKALI_* settings), started
-# if they are not running; servers_down stops them again only if this test
-# started them, so that a test run on its own leaves nothing behind.
-started_servers=0
-servers_up() {
-    if ! tests/servers.sh status >/dev/null 2>&1; then
-        say "starting the test servers (tests/servers.sh start)"
-        started_servers=1
-        tests/servers.sh start >"$work/servers.log" 2>&1 ||
-            { tail -n 20 "$work/servers.log" >&2; die "tests/servers.sh start failed"; }
-    fi
+# srv_up [ADDRESS/PREFIX]: a private set of tests/servers.sh servers for
+# this test, in $work/servers, on ports port_base + 10 .. + 15, also
+# listening on ADDRESS if given (see SEKALI_LISTEN_EXTRA there); exports its
+# settings (SEKALI_*). srv_down stops and wipes it; call it at exit.
+srv_started=0
+srv_up() {
+    export SEKALI_SCRATCH=$work/servers
+    export SEKALI_PG_PORT=$((port_base + 10)) SEKALI_REDIS_PORT=$((port_base + 11))
+    export SEKALI_AMQP_PORT=$((port_base + 12)) SEKALI_AMQP_DIST_PORT=$((port_base + 13))
+    export SEKALI_EPMD_PORT=$((port_base + 15)) SEKALI_RABBIT_NODE=sekali-$name-$port_base@localhost
+    export SEKALI_LISTEN_EXTRA=${1:-}
+    say "starting private servers in $SEKALI_SCRATCH${1:+, also listening on ${1%/*}}"
+    srv_started=1
+    tests/servers.sh start >"$work/servers.log" 2>&1 ||
+        { tail -n 20 "$work/servers.log" >&2; die "tests/servers.sh start failed (log: $work/servers.log)"; }
     eval "$(tests/servers.sh env)"
 }
-servers_down() {
-    [ "$started_servers" = 1 ] || return 0
+# keep_or_wipe RC: at exit, the test's directory goes unless the test failed
+# or SEKALI_CLUSTER_KEEP=1.
+keep_or_wipe() {
+    if [ "$1" = 0 ] && [ "${SEKALI_CLUSTER_KEEP:-0}" != 1 ]; then
+        rm -rf "$work"
+    else
+        say "files kept in $work"
+    fi
+}
+srv_down() {
+    [ "$srv_started" = 1 ] || return 0
     tests/servers.sh stop --wipe >>"$work/servers.log" 2>&1 || say "tests/servers.sh stop failed"
 }
 

@@ -31,7 +31,7 @@
 #   - host 2 makes new effects after the restore, on its own;
 #   - every key has exactly one effect, and the queue drains.
 # Prints one line on stdout:
-#   netns: cut=host2 held_unacked=U held_keys=H redone_by_others=O open_claims=C cut_ms=X
+#   test_netns: cut=host2-link held_unacked=U held_keys=H redone_by_others=O open_claims=C cut_ms=X
 #          broker_dropped_ms=B pause_ms=P recovered_ms=R keys=K published=N
 #          effects=E duplicates=D lost=L late=OUTCOME:N,... seconds=T
 # Settings: NETNS_KEYS [1200], NETNS_TIMEOUT [240] s, NETNS_PREFIX/NET.
@@ -39,13 +39,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
-name=netns
+name=test_netns
 keys=${NETNS_KEYS:-1200}
 timeout=${NETNS_TIMEOUT:-240}
 t_start=$SECONDS
-work=${SEKALI_SCRATCH:?set SEKALI_SCRATCH and the other SEKALI_* settings (tests/servers.sh)}/cluster-netns
-rm -rf "$work"
-mkdir -p "$work"
 # shellcheck source=tests/cluster/sekalid_lib.sh
 . tests/cluster/sekalid_lib.sh
 # shellcheck source=tests/cluster/netns_lib.sh
@@ -57,17 +54,19 @@ queue=netns-$$-$RANDOM
 pids=()
 
 cleanup() {
+    local rc=$?
     local p
     for p in "${pids[@]}"; do stop_pid "$p"; done
     [ -z "${SEKALI_RABBITMQCTL:-}" ] || drop_queue "$queue"
     srv_down
     net_down
+    keep_or_wipe "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 net_up "$hosts"
-srv_up
+srv_ns_up
 for i in $(seq 1 "$hosts"); do
     wait_for 10 "host $i reaching PostgreSQL on $SRV_ADDR:$SEKALI_PG_PORT" reaches "$i" "$SEKALI_PG_PORT"
 done
@@ -235,7 +234,7 @@ n_doubled=$(doubled "$queue")
 n_done=$(keys_done "$queue")
 lost=$((keys - n_done))
 pause=$(pause_ms "$queue" "$t_cut")
-printf 'netns: cut=host%s held_unacked=%s held_keys=%s redone_by_others=%s open_claims=%s locks_at_cut=%s cut_ms=%s broker_dropped_ms=%s pause_ms=%s recovered_ms=%s keys=%s published=%s effects=%s duplicates=%s lost=%s late=%s seconds=%s\n' \
+printf 'test_netns: cut=host%s-link held_unacked=%s held_keys=%s redone_by_others=%s open_claims=%s locks_at_cut=%s cut_ms=%s broker_dropped_ms=%s pause_ms=%s recovered_ms=%s keys=%s published=%s effects=%s duplicates=%s lost=%s late=%s seconds=%s\n' \
     "$victim" "$held_unacked" "${#held[@]}" "$by_others" "$open_claims" "$locks_at_cut" "$((t_restore - t_cut))" \
     "$((t_dropped - t_cut))" "$pause" "$((t_recovered - t_restore))" "$keys" "$published" \
     "$n_effects" "$n_doubled" "$lost" "$late" "$(( (t_end - t0) / 1000 ))"

@@ -7,9 +7,8 @@
 #
 # Starts, on 127.0.0.1, a Redis master, a replica of it and three
 # redis-sentinel processes monitoring it (quorum 2, down-after 1 s), in
-# $SEKALI_SCRATCH/cluster-sentinel; PostgreSQL and RabbitMQ are the test
-# servers of tests/servers.sh (started here if they are not running, and then
-# stopped again). sekalid (2 workers, on_redis_down: wait, so that no job runs
+# SCRATCH/test_sentinel; PostgreSQL and RabbitMQ are a private set of
+# tests/servers.sh's, stopped and wiped at the end (tests/cluster/sekalid_lib.sh). sekalid (2 workers, on_redis_down: wait, so that no job runs
 # unlocked) consumes a stream from chaos_producer: every key once, 30 % of
 # them twice, each job "sleep:20" with tests/plugins/effect.so, one effect
 # row per execution. Once a third of the keys are done the master gets
@@ -22,28 +21,25 @@
 #     at promotion, grow) and sekalid logged "locking resumed";
 #   - every key has exactly one effect, and the queue drains.
 # Prints one line on stdout:
-#   sentinel: killed=redis-master pid=P failover_ms=F pause_ms=M keys=K
+#   test_sentinel: killed=redis-master pid=P failover_ms=F pause_ms=M keys=K
 #             published=N effects=E duplicates=D lost=L new_master_sets=S seconds=T
 # Exit 0 only if all of that holds. Settings: SENTINEL_KEYS [600],
 # SENTINEL_TIMEOUT [180] seconds for the whole run; ports from
-# SEKALI_REDIS_PORT + 30 .. + 34.
+# SEKALI_CLUSTER_PORT_BASE + 10 .. + 24.
 {
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
-name=sentinel
+name=test_sentinel
 keys=${SENTINEL_KEYS:-600}
 timeout=${SENTINEL_TIMEOUT:-180}
 t_start=$SECONDS
-work=${SEKALI_SCRATCH:?set SEKALI_SCRATCH and the other SEKALI_* settings (tests/servers.sh)}/cluster-sentinel
-rm -rf "$work"
-mkdir -p "$work"
 # shellcheck source=tests/cluster/sekalid_lib.sh
 . tests/cluster/sekalid_lib.sh
 command -v redis-sentinel >/dev/null || die "redis-sentinel is not installed: tools/install-deps.sh"
 
-servers_up
-base=$((SEKALI_REDIS_PORT + 30))
+srv_up
+base=$((port_base + 20))
 m_port=$base r_port=$((base + 1))
 s_ports=($((base + 2)) $((base + 3)) $((base + 4)))
 master_name=sk-locks
@@ -86,6 +82,7 @@ EOF
 pid_of() { tr -dc '0-9' <"$1" 2>/dev/null || true; }
 
 cleanup() {
+    local rc=$?
     local f p
     stop_pid "$sekalid"
     [ -z "${SEKALI_RABBITMQCTL:-}" ] || drop_queue "$queue"
@@ -93,7 +90,8 @@ cleanup() {
         p=$(pid_of "$f")
         [ -n "$p" ] && alive "$p" && kill -KILL "$p" 2>/dev/null
     done
-    servers_down
+    srv_down
+    keep_or_wipe "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -183,7 +181,7 @@ n_doubled=$(doubled "$queue")
 n_done=$(keys_done "$queue")
 lost=$((keys - n_done))
 pause=$(pause_ms "$queue" "$t_kill")
-printf 'sentinel: killed=redis-master pid=%s failover_ms=%s pause_ms=%s keys=%s published=%s effects=%s duplicates=%s lost=%s new_master_sets=%s seconds=%s\n' \
+printf 'test_sentinel: killed=redis-master pid=%s failover_ms=%s pause_ms=%s keys=%s published=%s effects=%s duplicates=%s lost=%s new_master_sets=%s seconds=%s\n' \
     "$m_pid" "$failover_ms" "$pause" "$keys" "$published" "$n_effects" "$n_doubled" "$lost" \
     "$new_sets" "$(( (t_end - t0) / 1000 ))"
 [ "$n_doubled" = 0 ] || die "$n_doubled keys have more than one effect (log: $log)"
