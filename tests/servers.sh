@@ -467,6 +467,8 @@ start_redis() {
         cat >"$REDIS/redis.conf" <<EOF
 # written by tests/servers.sh
 bind 127.0.0.1${EXTRA_ADDR:+ $EXTRA_ADDR}
+${EXTRA_ADDR:+# without a password, protected mode admits loopback clients only
+protected-mode no}
 port $REDIS_PORT
 daemonize yes
 pidfile $REDIS_PID
