@@ -11,23 +11,6 @@
 
 #include "harness.h"
 
-static long long effects(PGconn *pg, const char *queue)
-{
-    return h_pg_count(pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'", queue);
-}
-
-static long long completed(PGconn *pg, const char *queue)
-{
-    return h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys "
-                          "WHERE queue = '%s' AND status = 'completed'", queue);
-}
-
-static long long duplicates(PGconn *pg, const char *queue)
-{
-    return h_pg_count(pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
-                          "WHERE queue = '%s'", queue);
-}
-
 START_TEST(test_thousand_unique_jobs_have_one_effect_each)
 {
     struct h_run r;
@@ -38,15 +21,10 @@ START_TEST(test_thousand_unique_jobs_have_one_effect_each)
         snprintf(id, sizeof(id), "job-%d", i);
         h_publish(r.b, r.queue, "test", id, NULL, NULL, "ok");
     }
-    H_WAIT(completed(r.pg, r.queue) == 1000, 60000, "expected 1000 completed keys, have %lld",
-           completed(r.pg, r.queue));
+    H_WAIT(h_completed(&r) == 1000, 60000, "expected 1000 completed keys, have %lld",
+           h_completed(&r));
     h_run_stop(&r);
-
-    ck_assert_int_eq(effects(r.pg, r.queue), 1000);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM (SELECT idempotency_key FROM "
-                                      "sekali_test.effects WHERE queue = '%s' GROUP BY 1 "
-                                      "HAVING count(*) > 1) AS doubled", r.queue), 0);
-    ck_assert_int_eq(duplicates(r.pg, r.queue), 0);
+    h_expect_once(&r, 1000, 0);
     h_run_close(&r);
 }
 END_TEST
@@ -88,15 +66,11 @@ START_TEST(test_concurrent_duplicates_run_once_and_are_counted)
     for (int i = 0; i < 4; i++)
         pthread_join(threads[i], NULL);
 
-    H_WAIT(completed(r.pg, r.queue) == 200 && duplicates(r.pg, r.queue) == 800, 60000,
+    H_WAIT(h_completed(&r) == 200 && h_duplicates(&r) == 800, 60000,
            "expected 200 completed keys and 800 duplicates, have %lld and %lld",
-           completed(r.pg, r.queue), duplicates(r.pg, r.queue));
+           h_completed(&r), h_duplicates(&r));
     h_run_stop(&r);
-
-    ck_assert_int_eq(effects(r.pg, r.queue), 200);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT idempotency_key) FROM "
-                                      "sekali_test.effects WHERE queue = '%s'", r.queue), 200);
-    ck_assert_int_eq(duplicates(r.pg, r.queue), 800);
+    h_expect_once(&r, 200, 800);
     h_run_close(&r);
 }
 END_TEST
@@ -110,7 +84,7 @@ START_TEST(test_malformed_message_is_dead_lettered_not_dropped)
     h_publish(r.b, r.queue, "test", "good-1", NULL, NULL, "ok");
     H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "expected 1 dead letter in %s, have %u",
            r.dead, h_queue_depth(r.b, r.dead));
-    H_WAIT(completed(r.pg, r.queue) == 1, 20000,
+    H_WAIT(h_completed(&r) == 1, 20000,
            "the good job after the bad one should complete");
     h_run_stop(&r);
 
@@ -133,7 +107,7 @@ START_TEST(test_job_session_keeps_user_options_and_commits_durably)
     const char *env[] = { "PGOPTIONS=-c statement_timeout=12345 -c lock_timeout=999", NULL };
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .env = env });
     h_publish(r.b, r.queue, "test", "settings-1", NULL, NULL, "settings");
-    H_WAIT(completed(r.pg, r.queue) == 1, 20000, "the job should complete");
+    H_WAIT(h_completed(&r) == 1, 20000, "the job should complete");
     h_run_stop(&r);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
                                       "queue = '%s' AND convert_from(result, 'UTF8') = "

@@ -114,25 +114,24 @@ START_TEST(test_sigterm_drains_in_flight_jobs_without_loss_or_doubling)
         snprintf(id, sizeof(id), "slow-%d", i);
         h_publish(r.b, r.queue, "test", id, NULL, NULL, "sleep:200");
     }
-    const char *count = "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'";
-    H_WAIT(h_pg_count(r.pg, count, r.queue) >= 4, 20000, "some jobs should complete first");
+    H_WAIT(h_effects(&r, NULL) >= 4, 20000, "some jobs should complete first");
 
     /* Jobs are in flight and more are prefetched: stop now. */
     int64_t asked = h_now_ms();
     h_stop_sekalid(r.sekalid, r.dir);
-    long long done_first = h_pg_count(r.pg, count, r.queue);
+    long long done_first = h_effects(&r, NULL);
     ck_assert_msg(done_first < 50, "the stop should interrupt the run (all 50 were done)");
     ck_assert_int_le(h_now_ms() - asked, h_ms(20000));
     /* Nothing lost: what was not done is back in the queue. */
     ck_assert_int_eq(h_queue_depth(r.b, r.queue), (uint32_t)(50 - done_first));
 
     r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
-    H_WAIT(h_pg_count(r.pg, count, r.queue) == 50, 60000,
+    H_WAIT(h_effects(&r, NULL) == 50, 60000,
            "the rest should complete after restart");
     h_run_stop(&r);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT job_id) FROM sekali_test.effects "
                                       "WHERE queue = '%s'", r.queue), 50);
-    ck_assert_int_eq(h_pg_count(r.pg, count, r.queue), 50);
+    ck_assert_int_eq(h_effects(&r, NULL), 50);
 
     /* Credentials never reach the logs: the test config holds passwords in
      * both the AMQP URL and the PostgreSQL conninfo. */
@@ -171,8 +170,7 @@ START_TEST(test_sighup_with_a_broken_config_keeps_the_old_one)
 
     /* Still running on the old configuration. */
     h_publish(r.b, r.queue, "test", "after-1", NULL, NULL, "ok");
-    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
-                      r.queue) == 1, 20000, "a job after the failed reload should still run");
+    H_WAIT(h_effects(&r, NULL) == 1, 20000, "a job after the failed reload should still run");
     ck_assert_int_eq(h_consumers(r.b, r.queue), 2);
     h_stop_sekalid(r.sekalid, r.dir);
     close(fd);
@@ -190,8 +188,7 @@ START_TEST(test_sighup_applies_new_workers_and_handler_under_load_exactly_once)
         snprintf(id, sizeof(id), "job-%d", i);
         h_publish(r.b, r.queue, "test", id, NULL, NULL, "sleep:5");
     }
-    const char *count = "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'";
-    H_WAIT(h_pg_count(r.pg, count, r.queue) >= 30, 20000, "jobs should be running");
+    H_WAIT(h_effects(&r, NULL) >= 30, 20000, "jobs should be running");
 
     /* A rebuilt handler goes in under a new name (a loaded .so is never
      * replaced in place), with a new worker count. */
@@ -217,14 +214,14 @@ START_TEST(test_sighup_applies_new_workers_and_handler_under_load_exactly_once)
            "the new configuration should be applied");
     H_WAIT(h_consumers(r.b, r.queue) == 3, 30000, "the new generation's 3 workers should "
            "consume and the old 2 drain away (consumers now %u)", h_consumers(r.b, r.queue));
-    H_WAIT(h_pg_count(r.pg, count, r.queue) == 300, 60000, "all jobs should complete");
+    H_WAIT(h_effects(&r, NULL) == 300, 60000, "all jobs should complete");
     h_run_stop(&r);
     char loaded[1200];
     snprintf(loaded, sizeof(loaded), "from %s)", handler);
     ck_assert_int_eq(h_count_lines(r.log, loaded), 3);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT job_id) FROM sekali_test.effects "
                                       "WHERE queue = '%s'", r.queue), 300);
-    ck_assert_int_eq(h_pg_count(r.pg, count, r.queue), 300);
+    ck_assert_int_eq(h_effects(&r, NULL), 300);
     h_run_close(&r);
 }
 END_TEST

@@ -22,7 +22,11 @@
  *   "chain:N"  record the effect and, for N > 0, enqueue "chain:N-1" to the same
  *              queue with idempotency key "<key>+" (host->enqueue, ABI 1.2),
  *              in the same transaction
- * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config). */
+ * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config).
+ *
+ * Built as handlers are, with -std=c11 and nothing more: it asks for POSIX
+ * (nanosleep, kill, getpid) itself. */
+#define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
