@@ -110,8 +110,8 @@ one_run() {
 # half a second, so a run does not start on the previous one's tail (the
 # machine is shared: if it stays busy, the run goes ahead and says so).
 quiesce() {
-    local a b i total idle busy=100 try
-    for try in $(seq 1 10); do
+    local a b i total idle busy=100 _
+    for _ in $(seq 1 10); do
         read -r -a a < <(head -n 1 /proc/stat); sleep 0.5; read -r -a b < <(head -n 1 /proc/stat)
         total=0; for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
         idle=$((b[4] - a[4] + b[5] - a[5]))
@@ -146,7 +146,7 @@ for spec in "${specs[@]}"; do
     read -r w h t <<<"$spec"
     # shellcheck disable=SC2086  # lists of numbers
     printf '| %s | %s | %s | %s | %s | %s |\n' "$w" "$h" "$t" "$(median ${rates[$spec]})" \
-        "$(echo ${rates[$spec]} | sed 's/ /, /g')" "$(median ${ratios[$spec]})"
+        "$(runs=$(echo ${rates[$spec]}); echo "${runs// /, }")" "$(median ${ratios[$spec]})"  # echo: trims
 done
 printf '\nratio: against the same round'"'"'s 1 host on a classic queue; %s CPUs, %s workers per host\n' \
     "$(nproc)" "$workers"

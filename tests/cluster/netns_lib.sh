@@ -25,7 +25,6 @@ ns_net=${NETNS_NET:-77}
 SRV_ADDR=10.$ns_net.0.1
 [ "$(id -u)" = 0 ] || die "network namespaces need root"
 command -v ip >/dev/null || die "no ip command: apt-get install iproute2"
-net_hosts=0
 
 host_ns() { printf '%s-h%s' "$ns_prefix" "$1"; }
 host_addr() { printf '10.%s.%s.2' "$ns_net" "$1"; }
@@ -35,7 +34,6 @@ host_link() { printf '%s-v%s' "$ns_prefix" "$1"; }
 # of the same names are removed first).
 net_up() {
     net_down
-    net_hosts=$1
     ip link add "$ns_prefix-srv0" type veth peer name "$ns_prefix-srv1"
     ip addr add "$SRV_ADDR/32" dev "$ns_prefix-srv0"
     ip link set "$ns_prefix-srv0" up
@@ -66,7 +64,6 @@ net_down() {
     for l in $(ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }'); do
         [[ $l == "$ns_prefix"-v* || $l == "$ns_prefix-srv0" ]] && ip link delete "$l" 2>/dev/null || true
     done
-    net_hosts=0
 }
 
 # reaches I PORT: host i can open a TCP connection to SRV_ADDR:PORT (1 s).
@@ -77,6 +74,7 @@ link_state() { ip -br link show "$(host_link "$1")" 2>/dev/null | awk '{ print $
 cut_link() { ip link set "$(host_link "$1")" down; }
 restore_link() { ip link set "$(host_link "$1")" up; }
 
+# shellcheck disable=SC2034  # NS_*: used by the sourcing scripts
 # srv_ns_up: the test's private servers (srv_up), also listening on
 # SRV_ADDR, and the URLs by which the namespaces reach them.
 srv_ns_up() {

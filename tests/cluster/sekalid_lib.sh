@@ -169,10 +169,10 @@ YAML
 
 # stop_pid PID: SIGTERM, a bounded wait, then SIGKILL to it and its children.
 stop_pid() {
-    local pid=$1 i kids
+    local pid=$1 _ kids
     [ -n "$pid" ] || return 0
     kill -TERM "$pid" 2>/dev/null || return 0
-    for i in $(seq 1 200); do dead "$pid" && break; sleep 0.1; done
+    for _ in $(seq 1 200); do dead "$pid" && break; sleep 0.1; done
     if alive "$pid"; then
         say "pid $pid did not stop within 20 s of SIGTERM; killing it"
         kids=$(cat "/proc/$pid/task/$pid/children" 2>/dev/null || true)
