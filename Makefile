@@ -42,7 +42,7 @@ FAULT_TESTS  = $(patsubst tests/fault/%.c,$(B)/tests/%,$(wildcard tests/fault/ch
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit deps servers demo bench chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit deps servers demo bench bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -164,6 +164,12 @@ bench: deps
 	tests/bench/run.sh $(B)
 	tests/bench/enqueue.sh $(B)
 
+# The scale figure: 1, 2 and 3 sekalid hosts in network namespaces, and a
+# quorum queue against a classic one (root; its own private servers).
+bench-cluster: deps
+	$(MAKE) all $(CHAOS) $(TEST_PLUGINS)
+	tests/cluster/bench_cluster.sh $(B)
+
 # The long chaos soak (the short one runs in `make check`, check_chaos).
 chaos: deps
 	$(MAKE) all $(CHAOS) $(TEST_PLUGINS)
@@ -250,6 +256,7 @@ help:
 	@echo "demo      install what is missing, start servers, run sekalid on duplicate jobs"
 	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
+	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"
 	@echo "          SIGKILLed every 100-200 ms, a worker SIGSTOPped past its lock, Redis,"
 	@echo "          RabbitMQ and PostgreSQL restarted; fails on any doubled or lost key"

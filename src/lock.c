@@ -6,6 +6,14 @@
  * failed connection is freed at once and reopened lazily on the next call, so
  * callers see SK_AGAIN and decide how to back off.
  *
+ * With redis.sentinels, every (re)connect first asks the sentinels, in turn,
+ * which server is the master now (SENTINEL get-master-addr-by-name; hiredis
+ * has no Sentinel support, and one command needs none), then checks with ROLE
+ * that the server named is a master indeed: a sentinel that is itself cut off
+ * may still name the old one. Since any error drops the connection, a
+ * failover is followed at the next call: the old master refuses writes
+ * (READONLY) or is gone, and the reconnect asks again.
+ *
  * The per-job commands (SET NX PX, EVALSHA) are written in Redis's wire
  * protocol by hand, a few copies into a buffer the connection keeps (the
  * TTL's digits made once) and handed to hiredis already formatted:
@@ -34,6 +42,7 @@ static const char release_script[] =
 struct sk_lock {
     const struct sk_redis_conf *conf;
     redisContext               *ctx;
+    size_t                      sentinel;  /* the one to ask first: the last that answered */
     char                        renew_sha[41];
     char                        release_sha[41];
     char                       *cmd;       /* the command being built; grows, never shrinks */
@@ -50,6 +59,12 @@ static redisReply *cmd_send(struct sk_lock *l);
 static size_t put_decimal(char *out, size_t n);
 
 static int ensure_connected(struct sk_lock *l, struct sk_err *err);
+static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err);
+static int connect_master(struct sk_lock *l, struct sk_err *err);
+static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *host,
+                        size_t host_len, int *port, struct sk_err *err);
+static int check_master(struct sk_lock *l, struct sk_err *err);
+static struct timeval timeout_of(const struct sk_lock *l);
 static void disconnect(struct sk_lock *l);
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err);
 static int run_script(struct sk_lock *l, const char *script, char sha[41], const char *key,
@@ -228,15 +243,23 @@ static int ensure_connected(struct sk_lock *l, struct sk_err *err)
 {
     if (l->ctx != NULL)
         return SK_OK;
-    struct timeval timeout = { .tv_sec = l->conf->timeout_ms / 1000,
-                               .tv_usec = (suseconds_t)(l->conf->timeout_ms % 1000) * 1000 };
-    l->ctx = redisConnectWithTimeout(l->conf->host, l->conf->port, timeout);
+    if (l->conf->n_sentinels > 0)
+        return connect_master(l, err);
+    return connect_server(l, l->conf->host, l->conf->port, err);
+}
+
+/* Connects to host:port, logs in and loads the scripts. On failure l->ctx
+ * is NULL again. */
+static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err)
+{
+    struct timeval timeout = timeout_of(l);
+    l->ctx = redisConnectWithTimeout(host, port, timeout);
     if (l->ctx == NULL)
-        return sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: out of memory",
-                          l->conf->host, l->conf->port);
+        return sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: out of memory", host,
+                          port);
     if (l->ctx->err != 0) {
-        sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: %s", l->conf->host,
-                   l->conf->port, l->ctx->errstr);
+        sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: %s", host, port,
+                   l->ctx->errstr);
         disconnect(l);
         return SK_AGAIN;
     }
@@ -261,6 +284,109 @@ static int ensure_connected(struct sk_lock *l, struct sk_err *err)
     if (rc == SK_OK)
         rc = load_script(l, release_script, l->release_sha, err);
     return rc;
+}
+
+/* Asks each sentinel in turn, starting with the one that answered last, and
+ * connects to the first master named that says it is one. A sentinel that is
+ * down, does not know the name, or names a server that is not a master, is
+ * passed over; the error returned is the last one met. */
+static int connect_master(struct sk_lock *l, struct sk_err *err)
+{
+    const struct sk_redis_conf *c = l->conf;
+    char host[256];
+    int port, rc = SK_AGAIN;
+
+    for (size_t n = 0; n < c->n_sentinels; n++) {
+        size_t i = (l->sentinel + n) % c->n_sentinels;
+        rc = ask_sentinel(l, &c->sentinels[i], host, sizeof(host), &port, err);
+        if (rc == SK_OK)
+            rc = connect_server(l, host, port, err);
+        if (rc == SK_OK)
+            rc = check_master(l, err);
+        if (rc == SK_OK) {
+            l->sentinel = i;
+            return SK_OK;
+        }
+    }
+    return rc;
+}
+
+/* SENTINEL get-master-addr-by-name: the sentinel's view of where the master
+ * is, a two-element array (host, port), or nil for a name it does not
+ * monitor. Uses a connection of its own, closed before returning. */
+static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *host,
+                        size_t host_len, int *port, struct sk_err *err)
+{
+    const char *name = l->conf->master_name;
+    redisContext *ctx = redisConnectWithTimeout(s->host, s->port, timeout_of(l));
+    redisReply *reply = NULL;
+    int rc = SK_AGAIN;
+
+    if (ctx == NULL || ctx->err != 0) {
+        sk_err_set(err, SK_AGAIN, "redisConnect(sentinel %s:%d) failed: %s", s->host, s->port,
+                   ctx != NULL ? ctx->errstr : "out of memory");
+        goto done;
+    }
+    redisSetTimeout(ctx, timeout_of(l));
+    reply = redisCommand(ctx, "SENTINEL get-master-addr-by-name %s", name);
+    if (reply == NULL) {
+        sk_err_set(err, SK_AGAIN, "sentinel %s:%d: get-master-addr-by-name failed: %s",
+                   s->host, s->port, ctx->errstr);
+    } else if (reply->type == REDIS_REPLY_NIL) {
+        sk_err_set(err, SK_AGAIN, "sentinel %s:%d does not monitor a master named \"%s\"",
+                   s->host, s->port, name);
+    } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+               reply->element[0]->type != REDIS_REPLY_STRING ||
+               reply->element[1]->type != REDIS_REPLY_STRING) {
+        sk_err_set(err, SK_AGAIN, "sentinel %s:%d: get-master-addr-by-name %s: %s", s->host,
+                   s->port, name, reply->type == REDIS_REPLY_ERROR ? reply->str
+                   : "unexpected reply (not a sentinel?)");
+    } else {
+        char *end;
+        long p = strtol(reply->element[1]->str, &end, 10);
+        if (reply->element[0]->len == 0 || reply->element[0]->len >= host_len || *end != '\0' ||
+            end == reply->element[1]->str || p < 1 || p > 65535) {
+            sk_err_set(err, SK_AGAIN, "sentinel %s:%d named master \"%s\" at an invalid "
+                       "address", s->host, s->port, name);
+        } else {
+            memcpy(host, reply->element[0]->str, reply->element[0]->len + 1);
+            *port = (int)p;
+            rc = SK_OK;
+        }
+    }
+done:
+    if (reply != NULL)
+        freeReplyObject(reply);
+    if (ctx != NULL)
+        redisFree(ctx);
+    return rc;
+}
+
+/* ROLE's first element is "master" only on a master. A sentinel's answer can
+ * be stale (it has not yet heard of a failover, or is partitioned from the
+ * others), and a lock taken on a replica would fail only at the next write. */
+static int check_master(struct sk_lock *l, struct sk_err *err)
+{
+    redisReply *reply = redisCommand(l->ctx, "ROLE");
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+        reply->element[0]->type != REDIS_REPLY_STRING)
+        return reply_error(l, reply, "ROLE", err);
+    if (strcmp(reply->element[0]->str, "master") != 0) {
+        sk_err_set(err, SK_AGAIN, "redis %s:%d, named master \"%s\" by a sentinel, is a %s",
+                   l->ctx->tcp.host, l->ctx->tcp.port, l->conf->master_name,
+                   reply->element[0]->str);
+        freeReplyObject(reply);
+        disconnect(l);
+        return SK_AGAIN;
+    }
+    freeReplyObject(reply);
+    return SK_OK;
+}
+
+static struct timeval timeout_of(const struct sk_lock *l)
+{
+    return (struct timeval){ .tv_sec = l->conf->timeout_ms / 1000,
+                             .tv_usec = (suseconds_t)(l->conf->timeout_ms % 1000) * 1000 };
 }
 
 static void disconnect(struct sk_lock *l)
