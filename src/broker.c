@@ -47,6 +47,9 @@ static const struct {
     { AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id) },
 };
 
+static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf,
+                     const struct sk_amqp_node *node, struct sk_err *err);
+static void append(char *buf, size_t size, const char *s);
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
@@ -66,7 +69,65 @@ static amqp_table_entry_t text_entry(const char *key, const char *value);
 static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
 
+/* The node this thread connects to first next time: the one after the node
+ * whose connection it last had. A node that just failed is tried last, so a
+ * reconnect does not spend connect_timeout on a host that is down before it
+ * reaches a live one; a connection that ends for another reason (a worker
+ * recycling it) moves on too, which spreads a process's connections over
+ * the nodes as it lives. In order rather than shuffled: the first connect
+ * goes where the operator listed first, and logs read predictably.
+ * Thread-local because each thread owns its connections (the supervisor's
+ * children are single-threaded processes; sekalictl opens one at a time). */
+static _Thread_local size_t next_node;
+
 int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
+{
+    size_t n = conf->n_nodes;
+    char tried[sizeof(err->msg)] = "";
+    int rc = SK_ERR;
+    bool transient = false;
+
+    sk_assert(n > 0);
+    /* Every node in turn until one takes the login. A refused login ends
+     * the search: the nodes of a cluster share users, so the next one would
+     * refuse too, and a wrong password must exit at start (exit 2). */
+    for (size_t k = 0; k < n; k++) {
+        struct sk_err one = { 0 };
+        size_t i = (next_node + k) % n;
+        rc = open_node(out, conf, &conf->nodes[i], &one);
+        if (rc == SK_OK) {
+            next_node = i + 1;
+            return SK_OK;
+        }
+        if (n == 1 || one.code == SK_AUTH) {
+            if (err != NULL)
+                *err = one;
+            return rc;
+        }
+        transient = transient || rc == SK_AGAIN;
+        append(tried, sizeof(tried), tried[0] != '\0' ? "; " : "");
+        append(tried, sizeof(tried), one.msg);
+    }
+    next_node++;
+    /* One node down is the case to back off from and retry, whatever the
+     * others said. */
+    return sk_err_set(err, transient ? SK_AGAIN : rc, "no RabbitMQ node took the connection: %s",
+                      tried);
+}
+
+/* Appends s to the string in buf, cut to fit. */
+static void append(char *buf, size_t size, const char *s)
+{
+    size_t used = strlen(buf), room = size - used - 1, len = strlen(s);
+    if (len > room)
+        len = room;
+    memcpy(buf + used, s, len);
+    buf[used + len] = '\0';
+}
+
+/* One node: connect, log in, open the channel. */
+static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf,
+                     const struct sk_amqp_node *node, struct sk_err *err)
 {
     struct sk_broker *b = calloc(1, sizeof(*b));
     if (b == NULL)
@@ -84,9 +145,9 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
         goto fail;
     }
     struct timeval timeout = to_timeval(conf->connect_timeout_ms);
-    int status = amqp_socket_open_noblock(socket, conf->host, conf->port, &timeout);
+    int status = amqp_socket_open_noblock(socket, node->host, node->port, &timeout);
     if (status != AMQP_STATUS_OK) {
-        sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", conf->host, conf->port,
+        sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host, node->port,
                    amqp_error_string2(status));
         goto fail;
     }
@@ -95,10 +156,12 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
     amqp_set_handshake_timeout(b->conn, &timeout);
     amqp_set_rpc_timeout(b->conn, &timeout);
 
+    char what[300];
+    snprintf(what, sizeof(what), "amqp_login(%s:%d)", node->host, node->port);
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    if (rpc_check(reply, "amqp_login", err) != SK_OK) {
+    if (rpc_check(reply, what, err) != SK_OK) {
         /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
          * authentication_failure_close, so RabbitMQ says so instead of
          * dropping the socket); 530 NOT_ALLOWED: no access to the vhost. */
@@ -113,7 +176,8 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
         goto fail;
     }
     amqp_channel_open(b->conn, CHANNEL);
-    if (rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err) != SK_OK)
+    snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
+    if (rpc_check(amqp_get_rpc_reply(b->conn), what, err) != SK_OK)
         goto fail;
 
     *out = b;

@@ -34,9 +34,17 @@ enum sk_queue_declare { SK_DECLARE_AUTO = 0, SK_DECLARE_PASSIVE };
 enum sk_log_level { SK_LOG_DEBUG = 0, SK_LOG_INFO, SK_LOG_WARN, SK_LOG_ERROR };
 enum sk_log_format { SK_LOG_FORMAT_AUTO = 0, SK_LOG_FORMAT_JSON, SK_LOG_FORMAT_TEXT };
 
-struct sk_amqp_conf {
+/* A cluster's nodes share users and vhosts: only host and port differ. */
+#define SK_AMQP_MAX_NODES 16
+
+struct sk_amqp_node {
     char    *host;
     int      port;
+};
+
+struct sk_amqp_conf {
+    struct sk_amqp_node nodes[SK_AMQP_MAX_NODES];  /* amqp.url, in the order written */
+    size_t   n_nodes;              /* at least 1 */
     char    *vhost;
     char    *user;
     char    *password;             /* never NULL: from url, password_env or password_file,
