@@ -28,6 +28,7 @@ struct sk_broker {
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
     bool                    channel_closed;   /* by the broker, refusing what we sent */
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
+    size_t                  node;             /* index in amqp.url of the node we are on */
 };
 
 /* The short-string properties, each with its flag. */
@@ -47,8 +48,8 @@ static const struct {
     { AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id) },
 };
 
-static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf,
-                     const struct sk_amqp_node *node, struct sk_err *err);
+static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, size_t index,
+                     struct sk_err *err);
 static void append(char *buf, size_t size, const char *s);
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
@@ -69,15 +70,15 @@ static amqp_table_entry_t text_entry(const char *key, const char *value);
 static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
 
-/* The node this thread connects to first next time: the one after the node
- * whose connection it last had. A node that just failed is tried last, so a
- * reconnect does not spend connect_timeout on a host that is down before it
- * reaches a live one; a connection that ends for another reason (a worker
- * recycling it) moves on too, which spreads a process's connections over
- * the nodes as it lives. In order rather than shuffled: the first connect
- * goes where the operator listed first, and logs read predictably.
- * Thread-local because each thread owns its connections (the supervisor's
- * children are single-threaded processes; sekalictl opens one at a time). */
+/* The node this thread connects to first: the one its last connection
+ * was made to, until a connection to it breaks; then the node after it, so
+ * that the node that just failed is tried last and a reconnect does not
+ * spend connect_timeout on a host that is down before it reaches a live one.
+ * In order rather than shuffled: every process starts on the node the
+ * operator listed first, stays where it works, and logs read predictably;
+ * a cluster spreads the queues' leaders, not sekali. Thread-local because
+ * each thread owns its connections (the supervisor's children are
+ * single-threaded; sekalictl opens one at a time). */
 static _Thread_local size_t next_node;
 
 int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
@@ -87,16 +88,18 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
     int rc = SK_ERR;
     bool transient = false;
 
+    size_t first = next_node;  /* sk_broker_close() of a failed attempt may move next_node */
+
     sk_assert(n > 0);
     /* Every node in turn until one takes the login. A refused login ends
      * the search: the nodes of a cluster share users, so the next one would
      * refuse too, and a wrong password must exit at start (exit 2). */
     for (size_t k = 0; k < n; k++) {
         struct sk_err one = { 0 };
-        size_t i = (next_node + k) % n;
-        rc = open_node(out, conf, &conf->nodes[i], &one);
+        size_t i = (first + k) % n;
+        rc = open_node(out, conf, i, &one);
         if (rc == SK_OK) {
-            next_node = i + 1;
+            next_node = i;
             return SK_OK;
         }
         if (n == 1 || one.code == SK_AUTH) {
@@ -108,7 +111,7 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
         append(tried, sizeof(tried), tried[0] != '\0' ? "; " : "");
         append(tried, sizeof(tried), one.msg);
     }
-    next_node++;
+    next_node = first + 1;
     /* One node down is the case to back off from and retry, whatever the
      * others said. */
     return sk_err_set(err, transient ? SK_AGAIN : rc, "no RabbitMQ node took the connection: %s",
@@ -126,13 +129,15 @@ static void append(char *buf, size_t size, const char *s)
 }
 
 /* One node: connect, log in, open the channel. */
-static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf,
-                     const struct sk_amqp_node *node, struct sk_err *err)
+static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, size_t index,
+                     struct sk_err *err)
 {
+    const struct sk_amqp_node *node = &conf->nodes[index];
     struct sk_broker *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(broker)");
     b->next_publish_tag = 1;
+    b->node = index;
 
     b->conn = amqp_new_connection();
     if (b->conn == NULL) {
@@ -197,8 +202,12 @@ void sk_broker_close(struct sk_broker *b)
         /* Closing politely makes the broker requeue our unacked deliveries at
          * once; if the connection is already broken these fail harmlessly. */
         amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
-        amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+        amqp_rpc_reply_t r = amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
         amqp_destroy_connection(b->conn);
+        /* A connection that could not even be closed was lost: its node is
+         * tried last next time (see next_node). */
+        if (r.reply_type != AMQP_RESPONSE_NORMAL && next_node == b->node)
+            next_node = b->node + 1;
     }
     free(b);
 }
@@ -218,10 +227,27 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
     if (n < 0 || (size_t)n >= sizeof(dead))
         return sk_err_set(err, SK_ERR, "queue name too long: %s", name);
 
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
-                       amqp_empty_table);
-    if (rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err) != SK_OK)
-        return err != NULL ? err->code : SK_ERR;
+    /* A quorum work queue gets quorum dead letters: in a cluster a classic
+     * queue lives on one node, and while that node is down declaring it
+     * fails, so no worker could consume the work queue on the nodes left.
+     * One that exists is taken as it is (a classic one from before, or
+     * one an operator declared): declaring it with another type would be
+     * refused. */
+    bool dead_exists = false;
+    if (shape != NULL && shape->quorum) {
+        uint32_t messages, consumers;
+        int rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
+        if (rc != SK_OK)
+            return rc;
+    }
+    if (!dead_exists) {
+        amqp_table_entry_t quorum = text_entry("x-queue-type", "quorum");
+        amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum };
+        amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
+                           shape != NULL && shape->quorum ? dead_args : amqp_empty_table);
+        if (rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err) != SK_OK)
+            return err != NULL ? err->code : SK_ERR;
+    }
 
     if (shape != NULL && shape->passive) {
         amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
@@ -296,6 +322,14 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
         amqp_channel_open(b->conn, CHANNEL);
         if (rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err) != SK_OK)
             return err != NULL ? err->code : SK_ERR;
+        /* A new channel starts without confirms and counts its deliveries
+         * from 1 again: a publisher's must be as it was. */
+        if (b->confirming) {
+            b->next_publish_tag = 1;
+            int rc = sk_broker_confirm_select(b, err);
+            if (rc != SK_OK)
+                return rc;
+        }
         *exists = false;
         *messages = *consumers = 0;
         return SK_OK;
