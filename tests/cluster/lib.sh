@@ -49,6 +49,14 @@ dead() {
     [[ $s == Z* || $s == X* ]]
 }
 
+# The ports lie in Linux's ephemeral range: reserved, no client socket of a
+# busy run is given one (as tests/servers.sh does for its own).
+reserved=/proc/sys/net/ipv4/ip_local_reserved_ports
+if [ -w "$reserved" ]; then
+    r=$(<"$reserved")
+    echo "${r:+$r,}$port_base-$((port_base + 199))" >"$reserved" 2>/dev/null || true
+fi
+
 # The scratch dir is ours only with our marker in it: nothing else is wiped.
 [ ! -e "$work" ] || [ -e "$work/.sekali-cluster" ] ||
     die "$work exists and is not ours (no .sekali-cluster): not touching it"
@@ -165,14 +173,17 @@ done_keys() {
                  WHERE queue = '$2'"
 }
 
-# pause_around CONNINFO QUEUE MS: the gap, in ms, between the last effect
-# before the epoch time MS (the fault) and the first one after it.
+# pause_around CONNINFO QUEUE MS: how long consumption stopped after the
+# fault at epoch time MS: the longest gap, in ms, between one effect and
+# the next among those from the last one before MS on (a worker may still
+# finish the deliveries it had buffered before it notices the fault, so the
+# first effect after MS is not yet the end of the pause).
 pause_around() {
-    sql "$1" -c "WITH t AS (SELECT to_timestamp($3 / 1000.0) AS k)
-        SELECT coalesce(round(extract(epoch FROM
-            (SELECT min(created_at) FROM sekali_test.effects, t WHERE queue = '$2' AND created_at >= k)
-          - (SELECT max(created_at) FROM sekali_test.effects, t WHERE queue = '$2' AND created_at < k))
-          * 1000)::bigint, -1)"
+    sql "$1" -c "SELECT coalesce(round(max(gap) * 1000)::bigint, -1) FROM (
+        SELECT extract(epoch FROM created_at - lag(created_at) OVER (ORDER BY created_at)) AS gap,
+               created_at
+          FROM sekali_test.effects WHERE queue = '$2') g
+        WHERE created_at >= to_timestamp($3 / 1000.0)"
 }
 
 # tally CONNINFO QUEUE KEYS: sets effects, doubled (keys with more than one

@@ -10,12 +10,11 @@
 #          only once the standby has the WAL.
 #   async: synchronous_standby_names = '': a COMMIT returns once the
 #          primary alone has it.
-# The fault: the standby's walreceiver is SIGSTOPped, so that the standby
-# stops taking WAL (a slow network or disk, made certain); then, once the
+# The fault: the primary's walsender is SIGSTOPped, so that the standby
+# gets no more WAL (a slow network or standby, made certain); then, once the
 # primary has gone on past the standby (async: keys committed since; sync:
 # COMMITs waiting on the standby, seen in pg_stat_activity), the primary is
-# stopped with pg_ctl -m immediate, the walreceiver resumed and the standby
-# promoted. sekalid's conninfo names both hosts with target_session_attrs =
+# stopped with pg_ctl -m immediate and the standby promoted. sekalid's conninfo names both hosts with target_session_attrs =
 # read-write, so its workers reconnect to whichever is primary.
 # Sets: keys, effects, doubled, lost, completed, duplicates, pause,
 # at_risk (keys committed on the old primary after the standby stopped
@@ -34,8 +33,9 @@ one() { echo "host=127.0.0.1 port=$1 dbname=${2:-sekali} user=sekali password=se
 pgbin=$(tests/servers.sh pg-bindir) || die "no PostgreSQL server binaries"
 as_pg() { runuser -u postgres -- "$@"; }
 
-# pg_node DIR PORT: the server's own settings (both nodes, so that the
-# standby, once promoted, is configured as the primary was).
+# pg_node DIR PORT [STANDBY_NAMES]: the server's own settings. The primary
+# waits for the standby only once it streams (before, every COMMIT would
+# hang), and the standby, once promoted, runs alone: it waits for nobody.
 pg_node() {
     as_pg tee "$1/data/sekali.conf" >/dev/null <<CONF
 listen_addresses = '127.0.0.1'
@@ -47,7 +47,7 @@ wal_level = replica
 max_wal_senders = 5
 hot_standby = on
 synchronous_commit = on
-synchronous_standby_names = '$([ "$mode" = sync ] && echo standby)'
+synchronous_standby_names = '${3:-}'
 fsync = off
 CONF
 }
@@ -98,6 +98,10 @@ streaming() {
     [ "$(sql "$(one "$p1")" -c "SELECT sync_state FROM pg_stat_replication
                                 WHERE application_name = 'standby' AND state = 'streaming'")" = "$want" ]
 }
+if [ "$mode" = sync ]; then
+    pg_node "$work/pg1" "$p1" standby
+    as_pg "$pgbin/pg_ctl" reload -D "$work/pg1/data" -s || die "pg_ctl reload failed"
+fi
 wait_for 60 "the standby streaming from the primary as $want" streaming
 say "primary :$p1 and $want standby :$p2 up in $(( ($(now_ms) - t_setup) / 1000 )) s"
 
@@ -115,14 +119,16 @@ at_least() { [ "$(done_keys "$conninfo" "$queue")" -ge "$1" ]; }
 wait_for 120 "a third of the keys done before the fault" at_least $((keys / 3))
 
 # The fault.
-receiver=$(sql "$(one "$p2")" -c "SELECT pid FROM pg_stat_wal_receiver")
-[ -n "$receiver" ] || die "the standby has no walreceiver"
+# The primary's walsender, not the standby's walreceiver: WAL already in
+# the socket would still reach a walreceiver resumed before the promotion.
+sender=$(sql "$(one "$p1")" -c "SELECT pid FROM pg_stat_replication WHERE application_name = 'standby'")
+[ -n "$sender" ] || die "the primary has no walsender for the standby"
 stall_ms=$(now_ms)
 stall_keys=$(sql "$(one "$p1")" -c "SELECT string_agg(DISTINCT idempotency_key, ' ')
                                      FROM sekali_test.effects WHERE queue = '$queue'")
-kill -STOP "$receiver"
-stops+=("kill -CONT $receiver 2>/dev/null || true")
-say "standby's walreceiver (pid $receiver) stopped"
+kill -STOP "$sender"
+stops+=("kill -CONT $sender 2>/dev/null || true")
+say "the primary's walsender (pid $sender) stopped"
 if [ "$mode" = sync ]; then
     waiting() {
         [ "$(sql "$(one "$p1")" -c "SELECT count(*) FROM pg_stat_activity
@@ -134,22 +140,30 @@ else
     ahead() { [ "$(done_keys "$(one "$p1")" "$queue")" -ge $((base + 50)) ]; }
     wait_for 30 "50 keys committed on the primary past the stopped standby" ahead
 fi
-# Keys committed on the primary while the standby took no WAL: at risk.
-risk_list=$(sql "$(one "$p1")" -c "SELECT DISTINCT idempotency_key FROM sekali_test.effects
-                                    WHERE queue = '$queue'" | sort)
-at_risk=$(comm -13 <(tr ' ' '\n' <<<"$stall_keys" | grep -v '^$' | sort) <(printf '%s\n' "$risk_list") |
-          grep -c . || true)
 pm=$(as_pg head -n 1 "$work/pg1/data/postmaster.pid")
 kill_ms=$(now_ms)
-as_pg "$pgbin/pg_ctl" stop -D "$work/pg1/data" -m immediate -s || die "pg_ctl stop -m immediate failed"
+# Immediate mode: the postmaster SIGQUITs every child. The stopped
+# walsender is resumed only once its SIGQUIT is pending, so that it exits
+# before it can send another byte (a stopped process would be SIGKILLed
+# only after 5 s, which the pause would count).
+as_pg "$pgbin/pg_ctl" stop -D "$work/pg1/data" -m immediate -W -s ||
+    die "pg_ctl stop -m immediate failed"
+quit_pending() {
+    local v
+    for v in $(awk '/^(ShdPnd|SigPnd):/ { print $2 }' "/proc/$sender/status" 2>/dev/null); do
+        (( 0x$v & 4 )) && return 0
+    done
+    return 1
+}
+wait_for 10 "SIGQUIT pending on the stopped walsender (pid $sender)" quit_pending
+kill -CONT "$sender"
 wait_for 10 "the primary's postmaster (pid $pm) dead" dead "$pm"
-kill -CONT "$receiver"
+dead "$sender" || die "the walsender (pid $sender) outlived its primary"
 as_pg "$pgbin/pg_ctl" promote -D "$work/pg2/data" -w -t 60 -s || die "pg_ctl promote failed"
 promoted() { [ "$(sql "$(one "$p2")" -c "SELECT pg_is_in_recovery()")" = f ]; }
 wait_for 60 "the standby promoted" promoted
 killed="postgres-primary(pid $pm,immediate,standby $mode,stalled $(( kill_ms - stall_ms ))ms)"
-say "primary stopped (immediate, postmaster $pm), standby promoted; $at_risk keys were" \
-    "committed on the primary past the standby"
+say "primary stopped (immediate, postmaster $pm), standby promoted"
 
 # The run ends when every key is done, or (keys lost) when the queue holds
 # nothing more and nothing moved for 10 s.
@@ -173,6 +187,15 @@ done
 drained() { [ "$(depth)" = 0 ]; }
 wait_for 60 "the queue drained of its copies" drained
 stop_sekalid
+# At risk: keys the old primary committed after the walsender stopped. Its
+# data survived the immediate stop; started alone, with sekalid gone, it
+# tells which (then stops again: two primaries must not serve).
+pg_start "$work/pg1"
+risk_list=$(sql "$(one "$p1")" -c "SELECT DISTINCT idempotency_key FROM sekali_test.effects
+                                    WHERE queue = '$queue'" | sort |
+            comm -13 <(tr ' ' '\n' <<<"$stall_keys" | grep -v '^$' | sort) -)
+as_pg "$pgbin/pg_ctl" stop -D "$work/pg1/data" -m immediate -s || die "pg_ctl stop failed"
+at_risk=$(printf '%s\n' "$risk_list" | grep -c . || true)
 pause=$(pause_around "$conninfo" "$queue" "$kill_ms")
 tally "$conninfo" "$queue" "$keys"
 # Which lost keys were at risk: a lost key that was not is a bug.
@@ -180,9 +203,7 @@ lost_list=$(comm -23 <(seq -f "$queue-%g" 1 "$keys" | sort) \
                      <(sql "$conninfo" -c "SELECT DISTINCT idempotency_key FROM sekali_test.effects
                                            WHERE queue = '$queue'" | sort))
 lost_outside=$(comm -23 <(printf '%s\n' "$lost_list" | grep -v '^$' | sort) \
-                        <(comm -13 <(tr ' ' '\n' <<<"$stall_keys" | grep -v '^$' | sort) \
-                                   <(printf '%s\n' "$risk_list")) | grep -c . || true)
-failover_dups=$(( duplicates - copies ))
+                        <(printf '%s\n' "$risk_list" | grep -v '^$' | sort) | grep -c . || true)
 summary="$name: killed=$killed pause_ms=$pause keys=$keys effects=$effects"
-summary+=" duplicates=$duplicates(copies=$copies,redelivered=$failover_dups) doubled=$doubled"
+summary+=" duplicates=$duplicates(copies published=$copies) doubled=$doubled"
 summary+=" lost=$lost at_risk=$at_risk"
