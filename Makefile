@@ -12,6 +12,8 @@ B       ?= build
 PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd
 CC     ?= cc
 CFLAGS ?= -O2 -g
+# The caller's CFLAGS before sekali's are added: what handlers are built with.
+USER_CFLAGS := $(CFLAGS)
 # What every build of sekali's sources needs, gcc's and the fuzzers' clang's.
 SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
             -fno-strict-aliasing -MMD -MP -iquote src -Iinclude \
@@ -20,11 +22,13 @@ SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-proto
 override CFLAGS += $(SK_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
+# sekalictl takes no Redis lock and serves no HTTP: it links neither library.
+CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
 
-CORE    = common config config_value log backoff
-DAEMON  = $(CORE) main proctitle process supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
-          notify metrics metrics_http outbox janitor
-CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker lock envelope failpoint \
+CORE    = common config config_value log backoff clock
+DAEMON  = $(CORE) main proctitle process supervisor roles worker job broker envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+          notify oom metrics metrics_text metrics_http outbox janitor
+CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker pg envelope failpoint \
           reschedule
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -49,9 +53,9 @@ $(B)/sekalid: $(call obj,$(DAEMON))
 $(B)/fault/sekalid: $(call fobj,$(DAEMON))
 	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(LDLIBS)
 $(B)/sekalictl: $(call obj,$(CTL))
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(CTL_LIBS)
 $(B)/fault/sekalictl: $(call fobj,$(CTL))
-	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(CTL_LIBS)
 
 $(B)/obj/%.o: src/%.c | $(B)/obj
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -59,25 +63,35 @@ $(B)/fault/%.o: src/%.c | $(B)/fault
 	$(CC) $(CFLAGS) -DSK_FAULTS -c -o $@ $<
 
 # Handlers are built exactly as a handler author would: against the public
-# header only, position-independent, with no daemon symbols.
+# header only (no -iquote src, no daemon defines), position-independent, with
+# no daemon symbols. HANDLER_CFLAGS is the one given to authors, so a handler
+# that reaches for a private header fails here first. The caller's CFLAGS
+# (optimisation, sanitizers) still apply, but never the daemon's own flags.
+HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --cflags libpq)
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
 $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests/plugins
-	$(CC) $(CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< \
+	    $(shell pkg-config --libs libpq)
 
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope broker)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
+$(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)
 $(B)/tests/check_log:      $(call obj,$(CORE))
-$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
+$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
+$(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
+$(B)/tests/check_backoff:  $(call obj,$(CORE))
+$(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule broker)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
 HARNESS = $(call obj,$(CORE) broker lock) $(B)/obj/harness.o
 $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
+$(B)/tests/check_pg: $(call obj,pg)
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 $(B)/tests/check_%: tests/fault/check_%.c $(HARNESS) | $(B)/tests

@@ -1,5 +1,4 @@
 /* backoff.c - capped exponential backoff with full jitter. */
-#include <errno.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -28,18 +27,7 @@ uint32_t sk_jitter(uint32_t lo, uint32_t hi)
     uint32_t r;
     if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
         r = (uint32_t)clock();
-    return lo + r % (hi - lo + 1);
-}
-
-int64_t sk_now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-void sk_sleep_ms(uint32_t ms)
-{
-    struct timespec t = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-    nanosleep(&t, NULL);
+    /* In 64 bits: [0, UINT32_MAX] spans 2^32 values, which wraps to 0 in 32. */
+    uint64_t span = (uint64_t)hi - lo + 1;
+    return lo + (uint32_t)(r % span);
 }

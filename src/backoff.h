@@ -1,5 +1,4 @@
-/* backoff.h - exponential backoff with full jitter, for every retry loop,
- * and the clock and sleep that retry loops use.
+/* backoff.h - exponential backoff with full jitter, for every retry loop.
  *
  * Full jitter (a uniform delay between 0 and the capped exponential) keeps a
  * fleet of workers that lost the same server from reconnecting in lockstep. */
@@ -7,6 +6,10 @@
 #define SK_BACKOFF_H
 
 #include <stdint.h>
+
+/* Retry loops wait with sk_sleep_ms() and measure with sk_now_ms(): their
+ * callers get the clock through this header. */
+#include "clock.h"
 
 struct sk_backoff {
     uint32_t base_ms;
@@ -20,11 +23,5 @@ void     sk_backoff_reset(struct sk_backoff *b);
 
 /* A uniform random value in [lo, hi]. */
 uint32_t sk_jitter(uint32_t lo, uint32_t hi);
-
-/* CLOCK_MONOTONIC in milliseconds: for deadlines, never for dates. */
-int64_t sk_now_ms(void);
-
-/* Sleeps ms milliseconds; returns early when a signal arrives. */
-void sk_sleep_ms(uint32_t ms);
 
 #endif

@@ -67,6 +67,7 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
 static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
                             amqp_pool_t *pool);
 static amqp_table_entry_t text_entry(const char *key, const char *value);
+static amqp_table_entry_t int_entry(const char *key, int64_t value);
 static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
 
@@ -139,21 +140,22 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
     b->next_publish_tag = 1;
     b->node = index;
 
+    int rc;
     b->conn = amqp_new_connection();
     if (b->conn == NULL) {
-        sk_err_set(err, SK_ERR, "amqp_new_connection failed");
+        rc = sk_err_set(err, SK_ERR, "amqp_new_connection failed");
         goto fail;
     }
     amqp_socket_t *socket = amqp_tcp_socket_new(b->conn);
     if (socket == NULL) {
-        sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
+        rc = sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
         goto fail;
     }
     struct timeval timeout = to_timeval(conf->connect_timeout_ms);
     int status = amqp_socket_open_noblock(socket, node->host, node->port, &timeout);
     if (status != AMQP_STATUS_OK) {
-        sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host, node->port,
-                   amqp_error_string2(status));
+        rc = sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host,
+                        node->port, amqp_error_string2(status));
         goto fail;
     }
     /* Bound the login and every later RPC, so a wedged broker turns into an
@@ -166,7 +168,8 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    if (rpc_check(reply, what, err) != SK_OK) {
+    rc = rpc_check(reply, what, err);
+    if (rc != SK_OK) {
         /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
          * authentication_failure_close, so RabbitMQ says so instead of
          * dropping the socket); 530 NOT_ALLOWED: no access to the vhost. */
@@ -182,7 +185,8 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
     }
     amqp_channel_open(b->conn, CHANNEL);
     snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
-    if (rpc_check(amqp_get_rpc_reply(b->conn), what, err) != SK_OK)
+    rc = rpc_check(amqp_get_rpc_reply(b->conn), what, err);
+    if (rc != SK_OK)
         goto fail;
 
     *out = b;
@@ -190,7 +194,7 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
 
 fail:
     sk_broker_close(b);
-    return err != NULL ? err->code : SK_ERR;
+    return rc;
 }
 
 void sk_broker_close(struct sk_broker *b)
@@ -212,20 +216,21 @@ void sk_broker_close(struct sk_broker *b)
     free(b);
 }
 
-struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q)
+int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err)
 {
-    return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
-                                    .delivery_limit = (uint32_t)q->delivery_limit,
-                                    .passive = q->declare == SK_DECLARE_PASSIVE };
+    int n = snprintf(out, size, "%s.dead", queue);
+    if (n < 0 || (size_t)n >= size)
+        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
+    return SK_OK;
 }
 
 int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
                       struct sk_err *err)
 {
     char dead[512];
-    int n = snprintf(dead, sizeof(dead), "%s.dead", name);
-    if (n < 0 || (size_t)n >= sizeof(dead))
-        return sk_err_set(err, SK_ERR, "queue name too long: %s", name);
+    int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
+    if (rc != SK_OK)
+        return rc;
 
     /* A quorum work queue gets quorum dead letters: in a cluster a classic
      * queue lives on one node, and while that node is down declaring it
@@ -236,7 +241,7 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
     bool dead_exists = false;
     if (shape != NULL && shape->quorum) {
         uint32_t messages, consumers;
-        int rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
+        rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
         if (rc != SK_OK)
             return rc;
     }
@@ -245,8 +250,9 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
         amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum };
         amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
                            shape != NULL && shape->quorum ? dead_args : amqp_empty_table);
-        if (rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err) != SK_OK)
-            return err != NULL ? err->code : SK_ERR;
+        rc = rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
+        if (rc != SK_OK)
+            return rc;
     }
 
     if (shape != NULL && shape->passive) {
@@ -272,10 +278,7 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
         args[n_args++] = text_entry("x-dead-letter-strategy", "at-least-once");
         args[n_args++] = text_entry("x-overflow", "reject-publish");
         if (shape->delivery_limit > 0) {
-            args[n_args].key = amqp_cstring_bytes("x-delivery-limit");
-            args[n_args].value.kind = AMQP_FIELD_KIND_I64;
-            args[n_args].value.value.i64 = shape->delivery_limit;
-            n_args++;
+            args[n_args++] = int_entry("x-delivery-limit", shape->delivery_limit);
         }
     }
     amqp_table_t table = { .num_entries = n_args, .entries = args };
@@ -295,8 +298,9 @@ int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messa
 {
     amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name),
                                                      1, 0, 0, 0, amqp_empty_table);
-    if (rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err) != SK_OK)
-        return err != NULL ? err->code : SK_ERR;
+    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err);
+    if (rc != SK_OK)
+        return rc;
     if (messages != NULL)
         *messages = ok->message_count;
     if (consumers != NULL)
@@ -320,13 +324,14 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
             AMQP_STATUS_OK)
             return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
         amqp_channel_open(b->conn, CHANNEL);
-        if (rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err) != SK_OK)
-            return err != NULL ? err->code : SK_ERR;
+        int rc = rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
+        if (rc != SK_OK)
+            return rc;
         /* A new channel starts without confirms and counts its deliveries
          * from 1 again: a publisher's must be as it was. */
         if (b->confirming) {
             b->next_publish_tag = 1;
-            int rc = sk_broker_confirm_select(b, err);
+            rc = sk_broker_confirm_select(b, err);
             if (rc != SK_OK)
                 return rc;
         }
@@ -334,8 +339,9 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
         *messages = *consumers = 0;
         return SK_OK;
     }
-    if (rpc_check(reply, "queue.declare(passive)", err) != SK_OK)
-        return err != NULL ? err->code : SK_ERR;
+    int rc = rpc_check(reply, "queue.declare(passive)", err);
+    if (rc != SK_OK)
+        return rc;
     *exists = true;
     *messages = ok->message_count;
     *consumers = ok->consumer_count;
@@ -347,8 +353,9 @@ int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
 {
     b->max_body = max_body;
     amqp_basic_qos(b->conn, CHANNEL, 0, prefetch, 0);
-    if (rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err) != SK_OK)
-        return err != NULL ? err->code : SK_ERR;
+    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err);
+    if (rc != SK_OK)
+        return rc;
     amqp_basic_consume(b->conn, CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
                        amqp_empty_table);
     return rpc_check(amqp_get_rpc_reply(b->conn), "basic.consume", err);
@@ -524,8 +531,9 @@ int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                   struct sk_err *err)
 {
     amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 1);
-    if (rpc_check(reply, "basic.get", err) != SK_OK)
-        return err != NULL ? err->code : SK_ERR;
+    int rc = rpc_check(reply, "basic.get", err);
+    if (rc != SK_OK)
+        return rc;
     if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
         return SK_BUSY;
     reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
@@ -539,8 +547,9 @@ int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
      * frames can go, or a long scan would keep every basic.get-ok. */
     amqp_maybe_release_buffers_on_channel(b->conn, CHANNEL);
     amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 0);
-    if (rpc_check(reply, "basic.get", err) != SK_OK)
-        return err != NULL ? err->code : SK_ERR;
+    int rc = rpc_check(reply, "basic.get", err);
+    if (rc != SK_OK)
+        return rc;
     if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
         return SK_BUSY;
     *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
@@ -585,8 +594,9 @@ static int heartbeat_seconds(const struct sk_amqp_conf *conf)
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
 {
     amqp_confirm_select(b->conn, CHANNEL);
-    if (rpc_check(amqp_get_rpc_reply(b->conn), "confirm.select", err) != SK_OK)
-        return err != NULL ? err->code : SK_ERR;
+    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "confirm.select", err);
+    if (rc != SK_OK)
+        return rc;
     b->confirming = true;
     return SK_OK;
 }
@@ -709,12 +719,8 @@ int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t del
     amqp_table_entry_t args[4];
     args[0] = text_entry("x-dead-letter-exchange", "");
     args[1] = text_entry("x-dead-letter-routing-key", queue);
-    args[2].key = amqp_cstring_bytes("x-message-ttl");
-    args[2].value.kind = AMQP_FIELD_KIND_I64;
-    args[2].value.value.i64 = delay_ms;
-    args[3].key = amqp_cstring_bytes("x-expires");
-    args[3].value.kind = AMQP_FIELD_KIND_I64;
-    args[3].value.value.i64 = (int64_t)delay_ms + 10 * 60 * 1000;
+    args[2] = int_entry("x-message-ttl", delay_ms);
+    args[3] = int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
     amqp_table_t table = { .num_entries = 4, .entries = args };
     amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
     return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
@@ -746,14 +752,8 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
             entries[n++] = old->entries[i];
     }
     for (size_t k = 0; k < n_extra; k++) {
-        if (extra[k].text != NULL) {
-            entries[n++] = text_entry(extra[k].key, extra[k].text);
-        } else {
-            entries[n].key = amqp_cstring_bytes(extra[k].key);
-            entries[n].value.kind = AMQP_FIELD_KIND_I64;
-            entries[n].value.value.i64 = extra[k].number;
-            n++;
-        }
+        entries[n++] = extra[k].text != NULL ? text_entry(extra[k].key, extra[k].text)
+                                             : int_entry(extra[k].key, extra[k].number);
     }
     props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.headers.num_entries = (int)n;
@@ -864,6 +864,15 @@ static amqp_table_entry_t text_entry(const char *key, const char *value)
     e.key = amqp_cstring_bytes(key);
     e.value.kind = AMQP_FIELD_KIND_UTF8;
     e.value.value.bytes = amqp_cstring_bytes(value);
+    return e;
+}
+
+static amqp_table_entry_t int_entry(const char *key, int64_t value)
+{
+    amqp_table_entry_t e;
+    e.key = amqp_cstring_bytes(key);
+    e.value.kind = AMQP_FIELD_KIND_I64;
+    e.value.value.i64 = value;
     return e;
 }
 

@@ -8,14 +8,33 @@
 #define SK_BROKER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <amqp.h>
 
 #include "common.h"
-#include "config.h"
 
 struct sk_broker;
+
+/* A cluster's nodes share users and vhosts: only host and port differ. */
+#define SK_AMQP_MAX_NODES 16
+
+struct sk_amqp_node {
+    char    *host;
+    int      port;
+};
+
+struct sk_amqp_conf {
+    struct sk_amqp_node nodes[SK_AMQP_MAX_NODES];  /* amqp.url, in the order written */
+    size_t   n_nodes;              /* at least 1 */
+    char    *vhost;
+    char    *user;
+    char    *password;             /* never NULL: from url, password_env or password_file,
+                                    * else "guest", the broker's default */
+    uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
+    uint32_t connect_timeout_ms;
+};
 
 /* A header to add to (or replace in) a republished message. */
 struct sk_header {
@@ -51,8 +70,9 @@ struct sk_queue_shape {
     bool     passive;         /* declared by someone else: only check that it exists */
 };
 
-/* The shape sekalid declares a configured queue with. */
-struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q);
+/* Writes the name of queue's dead-letter queue, `queue.dead`, into out:
+ * the one place that spells it. SK_ERR if it does not fit in size. */
+int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err);
 
 /* Declares the durable work queue `name` with shape (NULL: classic), whose
  * rejected messages the broker dead-letters to the durable queue

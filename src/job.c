@@ -57,14 +57,6 @@ static const char *const state_failpoints[] = {
     [JOB_ACKED] = "after_ack",
 };
 
-/* The x-sekali-reason header of each kind of dead letter. */
-static const char *const dead_reasons[SK_METRICS_REASONS] = {
-    [SK_METRICS_MALFORMED] = "malformed",
-    [SK_METRICS_FAILED] = "failed",
-    [SK_METRICS_RETRIES_EXHAUSTED] = "retries exhausted",
-    [SK_METRICS_CRASHED] = "crashed",
-};
-
 /* What happens to the delivery itself once the job's outcome is settled. */
 enum disposition {
     ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
@@ -82,6 +74,7 @@ struct job {
     bool               locked;
     bool               leased;      /* external mode: the heartbeat renews our lease */
     struct sk_claim    claim;
+    struct sk_keyref   ref;         /* the key, for the store and the lease */
     uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
     struct sk_metrics_type *metrics;
     struct sk_log_job  log;
@@ -143,6 +136,9 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
     j.log.idempotency_key = j.env.idempotency_key;
     j.log.resource_key = j.env.resource_key;
     j.log.delivery_attempt = j.env.delivery_attempt;
+    j.ref = (struct sk_keyref){ .queue = w->queue->name, .key = j.env.idempotency_key,
+                                .owner = w->owner, .job_id = j.env.job_id,
+                                .job_type = j.env.job_type };
     transition(&j, JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
     snprintf(w->slot->job_key, sizeof(w->slot->job_key), "%s", j.env.idempotency_key);
@@ -172,8 +168,7 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
         return;
     }
 
-    int rc = sk_store_claim(w->store, w->queue->name, j.env.idempotency_key, w->owner,
-                            j.env.job_id, j.env.job_type, &j.claim, &err);
+    int rc = sk_store_claim(w->store, &j.ref, &j.claim, &err);
     if (rc == SK_DUP) {
         sk_metrics_inc(j.metrics, SK_METRIC_DUPLICATES);
         reply_saved(w, &j);
@@ -204,8 +199,7 @@ void sk_job_process(struct sk_worker *w, const amqp_envelope_t *delivery)
 static bool crashed_too_often(struct sk_worker *w, struct job *j)
 {
     int crashes = 0;
-    if (sk_store_crashes(w->store, w->queue->name, j->env.idempotency_key, &crashes, NULL) !=
-            SK_OK ||
+    if (sk_store_crashes(w->store, &j->ref, &crashes, NULL) != SK_OK ||
         crashes < w->queue->max_crashes)
         return false;
     char why[128];
@@ -234,6 +228,7 @@ static void claimed(struct sk_worker *w, struct job *j)
     w->postgres_down_logged = false;
     sk_backoff_reset(&w->postgres_backoff);
     j->log.fence = j->claim.fence;
+    sk_keyref_set_fence(&j->ref, j->claim.fence);
     transition(j, JOB_CLAIMED);
 }
 
@@ -248,8 +243,7 @@ static void run_external(struct sk_worker *w, struct job *j)
     int rc = sk_store_reconnect(w->store, &err);
     PGconn *pg = sk_store_conn(w->store);
     if (rc == SK_OK)
-        rc = sk_lease_claim(pg, w->queue->name, j->env.idempotency_key, w->owner,
-                            j->env.job_id, j->env.job_type, w->queue->lease_ms, &j->claim, &err);
+        rc = sk_lease_claim(pg, &j->ref, w->queue->lease_ms, &j->claim, &err);
     if (rc == SK_DUP) {
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(w, j);
@@ -274,14 +268,12 @@ static void run_external(struct sk_worker *w, struct job *j)
     sk_host_ctx_reset(ctx);
     ctx->external = true;
     if (j->claim.attempts > 1 &&
-        sk_lease_load_checkpoints(pg, w->queue->name, j->env.idempotency_key,
-                                  &ctx->checkpoints, &err) != SK_OK)
+        sk_lease_load_checkpoints(pg, &j->ref, &ctx->checkpoints, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "checkpoints not loaded: %s", err.msg);
     int status = call_handler(w, j, pg);
 
     if (status == SEKALI_OK) {
-        rc = sk_lease_finish(pg, w->queue->name, j->env.idempotency_key, j->claim.fence,
-                             "completed", ctx->result_len > 0 ? ctx->result : NULL,
+        rc = sk_lease_finish(pg, &j->ref, "completed", ctx->result_len > 0 ? ctx->result : NULL,
                              ctx->result_len, NULL, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
@@ -299,8 +291,7 @@ static void run_external(struct sk_worker *w, struct job *j)
         return;
     }
     if (status == SEKALI_RETRY &&
-        sk_lease_release(pg, w->queue->name, j->env.idempotency_key, j->claim.fence,
-                         &err) == SK_AGAIN)
+        sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     settle_failure(w, j, status);
 }
@@ -329,7 +320,7 @@ static void reply(struct sk_worker *w, struct job *j, const void *result, size_t
         sk_log_job(SK_LOG_WARN, &j->log, "reply to %s not sent: %s", j->env.reply_to, err.msg);
         return;
     }
-    if (sk_store_mark_replied(w->store, w->queue->name, j->env.idempotency_key, &err) != SK_OK)
+    if (sk_store_mark_replied(w->store, &j->ref, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "reply sent but not recorded: %s", err.msg);
 }
 
@@ -343,8 +334,7 @@ static void reply_saved(struct sk_worker *w, struct job *j)
     bool replied;
     char *result;
     size_t len;
-    if (sk_store_reply_state(w->store, w->queue->name, j->env.idempotency_key, &replied,
-                             &result, &len, &err) != SK_OK) {
+    if (sk_store_reply_state(w->store, &j->ref, &replied, &result, &len, &err) != SK_OK) {
         sk_log_job(SK_LOG_WARN, &j->log, "reply state unknown, not replying: %s", err.msg);
         return;
     }
@@ -356,6 +346,15 @@ static void reply_saved(struct sk_worker *w, struct job *j)
 /* Builds the job the handler sees, and runs it on pg. */
 static int call_handler(struct sk_worker *w, struct job *j, PGconn *pg)
 {
+    struct sekali_ctx *ctx = &w->ctx;
+    /* A copy with a NUL after it (ABI 1.3), so text handlers need none. */
+    const char *body = sk_host_ctx_body(ctx, j->env.body, j->env.body_len);
+    if (body == NULL) {
+        snprintf(ctx->error, sizeof(ctx->error), "out of memory copying a %zu-byte body",
+                 j->env.body_len);
+        transition(j, JOB_HANDLED);
+        return SEKALI_RETRY;
+    }
     struct sekali_job job = {
         .struct_size = sizeof(job),
         .queue = w->queue->name,
@@ -364,12 +363,12 @@ static int call_handler(struct sk_worker *w, struct job *j, PGconn *pg)
         .idempotency_key = j->env.idempotency_key,
         .resource_key = j->env.resource_key,
         .content_type = j->env.content_type,
-        .body = j->env.body,
+        .body = body,
         .body_len = j->env.body_len,
         .delivery_attempt = j->env.delivery_attempt,
         .fence = j->claim.fence,
+        .host = sk_host(),
     };
-    struct sekali_ctx *ctx = &w->ctx;
     ctx->pg = pg;
     ctx->log = &j->log;
     ctx->lock_lost = w->heartbeat != NULL && (j->locked || ctx->external)
@@ -504,8 +503,7 @@ static void run_handler(struct sk_worker *w, struct job *j)
 
     struct sk_err err = { 0 };
     if (status == SEKALI_OK) {
-        int rc = sk_store_complete(w->store, w->queue->name, j->env.idempotency_key,
-                                   j->claim.fence, ctx->result_len > 0 ? ctx->result : NULL,
+        int rc = sk_store_complete(w->store, &j->ref, ctx->result_len > 0 ? ctx->result : NULL,
                                    ctx->result_len, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
@@ -536,10 +534,13 @@ static void settle_failure(struct sk_worker *w, struct job *j, int status)
     struct sekali_ctx *ctx = &w->ctx;
     if (status == SEKALI_RETRY) {
         const char *why = ctx->error[0] != '\0' ? ctx->error : "handler asked to retry";
+        /* host->conflict(): the handler's guarded update lost a race. */
+        if (ctx->conflict)
+            sk_metrics_inc(j->metrics, SK_METRIC_OCC_CONFLICTS);
         if (j->env.delivery_attempt < (uint32_t)w->queue->retry.max_attempts) {
             uint32_t next = j->env.delivery_attempt + 1;
             if (later(w, j, sk_reschedule_retry_delay(&w->queue->retry, next), next, why,
-                      "retry"))
+                      ctx->conflict ? "conflict" : "retry"))
                 sk_metrics_inc(j->metrics, SK_METRIC_RETRIES);
             return;
         }
@@ -563,10 +564,8 @@ static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason r
 {
     struct sk_err err = { 0 };
     int rc = j->leased
-        ? sk_lease_finish(sk_store_conn(w->store), w->queue->name, j->env.idempotency_key,
-                          j->claim.fence, "failed", NULL, 0, why, &err)
-        : sk_store_fail(w->store, w->queue->name, j->env.idempotency_key, w->owner,
-                        j->env.job_id, j->env.job_type, why, &err);
+        ? sk_lease_finish(sk_store_conn(w->store), &j->ref, "failed", NULL, 0, why, &err)
+        : sk_store_fail(w->store, &j->ref, why, &err);
     if (rc == SK_BUSY) {
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_job(SK_LOG_WARN, &j->log, "failure fenced out: another worker owns the job");
@@ -579,7 +578,7 @@ static void give_up(struct sk_worker *w, struct job *j, enum sk_metrics_reason r
         sk_sleep_ms(sk_jitter(100, 1000));
         return;
     }
-    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", dead_reasons[reason], why);
+    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
     dead_letter(w, j, true, reason, why);
 }
 
@@ -595,7 +594,7 @@ static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
     bool connected = sk_worker_publisher(w, &err);
     if (connected &&
         sk_reschedule_dead(w->publisher, w->queue->name, j->delivery, parsed ? &j->env : NULL,
-                           dead_reasons[reason], why, &err) == SK_OK) {
+                           sk_metrics_reason_name(reason), why, &err) == SK_OK) {
         sk_metrics_dead_letter(j->metrics, reason);
         finish(w, j, ACK, "dead-lettered");
         return;
@@ -606,7 +605,7 @@ static void dead_letter(struct sk_worker *w, struct job *j, bool parsed,
         sk_worker_drop_publisher(w, err.msg);
     char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
-             "no copy: %s)", dead_reasons[reason], why, err.msg);
+             "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     if (finish(w, j, DEAD_LETTER, text) == SK_OK)
         sk_metrics_dead_letter(j->metrics, reason);
 }

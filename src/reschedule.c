@@ -59,9 +59,9 @@ int sk_reschedule_dead(struct sk_broker *pub, const char *queue, const amqp_enve
                        struct sk_err *err)
 {
     char dead[600], now[64];
-    int n = snprintf(dead, sizeof(dead), "%s.dead", queue);
-    if (n < 0 || (size_t)n >= sizeof(dead))
-        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
+    int rc = sk_broker_dead_name(queue, dead, sizeof(dead), err);
+    if (rc != SK_OK)
+        return rc;
     now_iso8601(now, sizeof(now));
     const char *first = parsed != NULL && parsed->first_failure[0] != '\0'
         ? parsed->first_failure : now;

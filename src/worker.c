@@ -40,7 +40,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     w->queue = queue;
     w->slot = slot;
     w->metrics = metrics;
-    w->shape = sk_broker_shape(queue);
+    w->shape = sk_conf_queue_shape(queue);
     w->handler = plugin->handler;
     w->broker_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
     w->postgres_backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
@@ -116,8 +116,6 @@ out:
  * missing schema); SK_AGAIN when a restart later may succeed. */
 static int setup(struct sk_worker *w, bool first, struct sk_err *err)
 {
-    sk_process_install_stop();
-
     char host[64] = "localhost";
     gethostname(host, sizeof(host) - 1);
     snprintf(w->owner, sizeof(w->owner), "%s:%ld", host, (long)getpid());
@@ -187,7 +185,7 @@ static int check_logins(struct sk_worker *w, struct sk_err *err)
 static void teardown(struct sk_worker *w)
 {
     sk_heartbeat_stop(w->heartbeat);
-    sk_lease_checkpoints_clear(&w->ctx.checkpoints);
+    sk_host_ctx_free(&w->ctx);
     sk_broker_close(w->broker);
     sk_broker_close(w->publisher);
     sk_lock_close(w->lock);

@@ -345,19 +345,27 @@ char *h_readme_block(const char *lang)
     return block;
 }
 
+/* All of in, NUL-terminated; the caller frees it. */
+static char *read_all(FILE *in)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(mem);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), in)) > 0)
+        fwrite(chunk, 1, n, mem);
+    fclose(mem);
+    return buf;
+}
+
 char *h_read_file(const char *path)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return NULL;
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&buf, &len);
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-        fwrite(chunk, 1, n, mem);
-    fclose(mem);
+    char *buf = read_all(f);
     fclose(f);
     return buf;
 }
@@ -525,4 +533,117 @@ void h_run_close(struct h_run *r)
     PQfinish(r->pg);
     free(r->config);
     free(r->dir);
+}
+
+long long h_effects(const struct h_run *r, const char *key)
+{
+    if (key == NULL)
+        return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                          r->queue);
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
+                             "AND idempotency_key = '%s'", r->queue, key);
+}
+
+long long h_effect_keys(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(DISTINCT idempotency_key) FROM sekali_test.effects "
+                             "WHERE queue = '%s'", r->queue);
+}
+
+long long h_completed(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND status = 'completed'", r->queue);
+}
+
+long long h_duplicates(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
+                             "WHERE queue = '%s'", r->queue);
+}
+
+void h_expect_once(struct h_run *r, long long keys, long long dups)
+{
+    long long effects = h_effects(r, NULL), distinct = h_effect_keys(r);
+    ck_assert_msg(effects == keys, "expected %lld effects on %s, have %lld", keys, r->queue,
+                  effects);
+    ck_assert_msg(distinct == keys, "expected %lld keys with an effect, have %lld (%lld "
+                  "effects: some key ran twice)", keys, distinct, effects);
+    if (dups != H_ANY_DUPS) {
+        long long d = h_duplicates(r);
+        ck_assert_msg(d == dups, "expected %lld duplicates, have %lld", dups, d);
+    }
+    /* A test that closed its broker connection before an outage. */
+    if (r->b == NULL)
+        r->b = h_broker();
+    uint32_t depth = h_queue_depth(r->b, r->queue);
+    ck_assert_msg(depth == 0, "%s should be empty, holds %u", r->queue, depth);
+}
+
+char *h_scrape(int port)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "curl -sf --max-time 10 http://127.0.0.1:%d/metrics", port);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char *text = read_all(p);
+    if (pclose(p) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+double h_metric_value(const char *text, const char *series)
+{
+    size_t len = strlen(series);
+    for (const char *p = text; (p = strstr(p, series)) != NULL; p += len)
+        if ((p == text || p[-1] == '\n') && p[len] == ' ')
+            return strtod(p + len + 1, NULL);
+    return -1;
+}
+
+double h_metric(int port, const char *series_fmt, ...)
+{
+    char series[512];
+    va_list ap;
+    va_start(ap, series_fmt);
+    vsnprintf(series, sizeof(series), series_fmt, ap);
+    va_end(ap);
+    char *text = h_scrape(port);
+    if (text == NULL)
+        return -1;
+    double v = h_metric_value(text, series);
+    free(text);
+    return v;
+}
+
+size_t h_children(pid_t parent, pid_t *out, size_t max)
+{
+    size_t n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d != NULL && n < max && (e = readdir(d)) != NULL) {
+        long pid = atol(e->d_name);
+        if (pid <= 0)
+            continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "re");
+        if (f == NULL)
+            continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        /* pid (comm) state ppid: comm may hold spaces, so after the last ')'. */
+        const char *rp = strrchr(buf, ')');
+        char state;
+        long ppid;
+        if (rp != NULL && sscanf(rp + 1, " %c %ld", &state, &ppid) == 2 && ppid == parent &&
+            state != 'Z')
+            out[n++] = (pid_t)pid;
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
 }

@@ -117,6 +117,10 @@ uint32_t h_consumers(struct sk_broker *b, const char *queue);
  * writes when it stalls (tests/plugins/effect.c), or 0 if there is none. */
 pid_t h_stalled_pid(const char *dir);
 
+/* The pids of parent's live children (sekalid's workers, relay and
+ * janitor), up to max; returns how many. */
+size_t h_children(pid_t parent, pid_t *out, size_t max);
+
 /* True once pid no longer exists (killed and reaped by its parent). */
 bool h_process_gone(pid_t pid);
 
@@ -181,6 +185,38 @@ void h_run_stop(struct h_run *r);
 /* Closes the connections and frees what h_run_open() and h_run_start()
  * took; it does not stop sekalid. */
 void h_run_close(struct h_run *r);
+
+/* What a run's jobs did, counted in PostgreSQL: the effects the test
+ * handler (tests/plugins/effect.c) recorded in sekali_test.effects, and
+ * sekali's idempotency keys, both on r's queue only. */
+
+/* Effects recorded for key, or for the whole queue when key is NULL. */
+long long h_effects(const struct h_run *r, const char *key);
+/* Distinct idempotency keys that have an effect. */
+long long h_effect_keys(const struct h_run *r);
+/* Keys whose job completed (status 'completed'). */
+long long h_completed(const struct h_run *r);
+/* Duplicate deliveries absorbed, summed over the queue's keys. */
+long long h_duplicates(const struct h_run *r);
+
+/* For h_expect_once()'s dups: the test does not know how many copies
+ * became duplicates (a crash may or may not have left one). */
+#define H_ANY_DUPS (-1)
+
+/* The exactly-once verdict, once sekalid has stopped: `keys` effects on
+ * `keys` distinct keys (none twice), `dups` duplicates (unless H_ANY_DUPS),
+ * and r's queue empty. Fails the test naming the first count that is off. */
+void h_expect_once(struct h_run *r, long long keys, long long dups);
+
+/* The text of sekalid's /metrics on port, or NULL if nothing answered; the
+ * caller frees it. */
+char *h_scrape(int port);
+/* The value of one series of a scrape, written as rendered, name and labels
+ * ("sekali_workers_up{queue=\"q\"}"), or -1 if absent. */
+double h_metric_value(const char *text, const char *series);
+/* Scrapes port and returns the series (printf format), or -1 if absent or
+ * nothing answered: a test can H_WAIT on it. */
+double h_metric(int port, const char *series_fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Polls `cond` every 20 ms until true, or fails the test after timeout_ms
  * with the message, which should say what was expected and what was seen. */

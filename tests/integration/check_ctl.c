@@ -230,9 +230,7 @@ START_TEST(test_trace_tells_an_outbox_job_its_run_and_its_duplicate_in_time_orde
     ck_assert_int_eq(CTL(&r, &out, "enqueue", r.queue, "test", "--key", key, "--json", "ok"), 0);
     json_holds(r.dir, "len(d[\"job_id\"]) == 36");
     free(out);
-    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' AND "
-                            "idempotency_key = '%s'", r.queue, key) == 1,
-           30000, "the job should run once");
+    H_WAIT(h_effects(&r, key) == 1, 30000, "the job should run once");
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
                             "AND key = '%s' AND status = 'completed'", r.queue, key) == 1,
            30000, "the key should be completed");

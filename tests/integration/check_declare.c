@@ -53,12 +53,6 @@ static void rabbitmqctl(const char *args)
     ck_assert_msg(rc == 0, "rabbitmqctl %s: status 0x%x", args, rc);
 }
 
-static long long effects(struct h_run *r, const char *key)
-{
-    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' AND "
-                             "idempotency_key = '%s'", r->queue, key);
-}
-
 /* One job of each outcome on a queue sekali did not declare: it runs once,
  * a retry goes through sekali's delay queue back to it, and a failure lands
  * in <queue>.dead, which sekali publishes to itself. */
@@ -69,9 +63,9 @@ static void run_each_outcome_once(struct h_run *r)
     h_publish(r->b, r->queue, "test", "ok-1", "k-ok", NULL, "ok");
     h_publish(r->b, r->queue, "test", "retry-1", "k-retry", NULL, "retry");
     h_publish(r->b, r->queue, "test", "fail-1", "k-fail", NULL, "fail");
-    H_WAIT(effects(r, "k-ok") == 1 && effects(r, "k-retry") == 1, 20000,
+    H_WAIT(h_effects(r, "k-ok") == 1 && h_effects(r, "k-retry") == 1, 20000,
            "the ok and retried jobs should commit once each (ok %lld, retry %lld)",
-           effects(r, "k-ok"), effects(r, "k-retry"));
+           h_effects(r, "k-ok"), h_effects(r, "k-retry"));
     ck_assert_int_eq(h_pg_count(r->pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
                                        "'%s' AND idempotency_key = 'k-retry'", r->queue), 2);
     H_WAIT(h_queue_depth(r->b, r->dead) == 1, 20000, "the failed job should be in %s, has %u",
@@ -82,9 +76,9 @@ static void run_each_outcome_once(struct h_run *r)
     ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof buf), "failed");
     amqp_destroy_message(&msg);
     h_run_stop(r);
-    ck_assert_int_eq(effects(r, "k-ok"), 1);
-    ck_assert_int_eq(effects(r, "k-retry"), 1);
-    ck_assert_int_eq(effects(r, "k-fail"), 0);
+    ck_assert_int_eq(h_effects(r, "k-ok"), 1);
+    ck_assert_int_eq(h_effects(r, "k-retry"), 1);
+    ck_assert_int_eq(h_effects(r, "k-fail"), 0);
 }
 
 START_TEST(test_passive_queue_with_other_arguments_runs_retries_and_dead_letters)

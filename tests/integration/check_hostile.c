@@ -12,12 +12,6 @@
 /* The frame size sekalid and the harness ask for, and RabbitMQ's default. */
 #define FRAME_MAX 131072
 
-static long long effects(struct h_run *r, const char *key)
-{
-    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s' "
-                             "AND idempotency_key = '%s'", r->queue, key);
-}
-
 /* A text header value that makes h_publish_raw()'s message (id, type
  * "test", one header named key) a header frame of exactly frame bytes.
  * The caller frees it. */
@@ -55,7 +49,7 @@ START_TEST(test_message_too_large_to_reschedule_is_dead_lettered_and_the_next_jo
     free(value);
     h_publish(r.b, r.queue, "test", "good-1", "k-good", NULL, "ok");
 
-    H_WAIT(effects(&r, "k-good") == 1, 20000,
+    H_WAIT(h_effects(&r, "k-good") == 1, 20000,
            "the good job behind the large-header message should complete");
     H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "the large-header message should be in %s",
            r.dead);
@@ -79,7 +73,7 @@ START_TEST(test_headers_over_max_headers_are_dead_lettered_as_malformed)
     h_publish_raw(r.b, r.queue, "big-2", "test", &pad, 1, "ok", 2);
     free(value);
     h_publish(r.b, r.queue, "test", "good-2", "k-good", NULL, "ok");
-    H_WAIT(effects(&r, "k-good") == 1, 20000, "the good job should complete");
+    H_WAIT(h_effects(&r, "k-good") == 1, 20000, "the good job should complete");
     H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "expected 1 dead letter in %s", r.dead);
 
     amqp_message_t msg;
@@ -89,7 +83,7 @@ START_TEST(test_headers_over_max_headers_are_dead_lettered_as_malformed)
     ck_assert_msg(strstr(h_header_text(&msg, "x-sekali-error", buf, sizeof(buf)),
                          "exceed max_headers 65536") != NULL, "x-sekali-error: %s", buf);
     amqp_destroy_message(&msg);
-    ck_assert_int_eq(effects(&r, "big-2"), 0);
+    ck_assert_int_eq(h_effects(&r, "big-2"), 0);
     h_run_stop(&r);
     h_run_close(&r);
 }
@@ -126,7 +120,7 @@ START_TEST(test_reply_to_a_sekali_queue_is_refused_before_the_job_runs)
         ck_assert_msg(sk_broker_publish(r.b, r.queue, &m, &err) == SK_OK, "%s", err.msg);
     }
     h_publish(r.b, r.queue, "test", "good-3", "k-good", NULL, "ok");
-    H_WAIT(effects(&r, "k-good") == 1, 20000, "the good job should complete");
+    H_WAIT(h_effects(&r, "k-good") == 1, 20000, "the good job should complete");
     H_WAIT(h_queue_depth(r.b, r.dead) == 3, 20000, "expected 3 dead letters, have %u",
            h_queue_depth(r.b, r.dead));
     h_run_stop(&r);
@@ -143,7 +137,7 @@ START_TEST(test_reply_to_a_sekali_queue_is_refused_before_the_job_runs)
     for (size_t i = 0; i < SK_ARRAY_LEN(targets); i++) {
         char id[32];
         snprintf(id, sizeof(id), "ask-%zu", i);
-        ck_assert_int_eq(effects(&r, id), 0);
+        ck_assert_int_eq(h_effects(&r, id), 0);
     }
     h_run_close(&r);
 }
@@ -159,7 +153,7 @@ START_TEST(test_producer_attempt_header_does_not_skip_retries)
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES });
     struct sk_header attempt = { .key = "x-sekali-attempt", .number = 3 };
     h_publish_raw(r.b, r.queue, "forged-1", "test", &attempt, 1, "retry", 5);
-    H_WAIT(effects(&r, "forged-1") == 1, 20000, "the retried job should commit");
+    H_WAIT(h_effects(&r, "forged-1") == 1, 20000, "the retried job should commit");
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
                                       "'%s'", r.queue), 2);
     h_run_stop(&r);
@@ -181,7 +175,7 @@ START_TEST(test_unused_odd_properties_do_not_dead_letter_a_job)
         .correlation_id = amqp_cstring_bytes(""), .content_type = amqp_cstring_bytes("x/\xff"),
     };
     publish_props(r.b, r.queue, &p, "ok");
-    H_WAIT(effects(&r, "odd-1") == 1, 20000, "the job with odd properties should complete");
+    H_WAIT(h_effects(&r, "odd-1") == 1, 20000, "the job with odd properties should complete");
     h_run_stop(&r);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
     h_run_close(&r);
@@ -225,7 +219,7 @@ START_TEST(test_body_over_max_body_is_refused_without_reading_it)
     /* The worker's own peak after a first job is the baseline: sanitizers
      * and valgrind add tens of MiB of their own, a buffered body 48 more. */
     h_publish(r.b, r.queue, "test", "good-4", "k-first", NULL, "ok");
-    H_WAIT(effects(&r, "k-first") == 1, 30000, "a first job should complete");
+    H_WAIT(h_effects(&r, "k-first") == 1, 30000, "a first job should complete");
     long before = worker_peak_kib(r.sekalid);
     char *body = malloc(BODY);
     ck_assert_ptr_nonnull(body);
@@ -233,7 +227,8 @@ START_TEST(test_body_over_max_body_is_refused_without_reading_it)
     h_publish_raw(r.b, r.queue, "huge-1", "test", NULL, 0, body, BODY);
     free(body);
     h_publish(r.b, r.queue, "test", "good-5", "k-good", NULL, "ok");
-    H_WAIT(effects(&r, "k-good") == 1, 30000, "the good job behind the huge body should complete");
+    H_WAIT(h_effects(&r, "k-good") == 1, 30000,
+           "the good job behind the huge body should complete");
     H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "the huge message should be in %s", r.dead);
     long peak = worker_peak_kib(r.sekalid);
     ck_assert_msg(before > 0 && peak > 0 && peak - before < (BODY >> 10) / 4,

@@ -1,10 +1,39 @@
 /* check_janitor.c - retention removes exactly what it says, in batches,
- * and nothing that still protects a job. */
+ * and nothing that still protects a job.
+ *
+ * "In batches" is seen from PostgreSQL's side: for the test a statement
+ * trigger on sekali.idempotency_keys writes down how many of the run's
+ * keys each DELETE took, and in which transaction. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+
+/* Records, per DELETE statement on sekali.idempotency_keys, the rows of
+ * queue it removed and its transaction, into sekali_test.janitor_deletes. */
+static void count_key_deletes(PGconn *pg, const char *queue)
+{
+    char sql[2048];
+    h_pg_exec(pg, "CREATE TABLE IF NOT EXISTS sekali_test.janitor_deletes (queue text NOT NULL, "
+                  "tx bigint NOT NULL, n bigint NOT NULL)");
+    h_pg_exec(pg, "CREATE OR REPLACE FUNCTION sekali_test.count_deletes() RETURNS trigger "
+                  "LANGUAGE plpgsql AS $$ BEGIN "
+                  "INSERT INTO sekali_test.janitor_deletes SELECT TG_ARGV[0], txid_current(), "
+                  "count(*) FROM gone WHERE queue = TG_ARGV[0]; RETURN NULL; END $$");
+    snprintf(sql, sizeof(sql), "CREATE TRIGGER \"count %s\" AFTER DELETE ON "
+             "sekali.idempotency_keys REFERENCING OLD TABLE AS gone FOR EACH STATEMENT "
+             "EXECUTE FUNCTION sekali_test.count_deletes('%s')", queue, queue);
+    h_pg_exec(pg, sql);
+}
+
+static void stop_counting_key_deletes(PGconn *pg, const char *queue)
+{
+    char sql[512];
+    snprintf(sql, sizeof(sql), "DROP TRIGGER IF EXISTS \"count %s\" ON sekali.idempotency_keys",
+             queue);
+    h_pg_exec(pg, sql);
+}
 
 START_TEST(test_janitor_removes_exactly_what_retention_says)
 {
@@ -12,7 +41,7 @@ START_TEST(test_janitor_removes_exactly_what_retention_says)
     h_run_open(&r, "janitor");
     char other[160];
     snprintf(other, sizeof(other), "%s-unserved", r.queue);
-    char sql[4096];
+    char sql[8192];
     /* Finished long ago (go, in batches of 2), recent or unfinished (stay). */
     snprintf(sql, sizeof(sql),
              "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) VALUES "
@@ -34,8 +63,13 @@ START_TEST(test_janitor_removes_exactly_what_retention_says)
              "VALUES ('%1$s-d1', '%1$s', 'x', now() + interval '1 day', "
              "now() - interval '2 hours'),"
              "('%1$s-d2', '%1$s', 'x', now() - interval '2 hours', NULL),"
-             "('%1$s-d3', '%1$s', 'x', now() + interval '1 day', NULL)", r.queue, other);
+             "('%1$s-d3', '%1$s', 'x', now() + interval '1 day', NULL);"
+             /* Crash counts: a day old is history (go), an hour old may be a loop (stay). */
+             "INSERT INTO sekali.job_crashes (queue, key, crashes, last_crash) VALUES "
+             "('%1$s', 'crashed-long-ago', 3, now() - interval '2 days'),"
+             "('%1$s', 'crashed-lately', 2, now() - interval '1 hour')", r.queue, other);
     h_pg_exec(r.pg, sql);
+    count_key_deletes(r.pg, r.queue);
     /* o3 is unpublished: keep the relay away from it. */
     h_pg_exec(r.pg, "UPDATE sekali.outbox SET publish_error = 'test row' WHERE job_id LIKE "
                     "'janitor-%-o3'");
@@ -51,7 +85,21 @@ START_TEST(test_janitor_removes_exactly_what_retention_says)
                                      "queue = '%s'", r.queue));
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_dedupe WHERE queue = '%s'",
                       r.queue) == 1, 20000, "the janitor should leave the live dedupe key only");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = '%s'",
+                      r.queue) == 1, 20000, "the janitor should forget the day-old crash count");
     h_stop_sekalid(r.sekalid, r.dir);
+    stop_counting_key_deletes(r.pg, r.queue);
+
+    /* The 4 finished keys went 2 at a time (batch: 2), each batch in a
+     * transaction of its own. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT sum(n) FROM sekali_test.janitor_deletes WHERE "
+                                      "queue = '%s'", r.queue), 4);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT max(n) FROM sekali_test.janitor_deletes WHERE "
+                                      "queue = '%s'", r.queue), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT tx) FROM sekali_test.janitor_deletes "
+                                      "WHERE queue = '%s' AND n > 0", r.queue), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = '%s' "
+                                      "AND key = 'crashed-lately'", r.queue), 2);
 
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue "
                                       "= '%s' AND key IN ('recent', 'stuck')", r.queue), 2);
@@ -71,10 +119,40 @@ START_TEST(test_janitor_removes_exactly_what_retention_says)
 }
 END_TEST
 
+/* A round goes on while batches come back full: with an interval of an
+ * hour, every old key must be gone after the first round alone, not just
+ * the first batch of them. (A purge that counted the checkpoints it deleted
+ * instead of the keys ended the round after one batch of keys that had
+ * none.) */
+START_TEST(test_one_janitor_round_drains_every_full_batch)
+{
+    struct h_run r;
+    h_run_open(&r, "janitor");
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) "
+             "SELECT '%s', 'old-' || i, 'completed', 1, now() - interval '2 hours' "
+             "FROM generate_series(1, 7) AS i", r.queue);
+    h_pg_exec(r.pg, sql);
+
+    r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 1, "    retention: 1h\n",
+                                  "janitor:\n  interval: 1h\n  batch: 2\n");
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s'",
+                      r.queue) == 0, 20000, "the first round should delete all 7 keys of %s, "
+           "left %lld", r.queue,
+           h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s'",
+                      r.queue));
+    h_stop_sekalid(r.sekalid, r.dir);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_janitor_removes_exactly_what_retention_says,
+        test_one_janitor_round_drains_every_full_batch,
         NULL,
     };
     return h_run_suite(h_suite("janitor", 120, tests));

@@ -196,8 +196,7 @@ START_TEST(test_prometheus_scrapes_sekalid_and_serves_its_series)
     h_publish(r.b, r.queue, "test", "job-1", NULL, NULL, "ok");
     h_publish(r.b, r.queue, "test", "job-2", NULL, NULL, "ok");
     h_publish(r.b, r.queue, "test", "job-3", NULL, NULL, "ok");
-    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
-                      r.queue) == 3, 30000, "the 3 jobs should commit");
+    H_WAIT(h_effects(&r, NULL) == 3, 30000, "the 3 jobs should commit");
 
     write_prometheus_config(r.dir, metrics_port);
     pid_t prom = start_prometheus(r.dir, prom_port);

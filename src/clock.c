@@ -1,0 +1,17 @@
+/* clock.c - monotonic milliseconds and a sleep (see clock.h). */
+#include <time.h>
+
+#include "clock.h"
+
+int64_t sk_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+void sk_sleep_ms(uint32_t ms)
+{
+    struct timespec t = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+    nanosleep(&t, NULL);
+}
