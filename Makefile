@@ -42,7 +42,7 @@ FAULT_TESTS  = $(patsubst tests/fault/%.c,$(B)/tests/%,$(wildcard tests/fault/ch
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit deps servers demo bench bench-cluster chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit check-cluster deps servers demo bench bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -153,6 +153,12 @@ check: deps
 check-unit: tests
 	tests/run.sh $(B) unit
 
+# The cluster suites (tests/cluster/): a RabbitMQ cluster, PostgreSQL
+# failover; each test starts, stops and wipes its own servers.
+check-cluster: deps
+	$(MAKE) tests
+	tests/cluster/run.sh $(B)
+
 demo: deps
 	$(MAKE) all
 	tests/servers.sh start
@@ -261,6 +267,8 @@ help:
 	@echo "          SIGKILLed every 100-200 ms, a worker SIGSTOPped past its lock, Redis,"
 	@echo "          RabbitMQ and PostgreSQL restarted; fails on any doubled or lost key"
 	@echo "          (CHAOS_* settings: see tests/chaos/run.sh)"
+	@echo "check-cluster  the cluster suites (tests/cluster/): a 3-node RabbitMQ cluster losing"
+	@echo "          its queue's leader, PostgreSQL failing over to a sync and an async standby"
 	@echo "asan      the test suite under ASan and UBSan"
 	@echo "valgrind  the test suite with sekalid under valgrind"
 	@echo "fuzz      each libFuzzer harness for FUZZ_SECONDS=$(FUZZ_SECONDS) (clang, ASan, UBSan)"

@@ -28,6 +28,7 @@ struct sk_broker {
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
     bool                    channel_closed;   /* by the broker, refusing what we sent */
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
+    size_t                  node;             /* index in amqp.url of the node we are on */
 };
 
 /* The short-string properties, each with its flag. */
@@ -47,6 +48,9 @@ static const struct {
     { AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id) },
 };
 
+static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, size_t index,
+                     struct sk_err *err);
+static void append(char *buf, size_t size, const char *s);
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
@@ -67,12 +71,74 @@ static amqp_table_entry_t int_entry(const char *key, int64_t value);
 static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
 
+/* The node this thread connects to first: the one its last connection
+ * was made to, until a connection to it breaks; then the node after it, so
+ * that the node that just failed is tried last and a reconnect does not
+ * spend connect_timeout on a host that is down before it reaches a live one.
+ * In order rather than shuffled: every process starts on the node the
+ * operator listed first, stays where it works, and logs read predictably;
+ * a cluster spreads the queues' leaders, not sekali. Thread-local because
+ * each thread owns its connections (the supervisor's children are
+ * single-threaded; sekalictl opens one at a time). */
+static _Thread_local size_t next_node;
+
 int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err)
 {
+    size_t n = conf->n_nodes;
+    char tried[sizeof(err->msg)] = "";
+    int rc = SK_ERR;
+    bool transient = false;
+
+    size_t first = next_node;  /* sk_broker_close() of a failed attempt may move next_node */
+
+    sk_assert(n > 0);
+    /* Every node in turn until one takes the login. A refused login ends
+     * the search: the nodes of a cluster share users, so the next one would
+     * refuse too, and a wrong password must exit at start (exit 2). */
+    for (size_t k = 0; k < n; k++) {
+        struct sk_err one = { 0 };
+        size_t i = (first + k) % n;
+        rc = open_node(out, conf, i, &one);
+        if (rc == SK_OK) {
+            next_node = i;
+            return SK_OK;
+        }
+        if (n == 1 || one.code == SK_AUTH) {
+            if (err != NULL)
+                *err = one;
+            return rc;
+        }
+        transient = transient || rc == SK_AGAIN;
+        append(tried, sizeof(tried), tried[0] != '\0' ? "; " : "");
+        append(tried, sizeof(tried), one.msg);
+    }
+    next_node = first + 1;
+    /* One node down is the case to back off from and retry, whatever the
+     * others said. */
+    return sk_err_set(err, transient ? SK_AGAIN : rc, "no RabbitMQ node took the connection: %s",
+                      tried);
+}
+
+/* Appends s to the string in buf, cut to fit. */
+static void append(char *buf, size_t size, const char *s)
+{
+    size_t used = strlen(buf), room = size - used - 1, len = strlen(s);
+    if (len > room)
+        len = room;
+    memcpy(buf + used, s, len);
+    buf[used + len] = '\0';
+}
+
+/* One node: connect, log in, open the channel. */
+static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, size_t index,
+                     struct sk_err *err)
+{
+    const struct sk_amqp_node *node = &conf->nodes[index];
     struct sk_broker *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(broker)");
     b->next_publish_tag = 1;
+    b->node = index;
 
     int rc;
     b->conn = amqp_new_connection();
@@ -86,10 +152,10 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
         goto fail;
     }
     struct timeval timeout = to_timeval(conf->connect_timeout_ms);
-    int status = amqp_socket_open_noblock(socket, conf->host, conf->port, &timeout);
+    int status = amqp_socket_open_noblock(socket, node->host, node->port, &timeout);
     if (status != AMQP_STATUS_OK) {
-        rc = sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", conf->host,
-                        conf->port, amqp_error_string2(status));
+        rc = sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host,
+                        node->port, amqp_error_string2(status));
         goto fail;
     }
     /* Bound the login and every later RPC, so a wedged broker turns into an
@@ -97,10 +163,12 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
     amqp_set_handshake_timeout(b->conn, &timeout);
     amqp_set_rpc_timeout(b->conn, &timeout);
 
+    char what[300];
+    snprintf(what, sizeof(what), "amqp_login(%s:%d)", node->host, node->port);
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    rc = rpc_check(reply, "amqp_login", err);
+    rc = rpc_check(reply, what, err);
     if (rc != SK_OK) {
         /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
          * authentication_failure_close, so RabbitMQ says so instead of
@@ -116,7 +184,8 @@ int sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, stru
         goto fail;
     }
     amqp_channel_open(b->conn, CHANNEL);
-    rc = rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
+    snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
+    rc = rpc_check(amqp_get_rpc_reply(b->conn), what, err);
     if (rc != SK_OK)
         goto fail;
 
@@ -137,8 +206,12 @@ void sk_broker_close(struct sk_broker *b)
         /* Closing politely makes the broker requeue our unacked deliveries at
          * once; if the connection is already broken these fail harmlessly. */
         amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
-        amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+        amqp_rpc_reply_t r = amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
         amqp_destroy_connection(b->conn);
+        /* A connection that could not even be closed was lost: its node is
+         * tried last next time (see next_node). */
+        if (r.reply_type != AMQP_RESPONSE_NORMAL && next_node == b->node)
+            next_node = b->node + 1;
     }
     free(b);
 }
@@ -159,11 +232,28 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
     if (rc != SK_OK)
         return rc;
 
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
-                       amqp_empty_table);
-    rc = rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
-    if (rc != SK_OK)
-        return rc;
+    /* A quorum work queue gets quorum dead letters: in a cluster a classic
+     * queue lives on one node, and while that node is down declaring it
+     * fails, so no worker could consume the work queue on the nodes left.
+     * One that exists is taken as it is (a classic one from before, or
+     * one an operator declared): declaring it with another type would be
+     * refused. */
+    bool dead_exists = false;
+    if (shape != NULL && shape->quorum) {
+        uint32_t messages, consumers;
+        rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
+        if (rc != SK_OK)
+            return rc;
+    }
+    if (!dead_exists) {
+        amqp_table_entry_t quorum = text_entry("x-queue-type", "quorum");
+        amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum };
+        amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
+                           shape != NULL && shape->quorum ? dead_args : amqp_empty_table);
+        rc = rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
+        if (rc != SK_OK)
+            return rc;
+    }
 
     if (shape != NULL && shape->passive) {
         amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
@@ -237,6 +327,14 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
         int rc = rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
         if (rc != SK_OK)
             return rc;
+        /* A new channel starts without confirms and counts its deliveries
+         * from 1 again: a publisher's must be as it was. */
+        if (b->confirming) {
+            b->next_publish_tag = 1;
+            rc = sk_broker_confirm_select(b, err);
+            if (rc != SK_OK)
+                return rc;
+        }
         *exists = false;
         *messages = *consumers = 0;
         return SK_OK;

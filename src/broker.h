@@ -8,6 +8,7 @@
 #define SK_BROKER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <amqp.h>
@@ -16,9 +17,17 @@
 
 struct sk_broker;
 
-struct sk_amqp_conf {
+/* A cluster's nodes share users and vhosts: only host and port differ. */
+#define SK_AMQP_MAX_NODES 16
+
+struct sk_amqp_node {
     char    *host;
     int      port;
+};
+
+struct sk_amqp_conf {
+    struct sk_amqp_node nodes[SK_AMQP_MAX_NODES];  /* amqp.url, in the order written */
+    size_t   n_nodes;              /* at least 1 */
     char    *vhost;
     char    *user;
     char    *password;             /* never NULL: from url, password_env or password_file,

@@ -74,6 +74,8 @@ static int load_map(struct loader *L, yaml_node_t *map, const char *label,
                     const struct key *table, void *base);
 static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *base);
 static int amqp_url(struct loader *L, yaml_node_t *v, void *base);
+static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
+                     struct sk_amqp_conf *a, bool *first_password);
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
 static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg);
 static bool uri_password(const char *s, size_t *at, size_t *len);
@@ -343,7 +345,8 @@ void sk_conf_free(struct sk_conf *c)
     if (c == NULL)
         return;
     free(c->path);
-    free(c->amqp.host);
+    for (size_t i = 0; i < c->amqp.n_nodes; i++)
+        free(c->amqp.nodes[i].host);
     free(c->amqp.vhost);
     free(c->amqp.user);
     sk_conf_value_wipe(c->amqp.password);
@@ -563,44 +566,106 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
     }
 }
 
-/* amqp://[user[:password]@]host[:port]/[vhost], split into its fields.
- * Messages leave the URL out: it may hold a password. */
+/* amqp.url: amqp://[user[:password]@]host[:port]/[vhost], or a sequence of
+ * such URLs, one per node of a RabbitMQ cluster (a list rather than one
+ * comma-separated string: each entry gets its own line:column in errors,
+ * and a password may hold a comma). */
 static int amqp_url(struct loader *L, yaml_node_t *v, void *base)
 {
     struct sk_amqp_conf *a = base;
+    bool first_password = false;
+    char label[32];
+    int rc;
+
+    if (v->type == YAML_SCALAR_NODE)
+        return amqp_node(L, v, "url", a, &first_password);
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(L, v, "url: expected an amqp:// URL or a list of them, got %s", kind(v));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n == 0)
+        return fail(L, v, "url: the list of nodes is empty");
+    if (n > SK_AMQP_MAX_NODES)
+        return fail(L, v, "url: %zu nodes listed, at most %d", n, SK_AMQP_MAX_NODES);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(label, sizeof(label), "url[%zu]", i);
+        if ((rc = amqp_node(L, node(L, v->data.sequence.items.start[i]), label, a,
+                            &first_password)) != SK_OK)
+            return rc;
+    }
+    return SK_OK;
+}
+
+/* One node's URL, split into its fields and appended to a->nodes. The nodes
+ * of a cluster share users and vhosts: the first URL sets user, password
+ * and vhost, and a later one may leave them out or repeat them, never name
+ * others (a mistake that would only show when that node is failed over to).
+ * Messages leave the URL out: it may hold a password. */
+static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
+                     struct sk_amqp_conf *a, bool *first_password)
+{
     struct amqp_connection_info ci;
     const char *s;
     char *copy;
     int rc;
 
-    if ((rc = scalar(L, v, "url", "a scalar", &s)) != SK_OK)
+    if ((rc = scalar(L, v, label, "a scalar", &s)) != SK_OK)
         return rc;
     size_t len = strlen(s);
     if ((copy = strdup(s)) == NULL)  /* amqp_parse_url() writes into its argument */
         return fail(L, v, "out of memory");
     amqp_default_connection_info(&ci);
     if (amqp_parse_url(copy, &ci) != AMQP_STATUS_OK || *ci.host == '\0' || ci.port < 1) {
-        rc = fail(L, v, "url: invalid AMQP URL: expected amqp://[user[:password]@]host[:port]/[vhost]");
+        rc = fail(L, v, "%s: invalid AMQP URL: expected amqp://[user[:password]@]host[:port]/[vhost]",
+                  label);
         goto done;
     }
     /* There are no TLS settings to go with amqps://, and clear text on a
      * URL that asked for TLS would be worse than refusing. */
     if (ci.ssl) {
-        rc = fail(L, v, "url: amqps:// is not supported; use amqp://");
+        rc = fail(L, v, "%s: amqps:// is not supported; use amqp://", label);
         goto done;
     }
-    /* A password from the URL points into copy; the library's default does not. */
-    bool embedded = (uintptr_t)ci.password >= (uintptr_t)copy &&
-                    (uintptr_t)ci.password <= (uintptr_t)copy + len;
-    if (embedded && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
-                     (rc = store(L, v, &a->password, ci.password)) != SK_OK))
-        goto done;
-    /* "amqp://host/" parses to an empty vhost, which no broker has: whoever
-     * writes it means the default one. */
-    if ((rc = store(L, v, &a->host, ci.host)) == SK_OK &&
-        (rc = store(L, v, &a->user, ci.user)) == SK_OK &&
-        (rc = store(L, v, &a->vhost, *ci.vhost ? ci.vhost : "/")) == SK_OK)
-        a->port = ci.port;
+    /* Written in the URL, a field points into copy; the library's default
+     * does not. "amqp://host/" parses to an empty vhost, which no broker
+     * has: whoever writes it means the default one. */
+#define WRITTEN(p) ((uintptr_t)(p) >= (uintptr_t)copy && (uintptr_t)(p) <= (uintptr_t)copy + len)
+    bool has_password = WRITTEN(ci.password), has_user = WRITTEN(ci.user);
+    bool has_vhost = WRITTEN(ci.vhost);
+#undef WRITTEN
+    const char *vhost = *ci.vhost ? ci.vhost : "/";
+    size_t i = a->n_nodes;
+    if (i == 0) {
+        *first_password = has_password;
+        if (has_password && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
+                             (rc = store(L, v, &a->password, ci.password)) != SK_OK))
+            goto done;
+        if ((rc = store(L, v, &a->user, ci.user)) != SK_OK ||
+            (rc = store(L, v, &a->vhost, vhost)) != SK_OK)
+            goto done;
+    } else {
+        const char *differs = NULL;
+        if (has_user && strcmp(ci.user, a->user) != 0)
+            differs = "user";
+        else if (has_password && (!*first_password || strcmp(ci.password, a->password) != 0))
+            differs = "password";
+        else if (has_vhost && strcmp(vhost, a->vhost) != 0)
+            differs = "vhost";
+        if (differs != NULL) {
+            rc = fail(L, v, "%s: its %s differs from url[0]'s: a cluster's nodes share users "
+                      "and vhosts; write them in the first URL", label, differs);
+            goto done;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (a->nodes[j].port == ci.port && strcmp(a->nodes[j].host, ci.host) == 0) {
+                rc = fail(L, v, "%s: the same node as url[%zu]", label, j);
+                goto done;
+            }
+        }
+    }
+    if ((rc = store(L, v, &a->nodes[i].host, ci.host)) == SK_OK) {
+        a->nodes[i].port = ci.port;
+        a->n_nodes = i + 1;
+    }
 done:
     explicit_bzero(copy, len);
     free(copy);

@@ -52,7 +52,8 @@ void h_init(void)
     struct amqp_connection_info info;
     ck_assert_int_eq(amqp_parse_url(url_copy, &info), AMQP_STATUS_OK);
     amqp_conf = (struct sk_amqp_conf){
-        .host = info.host, .port = info.port, .vhost = info.vhost, .user = info.user,
+        .nodes = { { .host = info.host, .port = info.port } }, .n_nodes = 1,
+        .vhost = info.vhost, .user = info.user,
         .password = info.password, .heartbeat_ms = 0, .connect_timeout_ms = 5000,
     };
 }

@@ -13,6 +13,7 @@
 #   stop [--wipe]               stop what we started; --wipe removes the scratch dir
 #   status                      say which servers run (exit 0 only if all three do)
 #   env                         print shell-sourceable settings (only this writes stdout)
+#   pg-bindir                   print the PostgreSQL server binaries' directory
 #   start-postgres  | stop-postgres  | restart-postgres
 #   start-redis     | stop-redis     | restart-redis
 #   start-rabbitmq  | stop-rabbitmq  | restart-rabbitmq
@@ -803,6 +804,8 @@ case ${1:-} in
     stop)   shift; cmd_stop "$@" ;;
     status) cmd_status ;;
     env)    cmd_env ;;
+    pg-bindir) d=$(pg_bindir); [ -n "$d" ] || die "no initdb/pg_ctl under /usr/lib/postgresql/*/bin"
+            echo "$d" ;;
     start-postgres|stop-postgres|restart-postgres| \
     start-redis|stop-redis|restart-redis| \
     start-rabbitmq|stop-rabbitmq|restart-rabbitmq)

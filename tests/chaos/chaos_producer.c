@@ -159,7 +159,16 @@ static void declare(amqp_connection_state_t conn, const char *queue, const char 
 {
     char dead[512];
     snprintf(dead, sizeof(dead), "%s.dead", queue);
-    amqp_queue_declare(conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0, amqp_empty_table);
+    /* In a cluster a classic queue lives on one node: with that node down,
+     * declaring it fails and no worker could consume the work queue again.
+     * The dead letters get a quorum queue too (sekalid's own declare, with
+     * no arguments, finds it and accepts it). */
+    amqp_table_entry_t quorum_dead = {
+        .key = amqp_cstring_bytes("x-queue-type"),
+        .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("quorum") } };
+    amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum_dead };
+    amqp_queue_declare(conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
+                       type != NULL ? dead_args : amqp_empty_table);
     check_reply(amqp_get_rpc_reply(conn), "queue.declare(dead letters)");
     amqp_table_entry_t args[6] = {
         { .key = amqp_cstring_bytes("x-dead-letter-exchange"),

@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 /* What the rest of the daemon relies on without checking again. */
 static void check_snapshot(const struct sk_conf *c)
 {
-    EXPECT(c->amqp.host != NULL && c->amqp.password != NULL, "amqp without host or password");
+    EXPECT(c->amqp.nodes[0].host != NULL && c->amqp.password != NULL, "amqp without host or password");
     EXPECT(c->postgres.conninfo != NULL, "postgres without conninfo");
     EXPECT(c->n_queues >= 1 && c->queues != NULL, "no queues");
     for (size_t i = 0; i < c->n_queues; i++) {

@@ -55,7 +55,8 @@ static const struct bad_case bad_cases[] = {
     { "bad_type_sequence.yaml", NULL,
       DATA "bad_type_sequence.yaml:6:3: queues: expected a sequence, got a mapping" },
     { "bad_type_scalar.yaml", NULL,
-      DATA "bad_type_scalar.yaml:2:8: url: expected a scalar, got a sequence" },
+      DATA "bad_type_scalar.yaml:2:8: url: expected an amqp:// URL or a list of them, got a "
+      "mapping" },
     { "bad_type_integer.yaml", NULL,
       DATA "bad_type_integer.yaml:2:9: port: expected an integer, got \"six-three-seven-nine\"" },
     { "bad_type_boolean.yaml", NULL,
@@ -116,6 +117,16 @@ static const struct bad_case bad_cases[] = {
       "amqp://[user[:password]@]host[:port]/[vhost]" },
     { "bad_amqps.yaml", NULL,
       DATA "bad_amqps.yaml:2:8: url: amqps:// is not supported; use amqp://" },
+    { "bad_amqp_nodes_entry.yaml", NULL,
+      DATA "bad_amqp_nodes_entry.yaml:4:7: url[1]: invalid AMQP URL: expected "
+      "amqp://[user[:password]@]host[:port]/[vhost]" },
+    { "bad_amqp_nodes_user.yaml", NULL,
+      DATA "bad_amqp_nodes_user.yaml:4:7: url[1]: its user differs from url[0]'s: a cluster's "
+      "nodes share users and vhosts; write them in the first URL" },
+    { "bad_amqp_nodes_twice.yaml", NULL,
+      DATA "bad_amqp_nodes_twice.yaml:2:57: url[2]: the same node as url[0]" },
+    { "bad_amqp_nodes_empty.yaml", NULL,
+      DATA "bad_amqp_nodes_empty.yaml:2:8: url: the list of nodes is empty" },
     { "bad_conninfo.yaml", NULL,
       DATA "bad_conninfo.yaml:4:13: conninfo: missing \"=\" after \"dbname\" in connection info string" },
     { "bad_conninfo_option.yaml", NULL,
@@ -226,6 +237,12 @@ static const struct bad_case secret_cases[] = {
     { "bad_secret_amqp_url_percent.yaml", NULL,
       DATA "bad_secret_amqp_url_percent.yaml:2:8: url: invalid AMQP URL: expected "
       "amqp://[user[:password]@]host[:port]/[vhost]" },
+    { "bad_secret_amqp_nodes.yaml", NULL,
+      DATA "bad_secret_amqp_nodes.yaml:4:7: url[1]: its password differs from url[0]'s: a "
+      "cluster's nodes share users and vhosts; write them in the first URL" },
+    { "bad_secret_amqp_nodes_url.yaml", NULL,
+      DATA "bad_secret_amqp_nodes_url.yaml:4:7: url[1]: invalid AMQP URL: expected "
+      "amqp://[user[:password]@]host[:port]/[vhost]" },
     { "bad_secret_env_and_url.yaml", "SEKALI_TEST_SECRET",
       DATA "bad_secret_env_and_url.yaml:4:17: password_env conflicts with the password in url: "
       "give the password one way only" },
@@ -314,8 +331,9 @@ START_TEST(test_minimal_config_takes_every_default)
     struct sk_conf *c = load_ok(DATA "good_minimal.yaml");
 
     ck_assert_str_eq(c->path, DATA "good_minimal.yaml");
-    ck_assert_str_eq(c->amqp.host, "127.0.0.1");
-    ck_assert_int_eq(c->amqp.port, 5672);
+    ck_assert_str_eq(c->amqp.nodes[0].host, "127.0.0.1");
+    ck_assert_int_eq(c->amqp.nodes[0].port, 5672);
+    ck_assert_uint_eq(c->amqp.n_nodes, 1);
     ck_assert_str_eq(c->amqp.vhost, "/");
     ck_assert_str_eq(c->amqp.user, "guest");
     ck_assert_str_eq(c->amqp.password, "guest");
@@ -372,12 +390,30 @@ START_TEST(test_restart_section_sets_the_backoff)
 }
 END_TEST
 
+START_TEST(test_amqp_url_lists_the_nodes_of_a_cluster_in_order)
+{
+    struct sk_conf *c = load_ok(DATA "good_amqp_nodes.yaml");
+
+    ck_assert_uint_eq(c->amqp.n_nodes, 3);
+    ck_assert_str_eq(c->amqp.nodes[0].host, "mq1.example");
+    ck_assert_int_eq(c->amqp.nodes[0].port, 5672);
+    ck_assert_str_eq(c->amqp.nodes[1].host, "mq2.example");
+    ck_assert_int_eq(c->amqp.nodes[1].port, 5673);
+    ck_assert_str_eq(c->amqp.nodes[2].host, "mq3.example");
+    ck_assert_int_eq(c->amqp.nodes[2].port, 5672);
+    ck_assert_str_eq(c->amqp.user, "worker");
+    ck_assert_str_eq(c->amqp.password, "s3cret");
+    ck_assert_str_eq(c->amqp.vhost, "jobs");
+    sk_conf_free(c);
+}
+END_TEST
+
 START_TEST(test_full_config_sets_every_key)
 {
     struct sk_conf *c = load_ok(DATA "good_full.yaml");
 
-    ck_assert_str_eq(c->amqp.host, "mq.example");
-    ck_assert_int_eq(c->amqp.port, 5673);
+    ck_assert_str_eq(c->amqp.nodes[0].host, "mq.example");
+    ck_assert_int_eq(c->amqp.nodes[0].port, 5673);
     ck_assert_str_eq(c->amqp.vhost, "jobs");
     ck_assert_str_eq(c->amqp.user, "worker");
     ck_assert_str_eq(c->amqp.password, "s3cret");
@@ -1022,6 +1058,7 @@ static Suite *config_suite(void)
     tc = tcase_create("values");
     tcase_add_test(tc, test_minimal_config_takes_every_default);
     tcase_add_test(tc, test_full_config_sets_every_key);
+    tcase_add_test(tc, test_amqp_url_lists_the_nodes_of_a_cluster_in_order);
     tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
     tcase_add_test(tc, test_restart_section_sets_the_backoff);
     tcase_add_test(tc, test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later);
