@@ -24,7 +24,7 @@ LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 
 CORE    = common config config_value log backoff clock
-DAEMON  = $(CORE) main proctitle process supervisor worker job broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor worker job links broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
           notify metrics metrics_http outbox janitor
 CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker lock envelope failpoint \
           reschedule

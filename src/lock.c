@@ -62,6 +62,11 @@ void sk_lock_close(struct sk_lock *l)
     free(l);
 }
 
+void sk_lock_key(char *out, size_t size, const char *queue, const char *resource)
+{
+    snprintf(out, size, "sekali:lock:%s:%s", queue, resource);
+}
+
 void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1])
 {
     static const char hex[] = "0123456789abcdef";
