@@ -135,6 +135,7 @@ static int  take_lock(struct sk_pipeline *p, struct job *j);
 static void waited_for_lock(struct job *j, uint64_t busy_since);
 static void release_lock(struct sk_pipeline *p, struct job *j);
 static bool claim(struct sk_pipeline *p, struct job *j);
+static bool claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err);
 static int  claim_key(struct sk_pipeline *p, struct job *j, struct sk_err *err);
 static void run_transactional(struct sk_pipeline *p, struct job *j);
 static void run_external(struct sk_pipeline *p, struct job *j);
@@ -318,12 +319,21 @@ static void release_lock(struct sk_pipeline *p, struct job *j)
         sk_log_job(SK_LOG_WARN, &j->log, "lock release failed (it will expire): %s", err.msg);
 }
 
-/* One claim step for both modes, one table of its outcomes. */
+/* One claim step for both modes: the round trip, then its outcome. */
 static bool claim(struct sk_pipeline *p, struct job *j)
 {
     struct sk_err err = { 0 };
+    int rc = claim_key(p, j, &err);
+    return claimed(p, j, rc, &err);
+}
+
+/* What a claim's answer means for the job, whichever mode and however many
+ * keys the round trip claimed: true when the job owns its key and goes on
+ * to its handler; otherwise the job is settled here. */
+static bool claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err)
+{
     bool external = p->queue->mode == SK_MODE_EXTERNAL;
-    switch (claim_key(p, j, &err)) {
+    switch (rc) {
     case SK_OK:
         sk_links_up(p->links, SK_LINK_STORE);
         j->log.fence = j->claim.fence;
@@ -349,7 +359,7 @@ static bool claim(struct sk_pipeline *p, struct job *j)
          * links pause before the next delivery, after the hand-back, so
          * the lock is not held through the backoff (other jobs for the
          * resource would wait for nothing). */
-        sk_links_drop(p->links, SK_LINK_STORE, &j->log, &err);
+        sk_links_drop(p->links, SK_LINK_STORE, &j->log, err);
         finish(p, j, REQUEUE, "claim failed, handed back to the broker");
         return false;
     }

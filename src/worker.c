@@ -26,6 +26,8 @@
 
 static int  setup(struct sk_pipeline *p, bool first, struct sk_err *err);
 static void teardown(struct sk_pipeline *p);
+static bool prepare(struct sk_pipeline *p);
+static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery);
 static void record_crash(struct sk_pipeline *p);
 static void free_dead_lock(struct sk_pipeline *p);
 
@@ -65,39 +67,14 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         /* Liveness for the supervisor's watchdog: the loop turns at least
          * every POLL_MS while idle; a job in hand is covered by its start. */
         atomic_store(&slot->alive_ms, sk_now_ms());
-        /* First, before anything is consumed: the redelivery of the dead
-         * worker's job is waiting for that lock. But if the job killed that
-         * worker, its crash is recorded first: a copy that took the freed
-         * lock before the count was written would run the job uncounted. */
-        bool job_died = atomic_load(&slot->died_in_job);
-        if (!job_died && atomic_load(&slot->orphan_held))
-            free_dead_lock(p);
-        if (!sk_links_ready(p->links))
+        if (!prepare(p))
             continue;
-        if (job_died) {
-            record_crash(p);
-            if (atomic_load(&slot->orphan_held))
-                free_dead_lock(p);
-        }
         amqp_envelope_t delivery;
         rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
-        if (rc == SK_AGAIN)
-            continue;
-        if (rc != SK_OK) {
+        if (rc == SK_OK)
+            run_job(p, &delivery);
+        else if (rc != SK_AGAIN)
             sk_links_drop(p->links, SK_LINK_CONSUMER, NULL, &err);
-            continue;
-        }
-        /* The supervisor kills us if this outlives queue.job_timeout. The
-         * key is the job's once parsed: never the previous job's. */
-        slot->job_key[0] = '\0';
-        atomic_store(&slot->phase, SK_PHASE_JOB);
-        atomic_store(&slot->job_started_ms, sk_now_ms());
-        sk_job_process(p, &delivery);
-        atomic_store(&slot->job_started_ms, 0);
-        atomic_store(&slot->phase, SK_PHASE_IDLE);
-        /* Progress: the supervisor restarts this worker at once if it dies. */
-        atomic_fetch_add(&slot->finished, 1);
-        sk_broker_release(sk_links_consumer(p->links), &delivery);
     }
     sk_log_info("worker for queue %s stopping", queue->name);
 
@@ -144,6 +121,45 @@ static int setup(struct sk_pipeline *p, bool first, struct sk_err *err)
     if (tick != UINT32_MAX && sk_heartbeat_start(&p->heartbeat, p->conf, tick, err) != SK_OK)
         return SK_AGAIN;
     return SK_OK;
+}
+
+/* Before each delivery: clean up after a predecessor that died in this
+ * slot, and have the servers ready. False when the loop should turn again
+ * first (a server is down: the links have slept its backoff). */
+static bool prepare(struct sk_pipeline *p)
+{
+    struct sk_slot *slot = p->slot;
+    /* First, before anything is consumed: the redelivery of the dead
+     * worker's job is waiting for that lock. But if the job killed that
+     * worker, its crash is recorded first: a copy that took the freed
+     * lock before the count was written would run the job uncounted. */
+    bool job_died = atomic_load(&slot->died_in_job);
+    if (!job_died && atomic_load(&slot->orphan_held))
+        free_dead_lock(p);
+    if (!sk_links_ready(p->links))
+        return false;
+    if (job_died) {
+        record_crash(p);
+        if (atomic_load(&slot->orphan_held))
+            free_dead_lock(p);
+    }
+    return true;
+}
+
+static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
+{
+    struct sk_slot *slot = p->slot;
+    /* The supervisor kills us if this outlives queue.job_timeout. The
+     * key is the job's once parsed: never the previous job's. */
+    slot->job_key[0] = '\0';
+    atomic_store(&slot->phase, SK_PHASE_JOB);
+    atomic_store(&slot->job_started_ms, sk_now_ms());
+    sk_job_process(p, delivery);
+    atomic_store(&slot->job_started_ms, 0);
+    atomic_store(&slot->phase, SK_PHASE_IDLE);
+    /* Progress: the supervisor restarts this worker at once if it dies. */
+    atomic_fetch_add(&slot->finished, 1);
+    sk_broker_release(sk_links_consumer(p->links), delivery);
 }
 
 static void teardown(struct sk_pipeline *p)
