@@ -18,7 +18,7 @@ struct sk_metrics_queue;
 struct sk_slot;
 
 /* Owned by the worker process for its whole life; sk_job_process() reads
- * it and uses its parts, and writes only ctx and the slot's job fields. */
+ * it and uses its parts, and writes only ctx and its scoreboard slot. */
 struct sk_pipeline {
     const struct sk_conf        *conf;
     const struct sk_queue_conf  *queue;
