@@ -22,11 +22,13 @@ SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-proto
 override CFLAGS += $(SK_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
+# sekalictl takes no Redis lock and serves no HTTP: it links neither library.
+CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
 
 CORE    = common config config_value log backoff clock
-DAEMON  = $(CORE) main proctitle process supervisor worker job links broker envelope lock heartbeat store plugin host failpoint reschedule scoreboard lease \
-          notify metrics metrics_http outbox janitor
-CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker lock envelope failpoint \
+DAEMON  = $(CORE) main proctitle process supervisor roles worker job links broker envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+          notify oom metrics metrics_text metrics_http outbox janitor
+CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker pg envelope failpoint \
           reschedule
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -51,9 +53,9 @@ $(B)/sekalid: $(call obj,$(DAEMON))
 $(B)/fault/sekalid: $(call fobj,$(DAEMON))
 	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(LDLIBS)
 $(B)/sekalictl: $(call obj,$(CTL))
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(CTL_LIBS)
 $(B)/fault/sekalictl: $(call fobj,$(CTL))
-	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(CTL_LIBS)
 
 $(B)/obj/%.o: src/%.c | $(B)/obj
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -77,8 +79,9 @@ $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope broker)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_log:      $(call obj,$(CORE))
-$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics)
+$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
+$(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
 $(B)/tests/check_backoff:  $(call obj,$(CORE))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule broker)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
@@ -87,6 +90,7 @@ $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 HARNESS = $(call obj,$(CORE) broker lock) $(B)/obj/harness.o
 $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
+$(B)/tests/check_pg: $(call obj,pg)
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 $(B)/tests/check_%: tests/fault/check_%.c $(HARNESS) | $(B)/tests

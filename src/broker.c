@@ -151,13 +151,6 @@ int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err
     return SK_OK;
 }
 
-struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q)
-{
-    return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
-                                    .delivery_limit = (uint32_t)q->delivery_limit,
-                                    .passive = q->declare == SK_DECLARE_PASSIVE };
-}
-
 int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
                       struct sk_err *err)
 {

@@ -13,9 +13,19 @@
 #include <amqp.h>
 
 #include "common.h"
-#include "config.h"
 
 struct sk_broker;
+
+struct sk_amqp_conf {
+    char    *host;
+    int      port;
+    char    *vhost;
+    char    *user;
+    char    *password;             /* never NULL: from url, password_env or password_file,
+                                    * else "guest", the broker's default */
+    uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
+    uint32_t connect_timeout_ms;
+};
 
 /* A header to add to (or replace in) a republished message. */
 struct sk_header {
@@ -54,9 +64,6 @@ struct sk_queue_shape {
 /* Writes the name of queue's dead-letter queue, `queue.dead`, into out:
  * the one place that spells it. SK_ERR if it does not fit in size. */
 int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err);
-
-/* The shape sekalid declares a configured queue with. */
-struct sk_queue_shape sk_broker_shape(const struct sk_queue_conf *q);
 
 /* Declares the durable work queue `name` with shape (NULL: classic), whose
  * rejected messages the broker dead-letters to the durable queue

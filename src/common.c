@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 int sk_err_set(struct sk_err *err, int code, const char *fmt, ...)
 {
@@ -35,6 +36,27 @@ int sk_err_errno(struct sk_err *err, int code, const char *fmt, ...)
     err->sys_errno = saved;
     errno = saved;
     return code;
+}
+
+void sk_random_hex(char *out, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[64];
+    sk_assert(n % 2 == 0);
+    for (size_t done = 0; done < n; ) {
+        size_t want = (n - done) / 2 < sizeof(raw) ? (n - done) / 2 : sizeof(raw);
+        size_t got = 0;
+        while (got < want) {
+            ssize_t r = getrandom(raw + got, want - got, 0);
+            if (r > 0)
+                got += (size_t)r;
+        }
+        for (size_t i = 0; i < want; i++) {
+            out[done++] = hex[raw[i] >> 4];
+            out[done++] = hex[raw[i] & 0x0f];
+        }
+    }
+    out[n] = '\0';
 }
 
 void sk_assert_fail(const char *expr, const char *file, int line)

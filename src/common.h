@@ -55,6 +55,10 @@ static inline int sk_err_mark_auth(struct sk_err *err, int rc)
 int sk_err_errno(struct sk_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Writes n random hex characters (n even) from the kernel's generator, and
+ * a NUL, into out (n + 1 bytes): owner tokens, message ids. */
+void sk_random_hex(char *out, size_t n);
+
 _Noreturn void sk_assert_fail(const char *expr, const char *file, int line);
 
 /* For states that cannot occur. Bad input never reaches an assert. */

@@ -27,13 +27,6 @@
 
 #include "config_value.h"
 
-#define SEC  UINT64_C(1000)
-#define MIN  (60 * SEC)
-#define HOUR (60 * MIN)
-#define DAY  (24 * HOUR)
-#define KIB  UINT64_C(1024)
-#define MIB  (1024 * KIB)
-
 #define MAX_FILE      MIB         /* a config larger than this is a mistake */
 #define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
 #define NAME_CHARS    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
@@ -374,6 +367,13 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
         if (strcmp(conf->queues[i].name, name) == 0)
             return &conf->queues[i];
     return NULL;
+}
+
+struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q)
+{
+    return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
+                                    .delivery_limit = (uint32_t)q->delivery_limit,
+                                    .passive = q->declare == SK_DECLARE_PASSIVE };
 }
 
 /* Loads the one document of text into *L->doc, which the caller deletes

@@ -3,7 +3,12 @@
  * sk_conf_load() reads one YAML file and either returns a complete snapshot
  * or fails with "file:line:column: message" in err. Nothing in a snapshot
  * changes after loading; a reload builds a new one and frees the old.
- * Durations are stored in milliseconds, sizes in bytes. */
+ * Durations are stored in milliseconds, sizes in bytes.
+ *
+ * The config depends on the adapters, never the reverse: each connection's
+ * section is the struct its adapter declares (sk_amqp_conf in broker.h,
+ * sk_redis_conf in lock.h, sk_postgres_conf in pg.h), and so are the log
+ * enums (log.h). */
 #ifndef SK_CONFIG_H
 #define SK_CONFIG_H
 
@@ -11,7 +16,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "broker.h"
 #include "common.h"
+#include "lock.h"
+#include "log.h"
+#include "pg.h"
 
 enum sk_queue_mode {
     SK_MODE_TRANSACTIONAL = 0,  /* handler writes inside the claim's transaction */
@@ -30,37 +39,6 @@ enum sk_queue_type { SK_QUEUE_CLASSIC = 0, SK_QUEUE_QUORUM };
  * (a definitions file, an infrastructure tool), in which case sekali only
  * checks that it exists and consumes it as it is. */
 enum sk_queue_declare { SK_DECLARE_AUTO = 0, SK_DECLARE_PASSIVE };
-
-enum sk_log_level { SK_LOG_DEBUG = 0, SK_LOG_INFO, SK_LOG_WARN, SK_LOG_ERROR };
-enum sk_log_format { SK_LOG_FORMAT_AUTO = 0, SK_LOG_FORMAT_JSON, SK_LOG_FORMAT_TEXT };
-
-struct sk_amqp_conf {
-    char    *host;
-    int      port;
-    char    *vhost;
-    char    *user;
-    char    *password;             /* never NULL: from url, password_env or password_file,
-                                    * else "guest", the broker's default */
-    uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
-    uint32_t connect_timeout_ms;
-};
-
-struct sk_redis_conf {
-    char    *host;
-    int      port;
-    int      db;
-    char    *password;             /* NULL: no AUTH */
-    uint32_t timeout_ms;           /* connect and command timeout */
-};
-
-struct sk_postgres_conf {
-    char    *conninfo;             /* libpq connection string, without the password: one
-                                    * written inside it moves to `password`, and the rest
-                                    * is rewritten as key='value' pairs */
-    char    *password;             /* NULL: libpq's own defaults (.pgpass, PGPASSWORD) */
-    uint32_t lock_timeout_ms;      /* longest a claim waits for another worker's row */
-    uint32_t idle_in_transaction_timeout_ms;  /* 0: off */
-};
 
 struct sk_lock_conf {
     uint32_t ttl_ms;               /* lease length; renewed every ttl/3 */
@@ -153,11 +131,7 @@ void sk_conf_free(struct sk_conf *conf);
 
 const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char *name);
 
-/* "250ms", "30s", "5m", "1h" (a bare integer is not accepted: the unit is
- * part of the meaning). Returns SK_OK or SK_ERR with a message in err. */
-int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err);
-
-/* "512", "64KiB", "1MiB", "1GiB" (also kB/MB/GB as powers of 1000). */
-int sk_parse_size(const char *text, uint64_t *bytes, struct sk_err *err);
+/* The shape sekalid declares a configured queue with (sk_broker_declare()). */
+struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q);
 
 #endif

@@ -22,14 +22,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
-
-#define SEC  UINT64_C(1000)
-#define MIN  (60 * SEC)
-#define HOUR (60 * MIN)
-#define KIB  UINT64_C(1024)
-#define MIB  (1024 * KIB)
-
 #define MAX_SECRET (64 * KIB)  /* keeps password_file: /dev/zero finite */
 #define MAX_DEPTH  64          /* libyaml's emitter recurses */
 

@@ -4,8 +4,7 @@
  * Messages carry no position: config.c knows the node and adds
  * "file:line:column: " in front. A message names its key through the label
  * argument ("<label>: <problem>"), except "out of memory", which reads the
- * same for every key. The public parsers, sk_parse_duration() and
- * sk_parse_size(), are declared in config.h and defined in config_value.c. */
+ * same for every key. */
 #ifndef SK_CONFIG_VALUE_H
 #define SK_CONFIG_VALUE_H
 
@@ -15,6 +14,24 @@
 #include <yaml.h>
 
 #include "common.h"
+
+/* Units for durations (milliseconds) and sizes (bytes): config_value.c's
+ * parsers and config.c's bounds and defaults. Short, since the schema
+ * tables read best that way; only these two files include this header
+ * (and the tests of them). */
+#define SEC  UINT64_C(1000)
+#define MIN  (60 * SEC)
+#define HOUR (60 * MIN)
+#define DAY  (24 * HOUR)
+#define KIB  UINT64_C(1024)
+#define MIB  (1024 * KIB)
+
+/* "250ms", "30s", "5m", "1h" (a bare integer is not accepted: the unit is
+ * part of the meaning). Returns SK_OK or SK_ERR with a message in err. */
+int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err);
+
+/* "512", "64KiB", "1MiB", "1GiB" (also kB/MB/GB as powers of 1000). */
+int sk_parse_size(const char *text, uint64_t *bytes, struct sk_err *err);
 
 /* Decimal only, with an optional '-'. Out-of-range values clamp, and the
  * caller's bounds catch them. Returns SK_OK, or SK_ERR (nothing written). */

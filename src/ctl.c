@@ -25,7 +25,7 @@
 #include "broker.h"
 #include "config.h"
 #include "ctl.h"
-#include "lock.h"
+#include "pg.h"
 
 #ifndef SK_CONF_PATH
 #define SK_CONF_PATH "/etc/sekali/sekali.yaml"
@@ -44,6 +44,7 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                           bool json);
 static void print_job_id(const char *id, bool json);
 static bool exec_ok(PGconn *pg, const char *sql, const char *what);
+static bool exec_stmt(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);
 static char *read_all(FILE *f, size_t *len);
 static int only_sql(const struct dirent *d);
 
@@ -258,6 +259,11 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
     int code = 1;
     if (pg == NULL)
         goto out;
+    /* The session is sekalid's (the same dial), but a migration waits for
+     * its locks as long as it takes (behind another migrate, or a table a
+     * long transaction holds) instead of failing after a claim's timeout. */
+    if (!exec_ok(pg, "SET lock_timeout = 0", "SET lock_timeout"))
+        goto out;
 
     char lock_sql[96];
     snprintf(lock_sql, sizeof(lock_sql), "SELECT pg_advisory_lock(%lld)", MIGRATION_LOCK_ID);
@@ -277,16 +283,15 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
     for (int i = 0; i < n; i++) {
         const char *name = files[i]->d_name;
         const char *params[] = { name };
-        PGresult *res = PQexecParams(pg, "SELECT 1 FROM sekali.schema_migrations "
-                                         "WHERE version = $1", 1, NULL, params, NULL, NULL, 0);
-        bool done = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1;
-        bool failed = PQresultStatus(res) != PGRES_TUPLES_OK;
-        PQclear(res);
-        if (failed) {
-            fprintf(stderr, "sekalictl: reading sekali.schema_migrations: %s",
-                    PQerrorMessage(pg));
+        const struct sk_pg_stmt applied_st = {
+            .sql = "SELECT 1 FROM sekali.schema_migrations WHERE version = $1",
+            .n_params = 1, .values = params, .what = "reading sekali.schema_migrations",
+        };
+        PGresult *res;
+        if (!exec_stmt(pg, &applied_st, &res))
             goto out;
-        }
+        bool done = PQntuples(res) == 1;
+        PQclear(res);
         if (done)
             continue;
 
@@ -306,12 +311,11 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
         }
         bool ok = exec_ok(pg, "BEGIN", "BEGIN") && exec_ok(pg, sql, file);
         free(sql);
-        if (ok) {
-            res = PQexecParams(pg, "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
-                               1, NULL, params, NULL, NULL, 0);
-            ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-            PQclear(res);
-        }
+        const struct sk_pg_stmt record = {
+            .sql = "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
+            .n_params = 1, .values = params, .what = "recording the migration",
+        };
+        ok = ok && exec_stmt(pg, &record, NULL);
         if (!ok || !exec_ok(pg, "COMMIT", "COMMIT")) {
             exec_ok(pg, "ROLLBACK", "ROLLBACK");
             fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
@@ -345,7 +349,7 @@ out:
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
 {
     struct sk_message msg = { .content_type = "application/json" };
-    char id[SK_LOCK_TOKEN_LEN + 1];
+    char id[33];  /* 128 random bits in hex */
     static const struct option options[] = {
         { "key", required_argument, NULL, 'k' },
         { "resource", required_argument, NULL, 'r' },
@@ -382,7 +386,7 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     if (msg.message_id == NULL) {
         /* A fresh random id per call: a retried call is a new message, and
          * only an explicit --key makes two calls the same job. */
-        sk_lock_new_token(id);
+        sk_random_hex(id, sizeof(id) - 1);
         msg.message_id = id;
     }
 
@@ -412,7 +416,7 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     const struct sk_queue_conf *q = sk_conf_queue(conf, queue);
     int rc = sk_broker_open(&b, &conf->amqp, &err);
     if (rc == SK_OK && q != NULL) {
-        struct sk_queue_shape shape = sk_broker_shape(q);
+        struct sk_queue_shape shape = sk_conf_queue_shape(q);
         rc = sk_broker_declare(b, queue, &shape, &err);
     }
     if (rc == SK_OK)
@@ -453,46 +457,46 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                              msg->resource_key, run_at };
     const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0 };
     const int formats[] = { 0, 0, 1, 0, 0, 0, 0 };
-    PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
-                                     "coalesce($7::timestamptz, now()))",
-                                 7, NULL, values, lengths, formats, 0);
-    int code = 0;
-    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()))",
+        .n_params = 7, .values = values, .lengths = lengths, .formats = formats,
+        .one_row = true, .what = "sekali.enqueue",
+    };
+    PGresult *res;
+    int code = 1;
+    if (exec_stmt(pg, &st, &res)) {
         print_job_id(PQgetvalue(res, 0, 0), json);
-    } else {
-        fprintf(stderr, "sekalictl: sekali.enqueue failed: %s", PQresultErrorMessage(res));
-        code = 1;
+        PQclear(res);
+        code = 0;
     }
-    PQclear(res);
     PQfinish(pg);
     return code;
 }
 
 PGconn *sk_ctl_pg_connect(const struct sk_conf *conf)
 {
-    const char *keywords[] = { "dbname", "application_name", "password", NULL };
-    const char *values[] = { conf->postgres.conninfo, "sekalictl", conf->postgres.password,
-                             NULL };
-    if (conf->postgres.password == NULL)
-        keywords[2] = NULL;
-    PGconn *pg = PQconnectdbParams(keywords, values, 1);
-    if (PQstatus(pg) != CONNECTION_OK) {
-        fprintf(stderr, "sekalictl: PostgreSQL connection failed: %s", PQerrorMessage(pg));
-        PQfinish(pg);
-        return NULL;
-    }
+    struct sk_err err = { 0 };
+    PGconn *pg = sk_pg_dial(&conf->postgres, "sekalictl", &err);
+    if (pg == NULL)
+        fprintf(stderr, "sekalictl: %s\n", err.msg);
     return pg;
 }
 
+/* SQL text (a migration file may hold many statements), or false after
+ * saying why on stderr. */
 static bool exec_ok(PGconn *pg, const char *sql, const char *what)
 {
-    PGresult *res = PQexec(pg, sql);
-    ExecStatusType status = PQresultStatus(res);
-    bool ok = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
-    if (!ok)
-        fprintf(stderr, "sekalictl: %s: %s", what, PQresultErrorMessage(res));
-    PQclear(res);
-    return ok;
+    const struct sk_pg_stmt st = { .sql = sql, .what = what };
+    return exec_stmt(pg, &st, NULL);
+}
+
+static bool exec_stmt(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out)
+{
+    struct sk_err err = { 0 };
+    if (sk_pg_exec(pg, st, out, &err) == SK_OK)
+        return true;
+    fprintf(stderr, "sekalictl: %s\n", err.msg);
+    return false;
 }
 
 static char *read_all(FILE *f, size_t *len)

@@ -27,8 +27,9 @@
 #define SK_CTL_NOT_FOUND 4
 #define SK_CTL_UNHEALTHY 5  /* status: sekalid not running, or a queue without consumer */
 
-/* A new connection to the configured PostgreSQL, or NULL after printing
- * why on stderr. The caller owns it. */
+/* A new connection to the configured PostgreSQL with sekalid's session
+ * settings (sk_pg_dial()), or NULL after printing why on stderr. The caller
+ * owns it. */
 PGconn *sk_ctl_pg_connect(const struct sk_conf *conf);
 
 /* sekalictl dlq SUBCOMMAND ...: argv[0] is "dlq". Returns an exit code. */

@@ -35,6 +35,7 @@
 #include "ctl.h"
 #include "envelope.h"
 #include "failpoint.h"
+#include "pg.h"
 
 #define TEXT_ERROR_MAX 60   /* longest error shown in list's table */
 #define PREVIEW_MAX    256  /* body bytes shown by show */
@@ -186,9 +187,9 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
 {
     d->conf = conf;
     d->queue = queue;
-    int n = snprintf(d->dead, sizeof(d->dead), "%s.dead", queue);
-    if (n < 0 || (size_t)n >= sizeof(d->dead))
-        return sk_err_set(&d->err, SK_ERR, "queue name too long: %s", queue);
+    int rc = sk_broker_dead_name(queue, d->dead, sizeof(d->dead), &d->err);
+    if (rc != SK_OK)
+        return rc;
     const struct sk_queue_conf *q = sk_conf_queue(conf, queue);
     /* A queue this configuration does not serve: only the rules every
      * queue has (a message id, UTF-8 keys) decide what is malformed. */
@@ -203,7 +204,7 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
         return SK_OK;
     /* A worker's transaction holds a key's row while its handler runs:
      * wait for it a while, not for ever. */
-    PQclear(PQexec(d->pg, "SET lock_timeout = '10s'"));
+    sk_pg_run(d->pg, "SET lock_timeout = '10s'", NULL);
     return SK_OK;
 }
 
@@ -335,18 +336,20 @@ static void key_state(struct dlq *d, struct letter *l)
     char key[SK_KEY_MAX + 1];
     snprintf(key, sizeof(key), "%.*s", (int)l->key.len, (const char *)l->key.bytes);
     const char *values[] = { d->queue, key };
-    PGresult *res = PQexecParams(d->pg, "SELECT status, attempts, crashes, replays "
-                                        "FROM sekali.dlq_key_state($1, $2)",
-                                 2, NULL, values, NULL, NULL, 0);
-    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
-        snprintf(l->status, sizeof(l->status), "%s", PQgetvalue(res, 0, 0));
-        l->key_attempts = PQgetisnull(res, 0, 1) ? -1 : atol(PQgetvalue(res, 0, 1));
-        l->crashes = PQgetisnull(res, 0, 2) ? 0 : atol(PQgetvalue(res, 0, 2));
-        l->replays = atol(PQgetvalue(res, 0, 3));
-    } else {
-        fprintf(stderr, "sekalictl: sekali.dlq_key_state failed: %s",
-                PQresultErrorMessage(res));
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT status, attempts, crashes, replays FROM sekali.dlq_key_state($1, $2)",
+        .n_params = 2, .values = values, .one_row = true, .what = "sekali.dlq_key_state",
+    };
+    struct sk_err err = { 0 };
+    PGresult *res;
+    if (sk_pg_exec(d->pg, &st, &res, &err) != SK_OK) {
+        fprintf(stderr, "sekalictl: %s\n", err.msg);
+        return;
     }
+    snprintf(l->status, sizeof(l->status), "%s", PQgetvalue(res, 0, 0));
+    l->key_attempts = PQgetisnull(res, 0, 1) ? -1 : atol(PQgetvalue(res, 0, 1));
+    l->crashes = PQgetisnull(res, 0, 2) ? 0 : atol(PQgetvalue(res, 0, 2));
+    l->replays = atol(PQgetvalue(res, 0, 3));
     PQclear(res);
 }
 
@@ -521,15 +524,16 @@ static int visit_replay(struct dlq *d, struct letter *l)
                              d->os_user };
     int lengths[SK_ARRAY_LEN(values)] = { [4] = (int)l->msg.body.len };
     int formats[SK_ARRAY_LEN(values)] = { [4] = 1 };
-    PGresult *res = PQexecParams(d->pg, "SELECT outcome, job_id, detail FROM sekali.dlq_replay("
-                                 "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-                                 (int)SK_ARRAY_LEN(values), NULL, values, lengths, formats, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-        sk_err_set(&d->err, SK_ERR, "sekali.dlq_replay(%s) failed: %s", l->env.idempotency_key,
-                   PQresultErrorMessage(res));
-        PQclear(res);
-        return SK_ERR;
-    }
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT outcome, job_id, detail FROM sekali.dlq_replay("
+               "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        .n_params = (int)SK_ARRAY_LEN(values), .values = values, .lengths = lengths,
+        .formats = formats, .one_row = true, .what = "sekali.dlq_replay",
+    };
+    struct sk_err err = { 0 };
+    PGresult *res;
+    if (sk_pg_exec(d->pg, &st, &res, &err) != SK_OK)
+        return sk_err_set(&d->err, SK_ERR, "%s (key %s)", err.msg, l->env.idempotency_key);
     const char *outcome = PQgetvalue(res, 0, 0);
     const char *job_id = PQgetisnull(res, 0, 1) ? NULL : PQgetvalue(res, 0, 1);
     const char *detail = PQgetvalue(res, 0, 2);
@@ -573,14 +577,13 @@ static int visit_purge(struct dlq *d, struct letter *l)
     const char *values[] = { d->queue, l->status[0] != '\0' ? key : NULL,
                              l->job_id.len > 0 && storable_id ? job_id : NULL, l->reason,
                              l->error, d->actor, d->os_user };
-    PGresult *res = PQexecParams(d->pg, "SELECT sekali.dlq_purge($1, $2, $3, $4, $5, $6, $7)",
-                                 (int)SK_ARRAY_LEN(values), NULL, values, NULL, NULL, 0);
-    bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
-    if (!ok)
-        sk_err_set(&d->err, SK_ERR, "sekali.dlq_purge failed: %s", PQresultErrorMessage(res));
-    PQclear(res);
-    if (!ok)
-        return SK_ERR;
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT sekali.dlq_purge($1, $2, $3, $4, $5, $6, $7)",
+        .n_params = (int)SK_ARRAY_LEN(values), .values = values, .what = "sekali.dlq_purge",
+    };
+    struct sk_err err = { 0 };
+    if (sk_pg_exec(d->pg, &st, NULL, &err) != SK_OK)
+        return sk_err_set(&d->err, SK_ERR, "%s", err.msg);
     int rc = sk_broker_ack_one(d->broker, l->tag, &d->err);
     if (rc == SK_OK) {
         d->done++;

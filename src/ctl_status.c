@@ -25,6 +25,7 @@
 
 #include "broker.h"
 #include "ctl.h"
+#include "pg.h"
 #include "reschedule.h"
 
 #define SCRAPE_TIMEOUT_MS 3000
@@ -192,7 +193,7 @@ static void read_broker(struct status *s)
     for (size_t i = 0; i < s->conf->n_queues; i++) {
         struct qstat *q = &s->q[i];
         char dead[600];
-        snprintf(dead, sizeof(dead), "%s.dead", q->conf->name);
+        sk_broker_dead_name(q->conf->name, dead, sizeof(dead), NULL);   /* names fit: config caps them */
         uint32_t dead_consumers;
         if (sk_broker_queue_probe(b, q->conf->name, &q->exists, &q->ready, &q->consumers,
                                   &err) != SK_OK ||
@@ -217,13 +218,14 @@ static void read_pg(struct status *s)
     for (size_t i = 0; i < s->conf->n_queues; i++) {
         struct qstat *q = &s->q[i];
         const char *params[] = { q->conf->name };
-        PGresult *res = PQexecParams(pg, "SELECT * FROM sekali.queue_status($1)", 1, NULL,
-                                     params, NULL, NULL, 0);
-        if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-            snprintf(s->pg_why, sizeof(s->pg_why), "sekali.queue_status: %s",
-                     PQresultErrorMessage(res));
+        const struct sk_pg_stmt st = { .sql = "SELECT * FROM sekali.queue_status($1)",
+                                       .n_params = 1, .values = params, .one_row = true,
+                                       .what = "sekali.queue_status" };
+        struct sk_err err = { 0 };
+        PGresult *res;
+        if (sk_pg_exec(pg, &st, &res, &err) != SK_OK) {
+            snprintf(s->pg_why, sizeof(s->pg_why), "%s", err.msg);
             s->pg_why[strcspn(s->pg_why, "\n")] = '\0';
-            PQclear(res);
             break;
         }
         q->pg_ok = true;

@@ -22,6 +22,7 @@
 
 #include "broker.h"
 #include "ctl.h"
+#include "pg.h"
 
 #define JOURNAL_MAX 1000  /* log lines shown at most, the newest kept */
 
@@ -111,11 +112,15 @@ static void read_pg(struct trace *t, const struct sk_conf *conf)
         return;
     }
     const char *params[] = { t->key, t->only_queue };
-    PGresult *res = PQexecParams(pg, "SELECT queue, (extract(epoch FROM at) * 1000000)::int8, "
-                                     "seq, source, event, detail FROM sekali.trace($1, $2)",
-                                 2, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        fprintf(stderr, "sekalictl: sekali.trace: %s", PQresultErrorMessage(res));
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT queue, (extract(epoch FROM at) * 1000000)::int8, "
+               "seq, source, event, detail FROM sekali.trace($1, $2)",
+        .n_params = 2, .values = params, .what = "sekali.trace",
+    };
+    struct sk_err err = { 0 };
+    PGresult *res;
+    if (sk_pg_exec(pg, &st, &res, &err) != SK_OK) {
+        fprintf(stderr, "sekalictl: %s\n", err.msg);
         t->failed = true;
     } else {
         for (int i = 0; i < PQntuples(res); i++) {
@@ -197,7 +202,11 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
     size_t key_len = strlen(t->key);
     for (size_t i = 0; i < t->n_queues; i++) {
         char dead[600];
-        snprintf(dead, sizeof(dead), "%s.dead", t->queues[i]);
+        if (sk_broker_dead_name(t->queues[i], dead, sizeof(dead), &err) != SK_OK) {
+            fprintf(stderr, "sekalictl: %s\n", err.msg);
+            t->failed = true;
+            continue;
+        }
         bool exists;
         uint32_t messages, consumers;
         if (sk_broker_queue_probe(b, dead, &exists, &messages, &consumers, &err) != SK_OK) {

@@ -22,7 +22,7 @@
 #include "lease.h"
 #include "lock.h"
 #include "log.h"
-#include "store.h"
+#include "pg.h"
 
 /* What one job owns; copied out of the mutex for each renewal. */
 struct watched {
@@ -231,9 +231,10 @@ static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)
         hb->pg = NULL;
     }
     if (hb->pg == NULL)
-        hb->pg = sk_store_dial(&hb->conf->postgres, "sekali heartbeat", &err);
-    int rc = hb->pg == NULL ? SK_AGAIN
-                            : sk_lease_renew(hb->pg, w->queue, w->key, w->fence, w->lease_ms, &err);
+        hb->pg = sk_pg_dial(&hb->conf->postgres, "sekali heartbeat", &err);
+    struct sk_keyref ref = { .queue = w->queue, .key = w->key };
+    sk_keyref_set_fence(&ref, w->fence);
+    int rc = hb->pg == NULL ? SK_AGAIN : sk_lease_renew(hb->pg, &ref, w->lease_ms, &err);
     if (rc != SK_OK && rc != SK_BUSY && !hb->pg_down)
         sk_log_warn("lease renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
     hb->pg_down = rc != SK_OK && rc != SK_BUSY;

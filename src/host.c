@@ -10,6 +10,7 @@
 #include <libpq-fe.h>
 
 #include "host.h"
+#include "pg.h"
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -91,8 +92,9 @@ static int host_checkpoint_save(struct sekali_ctx *ctx, const char *name, const 
     if (!ctx->external || name == NULL || value == NULL)
         return -1;
     struct sk_err err = { 0 };
-    int rc = sk_lease_save_checkpoint(ctx->pg, ctx->log->queue, ctx->log->idempotency_key,
-                                      ctx->log->fence, name, value, &err);
+    struct sk_keyref ref = { .queue = ctx->log->queue, .key = ctx->log->idempotency_key };
+    sk_keyref_set_fence(&ref, ctx->log->fence);
+    int rc = sk_lease_save_checkpoint(ctx->pg, &ref, name, value, &err);
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_WARN, ctx->log, "checkpoint %s not saved: %s", name,
                    rc == SK_BUSY ? "fenced out, another worker owns the job" : err.msg);
@@ -142,13 +144,16 @@ static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *j
     const char *values[] = { queue, job_type, body, idempotency_key, dedupe_key };
     const int lengths[] = { 0, 0, (int)body_len, 0, 0 };
     const int formats[] = { 0, 0, 1, 0, 0 };
-    PGresult *res = PQexecParams(ctx->pg, "SELECT sekali.enqueue($1, $2, $3, $4, $5)", 5, NULL,
-                                 values, lengths, formats, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5)", .n_params = 5, .values = values,
+        .lengths = lengths, .formats = formats, .one_row = true, .what = "sekali.enqueue",
+    };
+    struct sk_err err = { 0 };
+    PGresult *res;
+    if (sk_pg_exec(ctx->pg, &st, &res, &err) != SK_OK) {
         char why[512];
-        snprintf(why, sizeof(why), "enqueue to %s: %s", queue, PQresultErrorMessage(res));
+        snprintf(why, sizeof(why), "enqueue to %s: %s", queue, err.msg);
         host_set_error(ctx, why);
-        PQclear(res);
         return -1;
     }
     if (job_id != NULL && size > 0)

@@ -9,9 +9,10 @@
  * A row still `processing`, an unpublished outbox row or a live dedupe key
  * is never touched.
  *
- * Each DELETE takes at most janitor.batch rows and commits on its own, so
- * it never holds many row locks or a long transaction; a round repeats
- * batches until one comes back short. */
+ * The deletes are functions of sql/012 (sekali.purge_*). Each call takes
+ * at most janitor.batch rows and commits on its own, so it never holds many
+ * row locks or a long transaction; a round repeats batches until one comes
+ * back short. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,27 +22,29 @@
 #include "backoff.h"
 #include "janitor.h"
 #include "log.h"
+#include "pg.h"
 #include "process.h"
-#include "store.h"
 
-/* Runs sql (with $1 = batch and the given extra parameters) until a batch
- * deletes fewer rows than asked. Returns rows deleted, or -1. */
-static long long drain(PGconn *pg, const char *sql, const char *const *params, int n_params,
-                       int batch, const char *what)
+/* Calls a purge function (it returns the rows it deleted) until a batch
+ * deletes fewer rows than asked. Returns SK_OK, or the failure's code after
+ * logging it. */
+static int drain(PGconn *pg, const char *sql, const char *const *params, int n_params,
+                 int batch, const char *what)
 {
-    long long total = 0;
+    const struct sk_pg_stmt st = { .sql = sql, .n_params = n_params, .values = params,
+                                   .one_row = true };
     for (;;) {
-        PGresult *res = PQexecParams(pg, sql, n_params, NULL, params, NULL, NULL, 0);
-        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-            sk_log_warn("janitor: deleting %s failed: %s", what, PQresultErrorMessage(res));
-            PQclear(res);
-            return -1;
+        struct sk_err err = { 0 };
+        PGresult *res;
+        int rc = sk_pg_exec(pg, &st, &res, &err);
+        if (rc != SK_OK) {
+            sk_log_warn("janitor: deleting %s failed: %s", what, err.msg);
+            return rc;
         }
-        long long n = atoll(PQcmdTuples(res));
+        long long n = atoll(PQgetvalue(res, 0, 0));
         PQclear(res);
-        total += n;
         if (n < batch || sk_process_stopping())
-            return total;
+            return SK_OK;
     }
 }
 
@@ -52,43 +55,26 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
     for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
         const struct sk_queue_conf *q = &conf->queues[i];
         snprintf(ms, sizeof(ms), "%u", q->retention_ms);
-        const char *params[] = { batch, q->name, ms };
-        long long n = drain(pg,
-            "WITH gone AS (DELETE FROM sekali.idempotency_keys WHERE ctid IN ("
-            "  SELECT ctid FROM sekali.idempotency_keys WHERE queue = $2"
-            "  AND status IN ('completed', 'failed')"
-            "  AND updated_at < now() - make_interval(secs => $3::bigint / 1000.0)"
-            "  LIMIT $1::int) RETURNING queue, key) "
-            "DELETE FROM sekali.checkpoints c USING gone "
-            "WHERE c.queue = gone.queue AND c.key = gone.key",
-            params, 3, conf->janitor.batch, "idempotency keys");
-        if (n < 0)
+        const char *params[] = { q->name, ms, batch };
+        if (drain(pg, "SELECT sekali.purge_keys($1, $2, $3)", params, 3, conf->janitor.batch,
+                  "idempotency keys") != SK_OK)
             return SK_AGAIN;
     }
     snprintf(ms, sizeof(ms), "%u", conf->janitor.outbox_retention_ms);
-    const char *outbox[] = { batch, ms };
-    if (drain(pg, "DELETE FROM sekali.outbox WHERE ctid IN (SELECT ctid FROM sekali.outbox "
-                  "WHERE published_at < now() - make_interval(secs => $2::bigint / 1000.0) "
-                  "LIMIT $1::int)", outbox, 2, conf->janitor.batch, "outbox rows") < 0)
-        return SK_AGAIN;
-    const char *dedupe[] = { batch };
-    /* An hour's grace: a released key still tells who held it, when asked. */
-    if (drain(pg, "DELETE FROM sekali.job_dedupe WHERE ctid IN (SELECT ctid FROM "
-                  "sekali.job_dedupe WHERE released_at < now() - interval '1 hour' "
-                  "OR expires_at < now() - interval '1 hour' LIMIT $1::int)",
-              dedupe, 1, conf->janitor.batch, "dedupe keys") < 0)
-        return SK_AGAIN;
-    /* A crash loop crashes within minutes: a day-old count is history. */
-    if (drain(pg, "DELETE FROM sekali.job_crashes WHERE ctid IN (SELECT ctid FROM "
-                  "sekali.job_crashes WHERE last_crash < now() - interval '1 day' "
-                  "LIMIT $1::int)", dedupe, 1, conf->janitor.batch, "crash counts") < 0)
+    const char *outbox[] = { ms, batch };
+    const char *only_batch[] = { batch };
+    if (drain(pg, "SELECT sekali.purge_outbox($1, $2)", outbox, 2, conf->janitor.batch,
+              "outbox rows") != SK_OK ||
+        drain(pg, "SELECT sekali.purge_dedupe($1)", only_batch, 1, conf->janitor.batch,
+              "dedupe keys") != SK_OK ||
+        drain(pg, "SELECT sekali.purge_crashes($1)", only_batch, 1, conf->janitor.batch,
+              "crash counts") != SK_OK)
         return SK_AGAIN;
     return SK_OK;
 }
 
 int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
-    sk_process_install_stop();
     sk_log_info("janitor started");
 
     struct sk_backoff backoff = { .base_ms = 500, .cap_ms = 30000 };
@@ -96,7 +82,7 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
     while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         struct sk_err err = { 0 };
-        if (pg == NULL && (pg = sk_store_dial(&conf->postgres, "sekali janitor", &err)) == NULL) {
+        if (pg == NULL && (pg = sk_pg_dial(&conf->postgres, "sekali janitor", &err)) == NULL) {
             atomic_store(&slot->consuming, 0);
             sk_sleep_ms(sk_backoff_next(&backoff));
             continue;

@@ -97,14 +97,6 @@ static const unsigned legal_from[] = {
     [JOB_HANDED_BACK] = LIVE,
 };
 
-/* The x-sekali-reason header of each kind of dead letter. */
-static const char *const dead_reasons[SK_METRICS_REASONS] = {
-    [SK_METRICS_MALFORMED] = "malformed",
-    [SK_METRICS_FAILED] = "failed",
-    [SK_METRICS_RETRIES_EXHAUSTED] = "retries exhausted",
-    [SK_METRICS_CRASHED] = "crashed",
-};
-
 /* What happens to the delivery itself once the job's outcome is settled. */
 enum disposition {
     ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
@@ -123,6 +115,7 @@ struct job {
     struct sk_lock    *redis;       /* the connection that took the lock */
     bool               leased;      /* external mode: the heartbeat renews our lease */
     struct sk_claim    claim;
+    struct sk_keyref   ref;         /* the key, for the store and the lease */
     uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
     struct sk_metrics_type *metrics;
     struct sk_log_job  log;
@@ -201,6 +194,9 @@ static bool admit(struct sk_pipeline *p, struct job *j)
     j->log.idempotency_key = j->env.idempotency_key;
     j->log.resource_key = j->env.resource_key;
     j->log.delivery_attempt = j->env.delivery_attempt;
+    j->ref = (struct sk_keyref){ .queue = p->queue->name, .key = j->env.idempotency_key,
+                                 .owner = p->owner, .job_id = j->env.job_id,
+                                 .job_type = j->env.job_type };
     transition(j, JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
     snprintf(p->slot->job_key, sizeof(p->slot->job_key), "%s", j->env.idempotency_key);
@@ -220,8 +216,7 @@ static bool admit(struct sk_pipeline *p, struct job *j)
 static bool crashed_too_often(struct sk_pipeline *p, struct job *j)
 {
     int crashes = 0;
-    if (sk_store_crashes(sk_links_store(p->links), p->queue->name, j->env.idempotency_key,
-                         &crashes, NULL) != SK_OK ||
+    if (sk_store_crashes(sk_links_store(p->links), &j->ref, &crashes, NULL) != SK_OK ||
         crashes < p->queue->max_crashes)
         return false;
     char why[128];
@@ -337,6 +332,7 @@ static bool claimed(struct sk_pipeline *p, struct job *j, int rc, const struct s
     case SK_OK:
         sk_links_up(p->links, SK_LINK_STORE);
         j->log.fence = j->claim.fence;
+        sk_keyref_set_fence(&j->ref, j->claim.fence);
         transition(j, JOB_CLAIMED);
         return true;
     case SK_DUP:
@@ -373,14 +369,11 @@ static int claim_key(struct sk_pipeline *p, struct job *j, struct sk_err *err)
 {
     struct sk_store *store = sk_links_store(p->links);
     if (p->queue->mode != SK_MODE_EXTERNAL)
-        return sk_store_claim(store, p->queue->name, j->env.idempotency_key, p->owner,
-                              j->env.job_id, j->env.job_type, &j->claim, err);
+        return sk_store_claim(store, &j->ref, &j->claim, err);
     int rc = sk_store_reconnect(store, err);
     if (rc != SK_OK)
         return rc;
-    return sk_lease_claim(sk_store_conn(store), p->queue->name, j->env.idempotency_key,
-                          p->owner, j->env.job_id, j->env.job_type, p->queue->lease_ms,
-                          &j->claim, err);
+    return sk_lease_claim(sk_store_conn(store), &j->ref, p->queue->lease_ms, &j->claim, err);
 }
 
 static void run_transactional(struct sk_pipeline *p, struct job *j)
@@ -392,8 +385,7 @@ static void run_transactional(struct sk_pipeline *p, struct job *j)
 
     struct sk_err err = { 0 };
     if (status == SEKALI_OK) {
-        int rc = sk_store_complete(store, p->queue->name, j->env.idempotency_key,
-                                   j->claim.fence, ctx->result_len > 0 ? ctx->result : NULL,
+        int rc = sk_store_complete(store, &j->ref, ctx->result_len > 0 ? ctx->result : NULL,
                                    ctx->result_len, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
@@ -434,15 +426,14 @@ static void run_external(struct sk_pipeline *p, struct job *j)
     sk_host_ctx_reset(ctx);
     ctx->external = true;
     if (j->claim.attempts > 1 &&
-        sk_lease_load_checkpoints(pg, p->queue->name, j->env.idempotency_key,
-                                  &ctx->checkpoints, &err) != SK_OK)
+        sk_lease_load_checkpoints(pg, &j->ref, &ctx->checkpoints, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "checkpoints not loaded: %s", err.msg);
     int status = call_handler(p, j, pg);
 
     if (status == SEKALI_OK) {
-        int rc = sk_lease_finish(pg, p->queue->name, j->env.idempotency_key, j->claim.fence,
-                                 "completed", ctx->result_len > 0 ? ctx->result : NULL,
-                                 ctx->result_len, NULL, &err);
+        int rc = sk_lease_finish(pg, &j->ref, "completed",
+                                 ctx->result_len > 0 ? ctx->result : NULL, ctx->result_len,
+                                 NULL, &err);
         if (rc == SK_OK) {
             transition(j, JOB_COMMITTED);
             reply(p, j, ctx->result, ctx->result_len);
@@ -459,8 +450,7 @@ static void run_external(struct sk_pipeline *p, struct job *j)
         return;
     }
     if (status == SEKALI_RETRY &&
-        sk_lease_release(pg, p->queue->name, j->env.idempotency_key, j->claim.fence,
-                         &err) == SK_AGAIN)
+        sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     settle_failure(p, j, status);
 }
@@ -489,7 +479,7 @@ static void reply(struct sk_pipeline *p, struct job *j, const void *result, size
         sk_log_job(SK_LOG_WARN, &j->log, "reply to %s not sent: %s", j->env.reply_to, err.msg);
         return;
     }
-    if (sk_store_mark_replied(sk_links_store(p->links), p->queue->name, j->env.idempotency_key, &err) != SK_OK)
+    if (sk_store_mark_replied(sk_links_store(p->links), &j->ref, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "reply sent but not recorded: %s", err.msg);
 }
 
@@ -503,8 +493,8 @@ static void reply_saved(struct sk_pipeline *p, struct job *j)
     bool replied;
     char *result;
     size_t len;
-    if (sk_store_reply_state(sk_links_store(p->links), p->queue->name, j->env.idempotency_key, &replied,
-                             &result, &len, &err) != SK_OK) {
+    if (sk_store_reply_state(sk_links_store(p->links), &j->ref, &replied, &result, &len,
+                             &err) != SK_OK) {
         sk_log_job(SK_LOG_WARN, &j->log, "reply state unknown, not replying: %s", err.msg);
         return;
     }
@@ -581,10 +571,8 @@ static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason
     struct sk_err err = { 0 };
     struct sk_store *store = sk_links_store(p->links);
     int rc = j->leased
-        ? sk_lease_finish(sk_store_conn(store), p->queue->name, j->env.idempotency_key,
-                          j->claim.fence, "failed", NULL, 0, why, &err)
-        : sk_store_fail(store, p->queue->name, j->env.idempotency_key, p->owner,
-                        j->env.job_id, j->env.job_type, why, &err);
+        ? sk_lease_finish(sk_store_conn(store), &j->ref, "failed", NULL, 0, why, &err)
+        : sk_store_fail(store, &j->ref, why, &err);
     if (rc == SK_BUSY) {
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_job(SK_LOG_WARN, &j->log, "failure fenced out: another worker owns the job");
@@ -597,7 +585,7 @@ static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason
         sk_sleep_ms(sk_jitter(100, 1000));
         return;
     }
-    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", dead_reasons[reason], why);
+    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
     dead_letter(p, j, true, reason, why);
 }
 
@@ -614,7 +602,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
     bool connected = pub != NULL;
     if (connected &&
         sk_reschedule_dead(pub, p->queue->name, j->delivery, parsed ? &j->env : NULL,
-                           dead_reasons[reason], why, &err) == SK_OK) {
+                           sk_metrics_reason_name(reason), why, &err) == SK_OK) {
         sk_metrics_dead_letter(j->metrics, reason);
         finish(p, j, ACK, "dead-lettered");
         return;
@@ -625,7 +613,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
         sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
     char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
-             "no copy: %s)", dead_reasons[reason], why, err.msg);
+             "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     if (finish(p, j, DEAD_LETTER, text) == SK_OK)
         sk_metrics_dead_letter(j->metrics, reason);
 }

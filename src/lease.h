@@ -6,8 +6,8 @@
  * token; every later write (renew, checkpoint, finish) states that fence and
  * is refused once someone took over. The SQL is sql/002_external_mode.sql.
  *
- * Every function runs one autocommit statement on a borrowed connection and
- * returns SK_OK, SK_BUSY (not ours: another owner, or fenced out), SK_DUP,
+ * Every function runs one autocommit statement on a borrowed connection,
+ * about the key ref names (under ref's fence, once claimed), and returns SK_OK, SK_BUSY (not ours: another owner, or fenced out), SK_DUP,
  * SK_AGAIN (connection lost) or SK_ERR, as documented per function. */
 #ifndef SK_LEASE_H
 #define SK_LEASE_H
@@ -36,30 +36,28 @@ struct sk_checkpoints {
 
 /* SK_OK: ours under out->fence until the lease runs out; SK_BUSY: another
  * owner's lease still runs; SK_DUP: completed or failed before (counted). */
-int sk_lease_claim(PGconn *pg, const char *queue, const char *key, const char *owner,
-                   const char *job_id, const char *job_type, uint32_t lease_ms,
+int sk_lease_claim(PGconn *pg, const struct sk_keyref *ref, uint32_t lease_ms,
                    struct sk_claim *out, struct sk_err *err);
 
 /* SK_OK: extended; SK_BUSY: no longer ours. */
-int sk_lease_renew(PGconn *pg, const char *queue, const char *key, int64_t fence,
-                   uint32_t lease_ms, struct sk_err *err);
+int sk_lease_renew(PGconn *pg, const struct sk_keyref *ref, uint32_t lease_ms,
+                   struct sk_err *err);
 
 /* Records the outcome ("completed" with result, or "failed" with error).
  * SK_OK: recorded; SK_BUSY: fenced out, nothing changed but the count. */
-int sk_lease_finish(PGconn *pg, const char *queue, const char *key, int64_t fence,
-                    const char *status, const void *result, size_t result_len,
-                    const char *error, struct sk_err *err);
+int sk_lease_finish(PGconn *pg, const struct sk_keyref *ref, const char *status,
+                    const void *result, size_t result_len, const char *error,
+                    struct sk_err *err);
 
 /* Ends our lease at once (before a retry), if still ours. */
-int sk_lease_release(PGconn *pg, const char *queue, const char *key, int64_t fence,
-                     struct sk_err *err);
+int sk_lease_release(PGconn *pg, const struct sk_keyref *ref, struct sk_err *err);
 
 /* SK_OK: saved; SK_BUSY: fenced out, not saved. */
-int sk_lease_save_checkpoint(PGconn *pg, const char *queue, const char *key, int64_t fence,
-                             const char *name, const char *value, struct sk_err *err);
+int sk_lease_save_checkpoint(PGconn *pg, const struct sk_keyref *ref, const char *name,
+                             const char *value, struct sk_err *err);
 
 /* Loads every checkpoint of the key into out (cleared first). */
-int  sk_lease_load_checkpoints(PGconn *pg, const char *queue, const char *key,
+int  sk_lease_load_checkpoints(PGconn *pg, const struct sk_keyref *ref,
                                struct sk_checkpoints *out, struct sk_err *err);
 void sk_lease_checkpoints_clear(struct sk_checkpoints *c);
 

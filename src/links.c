@@ -65,7 +65,7 @@ int sk_links_new(struct sk_links **out, const struct sk_conf *conf,
     l->conf = conf;
     l->queue = queue;
     l->slot = slot;
-    l->shape = sk_broker_shape(queue);
+    l->shape = sk_conf_queue_shape(queue);
     l->consumer_outage.backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
     l->store_outage.backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
     l->lock_outage.backoff = (struct sk_backoff){ .base_ms = 200, .cap_ms = 5000 };

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include <hiredis/hiredis.h>
 
@@ -69,19 +68,7 @@ void sk_lock_key(char *out, size_t size, const char *queue, const char *resource
 
 void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1])
 {
-    static const char hex[] = "0123456789abcdef";
-    unsigned char raw[SK_LOCK_TOKEN_LEN / 2];
-    size_t got = 0;
-    while (got < sizeof(raw)) {
-        ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
-        if (n > 0)
-            got += (size_t)n;
-    }
-    for (size_t i = 0; i < sizeof(raw); i++) {
-        token[2 * i] = hex[raw[i] >> 4];
-        token[2 * i + 1] = hex[raw[i] & 0x0f];
-    }
-    token[SK_LOCK_TOKEN_LEN] = '\0';
+    sk_random_hex(token, SK_LOCK_TOKEN_LEN);
 }
 
 int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,

@@ -11,12 +11,19 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "config.h"
 
 #define SK_LOCK_TOKEN_LEN 32  /* hex characters of a random owner token */
 #define SK_LOCK_KEY_MAX (SK_KEY_MAX + 300)  /* "sekali:lock:<queue>:<resource>" and NUL */
 
 struct sk_lock;
+
+struct sk_redis_conf {
+    char    *host;
+    int      port;
+    int      db;
+    char    *password;             /* NULL: no AUTH */
+    uint32_t timeout_ms;           /* connect and command timeout */
+};
 
 /* Connects and loads the scripts. Returns SK_OK, or SK_AGAIN if Redis is
  * unreachable or refused AUTH/SELECT (transient from our side: back off). */

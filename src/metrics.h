@@ -2,8 +2,8 @@
  * supervisor, every worker and every outbox relay.
  *
  * The supervisor maps one area before forking; workers and relays count into
- * it and the supervisor's HTTP thread reads it (metrics_http.c). Per queue, each job type
- * has its own counters; a queue holds SK_METRICS_TYPES type names, claimed on
+ * it (metrics.c), and the supervisor reads it to answer a scrape, rendered
+ * by metrics_text.c. Per queue, each job type has its own counters; a queue holds SK_METRICS_TYPES type names, claimed on
  * first use, and counts the rest under "other". Everything is a lock-free
  * atomic, updated with relaxed ordering: a worker killed halfway through an
  * update can lose at most that update, never wedge the area, and counting
@@ -22,9 +22,10 @@
 #define SK_METRICS_TYPE_MAX 63  /* longest job type name, in bytes; longer is "other" */
 #define SK_METRICS_OUTBOX_QUEUES 32  /* target queues the relays count apart; more: "other" */
 #define SK_METRICS_NAME_MAX 255  /* longest name of any series (AMQP's queue name limit) */
+#define SK_METRICS_BUCKETS  14   /* of the job duration histogram, +Inf included */
 
 /* The monotonic counters of one (queue, job type). Adding one? Name and
- * describe it in metrics.c's `counters` table, and in the README. */
+ * describe it in metrics_text.c's `counters` table, and in the README. */
 enum sk_metric {
     SK_METRIC_DELIVERIES,    /* every delivery, malformed ones included */
     SK_METRIC_REDELIVERIES,  /* deliveries flagged redelivered, or past attempt 1 */
@@ -38,7 +39,8 @@ enum sk_metric {
     SK_METRIC_COUNT
 };
 
-/* Why a job was dead-lettered by sekali (not by the broker's delivery_limit). */
+/* Why a job was dead-lettered by sekali (not by the broker's delivery_limit).
+ * Adding one? Name it in metrics.c's `reasons` table, and in the README. */
 enum sk_metrics_reason {
     SK_METRICS_MALFORMED,          /* failed validation */
     SK_METRICS_FAILED,             /* handler returned FAIL, or an invalid status */
@@ -113,10 +115,60 @@ void sk_metrics_worker_exited(struct sk_metrics *m, size_t q);
 /* Worker: it deleted the Redis lock a dead worker of its slot still held. */
 void sk_metrics_lock_released_for_dead(struct sk_metrics_queue *mq);
 
-/* Renders every metric in Prometheus' text format 0.0.4, with conf's queue
- * names and limits, into a new buffer the caller frees (malloc). Reads the
- * area only, so it may run in any thread of the supervisor, concurrently with
- * the counting. SK_OK, or SK_ERR when out of memory. */
+/* The name of a dead-letter reason, e.g. "retries_exhausted": both the
+ * x-sekali-reason header of the dead letter and the metric's reason label.
+ * A static string. */
+const char *sk_metrics_reason_name(enum sk_metrics_reason reason);
+
+/* Upper bounds of the duration buckets, in ns (inclusive, as Prometheus'
+ * `le`); the last bucket, +Inf, has none. */
+extern const uint64_t sk_metrics_bucket_ns[SK_METRICS_BUCKETS - 1];
+
+/* Reading, for rendering: plain copies of the atomics, each read once. */
+
+/* One (queue, job type): the sum of the slots claimed for that name. */
+struct sk_metrics_row {
+    const char *name;  /* borrowed from the area */
+    uint64_t    counter[SK_METRIC_COUNT];
+    uint64_t    dead[SK_METRICS_REASONS];
+    uint64_t    lock_wait_ns;
+    uint64_t    duration[SK_METRICS_BUCKETS];  /* per bucket, not cumulative */
+    uint64_t    duration_ns;
+};
+
+/* One queue's process figures. Every field a uint64_t: metrics_text.c
+ * renders them by offset. */
+struct sk_metrics_procs {
+    uint64_t restarts;
+    uint64_t workers_up;
+    uint64_t locks_released_for_dead;
+};
+
+/* One outbox target queue's figures; lag_ms already grown by the time
+ * since its sample (see sk_metrics_outbox_backlog()). The counts are
+ * rendered by offset: keep them uint64_t. */
+struct sk_metrics_outrow {
+    const char *queue;  /* borrowed from the area */
+    uint64_t    published, unroutable, pending, failed_rows, lag_ms;
+};
+
+/* Fills rows (room for SK_METRICS_TYPES + 1) with queue q's job types, one
+ * row per distinct name, and returns how many. */
+size_t sk_metrics_read_types(struct sk_metrics *m, size_t q, struct sk_metrics_row *rows);
+struct sk_metrics_procs sk_metrics_read_procs(struct sk_metrics *m, size_t q);
+/* Fills rows (room for SK_METRICS_OUTBOX_QUEUES + 1) with every target
+ * queue seen; returns how many. */
+size_t sk_metrics_read_outbox(struct sk_metrics *m, struct sk_metrics_outrow *rows);
+/* Wall-clock ms of the relays' and the janitor's latest round; 0: none. */
+uint64_t sk_metrics_read_relay_round(struct sk_metrics *m);
+uint64_t sk_metrics_read_janitor_round(struct sk_metrics *m);
+/* The number of queues the area was created for. */
+size_t sk_metrics_queues(const struct sk_metrics *m);
+
+/* metrics_text.c: renders every metric in Prometheus' text format 0.0.4,
+ * with conf's queue names and limits, into a new buffer the caller frees
+ * (malloc). Reads the area only, so it may run concurrently with the
+ * counting. SK_OK, or SK_ERR when out of memory. */
 int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **out,
                       size_t *len);
 

@@ -1,46 +1,28 @@
 /* metrics_http.c - serves GET /metrics, /livez and /readyz with
  * libmicrohttpd (see metrics_http.h).
  *
- * Why not libmicrohttpd's own polling thread: the supervisor forks workers
- * while this server runs, and fork() copies only the forking thread, so any
- * lock another thread holds at that instant stays locked for ever in the
- * child. libmicrohttpd's thread could be anywhere: in malloc (ASan's
- * allocator is not fork-safe, and its workers were seen stuck on it), or in
- * gmtime_r() writing a Date header, holding glibc's time zone lock, which
- * the worker's first log line then waits on. So this file runs
- * libmicrohttpd's event loop in a thread of its own, and does every step of
- * it while holding `gate`, a mutex that fork() takes first (pthread_atfork):
- * a child is forked only while the thread waits in poll(), holding nothing.
+ * libmicrohttpd runs without a thread of its own (MHD_USE_EPOLL alone): the
+ * supervisor polls its epoll descriptor beside the signalfd and lets it take
+ * a step when that is readable or its timeout comes. So the supervisor stays
+ * one thread, and fork() never copies a lock some other thread held.
  *
  * The listening socket is made here, not by libmicrohttpd: a port that
  * cannot be bound must stop sekalid with a message naming the configured
  * address, and the forked workers must close their copy of it, so its
- * descriptor has to be known. Nothing here logs: the supervisor's thread
- * logs what start returns, and the server thread stays silent.
- *
- * Health: the supervisor stamps each turn of its loop in an atomic, and
- * hands over its readiness verdict and text under `health_lock`, which the
- * server thread takes only while holding the gate, so it is never held
- * across fork() either. A supervisor stuck in its loop stops stamping while
- * this thread goes on answering: that is what /livez sees. */
+ * descriptor has to be known. Nothing here logs: the supervisor logs what
+ * start returns. */
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <pthread.h>
-#include <semaphore.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
 
-#include "backoff.h"
 #include "metrics_http.h"
 
 #define BACKLOG            64
@@ -52,32 +34,17 @@
 struct sk_metrics_http {
     struct MHD_Daemon    *daemon;
     int                   listen_fd;
-    int                   epoll_fd;    /* libmicrohttpd's, polled by the thread */
-    int                   stop_fd;     /* eventfd: written to end the thread */
+    int                   epoll_fd;    /* libmicrohttpd's, polled by the supervisor */
     int                   conns[MAX_CONNECTIONS];  /* open connections; -1: none */
     unsigned long         closed;      /* connections closed so far, for run() */
-    pthread_t             thread;
-    sem_t                 running;     /* posted once the thread holds the gate */
     const struct sk_conf *conf;
     struct sk_metrics    *metrics;
-    _Atomic int64_t       loop_ms;     /* the supervisor's loop last turned */
-    /* /readyz's verdict and text: written by the supervisor's thread only,
-     * under health_lock; read by the server thread under it. */
-    pthread_mutex_t       health_lock;
-    bool                  ready;
-    char                  status[STATUS_MAX];
+    bool                  ready;       /* /readyz's verdict, */
+    char                  status[STATUS_MAX];  /* and its text */
 };
 
-/* Held by the server thread except while it waits in poll(). */
-static pthread_mutex_t gate = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t  gate_once = PTHREAD_ONCE_INIT;
-
-static void gate_install(void);
-static void gate_lock(void);
-static void gate_unlock(void);
 static int listen_on(const struct sk_metrics_conf *mc, int *fd, struct sk_err *err);
-static void *serve(void *arg);
-static void run(struct sk_metrics_http *h);
+static int mhd_timeout(struct sk_metrics_http *h);
 static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
                   enum MHD_ConnectionNotificationCode code);
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
@@ -85,9 +52,6 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
                               size_t *upload_size, void **request);
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
                              const char *text);
-static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status,
-                                  const char *text);
-static enum MHD_Result livez(struct sk_metrics_http *h, struct MHD_Connection *conn);
 static enum MHD_Result readyz(struct sk_metrics_http *h, struct MHD_Connection *conn);
 static enum MHD_Result send_response(struct MHD_Connection *conn, unsigned int status,
                                      struct MHD_Response *resp);
@@ -98,11 +62,6 @@ int sk_metrics_http_start(struct sk_metrics_http **out, const struct sk_conf *co
     *out = NULL;
     if (conf->metrics.listen_host == NULL)
         return SK_OK;
-    int rc = pthread_once(&gate_once, gate_install);
-    if (rc != 0) {
-        errno = rc;
-        return sk_err_errno(err, SK_AGAIN, "pthread_atfork(metrics)");
-    }
     struct sk_metrics_http *h = calloc(1, sizeof(*h));
     if (h == NULL)
         return sk_err_errno(err, SK_AGAIN, "calloc(metrics http)");
@@ -110,15 +69,12 @@ int sk_metrics_http_start(struct sk_metrics_http **out, const struct sk_conf *co
     h->metrics = m;
     for (size_t i = 0; i < MAX_CONNECTIONS; i++)
         h->conns[i] = -1;
-    h->stop_fd = -1;
-    sem_init(&h->running, 0, 0);
-    pthread_mutex_init(&h->health_lock, NULL);
-    atomic_store(&h->loop_ms, sk_now_ms());
     snprintf(h->status, sizeof(h->status), "starting: the workers are not consuming yet");
-    if ((rc = listen_on(&conf->metrics, &h->listen_fd, err)) != SK_OK)
-        goto fail;
-
-    rc = SK_AGAIN;
+    int rc = listen_on(&conf->metrics, &h->listen_fd, err);
+    if (rc != SK_OK) {
+        free(h);
+        return rc;
+    }
     h->daemon = MHD_start_daemon(MHD_USE_EPOLL, 0, NULL, NULL, answer, h,
                                  MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->listen_fd,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned int)MAX_CONNECTIONS,
@@ -126,126 +82,98 @@ int sk_metrics_http_start(struct sk_metrics_http **out, const struct sk_conf *co
                                  MHD_OPTION_NOTIFY_CONNECTION, track, h,
                                  MHD_OPTION_END);
     if (h->daemon == NULL) {
-        sk_err_set(err, SK_AGAIN, "MHD_start_daemon(metrics) failed");
         close(h->listen_fd);  /* not yet libmicrohttpd's */
-        goto fail;
+        free(h);
+        return sk_err_set(err, SK_AGAIN, "MHD_start_daemon(metrics) failed");
     }
     h->epoll_fd = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
-    if ((h->stop_fd = eventfd(0, EFD_CLOEXEC)) < 0) {
-        sk_err_errno(err, SK_AGAIN, "eventfd(metrics)");
-        goto fail;
-    }
-
-    /* Signals stay the business of the supervisor's signalfd: the thread
-     * starts with all of them blocked. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    int e = pthread_create(&h->thread, NULL, serve, h);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (e != 0) {
-        errno = e;
-        sk_err_errno(err, SK_AGAIN, "pthread_create(metrics)");
-        goto fail;
-    }
-    /* Until the thread holds the gate, it is still being set up (by libc or
-     * a sanitizer, which may allocate): no fork() before that. */
-    while (sem_wait(&h->running) != 0 && errno == EINTR)
-        ;
     *out = h;
     return SK_OK;
-
-fail:
-    if (h->stop_fd >= 0)
-        close(h->stop_fd);
-    if (h->daemon != NULL)
-        MHD_stop_daemon(h->daemon);  /* closes the listening socket too */
-    sem_destroy(&h->running);
-    pthread_mutex_destroy(&h->health_lock);
-    free(h);
-    return rc;
 }
 
 void sk_metrics_http_stop(struct sk_metrics_http *h)
 {
     if (h == NULL)
         return;
-    uint64_t one = 1;
-    while (write(h->stop_fd, &one, sizeof(one)) < 0 && errno == EINTR)
-        ;
-    pthread_join(h->thread, NULL);
     MHD_stop_daemon(h->daemon);  /* closes the connections and the listening socket */
-    close(h->stop_fd);
-    sem_destroy(&h->running);
-    pthread_mutex_destroy(&h->health_lock);
     free(h);
 }
 
-/* The server thread renders only while it holds the gate, so taking the gate
- * here waits for a scrape in progress, and the next one reads the new
- * generation. */
+/* Scrapes run in the supervisor's own loop, so none is in progress here. */
 void sk_metrics_http_switch(struct sk_metrics_http *h, const struct sk_conf *conf,
                             struct sk_metrics *m)
 {
     if (h == NULL)
         return;
-    gate_lock();
     h->conf = conf;
     h->metrics = m;
     /* Like READY=1 to systemd: sent again only once the new generation
      * consumes. */
-    pthread_mutex_lock(&h->health_lock);
     h->ready = false;
     snprintf(h->status, sizeof(h->status), "reloading: the new workers are not consuming yet");
-    pthread_mutex_unlock(&h->health_lock);
-    gate_unlock();
 }
 
-/* Only the supervisor's thread writes ready and status, so it may compare
- * them without the lock; it takes it to change them. */
 void sk_metrics_http_health(struct sk_metrics_http *h, bool ready, const char *status)
 {
     if (h == NULL)
         return;
-    atomic_store(&h->loop_ms, sk_now_ms());
-    if (ready == h->ready && strncmp(status, h->status, sizeof(h->status) - 1) == 0)
-        return;
-    pthread_mutex_lock(&h->health_lock);
     h->ready = ready;
     snprintf(h->status, sizeof(h->status), "%s", status);
-    pthread_mutex_unlock(&h->health_lock);
 }
 
-/* The gate is held across fork(), so the connections listed are exactly
- * those open in the parent at that instant. */
+void sk_metrics_http_poll(struct sk_metrics_http *h, struct pollfd *pfd, int *timeout)
+{
+    *pfd = (struct pollfd){ .fd = -1 };  /* poll() skips a negative fd */
+    if (h == NULL)
+        return;
+    pfd->fd = h->epoll_fd;
+    pfd->events = POLLIN;
+    int due = mhd_timeout(h);
+    if (due >= 0 && (*timeout < 0 || due < *timeout))
+        *timeout = due;
+}
+
+/* One step of libmicrohttpd's loop, taken again as long as a step closes
+ * connections. At the connection limit libmicrohttpd takes the listening
+ * socket out of its epoll set, and it puts it back only at the start of a
+ * step, when it has room, while a step frees its closed connections at its
+ * very end. A step that closes the connections of a full server therefore
+ * ends with the socket still out; when no connection is left to time out,
+ * the supervisor would then never see the descriptor readable again, and
+ * the endpoint would never accept again. The step after a close puts it
+ * back. */
+void sk_metrics_http_serve(struct sk_metrics_http *h, const struct pollfd *pfd)
+{
+    if (h == NULL || (pfd->revents == 0 && mhd_timeout(h) != 0))
+        return;
+    unsigned long closed;
+    do {
+        closed = h->closed;
+        MHD_run(h->daemon);
+    } while (h->closed != closed);
+}
+
+/* The fds are the parent's at fork(): its only thread was forking, not in
+ * libmicrohttpd, so conns[] lists exactly the open connections. */
 void sk_metrics_http_close_in_child(struct sk_metrics_http *h)
 {
     if (h == NULL)
         return;
     close(h->listen_fd);
     close(h->epoll_fd);
-    close(h->stop_fd);
     for (size_t i = 0; i < MAX_CONNECTIONS; i++)
         if (h->conns[i] >= 0)
             close(h->conns[i]);
 }
 
-/* Both sides unlock after fork(): the child's only thread is the copy of
- * the one that locked it (the usual pthread_atfork pairing). */
-static void gate_install(void)
+/* Milliseconds until libmicrohttpd has timed work (an idle connection to
+ * close), 0 if it has work now, -1 if none. */
+static int mhd_timeout(struct sk_metrics_http *h)
 {
-    if (pthread_atfork(gate_lock, gate_unlock, gate_unlock) != 0)
-        abort();  /* ENOMEM at start; pthread_once cannot report it */
-}
-
-static void gate_lock(void)
-{
-    pthread_mutex_lock(&gate);
-}
-
-static void gate_unlock(void)
-{
-    pthread_mutex_unlock(&gate);
+    MHD_UNSIGNED_LONG_LONG next;
+    if (MHD_get_timeout(h->daemon, &next) != MHD_YES)
+        return -1;
+    return next > INT32_MAX ? INT32_MAX : (int)next;
 }
 
 /* Binds the first address the configured host resolves to. SO_REUSEADDR
@@ -285,54 +213,9 @@ static int listen_on(const struct sk_metrics_conf *mc, int *fd, struct sk_err *e
     return rc;
 }
 
-/* The server thread: libmicrohttpd's event loop, run under the gate. */
-static void *serve(void *arg)
-{
-    struct sk_metrics_http *h = arg;
-    pthread_setname_np(pthread_self(), "sk-metrics");
-
-    pthread_mutex_lock(&gate);
-    sem_post(&h->running);
-    for (;;) {
-        MHD_UNSIGNED_LONG_LONG next;
-        int timeout = -1;  /* nothing timed: only sockets or a stop wake us */
-        if (MHD_get_timeout(h->daemon, &next) == MHD_YES)
-            timeout = next > INT32_MAX ? INT32_MAX : (int)next;
-        pthread_mutex_unlock(&gate);
-        struct pollfd fds[2] = {
-            { .fd = h->epoll_fd, .events = POLLIN },
-            { .fd = h->stop_fd, .events = POLLIN },
-        };
-        int n = poll(fds, 2, timeout);
-        pthread_mutex_lock(&gate);
-        if (n > 0 && fds[1].revents != 0)
-            break;
-        run(h);
-    }
-    pthread_mutex_unlock(&gate);
-    return NULL;
-}
-
-/* One step of libmicrohttpd's loop, taken again as long as a step closes
- * connections. At the connection limit libmicrohttpd takes the listening
- * socket out of its epoll set, and it puts it back only at the start of a
- * step, when it has room, while a step frees its closed connections at its
- * very end. A step that closes the connections of a full server therefore
- * ends with the socket still out; when no connection is left to time out,
- * serve() would then wait with no timeout on an empty set, and the endpoint
- * would never accept again. The step after a close puts it back. */
-static void run(struct sk_metrics_http *h)
-{
-    unsigned long closed;
-    do {
-        closed = h->closed;
-        MHD_run(h->daemon);
-    } while (h->closed != closed);
-}
-
 /* Keeps conns[] in step with libmicrohttpd's open connections, for
- * sk_metrics_http_close_in_child(), and counts the closed ones for run().
- * Runs in MHD_run(), under the gate. */
+ * sk_metrics_http_close_in_child(), and counts the closed ones for
+ * sk_metrics_http_serve(). */
 static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
                   enum MHD_ConnectionNotificationCode code)
 {
@@ -372,7 +255,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     if (health)
-        return url[1] == 'l' ? livez(h, conn) : readyz(h, conn);
+        return url[1] == 'l' ? reply(conn, MHD_HTTP_OK, "live\n") : readyz(h, conn);
     char *text;
     size_t len;
     if (sk_metrics_render(h->metrics, h->conf, &text, &len) != SK_OK)
@@ -402,51 +285,16 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
     return send_response(conn, status, resp);
 }
 
-/* How long the supervisor's loop has been stuck, or 0 if it turns. */
-static int64_t stalled_ms(struct sk_metrics_http *h)
-{
-    int64_t age = sk_now_ms() - atomic_load(&h->loop_ms);
-    return age > SK_LIVEZ_STALL_MS ? age : 0;
-}
-
-static enum MHD_Result livez(struct sk_metrics_http *h, struct MHD_Connection *conn)
-{
-    int64_t stalled = stalled_ms(h);
-    if (stalled == 0)
-        return reply(conn, MHD_HTTP_OK, "live\n");
-    char text[128];
-    snprintf(text, sizeof(text), "not live: the supervisor's loop has not turned for %lld ms\n",
-             (long long)stalled);
-    return reply_copy(conn, MHD_HTTP_SERVICE_UNAVAILABLE, text);
-}
-
-/* A stuck supervisor's last verdict is stale: it cannot see workers die. */
 static enum MHD_Result readyz(struct sk_metrics_http *h, struct MHD_Connection *conn)
 {
     char text[STATUS_MAX + 64];
-    int64_t stalled = stalled_ms(h);
-    if (stalled != 0) {
-        snprintf(text, sizeof(text), "not ready: the supervisor's loop has not turned for "
-                 "%lld ms\n", (long long)stalled);
-        return reply_copy(conn, MHD_HTTP_SERVICE_UNAVAILABLE, text);
-    }
-    pthread_mutex_lock(&h->health_lock);
-    bool ready = h->ready;
-    snprintf(text, sizeof(text), "%s: %s\n", ready ? "ready" : "not ready", h->status);
-    pthread_mutex_unlock(&h->health_lock);
-    return reply_copy(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text);
-}
-
-/* A text made for this request; libmicrohttpd keeps its own copy. */
-static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status,
-                                  const char *text)
-{
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), (void *)text,
+    snprintf(text, sizeof(text), "%s: %s\n", h->ready ? "ready" : "not ready", h->status);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text,
                                                                 MHD_RESPMEM_MUST_COPY);
     if (resp == NULL)
         return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
-    return send_response(conn, status, resp);
+    return send_response(conn, h->ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, resp);
 }
 
 static enum MHD_Result send_response(struct MHD_Connection *conn, unsigned int status,

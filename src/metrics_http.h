@@ -1,15 +1,17 @@
 /* metrics_http.h - the supervisor's HTTP endpoint: GET /metrics (Prometheus),
  * /livez and /readyz (health).
  *
- * A thread of the supervisor runs libmicrohttpd's event loop, with every
- * signal blocked, so that signals keep arriving only at the supervisor's
- * signalfd. It reads the shared metrics and the configuration, never the
- * supervisor's own state: what health needs, the supervisor hands over with
- * sk_metrics_http_health(). The thread is parked while the supervisor forks
- * (see metrics_http.c), so that workers are forked holding no lock of it. */
+ * Served from the supervisor's own poll() loop, no thread: each turn the
+ * loop adds the endpoint's descriptor and timeout with sk_metrics_http_poll()
+ * and lets it answer with sk_metrics_http_serve(). It reads the shared
+ * metrics and the configuration, never the supervisor's own state: what
+ * health needs, the supervisor hands over with sk_metrics_http_health(). A
+ * supervisor stuck in its loop answers nothing, which is how a liveness
+ * probe (which times out) sees it. */
 #ifndef SK_METRICS_HTTP_H
 #define SK_METRICS_HTTP_H
 
+#include <poll.h>
 #include <stdbool.h>
 
 #include "common.h"
@@ -27,8 +29,7 @@ struct sk_metrics_http;
 int sk_metrics_http_start(struct sk_metrics_http **out, const struct sk_conf *conf,
                           struct sk_metrics *m, struct sk_err *err);
 
-/* Stops and joins the thread, closes every connection and the listening
- * socket. Accepts NULL. */
+/* Closes every connection and the listening socket. Accepts NULL. */
 void sk_metrics_http_stop(struct sk_metrics_http *h);
 
 /* In a child forked from the process that started h: closes the child's
@@ -39,25 +40,30 @@ void sk_metrics_http_stop(struct sk_metrics_http *h);
  * client wait for an answer. Accepts NULL. */
 void sk_metrics_http_close_in_child(struct sk_metrics_http *h);
 
-/* After a reload: serve the new generation's configuration and metrics.
- * Waits for a scrape in progress; afterwards the old ones are not read
- * again and may be freed. /readyz says "not ready" until the supervisor
- * reports the new generation ready. The listening address stays the one of the
- * start: changing metrics.listen takes a restart. */
+/* After a reload: serve the new generation's configuration and metrics;
+ * the old ones are not read again and may be freed. /readyz says "not
+ * ready" until the supervisor reports the new generation ready. The
+ * listening address stays the one of the start: changing metrics.listen
+ * takes a restart. */
 void sk_metrics_http_switch(struct sk_metrics_http *h, const struct sk_conf *conf,
                             struct sk_metrics *m);
 
-/* /livez answers 503 once the supervisor's loop has not turned for this
- * long. The loop wakes at least every 200 ms; a reload (configuration and
- * handlers loaded, workers forked) is one turn and takes well under this. */
-#define SK_LIVEZ_STALL_MS 10000
+/* Each turn of the supervisor's loop, before poll(): sets *pfd to the
+ * descriptor to watch for input (fd -1 when h is NULL, which poll()
+ * skips), and lowers *timeout (ms, -1: none) to when libmicrohttpd has
+ * timed work. */
+void sk_metrics_http_poll(struct sk_metrics_http *h, struct pollfd *pfd, int *timeout);
 
-/* Called by the supervisor at every turn of its loop: stamps the turn for
- * /livez and tells /readyz whether the current generation is ready (every
- * worker consuming, every relay and the janitor up) and, as a line of text,
- * how its workers stand, e.g. "invoices: 1/2 workers consuming". Cheap: an
- * atomic store, and a copy only when the text or the verdict changed.
+/* After poll(): answers what arrived, and closes idle connections, if pfd
+ * shows input or libmicrohttpd's timeout has come; otherwise returns at
+ * once. Never blocks; a /metrics answer is a read of the shared counters.
  * Accepts NULL. */
+void sk_metrics_http_serve(struct sk_metrics_http *h, const struct pollfd *pfd);
+
+/* Called by the supervisor at every turn of its loop: tells /readyz
+ * whether the current generation is ready (every worker consuming, every
+ * relay and the janitor up) and, as a line of text, how its workers stand,
+ * e.g. "invoices: 1/2 workers consuming". Accepts NULL. */
 void sk_metrics_http_health(struct sk_metrics_http *h, bool ready, const char *status);
 
 #endif

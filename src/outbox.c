@@ -36,10 +36,10 @@
 #include "failpoint.h"
 #include "log.h"
 #include "outbox.h"
+#include "pg.h"
 #include "process.h"
-#include "store.h"
 
-/* Columns of claim_rows()' result. */
+/* Columns of sekali.claim_outbox()'s result (sql/012). */
 enum { COL_ID, COL_JOB_ID, COL_QUEUE, COL_JOB_TYPE, COL_BODY, COL_KEY, COL_RESOURCE };
 
 /* How often one of the relays samples the backlog for the metrics. */
@@ -70,14 +70,12 @@ static int mark_rows(struct relay *r, PGresult *rows, int n);
 static void count_rows(struct relay *r, PGresult *rows, int n);
 static uint64_t row_id(PGresult *rows, int i);
 static void sample_backlog(struct relay *r);
-static void lost(struct relay *r, const char *what);
+static void lost(struct relay *r, const char *what, const struct sk_err *err);
 static void wait_for_work(struct relay *r);
 static bool take_notifies(struct relay *r);
 
 int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
-    sk_process_install_stop();
-
     struct relay r = { .conf = conf, .slot = slot, .metrics = metrics,
                        .sampling = conf->metrics.listen_host != NULL,
                        .publishes = calloc((size_t)conf->outbox.batch, sizeof(*r.publishes)),
@@ -118,16 +116,10 @@ static bool connect_all(struct relay *r)
 {
     struct sk_err err = { 0 };
     if (r->pg == NULL) {
-        r->pg = sk_store_dial(&r->conf->postgres, "sekali outbox relay", &err);
-        if (r->pg != NULL) {
-            PGresult *res = PQexec(r->pg, "LISTEN sekali_outbox");
-            if (PQresultStatus(res) != PGRES_COMMAND_OK)
-                sk_err_set(&err, SK_AGAIN, "LISTEN: %s", PQresultErrorMessage(res));
-            PQclear(res);
-            if (err.msg[0] != '\0') {
-                PQfinish(r->pg);
-                r->pg = NULL;
-            }
+        r->pg = sk_pg_dial(&r->conf->postgres, "sekali outbox relay", &err);
+        if (r->pg != NULL && sk_pg_run(r->pg, "LISTEN sekali_outbox", &err) != SK_OK) {
+            PQfinish(r->pg);
+            r->pg = NULL;
         }
     }
     if (r->pg != NULL && r->broker == NULL &&
@@ -159,7 +151,7 @@ static int declare_queues(struct relay *r, struct sk_err *err)
 {
     for (size_t i = 0; i < r->conf->n_queues; i++) {
         const struct sk_queue_conf *q = &r->conf->queues[i];
-        struct sk_queue_shape shape = sk_broker_shape(q);
+        struct sk_queue_shape shape = sk_conf_queue_shape(q);
         int rc = sk_broker_declare(r->broker, q->name, &shape, err);
         if (rc != SK_OK)
             return rc;
@@ -203,26 +195,25 @@ static int relay_batch(struct relay *r, int *claimed)
     return rc;
 }
 
-/* BEGIN, and the due rows locked for this relay alone; NULL after a failure
- * (disconnected). Results are binary: ids are int8 in network order, texts
- * as they are. */
+/* BEGIN, and the due rows locked for this relay alone, in one round trip;
+ * NULL after a failure (disconnected). Results are binary: ids are int8 in
+ * network order, texts as they are. */
 static PGresult *claim_rows(struct relay *r)
 {
     char limit[16];
     snprintf(limit, sizeof(limit), "%d", r->singly > 0 ? 1 : r->conf->outbox.batch);
     const char *params[] = { limit };
-    PGresult *begin = PQexec(r->pg, "BEGIN");
-    bool ok = PQresultStatus(begin) == PGRES_COMMAND_OK;
-    PQclear(begin);
-    PGresult *rows = ok ? PQexecParams(r->pg,
-        "SELECT id, job_id, queue, job_type, body, idempotency_key, resource_key "
-        "FROM sekali.outbox WHERE published_at IS NULL AND publish_error IS NULL "
-        "AND run_at <= now() ORDER BY run_at, id LIMIT $1 FOR UPDATE SKIP LOCKED",
-        1, NULL, params, NULL, NULL, 1) : NULL;
-    if (rows != NULL && PQresultStatus(rows) == PGRES_TUPLES_OK)
+    const struct sk_pg_stmt steps[] = {
+        { .sql = "BEGIN" },
+        { .sql = "SELECT * FROM sekali.claim_outbox($1)", .n_params = 1, .values = params,
+          .binary = 1, .what = "sekali.claim_outbox" },
+    };
+    struct sk_err err = { 0 };
+    PGresult *rows = NULL;
+    if (sk_pg_pipeline(r->pg, steps, 2, &rows, &err) == SK_OK && rows != NULL)
         return rows;
     PQclear(rows);
-    lost(r, "claiming outbox rows");
+    lost(r, "claiming outbox rows", &err);
     return NULL;
 }
 
@@ -303,14 +294,13 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
     }
     memcpy(ids + len, "}", 2);
 
+    struct sk_err err = { 0 };
     bool ok = true;
     if (confirmed > 0) {
         const char *params[] = { ids };
-        PGresult *res = PQexecParams(r->pg,
-            "UPDATE sekali.outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
-            1, NULL, params, NULL, NULL, 0);
-        ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-        PQclear(res);
+        const struct sk_pg_stmt mark = { .sql = "SELECT sekali.mark_outbox($1)", .n_params = 1,
+                                         .values = params, .what = "sekali.mark_outbox" };
+        ok = sk_pg_exec(r->pg, &mark, NULL, &err) == SK_OK;
     }
     free(ids);
     for (int i = 0; ok && i < n; i++) {
@@ -321,19 +311,15 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
         sk_log_error("outbox row %s for queue %s not published: %s", id,
                      PQgetvalue(rows, i, COL_QUEUE), r->publishes[i].why);
         const char *params[] = { id, r->publishes[i].why };
-        PGresult *res = PQexecParams(r->pg,
-            "UPDATE sekali.outbox SET publish_error = $2 WHERE id = $1", 2, NULL, params,
-            NULL, NULL, 0);
-        ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-        PQclear(res);
+        const struct sk_pg_stmt refuse = { .sql = "SELECT sekali.refuse_outbox($1, $2)",
+                                           .n_params = 2, .values = params,
+                                           .what = "sekali.refuse_outbox" };
+        ok = sk_pg_exec(r->pg, &refuse, NULL, &err) == SK_OK;
     }
-    if (ok) {
-        PGresult *commit = PQexec(r->pg, "COMMIT");
-        ok = PQresultStatus(commit) == PGRES_COMMAND_OK;
-        PQclear(commit);
-    }
+    if (ok)
+        ok = sk_pg_run(r->pg, "COMMIT", &err) == SK_OK;
     if (!ok) {
-        lost(r, "marking published outbox rows");
+        lost(r, "marking published outbox rows", &err);
         return SK_AGAIN;
     }
     return SK_OK;
@@ -361,23 +347,14 @@ static uint64_t row_id(PGresult *rows, int i)
 }
 
 /* The backlog per target queue, for the lag and pending gauges. Cheap while
- * the outbox keeps up: each half reads one partial index (sql/005), of the
- * due rows and of the refused ones. */
+ * the outbox keeps up (see sekali.outbox_backlog(), sql/012). */
 static void sample_backlog(struct relay *r)
 {
-    PGresult *res = PQexec(r->pg,
-        "SELECT queue, sum(pending), sum(failed), max(lag_ms) FROM ("
-        "  SELECT queue, count(*) AS pending, 0 AS failed, "
-        "         (extract(epoch FROM now() - min(run_at)) * 1000)::bigint AS lag_ms "
-        "    FROM sekali.outbox WHERE published_at IS NULL AND publish_error IS NULL "
-        "     AND run_at <= now() GROUP BY queue "
-        "  UNION ALL "
-        "  SELECT queue, 0, count(*), 0 FROM sekali.outbox "
-        "   WHERE published_at IS NULL AND publish_error IS NOT NULL GROUP BY queue"
-        ") AS backlog GROUP BY queue");
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        PQclear(res);
-        lost(r, "sampling the outbox backlog");
+    const struct sk_pg_stmt st = { .sql = "SELECT * FROM sekali.outbox_backlog()" };
+    struct sk_err err = { 0 };
+    PGresult *res;
+    if (sk_pg_exec(r->pg, &st, &res, &err) != SK_OK) {
+        lost(r, "sampling the outbox backlog", &err);
         return;
     }
     int n = PQntuples(res);
@@ -397,11 +374,10 @@ static void sample_backlog(struct relay *r)
 }
 
 /* Drops both connections after a PostgreSQL failure, saying what failed. */
-static void lost(struct relay *r, const char *what)
+static void lost(struct relay *r, const char *what, const struct sk_err *err)
 {
     char why[400];
-    snprintf(why, sizeof(why), "%s: %s", what,
-             r->pg != NULL ? PQerrorMessage(r->pg) : "no connection");
+    snprintf(why, sizeof(why), "%s: %s", what, err->msg);
     disconnect(r, why);
 }
 

@@ -1,8 +1,17 @@
-/* process.c - the stop flag every child process of sekalid shares. */
+/* process.c - the after-fork set-up and the stop flag every child process
+ * of sekalid shares (see process.h): one copy, where the worker, the
+ * relays and the janitor each had their own. */
 #include "process.h"
 
 #include <signal.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "metrics_http.h"
+#include "proctitle.h"
 
 static volatile sig_atomic_t stop_requested;
 
@@ -10,6 +19,30 @@ static void on_stop_signal(int signo)
 {
     (void)signo;
     stop_requested = 1;
+}
+
+void sk_process_child_init(const struct sk_child_init *c)
+{
+    close(c->signal_fd);
+    sk_metrics_http_close_in_child(c->http);
+    sk_proctitle_set(c->title, c->comm);
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    unsetenv("WATCHDOG_PID");
+    /* Asked after fork(): a supervisor that died before this would leave
+     * the child orphaned with no signal coming, hence the check after. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != c->parent)
+        _exit(SK_EXIT_RUNTIME);
+    sk_log_init(c->log->level, c->log->format, c->log_role);
+    /* Still blocked, as in the supervisor: nothing arrives until the
+     * dispositions are the child's. */
+    sk_process_install_stop();
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGHUP, SIG_IGN);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
 void sk_process_install_stop(void)

@@ -14,9 +14,26 @@
 #include <libpq-fe.h>
 
 #include "common.h"
-#include "config.h"
+#include "pg.h"
 
 struct sk_store;
+
+/* Which job's key a store or lease call is about. The strings are borrowed
+ * from the caller for the call. fence is what the claim returned and
+ * fence_text its decimal form, written once by sk_keyref_set_fence() for
+ * every statement that states the fence; both are empty (0, "") before the
+ * claim, when only the calls that take no fence may be made. */
+struct sk_keyref {
+    const char *queue;
+    const char *key;
+    const char *owner;     /* the claiming worker's name */
+    const char *job_id;
+    const char *job_type;
+    int64_t     fence;
+    char        fence_text[24];
+};
+
+void sk_keyref_set_fence(struct sk_keyref *ref, int64_t fence);
 
 struct sk_claim {
     int64_t fence;
@@ -28,12 +45,6 @@ struct sk_claim {
 int  sk_store_open(struct sk_store **out, const struct sk_postgres_conf *conf,
                    const char *application_name, struct sk_err *err);
 void sk_store_close(struct sk_store *s);
-
-/* A new connection with sekali's session settings (application_name,
- * lock_timeout, idle_in_transaction_session_timeout), or NULL with SK_AGAIN
- * in err. The caller owns it. For threads that need their own. */
-PGconn *sk_store_dial(const struct sk_postgres_conf *conf, const char *application_name,
-                      struct sk_err *err);
 
 /* Connects again if the connection was lost. SK_OK, SK_AGAIN or SK_ERR. */
 int sk_store_reconnect(struct sk_store *s, struct sk_err *err);
@@ -47,25 +58,24 @@ PGconn *sk_store_conn(struct sk_store *s);
  * when another transaction held the key past postgres.lock_timeout; SK_AGAIN
  * when the connection failed (the caller must not ack); SK_ERR otherwise.
  * Blocks while another transaction holds the same key, up to lock_timeout. */
-int sk_store_claim(struct sk_store *s, const char *queue, const char *key, const char *owner,
-                   const char *job_id, const char *job_type, struct sk_claim *out,
+int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_claim *out,
                    struct sk_err *err);
 
-/* Marks the key completed under `fence`, saves result, and COMMITs, in one
+/* Marks the key completed under ref's fence, saves result, and COMMITs, in one
  * round trip. SK_OK once committed; SK_ERR when the transaction could not
  * commit (the handler left it failed, or the fence was lost) and was rolled
  * back; SK_AGAIN when the connection failed and the outcome is unknown (the
  * caller must not ack: a redelivery's claim finds out). */
-int sk_store_complete(struct sk_store *s, const char *queue, const char *key, int64_t fence,
-                      const void *result, size_t result_len, struct sk_err *err);
+int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const void *result,
+                      size_t result_len, struct sk_err *err);
 
-/* Rolls back the job's transaction. SK_OK or SK_AGAIN. */
+/* Rolls back the job's transaction. SK_OK, SK_AGAIN (connection lost: the
+ * server rolled it back) or SK_ERR. */
 int sk_store_rollback(struct sk_store *s, struct sk_err *err);
 
 /* Records the key as failed with `error` in its own transaction (after a
  * rollback). A completed key stays completed. SK_OK, SK_AGAIN or SK_ERR. */
-int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const char *owner,
-                  const char *job_id, const char *job_type, const char *error,
+int sk_store_fail(struct sk_store *s, const struct sk_keyref *ref, const char *error,
                   struct sk_err *err);
 
 /* Counts a crash of (queue, key): its worker died while running it. In a
@@ -74,22 +84,21 @@ int sk_store_fail(struct sk_store *s, const char *queue, const char *key, const 
 int sk_store_record_crash(struct sk_store *s, const char *queue, const char *key, int *crashes,
                           struct sk_err *err);
 
-/* How many crashes are recorded for (queue, key); 0 when none, and when the
+/* How many crashes are recorded for ref's key; 0 when none, and when the
  * key is finished (completed or failed: a copy of it is a duplicate, to be
  * acked as such, not dead-lettered). Outside any job transaction. SK_OK,
  * SK_AGAIN or SK_ERR. */
-int sk_store_crashes(struct sk_store *s, const char *queue, const char *key, int *crashes,
+int sk_store_crashes(struct sk_store *s, const struct sk_keyref *ref, int *crashes,
                      struct sk_err *err);
 
-/* For a reply: whether (queue, key) was already replied to (or has nothing
+/* For a reply: whether ref's key was already replied to (or has nothing
  * to reply: it failed), and its saved result (a new buffer the caller frees;
  * NULL when there is none). Runs outside any job transaction. SK_OK,
  * SK_AGAIN or SK_ERR. */
-int sk_store_reply_state(struct sk_store *s, const char *queue, const char *key,
-                         bool *replied, char **result, size_t *result_len, struct sk_err *err);
+int sk_store_reply_state(struct sk_store *s, const struct sk_keyref *ref, bool *replied,
+                         char **result, size_t *result_len, struct sk_err *err);
 
 /* Records that the reply went out (after the broker confirmed it). */
-int sk_store_mark_replied(struct sk_store *s, const char *queue, const char *key,
-                          struct sk_err *err);
+int sk_store_mark_replied(struct sk_store *s, const struct sk_keyref *ref, struct sk_err *err);
 
 #endif

@@ -14,6 +14,10 @@
  * SIGTERM retires the current generation the same way, and the supervisor
  * exits when no generation is left.
  *
+ * Each slot of a generation has a role (roles.h: a queue's worker, an
+ * outbox relay, the janitor) that names its process and runs it; every
+ * child starts with the same sk_process_child_init().
+ *
  * A worker that made progress before it died (it finished a delivery, or it
  * was consuming when something outside killed it) is restarted at once; only
  * deaths without progress (before becoming ready, or of its own doing) back
@@ -31,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -43,20 +46,19 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
-#include "janitor.h"
-#include "outbox.h"
+#include "oom.h"
+#include "process.h"
 #include "proctitle.h"
+#include "roles.h"
 #include "scoreboard.h"
 #include "supervisor.h"
-#include "worker.h"
 
 #define CRASH_LOOP_RESTARTS 5      /* this many deaths without progress in a row ... */
 
-#define RELAY   SIZE_MAX        /* slot.queue of an outbox relay, which serves no queue */
-#define JANITOR (SIZE_MAX - 1)  /* slot.queue of the janitor */
-
 struct slot {
-    size_t            queue;       /* index into conf->queues, or RELAY */
+    const struct sk_role_ops *ops;
+    size_t            queue;       /* a worker's: index into conf->queues */
+    char              title[300];  /* for ps, the same for the slot's life */
     pid_t             pid;         /* 0 while not running */
     int64_t           started_ms;
     int64_t           restart_at_ms;
@@ -102,18 +104,23 @@ struct supervisor {
     long long          oom_unclaimed;  /* OOM kills no reaped SIGKILL accounted for yet */
 };
 
+static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins);
+static void turn(struct supervisor *s);
+static void take_signals(struct supervisor *s);
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
                                          struct sk_err *err);
 static void generation_free(struct generation *g);
 static void retire(struct supervisor *s, struct generation *g, const char *why);
+static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
+                      size_t queue, unsigned number);
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot);
+static void fresh(struct sk_slot *shared);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
                            int status, const struct death *d);
 static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slot *shared,
                           int status);
 static void oom_find(struct supervisor *s);
-static long long oom_kills(const struct supervisor *s);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static size_t running(const struct generation *g);
@@ -122,20 +129,36 @@ static int next_timeout(const struct supervisor *s);
 static void kill_overdue_jobs(struct generation *g);
 static void kill_stragglers(struct supervisor *s);
 static void report(struct supervisor *s);
+static bool slot_up(const struct generation *g, size_t i);
+static void describe(const struct generation *g, char *status, size_t size);
 
 int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
 {
     struct supervisor s = { .signal_fd = -1 };
-    struct sk_err err = { 0 };
     sk_proctitle_set("sekalid: supervisor", "sk-supervisor");
-    s.current = generation_new(conf, plugins, &err);
-    if (s.current == NULL) {
+    int rc = start(&s, conf, plugins);
+    if (rc != SK_EXIT_OK)
+        return rc;
+    while (s.current != NULL || s.retiring != NULL)
+        turn(&s);
+    close(s.signal_fd);
+    sk_metrics_http_stop(s.http);
+    sk_log_info("supervisor exiting with status %d", s.exit_code);
+    return s.exit_code;
+}
+
+/* Takes the signals, opens the endpoint, forks the first generation.
+ * Returns SK_EXIT_OK, or the exit code of the failure (already logged). */
+static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins)
+{
+    struct sk_err err = { 0 };
+    s->current = generation_new(conf, plugins, &err);
+    if (s->current == NULL) {
         sk_log_error("%s", err.msg);
         sk_conf_free(conf);
         free(plugins);
         return SK_EXIT_RUNTIME;
     }
-
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
@@ -143,76 +166,87 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGHUP);
     sigprocmask(SIG_BLOCK, &mask, NULL);
-    s.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
-    if (s.signal_fd < 0) {
+    s->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
+    if (s->signal_fd < 0) {
         sk_log_error("signalfd failed: %s", strerror(errno));
-        generation_free(s.current);
+        generation_free(s->current);
         return SK_EXIT_RUNTIME;
     }
     /* Before any worker: a port that cannot be had stops sekalid at once,
-     * as any other configuration mistake does. Started with every signal
-     * blocked, so its thread never takes one. */
-    int rc = sk_metrics_http_start(&s.http, conf, s.current->metrics, &err);
+     * as any other configuration mistake does. */
+    int rc = sk_metrics_http_start(&s->http, conf, s->current->metrics, &err);
     if (rc != SK_OK) {
         sk_log_error("%s", err.msg);
-        close(s.signal_fd);
-        generation_free(s.current);
+        close(s->signal_fd);
+        generation_free(s->current);
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
-
-    s.watchdog_ms = sk_notify_watchdog_ms();
-    oom_find(&s);
-    for (size_t i = 0; i < s.current->n_slots; i++)
-        spawn(&s, s.current, &s.current->slots[i]);
-    sk_log_info("supervisor started %zu workers for %zu queues", workers(s.current),
+    s->watchdog_ms = sk_notify_watchdog_ms();
+    oom_find(s);
+    for (size_t i = 0; i < s->current->n_slots; i++)
+        spawn(s, s->current, &s->current->slots[i]);
+    sk_log_info("supervisor started %zu workers for %zu queues", workers(s->current),
                 conf->n_queues);
+    return SK_EXIT_OK;
+}
 
-    while (s.current != NULL || s.retiring != NULL) {
-        struct pollfd pfd = { .fd = s.signal_fd, .events = POLLIN };
-        int ready = poll(&pfd, 1, next_timeout(&s));
-        if (ready < 0 && errno != EINTR) {
+/* One turn of the loop: wait for a signal, a scrape or the next deadline,
+ * then handle what is due. The HTTP endpoint is answered last, so /readyz
+ * tells what this turn found. */
+static void turn(struct supervisor *s)
+{
+    int timeout = next_timeout(s);
+    struct pollfd fds[2] = { { .fd = s->signal_fd, .events = POLLIN } };
+    sk_metrics_http_poll(s->http, &fds[1], &timeout);
+    int ready = poll(fds, 2, timeout);
+    if (ready < 0) {
+        if (errno != EINTR) {
             sk_log_error("poll failed: %s", strerror(errno));
-            begin_stop(&s, "internal error");
+            begin_stop(s, "internal error");
         }
-        struct signalfd_siginfo info;
-        while (ready > 0 && read(s.signal_fd, &info, sizeof(info)) == (ssize_t)sizeof(info)) {
-            switch (info.ssi_signo) {
-            case SIGCHLD:
-                reap(&s);
-                break;
-            case SIGTERM:
-            case SIGINT:
-                begin_stop(&s, info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
-                break;
-            case SIGHUP:
-                reload(&s);
-                break;
-            }
-            struct pollfd again = { .fd = s.signal_fd, .events = POLLIN };
-            ready = poll(&again, 1, 0);
-        }
-        reap(&s);
-        kill_stragglers(&s);
-        if (s.current == NULL)
-            continue;
-
-        int64_t now = sk_now_ms();
-        kill_overdue_jobs(s.current);
-        for (struct generation *g = s.retiring; g != NULL; g = g->next)
-            kill_overdue_jobs(g);
-        for (size_t i = 0; i < s.current->n_slots; i++) {
-            struct slot *slot = &s.current->slots[i];
-            if (slot->pid == 0 && now >= slot->restart_at_ms)
-                spawn(&s, s.current, slot);
-        }
-        sk_fault_hold("hold_supervisor");
-        report(&s);
+        fds[1].revents = 0;
     }
+    if (ready > 0 && fds[0].revents != 0)
+        take_signals(s);
+    reap(s);
+    kill_stragglers(s);
+    if (s->current == NULL)
+        return;
+    int64_t now = sk_now_ms();
+    kill_overdue_jobs(s->current);
+    for (struct generation *g = s->retiring; g != NULL; g = g->next)
+        kill_overdue_jobs(g);
+    for (size_t i = 0; i < s->current->n_slots; i++) {
+        struct slot *slot = &s->current->slots[i];
+        if (slot->pid == 0 && now >= slot->restart_at_ms)
+            spawn(s, s->current, slot);
+    }
+    sk_fault_hold("hold_supervisor");
+    report(s);
+    sk_metrics_http_serve(s->http, &fds[1]);
+}
 
-    close(s.signal_fd);
-    sk_metrics_http_stop(s.http);
-    sk_log_info("supervisor exiting with status %d", s.exit_code);
-    return s.exit_code;
+/* Reads every pending signal off the signalfd and acts on it. */
+static void take_signals(struct supervisor *s)
+{
+    struct signalfd_siginfo info;
+    while (read(s->signal_fd, &info, sizeof(info)) == (ssize_t)sizeof(info)) {
+        switch (info.ssi_signo) {
+        case SIGCHLD:
+            reap(s);
+            break;
+        case SIGTERM:
+        case SIGINT:
+            begin_stop(s, info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+            break;
+        case SIGHUP:
+            reload(s);
+            break;
+        }
+        struct pollfd again = { .fd = s->signal_fd, .events = POLLIN };
+        if (poll(&again, 1, 0) <= 0)
+            break;
+    }
 }
 
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
@@ -236,15 +270,13 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         goto fail;
     }
     size_t i = 0;
-    struct sk_backoff backoff = { .base_ms = conf->restart.initial_ms,
-                                  .cap_ms = conf->restart.max_ms };
     for (size_t q = 0; q < conf->n_queues; q++)
         for (int k = 0; k < conf->queues[q].workers; k++)
-            g->slots[i++] = (struct slot){ .queue = q, .backoff = backoff };
+            slot_init(g, &g->slots[i++], SK_ROLE_WORKER, q, (unsigned)k + 1);
     for (int k = 0; k < conf->outbox.relays; k++)
-        g->slots[i++] = (struct slot){ .queue = RELAY, .backoff = backoff };
+        slot_init(g, &g->slots[i++], SK_ROLE_RELAY, 0, (unsigned)k + 1);
     if (conf->janitor.interval_ms > 0)
-        g->slots[i++] = (struct slot){ .queue = JANITOR, .backoff = backoff };
+        slot_init(g, &g->slots[i++], SK_ROLE_JANITOR, 0, 1);
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
         goto fail;
     /* Counters start from zero with each generation, as after a restart;
@@ -288,46 +320,41 @@ static void retire(struct supervisor *s, struct generation *g, const char *why)
     s->retiring = g;
 }
 
-/* What a slot's processes are called in the log. */
-static const char *slot_name(const struct generation *g, const struct slot *slot)
+/* Slots of one role are numbered from 1 in slot order (per queue for
+ * workers), which restarts keep, so a title names the same slot for life. */
+static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
+                      size_t queue, unsigned number)
 {
-    return slot->queue == RELAY   ? "the outbox relay"
-         : slot->queue == JANITOR ? "the janitor"
-                                  : g->conf->queues[slot->queue].name;
+    const struct sk_conf *conf = g->conf;
+    *slot = (struct slot){ .ops = &sk_roles[role], .queue = queue,
+                           .backoff = { .base_ms = conf->restart.initial_ms,
+                                        .cap_ms = conf->restart.max_ms } };
+    if (slot->ops->counts_as_worker)
+        snprintf(slot->title, sizeof(slot->title), "sekalid: %s %s#%u", slot->ops->name,
+                 conf->queues[queue].name, number);
+    else if (slot->ops->numbered)
+        snprintf(slot->title, sizeof(slot->title), "sekalid: %s #%u", slot->ops->name, number);
+    else
+        snprintf(slot->title, sizeof(slot->title), "sekalid: %s", slot->ops->name);
 }
 
-/* Names the child for ps/top: slots of one role are numbered from 1 in
- * slot order, which restarts keep, so a title names the same slot for life. */
-static void set_title(const struct generation *g, const struct slot *slot)
+/* What a slot's process is called in the log: "worker for queue invoices",
+ * "the outbox relay". */
+static const char *slot_name(const struct generation *g, const struct slot *slot, char *buf,
+                             size_t size)
 {
-    unsigned n = 1;
-    for (const struct slot *o = g->slots; o < slot; o++)
-        n += o->queue == slot->queue;
-    char title[300];
-    if (slot->queue == RELAY)
-        snprintf(title, sizeof title, "sekalid: outbox relay #%u", n);
-    else if (slot->queue == JANITOR)
-        snprintf(title, sizeof title, "sekalid: janitor");
+    if (slot->ops->counts_as_worker)
+        snprintf(buf, size, "%s for queue %s", slot->ops->name,
+                 g->conf->queues[slot->queue].name);
     else
-        snprintf(title, sizeof title, "sekalid: worker %s#%u",
-                 g->conf->queues[slot->queue].name, n);
-    sk_proctitle_set(title, slot->queue == RELAY     ? "sk-relay"
-                            : slot->queue == JANITOR ? "sk-janitor"
-                                                     : "sk-worker");
+        snprintf(buf, size, "the %s", slot->ops->name);
+    return buf;
 }
 
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 {
-    size_t index = (size_t)(slot - g->slots);
-    /* The new worker's progress starts from nothing; written before the
-     * fork, so a child killed at once cannot be judged by its predecessor's.
-     * The dead worker's job key and orphaned lock stay for it to handle. */
-    struct sk_slot *fresh = sk_scoreboard_slot(g->scoreboard, index);
-    atomic_store(&fresh->job_started_ms, 0);
-    atomic_store(&fresh->phase, SK_PHASE_IDLE);
-    atomic_store(&fresh->ready, 0);
-    atomic_store(&fresh->finished, 0);
-    atomic_store(&fresh->lock_held, 0);
+    struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
+    fresh(shared);
     slot->timed_out = false;
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -337,41 +364,34 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         return;
     }
     if (pid == 0) {
-        /* The child starts clean: default dispositions, nothing blocked,
-         * and it stops by itself if the supervisor dies. */
-        close(s->signal_fd);
-        sk_metrics_http_close_in_child(s->http);
-        set_title(g, slot);
-        /* Only the supervisor talks to systemd. */
-        unsetenv("NOTIFY_SOCKET");
-        unsetenv("WATCHDOG_USEC");
-        unsetenv("WATCHDOG_PID");
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(SK_EXIT_RUNTIME);
-        signal(SIGCHLD, SIG_DFL);
-        signal(SIGHUP, SIG_IGN);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, index);
-        if (slot->queue == RELAY) {
-            sk_log_init(g->conf->log.level, g->conf->log.format, "relay");
-            exit(sk_outbox_run(g->conf, shared, g->metrics));
-        }
-        if (slot->queue == JANITOR) {
-            sk_log_init(g->conf->log.level, g->conf->log.format, "janitor");
-            exit(sk_janitor_run(g->conf, shared, g->metrics));
-        }
-        sk_log_init(g->conf->log.level, g->conf->log.format, "worker");
-        exit(sk_worker_run(g->conf, &g->conf->queues[slot->queue], &g->plugins[slot->queue],
-                           shared, sk_metrics_queue(g->metrics, slot->queue)));
+        sk_process_child_init(&(struct sk_child_init){
+            .parent = parent, .signal_fd = s->signal_fd, .http = s->http,
+            .title = slot->title, .comm = slot->ops->comm, .log_role = slot->ops->log_role,
+            .log = &g->conf->log });
+        const struct sk_child child = {
+            .conf = g->conf, .queue = slot->queue, .shared = shared, .metrics = g->metrics,
+            .plugin = slot->ops->counts_as_worker ? &g->plugins[slot->queue] : NULL,
+        };
+        exit(slot->ops->run(&child));
     }
-    if (slot->queue < g->conf->n_queues)
+    if (slot->ops->counts_as_worker)
         sk_metrics_worker_started(g->metrics, slot->queue, slot->started_ms != 0);
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
-    sk_log_debug("started process %ld for %s", (long)pid, slot_name(g, slot));
+    char name[300];
+    sk_log_debug("started process %ld: %s", (long)pid, slot_name(g, slot, name, sizeof(name)));
+}
+
+/* The new process's progress starts from nothing; written before the fork,
+ * so a child killed at once cannot be judged by its predecessor's. The dead
+ * worker's job key and orphaned lock stay for it to handle. */
+static void fresh(struct sk_slot *shared)
+{
+    atomic_store(&shared->job_started_ms, 0);
+    atomic_store(&shared->phase, SK_PHASE_IDLE);
+    atomic_store(&shared->ready, 0);
+    atomic_store(&shared->finished, 0);
+    atomic_store(&shared->lock_held, 0);
 }
 
 /* Finds pid's slot in generation g, or NULL. */
@@ -398,7 +418,7 @@ static void reap(struct supervisor *s)
         if (slot == NULL)
             continue;
         slot->pid = 0;
-        if (slot->queue < g->conf->n_queues)
+        if (slot->ops->counts_as_worker)
             sk_metrics_worker_exited(g->metrics, slot->queue);
         /* A dead worker consumes nothing and runs no job, whatever its slot
          * says; left as it was, a job start it never cleared would get its
@@ -458,7 +478,7 @@ static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slo
                           int status)
 {
     bool oom = false;
-    long long kills = oom_kills(s);
+    long long kills = sk_oom_kills(s->oom_file);
     if (kills > s->oom_seen)
         s->oom_unclaimed += kills - s->oom_seen;
     if (kills >= 0)
@@ -482,18 +502,19 @@ static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slo
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
                            int status, const struct death *d)
 {
-    const char *queue = slot_name(g, slot);
+    char name[300];
+    const char *who = slot_name(g, slot, name, sizeof(name));
     int64_t lived = sk_now_ms() - slot->started_ms;
     bool retiring = g != s->current;
 
     if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && retiring) {
-        sk_log_debug("worker for queue %s stopped", queue);
+        sk_log_debug("%s stopped", who);
         return;
     }
     if (!retiring && WIFEXITED(status) &&
         (WEXITSTATUS(status) == SK_EXIT_CONFIG || WEXITSTATUS(status) == SK_EXIT_ABI)) {
-        sk_log_error("worker for queue %s exited with status %d; not restarting it, since it "
-                     "would fail the same way", queue, WEXITSTATUS(status));
+        sk_log_error("%s exited with status %d; not restarting it, since it "
+                     "would fail the same way", who, WEXITSTATUS(status));
         if (s->exit_code == SK_EXIT_OK)
             s->exit_code = WEXITSTATUS(status);
         begin_stop(s, "a worker cannot run with this configuration");
@@ -511,74 +532,33 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
         snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
                                                 : "; restarting in %u ms", delay);
     if (WIFSIGNALED(status))
-        sk_log_warn("worker for queue %s killed by signal %d after %lld ms%s%s", queue,
+        sk_log_warn("%s killed by signal %d after %lld ms%s%s", who,
                     WTERMSIG(status), (long long)lived,
                     d->job_caused ? " (its job's doing)" : "", what);
     else
-        sk_log_warn("worker for queue %s exited with status %d after %lld ms%s%s", queue,
+        sk_log_warn("%s exited with status %d after %lld ms%s%s", who,
                     WEXITSTATUS(status), (long long)lived,
                     d->job_caused ? " (its job's doing)" : "", what);
     if (retiring)
         return;
     if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
-        sk_log_error("worker for queue %s is crash-looping (%u deaths in a row without "
-                     "progress); restarts are backing off up to %u ms", queue,
+        sk_log_error("%s is crash-looping (%u deaths in a row without "
+                     "progress); restarts are backing off up to %u ms", who,
                      slot->quick_deaths, slot->backoff.cap_ms);
     slot->restart_at_ms = sk_now_ms() + delay;
 }
 
-/* Finds the memory cgroup's OOM-kill counter of this process, which its
- * workers share: cgroup v1's memory.oom_control (also in hybrid mode, where
- * the memory controller is v1's), else cgroup v2's memory.events. Without
- * either, OOM kills look like outside kills: logged once, here. */
+/* Without a counter, OOM kills look like outside kills: logged once, here. */
 static void oom_find(struct supervisor *s)
 {
-    s->oom_file[0] = '\0';
-    FILE *f = fopen("/proc/self/cgroup", "re");
-    char line[1024], v1[512] = "", v2[512] = "";
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        line[strcspn(line, "\n")] = '\0';
-        char *controllers = strchr(line, ':');
-        char *path = controllers != NULL ? strchr(controllers + 1, ':') : NULL;
-        if (path == NULL)
-            continue;
-        *path++ = '\0';
-        controllers++;
-        if (strcmp(line, "0") == 0 && controllers[0] == '\0')
-            snprintf(v2, sizeof(v2), "/sys/fs/cgroup%s/memory.events", path);
-        for (char *c = strtok(controllers, ","); c != NULL; c = strtok(NULL, ","))
-            if (strcmp(c, "memory") == 0)
-                snprintf(v1, sizeof(v1), "/sys/fs/cgroup/memory%s/memory.oom_control", path);
-    }
-    if (f != NULL)
-        fclose(f);
-    if (v1[0] != '\0' && access(v1, R_OK) == 0)
-        snprintf(s->oom_file, sizeof(s->oom_file), "%s", v1);
-    else if (v2[0] != '\0' && access(v2, R_OK) == 0)
-        snprintf(s->oom_file, sizeof(s->oom_file), "%s", v2);
-    s->oom_seen = oom_kills(s);
+    sk_oom_find(s->oom_file, sizeof(s->oom_file));
+    s->oom_seen = sk_oom_kills(s->oom_file);
     if (s->oom_seen < 0)
         sk_log_warn("no memory cgroup OOM-kill counter readable: a worker the OOM killer "
                     "kills in a handler is taken for an outside kill, and its job is not "
                     "counted as crashed");
     else
         sk_log_debug("OOM kills counted from %s", s->oom_file);
-}
-
-/* The `oom_kill N` line of the counter file, or -1. */
-static long long oom_kills(const struct supervisor *s)
-{
-    if (s->oom_file[0] == '\0')
-        return -1;
-    FILE *f = fopen(s->oom_file, "re");
-    char line[128];
-    long long n = -1;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "oom_kill %lld", &n) == 1)
-            break;
-    if (f != NULL)
-        fclose(f);
-    return n;
 }
 
 static void begin_stop(struct supervisor *s, const char *why)
@@ -641,8 +621,8 @@ static void reload(struct supervisor *s)
 static size_t workers(const struct generation *g)
 {
     size_t n = 0;
-    for (size_t q = 0; q < g->conf->n_queues; q++)
-        n += (size_t)g->conf->queues[q].workers;
+    for (size_t i = 0; i < g->n_slots; i++)
+        n += g->slots[i].ops->counts_as_worker;
     return n;
 }
 
@@ -663,50 +643,19 @@ static void report(struct supervisor *s)
 {
     const struct generation *g = s->current;
     int64_t now = sk_now_ms();
+    uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
     size_t consuming = 0;
     bool healthy = true;
-    char status[512];
-    size_t len = 0;
-    status[0] = '\0';
-    for (size_t q = 0; q < g->conf->n_queues; q++) {
-        size_t up = 0, of = 0;
-        for (size_t i = 0; i < g->n_slots; i++) {
-            if (g->slots[i].queue != q)
-                continue;
-            of++;
-            struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-            up += g->slots[i].pid > 0 && atomic_load(&shared->consuming);
-            int64_t alive = atomic_load(&shared->alive_ms);
-            bool busy = atomic_load(&shared->job_started_ms) != 0;
-            uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
-            if (g->slots[i].pid <= 0 || (!busy && now - alive > (int64_t)grace))
-                healthy = false;
-        }
-        consuming += up;
-        int n = snprintf(status + len, sizeof(status) - len, "%s%s: %zu/%zu workers consuming",
-                         q > 0 ? "; " : "", g->conf->queues[q].name, up, of);
-        if (n > 0 && (size_t)n < sizeof(status) - len)
-            len += (size_t)n;
-    }
-    size_t relays = 0, relays_up = 0;
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (g->slots[i].queue < g->conf->n_queues)
-            continue;
-        relays += g->slots[i].queue == RELAY;
-        struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-        bool up = g->slots[i].pid > 0 && atomic_load(&shared->consuming);
-        consuming += up;
-        relays_up += up && g->slots[i].queue == RELAY;
-        uint32_t grace = s->watchdog_ms > 0 ? s->watchdog_ms : 60000;
-        if (g->slots[i].pid <= 0 || now - atomic_load(&shared->alive_ms) > (int64_t)grace)
+        consuming += slot_up(g, i);
+        const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+        bool busy = atomic_load(&shared->job_started_ms) != 0;
+        if (g->slots[i].pid <= 0 ||
+            (!busy && now - atomic_load(&shared->alive_ms) > (int64_t)grace))
             healthy = false;
     }
-    if (relays > 0) {
-        int n = snprintf(status + len, sizeof(status) - len, "; outbox: %zu/%zu relays up",
-                         relays_up, relays);
-        if (n > 0 && (size_t)n < sizeof(status) - len)
-            len += (size_t)n;
-    }
+    char status[512];
+    describe(g, status, sizeof(status));
     if (!s->ready_sent && consuming == g->n_slots) {
         s->ready_sent = true;
         sk_notify_ready();
@@ -723,6 +672,42 @@ static void report(struct supervisor *s)
     }
 }
 
+/* Slot i's process runs and says it consumes (a relay or the janitor: that
+ * it is connected and working). */
+static bool slot_up(const struct generation *g, size_t i)
+{
+    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+    return g->slots[i].pid > 0 && atomic_load(&shared->consuming);
+}
+
+/* The STATUS= line: "invoices: 1/2 workers consuming; outbox: 1/1 relays up". */
+static void describe(const struct generation *g, char *status, size_t size)
+{
+    size_t len = 0, relays = 0, relays_up = 0;
+    status[0] = '\0';
+    for (size_t q = 0; q < g->conf->n_queues; q++) {
+        size_t up = 0, of = 0;
+        for (size_t i = 0; i < g->n_slots; i++) {
+            if (g->slots[i].ops->counts_as_worker && g->slots[i].queue == q) {
+                of++;
+                up += slot_up(g, i);
+            }
+        }
+        int n = snprintf(status + len, size - len, "%s%s: %zu/%zu workers consuming",
+                         q > 0 ? "; " : "", g->conf->queues[q].name, up, of);
+        if (n > 0 && (size_t)n < size - len)
+            len += (size_t)n;
+    }
+    for (size_t i = 0; i < g->n_slots; i++) {
+        if (g->slots[i].ops == &sk_roles[SK_ROLE_RELAY]) {
+            relays++;
+            relays_up += slot_up(g, i);
+        }
+    }
+    if (relays > 0)
+        snprintf(status + len, size - len, "; outbox: %zu/%zu relays up", relays_up, relays);
+}
+
 /* A job past its queue's job_timeout is killed with its worker: SIGKILL,
  * because a handler stuck in a loop or a syscall would never see a gentler
  * signal. Its transaction rolls back and the broker redelivers the job. */
@@ -732,7 +717,7 @@ static void kill_overdue_jobs(struct generation *g)
         return;
     int64_t now = sk_now_ms();
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (g->slots[i].queue >= g->conf->n_queues)
+        if (!g->slots[i].ops->counts_as_worker)
             continue;
         const struct sk_queue_conf *queue = &g->conf->queues[g->slots[i].queue];
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);

@@ -89,8 +89,6 @@ out:
  * restart later may succeed. */
 static int setup(struct sk_pipeline *p, bool first, struct sk_err *err)
 {
-    sk_process_install_stop();
-
     char host[64] = "localhost";
     gethostname(host, sizeof(host) - 1);
     snprintf(p->owner, sizeof(p->owner), "%s:%ld", host, (long)getpid());

@@ -119,10 +119,40 @@ START_TEST(test_janitor_removes_exactly_what_retention_says)
 }
 END_TEST
 
+/* A round goes on while batches come back full: with an interval of an
+ * hour, every old key must be gone after the first round alone, not just
+ * the first batch of them. (A purge that counted the checkpoints it deleted
+ * instead of the keys ended the round after one batch of keys that had
+ * none.) */
+START_TEST(test_one_janitor_round_drains_every_full_batch)
+{
+    struct h_run r;
+    h_run_open(&r, "janitor");
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) "
+             "SELECT '%s', 'old-' || i, 'completed', 1, now() - interval '2 hours' "
+             "FROM generate_series(1, 7) AS i", r.queue);
+    h_pg_exec(r.pg, sql);
+
+    r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 1, "    retention: 1h\n",
+                                  "janitor:\n  interval: 1h\n  batch: 2\n");
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s'",
+                      r.queue) == 0, 20000, "the first round should delete all 7 keys of %s, "
+           "left %lld", r.queue,
+           h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s'",
+                      r.queue));
+    h_stop_sekalid(r.sekalid, r.dir);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_janitor_removes_exactly_what_retention_says,
+        test_one_janitor_round_drains_every_full_batch,
         NULL,
     };
     return h_run_suite(h_suite("janitor", 120, tests));

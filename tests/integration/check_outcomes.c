@@ -62,7 +62,7 @@ START_TEST(test_exhausted_retries_dead_letter_with_headers)
     h_run_open(&r, "exhaust");
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES });
     h_publish(r.b, r.queue, "test", "exhaust-1", "k-exhaust", NULL, "retry_always");
-    expect_dead(&r, "retries exhausted", "always asks to be retried", 3);
+    expect_dead(&r, "retries_exhausted", "always asks to be retried", 3);
     char status[32];
     ck_assert_str_eq(key_status(&r, "k-exhaust", status, sizeof(status)), "failed");
     ck_assert_int_eq(h_effects(&r, "k-exhaust"), 0);

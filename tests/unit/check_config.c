@@ -5,6 +5,7 @@
  * included, because `sekalid -t` output is what an operator acts on. Run
  * from the repository root: fixture paths are relative to it. */
 #include "config.h"
+#include "config_value.h"
 #include "suite.h"
 
 #include <check.h>

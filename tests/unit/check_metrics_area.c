@@ -237,6 +237,22 @@ END_TEST
 
 /* The relays' figures: counters per target queue, a backlog sample that
  * zeroes the queues it no longer lists, and one relay sampling per period. */
+/* The header job.c writes and the label rendered here are one name. */
+START_TEST(test_dead_letter_reasons_have_one_name_for_header_and_label)
+{
+    ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_MALFORMED), "malformed");
+    ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_FAILED), "failed");
+    ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_RETRIES_EXHAUSTED), "retries_exhausted");
+    ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_CRASHED), "crashed");
+    struct sk_metrics *m = area();
+    char *text = render(m);
+    has_line(text, "# HELP sekali_dead_letters_total Jobs sekali dead-lettered to "
+                   "<queue>.dead, by reason: malformed, failed, retries_exhausted, crashed.");
+    free(text);
+    sk_metrics_destroy(m);
+}
+END_TEST
+
 START_TEST(test_outbox_figures_per_target_queue)
 {
     struct sk_metrics *m = area();
@@ -360,6 +376,7 @@ int main(void)
         test_histogram_is_cumulative_with_inclusive_bounds,
         test_dead_letters_lock_waits_and_outcomes_are_rendered,
         test_queue_gauges_come_from_the_supervisor_and_the_config,
+        test_dead_letter_reasons_have_one_name_for_header_and_label,
         test_outbox_figures_per_target_queue,
         test_outbox_queues_past_the_table_or_too_long_count_as_other,
         test_destroy_accepts_null,

@@ -1,0 +1,74 @@
+/* pg.h - the one place sekali drives libpq: connecting with sekali's session
+ * settings, running a statement, and reading its outcome as an SK_* code.
+ *
+ * Every module that talks to PostgreSQL (the store, leases, the relay, the
+ * janitor, the handler host, sekalictl) goes through here, so a lost
+ * connection, a lock timeout and a server error mean the same thing
+ * everywhere: SK_AGAIN, SK_BUSY and SK_ERR with the server's message. */
+#ifndef SK_PG_H
+#define SK_PG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#include "common.h"
+
+struct sk_postgres_conf {
+    char    *conninfo;             /* libpq connection string, without the password: one
+                                    * written inside it moves to `password`, and the rest
+                                    * is rewritten as key='value' pairs */
+    char    *password;             /* NULL: libpq's own defaults (.pgpass, PGPASSWORD) */
+    uint32_t lock_timeout_ms;      /* longest a claim waits for another worker's row */
+    uint32_t idle_in_transaction_timeout_ms;  /* 0: off */
+};
+
+/* One statement: a prepared statement's name, or SQL text, with its
+ * parameters (lengths and formats as PQexecParams takes them; NULL: text).
+ * Text without parameters or binary results goes by the simple protocol,
+ * so it may hold several statements (a migration file); the outcome is the
+ * last one's. */
+struct sk_pg_stmt {
+    const char        *prepared;    /* name of a prepared statement, or NULL */
+    const char        *sql;         /* the text, when prepared is NULL */
+    int                n_params;
+    const char *const *values;
+    const int         *lengths;
+    const int         *formats;
+    int                binary;      /* 1: results in binary, as PQexecParams' resultFormat */
+    bool               one_row;     /* any other number of rows is an error */
+    const char        *what;        /* for messages; NULL: the name or the SQL */
+};
+
+/* A new connection with sekali's session settings: application_name,
+ * lock_timeout and idle_in_transaction_session_timeout from conf, added
+ * after the user's own options (from the conninfo, else PGOPTIONS) so that
+ * those are kept and sekali's win; and synchronous_commit raised to on if
+ * the server's default is off and the user chose nothing. NULL with
+ * SK_AGAIN in err (marked SK_AUTH when the server refused the login). The
+ * caller owns the connection. */
+PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_name,
+                   struct sk_err *err);
+
+/* Runs one statement. SK_OK when it succeeded (and, with one_row, returned
+ * exactly one row); then *out, if out is not NULL, holds the result, which
+ * the caller PQclear()s. Otherwise *out is NULL and the code says what to
+ * do: SK_AGAIN when the connection is missing or was lost, SK_BUSY when the
+ * statement waited past lock_timeout (SQLSTATE 55P03), SK_ERR with the
+ * server's message for anything else. */
+int sk_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out, struct sk_err *err);
+
+/* sk_pg_exec() of SQL text without parameters. */
+int sk_pg_run(PGconn *pg, const char *sql, struct sk_err *err);
+
+/* Sends n statements in one round trip (libpq's pipeline mode) and reads
+ * every result up to the sync, so the connection is left idle and out of
+ * pipeline mode. The codes are sk_pg_exec()'s, for the first statement that
+ * failed (the later ones are skipped by the server and the transaction, if
+ * any, is aborted). On SK_OK, *last (if not NULL) holds the last
+ * statement's result when it returned rows, else NULL. */
+int sk_pg_pipeline(PGconn *pg, const struct sk_pg_stmt *st, int n, PGresult **last,
+                   struct sk_err *err);
+
+#endif
