@@ -56,9 +56,10 @@ enum job_state {
     JOB_COMMITTED,    /* the outcome is durable */
     JOB_ACKED,        /* the broker has our ack: the delivery is done with */
     JOB_HANDED_BACK,  /* requeued, rejected, or its ack lost: the broker decides */
+    JOB_STATES
 };
 
-static const char *const state_names[] = {
+static const char *const state_names[JOB_STATES] = {
     [JOB_NEW] = "new",
     [JOB_RECEIVED] = "received",
     [JOB_LOCKED] = "locked",
@@ -69,7 +70,7 @@ static const char *const state_names[] = {
     [JOB_HANDED_BACK] = "handed back",
 };
 
-static const char *const state_failpoints[] = {
+static const char *const state_failpoints[JOB_STATES] = {
     [JOB_RECEIVED] = "after_receive",
     [JOB_LOCKED] = "after_lock",
     [JOB_CLAIMED] = "after_claim",
@@ -86,7 +87,7 @@ static const char *const state_failpoints[] = {
 /* The states each state may be entered from. The lock is optional (lock:
  * false, or Redis down under `proceed`); a job may be settled at any point
  * before its exit, but exits once. */
-static const unsigned legal_from[] = {
+static const unsigned legal_from[JOB_STATES] = {
     [JOB_NEW] = 0,
     [JOB_RECEIVED] = FROM(JOB_NEW),
     [JOB_LOCKED] = FROM(JOB_RECEIVED),
