@@ -42,7 +42,7 @@ FAULT_TESTS  = $(patsubst tests/fault/%.c,$(B)/tests/%,$(wildcard tests/fault/ch
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit deps servers demo bench chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit deps servers demo bench bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -78,6 +78,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope broker)
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
+$(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)
 $(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
@@ -162,6 +163,12 @@ bench: deps
 	tests/servers.sh start
 	tests/bench/run.sh $(B)
 	tests/bench/enqueue.sh $(B)
+
+# The scale figure: 1, 2 and 3 sekalid hosts in network namespaces, and a
+# quorum queue against a classic one (root; its own private servers).
+bench-cluster: deps
+	$(MAKE) all $(CHAOS) $(TEST_PLUGINS)
+	tests/cluster/bench_cluster.sh $(B)
 
 # The long chaos soak (the short one runs in `make check`, check_chaos).
 chaos: deps
@@ -249,6 +256,7 @@ help:
 	@echo "demo      install what is missing, start servers, run sekalid on duplicate jobs"
 	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
+	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"
 	@echo "          SIGKILLed every 100-200 ms, a worker SIGSTOPped past its lock, Redis,"
 	@echo "          RabbitMQ and PostgreSQL restarted; fails on any doubled or lost key"

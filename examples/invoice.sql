@@ -10,3 +10,12 @@ CREATE TABLE IF NOT EXISTS invoices (
     job_id       text        NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now()
 );
+
+-- Optional (`totals: customer_totals` in the handler config): each customer's
+-- invoiced sum. `version` is the optimistic-concurrency guard: a job updates
+-- the row only if it still has the version the job read.
+CREATE TABLE IF NOT EXISTS customer_totals (
+    customer       text   PRIMARY KEY,
+    invoiced_cents bigint NOT NULL DEFAULT 0,
+    version        bigint NOT NULL DEFAULT 0
+);

@@ -81,6 +81,8 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_listen(struct loader *L, yaml_node_t *v, void *base);
+static int redis_section(struct loader *L, yaml_node_t *v, void *base);
+static int redis_sentinels(struct loader *L, yaml_node_t *v, void *base);
 static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst);
 static int claim_secret(struct loader *L, yaml_node_t *v, const char *source);
 static int scalar(struct loader *L, yaml_node_t *n, const char *label,
@@ -138,6 +140,8 @@ static const struct key redis_keys[] = {
     INT("db",           sk_redis_conf, db, 0, 15),
     PASSWORD(sk_redis_conf),
     DURATION("timeout", sk_redis_conf, timeout_ms, 1, HOUR),
+    CUSTOM("sentinels", redis_sentinels, false),
+    STR("master_name",  sk_redis_conf, master_name),
     END
 };
 
@@ -220,7 +224,7 @@ static const struct key restart_keys[] = {
 
 static const struct key top_keys[] = {
     SECTION("amqp",     amqp,     amqp_keys,     true),
-    SECTION("redis",    redis,    redis_keys,    false),
+    CUSTOM("redis", redis_section, false),
     SECTION("postgres", postgres, postgres_keys, true),
     SECTION("lock",     lock,     lock_keys,     false),
     SECTION("log",      log,      log_keys,      false),
@@ -261,7 +265,7 @@ static const struct sk_conf conf_defaults = {
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
 static const struct sk_queue_conf queue_defaults = {
-    .workers = 1, .prefetch = 1, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
+    .workers = 1, .prefetch = 10, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
     .max_headers = MAX_HEADERS_DEFAULT,
     .retry = { .max_attempts = 5, .initial_ms = SEC, .max_ms = 5 * 60 * SEC },
     .on_redis_down = SK_REDIS_DOWN_PROCEED,
@@ -345,6 +349,10 @@ void sk_conf_free(struct sk_conf *c)
     sk_conf_value_wipe(c->amqp.password);
     free(c->redis.host);
     sk_conf_value_wipe(c->redis.password);
+    for (size_t i = 0; i < c->redis.n_sentinels; i++)
+        free(c->redis.sentinels[i].host);
+    free(c->redis.sentinels);
+    free(c->redis.master_name);
     free(c->postgres.conninfo);
     sk_conf_value_wipe(c->postgres.password);
     free(c->metrics.listen_host);
@@ -821,6 +829,57 @@ static int metrics_listen(struct loader *L, yaml_node_t *v, void *base)
     free(m->listen_host);
     m->listen_host = host;
     m->listen_port = port;
+    return SK_OK;
+}
+
+/* The redis section, plus the one rule its table cannot say: sentinels and
+ * master_name come together (a sentinel watches masters by name, and a name
+ * without sentinels to ask has no one to answer it). */
+static int redis_section(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_redis_conf *r = &((struct sk_conf *)base)->redis;
+    int rc;
+
+    if ((rc = load_map(L, v, "redis", redis_keys, r)) != SK_OK)
+        return rc;
+    if (r->n_sentinels > 0 && r->master_name == NULL)
+        return fail(L, find_value(L, v, "sentinels"), "redis.sentinels needs "
+                    "redis.master_name: the name the sentinels monitor the master by");
+    if (r->n_sentinels == 0 && r->master_name != NULL)
+        return fail(L, find_value(L, v, "master_name"), "redis.master_name needs "
+                    "redis.sentinels: a list of host:port to ask for the master");
+    return SK_OK;
+}
+
+/* A sequence of host:port, checked now so that a typo fails `sekalid -t`;
+ * whether a sentinel answers is only known when a worker connects. */
+static int redis_sentinels(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_redis_conf *r = base;
+    char label[32];
+    struct sk_err e;
+    const char *s;
+    int rc;
+
+    if (is_null(v))
+        return SK_OK;
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(L, v, "sentinels: expected a sequence of host:port, got %s", kind(v));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n > 0 && (r->sentinels = calloc(n, sizeof(*r->sentinels))) == NULL)
+        return fail(L, v, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = node(L, v->data.sequence.items.start[i]);
+        snprintf(label, sizeof(label), "sentinels[%zu]", i);
+        if ((rc = scalar(L, item, label, "host:port", &s)) != SK_OK)
+            return rc;
+        if (*s == ':')
+            return fail(L, item, "%s: missing host in \"%.64s\"", label, s);
+        if (sk_conf_value_parse_listen(label, s, &r->sentinels[i].host, &r->sentinels[i].port,
+                                       &e) != SK_OK)
+            return fail(L, item, "%s", e.msg);
+        r->n_sentinels = i + 1;  /* what sk_conf_free() frees, even if a later item fails */
+    }
     return SK_OK;
 }
 

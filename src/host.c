@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <libpq-fe.h>
+#include <yaml.h>
 
 #include "host.h"
 #include "pg.h"
@@ -23,6 +24,14 @@ static const char *host_checkpoint(struct sekali_ctx *ctx, const char *name);
 static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *job_type,
                         const void *body, size_t body_len, const char *idempotency_key,
                         const char *dedupe_key, char *job_id, size_t size);
+static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue *e,
+                            char *job_id, size_t size);
+static int host_conflict(struct sekali_ctx *ctx, const char *message);
+
+/* The size of the 1.3 enqueue struct: the first one, so the least a caller
+ * may pass. */
+#define ENQUEUE_V1_3_SIZE \
+    (offsetof(struct sekali_enqueue, dedupe_ttl_ms) + sizeof(int64_t))
 
 static const struct sekali_host host = {
     .abi_major = SEKALI_HANDLER_ABI_MAJOR,
@@ -36,6 +45,9 @@ static const struct sekali_host host = {
     .checkpoint_save = host_checkpoint_save,
     .checkpoint = host_checkpoint,
     .enqueue = host_enqueue,
+    .enqueue_job = host_enqueue_job,
+    .config_get = sk_host_config_get,
+    .conflict = host_conflict,
 };
 
 const struct sekali_host *sk_host(void)
@@ -48,7 +60,77 @@ void sk_host_ctx_reset(struct sekali_ctx *ctx)
     ctx->result_len = 0;
     ctx->error[0] = '\0';
     ctx->external = false;
+    ctx->conflict = false;
     sk_lease_checkpoints_clear(&ctx->checkpoints);
+}
+
+const char *sk_host_ctx_body(struct sekali_ctx *ctx, const void *body, size_t len)
+{
+    if (len + 1 > ctx->body_cap) {
+        /* Doubling keeps a worker whose bodies grow slowly from copying its
+         * buffer at every job; max_body bounds it. */
+        size_t cap = ctx->body_cap > 0 ? ctx->body_cap : 4096;
+        while (cap < len + 1)
+            cap *= 2;
+        char *grown = realloc(ctx->body, cap);
+        if (grown == NULL)
+            return NULL;
+        ctx->body = grown;
+        ctx->body_cap = cap;
+    }
+    if (len > 0)
+        memcpy(ctx->body, body, len);
+    ctx->body[len] = '\0';
+    return ctx->body;
+}
+
+void sk_host_ctx_free(struct sekali_ctx *ctx)
+{
+    sk_lease_checkpoints_clear(&ctx->checkpoints);
+    free(ctx->body);
+    ctx->body = NULL;
+    ctx->body_cap = 0;
+}
+
+/* libyaml, not a line scanner: the text is libyaml's own re-emission of the
+ * queue's `config:` node, so quoting and escapes come back exactly as the
+ * operator wrote the value. */
+int sk_host_config_get(const char *config, const char *key, char *buf, size_t size)
+{
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    int found = -1;
+
+    if (buf != NULL && size > 0)
+        buf[0] = '\0';
+    if (config == NULL || key == NULL || !yaml_parser_initialize(&parser))
+        return -1;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)config, strlen(config));
+    if (!yaml_parser_load(&parser, &doc)) {
+        yaml_parser_delete(&parser);
+        return -1;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root != NULL && root->type == YAML_MAPPING_NODE) {
+        for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
+             p < root->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = yaml_document_get_node(&doc, p->key);
+            yaml_node_t *v = yaml_document_get_node(&doc, p->value);
+            if (k == NULL || v == NULL || k->type != YAML_SCALAR_NODE ||
+                strlen(key) != k->data.scalar.length ||
+                memcmp(key, k->data.scalar.value, k->data.scalar.length) != 0)
+                continue;
+            if (v->type == YAML_SCALAR_NODE && v->data.scalar.length < INT32_MAX) {
+                found = (int)v->data.scalar.length;
+                if (buf != NULL && size > 0)
+                    snprintf(buf, size, "%.*s", found, (const char *)v->data.scalar.value);
+            }
+            break;
+        }
+    }
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    return found;
 }
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
@@ -133,26 +215,55 @@ static const char *host_checkpoint(struct sekali_ctx *ctx, const char *name)
     return NULL;
 }
 
+/* The 1.2 call, frozen: the same as enqueue_job() with its first options. */
 static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *job_type,
                         const void *body, size_t body_len, const char *idempotency_key,
                         const char *dedupe_key, char *job_id, size_t size)
 {
-    if (ctx->pg == NULL || queue == NULL || job_type == NULL || body == NULL) {
+    struct sekali_enqueue e = {
+        .struct_size = sizeof(e), .queue = queue, .job_type = job_type, .body = body,
+        .body_len = body_len, .idempotency_key = idempotency_key, .dedupe_key = dedupe_key,
+    };
+    return host_enqueue_job(ctx, &e, job_id, size);
+}
+
+/* Members past e->struct_size were not there when the caller was built:
+ * they read as 0 or NULL, which are the defaults. */
+static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue *in,
+                            char *job_id, size_t size)
+{
+    struct sekali_enqueue e = { 0 };
+    if (in == NULL || in->struct_size < ENQUEUE_V1_3_SIZE) {
+        host_set_error(ctx, "enqueue: struct sekali_enqueue missing or smaller than ABI 1.3's "
+                            "(set struct_size = sizeof(struct sekali_enqueue))");
+        return -1;
+    }
+    memcpy(&e, in, in->struct_size < sizeof(e) ? in->struct_size : sizeof(e));
+    if (ctx->pg == NULL || e.queue == NULL || e.job_type == NULL || e.body == NULL ||
+        e.body_len > INT32_MAX) {
         host_set_error(ctx, "enqueue: no connection, queue, type or body");
         return -1;
     }
-    const char *values[] = { queue, job_type, body, idempotency_key, dedupe_key };
-    const int lengths[] = { 0, 0, (int)body_len, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0 };
+    char run_at[24], ttl[24];
+    snprintf(run_at, sizeof(run_at), "%lld", (long long)e.run_at_ms);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)e.dedupe_ttl_ms);
+    const char *values[] = { e.queue, e.job_type, e.body, e.idempotency_key, e.dedupe_key,
+                             e.resource_key, run_at, ttl };
+    const int lengths[] = { 0, 0, (int)e.body_len, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
-        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5)", .n_params = 5, .values = values,
-        .lengths = lengths, .formats = formats, .one_row = true, .what = "sekali.enqueue",
+        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
+               "CASE WHEN $7::bigint = 0 THEN now() ELSE to_timestamp($7::bigint / 1000.0) END, "
+               "CASE WHEN $8::bigint <= 0 THEN interval '1 day' "
+               "ELSE $8::bigint * interval '1 millisecond' END)",
+        .n_params = 8, .values = values, .lengths = lengths, .formats = formats,
+        .one_row = true, .what = "sekali.enqueue",
     };
     struct sk_err err = { 0 };
     PGresult *res;
     if (sk_pg_exec(ctx->pg, &st, &res, &err) != SK_OK) {
         char why[512];
-        snprintf(why, sizeof(why), "enqueue to %s: %s", queue, err.msg);
+        snprintf(why, sizeof(why), "enqueue to %s: %s", e.queue, err.msg);
         host_set_error(ctx, why);
         return -1;
     }
@@ -160,4 +271,14 @@ static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *j
         snprintf(job_id, size, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
     return 0;
+}
+
+static int host_conflict(struct sekali_ctx *ctx, const char *message)
+{
+    ctx->conflict = true;
+    char why[sizeof(ctx->error)];
+    snprintf(why, sizeof(why), "conflict: %s",
+             message != NULL && *message != '\0' ? message : "the row changed under the job");
+    host_set_error(ctx, why);
+    return SEKALI_RETRY;
 }

@@ -23,6 +23,9 @@ struct sekali_ctx {
     char                     result[SK_RESULT_MAX];
     size_t                   result_len;
     char                     error[512];
+    bool                     conflict;    /* the handler called host->conflict() */
+    char                    *body;        /* NUL-terminated copy of the job's body */
+    size_t                   body_cap;    /* bytes allocated at body */
 };
 
 /* The vtable handed to every handler's init(). Valid for the process's life. */
@@ -30,5 +33,16 @@ const struct sekali_host *sk_host(void);
 
 /* Clears what the previous job left in ctx, checkpoints included. */
 void sk_host_ctx_reset(struct sekali_ctx *ctx);
+
+/* Copies body into ctx's buffer (grown as needed, kept for the next job)
+ * with a NUL after its len bytes, which handler.h promises since 1.3.
+ * Returns the copy, valid until the next call, or NULL when out of memory. */
+const char *sk_host_ctx_body(struct sekali_ctx *ctx, const void *body, size_t len);
+
+/* Releases what ctx holds (checkpoints, the body buffer); ctx stays usable. */
+void sk_host_ctx_free(struct sekali_ctx *ctx);
+
+/* host->config_get(), for the supervisor's own use too. */
+int sk_host_config_get(const char *config, const char *key, char *buf, size_t size);
 
 #endif

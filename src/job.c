@@ -507,6 +507,15 @@ static void reply_saved(struct sk_pipeline *p, struct job *j)
 /* Builds the job the handler sees, and runs it on pg. */
 static int call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
 {
+    struct sekali_ctx *ctx = &p->ctx;
+    /* A copy with a NUL after it (ABI 1.3), so text handlers need none. */
+    const char *body = sk_host_ctx_body(ctx, j->env.body, j->env.body_len);
+    if (body == NULL) {
+        snprintf(ctx->error, sizeof(ctx->error), "out of memory copying a %zu-byte body",
+                 j->env.body_len);
+        transition(j, JOB_HANDLED);
+        return SEKALI_RETRY;
+    }
     struct sekali_job job = {
         .struct_size = sizeof(job),
         .queue = p->queue->name,
@@ -515,12 +524,12 @@ static int call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
         .idempotency_key = j->env.idempotency_key,
         .resource_key = j->env.resource_key,
         .content_type = j->env.content_type,
-        .body = j->env.body,
+        .body = body,
         .body_len = j->env.body_len,
         .delivery_attempt = j->env.delivery_attempt,
         .fence = j->claim.fence,
+        .host = sk_host(),
     };
-    struct sekali_ctx *ctx = &p->ctx;
     ctx->pg = pg;
     ctx->log = &j->log;
     ctx->lock_lost = p->heartbeat != NULL && (j->locked || ctx->external)
@@ -544,10 +553,13 @@ static void settle_failure(struct sk_pipeline *p, struct job *j, int status)
     struct sekali_ctx *ctx = &p->ctx;
     if (status == SEKALI_RETRY) {
         const char *why = ctx->error[0] != '\0' ? ctx->error : "handler asked to retry";
+        /* host->conflict(): the handler's guarded update lost a race. */
+        if (ctx->conflict)
+            sk_metrics_inc(j->metrics, SK_METRIC_OCC_CONFLICTS);
         if (j->env.delivery_attempt < (uint32_t)p->queue->retry.max_attempts) {
             uint32_t next = j->env.delivery_attempt + 1;
             if (later(p, j, sk_reschedule_retry_delay(&p->queue->retry, next), next, why,
-                      "retry"))
+                      ctx->conflict ? "conflict" : "retry"))
                 sk_metrics_inc(j->metrics, SK_METRIC_RETRIES);
             return;
         }

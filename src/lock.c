@@ -4,11 +4,28 @@
  * The scripts are loaded once per connection and called by SHA; if Redis lost
  * them (restart, SCRIPT FLUSH) they are loaded again and the call repeated. A
  * failed connection is freed at once and reopened lazily on the next call, so
- * callers see SK_AGAIN and decide how to back off. */
+ * callers see SK_AGAIN and decide how to back off.
+ *
+ * With redis.sentinels, every (re)connect first asks the sentinels, in turn,
+ * which server is the master now (SENTINEL get-master-addr-by-name; hiredis
+ * has no Sentinel support, and one command needs none), then checks with ROLE
+ * that the server named is a master indeed: a sentinel that is itself cut off
+ * may still name the old one. Since any error drops the connection, a
+ * failover is followed at the next call: the old master refuses writes
+ * (READONLY) or is gone, and the reconnect asks again.
+ *
+ * The per-job commands (SET NX PX, EVALSHA) are written in Redis's wire
+ * protocol by hand, a few copies into a buffer the connection keeps (the
+ * TTL's digits made once) and handed to hiredis already formatted:
+ * redisCommand() would parse its format string and build the command
+ * through a dozen allocations on every call, which was most of a job's
+ * lock cost. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include <hiredis/hiredis.h>
 
@@ -25,11 +42,29 @@ static const char release_script[] =
 struct sk_lock {
     const struct sk_redis_conf *conf;
     redisContext               *ctx;
+    size_t                      sentinel;  /* the one to ask first: the last that answered */
     char                        renew_sha[41];
     char                        release_sha[41];
+    char                       *cmd;       /* the command being built; grows, never shrinks */
+    size_t                      cmd_size;
+    size_t                      cmd_len;
+    uint32_t                    ttl_ms;    /* the TTL last asked for, and its text */
+    char                        ttl[16];
 };
 
+static const char *ttl_text(struct sk_lock *l, uint32_t ttl_ms);
+static bool cmd_start(struct sk_lock *l, int argc, size_t need);
+static void cmd_arg(struct sk_lock *l, const char *arg, size_t len);
+static redisReply *cmd_send(struct sk_lock *l);
+static size_t put_decimal(char *out, size_t n);
+
 static int ensure_connected(struct sk_lock *l, struct sk_err *err);
+static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err);
+static int connect_master(struct sk_lock *l, struct sk_err *err);
+static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *host,
+                        size_t host_len, int *port, struct sk_err *err);
+static int check_master(struct sk_lock *l, struct sk_err *err);
+static struct timeval timeout_of(const struct sk_lock *l);
 static void disconnect(struct sk_lock *l);
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err);
 static int run_script(struct sk_lock *l, const char *script, char sha[41], const char *key,
@@ -58,6 +93,7 @@ void sk_lock_close(struct sk_lock *l)
     if (l == NULL)
         return;
     disconnect(l);
+    free(l->cmd);
     free(l);
 }
 
@@ -66,9 +102,40 @@ void sk_lock_key(char *out, size_t size, const char *queue, const char *resource
     snprintf(out, size, "sekali:lock:%s:%s", queue, resource);
 }
 
+/* A token is this process's random prefix and a counter: no system call
+ * per job. What the token must do is tell one lease holder from every
+ * other, and it does: the counter never repeats within a process (64 bits),
+ * and two processes differ in their 64-bit prefixes from sk_random_hex()
+ * (a collision needs some 2^32 processes alive at once). A forked child
+ * draws again, so workers forked from one supervisor never share a prefix.
+ * It is no secret from those who can read Redis or the logs, but it never
+ * was: whoever reaches Redis can delete the lock outright. */
+static char                 token_prefix[SK_LOCK_TOKEN_LEN / 2 + 1];
+static _Atomic uint64_t     token_counter;
+static pthread_once_t       token_once = PTHREAD_ONCE_INIT;
+
+/* Also the fork handler: the child is single-threaded when it runs. */
+static void draw_token_prefix(void)
+{
+    sk_random_hex(token_prefix, SK_LOCK_TOKEN_LEN / 2);
+    atomic_store(&token_counter, 0);
+}
+
+static void init_tokens(void)
+{
+    draw_token_prefix();
+    pthread_atfork(NULL, NULL, draw_token_prefix);
+}
+
 void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1])
 {
-    sk_random_hex(token, SK_LOCK_TOKEN_LEN);
+    static const char hex[] = "0123456789abcdef";
+    pthread_once(&token_once, init_tokens);
+    uint64_t n = atomic_fetch_add(&token_counter, 1);
+    memcpy(token, token_prefix, SK_LOCK_TOKEN_LEN / 2);
+    for (size_t i = SK_LOCK_TOKEN_LEN; i > SK_LOCK_TOKEN_LEN / 2; i--, n >>= 4)
+        token[i - 1] = hex[n & 0x0f];
+    token[SK_LOCK_TOKEN_LEN] = '\0';
 }
 
 int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,
@@ -77,7 +144,18 @@ int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint3
     int rc = ensure_connected(l, err);
     if (rc != SK_OK)
         return rc;
-    redisReply *reply = redisCommand(l->ctx, "SET %s %s NX PX %u", key, token, ttl_ms);
+    const char *ttl = ttl_text(l, ttl_ms);
+    size_t key_len = strlen(key), token_len = strlen(token);
+    redisReply *reply = NULL;
+    if (cmd_start(l, 6, key_len + token_len + strlen(ttl) + 16)) {
+        cmd_arg(l, "SET", 3);
+        cmd_arg(l, key, key_len);
+        cmd_arg(l, token, token_len);
+        cmd_arg(l, "NX", 2);
+        cmd_arg(l, "PX", 2);
+        cmd_arg(l, ttl, strlen(ttl));
+        reply = cmd_send(l);
+    }
     if (reply == NULL || reply->type == REDIS_REPLY_ERROR)
         return reply_error(l, reply, "SET NX PX", err);
     /* A nil reply means NX found the key: someone else holds it. */
@@ -89,9 +167,7 @@ int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint3
 int sk_lock_renew(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,
                   struct sk_err *err)
 {
-    char ttl[16];
-    snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
-    return run_script(l, renew_script, l->renew_sha, key, token, ttl, err);
+    return run_script(l, renew_script, l->renew_sha, key, token, ttl_text(l, ttl_ms), err);
 }
 
 int sk_lock_release(struct sk_lock *l, const char *key, const char *token, struct sk_err *err)
@@ -99,19 +175,96 @@ int sk_lock_release(struct sk_lock *l, const char *key, const char *token, struc
     return run_script(l, release_script, l->release_sha, key, token, NULL, err);
 }
 
+/* Every job asks for the same TTL: its text is made once, not per call. */
+static const char *ttl_text(struct sk_lock *l, uint32_t ttl_ms)
+{
+    if (l->ttl[0] == '\0' || l->ttl_ms != ttl_ms) {
+        snprintf(l->ttl, sizeof(l->ttl), "%u", ttl_ms);
+        l->ttl_ms = ttl_ms;
+    }
+    return l->ttl;
+}
+
+/* Starts a command of argc arguments whose bytes (with their headers)
+ * fit in `need`. False only when memory for the buffer ran out. */
+static bool cmd_start(struct sk_lock *l, int argc, size_t need)
+{
+    need += 32 * (size_t)(argc + 1);  /* "*N" and each "$len": CRLFs and digits */
+    if (need > l->cmd_size) {
+        char *grown = realloc(l->cmd, need);
+        if (grown == NULL)
+            return false;
+        l->cmd = grown;
+        l->cmd_size = need;
+    }
+    l->cmd_len = 0;
+    l->cmd[l->cmd_len++] = '*';
+    l->cmd_len += put_decimal(l->cmd + l->cmd_len, (size_t)argc);
+    memcpy(l->cmd + l->cmd_len, "\r\n", 2);
+    l->cmd_len += 2;
+    return true;
+}
+
+/* One bulk string: "$<len>\r\n<bytes>\r\n". Keys may hold any byte. */
+static void cmd_arg(struct sk_lock *l, const char *arg, size_t len)
+{
+    char *p = l->cmd + l->cmd_len;
+    *p++ = '$';
+    p += put_decimal(p, len);
+    *p++ = '\r';
+    *p++ = '\n';
+    memcpy(p, arg, len);
+    p += len;
+    *p++ = '\r';
+    *p++ = '\n';
+    l->cmd_len = (size_t)(p - l->cmd);
+}
+
+/* Sends the command built and waits for its reply: NULL when the
+ * connection failed (its errstr says why). */
+static redisReply *cmd_send(struct sk_lock *l)
+{
+    void *reply = NULL;
+    if (redisAppendFormattedCommand(l->ctx, l->cmd, l->cmd_len) != REDIS_OK ||
+        redisGetReply(l->ctx, &reply) != REDIS_OK)
+        return NULL;
+    return reply;
+}
+
+static size_t put_decimal(char *out, size_t n)
+{
+    char digits[20];
+    size_t len = 0;
+    do {
+        digits[len++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n != 0);
+    for (size_t i = 0; i < len; i++)
+        out[i] = digits[len - 1 - i];
+    return len;
+}
+
 static int ensure_connected(struct sk_lock *l, struct sk_err *err)
 {
     if (l->ctx != NULL)
         return SK_OK;
-    struct timeval timeout = { .tv_sec = l->conf->timeout_ms / 1000,
-                               .tv_usec = (suseconds_t)(l->conf->timeout_ms % 1000) * 1000 };
-    l->ctx = redisConnectWithTimeout(l->conf->host, l->conf->port, timeout);
+    if (l->conf->n_sentinels > 0)
+        return connect_master(l, err);
+    return connect_server(l, l->conf->host, l->conf->port, err);
+}
+
+/* Connects to host:port, logs in and loads the scripts. On failure l->ctx
+ * is NULL again. */
+static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err)
+{
+    struct timeval timeout = timeout_of(l);
+    l->ctx = redisConnectWithTimeout(host, port, timeout);
     if (l->ctx == NULL)
-        return sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: out of memory",
-                          l->conf->host, l->conf->port);
+        return sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: out of memory", host,
+                          port);
     if (l->ctx->err != 0) {
-        sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: %s", l->conf->host,
-                   l->conf->port, l->ctx->errstr);
+        sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: %s", host, port,
+                   l->ctx->errstr);
         disconnect(l);
         return SK_AGAIN;
     }
@@ -138,6 +291,109 @@ static int ensure_connected(struct sk_lock *l, struct sk_err *err)
     return rc;
 }
 
+/* Asks each sentinel in turn, starting with the one that answered last, and
+ * connects to the first master named that says it is one. A sentinel that is
+ * down, does not know the name, or names a server that is not a master, is
+ * passed over; the error returned is the last one met. */
+static int connect_master(struct sk_lock *l, struct sk_err *err)
+{
+    const struct sk_redis_conf *c = l->conf;
+    char host[256];
+    int port, rc = SK_AGAIN;
+
+    for (size_t n = 0; n < c->n_sentinels; n++) {
+        size_t i = (l->sentinel + n) % c->n_sentinels;
+        rc = ask_sentinel(l, &c->sentinels[i], host, sizeof(host), &port, err);
+        if (rc == SK_OK)
+            rc = connect_server(l, host, port, err);
+        if (rc == SK_OK)
+            rc = check_master(l, err);
+        if (rc == SK_OK) {
+            l->sentinel = i;
+            return SK_OK;
+        }
+    }
+    return rc;
+}
+
+/* SENTINEL get-master-addr-by-name: the sentinel's view of where the master
+ * is, a two-element array (host, port), or nil for a name it does not
+ * monitor. Uses a connection of its own, closed before returning. */
+static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *host,
+                        size_t host_len, int *port, struct sk_err *err)
+{
+    const char *name = l->conf->master_name;
+    redisContext *ctx = redisConnectWithTimeout(s->host, s->port, timeout_of(l));
+    redisReply *reply = NULL;
+    int rc = SK_AGAIN;
+
+    if (ctx == NULL || ctx->err != 0) {
+        sk_err_set(err, SK_AGAIN, "redisConnect(sentinel %s:%d) failed: %s", s->host, s->port,
+                   ctx != NULL ? ctx->errstr : "out of memory");
+        goto done;
+    }
+    redisSetTimeout(ctx, timeout_of(l));
+    reply = redisCommand(ctx, "SENTINEL get-master-addr-by-name %s", name);
+    if (reply == NULL) {
+        sk_err_set(err, SK_AGAIN, "sentinel %s:%d: get-master-addr-by-name failed: %s",
+                   s->host, s->port, ctx->errstr);
+    } else if (reply->type == REDIS_REPLY_NIL) {
+        sk_err_set(err, SK_AGAIN, "sentinel %s:%d does not monitor a master named \"%s\"",
+                   s->host, s->port, name);
+    } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+               reply->element[0]->type != REDIS_REPLY_STRING ||
+               reply->element[1]->type != REDIS_REPLY_STRING) {
+        sk_err_set(err, SK_AGAIN, "sentinel %s:%d: get-master-addr-by-name %s: %s", s->host,
+                   s->port, name, reply->type == REDIS_REPLY_ERROR ? reply->str
+                   : "unexpected reply (not a sentinel?)");
+    } else {
+        char *end;
+        long p = strtol(reply->element[1]->str, &end, 10);
+        if (reply->element[0]->len == 0 || reply->element[0]->len >= host_len || *end != '\0' ||
+            end == reply->element[1]->str || p < 1 || p > 65535) {
+            sk_err_set(err, SK_AGAIN, "sentinel %s:%d named master \"%s\" at an invalid "
+                       "address", s->host, s->port, name);
+        } else {
+            memcpy(host, reply->element[0]->str, reply->element[0]->len + 1);
+            *port = (int)p;
+            rc = SK_OK;
+        }
+    }
+done:
+    if (reply != NULL)
+        freeReplyObject(reply);
+    if (ctx != NULL)
+        redisFree(ctx);
+    return rc;
+}
+
+/* ROLE's first element is "master" only on a master. A sentinel's answer can
+ * be stale (it has not yet heard of a failover, or is partitioned from the
+ * others), and a lock taken on a replica would fail only at the next write. */
+static int check_master(struct sk_lock *l, struct sk_err *err)
+{
+    redisReply *reply = redisCommand(l->ctx, "ROLE");
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+        reply->element[0]->type != REDIS_REPLY_STRING)
+        return reply_error(l, reply, "ROLE", err);
+    if (strcmp(reply->element[0]->str, "master") != 0) {
+        sk_err_set(err, SK_AGAIN, "redis %s:%d, named master \"%s\" by a sentinel, is a %s",
+                   l->ctx->tcp.host, l->ctx->tcp.port, l->conf->master_name,
+                   reply->element[0]->str);
+        freeReplyObject(reply);
+        disconnect(l);
+        return SK_AGAIN;
+    }
+    freeReplyObject(reply);
+    return SK_OK;
+}
+
+static struct timeval timeout_of(const struct sk_lock *l)
+{
+    return (struct timeval){ .tv_sec = l->conf->timeout_ms / 1000,
+                             .tv_usec = (suseconds_t)(l->conf->timeout_ms % 1000) * 1000 };
+}
+
 static void disconnect(struct sk_lock *l)
 {
     if (l->ctx != NULL)
@@ -162,9 +418,19 @@ static int run_script(struct sk_lock *l, const char *script, char sha[41], const
     if (rc != SK_OK)
         return rc;
     for (int attempt = 0;; attempt++) {
-        redisReply *reply = ttl != NULL
-            ? redisCommand(l->ctx, "EVALSHA %s 1 %s %s %s", sha, key, token, ttl)
-            : redisCommand(l->ctx, "EVALSHA %s 1 %s %s", sha, key, token);
+        size_t key_len = strlen(key), token_len = strlen(token);
+        size_t ttl_len = ttl != NULL ? strlen(ttl) : 0;
+        redisReply *reply = NULL;
+        if (cmd_start(l, ttl != NULL ? 6 : 5, 40 + key_len + token_len + ttl_len + 8)) {
+            cmd_arg(l, "EVALSHA", 7);
+            cmd_arg(l, sha, 40);
+            cmd_arg(l, "1", 1);
+            cmd_arg(l, key, key_len);
+            cmd_arg(l, token, token_len);
+            if (ttl != NULL)
+                cmd_arg(l, ttl, ttl_len);
+            reply = cmd_send(l);
+        }
         if (reply != NULL && reply->type == REDIS_REPLY_ERROR && attempt == 0 &&
             strncmp(reply->str, "NOSCRIPT", 8) == 0) {
             freeReplyObject(reply);
@@ -199,7 +465,9 @@ static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
 {
     if (reply == NULL) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what,
-                   l->ctx != NULL ? l->ctx->errstr : "not connected");
+                   l->ctx == NULL       ? "not connected"
+                   : l->ctx->err != 0   ? l->ctx->errstr
+                                        : "out of memory for the command");
     } else if (reply->type == REDIS_REPLY_ERROR) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what, reply->str);
         if (refused_login(reply->str))

@@ -8,6 +8,7 @@
 #ifndef SK_LOCK_H
 #define SK_LOCK_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common.h"
@@ -17,12 +18,21 @@
 
 struct sk_lock;
 
+/* One host:port, as written in a list of servers. */
+struct sk_addr {
+    char *host;
+    int   port;
+};
+
 struct sk_redis_conf {
-    char    *host;
+    char    *host;                 /* unused when sentinels are given */
     int      port;
     int      db;
-    char    *password;             /* NULL: no AUTH */
-    uint32_t timeout_ms;           /* connect and command timeout */
+    char    *password;             /* NULL: no AUTH (the master's, not the sentinels') */
+    uint32_t timeout_ms;           /* connect and command timeout, sentinels' too */
+    struct sk_addr *sentinels;     /* asked in turn for master_name's address; */
+    size_t   n_sentinels;          /* 0: connect to host:port directly */
+    char    *master_name;          /* set exactly when n_sentinels > 0 */
 };
 
 /* Connects and loads the scripts. Returns SK_OK, or SK_AGAIN if Redis is

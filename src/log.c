@@ -8,9 +8,14 @@
  * workers sharing one stderr never interleave mid-line. Keys come from
  * producers: in text format control characters are escaped and a value that
  * could pass for more than one field is quoted, so that no key can forge a
- * line or a field. */
+ * line or a field.
+ *
+ * A worker writes a line per job, so a line is built without printf where
+ * it can be: the pid is kept from sk_log_init() (and a fork), the date part
+ * of the time stamp is made once a second, and text is copied in runs. */
 #include <stdarg.h>
 #include <stdbool.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -29,6 +34,9 @@ static enum sk_log_level  min_level = SK_LOG_INFO;
 static enum sk_log_format format = SK_LOG_FORMAT_JSON;
 static const char        *role = "sekali";
 static bool               to_journal;
+static char               pid_text[24];      /* getpid() is a system call: once per process */
+static time_t             stamp_second = -1; /* the second stamp_prefix was made for */
+static char               stamp_prefix[64];  /* "YYYY-MM-DDTHH:MM:SS." */
 
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
@@ -38,12 +46,17 @@ struct line {
 };
 
 static void put_raw(struct line *l, const char *s, size_t n);
+static void put_str(struct line *l, const char *s);
+static void put_stamp(struct line *l);
+static size_t format_u64(char *out, uint64_t n);
+static void remember_pid(void);
 static void put_fmt(struct line *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put_json_string(struct line *l, const char *s);
 static void put_text(struct line *l, const char *s, bool quoted);
 static bool needs_quotes(const char *s);
 static void put_field(struct line *l, const char *key, const char *value);
 static void put_job(struct line *l, const struct sk_log_job *job);
+static void put_number(struct line *l, const char *key, const char *num);
 static void send_to_journal(enum sk_log_level level, const char *msg,
                             const struct sk_log_job *job);
 
@@ -66,6 +79,17 @@ void sk_log_init(enum sk_log_level level, enum sk_log_format fmt, const char *pr
         fmt = isatty(STDERR_FILENO) ? SK_LOG_FORMAT_TEXT : SK_LOG_FORMAT_JSON;
     format = fmt;
     role = process_role;
+    remember_pid();
+    static bool fork_handler;
+    if (!fork_handler)
+        fork_handler = pthread_atfork(NULL, NULL, remember_pid) == 0;
+}
+
+/* Also the fork handler: a child that logs before its own sk_log_init()
+ * still shows its own pid. */
+static void remember_pid(void)
+{
+    pid_text[format_u64(pid_text, (uint64_t)getpid())] = '\0';
 }
 
 void sk_log(enum sk_log_level level, const char *fmt, ...)
@@ -90,32 +114,46 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
     if (level < min_level)
         return;
 
-    char msg[2048];
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    /* Most lines are one string (job.c logs its outcomes as "%s"): that
+     * string is the message, without a copy through vsnprintf. */
+    char buf[2048];
+    const char *msg = buf;
+    if (fmt[0] == '%' && fmt[1] == 's' && fmt[2] == '\0') {
+        msg = va_arg(ap, const char *);
+        if (msg == NULL)
+            msg = "(null)";
+    } else {
+        vsnprintf(buf, sizeof(buf), fmt, ap);
+    }
     if (to_journal) {
         send_to_journal(level, msg, job);
         return;
     }
+    if (pid_text[0] == '\0')
+        remember_pid();
 
     struct line l = { .len = 0 };
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    struct tm tm;
-    gmtime_r(&now.tv_sec, &tm);
-    char ts[64];
-    snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-             now.tv_nsec / 1000000);
-
     if (format == SK_LOG_FORMAT_JSON) {
-        put_fmt(&l, "{\"ts\":\"%s\",\"level\":\"%s\",\"role\":", ts, level_names[level]);
+        put_str(&l, "{\"ts\":\"");
+        put_stamp(&l);
+        put_str(&l, "\",\"level\":\"");
+        put_str(&l, level_names[level]);
+        put_str(&l, "\",\"role\":");
         put_json_string(&l, role);
-        put_fmt(&l, ",\"pid\":%ld,\"msg\":", (long)getpid());
+        put_str(&l, ",\"pid\":");
+        put_str(&l, pid_text);
+        put_str(&l, ",\"msg\":");
         put_json_string(&l, msg);
         put_job(&l, job);
         put_raw(&l, "}", 1);
     } else {
-        put_fmt(&l, "%s %-5s %s[%ld] ", ts, level_names[level], role, (long)getpid());
+        put_stamp(&l);
+        put_raw(&l, " ", 1);
+        put_fmt(&l, "%-5s ", level_names[level]);
+        put_str(&l, role);
+        put_raw(&l, "[", 1);
+        put_str(&l, pid_text);
+        put_raw(&l, "] ", 2);
         put_text(&l, msg, false);
         put_job(&l, job);
     }
@@ -136,6 +174,44 @@ static void put_raw(struct line *l, const char *s, size_t n)
     l->len += n;
 }
 
+static void put_str(struct line *l, const char *s)
+{
+    put_raw(l, s, strlen(s));
+}
+
+/* UTC, to the millisecond; gmtime_r and its formatting once a second. */
+static void put_stamp(struct line *l)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (now.tv_sec != stamp_second) {
+        struct tm tm;
+        gmtime_r(&now.tv_sec, &tm);
+        snprintf(stamp_prefix, sizeof(stamp_prefix), "%04d-%02d-%02dT%02d:%02d:%02d.",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                 tm.tm_sec);
+        stamp_second = now.tv_sec;
+    }
+    long ms = now.tv_nsec / 1000000;
+    char tail[4] = { (char)('0' + ms / 100), (char)('0' + ms / 10 % 10), (char)('0' + ms % 10),
+                     'Z' };
+    put_str(l, stamp_prefix);
+    put_raw(l, tail, sizeof(tail));
+}
+
+static size_t format_u64(char *out, uint64_t n)
+{
+    char digits[20];
+    size_t len = 0;
+    do {
+        digits[len++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n != 0);
+    for (size_t i = 0; i < len; i++)
+        out[i] = digits[len - 1 - i];
+    return len;
+}
+
 static void put_fmt(struct line *l, const char *fmt, ...)
 {
     size_t room = sizeof(l->buf) - 1 - l->len;
@@ -150,16 +226,18 @@ static void put_fmt(struct line *l, const char *fmt, ...)
 static void put_json_string(struct line *l, const char *s)
 {
     put_raw(l, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = { '\\', (char)*p };
-            put_raw(l, esc, 2);
-        } else if (*p < 0x20) {
+    const unsigned char *run = (const unsigned char *)s, *p = run;
+    for (; *p != '\0'; p++) {
+        if (*p != '"' && *p != '\\' && *p >= 0x20)
+            continue;
+        put_raw(l, (const char *)run, (size_t)(p - run));
+        run = p + 1;
+        if (*p == '"' || *p == '\\')
+            put_raw(l, (const char[]){ '\\', (char)*p }, 2);
+        else
             put_fmt(l, "\\u%04x", *p);
-        } else {
-            put_raw(l, (const char *)p, 1);
-        }
     }
+    put_raw(l, (const char *)run, (size_t)(p - run));
     put_raw(l, "\"", 1);
 }
 
@@ -168,10 +246,14 @@ static void put_field(struct line *l, const char *key, const char *value)
     if (value == NULL || value[0] == '\0')
         return;
     if (format == SK_LOG_FORMAT_JSON) {
-        put_fmt(l, ",\"%s\":", key);
+        put_raw(l, ",\"", 2);
+        put_str(l, key);
+        put_raw(l, "\":", 2);
         put_json_string(l, value);
     } else {
-        put_fmt(l, " %s=", key);
+        put_raw(l, " ", 1);
+        put_str(l, key);
+        put_raw(l, "=", 1);
         put_text(l, value, needs_quotes(value));
     }
 }
@@ -218,21 +300,28 @@ static void put_job(struct line *l, const struct sk_log_job *job)
     put_field(l, "idempotency_key", job->idempotency_key);
     put_field(l, "resource_key", job->resource_key);
     put_field(l, "lock_owner", job->lock_owner);
-    char num[32];
+    char num[24];
     if (job->fence > 0) {
-        snprintf(num, sizeof(num), "%lld", (long long)job->fence);
-        if (format == SK_LOG_FORMAT_JSON)
-            put_fmt(l, ",\"fence\":%s", num);
-        else
-            put_field(l, "fence", num);
+        num[format_u64(num, (uint64_t)job->fence)] = '\0';
+        put_number(l, "fence", num);
     }
     if (job->delivery_attempt > 0) {
-        snprintf(num, sizeof(num), "%u", job->delivery_attempt);
-        if (format == SK_LOG_FORMAT_JSON)
-            put_fmt(l, ",\"delivery_attempt\":%s", num);
-        else
-            put_field(l, "delivery_attempt", num);
+        num[format_u64(num, job->delivery_attempt)] = '\0';
+        put_number(l, "delivery_attempt", num);
     }
+}
+
+/* JSON numbers go unquoted; in text a number is a field like any other. */
+static void put_number(struct line *l, const char *key, const char *num)
+{
+    if (format != SK_LOG_FORMAT_JSON) {
+        put_field(l, key, num);
+        return;
+    }
+    put_raw(l, ",\"", 2);
+    put_str(l, key);
+    put_raw(l, "\":", 2);
+    put_str(l, num);
 }
 
 /* journald's own fields: PRIORITY is syslog's (error 3 .. debug 7). */

@@ -9,14 +9,17 @@
  * does; --help prints it on stdout and exits 0.
  *
  * Configuration and handlers are loaded here, before any worker exists, so a
- * mistake stops sekalid at once with exit code 2 (configuration) or 3
- * (handler ABI), which the systemd unit lists as not worth a restart. */
+ * mistake stops sekalid at once with exit code 2 (configuration, handler
+ * files that are missing, unsafe or unloadable, and handler configs that the
+ * handler's check() rejects) or 3 (a handler built for another ABI), which
+ * the systemd unit lists as not worth a restart. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "config.h"
+#include "host.h"
 #include "log.h"
 #include "plugin.h"
 #include "proctitle.h"
@@ -39,7 +42,8 @@ static void usage(FILE *out)
             "  -h, --help         print this help and exit\n"
             "  -V, --version      print the version and exit\n"
             "exit codes: 0 stopped cleanly, 1 runtime failure, 2 bad usage or\n"
-            "configuration, 3 a handler built for another ABI\n");
+            "configuration (handler files and configs included), 3 a handler\n"
+            "built for another ABI\n");
 }
 
 int main(int argc, char **argv)
@@ -83,10 +87,13 @@ int main(int argc, char **argv)
     sk_log_init(conf->log.level, conf->log.format, "supervisor");
 
     struct sk_plugin *plugins = NULL;
-    if (sk_plugin_load_queues(conf, &plugins, &err) != SK_OK) {
+    int rc = sk_plugin_load_queues(conf, sk_host(), &plugins, &err);
+    if (rc != SK_OK) {
         fprintf(stderr, "sekalid: %s\n", err.msg);
+        if (test_only)
+            fprintf(stderr, "sekalid: configuration file %s test failed\n", path);
         sk_conf_free(conf);
-        return SK_EXIT_ABI;
+        return rc == SK_PLUGIN_ABI ? SK_EXIT_ABI : SK_EXIT_CONFIG;
     }
 
     if (test_only) {

@@ -39,6 +39,8 @@ static const struct family counters[SK_METRIC_COUNT] = {
         "Jobs whose Redis lock or external-mode lease was found lost while they ran." },
     [SK_METRIC_FENCED_OUT] = { "sekali_fenced_out_total",
         "External mode: outcomes refused because another worker took the job over." },
+    [SK_METRIC_OCC_CONFLICTS] = { "sekali_occ_conflicts_total",
+        "Jobs whose handler found its row changed by another job (host->conflict())." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */

@@ -23,6 +23,9 @@
 /* The size of the 1.0 descriptor: every member up to and including fini. */
 #define DESCRIPTOR_V1_0_SIZE \
     (offsetof(struct sekali_handler, fini) + sizeof(((struct sekali_handler *)0)->fini))
+/* ... and of the 1.3 one, which added check. */
+#define DESCRIPTOR_V1_3_SIZE \
+    (offsetof(struct sekali_handler, check) + sizeof(((struct sekali_handler *)0)->check))
 
 /* Code that others can replace runs as sekali with its database
  * credentials: like sshd with a loose key file, refuse it. What is loaded is
@@ -95,22 +98,85 @@ static int open_checked(const char *path, const char *real, struct sk_err *err)
 }
 
 /* dlopen() takes a name, and glibc hands back an already loaded object whose
- * name matches: "/proc/self/fd/N" must therefore stay unique, so the
- * descriptor stays open as long as the object it named is loaded (for ever:
- * handlers are never unloaded). When the same file was loaded before, glibc
- * recognises it by device and inode and returns the earlier object, and the
- * new descriptor is not needed. */
-static void *load_fd(int fd)
+ * name matches: "/proc/self/fd/N" must therefore name one file for as long
+ * as an object was loaded under it, so the descriptor stays open while the
+ * object is loaded (for ever, once accepted: handlers in use are never
+ * unloaded). A file loaded again (a reload of an unchanged handler) must not
+ * reach dlopen() under a new name either: glibc would recognise the file by
+ * device and inode, return the loaded object, and file the new name under
+ * it, and once that descriptor is closed the next handler opened there
+ * would get the old object back. So this table finds such a file first, and
+ * takes a reference on its object under the object's own name. */
+struct loaded {
+    dev_t dev;
+    ino_t ino;
+    int   fd;   /* the descriptor whose /proc name the object has */
+};
+static struct loaded *table;
+static size_t n_table, table_cap;
+
+static void *load_fd(int fd, int *kept)
 {
     char name[64];
     struct link_map *map = NULL;
+    struct stat st;
 
+    *kept = -1;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return NULL;
+    }
+    for (size_t i = 0; i < n_table; i++) {
+        if (table[i].dev != st.st_dev || table[i].ino != st.st_ino)
+            continue;
+        snprintf(name, sizeof(name), "/proc/self/fd/%d", table[i].fd);
+        void *dl = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (dl != NULL) {
+            close(fd);
+            return dl;
+        }
+    }
+    if (n_table == table_cap) {
+        size_t cap = table_cap > 0 ? table_cap * 2 : 8;
+        struct loaded *grown = realloc(table, cap * sizeof(*grown));
+        if (grown == NULL) {
+            close(fd);
+            return NULL;
+        }
+        table = grown;
+        table_cap = cap;
+    }
     snprintf(name, sizeof(name), "/proc/self/fd/%d", fd);
     void *dl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (dl == NULL || dlinfo(dl, RTLD_DI_LINKMAP, &map) != 0 || map == NULL ||
-        strcmp(map->l_name, name) != 0)
+    if (dl == NULL) {
         close(fd);
+        return NULL;
+    }
+    /* An object glibc knew by other means (never one of ours): the name
+     * now points at it too, so the descriptor stays open, untracked. */
+    if (dlinfo(dl, RTLD_DI_LINKMAP, &map) != 0 || map == NULL || strcmp(map->l_name, name) != 0)
+        return dl;
+    table[n_table++] = (struct loaded){ .dev = st.st_dev, .ino = st.st_ino, .fd = fd };
+    *kept = fd;
     return dl;
+}
+
+/* A refused object is unloaded, as PostgreSQL's loader does: otherwise each
+ * failed reload would leave one more mapping behind. dlclose() only drops
+ * a reference, so an object that a running generation also loaded stays. */
+static void unload(void *dl, int kept)
+{
+    if (dl != NULL)
+        dlclose(dl);
+    if (kept < 0)
+        return;
+    for (size_t i = 0; i < n_table; i++) {
+        if (table[i].fd == kept) {
+            table[i] = table[--n_table];
+            break;
+        }
+    }
+    close(kept);
 }
 
 int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
@@ -122,39 +188,73 @@ int sk_plugin_load(const char *path, struct sk_plugin *out, struct sk_err *err)
     free(real);
     if (fd < 0)
         return SK_ERR;
-    void *dl = load_fd(fd);
-    if (dl == NULL)
-        return sk_err_set(err, SK_ERR, "handler %s: cannot load: %s", path, dlerror());
+    int kept;
+    void *dl = load_fd(fd, &kept);
+    if (dl == NULL) {
+        const char *why = dlerror();
+        return sk_err_set(err, SK_ERR, "handler %s: cannot load: %s", path,
+                          why != NULL ? why : "out of memory");
+    }
 
     dlerror();
     void *sym = dlsym(dl, SEKALI_HANDLER_SYMBOL);
     const char *why = dlerror();
-    if (sym == NULL || why != NULL)
-        return sk_err_set(err, SK_ERR,
-                          "handler %s: no symbol %s (is it a sekali handler? define it with "
-                          "SEKALI_HANDLER_DEFINE)", path, SEKALI_HANDLER_SYMBOL);
+    if (sym == NULL || why != NULL) {
+        sk_err_set(err, SK_ERR, "handler %s: no symbol %s (is it a sekali handler? define it "
+                   "with SEKALI_HANDLER_DEFINE)", path, SEKALI_HANDLER_SYMBOL);
+        unload(dl, kept);
+        return SK_ERR;
+    }
 
     const struct sekali_handler *(*get)(void);
     *(void **)&get = sym;
     const struct sekali_handler *h = get();
-    if (sk_plugin_check(h, path, err) != SK_OK)
-        return SK_ERR;
+    if (sk_plugin_check(h, path, err) != SK_OK) {
+        unload(dl, kept);
+        return SK_PLUGIN_ABI;
+    }
     out->path = path;
     out->handler = h;
+    out->dl = dl;
+    out->fd = kept;
     return SK_OK;
 }
 
-int sk_plugin_load_queues(const struct sk_conf *conf, struct sk_plugin **out,
-                          struct sk_err *err)
+int sk_plugin_check_config(const struct sk_plugin *p, const struct sekali_host *host,
+                           const char *config, struct sk_err *err)
+{
+    const struct sekali_handler *h = p->handler;
+    if (h->struct_size < DESCRIPTOR_V1_3_SIZE || h->check == NULL)
+        return SK_OK;
+    char why[512] = "";
+    if (h->check(host, config, why, sizeof(why)) == SEKALI_OK)
+        return SK_OK;
+    why[sizeof(why) - 1] = '\0';
+    return sk_err_set(err, SK_ERR, "handler %s rejects its config: %s", p->path,
+                      why[0] != '\0' ? why : "(no reason given)");
+}
+
+int sk_plugin_load_queues(const struct sk_conf *conf, const struct sekali_host *host,
+                          struct sk_plugin **out, struct sk_err *err)
 {
     struct sk_plugin *plugins = calloc(conf->n_queues, sizeof(*plugins));
     if (plugins == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(plugins)");
     for (size_t i = 0; i < conf->n_queues; i++) {
         struct sk_err why = { 0 };
-        if (sk_plugin_load(conf->queues[i].handler, &plugins[i], &why) != SK_OK) {
+        size_t loaded = i;
+        int rc = sk_plugin_load(conf->queues[i].handler, &plugins[i], &why);
+        if (rc == SK_OK) {
+            loaded = i + 1;
+            rc = sk_plugin_check_config(&plugins[i], host, conf->queues[i].handler_config,
+                                        &why);
+        }
+        if (rc != SK_OK) {
+            /* Nothing of a refused set runs: drop the references it took. */
+            for (size_t j = 0; j < loaded; j++)
+                unload(plugins[j].dl, plugins[j].fd);
             free(plugins);
-            return sk_err_set(err, SK_ERR, "queue %s: %s", conf->queues[i].name, why.msg);
+            return sk_err_set(err, rc, "queue %s: %s", conf->queues[i].name, why.msg);
         }
     }
     *out = plugins;

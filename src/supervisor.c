@@ -12,7 +12,11 @@
  * drains (each old worker finishes its job, its unstarted deliveries go back
  * to the broker for the new workers) and is freed once its last worker left.
  * SIGTERM retires the current generation the same way, and the supervisor
- * exits when no generation is left.
+ * exits when no generation is left. The generation a reload replaces goes on
+ * serving until every worker of the new one consumes: should a new worker
+ * exit 2 or 3 before that (its handler's init() refused the config, its
+ * password was refused), the new generation is abandoned and the previous
+ * one stays, as for an invalid file.
  *
  * Each slot of a generation has a role (roles.h: a queue's worker, an
  * outbox relay, the janitor) that names its process and runs it; every
@@ -27,7 +31,8 @@
  * running and the worker faulted, exited, was OOM-killed or timed out), and
  * moves a lock the dead worker held to where its replacement frees it. A worker
  * exiting with SK_EXIT_CONFIG or SK_EXIT_ABI would fail the same way again, so
- * the supervisor stops everything and exits with that code. */
+ * (outside a pending reload) the supervisor stops everything and exits with
+ * that code. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -42,6 +47,7 @@
 
 #include "backoff.h"
 #include "failpoint.h"
+#include "host.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
@@ -90,6 +96,7 @@ struct generation {
 
 struct supervisor {
     struct generation *current;      /* NULL once stopping */
+    struct generation *previous;     /* replaced by a reload, serving until current is ready */
     struct generation *retiring;     /* older generations still draining */
     int                signal_fd;
     bool               stopping;
@@ -123,6 +130,8 @@ static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slo
 static void oom_find(struct supervisor *s);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
+static void abandon(struct supervisor *s, const char *who, int code);
+static void respawn_due(struct supervisor *s, struct generation *g, int64_t now);
 static size_t running(const struct generation *g);
 static size_t workers(const struct generation *g);
 static int next_timeout(const struct supervisor *s);
@@ -214,13 +223,13 @@ static void turn(struct supervisor *s)
         return;
     int64_t now = sk_now_ms();
     kill_overdue_jobs(s->current);
+    if (s->previous != NULL)
+        kill_overdue_jobs(s->previous);
     for (struct generation *g = s->retiring; g != NULL; g = g->next)
         kill_overdue_jobs(g);
-    for (size_t i = 0; i < s->current->n_slots; i++) {
-        struct slot *slot = &s->current->slots[i];
-        if (slot->pid == 0 && now >= slot->restart_at_ms)
-            spawn(s, s->current, slot);
-    }
+    respawn_due(s, s->current, now);
+    if (s->previous != NULL)
+        respawn_due(s, s->previous, now);
     sk_fault_hold("hold_supervisor");
     report(s);
     sk_metrics_http_serve(s->http, &fds[1]);
@@ -290,6 +299,15 @@ fail:
     free(g->slots);
     free(g);
     return NULL;
+}
+
+static void respawn_due(struct supervisor *s, struct generation *g, int64_t now)
+{
+    for (size_t i = 0; i < g->n_slots; i++) {
+        struct slot *slot = &g->slots[i];
+        if (slot->pid == 0 && now >= slot->restart_at_ms)
+            spawn(s, g, slot);
+    }
 }
 
 /* Frees the generation with its configuration. Its plugins stay loaded:
@@ -412,6 +430,8 @@ static void reap(struct supervisor *s)
             break;
         struct generation *g = s->current;
         struct slot *slot = slot_of(g, pid);
+        if (slot == NULL && (slot = slot_of(s->previous, pid)) != NULL)
+            g = s->previous;
         for (g = slot != NULL ? g : s->retiring; slot == NULL && g != NULL; g = g->next)
             if ((slot = slot_of(g, pid)) != NULL)
                 break;
@@ -505,7 +525,7 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
     char name[300];
     const char *who = slot_name(g, slot, name, sizeof(name));
     int64_t lived = sk_now_ms() - slot->started_ms;
-    bool retiring = g != s->current;
+    bool retiring = g != s->current && g != s->previous;
 
     if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && retiring) {
         sk_log_debug("%s stopped", who);
@@ -513,6 +533,10 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
     }
     if (!retiring && WIFEXITED(status) &&
         (WEXITSTATUS(status) == SK_EXIT_CONFIG || WEXITSTATUS(status) == SK_EXIT_ABI)) {
+        if (g == s->current && s->previous != NULL) {
+            abandon(s, who, WEXITSTATUS(status));
+            return;
+        }
         sk_log_error("%s exited with status %d; not restarting it, since it "
                      "would fail the same way", who, WEXITSTATUS(status));
         if (s->exit_code == SK_EXIT_OK)
@@ -574,6 +598,9 @@ static void begin_stop(struct supervisor *s, const char *why)
     /* The last scrape is over before the generation it reads can go. */
     sk_metrics_http_stop(s->http);
     s->http = NULL;
+    if (s->previous != NULL)
+        retire(s, s->previous, what);
+    s->previous = NULL;
     retire(s, s->current, what);
     s->current = NULL;
 }
@@ -592,7 +619,7 @@ static void reload(struct supervisor *s)
     struct sk_plugin *plugins = NULL;
     struct generation *g = NULL;
     if (sk_conf_load(s->current->conf->path, &conf, &err) != SK_OK ||
-        sk_plugin_load_queues(conf, &plugins, &err) != SK_OK ||
+        sk_plugin_load_queues(conf, sk_host(), &plugins, &err) != SK_OK ||
         (g = generation_new(conf, plugins, &err)) == NULL) {
         sk_log_error("reload failed, still running the previous configuration: %s", err.msg);
         sk_notify_status("reload failed, running the previous configuration: %s", err.msg);
@@ -609,12 +636,37 @@ static void reload(struct supervisor *s)
     if (!same_listen)
         sk_log_warn("reload: metrics.listen changed; the new address takes a restart");
     sk_metrics_http_switch(s->http, g->conf, g->metrics);
-    retire(s, s->current, "reload: retiring the previous generation");
+    /* The running generation serves until the new one consumes (report()),
+     * so that a new one that cannot start costs nothing. A generation that
+     * a further reload replaces before it was ready is simply superseded. */
+    if (s->previous != NULL)
+        retire(s, s->current, "reload: retiring the generation that never got ready");
+    else
+        s->previous = s->current;
     s->current = g;
     s->ready_sent = false;
     for (size_t i = 0; i < g->n_slots; i++)
         spawn(s, g, &g->slots[i]);
     sk_log_info("reloaded: %zu workers for %zu queues", workers(g), conf->n_queues);
+}
+
+/* A worker of a reload's new generation exited 2 or 3 before that
+ * generation was ready: it cannot run, and would stop sekalid were it the
+ * only one. The previous generation, still serving, stays current. */
+static void abandon(struct supervisor *s, const char *who, int code)
+{
+    struct generation *g = s->current;
+    sk_log_error("reload failed, still running the previous configuration: %s exited with "
+                 "status %d at start", who, code);
+    sk_notify_status("reload failed, running the previous configuration: %s exited with "
+                     "status %d at start", who, code);
+    s->status[0] = '\0';
+    s->current = s->previous;
+    s->previous = NULL;
+    sk_metrics_http_switch(s->http, s->current->conf, s->current->metrics);
+    retire(s, g, "reload: abandoning the new generation");
+    s->ready_sent = true;
+    sk_notify_ready();
 }
 
 /* Queue workers only: relays and the janitor are not counted. */
@@ -660,6 +712,10 @@ static void report(struct supervisor *s)
         s->ready_sent = true;
         sk_notify_ready();
         sk_log_info("ready: every worker is consuming");
+        if (s->previous != NULL) {
+            retire(s, s->previous, "reload: retiring the previous generation");
+            s->previous = NULL;
+        }
     }
     if (strcmp(status, s->status) != 0) {
         memcpy(s->status, status, sizeof(status));
@@ -761,6 +817,9 @@ static int next_timeout(const struct supervisor *s)
     for (size_t i = 0; g != NULL && i < g->n_slots; i++)
         if (g->slots[i].pid == 0 && g->slots[i].restart_at_ms < next)
             next = g->slots[i].restart_at_ms;
+    for (size_t i = 0; s->previous != NULL && i < s->previous->n_slots; i++)
+        if (s->previous->slots[i].pid == 0 && s->previous->slots[i].restart_at_ms < next)
+            next = s->previous->slots[i].restart_at_ms;
     for (const struct generation *r = s->retiring; r != NULL; r = r->next)
         if (r->kill_at_ms < next)
             next = r->kill_at_ms;

@@ -15,7 +15,6 @@
 #include "clock.h"
 #include "heartbeat.h"
 #include "job.h"
-#include "lease.h"
 #include "links.h"
 #include "log.h"
 #include "process.h"
@@ -163,7 +162,7 @@ static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
 static void teardown(struct sk_pipeline *p)
 {
     sk_heartbeat_stop(p->heartbeat);
-    sk_lease_checkpoints_clear(&p->ctx.checkpoints);
+    sk_host_ctx_free(&p->ctx);
     sk_links_free(p->links);
     if (p->handler->fini != NULL && p->handler_state != NULL)
         p->handler->fini(p->handler_state);

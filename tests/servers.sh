@@ -25,6 +25,10 @@
 #   SEKALI_RABBIT_NODE [sekali-test@localhost]
 #   SEKALI_AMQP_CONSUMER_TIMEOUT [3600000] ms
 #   SEKALI_WAIT [30] / SEKALI_WAIT_RABBIT [60]  seconds to wait for a server
+#   SEKALI_LISTEN_EXTRA ['']  ADDRESS/PREFIX: each server also listens on this
+#                       IPv4 address, which must exist (the cluster tests put
+#                       it on a veth of their own), and PostgreSQL admits
+#                       clients from ADDRESS/PREFIX
 # Ports chosen at `start` are remembered in the scratch dir, so later commands
 # (stop, env, restart-*) find the servers without the variables being set again.
 
@@ -49,7 +53,7 @@ MARKER=$SCRATCH/.sekali-servers     # proves a dir is ours before `stop --wipe`
 # Values remembered by the last `start` are the defaults; explicit environment
 # variables still win.
 SAVED_PG_PORT='' SAVED_REDIS_PORT='' SAVED_AMQP_PORT='' SAVED_AMQP_DIST_PORT=''
-SAVED_EPMD_PORT='' SAVED_RABBIT_NODE=''
+SAVED_EPMD_PORT='' SAVED_RABBIT_NODE='' SAVED_LISTEN_EXTRA=''
 if [ -f "$SETTINGS_FILE" ]; then
     # shellcheck disable=SC1090
     . "$SETTINGS_FILE"
@@ -64,6 +68,18 @@ AMQP_DIST_PORT=${SEKALI_AMQP_DIST_PORT:-${SAVED_AMQP_DIST_PORT:-$((AMQP_PORT + 1
 EPMD_PORT=${SEKALI_EPMD_PORT:-${SAVED_EPMD_PORT:-54369}}
 RABBIT_NODE=${SEKALI_RABBIT_NODE:-${SAVED_RABBIT_NODE:-sekali-test@localhost}}
 CONSUMER_TIMEOUT=${SEKALI_AMQP_CONSUMER_TIMEOUT:-3600000}
+LISTEN_EXTRA=${SEKALI_LISTEN_EXTRA:-$SAVED_LISTEN_EXTRA}
+EXTRA_ADDR='' EXTRA_NET=''
+if [ -n "$LISTEN_EXTRA" ]; then
+    [[ $LISTEN_EXTRA =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)\.([0-9]+)/([0-9]+)$ ]] &&
+        [ "${BASH_REMATCH[5]}" -le 32 ] ||
+        die "SEKALI_LISTEN_EXTRA=$LISTEN_EXTRA is not an IPv4 ADDRESS/PREFIX"
+    EXTRA_ADDR=${LISTEN_EXTRA%/*}
+    # The network, host bits cleared: pg_hba.conf wants it so.
+    extra_bits=$(( (BASH_REMATCH[1] << 24 | BASH_REMATCH[2] << 16 | BASH_REMATCH[3] << 8 | BASH_REMATCH[4]) &
+                   (0xffffffff << (32 - BASH_REMATCH[5])) & 0xffffffff ))
+    EXTRA_NET=$((extra_bits >> 24)).$((extra_bits >> 16 & 255)).$((extra_bits >> 8 & 255)).$((extra_bits & 255))/${BASH_REMATCH[5]}
+fi
 WAIT=${SEKALI_WAIT:-30}
 WAIT_RABBIT=${SEKALI_WAIT_RABBIT:-60}
 
@@ -247,6 +263,7 @@ SAVED_AMQP_PORT=$AMQP_PORT
 SAVED_AMQP_DIST_PORT=$AMQP_DIST_PORT
 SAVED_EPMD_PORT=$EPMD_PORT
 SAVED_RABBIT_NODE=$(squote "$RABBIT_NODE")
+SAVED_LISTEN_EXTRA=$(squote "$LISTEN_EXTRA")
 EOF
     write_wrappers
 }
@@ -352,7 +369,7 @@ pg_configure() {
     # Regenerated on every start so a changed port takes effect.
     as_pg tee "$PGDATA/sekali.conf" >/dev/null <<EOF
 # written by tests/servers.sh
-listen_addresses = '127.0.0.1'
+listen_addresses = '127.0.0.1${EXTRA_ADDR:+,$EXTRA_ADDR}'
 port = $PG_PORT
 unix_socket_directories = '$PGRUN'
 unix_socket_permissions = 0700
@@ -368,6 +385,7 @@ EOF
 # TYPE  DATABASE  USER  ADDRESS        METHOD
 local   all       all                  trust
 host    all       all   127.0.0.1/32   scram-sha-256
+${EXTRA_NET:+host    all       all   $EXTRA_NET   scram-sha-256}
 EOF
 }
 
@@ -448,7 +466,9 @@ start_redis() {
         # No persistence: tests want a clean, fast, throw-away store.
         cat >"$REDIS/redis.conf" <<EOF
 # written by tests/servers.sh
-bind 127.0.0.1
+bind 127.0.0.1${EXTRA_ADDR:+ $EXTRA_ADDR}
+${EXTRA_ADDR:+# without a password, protected mode admits loopback clients only
+protected-mode no}
 port $REDIS_PORT
 daemonize yes
 pidfile $REDIS_PID
@@ -567,6 +587,7 @@ rabbit_write_config() {
     cat >"$RMQ/rabbitmq.conf" <<EOF
 # written by tests/servers.sh
 listeners.tcp.default = 127.0.0.1:$AMQP_PORT
+${EXTRA_ADDR:+listeners.tcp.extra = $EXTRA_ADDR:$AMQP_PORT}
 distribution.listener.interface = 127.0.0.1
 distribution.listener.port_range.min = $AMQP_DIST_PORT
 distribution.listener.port_range.max = $AMQP_DIST_PORT

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
     build-essential pkg-config
     librabbitmq-dev libhiredis-dev libpq-dev libyaml-dev libsystemd-dev libmicrohttpd-dev check
-    postgresql postgresql-client redis-server rabbitmq-server
+    postgresql postgresql-client redis-server redis-sentinel rabbitmq-server  # sentinel: tests/cluster
     valgrind procps libfaketime systemd
     curl prometheus   # the metrics test scrapes with curl and checks with promtool
     mandoc man-db     # check_docs lints the man pages; check_handler_build finds them

@@ -1,16 +1,34 @@
 /* sekali/handler.h - the handler ABI: the one header a handler author includes.
  *
  * A handler is a shared object exporting one function, sekali_handler_v1(),
- * that returns a static descriptor. sekalid loads it with RTLD_NOW|RTLD_LOCAL,
- * checks the descriptor's ABI version and size, and refuses to start on a
- * mismatch. Plugins reach the daemon only through the sekali_host vtable and
- * never link against daemon symbols.
+ * that returns a static descriptor. That name is the permanent entry symbol:
+ * it stays sekali_handler_v1 in every ABI version, even after a major bump,
+ * so a plugin built for another major version is still found and refused
+ * with its abi_major named, never with a bare "no symbol". sekalid loads
+ * it with RTLD_NOW|RTLD_LOCAL, checks the descriptor's ABI version and size,
+ * and refuses to start on a mismatch. Plugins reach the daemon only
+ * through the sekali_host vtable and never link against daemon symbols.
  *
  * Growing the ABI without breaking built plugins:
  *   - structs only grow at their end, and carry their own struct_size;
  *   - a plugin reads a host member only if host->abi_minor says it exists;
  *   - the host reads a descriptor member only if descriptor->struct_size covers it;
  *   - removing, reordering or retyping a member bumps SEKALI_HANDLER_ABI_MAJOR.
+ *
+ * Return convention: handle() and init() return an enum sekali_status. Host
+ * functions that can fail return 0 (or a length, where one is documented) on
+ * success and -1 on failure; where the failure is the job's, the host has
+ * already set it as the job's error, so the handler just returns
+ * SEKALI_RETRY or SEKALI_FAIL.
+ *
+ * Which errors to retry: an error that another attempt can cure is
+ * SEKALI_RETRY, one that will recur with the same body is SEKALI_FAIL. For
+ * PostgreSQL (PQresultErrorField(res, PG_DIAG_SQLSTATE)): class 40
+ * (serialization failure, deadlock), 55P03 (lock_timeout), class 57
+ * (statement_timeout's 57014, admin shutdown) and class 08 (connection) are
+ * transient: return SEKALI_RETRY; sekali_sqlstate_transient() below tells
+ * them apart. Data errors (class 22, 23 on a unique key that is the job's own
+ * business, 42 on a bad query) are SEKALI_FAIL.
  *
  * Threading: every callback runs on the worker process's main thread, one job
  * at a time. Each worker is its own process, so handler state is per process. */
@@ -25,7 +43,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 2  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 3  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -45,6 +63,8 @@ enum sekali_log_level {
  * libpq-fe.h; it is the same type as PGconn. */
 struct pg_conn;
 
+struct sekali_host;
+
 /* One delivery, as the handler sees it. Borrowed: valid until handle()
  * returns. Strings are NUL-terminated; absent optional ones are "". */
 struct sekali_job {
@@ -55,10 +75,33 @@ struct sekali_job {
     const char *idempotency_key;  /* x-idempotency-key, else job_id */
     const char *resource_key;     /* x-resource-key, else the idempotency key */
     const char *content_type;
-    const void *body;
+    const void *body;             /* since 1.3 body[body_len] == '\0' (the body
+                                   * may hold NULs of its own: use body_len);
+                                   * before 1.3 not terminated */
     size_t      body_len;
     uint32_t    delivery_attempt; /* 1 on the first delivery */
     int64_t     fence;            /* fencing token of this claim; grows with each claim */
+
+    /* Since 1.3 (job->struct_size covers it when host->abi_minor >= 3): the
+     * host, so that handle() needs no init() to reach it. */
+    const struct sekali_host *host;
+    /* append here; never reorder, resize or remove */
+};
+
+/* What host->enqueue_job() takes. Zero it, set struct_size, and fill what
+ * you need: members a host does not know yet are never read, and members
+ * left 0 or NULL take the defaults below. */
+struct sekali_enqueue {
+    uint32_t    struct_size;      /* sizeof(struct sekali_enqueue): first, forever */
+    const char *queue;            /* mandatory */
+    const char *job_type;         /* mandatory */
+    const void *body;             /* mandatory; body_len bytes */
+    size_t      body_len;
+    const char *idempotency_key;  /* NULL: the new job's id */
+    const char *dedupe_key;       /* NULL: no deduplication */
+    const char *resource_key;     /* NULL: the idempotency key */
+    int64_t     run_at_ms;        /* Unix time in ms to publish at; 0: now */
+    int64_t     dedupe_ttl_ms;    /* how long dedupe_key holds; 0: one day */
     /* append here; never reorder, resize or remove */
 };
 
@@ -108,16 +151,41 @@ struct sekali_host {
      * or NULL. Borrowed: valid until handle() returns. */
     const char *(*checkpoint)(struct sekali_ctx *ctx, const char *name);
 
-    /* Since 1.2. Enqueues a follow-up job through the outbox
-     * (sekali.enqueue) on the job's connection: in transactional mode it
-     * commits or rolls back with this job's effect, so a job and the jobs it
-     * triggers happen together or not at all. idempotency_key and
-     * dedupe_key may be NULL. Writes the new job's id to job_id (size
-     * bytes) when job_id is not NULL. Returns 0, or -1 with the reason set
-     * as the job's error (return SEKALI_RETRY then). */
+    /* Since 1.2; frozen since 1.3: use enqueue_job(). Enqueues a follow-up
+     * job through the outbox (sekali.enqueue) on the job's connection: in
+     * transactional mode it commits or rolls back with this job's effect,
+     * so a job and the jobs it triggers happen together or not at all.
+     * idempotency_key and dedupe_key may be NULL. Writes the new job's id
+     * to job_id (size bytes) when job_id is not NULL. Returns 0, or -1 with
+     * the reason set as the job's error (return SEKALI_RETRY then). */
     int (*enqueue)(struct sekali_ctx *ctx, const char *queue, const char *job_type,
                    const void *body, size_t body_len, const char *idempotency_key,
                    const char *dedupe_key, char *job_id, size_t size);
+
+    /* Since 1.3 (check host->abi_minor >= 3). enqueue() with every option
+     * of sekali.enqueue(), taking a struct that can grow. Writes the new
+     * job's id (or, when dedupe_key is held, the holder's) to job_id (size
+     * bytes) when job_id is not NULL. Returns 0, or -1 with the reason set
+     * as the job's error (return SEKALI_RETRY then). */
+    int (*enqueue_job)(struct sekali_ctx *ctx, const struct sekali_enqueue *e,
+                       char *job_id, size_t size);
+
+    /* Since 1.3. Reads the top-level scalar `key` of a handler config (the
+     * text init() and check() get; only flat `key: value` pairs are
+     * supported). Copies it NUL-terminated into buf (size bytes, truncated
+     * if needed) and returns its length, like snprintf(); returns -1 when
+     * config is NULL or the key is absent, or holds a list or mapping.
+     * Callable from check(), init() and handle(); it does not block. */
+    int (*config_get)(const char *config, const char *key, char *buf, size_t size);
+
+    /* Since 1.3. Optimistic concurrency: a handler whose guarded update
+     * (UPDATE ... WHERE version = $n, or WHERE status = 'pending') touched
+     * no row because another job changed it first calls this and returns
+     * what it returns (SEKALI_RETRY): the job is re-scheduled with reason
+     * "conflict", counted in sekali_occ_conflicts_total, and its next
+     * attempt reads the row afresh. message (copied) becomes the job's
+     * error. Like any retry, it counts towards retry.max_attempts. */
+    int (*conflict)(struct sekali_ctx *ctx, const char *message);
 
     /* append here; never reorder, resize or remove */
 };
@@ -130,7 +198,10 @@ struct sekali_handler {
     /* Optional. Called once per worker process before its first job.
      * config is the queue's `config:` section as YAML text, or NULL.
      * Returns SEKALI_OK, SEKALI_RETRY (transient: the worker restarts later)
-     * or SEKALI_FAIL (bad configuration: sekalid stops the queue). */
+     * or SEKALI_FAIL (bad configuration: at start sekalid stops with exit
+     * 2; in a reload the new configuration is abandoned). Validate the
+     * config in check() instead: `sekalid -t` runs it, and it fails a
+     * reload before any new worker starts. */
     int (*init)(const struct sekali_host *host, const char *config, void **state);
 
     /* Mandatory. Performs the job's business effect. */
@@ -138,10 +209,40 @@ struct sekali_handler {
 
     /* Optional. Called when the worker exits cleanly. */
     void (*fini)(void *state);
+
+    /* Since 1.3, optional. Validates the queue's handler config (as init()
+     * gets it, or NULL) in the supervisor, by `sekalid -t`, at start and
+     * before a reload starts new workers: a config it rejects stops the
+     * start, fails `sekalid -t`, and leaves a reload's old generation
+     * running. Returns SEKALI_OK, or SEKALI_FAIL with a message written to
+     * err (err_size bytes). It must not block, open connections or keep
+     * state: it runs in the supervisor, and on every reload. host offers
+     * config_get() and log(). */
+    int (*check)(const struct sekali_host *host, const char *config, char *err,
+                 size_t err_size);
     /* append here; never reorder, resize or remove */
 };
 
+/* The permanent entry symbol: never renamed, whatever the ABI version. */
 #define SEKALI_HANDLER_SYMBOL "sekali_handler_v1"
+
+/* 1 when a PostgreSQL SQLSTATE (PG_DIAG_SQLSTATE, may be NULL) names an
+ * error another attempt can cure: class 40 (serialization failure,
+ * deadlock), 55P03 (lock not available), class 57 (operator intervention:
+ * query canceled by statement_timeout, shutdown) and class 08 (connection
+ * exception); a NULL SQLSTATE means no server answer, so also 1. Return
+ * SEKALI_RETRY for these and SEKALI_FAIL for the rest. Compiled into the
+ * handler, so it needs no host. */
+static inline int sekali_sqlstate_transient(const char *sqlstate)
+{
+    if (sqlstate == NULL || sqlstate[0] == '\0')
+        return 1;
+    if ((sqlstate[0] == '4' && sqlstate[1] == '0') || (sqlstate[0] == '5' && sqlstate[1] == '7') ||
+        (sqlstate[0] == '0' && sqlstate[1] == '8'))
+        return 1;
+    return sqlstate[0] == '5' && sqlstate[1] == '5' && sqlstate[2] == 'P' && sqlstate[3] == '0' &&
+           sqlstate[4] == '3';
+}
 
 /* Defines the exported descriptor. Members left out default to NULL, so a
  * plugin built against an older minor version stays valid:

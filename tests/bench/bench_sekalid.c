@@ -28,6 +28,10 @@
  *
  * Then SIGTERM, and sekalid must exit 0 within STOP_TIMEOUT_S.
  *
+ * CPU: once sekalid is reaped, getrusage(RUSAGE_CHILDREN) is the user and
+ * system time of sekalid and of every worker it reaped ("sekali_cpu_ms"),
+ * start-up and stop included; this driver's own polling is not in it.
+ *
  * Prints "name value" lines on stdout for run.sh; exits 1 on a timeout, an
  * early exit, or an unclean stop, saying why on stderr. */
 #include <ctype.h>
@@ -41,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -190,6 +195,11 @@ int main(int argc, char **argv)
      * worker grew, so that a big negative number is not hidden either. */
     printf("rss_growth_kib %ld\n", max_growth > 0 ? max_growth : min_growth);
     printf("same_workers %d\n", same_workers ? 1 : 0);
+    struct rusage children;
+    if (getrusage(RUSAGE_CHILDREN, &children) == 0)
+        printf("sekali_cpu_ms %.0f\n",
+               (double)(children.ru_utime.tv_sec + children.ru_stime.tv_sec) * 1e3 +
+               (double)(children.ru_utime.tv_usec + children.ru_stime.tv_usec) / 1e3);
     return stopped;
 }
 

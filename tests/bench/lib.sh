@@ -46,6 +46,7 @@ cflags=(-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-pr
         -o "$out/bench_amqp" tests/bench/bench_amqp.c $(pkg-config --libs librabbitmq)
     "$cc" "${cflags[@]}" $(pkg-config --cflags libpq) \
         -o "$out/bench_sekalid" tests/bench/bench_sekalid.c $(pkg-config --libs libpq)
+    "$cc" "${cflags[@]}" -o "$out/bench_cpu" tests/bench/bench_cpu.c
 }
 
 # ---------------------------------------------------------------------------
@@ -60,6 +61,11 @@ sql() { PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONN
 # write_conf QUEUE [RELAYS]: a sekalid configuration consuming QUEUE with the
 # bench handler, and RELAYS outbox relays (none by default). Log level warn:
 # at info every job logs a line, and the benchmark would measure the logging.
+# The queue's prefetch and batch are written only when bench_prefetch and
+# bench_batch are set (BENCH_PREFETCH, BENCH_BATCH): otherwise sekali's
+# defaults are what is measured, and a build that does not know `batch`
+# yet still runs.
+bench_prefetch='' bench_batch=''
 write_conf() {
     local conf=$work/$1.yaml
     cat >"$conf" <<YAML
@@ -80,9 +86,21 @@ queues:
   - name: $1
     handler: $out/bench_handler.so
     workers: $workers
-    prefetch: 8
 YAML
+    [ -z "$bench_prefetch" ] || printf '    prefetch: %s\n' "$bench_prefetch" >>"$conf"
+    [ -z "$bench_batch" ] || printf '    batch: %s\n' "$bench_batch" >>"$conf"
     printf '%s' "$conf"
+}
+
+# server_cpu: "postgres_ms N", "rabbitmq_ms N", "redis_ms N": CPU time so
+# far of the test servers' process trees (tests/bench/bench_cpu.c). Their
+# pids come from the files tests/servers.sh keeps under SEKALI_SCRATCH.
+server_cpu() {
+    local pg rmq redis
+    pg=$(head -n 1 "$SEKALI_SCRATCH/postgres/data/postmaster.pid" 2>/dev/null || echo 0)
+    rmq=$(tr -dc '0-9' <"$SEKALI_SCRATCH/rabbitmq/rabbit.pid" 2>/dev/null || echo 0)
+    redis=$(tr -dc '0-9' <"$SEKALI_SCRATCH/redis/redis.pid" 2>/dev/null || echo 0)
+    "$out/bench_cpu" "postgres=${pg:-0}" "rabbitmq=${rmq:-0}" "redis=${redis:-0}"
 }
 
 # schema CONF: sekali's migrations and the bench tables, and CONF checked by

@@ -3,23 +3,34 @@
 # compared with PostgreSQL alone running the same SQL through pgbench.
 #   tests/bench/run.sh BUILD_DIR    (servers from tests/servers.sh must be running)
 #
-# Settings (environment; defaults in brackets):
+# Settings (environment; defaults in brackets). The three lists make one
+# configuration per combination, each measured as below:
+#   BENCH_WORKERS [4 16]    sekalid workers (and pgbench clients): a list
+#   BENCH_BATCH [unset]     queues[].batch: a list, e.g. "1 4 16 64"; unset,
+#                           no batch key is written (builds without it run)
+#   BENCH_PREFETCH [unset]  queues[].prefetch: a list; unset, sekali's default
+#   BENCH_COMPARE [unset]   other sekalid binaries to run back to back with
+#                           this build's, in the same runs: "NAME=PATH ..."
+#                           (e.g. before=/tmp/main/build/sekalid)
 #   BENCH_JOBS [20000]      jobs per throughput run (and pgbench transactions)
-#   BENCH_WORKERS [4]       sekalid workers, and pgbench clients
 #   BENCH_RUNS [3]          throughput runs, each followed by a pgbench run
 #   BENCH_LATENCY_SECONDS [10]  length of the fixed-rate latency run
 #   BENCH_LATENCY_RATE [half the median throughput]  its jobs/s, to compare
 #                           two builds at the same load
 #   BENCH_TIMEOUT [300]     seconds one run may take before it counts as failed
 #
-# What it does:
+# What it does, per configuration:
 #   1. throughput, BENCH_RUNS times: publish BENCH_JOBS persistent jobs into a
 #      fresh queue, start sekalid, time it until every key is completed;
 #      the workers' RSS is sampled at 25% and 100% of the jobs, and their
-#      peak (VmHWM) before the stop;
+#      peak (VmHWM) before the stop; CPU time is counted per process group:
+#      PostgreSQL, RabbitMQ and Redis (the test servers' process trees,
+#      before and after the run) and sekali (sekalid and its workers);
+#      with BENCH_COMPARE, each other binary runs right after this one;
 #   2. after each sekalid run, pgbench with tests/bench/job.pgbench: one
 #      worker's per-job SQL as one transaction, at the same concurrency
-#      (interleaved, so that noise on the shared machine hits both alike);
+#      (interleaved, so that noise on the shared machine hits both alike),
+#      with PostgreSQL's CPU per transaction counted the same way;
 #   3. latency: sekalid running while jobs arrive at half the median
 #      throughput for BENCH_LATENCY_SECONDS after a second of warm-up, each
 #      stamped with its publish time; PostgreSQL computes p50 and p99 of
@@ -27,24 +38,45 @@
 # Every run is checked: exactly one effect per job, no key doubled, every
 # key completed, the queue and its dead letters empty, sekalid exiting 0 on
 # SIGTERM. A failed check exits non-zero. Speed is measured, never asserted.
+# The summary is one table row per configuration and binary; its ratios are
+# to pgbench on the same SQL and to the first BENCH_BATCH value (batch 1 if
+# the list starts with it) at the same workers, prefetch and binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export LC_ALL=C   # decimal points in printf and awk, whatever the caller's locale
 
 build=${1:-build}
+workers_list=${BENCH_WORKERS:-4 16}
+batch_list=${BENCH_BATCH:-}
+prefetch_list=${BENCH_PREFETCH:-}
+compare=${BENCH_COMPARE:-}
 jobs=${BENCH_JOBS:-20000}
-workers=${BENCH_WORKERS:-4}
 runs=${BENCH_RUNS:-3}
 latency_seconds=${BENCH_LATENCY_SECONDS:-10}
 latency_rate=${BENCH_LATENCY_RATE:-half}
 timeout=${BENCH_TIMEOUT:-300}
 [ "$latency_rate" = half ] || [[ $latency_rate =~ ^[1-9][0-9]*$ ]] ||
     { echo "bench: BENCH_LATENCY_RATE must be a positive integer" >&2; exit 2; }
-for v in jobs workers runs latency_seconds timeout; do
+for v in jobs runs latency_seconds timeout; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "bench: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
-# pgbench runs jobs/workers transactions per client.
-(( jobs >= workers )) || { echo "bench: BENCH_JOBS must be at least BENCH_WORKERS" >&2; exit 2; }
+for v in workers_list batch_list prefetch_list; do
+    for x in ${!v}; do
+        [[ $x =~ ^[1-9][0-9]*$ ]] || { echo "bench: ${v%_list} must be positive integers, got '$x'" >&2; exit 2; }
+        # pgbench runs jobs/workers transactions per client.
+        [ "$v" != workers_list ] || (( jobs >= x )) ||
+            { echo "bench: BENCH_JOBS must be at least every BENCH_WORKERS" >&2; exit 2; }
+    done
+done
+[ -n "$workers_list" ] || { echo "bench: BENCH_WORKERS is empty" >&2; exit 2; }
+# The binaries: this build's first, then BENCH_COMPARE's, each NAME=PATH.
+names=(this) binaries=("$build/sekalid")
+for c in $compare; do
+    [[ $c =~ ^[A-Za-z0-9_.-]+=.+$ ]] || { echo "bench: BENCH_COMPARE wants NAME=PATH, got '$c'" >&2; exit 2; }
+    [ -x "${c#*=}" ] || { echo "bench: BENCH_COMPARE: ${c#*=} is not an executable" >&2; exit 2; }
+    names+=("${c%%=*}") binaries+=("${c#*=}")
+done
+workers=${workers_list%% *}  # for lib.sh's first configuration check
 
 # shellcheck source=tests/bench/lib.sh
 . tests/bench/lib.sh
@@ -74,111 +106,174 @@ forget() {
 schema "$(write_conf "$run_id-check")"
 sql -c "DELETE FROM sekali.idempotency_keys WHERE queue LIKE 'bench-%'" -c 'TRUNCATE sekali_bench.jobs'
 
-say "$jobs jobs, $workers workers, $runs runs; scratch files in $work"
-pg_clients=$workers
-pg_threads=$((workers < 2 ? workers : 2))
-pg_per_client=$((jobs / workers))
-pg_jobs=$((pg_per_client * workers))
+summary=$work/bench-summary
+: >"$summary"
 
-sekali_rates=() pgbench_tps=() max_hwm=0 max_growth=0
-for run in $(seq 1 "$runs"); do
-    # --- sekali ---------------------------------------------------------
-    queue=$run_id-sekali-$run
-    conf=$(write_conf "$queue")
-    settle
-    quiesce "sekali run $run"
-    live_queue=$queue
-    "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
-    published=$(cat "$work/$queue.publish")
-    result=$work/$queue.result
-    "$out/bench_sekalid" "$build/sekalid" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
-        "$queue" "$jobs" "$timeout" >"$result" || die "sekali run $run (see $work/$queue.log)"
-    verify "$queue" "$jobs" amqp
-    log_problems "$work/$queue.log"
-    rate=$(field jobs_per_s "$result")
-    hwm=$(field max_hwm_kib "$result")
-    growth=$(field rss_growth_kib "$result")
-    [ "$(field same_workers "$result")" = 1 ] ||
-        say "note: a worker was restarted during run $run; its RSS growth is not comparable"
-    sekali_rates+=("$rate")
-    if (( hwm > max_hwm )); then max_hwm=$hwm; fi
-    if (( ${growth#-} > ${max_growth#-} )); then max_growth=$growth; fi
-    say "sekali run $run: $rate jobs/s, $(field elapsed_s "$result") s" \
-        "(first effect after $(field first_effect_s "$result") s; poll saw the end at" \
-        "$(field detected_s "$result") s), peak RSS $hwm KiB, RSS growth 25%->100% $growth KiB"
-    say "  publishing took: $published"
-    "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
-    live_queue=''
-    forget "$queue"
+# cpu_split BEFORE AFTER SEKALI_MS JOBS: "pg rmq redis sekali total" in ms
+# per job, from two server_cpu outputs and sekali's own CPU.
+cpu_split() {
+    awk -v s="$3" -v n="$4" '
+        FNR == NR { before[$1] = $2; next }
+        { after[$1] = $2 }
+        END {
+            pg = after["postgres_ms"] - before["postgres_ms"]
+            rmq = after["rabbitmq_ms"] - before["rabbitmq_ms"]
+            rd = after["redis_ms"] - before["redis_ms"]
+            printf "%.3f %.3f %.3f %.3f %.3f\n", pg / n, rmq / n, rd / n, s / n, (pg + rmq + rd + s) / n
+        }' "$1" "$2"
+}
 
-    # --- pgbench on the same SQL ----------------------------------------
-    queue=$run_id-pgbench-$run
-    settle
-    quiesce "pgbench run $run"
-    # With sekali's durability: it raises its sessions to synchronous_commit
-    # on where the server (as the test servers) defaults to off.
-    PGOPTIONS="-c synchronous_commit=on" \
-    "$pgbench" -n -M prepared -c "$pg_clients" -j "$pg_threads" -t "$pg_per_client" \
-        -f tests/bench/job.pgbench -D "queue=$queue" "$SEKALI_PG_CONNINFO" \
-        >"$work/$queue.log" 2>&1 || die "pgbench run $run (see $work/$queue.log)"
-    # Connecting 4 clients takes milliseconds; sekali's time includes its
-    # start-up, which is about as small next to a run of several seconds.
-    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' "$work/$queue.log")
-    [ -n "$tps" ] || die "no tps in $work/$queue.log"
-    verify "$queue" "$pg_jobs"
-    pgbench_tps+=("$tps")
-    say "pgbench run $run: $tps tps ($pg_jobs transactions)"
-    forget "$queue"
+# One configuration: W workers, batch and prefetch as set (empty: the key
+# is not written), every binary, BENCH_RUNS interleaved rounds.
+bench_config() {
+    workers=$1 bench_batch=$2 bench_prefetch=$3
+    local label="W=$workers batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
+    local pg_clients=$workers pg_threads=$((workers < 2 ? workers : 2))
+    local pg_per_client=$((jobs / workers))
+    local pg_jobs=$((pg_per_client * workers))
+    local v run queue conf result rate hwm growth tps
+    local -a pgbench_tps pg_cpu
+    local -A v_rates v_cpu v_hwm
+    say "== $label: $jobs jobs, $runs runs, binaries: ${names[*]}; scratch files in $work"
+    for run in $(seq 1 "$runs"); do
+        for v in "${!names[@]}"; do
+            # --- sekali ---------------------------------------------------
+            queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-$run
+            conf=$(write_conf "$queue")
+            "${binaries[$v]}" -t -c "$conf" >/dev/null 2>&1 || "${binaries[$v]}" -t -c "$conf" ||
+                die "${names[$v]} refuses the configuration $conf"
+            settle
+            quiesce "${names[$v]} run $run"
+            live_queue=$queue
+            "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
+            result=$work/$queue.result
+            server_cpu >"$work/$queue.cpu0"
+            "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
+                "$queue" "$jobs" "$timeout" >"$result" || die "${names[$v]} run $run (see $work/$queue.log)"
+            server_cpu >"$work/$queue.cpu1"
+            verify "$queue" "$jobs" amqp
+            log_problems "$work/$queue.log"
+            rate=$(field jobs_per_s "$result")
+            hwm=$(field max_hwm_kib "$result")
+            growth=$(field rss_growth_kib "$result")
+            local cpu
+            cpu=$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" "$(field sekali_cpu_ms "$result")" "$jobs")
+            [ "$(field same_workers "$result")" = 1 ] ||
+                say "note: a worker was restarted during run $run; its RSS growth is not comparable"
+            v_rates[$v]+="$rate "
+            v_cpu[$v]+="$cpu;"
+            if (( hwm > ${v_hwm[$v]:-0} )); then v_hwm[$v]=$hwm; fi
+            say "${names[$v]} run $run: $rate jobs/s, $(field elapsed_s "$result") s" \
+                "(first effect after $(field first_effect_s "$result") s), peak RSS $hwm KiB," \
+                "RSS growth 25%->100% $growth KiB; CPU ms/job pg rmq redis sekali total: $cpu"
+            "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
+            live_queue=''
+            forget "$queue"
+        done
+
+        # --- pgbench on the same SQL ------------------------------------
+        queue=$run_id-pgbench-w$workers-$run
+        settle
+        quiesce "pgbench run $run"
+        server_cpu >"$work/$queue.cpu0"
+        # With sekali's durability: it raises its sessions to synchronous_commit
+        # on where the server (as the test servers) defaults to off.
+        PGOPTIONS="-c synchronous_commit=on" \
+        "$pgbench" -n -M prepared -c "$pg_clients" -j "$pg_threads" -t "$pg_per_client" \
+            -f tests/bench/job.pgbench -D "queue=$queue" "$SEKALI_PG_CONNINFO" \
+            >"$work/$queue.log" 2>&1 || die "pgbench run $run (see $work/$queue.log)"
+        server_cpu >"$work/$queue.cpu1"
+        tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' "$work/$queue.log")
+        [ -n "$tps" ] || die "no tps in $work/$queue.log"
+        verify "$queue" "$pg_jobs"
+        pgbench_tps+=("$tps")
+        pg_cpu+=("$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" 0 "$pg_jobs" | cut -d' ' -f1)")
+        say "pgbench run $run: $tps tps ($pg_jobs transactions), PostgreSQL ${pg_cpu[-1]} ms CPU/tx"
+        forget "$queue"
+    done
+    local pgbench_median pg_cpu_median
+    pgbench_median=$(median "${pgbench_tps[@]}")
+    pg_cpu_median=$(median "${pg_cpu[@]}")
+
+    for v in "${!names[@]}"; do
+        local median_rate
+        # shellcheck disable=SC2086  # a list of numbers
+        median_rate=$(median ${v_rates[$v]})
+        local split='' i
+        for i in 1 2 3 4 5; do
+            split+="$(tr ';' '\n' <<<"${v_cpu[$v]}" | awk -v i="$i" 'NF { print $i }' | sort -g |
+                awk '{ x[NR] = $1 } END { printf "%.3f", (NR % 2) ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }') "
+        done
+        # --- latency: open loop at half this binary's median throughput ---
+        local lrate=$latency_rate count driver_rc p50 p99 pmax measured
+        if [ "$lrate" = half ]; then
+            lrate=$(awk -v m="$median_rate" 'BEGIN { r = int(m / 2); print r < 1 ? 1 : r }')
+        fi
+        count=$((lrate * (latency_seconds + 1)))
+        queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-latency
+        conf=$(write_conf "$queue")
+        settle
+        quiesce "the latency run of ${names[$v]}"
+        live_queue=$queue
+        result=$work/$queue.result
+        "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
+            "$queue" "$count" "$((latency_seconds + timeout))" >"$result" &
+        driver=$!
+        # bench_amqp waits until all workers consume, then keeps to the schedule
+        # whatever the consumers do (open loop).
+        "$out/bench_amqp" "$SEKALI_AMQP_URL" rate "$queue" "$count" "$lrate" "$workers" \
+            >"$work/$queue.publish" || die "latency publisher (see $work/$queue.log)"
+        driver_rc=0
+        wait "$driver" || driver_rc=$?
+        [ "$driver_rc" = 0 ] || die "latency run (see $work/$queue.log)"
+        driver=''
+        verify "$queue" "$count" amqp
+        log_problems "$work/$queue.log"
+        read -r measured p50 p99 pmax <<<"$(latency "$queue")"
+        say "${names[$v]} latency run: $count jobs at $lrate jobs/s, $measured after the first second:" \
+            "p50 $p50 ms, p99 $p99 ms, max $pmax ms (publish: $(cat "$work/$queue.publish"))"
+        "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
+        live_queue=''
+        forget "$queue"
+        # shellcheck disable=SC2086
+        printf '%s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
+            "${bench_prefetch:-default}" "${names[$v]}" "$median_rate" "$pgbench_median" \
+            "$lrate" "$p50" "$p99" "${v_hwm[$v]}" "$pg_cpu_median" "$split" >>"$summary"
+        say "${names[$v]}: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$v]% })," \
+            "pgbench $(printf '%.0f' "$pgbench_median") tps (median of $runs: ${pgbench_tps[*]})"
+    done
+}
+
+for w in $workers_list; do
+    for b in ${batch_list:-''}; do
+        for p in ${prefetch_list:-''}; do
+            bench_config "$w" "$b" "$p"
+        done
+    done
 done
 
-sekali_median=$(median "${sekali_rates[@]}")
-pgbench_median=$(median "${pgbench_tps[@]}")
-
 # ---------------------------------------------------------------------------
-# Latency: open loop at half the median throughput, so queueing delay stays
-# small and the percentiles show the pipeline itself. The first second is
-# published and checked but not measured: it is each worker's first jobs
-# (PostgreSQL compiling the plpgsql functions, the handler preparing its
-# INSERT), and a steady state is what the percentiles are about.
+# Summary: one row per configuration and binary. x-batch: jobs/s over the
+# first batch value's at the same W, prefetch and binary; x-pgbench: over
+# pgbench's tps in the same rounds; x-this: over this build's in the same
+# configuration. CPU: ms per job (PostgreSQL per transaction for pgbench).
 # ---------------------------------------------------------------------------
-rate=$latency_rate
-if [ "$rate" = half ]; then
-    rate=$(awk -v m="$sekali_median" 'BEGIN { r = int(m / 2); print r < 1 ? 1 : r }')
-fi
-count=$((rate * (latency_seconds + 1)))
-queue=$run_id-latency
-conf=$(write_conf "$queue")
-settle
-quiesce "the latency run"
-live_queue=$queue
-result=$work/$queue.result
-"$out/bench_sekalid" "$build/sekalid" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
-    "$queue" "$count" "$((latency_seconds + timeout))" >"$result" &
-driver=$!
-# bench_amqp waits until all workers consume, then keeps to the schedule
-# whatever the consumers do (open loop).
-"$out/bench_amqp" "$SEKALI_AMQP_URL" rate "$queue" "$count" "$rate" "$workers" \
-    >"$work/$queue.publish" || die "latency publisher (see $work/$queue.log)"
-wait "$driver" || die "latency run (see $work/$queue.log)"
-driver=''
-verify "$queue" "$count" amqp
-log_problems "$work/$queue.log"
-read -r measured p50 p99 pmax <<<"$(latency "$queue")"
-say "latency run: $count jobs at $rate jobs/s, $measured after the first second:" \
-    "p50 $p50 ms, p99 $p99 ms, max $pmax ms (publish: $(cat "$work/$queue.publish"))"
-"$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
-live_queue=''
-forget "$queue"
-
-# ---------------------------------------------------------------------------
-# Summary
-# ---------------------------------------------------------------------------
-ratio=$(awk -v s="$sekali_median" -v p="$pgbench_median" 'BEGIN { printf "%.2f", s / p }')
-hwm_mib=$(awk -v k="$max_hwm" 'BEGIN { printf "%.1f", k / 1024 }')
-cat <<SUMMARY
-
-sekali: $jobs jobs, $workers workers: $(printf '%.0f' "$sekali_median") jobs/s (median of $runs: $(printf '%.0f ' "${sekali_rates[@]}" | sed 's/ $//'))
-latency at $rate jobs/s: p50 $p50 ms, p99 $p99 ms
-peak RSS per worker: $hwm_mib MiB (growth 25%->100%: $max_growth KiB)
-pgbench same SQL, $pg_clients clients: $(printf '%.0f' "$pgbench_median") tps (median of $runs: $(printf '%.0f ' "${pgbench_tps[@]}" | sed 's/ $//')) -> ratio sekali/pgbench $ratio
-SUMMARY
+echo
+awk -v runs="$runs" '
+    { row[NR] = $0; w[NR] = $1; b[NR] = $2; p[NR] = $3; n[NR] = $4; rate[NR] = $5
+      key = $1 " " $3 " " $4; if (!(key in first)) first[key] = $5
+      ck = $1 " " $2 " " $3; if ($4 == "this") this[ck] = $5 }
+    END {
+        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %16s %6s  %-34s %8s %7s\n", "W", "batch",
+               "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate",
+               "RSS", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps"
+        for (i = 1; i <= NR; i++) {
+            split(row[i], f, " ")
+            key = f[1] " " f[3] " " f[4]; ck = f[1] " " f[2] " " f[3]
+            printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %16s %5.1fM  %-34s %8.3f %7.0f\n",
+                   f[1], f[2], f[3], f[4], f[5], f[5] / first[key], f[5] / f[6],
+                   (ck in this) ? f[5] / this[ck] : 1, f[8] "/" f[9] " @" f[7], f[10] / 1024,
+                   f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6]
+        }
+        printf "(jobs/s and pgbench tps: medians of %d runs; RSS: peak per worker)\n", runs
+    }' "$summary"

@@ -1,8 +1,9 @@
 /* chaos_producer.c - the chaos soak's producer: every key once, some twice.
  *
- *   chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY
+ *   chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY [quorum[:LIMIT]]
  *
- * Declares QUEUE as sekalid does and publishes keys QUEUE-1 .. QUEUE-KEYS,
+ * Declares QUEUE as sekalid does (with `quorum`, as sekalid declares a queue
+ * of queue_type quorum and delivery_limit LIMIT) and publishes keys QUEUE-1 .. QUEUE-KEYS,
  * plus a second copy of about DUP_PERCENT % of them (a producer that retried
  * after a lost confirm), in an order shuffled with SEED so that a copy may
  * come before or long after its original. Each message is what a producer
@@ -36,7 +37,7 @@ struct job {
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void check_reply(amqp_rpc_reply_t reply, const char *what);
 static amqp_connection_state_t connect_url(const char *url);
-static void declare(amqp_connection_state_t conn, const char *queue);
+static void declare(amqp_connection_state_t conn, const char *queue, const char *type);
 static void publish(amqp_connection_state_t conn, const char *queue, const struct job *job,
                     const char *body);
 static void wait_confirms(amqp_connection_state_t conn, unsigned char *acked, uint64_t *confirmed,
@@ -46,8 +47,9 @@ static uint64_t next_random(uint64_t *state);
 
 int main(int argc, char **argv)
 {
-    if (argc != 7) {
-        fprintf(stderr, "usage: chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY\n");
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY "
+                        "[quorum[:LIMIT]]\n");
         return 2;
     }
     const char *queue = argv[2];
@@ -78,7 +80,7 @@ int main(int argc, char **argv)
     }
 
     amqp_connection_state_t conn = connect_url(argv[1]);
-    declare(conn, queue);
+    declare(conn, queue, argc == 8 ? argv[7] : NULL);
     amqp_confirm_select(conn, CHANNEL);
     check_reply(amqp_get_rpc_reply(conn), "confirm.select");
     uint64_t confirmed = 0;
@@ -150,22 +152,44 @@ static amqp_connection_state_t connect_url(const char *url)
     return conn;
 }
 
-/* Keep in step with sk_broker_declare() in src/broker.c (a classic queue
+/* Keep in step with sk_broker_declare() in src/broker.c (a classic or quorum queue
  * with its dead-letter queue): a difference would make sekalid's own
  * declare fail with PRECONDITION_FAILED. */
-static void declare(amqp_connection_state_t conn, const char *queue)
+static void declare(amqp_connection_state_t conn, const char *queue, const char *type)
 {
     char dead[512];
     snprintf(dead, sizeof(dead), "%s.dead", queue);
     amqp_queue_declare(conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0, amqp_empty_table);
     check_reply(amqp_get_rpc_reply(conn), "queue.declare(dead letters)");
-    amqp_table_entry_t args[2] = {
+    amqp_table_entry_t args[6] = {
         { .key = amqp_cstring_bytes("x-dead-letter-exchange"),
           .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("") } },
         { .key = amqp_cstring_bytes("x-dead-letter-routing-key"),
           .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(dead) } },
     };
-    amqp_table_t table = { .num_entries = 2, .entries = args };
+    int n = 2;
+    if (type != NULL) {
+        uint64_t limit = 0;
+        if (strncmp(type, "quorum", 6) != 0 || (type[6] != '\0' && type[6] != ':'))
+            die("the queue type must be quorum or quorum:LIMIT, got %s", type);
+        if (type[6] == ':')
+            limit = parse_u32(type + 7, "LIMIT", 1000000);
+        static const char *const quorum[][2] = {
+            { "x-queue-type", "quorum" },
+            { "x-dead-letter-strategy", "at-least-once" },
+            { "x-overflow", "reject-publish" },
+        };
+        for (size_t i = 0; i < 3; i++)
+            args[n++] = (amqp_table_entry_t){
+                .key = amqp_cstring_bytes(quorum[i][0]),
+                .value = { .kind = AMQP_FIELD_KIND_UTF8,
+                           .value.bytes = amqp_cstring_bytes(quorum[i][1]) } };
+        if (limit > 0)
+            args[n++] = (amqp_table_entry_t){
+                .key = amqp_cstring_bytes("x-delivery-limit"),
+                .value = { .kind = AMQP_FIELD_KIND_I64, .value.i64 = (int64_t)limit } };
+    }
+    amqp_table_t table = { .num_entries = n, .entries = args };
     amqp_queue_declare(conn, CHANNEL, amqp_cstring_bytes(queue), 0, 1, 0, 0, table);
     check_reply(amqp_get_rpc_reply(conn), "queue.declare");
 }

@@ -24,3 +24,12 @@ CREATE TABLE IF NOT EXISTS sekali_test.payments (
     note            text    NOT NULL,
     PRIMARY KEY (queue, idempotency_key)
 );
+
+-- Rows that "occ:NAME" jobs race on: each job adds 1 to total, guarded by
+-- version (optimistic concurrency), so total is the number of jobs that
+-- committed, whatever the interleaving.
+CREATE TABLE IF NOT EXISTS sekali_test.occ_rows (
+    name    text   PRIMARY KEY,
+    total   bigint NOT NULL DEFAULT 0,
+    version bigint NOT NULL DEFAULT 0
+);

@@ -103,10 +103,52 @@ START_TEST(test_readme_python_producer_enqueues_in_the_business_transaction)
 }
 END_TEST
 
+/* The example's optional per-customer totals: jobs for one customer run on
+ * two workers without the Redis lock, so their read-then-guarded-update
+ * steps may interleave; whoever loses reports a conflict and runs again.
+ * Every invoice is added to the total once: none is lost, none doubled. */
+START_TEST(test_example_customer_total_is_the_sum_of_its_invoices_under_concurrent_jobs)
+{
+    struct h_run r;
+    h_run_open(&r, "totals");
+    char *invoices_sql = h_read_file("examples/invoice.sql");
+    ck_assert_ptr_nonnull(invoices_sql);
+    h_pg_exec(r.pg, invoices_sql);
+    free(invoices_sql);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "INSERT INTO customer_totals (customer) VALUES ('%s')", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_run_start(&r, &(struct h_run_opts){
+        .handler = "handlers/invoice.so", .workers = 2,
+        .queue_yaml = "    lock: false\n    retry:\n      max_attempts: 50\n      initial: 10ms\n"
+                      "      max: 20ms\n    config: {table: invoices, totals: customer_totals}\n" });
+    long long sum = 0;
+    for (int i = 1; i <= 40; i++) {
+        char id[160], body[512];
+        snprintf(id, sizeof(id), "%s-%d", r.queue, i);
+        snprintf(body, sizeof(body), "{\"order_id\": \"%s\", \"amount_cents\": %d, "
+                 "\"customer\": \"%s\"}", id, i, r.queue);
+        h_publish(r.b, r.queue, "invoice", id, NULL, NULL, body);
+        sum += i;
+    }
+    H_WAIT(h_completed(&r) == 40, 60000, "all 40 invoices should complete, %lld did",
+           h_completed(&r));
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM invoices WHERE order_id LIKE "
+                                      "'%s-%%'", r.queue), 40);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT invoiced_cents FROM customer_totals WHERE "
+                                      "customer = '%s'", r.queue), sum);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT version FROM customer_totals WHERE customer = "
+                                      "'%s'", r.queue), 40);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_readme_python_producer_enqueues_in_the_business_transaction,
+        test_example_customer_total_is_the_sum_of_its_invoices_under_concurrent_jobs,
         NULL,
     };
     return h_run_suite(h_suite("examples", 120, tests));

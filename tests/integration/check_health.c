@@ -160,8 +160,9 @@ START_TEST(test_readyz_says_503_and_why_while_no_worker_can_consume_then_200_aga
 }
 END_TEST
 
-/* The old generation's workers keep consuming on their open channels; the
- * new ones cannot start to: readiness follows the new generation. */
+/* The new generation's workers cannot start to consume: readiness follows
+ * the new generation, while the old one serves on until the new one
+ * consumes (a reload never leaves the queue without consumers). */
 START_TEST(test_readyz_says_503_after_a_reload_until_the_new_workers_consume)
 {
     struct run r;
@@ -178,10 +179,15 @@ START_TEST(test_readyz_says_503_after_a_reload_until_the_new_workers_consume)
     snprintf(want, sizeof(want), "not ready: %s: 0/2 workers consuming\n", r.h.queue);
     H_WAIT(answers(&r, "/readyz", 503, want), 30000, "/readyz should answer 503 \"%s\", "
            "answered \"%s\"", want, r.body);
-    H_WAIT(consumers(r.h.queue) == 0, 30000, "the old workers should have stopped consuming");
+    ck_assert_int_eq(consumers(r.h.queue), 2);
+    ck_assert_int_eq(h_count_lines(r.h.log, "retiring the previous generation"), 0);
 
     allow_consuming(true);
     expect_ready(&r, "once the new generation consumes");
+    H_WAIT(h_count_lines(r.h.log, "retiring the previous generation") == 1, 30000,
+           "the old generation should be retired once the new one consumes");
+    H_WAIT(consumers(r.h.queue) == 2, 30000, "only the new generation's 2 workers should "
+           "consume, %d do", consumers(r.h.queue));
     finish(&r);
 }
 END_TEST

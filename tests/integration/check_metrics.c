@@ -219,6 +219,7 @@ START_TEST(test_counters_equal_what_happened)
         { "test", "sekali_lock_busy_total", 0 },
         { "test", "sekali_locks_lost_total", 0 },
         { "test", "sekali_fenced_out_total", 0 },
+        { "test", "sekali_occ_conflicts_total", 0 },
         { "test", "sekali_job_duration_seconds_count", 22 },
         { "audit", "sekali_deliveries_total", 1 },
         { "audit", "sekali_executions_total", 1 },
@@ -618,6 +619,78 @@ START_TEST(test_16_idle_connections_timed_out_leave_metrics_answering)
 }
 END_TEST
 
+static int count_markers(const char *dir, const char *prefix)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* Optimistic concurrency (ABI 1.3's host->conflict()): two jobs add 1 to
+ * one row with a version-guarded update, on a queue without the Redis lock
+ * that would otherwise serialise them. Both read the same version before
+ * either writes (each handler waits, between its read and its update, until
+ * the test has seen both reads), so one update must find the row changed:
+ * that job is retried with reason "conflict", re-reads, and lands. Both
+ * additions count, none is lost, and the conflict is counted. */
+START_TEST(test_two_jobs_racing_on_one_row_both_land_and_the_conflict_is_counted)
+{
+    struct run r;
+    h_run_open(&r.h, "occ");
+    close(listen_anywhere(&r.port));
+    char top[256], queue_yaml[1200], row[160];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
+             r.port);
+    snprintf(queue_yaml, sizeof(queue_yaml), "%s    lock: false\n    config:\n"
+             "      marker_dir: %s\n", H_FAST_RETRIES, r.h.dir);
+    snprintf(r.scrape, sizeof(r.scrape), "%s/metrics.txt", r.h.dir);
+    snprintf(row, sizeof(row), "row-%s", r.h.queue);
+    const char *values[] = { row };
+    PQclear(PQexecParams(r.h.pg, "INSERT INTO sekali_test.occ_rows (name) VALUES ($1)", 1, NULL,
+                         values, NULL, NULL, 0));
+    h_run_start(&r.h, &(struct h_run_opts){ .workers = 2, .queue_yaml = queue_yaml,
+                                            .top_yaml = top });
+    char body[200];
+    snprintf(body, sizeof(body), "occ:%s", row);
+    h_publish(r.h.b, r.h.queue, "test", "occ-1", NULL, NULL, body);
+    h_publish(r.h.b, r.h.queue, "test", "occ-2", NULL, NULL, body);
+
+    /* The race, proven: both read version 0 and wait before writing. */
+    H_WAIT(count_markers(r.h.dir, "occ.") == 2, 20000,
+           "both jobs should have read the row (markers: %d)", count_markers(r.h.dir, "occ."));
+    ck_assert_int_eq(h_pg_count(r.h.pg, "SELECT version FROM sekali_test.occ_rows WHERE name = "
+                                        "'%s'", row), 0);
+    char release[1100];
+    snprintf(release, sizeof(release), "%s/release", r.h.dir);
+    FILE *f = fopen(release, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+
+    H_WAIT(h_pg_count(r.h.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      r.h.queue) == 2, 30000, "both jobs should commit");
+    ck_assert_int_eq(h_pg_count(r.h.pg, "SELECT total FROM sekali_test.occ_rows WHERE name = "
+                                        "'%s'", row), 2);
+    ck_assert_int_eq(h_pg_count(r.h.pg, "SELECT version FROM sekali_test.occ_rows WHERE name = "
+                                        "'%s'", row), 2);
+    /* The loser ran a second attempt; the winner one. */
+    ck_assert_int_eq(h_pg_count(r.h.pg, "SELECT max(attempt) FROM sekali_test.effects WHERE "
+                                        "queue = '%s'", r.h.queue), 2);
+    char *text = NULL;
+    H_WAIT((free(text), text = scrape(&r),
+            typed(&r, text, "sekali_completions_total", "test", NULL) == 2), 20000,
+           "both completions should be counted; last scrape in %s", r.scrape);
+    ck_assert_msg(typed(&r, text, "sekali_occ_conflicts_total", "test", NULL) == 1,
+                  "one conflict should be counted (see %s)", r.scrape);
+    ck_assert(typed(&r, text, "sekali_retries_total", "test", NULL) == 1);
+    ck_assert_int_eq(h_count_lines(r.h.log, "conflict: re-scheduled"), 1);
+    finish(&r, text);
+}
+END_TEST
+
 /* A port someone else listens on is a configuration problem: exit 2, a
  * message naming the address, and no worker started. */
 START_TEST(test_taken_port_stops_sekalid_with_exit_2)
@@ -652,6 +725,7 @@ int main(void)
 {
     const TTest *tests[] = {
         test_counters_equal_what_happened,
+        test_two_jobs_racing_on_one_row_both_land_and_the_conflict_is_counted,
         test_restarted_worker_is_counted_and_only_the_supervisor_listens,
         test_reload_keeps_the_endpoint_and_serves_the_new_generation,
         test_taken_port_stops_sekalid_with_exit_2,

@@ -100,6 +100,39 @@ START_TEST(test_one_dedupe_key_from_eight_connections_gives_one_job)
 }
 END_TEST
 
+/* The release trigger is skipped unless the job id has the shape of
+ * sekali.enqueue()'s (a version-4 UUID): a job that came straight from a
+ * producer on RabbitMQ costs PostgreSQL no plpgsql call at its completion.
+ * Shown with a dedupe row planted for a plain id, which only the trigger
+ * could release; and the same for an enqueue-shaped id, which it does. */
+START_TEST(test_release_trigger_fires_only_for_ids_of_the_outbox_shape)
+{
+    h_init();
+    PGconn *pg = h_pg();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "dedupeskip");
+    static const char *const ids[] = { "plain-message-1", "0f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b" };
+    for (int i = 0; i < 2; i++) {
+        char sql[1024];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO sekali.job_dedupe (dedupe_key, queue, job_id, expires_at) "
+                 "VALUES ('%s-%d', '%s', '%s', now() + interval '1 day');"
+                 "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, job_id) "
+                 "VALUES ('%s', 'k%d', 'processing', 1, '%s');"
+                 "UPDATE sekali.idempotency_keys SET status = 'completed' "
+                 "WHERE queue = '%s' AND key = 'k%d'",
+                 queue, i, queue, ids[i], queue, i, ids[i], queue, i);
+        h_pg_exec(pg, sql);
+    }
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.job_dedupe WHERE queue = '%s' "
+                                    "AND job_id = '%s' AND released_at IS NULL", queue, ids[0]), 1);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.job_dedupe WHERE queue = '%s' "
+                                    "AND job_id = '%s' AND released_at IS NOT NULL", queue, ids[1]),
+                     1);
+    PQfinish(pg);
+}
+END_TEST
+
 /* The dedupe key's row, as "held" (live, unreleased), "released", or "absent". */
 static const char *dedupe_state(PGconn *pg, const char *dedupe_key, const char *job_id)
 {
@@ -597,6 +630,31 @@ START_TEST(test_job_chains_survive_worker_kills_with_each_link_once)
 }
 END_TEST
 
+/* host->enqueue_job() (ABI 1.3) passes every option of sekali.enqueue():
+ * the handler's follow-up carries its resource key, waits for its run_at,
+ * and holds its dedupe key for the TTL it asked for. */
+START_TEST(test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl)
+{
+    struct h_run r;
+    h_run_open(&r, "enqopts");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1 });
+    h_publish(r.b, r.queue, "test", "opts-1", NULL, NULL, "options");
+    H_WAIT(h_effects(&r, "opts-1") == 1, 20000, "the job should run");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND job_type = 'later' AND idempotency_key = "
+                                      "'opts-1/later' AND resource_key = 'res-opts-1' AND "
+                                      "run_at = '2100-01-01 00:00:00+00' AND published_at IS "
+                                      "NULL", r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_dedupe d JOIN "
+                                      "sekali.outbox o USING (job_id) WHERE o.queue = '%s' AND "
+                                      "d.dedupe_key = 'dedupe-' || o.queue || '-opts-1' AND "
+                                      "d.expires_at BETWEEN now() + interval '55 minutes' AND "
+                                      "now() + interval '61 minutes'", r.queue), 1);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -604,6 +662,7 @@ int main(void)
         test_one_dedupe_key_from_eight_connections_gives_one_job,
         test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_completes,
         test_dead_lettered_job_releases_its_dedupe_key,
+        test_release_trigger_fires_only_for_ids_of_the_outbox_shape,
         test_job_enqueued_during_a_batch_is_not_left_for_the_poll_interval,
         test_scheduled_job_is_not_published_before_run_at,
         test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_back,
@@ -613,6 +672,7 @@ int main(void)
         test_relay_killed_between_publish_and_mark_publishes_twice_runs_once,
         test_two_relays_publish_five_thousand_rows_once_each,
         test_job_chains_survive_worker_kills_with_each_link_once,
+        test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl,
         NULL,
     };
     return h_run_suite(h_suite("outbox", 300, tests));

@@ -117,17 +117,43 @@ START_TEST(test_job_session_keeps_user_options_and_commits_durably)
 }
 END_TEST
 
-/* sekalid must refuse to start, exit 3 and say why, for each broken plugin. */
-static void assert_refused(const char *handler, const char *expected)
+/* A handler built against the 1.2 header (tests/plugins/abi_1_2.c: init()
+ * stashes the host, the nine-argument enqueue()) loads and runs unchanged:
+ * its effects happen once each, and its follow-up jobs are enqueued. */
+START_TEST(test_handler_built_for_abi_1_2_runs_unchanged)
+{
+    struct h_run r;
+    h_run_open(&r, "abi12");
+    h_run_start(&r, &(struct h_run_opts){ .handler = "tests/plugins/abi_1_2.so", .workers = 2,
+                                          .top_yaml = H_RELAY });
+    for (int i = 0; i < 10; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "old-%d", i);
+        h_publish(r.b, r.queue, "test", id, NULL, NULL, i == 0 ? "chain:2" : "ok");
+    }
+    H_WAIT(h_effects(&r, NULL) == 12, 30000, "10 jobs and 2 follow-ups should run, ran %lld",
+           h_effects(&r, NULL));
+    h_run_stop(&r);
+    ck_assert_int_eq(h_effects(&r, NULL), 12);
+    ck_assert_int_eq(h_effect_keys(&r), 12);
+    ck_assert_int_eq(h_effects(&r, "old-0++"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "handler abi_1_2 1.2 from"), 2);
+    h_run_close(&r);
+}
+END_TEST
+
+/* sekalid must refuse to start, with the exit code given, and say why. */
+static void assert_refused(const char *handler, int code, const char *expected,
+                           const char *queue_yaml)
 {
     char queue[128];
     h_unique_name(queue, sizeof(queue), "abi");
     char *dir = h_tmpdir("abi");
-    char *config = h_write_config(dir, queue, handler, 1, NULL);
+    char *config = h_write_config(dir, queue, handler, 1, queue_yaml);
     pid_t sekalid = h_start_sekalid("sekalid", config, dir, NULL);
     int status = h_wait_exit(sekalid, 10000, "sekalid with a broken handler");
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 3,
-                  "%s: expected exit 3, got status 0x%x", handler, status);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == code,
+                  "%s: expected exit %d, got status 0x%x", handler, code, status);
     char log[1024];
     snprintf(log, sizeof(log), "%s/sekalid.log", dir);
     ck_assert_msg(h_count_lines(log, expected) == 1, "%s: the log should say \"%s\"", handler,
@@ -136,13 +162,25 @@ static void assert_refused(const char *handler, const char *expected)
     free(dir);
 }
 
+/* Exit 3 (rebuild the handler) only for a handler built for another ABI;
+ * a file that is missing or no sekali handler is a configuration mistake. */
 START_TEST(test_handler_with_wrong_abi_is_refused_at_start)
 {
     h_init();
-    assert_refused("tests/plugins/old_abi.so", "incompatible ABI: abi_major is 0, sekalid needs 1");
-    assert_refused("tests/plugins/no_symbol.so", "no symbol sekali_handler_v1");
-    assert_refused("tests/plugins/null_handle.so", "mandatory callback handle is NULL");
-    assert_refused("tests/plugins/missing.so", "cannot load");
+    assert_refused("tests/plugins/old_abi.so", 3,
+                   "incompatible ABI: abi_major is 0, sekalid needs 1", NULL);
+    assert_refused("tests/plugins/null_handle.so", 3, "mandatory callback handle is NULL", NULL);
+    assert_refused("tests/plugins/no_symbol.so", 2, "no symbol sekali_handler_v1", NULL);
+    assert_refused("tests/plugins/missing.so", 2, "cannot load", NULL);
+}
+END_TEST
+
+/* The handler's check() runs before any worker: its message, exit 2. */
+START_TEST(test_handler_config_rejected_by_check_stops_start_with_exit_2)
+{
+    h_init();
+    assert_refused(H_EFFECT, 2, "rejects its config: check_fail: table 1x is not a table",
+                   "    config:\n      check_fail: table 1x is not a table\n");
 }
 END_TEST
 
@@ -196,6 +234,29 @@ START_TEST(test_handler_config_failure_stops_without_restart_loop)
 }
 END_TEST
 
+/* `sekalid -t` runs the handler's check(): exit 2 with its message. */
+START_TEST(test_config_check_flag_runs_the_handlers_check)
+{
+    h_init();
+    char queue[128];
+    h_unique_name(queue, sizeof(queue), "checkfail");
+    char *dir = h_tmpdir("checkfail");
+    char *config = h_write_config(dir, queue, H_EFFECT, 1,
+                                  "    config:\n      check_fail: \"no table 'x'\"\n");
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/sekalid -t -c %s > %s/t.out 2>&1", h_build_dir(), config, dir);
+    int status = system(cmd);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "expected exit 2, got 0x%x",
+                  status);
+    char out[1100];
+    snprintf(out, sizeof(out), "%s/t.out", dir);
+    ck_assert_int_eq(h_count_lines(out, "rejects its config: check_fail: no table 'x'"), 1);
+    ck_assert_int_eq(h_count_lines(out, "test failed"), 1);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_config_check_flag_reports_success)
 {
     h_init();
@@ -219,6 +280,7 @@ int main(void)
         test_concurrent_duplicates_run_once_and_are_counted,
         test_malformed_message_is_dead_lettered_not_dropped,
         test_job_session_keeps_user_options_and_commits_durably,
+        test_handler_built_for_abi_1_2_runs_unchanged,
         NULL,
     };
     const TTest *refused_start[] = {
@@ -226,6 +288,8 @@ int main(void)
         test_config_error_exits_2_with_position,
         test_handler_config_failure_stops_without_restart_loop,
         test_config_check_flag_reports_success,
+        test_handler_config_rejected_by_check_stops_start_with_exit_2,
+        test_config_check_flag_runs_the_handlers_check,
         NULL,
     };
     Suite *s = suite_create("pipeline");

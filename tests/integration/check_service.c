@@ -178,6 +178,97 @@ START_TEST(test_sighup_with_a_broken_config_keeps_the_old_one)
 }
 END_TEST
 
+/* A reload whose handler config the handler's check() rejects is refused
+ * before any new worker starts: the handler's message in the log and in
+ * STATUS=, and the old generation goes on serving the queue. Before ABI 1.3
+ * the new workers' init() found the mistake, and the daemon stopped. */
+START_TEST(test_sighup_with_a_handler_config_its_check_rejects_keeps_the_old_generation)
+{
+    struct h_run r;
+    h_run_open(&r, "checkreload");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 2, NULL);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char sock_env[1100];
+    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
+    const char *env[] = { sock_env, NULL };
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
+    static char heard[65536];
+    heard[0] = '\0';
+    wait_ready(fd, heard, sizeof(heard));
+    ck_assert_int_eq(h_count_lines(r.log, "worker for queue"), 2);
+
+    FILE *f = fopen(r.config, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "    config:\n      check_fail: table 1x is not a table\n");
+    fclose(f);
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    wait_reloaded(fd, heard, sizeof(heard), 10000);
+    ck_assert_msg(strstr(heard, "STATUS=reload failed, running the previous configuration: "
+                                "queue ") != NULL &&
+                  strstr(heard, "rejects its config: check_fail: table 1x is not a table") != NULL,
+                  "the status should carry the handler's message; heard:\n%s", heard);
+    ck_assert_int_eq(h_count_lines(r.log, "reload failed, still running the previous "
+                                          "configuration"), 1);
+
+    h_publish(r.b, r.queue, "test", "after-1", NULL, NULL, "ok");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      r.queue) == 1, 20000, "a job after the refused reload should still run");
+    ck_assert_int_eq(h_consumers(r.b, r.queue), 2);
+    /* No new worker was started, and none stopped. */
+    ck_assert_int_eq(h_count_lines(r.log, "worker for queue"), 2);
+    ck_assert(!h_process_gone(r.sekalid));
+    h_stop_sekalid(r.sekalid, r.dir);
+    close(fd);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A reload whose new workers exit 2 at start (here the handler's init()
+ * refuses a config its check() lets through) is abandoned: the previous
+ * generation, which serves until the new one consumes, stays. Before, the
+ * supervisor took the exit for a configuration that cannot run and stopped
+ * sekalid with exit 2. */
+START_TEST(test_sighup_whose_new_workers_exit_2_at_start_keeps_the_old_generation)
+{
+    struct h_run r;
+    h_run_open(&r, "initreload");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 2, NULL);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char sock_env[1100];
+    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
+    const char *env[] = { sock_env, NULL };
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
+    static char heard[65536];
+    heard[0] = '\0';
+    wait_ready(fd, heard, sizeof(heard));
+
+    FILE *f = fopen(r.config, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "    config:\n      fail_init: yes\n");
+    fclose(f);
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    wait_reloaded(fd, heard, sizeof(heard), 20000);
+    /* The fault happened: a new worker's init() failed and it exited 2. */
+    ck_assert_int_ge(h_count_lines(r.log, "handler init() failed"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "reload failed, still running the previous "
+                                          "configuration: worker for queue"), 1);
+    ck_assert_msg(strstr(heard, "STATUS=reload failed, running the previous configuration: "
+                                "worker for queue") != NULL,
+                  "the status should say the reload failed; heard:\n%s", heard);
+
+    h_publish(r.b, r.queue, "test", "after-1", NULL, NULL, "ok");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      r.queue) == 1, 20000, "a job after the abandoned reload should still run");
+    H_WAIT(h_consumers(r.b, r.queue) == 2, 20000, "the old generation's 2 workers should "
+           "consume, and only they (consumers now %u)", h_consumers(r.b, r.queue));
+    ck_assert_int_eq(h_count_lines(r.log, "not restarting it"), 0);
+    ck_assert(!h_process_gone(r.sekalid));
+    h_stop_sekalid(r.sekalid, r.dir);
+    close(fd);
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_sighup_applies_new_workers_and_handler_under_load_exactly_once)
 {
     struct h_run r;
@@ -421,6 +512,8 @@ int main(void)
         test_systemd_hears_ready_status_watchdog_reloading_stopping_in_order,
         test_sigterm_drains_in_flight_jobs_without_loss_or_doubling,
         test_sighup_with_a_broken_config_keeps_the_old_one,
+        test_sighup_with_a_handler_config_its_check_rejects_keeps_the_old_generation,
+        test_sighup_whose_new_workers_exit_2_at_start_keeps_the_old_generation,
         test_sighup_applies_new_workers_and_handler_under_load_exactly_once,
         test_check_mode_reports_a_bad_conninfo_without_its_password,
         test_wrong_amqp_password_stops_sekalid_with_exit_2,

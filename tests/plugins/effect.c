@@ -20,9 +20,22 @@
  *              the "payment service" (sekali_test.payments, first request per
  *              key wins), noting the checkpoint it found
  *   "chain:N"  record the effect and, for N > 0, enqueue "chain:N-1" to the same
- *              queue with idempotency key "<key>+" (host->enqueue, ABI 1.2),
+ *              queue with idempotency key "<key>+" (host->enqueue_job, ABI 1.3),
  *              in the same transaction
- * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config).
+ *   "options"  record the effect and enqueue a job of type "later" with every
+ *              option of host->enqueue_job(): idempotency key "<key>/later",
+ *              resource key "res-<key>", dedupe key "dedupe-<queue>-<key>"
+ *              held for an hour, to run at 2100-01-01 (so it stays in the
+ *              outbox)
+ *   "occ:NAME" add 1 to sekali_test.occ_rows' row NAME with a version-guarded
+ *              update (optimistic concurrency); on the first attempt, between
+ *              reading the row and updating it, write MARKER_DIR/occ.<pid> and
+ *              wait for MARKER_DIR/release, so that a test can make two jobs
+ *              read the same version; a lost race is reported with
+ *              host->conflict()
+ * Config: `marker_dir: DIR`, `fail_init: yes` (init fails: a bad config that
+ * check() lets through), `check_fail: WHY` (check() rejects the config). The
+ * handler reaches the host through job->host (ABI 1.3).
  *
  * Built as handlers are, with -std=c11 and nothing more: it asks for POSIX
  * (nanosleep, kill, getpid) itself. */
@@ -43,33 +56,27 @@ struct state {
     char                      marker_dir[512];
 };
 
-static void scalar(const char *config, const char *key, char *out, size_t size)
+static int effect_check(const struct sekali_host *host, const char *config, char *err,
+                        size_t err_size)
 {
-    out[0] = '\0';
-    const char *p = config != NULL ? strstr(config, key) : NULL;
-    if (p == NULL || p[strlen(key)] != ':')
-        return;
-    p += strlen(key) + 1;
-    while (*p == ' ' || *p == '"' || *p == '\'')
-        p++;
-    size_t n = strcspn(p, "\"'\r\n");
-    if (n >= size)
-        n = size - 1;
-    memcpy(out, p, n);
-    out[n] = '\0';
+    char why[256];
+    if (host->config_get(config, "check_fail", why, sizeof(why)) < 0)
+        return SEKALI_OK;
+    snprintf(err, err_size, "check_fail: %s", why);
+    return SEKALI_FAIL;
 }
 
 static int effect_init(const struct sekali_host *host, const char *config, void **out)
 {
-    char fail[16];
-    scalar(config, "fail_init", fail, sizeof(fail));
+    char fail[16] = "";
+    host->config_get(config, "fail_init", fail, sizeof(fail));
     if (strcmp(fail, "yes") == 0 || strcmp(fail, "true") == 0)
         return SEKALI_FAIL;
     struct state *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return SEKALI_RETRY;
     s->host = host;
-    scalar(config, "marker_dir", s->marker_dir, sizeof(s->marker_dir));
+    host->config_get(config, "marker_dir", s->marker_dir, sizeof(s->marker_dir));
     *out = s;
     return SEKALI_OK;
 }
@@ -142,9 +149,58 @@ static int pay(struct state *s, const struct sekali_job *job, struct sekali_ctx 
     return ok ? SEKALI_OK : SEKALI_RETRY;
 }
 
+/* Read, (on the first attempt) wait for the test, then update only the
+ * version read. */
+static int occ(struct state *s, const struct sekali_job *job, struct sekali_ctx *ctx)
+{
+    const struct sekali_host *host = job->host;
+    PGconn *pg = host->pg(ctx);
+    const char *name[] = { (const char *)job->body + 4 };  /* NUL-terminated since 1.3 */
+    PGresult *res = PQexecParams(pg, "SELECT version FROM sekali_test.occ_rows WHERE name = $1",
+                                 1, NULL, name, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        host->set_error(ctx, PQresultStatus(res) != PGRES_TUPLES_OK ? PQresultErrorMessage(res)
+                                                                    : "no such occ row");
+        PQclear(res);
+        return SEKALI_FAIL;
+    }
+    char version[32];
+    snprintf(version, sizeof(version), "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    if (job->delivery_attempt == 1 && s->marker_dir[0] != '\0') {
+        char path[600];
+        snprintf(path, sizeof(path), "%s/occ.%ld", s->marker_dir, (long)getpid());
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0)
+            close(fd);
+        wait_for_release(s);
+    }
+    const char *values[] = { name[0], version };
+    res = PQexecParams(pg, "UPDATE sekali_test.occ_rows SET total = total + 1, "
+                           "version = version + 1 WHERE name = $1 AND version = $2::bigint",
+                       2, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+        host->set_error(ctx, PQresultErrorMessage(res));
+        int status = sekali_sqlstate_transient(PQresultErrorField(res, PG_DIAG_SQLSTATE))
+            ? SEKALI_RETRY : SEKALI_FAIL;
+        PQclear(res);
+        return status;
+    }
+    int updated = atoi(PQcmdTuples(res));
+    PQclear(res);
+    if (updated == 0)
+        return host->conflict(ctx, "occ row changed since it was read");
+    return SEKALI_OK;
+}
+
 static int effect_handle(void *state, const struct sekali_job *job, struct sekali_ctx *ctx)
 {
     struct state *s = state;
+    if (job->body_len > 4 && memcmp(job->body, "occ:", 4) == 0) {
+        int status = occ(s, job, ctx);
+        if (status != SEKALI_OK)
+            return status;
+    }
     if (body_is(job, "pay"))
         return pay(s, job, ctx);
     if (body_is(job, "abort"))
@@ -197,11 +253,27 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
             char next_body[32], next_key[600];
             int len = snprintf(next_body, sizeof(next_body), "chain:%d", left - 1);
             snprintf(next_key, sizeof(next_key), "%s+", job->idempotency_key);
-            if (s->host->abi_minor < 2 ||
-                s->host->enqueue(ctx, job->queue, job->job_type, next_body, (size_t)len,
-                                 next_key, NULL, NULL, 0) != 0)
+            struct sekali_enqueue next = {
+                .struct_size = sizeof(next), .queue = job->queue, .job_type = job->job_type,
+                .body = next_body, .body_len = (size_t)len, .idempotency_key = next_key,
+            };
+            if (job->host->abi_minor < 3 || job->host->enqueue_job(ctx, &next, NULL, 0) != 0)
                 return SEKALI_RETRY;
         }
+    }
+    if (ok && body_is(job, "options")) {
+        char key[600], resource[600], dedupe[600];
+        snprintf(key, sizeof(key), "%s/later", job->idempotency_key);
+        snprintf(resource, sizeof(resource), "res-%s", job->idempotency_key);
+        /* Dedupe keys are global: the queue keeps runs of a test apart. */
+        snprintf(dedupe, sizeof(dedupe), "dedupe-%s-%s", job->queue, job->idempotency_key);
+        struct sekali_enqueue later = {
+            .struct_size = sizeof(later), .queue = job->queue, .job_type = "later",
+            .body = "ok", .body_len = 2, .idempotency_key = key, .resource_key = resource,
+            .dedupe_key = dedupe, .run_at_ms = 4102444800000LL, .dedupe_ttl_ms = 3600000,
+        };
+        if (job->host->enqueue_job(ctx, &later, NULL, 0) != 0)
+            return SEKALI_RETRY;
     }
     char receipt[256];
     int n = snprintf(receipt, sizeof(receipt), "done by %s", pid);
@@ -223,5 +295,5 @@ static void effect_fini(void *state)
     free(state);
 }
 
-SEKALI_HANDLER_DEFINE(.name = "effect", .version = "test", .init = effect_init,
-                      .handle = effect_handle, .fini = effect_fini)
+SEKALI_HANDLER_DEFINE(.name = "effect", .version = "test", .check = effect_check,
+                      .init = effect_init, .handle = effect_handle, .fini = effect_fini)

@@ -341,7 +341,7 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_str_eq(q->handler, "/usr/lib/sekali/handlers/invoice.so");
     ck_assert_ptr_null(q->handler_config);
     ck_assert_int_eq(q->workers, 1);
-    ck_assert_int_eq(q->prefetch, 1);
+    ck_assert_int_eq(q->prefetch, 10);
     ck_assert_int_eq(q->mode, SK_MODE_TRANSACTIONAL);
     ck_assert(q->lock);
     ck_assert_uint_eq(q->lock_ttl_ms, 30000);
@@ -819,6 +819,87 @@ START_TEST(test_metrics_listen_refuses_what_cannot_be_an_address)
 }
 END_TEST
 
+/* Loads a minimal config whose fourth line is `redis: <section>`; returns
+ * the error message without the file name ("line:column: ..."), or "" with
+ * the loaded config in *out, which the caller frees. */
+static const char *load_redis(const char *section, struct sk_conf **out)
+{
+    static char msg[256];
+    char cfg[] = "/tmp/sekali-redis-XXXXXX.yaml", text[512];
+    struct sk_err err = { 0 };
+
+    snprintf(text, sizeof(text),
+             "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "queues: [{name: q, handler: h.so}]\n"
+             "redis: %s\n", section);
+    write_temp(cfg, 5, text);
+    *out = NULL;
+    int rc = sk_conf_load(cfg, out, &err);
+    unlink(cfg);
+    if (rc == SK_OK)
+        return "";
+    ck_assert_msg(strncmp(err.msg, cfg, strlen(cfg)) == 0 && err.msg[strlen(cfg)] == ':',
+                  "no file name in \"%s\"", err.msg);
+    snprintf(msg, sizeof(msg), "%s", err.msg + strlen(cfg) + 1);
+    return msg;
+}
+
+START_TEST(test_redis_sentinels_take_a_list_of_host_port_and_a_master_name)
+{
+    struct sk_conf *c;
+
+    ck_assert_str_eq(load_redis("{sentinels: [\"10.0.0.1:26379\", \"sentinel-2:26380\", "
+                                "\"[::1]:26381\"], master_name: locks}", &c), "");
+    ck_assert_uint_eq(c->redis.n_sentinels, 3);
+    ck_assert_str_eq(c->redis.sentinels[0].host, "10.0.0.1");
+    ck_assert_int_eq(c->redis.sentinels[0].port, 26379);
+    ck_assert_str_eq(c->redis.sentinels[1].host, "sentinel-2");
+    ck_assert_int_eq(c->redis.sentinels[1].port, 26380);
+    ck_assert_str_eq(c->redis.sentinels[2].host, "::1");
+    ck_assert_int_eq(c->redis.sentinels[2].port, 26381);
+    ck_assert_str_eq(c->redis.master_name, "locks");
+    sk_conf_free(c);
+
+    ck_assert_str_eq(load_redis("{host: 10.0.0.9}", &c), "");
+    ck_assert_uint_eq(c->redis.n_sentinels, 0);
+    ck_assert_ptr_null(c->redis.master_name);
+    sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_redis_sentinels_refuse_what_cannot_name_a_master)
+{
+    static const struct { const char *section, *message; } cases[] = {
+        { "{sentinels: [\"127.0.0.1:26379\"]}",
+          "4:20: redis.sentinels needs redis.master_name: the name the sentinels monitor "
+          "the master by" },
+        { "{master_name: locks}",
+          "4:22: redis.master_name needs redis.sentinels: a list of host:port to ask for "
+          "the master" },
+        { "{sentinels: [], master_name: locks}",
+          "4:37: redis.master_name needs redis.sentinels: a list of host:port to ask for "
+          "the master" },
+        { "{sentinels: \"127.0.0.1:26379\", master_name: locks}",
+          "4:20: sentinels: expected a sequence of host:port, got a scalar" },
+        { "{sentinels: [\"127.0.0.1:26379\", \"127.0.0.1\"], master_name: locks}",
+          "4:40: sentinels[1]: expected host:port, got \"127.0.0.1\"" },
+        { "{sentinels: [\":26379\"], master_name: locks}",
+          "4:21: sentinels[0]: missing host in \":26379\"" },
+        { "{sentinels: [\"127.0.0.1:0\"], master_name: locks}",
+          "4:21: sentinels[0]: port must be between 1 and 65535, got \"0\"" },
+        { "{sentinels: [{host: a}], master_name: locks}",
+          "4:21: sentinels[0]: expected host:port, got a mapping" },
+        { "{sentinels: [\"a:1\"], master_name: \"\"}",
+          "4:42: master_name must not be empty" },
+    };
+    struct sk_conf *c;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        ck_assert_str_eq(load_redis(cases[i].section, &c), cases[i].message);
+}
+END_TEST
+
 START_TEST(test_duration_accepts_each_unit)
 {
     static const struct { const char *text; uint64_t ms; } cases[] = {
@@ -978,6 +1059,8 @@ static Suite *config_suite(void)
 
     tc = tcase_create("units");
     tcase_add_test(tc, test_duration_accepts_each_unit);
+    tcase_add_test(tc, test_redis_sentinels_take_a_list_of_host_port_and_a_master_name);
+    tcase_add_test(tc, test_redis_sentinels_refuse_what_cannot_name_a_master);
     tcase_add_test(tc, test_duration_rejects_malformed_text);
     tcase_add_test(tc, test_duration_detects_overflow);
     tcase_add_test(tc, test_size_accepts_each_unit);

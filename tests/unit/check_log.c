@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <check.h>
@@ -119,6 +121,60 @@ START_TEST(test_text_line_escapes_control_characters_in_keys_and_message)
 }
 END_TEST
 
+/* JSON text is copied in runs between the characters that need escaping:
+ * each escape lands where its character was, and the message of a bare
+ * "%s" line (taken without vsnprintf) is escaped like any other. */
+START_TEST(test_json_line_escapes_each_special_character_in_place)
+{
+    const char *path = capture_stderr();
+    unsetenv("JOURNAL_STREAM");
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_JSON, "worker");
+    struct sk_log_job job = { .idempotency_key = "a\"b\\c\x01" "d\"", .fence = 1234567890123 };
+    sk_log_job(SK_LOG_INFO, &job, "%s", "done\nnext");
+    const char *line = slurp(path);
+    ck_assert_msg(strstr(line, "\"msg\":\"done\\u000anext\"") != NULL, "%s", line);
+    ck_assert_msg(strstr(line, "\"idempotency_key\":\"a\\\"b\\\\c\\u0001d\\\"\"") != NULL,
+                  "%s", line);
+    ck_assert_msg(strstr(line, "\"fence\":1234567890123") != NULL, "%s", line);
+    /* The stamp is UTC to the millisecond, of this very second or the last. */
+    int year, mon, day, hour, min, sec, ms;
+    char z;
+    ck_assert_int_eq(sscanf(line, "{\"ts\":\"%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &year, &mon, &day,
+                            &hour, &min, &sec, &ms, &z), 8);
+    ck_assert_int_eq(z, 'Z');
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    ck_assert_int_eq(year, tm.tm_year + 1900);
+    ck_assert_int_eq(day, tm.tm_mday);
+}
+END_TEST
+
+/* The pid is kept, not asked for per line: a forked child must still show
+ * its own, even before it calls sk_log_init(). */
+START_TEST(test_a_forked_child_logs_its_own_pid)
+{
+    const char *path = capture_stderr();
+    unsetenv("JOURNAL_STREAM");
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_JSON, "supervisor");
+    sk_log_info("parent");
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        sk_log_info("child");
+        _exit(0);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    const char *text = slurp(path);
+    char expected[64];
+    snprintf(expected, sizeof(expected), "\"pid\":%d,\"msg\":\"child\"", (int)pid);
+    ck_assert_msg(strstr(text, expected) != NULL, "no %s in %s", expected, text);
+    snprintf(expected, sizeof(expected), "\"pid\":%d,\"msg\":\"parent\"", (int)getpid());
+    ck_assert_msg(strstr(text, expected) != NULL, "no %s in %s", expected, text);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -126,6 +182,8 @@ int main(void)
         test_lines_below_the_level_are_dropped,
         test_journal_stream_is_recognised_only_for_our_stderr,
         test_text_line_escapes_control_characters_in_keys_and_message,
+        test_json_line_escapes_each_special_character_in_place,
+        test_a_forked_child_logs_its_own_pid,
         NULL,
     };
     return h_run_suite(h_suite("log", 0, tests));

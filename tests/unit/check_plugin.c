@@ -1,4 +1,5 @@
 /* check_plugin.c - the handler ABI checks, on descriptors built in place. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,6 +289,32 @@ START_TEST(test_two_handlers_loaded_in_turn_are_each_their_own)
 }
 END_TEST
 
+/* A reload of an unchanged handler loads the same file again. glibc then
+ * returns the loaded object, and files the new descriptor's /proc name
+ * under it; that descriptor is closed, so the next file opened gets its
+ * number, and thus the same name: it must still be its own object, not the
+ * first handler under a name glibc has seen. */
+START_TEST(test_file_loaded_after_a_reload_of_an_unchanged_handler_is_its_own)
+{
+    char root[64], a[128], b[128];
+    struct sk_plugin pa, again, pb;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/a.so", "handlers/invoice.so");
+    copy_handler(root, "h/b.so", "tests/plugins/abi_1_2.so");
+    snprintf(a, sizeof(a), "%s/h/a.so", root);
+    snprintf(b, sizeof(b), "%s/h/b.so", root);
+    ck_assert_msg(sk_plugin_load(a, &pa, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_plugin_load(a, &again, &err) == SK_OK, "%s", err.msg);
+    ck_assert_ptr_eq(again.handler, pa.handler);
+    ck_assert_msg(sk_plugin_load(b, &pb, &err) == SK_OK, "%s", err.msg);
+    ck_assert_str_eq(pb.handler->name, "abi_1_2");
+    remove_tree(root);
+}
+END_TEST
+
 /* The check and the load must be one lookup: the object glibc mapped is
  * named by the descriptor that was checked, not by the path, which someone
  * could have pointed elsewhere in between. */
@@ -319,6 +346,98 @@ START_TEST(test_handler_is_loaded_through_the_descriptor_that_was_checked)
 }
 END_TEST
 
+static int reject(const struct sekali_host *host, const char *config, char *err, size_t size)
+{
+    (void)host;
+    snprintf(err, size, "`table: %s` is not a table name", config != NULL ? config : "?");
+    return SEKALI_FAIL;
+}
+
+START_TEST(test_config_rejected_by_check_is_refused_with_the_handlers_message)
+{
+    struct sekali_handler h = good();
+    h.check = reject;
+    struct sk_plugin p = { .path = "t.so", .handler = &h };
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_check_config(&p, NULL, "1x", &err), SK_ERR);
+    ck_assert_str_eq(err.msg, "handler t.so rejects its config: `table: 1x` is not a table name");
+}
+END_TEST
+
+/* A 1.2 descriptor ends before check: whatever lies after it is not read. */
+START_TEST(test_descriptor_of_abi_1_2_is_accepted_and_its_config_not_checked)
+{
+    struct sekali_handler h = good();
+    h.abi_minor = 2;
+    h.struct_size = (uint32_t)offsetof(struct sekali_handler, check);
+    h.check = reject;  /* past struct_size: must not be called */
+    ck_assert_int_eq(sk_plugin_check(&h, "t.so", NULL), SK_OK);
+    struct sk_plugin p = { .path = "t.so", .handler = &h };
+    ck_assert_int_eq(sk_plugin_check_config(&p, NULL, "1x", NULL), SK_OK);
+}
+END_TEST
+
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Exit 3 is for a handler built for another ABI alone; a file that is no
+ * sekali handler is a configuration mistake. Either way the refused object
+ * is unloaded and its descriptor closed, so failed reloads leak nothing. */
+static void assert_unloaded_after_refusal(const char *plugin, int code, const char *msg)
+{
+    char root[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/h.so", plugin);
+    snprintf(file, sizeof(file), "%s/h/h.so", root);
+    int fds = open_fds();
+    ck_assert_int_eq(sk_plugin_load(file, &p, &err), code);
+    ck_assert_msg(strstr(err.msg, msg) != NULL, "%s: %s", plugin, err.msg);
+    ck_assert_int_eq(open_fds(), fds);
+    ck_assert_msg(dlopen(file, RTLD_NOW | RTLD_NOLOAD) == NULL, "%s is still loaded", plugin);
+    remove_tree(root);
+}
+
+START_TEST(test_refused_handlers_are_unloaded_and_only_an_abi_mismatch_is_an_abi_error)
+{
+    assert_unloaded_after_refusal("tests/plugins/old_abi.so", SK_PLUGIN_ABI,
+                                  "incompatible ABI: abi_major is 0");
+    assert_unloaded_after_refusal("tests/plugins/null_handle.so", SK_PLUGIN_ABI,
+                                  "mandatory callback handle is NULL");
+    assert_unloaded_after_refusal("tests/plugins/no_symbol.so", SK_ERR,
+                                  "no symbol sekali_handler_v1");
+}
+END_TEST
+
+/* The control: an accepted handler stays loaded (RTLD_NOLOAD finds it). */
+START_TEST(test_accepted_handler_stays_loaded)
+{
+    char root[64], file[128];
+    struct sk_plugin p;
+    struct sk_err err;
+
+    scratch(root, sizeof(root));
+    mkdir_mode(root, "h", 0755);
+    copy_handler(root, "h/h.so", "tests/plugins/abi_1_2.so");
+    snprintf(file, sizeof(file), "%s/h/h.so", root);
+    ck_assert_msg(sk_plugin_load(file, &p, &err) == SK_OK, "%s", err.msg);
+    ck_assert_uint_eq(p.handler->abi_minor, 2);
+    ck_assert_ptr_nonnull(dlopen(file, RTLD_NOW | RTLD_NOLOAD));
+    remove_tree(root);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -335,7 +454,12 @@ int main(void)
         test_handler_under_a_directory_of_another_user_is_refused,
         test_sticky_directory_is_refused_only_as_the_handlers_own,
         test_two_handlers_loaded_in_turn_are_each_their_own,
+        test_file_loaded_after_a_reload_of_an_unchanged_handler_is_its_own,
         test_handler_is_loaded_through_the_descriptor_that_was_checked,
+        test_config_rejected_by_check_is_refused_with_the_handlers_message,
+        test_descriptor_of_abi_1_2_is_accepted_and_its_config_not_checked,
+        test_refused_handlers_are_unloaded_and_only_an_abi_mismatch_is_an_abi_error,
+        test_accepted_handler_stays_loaded,
         NULL,
     };
     Suite *s = suite_create("plugin");

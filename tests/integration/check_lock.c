@@ -1,0 +1,145 @@
+/* check_lock.c - the Redis lease lock against a real Redis: the commands
+ * lock.c writes by hand in the wire protocol, and its owner tokens. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "harness.h"
+#include "lock.h"
+
+static struct sk_redis_conf redis_conf(void)
+{
+    h_init();
+    return (struct sk_redis_conf){ .host = "127.0.0.1", .port = h_redis_port(),
+                                   .timeout_ms = 5000 };
+}
+
+static long long redis_pttl(const char *key)
+{
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    redisReply *reply = redisCommand(redis, "PTTL %b", key, strlen(key));
+    ck_assert_ptr_nonnull(reply);
+    ck_assert_int_eq(reply->type, REDIS_REPLY_INTEGER);
+    long long ttl = reply->integer;
+    freeReplyObject(reply);
+    redisFree(redis);
+    return ttl;
+}
+
+/* A resource key is the producer's: spaces, CR LF and a '$' or '*' that
+ * look like protocol must stay bytes of one argument, not split a command. */
+START_TEST(test_lock_keys_with_protocol_characters_stay_one_argument)
+{
+    struct sk_redis_conf conf = redis_conf();
+    struct sk_lock *a, *b;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_lock_open(&a, &conf, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_lock_open(&b, &conf, &err) == SK_OK, "%s", err.msg);
+    char key[600];
+    int n = snprintf(key, sizeof(key), "sekali:lock:test:%d a b\r\n*3\r\n$3\r\nDEL ", getpid());
+    memset(key + n, 'k', sizeof(key) - (size_t)n - 1);  /* longer than any first buffer */
+    key[sizeof(key) - 1] = '\0';
+    char mine[SK_LOCK_TOKEN_LEN + 1], theirs[SK_LOCK_TOKEN_LEN + 1];
+    sk_lock_new_token(mine);
+    sk_lock_new_token(theirs);
+
+    ck_assert_msg(sk_lock_acquire(a, key, mine, 60000, &err) == SK_OK, "%s", err.msg);
+    ck_assert(h_redis_exists(key));
+    long long ttl = redis_pttl(key);
+    ck_assert_msg(ttl > 50000 && ttl <= 60000, "PX not applied: pttl %lld", ttl);
+    ck_assert_int_eq(sk_lock_acquire(b, key, theirs, 60000, &err), SK_BUSY);
+    ck_assert_int_eq(sk_lock_renew(b, key, theirs, 90000, &err), SK_BUSY);
+    ck_assert_int_eq(sk_lock_release(b, key, theirs, &err), SK_BUSY);
+    ck_assert(h_redis_exists(key));
+
+    ck_assert_msg(sk_lock_renew(a, key, mine, 90000, &err) == SK_OK, "%s", err.msg);
+    ttl = redis_pttl(key);
+    ck_assert_msg(ttl > 60000 && ttl <= 90000, "renew did not extend: pttl %lld", ttl);
+    ck_assert_msg(sk_lock_release(a, key, mine, &err) == SK_OK, "%s", err.msg);
+    ck_assert(!h_redis_exists(key));
+    ck_assert_msg(sk_lock_acquire(b, key, theirs, 60000, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_lock_release(b, key, theirs, &err) == SK_OK, "%s", err.msg);
+    sk_lock_close(a);
+    sk_lock_close(b);
+}
+END_TEST
+
+/* After SCRIPT FLUSH the next renew and release load the scripts again. */
+START_TEST(test_lock_scripts_flushed_by_redis_are_loaded_again)
+{
+    struct sk_redis_conf conf = redis_conf();
+    struct sk_lock *l;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_lock_open(&l, &conf, &err) == SK_OK, "%s", err.msg);
+    char key[64], token[SK_LOCK_TOKEN_LEN + 1];
+    snprintf(key, sizeof(key), "sekali:lock:test:flush-%d", getpid());
+    sk_lock_new_token(token);
+    ck_assert_msg(sk_lock_acquire(l, key, token, 60000, &err) == SK_OK, "%s", err.msg);
+
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    freeReplyObject(redisCommand(redis, "SCRIPT FLUSH"));
+    redisFree(redis);
+
+    ck_assert_msg(sk_lock_renew(l, key, token, 60000, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_lock_release(l, key, token, &err) == SK_OK, "%s", err.msg);
+    ck_assert(!h_redis_exists(key));
+    sk_lock_close(l);
+}
+END_TEST
+
+/* Tokens come from a per-process random prefix and a counter: a child
+ * forked after its parent made tokens must not repeat the parent's
+ * sequence, or two workers could own each other's locks. */
+START_TEST(test_lock_tokens_are_unique_and_a_forked_child_draws_its_own)
+{
+    enum { N = 1000 };
+    static char tokens[N][SK_LOCK_TOKEN_LEN + 1];
+    for (int i = 0; i < N; i++) {
+        sk_lock_new_token(tokens[i]);
+        ck_assert_uint_eq(strlen(tokens[i]), SK_LOCK_TOKEN_LEN);
+        ck_assert_uint_eq(strspn(tokens[i], "0123456789abcdef"), SK_LOCK_TOKEN_LEN);
+        for (int j = 0; j < i; j++)
+            ck_assert_str_ne(tokens[i], tokens[j]);
+    }
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char child[SK_LOCK_TOKEN_LEN + 1];
+        sk_lock_new_token(child);
+        _exit(write(fds[1], child, sizeof(child)) == (ssize_t)sizeof(child) ? 0 : 1);
+    }
+    char child[SK_LOCK_TOKEN_LEN + 1], next[SK_LOCK_TOKEN_LEN + 1];
+    ck_assert_int_eq(read(fds[0], child, sizeof(child)), (ssize_t)sizeof(child));
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(fds[0]);
+    close(fds[1]);
+    sk_lock_new_token(next);
+    ck_assert_str_ne(child, next);
+    /* Not just another counter value: the child's whole prefix is its own. */
+    ck_assert_msg(strncmp(child, next, SK_LOCK_TOKEN_LEN / 2) != 0,
+                  "child %s shares its parent's prefix (%s)", child, next);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_lock_keys_with_protocol_characters_stay_one_argument,
+        test_lock_scripts_flushed_by_redis_are_loaded_again,
+        test_lock_tokens_are_unique_and_a_forked_child_draws_its_own,
+        NULL,
+    };
+    Suite *s = suite_create("lock");
+    h_tcase(s, "lock", 120, tests);
+    return h_run_suite(s);
+}

@@ -1,0 +1,99 @@
+/* check_host.c - the host functions a handler calls that need no server:
+ * the config accessor, the body copy, enqueue_job()'s size check, conflict(). */
+#include <stdio.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "host.h"
+#include "suite.h"
+
+START_TEST(test_config_get_reads_flat_scalars_plain_or_quoted)
+{
+    const struct sekali_host *h = sk_host();
+    const char *config = "table: invoices\nlabel: \"a: b # c\"\nempty: ''\n";
+    char buf[64];
+    ck_assert_int_eq(h->config_get(config, "table", buf, sizeof(buf)), 8);
+    ck_assert_str_eq(buf, "invoices");
+    ck_assert_int_eq(h->config_get(config, "label", buf, sizeof(buf)), 8);
+    ck_assert_str_eq(buf, "a: b # c");
+    ck_assert_int_eq(h->config_get(config, "empty", buf, sizeof(buf)), 0);
+    ck_assert_str_eq(buf, "");
+}
+END_TEST
+
+START_TEST(test_config_get_says_not_found_for_absent_keys_lists_and_no_config)
+{
+    const struct sekali_host *h = sk_host();
+    char buf[16] = "x";
+    ck_assert_int_eq(h->config_get("table: t\n", "tab", buf, sizeof(buf)), -1);
+    ck_assert_str_eq(buf, "");
+    ck_assert_int_eq(h->config_get("hosts: [a, b]\n", "hosts", buf, sizeof(buf)), -1);
+    ck_assert_int_eq(h->config_get("db:\n  table: t\n", "table", buf, sizeof(buf)), -1);
+    ck_assert_int_eq(h->config_get(NULL, "table", buf, sizeof(buf)), -1);
+    ck_assert_int_eq(h->config_get("[unclosed", "table", buf, sizeof(buf)), -1);
+}
+END_TEST
+
+START_TEST(test_config_get_truncates_like_snprintf_and_returns_the_full_length)
+{
+    char buf[4];
+    ck_assert_int_eq(sk_host_config_get("table: invoices\n", "table", buf, sizeof(buf)), 8);
+    ck_assert_str_eq(buf, "inv");
+}
+END_TEST
+
+START_TEST(test_body_copy_is_nul_terminated_and_keeps_embedded_nuls)
+{
+    static struct sekali_ctx ctx;
+    const char body[] = { 'a', '\0', 'b' };
+    const char *copy = sk_host_ctx_body(&ctx, body, sizeof(body));
+    ck_assert_ptr_nonnull(copy);
+    ck_assert_mem_eq(copy, body, sizeof(body));
+    ck_assert_int_eq(copy[sizeof(body)], '\0');
+
+    static char big[100000];
+    memset(big, 'x', sizeof(big));
+    copy = sk_host_ctx_body(&ctx, big, sizeof(big));
+    ck_assert_ptr_nonnull(copy);
+    ck_assert_int_eq(copy[sizeof(big) - 1], 'x');
+    ck_assert_int_eq(copy[sizeof(big)], '\0');
+    ck_assert_str_eq(sk_host_ctx_body(&ctx, "", 0), "");
+    sk_host_ctx_free(&ctx);
+}
+END_TEST
+
+/* A caller that forgot struct_size gets an error, not a read of garbage. */
+START_TEST(test_enqueue_job_refuses_a_struct_without_its_size)
+{
+    static struct sekali_ctx ctx;
+    struct sekali_enqueue e = { .queue = "q", .job_type = "t", .body = "b", .body_len = 1 };
+    ck_assert_int_eq(sk_host()->enqueue_job(&ctx, &e, NULL, 0), -1);
+    ck_assert_ptr_nonnull(strstr(ctx.error, "struct_size"));
+}
+END_TEST
+
+START_TEST(test_conflict_marks_the_job_and_asks_for_a_retry)
+{
+    static struct sekali_ctx ctx;
+    ck_assert_int_eq(sk_host()->conflict(&ctx, "row 7 changed"), SEKALI_RETRY);
+    ck_assert(ctx.conflict);
+    ck_assert_str_eq(ctx.error, "conflict: row 7 changed");
+    sk_host_ctx_reset(&ctx);
+    ck_assert(!ctx.conflict);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_config_get_reads_flat_scalars_plain_or_quoted,
+        test_config_get_says_not_found_for_absent_keys_lists_and_no_config,
+        test_config_get_truncates_like_snprintf_and_returns_the_full_length,
+        test_body_copy_is_nul_terminated_and_keeps_embedded_nuls,
+        test_enqueue_job_refuses_a_struct_without_its_size,
+        test_conflict_marks_the_job_and_asks_for_a_retry,
+        NULL,
+    };
+    return h_run_suite(h_suite("host", 0, tests));
+}
