@@ -266,4 +266,4 @@ help:
 	@echo "fuzz      each libFuzzer harness for FUZZ_SECONDS=$(FUZZ_SECONDS) (clang, ASan, UBSan)"
 	@echo "install   PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
 
--include $(shell find build -name '*.d' 2>/dev/null)
+-include $(shell find $(B) -name '*.d' 2>/dev/null)
