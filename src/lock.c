@@ -97,6 +97,11 @@ void sk_lock_close(struct sk_lock *l)
     free(l);
 }
 
+void sk_lock_key(char *out, size_t size, const char *queue, const char *resource)
+{
+    snprintf(out, size, "sekali:lock:%s:%s", queue, resource);
+}
+
 /* A token is this process's random prefix and a counter: no system call
  * per job. What the token must do is tell one lease holder from every
  * other, and it does: the counter never repeats within a process (64 bits),

@@ -14,6 +14,7 @@
 #include "common.h"
 
 #define SK_LOCK_TOKEN_LEN 32  /* hex characters of a random owner token */
+#define SK_LOCK_KEY_MAX (SK_KEY_MAX + 300)  /* "sekali:lock:<queue>:<resource>" and NUL */
 
 struct sk_lock;
 
@@ -38,6 +39,12 @@ struct sk_redis_conf {
  * unreachable or refused AUTH/SELECT (transient from our side: back off). */
 int  sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err);
 void sk_lock_close(struct sk_lock *l);
+
+/* Writes the Redis key that locks `resource` in `queue` into out:
+ * "sekali:lock:<queue>:<resource>". The namespace is an interface: the
+ * scoreboard carries these keys from a dead worker to its replacement, and
+ * operators (and the tests) look locks up by it. Truncates to size. */
+void sk_lock_key(char *out, size_t size, const char *queue, const char *resource);
 
 /* Writes a fresh random owner token of SK_LOCK_TOKEN_LEN hex chars plus NUL. */
 void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1]);

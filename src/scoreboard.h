@@ -26,7 +26,7 @@ enum sk_slot_phase {
     SK_PHASE_HANDLER,  /* inside the handler's handle() */
 };
 
-#define SK_SLOT_LOCK_KEY_MAX (SK_KEY_MAX + 300)  /* "sekali:lock:<queue>:<resource>" */
+#define SK_SLOT_LOCK_KEY_MAX SK_LOCK_KEY_MAX  /* see sk_lock_key() */
 
 struct sk_slot {
     _Atomic int64_t job_started_ms;  /* 0 while idle */

@@ -1,0 +1,40 @@
+/* job.h - the pipeline of one delivery (job.c), and what it runs on.
+ *
+ * The worker process (worker.c) assembles a struct sk_pipeline once and
+ * hands it each delivery; the pipeline never calls back into the worker.
+ * Everything it needs from the process is in this struct, and everything it
+ * needs from the servers goes through the links. */
+#ifndef SK_JOB_H
+#define SK_JOB_H
+
+#include <amqp.h>
+
+#include "config.h"
+#include "host.h"
+
+struct sk_heartbeat;
+struct sk_links;
+struct sk_metrics_queue;
+struct sk_slot;
+
+/* Owned by the worker process for its whole life; sk_job_process() reads
+ * it and uses its parts, and writes only ctx and its scoreboard slot. */
+struct sk_pipeline {
+    const struct sk_conf        *conf;
+    const struct sk_queue_conf  *queue;
+    const struct sekali_handler *handler;
+    void                        *handler_state;  /* what handler->init() gave */
+    struct sk_links             *links;          /* the servers, and their outages */
+    struct sk_heartbeat         *heartbeat;      /* NULL when nothing needs renewing */
+    struct sk_metrics_queue     *metrics;        /* our queue's shared counters */
+    struct sk_slot              *slot;           /* ours in the supervisor's scoreboard */
+    char                         owner[128];     /* host:pid, recorded with each claim */
+    struct sekali_ctx            ctx;            /* reused for every job */
+};
+
+/* Runs one delivery through the pipeline, to its ack, requeue or dead
+ * letter. The delivery stays owned by the caller. Blocks for the job's
+ * length; the worker process's main thread only. */
+void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery);
+
+#endif

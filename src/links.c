@@ -1,0 +1,376 @@
+/* links.c - one worker process's connections and their outages.
+ *
+ * Every server a worker needs can go away and come back. What to do then is
+ * decided here, once for the whole process: log the outage when it starts
+ * and when it ends (not once per job, which would flood the log during an
+ * outage), wait between attempts with jittered backoff (a fleet of workers
+ * must not hammer a server that is coming back up), and, for Redis, apply
+ * the queue's on_redis_down. The connections are opened after fork (no
+ * socket is inherited) and only by this file. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backoff.h"
+#include "broker.h"
+#include "heartbeat.h"
+#include "links.h"
+#include "lock.h"
+#include "log.h"
+#include "scoreboard.h"
+#include "store.h"
+
+/* One server's outage. `logged` is true from the first failure logged to
+ * the first success after it, and then the end is logged too. */
+struct sk_outage {
+    struct sk_backoff backoff;
+    bool              logged;
+    int64_t           retry_at_ms;  /* ask the server again only from then on */
+};
+
+/* The publisher has no outage of its own: it is opened only when a job
+ * needs a copy, and that job handles a failure itself (its message goes
+ * back to the queue after a pause), so each failure is logged. */
+struct sk_links {
+    const struct sk_conf       *conf;
+    const struct sk_queue_conf *queue;
+    struct sk_slot             *slot;
+    struct sk_broker           *consumer;
+    struct sk_broker           *publisher;
+    struct sk_lock             *lock;
+    struct sk_store            *store;
+    struct sk_outage            consumer_outage;
+    struct sk_outage            lock_outage;
+    struct sk_outage            store_outage;
+    bool                        lock_refused;  /* Redis refused our password */
+    struct sk_queue_shape       shape;
+};
+
+static int  open_store(struct sk_links *l, struct sk_err *err);
+static int  check_logins(struct sk_links *l, struct sk_err *err);
+static bool ensure_store(struct sk_links *l);
+static bool ensure_consumer(struct sk_links *l);
+static int  lock_down(struct sk_links *l, const struct sk_err *why);
+static int  without_redis(struct sk_links *l, const char *why);
+static void store_down(struct sk_links *l, const struct sk_log_job *job,
+                       const struct sk_err *why);
+static bool waiting(const struct sk_outage *o);
+
+int sk_links_new(struct sk_links **out, const struct sk_conf *conf,
+                 const struct sk_queue_conf *queue, struct sk_slot *slot, struct sk_err *err)
+{
+    struct sk_links *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return sk_err_errno(err, SK_ERR, "calloc(links)");
+    l->conf = conf;
+    l->queue = queue;
+    l->slot = slot;
+    l->shape = sk_conf_queue_shape(queue);
+    l->consumer_outage.backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
+    l->store_outage.backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
+    l->lock_outage.backoff = (struct sk_backoff){ .base_ms = 200, .cap_ms = 5000 };
+    *out = l;
+    return SK_OK;
+}
+
+void sk_links_free(struct sk_links *l)
+{
+    if (l == NULL)
+        return;
+    sk_broker_close(l->consumer);
+    sk_broker_close(l->publisher);
+    sk_lock_close(l->lock);
+    sk_store_close(l->store);
+    free(l);
+}
+
+/* A missing schema fails here, once, with exit 2. A server that is merely
+ * down is not fatal: the store and the lock reconnect at the next job, and
+ * the broker is not consumed from until then. */
+int sk_links_open(struct sk_links *l, bool first, struct sk_err *err)
+{
+    int rc = open_store(l, err);
+    if (rc == SK_ERR)
+        return rc;
+    if (rc == SK_AGAIN && err->code == SK_AUTH && first) {
+        struct sk_err why = *err;
+        return sk_err_set(err, SK_ERR, "PostgreSQL refused sekali's credentials (check "
+                          "postgres.conninfo and its password): %.180s", why.msg);
+    }
+    if (rc == SK_AGAIN) {
+        sk_log_warn("PostgreSQL %s at start, will retry: %s",
+                    err->code == SK_AUTH ? "refused sekali's credentials" : "unavailable",
+                    err->msg);
+        l->store_outage.logged = true;
+    }
+    return first ? check_logins(l, err) : SK_OK;
+}
+
+/* A wrong password would otherwise only show as a worker retrying for ever:
+ * log in once to RabbitMQ, and to Redis if the queue locks, and give up with
+ * SK_ERR (exit 2) if either refuses. A server that is merely down is left to
+ * the loop's retries. The Redis connection is kept for the first job. */
+static int check_logins(struct sk_links *l, struct sk_err *err)
+{
+    struct sk_broker *probe = NULL;
+    struct sk_err why = { 0 };
+
+    if (sk_broker_open(&probe, &l->conf->amqp, &why) == SK_OK)
+        sk_broker_close(probe);
+    else if (why.code == SK_AUTH)
+        return sk_err_set(err, SK_ERR, "RabbitMQ refused sekali's credentials (user %s on vhost "
+                          "%s; check amqp.url and its password): %.160s", l->conf->amqp.user,
+                          l->conf->amqp.vhost, why.msg);
+    if (l->queue->lock && sk_lock_open(&l->lock, &l->conf->redis, &why) != SK_OK &&
+        why.code == SK_AUTH)
+        return sk_err_set(err, SK_ERR, "Redis refused sekali's credentials (check "
+                          "redis.password_env or password_file): %.180s", why.msg);
+    return SK_OK;
+}
+
+bool sk_links_ready(struct sk_links *l)
+{
+    if (!ensure_store(l))
+        return false;
+    /* A failed claim handed its job back; pause before the next one. */
+    int64_t pause = l->store_outage.retry_at_ms - sk_now_ms();
+    if (pause > 0) {
+        l->store_outage.retry_at_ms = 0;
+        sk_sleep_ms((uint32_t)pause);
+    }
+    if (!ensure_consumer(l))
+        return false;
+    /* The publishing connection idles between retries and dead letters;
+     * librabbitmq would let the broker drop it for want of heartbeats. */
+    struct sk_err err = { 0 };
+    if (l->publisher != NULL && sk_broker_keepalive(l->publisher, &err) != SK_OK)
+        sk_links_drop(l, SK_LINK_PUBLISHER, NULL, &err);
+    return true;
+}
+
+struct sk_broker *sk_links_consumer(struct sk_links *l)
+{
+    return l->consumer;
+}
+
+struct sk_store *sk_links_store(struct sk_links *l)
+{
+    return l->store;
+}
+
+struct sk_broker *sk_links_publisher(struct sk_links *l, struct sk_err *err)
+{
+    if (l->publisher != NULL)
+        return l->publisher;
+    int rc = sk_broker_open(&l->publisher, &l->conf->amqp, err);
+    if (rc == SK_OK)
+        rc = sk_broker_confirm_select(l->publisher, err);
+    if (rc == SK_OK)
+        return l->publisher;
+    sk_broker_close(l->publisher);
+    l->publisher = NULL;
+    return NULL;
+}
+
+int sk_links_lock(struct sk_links *l, struct sk_lock **out)
+{
+    *out = NULL;
+    /* While Redis is down, ask it again only when the backoff allows: an
+     * unreachable host would otherwise cost a connect timeout per job. */
+    if (waiting(&l->lock_outage))
+        return without_redis(l, NULL);
+    struct sk_err err = { 0 };
+    if (l->lock == NULL && sk_lock_open(&l->lock, &l->conf->redis, &err) != SK_OK)
+        return lock_down(l, &err);
+    *out = l->lock;
+    return SK_OK;
+}
+
+int sk_links_free_orphan(struct sk_links *l, const char *key, const char *token)
+{
+    struct sk_outage *o = &l->lock_outage;
+    if (waiting(o))
+        return SK_AGAIN;
+    struct sk_err err = { 0 };
+    int rc = l->lock != NULL ? SK_OK : sk_lock_open(&l->lock, &l->conf->redis, &err);
+    if (rc == SK_OK)
+        rc = sk_lock_release(l->lock, key, token, &err);
+    if (rc == SK_AGAIN) {
+        o->retry_at_ms = sk_now_ms() + sk_backoff_next(&o->backoff);
+        if (!o->logged)
+            sk_log_warn("cannot free the lock %s of a dead worker yet, will retry: %s", key,
+                        err.msg);
+        o->logged = true;
+        return SK_AGAIN;
+    }
+    return rc == SK_OK ? SK_OK : SK_BUSY;
+}
+
+int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_job *job,
+                  const struct sk_err *why)
+{
+    switch (which) {
+    case SK_LINK_CONSUMER:
+        sk_log_warn("lost the broker connection: %s", why->msg);
+        atomic_store(&l->slot->consuming, 0);
+        l->consumer_outage.logged = true;
+        sk_broker_close(l->consumer);
+        l->consumer = NULL;
+        return SK_AGAIN;
+    case SK_LINK_PUBLISHER:
+        sk_log_warn("publishing connection failed: %s", why->msg);
+        sk_broker_close(l->publisher);
+        l->publisher = NULL;
+        return SK_AGAIN;
+    case SK_LINK_LOCK:
+        return lock_down(l, why);
+    case SK_LINK_STORE:
+        store_down(l, job, why);
+        return SK_AGAIN;
+    }
+    sk_assert(!"unknown link");
+    return SK_ERR;
+}
+
+void sk_links_up(struct sk_links *l, enum sk_link which)
+{
+    sk_assert(which == SK_LINK_LOCK || which == SK_LINK_STORE);
+    struct sk_outage *o = which == SK_LINK_LOCK ? &l->lock_outage : &l->store_outage;
+    if (o->logged)
+        sk_log_info(which == SK_LINK_LOCK ? "redis reachable again, locking resumed"
+                                          : "PostgreSQL reachable again");
+    o->logged = false;
+    sk_backoff_reset(&o->backoff);
+    if (which == SK_LINK_LOCK)
+        l->lock_refused = false;
+}
+
+void sk_links_lend(struct sk_links *l, struct sk_heartbeat *hb)
+{
+    if (hb != NULL)
+        sk_heartbeat_lend_brokers(hb, l->consumer, l->publisher);
+}
+
+void sk_links_take_back(struct sk_links *l, struct sk_heartbeat *hb)
+{
+    (void)l;
+    if (hb != NULL)
+        sk_heartbeat_return_brokers(hb);
+}
+
+/* Named for pg_stat_activity, where an operator looks for a stuck worker. */
+static int open_store(struct sk_links *l, struct sk_err *err)
+{
+    char app_name[256];
+    snprintf(app_name, sizeof(app_name), "sekali worker %s", l->queue->name);
+    return sk_store_open(&l->store, &l->conf->postgres, app_name, err);
+}
+
+/* Until PostgreSQL answers, the worker does not consume: deliveries would
+ * only go back to the broker. */
+static bool ensure_store(struct sk_links *l)
+{
+    if (l->store != NULL)
+        return true;
+    struct sk_outage *o = &l->store_outage;
+    struct sk_err err = { 0 };
+    if (open_store(l, &err) == SK_OK) {
+        sk_log_info("PostgreSQL reachable again");
+        o->logged = false;
+        sk_backoff_reset(&o->backoff);
+        return true;
+    }
+    if (!o->logged && err.code == SK_AUTH)
+        sk_log_error("PostgreSQL refused sekali's credentials, retrying with backoff until "
+                     "the password is fixed: %s", err.msg);
+    else if (!o->logged)
+        sk_log_warn("PostgreSQL unavailable, retrying with backoff: %s", err.msg);
+    o->logged = true;
+    sk_sleep_ms(sk_backoff_next(&o->backoff));
+    return false;
+}
+
+static bool ensure_consumer(struct sk_links *l)
+{
+    if (l->consumer != NULL)
+        return true;
+    struct sk_outage *o = &l->consumer_outage;
+    struct sk_err err = { 0 };
+    int rc = sk_broker_open(&l->consumer, &l->conf->amqp, &err);
+    if (rc == SK_OK)
+        rc = sk_broker_declare(l->consumer, l->queue->name, &l->shape, &err);
+    if (rc == SK_OK)
+        rc = sk_broker_consume(l->consumer, l->queue->name, (uint16_t)l->queue->prefetch,
+                               l->queue->max_body, &err);
+    if (rc == SK_OK) {
+        if (o->logged)
+            sk_log_info("consuming %s again", l->queue->name);
+        o->logged = false;
+        sk_backoff_reset(&o->backoff);
+        atomic_store(&l->slot->consuming, 1);
+        atomic_store(&l->slot->ready, 1);
+        return true;
+    }
+    sk_broker_close(l->consumer);
+    l->consumer = NULL;
+    uint32_t delay = sk_backoff_next(&o->backoff);
+    if (!o->logged && err.code == SK_AUTH)
+        sk_log_error("RabbitMQ refused sekali's credentials for %s, retrying with backoff "
+                     "until the password is fixed: %s", l->queue->name, err.msg);
+    else if (!o->logged)
+        sk_log_warn("cannot consume %s, retrying with backoff: %s", l->queue->name, err.msg);
+    o->logged = true;
+    sk_sleep_ms(delay);
+    return false;
+}
+
+/* Redis failed: ask it again only after the backoff, and say what the
+ * queue does meanwhile. */
+static int lock_down(struct sk_links *l, const struct sk_err *why)
+{
+    l->lock_outage.retry_at_ms = sk_now_ms() + sk_backoff_next(&l->lock_outage.backoff);
+    if (why->code == SK_AUTH && !l->lock_refused)
+        sk_log_error("redis refused sekali's credentials: holding jobs back whatever "
+                     "on_redis_down says, until redis.password is fixed: %s", why->msg);
+    l->lock_refused = why->code == SK_AUTH;
+    return without_redis(l, why->msg);
+}
+
+/* PostgreSQL's row lock still serialises each key; the Redis lock only saves
+ * duplicate work, so with `proceed` an outage costs speed, not safety, and
+ * `wait` keeps the work itself serialised. Logs once per outage. */
+static int without_redis(struct sk_links *l, const char *why)
+{
+    /* A refused password is a configuration error, not an outage: going on
+     * without locks would hide it for as long as nobody reads the log. */
+    if (l->lock_refused) {
+        l->lock_outage.logged = true;
+        return SK_AGAIN;
+    }
+    bool proceed = l->queue->on_redis_down == SK_REDIS_DOWN_PROCEED;
+    if (!l->lock_outage.logged)
+        sk_log_warn("redis unavailable, %s: %s",
+                    proceed ? "going on without locks" : "holding jobs back",
+                    why != NULL ? why : "");
+    l->lock_outage.logged = true;
+    return proceed ? SK_OK : SK_AGAIN;
+}
+
+/* An outage is not the job's failure, and the backoff keeps it from turning
+ * into a hot redelivery loop. Only a lost server makes an outage that is
+ * logged once; a statement that failed on a live server is logged each time. */
+static void store_down(struct sk_links *l, const struct sk_log_job *job,
+                       const struct sk_err *why)
+{
+    struct sk_outage *o = &l->store_outage;
+    if (!o->logged)
+        sk_log_job(SK_LOG_ERROR, job, "claim failed, backing off: %s", why->msg);
+    o->logged = why->code == SK_AGAIN || why->code == SK_AUTH;
+    o->retry_at_ms = sk_now_ms() + sk_backoff_next(&o->backoff);
+}
+
+/* Within an outage's backoff: the server is not to be asked yet. */
+static bool waiting(const struct sk_outage *o)
+{
+    return o->logged && sk_now_ms() < o->retry_at_ms;
+}

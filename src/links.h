@@ -1,0 +1,115 @@
+/* links.h - a worker process's connections to its servers, and their outages.
+ *
+ * A worker talks to RabbitMQ twice (the consumer it takes deliveries from,
+ * and a publisher with confirms for retries, dead letters and replies), to
+ * Redis (the resource locks) and to PostgreSQL (the store that runs the job
+ * transaction). This module opens each after fork, lazily, and is the one
+ * place that knows a server is down: it logs an outage once, logs its end
+ * once, and spaces the attempts with jittered backoff. The pipeline (job.c)
+ * takes connections from here and reports what a call on one said; it never
+ * opens or closes one itself.
+ *
+ * One struct sk_links per worker process, used by its main thread only (the
+ * heartbeat thread has connections of its own, and borrows the AMQP ones
+ * only through sk_links_lend()). */
+#ifndef SK_LINKS_H
+#define SK_LINKS_H
+
+#include <stdbool.h>
+
+#include "common.h"
+#include "config.h"
+
+struct sk_broker;
+struct sk_heartbeat;
+struct sk_lock;
+struct sk_log_job;
+struct sk_slot;
+struct sk_store;
+
+enum sk_link {
+    SK_LINK_CONSUMER,   /* RabbitMQ: subscribed to the worker's queue */
+    SK_LINK_PUBLISHER,  /* RabbitMQ: confirmed copies (retries, dead letters, replies) */
+    SK_LINK_LOCK,       /* Redis: the resource locks */
+    SK_LINK_STORE,      /* PostgreSQL: the job transaction, claims and leases */
+};
+
+struct sk_links;
+
+/* Connects to nothing yet. conf, queue and slot are borrowed for the
+ * process's life; slot's consuming and ready flags are written here. Returns
+ * SK_OK or SK_ERR (out of memory). */
+int  sk_links_new(struct sk_links **out, const struct sk_conf *conf,
+                  const struct sk_queue_conf *queue, struct sk_slot *slot, struct sk_err *err);
+/* Closes every connection; accepts NULL. */
+void sk_links_free(struct sk_links *l);
+
+/* At the worker's start: opens the store, and for the first worker of its
+ * slot (first) logs in once to RabbitMQ and, if the queue locks, to Redis.
+ * Returns SK_OK (a server merely down is left to the loop's retries), SK_ERR
+ * when retrying cannot help (the schema is missing, or a first worker's
+ * password was refused) or SK_AGAIN (a restart later may succeed). */
+int sk_links_open(struct sk_links *l, bool first, struct sk_err *err);
+
+/* Before each delivery, from the worker loop: true once the store is open
+ * and the consumer subscribed. Otherwise false after logging the outage
+ * (once) and sleeping its backoff: the worker does not consume while it
+ * could only hand deliveries back. Also waits out the store's backoff after
+ * a failed claim, and keeps the idle publisher alive. Blocks. */
+bool sk_links_ready(struct sk_links *l);
+
+/* The consumer, or NULL once dropped (until the next sk_links_ready()). */
+struct sk_broker *sk_links_consumer(struct sk_links *l);
+
+/* The store; open whenever sk_links_ready() said true. Its connection
+ * reconnects itself; a failure is reported with sk_links_drop(). */
+struct sk_store *sk_links_store(struct sk_links *l);
+
+/* The publisher, opened in confirm mode if it is not open. NULL (err says
+ * why) when RabbitMQ cannot be reached now; the caller decides what to do
+ * with its message and reports it with sk_links_drop(). Blocks at most a
+ * connect. */
+struct sk_broker *sk_links_publisher(struct sk_links *l, struct sk_err *err);
+
+/* The Redis connection for the locks, opened if needed; the queue's
+ * on_redis_down decides what a job does while Redis is down. Returns SK_OK
+ * with *out set: ask Redis. While Redis is down (it just failed, or its
+ * backoff has not run out), *out is NULL and the result is the policy:
+ * SK_OK, go on without the lock (`proceed`); SK_AGAIN, hold the job back
+ * (`wait`, and always while Redis refuses sekali's password). */
+int sk_links_lock(struct sk_links *l, struct sk_lock **out);
+
+/* Deletes a dead worker's lock `key` if `token` still owns it, on the lock
+ * connection and under its outage: while Redis is down it is asked again
+ * only when the backoff allows. Returns SK_OK (freed), SK_BUSY (expired or
+ * owned by someone else) or SK_AGAIN (try again later; logged once). */
+int sk_links_free_orphan(struct sk_links *l, const char *key, const char *token);
+
+/* A call on `which` failed (why: the adapter's error; job: the job it was
+ * for, named in the store's log line, or NULL). Starts an outage, logged
+ * once per outage where the server is gone, and:
+ *   CONSUMER   closes it and stops consuming; sk_links_ready() reopens it.
+ *   PUBLISHER  closes it; the next sk_links_publisher() reopens it.
+ *   LOCK       keeps it (lock.c reconnects), and Redis is asked again only
+ *              when the backoff allows.
+ *   STORE      keeps it (store.c reconnects); why->code SK_AGAIN or SK_AUTH
+ *              means PostgreSQL is gone, anything else that only this call
+ *              failed (logged each time). sk_links_ready() then waits out
+ *              the backoff before the next delivery, so the caller can hand
+ *              its job back first and hold no lock through the pause.
+ * Returns SK_AGAIN; for LOCK, sk_links_lock()'s policy (SK_OK: go on
+ * without the lock). */
+int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_job *job,
+                  const struct sk_err *why);
+
+/* A call on LOCK or STORE succeeded: ends an outage (its end logged once)
+ * and resets the backoff. */
+void sk_links_up(struct sk_links *l, enum sk_link which);
+
+/* Lends the open AMQP connections to hb's thread for the length of a
+ * handler call, and takes them back; in between the caller must not use
+ * them (see sk_heartbeat_lend_brokers()). hb may be NULL. */
+void sk_links_lend(struct sk_links *l, struct sk_heartbeat *hb);
+void sk_links_take_back(struct sk_links *l, struct sk_heartbeat *hb);
+
+#endif
