@@ -12,6 +12,11 @@
 #include "pg.h"
 
 #define SQLSTATE_LOCK_TIMEOUT "55P03"  /* lock_not_available: lock_timeout expired */
+/* read_only_sql_transaction: the session reached a standby, or a primary
+ * that was demoted under it. Only a new connection (with
+ * target_session_attrs=read-write) can find the primary, so it is treated
+ * as a lost connection, not as the statement's error. */
+#define SQLSTATE_READ_ONLY    "25006"
 
 static char *user_options(const char *conninfo);
 static int durable_commits(PGconn *pg, struct sk_err *err);
@@ -187,7 +192,11 @@ static int failed(PGconn *pg, const PGresult *res, const char *what, struct sk_e
     if (PQstatus(pg) != CONNECTION_OK)
         return lost(pg, what, err);
     const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-    int rc = state != NULL && strcmp(state, SQLSTATE_LOCK_TIMEOUT) == 0 ? SK_BUSY : SK_ERR;
+    int rc = SK_ERR;
+    if (state != NULL && strcmp(state, SQLSTATE_LOCK_TIMEOUT) == 0)
+        rc = SK_BUSY;
+    else if (state != NULL && strcmp(state, SQLSTATE_READ_ONLY) == 0)
+        rc = SK_AGAIN;
     const char *msg = res != NULL ? PQresultErrorMessage(res) : PQerrorMessage(pg);
     if (msg[0] == '\0')
         msg = PQerrorMessage(pg);

@@ -54,9 +54,10 @@ PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_
 /* Runs one statement. SK_OK when it succeeded (and, with one_row, returned
  * exactly one row); then *out, if out is not NULL, holds the result, which
  * the caller PQclear()s. Otherwise *out is NULL and the code says what to
- * do: SK_AGAIN when the connection is missing or was lost, SK_BUSY when the
- * statement waited past lock_timeout (SQLSTATE 55P03), SK_ERR with the
- * server's message for anything else. */
+ * do: SK_AGAIN when the connection is missing or was lost, or the server is
+ * read-only (SQLSTATE 25006: a standby; the caller must dial again), SK_BUSY
+ * when the statement waited past lock_timeout (SQLSTATE 55P03), SK_ERR with
+ * the server's message for anything else. */
 int sk_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out, struct sk_err *err);
 
 /* sk_pg_exec() of SQL text without parameters. */

@@ -92,6 +92,12 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
     rc = sk_pg_pipeline(s->conn, steps, 2, &res, err);
     if (rc == SK_BUSY || rc == SK_ERR)
         sk_store_rollback(s, NULL);
+    if (rc == SK_AGAIN && PQstatus(s->conn) == CONNECTION_OK) {
+        /* A live session on a read-only server: after a failover it stays
+         * on the standby or demoted primary unless dialled again. */
+        PQfinish(s->conn);
+        s->conn = NULL;
+    }
     if (rc != SK_OK)
         return rc;
 

@@ -137,6 +137,26 @@ START_TEST(test_lock_timeout_is_busy)
 }
 END_TEST
 
+/* A session on a standby (here: a server that refuses writes) reads as a
+ * lost connection: only a new dial, with target_session_attrs=read-write,
+ * finds the primary after a failover. Before, it was the statement's error
+ * and a worker retried on the same standby session until it was promoted. */
+START_TEST(test_read_only_server_is_again)
+{
+    struct sk_err err = { 0 };
+    PGconn *pg = dial(" options='-c default_transaction_read_only=on'", &err);
+    ck_assert_msg(pg != NULL, "dial failed: %s", err.msg);
+    ck_assert_str_eq(show(pg, "default_transaction_read_only"), "on");
+    ck_assert_int_eq(sk_pg_run(pg, "CREATE TABLE check_pg_ro_table (id int)", &err), SK_AGAIN);
+    ck_assert_msg(strstr(err.msg, "read-only") != NULL, "%s", err.msg);
+    const struct sk_pg_stmt steps[] = {
+        { .sql = "BEGIN" }, { .sql = "CREATE TABLE check_pg_ro_table (id int)" },
+    };
+    ck_assert_int_eq(sk_pg_pipeline(pg, steps, 2, NULL, &err), SK_AGAIN);
+    PQfinish(pg);
+}
+END_TEST
+
 START_TEST(test_lost_connection_is_again)
 {
     struct sk_err err = { 0 };
@@ -198,6 +218,7 @@ int main(void)
         test_server_error_is_err_with_the_servers_message,
         test_one_row_refuses_any_other_count,
         test_lock_timeout_is_busy,
+        test_read_only_server_is_again,
         test_lost_connection_is_again,
         test_pipeline_returns_the_last_rows_and_leaves_the_connection_idle,
         NULL,
