@@ -3,7 +3,7 @@
 #include "roles.h"
 
 #include "janitor.h"
-#include "outbox.h"
+#include "relay.h"
 #include "worker.h"
 
 static int run_worker(const struct sk_child *c)
@@ -14,7 +14,7 @@ static int run_worker(const struct sk_child *c)
 
 static int run_relay(const struct sk_child *c)
 {
-    return sk_outbox_run(c->conf, c->shared, c->metrics);
+    return sk_relay_run(c->conf, c->shared, c->metrics);
 }
 
 static int run_janitor(const struct sk_child *c)

@@ -1,4 +1,4 @@
-/* outbox.c - an outbox relay process: committed sekali.outbox rows to
+/* relay.c - the outbox relay process: committed sekali.outbox rows to
  * RabbitMQ, each published before it is marked.
  *
  * A relay claims a batch of due rows with FOR UPDATE SKIP LOCKED (so several
@@ -35,9 +35,9 @@
 #include "broker.h"
 #include "failpoint.h"
 #include "log.h"
-#include "outbox.h"
 #include "pg.h"
 #include "process.h"
+#include "relay.h"
 
 /* Columns of sekali.claim_outbox()'s result (sql/012). */
 enum { COL_ID, COL_JOB_ID, COL_QUEUE, COL_JOB_TYPE, COL_BODY, COL_KEY, COL_RESOURCE };
@@ -74,7 +74,7 @@ static void lost(struct relay *r, const char *what, const struct sk_err *err);
 static void wait_for_work(struct relay *r);
 static bool take_notifies(struct relay *r);
 
-int sk_outbox_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
+int sk_relay_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
     struct relay r = { .conf = conf, .slot = slot, .metrics = metrics,
                        .sampling = conf->metrics.listen_host != NULL,
