@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "metrics_http.h"
 #include "proctitle.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -24,7 +23,8 @@ static void on_stop_signal(int signo)
 void sk_process_child_init(const struct sk_child_init *c)
 {
     close(c->signal_fd);
-    sk_metrics_http_close_in_child(c->http);
+    if (c->close_inherited != NULL)
+        c->close_inherited(c->close_arg);
     sk_proctitle_set(c->title, c->comm);
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");

@@ -15,13 +15,15 @@
 
 #include "config.h"
 
-struct sk_metrics_http;
-
 /* Borrowed from the supervisor for the call. */
 struct sk_child_init {
     pid_t                     parent;     /* getpid() in the supervisor, before fork() */
     int                       signal_fd;  /* the supervisor's signalfd: closed */
-    struct sk_metrics_http   *http;       /* its endpoint's descriptors: closed; may be NULL */
+    /* Closes what else of the supervisor's the child must not keep (the
+     * HTTP endpoint's sockets); may be NULL. A callback, so that this file
+     * needs nothing of the supervisor's modules. */
+    void                    (*close_inherited)(void *arg);
+    void                     *close_arg;
     const char               *title;      /* for ps: "sekalid: worker invoices#2" */
     const char               *comm;       /* for top, at most 15 bytes: "sk-worker" */
     const char               *log_role;   /* the process field of its log lines: "worker" */

@@ -369,6 +369,13 @@ static const char *slot_name(const struct generation *g, const struct slot *slot
     return buf;
 }
 
+/* The child keeps none of the endpoint's sockets: a scrape must never be
+ * answered, or held open, by a worker. */
+static void close_endpoint(void *http)
+{
+    sk_metrics_http_close_in_child(http);
+}
+
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 {
     struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
@@ -383,7 +390,8 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
     }
     if (pid == 0) {
         sk_process_child_init(&(struct sk_child_init){
-            .parent = parent, .signal_fd = s->signal_fd, .http = s->http,
+            .parent = parent, .signal_fd = s->signal_fd,
+            .close_inherited = close_endpoint, .close_arg = s->http,
             .title = slot->title, .comm = slot->ops->comm, .log_role = slot->ops->log_role,
             .log = &g->conf->log });
         const struct sk_child child = {

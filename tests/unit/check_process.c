@@ -109,6 +109,11 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
+static void close_endpoint(void *http)
+{
+    sk_metrics_http_close_in_child(http);
+}
+
 START_TEST(test_child_init_closes_the_supervisor_descriptors_and_every_endpoint_socket)
 {
     struct sk_conf conf = { .metrics = { .listen_host = "127.0.0.1", .listen_port = free_port() } };
@@ -135,7 +140,8 @@ START_TEST(test_child_init_closes_the_supervisor_descriptors_and_every_endpoint_
                   "the accepted connection, holds %d sockets", sockets(f.client));
 
     struct sk_child_init init = defaults(f.signal_fd);
-    init.http = h;
+    init.close_inherited = close_endpoint;
+    init.close_arg = h;
     ck_assert_int_eq(in_child(&init, descriptors_closed, &f), 0);
     close(f.client);
     close(f.signal_fd);
