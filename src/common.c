@@ -64,3 +64,16 @@ void sk_assert_fail(const char *expr, const char *file, int line)
     fprintf(stderr, "sekali: assertion \"%s\" failed at %s:%d\n", expr, file, line);
     abort();
 }
+
+size_t sk_format_u64(char *out, uint64_t n)
+{
+    char digits[20];
+    size_t len = 0;
+    do {
+        digits[len++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n != 0);
+    for (size_t i = 0; i < len; i++)
+        out[i] = digits[len - 1 - i];
+    return len;
+}

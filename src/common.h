@@ -59,6 +59,11 @@ int sk_err_errno(struct sk_err *err, int code, const char *fmt, ...)
  * a NUL, into out (n + 1 bytes): owner tokens, message ids. */
 void sk_random_hex(char *out, size_t n);
 
+/* Writes n in decimal to out (at least 20 bytes), without a NUL; returns
+ * the digits written. For the per-job paths (log lines, Redis commands)
+ * where printf's format parsing was a measurable share of a job. */
+size_t sk_format_u64(char *out, uint64_t n);
+
 _Noreturn void sk_assert_fail(const char *expr, const char *file, int line);
 
 /* For states that cannot occur. Bad input never reaches an assert. */

@@ -56,7 +56,6 @@ static const char *ttl_text(struct sk_lock *l, uint32_t ttl_ms);
 static bool cmd_start(struct sk_lock *l, int argc, size_t need);
 static void cmd_arg(struct sk_lock *l, const char *arg, size_t len);
 static redisReply *cmd_send(struct sk_lock *l);
-static size_t put_decimal(char *out, size_t n);
 
 static int ensure_connected(struct sk_lock *l, struct sk_err *err);
 static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err);
@@ -199,7 +198,7 @@ static bool cmd_start(struct sk_lock *l, int argc, size_t need)
     }
     l->cmd_len = 0;
     l->cmd[l->cmd_len++] = '*';
-    l->cmd_len += put_decimal(l->cmd + l->cmd_len, (size_t)argc);
+    l->cmd_len += sk_format_u64(l->cmd + l->cmd_len, (size_t)argc);
     memcpy(l->cmd + l->cmd_len, "\r\n", 2);
     l->cmd_len += 2;
     return true;
@@ -210,7 +209,7 @@ static void cmd_arg(struct sk_lock *l, const char *arg, size_t len)
 {
     char *p = l->cmd + l->cmd_len;
     *p++ = '$';
-    p += put_decimal(p, len);
+    p += sk_format_u64(p, len);
     *p++ = '\r';
     *p++ = '\n';
     memcpy(p, arg, len);
@@ -229,19 +228,6 @@ static redisReply *cmd_send(struct sk_lock *l)
         redisGetReply(l->ctx, &reply) != REDIS_OK)
         return NULL;
     return reply;
-}
-
-static size_t put_decimal(char *out, size_t n)
-{
-    char digits[20];
-    size_t len = 0;
-    do {
-        digits[len++] = (char)('0' + n % 10);
-        n /= 10;
-    } while (n != 0);
-    for (size_t i = 0; i < len; i++)
-        out[i] = digits[len - 1 - i];
-    return len;
 }
 
 static int ensure_connected(struct sk_lock *l, struct sk_err *err)

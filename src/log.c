@@ -26,6 +26,7 @@
 
 #include <systemd/sd-journal.h>
 
+#include "common.h"
 #include "log.h"
 
 #define LINE_MAX_BYTES 4096
@@ -48,7 +49,6 @@ struct line {
 static void put_raw(struct line *l, const char *s, size_t n);
 static void put_str(struct line *l, const char *s);
 static void put_stamp(struct line *l);
-static size_t format_u64(char *out, uint64_t n);
 static void remember_pid(void);
 static void put_fmt(struct line *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put_json_string(struct line *l, const char *s);
@@ -89,7 +89,7 @@ void sk_log_init(enum sk_log_level level, enum sk_log_format fmt, const char *pr
  * still shows its own pid. */
 static void remember_pid(void)
 {
-    pid_text[format_u64(pid_text, (uint64_t)getpid())] = '\0';
+    pid_text[sk_format_u64(pid_text, (uint64_t)getpid())] = '\0';
 }
 
 void sk_log(enum sk_log_level level, const char *fmt, ...)
@@ -199,19 +199,6 @@ static void put_stamp(struct line *l)
     put_raw(l, tail, sizeof(tail));
 }
 
-static size_t format_u64(char *out, uint64_t n)
-{
-    char digits[20];
-    size_t len = 0;
-    do {
-        digits[len++] = (char)('0' + n % 10);
-        n /= 10;
-    } while (n != 0);
-    for (size_t i = 0; i < len; i++)
-        out[i] = digits[len - 1 - i];
-    return len;
-}
-
 static void put_fmt(struct line *l, const char *fmt, ...)
 {
     size_t room = sizeof(l->buf) - 1 - l->len;
@@ -302,11 +289,11 @@ static void put_job(struct line *l, const struct sk_log_job *job)
     put_field(l, "lock_owner", job->lock_owner);
     char num[24];
     if (job->fence > 0) {
-        num[format_u64(num, (uint64_t)job->fence)] = '\0';
+        num[sk_format_u64(num, (uint64_t)job->fence)] = '\0';
         put_number(l, "fence", num);
     }
     if (job->delivery_attempt > 0) {
-        num[format_u64(num, job->delivery_attempt)] = '\0';
+        num[sk_format_u64(num, job->delivery_attempt)] = '\0';
         put_number(l, "delivery_attempt", num);
     }
 }
