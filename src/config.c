@@ -82,8 +82,18 @@ static int apply_measure(struct loader *L, const struct key *k, yaml_node_t *v, 
 static int apply_enum(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
                       void *field);
 static int amqp_url(struct loader *L, yaml_node_t *v, void *base);
+/* Which parts of an AMQP URL were written, not defaulted. */
+struct written {
+    bool user, password, vhost;
+};
 static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
                      struct sk_amqp_conf *a, bool *first_password);
+static int first_node(struct loader *L, yaml_node_t *v, const struct amqp_connection_info *ci,
+                      const char *vhost, struct written w, struct sk_amqp_conf *a,
+                      bool *first_password);
+static int other_node(struct loader *L, yaml_node_t *v, const char *label,
+                      const struct amqp_connection_info *ci, const char *vhost,
+                      struct written w, const struct sk_amqp_conf *a, bool first_password);
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
 static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg);
 static bool uri_password(const char *s, size_t *at, size_t *len);
@@ -661,40 +671,14 @@ static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
      * does not. "amqp://host/" parses to an empty vhost, which no broker
      * has: whoever writes it means the default one. */
 #define WRITTEN(p) ((uintptr_t)(p) >= (uintptr_t)copy && (uintptr_t)(p) <= (uintptr_t)copy + len)
-    bool has_password = WRITTEN(ci.password), has_user = WRITTEN(ci.user);
-    bool has_vhost = WRITTEN(ci.vhost);
+    struct written w = { .user = WRITTEN(ci.user), .password = WRITTEN(ci.password),
+                         .vhost = WRITTEN(ci.vhost) };
 #undef WRITTEN
     const char *vhost = *ci.vhost ? ci.vhost : "/";
     size_t i = a->n_nodes;
-    if (i == 0) {
-        *first_password = has_password;
-        if (has_password && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
-                             (rc = store(L, v, &a->password, ci.password)) != SK_OK))
-            goto done;
-        if ((rc = store(L, v, &a->user, ci.user)) != SK_OK ||
-            (rc = store(L, v, &a->vhost, vhost)) != SK_OK)
-            goto done;
-    } else {
-        const char *differs = NULL;
-        if (has_user && strcmp(ci.user, a->user) != 0)
-            differs = "user";
-        else if (has_password && (!*first_password || strcmp(ci.password, a->password) != 0))
-            differs = "password";
-        else if (has_vhost && strcmp(vhost, a->vhost) != 0)
-            differs = "vhost";
-        if (differs != NULL) {
-            rc = fail(L, v, "%s: its %s differs from url[0]'s: a cluster's nodes share users "
-                      "and vhosts; write them in the first URL", label, differs);
-            goto done;
-        }
-        for (size_t j = 0; j < i; j++) {
-            if (a->nodes[j].port == ci.port && strcmp(a->nodes[j].host, ci.host) == 0) {
-                rc = fail(L, v, "%s: the same node as url[%zu]", label, j);
-                goto done;
-            }
-        }
-    }
-    if ((rc = store(L, v, &a->nodes[i].host, ci.host)) == SK_OK) {
+    rc = i == 0 ? first_node(L, v, &ci, vhost, w, a, first_password)
+                : other_node(L, v, label, &ci, vhost, w, a, *first_password);
+    if (rc == SK_OK && (rc = store(L, v, &a->nodes[i].host, ci.host)) == SK_OK) {
         a->nodes[i].port = ci.port;
         a->n_nodes = i + 1;
     }
@@ -702,6 +686,45 @@ done:
     explicit_bzero(copy, len);
     free(copy);
     return rc;
+}
+
+/* url[0] sets the user, password and vhost of the whole cluster. */
+static int first_node(struct loader *L, yaml_node_t *v, const struct amqp_connection_info *ci,
+                      const char *vhost, struct written w, struct sk_amqp_conf *a,
+                      bool *first_password)
+{
+    int rc;
+    *first_password = w.password;
+    if (w.password && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
+                       (rc = store(L, v, &a->password, ci->password)) != SK_OK))
+        return rc;
+    if ((rc = store(L, v, &a->user, ci->user)) != SK_OK ||
+        (rc = store(L, v, &a->vhost, vhost)) != SK_OK)
+        return rc;
+    return SK_OK;
+}
+
+/* Another node may repeat url[0]'s credentials, not change them, and must
+ * be another node. */
+static int other_node(struct loader *L, yaml_node_t *v, const char *label,
+                      const struct amqp_connection_info *ci, const char *vhost,
+                      struct written w, const struct sk_amqp_conf *a, bool first_password)
+{
+    const char *differs = NULL;
+    if (w.user && strcmp(ci->user, a->user) != 0)
+        differs = "user";
+    else if (w.password && (!first_password || strcmp(ci->password, a->password) != 0))
+        differs = "password";
+    else if (w.vhost && strcmp(vhost, a->vhost) != 0)
+        differs = "vhost";
+    if (differs != NULL)
+        return fail(L, v, "%s: its %s differs from url[0]'s: a cluster's nodes share users "
+                    "and vhosts; write them in the first URL", label, differs);
+    for (size_t j = 0; j < a->n_nodes; j++) {
+        if (a->nodes[j].port == ci->port && strcmp(a->nodes[j].host, ci->host) == 0)
+            return fail(L, v, "%s: the same node as url[%zu]", label, j);
+    }
+    return SK_OK;
 }
 
 /* libpq validates the string. A password inside it moves to
