@@ -94,6 +94,10 @@ static void json_item(struct dlq *d);
 static void json_letter_fields(FILE *f, const struct letter *l);
 static void json_letter(FILE *f, const struct letter *l);
 static void json_null_or(FILE *f, const char *name, const void *s, size_t len);
+static bool dlq_options(int argc, char **argv, struct dlq *d, const char **by);
+static bool operands_ok(const struct dlq *d, const char *sub, const char *queue, int left,
+                        const char *by);
+static void print_head(const struct dlq *d, const char *queue, const char *sub, int rc);
 
 static void dlq_usage(FILE *out)
 {
@@ -107,23 +111,11 @@ static void dlq_usage(FILE *out)
 
 int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
 {
-    static const struct option options[] = {
-        { "json", no_argument, NULL, 'j' },  { "key", required_argument, NULL, 'k' },
-        { "reason", required_argument, NULL, 'r' }, { "all", no_argument, NULL, 'a' },
-        { "by", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 },
-    };
     struct dlq d = { .first_item = true };
     const char *by = NULL;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        switch (opt) {
-        case 'j': d.json = true; break;
-        case 'k': d.sel_key = optarg; break;
-        case 'r': d.sel_reason = optarg; break;
-        case 'a': d.sel_all = true; break;
-        case 'b': by = optarg; break;
-        default: dlq_usage(stderr); return SK_CTL_USAGE;
-        }
+    if (!dlq_options(argc, argv, &d, &by)) {
+        dlq_usage(stderr);
+        return SK_CTL_USAGE;
     }
     /* argv[0] is "dlq"; optind has moved the operands to the end. */
     int left = argc - optind;
@@ -131,17 +123,7 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
     const char *queue = left >= 2 ? argv[optind + 1] : NULL;
     bool list = strcmp(sub, "list") == 0, show = strcmp(sub, "show") == 0;
     bool replay = strcmp(sub, "replay") == 0, purge = strcmp(sub, "purge") == 0;
-    int selectors = (d.sel_key != NULL) + (d.sel_reason != NULL) + d.sel_all;
-    bool ok = queue != NULL && queue[0] != '\0';
-    if (list)
-        ok = ok && left == 2 && selectors == 0 && by == NULL;
-    else if (show)
-        ok = ok && left == 3 && selectors == 0 && by == NULL;
-    else if (replay || purge)
-        ok = ok && left == 2 && selectors == 1;
-    else
-        ok = false;
-    if (!ok) {
+    if (!operands_ok(&d, sub, queue, left, by)) {
         if (replay || purge)
             fprintf(stderr, "sekalictl: dlq %s takes QUEUE and exactly one of --key, "
                             "--reason or --all\n", sub);
@@ -160,23 +142,69 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
         fprintf(stderr, "sekalictl: note: this configuration runs no outbox relay "
                         "(outbox.relays: 0); replayed jobs wait in sekali.outbox until a "
                         "sekalid with relays runs\n");
-    if (d.json) {
-        printf("{\"queue\":");
-        sk_ctl_put_jstr(stdout, queue);
-        printf(",\"dead_letter_queue\":");
-        sk_ctl_put_jstr(stdout, d.dead);
-        printf(",\"command\":");
-        sk_ctl_put_jstr(stdout, sub);
-        printf(",\"%s\":[", replay || purge ? "results" : "dead_letters");
-    } else if (rc == SK_OK && list) {
-        printf("KEY | REASON | ATTEMPTS | KEY STATUS | FIRST FAILURE | LAST FAILURE | JOB ID | "
-               "TYPE | ERROR\n");
-    }
+    print_head(&d, queue, sub, rc);
     if (rc == SK_OK)
         rc = scan(&d, list ? visit_list : show ? visit_show : replay ? visit_replay : visit_purge);
     int code = finish(&d, rc, sub);
     close_dlq(&d);
     return code;
+}
+
+/* false: a usage error. */
+static bool dlq_options(int argc, char **argv, struct dlq *d, const char **by)
+{
+    static const struct option options[] = {
+        { "json", no_argument, NULL, 'j' },  { "key", required_argument, NULL, 'k' },
+        { "reason", required_argument, NULL, 'r' }, { "all", no_argument, NULL, 'a' },
+        { "by", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 },
+    };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': d->json = true; break;
+        case 'k': d->sel_key = optarg; break;
+        case 'r': d->sel_reason = optarg; break;
+        case 'a': d->sel_all = true; break;
+        case 'b': *by = optarg; break;
+        default: return false;
+        }
+    }
+    return true;
+}
+
+/* list and show select nothing (show names its key as an operand); replay
+ * and purge need exactly one selector, so "all" is never implied. */
+static bool operands_ok(const struct dlq *d, const char *sub, const char *queue, int left,
+                        const char *by)
+{
+    int selectors = (d->sel_key != NULL) + (d->sel_reason != NULL) + d->sel_all;
+    if (queue == NULL || queue[0] == '\0')
+        return false;
+    if (strcmp(sub, "list") == 0)
+        return left == 2 && selectors == 0 && by == NULL;
+    if (strcmp(sub, "show") == 0)
+        return left == 3 && selectors == 0 && by == NULL;
+    if (strcmp(sub, "replay") == 0 || strcmp(sub, "purge") == 0)
+        return left == 2 && selectors == 1;
+    return false;
+}
+
+/* The JSON document's opening, or list's table header once the queue is open. */
+static void print_head(const struct dlq *d, const char *queue, const char *sub, int rc)
+{
+    bool writes = strcmp(sub, "replay") == 0 || strcmp(sub, "purge") == 0;
+    if (d->json) {
+        printf("{\"queue\":");
+        sk_ctl_put_jstr(stdout, queue);
+        printf(",\"dead_letter_queue\":");
+        sk_ctl_put_jstr(stdout, d->dead);
+        printf(",\"command\":");
+        sk_ctl_put_jstr(stdout, sub);
+        printf(",\"%s\":[", writes ? "results" : "dead_letters");
+    } else if (rc == SK_OK && strcmp(sub, "list") == 0) {
+        printf("KEY | REASON | ATTEMPTS | KEY STATUS | FIRST FAILURE | LAST FAILURE | JOB ID | "
+               "TYPE | ERROR\n");
+    }
 }
 
 /* Connects to RabbitMQ and PostgreSQL. Without PostgreSQL, list and show
