@@ -98,6 +98,11 @@ static bool dlq_options(int argc, char **argv, struct dlq *d, const char **by);
 static bool operands_ok(const struct dlq *d, const char *sub, const char *queue, int left,
                         const char *by);
 static void print_head(const struct dlq *d, const char *queue, const char *sub, int rc);
+static void show_json(struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview);
+static void show_text_headers(const amqp_table_t *h);
+static void show_text(const struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview);
 
 static void dlq_usage(FILE *out)
 {
@@ -441,21 +446,16 @@ static int visit_show(struct dlq *d, struct letter *l)
     const amqp_basic_properties_t *p = &l->msg.properties;
     const amqp_table_t *h = (p->_flags & AMQP_BASIC_HEADERS_FLAG) ? &p->headers : NULL;
     size_t preview = l->msg.body.len < PREVIEW_MAX ? l->msg.body.len : PREVIEW_MAX;
-    if (d->json) {
-        json_item(d);
-        json_letter_fields(stdout, l);
-        printf(",\"headers\":{");
-        for (int i = 0; h != NULL && i < h->num_entries; i++) {
-            printf(i > 0 ? "," : "");
-            sk_ctl_put_json(stdout, h->entries[i].key.bytes, h->entries[i].key.len);
-            printf(":");
-            sk_ctl_put_field(stdout, &h->entries[i].value, true);
-        }
-        printf("},\"body_preview\":");
-        sk_ctl_put_json(stdout, l->msg.body.bytes, preview);
-        printf("}");
-        return SK_OK;
-    }
+    if (d->json)
+        show_json(d, l, h, preview);
+    else
+        show_text(d, l, h, preview);
+    return SK_OK;
+}
+
+static void show_text(const struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview)
+{
     printf("dead letter %d of %s\n  key:            ", d->seen, d->dead);
     sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 0);
     printf("\n  job id:         ");
@@ -483,7 +483,33 @@ static int visit_show(struct dlq *d, struct letter *l)
         printf(", %ld crashes", l->crashes);
     if (l->replays > 0)
         printf(", replayed %ld times before", l->replays);
-    printf("\n  headers:\n");
+    printf("\n");
+    show_text_headers(h);
+    printf("  body (%zu bytes): ", l->msg.body.len);
+    sk_ctl_put_text(stdout, l->msg.body.bytes, preview, 0);
+    printf("%s\n", preview < l->msg.body.len ? "..." : "");
+}
+
+static void show_json(struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview)
+{
+    json_item(d);
+    json_letter_fields(stdout, l);
+    printf(",\"headers\":{");
+    for (int i = 0; h != NULL && i < h->num_entries; i++) {
+        printf(i > 0 ? "," : "");
+        sk_ctl_put_json(stdout, h->entries[i].key.bytes, h->entries[i].key.len);
+        printf(":");
+        sk_ctl_put_field(stdout, &h->entries[i].value, true);
+    }
+    printf("},\"body_preview\":");
+    sk_ctl_put_json(stdout, l->msg.body.bytes, preview);
+    printf("}");
+}
+
+static void show_text_headers(const amqp_table_t *h)
+{
+    printf("  headers:\n");
     for (int i = 0; h != NULL && i < h->num_entries; i++) {
         printf("    ");
         sk_ctl_put_text(stdout, h->entries[i].key.bytes, h->entries[i].key.len, 0);
@@ -491,10 +517,6 @@ static int visit_show(struct dlq *d, struct letter *l)
         sk_ctl_put_field(stdout, &h->entries[i].value, false);
         printf("\n");
     }
-    printf("  body (%zu bytes): ", l->msg.body.len);
-    sk_ctl_put_text(stdout, l->msg.body.bytes, preview, 0);
-    printf("%s\n", preview < l->msg.body.len ? "..." : "");
-    return SK_OK;
 }
 
 /* One result line (or JSON object) of replay or purge. */
