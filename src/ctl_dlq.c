@@ -83,6 +83,8 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
 static void close_dlq(struct dlq *d);
 static int scan(struct dlq *d, visit_fn visit);
 static void decode(struct dlq *d, struct letter *l);
+static bool recorded_by_sekali(struct letter *l);
+static bool recorded_by_broker(struct letter *l);
 static void key_state(struct dlq *d, struct letter *l);
 static bool selected(const struct dlq *d, const struct letter *l);
 static int visit_list(struct dlq *d, struct letter *l);
@@ -303,52 +305,61 @@ static void decode(struct dlq *d, struct letter *l)
     else if (k == NULL)
         l->key = l->job_id;
 
-    char number[32];
-    if (sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason))) {
-        l->source = "sekali";
-        sk_ctl_header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
-        l->attempts = sk_broker_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
-        sk_ctl_header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
-        sk_ctl_header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
+    if (recorded_by_sekali(l) || recorded_by_broker(l))
         return;
-    }
-    /* The broker's x-death: its latest death first. */
-    const amqp_field_value_t *deaths = sk_ctl_header(&l->msg, "x-death");
-    if (deaths != NULL && deaths->kind == AMQP_FIELD_KIND_ARRAY &&
-        deaths->value.array.num_entries > 0 &&
-        deaths->value.array.entries[0].kind == AMQP_FIELD_KIND_TABLE) {
-        const amqp_table_t *t = &deaths->value.array.entries[0].value.table;
-        char from[256] = "?";
-        int64_t count = -1;
-        l->source = "broker";
-        snprintf(l->reason, sizeof(l->reason), "?");
-        for (int i = 0; i < t->num_entries; i++) {
-            const amqp_table_entry_t *e = &t->entries[i];
-            const amqp_field_value_t *v = &e->value;
-            bool text = v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES;
-            int len = (int)e->key.len;
-            if (len == 6 && memcmp(e->key.bytes, "reason", 6) == 0 && text)
-                snprintf(l->reason, sizeof(l->reason), "%.*s", (int)v->value.bytes.len,
-                         (const char *)v->value.bytes.bytes);
-            else if (len == 5 && memcmp(e->key.bytes, "queue", 5) == 0 && text)
-                snprintf(from, sizeof(from), "%.*s", (int)v->value.bytes.len,
-                         (const char *)v->value.bytes.bytes);
-            else if (len == 5 && memcmp(e->key.bytes, "count", 5) == 0)
-                count = sk_broker_field_int(v);
-            else if (len == 4 && memcmp(e->key.bytes, "time", 4) == 0 &&
-                     v->kind == AMQP_FIELD_KIND_TIMESTAMP)
-                sk_ctl_iso_time(v->value.u64, l->last, sizeof(l->last));
-        }
-        snprintf(number, sizeof(number), "%lld", (long long)count);
-        snprintf(l->error, sizeof(l->error), "dead-lettered by the broker from %s (%s, %s "
-                 "time%s)", from, l->reason, count >= 0 ? number : "?", count == 1 ? "" : "s");
-        int64_t deliveries = sk_broker_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
-        l->attempts = deliveries >= 0 ? deliveries : -1;
-        return;
-    }
     l->source = "unknown";
     snprintf(l->reason, sizeof(l->reason), "unknown");
     snprintf(l->error, sizeof(l->error), "no x-sekali-reason or x-death header");
+}
+
+static bool recorded_by_sekali(struct letter *l)
+{
+    if (!sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason)))
+        return false;
+    l->source = "sekali";
+    sk_ctl_header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
+    l->attempts = sk_broker_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
+    sk_ctl_header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
+    sk_ctl_header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
+    return true;
+}
+
+/* The broker's x-death: its latest death first. */
+static bool recorded_by_broker(struct letter *l)
+{
+    const amqp_field_value_t *deaths = sk_ctl_header(&l->msg, "x-death");
+    if (deaths == NULL || deaths->kind != AMQP_FIELD_KIND_ARRAY ||
+        deaths->value.array.num_entries <= 0 ||
+        deaths->value.array.entries[0].kind != AMQP_FIELD_KIND_TABLE)
+        return false;
+    const amqp_table_t *t = &deaths->value.array.entries[0].value.table;
+    char from[256] = "?", number[32];
+    int64_t count = -1;
+    l->source = "broker";
+    snprintf(l->reason, sizeof(l->reason), "?");
+    for (int i = 0; i < t->num_entries; i++) {
+        const amqp_table_entry_t *e = &t->entries[i];
+        const amqp_field_value_t *v = &e->value;
+        bool text = v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES;
+        int len = (int)e->key.len;
+        if (len == 6 && memcmp(e->key.bytes, "reason", 6) == 0 && text)
+            snprintf(l->reason, sizeof(l->reason), "%.*s", (int)v->value.bytes.len,
+                     (const char *)v->value.bytes.bytes);
+        else if (len == 5 && memcmp(e->key.bytes, "queue", 5) == 0 && text)
+            snprintf(from, sizeof(from), "%.*s", (int)v->value.bytes.len,
+                     (const char *)v->value.bytes.bytes);
+        else if (len == 5 && memcmp(e->key.bytes, "count", 5) == 0)
+            count = sk_broker_field_int(v);
+        else if (len == 4 && memcmp(e->key.bytes, "time", 4) == 0 &&
+                 v->kind == AMQP_FIELD_KIND_TIMESTAMP)
+            sk_ctl_iso_time(v->value.u64, l->last, sizeof(l->last));
+    }
+    snprintf(number, sizeof(number), "%lld", (long long)count);
+    snprintf(l->error, sizeof(l->error), "dead-lettered by the broker from %s (%s, %s "
+             "time%s)", from, l->reason, count >= 0 ? number : "?", count == 1 ? "" : "s");
+    int64_t deliveries = sk_broker_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
+    l->attempts = deliveries >= 0 ? deliveries : -1;
+    return true;
 }
 
 /* Fills the key's PostgreSQL state (sekali.dlq_key_state). */
