@@ -37,6 +37,7 @@
 /* Any fixed number works; it only has to be the same for every sekalictl. */
 #define MIGRATION_LOCK_ID 0x73656b616c69LL  /* "sekali" */
 
+static int run_command(const struct sk_conf *conf, const char *command, int argc, char **argv);
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
 static bool migrate_args(int argc, char **argv, const char **dir, bool *json);
 static bool migrations_begin(PGconn *pg);
@@ -227,20 +228,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "sekalictl: %s\n", err.msg);
         return SK_CTL_USAGE;
     }
-    int code;
     optind = 0;  /* 0, not 1: glibc then also forgets the "+" of the first scan */
-    if (strcmp(command, "migrate") == 0)
-        code = cmd_migrate(conf, sub_argc, sub_argv);
-    else if (strcmp(command, "enqueue") == 0)
-        code = cmd_enqueue(conf, sub_argc, sub_argv);
-    else if (strcmp(command, "status") == 0)
-        code = sk_ctl_status(conf, sub_argc, sub_argv);
-    else if (strcmp(command, "trace") == 0)
-        code = sk_ctl_trace(conf, sub_argc, sub_argv);
-    else
-        code = sk_ctl_dlq(conf, sub_argc, sub_argv);
+    int code = run_command(conf, command, sub_argc, sub_argv);
     sk_conf_free(conf);
     return code;
+}
+
+static int run_command(const struct sk_conf *conf, const char *command, int argc, char **argv)
+{
+    if (strcmp(command, "migrate") == 0)
+        return cmd_migrate(conf, argc, argv);
+    if (strcmp(command, "enqueue") == 0)
+        return cmd_enqueue(conf, argc, argv);
+    if (strcmp(command, "status") == 0)
+        return sk_ctl_status(conf, argc, argv);
+    if (strcmp(command, "trace") == 0)
+        return sk_ctl_trace(conf, argc, argv);
+    return sk_ctl_dlq(conf, argc, argv);
 }
 
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
