@@ -41,6 +41,7 @@ static int run_command(const struct sk_conf *conf, const char *command, int argc
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
 static bool migrate_args(int argc, char **argv, const char **dir, bool *json);
 static bool migrations_begin(PGconn *pg);
+static void print_applied(const char *name, bool json, int before);
 static bool migration_done(PGconn *pg, const char *name, bool *done);
 static bool migration_apply(PGconn *pg, const char *dir, const char *name);
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv);
@@ -280,13 +281,7 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
             continue;
         if (!migration_apply(pg, dir, name))
             goto out;
-        if (json) {
-            printf("%s", applied > 0 ? "," : "");
-            sk_ctl_put_jstr(stdout, name);
-        } else {
-            printf("applied %s\n", name);
-        }
-        applied++;
+        print_applied(name, json, applied++);
     }
     if (json)
         printf("],\"migrations\":%d}\n", n);
@@ -303,6 +298,17 @@ out:
         free(files[i]);
     free(files);
     return code;
+}
+
+/* One line, or one element of the JSON document's list. */
+static void print_applied(const char *name, bool json, int before)
+{
+    if (json) {
+        printf("%s", before > 0 ? "," : "");
+        sk_ctl_put_jstr(stdout, name);
+    } else {
+        printf("applied %s\n", name);
+    }
 }
 
 /* false: a usage error. */
