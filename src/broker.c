@@ -51,7 +51,22 @@ static const struct {
 static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, size_t index,
                      struct sk_err *err);
 static void append(char *buf, size_t size, const char *s);
+static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err);
+static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err);
+static int declare_work(struct sk_broker *b, const char *name, const char *dead,
+                        const struct sk_queue_shape *shape, struct sk_err *err);
+static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
+                        const struct sk_amqp_node *node, struct sk_err *err);
+static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
+                  const struct sk_amqp_node *node, struct sk_err *err);
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
+static amqp_basic_properties_t message_properties(const struct sk_message *msg,
+                                                  amqp_table_entry_t *headers, int n_headers);
+static void set_text(amqp_basic_properties_t *props, amqp_flags_t flag, amqp_bytes_t *field,
+                     const char *value);
+static int send_publish(struct sk_broker *b, const char *routing_key,
+                        const amqp_basic_properties_t *props, amqp_bytes_t body,
+                        struct sk_err *err);
 static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
 static struct timeval to_timeval(uint32_t ms);
@@ -140,60 +155,64 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
     b->next_publish_tag = 1;
     b->node = index;
 
-    int rc;
+    int rc = connect_node(b, conf, node, err);
+    if (rc == SK_OK)
+        rc = log_in(b, conf, node, err);
+    if (rc == SK_OK) {
+        char what[300];
+        amqp_channel_open(b->conn, CHANNEL);
+        snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
+        rc = rpc_check(amqp_get_rpc_reply(b->conn), what, err);
+    }
+    if (rc != SK_OK) {
+        sk_broker_close(b);
+        return rc;
+    }
+    *out = b;
+    return SK_OK;
+}
+
+static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
+                        const struct sk_amqp_node *node, struct sk_err *err)
+{
     b->conn = amqp_new_connection();
-    if (b->conn == NULL) {
-        rc = sk_err_set(err, SK_ERR, "amqp_new_connection failed");
-        goto fail;
-    }
+    if (b->conn == NULL)
+        return sk_err_set(err, SK_ERR, "amqp_new_connection failed");
     amqp_socket_t *socket = amqp_tcp_socket_new(b->conn);
-    if (socket == NULL) {
-        rc = sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
-        goto fail;
-    }
+    if (socket == NULL)
+        return sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
     struct timeval timeout = to_timeval(conf->connect_timeout_ms);
     int status = amqp_socket_open_noblock(socket, node->host, node->port, &timeout);
-    if (status != AMQP_STATUS_OK) {
-        rc = sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host,
-                        node->port, amqp_error_string2(status));
-        goto fail;
-    }
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host,
+                          node->port, amqp_error_string2(status));
     /* Bound the login and every later RPC, so a wedged broker turns into an
      * error we can back off from instead of a hung worker. */
     amqp_set_handshake_timeout(b->conn, &timeout);
     amqp_set_rpc_timeout(b->conn, &timeout);
+    return SK_OK;
+}
 
+static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
+                  const struct sk_amqp_node *node, struct sk_err *err)
+{
     char what[300];
     snprintf(what, sizeof(what), "amqp_login(%s:%d)", node->host, node->port);
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    rc = rpc_check(reply, what, err);
-    if (rc != SK_OK) {
-        /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
-         * authentication_failure_close, so RabbitMQ says so instead of
-         * dropping the socket); 530 NOT_ALLOWED: no access to the vhost. */
-        if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
-            reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-            uint16_t code = ((amqp_connection_close_t *)reply.reply.decoded)->reply_code;
-            if (code == AMQP_ACCESS_REFUSED || code == AMQP_NOT_ALLOWED) {
-                sk_broker_close(b);
-                return sk_err_mark_auth(err, SK_ERR);
-            }
-        }
-        goto fail;
+    int rc = rpc_check(reply, what, err);
+    if (rc == SK_OK)
+        return SK_OK;
+    /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
+     * authentication_failure_close, so RabbitMQ says so instead of
+     * dropping the socket); 530 NOT_ALLOWED: no access to the vhost. */
+    if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+        reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+        uint16_t code = ((amqp_connection_close_t *)reply.reply.decoded)->reply_code;
+        if (code == AMQP_ACCESS_REFUSED || code == AMQP_NOT_ALLOWED)
+            return sk_err_mark_auth(err, SK_ERR);
     }
-    amqp_channel_open(b->conn, CHANNEL);
-    snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
-    rc = rpc_check(amqp_get_rpc_reply(b->conn), what, err);
-    if (rc != SK_OK)
-        goto fail;
-
-    *out = b;
-    return SK_OK;
-
-fail:
-    sk_broker_close(b);
     return rc;
 }
 
@@ -229,43 +248,54 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
 {
     char dead[512];
     int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
+    if (rc == SK_OK)
+        rc = declare_dead(b, dead, shape != NULL && shape->quorum, err);
     if (rc != SK_OK)
         return rc;
+    if (shape != NULL && shape->passive)
+        return declare_passive(b, name, err);
+    return declare_work(b, name, dead, shape, err);
+}
 
-    /* A quorum work queue gets quorum dead letters: in a cluster a classic
-     * queue lives on one node, and while that node is down declaring it
-     * fails, so no worker could consume the work queue on the nodes left.
-     * One that exists is taken as it is (a classic one from before, or
-     * one an operator declared): declaring it with another type would be
-     * refused. */
+/* A quorum work queue gets quorum dead letters: in a cluster a classic
+ * queue lives on one node, and while that node is down declaring it
+ * fails, so no worker could consume the work queue on the nodes left.
+ * One that exists is taken as it is (a classic one from before, or
+ * one an operator declared): declaring it with another type would be
+ * refused. */
+static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err)
+{
     bool dead_exists = false;
-    if (shape != NULL && shape->quorum) {
+    if (quorum) {
         uint32_t messages, consumers;
-        rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
+        int rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
         if (rc != SK_OK)
             return rc;
     }
-    if (!dead_exists) {
-        amqp_table_entry_t quorum = text_entry("x-queue-type", "quorum");
-        amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum };
-        amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
-                           shape != NULL && shape->quorum ? dead_args : amqp_empty_table);
-        rc = rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
-        if (rc != SK_OK)
-            return rc;
-    }
+    if (dead_exists)
+        return SK_OK;
+    amqp_table_entry_t quorum_type = text_entry("x-queue-type", "quorum");
+    amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum_type };
+    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
+                       quorum ? dead_args : amqp_empty_table);
+    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
+}
 
-    if (shape != NULL && shape->passive) {
-        amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
-                           amqp_empty_table);
-        amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
-        /* SK_AGAIN: the infrastructure tool may create it later. */
-        if (channel_closed_with(reply, AMQP_NOT_FOUND))
-            return sk_err_set(err, SK_AGAIN, "queue %s does not exist: with declare: passive "
-                              "someone else must declare it (or set declare: auto)", name);
-        return rpc_check(reply, "queue.declare(passive)", err);
-    }
+static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err)
+{
+    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
+                       amqp_empty_table);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    /* SK_AGAIN: the infrastructure tool may create it later. */
+    if (channel_closed_with(reply, AMQP_NOT_FOUND))
+        return sk_err_set(err, SK_AGAIN, "queue %s does not exist: with declare: passive "
+                          "someone else must declare it (or set declare: auto)", name);
+    return rpc_check(reply, "queue.declare(passive)", err);
+}
 
+static int declare_work(struct sk_broker *b, const char *name, const char *dead,
+                        const struct sk_queue_shape *shape, struct sk_err *err)
+{
     /* A rejected message goes to name.dead through the default exchange; the
      * broker moves it, so a dead letter cannot be lost between two queues. */
     amqp_table_entry_t args[6] = { text_entry("x-dead-letter-exchange", ""),
@@ -624,34 +654,7 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
     if (msg->resource_key != NULL)
         headers[n_headers++] = text_entry("x-resource-key", msg->resource_key);
 
-    amqp_basic_properties_t props = { 0 };
-    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
-    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    if (msg->message_id != NULL) {
-        props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
-        props.message_id = amqp_cstring_bytes(msg->message_id);
-    }
-    if (msg->type != NULL) {
-        props._flags |= AMQP_BASIC_TYPE_FLAG;
-        props.type = amqp_cstring_bytes(msg->type);
-    }
-    if (msg->content_type != NULL) {
-        props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
-        props.content_type = amqp_cstring_bytes(msg->content_type);
-    }
-    if (msg->reply_to != NULL) {
-        props._flags |= AMQP_BASIC_REPLY_TO_FLAG;
-        props.reply_to = amqp_cstring_bytes(msg->reply_to);
-    }
-    if (msg->correlation_id != NULL) {
-        props._flags |= AMQP_BASIC_CORRELATION_ID_FLAG;
-        props.correlation_id = amqp_cstring_bytes(msg->correlation_id);
-    }
-    if (n_headers > 0) {
-        props._flags |= AMQP_BASIC_HEADERS_FLAG;
-        props.headers.num_entries = n_headers;
-        props.headers.entries = headers;
-    }
+    amqp_basic_properties_t props = message_properties(msg, headers, n_headers);
 
     /* librabbitmq writes basic.publish before it encodes the properties: a
      * message it cannot encode would leave half a publish on the wire, and
@@ -666,12 +669,54 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
                           routing_key, strlen(routing_key) > 64 ? "..." : "", why);
     }
     amqp_bytes_t body = { .len = msg->body_len, .bytes = (void *)msg->body };
+    int rc = send_publish(b, routing_key, &props, body, err);
+    if (rc != SK_OK)
+        return rc;
+    *p = (struct sk_publish){ .message_id = msg->message_id, .tag = b->next_publish_tag++ };
+    return SK_OK;
+}
+
+/* A job's message is persistent; each optional field is sent only when set. */
+static amqp_basic_properties_t message_properties(const struct sk_message *msg,
+                                                  amqp_table_entry_t *headers, int n_headers)
+{
+    amqp_basic_properties_t props = { 0 };
+    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    set_text(&props, AMQP_BASIC_MESSAGE_ID_FLAG, &props.message_id, msg->message_id);
+    set_text(&props, AMQP_BASIC_TYPE_FLAG, &props.type, msg->type);
+    set_text(&props, AMQP_BASIC_CONTENT_TYPE_FLAG, &props.content_type, msg->content_type);
+    set_text(&props, AMQP_BASIC_REPLY_TO_FLAG, &props.reply_to, msg->reply_to);
+    set_text(&props, AMQP_BASIC_CORRELATION_ID_FLAG, &props.correlation_id,
+             msg->correlation_id);
+    if (n_headers > 0) {
+        props._flags |= AMQP_BASIC_HEADERS_FLAG;
+        props.headers.num_entries = n_headers;
+        props.headers.entries = headers;
+    }
+    return props;
+}
+
+static void set_text(amqp_basic_properties_t *props, amqp_flags_t flag, amqp_bytes_t *field,
+                     const char *value)
+{
+    if (value == NULL)
+        return;
+    props->_flags |= flag;
+    *field = amqp_cstring_bytes(value);
+}
+
+/* basic.publish to the default exchange, mandatory, so an unroutable
+ * message comes back as a return instead of vanishing. */
+static int send_publish(struct sk_broker *b, const char *routing_key,
+                        const amqp_basic_properties_t *props, amqp_bytes_t body,
+                        struct sk_err *err)
+{
     int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
-                                    amqp_cstring_bytes(routing_key), 1, 0, &props, body);
+                                    amqp_cstring_bytes(routing_key), 1, 0, props, body);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
                           amqp_error_string2(status));
-    *p = (struct sk_publish){ .message_id = msg->message_id, .tag = b->next_publish_tag++ };
     return SK_OK;
 }
 
@@ -772,13 +817,10 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
         return sk_err_set(err, SK_ERR, "no copy to %s can be sent: %s", routing_key, why);
     }
 
-    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
-                                    amqp_cstring_bytes(routing_key), 1, 0, &props,
-                                    original->message.body);
+    int rc = send_publish(b, routing_key, &props, original->message.body, err);
     free(entries);
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
-                          amqp_error_string2(status));
+    if (rc != SK_OK)
+        return rc;
     /* Alone in flight, a return can only be this copy's: no id needed. */
     struct sk_publish p = { .tag = b->next_publish_tag++ };
     return await_one(b, &p, routing_key, err);

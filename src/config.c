@@ -73,9 +73,27 @@ static int parse(struct loader *L, yaml_parser_t *parser, const char *text, size
 static int load_map(struct loader *L, yaml_node_t *map, const char *label,
                     const struct key *table, void *base);
 static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *base);
+static int apply_name(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                      void *field);
+static int apply_int(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                     void *field);
+static int apply_measure(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                         void *field);
+static int apply_enum(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                      void *field);
 static int amqp_url(struct loader *L, yaml_node_t *v, void *base);
+/* Which parts of an AMQP URL were written, not defaulted. */
+struct written {
+    bool user, password, vhost;
+};
 static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
                      struct sk_amqp_conf *a, bool *first_password);
+static int first_node(struct loader *L, yaml_node_t *v, const struct amqp_connection_info *ci,
+                      const char *vhost, struct written w, struct sk_amqp_conf *a,
+                      bool *first_password);
+static int other_node(struct loader *L, yaml_node_t *v, const char *label,
+                      const struct amqp_connection_info *ci, const char *vhost,
+                      struct written w, const struct sk_amqp_conf *a, bool first_password);
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
 static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg);
 static bool uri_password(const char *s, size_t *at, size_t *len);
@@ -480,14 +498,7 @@ static int load_map(struct loader *L, yaml_node_t *map, const char *label,
 static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *base)
 {
     void *field = (char *)base + k->offset;
-    const char *(*fmt)(uint64_t, char *, size_t) = k->type == T_DURATION ?
-        sk_conf_value_fmt_duration : sk_conf_value_fmt_size;
-    char lo[32], hi[32], names[96];
-    struct sk_err e;
     const char *s;
-    int64_t i;
-    uint64_t u;
-    int rc;
 
     if (k->type == T_SECTION)
         return load_map(L, v, k->name, k->sub, field);
@@ -497,8 +508,8 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
         return password(L, k, v, field);
     if (k->type == T_LIST)
         return load_list(L, k, v, field);
-    rc = scalar(L, v, k->name, k->type == T_INT ? "an integer" : k->type == T_BOOL ? "a boolean"
-                : "a scalar", &s);
+    int rc = scalar(L, v, k->name, k->type == T_INT ? "an integer" : k->type == T_BOOL ?
+                    "a boolean" : "a scalar", &s);
     if (rc != SK_OK)
         return rc;
     if ((*s == '\0' || is_null(v)) && (k->type == T_STR || k->type == T_PATH))
@@ -508,28 +519,14 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
     case T_STR:
         return store(L, v, field, s);
     case T_NAME:
-        if (strlen(s) > MAX_NAME || s[strspn(s, NAME_CHARS)] != '\0' || *s == '\0')
-            return fail(L, v, "invalid %s \"%.64s\": use 1 to %d characters from "
-                        "A-Z a-z 0-9 . _ -", k->name, s, MAX_NAME);
-        /* RabbitMQ reserves the prefix: declaring such a queue is refused
-         * with ACCESS_REFUSED, which workers would retry for ever. */
-        if (strncmp(s, "amq.", 4) == 0)
-            return fail(L, v, "invalid %s \"%.64s\": names starting with \"amq.\" are "
-                        "reserved by RabbitMQ", k->name, s);
-        return store(L, v, field, s);
+        return apply_name(L, k, v, s, field);
     case T_PATH:  /* existence is the plugin loader's business: it can say why */
         free(*(char **)field);
         if ((*(char **)field = resolve(L, s)) == NULL)
             return fail(L, v, "out of memory");
         return SK_OK;
     case T_INT:
-        if (sk_conf_value_parse_int(s, &i) != SK_OK)
-            return fail(L, v, "%s: expected an integer, got \"%.64s\"", k->name, s);
-        if (i < (int64_t)k->min || i > (int64_t)k->max)
-            return fail(L, v, "%s must be between %" PRIu64 " and %" PRIu64 ", got %.64s",
-                        k->name, k->min, k->max, s);
-        *(int *)field = (int)i;
-        return SK_OK;
+        return apply_int(L, k, v, s, field);
     case T_BOOL:
         if (sk_conf_value_parse_bool(s, field) != SK_OK)
             return fail(L, v, "%s: expected a boolean (true/false/yes/no/on/off), got \"%.64s\"",
@@ -537,33 +534,78 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
         return SK_OK;
     case T_DURATION:
     case T_SIZE:
-        rc = k->type == T_DURATION ? sk_parse_duration(s, &u, &e) : sk_parse_size(s, &u, &e);
-        if (rc != SK_OK)
-            return fail(L, v, "%s", e.msg);
-        if (u < k->min || u > k->max)
-            return fail(L, v, "%s must be between %s and %s, got %.64s", k->name,
-                        fmt(k->min, lo, sizeof(lo)), fmt(k->max, hi, sizeof(hi)), s);
-        if (k->type == T_DURATION)
-            *(uint32_t *)field = (uint32_t)u;
-        else
-            *(size_t *)field = (size_t)u;
-        return SK_OK;
+        return apply_measure(L, k, v, s, field);
     case T_ENUM:
-        for (int j = 0; k->names[j] != NULL; j++) {
-            if (strcmp(k->names[j], s) == 0) {
-                *(int *)field = j;
-                return SK_OK;
-            }
-        }
-        names[0] = '\0';
-        for (int j = 0; k->names[j] != NULL; j++)
-            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
-                     j == 0 ? "" : k->names[j + 1] ? ", " : " or ", k->names[j]);
-        return fail(L, v, "unknown %s \"%.64s\": expected %s", k->name, s, names);
+        return apply_enum(L, k, v, s, field);
     default:
         sk_assert(!"unhandled key type");
         return SK_ERR;
     }
+}
+
+static int apply_name(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                      void *field)
+{
+    if (strlen(s) > MAX_NAME || s[strspn(s, NAME_CHARS)] != '\0' || *s == '\0')
+        return fail(L, v, "invalid %s \"%.64s\": use 1 to %d characters from "
+                    "A-Z a-z 0-9 . _ -", k->name, s, MAX_NAME);
+    /* RabbitMQ reserves the prefix: declaring such a queue is refused
+     * with ACCESS_REFUSED, which workers would retry for ever. */
+    if (strncmp(s, "amq.", 4) == 0)
+        return fail(L, v, "invalid %s \"%.64s\": names starting with \"amq.\" are "
+                    "reserved by RabbitMQ", k->name, s);
+    return store(L, v, field, s);
+}
+
+static int apply_int(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                     void *field)
+{
+    int64_t i;
+    if (sk_conf_value_parse_int(s, &i) != SK_OK)
+        return fail(L, v, "%s: expected an integer, got \"%.64s\"", k->name, s);
+    if (i < (int64_t)k->min || i > (int64_t)k->max)
+        return fail(L, v, "%s must be between %" PRIu64 " and %" PRIu64 ", got %.64s",
+                    k->name, k->min, k->max, s);
+    *(int *)field = (int)i;
+    return SK_OK;
+}
+
+/* A duration (stored in ms as uint32_t) or a size (bytes, size_t). */
+static int apply_measure(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                         void *field)
+{
+    const char *(*fmt)(uint64_t, char *, size_t) = k->type == T_DURATION ?
+        sk_conf_value_fmt_duration : sk_conf_value_fmt_size;
+    char lo[32], hi[32];
+    struct sk_err e;
+    uint64_t u;
+    int rc = k->type == T_DURATION ? sk_parse_duration(s, &u, &e) : sk_parse_size(s, &u, &e);
+    if (rc != SK_OK)
+        return fail(L, v, "%s", e.msg);
+    if (u < k->min || u > k->max)
+        return fail(L, v, "%s must be between %s and %s, got %.64s", k->name,
+                    fmt(k->min, lo, sizeof(lo)), fmt(k->max, hi, sizeof(hi)), s);
+    if (k->type == T_DURATION)
+        *(uint32_t *)field = (uint32_t)u;
+    else
+        *(size_t *)field = (size_t)u;
+    return SK_OK;
+}
+
+static int apply_enum(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
+                      void *field)
+{
+    for (int j = 0; k->names[j] != NULL; j++) {
+        if (strcmp(k->names[j], s) == 0) {
+            *(int *)field = j;
+            return SK_OK;
+        }
+    }
+    char names[96] = "";
+    for (int j = 0; k->names[j] != NULL; j++)
+        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+                 j == 0 ? "" : k->names[j + 1] ? ", " : " or ", k->names[j]);
+    return fail(L, v, "unknown %s \"%.64s\": expected %s", k->name, s, names);
 }
 
 /* amqp.url: amqp://[user[:password]@]host[:port]/[vhost], or a sequence of
@@ -629,40 +671,14 @@ static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
      * does not. "amqp://host/" parses to an empty vhost, which no broker
      * has: whoever writes it means the default one. */
 #define WRITTEN(p) ((uintptr_t)(p) >= (uintptr_t)copy && (uintptr_t)(p) <= (uintptr_t)copy + len)
-    bool has_password = WRITTEN(ci.password), has_user = WRITTEN(ci.user);
-    bool has_vhost = WRITTEN(ci.vhost);
+    struct written w = { .user = WRITTEN(ci.user), .password = WRITTEN(ci.password),
+                         .vhost = WRITTEN(ci.vhost) };
 #undef WRITTEN
     const char *vhost = *ci.vhost ? ci.vhost : "/";
     size_t i = a->n_nodes;
-    if (i == 0) {
-        *first_password = has_password;
-        if (has_password && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
-                             (rc = store(L, v, &a->password, ci.password)) != SK_OK))
-            goto done;
-        if ((rc = store(L, v, &a->user, ci.user)) != SK_OK ||
-            (rc = store(L, v, &a->vhost, vhost)) != SK_OK)
-            goto done;
-    } else {
-        const char *differs = NULL;
-        if (has_user && strcmp(ci.user, a->user) != 0)
-            differs = "user";
-        else if (has_password && (!*first_password || strcmp(ci.password, a->password) != 0))
-            differs = "password";
-        else if (has_vhost && strcmp(vhost, a->vhost) != 0)
-            differs = "vhost";
-        if (differs != NULL) {
-            rc = fail(L, v, "%s: its %s differs from url[0]'s: a cluster's nodes share users "
-                      "and vhosts; write them in the first URL", label, differs);
-            goto done;
-        }
-        for (size_t j = 0; j < i; j++) {
-            if (a->nodes[j].port == ci.port && strcmp(a->nodes[j].host, ci.host) == 0) {
-                rc = fail(L, v, "%s: the same node as url[%zu]", label, j);
-                goto done;
-            }
-        }
-    }
-    if ((rc = store(L, v, &a->nodes[i].host, ci.host)) == SK_OK) {
+    rc = i == 0 ? first_node(L, v, &ci, vhost, w, a, first_password)
+                : other_node(L, v, label, &ci, vhost, w, a, *first_password);
+    if (rc == SK_OK && (rc = store(L, v, &a->nodes[i].host, ci.host)) == SK_OK) {
         a->nodes[i].port = ci.port;
         a->n_nodes = i + 1;
     }
@@ -670,6 +686,45 @@ done:
     explicit_bzero(copy, len);
     free(copy);
     return rc;
+}
+
+/* url[0] sets the user, password and vhost of the whole cluster. */
+static int first_node(struct loader *L, yaml_node_t *v, const struct amqp_connection_info *ci,
+                      const char *vhost, struct written w, struct sk_amqp_conf *a,
+                      bool *first_password)
+{
+    int rc;
+    *first_password = w.password;
+    if (w.password && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
+                       (rc = store(L, v, &a->password, ci->password)) != SK_OK))
+        return rc;
+    if ((rc = store(L, v, &a->user, ci->user)) != SK_OK ||
+        (rc = store(L, v, &a->vhost, vhost)) != SK_OK)
+        return rc;
+    return SK_OK;
+}
+
+/* Another node may repeat url[0]'s credentials, not change them, and must
+ * be another node. */
+static int other_node(struct loader *L, yaml_node_t *v, const char *label,
+                      const struct amqp_connection_info *ci, const char *vhost,
+                      struct written w, const struct sk_amqp_conf *a, bool first_password)
+{
+    const char *differs = NULL;
+    if (w.user && strcmp(ci->user, a->user) != 0)
+        differs = "user";
+    else if (w.password && (!first_password || strcmp(ci->password, a->password) != 0))
+        differs = "password";
+    else if (w.vhost && strcmp(vhost, a->vhost) != 0)
+        differs = "vhost";
+    if (differs != NULL)
+        return fail(L, v, "%s: its %s differs from url[0]'s: a cluster's nodes share users "
+                    "and vhosts; write them in the first URL", label, differs);
+    for (size_t j = 0; j < a->n_nodes; j++) {
+        if (a->nodes[j].port == ci->port && strcmp(a->nodes[j].host, ci->host) == 0)
+            return fail(L, v, "%s: the same node as url[%zu]", label, j);
+    }
+    return SK_OK;
 }
 
 /* libpq validates the string. A password inside it moves to

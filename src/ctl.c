@@ -37,12 +37,32 @@
 /* Any fixed number works; it only has to be the same for every sekalictl. */
 #define MIGRATION_LOCK_ID 0x73656b616c69LL  /* "sekali" */
 
+static int run_command(const struct sk_conf *conf, const char *command, int argc, char **argv);
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv);
+static bool migrate_args(int argc, char **argv, const char **dir, bool *json);
+static bool migrations_begin(PGconn *pg);
+static void print_applied(const char *name, bool json, int before);
+static bool migration_done(PGconn *pg, const char *name, bool *done);
+static bool migration_apply(PGconn *pg, const char *dir, const char *name);
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv);
+static void print_job_id(const char *id, bool json)
+{
+    if (json) {
+        printf("{\"job_id\":");
+        sk_ctl_put_jstr(stdout, id);
+        printf("}\n");
+    } else {
+        printf("%s\n", id);
+    }
+}
+
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                           const struct sk_message *msg, const char *dedupe, const char *run_at,
                           bool json);
 static void print_job_id(const char *id, bool json);
+static bool read_body(const char *arg, struct sk_message *msg, char **body);
+static int enqueue_direct(const struct sk_conf *conf, const char *queue,
+                          const struct sk_message *msg, bool json);
 static bool exec_ok(PGconn *pg, const char *sql, const char *what);
 static bool exec_stmt(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);
 static char *read_all(FILE *f, size_t *len);
@@ -209,46 +229,33 @@ int main(int argc, char **argv)
         fprintf(stderr, "sekalictl: %s\n", err.msg);
         return SK_CTL_USAGE;
     }
-    int code;
     optind = 0;  /* 0, not 1: glibc then also forgets the "+" of the first scan */
-    if (strcmp(command, "migrate") == 0)
-        code = cmd_migrate(conf, sub_argc, sub_argv);
-    else if (strcmp(command, "enqueue") == 0)
-        code = cmd_enqueue(conf, sub_argc, sub_argv);
-    else if (strcmp(command, "status") == 0)
-        code = sk_ctl_status(conf, sub_argc, sub_argv);
-    else if (strcmp(command, "trace") == 0)
-        code = sk_ctl_trace(conf, sub_argc, sub_argv);
-    else
-        code = sk_ctl_dlq(conf, sub_argc, sub_argv);
+    int code = run_command(conf, command, sub_argc, sub_argv);
     sk_conf_free(conf);
     return code;
+}
+
+static int run_command(const struct sk_conf *conf, const char *command, int argc, char **argv)
+{
+    if (strcmp(command, "migrate") == 0)
+        return cmd_migrate(conf, argc, argv);
+    if (strcmp(command, "enqueue") == 0)
+        return cmd_enqueue(conf, argc, argv);
+    if (strcmp(command, "status") == 0)
+        return sk_ctl_status(conf, argc, argv);
+    if (strcmp(command, "trace") == 0)
+        return sk_ctl_trace(conf, argc, argv);
+    return sk_ctl_dlq(conf, argc, argv);
 }
 
 static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
 {
     const char *dir = getenv("SEKALI_SQL_DIR") != NULL ? getenv("SEKALI_SQL_DIR") : SK_SQL_DIR;
-    static const struct option options[] = { { "sql-dir", required_argument, NULL, 'd' },
-                                             { "json", no_argument, NULL, 'j' },
-                                             { NULL, 0, NULL, 0 } };
     bool json = false, opened = false;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        if (opt == 'j') {
-            json = true;
-            continue;
-        }
-        if (opt != 'd') {
-            command_help(find_command("migrate"), stderr);
-            return SK_CTL_USAGE;
-        }
-        dir = optarg;
-    }
-    if (optind != argc) {
+    if (!migrate_args(argc, argv, &dir, &json)) {
         command_help(find_command("migrate"), stderr);
         return SK_CTL_USAGE;
     }
-
     struct dirent **files = NULL;
     int n = scandir(dir, &files, only_sql, alphasort);
     if (n < 0) {
@@ -257,22 +264,7 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
     }
     PGconn *pg = sk_ctl_pg_connect(conf);
     int code = 1;
-    if (pg == NULL)
-        goto out;
-    /* The session is sekalid's (the same dial), but a migration waits for
-     * its locks as long as it takes (behind another migrate, or a table a
-     * long transaction holds) instead of failing after a claim's timeout. */
-    if (!exec_ok(pg, "SET lock_timeout = 0", "SET lock_timeout"))
-        goto out;
-
-    char lock_sql[96];
-    snprintf(lock_sql, sizeof(lock_sql), "SELECT pg_advisory_lock(%lld)", MIGRATION_LOCK_ID);
-    if (!exec_ok(pg, lock_sql, "pg_advisory_lock") ||
-        !exec_ok(pg, "CREATE SCHEMA IF NOT EXISTS sekali;"
-                     "CREATE TABLE IF NOT EXISTS sekali.schema_migrations ("
-                     "  version text PRIMARY KEY,"
-                     "  applied_at timestamptz NOT NULL DEFAULT now())",
-                 "create sekali.schema_migrations"))
+    if (pg == NULL || !migrations_begin(pg))
         goto out;
 
     int applied = 0;
@@ -282,52 +274,14 @@ static int cmd_migrate(const struct sk_conf *conf, int argc, char **argv)
     }
     for (int i = 0; i < n; i++) {
         const char *name = files[i]->d_name;
-        const char *params[] = { name };
-        const struct sk_pg_stmt applied_st = {
-            .sql = "SELECT 1 FROM sekali.schema_migrations WHERE version = $1",
-            .n_params = 1, .values = params, .what = "reading sekali.schema_migrations",
-        };
-        PGresult *res;
-        if (!exec_stmt(pg, &applied_st, &res))
+        bool done;
+        if (!migration_done(pg, name, &done))
             goto out;
-        bool done = PQntuples(res) == 1;
-        PQclear(res);
         if (done)
             continue;
-
-        char file[4096];
-        snprintf(file, sizeof(file), "%s/%s", dir, name);
-        FILE *f = fopen(file, "r");
-        if (f == NULL) {
-            fprintf(stderr, "sekalictl: cannot open %s: %s\n", file, strerror(errno));
+        if (!migration_apply(pg, dir, name))
             goto out;
-        }
-        size_t len;
-        char *sql = read_all(f, &len);
-        fclose(f);
-        if (sql == NULL) {
-            fprintf(stderr, "sekalictl: cannot read %s\n", file);
-            goto out;
-        }
-        bool ok = exec_ok(pg, "BEGIN", "BEGIN") && exec_ok(pg, sql, file);
-        free(sql);
-        const struct sk_pg_stmt record = {
-            .sql = "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
-            .n_params = 1, .values = params, .what = "recording the migration",
-        };
-        ok = ok && exec_stmt(pg, &record, NULL);
-        if (!ok || !exec_ok(pg, "COMMIT", "COMMIT")) {
-            exec_ok(pg, "ROLLBACK", "ROLLBACK");
-            fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
-            goto out;
-        }
-        if (json) {
-            printf("%s", applied > 0 ? "," : "");
-            sk_ctl_put_jstr(stdout, name);
-        } else {
-            printf("applied %s\n", name);
-        }
-        applied++;
+        print_applied(name, json, applied++);
     }
     if (json)
         printf("],\"migrations\":%d}\n", n);
@@ -344,6 +298,101 @@ out:
         free(files[i]);
     free(files);
     return code;
+}
+
+/* One line, or one element of the JSON document's list. */
+static void print_applied(const char *name, bool json, int before)
+{
+    if (json) {
+        printf("%s", before > 0 ? "," : "");
+        sk_ctl_put_jstr(stdout, name);
+    } else {
+        printf("applied %s\n", name);
+    }
+}
+
+/* false: a usage error. */
+static bool migrate_args(int argc, char **argv, const char **dir, bool *json)
+{
+    static const struct option options[] = { { "sql-dir", required_argument, NULL, 'd' },
+                                             { "json", no_argument, NULL, 'j' },
+                                             { NULL, 0, NULL, 0 } };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (opt == 'j')
+            *json = true;
+        else if (opt == 'd')
+            *dir = optarg;
+        else
+            return false;
+    }
+    return optind == argc;
+}
+
+/* Takes the migration lock and makes sure the table of applied versions
+ * exists. The session is sekalid's (the same dial), but a migration waits
+ * for its locks as long as it takes (behind another migrate, or a table a
+ * long transaction holds) instead of failing after a claim's timeout. */
+static bool migrations_begin(PGconn *pg)
+{
+    char lock_sql[96];
+    snprintf(lock_sql, sizeof(lock_sql), "SELECT pg_advisory_lock(%lld)", MIGRATION_LOCK_ID);
+    return exec_ok(pg, "SET lock_timeout = 0", "SET lock_timeout") &&
+           exec_ok(pg, lock_sql, "pg_advisory_lock") &&
+           exec_ok(pg, "CREATE SCHEMA IF NOT EXISTS sekali;"
+                       "CREATE TABLE IF NOT EXISTS sekali.schema_migrations ("
+                       "  version text PRIMARY KEY,"
+                       "  applied_at timestamptz NOT NULL DEFAULT now())",
+                   "create sekali.schema_migrations");
+}
+
+static bool migration_done(PGconn *pg, const char *name, bool *done)
+{
+    const char *params[] = { name };
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT 1 FROM sekali.schema_migrations WHERE version = $1",
+        .n_params = 1, .values = params, .what = "reading sekali.schema_migrations",
+    };
+    PGresult *res;
+    if (!exec_stmt(pg, &st, &res))
+        return false;
+    *done = PQntuples(res) == 1;
+    PQclear(res);
+    return true;
+}
+
+/* Runs one file and records its version in the same transaction, so a
+ * migration is applied and recorded, or neither. */
+static bool migration_apply(PGconn *pg, const char *dir, const char *name)
+{
+    char file[4096];
+    snprintf(file, sizeof(file), "%s/%s", dir, name);
+    FILE *f = fopen(file, "r");
+    if (f == NULL) {
+        fprintf(stderr, "sekalictl: cannot open %s: %s\n", file, strerror(errno));
+        return false;
+    }
+    size_t len;
+    char *sql = read_all(f, &len);
+    fclose(f);
+    if (sql == NULL) {
+        fprintf(stderr, "sekalictl: cannot read %s\n", file);
+        return false;
+    }
+    bool ok = exec_ok(pg, "BEGIN", "BEGIN") && exec_ok(pg, sql, file);
+    free(sql);
+    const char *params[] = { name };
+    const struct sk_pg_stmt record = {
+        .sql = "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
+        .n_params = 1, .values = params, .what = "recording the migration",
+    };
+    ok = ok && exec_stmt(pg, &record, NULL);
+    if (!ok || !exec_ok(pg, "COMMIT", "COMMIT")) {
+        exec_ok(pg, "ROLLBACK", "ROLLBACK");
+        fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
+        return false;
+    }
+    return true;
 }
 
 static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
@@ -391,24 +440,36 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     }
 
     char *body = NULL;
-    const char *arg_body = argc - optind == 3 ? argv[optind + 2] : "-";
-    if (strcmp(arg_body, "-") == 0) {
-        body = read_all(stdin, &msg.body_len);
-        if (body == NULL) {
-            fprintf(stderr, "sekalictl: cannot read the body from stdin\n");
-            return 1;
-        }
-        msg.body = body;
-    } else {
-        msg.body = arg_body;
-        msg.body_len = strlen(arg_body);
-    }
+    if (!read_body(argc - optind == 3 ? argv[optind + 2] : "-", &msg, &body))
+        return 1;
 
-    if (!direct) {
-        int code = enqueue_outbox(conf, queue, &msg, dedupe, run_at, json);
-        free(body);
-        return code;
+    int code = direct ? enqueue_direct(conf, queue, &msg, json)
+                      : enqueue_outbox(conf, queue, &msg, dedupe, run_at, json);
+    free(body);
+    return code;
+}
+
+/* The body is the argument, or stdin for "-"; *body is what the caller frees. */
+static bool read_body(const char *arg, struct sk_message *msg, char **body)
+{
+    if (strcmp(arg, "-") != 0) {
+        msg->body = arg;
+        msg->body_len = strlen(arg);
+        return true;
     }
+    *body = read_all(stdin, &msg->body_len);
+    if (*body == NULL) {
+        fprintf(stderr, "sekalictl: cannot read the body from stdin\n");
+        return false;
+    }
+    msg->body = *body;
+    return true;
+}
+
+/* --direct: publish with confirms, bypassing the outbox. */
+static int enqueue_direct(const struct sk_conf *conf, const char *queue,
+                          const struct sk_message *msg, bool json)
+{
     struct sk_broker *b = NULL;
     struct sk_err err = { 0 };
     /* A queue of the configuration is declared as sekalid declares it; any
@@ -422,28 +483,14 @@ static int cmd_enqueue(const struct sk_conf *conf, int argc, char **argv)
     if (rc == SK_OK)
         rc = sk_broker_confirm_select(b, &err);
     if (rc == SK_OK)
-        rc = sk_broker_publish(b, queue, &msg, &err);
+        rc = sk_broker_publish(b, queue, msg, &err);
     sk_broker_close(b);
-    free(body);
     if (rc != SK_OK) {
         fprintf(stderr, "sekalictl: enqueue to %s failed: %s\n", queue, err.msg);
         return 1;
     }
-    print_job_id(msg.message_id, json);
+    print_job_id(msg->message_id, json);
     return 0;
-}
-
-/* One sekali.enqueue() call in its own transaction, as a producer would
- * make it inside a business transaction. */
-static void print_job_id(const char *id, bool json)
-{
-    if (json) {
-        printf("{\"job_id\":");
-        sk_ctl_put_jstr(stdout, id);
-        printf("}\n");
-    } else {
-        printf("%s\n", id);
-    }
 }
 
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,

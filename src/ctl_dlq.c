@@ -83,6 +83,8 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
 static void close_dlq(struct dlq *d);
 static int scan(struct dlq *d, visit_fn visit);
 static void decode(struct dlq *d, struct letter *l);
+static bool recorded_by_sekali(struct letter *l);
+static bool recorded_by_broker(struct letter *l);
 static void key_state(struct dlq *d, struct letter *l);
 static bool selected(const struct dlq *d, const struct letter *l);
 static int visit_list(struct dlq *d, struct letter *l);
@@ -94,6 +96,15 @@ static void json_item(struct dlq *d);
 static void json_letter_fields(FILE *f, const struct letter *l);
 static void json_letter(FILE *f, const struct letter *l);
 static void json_null_or(FILE *f, const char *name, const void *s, size_t len);
+static bool dlq_options(int argc, char **argv, struct dlq *d, const char **by);
+static bool operands_ok(const struct dlq *d, const char *sub, const char *queue, int left,
+                        const char *by);
+static void print_head(const struct dlq *d, const char *queue, const char *sub, int rc);
+static void show_json(struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview);
+static void show_text_headers(const amqp_table_t *h);
+static void show_text(const struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview);
 
 static void dlq_usage(FILE *out)
 {
@@ -107,23 +118,11 @@ static void dlq_usage(FILE *out)
 
 int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
 {
-    static const struct option options[] = {
-        { "json", no_argument, NULL, 'j' },  { "key", required_argument, NULL, 'k' },
-        { "reason", required_argument, NULL, 'r' }, { "all", no_argument, NULL, 'a' },
-        { "by", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 },
-    };
     struct dlq d = { .first_item = true };
     const char *by = NULL;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        switch (opt) {
-        case 'j': d.json = true; break;
-        case 'k': d.sel_key = optarg; break;
-        case 'r': d.sel_reason = optarg; break;
-        case 'a': d.sel_all = true; break;
-        case 'b': by = optarg; break;
-        default: dlq_usage(stderr); return SK_CTL_USAGE;
-        }
+    if (!dlq_options(argc, argv, &d, &by)) {
+        dlq_usage(stderr);
+        return SK_CTL_USAGE;
     }
     /* argv[0] is "dlq"; optind has moved the operands to the end. */
     int left = argc - optind;
@@ -131,17 +130,7 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
     const char *queue = left >= 2 ? argv[optind + 1] : NULL;
     bool list = strcmp(sub, "list") == 0, show = strcmp(sub, "show") == 0;
     bool replay = strcmp(sub, "replay") == 0, purge = strcmp(sub, "purge") == 0;
-    int selectors = (d.sel_key != NULL) + (d.sel_reason != NULL) + d.sel_all;
-    bool ok = queue != NULL && queue[0] != '\0';
-    if (list)
-        ok = ok && left == 2 && selectors == 0 && by == NULL;
-    else if (show)
-        ok = ok && left == 3 && selectors == 0 && by == NULL;
-    else if (replay || purge)
-        ok = ok && left == 2 && selectors == 1;
-    else
-        ok = false;
-    if (!ok) {
+    if (!operands_ok(&d, sub, queue, left, by)) {
         if (replay || purge)
             fprintf(stderr, "sekalictl: dlq %s takes QUEUE and exactly one of --key, "
                             "--reason or --all\n", sub);
@@ -160,23 +149,69 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
         fprintf(stderr, "sekalictl: note: this configuration runs no outbox relay "
                         "(outbox.relays: 0); replayed jobs wait in sekali.outbox until a "
                         "sekalid with relays runs\n");
-    if (d.json) {
-        printf("{\"queue\":");
-        sk_ctl_put_jstr(stdout, queue);
-        printf(",\"dead_letter_queue\":");
-        sk_ctl_put_jstr(stdout, d.dead);
-        printf(",\"command\":");
-        sk_ctl_put_jstr(stdout, sub);
-        printf(",\"%s\":[", replay || purge ? "results" : "dead_letters");
-    } else if (rc == SK_OK && list) {
-        printf("KEY | REASON | ATTEMPTS | KEY STATUS | FIRST FAILURE | LAST FAILURE | JOB ID | "
-               "TYPE | ERROR\n");
-    }
+    print_head(&d, queue, sub, rc);
     if (rc == SK_OK)
         rc = scan(&d, list ? visit_list : show ? visit_show : replay ? visit_replay : visit_purge);
     int code = finish(&d, rc, sub);
     close_dlq(&d);
     return code;
+}
+
+/* false: a usage error. */
+static bool dlq_options(int argc, char **argv, struct dlq *d, const char **by)
+{
+    static const struct option options[] = {
+        { "json", no_argument, NULL, 'j' },  { "key", required_argument, NULL, 'k' },
+        { "reason", required_argument, NULL, 'r' }, { "all", no_argument, NULL, 'a' },
+        { "by", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 },
+    };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': d->json = true; break;
+        case 'k': d->sel_key = optarg; break;
+        case 'r': d->sel_reason = optarg; break;
+        case 'a': d->sel_all = true; break;
+        case 'b': *by = optarg; break;
+        default: return false;
+        }
+    }
+    return true;
+}
+
+/* list and show select nothing (show names its key as an operand); replay
+ * and purge need exactly one selector, so "all" is never implied. */
+static bool operands_ok(const struct dlq *d, const char *sub, const char *queue, int left,
+                        const char *by)
+{
+    int selectors = (d->sel_key != NULL) + (d->sel_reason != NULL) + d->sel_all;
+    if (queue == NULL || queue[0] == '\0')
+        return false;
+    if (strcmp(sub, "list") == 0)
+        return left == 2 && selectors == 0 && by == NULL;
+    if (strcmp(sub, "show") == 0)
+        return left == 3 && selectors == 0 && by == NULL;
+    if (strcmp(sub, "replay") == 0 || strcmp(sub, "purge") == 0)
+        return left == 2 && selectors == 1;
+    return false;
+}
+
+/* The JSON document's opening, or list's table header once the queue is open. */
+static void print_head(const struct dlq *d, const char *queue, const char *sub, int rc)
+{
+    bool writes = strcmp(sub, "replay") == 0 || strcmp(sub, "purge") == 0;
+    if (d->json) {
+        printf("{\"queue\":");
+        sk_ctl_put_jstr(stdout, queue);
+        printf(",\"dead_letter_queue\":");
+        sk_ctl_put_jstr(stdout, d->dead);
+        printf(",\"command\":");
+        sk_ctl_put_jstr(stdout, sub);
+        printf(",\"%s\":[", writes ? "results" : "dead_letters");
+    } else if (rc == SK_OK && strcmp(sub, "list") == 0) {
+        printf("KEY | REASON | ATTEMPTS | KEY STATUS | FIRST FAILURE | LAST FAILURE | JOB ID | "
+               "TYPE | ERROR\n");
+    }
 }
 
 /* Connects to RabbitMQ and PostgreSQL. Without PostgreSQL, list and show
@@ -270,52 +305,61 @@ static void decode(struct dlq *d, struct letter *l)
     else if (k == NULL)
         l->key = l->job_id;
 
-    char number[32];
-    if (sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason))) {
-        l->source = "sekali";
-        sk_ctl_header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
-        l->attempts = sk_broker_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
-        sk_ctl_header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
-        sk_ctl_header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
+    if (recorded_by_sekali(l) || recorded_by_broker(l))
         return;
-    }
-    /* The broker's x-death: its latest death first. */
-    const amqp_field_value_t *deaths = sk_ctl_header(&l->msg, "x-death");
-    if (deaths != NULL && deaths->kind == AMQP_FIELD_KIND_ARRAY &&
-        deaths->value.array.num_entries > 0 &&
-        deaths->value.array.entries[0].kind == AMQP_FIELD_KIND_TABLE) {
-        const amqp_table_t *t = &deaths->value.array.entries[0].value.table;
-        char from[256] = "?";
-        int64_t count = -1;
-        l->source = "broker";
-        snprintf(l->reason, sizeof(l->reason), "?");
-        for (int i = 0; i < t->num_entries; i++) {
-            const amqp_table_entry_t *e = &t->entries[i];
-            const amqp_field_value_t *v = &e->value;
-            bool text = v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES;
-            int len = (int)e->key.len;
-            if (len == 6 && memcmp(e->key.bytes, "reason", 6) == 0 && text)
-                snprintf(l->reason, sizeof(l->reason), "%.*s", (int)v->value.bytes.len,
-                         (const char *)v->value.bytes.bytes);
-            else if (len == 5 && memcmp(e->key.bytes, "queue", 5) == 0 && text)
-                snprintf(from, sizeof(from), "%.*s", (int)v->value.bytes.len,
-                         (const char *)v->value.bytes.bytes);
-            else if (len == 5 && memcmp(e->key.bytes, "count", 5) == 0)
-                count = sk_broker_field_int(v);
-            else if (len == 4 && memcmp(e->key.bytes, "time", 4) == 0 &&
-                     v->kind == AMQP_FIELD_KIND_TIMESTAMP)
-                sk_ctl_iso_time(v->value.u64, l->last, sizeof(l->last));
-        }
-        snprintf(number, sizeof(number), "%lld", (long long)count);
-        snprintf(l->error, sizeof(l->error), "dead-lettered by the broker from %s (%s, %s "
-                 "time%s)", from, l->reason, count >= 0 ? number : "?", count == 1 ? "" : "s");
-        int64_t deliveries = sk_broker_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
-        l->attempts = deliveries >= 0 ? deliveries : -1;
-        return;
-    }
     l->source = "unknown";
     snprintf(l->reason, sizeof(l->reason), "unknown");
     snprintf(l->error, sizeof(l->error), "no x-sekali-reason or x-death header");
+}
+
+static bool recorded_by_sekali(struct letter *l)
+{
+    if (!sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason)))
+        return false;
+    l->source = "sekali";
+    sk_ctl_header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
+    l->attempts = sk_broker_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
+    sk_ctl_header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
+    sk_ctl_header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
+    return true;
+}
+
+/* The broker's x-death: its latest death first. */
+static bool recorded_by_broker(struct letter *l)
+{
+    const amqp_field_value_t *deaths = sk_ctl_header(&l->msg, "x-death");
+    if (deaths == NULL || deaths->kind != AMQP_FIELD_KIND_ARRAY ||
+        deaths->value.array.num_entries <= 0 ||
+        deaths->value.array.entries[0].kind != AMQP_FIELD_KIND_TABLE)
+        return false;
+    const amqp_table_t *t = &deaths->value.array.entries[0].value.table;
+    char from[256] = "?", number[32];
+    int64_t count = -1;
+    l->source = "broker";
+    snprintf(l->reason, sizeof(l->reason), "?");
+    for (int i = 0; i < t->num_entries; i++) {
+        const amqp_table_entry_t *e = &t->entries[i];
+        const amqp_field_value_t *v = &e->value;
+        bool text = v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES;
+        int len = (int)e->key.len;
+        if (len == 6 && memcmp(e->key.bytes, "reason", 6) == 0 && text)
+            snprintf(l->reason, sizeof(l->reason), "%.*s", (int)v->value.bytes.len,
+                     (const char *)v->value.bytes.bytes);
+        else if (len == 5 && memcmp(e->key.bytes, "queue", 5) == 0 && text)
+            snprintf(from, sizeof(from), "%.*s", (int)v->value.bytes.len,
+                     (const char *)v->value.bytes.bytes);
+        else if (len == 5 && memcmp(e->key.bytes, "count", 5) == 0)
+            count = sk_broker_field_int(v);
+        else if (len == 4 && memcmp(e->key.bytes, "time", 4) == 0 &&
+                 v->kind == AMQP_FIELD_KIND_TIMESTAMP)
+            sk_ctl_iso_time(v->value.u64, l->last, sizeof(l->last));
+    }
+    snprintf(number, sizeof(number), "%lld", (long long)count);
+    snprintf(l->error, sizeof(l->error), "dead-lettered by the broker from %s (%s, %s "
+             "time%s)", from, l->reason, count >= 0 ? number : "?", count == 1 ? "" : "s");
+    int64_t deliveries = sk_broker_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
+    l->attempts = deliveries >= 0 ? deliveries : -1;
+    return true;
 }
 
 /* Fills the key's PostgreSQL state (sekali.dlq_key_state). */
@@ -413,21 +457,16 @@ static int visit_show(struct dlq *d, struct letter *l)
     const amqp_basic_properties_t *p = &l->msg.properties;
     const amqp_table_t *h = (p->_flags & AMQP_BASIC_HEADERS_FLAG) ? &p->headers : NULL;
     size_t preview = l->msg.body.len < PREVIEW_MAX ? l->msg.body.len : PREVIEW_MAX;
-    if (d->json) {
-        json_item(d);
-        json_letter_fields(stdout, l);
-        printf(",\"headers\":{");
-        for (int i = 0; h != NULL && i < h->num_entries; i++) {
-            printf(i > 0 ? "," : "");
-            sk_ctl_put_json(stdout, h->entries[i].key.bytes, h->entries[i].key.len);
-            printf(":");
-            sk_ctl_put_field(stdout, &h->entries[i].value, true);
-        }
-        printf("},\"body_preview\":");
-        sk_ctl_put_json(stdout, l->msg.body.bytes, preview);
-        printf("}");
-        return SK_OK;
-    }
+    if (d->json)
+        show_json(d, l, h, preview);
+    else
+        show_text(d, l, h, preview);
+    return SK_OK;
+}
+
+static void show_text(const struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview)
+{
     printf("dead letter %d of %s\n  key:            ", d->seen, d->dead);
     sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 0);
     printf("\n  job id:         ");
@@ -455,7 +494,33 @@ static int visit_show(struct dlq *d, struct letter *l)
         printf(", %ld crashes", l->crashes);
     if (l->replays > 0)
         printf(", replayed %ld times before", l->replays);
-    printf("\n  headers:\n");
+    printf("\n");
+    show_text_headers(h);
+    printf("  body (%zu bytes): ", l->msg.body.len);
+    sk_ctl_put_text(stdout, l->msg.body.bytes, preview, 0);
+    printf("%s\n", preview < l->msg.body.len ? "..." : "");
+}
+
+static void show_json(struct dlq *d, const struct letter *l, const amqp_table_t *h,
+                      size_t preview)
+{
+    json_item(d);
+    json_letter_fields(stdout, l);
+    printf(",\"headers\":{");
+    for (int i = 0; h != NULL && i < h->num_entries; i++) {
+        printf(i > 0 ? "," : "");
+        sk_ctl_put_json(stdout, h->entries[i].key.bytes, h->entries[i].key.len);
+        printf(":");
+        sk_ctl_put_field(stdout, &h->entries[i].value, true);
+    }
+    printf("},\"body_preview\":");
+    sk_ctl_put_json(stdout, l->msg.body.bytes, preview);
+    printf("}");
+}
+
+static void show_text_headers(const amqp_table_t *h)
+{
+    printf("  headers:\n");
     for (int i = 0; h != NULL && i < h->num_entries; i++) {
         printf("    ");
         sk_ctl_put_text(stdout, h->entries[i].key.bytes, h->entries[i].key.len, 0);
@@ -463,10 +528,6 @@ static int visit_show(struct dlq *d, struct letter *l)
         sk_ctl_put_field(stdout, &h->entries[i].value, false);
         printf("\n");
     }
-    printf("  body (%zu bytes): ", l->msg.body.len);
-    sk_ctl_put_text(stdout, l->msg.body.bytes, preview, 0);
-    printf("%s\n", preview < l->msg.body.len ? "..." : "");
-    return SK_OK;
 }
 
 /* One result line (or JSON object) of replay or purge. */

@@ -16,6 +16,11 @@
 
 #define HTTP_MAX_BYTES (8u << 20)  /* far above any /metrics sekalid renders */
 
+static bool send_all(int fd, const char *data, size_t n, int64_t deadline);
+static char *receive_all(int fd, int64_t deadline, int timeout_ms, size_t *len, char *why,
+                         size_t why_size);
+static char *body_of(char *buf, size_t len, char *why, size_t why_size);
+
 static int64_t mono_ms(void)
 {
     struct timespec ts;
@@ -70,56 +75,80 @@ char *sk_ctl_http_get(const char *host, int port, const char *path, int timeout_
     char request[512];
     int n = snprintf(request, sizeof(request),
                      "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n", path, host);
-    size_t sent = 0, cap = 65536, len = 0;
-    char *buf = malloc(cap);
-    while (buf != NULL && sent < (size_t)n) {
-        ssize_t w = send(fd, request + sent, (size_t)n - sent, MSG_NOSIGNAL);
+    char *buf = NULL;
+    size_t len = 0;
+    if (send_all(fd, request, (size_t)n, deadline)) {
+        buf = receive_all(fd, deadline, timeout_ms, &len, why, why_size);
+        if (buf == NULL && why[0] == '\0')
+            snprintf(why, why_size, "out of memory");
+    } else {
+        snprintf(why, why_size, "sending the request failed");
+    }
+    close(fd);
+    return buf != NULL ? body_of(buf, len, why, why_size) : NULL;
+}
+
+static bool send_all(int fd, const char *data, size_t n, int64_t deadline)
+{
+    size_t sent = 0;
+    while (sent < n) {
+        ssize_t w = send(fd, data + sent, n - sent, MSG_NOSIGNAL);
         if (w > 0) {
             sent += (size_t)w;
             continue;
         }
         struct pollfd p = { .fd = fd, .events = POLLOUT };
         int left = (int)(deadline - mono_ms());
-        if ((w < 0 && errno != EAGAIN) || left <= 0 || poll(&p, 1, left) != 1) {
-            snprintf(why, why_size, "sending the request failed");
-            goto fail;
-        }
+        if ((w < 0 && errno != EAGAIN) || left <= 0 || poll(&p, 1, left) != 1)
+            return false;
     }
-    for (;;) {
-        if (buf == NULL)
-            break;
-        if (cap - len < 4096) {
+    return true;
+}
+
+/* Reads until the server closes (HTTP/1.0), up to HTTP_MAX_BYTES.
+ * Returns a NUL-terminated copy the caller frees, or NULL. */
+static char *receive_all(int fd, int64_t deadline, int timeout_ms, size_t *len, char *why,
+                         size_t why_size)
+{
+    size_t cap = 65536;
+    char *buf = malloc(cap);
+    *len = 0;
+    while (buf != NULL) {
+        if (cap - *len < 4096) {
             if (cap >= HTTP_MAX_BYTES) {
                 snprintf(why, why_size, "answer over %u bytes", HTTP_MAX_BYTES);
-                goto fail;
+                break;
             }
             char *bigger = realloc(buf, cap * 2);
             if (bigger == NULL)
-                goto fail;
+                break;
             buf = bigger;
             cap *= 2;
         }
-        ssize_t r = recv(fd, buf + len, cap - len - 1, 0);
+        ssize_t r = recv(fd, buf + *len, cap - *len - 1, 0);
         if (r > 0) {
-            len += (size_t)r;
+            *len += (size_t)r;
             continue;
         }
-        if (r == 0)
-            break;
+        if (r == 0) {
+            buf[*len] = '\0';
+            return buf;
+        }
         struct pollfd p = { .fd = fd, .events = POLLIN };
         int left = (int)(deadline - mono_ms());
         if (errno != EAGAIN || left <= 0 || poll(&p, 1, left) != 1) {
             snprintf(why, why_size, "no complete answer within %d ms", timeout_ms);
-            goto fail;
+            break;
         }
     }
-    close(fd);
-    if (buf == NULL) {
-        snprintf(why, why_size, "out of memory");
-        return NULL;
-    }
-    buf[len] = '\0';
-    /* "HTTP/1.x 200 ...": anything else is not the metrics. */
+    free(buf);
+    return NULL;
+}
+
+/* "HTTP/1.x 200 ...": anything else is not the metrics. Takes buf; returns
+ * it holding only the body, or NULL. */
+static char *body_of(char *buf, size_t len, char *why, size_t why_size)
+{
     char *body = strstr(buf, "\r\n\r\n");
     if (strncmp(buf, "HTTP/1.", 7) != 0 || len < 12 || strncmp(buf + 8, " 200", 4) != 0 ||
         body == NULL) {
@@ -130,11 +159,6 @@ char *sk_ctl_http_get(const char *host, int port, const char *path, int timeout_
     }
     memmove(buf, body + 4, len - (size_t)(body + 4 - buf) + 1);
     return buf;
-
-fail:
-    close(fd);
-    free(buf);
-    return NULL;
 }
 
 double sk_ctl_metric(const char *text, const char *name, const char *queue, bool *found)

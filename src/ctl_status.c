@@ -61,6 +61,9 @@ static void read_pg(struct status *s);
 static void read_metrics(struct status *s);
 static void print_text(const struct status *s);
 static void print_json(const struct status *s, int code);
+static void json_queue(const struct qstat *q);
+static void put_text_or_null(const char *text);
+static int judge(struct status *s);
 
 static void status_usage(FILE *out)
 {
@@ -99,19 +102,33 @@ int sk_ctl_status(const struct sk_conf *conf, int argc, char **argv)
     read_metrics(&s);
     read_broker(&s);
     read_pg(&s);
+    int code = judge(&s);
+    if (s.json)
+        print_json(&s, code);
+    else
+        print_text(&s);
+    free(s.metrics);
+    free(s.q);
+    return code;
+}
 
+/* The exit code from what was read, naming each queue's problem on the way:
+ * unhealthy when sekalid or a queue's consumers are missing, failed when
+ * something could not be read. */
+static int judge(struct status *s)
+{
     /* Without an endpoint, consumers on the queues are the sign of life. */
-    if (conf->metrics.listen_host != NULL) {
-        s.running = s.metrics != NULL;
-    } else if (s.broker_why[0] == '\0') {
-        s.running = 0;
-        for (size_t i = 0; i < conf->n_queues; i++)
-            if (s.q[i].consumers > 0)
-                s.running = 1;
+    if (s->conf->metrics.listen_host != NULL) {
+        s->running = s->metrics != NULL;
+    } else if (s->broker_why[0] == '\0') {
+        s->running = 0;
+        for (size_t i = 0; i < s->conf->n_queues; i++)
+            if (s->q[i].consumers > 0)
+                s->running = 1;
     }
-    bool unhealthy = s.running == 0, failed = s.running == -1;
-    for (size_t i = 0; i < conf->n_queues; i++) {
-        struct qstat *q = &s.q[i];
+    bool unhealthy = s->running == 0, failed = s->running == -1;
+    for (size_t i = 0; i < s->conf->n_queues; i++) {
+        struct qstat *q = &s->q[i];
         if (!q->broker_ok)
             failed = true;
         else if (!q->exists)
@@ -126,14 +143,7 @@ int sk_ctl_status(const struct sk_conf *conf, int argc, char **argv)
         if (!q->pg_ok)
             failed = true;
     }
-    int code = unhealthy ? SK_CTL_UNHEALTHY : failed ? SK_CTL_FAILED : SK_CTL_OK;
-    if (s.json)
-        print_json(&s, code);
-    else
-        print_text(&s);
-    free(s.metrics);
-    free(s.q);
-    return code;
+    return unhealthy ? SK_CTL_UNHEALTHY : failed ? SK_CTL_FAILED : SK_CTL_OK;
 }
 
 static void read_metrics(struct status *s)
@@ -363,54 +373,61 @@ static void print_json(const struct status *s, int code)
     else
         sk_ctl_put_jstr(stdout, s->metrics_why);
     printf("},\"broker_error\":");
-    if (s->broker_why[0] != '\0')
-        sk_ctl_put_jstr(stdout, s->broker_why);
-    else
-        printf("null");
+    put_text_or_null(s->broker_why);
     printf(",\"postgresql_error\":");
-    if (s->pg_why[0] != '\0')
-        sk_ctl_put_jstr(stdout, s->pg_why);
-    else
-        printf("null");
+    put_text_or_null(s->pg_why);
     printf(",\"queues\":[");
     for (size_t i = 0; i < conf->n_queues; i++) {
-        const struct qstat *q = &s->q[i];
-        printf("%s{\"name\":", i > 0 ? "," : "");
-        sk_ctl_put_jstr(stdout, q->conf->name);
-        printf(",\"healthy\":%s,\"problem\":", q->problem[0] == '\0' && q->broker_ok ? "true"
-                                                                                   : "false");
-        if (q->problem[0] != '\0')
-            sk_ctl_put_jstr(stdout, q->problem);
-        else
-            printf("null");
-        printf(",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
-        if (q->up_known)
-            printf("%.0f", q->up);
-        else
-            printf("null");
-        if (q->broker_ok)
-            printf(",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
-                   "\"delay_queues\":%u,\"dead\":%u", q->consumers, q->ready, q->delayed,
-                   q->delay_queues, q->dead);
-        else
-            printf(",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
-                   "\"delay_queues\":null,\"dead\":null");
-        if (q->pg_ok) {
-            printf(",\"processing\":%lld,\"failed\":%lld,\"oldest_processing_seconds\":",
-                   q->processing, q->failed);
-            put_num_or_null(q->oldest_known, q->oldest_s);
-            printf(",\"outbox_pending\":%lld,\"outbox_refused\":%lld,"
-                   "\"outbox_lag_seconds\":%.3f", q->outbox_pending, q->outbox_refused,
-                   q->outbox_lag_s);
-        } else {
-            printf(",\"processing\":null,\"failed\":null,\"oldest_processing_seconds\":null,"
-                   "\"outbox_pending\":null,\"outbox_refused\":null,\"outbox_lag_seconds\":null");
-        }
-        printf("}");
+        printf("%s", i > 0 ? "," : "");
+        json_queue(&s->q[i]);
     }
     printf("]");
     put_round_json(s, "relays", conf->outbox.relays, "sekali_relay_last_round_timestamp_seconds");
     put_round_json(s, "janitor", conf->janitor.interval_ms > 0,
                    "sekali_janitor_last_round_timestamp_seconds");
     printf(",\"exit_code\":%d}\n", code);
+}
+
+/* What could not be read is null, not zero: a script must not take "the
+ * broker did not answer" for "the queue is empty". */
+static void json_queue(const struct qstat *q)
+{
+    printf("{\"name\":");
+    sk_ctl_put_jstr(stdout, q->conf->name);
+    printf(",\"healthy\":%s,\"problem\":", q->problem[0] == '\0' && q->broker_ok ? "true"
+                                                                               : "false");
+    put_text_or_null(q->problem);
+    printf(",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
+    if (q->up_known)
+        printf("%.0f", q->up);
+    else
+        printf("null");
+    if (q->broker_ok)
+        printf(",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
+               "\"delay_queues\":%u,\"dead\":%u", q->consumers, q->ready, q->delayed,
+               q->delay_queues, q->dead);
+    else
+        printf(",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
+               "\"delay_queues\":null,\"dead\":null");
+    if (q->pg_ok) {
+        printf(",\"processing\":%lld,\"failed\":%lld,\"oldest_processing_seconds\":",
+               q->processing, q->failed);
+        put_num_or_null(q->oldest_known, q->oldest_s);
+        printf(",\"outbox_pending\":%lld,\"outbox_refused\":%lld,"
+               "\"outbox_lag_seconds\":%.3f", q->outbox_pending, q->outbox_refused,
+               q->outbox_lag_s);
+    } else {
+        printf(",\"processing\":null,\"failed\":null,\"oldest_processing_seconds\":null,"
+               "\"outbox_pending\":null,\"outbox_refused\":null,\"outbox_lag_seconds\":null");
+    }
+    printf("}");
+}
+
+/* An empty string is JSON null. */
+static void put_text_or_null(const char *text)
+{
+    if (text[0] != '\0')
+        sk_ctl_put_jstr(stdout, text);
+    else
+        printf("null");
 }

@@ -22,6 +22,18 @@ static int header_key(const amqp_basic_properties_t *p, const char *name, char *
 static int64_t header_int(const amqp_basic_properties_t *p, const char *name);
 static bool valid_utf8(const unsigned char *s, size_t len);
 static bool type_accepted(const struct sk_queue_conf *q, const char *type);
+static int check_sizes(const amqp_basic_properties_t *p, const struct sk_queue_conf *q,
+                       const struct sk_envelope *out, struct sk_err *err);
+static int read_identity(const amqp_basic_properties_t *p, const struct sk_queue_conf *q,
+                         struct sk_envelope *out, struct sk_err *err);
+static int read_reply(const amqp_basic_properties_t *p, struct sk_envelope *out,
+                      struct sk_err *err);
+static int read_keys(const amqp_basic_properties_t *p, struct sk_envelope *out,
+                     struct sk_err *err);
+static void read_attempts(const amqp_basic_properties_t *p, const struct sk_queue_conf *q,
+                          struct sk_envelope *out);
+static int read_first_failure(const amqp_basic_properties_t *p, struct sk_envelope *out,
+                              struct sk_err *err);
 static bool back_from_delay(const amqp_basic_properties_t *p, const char *queue);
 static size_t headers_size(const amqp_basic_properties_t *p);
 static bool bytes_eq(amqp_bytes_t b, const char *s);
@@ -41,6 +53,16 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     out->job_type[0] = '\0';
     out->content_type[0] = '\0';
 
+    if (check_sizes(p, q, out, err) != SK_OK || read_identity(p, q, out, err) != SK_OK ||
+        read_reply(p, out, err) != SK_OK || read_keys(p, out, err) != SK_OK)
+        return SK_ERR;
+    read_attempts(p, q, out);
+    return read_first_failure(p, out, err);
+}
+
+static int check_sizes(const amqp_basic_properties_t *p, const struct sk_queue_conf *q,
+                       const struct sk_envelope *out, struct sk_err *err)
+{
     if (out->body_len > q->max_body)
         return sk_err_set(err, SK_ERR, "body of %zu bytes exceeds max_body %zu",
                           out->body_len, q->max_body);
@@ -50,7 +72,14 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     if (headers > q->max_headers)
         return sk_err_set(err, SK_ERR, "headers of %zu bytes exceed max_headers %zu", headers,
                           q->max_headers);
+    return SK_OK;
+}
 
+/* The job id (message_id) is required; the type, if any, must be one this
+ * queue takes. */
+static int read_identity(const amqp_basic_properties_t *p, const struct sk_queue_conf *q,
+                         struct sk_envelope *out, struct sk_err *err)
+{
     if (!(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) || p->message_id.len == 0)
         return sk_err_set(err, SK_ERR, "missing message_id");
     if (copy_key(out->job_id, sizeof(out->job_id), p->message_id, "message_id", err) != SK_OK)
@@ -66,7 +95,12 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
         out->job_type[0] = '\0';
         return SK_ERR;
     }
+    return SK_OK;
+}
 
+static int read_reply(const amqp_basic_properties_t *p, struct sk_envelope *out,
+                      struct sk_err *err)
+{
     /* Optional properties are checked only as far as sekali uses them: a
      * content type it cannot pass on as text, or an empty correlation id,
      * is treated as absent rather than failing a job that needs neither. */
@@ -87,7 +121,14 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
         copy_key(out->correlation_id, sizeof(out->correlation_id), p->correlation_id,
                  "correlation_id", err) != SK_OK)
         return SK_ERR;
+    return SK_OK;
+}
 
+/* Without headers, the idempotency key is the job id and the resource key
+ * the idempotency key. */
+static int read_keys(const amqp_basic_properties_t *p, struct sk_envelope *out,
+                     struct sk_err *err)
+{
     bool present;
     if (header_key(p, "x-idempotency-key", out->idempotency_key,
                    sizeof(out->idempotency_key), &present, err) != SK_OK)
@@ -100,7 +141,12 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
         return SK_ERR;
     if (!present)
         memcpy(out->resource_key, out->idempotency_key, strlen(out->idempotency_key) + 1);
+    return SK_OK;
+}
 
+static void read_attempts(const amqp_basic_properties_t *p, const struct sk_queue_conf *q,
+                          struct sk_envelope *out)
+{
     /* The attempt is the one this copy was scheduled for (sekali's retry
      * header) plus the broker's redeliveries of the copy: exact with a
      * quorum queue's x-delivery-count, at least one with `redelivered`.
@@ -113,7 +159,11 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     if (redeliveries < 0 || redeliveries > UINT32_MAX / 2)
         redeliveries = out->redelivered ? 1 : 0;
     out->delivery_attempt = out->scheduled_attempt + (uint32_t)redeliveries;
+}
 
+static int read_first_failure(const amqp_basic_properties_t *p, struct sk_envelope *out,
+                              struct sk_err *err)
+{
     out->first_failure[0] = '\0';
     const amqp_field_value_t *first = find_header(p, "x-sekali-first-failure");
     if (first != NULL && first->kind == AMQP_FIELD_KIND_UTF8 &&

@@ -9,6 +9,7 @@
 #include "lease.h"
 
 static int run(PGconn *pg, const struct sk_pg_stmt *st, PGresult **res, struct sk_err *err);
+static int answer(PGconn *pg, const struct sk_pg_stmt *st, struct sk_err *err);
 static int boolean_result(PGconn *pg, const char *sql, int n, const char *const *values,
                           struct sk_err *err);
 
@@ -58,13 +59,7 @@ int sk_lease_finish(PGconn *pg, const struct sk_keyref *ref, const char *status,
         .values = values, .lengths = lengths, .formats = formats, .one_row = true,
         .what = "sekali.finish_lease",
     };
-    PGresult *res;
-    int rc = run(pg, &st, &res, err);
-    if (rc != SK_OK)
-        return rc;
-    rc = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? SK_OK : SK_BUSY;
-    PQclear(res);
-    return rc;
+    return answer(pg, &st, err);
 }
 
 int sk_lease_release(PGconn *pg, const struct sk_keyref *ref, struct sk_err *err)
@@ -133,8 +128,15 @@ static int boolean_result(PGconn *pg, const char *sql, int n, const char *const 
 {
     const struct sk_pg_stmt st = { .sql = sql, .n_params = n, .values = values,
                                    .one_row = true };
+    return answer(pg, &st, err);
+}
+
+/* A lease function answers true when the fence was still ours: SK_OK, else
+ * SK_BUSY. */
+static int answer(PGconn *pg, const struct sk_pg_stmt *st, struct sk_err *err)
+{
     PGresult *res;
-    int rc = run(pg, &st, &res, err);
+    int rc = run(pg, st, &res, err);
     if (rc != SK_OK)
         return rc;
     rc = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? SK_OK : SK_BUSY;
