@@ -12,6 +12,7 @@
 #include "config.h"
 #include "host.h"
 
+struct sk_batch;
 struct sk_heartbeat;
 struct sk_links;
 struct sk_metrics_queue;
@@ -30,11 +31,21 @@ struct sk_pipeline {
     struct sk_slot              *slot;           /* ours in the supervisor's scoreboard */
     char                         owner[128];     /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;            /* reused for every job */
+    struct sk_batch             *batch;          /* batch.c's, once queue->batch > 1 used it */
 };
 
 /* Runs one delivery through the pipeline, to its ack, requeue or dead
  * letter. The delivery stays owned by the caller. Blocks for the job's
  * length; the worker process's main thread only. */
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery);
+
+/* Batch mode (queue->batch > 1): takes up to queue->batch deliveries, the
+ * first one given and the rest from the consumer's prefetch window (waiting
+ * at most queue->batch_wait for them), and runs them in one transaction,
+ * each handler in its own savepoint. Every delivery taken is settled and
+ * released before it returns. Returns how many were taken. */
+size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first);
+/* Frees what sk_batch_run() kept between batches; accepts NULL. */
+void sk_batch_free(struct sk_batch *b);
 
 #endif
