@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backoff.h"
 #include "broker.h"
 #include "clock.h"
 #include "heartbeat.h"
@@ -38,6 +39,7 @@
 #include "lock.h"
 #include "log.h"
 #include "metrics.h"
+#include "process.h"
 #include "scoreboard.h"
 #include "store.h"
 
@@ -199,55 +201,86 @@ static size_t collect(struct sk_pipeline *p, struct sk_batch *b, amqp_envelope_t
 
 /* All the received jobs' locks in one round trip. A busy one leaves the
  * batch and is re-scheduled, as job.c re-schedules a lock still busy after
- * lock.busy_wait; a batch does not wait for it. */
+ * lock.busy_wait; the batch does not wait for it, unless it is all the
+ * batch has to do: then it is asked again until busy_wait, as job.c does. */
 static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
 {
-    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         struct job *j = &b->jobs[i];
         if (j->state != JOB_RECEIVED)
             continue;
         sk_lock_key(j->lock_key, sizeof(j->lock_key), p->queue->name, j->env.resource_key);
         sk_lock_new_token(j->lock_token);
-        b->keys[m] = j->lock_key;
-        b->tokens[m] = j->lock_token;
-        b->index[m++] = i;
     }
-    if (m == 0)
-        return;
-    struct sk_lock *redis;
-    int rc = sk_links_lock(p->links, &redis);
-    struct sk_err err = { 0 };
-    if (redis != NULL) {
-        rc = sk_lock_acquire_many(redis, m, b->keys, b->tokens, p->queue->lock_ttl_ms, b->rcs,
-                                  &err);
-        if (rc == SK_OK)
-            sk_links_up(p->links, SK_LINK_LOCK);
-        else
-            rc = sk_links_drop(p->links, SK_LINK_LOCK, &b->jobs[b->index[0]].log, &err);
-    }
+    int64_t give_up_at = sk_now_ms() + p->conf->lock.busy_wait_ms;
     size_t locked = 0;
-    for (size_t k = 0; k < m; k++) {
-        struct job *j = &b->jobs[b->index[k]];
+    for (;;) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            struct job *j = &b->jobs[i];
+            if (j->state != JOB_RECEIVED || j->exit_decided)
+                continue;
+            b->keys[m] = j->lock_key;
+            b->tokens[m] = j->lock_token;
+            b->index[m++] = i;
+        }
+        if (m == 0)
+            break;
+        struct sk_lock *redis;
+        int rc = sk_links_lock(p->links, &redis);
+        struct sk_err err = { 0 };
+        if (redis != NULL) {
+            rc = sk_lock_acquire_many(redis, m, b->keys, b->tokens, p->queue->lock_ttl_ms,
+                                      b->rcs, &err);
+            if (rc == SK_OK)
+                sk_links_up(p->links, SK_LINK_LOCK);
+            else
+                rc = sk_links_drop(p->links, SK_LINK_LOCK, &b->jobs[b->index[0]].log, &err);
+        }
         if (redis == NULL || rc != SK_OK) {
-            sk_job_lock_refused(p, j, rc);  /* Redis down: proceed, or re-scheduled */
-            continue;
+            /* Redis down: the queue proceeds without locks, or re-schedules. */
+            for (size_t k = 0; k < m; k++)
+                if (rc != SK_OK)
+                    sk_job_lock_refused(p, &b->jobs[b->index[k]], rc);
+            break;
         }
-        if (b->rcs[k] == SK_BUSY) {
-            sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
-            sk_job_lock_refused(p, j, SK_BUSY);
-            continue;
+        size_t busy = 0;
+        for (size_t k = 0; k < m; k++) {
+            struct job *j = &b->jobs[b->index[k]];
+            if (b->rcs[k] == SK_BUSY) {
+                busy++;
+                continue;
+            }
+            j->locked = true;
+            j->redis = redis;
+            j->log.lock_owner = j->lock_token;
+            sk_job_transition(j, JOB_LOCKED);
+            locked++;
         }
-        j->locked = true;
-        j->redis = redis;
-        j->log.lock_owner = j->lock_token;
-        sk_job_transition(j, JOB_LOCKED);
-        b->keys[locked] = j->lock_key;
-        b->tokens[locked++] = j->lock_token;
+        bool wait = busy > 0 && locked == 0 && sk_now_ms() < give_up_at &&
+                    !sk_process_stopping();
+        if (!wait) {
+            for (size_t k = 0; k < m; k++) {
+                struct job *j = &b->jobs[b->index[k]];
+                if (b->rcs[k] != SK_BUSY)
+                    continue;
+                sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
+                sk_job_lock_refused(p, j, SK_BUSY);
+            }
+            break;
+        }
+        sk_sleep_ms(sk_jitter(5, 50));
     }
-    if (locked > 0 && p->heartbeat != NULL)
-        sk_heartbeat_watch_locks(p->heartbeat, locked, b->keys, b->tokens,
-                                 p->queue->lock_ttl_ms);
+    if (locked == 0 || p->heartbeat == NULL)
+        return;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!b->jobs[i].locked)
+            continue;
+        b->keys[m] = b->jobs[i].lock_key;
+        b->tokens[m++] = b->jobs[i].lock_token;
+    }
+    sk_heartbeat_watch_locks(p->heartbeat, m, b->keys, b->tokens, p->queue->lock_ttl_ms);
 }
 
 /* BEGIN and every key's claim in one round trip. True when the batch's

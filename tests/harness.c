@@ -179,7 +179,8 @@ char *h_write_config_top(const char *dir, const char *queue, const char *handler
     /* SEKALI_TEST_BATCH=N reruns a suite in batch mode: every transactional
      * queue takes N deliveries per transaction (and prefetches 2N). */
     int batch = h_test_batch();
-    if (extra_queue_yaml != NULL && strstr(extra_queue_yaml, "mode: external") != NULL)
+    if (extra_queue_yaml != NULL && (strstr(extra_queue_yaml, "mode: external") != NULL ||
+                                     strstr(extra_queue_yaml, "batch:") != NULL))
         batch = 1;
     char queue_shape[64] = "    prefetch: 4\n";
     if (batch > 1)

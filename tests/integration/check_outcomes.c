@@ -56,6 +56,53 @@ START_TEST(test_retried_job_runs_again_and_commits_once)
 }
 END_TEST
 
+static long long key_xmin(struct h_run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT xmin::text::bigint FROM sekali.idempotency_keys "
+                             "WHERE queue = '%s' AND key = '%s'", r->queue, key);
+}
+
+/* batch: 4, and the deliveries waiting before the worker starts, so that
+ * the first batch is [ok, fail, retry, ok] and the second [same, same, ok,
+ * ok]. A FAIL and a RETRY in the middle of a batch roll back only their
+ * own savepoints: both ok jobs around them commit, in one transaction; the
+ * failed one is dead-lettered and recorded, the retried one commits once
+ * later. The same key twice in a batch runs once, and the second copy is
+ * a counted duplicate. */
+START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
+{
+    struct h_run r;
+    h_run_open(&r, "midbatch");
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    h_publish(r.b, r.queue, "test", "m-1", "k-ok-1", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-2", "k-fail", NULL, "fail");
+    h_publish(r.b, r.queue, "test", "m-3", "k-retry", NULL, "retry");
+    h_publish(r.b, r.queue, "test", "m-4", "k-ok-2", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-5", "k-same", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-6", "k-same", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-7", "k-ok-3", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-8", "k-ok-4", NULL, "ok");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES
+                                          "    batch: 4\n    batch_wait: 500ms\n" });
+    expect_dead(&r, "failed", "the job asked to fail", 1);
+    H_WAIT(h_effects(&r, "k-retry") == 1, 20000, "the retried job should commit once");
+    H_WAIT(h_effect_keys(&r) == 6, 20000, "6 keys should have their effect, have %lld",
+           h_effect_keys(&r));
+    h_run_stop(&r);
+    h_expect_once(&r, 6, 1);
+    char status[32];
+    ck_assert_str_eq(key_status(&r, "k-fail", status, sizeof(status)), "failed");
+    ck_assert_int_eq(h_effects(&r, "k-fail"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND idempotency_key = 'k-retry'", r.queue), 2);
+    /* The two ok jobs around the failures committed together. */
+    ck_assert_int_eq(key_xmin(&r, "k-ok-1"), key_xmin(&r, "k-ok-2"));
+    ck_assert_int_ne(key_xmin(&r, "k-ok-1"), key_xmin(&r, "k-ok-3"));
+    ck_assert_int_eq(key_xmin(&r, "k-ok-3"), key_xmin(&r, "k-ok-4"));
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_exhausted_retries_dead_letter_with_headers)
 {
     struct h_run r;
@@ -262,6 +309,7 @@ int main(void)
     const TTest *tests[] = {
         test_retried_job_runs_again_and_commits_once,
         test_exhausted_retries_dead_letter_with_headers,
+        test_failure_in_the_middle_of_a_batch_leaves_the_others_committed,
         test_failed_job_is_dead_lettered_and_recorded,
         test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection,
         test_dead_letter_after_an_idle_spell_keeps_its_reason,
