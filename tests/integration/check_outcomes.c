@@ -68,7 +68,7 @@ static long long key_xmin(struct h_run *r, const char *key)
  * own savepoints: both ok jobs around them commit, in one transaction; the
  * failed one is dead-lettered and recorded, the retried one commits once
  * later. The same key twice in a batch runs once, and the second copy is
- * a counted duplicate. */
+ * a counted duplicate (lock: false, or the lock would re-schedule it). */
 START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
 {
     struct h_run r;
@@ -83,11 +83,13 @@ START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
     h_publish(r.b, r.queue, "test", "m-7", "k-ok-3", NULL, "ok");
     h_publish(r.b, r.queue, "test", "m-8", "k-ok-4", NULL, "ok");
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES
-                                          "    batch: 4\n    batch_wait: 500ms\n" });
+                                          "    batch: 4\n    batch_wait: 500ms\n"
+                                          "    lock: false\n" });
     expect_dead(&r, "failed", "the job asked to fail", 1);
     H_WAIT(h_effects(&r, "k-retry") == 1, 20000, "the retried job should commit once");
     H_WAIT(h_effect_keys(&r) == 6, 20000, "6 keys should have their effect, have %lld",
            h_effect_keys(&r));
+    H_WAIT(h_duplicates(&r) == 1, 20000, "the second k-same should be a duplicate");
     h_run_stop(&r);
     h_expect_once(&r, 6, 1);
     char status[32];
