@@ -186,11 +186,11 @@ static bool lock(struct sk_pipeline *p, struct job *j)
 bool sk_job_lock_refused(struct sk_pipeline *p, struct job *j, int rc)
 {
     if (rc == SK_BUSY)
-        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(100, 1000)), j->env.delivery_attempt, NULL,
-              "lock busy");
+        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(100, 1000)),
+                     j->env.delivery_attempt, NULL, "lock busy");
     else if (rc == SK_AGAIN)
-        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(1000, 5000)), j->env.delivery_attempt, NULL,
-              "redis down");
+        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(1000, 5000)),
+                     j->env.delivery_attempt, NULL, "redis down");
     return rc == SK_OK;
 }
 

@@ -134,7 +134,8 @@ int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const voi
 
 /* A text[] literal of n strings, each quoted and escaped: "{\"a\",\"b\"}".
  * at(i) gives string i. NULL when out of memory. */
-static char *text_array(size_t n, const char *(*at)(const struct sk_keyref *), const struct sk_keyref *refs)
+static char *text_array(size_t n, const char *(*at)(const struct sk_keyref *),
+                        const struct sk_keyref *refs)
 {
     size_t size = 3;
     for (size_t i = 0; i < n; i++)
