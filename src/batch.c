@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "backoff.h"
+#include "batch.h"
 #include "broker.h"
 #include "clock.h"
 #include "heartbeat.h"

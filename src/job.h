@@ -39,13 +39,4 @@ struct sk_pipeline {
  * length; the worker process's main thread only. */
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery);
 
-/* Batch mode (queue->batch > 1): takes up to queue->batch deliveries, the
- * first one given and the rest from the consumer's prefetch window (waiting
- * at most queue->batch_wait for them), and runs them in one transaction,
- * each handler in its own savepoint. Every delivery taken is settled and
- * released before it returns. Returns how many were taken. */
-size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first);
-/* Frees what sk_batch_run() kept between batches; accepts NULL. */
-void sk_batch_free(struct sk_batch *b);
-
 #endif

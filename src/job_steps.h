@@ -16,12 +16,12 @@
 #include <libpq-fe.h>
 
 #include "envelope.h"
-#include "job.h"
 #include "lock.h"
 #include "log.h"
 #include "store.h"
 
 struct sk_metrics_type;
+struct sk_pipeline;
 
 /* A job's states, in order. sk_job_transition() is the only way between
  * them: it asserts the move is legal, logs it and, in a fault build, is

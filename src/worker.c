@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "batch.h"
 #include "broker.h"
 #include "clock.h"
 #include "heartbeat.h"
