@@ -26,7 +26,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
 
 CORE    = common config config_value log backoff clock
-DAEMON  = $(CORE) main proctitle process supervisor roles worker job links broker envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor roles worker job batch links broker envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor
 CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker pg envelope failpoint \
           reschedule

@@ -112,6 +112,8 @@ static int fail(struct loader *L, const yaml_node_t *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static yaml_node_t *node(struct loader *L, int index);
 static yaml_node_t *find_value(struct loader *L, yaml_node_t *map, const char *key);
+static yaml_node_t *lookup(struct loader *L, yaml_node_t *map, const char *key);
+static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q);
 static const char *kind(const yaml_node_t *n);
 static bool is_null(const yaml_node_t *n);
 static char *resolve(struct loader *L, const char *path);
@@ -198,6 +200,11 @@ static const struct key retry_keys[] = {
     END
 };
 
+/* A batch's handlers run in savepoints of one transaction, each taking a
+ * subtransaction id; past PostgreSQL's 64 cached per backend every snapshot
+ * gets slower, so a much larger batch would buy nothing. */
+#define MAX_BATCH 256
+
 static const struct key queue_keys[] = {
     NAME("name",            sk_queue_conf, name, true),
     PATH("handler",         sk_queue_conf, handler, true),
@@ -216,6 +223,8 @@ static const struct key queue_keys[] = {
     ENUM("declare",         sk_queue_conf, declare, declares),
     INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
     INT("max_crashes",      sk_queue_conf, max_crashes, 0, 1000),
+    INT("batch",            sk_queue_conf, batch, 1, MAX_BATCH),
+    DURATION("batch_wait",  sk_queue_conf, batch_wait_ms, 0, SEC),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
     DURATION("retention",   sk_queue_conf, retention_ms, SEC, 45 * DAY),
     CUSTOM("config", queue_config, false),
@@ -292,6 +301,7 @@ static const struct sk_queue_conf queue_defaults = {
     .lease_ms = 30 * SEC,
     .retention_ms = 30 * DAY,
     .max_crashes = 3,
+    .batch = 1, .batch_wait_ms = 2,
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */
@@ -870,7 +880,8 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base)
 
         c->queues[i] = queue_defaults;
         snprintf(label, sizeof(label), "queues[%zu]", i);
-        if ((rc = load_map(L, item, label, queue_keys, &c->queues[i])) != SK_OK)
+        if ((rc = load_map(L, item, label, queue_keys, &c->queues[i])) != SK_OK ||
+            (rc = check_batch(L, item, &c->queues[i])) != SK_OK)
             return rc;
         for (size_t j = 0; j < i; j++) {
             if (strcmp(c->queues[j].name, c->queues[i].name) != 0)
@@ -881,6 +892,25 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base)
                         c->queues[i].name, find_value(L, first, "name")->start_mark.line + 1);
         }
     }
+    return SK_OK;
+}
+
+/* batch needs a transaction to share, and a prefetch window to fill from.
+ * An unset prefetch grows to two batches, so that the next batch is already
+ * arriving while this one runs; one set too small is the user's to fix. */
+static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
+{
+    if (q->batch == 1)
+        return SK_OK;
+    if (q->mode == SK_MODE_EXTERNAL)
+        return fail(L, lookup(L, item, "batch"), "batch %d needs mode: transactional "
+                    "(an external job records its own outcome under its own lease)", q->batch);
+    yaml_node_t *prefetch = lookup(L, item, "prefetch");
+    if (prefetch != NULL && q->prefetch < q->batch)
+        return fail(L, prefetch, "prefetch %d is smaller than batch %d: a worker could never "
+                    "fill its batch", q->prefetch, q->batch);
+    if (prefetch == NULL && q->prefetch < 2 * q->batch)
+        q->prefetch = 2 * q->batch;
     return SK_OK;
 }
 
@@ -1087,6 +1117,16 @@ static yaml_node_t *find_value(struct loader *L, yaml_node_t *map, const char *k
     while (strcmp((const char *)node(L, p->key)->data.scalar.value, key) != 0)
         p++;
     return node(L, p->value);
+}
+
+/* As find_value(), but the key may be absent: NULL then. */
+static yaml_node_t *lookup(struct loader *L, yaml_node_t *map, const char *key)
+{
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
+         p < map->data.mapping.pairs.top; p++)
+        if (strcmp((const char *)node(L, p->key)->data.scalar.value, key) == 0)
+            return node(L, p->value);
+    return NULL;
 }
 
 static const char *kind(const yaml_node_t *n)

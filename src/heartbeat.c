@@ -37,6 +37,12 @@ struct watched {
     uint32_t lease_ms;
 };
 
+/* A batch's further locks, past the first (which is in struct watched). */
+struct more_lock {
+    char key[SK_KEY_MAX + 300];
+    char token[SK_LOCK_TOKEN_LEN + 1];
+};
+
 struct sk_heartbeat {
     const struct sk_conf *conf;
     uint32_t              tick_ms;
@@ -46,12 +52,16 @@ struct sk_heartbeat {
     bool                  stopping;
     uint64_t              generation;
     struct watched        watched;
+    struct more_lock     *more;        /* watched.lock's batch-mates: n_more of them */
+    size_t                n_more, more_cap;
     struct sk_broker     *lent[2];     /* a handler's connections, kept alive; NULL: none */
     atomic_bool           lost;
     /* Owned by the thread alone. */
     struct sk_lock       *redis;
     PGconn               *pg;
     bool                  redis_down, pg_down;
+    struct more_lock     *more_copy;   /* more, copied out of the mutex for a renewal */
+    size_t                more_copy_cap;
 };
 
 static void *run(void *arg);
@@ -106,6 +116,8 @@ void sk_heartbeat_stop(struct sk_heartbeat *hb)
     PQfinish(hb->pg);
     pthread_cond_destroy(&hb->cond);
     pthread_mutex_destroy(&hb->mutex);
+    free(hb->more);
+    free(hb->more_copy);
     free(hb);
 }
 
@@ -117,8 +129,31 @@ void sk_heartbeat_watch_lock(struct sk_heartbeat *hb, const char *key, const cha
     memcpy(hb->watched.token, token, sizeof(hb->watched.token));
     hb->watched.ttl_ms = ttl_ms;
     hb->watched.lock = true;
+    hb->n_more = 0;
     hb->generation++;
     atomic_store(&hb->lost, false);
+    pthread_mutex_unlock(&hb->mutex);
+}
+
+void sk_heartbeat_watch_locks(struct sk_heartbeat *hb, size_t n, const char *const *keys,
+                              const char *const *tokens, uint32_t ttl_ms)
+{
+    sk_heartbeat_watch_lock(hb, keys[0], tokens[0], ttl_ms);
+    pthread_mutex_lock(&hb->mutex);
+    if (n - 1 > hb->more_cap) {
+        struct more_lock *grown = realloc(hb->more, (n - 1) * sizeof(*grown));
+        if (grown != NULL) {
+            hb->more = grown;
+            hb->more_cap = n - 1;
+        }
+    }
+    /* Out of memory: only the locks that fit are renewed; the others may
+     * expire under a long batch, which the lost flag does not see. */
+    hb->n_more = n - 1 < hb->more_cap ? n - 1 : hb->more_cap;
+    for (size_t i = 0; i < hb->n_more; i++) {
+        snprintf(hb->more[i].key, sizeof(hb->more[i].key), "%s", keys[i + 1]);
+        snprintf(hb->more[i].token, sizeof(hb->more[i].token), "%s", tokens[i + 1]);
+    }
     pthread_mutex_unlock(&hb->mutex);
 }
 
@@ -160,6 +195,7 @@ void sk_heartbeat_unwatch(struct sk_heartbeat *hb)
     pthread_mutex_lock(&hb->mutex);
     hb->watched.lock = false;
     hb->watched.lease = false;
+    hb->n_more = 0;
     hb->generation++;
     pthread_mutex_unlock(&hb->mutex);
 }
@@ -194,10 +230,27 @@ static void *run(void *arg)
 
         struct watched w = hb->watched;
         uint64_t generation = hb->generation;
+        size_t n_more = 0;
+        if (hb->n_more > hb->more_copy_cap) {
+            struct more_lock *grown = realloc(hb->more_copy, hb->n_more * sizeof(*grown));
+            if (grown != NULL) {
+                hb->more_copy = grown;
+                hb->more_copy_cap = hb->n_more;
+            }
+        }
+        if (hb->n_more <= hb->more_copy_cap) {
+            n_more = hb->n_more;
+            memcpy(hb->more_copy, hb->more, n_more * sizeof(*hb->more));
+        }
         pthread_mutex_unlock(&hb->mutex);
 
         bool lost = (w.lock && renew_lock(hb, &w) == SK_BUSY) |
                     (w.lease && renew_lease(hb, &w) == SK_BUSY);
+        for (size_t i = 0; i < n_more; i++) {
+            snprintf(w.lock_key, sizeof(w.lock_key), "%s", hb->more_copy[i].key);
+            memcpy(w.token, hb->more_copy[i].token, sizeof(w.token));
+            lost |= renew_lock(hb, &w) == SK_BUSY;
+        }
 
         pthread_mutex_lock(&hb->mutex);
         /* Logged once per job: the flag stays up until the next watch. */

@@ -36,6 +36,11 @@ void sk_heartbeat_stop(struct sk_heartbeat *hb);
 void sk_heartbeat_watch_lock(struct sk_heartbeat *hb, const char *key, const char *token,
                              uint32_t ttl_ms);
 
+/* As sk_heartbeat_watch_lock() for the n locks of a batch (n >= 1): each
+ * is renewed at each tick, and any one lost raises the flag. */
+void sk_heartbeat_watch_locks(struct sk_heartbeat *hb, size_t n, const char *const *keys,
+                              const char *const *tokens, uint32_t ttl_ms);
+
 /* Renew the lease of (queue, key) under fence for lease_ms at each tick. */
 void sk_heartbeat_watch_lease(struct sk_heartbeat *hb, const char *queue, const char *key,
                               int64_t fence, uint32_t lease_ms);

@@ -10,12 +10,12 @@
  * two workers from doing the same work at once; it decides nothing.
  * External mode replaces the transaction by a lease and a fence.
  *
- * Each step is a function of one struct job: it either passes the job on
- * (returns true) or settles it through finish(), the job's only exit. A job
- * carries everything about its delivery (envelope, lock, claim, state), and
+ * Each step is a function of one struct job (job_steps.h): it either passes
+ * the job on (returns true) or settles it through sk_job_finish(), the job's
+ * only exit. A job carries everything about its delivery (envelope, lock, claim, state), and
  * the struct sk_pipeline only what the process shares between jobs, so that
- * several jobs can be in flight at once: a batch runs the same steps over an
- * array of jobs. The servers are reached through the links (links.c), which
+ * several jobs can be in flight at once: a batch (batch.c) runs the same
+ * steps over an array of jobs. The servers are reached through the links (links.c), which
  * keep the outages; this file decides only what an outage means for a job.
  *
  * Each delivery is counted in the shared metrics where its outcome becomes
@@ -33,6 +33,7 @@
 #include "failpoint.h"
 #include "heartbeat.h"
 #include "job.h"
+#include "job_steps.h"
 #include "lease.h"
 #include "links.h"
 #include "lock.h"
@@ -42,22 +43,6 @@
 #include "reschedule.h"
 #include "scoreboard.h"
 #include "store.h"
-
-/* A job's states, in order. transition() is the only way between them: it
- * asserts the move is legal, logs it and, in a fault build, is where a test
- * can kill the worker. Adding a state? Give it a name, a failpoint (or
- * NULL) and its legal predecessors below. */
-enum job_state {
-    JOB_NEW,          /* delivered, not yet validated */
-    JOB_RECEIVED,     /* validated: its key is known */
-    JOB_LOCKED,       /* holds the resource's Redis lock */
-    JOB_CLAIMED,      /* owns the key: row lock (transactional) or lease (external) */
-    JOB_HANDLED,      /* the handler returned */
-    JOB_COMMITTED,    /* the outcome is durable */
-    JOB_ACKED,        /* the broker has our ack: the delivery is done with */
-    JOB_HANDED_BACK,  /* requeued, rejected, or its ack lost: the broker decides */
-    JOB_STATES
-};
 
 static const char *const state_names[JOB_STATES] = {
     [JOB_NEW] = "new",
@@ -98,53 +83,18 @@ static const unsigned legal_from[JOB_STATES] = {
     [JOB_HANDED_BACK] = LIVE,
 };
 
-/* What happens to the delivery itself once the job's outcome is settled. */
-enum disposition {
-    ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
-    REQUEUE,      /* back to the queue unchanged */
-    DEAD_LETTER,  /* the broker moves it to <queue>.dead */
-};
-
-struct job {
-    enum job_state         state;
-    const amqp_envelope_t *delivery;
-    struct sk_envelope env;
-    uint64_t           delivery_tag;
-    char               lock_key[SK_LOCK_KEY_MAX];
-    char               lock_token[SK_LOCK_TOKEN_LEN + 1];
-    bool               locked;
-    struct sk_lock    *redis;       /* the connection that took the lock */
-    bool               leased;      /* external mode: the heartbeat renews our lease */
-    struct sk_claim    claim;
-    struct sk_keyref   ref;         /* the key, for the store and the lease */
-    uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
-    struct sk_metrics_type *metrics;
-    struct sk_log_job  log;
-};
-
-static bool admit(struct sk_pipeline *p, struct job *j);
 static bool crashed_too_often(struct sk_pipeline *p, struct job *j);
 static bool lock(struct sk_pipeline *p, struct job *j);
 static int  take_lock(struct sk_pipeline *p, struct job *j);
 static void waited_for_lock(struct job *j, uint64_t busy_since);
 static void release_lock(struct sk_pipeline *p, struct job *j);
-static bool claim(struct sk_pipeline *p, struct job *j);
-static bool claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err);
 static int  claim_key(struct sk_pipeline *p, struct job *j, struct sk_err *err);
-static void run_transactional(struct sk_pipeline *p, struct job *j);
 static void run_external(struct sk_pipeline *p, struct job *j);
-static int  call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg);
-static void reply(struct sk_pipeline *p, struct job *j, const void *result, size_t len);
 static void reply_saved(struct sk_pipeline *p, struct job *j);
-static void settle_failure(struct sk_pipeline *p, struct job *j, int status);
 static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason reason,
                     const char *why);
 static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why);
-static bool later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
-                  const char *error, const char *outcome);
-static void transition(struct job *j, enum job_state to);
-static int  finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome);
 static uint64_t now_ns(void);
 
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
@@ -152,20 +102,20 @@ void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
     struct job j = { .state = JOB_NEW, .delivery = delivery,
                      .delivery_tag = delivery->delivery_tag };
 
-    if (!admit(p, &j))
+    if (!sk_job_admit(p, &j))
         return;
     if (p->queue->lock && !lock(p, &j))
         return;
-    if (!claim(p, &j))
+    if (!sk_job_claim(p, &j))
         return;
     if (p->queue->mode == SK_MODE_EXTERNAL)
         run_external(p, &j);
     else
-        run_transactional(p, &j);
+        sk_job_run_transactional(p, &j);
 }
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
-static bool admit(struct sk_pipeline *p, struct job *j)
+bool sk_job_admit(struct sk_pipeline *p, struct job *j)
 {
     struct sk_err err = { 0 };
     j->log.queue = p->queue->name;
@@ -198,7 +148,7 @@ static bool admit(struct sk_pipeline *p, struct job *j)
     j->ref = (struct sk_keyref){ .queue = p->queue->name, .key = j->env.idempotency_key,
                                  .owner = p->owner, .job_id = j->env.job_id,
                                  .job_type = j->env.job_type };
-    transition(j, JOB_RECEIVED);
+    sk_job_transition(j, JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
     snprintf(p->slot->job_key, sizeof(p->slot->job_key), "%s", j->env.idempotency_key);
     /* A copy from a delay queue may be the crashing job too: re-scheduled
@@ -230,13 +180,17 @@ static bool crashed_too_often(struct sk_pipeline *p, struct job *j)
  * busy, or Redis is down and the queue waits for it. */
 static bool lock(struct sk_pipeline *p, struct job *j)
 {
-    int rc = take_lock(p, j);
+    return sk_job_lock_refused(p, j, take_lock(p, j));
+}
+
+bool sk_job_lock_refused(struct sk_pipeline *p, struct job *j, int rc)
+{
     if (rc == SK_BUSY)
-        later(p, j, sk_reschedule_bucket(sk_jitter(100, 1000)), j->env.delivery_attempt, NULL,
-              "lock busy");
+        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(100, 1000)),
+                     j->env.delivery_attempt, NULL, "lock busy");
     else if (rc == SK_AGAIN)
-        later(p, j, sk_reschedule_bucket(sk_jitter(1000, 5000)), j->env.delivery_attempt, NULL,
-              "redis down");
+        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(1000, 5000)),
+                     j->env.delivery_attempt, NULL, "redis down");
     return rc == SK_OK;
 }
 
@@ -278,7 +232,7 @@ static int take_lock(struct sk_pipeline *p, struct job *j)
             j->log.lock_owner = j->lock_token;
             sk_heartbeat_watch_lock(p->heartbeat, j->lock_key, j->lock_token,
                                     p->queue->lock_ttl_ms);
-            transition(j, JOB_LOCKED);
+            sk_job_transition(j, JOB_LOCKED);
             return SK_OK;
         }
         if (busy_since == 0)
@@ -316,17 +270,17 @@ static void release_lock(struct sk_pipeline *p, struct job *j)
 }
 
 /* One claim step for both modes: the round trip, then its outcome. */
-static bool claim(struct sk_pipeline *p, struct job *j)
+bool sk_job_claim(struct sk_pipeline *p, struct job *j)
 {
     struct sk_err err = { 0 };
     int rc = claim_key(p, j, &err);
-    return claimed(p, j, rc, &err);
+    return sk_job_claimed(p, j, rc, &err);
 }
 
 /* What a claim's answer means for the job, whichever mode and however many
  * keys the round trip claimed: true when the job owns its key and goes on
  * to its handler; otherwise the job is settled here. */
-static bool claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err)
+bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err)
 {
     bool external = p->queue->mode == SK_MODE_EXTERNAL;
     switch (rc) {
@@ -334,18 +288,18 @@ static bool claimed(struct sk_pipeline *p, struct job *j, int rc, const struct s
         sk_links_up(p->links, SK_LINK_STORE);
         j->log.fence = j->claim.fence;
         sk_keyref_set_fence(&j->ref, j->claim.fence);
-        transition(j, JOB_CLAIMED);
+        sk_job_transition(j, JOB_CLAIMED);
         return true;
     case SK_DUP:
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(p, j);
-        finish(p, j, ACK, "duplicate suppressed");
+        sk_job_finish(p, j, ACK, "duplicate suppressed");
         return false;
     case SK_BUSY:
         /* A live worker holds the key (its row lock, or its lease): it is
          * running this very job. Come back later rather than wait; its
          * outcome decides ours. */
-        later(p, j, sk_reschedule_bucket(external
+        sk_job_later(p, j, sk_reschedule_bucket(external
                   ? sk_jitter(p->queue->lease_ms / 4, p->queue->lease_ms)
                   : sk_jitter(100, 1000)),
               j->env.delivery_attempt, NULL,
@@ -357,12 +311,12 @@ static bool claimed(struct sk_pipeline *p, struct job *j, int rc, const struct s
          * the lock is not held through the backoff (other jobs for the
          * resource would wait for nothing). */
         sk_links_drop(p->links, SK_LINK_STORE, &j->log, err);
-        finish(p, j, REQUEUE, "claim failed, handed back to the broker");
+        sk_job_finish(p, j, REQUEUE, "claim failed, handed back to the broker");
         return false;
     }
 }
 
-/* Transactional mode: BEGIN and sekali.claim(), the key's row locked until
+/* Transactional mode: BEGIN and sekali.sk_job_claim(), the key's row locked until
  * COMMIT. External mode: a lease committed at once, under a new fence.
  * Returns SK_OK, SK_DUP (completed before), SK_BUSY (a live owner) or a
  * failure (SK_AGAIN, SK_ERR) explained in err. */
@@ -377,28 +331,28 @@ static int claim_key(struct sk_pipeline *p, struct job *j, struct sk_err *err)
     return sk_lease_claim(sk_store_conn(store), &j->ref, p->queue->lease_ms, &j->claim, err);
 }
 
-static void run_transactional(struct sk_pipeline *p, struct job *j)
+void sk_job_run_transactional(struct sk_pipeline *p, struct job *j)
 {
     struct sk_store *store = sk_links_store(p->links);
     struct sekali_ctx *ctx = &p->ctx;
     sk_host_ctx_reset(ctx);
-    int status = call_handler(p, j, sk_store_conn(store));
+    int status = sk_job_call_handler(p, j, sk_store_conn(store));
 
     struct sk_err err = { 0 };
     if (status == SEKALI_OK) {
         int rc = sk_store_complete(store, &j->ref, ctx->result_len > 0 ? ctx->result : NULL,
                                    ctx->result_len, &err);
         if (rc == SK_OK) {
-            transition(j, JOB_COMMITTED);
-            reply(p, j, ctx->result, ctx->result_len);
-            finish(p, j, ACK, "completed");
+            sk_job_transition(j, JOB_COMMITTED);
+            sk_job_reply(p, j, ctx->result, ctx->result_len);
+            sk_job_finish(p, j, ACK, "completed");
             return;
         }
         if (rc == SK_AGAIN) {
             /* The COMMIT may or may not have happened; only a redelivery's
              * claim can tell, so the message must go back unchanged. */
             sk_log_job(SK_LOG_ERROR, &j->log, "commit outcome unknown: %s", err.msg);
-            finish(p, j, REQUEUE, "commit outcome unknown, handed back to the broker");
+            sk_job_finish(p, j, REQUEUE, "commit outcome unknown, handed back to the broker");
             return;
         }
         /* Rolled back: the handler left the transaction failed. */
@@ -407,7 +361,7 @@ static void run_transactional(struct sk_pipeline *p, struct job *j)
     } else if (sk_store_rollback(store, &err) != SK_OK) {
         sk_log_job(SK_LOG_WARN, &j->log, "rollback failed: %s", err.msg);
     }
-    settle_failure(p, j, status);
+    sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
 }
 
 /* External mode: the claim committed a lease instead of holding a row lock,
@@ -429,38 +383,38 @@ static void run_external(struct sk_pipeline *p, struct job *j)
     if (j->claim.attempts > 1 &&
         sk_lease_load_checkpoints(pg, &j->ref, &ctx->checkpoints, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "checkpoints not loaded: %s", err.msg);
-    int status = call_handler(p, j, pg);
+    int status = sk_job_call_handler(p, j, pg);
 
     if (status == SEKALI_OK) {
         int rc = sk_lease_finish(pg, &j->ref, "completed",
                                  ctx->result_len > 0 ? ctx->result : NULL, ctx->result_len,
                                  NULL, &err);
         if (rc == SK_OK) {
-            transition(j, JOB_COMMITTED);
-            reply(p, j, ctx->result, ctx->result_len);
-            finish(p, j, ACK, "completed");
+            sk_job_transition(j, JOB_COMMITTED);
+            sk_job_reply(p, j, ctx->result, ctx->result_len);
+            sk_job_finish(p, j, ACK, "completed");
         } else if (rc == SK_BUSY) {
             sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
             sk_log_job(SK_LOG_WARN, &j->log, "completion fenced out: the lease was lost and "
                        "another worker took the job over; its outcome stands");
-            finish(p, j, ACK, "fenced out");
+            sk_job_finish(p, j, ACK, "fenced out");
         } else {
             sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
-            finish(p, j, REQUEUE, "completion outcome unknown, handed back to the broker");
+            sk_job_finish(p, j, REQUEUE, "completion outcome unknown, handed back to the broker");
         }
         return;
     }
     if (status == SEKALI_RETRY &&
         sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
-    settle_failure(p, j, status);
+    sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
 }
 
 /* Sends result to the job's reply_to, once per key: replied_at is recorded
  * after the broker confirmed the reply. A reply that cannot be sent is
  * logged and given up: the job's effect is done and must not run again for
  * it, and a later copy of the job will send the saved result. */
-static void reply(struct sk_pipeline *p, struct job *j, const void *result, size_t len)
+void sk_job_reply(struct sk_pipeline *p, struct job *j, const void *result, size_t len)
 {
     if (j->env.reply_to[0] == '\0')
         return;
@@ -500,12 +454,12 @@ static void reply_saved(struct sk_pipeline *p, struct job *j)
         return;
     }
     if (!replied)
-        reply(p, j, result, len);
+        sk_job_reply(p, j, result, len);
     free(result);
 }
 
 /* Builds the job the handler sees, and runs it on pg. */
-static int call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
+int sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
 {
     struct sekali_ctx *ctx = &p->ctx;
     /* A copy with a NUL after it (ABI 1.3), so text handlers need none. */
@@ -513,7 +467,7 @@ static int call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
     if (body == NULL) {
         snprintf(ctx->error, sizeof(ctx->error), "out of memory copying a %zu-byte body",
                  j->env.body_len);
-        transition(j, JOB_HANDLED);
+        sk_job_transition(j, JOB_HANDLED);
         return SEKALI_RETRY;
     }
     struct sekali_job job = {
@@ -542,24 +496,24 @@ static int call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
     int status = p->handler->handle(p->handler_state, &job, ctx);
     atomic_store(&p->slot->phase, SK_PHASE_JOB);
     sk_links_take_back(p->links, p->heartbeat);
-    transition(j, JOB_HANDLED);
+    sk_job_transition(j, JOB_HANDLED);
     return status;
 }
 
 /* RETRY: another attempt later, until retry.max_attempts; FAIL, an invalid
  * status or the last attempt: the key is recorded failed and dead-lettered. */
-static void settle_failure(struct sk_pipeline *p, struct job *j, int status)
+void sk_job_settle_failure(struct sk_pipeline *p, struct job *j, int status, const char *error,
+                           bool conflict)
 {
-    struct sekali_ctx *ctx = &p->ctx;
     if (status == SEKALI_RETRY) {
-        const char *why = ctx->error[0] != '\0' ? ctx->error : "handler asked to retry";
+        const char *why = error[0] != '\0' ? error : "handler asked to retry";
         /* host->conflict(): the handler's guarded update lost a race. */
-        if (ctx->conflict)
+        if (conflict)
             sk_metrics_inc(j->metrics, SK_METRIC_OCC_CONFLICTS);
         if (j->env.delivery_attempt < (uint32_t)p->queue->retry.max_attempts) {
             uint32_t next = j->env.delivery_attempt + 1;
-            if (later(p, j, sk_reschedule_retry_delay(&p->queue->retry, next), next, why,
-                      ctx->conflict ? "conflict" : "retry"))
+            if (sk_job_later(p, j, sk_reschedule_retry_delay(&p->queue->retry, next), next, why,
+                      conflict ? "conflict" : "retry"))
                 sk_metrics_inc(j->metrics, SK_METRIC_RETRIES);
             return;
         }
@@ -568,7 +522,7 @@ static void settle_failure(struct sk_pipeline *p, struct job *j, int status)
     }
     char why[600];
     if (status == SEKALI_FAIL)
-        snprintf(why, sizeof(why), "%s", ctx->error[0] != '\0' ? ctx->error : "handler failed");
+        snprintf(why, sizeof(why), "%s", error[0] != '\0' ? error : "handler failed");
     else
         snprintf(why, sizeof(why), "handler returned invalid status %d", status);
     give_up(p, j, SK_METRICS_FAILED, why);
@@ -589,12 +543,12 @@ static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason
     if (rc == SK_BUSY) {
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_job(SK_LOG_WARN, &j->log, "failure fenced out: another worker owns the job");
-        finish(p, j, ACK, "fenced out");
+        sk_job_finish(p, j, ACK, "fenced out");
         return;
     }
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
-        finish(p, j, REQUEUE, "failure not recorded, handed back to the broker");
+        sk_job_finish(p, j, REQUEUE, "failure not recorded, handed back to the broker");
         sk_sleep_ms(sk_jitter(100, 1000));
         return;
     }
@@ -617,7 +571,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
         sk_reschedule_dead(pub, p->queue->name, j->delivery, parsed ? &j->env : NULL,
                            sk_metrics_reason_name(reason), why, &err) == SK_OK) {
         sk_metrics_dead_letter(j->metrics, reason);
-        finish(p, j, ACK, "dead-lettered");
+        sk_job_finish(p, j, ACK, "dead-lettered");
         return;
     }
     /* A copy refused for its own sake (too large) leaves the connection
@@ -627,7 +581,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
     char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
-    if (finish(p, j, DEAD_LETTER, text) == SK_OK)
+    if (sk_job_finish(p, j, DEAD_LETTER, text) == SK_OK)
         sk_metrics_dead_letter(j->metrics, reason);
 }
 
@@ -638,7 +592,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
  * handing it back would bring it straight back, at the same attempt, ahead
  * of the jobs behind it, for ever: it is dead-lettered instead (reason
  * malformed: nothing about it can change), and false. */
-static bool later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
+bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
                   const char *error, const char *outcome)
 {
     struct sk_err err = { 0 };
@@ -649,7 +603,7 @@ static bool later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint3
                             next_attempt, error, &err) == SK_OK) {
         char text[128];
         snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);
-        finish(p, j, ACK, text);
+        sk_job_finish(p, j, ACK, text);
         return true;
     }
     if (connected && err.code == SK_ERR) {
@@ -660,14 +614,14 @@ static bool later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint3
         return false;
     }
     sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
-    finish(p, j, REQUEUE, "could not re-schedule, handed back to the broker");
+    sk_job_finish(p, j, REQUEUE, "could not re-schedule, handed back to the broker");
     sk_sleep_ms(sk_jitter(100, 1000));
     return false;
 }
 
 /* Counts before the failpoint: a worker killed right after COMMIT has
  * committed, and a later copy will be a duplicate of a counted completion. */
-static void transition(struct job *j, enum job_state to)
+void sk_job_transition(struct job *j, enum job_state to)
 {
     sk_assert(legal_from[to] & FROM(j->state));
     j->state = to;
@@ -688,7 +642,19 @@ static void transition(struct job *j, enum job_state to)
  * outcome is already durable, so releasing the lock first is safe, and a
  * redelivery of an unsent ack finds a completed key. Returns the broker's
  * answer to the ack or reject: SK_OK, or SK_AGAIN (connection lost). */
-static int finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome)
+int sk_job_finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome)
+{
+    if (j->deferred) {
+        sk_assert(!j->exit_decided);
+        j->exit_decided = true;
+        j->exit = d;
+        snprintf(j->outcome, sizeof(j->outcome), "%s", outcome);
+        return SK_OK;
+    }
+    return sk_job_exit(p, j, d, outcome);
+}
+
+int sk_job_exit(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome)
 {
     /* The delivery came on the consumer, and only an exit drops it. */
     struct sk_broker *consumer = sk_links_consumer(p->links);
@@ -696,7 +662,7 @@ static int finish(struct sk_pipeline *p, struct job *j, enum disposition d, cons
     struct sk_err err = { 0 };
     int rc = d == ACK ? sk_broker_ack(consumer, j->delivery_tag, &err)
                       : sk_broker_reject(consumer, j->delivery_tag, d == REQUEUE, &err);
-    transition(j, d == ACK && rc == SK_OK ? JOB_ACKED : JOB_HANDED_BACK);
+    sk_job_transition(j, d == ACK && rc == SK_OK ? JOB_ACKED : JOB_HANDED_BACK);
     if (p->heartbeat != NULL) {
         sk_heartbeat_unwatch(p->heartbeat);
         /* After unwatch the heartbeat can no longer raise the flag for this

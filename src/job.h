@@ -12,6 +12,7 @@
 #include "config.h"
 #include "host.h"
 
+struct sk_batch;
 struct sk_heartbeat;
 struct sk_links;
 struct sk_metrics_queue;
@@ -30,6 +31,7 @@ struct sk_pipeline {
     struct sk_slot              *slot;           /* ours in the supervisor's scoreboard */
     char                         owner[128];     /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;            /* reused for every job */
+    struct sk_batch             *batch;          /* batch.c's, once queue->batch > 1 used it */
 };
 
 /* Runs one delivery through the pipeline, to its ack, requeue or dead

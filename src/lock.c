@@ -163,6 +163,89 @@ int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint3
     return rc;
 }
 
+/* Each command is built alone in l->cmd and appended to hiredis's output
+ * buffer, which keeps a copy; the first read sends them all. */
+int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
+                         const char *const *tokens, uint32_t ttl_ms, int *rc,
+                         struct sk_err *err)
+{
+    int status = ensure_connected(l, err);
+    if (status != SK_OK)
+        return status;
+    const char *ttl = ttl_text(l, ttl_ms);
+    for (size_t i = 0; i < n; i++) {
+        size_t key_len = strlen(keys[i]), token_len = strlen(tokens[i]);
+        if (!cmd_start(l, 6, key_len + token_len + strlen(ttl) + 16))
+            return reply_error(l, NULL, "SET NX PX", err);
+        cmd_arg(l, "SET", 3);
+        cmd_arg(l, keys[i], key_len);
+        cmd_arg(l, tokens[i], token_len);
+        cmd_arg(l, "NX", 2);
+        cmd_arg(l, "PX", 2);
+        cmd_arg(l, ttl, strlen(ttl));
+        if (redisAppendFormattedCommand(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
+            return reply_error(l, NULL, "SET NX PX", err);
+    }
+    for (size_t i = 0; i < n; i++) {
+        void *reply = NULL;
+        if (redisGetReply(l->ctx, &reply) != REDIS_OK)
+            return reply_error(l, NULL, "SET NX PX", err);
+        redisReply *r = reply;
+        if (r == NULL || r->type == REDIS_REPLY_ERROR)
+            return reply_error(l, r, "SET NX PX", err);
+        rc[i] = r->type == REDIS_REPLY_STATUS ? SK_OK : SK_BUSY;
+        freeReplyObject(r);
+    }
+    return SK_OK;
+}
+
+/* A script Redis lost (NOSCRIPT) is loaded again, and the keys it failed
+ * for are released one by one. */
+int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
+                         const char *const *tokens, int *rc, struct sk_err *err)
+{
+    int status = ensure_connected(l, err);
+    if (status != SK_OK)
+        return status;
+    for (size_t i = 0; i < n; i++) {
+        size_t key_len = strlen(keys[i]), token_len = strlen(tokens[i]);
+        if (!cmd_start(l, 5, 40 + key_len + token_len + 8))
+            return reply_error(l, NULL, "EVALSHA", err);
+        cmd_arg(l, "EVALSHA", 7);
+        cmd_arg(l, l->release_sha, 40);
+        cmd_arg(l, "1", 1);
+        cmd_arg(l, keys[i], key_len);
+        cmd_arg(l, tokens[i], token_len);
+        if (redisAppendFormattedCommand(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
+            return reply_error(l, NULL, "EVALSHA", err);
+    }
+    bool noscript = false;
+    for (size_t i = 0; i < n; i++) {
+        void *reply = NULL;
+        if (redisGetReply(l->ctx, &reply) != REDIS_OK)
+            return reply_error(l, NULL, "EVALSHA", err);
+        redisReply *r = reply;
+        if (r != NULL && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
+            rc[i] = SK_AGAIN;
+            noscript = true;
+            freeReplyObject(r);
+            continue;
+        }
+        if (r == NULL || r->type != REDIS_REPLY_INTEGER)
+            return reply_error(l, r, "EVALSHA", err);
+        rc[i] = r->integer == 1 ? SK_OK : SK_BUSY;
+        freeReplyObject(r);
+    }
+    for (size_t i = 0; noscript && i < n; i++) {
+        if (rc[i] != SK_AGAIN)
+            continue;
+        rc[i] = sk_lock_release(l, keys[i], tokens[i], err);
+        if (rc[i] == SK_AGAIN)
+            return SK_AGAIN;
+    }
+    return SK_OK;
+}
+
 int sk_lock_renew(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,
                   struct sk_err *err)
 {

@@ -55,6 +55,19 @@ void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1]);
 int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,
                     struct sk_err *err);
 
+/* sk_lock_acquire() of n keys in one round trip (pipelined): rc[i] is
+ * SK_OK or SK_BUSY for each. Returns SK_OK, or SK_AGAIN when Redis failed
+ * (then no rc[i] is to be trusted: a lock may have been taken, and will
+ * expire). */
+int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
+                         const char *const *tokens, uint32_t ttl_ms, int *rc,
+                         struct sk_err *err);
+
+/* sk_lock_release() of n keys in one round trip. Returns SK_OK when each
+ * was answered (rc[i]: SK_OK, or SK_BUSY: not ours any more), or SK_AGAIN. */
+int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
+                         const char *const *tokens, int *rc, struct sk_err *err);
+
 /* Extends the lease to ttl_ms if token still owns key. SK_OK, SK_BUSY (lost:
  * expired or taken), or SK_AGAIN. */
 int sk_lock_renew(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,

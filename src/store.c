@@ -138,6 +138,143 @@ int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const voi
     return rc == SK_BUSY ? SK_ERR : rc;
 }
 
+/* A text[] literal of n strings, each quoted and escaped: "{\"a\",\"b\"}".
+ * at(i) gives string i. NULL when out of memory. */
+static char *text_array(size_t n, const char *(*at)(const struct sk_keyref *),
+                        const struct sk_keyref *refs)
+{
+    size_t size = 3;
+    for (size_t i = 0; i < n; i++)
+        size += 2 * strlen(at(&refs[i]) != NULL ? at(&refs[i]) : "") + 3;
+    char *out = malloc(size), *p = out;
+    if (out == NULL)
+        return NULL;
+    *p++ = '{';
+    for (size_t i = 0; i < n; i++) {
+        const char *v = at(&refs[i]) != NULL ? at(&refs[i]) : "";
+        if (i > 0)
+            *p++ = ',';
+        *p++ = '"';
+        for (; *v != '\0'; v++) {
+            if (*v == '"' || *v == '\\')
+                *p++ = '\\';
+            *p++ = *v;
+        }
+        *p++ = '"';
+    }
+    *p++ = '}';
+    *p = '\0';
+    return out;
+}
+
+static const char *ref_key(const struct sk_keyref *r) { return r->key; }
+static const char *ref_job_id(const struct sk_keyref *r) { return r->job_id; }
+static const char *ref_job_type(const struct sk_keyref *r) { return r->job_type; }
+
+int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
+                        struct sk_claim *out, bool *dup, struct sk_err *err)
+{
+    int rc = sk_store_reconnect(s, err);
+    if (rc != SK_OK)
+        return rc;
+    char *keys = text_array(n, ref_key, refs);
+    char *ids = text_array(n, ref_job_id, refs);
+    char *types = text_array(n, ref_job_type, refs);
+    if (keys == NULL || ids == NULL || types == NULL) {
+        free(keys);
+        free(ids);
+        free(types);
+        return sk_err_set(err, SK_ERR, "out of memory for a batch's claim");
+    }
+    const char *values[] = { refs[0].queue, keys, refs[0].owner, ids, types };
+    const struct sk_pg_stmt steps[] = {
+        { .sql = "BEGIN" },
+        { .sql = "SELECT * FROM sekali.claim_many($1, $2::text[], $3, $4::text[], $5::text[])",
+          .n_params = 5, .values = values, .what = "sekali.claim_many" },
+    };
+    PGresult *res = NULL;
+    rc = sk_pg_pipeline(s->conn, steps, 2, &res, err);
+    free(keys);
+    free(ids);
+    free(types);
+    if (rc == SK_BUSY || rc == SK_ERR)
+        sk_store_rollback(s, NULL);
+    if (rc != SK_OK)
+        return rc;
+    if (res == NULL || (size_t)PQntuples(res) != n) {
+        PQclear(res);
+        sk_store_rollback(s, NULL);
+        return sk_err_set(err, SK_ERR, "sekali.claim_many(%s) returned %d rows for %zu keys",
+                          refs[0].queue, res != NULL ? PQntuples(res) : 0, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t at = (size_t)atoi(PQgetvalue(res, (int)i, 0)) - 1;
+        if (at >= n)
+            continue;
+        dup[at] = strcmp(PQgetvalue(res, (int)i, 1), "processing") != 0;
+        out[at].fence = strtoll(PQgetvalue(res, (int)i, 2), NULL, 10);
+        out[at].attempts = atoi(PQgetvalue(res, (int)i, 3));
+    }
+    PQclear(res);
+    return SK_OK;
+}
+
+int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err)
+{
+    int rc = sk_pg_run(s->conn, first ? "SAVEPOINT sk_job"
+                                      : "RELEASE SAVEPOINT sk_job; SAVEPOINT sk_job", err);
+    return rc == SK_BUSY ? SK_ERR : rc;
+}
+
+int sk_store_rollback_job(struct sk_store *s, const struct sk_keyref *ref, struct sk_err *err)
+{
+    const char *values[] = { ref->queue, ref->key, ref->fence_text };
+    const struct sk_pg_stmt steps[] = {
+        { .sql = "ROLLBACK TO SAVEPOINT sk_job" },
+        { .sql = "SELECT sekali.unclaim($1, $2, $3)", .n_params = 3, .values = values,
+          .what = "sekali.unclaim" },
+    };
+    int rc = sk_pg_pipeline(s->conn, steps, 2, NULL, err);
+    return rc == SK_BUSY ? SK_ERR : rc;
+}
+
+int sk_store_complete_many(struct sk_store *s, const struct sk_keyref *const *refs,
+                           const void *const *results, const size_t *result_lens, size_t n,
+                           struct sk_err *err)
+{
+    /* Per step: its 4 values, lengths and formats, kept alive for the call. */
+    struct step_args {
+        const char *values[4];
+        int lengths[4], formats[4];
+    } *args = calloc(n, sizeof(*args));
+    struct sk_pg_stmt *steps = calloc(n + 1, sizeof(*steps));
+    if (args == NULL || steps == NULL) {
+        free(args);
+        free(steps);
+        sk_store_rollback(s, NULL);
+        return sk_err_set(err, SK_ERR, "out of memory for a batch's completion");
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct step_args *a = &args[i];
+        a->values[0] = refs[i]->queue;
+        a->values[1] = refs[i]->key;
+        a->values[2] = refs[i]->fence_text;
+        a->values[3] = results[i];
+        a->lengths[3] = (int)result_lens[i];
+        a->formats[3] = 1;
+        steps[i] = (struct sk_pg_stmt){ .prepared = "sk_complete", .n_params = 4,
+                                        .values = a->values, .lengths = a->lengths,
+                                        .formats = a->formats };
+    }
+    steps[n] = (struct sk_pg_stmt){ .sql = "COMMIT" };
+    int rc = sk_pg_pipeline(s->conn, steps, (int)n + 1, NULL, err);
+    free(args);
+    free(steps);
+    if (rc == SK_ERR || rc == SK_BUSY)
+        sk_store_rollback(s, NULL);
+    return rc == SK_BUSY ? SK_ERR : rc;
+}
+
 int sk_store_rollback(struct sk_store *s, struct sk_err *err)
 {
     /* An explicit ROLLBACK is also what leaves an aborted pipeline's

@@ -69,6 +69,31 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
 int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const void *result,
                       size_t result_len, struct sk_err *err);
 
+/* Batch mode (see batch.c): n jobs in one transaction.
+ *
+ * sk_store_claim_many() is BEGIN and sekali.claim_many() in one round trip:
+ * each key claimed as sk_store_claim() would, the transaction left open.
+ * SK_OK with out[i] and dup[i] (true: the key was finished before, its
+ * duplicate counted in this transaction) for each ref; otherwise nothing is
+ * claimed and the transaction is rolled back: SK_BUSY (a key was held past
+ * lock_timeout), SK_AGAIN or SK_ERR as for sk_store_claim(). */
+int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
+                        struct sk_claim *out, bool *dup, struct sk_err *err);
+
+/* Opens the savepoint one job's handler runs in; first: the batch's first
+ * (otherwise the previous job's is released in the same round trip). */
+int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err);
+
+/* Rolls back to the job's savepoint and undoes its claim (sekali.unclaim),
+ * in one round trip; the rest of the batch stays. SK_OK, SK_AGAIN, SK_ERR. */
+int sk_store_rollback_job(struct sk_store *s, const struct sk_keyref *ref, struct sk_err *err);
+
+/* Marks the n keys completed, each with its result, and COMMITs, in one
+ * round trip: sk_store_complete() for a batch, with its codes. */
+int sk_store_complete_many(struct sk_store *s, const struct sk_keyref *const *refs,
+                           const void *const *results, const size_t *result_lens, size_t n,
+                           struct sk_err *err);
+
 /* Rolls back the job's transaction. SK_OK, SK_AGAIN (connection lost: the
  * server rolled it back) or SK_ERR. */
 int sk_store_rollback(struct sk_store *s, struct sk_err *err);

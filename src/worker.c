@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "batch.h"
 #include "broker.h"
 #include "clock.h"
 #include "heartbeat.h"
@@ -151,18 +152,24 @@ static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
     slot->job_key[0] = '\0';
     atomic_store(&slot->phase, SK_PHASE_JOB);
     atomic_store(&slot->job_started_ms, sk_now_ms());
-    sk_job_process(p, delivery);
+    size_t n = 1;
+    if (p->queue->batch > 1) {
+        n = sk_batch_run(p, delivery);  /* settles and releases the whole batch */
+    } else {
+        sk_job_process(p, delivery);
+        sk_broker_release(sk_links_consumer(p->links), delivery);
+    }
     atomic_store(&slot->job_started_ms, 0);
     atomic_store(&slot->phase, SK_PHASE_IDLE);
     /* Progress: the supervisor restarts this worker at once if it dies. */
-    atomic_fetch_add(&slot->finished, 1);
-    sk_broker_release(sk_links_consumer(p->links), delivery);
+    atomic_fetch_add(&slot->finished, n);
 }
 
 static void teardown(struct sk_pipeline *p)
 {
     sk_heartbeat_stop(p->heartbeat);
     sk_host_ctx_free(&p->ctx);
+    sk_batch_free(p->batch);
     sk_links_free(p->links);
     if (p->handler->fini != NULL && p->handler_state != NULL)
         p->handler->fini(p->handler_state);

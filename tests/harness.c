@@ -166,11 +166,27 @@ char *h_write_config(const char *dir, const char *queue, const char *handler, in
     return h_write_config_top(dir, queue, handler, workers, extra_queue_yaml, NULL);
 }
 
+int h_test_batch(void)
+{
+    const char *batch = getenv("SEKALI_TEST_BATCH");
+    return batch != NULL && atoi(batch) > 1 ? atoi(batch) : 1;
+}
+
 char *h_write_config_top(const char *dir, const char *queue, const char *handler, int workers,
                          const char *extra_queue_yaml, const char *extra_top_yaml)
 {
     char *path = NULL;
     ck_assert(asprintf(&path, "%s/sekali.yaml", dir) > 0);
+    /* SEKALI_TEST_BATCH=N reruns a suite in batch mode: every transactional
+     * queue takes N deliveries per transaction (and prefetches 2N). */
+    int batch = h_test_batch();
+    if (extra_queue_yaml != NULL && (strstr(extra_queue_yaml, "mode: external") != NULL ||
+                                     strstr(extra_queue_yaml, "batch:") != NULL))
+        batch = 1;
+    char queue_shape[64] = "    prefetch: 4\n";
+    if (batch > 1)
+        snprintf(queue_shape, sizeof(queue_shape), "    prefetch: %d\n    batch: %d\n",
+                 2 * batch, batch);
     FILE *f = fopen(path, "w");
     ck_assert_msg(f != NULL, "fopen(%s): %s", path, strerror(errno));
     fprintf(f,
@@ -194,10 +210,10 @@ char *h_write_config_top(const char *dir, const char *queue, const char *handler
             "  - name: %s\n"
             "    handler: %s/%s\n"
             "    workers: %d\n"
-            "    prefetch: 4\n"
+            "%s"
             "%s",
             amqp_url, redis_port, pg_conninfo, extra_top_yaml != NULL ? extra_top_yaml : "",
-            queue, build_dir, handler, workers, extra_queue_yaml != NULL ? extra_queue_yaml : "");
+            queue, build_dir, handler, workers, queue_shape, extra_queue_yaml != NULL ? extra_queue_yaml : "");
     ck_assert_int_eq(fclose(f), 0);
     return path;
 }

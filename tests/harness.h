@@ -66,6 +66,10 @@ const char *h_enqueue_body(PGconn *pg, const char *queue, const char *body, cons
  * (caller frees). handler is a path under the build dir, e.g.
  * "tests/plugins/effect.so". extra_queue_yaml is appended to the queue's
  * mapping (indented lines), or NULL. */
+/* The batch every transactional queue's config asks for: SEKALI_TEST_BATCH
+ * (1 unless set), so that a suite can be rerun in batch mode. */
+int h_test_batch(void);
+
 char *h_write_config(const char *dir, const char *queue, const char *handler, int workers,
                      const char *extra_queue_yaml);
 

@@ -131,12 +131,56 @@ START_TEST(test_lock_tokens_are_unique_and_a_forked_child_draws_its_own)
 }
 END_TEST
 
+/* One pipelined round trip answers for each key on its own: a key someone
+ * else holds is busy, the others are ours; releasing them all frees only
+ * ours and leaves the other owner's lock in place. */
+START_TEST(test_pipelined_acquire_and_release_answer_for_each_key)
+{
+    struct sk_redis_conf conf = redis_conf();
+    struct sk_lock *a, *b;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_lock_open(&a, &conf, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_lock_open(&b, &conf, &err) == SK_OK, "%s", err.msg);
+    char keys[3][64], tokens[3][SK_LOCK_TOKEN_LEN + 1], theirs[SK_LOCK_TOKEN_LEN + 1];
+    const char *key_list[3], *token_list[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "sekali:lock:many-%d:%d", (int)getpid(), i);
+        sk_lock_new_token(tokens[i]);
+        key_list[i] = keys[i];
+        token_list[i] = tokens[i];
+    }
+    sk_lock_new_token(theirs);
+    ck_assert_int_eq(sk_lock_acquire(b, keys[1], theirs, 60000, &err), SK_OK);
+
+    int rc[3];
+    ck_assert_msg(sk_lock_acquire_many(a, 3, key_list, token_list, 60000, rc, &err) == SK_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(rc[0], SK_OK);
+    ck_assert_int_eq(rc[1], SK_BUSY);
+    ck_assert_int_eq(rc[2], SK_OK);
+    ck_assert_msg(redis_pttl(keys[0]) > 50000, "key 0 should hold a 60 s lease");
+
+    ck_assert_msg(sk_lock_release_many(a, 3, key_list, token_list, rc, &err) == SK_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(rc[0], SK_OK);
+    ck_assert_int_eq(rc[1], SK_BUSY);
+    ck_assert_int_eq(rc[2], SK_OK);
+    ck_assert_int_eq(redis_pttl(keys[0]), -2);  /* gone */
+    ck_assert_int_gt(redis_pttl(keys[1]), 0);   /* the other owner's, untouched */
+    ck_assert_int_eq(redis_pttl(keys[2]), -2);
+    ck_assert_int_eq(sk_lock_release(b, keys[1], theirs, &err), SK_OK);
+    sk_lock_close(a);
+    sk_lock_close(b);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_lock_keys_with_protocol_characters_stay_one_argument,
         test_lock_scripts_flushed_by_redis_are_loaded_again,
         test_lock_tokens_are_unique_and_a_forked_child_draws_its_own,
+        test_pipelined_acquire_and_release_answer_for_each_key,
         NULL,
     };
     Suite *s = suite_create("lock");

@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "harness.h"
 
 static const char *key_status(struct h_run *r, const char *key, char *buf, size_t size)
@@ -52,6 +54,102 @@ START_TEST(test_retried_job_runs_again_and_commits_once)
     h_run_stop(&r);
     ck_assert_int_eq(h_effects(&r, "k-retry"), 1);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+static long long key_xmin(struct h_run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT xmin::text::bigint FROM sekali.idempotency_keys "
+                             "WHERE queue = '%s' AND key = '%s'", r->queue, key);
+}
+
+/* batch: 4, and the deliveries waiting before the worker starts, so that
+ * the first batch is [ok, fail, retry, ok] and the second [same, same, ok,
+ * ok]. A FAIL and a RETRY in the middle of a batch roll back only their
+ * own savepoints: both ok jobs around them commit, in one transaction; the
+ * failed one is dead-lettered and recorded, the retried one commits once
+ * later. The same key twice in a batch runs once, and the second copy is
+ * a counted duplicate (lock: false, or the lock would re-schedule it). */
+START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
+{
+    struct h_run r;
+    h_run_open(&r, "midbatch");
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    h_publish(r.b, r.queue, "test", "m-1", "k-ok-1", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-2", "k-fail", NULL, "fail");
+    h_publish(r.b, r.queue, "test", "m-3", "k-retry", NULL, "retry");
+    h_publish(r.b, r.queue, "test", "m-4", "k-ok-2", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-5", "k-same", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-6", "k-same", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-7", "k-ok-3", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-8", "k-ok-4", NULL, "ok");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES
+                                          "    batch: 4\n    batch_wait: 500ms\n"
+                                          "    lock: false\n" });
+    expect_dead(&r, "failed", "the job asked to fail", 1);
+    H_WAIT(h_effects(&r, "k-retry") == 1, 20000, "the retried job should commit once");
+    H_WAIT(h_effect_keys(&r) == 6, 20000, "6 keys should have their effect, have %lld",
+           h_effect_keys(&r));
+    H_WAIT(h_duplicates(&r) == 1, 20000, "the second k-same should be a duplicate");
+    h_run_stop(&r);
+    h_expect_once(&r, 6, 1);
+    char status[32];
+    ck_assert_str_eq(key_status(&r, "k-fail", status, sizeof(status)), "failed");
+    ck_assert_int_eq(h_effects(&r, "k-fail"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND idempotency_key = 'k-retry'", r.queue), 2);
+    /* The two ok jobs around the failures committed together. */
+    ck_assert_int_eq(key_xmin(&r, "k-ok-1"), key_xmin(&r, "k-ok-2"));
+    ck_assert_int_ne(key_xmin(&r, "k-ok-1"), key_xmin(&r, "k-ok-3"));
+    ck_assert_int_eq(key_xmin(&r, "k-ok-3"), key_xmin(&r, "k-ok-4"));
+    h_run_close(&r);
+}
+END_TEST
+
+static bool lock_exists(redisContext *redis, const char *key)
+{
+    redisReply *reply = redisCommand(redis, "EXISTS %s", key);
+    bool exists = reply != NULL && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1;
+    freeReplyObject(reply);
+    return exists;
+}
+
+/* A batch of three jobs whose handlers run 1 s each, with a 600 ms lock:
+ * the heartbeat renews every lock of the batch, not just one, so the last
+ * job's lock is still held 2 s in, and none has expired by its release. */
+START_TEST(test_heartbeat_renews_every_lock_of_a_batch)
+{
+    struct h_run r;
+    h_run_open(&r, "batchlocks");
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char key[32], id[32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(key, sizeof(key), "k-slow-%d", i);
+        snprintf(id, sizeof(id), "slow-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "sleep:1000");
+    }
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    batch: 3\n"
+                                          "    batch_wait: 500ms\n    lock_ttl: 600ms\n" });
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    char lock_key[256];
+    snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:k-slow-2", r.queue);
+    /* Taken at the start of the batch, it must still be there when the
+     * third handler is running, some 2 s later: 3 lock_ttls. */
+    H_WAIT(lock_exists(redis, lock_key), 20000, "the batch should take %s", lock_key);
+    int64_t until = h_now_ms() + 2100;
+    bool held = true;
+    while (held && h_now_ms() < until && h_effects(&r, "k-slow-2") == 0) {
+        held = lock_exists(redis, lock_key);
+        h_nap();
+    }
+    ck_assert_msg(held, "the third job's lock %s expired while the batch ran", lock_key);
+    H_WAIT(h_effect_keys(&r) == 3, 20000, "the batch should complete");
+    h_run_stop(&r);
+    h_expect_once(&r, 3, 0);
+    ck_assert_int_eq(h_count_lines(r.log, "lock had expired before release"), 0);
+    redisFree(redis);
     h_run_close(&r);
 }
 END_TEST
@@ -262,6 +360,8 @@ int main(void)
     const TTest *tests[] = {
         test_retried_job_runs_again_and_commits_once,
         test_exhausted_retries_dead_letter_with_headers,
+        test_failure_in_the_middle_of_a_batch_leaves_the_others_committed,
+        test_heartbeat_renews_every_lock_of_a_batch,
         test_failed_job_is_dead_lettered_and_recorded,
         test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection,
         test_dead_letter_after_an_idle_spell_keeps_its_reason,

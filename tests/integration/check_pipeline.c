@@ -25,6 +25,15 @@ START_TEST(test_thousand_unique_jobs_have_one_effect_each)
            h_completed(&r));
     h_run_stop(&r);
     h_expect_once(&r, 1000, 0);
+    /* Every completion of one transaction has its xmin: one per job, or in
+     * batch mode (SEKALI_TEST_BATCH) one per batch. */
+    long long transactions = h_pg_count(r.pg, "SELECT count(DISTINCT xmin::text) FROM "
+                                        "sekali.idempotency_keys WHERE queue = '%s'", r.queue);
+    if (h_test_batch() == 1)
+        ck_assert_int_eq(transactions, 1000);
+    else
+        ck_assert_msg(transactions < 1000, "batch %d: %lld transactions for 1000 jobs",
+                      h_test_batch(), transactions);
     h_run_close(&r);
 }
 END_TEST

@@ -104,6 +104,14 @@ static const struct bad_case bad_cases[] = {
       "\"amq.\" are reserved by RabbitMQ" },
     { "bad_enum_mode.yaml", NULL,
       DATA "bad_enum_mode.yaml:8:11: unknown mode \"batch\": expected transactional or external" },
+    { "bad_batch_external.yaml", NULL,
+      DATA "bad_batch_external.yaml:9:12: batch 16 needs mode: transactional (an external job "
+      "records its own outcome under its own lease)" },
+    { "bad_batch_prefetch.yaml", NULL,
+      DATA "bad_batch_prefetch.yaml:8:15: prefetch 8 is smaller than batch 16: a worker could "
+      "never fill its batch" },
+    { "bad_batch_range.yaml", NULL,
+      DATA "bad_batch_range.yaml:8:12: batch must be between 1 and 256, got 0" },
     { "bad_enum_declare.yaml", NULL,
       DATA "bad_enum_declare.yaml:8:14: unknown declare \"passiv\": expected auto or passive" },
     { "bad_enum_level.yaml", NULL,
@@ -360,6 +368,8 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_ptr_null(q->handler_config);
     ck_assert_int_eq(q->workers, 1);
     ck_assert_int_eq(q->prefetch, 10);
+    ck_assert_int_eq(q->batch, 1);
+    ck_assert_uint_eq(q->batch_wait_ms, 2);
     ck_assert_int_eq(q->mode, SK_MODE_TRANSACTIONAL);
     ck_assert(q->lock);
     ck_assert_uint_eq(q->lock_ttl_ms, 30000);
@@ -369,6 +379,29 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_uint_eq(q->job_timeout_ms, 0);
     ck_assert_int_eq(q->max_crashes, 3);
     sk_conf_free(c);
+}
+END_TEST
+
+/* An unset prefetch grows to two batches; a set one is kept. */
+START_TEST(test_batch_raises_an_unset_prefetch_to_two_batches)
+{
+    char dir[] = "/tmp/sk-batch-XXXXXX", path[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/c.yaml", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("amqp:\n  url: amqp://127.0.0.1/\npostgres:\n  conninfo: \"dbname=x\"\nqueues:\n"
+          "  - name: a\n    handler: /h.so\n    batch: 16\n    batch_wait: 5ms\n"
+          "  - name: b\n    handler: /h.so\n    batch: 16\n    prefetch: 20\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    struct sk_conf *c = load_ok(path);
+    ck_assert_int_eq(c->queues[0].batch, 16);
+    ck_assert_int_eq(c->queues[0].prefetch, 32);
+    ck_assert_uint_eq(c->queues[0].batch_wait_ms, 5);
+    ck_assert_int_eq(c->queues[1].prefetch, 20);
+    sk_conf_free(c);
+    unlink(path);
+    rmdir(dir);
 }
 END_TEST
 
@@ -1060,6 +1093,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_full_config_sets_every_key);
     tcase_add_test(tc, test_amqp_url_lists_the_nodes_of_a_cluster_in_order);
     tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
+    tcase_add_test(tc, test_batch_raises_an_unset_prefetch_to_two_batches);
     tcase_add_test(tc, test_restart_section_sets_the_backoff);
     tcase_add_test(tc, test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later);
     tcase_add_test(tc, test_null_sections_keep_their_defaults);

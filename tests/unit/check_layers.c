@@ -17,7 +17,7 @@
 static const char *const layers[][2] = {
     { "face",       " main ctl ctl_dlq ctl_status ctl_trace ctl_http ctl_out " },
     { "supervisor", " supervisor roles oom notify metrics_http metrics_text " },
-    { "worker",     " worker links job envelope reschedule heartbeat host " },
+    { "worker",     " worker links job job_steps batch envelope reschedule heartbeat host " },
     { "producer",   " relay janitor " },
     { "shared",     " scoreboard metrics process proctitle " },
     { "config",     " config config_value plugin " },
