@@ -62,6 +62,34 @@ static void wait_reloaded(int fd, char *heard, size_t size, int timeout_ms)
            "expected RELOADING=1 then READY=1; heard:\n%s", heard);
 }
 
+/* Starts sekalid for r with 2 workers and a systemd notify socket, and
+ * waits for READY=1; returns the socket, notifications collect in heard. */
+static int start_notified(struct h_run *r, char *heard, size_t size)
+{
+    r->config = h_write_config(r->dir, r->queue, H_EFFECT, 2, NULL);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    char sock_env[1100];
+    int fd = notify_socket(r->dir, sock_env, sizeof(sock_env));
+    const char *env[] = { sock_env, NULL };
+    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, env);
+    heard[0] = '\0';
+    wait_ready(fd, heard, size);
+    return fd;
+}
+
+/* Appends lines to r's config (under its one queue), sends SIGHUP and
+ * waits for the reload to be over, refused or not. */
+static void reload_appending(struct h_run *r, const char *lines, int fd, char *heard,
+                             size_t size, int timeout_ms)
+{
+    FILE *f = fopen(r->config, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs(lines, f);
+    fclose(f);
+    ck_assert_int_eq(kill(r->sekalid, SIGHUP), 0);
+    wait_reloaded(fd, heard, size, timeout_ms);
+}
+
 START_TEST(test_systemd_hears_ready_status_watchdog_reloading_stopping_in_order)
 {
     /* sekalid is watched through what it tells systemd, so it is started
@@ -145,22 +173,10 @@ START_TEST(test_sighup_with_a_broken_config_keeps_the_old_one)
 {
     struct h_run r;
     h_run_open(&r, "badreload");
-    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 2, NULL);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    char sock_env[1100];
-    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
-    const char *env[] = { sock_env, NULL };
-    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
     static char heard[65536];
-    heard[0] = '\0';
-    wait_ready(fd, heard, sizeof(heard));
+    int fd = start_notified(&r, heard, sizeof(heard));
 
-    FILE *f = fopen(r.config, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "    prefetch: lots\n");
-    fclose(f);
-    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
-    wait_reloaded(fd, heard, sizeof(heard), 10000);
+    reload_appending(&r, "    prefetch: lots\n", fd, heard, sizeof(heard), 10000);
     char expected[1200];
     snprintf(expected, sizeof(expected), "STATUS=reload failed, running the previous "
              "configuration: %s:21:", r.config);
@@ -186,23 +202,12 @@ START_TEST(test_sighup_with_a_handler_config_its_check_rejects_keeps_the_old_gen
 {
     struct h_run r;
     h_run_open(&r, "checkreload");
-    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 2, NULL);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    char sock_env[1100];
-    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
-    const char *env[] = { sock_env, NULL };
-    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
     static char heard[65536];
-    heard[0] = '\0';
-    wait_ready(fd, heard, sizeof(heard));
+    int fd = start_notified(&r, heard, sizeof(heard));
     ck_assert_int_eq(h_count_lines(r.log, "worker for queue"), 2);
 
-    FILE *f = fopen(r.config, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "    config:\n      check_fail: table 1x is not a table\n");
-    fclose(f);
-    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
-    wait_reloaded(fd, heard, sizeof(heard), 10000);
+    reload_appending(&r, "    config:\n      check_fail: table 1x is not a table\n", fd, heard,
+                     sizeof(heard), 10000);
     ck_assert_msg(strstr(heard, "STATUS=reload failed, running the previous configuration: "
                                 "queue ") != NULL &&
                   strstr(heard, "rejects its config: check_fail: table 1x is not a table") != NULL,
@@ -232,22 +237,10 @@ START_TEST(test_sighup_whose_new_workers_exit_2_at_start_keeps_the_old_generatio
 {
     struct h_run r;
     h_run_open(&r, "initreload");
-    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 2, NULL);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    char sock_env[1100];
-    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
-    const char *env[] = { sock_env, NULL };
-    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
     static char heard[65536];
-    heard[0] = '\0';
-    wait_ready(fd, heard, sizeof(heard));
+    int fd = start_notified(&r, heard, sizeof(heard));
 
-    FILE *f = fopen(r.config, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "    config:\n      fail_init: yes\n");
-    fclose(f);
-    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
-    wait_reloaded(fd, heard, sizeof(heard), 20000);
+    reload_appending(&r, "    config:\n      fail_init: yes\n", fd, heard, sizeof(heard), 20000);
     /* The fault happened: a new worker's init() failed and it exited 2. */
     ck_assert_int_ge(h_count_lines(r.log, "handler init() failed"), 1);
     ck_assert_int_eq(h_count_lines(r.log, "reload failed, still running the previous "
