@@ -11,10 +11,18 @@
  * sql/015), the completions sent with the one COMMIT, and the acks leave
  * as one multiple-ack.
  *
- * A job's own failure stays its own: each handler runs inside a savepoint,
- * and a RETRY, FAIL, error or conflict rolls back to it, with the job's
- * claim (sekali.unclaim); its retry or dead-letter copy is made after the
- * batch committed, as job.c would make it. A worker that dies mid-batch
+ * A batch runs twice as carefully as it must, at most. First the fast
+ * way: the keys are claimed as completed (sekali.claim_completing, sql/016)
+ * and every handler runs straight in the one transaction, which commits
+ * only if all of them succeed; a job then costs its handler's statements
+ * and nothing else. The first handler to fail (RETRY, FAIL, an error, a
+ * conflict) rolls the whole transaction back: that job is settled with its
+ * outcome, and the rest of the batch is claimed again and run the careful
+ * way, each handler inside a savepoint, where a failure rolls back only its
+ * job and its claim (sekali.unclaim). So a job's own failure stays its own;
+ * the price is that its batch-mates' handlers may run twice, the first run
+ * rolled back unseen. A failed job's retry or dead-letter copy is made
+ * outside the transaction, as job.c would make it. A worker that dies mid-batch
  * takes the whole uncommitted transaction with it, and every job of the
  * batch is redelivered; the scoreboard names only the job whose handler
  * was running, so only that one is counted as a crash.
@@ -75,10 +83,18 @@ struct sk_batch {
 static struct sk_batch *batch_of(struct sk_pipeline *p);
 static size_t collect(struct sk_pipeline *p, struct sk_batch *b, amqp_envelope_t *first);
 static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n);
-static bool claim_all(struct sk_pipeline *p, struct sk_batch *b, size_t n);
-static void run_all(struct sk_pipeline *p, struct sk_batch *b, size_t n);
+/* How a batch's keys are claimed, and so how its handlers run. */
+enum way {
+    FAST,     /* claimed completed, handlers straight in the transaction */
+    CAREFUL,  /* claimed processing, each handler in a savepoint */
+};
+
+static bool claim_all(struct sk_pipeline *p, struct sk_batch *b, size_t n, enum way way);
+static void run_fast(struct sk_pipeline *p, struct sk_batch *b, size_t n);
+static void run_careful(struct sk_pipeline *p, struct sk_batch *b, size_t n);
 static bool run_one(struct sk_pipeline *p, struct job *j, struct outcome *o, bool first);
-static void commit_all(struct sk_pipeline *p, struct sk_batch *b, size_t n);
+static bool handle(struct sk_pipeline *p, struct job *j, struct outcome *o);
+static void commit_all(struct sk_pipeline *p, struct sk_batch *b, size_t n, enum way way);
 static void settle_all(struct sk_pipeline *p, struct sk_batch *b, size_t n);
 static void abandon(struct sk_pipeline *p, struct sk_batch *b, size_t n, const char *why);
 static uint64_t now_ns(void);
@@ -102,8 +118,8 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
     }
     if (p->queue->lock)
         lock_all(p, b, n);
-    if (claim_all(p, b, n))
-        run_all(p, b, n);
+    if (claim_all(p, b, n, FAST))
+        run_fast(p, b, n);
     /* Same keys: their leader has committed (or not); each now claims for
      * itself, and finds the leader's outcome as any later copy would. */
     for (size_t i = 0; i < n; i++) {
@@ -289,7 +305,7 @@ static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
  * holds (lock_timeout) fails the whole statement: the jobs then go the
  * one-at-a-time way, each in its own transaction, which waits for that key
  * alone. */
-static bool claim_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
+static bool claim_all(struct sk_pipeline *p, struct sk_batch *b, size_t n, enum way way)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -308,7 +324,9 @@ static bool claim_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
         return false;
     struct sk_err err = { 0 };
     memset(b->dups, 0, m * sizeof(*b->dups));
-    int rc = sk_store_claim_many(sk_links_store(p->links), b->refs, m, b->claims, b->dups, &err);
+    struct sk_store *store = sk_links_store(p->links);
+    int rc = way == FAST ? sk_store_claim_completing(store, b->refs, m, b->claims, b->dups, &err)
+                         : sk_store_claim_many(store, b->refs, m, b->claims, b->dups, &err);
     if (rc == SK_BUSY) {
         for (size_t k = 0; k < m; k++) {
             struct job *j = &b->jobs[b->index[k]];
@@ -325,8 +343,51 @@ static bool claim_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
     return rc == SK_OK;
 }
 
+/* Every claimed job's handler straight in the transaction, then the one
+ * COMMIT. At the first failure the transaction is rolled back; the failed
+ * job is settled with its outcome (its handler does not run again), and
+ * the rest of the batch goes the careful way. */
+static void run_fast(struct sk_pipeline *p, struct sk_batch *b, size_t n)
+{
+    size_t failed = n;
+    for (size_t i = 0; i < n && failed == n; i++) {
+        struct job *j = &b->jobs[i];
+        if (j->state != JOB_CLAIMED)
+            continue;
+        if (!handle(p, j, &b->outcomes[i])) {
+            abandon(p, b, n, "the batch's transaction failed around a handler");
+            return;
+        }
+        if (b->outcomes[i].status != SEKALI_OK)
+            failed = i;
+    }
+    if (failed == n) {
+        commit_all(p, b, n, FAST);
+        return;
+    }
+    struct sk_err err = { 0 };
+    if (sk_store_rollback(sk_links_store(p->links), &err) != SK_OK) {
+        /* The connection went with the transaction: nobody's fault. */
+        abandon(p, b, n, "the batch's transaction was lost");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct job *j = &b->jobs[i];
+        if (i != failed && (j->state == JOB_CLAIMED || j->state == JOB_HANDLED)) {
+            free(b->outcomes[i].result);
+            b->outcomes[i] = (struct outcome){ .status = SEKALI_OK,
+                                               .same_key = b->outcomes[i].same_key };
+            sk_job_rewind(j);
+        }
+    }
+    struct outcome *o = &b->outcomes[failed];
+    sk_job_settle_failure(p, &b->jobs[failed], o->status, o->error, o->conflict);
+    if (claim_all(p, b, n, CAREFUL))
+        run_careful(p, b, n);
+}
+
 /* Each claimed job's handler in its savepoint, then the one COMMIT. */
-static void run_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
+static void run_careful(struct sk_pipeline *p, struct sk_batch *b, size_t n)
 {
     bool first = true;
     for (size_t i = 0; i < n; i++) {
@@ -339,7 +400,7 @@ static void run_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
         }
         first = false;
     }
-    commit_all(p, b, n);
+    commit_all(p, b, n, CAREFUL);
 }
 
 /* One handler in its savepoint. False when the transaction itself is lost
@@ -353,6 +414,21 @@ static bool run_one(struct sk_pipeline *p, struct job *j, struct outcome *o, boo
         sk_log_job(SK_LOG_ERROR, &j->log, "savepoint failed: %s", err.msg);
         return false;
     }
+    if (!handle(p, j, o))
+        return false;
+    if (o->status == SEKALI_OK)
+        return true;
+    if (sk_store_rollback_job(store, &j->ref, &err) != SK_OK) {
+        sk_log_job(SK_LOG_ERROR, &j->log, "rollback to the job's savepoint failed: %s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+/* Runs one claimed job's handler and keeps its outcome in o. False only
+ * when there is no memory to keep its result. */
+static bool handle(struct sk_pipeline *p, struct job *j, struct outcome *o)
+{
     /* The scoreboard names the job whose handler runs, and only it: should
      * the worker die now, this is the job its replacement counts, and the
      * job timeout is this job's alone. */
@@ -366,7 +442,7 @@ static bool run_one(struct sk_pipeline *p, struct job *j, struct outcome *o, boo
     }
     struct sekali_ctx *ctx = &p->ctx;
     sk_host_ctx_reset(ctx);
-    PGconn *pg = sk_store_conn(store);
+    PGconn *pg = sk_store_conn(sk_links_store(p->links));
     o->status = sk_job_call_handler(p, j, pg);
     atomic_store(&slot->lock_held, 0);
     if (o->status == SEKALI_OK && PQtransactionStatus(pg) != PQTRANS_INTRANS) {
@@ -376,42 +452,41 @@ static bool run_one(struct sk_pipeline *p, struct job *j, struct outcome *o, boo
     }
     o->conflict = ctx->conflict;
     snprintf(o->error, sizeof(o->error), "%s", ctx->error);
-    if (o->status == SEKALI_OK) {
-        if (ctx->result_len > 0) {
-            o->result = malloc(ctx->result_len);
-            if (o->result == NULL) {
-                sk_log_job(SK_LOG_ERROR, &j->log, "out of memory saving a %zu-byte result",
-                           ctx->result_len);
-                return false;
-            }
-            memcpy(o->result, ctx->result, ctx->result_len);
-        }
-        o->result_len = ctx->result_len;
+    o->result_len = 0;
+    if (o->status != SEKALI_OK || ctx->result_len == 0)
         return true;
-    }
-    if (sk_store_rollback_job(store, &j->ref, &err) != SK_OK) {
-        sk_log_job(SK_LOG_ERROR, &j->log, "rollback to the job's savepoint failed: %s", err.msg);
+    o->result = malloc(ctx->result_len);
+    if (o->result == NULL) {
+        sk_log_job(SK_LOG_ERROR, &j->log, "out of memory saving a %zu-byte result",
+                   ctx->result_len);
         return false;
     }
+    memcpy(o->result, ctx->result, ctx->result_len);
+    o->result_len = ctx->result_len;
     return true;
 }
 
 /* The survivors' completions and the COMMIT in one round trip; then every
  * handled job is settled: completed, or its failure (its savepoint rolled
  * back) re-scheduled or dead-lettered outside the transaction. */
-static void commit_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
+static void commit_all(struct sk_pipeline *p, struct sk_batch *b, size_t n, enum way way)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (b->jobs[i].state != JOB_HANDLED || b->outcomes[i].status != SEKALI_OK)
+            continue;
+        /* Claimed completed: only a result is left to write. */
+        if (way == FAST && b->outcomes[i].result_len == 0)
             continue;
         b->ref_ptrs[m] = &b->jobs[i].ref;
         b->results[m] = b->outcomes[i].result;
         b->result_lens[m++] = b->outcomes[i].result_len;
     }
     struct sk_err err = { 0 };
-    int rc = sk_store_complete_many(sk_links_store(p->links), b->ref_ptrs, b->results,
-                                    b->result_lens, m, &err);
+    struct sk_store *store = sk_links_store(p->links);
+    int rc = way == FAST
+        ? sk_store_commit_results(store, b->ref_ptrs, b->results, b->result_lens, m, &err)
+        : sk_store_complete_many(store, b->ref_ptrs, b->results, b->result_lens, m, &err);
     if (rc == SK_AGAIN) {
         abandon(p, b, n, "commit outcome unknown");
         return;
@@ -419,7 +494,8 @@ static void commit_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
     for (size_t i = 0; i < n; i++) {
         struct job *j = &b->jobs[i];
         struct outcome *o = &b->outcomes[i];
-        if (j->state != JOB_HANDLED)
+        /* A job the fast way already settled is handled, but not here. */
+        if (j->state != JOB_HANDLED || j->exit_decided)
             continue;
         if (o->status == SEKALI_OK && rc == SK_OK) {
             sk_job_transition(j, JOB_COMMITTED);

@@ -636,6 +636,18 @@ void sk_job_transition(struct job *j, enum job_state to)
         sk_failpoint(state_failpoints[to], j->env.idempotency_key);
 }
 
+/* A batch's fast path rolled its whole transaction back (batch.c): the
+ * job's claim went with it, so it stands where it stood before its claim,
+ * and is claimed again. The one way back in the states, and only from a
+ * claim that no COMMIT made true. */
+void sk_job_rewind(struct job *j)
+{
+    sk_assert(j->state == JOB_CLAIMED || j->state == JOB_HANDLED);
+    sk_assert(!j->exit_decided);
+    j->state = j->locked ? JOB_LOCKED : JOB_RECEIVED;
+    sk_log_job(SK_LOG_DEBUG, &j->log, "claim rolled back with its batch");
+}
+
 /* The only exit of a delivered job: ack it (effect durable, duplicate, or a
  * confirmed copy made), requeue it, or let the broker dead-letter it; then
  * drop the lock. The ack may leave later (see sk_broker_ack()): by then the

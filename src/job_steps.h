@@ -92,6 +92,8 @@ void sk_job_reply(struct sk_pipeline *p, struct job *j, const void *result, size
 bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms,
                   uint32_t next_attempt, const char *error, const char *outcome);
 void sk_job_transition(struct job *j, enum job_state to);
+/* Back to before the claim, whose transaction was rolled back unseen. */
+void sk_job_rewind(struct job *j);
 /* The job's exit: at once, or for a deferred job only decided (SK_OK). */
 int  sk_job_finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome);
 /* Carries an exit out: the ack or reject, the lock's release, the log line.

@@ -30,6 +30,11 @@ static const struct {
 };
 
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
+static int claim_array(struct sk_store *s, const char *function, const struct sk_keyref *refs,
+                       size_t n, struct sk_claim *out, bool *dup, struct sk_err *err);
+static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
+                        const struct sk_keyref *const *refs, const void *const *results,
+                        const size_t *result_lens, size_t n, struct sk_err *err);
 static int count_query(struct sk_store *s, const char *what, const char *sql, const char *queue,
                        const char *key, int *out, struct sk_err *err);
 
@@ -174,6 +179,20 @@ static const char *ref_job_type(const struct sk_keyref *r) { return r->job_type;
 int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
                         struct sk_claim *out, bool *dup, struct sk_err *err)
 {
+    return claim_array(s, "sekali.claim_many", refs, n, out, dup, err);
+}
+
+int sk_store_claim_completing(struct sk_store *s, const struct sk_keyref *refs, size_t n,
+                              struct sk_claim *out, bool *dup, struct sk_err *err)
+{
+    return claim_array(s, "sekali.claim_completing", refs, n, out, dup, err);
+}
+
+/* BEGIN and FUNCTION(queue, keys, owner, job ids, job types): one of the
+ * two set-returning claims, whose rows are (ord, status, fence, attempts). */
+static int claim_array(struct sk_store *s, const char *function, const struct sk_keyref *refs,
+                       size_t n, struct sk_claim *out, bool *dup, struct sk_err *err)
+{
     int rc = sk_store_reconnect(s, err);
     if (rc != SK_OK)
         return rc;
@@ -187,10 +206,12 @@ int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t
         return sk_err_set(err, SK_ERR, "out of memory for a batch's claim");
     }
     const char *values[] = { refs[0].queue, keys, refs[0].owner, ids, types };
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT * FROM %s($1, $2::text[], $3, $4::text[], $5::text[])",
+             function);
     const struct sk_pg_stmt steps[] = {
         { .sql = "BEGIN" },
-        { .sql = "SELECT * FROM sekali.claim_many($1, $2::text[], $3, $4::text[], $5::text[])",
-          .n_params = 5, .values = values, .what = "sekali.claim_many" },
+        { .sql = sql, .n_params = 5, .values = values, .what = function },
     };
     PGresult *res = NULL;
     rc = sk_pg_pipeline(s->conn, steps, 2, &res, err);
@@ -204,7 +225,7 @@ int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t
     if (res == NULL || (size_t)PQntuples(res) != n) {
         PQclear(res);
         sk_store_rollback(s, NULL);
-        return sk_err_set(err, SK_ERR, "sekali.claim_many(%s) returned %d rows for %zu keys",
+        return sk_err_set(err, SK_ERR, "%s(%s) returned %d rows for %zu keys", function,
                           refs[0].queue, res != NULL ? PQntuples(res) : 0, n);
     }
     for (size_t i = 0; i < n; i++) {
@@ -242,11 +263,32 @@ int sk_store_complete_many(struct sk_store *s, const struct sk_keyref *const *re
                            const void *const *results, const size_t *result_lens, size_t n,
                            struct sk_err *err)
 {
+    const struct sk_pg_stmt complete = { .prepared = "sk_complete" };
+    return finish_array(s, &complete, refs, results, result_lens, n, err);
+}
+
+int sk_store_commit_results(struct sk_store *s, const struct sk_keyref *const *refs,
+                            const void *const *results, const size_t *result_lens, size_t n,
+                            struct sk_err *err)
+{
+    /* Not prepared: most batches have no result to set, and a queue
+     * without batches must not need migration 016 to start. */
+    const struct sk_pg_stmt set_result = { .sql = "SELECT sekali.set_result($1, $2, $3, $4)",
+                                           .what = "sekali.set_result" };
+    return finish_array(s, &set_result, refs, results, result_lens, n, err);
+}
+
+/* SHAPE(queue, key, fence, result) for each of n keys, then COMMIT, in one
+ * round trip; the transaction is rolled back if any of it failed. */
+static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
+                        const struct sk_keyref *const *refs, const void *const *results,
+                        const size_t *result_lens, size_t n, struct sk_err *err)
+{
     /* Per step: its 4 values, lengths and formats, kept alive for the call. */
     struct step_args {
         const char *values[4];
         int lengths[4], formats[4];
-    } *args = calloc(n, sizeof(*args));
+    } *args = calloc(n + 1, sizeof(*args));
     struct sk_pg_stmt *steps = calloc(n + 1, sizeof(*steps));
     if (args == NULL || steps == NULL) {
         free(args);
@@ -261,10 +303,12 @@ int sk_store_complete_many(struct sk_store *s, const struct sk_keyref *const *re
         a->values[2] = refs[i]->fence_text;
         a->values[3] = results[i];
         a->lengths[3] = (int)result_lens[i];
-        a->formats[3] = 1;
-        steps[i] = (struct sk_pg_stmt){ .prepared = "sk_complete", .n_params = 4,
-                                        .values = a->values, .lengths = a->lengths,
-                                        .formats = a->formats };
+        a->formats[3] = 1;  /* the result is bytea: sent raw */
+        steps[i] = *shape;
+        steps[i].n_params = 4;
+        steps[i].values = a->values;
+        steps[i].lengths = a->lengths;
+        steps[i].formats = a->formats;
     }
     steps[n] = (struct sk_pg_stmt){ .sql = "COMMIT" };
     int rc = sk_pg_pipeline(s->conn, steps, (int)n + 1, NULL, err);

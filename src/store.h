@@ -80,6 +80,13 @@ int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const voi
 int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
                         struct sk_claim *out, bool *dup, struct sk_err *err);
 
+/* sk_store_claim_many() for a transaction that commits only if every job
+ * in it succeeds (batch.c's fast path): the claimed keys' rows are written
+ * completed at once (sekali.claim_completing, sql/016), so no completion
+ * follows; a failure must roll the whole transaction back. Same codes. */
+int sk_store_claim_completing(struct sk_store *s, const struct sk_keyref *refs, size_t n,
+                              struct sk_claim *out, bool *dup, struct sk_err *err);
+
 /* Opens the savepoint one job's handler runs in; first: the batch's first
  * (otherwise the previous job's is released in the same round trip). */
 int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err);
@@ -93,6 +100,13 @@ int sk_store_rollback_job(struct sk_store *s, const struct sk_keyref *ref, struc
 int sk_store_complete_many(struct sk_store *s, const struct sk_keyref *const *refs,
                            const void *const *results, const size_t *result_lens, size_t n,
                            struct sk_err *err);
+
+/* After sk_store_claim_completing(): sets the n results (only jobs that
+ * have one) and COMMITs, in one round trip, with sk_store_complete()'s
+ * codes. */
+int sk_store_commit_results(struct sk_store *s, const struct sk_keyref *const *refs,
+                            const void *const *results, const size_t *result_lens, size_t n,
+                            struct sk_err *err);
 
 /* Rolls back the job's transaction. SK_OK, SK_AGAIN (connection lost: the
  * server rolled it back) or SK_ERR. */

@@ -66,10 +66,11 @@ static long long key_xmin(struct h_run *r, const char *key)
 
 /* batch: 4, and the deliveries waiting before the worker starts, so that
  * the first batch is [ok, fail, retry, ok] and the second [same, same, ok,
- * ok]. A FAIL and a RETRY in the middle of a batch roll back only their
- * own savepoints: both ok jobs around them commit, in one transaction; the
- * failed one is dead-lettered and recorded, the retried one commits once
- * later. The same key twice in a batch runs once, and the second copy is
+ * ok]. The first batch's fast way stops at the FAIL, which is settled; the
+ * rest go the careful way, where the RETRY rolls back only its own
+ * savepoint: both ok jobs around the failures commit, in one transaction;
+ * the failed one is dead-lettered and recorded once, the retried one
+ * commits once later. The same key twice in a batch runs once, and the second copy is
  * a counted duplicate (lock: false, or the lock would re-schedule it). */
 START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
 {
@@ -103,6 +104,80 @@ START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
     ck_assert_int_eq(key_xmin(&r, "k-ok-1"), key_xmin(&r, "k-ok-2"));
     ck_assert_int_ne(key_xmin(&r, "k-ok-1"), key_xmin(&r, "k-ok-3"));
     ck_assert_int_eq(key_xmin(&r, "k-ok-3"), key_xmin(&r, "k-ok-4"));
+    h_run_close(&r);
+}
+END_TEST
+
+/* Records the row updates of sekali.idempotency_keys for one queue, with
+ * the status each updated row had before. */
+static void count_key_updates(PGconn *pg, const char *queue)
+{
+    char sql[512];
+    h_pg_exec(pg, "CREATE TABLE IF NOT EXISTS sekali_test.key_updates "
+                  "(queue text, key text, old_status text)");
+    h_pg_exec(pg, "CREATE OR REPLACE FUNCTION sekali_test.count_key_update() RETURNS trigger "
+                  "LANGUAGE plpgsql AS $$ BEGIN INSERT INTO sekali_test.key_updates "
+                  "VALUES (NEW.queue, NEW.key, OLD.status); RETURN NULL; END $$");
+    snprintf(sql, sizeof(sql), "CREATE TRIGGER \"updates %s\" AFTER UPDATE ON "
+             "sekali.idempotency_keys FOR EACH ROW WHEN (NEW.queue = '%s') "
+             "EXECUTE FUNCTION sekali_test.count_key_update()", queue, queue);
+    h_pg_exec(pg, sql);
+}
+
+static void stop_counting_key_updates(PGconn *pg, const char *queue)
+{
+    char sql[512];
+    snprintf(sql, sizeof(sql), "DROP TRIGGER IF EXISTS \"updates %s\" ON sekali.idempotency_keys",
+             queue);
+    h_pg_exec(pg, sql);
+}
+
+/* A batch whose handlers all succeed goes the fast way: its keys are
+ * written completed, in the batch's one transaction, and never pass
+ * through 'processing' (the careful way claims 'processing', then
+ * completes: an update from 'processing' per key). A key left 'processing'
+ * by an earlier owner is taken over under the next fence, the one update
+ * from 'processing' this test may see; a finished key's copy is a counted
+ * duplicate. (The test handler saves a result: one more update per key,
+ * from 'completed'.) */
+START_TEST(test_a_batch_without_failures_claims_its_keys_completed)
+{
+    struct h_run r;
+    h_run_open(&r, "fastbatch");
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, "
+             "owner, attempts) VALUES ('%s', 'k-stale', 'processing', 3, 'gone:1', 1)", r.queue);
+    h_pg_exec(r.pg, sql);
+    count_key_updates(r.pg, r.queue);
+    char key[32], id[32];
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof(key), "k-fast-%d", i);
+        snprintf(id, sizeof(id), "fast-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    h_publish(r.b, r.queue, "test", "stale", "k-stale", NULL, "ok");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    batch: 6\n"
+                                          "    batch_wait: 500ms\n    lock: false\n    prefetch: 12\n" });
+    H_WAIT(h_completed(&r) == 6, 20000, "6 keys should complete, have %lld", h_completed(&r));
+    long long claims = h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.key_updates "
+                                        "WHERE queue = '%s' AND old_status = 'processing'",
+                                  r.queue);
+    h_publish(r.b, r.queue, "test", "fast-0-again", "k-fast-0", NULL, "ok");
+    H_WAIT(h_duplicates(&r) == 1, 20000, "the copy of k-fast-0 should be a duplicate");
+    h_run_stop(&r);
+    long long stale = h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.key_updates "
+                                       "WHERE queue = '%s' AND old_status = 'processing' "
+                                       "AND key = 'k-stale'", r.queue);
+    stop_counting_key_updates(r.pg, r.queue);
+    h_expect_once(&r, 6, 1);
+    ck_assert_msg(claims == 1 && stale == 1, "only k-stale should have been updated from "
+                  "'processing'; %lld rows were", claims);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT xmin::text) FROM "
+                                      "sekali.idempotency_keys WHERE queue = '%s' AND key <> 'k-fast-0'",
+                                      r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT fence * 10 + attempts FROM sekali.idempotency_keys "
+                                      "WHERE queue = '%s' AND key = 'k-stale'", r.queue), 42);
     h_run_close(&r);
 }
 END_TEST
@@ -361,6 +436,7 @@ int main(void)
         test_retried_job_runs_again_and_commits_once,
         test_exhausted_retries_dead_letter_with_headers,
         test_failure_in_the_middle_of_a_batch_leaves_the_others_committed,
+        test_a_batch_without_failures_claims_its_keys_completed,
         test_heartbeat_renews_every_lock_of_a_batch,
         test_failed_job_is_dead_lettered_and_recorded,
         test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection,
