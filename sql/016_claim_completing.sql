@@ -24,9 +24,13 @@ RETURNS TABLE (ord integer, claimed_status text, claimed_fence bigint,
                claimed_attempts integer)
 LANGUAGE plpgsql AS $$
 DECLARE
-    claimed_keys text[];
+    claimed_keys text[] := '{}';
     fences bigint[];
     tries integer[];
+    dup_keys text[] := '{}';
+    dup_statuses text[];
+    dup_fences bigint[];
+    dup_tries integer[];
 BEGIN
     -- One statement for every key. A finished key's row is locked but not
     -- written (ON CONFLICT ... WHERE), so RETURNING lists only the claims.
@@ -41,29 +45,37 @@ BEGIN
             completed_at = now(), updated_at = now()
         WHERE k.status = 'processing'
         RETURNING k.key, k.fence, k.attempts)
-    SELECT array_agg(c.key), array_agg(c.fence), array_agg(c.attempts)
+    SELECT coalesce(array_agg(c.key), '{}'), array_agg(c.fence), array_agg(c.attempts)
       INTO claimed_keys, fences, tries
       FROM claimed c;
 
-    -- The duplicates: counted as sekali.claim() counts them. A statement of
-    -- its own, so that it sees a row committed by another transaction while
-    -- the INSERT waited for it.
-    IF coalesce(array_length(claimed_keys, 1), 0) < array_length(p_keys, 1) THEN
-        UPDATE sekali.idempotency_keys
-           SET duplicates = duplicates + 1, updated_at = now()
-         WHERE queue = p_queue AND key = ANY (p_keys)
-           AND NOT (key = ANY (coalesce(claimed_keys, '{}')));
+    -- The duplicates, counted as sekali.claim() counts them: a statement of
+    -- its own, so that it sees a row another transaction committed while
+    -- the INSERT waited for it. Our INSERT holds their rows locked.
+    IF cardinality(claimed_keys) < cardinality(p_keys) THEN
+        WITH dup AS (
+            UPDATE sekali.idempotency_keys
+               SET duplicates = duplicates + 1, updated_at = now()
+             WHERE queue = p_queue AND key = ANY (p_keys) AND NOT (key = ANY (claimed_keys))
+            RETURNING key, status, fence, attempts)
+        SELECT coalesce(array_agg(d.key), '{}'), array_agg(d.status), array_agg(d.fence),
+               array_agg(d.attempts)
+          INTO dup_keys, dup_statuses, dup_fences, dup_tries
+          FROM dup d;
+        IF cardinality(claimed_keys) + cardinality(dup_keys) <> cardinality(p_keys) THEN
+            RAISE EXCEPTION 'sekali: claim_completing(%) lost track of a key', p_queue;
+        END IF;
     END IF;
 
+    -- From the arrays alone: no second look at the table.
     RETURN QUERY
         SELECT u.i::integer,
-               CASE WHEN c.i IS NOT NULL THEN 'processing' ELSE k.status END,
-               coalesce(fences[c.i], k.fence),
-               coalesce(tries[c.i], k.attempts)
-          FROM unnest(p_keys) WITH ORDINALITY AS u(key, i)
-          LEFT JOIN LATERAL (SELECT array_position(claimed_keys, u.key) AS i) c ON true
-          LEFT JOIN sekali.idempotency_keys k
-                 ON c.i IS NULL AND k.queue = p_queue AND k.key = u.key;
+               CASE WHEN c.i IS NOT NULL THEN 'processing' ELSE dup_statuses[d.i] END,
+               CASE WHEN c.i IS NOT NULL THEN fences[c.i] ELSE dup_fences[d.i] END,
+               CASE WHEN c.i IS NOT NULL THEN tries[c.i] ELSE dup_tries[d.i] END
+          FROM unnest(p_keys) WITH ORDINALITY AS u(key, i),
+               LATERAL array_position(claimed_keys, u.key) AS c(i),
+               LATERAL array_position(dup_keys, u.key) AS d(i);
 END
 $$;
 

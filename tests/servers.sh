@@ -611,6 +611,7 @@ start_rabbitmq() {
     if pid=$(rabbit_pid); then
         if amqp_handshake_ok; then
             say "rabbitmq: already running on 127.0.0.1:$AMQP_PORT (node $RABBIT_NODE)"
+            rabbit_queue_policy
             return 0
         fi
         say "rabbitmq: running but not answering yet, waiting"
@@ -633,7 +634,20 @@ start_rabbitmq() {
         echo $! >"$RMQ/rabbitmq-server.pid"
     fi
     rabbit_wait
+    rabbit_queue_policy
     say "rabbitmq: ready"
+}
+
+# Classic queues as RabbitMQ 3.12 and later run them whatever the policy:
+# version 2 (a leaner index and message store) and lazy (messages go to
+# disk, not into the queue process's heap, which the VM would otherwise
+# keep garbage-collecting while a backlog drains). On this broker (3.10)
+# that takes a policy, as it does in production on 3.10 and 3.11 (README,
+# "RabbitMQ"). Priority 0, so that a test's own policy overrides it.
+rabbit_queue_policy() {
+    rmqctl -q set_policy --apply-to queues --priority 0 sekali-classic-queues '.*' \
+        '{"queue-version": 2, "queue-mode": "lazy"}' >/dev/null ||
+        die "rabbitmq: could not set the classic-queue policy"
 }
 
 # Kill a half-started broker: setsid made the launcher a process group
