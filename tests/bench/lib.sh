@@ -89,6 +89,8 @@ queues:
 YAML
     [ -z "$bench_prefetch" ] || printf '    prefetch: %s\n' "$bench_prefetch" >>"$conf"
     [ -z "$bench_batch" ] || printf '    batch: %s\n' "$bench_batch" >>"$conf"
+    [ -z "$bench_batch" ] || [ -z "${BENCH_BATCH_WAIT:-}" ] ||
+        printf '    batch_wait: %s\n' "$BENCH_BATCH_WAIT" >>"$conf"
     printf '%s' "$conf"
 }
 

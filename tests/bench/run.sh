@@ -9,6 +9,8 @@
 #   BENCH_BATCH [unset]     queues[].batch: a list, e.g. "1 4 16 64"; unset,
 #                           no batch key is written (builds without it run)
 #   BENCH_PREFETCH [unset]  queues[].prefetch: a list; unset, sekali's default
+#   BENCH_BATCH_WAIT [unset]  queues[].batch_wait for every configuration
+#                           with a batch (e.g. 0s); unset, sekali's default
 #   BENCH_COMPARE [unset]   other sekalid binaries to run back to back with
 #                           this build's, in the same runs: "NAME=PATH ..."
 #                           (e.g. before=/tmp/main/build/sekalid)
