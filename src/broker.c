@@ -77,6 +77,8 @@ static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple
 static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
                                         const amqp_basic_properties_t *props);
 static int flush_acks(struct sk_broker *b, struct sk_err *err);
+static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_message_t *msg,
+                     uint64_t *delivery_tag, struct sk_err *err);
 static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
                          struct sk_err *err);
 static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
@@ -560,14 +562,7 @@ int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
 int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                   struct sk_err *err)
 {
-    amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 1);
-    int rc = rpc_check(reply, "basic.get", err);
-    if (rc != SK_OK)
-        return rc;
-    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
-        return SK_BUSY;
-    reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
-    return rpc_check(reply, "basic.get(read)", err);
+    return basic_get(b, queue, true, msg, NULL, err);
 }
 
 int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
@@ -576,13 +571,25 @@ int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
     /* The previous message was copied into its own pool: the channel's
      * frames can go, or a long scan would keep every basic.get-ok. */
     amqp_maybe_release_buffers_on_channel(b->conn, CHANNEL);
-    amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 0);
+    return basic_get(b, queue, false, msg, delivery_tag, err);
+}
+
+/* One basic.get and the message it brings; SK_BUSY when queue is empty.
+ * With no_ack the broker forgets the message as it sends it; without, the
+ * message stays the broker's until acked by its tag (*delivery_tag, unless
+ * NULL), so the tools that peek leave a queue as it was if they stop. */
+static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_message_t *msg,
+                     uint64_t *delivery_tag, struct sk_err *err)
+{
+    amqp_rpc_reply_t reply =
+        amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), no_ack);
     int rc = rpc_check(reply, "basic.get", err);
     if (rc != SK_OK)
         return rc;
     if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
         return SK_BUSY;
-    *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
+    if (delivery_tag != NULL)
+        *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
     reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
     return rpc_check(reply, "basic.get(read)", err);
 }
