@@ -4,7 +4,11 @@
  * one of its calls, and a consumer's connection can carry unrelated frames
  * (channel.close, basic.return) between deliveries. This file hides both: the
  * consume loop reads the stray frames and turns a closed channel into SK_ERR,
- * and publishing waits for confirms frame by frame. */
+ * and publishing waits for confirms frame by frame.
+ *
+ * Moved out so far, each with its own responsibility: broker_wire.c (AMQP
+ * arithmetic without a connection). broker_conn.h is what the broker files
+ * share. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -17,36 +21,7 @@
 
 #include "backoff.h"
 #include "broker.h"
-
-#define CHANNEL 1
-
-struct sk_broker {
-    amqp_connection_state_t conn;
-    bool                    confirming;
-    uint64_t                next_publish_tag;
-    uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
-    int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
-    bool                    channel_closed;   /* by the broker, refusing what we sent */
-    size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
-    size_t                  node;             /* index in amqp.url of the node we are on */
-};
-
-/* The short-string properties, each with its flag. */
-static const struct {
-    amqp_flags_t flag;
-    size_t       offset;
-} property_strings[] = {
-    { AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type) },
-    { AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding) },
-    { AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id) },
-    { AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to) },
-    { AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration) },
-    { AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id) },
-    { AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type) },
-    { AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id) },
-    { AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id) },
-    { AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id) },
-};
+#include "broker_conn.h"
 
 static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, size_t index,
                      struct sk_err *err);
@@ -67,24 +42,17 @@ static void set_text(amqp_basic_properties_t *props, amqp_flags_t flag, amqp_byt
 static int send_publish(struct sk_broker *b, const char *routing_key,
                         const amqp_basic_properties_t *props, amqp_bytes_t body,
                         struct sk_err *err);
-static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
 static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
-static struct timeval to_timeval(uint32_t ms);
 static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
                      struct sk_err *err);
 static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple,
                      const char *nacked);
 static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
                                         const amqp_basic_properties_t *props);
-static int flush_acks(struct sk_broker *b, struct sk_err *err);
 static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_message_t *msg,
                      uint64_t *delivery_tag, struct sk_err *err);
 static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
                          struct sk_err *err);
-static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
-                            amqp_pool_t *pool);
-static amqp_table_entry_t text_entry(const char *key, const char *value);
-static amqp_table_entry_t int_entry(const char *key, int64_t value);
 static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
 
@@ -162,9 +130,9 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
         rc = log_in(b, conf, node, err);
     if (rc == SK_OK) {
         char what[300];
-        amqp_channel_open(b->conn, CHANNEL);
+        amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
         snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
-        rc = rpc_check(amqp_get_rpc_reply(b->conn), what, err);
+        rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), what, err);
     }
     if (rc != SK_OK) {
         sk_broker_close(b);
@@ -183,7 +151,7 @@ static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
     amqp_socket_t *socket = amqp_tcp_socket_new(b->conn);
     if (socket == NULL)
         return sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
-    struct timeval timeout = to_timeval(conf->connect_timeout_ms);
+    struct timeval timeout = sk_broker_timeval(conf->connect_timeout_ms);
     int status = amqp_socket_open_noblock(socket, node->host, node->port, &timeout);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host,
@@ -203,7 +171,7 @@ static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    int rc = rpc_check(reply, what, err);
+    int rc = sk_broker_rpc_check(reply, what, err);
     if (rc == SK_OK)
         return SK_OK;
     /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
@@ -223,10 +191,10 @@ void sk_broker_close(struct sk_broker *b)
     if (b == NULL)
         return;
     if (b->conn != NULL) {
-        flush_acks(b, NULL);
+        sk_broker_flush_acks(b, NULL);
         /* Closing politely makes the broker requeue our unacked deliveries at
          * once; if the connection is already broken these fail harmlessly. */
-        amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
+        amqp_channel_close(b->conn, SK_BROKER_CHANNEL, AMQP_REPLY_SUCCESS);
         amqp_rpc_reply_t r = amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
         amqp_destroy_connection(b->conn);
         /* A connection that could not even be closed was lost: its node is
@@ -276,23 +244,23 @@ static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, stru
     }
     if (dead_exists)
         return SK_OK;
-    amqp_table_entry_t quorum_type = text_entry("x-queue-type", "quorum");
+    amqp_table_entry_t quorum_type = sk_broker_text_entry("x-queue-type", "quorum");
     amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum_type };
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
                        quorum ? dead_args : amqp_empty_table);
-    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
+    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
 }
 
 static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err)
 {
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
                        amqp_empty_table);
     amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
     /* SK_AGAIN: the infrastructure tool may create it later. */
     if (channel_closed_with(reply, AMQP_NOT_FOUND))
         return sk_err_set(err, SK_AGAIN, "queue %s does not exist: with declare: passive "
                           "someone else must declare it (or set declare: auto)", name);
-    return rpc_check(reply, "queue.declare(passive)", err);
+    return sk_broker_rpc_check(reply, "queue.declare(passive)", err);
 }
 
 static int declare_work(struct sk_broker *b, const char *name, const char *dead,
@@ -300,21 +268,21 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
 {
     /* A rejected message goes to name.dead through the default exchange; the
      * broker moves it, so a dead letter cannot be lost between two queues. */
-    amqp_table_entry_t args[6] = { text_entry("x-dead-letter-exchange", ""),
-                                   text_entry("x-dead-letter-routing-key", dead) };
+    amqp_table_entry_t args[6] = { sk_broker_text_entry("x-dead-letter-exchange", ""),
+                                   sk_broker_text_entry("x-dead-letter-routing-key", dead) };
     int n_args = 2;
     if (shape != NULL && shape->quorum) {
-        args[n_args++] = text_entry("x-queue-type", "quorum");
+        args[n_args++] = sk_broker_text_entry("x-queue-type", "quorum");
         /* Quorum queues drop dead letters unless told otherwise; at-least-once
          * dead-lettering requires reject-publish overflow. */
-        args[n_args++] = text_entry("x-dead-letter-strategy", "at-least-once");
-        args[n_args++] = text_entry("x-overflow", "reject-publish");
+        args[n_args++] = sk_broker_text_entry("x-dead-letter-strategy", "at-least-once");
+        args[n_args++] = sk_broker_text_entry("x-overflow", "reject-publish");
         if (shape->delivery_limit > 0) {
-            args[n_args++] = int_entry("x-delivery-limit", shape->delivery_limit);
+            args[n_args++] = sk_broker_int_entry("x-delivery-limit", shape->delivery_limit);
         }
     }
     amqp_table_t table = { .num_entries = n_args, .entries = args };
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
     amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
         amqp_channel_close_t *m = reply.reply.decoded;
@@ -322,15 +290,16 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                           "declare: passive to consume it as it is (%.*s)",
                           (int)m->reply_text.len, (const char *)m->reply_text.bytes);
     }
-    return rpc_check(reply, "queue.declare", err);
+    return sk_broker_rpc_check(reply, "queue.declare", err);
 }
 
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
                           uint32_t *consumers, struct sk_err *err)
 {
-    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name),
-                                                     1, 0, 0, 0, amqp_empty_table);
-    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err);
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, SK_BROKER_CHANNEL,
+                                                     amqp_cstring_bytes(name), 1, 0, 0, 0,
+                                                     amqp_empty_table);
+    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err);
     if (rc != SK_OK)
         return rc;
     if (messages != NULL)
@@ -343,8 +312,9 @@ int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messa
 int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
                           uint32_t *messages, uint32_t *consumers, struct sk_err *err)
 {
-    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name),
-                                                     1, 0, 0, 0, amqp_empty_table);
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, SK_BROKER_CHANNEL,
+                                                     amqp_cstring_bytes(name), 1, 0, 0, 0,
+                                                     amqp_empty_table);
     amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
     /* 404 closes only the channel: acknowledge that and open it again, so
      * that a tool can probe many names over one connection. */
@@ -352,11 +322,11 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
         reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
         ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
         amqp_channel_close_ok_t close_ok = { 0 };
-        if (amqp_send_method(b->conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
+        if (amqp_send_method(b->conn, SK_BROKER_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
             AMQP_STATUS_OK)
             return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
-        amqp_channel_open(b->conn, CHANNEL);
-        int rc = rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
+        amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
+        int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
         if (rc != SK_OK)
             return rc;
         /* A new channel starts without confirms and counts its deliveries
@@ -371,7 +341,7 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
         *messages = *consumers = 0;
         return SK_OK;
     }
-    int rc = rpc_check(reply, "queue.declare(passive)", err);
+    int rc = sk_broker_rpc_check(reply, "queue.declare(passive)", err);
     if (rc != SK_OK)
         return rc;
     *exists = true;
@@ -384,13 +354,13 @@ int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
                       size_t max_body, struct sk_err *err)
 {
     b->max_body = max_body;
-    amqp_basic_qos(b->conn, CHANNEL, 0, prefetch, 0);
-    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err);
+    amqp_basic_qos(b->conn, SK_BROKER_CHANNEL, 0, prefetch, 0);
+    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err);
     if (rc != SK_OK)
         return rc;
-    amqp_basic_consume(b->conn, CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
-                       amqp_empty_table);
-    return rpc_check(amqp_get_rpc_reply(b->conn), "basic.consume", err);
+    amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes,
+                       0, 0, 0, amqp_empty_table);
+    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "basic.consume", err);
 }
 
 int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
@@ -400,10 +370,10 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
      * multiple-ack then settles a whole prefetch window, which halves the
      * broker's work per job. */
     if (b->ack_pending != 0 && !amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn) &&
-        flush_acks(b, err) != SK_OK)
+        sk_broker_flush_acks(b, err) != SK_OK)
         return SK_ERR;
     amqp_maybe_release_buffers(b->conn);
-    struct timeval timeout = to_timeval((uint32_t)timeout_ms);
+    struct timeval timeout = sk_broker_timeval((uint32_t)timeout_ms);
     amqp_frame_t frame;
     int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
     if (status == AMQP_STATUS_TIMEOUT)
@@ -465,8 +435,8 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
     uint64_t size = frame.payload.properties.body_size;
     bool keep = b->max_body == 0 || size <= b->max_body;
     if (keep) {
-        if (clone_properties(frame.payload.properties.decoded, &env->message.properties,
-                             &env->message.pool) != SK_OK ||
+        if (sk_broker_clone_properties(frame.payload.properties.decoded, &env->message.properties,
+                                       &env->message.pool) != SK_OK ||
             (size > 0 && (env->message.body = amqp_bytes_malloc(size)).bytes == NULL)) {
             amqp_destroy_envelope(env);
             return sk_err_set(err, SK_ERR, "out of memory reading a delivery");
@@ -496,32 +466,6 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
     return SK_OK;
 }
 
-/* Deep copy into pool: the decoded frame lives only until the connection's
- * buffers are recycled. */
-static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
-                            amqp_pool_t *pool)
-{
-    /* Only the flagged fields were decoded: the others hold garbage. */
-    *to = *from;
-    for (size_t i = 0; i < SK_ARRAY_LEN(property_strings); i++) {
-        amqp_bytes_t *b = (amqp_bytes_t *)((char *)to + property_strings[i].offset);
-        if (!(from->_flags & property_strings[i].flag) || b->len == 0) {
-            *b = amqp_empty_bytes;
-            continue;
-        }
-        void *copy = amqp_pool_alloc(pool, b->len);
-        if (copy == NULL)
-            return SK_ERR;
-        memcpy(copy, b->bytes, b->len);
-        b->bytes = copy;
-    }
-    to->headers = amqp_empty_table;
-    if ((from->_flags & AMQP_BASIC_HEADERS_FLAG) &&
-        amqp_table_clone(&from->headers, &to->headers, pool) != AMQP_STATUS_OK)
-        return SK_ERR;
-    return SK_OK;
-}
-
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
 {
     (void)b;
@@ -539,11 +483,11 @@ int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err
 /* Deliveries are settled strictly in order, so acking up to the highest
  * pending tag with `multiple` settles exactly the ones acked since the last
  * flush: every lower tag was already acked, rejected or flushed. */
-static int flush_acks(struct sk_broker *b, struct sk_err *err)
+int sk_broker_flush_acks(struct sk_broker *b, struct sk_err *err)
 {
     if (b->ack_pending == 0)
         return SK_OK;
-    int status = amqp_basic_ack(b->conn, CHANNEL, b->ack_pending, 1);
+    int status = amqp_basic_ack(b->conn, SK_BROKER_CHANNEL, b->ack_pending, 1);
     b->ack_pending = 0;
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
@@ -553,7 +497,7 @@ static int flush_acks(struct sk_broker *b, struct sk_err *err)
 int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
                      struct sk_err *err)
 {
-    int status = amqp_basic_reject(b->conn, CHANNEL, delivery_tag, requeue);
+    int status = amqp_basic_reject(b->conn, SK_BROKER_CHANNEL, delivery_tag, requeue);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.reject failed: %s", amqp_error_string2(status));
     return SK_OK;
@@ -570,7 +514,7 @@ int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
 {
     /* The previous message was copied into its own pool: the channel's
      * frames can go, or a long scan would keep every basic.get-ok. */
-    amqp_maybe_release_buffers_on_channel(b->conn, CHANNEL);
+    amqp_maybe_release_buffers_on_channel(b->conn, SK_BROKER_CHANNEL);
     return basic_get(b, queue, false, msg, delivery_tag, err);
 }
 
@@ -582,21 +526,21 @@ static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_m
                      uint64_t *delivery_tag, struct sk_err *err)
 {
     amqp_rpc_reply_t reply =
-        amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), no_ack);
-    int rc = rpc_check(reply, "basic.get", err);
+        amqp_basic_get(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), no_ack);
+    int rc = sk_broker_rpc_check(reply, "basic.get", err);
     if (rc != SK_OK)
         return rc;
     if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
         return SK_BUSY;
     if (delivery_tag != NULL)
         *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
-    reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
-    return rpc_check(reply, "basic.get(read)", err);
+    reply = amqp_read_message(b->conn, SK_BROKER_CHANNEL, msg, 0);
+    return sk_broker_rpc_check(reply, "basic.get(read)", err);
 }
 
 int sk_broker_ack_one(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
 {
-    int status = amqp_basic_ack(b->conn, CHANNEL, delivery_tag, 0);
+    int status = amqp_basic_ack(b->conn, SK_BROKER_CHANNEL, delivery_tag, 0);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
     return SK_OK;
@@ -630,8 +574,8 @@ static int heartbeat_seconds(const struct sk_amqp_conf *conf)
 
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
 {
-    amqp_confirm_select(b->conn, CHANNEL);
-    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "confirm.select", err);
+    amqp_confirm_select(b->conn, SK_BROKER_CHANNEL);
+    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "confirm.select", err);
     if (rc != SK_OK)
         return rc;
     b->confirming = true;
@@ -657,9 +601,9 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
     amqp_table_entry_t headers[2];
     int n_headers = 0;
     if (msg->idempotency_key != NULL)
-        headers[n_headers++] = text_entry("x-idempotency-key", msg->idempotency_key);
+        headers[n_headers++] = sk_broker_text_entry("x-idempotency-key", msg->idempotency_key);
     if (msg->resource_key != NULL)
-        headers[n_headers++] = text_entry("x-resource-key", msg->resource_key);
+        headers[n_headers++] = sk_broker_text_entry("x-resource-key", msg->resource_key);
 
     amqp_basic_properties_t props = message_properties(msg, headers, n_headers);
 
@@ -719,7 +663,7 @@ static int send_publish(struct sk_broker *b, const char *routing_key,
                         const amqp_basic_properties_t *props, amqp_bytes_t body,
                         struct sk_err *err)
 {
-    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
+    int status = amqp_basic_publish(b->conn, SK_BROKER_CHANNEL, amqp_empty_bytes,
                                     amqp_cstring_bytes(routing_key), 1, 0, props, body);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
@@ -769,13 +713,13 @@ int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t del
     if (n < 0 || (size_t)n >= size)
         return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
     amqp_table_entry_t args[4];
-    args[0] = text_entry("x-dead-letter-exchange", "");
-    args[1] = text_entry("x-dead-letter-routing-key", queue);
-    args[2] = int_entry("x-message-ttl", delay_ms);
-    args[3] = int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
+    args[0] = sk_broker_text_entry("x-dead-letter-exchange", "");
+    args[1] = sk_broker_text_entry("x-dead-letter-routing-key", queue);
+    args[2] = sk_broker_int_entry("x-message-ttl", delay_ms);
+    args[3] = sk_broker_int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
     amqp_table_t table = { .num_entries = 4, .entries = args };
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
 }
 
 int sk_broker_republish(struct sk_broker *b, const char *routing_key,
@@ -804,8 +748,8 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
             entries[n++] = old->entries[i];
     }
     for (size_t k = 0; k < n_extra; k++) {
-        entries[n++] = extra[k].text != NULL ? text_entry(extra[k].key, extra[k].text)
-                                             : int_entry(extra[k].key, extra[k].number);
+        entries[n++] = extra[k].text != NULL ? sk_broker_text_entry(extra[k].key, extra[k].text)
+                                             : sk_broker_int_entry(extra[k].key, extra[k].number);
     }
     props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.headers.num_entries = (int)n;
@@ -833,98 +777,6 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     return await_one(b, &p, routing_key, err);
 }
 
-int64_t sk_broker_field_int(const amqp_field_value_t *v)
-{
-    if (v == NULL)
-        return -1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_I8:  return v->value.i8;
-    case AMQP_FIELD_KIND_U8:  return v->value.u8;
-    case AMQP_FIELD_KIND_I16: return v->value.i16;
-    case AMQP_FIELD_KIND_U16: return v->value.u16;
-    case AMQP_FIELD_KIND_I32: return v->value.i32;
-    case AMQP_FIELD_KIND_U32: return v->value.u32;
-    case AMQP_FIELD_KIND_I64: return v->value.i64;
-    case AMQP_FIELD_KIND_U64: return v->value.u64 > INT64_MAX ? -1 : (int64_t)v->value.u64;
-    default:                  return -1;
-    }
-}
-
-static size_t field_size(const amqp_field_value_t *v);
-
-size_t sk_broker_table_size(const amqp_table_t *t)
-{
-    size_t n = 0;
-    for (int i = 0; i < t->num_entries; i++)
-        n += 1 + t->entries[i].key.len + field_size(&t->entries[i].value);
-    return n;
-}
-
-/* A field's kind octet and its value. */
-static size_t field_size(const amqp_field_value_t *v)
-{
-    size_t n = 1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_BOOLEAN:
-    case AMQP_FIELD_KIND_I8:
-    case AMQP_FIELD_KIND_U8:        return n + 1;
-    case AMQP_FIELD_KIND_I16:
-    case AMQP_FIELD_KIND_U16:       return n + 2;
-    case AMQP_FIELD_KIND_I32:
-    case AMQP_FIELD_KIND_U32:
-    case AMQP_FIELD_KIND_F32:       return n + 4;
-    case AMQP_FIELD_KIND_DECIMAL:   return n + 5;
-    case AMQP_FIELD_KIND_I64:
-    case AMQP_FIELD_KIND_U64:
-    case AMQP_FIELD_KIND_F64:
-    case AMQP_FIELD_KIND_TIMESTAMP: return n + 8;
-    case AMQP_FIELD_KIND_UTF8:
-    case AMQP_FIELD_KIND_BYTES:     return n + 4 + v->value.bytes.len;
-    case AMQP_FIELD_KIND_TABLE:     return n + 4 + sk_broker_table_size(&v->value.table);
-    case AMQP_FIELD_KIND_ARRAY:
-        n += 4;
-        for (int i = 0; i < v->value.array.num_entries; i++)
-            n += field_size(&v->value.array.entries[i]);
-        return n;
-    default:                        return n;  /* void */
-    }
-}
-
-size_t sk_broker_properties_size(const amqp_basic_properties_t *p)
-{
-    size_t n = 2;  /* the flags: 14 properties fit in one flag word */
-    for (size_t i = 0; i < SK_ARRAY_LEN(property_strings); i++)
-        if (p->_flags & property_strings[i].flag)
-            n += 1 + ((const amqp_bytes_t *)((const char *)p + property_strings[i].offset))->len;
-    if (p->_flags & AMQP_BASIC_HEADERS_FLAG)
-        n += 4 + sk_broker_table_size(&p->headers);
-    if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
-        n += 1;
-    if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
-        n += 1;
-    if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG)
-        n += 8;
-    return n;
-}
-
-static amqp_table_entry_t text_entry(const char *key, const char *value)
-{
-    amqp_table_entry_t e;
-    e.key = amqp_cstring_bytes(key);
-    e.value.kind = AMQP_FIELD_KIND_UTF8;
-    e.value.value.bytes = amqp_cstring_bytes(value);
-    return e;
-}
-
-static amqp_table_entry_t int_entry(const char *key, int64_t value)
-{
-    amqp_table_entry_t e;
-    e.key = amqp_cstring_bytes(key);
-    e.value.kind = AMQP_FIELD_KIND_I64;
-    e.value.value.i64 = value;
-    return e;
-}
-
 static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
                      struct sk_err *err)
 {
@@ -945,7 +797,7 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
         unsettled += !p[i].settled;
     while (unsettled > 0) {
         amqp_frame_t frame;
-        struct timeval timeout = to_timeval(30000);
+        struct timeval timeout = sk_broker_timeval(30000);
         int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
         if (status != AMQP_STATUS_OK)
             return sk_err_set(err, SK_AGAIN, "waiting for publisher confirms: %s",
@@ -1039,7 +891,7 @@ static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
     return NULL;
 }
 
-static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err)
+int sk_broker_rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err)
 {
     switch (reply.reply_type) {
     case AMQP_RESPONSE_NORMAL:
@@ -1074,10 +926,4 @@ static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code)
     return reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
            reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
            ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == code;
-}
-
-static struct timeval to_timeval(uint32_t ms)
-{
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
-    return tv;
 }
