@@ -21,10 +21,10 @@
  * difference would fail its declare with PRECONDITION_FAILED, and the run
  * would time out loudly rather than measure a differently configured queue).
  *
- * librabbitmq directly rather than src/broker.c: sk_broker_publish() waits for
- * each confirm, which is what a producer wants and what a benchmark cannot
- * afford. Prints key=value lines on stdout for run.sh; errors go to stderr
- * with exit status 1. */
+ * librabbitmq directly rather than src/broker_publish.c: sk_broker_publish()
+ * waits for each confirm, which is what a producer wants and what a
+ * benchmark cannot afford. Prints key=value lines on stdout for run.sh;
+ * errors go to stderr with exit status 1. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>

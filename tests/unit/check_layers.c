@@ -21,7 +21,8 @@ static const char *const layers[][2] = {
     { "producer",   " relay janitor " },
     { "shared",     " scoreboard metrics process proctitle " },
     { "config",     " config config_value plugin " },
-    { "adapters",   " broker broker_conn broker_consume broker_queue broker_wire lock pg store lease " },
+    { "adapters",   " broker broker_conn broker_consume broker_publish broker_queue broker_wire "
+                    "lock pg store lease " },
     { "base",       " common clock backoff log failpoint " },
 };
 enum { LAYERS = sizeof(layers) / sizeof(layers[0]), MODULES = 64, NAME = 32 };
