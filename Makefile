@@ -28,7 +28,7 @@ CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
 CORE    = common config config_value log backoff clock
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor
 CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http $(BROKER) pg envelope failpoint \
           reschedule
@@ -86,6 +86,7 @@ $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
 $(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
 $(B)/tests/check_backoff:  $(call obj,$(CORE))
+$(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom)
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)

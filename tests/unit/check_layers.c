@@ -16,7 +16,7 @@
  * Within a layer, the cycle test below still forbids loops. */
 static const char *const layers[][2] = {
     { "face",       " main ctl ctl_dlq ctl_status ctl_trace ctl_http ctl_out " },
-    { "supervisor", " supervisor roles oom notify metrics_http metrics_text " },
+    { "supervisor", " supervisor deaths roles oom notify metrics_http metrics_text " },
     { "worker",     " worker links job job_steps batch envelope reschedule heartbeat host " },
     { "producer",   " relay janitor " },
     { "shared",     " scoreboard metrics process proctitle " },
