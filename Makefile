@@ -26,9 +26,11 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
 
 CORE    = common config config_value log backoff clock
-DAEMON  = $(CORE) main proctitle process supervisor roles worker job batch links broker envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+# The broker module (broker.h) is one file per responsibility: see broker.c.
+BROKER  = broker broker_queue broker_consume broker_publish broker_wire
+DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor
-CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http broker pg envelope failpoint \
+CTL     = $(CORE) ctl ctl_dlq ctl_out ctl_status ctl_trace ctl_http $(BROKER) pg envelope failpoint \
           reschedule
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -76,7 +78,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
-$(B)/tests/check_envelope: $(call obj,$(CORE) envelope broker)
+$(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)
 $(B)/tests/check_log:      $(call obj,$(CORE))
@@ -84,11 +86,12 @@ $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
 $(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
 $(B)/tests/check_backoff:  $(call obj,$(CORE))
-$(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule broker)
+$(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom)
+$(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
-HARNESS = $(call obj,$(CORE) broker lock) $(B)/obj/harness.o
+HARNESS = $(call obj,$(CORE) $(BROKER) lock) $(B)/obj/harness.o
 $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
@@ -108,7 +111,7 @@ FUZZERS       = $(patsubst tests/fuzz/%.c,$(FUZZ_B)/%,$(wildcard tests/fuzz/fuzz
 zobj          = $(patsubst %,$(FUZZ_B)/obj/%.o,$(1))
 
 $(FUZZ_B)/fuzz_config:   $(call zobj,$(CORE))
-$(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope broker)
+$(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope $(BROKER))
 $(FUZZ_B)/fuzz_values:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c | $(FUZZ_B)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) $(LDLIBS)

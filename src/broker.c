@@ -1,90 +1,39 @@
-/* broker.c - RabbitMQ through librabbitmq: one connection, one channel.
+/* broker.c - one RabbitMQ connection through librabbitmq: which node of
+ * amqp.url to connect to, the login and the channel, closing, keepalive,
+ * and the reading of librabbitmq's RPC replies that every broker file uses.
  *
- * librabbitmq is synchronous: heartbeats are only answered while we are inside
- * one of its calls, and a consumer's connection can carry unrelated frames
- * (channel.close, basic.return) between deliveries. This file hides both: the
- * consume loop reads the stray frames and turns a closed channel into SK_ERR,
- * and publishing waits for confirms frame by frame. */
-#include <errno.h>
-#include <stddef.h>
+ * librabbitmq is synchronous: heartbeats are only answered while we are
+ * inside one of its calls, and a consumer's connection can carry unrelated
+ * frames (channel.close, basic.return) between deliveries. The broker files
+ * hide both: sk_broker_keepalive() here beats for a connection nobody is
+ * using, broker_consume.c reads the stray frames and turns a closed channel
+ * into SK_ERR, and broker_publish.c waits for confirms frame by frame.
+ *
+ * broker.h is one module in five files, cut by what a caller does with the
+ * connection, so that each reads on its own: this one makes and ends it,
+ * broker_queue.c declares and probes queues, broker_consume.c takes and
+ * settles deliveries, broker_publish.c publishes with confirms, and
+ * broker_wire.c does the connection-free AMQP arithmetic. broker_conn.h is
+ * what they share, and only they include it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 
-#include "backoff.h"
 #include "broker.h"
-
-#define CHANNEL 1
-
-struct sk_broker {
-    amqp_connection_state_t conn;
-    bool                    confirming;
-    uint64_t                next_publish_tag;
-    uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
-    int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
-    bool                    channel_closed;   /* by the broker, refusing what we sent */
-    size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
-    size_t                  node;             /* index in amqp.url of the node we are on */
-};
-
-/* The short-string properties, each with its flag. */
-static const struct {
-    amqp_flags_t flag;
-    size_t       offset;
-} property_strings[] = {
-    { AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type) },
-    { AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding) },
-    { AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id) },
-    { AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to) },
-    { AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration) },
-    { AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id) },
-    { AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type) },
-    { AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id) },
-    { AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id) },
-    { AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id) },
-};
+#include "broker_conn.h"
+#include "clock.h"
 
 static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, size_t index,
                      struct sk_err *err);
 static void append(char *buf, size_t size, const char *s);
-static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err);
-static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err);
-static int declare_work(struct sk_broker *b, const char *name, const char *dead,
-                        const struct sk_queue_shape *shape, struct sk_err *err);
 static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
                         const struct sk_amqp_node *node, struct sk_err *err);
 static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
                   const struct sk_amqp_node *node, struct sk_err *err);
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
-static amqp_basic_properties_t message_properties(const struct sk_message *msg,
-                                                  amqp_table_entry_t *headers, int n_headers);
-static void set_text(amqp_basic_properties_t *props, amqp_flags_t flag, amqp_bytes_t *field,
-                     const char *value);
-static int send_publish(struct sk_broker *b, const char *routing_key,
-                        const amqp_basic_properties_t *props, amqp_bytes_t body,
-                        struct sk_err *err);
-static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
-static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
-static struct timeval to_timeval(uint32_t ms);
-static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
-                     struct sk_err *err);
-static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple,
-                     const char *nacked);
-static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
-                                        const amqp_basic_properties_t *props);
-static int flush_acks(struct sk_broker *b, struct sk_err *err);
-static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
-                         struct sk_err *err);
-static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
-                            amqp_pool_t *pool);
-static amqp_table_entry_t text_entry(const char *key, const char *value);
-static amqp_table_entry_t int_entry(const char *key, int64_t value);
-static const char *unsendable(struct sk_broker *b, const char *routing_key,
-                              const amqp_basic_properties_t *props);
 
 /* The node this thread connects to first: the one its last connection
  * was made to, until a connection to it breaks; then the node after it, so
@@ -160,9 +109,9 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
         rc = log_in(b, conf, node, err);
     if (rc == SK_OK) {
         char what[300];
-        amqp_channel_open(b->conn, CHANNEL);
+        amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
         snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
-        rc = rpc_check(amqp_get_rpc_reply(b->conn), what, err);
+        rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), what, err);
     }
     if (rc != SK_OK) {
         sk_broker_close(b);
@@ -181,7 +130,7 @@ static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
     amqp_socket_t *socket = amqp_tcp_socket_new(b->conn);
     if (socket == NULL)
         return sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
-    struct timeval timeout = to_timeval(conf->connect_timeout_ms);
+    struct timeval timeout = sk_broker_timeval(conf->connect_timeout_ms);
     int status = amqp_socket_open_noblock(socket, node->host, node->port, &timeout);
     if (status != AMQP_STATUS_OK)
         return sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host,
@@ -201,7 +150,7 @@ static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    int rc = rpc_check(reply, what, err);
+    int rc = sk_broker_rpc_check(reply, what, err);
     if (rc == SK_OK)
         return SK_OK;
     /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
@@ -221,10 +170,10 @@ void sk_broker_close(struct sk_broker *b)
     if (b == NULL)
         return;
     if (b->conn != NULL) {
-        flush_acks(b, NULL);
+        sk_broker_flush_acks(b, NULL);
         /* Closing politely makes the broker requeue our unacked deliveries at
          * once; if the connection is already broken these fail harmlessly. */
-        amqp_channel_close(b->conn, CHANNEL, AMQP_REPLY_SUCCESS);
+        amqp_channel_close(b->conn, SK_BROKER_CHANNEL, AMQP_REPLY_SUCCESS);
         amqp_rpc_reply_t r = amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
         amqp_destroy_connection(b->conn);
         /* A connection that could not even be closed was lost: its node is
@@ -233,366 +182,6 @@ void sk_broker_close(struct sk_broker *b)
             next_node = b->node + 1;
     }
     free(b);
-}
-
-int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err)
-{
-    int n = snprintf(out, size, "%s.dead", queue);
-    if (n < 0 || (size_t)n >= size)
-        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
-    return SK_OK;
-}
-
-int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
-                      struct sk_err *err)
-{
-    char dead[512];
-    int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
-    if (rc == SK_OK)
-        rc = declare_dead(b, dead, shape != NULL && shape->quorum, err);
-    if (rc != SK_OK)
-        return rc;
-    if (shape != NULL && shape->passive)
-        return declare_passive(b, name, err);
-    return declare_work(b, name, dead, shape, err);
-}
-
-/* A quorum work queue gets quorum dead letters: in a cluster a classic
- * queue lives on one node, and while that node is down declaring it
- * fails, so no worker could consume the work queue on the nodes left.
- * One that exists is taken as it is (a classic one from before, or
- * one an operator declared): declaring it with another type would be
- * refused. */
-static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err)
-{
-    bool dead_exists = false;
-    if (quorum) {
-        uint32_t messages, consumers;
-        int rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
-        if (rc != SK_OK)
-            return rc;
-    }
-    if (dead_exists)
-        return SK_OK;
-    amqp_table_entry_t quorum_type = text_entry("x-queue-type", "quorum");
-    amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum_type };
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
-                       quorum ? dead_args : amqp_empty_table);
-    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
-}
-
-static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err)
-{
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
-                       amqp_empty_table);
-    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
-    /* SK_AGAIN: the infrastructure tool may create it later. */
-    if (channel_closed_with(reply, AMQP_NOT_FOUND))
-        return sk_err_set(err, SK_AGAIN, "queue %s does not exist: with declare: passive "
-                          "someone else must declare it (or set declare: auto)", name);
-    return rpc_check(reply, "queue.declare(passive)", err);
-}
-
-static int declare_work(struct sk_broker *b, const char *name, const char *dead,
-                        const struct sk_queue_shape *shape, struct sk_err *err)
-{
-    /* A rejected message goes to name.dead through the default exchange; the
-     * broker moves it, so a dead letter cannot be lost between two queues. */
-    amqp_table_entry_t args[6] = { text_entry("x-dead-letter-exchange", ""),
-                                   text_entry("x-dead-letter-routing-key", dead) };
-    int n_args = 2;
-    if (shape != NULL && shape->quorum) {
-        args[n_args++] = text_entry("x-queue-type", "quorum");
-        /* Quorum queues drop dead letters unless told otherwise; at-least-once
-         * dead-lettering requires reject-publish overflow. */
-        args[n_args++] = text_entry("x-dead-letter-strategy", "at-least-once");
-        args[n_args++] = text_entry("x-overflow", "reject-publish");
-        if (shape->delivery_limit > 0) {
-            args[n_args++] = int_entry("x-delivery-limit", shape->delivery_limit);
-        }
-    }
-    amqp_table_t table = { .num_entries = n_args, .entries = args };
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
-    if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
-        amqp_channel_close_t *m = reply.reply.decoded;
-        return sk_err_set(err, SK_ERR, "declared by someone else with other arguments: set "
-                          "declare: passive to consume it as it is (%.*s)",
-                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
-    }
-    return rpc_check(reply, "queue.declare", err);
-}
-
-int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
-                          uint32_t *consumers, struct sk_err *err)
-{
-    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name),
-                                                     1, 0, 0, 0, amqp_empty_table);
-    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err);
-    if (rc != SK_OK)
-        return rc;
-    if (messages != NULL)
-        *messages = ok->message_count;
-    if (consumers != NULL)
-        *consumers = ok->consumer_count;
-    return SK_OK;
-}
-
-int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
-                          uint32_t *messages, uint32_t *consumers, struct sk_err *err)
-{
-    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name),
-                                                     1, 0, 0, 0, amqp_empty_table);
-    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
-    /* 404 closes only the channel: acknowledge that and open it again, so
-     * that a tool can probe many names over one connection. */
-    if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
-        reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
-        ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
-        amqp_channel_close_ok_t close_ok = { 0 };
-        if (amqp_send_method(b->conn, CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
-            AMQP_STATUS_OK)
-            return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
-        amqp_channel_open(b->conn, CHANNEL);
-        int rc = rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
-        if (rc != SK_OK)
-            return rc;
-        /* A new channel starts without confirms and counts its deliveries
-         * from 1 again: a publisher's must be as it was. */
-        if (b->confirming) {
-            b->next_publish_tag = 1;
-            rc = sk_broker_confirm_select(b, err);
-            if (rc != SK_OK)
-                return rc;
-        }
-        *exists = false;
-        *messages = *consumers = 0;
-        return SK_OK;
-    }
-    int rc = rpc_check(reply, "queue.declare(passive)", err);
-    if (rc != SK_OK)
-        return rc;
-    *exists = true;
-    *messages = ok->message_count;
-    *consumers = ok->consumer_count;
-    return SK_OK;
-}
-
-int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
-                      size_t max_body, struct sk_err *err)
-{
-    b->max_body = max_body;
-    amqp_basic_qos(b->conn, CHANNEL, 0, prefetch, 0);
-    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err);
-    if (rc != SK_OK)
-        return rc;
-    amqp_basic_consume(b->conn, CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
-                       amqp_empty_table);
-    return rpc_check(amqp_get_rpc_reply(b->conn), "basic.consume", err);
-}
-
-int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
-                   struct sk_err *err)
-{
-    /* Acks go out only when no delivery is waiting in our buffers: one
-     * multiple-ack then settles a whole prefetch window, which halves the
-     * broker's work per job. */
-    if (b->ack_pending != 0 && !amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn) &&
-        flush_acks(b, err) != SK_OK)
-        return SK_ERR;
-    amqp_maybe_release_buffers(b->conn);
-    struct timeval timeout = to_timeval((uint32_t)timeout_ms);
-    amqp_frame_t frame;
-    int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
-    if (status == AMQP_STATUS_TIMEOUT)
-        return SK_AGAIN;
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_ERR, "amqp connection lost while waiting for a delivery: %s",
-                          amqp_error_string2(status));
-    if (frame.frame_type != AMQP_FRAME_METHOD)
-        return SK_AGAIN;
-    if (frame.payload.method.id == AMQP_BASIC_DELIVER_METHOD)
-        return read_delivery(b, &frame, env, err);
-
-    /* Something other than a delivery arrived: it tells whether the
-     * channel or the connection is going away. */
-    switch (frame.payload.method.id) {
-    case AMQP_CHANNEL_CLOSE_METHOD: {
-        amqp_channel_close_t *m = frame.payload.method.decoded;
-        return sk_err_set(err, SK_ERR, "broker closed the channel: %.*s",
-                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
-    }
-    case AMQP_CONNECTION_CLOSE_METHOD: {
-        amqp_connection_close_t *m = frame.payload.method.decoded;
-        return sk_err_set(err, SK_ERR, "broker closed the connection: %.*s",
-                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
-    }
-    case AMQP_BASIC_CANCEL_METHOD:
-        return sk_err_set(err, SK_ERR, "broker cancelled the consumer (queue deleted?)");
-    default:
-        return SK_AGAIN;
-    }
-}
-
-/* What amqp_consume_message() does, with one difference: the content
- * header announces the body's size, and a body over max_body is skipped
- * frame by frame instead of being gathered in memory. The frames are read
- * from the same buffer either way: no extra system call per delivery. */
-static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
-                         struct sk_err *err)
-{
-    const amqp_basic_deliver_t *d = deliver->payload.method.decoded;
-    memset(env, 0, sizeof(*env));
-    env->channel = deliver->channel;
-    env->delivery_tag = d->delivery_tag;
-    env->redelivered = d->redelivered;
-    env->consumer_tag = amqp_bytes_malloc_dup(d->consumer_tag);
-    env->exchange = amqp_bytes_malloc_dup(d->exchange);
-    env->routing_key = amqp_bytes_malloc_dup(d->routing_key);
-    init_amqp_pool(&env->message.pool, 4096);
-
-    amqp_frame_t frame;
-    int status = amqp_simple_wait_frame(b->conn, &frame);
-    if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_HEADER ||
-        frame.channel != env->channel) {
-        amqp_destroy_envelope(env);
-        return sk_err_set(err, SK_ERR, "reading a delivery's header: %s",
-                          status != AMQP_STATUS_OK ? amqp_error_string2(status)
-                                                   : "unexpected frame");
-    }
-    uint64_t size = frame.payload.properties.body_size;
-    bool keep = b->max_body == 0 || size <= b->max_body;
-    if (keep) {
-        if (clone_properties(frame.payload.properties.decoded, &env->message.properties,
-                             &env->message.pool) != SK_OK ||
-            (size > 0 && (env->message.body = amqp_bytes_malloc(size)).bytes == NULL)) {
-            amqp_destroy_envelope(env);
-            return sk_err_set(err, SK_ERR, "out of memory reading a delivery");
-        }
-    }
-    /* A body not kept is announced by its length with no bytes; the
-     * properties are left out too (the delivery is refused unread). */
-    env->message.body.len = size;
-
-    for (uint64_t got = 0; got < size;) {
-        status = amqp_simple_wait_frame(b->conn, &frame);
-        if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_BODY ||
-            frame.channel != env->channel ||
-            frame.payload.body_fragment.len > size - got) {
-            amqp_destroy_envelope(env);
-            return sk_err_set(err, SK_ERR, "reading a delivery's body: %s",
-                              status != AMQP_STATUS_OK ? amqp_error_string2(status)
-                                                       : "unexpected frame");
-        }
-        if (keep)
-            memcpy((char *)env->message.body.bytes + got, frame.payload.body_fragment.bytes,
-                   frame.payload.body_fragment.len);
-        else
-            amqp_maybe_release_buffers_on_channel(b->conn, env->channel);
-        got += frame.payload.body_fragment.len;
-    }
-    return SK_OK;
-}
-
-/* Deep copy into pool: the decoded frame lives only until the connection's
- * buffers are recycled. */
-static int clone_properties(const amqp_basic_properties_t *from, amqp_basic_properties_t *to,
-                            amqp_pool_t *pool)
-{
-    /* Only the flagged fields were decoded: the others hold garbage. */
-    *to = *from;
-    for (size_t i = 0; i < SK_ARRAY_LEN(property_strings); i++) {
-        amqp_bytes_t *b = (amqp_bytes_t *)((char *)to + property_strings[i].offset);
-        if (!(from->_flags & property_strings[i].flag) || b->len == 0) {
-            *b = amqp_empty_bytes;
-            continue;
-        }
-        void *copy = amqp_pool_alloc(pool, b->len);
-        if (copy == NULL)
-            return SK_ERR;
-        memcpy(copy, b->bytes, b->len);
-        b->bytes = copy;
-    }
-    to->headers = amqp_empty_table;
-    if ((from->_flags & AMQP_BASIC_HEADERS_FLAG) &&
-        amqp_table_clone(&from->headers, &to->headers, pool) != AMQP_STATUS_OK)
-        return SK_ERR;
-    return SK_OK;
-}
-
-void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
-{
-    (void)b;
-    amqp_destroy_envelope(env);
-}
-
-int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
-{
-    (void)err;
-    sk_assert(delivery_tag > b->ack_pending);
-    b->ack_pending = delivery_tag;
-    return SK_OK;
-}
-
-/* Deliveries are settled strictly in order, so acking up to the highest
- * pending tag with `multiple` settles exactly the ones acked since the last
- * flush: every lower tag was already acked, rejected or flushed. */
-static int flush_acks(struct sk_broker *b, struct sk_err *err)
-{
-    if (b->ack_pending == 0)
-        return SK_OK;
-    int status = amqp_basic_ack(b->conn, CHANNEL, b->ack_pending, 1);
-    b->ack_pending = 0;
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
-    return SK_OK;
-}
-
-int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
-                     struct sk_err *err)
-{
-    int status = amqp_basic_reject(b->conn, CHANNEL, delivery_tag, requeue);
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.reject failed: %s", amqp_error_string2(status));
-    return SK_OK;
-}
-
-int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
-                  struct sk_err *err)
-{
-    amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 1);
-    int rc = rpc_check(reply, "basic.get", err);
-    if (rc != SK_OK)
-        return rc;
-    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
-        return SK_BUSY;
-    reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
-    return rpc_check(reply, "basic.get(read)", err);
-}
-
-int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
-                   uint64_t *delivery_tag, struct sk_err *err)
-{
-    /* The previous message was copied into its own pool: the channel's
-     * frames can go, or a long scan would keep every basic.get-ok. */
-    amqp_maybe_release_buffers_on_channel(b->conn, CHANNEL);
-    amqp_rpc_reply_t reply = amqp_basic_get(b->conn, CHANNEL, amqp_cstring_bytes(queue), 0);
-    int rc = rpc_check(reply, "basic.get", err);
-    if (rc != SK_OK)
-        return rc;
-    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
-        return SK_BUSY;
-    *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
-    reply = amqp_read_message(b->conn, CHANNEL, msg, 0);
-    return rpc_check(reply, "basic.get(read)", err);
-}
-
-int sk_broker_ack_one(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
-{
-    int status = amqp_basic_ack(b->conn, CHANNEL, delivery_tag, 0);
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
-    return SK_OK;
 }
 
 int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err)
@@ -621,418 +210,7 @@ static int heartbeat_seconds(const struct sk_amqp_conf *conf)
     return (int)((conf->heartbeat_ms + 999) / 1000);
 }
 
-int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
-{
-    amqp_confirm_select(b->conn, CHANNEL);
-    int rc = rpc_check(amqp_get_rpc_reply(b->conn), "confirm.select", err);
-    if (rc != SK_OK)
-        return rc;
-    b->confirming = true;
-    return SK_OK;
-}
-
-int sk_broker_publish(struct sk_broker *b, const char *routing_key,
-                      const struct sk_message *msg, struct sk_err *err)
-{
-    struct sk_publish p;
-    int rc = sk_broker_publish_async(b, routing_key, msg, &p, err);
-    if (rc == SK_OK)
-        rc = await_one(b, &p, routing_key, err);
-    return rc;
-}
-
-int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
-                            const struct sk_message *msg, struct sk_publish *p,
-                            struct sk_err *err)
-{
-    sk_assert(b->confirming);
-
-    amqp_table_entry_t headers[2];
-    int n_headers = 0;
-    if (msg->idempotency_key != NULL)
-        headers[n_headers++] = text_entry("x-idempotency-key", msg->idempotency_key);
-    if (msg->resource_key != NULL)
-        headers[n_headers++] = text_entry("x-resource-key", msg->resource_key);
-
-    amqp_basic_properties_t props = message_properties(msg, headers, n_headers);
-
-    /* librabbitmq writes basic.publish before it encodes the properties: a
-     * message it cannot encode would leave half a publish on the wire, and
-     * the broker would close the connection for it. So a message is checked
-     * whole before any of it is sent, and one that can never be sent is
-     * refused here, with the connection left as it was. */
-    const char *why = unsendable(b, routing_key, &props);
-    if (why != NULL) {
-        *p = (struct sk_publish){ .message_id = msg->message_id, .settled = true, .rc = SK_ERR,
-                                  .why = why };
-        return sk_err_set(err, SK_ERR, "publish to %.64s%s refused before sending: %s",
-                          routing_key, strlen(routing_key) > 64 ? "..." : "", why);
-    }
-    amqp_bytes_t body = { .len = msg->body_len, .bytes = (void *)msg->body };
-    int rc = send_publish(b, routing_key, &props, body, err);
-    if (rc != SK_OK)
-        return rc;
-    *p = (struct sk_publish){ .message_id = msg->message_id, .tag = b->next_publish_tag++ };
-    return SK_OK;
-}
-
-/* A job's message is persistent; each optional field is sent only when set. */
-static amqp_basic_properties_t message_properties(const struct sk_message *msg,
-                                                  amqp_table_entry_t *headers, int n_headers)
-{
-    amqp_basic_properties_t props = { 0 };
-    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
-    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    set_text(&props, AMQP_BASIC_MESSAGE_ID_FLAG, &props.message_id, msg->message_id);
-    set_text(&props, AMQP_BASIC_TYPE_FLAG, &props.type, msg->type);
-    set_text(&props, AMQP_BASIC_CONTENT_TYPE_FLAG, &props.content_type, msg->content_type);
-    set_text(&props, AMQP_BASIC_REPLY_TO_FLAG, &props.reply_to, msg->reply_to);
-    set_text(&props, AMQP_BASIC_CORRELATION_ID_FLAG, &props.correlation_id,
-             msg->correlation_id);
-    if (n_headers > 0) {
-        props._flags |= AMQP_BASIC_HEADERS_FLAG;
-        props.headers.num_entries = n_headers;
-        props.headers.entries = headers;
-    }
-    return props;
-}
-
-static void set_text(amqp_basic_properties_t *props, amqp_flags_t flag, amqp_bytes_t *field,
-                     const char *value)
-{
-    if (value == NULL)
-        return;
-    props->_flags |= flag;
-    *field = amqp_cstring_bytes(value);
-}
-
-/* basic.publish to the default exchange, mandatory, so an unroutable
- * message comes back as a return instead of vanishing. */
-static int send_publish(struct sk_broker *b, const char *routing_key,
-                        const amqp_basic_properties_t *props, amqp_bytes_t body,
-                        struct sk_err *err)
-{
-    int status = amqp_basic_publish(b->conn, CHANNEL, amqp_empty_bytes,
-                                    amqp_cstring_bytes(routing_key), 1, 0, props, body);
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
-                          amqp_error_string2(status));
-    return SK_OK;
-}
-
-/* Why librabbitmq could not send this publish, or NULL if it can: a short
- * string over AMQP's 255 bytes (each is named), or properties and headers
- * that do not fit in one frame of the negotiated size (a body is split over
- * as many frames as it needs, a header frame is not). Computed, not trial
- * encoded, so a publish costs no second encoding. */
-static const char *unsendable(struct sk_broker *b, const char *routing_key,
-                              const amqp_basic_properties_t *props)
-{
-    static const struct { amqp_flags_t flag; size_t offset; const char *why; } strings[] = {
-        { AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id),
-          "the message id (job id) is longer than 255 bytes, the AMQP limit" },
-        { AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type),
-          "the type (job type) is longer than 255 bytes, the AMQP limit" },
-        { AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type),
-          "the content type is longer than 255 bytes, the AMQP limit" },
-        { AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to),
-          "reply_to is longer than 255 bytes, the AMQP limit" },
-        { AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id),
-          "the correlation id is longer than 255 bytes, the AMQP limit" },
-    };
-    if (strlen(routing_key) > UINT8_MAX)
-        return "the queue name is longer than 255 bytes, the AMQP limit";
-    for (size_t i = 0; i < SK_ARRAY_LEN(strings); i++) {
-        const amqp_bytes_t *text =
-            (const amqp_bytes_t *)((const char *)props + strings[i].offset);
-        if ((props->_flags & strings[i].flag) && text->len > UINT8_MAX)
-            return strings[i].why;
-    }
-    int frame_max = amqp_get_frame_max(b->conn);
-    if (frame_max > 0 &&
-        SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(props) > (size_t)frame_max)
-        return "its properties and headers (keys) do not fit in one AMQP frame";
-    return NULL;
-}
-
-int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
-                            char *name, size_t size, struct sk_err *err)
-{
-    int n = snprintf(name, size, "%s.delay.%u", queue, delay_ms);
-    if (n < 0 || (size_t)n >= size)
-        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
-    amqp_table_entry_t args[4];
-    args[0] = text_entry("x-dead-letter-exchange", "");
-    args[1] = text_entry("x-dead-letter-routing-key", queue);
-    args[2] = int_entry("x-message-ttl", delay_ms);
-    args[3] = int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
-    amqp_table_t table = { .num_entries = 4, .entries = args };
-    amqp_queue_declare(b->conn, CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    return rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
-}
-
-int sk_broker_republish(struct sk_broker *b, const char *routing_key,
-                        const amqp_envelope_t *original, const struct sk_header *extra,
-                        size_t n_extra, struct sk_err *err)
-{
-    sk_assert(b->confirming);
-    if (original->message.body.bytes == NULL && original->message.body.len > 0)
-        return sk_err_set(err, SK_ERR, "no copy of a body of %zu bytes that was not read",
-                          original->message.body.len);
-    amqp_basic_properties_t props = original->message.properties;
-    const amqp_table_t *old = (props._flags & AMQP_BASIC_HEADERS_FLAG) ? &props.headers : NULL;
-    size_t n_old = old != NULL ? (size_t)old->num_entries : 0;
-    amqp_table_entry_t *entries = calloc(n_old + n_extra, sizeof(*entries));
-    if (entries == NULL)
-        return sk_err_errno(err, SK_AGAIN, "calloc(headers)");
-
-    size_t n = 0;
-    for (size_t i = 0; i < n_old; i++) {
-        bool replaced = false;
-        for (size_t k = 0; k < n_extra && !replaced; k++)
-            replaced = old->entries[i].key.len == strlen(extra[k].key) &&
-                       memcmp(old->entries[i].key.bytes, extra[k].key,
-                              old->entries[i].key.len) == 0;
-        if (!replaced)
-            entries[n++] = old->entries[i];
-    }
-    for (size_t k = 0; k < n_extra; k++) {
-        entries[n++] = extra[k].text != NULL ? text_entry(extra[k].key, extra[k].text)
-                                             : int_entry(extra[k].key, extra[k].number);
-    }
-    props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
-    props.headers.num_entries = (int)n;
-    props.headers.entries = entries;
-    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    /* A TTL set by the producer would make the copy vanish in a delay queue. */
-    props._flags &= ~AMQP_BASIC_EXPIRATION_FLAG;
-
-    /* librabbitmq would send the method frame, then fail to encode the
-     * header frame, leaving the channel half-way through a publish; checked
-     * first, the connection stays usable and the caller learns that this
-     * message, not the broker, is the problem. */
-    const char *why = unsendable(b, routing_key, &props);
-    if (why != NULL) {
-        free(entries);
-        return sk_err_set(err, SK_ERR, "no copy to %s can be sent: %s", routing_key, why);
-    }
-
-    int rc = send_publish(b, routing_key, &props, original->message.body, err);
-    free(entries);
-    if (rc != SK_OK)
-        return rc;
-    /* Alone in flight, a return can only be this copy's: no id needed. */
-    struct sk_publish p = { .tag = b->next_publish_tag++ };
-    return await_one(b, &p, routing_key, err);
-}
-
-int64_t sk_broker_field_int(const amqp_field_value_t *v)
-{
-    if (v == NULL)
-        return -1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_I8:  return v->value.i8;
-    case AMQP_FIELD_KIND_U8:  return v->value.u8;
-    case AMQP_FIELD_KIND_I16: return v->value.i16;
-    case AMQP_FIELD_KIND_U16: return v->value.u16;
-    case AMQP_FIELD_KIND_I32: return v->value.i32;
-    case AMQP_FIELD_KIND_U32: return v->value.u32;
-    case AMQP_FIELD_KIND_I64: return v->value.i64;
-    case AMQP_FIELD_KIND_U64: return v->value.u64 > INT64_MAX ? -1 : (int64_t)v->value.u64;
-    default:                  return -1;
-    }
-}
-
-static size_t field_size(const amqp_field_value_t *v);
-
-size_t sk_broker_table_size(const amqp_table_t *t)
-{
-    size_t n = 0;
-    for (int i = 0; i < t->num_entries; i++)
-        n += 1 + t->entries[i].key.len + field_size(&t->entries[i].value);
-    return n;
-}
-
-/* A field's kind octet and its value. */
-static size_t field_size(const amqp_field_value_t *v)
-{
-    size_t n = 1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_BOOLEAN:
-    case AMQP_FIELD_KIND_I8:
-    case AMQP_FIELD_KIND_U8:        return n + 1;
-    case AMQP_FIELD_KIND_I16:
-    case AMQP_FIELD_KIND_U16:       return n + 2;
-    case AMQP_FIELD_KIND_I32:
-    case AMQP_FIELD_KIND_U32:
-    case AMQP_FIELD_KIND_F32:       return n + 4;
-    case AMQP_FIELD_KIND_DECIMAL:   return n + 5;
-    case AMQP_FIELD_KIND_I64:
-    case AMQP_FIELD_KIND_U64:
-    case AMQP_FIELD_KIND_F64:
-    case AMQP_FIELD_KIND_TIMESTAMP: return n + 8;
-    case AMQP_FIELD_KIND_UTF8:
-    case AMQP_FIELD_KIND_BYTES:     return n + 4 + v->value.bytes.len;
-    case AMQP_FIELD_KIND_TABLE:     return n + 4 + sk_broker_table_size(&v->value.table);
-    case AMQP_FIELD_KIND_ARRAY:
-        n += 4;
-        for (int i = 0; i < v->value.array.num_entries; i++)
-            n += field_size(&v->value.array.entries[i]);
-        return n;
-    default:                        return n;  /* void */
-    }
-}
-
-size_t sk_broker_properties_size(const amqp_basic_properties_t *p)
-{
-    size_t n = 2;  /* the flags: 14 properties fit in one flag word */
-    for (size_t i = 0; i < SK_ARRAY_LEN(property_strings); i++)
-        if (p->_flags & property_strings[i].flag)
-            n += 1 + ((const amqp_bytes_t *)((const char *)p + property_strings[i].offset))->len;
-    if (p->_flags & AMQP_BASIC_HEADERS_FLAG)
-        n += 4 + sk_broker_table_size(&p->headers);
-    if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
-        n += 1;
-    if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
-        n += 1;
-    if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG)
-        n += 8;
-    return n;
-}
-
-static amqp_table_entry_t text_entry(const char *key, const char *value)
-{
-    amqp_table_entry_t e;
-    e.key = amqp_cstring_bytes(key);
-    e.value.kind = AMQP_FIELD_KIND_UTF8;
-    e.value.value.bytes = amqp_cstring_bytes(value);
-    return e;
-}
-
-static amqp_table_entry_t int_entry(const char *key, int64_t value)
-{
-    amqp_table_entry_t e;
-    e.key = amqp_cstring_bytes(key);
-    e.value.kind = AMQP_FIELD_KIND_I64;
-    e.value.value.i64 = value;
-    return e;
-}
-
-static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
-                     struct sk_err *err)
-{
-    int rc = sk_broker_await_confirms(b, p, 1, err);
-    if (rc == SK_OK && p->rc != SK_OK)
-        return sk_err_set(err, p->rc, "publish to %s: %s", routing_key, p->why);
-    return rc;
-}
-
-/* A mandatory publish to a missing queue comes back as basic.return, sent
- * before the ack that confirms it (an ack may confirm many: `multiple`), so
- * a publish returned before it is settled is a failure. */
-int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
-                             struct sk_err *err)
-{
-    size_t unsettled = 0;
-    for (size_t i = 0; i < n; i++)
-        unsettled += !p[i].settled;
-    while (unsettled > 0) {
-        amqp_frame_t frame;
-        struct timeval timeout = to_timeval(30000);
-        int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
-        if (status != AMQP_STATUS_OK)
-            return sk_err_set(err, SK_AGAIN, "waiting for publisher confirms: %s",
-                              amqp_error_string2(status));
-        if (frame.frame_type != AMQP_FRAME_METHOD)
-            continue;
-        switch (frame.payload.method.id) {
-        case AMQP_BASIC_ACK_METHOD: {
-            amqp_basic_ack_t *ack = frame.payload.method.decoded;
-            unsettled -= settle(p, n, ack->delivery_tag, ack->multiple, NULL);
-            continue;
-        }
-        case AMQP_BASIC_NACK_METHOD: {
-            amqp_basic_nack_t *nack = frame.payload.method.decoded;
-            unsettled -= settle(p, n, nack->delivery_tag, nack->multiple,
-                                "the broker nacked the message");
-            continue;
-        }
-        case AMQP_BASIC_RETURN_METHOD: {
-            /* The returned message's header and body follow; its id says
-             * which publish it was. */
-            amqp_message_t message;
-            amqp_rpc_reply_t reply = amqp_read_message(b->conn, frame.channel, &message, 0);
-            if (reply.reply_type != AMQP_RESPONSE_NORMAL)
-                return sk_err_set(err, SK_AGAIN, "reading a returned message failed");
-            struct sk_publish *returned = find_returned(p, n, &message.properties);
-            if (returned != NULL)
-                returned->returned = true;
-            amqp_destroy_message(&message);
-            continue;
-        }
-        case AMQP_CHANNEL_CLOSE_METHOD: {
-            /* 406 and 403: the broker refused something sent on this
-             * channel (over its max_message_size, not permitted). Any other
-             * code is taken as a failure of the broker, to retry. */
-            amqp_channel_close_t *m = frame.payload.method.decoded;
-            b->channel_closed = m->reply_code == AMQP_PRECONDITION_FAILED ||
-                                m->reply_code == AMQP_ACCESS_REFUSED;
-            return sk_err_set(err, SK_AGAIN, "the broker closed the channel while publishing: "
-                              "%u %.*s", m->reply_code, (int)m->reply_text.len,
-                              (const char *)m->reply_text.bytes);
-        }
-        case AMQP_CONNECTION_CLOSE_METHOD:
-            return sk_err_set(err, SK_AGAIN, "broker closed the channel while publishing");
-        default:
-            continue;
-        }
-    }
-    return SK_OK;
-}
-
-bool sk_broker_channel_refused(const struct sk_broker *b)
-{
-    return b != NULL && b->channel_closed;
-}
-
-/* Settles the publishes a confirm covers (tag, or every tag up to it when
- * multiple) and returns how many were not settled before. A confirm for an
- * older publish, outside p, settles nothing. */
-static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple,
-                     const char *nacked)
-{
-    size_t settled = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i].settled || p[i].tag > tag || (!multiple && p[i].tag != tag))
-            continue;
-        p[i].settled = true;
-        p[i].rc = SK_OK;
-        if (nacked != NULL || p[i].returned) {
-            p[i].rc = SK_ERR;
-            p[i].why = nacked != NULL ? nacked : "the broker returned the message: no such queue";
-        }
-        settled++;
-    }
-    return settled;
-}
-
-static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
-                                        const amqp_basic_properties_t *props)
-{
-    if (n == 1)
-        return p;
-    if (!(props->_flags & AMQP_BASIC_MESSAGE_ID_FLAG))
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (!p[i].settled && p[i].message_id != NULL &&
-            strlen(p[i].message_id) == props->message_id.len &&
-            memcmp(p[i].message_id, props->message_id.bytes, props->message_id.len) == 0)
-            return &p[i];
-    }
-    return NULL;
-}
-
-static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err)
+int sk_broker_rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err)
 {
     switch (reply.reply_type) {
     case AMQP_RESPONSE_NORMAL:
@@ -1059,18 +237,4 @@ static int rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *er
                           reply.reply.id);
     }
     return sk_err_set(err, SK_ERR, "%s: unknown reply type", what);
-}
-
-/* Whether the broker answered by closing the channel with this reply code. */
-static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code)
-{
-    return reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
-           reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
-           ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == code;
-}
-
-static struct timeval to_timeval(uint32_t ms)
-{
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
-    return tv;
 }

@@ -3,7 +3,9 @@
  *
  * Named "broker" rather than "amqp" so that it never shadows librabbitmq's own
  * <amqp.h>. One struct sk_broker is one AMQP connection with one channel; it
- * is owned by one thread and never shared. */
+ * is owned by one thread and never shared. The module is five files, one
+ * per responsibility (broker.c says which does what); this header is all
+ * of it that callers see. */
 #ifndef SK_BROKER_H
 #define SK_BROKER_H
 

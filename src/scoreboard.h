@@ -19,7 +19,7 @@
 
 /* Where a worker is with its job: at reap time the supervisor counts a
  * death against the job only if it came while the handler ran (see
- * supervisor.c's job_caused_death()). */
+ * sk_deaths_judge() in deaths.c). */
 enum sk_slot_phase {
     SK_PHASE_IDLE,     /* no delivery in hand */
     SK_PHASE_JOB,      /* parsing, locking, claiming, committing, acking */

@@ -26,11 +26,11 @@
  * was consuming when something outside killed it) is restarted at once; only
  * deaths without progress (before becoming ready, or of its own doing) back
  * off exponentially with jitter per slot (restart: in the config), and five
- * of those in a row are reported as a crash loop. At reap time the
- * supervisor also decides whether the death is the job's (the handler was
- * running and the worker faulted, exited, was OOM-killed or timed out), and
- * moves a lock the dead worker held to where its replacement frees it. A worker
- * exiting with SK_EXIT_CONFIG or SK_EXIT_ABI would fail the same way again, so
+ * of those in a row are reported as a crash loop. At reap time deaths.c
+ * judges whether the death is the job's (the handler was running and the
+ * worker faulted, exited, was OOM-killed or timed out), and moves a lock
+ * the dead worker held to where its replacement frees it. A worker exiting
+ * with SK_EXIT_CONFIG or SK_EXIT_ABI would fail the same way again, so
  * (outside a pending reload) the supervisor stops everything and exits with
  * that code. */
 #include <errno.h>
@@ -46,13 +46,13 @@
 #include <unistd.h>
 
 #include "backoff.h"
+#include "deaths.h"
 #include "failpoint.h"
 #include "host.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
-#include "oom.h"
 #include "process.h"
 #include "proctitle.h"
 #include "roles.h"
@@ -71,13 +71,6 @@ struct slot {
     struct sk_backoff backoff;
     uint32_t          quick_deaths;  /* deaths without progress in a row */
     bool              timed_out;     /* the supervisor SIGKILLed it for job_timeout */
-};
-
-/* How a worker's death is judged at reap time. */
-struct death {
-    bool job_caused;  /* counts against its job's key (sql/006) */
-    bool progress;    /* restart at once, reset the backoff */
-    bool outside;     /* killed from outside: restart at once, backoff as it was */
 };
 
 /* One configuration and the workers it runs. Slot i's shared state is
@@ -106,9 +99,7 @@ struct supervisor {
     int64_t            next_watchdog_ms;
     char               status[512];  /* the last STATUS= sent */
     struct sk_metrics_http *http;    /* serves the current generation; NULL if off */
-    char               oom_file[512];  /* the memory cgroup's OOM-kill counter; "" if none */
-    long long          oom_seen;     /* its value at the last reap */
-    long long          oom_unclaimed;  /* OOM kills no reaped SIGKILL accounted for yet */
+    struct sk_deaths   deaths;       /* what judging a death remembers (the OOM counter) */
 };
 
 static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins);
@@ -124,10 +115,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 static void fresh(struct sk_slot *shared);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status, const struct death *d);
-static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slot *shared,
-                          int status);
-static void oom_find(struct supervisor *s);
+                           int status, const struct sk_death *d);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static void abandon(struct supervisor *s, const char *who, int code);
@@ -191,7 +179,7 @@ static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *p
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
     s->watchdog_ms = sk_notify_watchdog_ms();
-    oom_find(s);
+    sk_deaths_init(&s->deaths);
     for (size_t i = 0; i < s->current->n_slots; i++)
         spawn(s, s->current, &s->current->slots[i]);
     sk_log_info("supervisor started %zu workers for %zu queues", workers(s->current),
@@ -448,24 +436,9 @@ static void reap(struct supervisor *s)
         slot->pid = 0;
         if (slot->ops->counts_as_worker)
             sk_metrics_worker_exited(g->metrics, slot->queue);
-        /* A dead worker consumes nothing and runs no job, whatever its slot
-         * says; left as it was, a job start it never cleared would get its
-         * replacement killed by the job timeout. */
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
-        struct death d = judge(s, slot, shared, status);
-        atomic_store(&shared->consuming, 0);
-        atomic_store(&shared->job_started_ms, 0);
-        /* Its replacement records the crash against the job's key. */
-        if (d.job_caused && shared->job_key[0] != '\0')
-            atomic_store(&shared->died_in_job, 1);
-        /* And deletes the lock it held, before it consumes anything. A newer
-         * orphan replaces an older one still pending: that one has had the
-         * longer time to expire by itself. */
-        if (atomic_exchange(&shared->lock_held, 0)) {
-            memcpy(shared->orphan_key, shared->lock_key, sizeof(shared->orphan_key));
-            memcpy(shared->orphan_token, shared->lock_token, sizeof(shared->orphan_token));
-            atomic_store(&shared->orphan_held, 1);
-        }
+        struct sk_death d = sk_deaths_judge(&s->deaths, shared, slot->timed_out, status);
+        sk_deaths_bequeath(shared, &d);
         on_exit_status(s, g, slot, status, &d);
     }
     /* Free the retired generations whose last worker is gone. */
@@ -481,54 +454,8 @@ static void reap(struct supervisor *s)
     }
 }
 
-/* Signals a process raises on itself by faulting or aborting: never sent
- * from outside in practice, so a handler that gets one did it itself. */
-static bool fault_signal(int sig)
-{
-    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE ||
-           sig == SIGABRT || sig == SIGSYS;
-}
-
-/* Whose death this was. It counts against the job only if the handler was
- * running and the worker faulted (fault_signal()), exited by itself (the
- * worker's own code never exits inside the handler, so the handler did),
- * was SIGKILLed by this supervisor for job_timeout, or by the kernel's OOM
- * killer (the memory cgroup's counter rose since the last reap). Any other
- * signal, and every death outside the handler (parsing, waiting for or
- * taking the lock, claiming, committing, acking, idle), is no fault of the
- * job. Progress: the worker finished a delivery since it started, or it was
- * ready and something outside killed it. An outside kill before it was
- * ready (during a broker outage, say, when no worker can become ready) is
- * no sign that it cannot get going either: it neither backs off nor counts
- * towards a crash loop, and leaves the backoff of the slot's own failures
- * as it was. */
-static struct death judge(struct supervisor *s, struct slot *slot, struct sk_slot *shared,
-                          int status)
-{
-    bool oom = false;
-    long long kills = sk_oom_kills(s->oom_file);
-    if (kills > s->oom_seen)
-        s->oom_unclaimed += kills - s->oom_seen;
-    if (kills >= 0)
-        s->oom_seen = kills;
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && !slot->timed_out &&
-        s->oom_unclaimed > 0) {
-        oom = true;
-        s->oom_unclaimed--;
-    }
-    bool fault = WIFSIGNALED(status) && fault_signal(WTERMSIG(status));
-    bool own = fault || WIFEXITED(status) || slot->timed_out || oom;
-    bool in_handler = atomic_load(&shared->phase) == SK_PHASE_HANDLER;
-    bool ready = atomic_load(&shared->ready) || atomic_load(&shared->consuming);
-    return (struct death){
-        .job_caused = in_handler && own,
-        .progress = atomic_load(&shared->finished) > 0 || (ready && !own),
-        .outside = !own,
-    };
-}
-
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status, const struct death *d)
+                           int status, const struct sk_death *d)
 {
     char name[300];
     const char *who = slot_name(g, slot, name, sizeof(name));
@@ -578,19 +505,6 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
                      "progress); restarts are backing off up to %u ms", who,
                      slot->quick_deaths, slot->backoff.cap_ms);
     slot->restart_at_ms = sk_now_ms() + delay;
-}
-
-/* Without a counter, OOM kills look like outside kills: logged once, here. */
-static void oom_find(struct supervisor *s)
-{
-    sk_oom_find(s->oom_file, sizeof(s->oom_file));
-    s->oom_seen = sk_oom_kills(s->oom_file);
-    if (s->oom_seen < 0)
-        sk_log_warn("no memory cgroup OOM-kill counter readable: a worker the OOM killer "
-                    "kills in a handler is taken for an outside kill, and its job is not "
-                    "counted as crashed");
-    else
-        sk_log_debug("OOM kills counted from %s", s->oom_file);
 }
 
 static void begin_stop(struct supervisor *s, const char *why)

@@ -16,12 +16,13 @@
  * Within a layer, the cycle test below still forbids loops. */
 static const char *const layers[][2] = {
     { "face",       " main ctl ctl_dlq ctl_status ctl_trace ctl_http ctl_out " },
-    { "supervisor", " supervisor roles oom notify metrics_http metrics_text " },
+    { "supervisor", " supervisor deaths roles oom notify metrics_http metrics_text " },
     { "worker",     " worker links job job_steps batch envelope reschedule heartbeat host " },
     { "producer",   " relay janitor " },
     { "shared",     " scoreboard metrics process proctitle " },
     { "config",     " config config_value plugin " },
-    { "adapters",   " broker lock pg store lease " },
+    { "adapters",   " broker broker_conn broker_consume broker_publish broker_queue broker_wire "
+                    "lock pg store lease " },
     { "base",       " common clock backoff log failpoint " },
 };
 enum { LAYERS = sizeof(layers) / sizeof(layers[0]), MODULES = 64, NAME = 32 };

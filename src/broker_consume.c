@@ -1,0 +1,217 @@
+/* broker_consume.c - taking messages off a queue: the consumer (qos,
+ * basic.consume, each delivery read frame by frame), settling deliveries
+ * (acks sent lazily as one multiple-ack, rejects), and basic.get for the
+ * tools that read a queue without consuming it.
+ *
+ * Apart from publishing because a consuming connection reads frames it did
+ * not ask for: sk_broker_next() must notice a channel.close, a connection
+ * close or a cancel arriving between deliveries, and it decides when the
+ * pending acks go out. A publisher's connection never consumes, so its
+ * wait for confirms (sk_broker_await_confirms()) never meets a delivery. */
+#include <string.h>
+
+#include <amqp.h>
+
+#include "broker.h"
+#include "broker_conn.h"
+
+static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_message_t *msg,
+                     uint64_t *delivery_tag, struct sk_err *err);
+static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
+                         struct sk_err *err);
+
+int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
+                      size_t max_body, struct sk_err *err)
+{
+    b->max_body = max_body;
+    amqp_basic_qos(b->conn, SK_BROKER_CHANNEL, 0, prefetch, 0);
+    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err);
+    if (rc != SK_OK)
+        return rc;
+    amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes,
+                       0, 0, 0, amqp_empty_table);
+    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "basic.consume", err);
+}
+
+int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
+                   struct sk_err *err)
+{
+    /* Acks go out only when no delivery is waiting in our buffers: one
+     * multiple-ack then settles a whole prefetch window, which halves the
+     * broker's work per job. */
+    if (b->ack_pending != 0 && !amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn) &&
+        sk_broker_flush_acks(b, err) != SK_OK)
+        return SK_ERR;
+    amqp_maybe_release_buffers(b->conn);
+    struct timeval timeout = sk_broker_timeval((uint32_t)timeout_ms);
+    amqp_frame_t frame;
+    int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
+    if (status == AMQP_STATUS_TIMEOUT)
+        return SK_AGAIN;
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_ERR, "amqp connection lost while waiting for a delivery: %s",
+                          amqp_error_string2(status));
+    if (frame.frame_type != AMQP_FRAME_METHOD)
+        return SK_AGAIN;
+    if (frame.payload.method.id == AMQP_BASIC_DELIVER_METHOD)
+        return read_delivery(b, &frame, env, err);
+
+    /* Something other than a delivery arrived: it tells whether the
+     * channel or the connection is going away. */
+    switch (frame.payload.method.id) {
+    case AMQP_CHANNEL_CLOSE_METHOD: {
+        amqp_channel_close_t *m = frame.payload.method.decoded;
+        return sk_err_set(err, SK_ERR, "broker closed the channel: %.*s",
+                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    }
+    case AMQP_CONNECTION_CLOSE_METHOD: {
+        amqp_connection_close_t *m = frame.payload.method.decoded;
+        return sk_err_set(err, SK_ERR, "broker closed the connection: %.*s",
+                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    }
+    case AMQP_BASIC_CANCEL_METHOD:
+        return sk_err_set(err, SK_ERR, "broker cancelled the consumer (queue deleted?)");
+    default:
+        return SK_AGAIN;
+    }
+}
+
+/* What amqp_consume_message() does, with one difference: the content
+ * header announces the body's size, and a body over max_body is skipped
+ * frame by frame instead of being gathered in memory. The frames are read
+ * from the same buffer either way: no extra system call per delivery. */
+static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
+                         struct sk_err *err)
+{
+    const amqp_basic_deliver_t *d = deliver->payload.method.decoded;
+    memset(env, 0, sizeof(*env));
+    env->channel = deliver->channel;
+    env->delivery_tag = d->delivery_tag;
+    env->redelivered = d->redelivered;
+    env->consumer_tag = amqp_bytes_malloc_dup(d->consumer_tag);
+    env->exchange = amqp_bytes_malloc_dup(d->exchange);
+    env->routing_key = amqp_bytes_malloc_dup(d->routing_key);
+    init_amqp_pool(&env->message.pool, 4096);
+
+    amqp_frame_t frame;
+    int status = amqp_simple_wait_frame(b->conn, &frame);
+    if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_HEADER ||
+        frame.channel != env->channel) {
+        amqp_destroy_envelope(env);
+        return sk_err_set(err, SK_ERR, "reading a delivery's header: %s",
+                          status != AMQP_STATUS_OK ? amqp_error_string2(status)
+                                                   : "unexpected frame");
+    }
+    uint64_t size = frame.payload.properties.body_size;
+    bool keep = b->max_body == 0 || size <= b->max_body;
+    if (keep) {
+        if (sk_broker_clone_properties(frame.payload.properties.decoded, &env->message.properties,
+                                       &env->message.pool) != SK_OK ||
+            (size > 0 && (env->message.body = amqp_bytes_malloc(size)).bytes == NULL)) {
+            amqp_destroy_envelope(env);
+            return sk_err_set(err, SK_ERR, "out of memory reading a delivery");
+        }
+    }
+    /* A body not kept is announced by its length with no bytes; the
+     * properties are left out too (the delivery is refused unread). */
+    env->message.body.len = size;
+
+    for (uint64_t got = 0; got < size;) {
+        status = amqp_simple_wait_frame(b->conn, &frame);
+        if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_BODY ||
+            frame.channel != env->channel ||
+            frame.payload.body_fragment.len > size - got) {
+            amqp_destroy_envelope(env);
+            return sk_err_set(err, SK_ERR, "reading a delivery's body: %s",
+                              status != AMQP_STATUS_OK ? amqp_error_string2(status)
+                                                       : "unexpected frame");
+        }
+        if (keep)
+            memcpy((char *)env->message.body.bytes + got, frame.payload.body_fragment.bytes,
+                   frame.payload.body_fragment.len);
+        else
+            amqp_maybe_release_buffers_on_channel(b->conn, env->channel);
+        got += frame.payload.body_fragment.len;
+    }
+    return SK_OK;
+}
+
+void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
+{
+    (void)b;
+    amqp_destroy_envelope(env);
+}
+
+int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
+{
+    (void)err;
+    sk_assert(delivery_tag > b->ack_pending);
+    b->ack_pending = delivery_tag;
+    return SK_OK;
+}
+
+/* Deliveries are settled strictly in order, so acking up to the highest
+ * pending tag with `multiple` settles exactly the ones acked since the last
+ * flush: every lower tag was already acked, rejected or flushed. */
+int sk_broker_flush_acks(struct sk_broker *b, struct sk_err *err)
+{
+    if (b->ack_pending == 0)
+        return SK_OK;
+    int status = amqp_basic_ack(b->conn, SK_BROKER_CHANNEL, b->ack_pending, 1);
+    b->ack_pending = 0;
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
+    return SK_OK;
+}
+
+int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
+                     struct sk_err *err)
+{
+    int status = amqp_basic_reject(b->conn, SK_BROKER_CHANNEL, delivery_tag, requeue);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.reject failed: %s", amqp_error_string2(status));
+    return SK_OK;
+}
+
+int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
+                  struct sk_err *err)
+{
+    return basic_get(b, queue, true, msg, NULL, err);
+}
+
+int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
+                   uint64_t *delivery_tag, struct sk_err *err)
+{
+    /* The previous message was copied into its own pool: the channel's
+     * frames can go, or a long scan would keep every basic.get-ok. */
+    amqp_maybe_release_buffers_on_channel(b->conn, SK_BROKER_CHANNEL);
+    return basic_get(b, queue, false, msg, delivery_tag, err);
+}
+
+/* One basic.get and the message it brings; SK_BUSY when queue is empty.
+ * With no_ack the broker forgets the message as it sends it; without, the
+ * message stays the broker's until acked by its tag (*delivery_tag, unless
+ * NULL), so the tools that peek leave a queue as it was if they stop. */
+static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_message_t *msg,
+                     uint64_t *delivery_tag, struct sk_err *err)
+{
+    amqp_rpc_reply_t reply =
+        amqp_basic_get(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), no_ack);
+    int rc = sk_broker_rpc_check(reply, "basic.get", err);
+    if (rc != SK_OK)
+        return rc;
+    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+        return SK_BUSY;
+    if (delivery_tag != NULL)
+        *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
+    reply = amqp_read_message(b->conn, SK_BROKER_CHANNEL, msg, 0);
+    return sk_broker_rpc_check(reply, "basic.get(read)", err);
+}
+
+int sk_broker_ack_one(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
+{
+    int status = amqp_basic_ack(b->conn, SK_BROKER_CHANNEL, delivery_tag, 0);
+    if (status != AMQP_STATUS_OK)
+        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
+    return SK_OK;
+}

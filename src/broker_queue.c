@@ -1,0 +1,192 @@
+/* broker_queue.c - the queues sekali declares and what it asks about them:
+ * a work queue with its dead-letter queue (classic or quorum, or only
+ * checked when someone else declares it), a retry's delay queue, and a
+ * queue's depth, with or without the queue having to exist.
+ *
+ * Apart from consuming and publishing because every kind of caller needs
+ * it over either kind of connection: workers and the relay declare before
+ * they start, reschedule.c declares delay queues on the publisher,
+ * sekalictl probes. A declaration must carry what every other declarer
+ * sends, or the broker refuses it: the arguments are spelled here only
+ * (tests/bench and tests/chaos copy them, and say so). */
+#include <stdio.h>
+
+#include <amqp.h>
+
+#include "broker.h"
+#include "broker_conn.h"
+
+static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err);
+static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err);
+static int declare_work(struct sk_broker *b, const char *name, const char *dead,
+                        const struct sk_queue_shape *shape, struct sk_err *err);
+static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
+
+int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err)
+{
+    int n = snprintf(out, size, "%s.dead", queue);
+    if (n < 0 || (size_t)n >= size)
+        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
+    return SK_OK;
+}
+
+int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
+                      struct sk_err *err)
+{
+    char dead[512];
+    int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
+    if (rc == SK_OK)
+        rc = declare_dead(b, dead, shape != NULL && shape->quorum, err);
+    if (rc != SK_OK)
+        return rc;
+    if (shape != NULL && shape->passive)
+        return declare_passive(b, name, err);
+    return declare_work(b, name, dead, shape, err);
+}
+
+/* A quorum work queue gets quorum dead letters: in a cluster a classic
+ * queue lives on one node, and while that node is down declaring it
+ * fails, so no worker could consume the work queue on the nodes left.
+ * One that exists is taken as it is (a classic one from before, or
+ * one an operator declared): declaring it with another type would be
+ * refused. */
+static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err)
+{
+    bool dead_exists = false;
+    if (quorum) {
+        uint32_t messages, consumers;
+        int rc = sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, err);
+        if (rc != SK_OK)
+            return rc;
+    }
+    if (dead_exists)
+        return SK_OK;
+    amqp_table_entry_t quorum_type = sk_broker_text_entry("x-queue-type", "quorum");
+    amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum_type };
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
+                       quorum ? dead_args : amqp_empty_table);
+    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
+}
+
+static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err)
+{
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 1, 0, 0, 0,
+                       amqp_empty_table);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    /* SK_AGAIN: the infrastructure tool may create it later. */
+    if (channel_closed_with(reply, AMQP_NOT_FOUND))
+        return sk_err_set(err, SK_AGAIN, "queue %s does not exist: with declare: passive "
+                          "someone else must declare it (or set declare: auto)", name);
+    return sk_broker_rpc_check(reply, "queue.declare(passive)", err);
+}
+
+static int declare_work(struct sk_broker *b, const char *name, const char *dead,
+                        const struct sk_queue_shape *shape, struct sk_err *err)
+{
+    /* A rejected message goes to name.dead through the default exchange; the
+     * broker moves it, so a dead letter cannot be lost between two queues. */
+    amqp_table_entry_t args[6] = { sk_broker_text_entry("x-dead-letter-exchange", ""),
+                                   sk_broker_text_entry("x-dead-letter-routing-key", dead) };
+    int n_args = 2;
+    if (shape != NULL && shape->quorum) {
+        args[n_args++] = sk_broker_text_entry("x-queue-type", "quorum");
+        /* Quorum queues drop dead letters unless told otherwise; at-least-once
+         * dead-lettering requires reject-publish overflow. */
+        args[n_args++] = sk_broker_text_entry("x-dead-letter-strategy", "at-least-once");
+        args[n_args++] = sk_broker_text_entry("x-overflow", "reject-publish");
+        if (shape->delivery_limit > 0) {
+            args[n_args++] = sk_broker_int_entry("x-delivery-limit", shape->delivery_limit);
+        }
+    }
+    amqp_table_t table = { .num_entries = n_args, .entries = args };
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
+        amqp_channel_close_t *m = reply.reply.decoded;
+        return sk_err_set(err, SK_ERR, "declared by someone else with other arguments: set "
+                          "declare: passive to consume it as it is (%.*s)",
+                          (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    }
+    return sk_broker_rpc_check(reply, "queue.declare", err);
+}
+
+int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
+                          uint32_t *consumers, struct sk_err *err)
+{
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, SK_BROKER_CHANNEL,
+                                                     amqp_cstring_bytes(name), 1, 0, 0, 0,
+                                                     amqp_empty_table);
+    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err);
+    if (rc != SK_OK)
+        return rc;
+    if (messages != NULL)
+        *messages = ok->message_count;
+    if (consumers != NULL)
+        *consumers = ok->consumer_count;
+    return SK_OK;
+}
+
+int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
+                          uint32_t *messages, uint32_t *consumers, struct sk_err *err)
+{
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, SK_BROKER_CHANNEL,
+                                                     amqp_cstring_bytes(name), 1, 0, 0, 0,
+                                                     amqp_empty_table);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    /* 404 closes only the channel: acknowledge that and open it again, so
+     * that a tool can probe many names over one connection. */
+    if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+        reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+        ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
+        amqp_channel_close_ok_t close_ok = { 0 };
+        if (amqp_send_method(b->conn, SK_BROKER_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
+            AMQP_STATUS_OK)
+            return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
+        amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
+        int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
+        if (rc != SK_OK)
+            return rc;
+        /* A new channel starts without confirms and counts its deliveries
+         * from 1 again: a publisher's must be as it was. */
+        if (b->confirming) {
+            b->next_publish_tag = 1;
+            rc = sk_broker_confirm_select(b, err);
+            if (rc != SK_OK)
+                return rc;
+        }
+        *exists = false;
+        *messages = *consumers = 0;
+        return SK_OK;
+    }
+    int rc = sk_broker_rpc_check(reply, "queue.declare(passive)", err);
+    if (rc != SK_OK)
+        return rc;
+    *exists = true;
+    *messages = ok->message_count;
+    *consumers = ok->consumer_count;
+    return SK_OK;
+}
+
+int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
+                            char *name, size_t size, struct sk_err *err)
+{
+    int n = snprintf(name, size, "%s.delay.%u", queue, delay_ms);
+    if (n < 0 || (size_t)n >= size)
+        return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
+    amqp_table_entry_t args[4];
+    args[0] = sk_broker_text_entry("x-dead-letter-exchange", "");
+    args[1] = sk_broker_text_entry("x-dead-letter-routing-key", queue);
+    args[2] = sk_broker_int_entry("x-message-ttl", delay_ms);
+    args[3] = sk_broker_int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
+    amqp_table_t table = { .num_entries = 4, .entries = args };
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
+}
+
+/* Whether the broker answered by closing the channel with this reply code. */
+static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code)
+{
+    return reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+           reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+           ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == code;
+}

@@ -1,0 +1,97 @@
+/* deaths.c - the supervisor's judgement of a dead worker: whose doing the
+ * death was and what it leaves behind.
+ *
+ * Apart from the supervisor's loop because it is policy, not process
+ * management: the verdict decides whether a job's key is charged with a
+ * crash (and dead-lettered after max_crashes) and whether a restart backs
+ * off, so it must be right on its own terms. It reads only a wait status,
+ * a scoreboard slot and the OOM counter, which lets a unit test feed it
+ * every kind of death without forking. */
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "deaths.h"
+#include "log.h"
+#include "oom.h"
+
+static bool fault_signal(int sig);
+
+/* Without a counter, OOM kills look like outside kills: logged once, here. */
+void sk_deaths_init(struct sk_deaths *d)
+{
+    sk_oom_find(d->oom_file, sizeof(d->oom_file));
+    d->oom_seen = sk_oom_kills(d->oom_file);
+    d->oom_unclaimed = 0;
+    if (d->oom_seen < 0)
+        sk_log_warn("no memory cgroup OOM-kill counter readable: a worker the OOM killer "
+                    "kills in a handler is taken for an outside kill, and its job is not "
+                    "counted as crashed");
+    else
+        sk_log_debug("OOM kills counted from %s", d->oom_file);
+}
+
+/* Whose death this was. It counts against the job only if the handler was
+ * running and the worker faulted (fault_signal()), exited by itself (the
+ * worker's own code never exits inside the handler, so the handler did), was
+ * SIGKILLed by the supervisor for job_timeout, or by the kernel's OOM killer
+ * (the memory cgroup's counter rose since the last reap). Any other signal,
+ * and every death outside the handler (parsing, waiting for or taking the
+ * lock, claiming, committing, acking, idle), is no fault of the job.
+ * Progress: the worker finished a delivery since it started, or it was ready
+ * and something outside killed it. An outside kill before it was ready
+ * (during a broker outage, say, when no worker can become ready) is no sign
+ * that it cannot get going either: it neither backs off nor counts towards a
+ * crash loop, and leaves the backoff of the slot's own failures as it was. */
+struct sk_death sk_deaths_judge(struct sk_deaths *d, const struct sk_slot *shared,
+                                bool timed_out, int status)
+{
+    bool oom = false;
+    long long kills = sk_oom_kills(d->oom_file);
+    if (kills > d->oom_seen)
+        d->oom_unclaimed += kills - d->oom_seen;
+    if (kills >= 0)
+        d->oom_seen = kills;
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && !timed_out &&
+        d->oom_unclaimed > 0) {
+        oom = true;
+        d->oom_unclaimed--;
+    }
+    bool fault = WIFSIGNALED(status) && fault_signal(WTERMSIG(status));
+    bool own = fault || WIFEXITED(status) || timed_out || oom;
+    bool in_handler = atomic_load(&shared->phase) == SK_PHASE_HANDLER;
+    bool ready = atomic_load(&shared->ready) || atomic_load(&shared->consuming);
+    return (struct sk_death){
+        .job_caused = in_handler && own,
+        .progress = atomic_load(&shared->finished) > 0 || (ready && !own),
+        .outside = !own,
+    };
+}
+
+/* Signals a process raises on itself by faulting or aborting: never sent
+ * from outside in practice, so a handler that gets one did it itself. */
+static bool fault_signal(int sig)
+{
+    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE ||
+           sig == SIGABRT || sig == SIGSYS;
+}
+
+/* A dead worker consumes nothing and runs no job, whatever its slot says;
+ * left as it was, a job start it never cleared would get its replacement
+ * killed by the job timeout. */
+void sk_deaths_bequeath(struct sk_slot *shared, const struct sk_death *death)
+{
+    atomic_store(&shared->consuming, 0);
+    atomic_store(&shared->job_started_ms, 0);
+    /* Its replacement records the crash against the job's key. */
+    if (death->job_caused && shared->job_key[0] != '\0')
+        atomic_store(&shared->died_in_job, 1);
+    /* And deletes the lock it held, before it consumes anything. A newer
+     * orphan replaces an older one still pending: that one has had the
+     * longer time to expire by itself. */
+    if (atomic_exchange(&shared->lock_held, 0)) {
+        memcpy(shared->orphan_key, shared->lock_key, sizeof(shared->orphan_key));
+        memcpy(shared->orphan_token, shared->lock_token, sizeof(shared->orphan_token));
+        atomic_store(&shared->orphan_held, 1);
+    }
+}

@@ -1,0 +1,46 @@
+/* deaths.h - what a worker's death means, decided by the supervisor when it
+ * reaps the worker: whose doing it was, whether the worker had made
+ * progress, and what its replacement inherits through the scoreboard. */
+#ifndef SK_DEATHS_H
+#define SK_DEATHS_H
+
+#include <stdbool.h>
+
+#include "scoreboard.h"
+
+/* The verdict on one death; the supervisor's restart policy acts on it. */
+struct sk_death {
+    bool job_caused;  /* counts against its job's key (sql/006) */
+    bool progress;    /* restart at once, reset the backoff */
+    bool outside;     /* killed from outside: restart at once, backoff as it was */
+};
+
+/* What judging needs to remember from one death to the next: the memory
+ * cgroup's OOM-kill counter, and the kills it showed that no reaped
+ * SIGKILL has been charged with yet. Owned by the supervisor. */
+struct sk_deaths {
+    char      oom_file[512];  /* the counter's file; "" if none */
+    long long oom_seen;       /* its value at the last judgement */
+    long long oom_unclaimed;
+};
+
+/* Finds the OOM-kill counter; logs, once, that there is none. Call at
+ * start, before the first worker can die. */
+void sk_deaths_init(struct sk_deaths *d);
+
+/* Judges the death of a worker from its wait status, its scoreboard slot
+ * (read before anything clears it) and whether the supervisor killed it
+ * for job_timeout. Call once per reaped worker, in the order reaped: an OOM
+ * kill is charged to the first SIGKILL reaped after the counter rose.
+ * Supervisor only. */
+struct sk_death sk_deaths_judge(struct sk_deaths *d, const struct sk_slot *shared,
+                                bool timed_out, int status);
+
+/* Leaves to the replacement what the dead worker could not finish, in its
+ * scoreboard slot: a crash to record against the job's key when the death
+ * was the job's, the lock it held to delete; and marks the slot as neither
+ * consuming nor running a job. Call after sk_deaths_judge(), before the
+ * slot's next fork. */
+void sk_deaths_bequeath(struct sk_slot *shared, const struct sk_death *death);
+
+#endif

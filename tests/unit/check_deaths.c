@@ -1,0 +1,195 @@
+/* check_deaths.c - the supervisor's verdict on a dead worker, fed wait
+ * statuses and scoreboard slots directly: which deaths count against the
+ * job, which show progress, which came from outside, how an OOM kill is
+ * charged, and what the replacement inherits. The same rules run end to
+ * end in check_crash and check_storm (tests/fault); here each case is
+ * one line, without forking. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "deaths.h"
+#include "suite.h"
+
+/* Wait statuses as waitpid() reports them on Linux. */
+static int exited(int code) { return (code & 0xff) << 8; }
+static int killed(int sig) { return sig & 0x7f; }
+
+static struct sk_slot *slot_in(enum sk_slot_phase phase, int ready, uint64_t finished)
+{
+    struct sk_slot *shared = calloc(1, sizeof(*shared));
+    ck_assert_ptr_nonnull(shared);
+    atomic_store(&shared->phase, phase);
+    atomic_store(&shared->ready, ready);
+    atomic_store(&shared->finished, finished);
+    return shared;
+}
+
+/* No OOM counter: every SIGKILL not of job_timeout is an outside kill. */
+static struct sk_deaths no_counter(void)
+{
+    return (struct sk_deaths){ .oom_file = "", .oom_seen = -1 };
+}
+
+static void write_counter(const char *file, long long kills)
+{
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "oom 0\noom_kill %lld\n", kills);
+    fclose(f);
+}
+
+START_TEST(test_a_fault_or_an_exit_in_the_handler_is_the_jobs_doing)
+{
+    struct sk_deaths d = no_counter();
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+    int own[] = { killed(SIGSEGV), killed(SIGBUS), killed(SIGILL), killed(SIGFPE),
+                  killed(SIGABRT), killed(SIGSYS), exited(0), exited(1) };
+    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) {
+        struct sk_death v = sk_deaths_judge(&d, shared, false, own[i]);
+        ck_assert_msg(v.job_caused && !v.outside && !v.progress,
+                      "status 0x%x in the handler: job_caused %d outside %d progress %d",
+                      own[i], v.job_caused, v.outside, v.progress);
+    }
+    free(shared);
+}
+END_TEST
+
+START_TEST(test_the_same_death_outside_the_handler_is_not_the_jobs)
+{
+    struct sk_deaths d = no_counter();
+    struct sk_slot *shared = slot_in(SK_PHASE_JOB, 1, 0);
+    struct sk_death v = sk_deaths_judge(&d, shared, false, killed(SIGSEGV));
+    ck_assert(!v.job_caused && !v.outside && !v.progress);
+    atomic_store(&shared->phase, SK_PHASE_IDLE);
+    v = sk_deaths_judge(&d, shared, false, exited(1));
+    ck_assert(!v.job_caused && !v.outside);
+    free(shared);
+}
+END_TEST
+
+START_TEST(test_a_kill_from_outside_is_nobodys_fault_and_progress_once_ready)
+{
+    struct sk_deaths d = no_counter();
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+    struct sk_death v = sk_deaths_judge(&d, shared, false, killed(SIGKILL));
+    ck_assert(!v.job_caused && v.outside && v.progress);
+    v = sk_deaths_judge(&d, shared, false, killed(SIGTERM));
+    ck_assert(!v.job_caused && v.outside && v.progress);
+    /* Before it was ready: outside still, but no progress to show. */
+    atomic_store(&shared->ready, 0);
+    v = sk_deaths_judge(&d, shared, false, killed(SIGKILL));
+    ck_assert(!v.job_caused && v.outside && !v.progress);
+    /* Consuming counts as ready. */
+    atomic_store(&shared->consuming, 1);
+    v = sk_deaths_judge(&d, shared, false, killed(SIGKILL));
+    ck_assert(v.progress);
+    free(shared);
+}
+END_TEST
+
+START_TEST(test_a_finished_delivery_is_progress_whatever_killed_it)
+{
+    struct sk_deaths d = no_counter();
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 0, 1);
+    struct sk_death v = sk_deaths_judge(&d, shared, false, killed(SIGSEGV));
+    ck_assert(v.job_caused && v.progress && !v.outside);
+    free(shared);
+}
+END_TEST
+
+START_TEST(test_a_sigkill_for_job_timeout_is_the_jobs_doing)
+{
+    struct sk_deaths d = no_counter();
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+    struct sk_death v = sk_deaths_judge(&d, shared, true, killed(SIGKILL));
+    ck_assert(v.job_caused && !v.outside && !v.progress);
+    free(shared);
+}
+END_TEST
+
+/* Each kill the counter shows is charged to one reaped SIGKILL, the first
+ * after it rose, and never to a job_timeout kill. */
+START_TEST(test_an_oom_kill_is_charged_once_to_the_next_sigkill)
+{
+    char file[] = "/tmp/check_deaths.XXXXXX";
+    int fd = mkstemp(file);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    write_counter(file, 3);
+    struct sk_deaths d = { .oom_seen = 3 };
+    snprintf(d.oom_file, sizeof(d.oom_file), "%s", file);
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+
+    write_counter(file, 4);
+    struct sk_death v = sk_deaths_judge(&d, shared, true, killed(SIGKILL));
+    ck_assert(v.job_caused);                 /* the timeout's own kill */
+    ck_assert_int_eq(d.oom_unclaimed, 1);    /* still waiting for its SIGKILL */
+    v = sk_deaths_judge(&d, shared, false, killed(SIGSEGV));
+    ck_assert_int_eq(d.oom_unclaimed, 1);
+    v = sk_deaths_judge(&d, shared, false, killed(SIGKILL));
+    ck_assert(v.job_caused && !v.outside);   /* the OOM killer's */
+    ck_assert_int_eq(d.oom_unclaimed, 0);
+    v = sk_deaths_judge(&d, shared, false, killed(SIGKILL));
+    ck_assert(!v.job_caused && v.outside);   /* the counter did not rise again */
+    ck_assert_int_eq(d.oom_seen, 4);
+    unlink(file);
+    free(shared);
+}
+END_TEST
+
+START_TEST(test_the_replacement_inherits_the_crash_and_the_lock)
+{
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+    atomic_store(&shared->consuming, 1);
+    atomic_store(&shared->job_started_ms, 1234);
+    snprintf(shared->job_key, sizeof(shared->job_key), "key-1");
+    snprintf(shared->lock_key, sizeof(shared->lock_key), "sekali:lock:q:key-1");
+    snprintf(shared->lock_token, sizeof(shared->lock_token), "token-1");
+    atomic_store(&shared->lock_held, 1);
+
+    sk_deaths_bequeath(shared, &(struct sk_death){ .job_caused = true });
+    ck_assert_int_eq(atomic_load(&shared->consuming), 0);
+    ck_assert_int_eq(atomic_load(&shared->job_started_ms), 0);
+    ck_assert_int_eq(atomic_load(&shared->died_in_job), 1);
+    ck_assert_int_eq(atomic_load(&shared->lock_held), 0);
+    ck_assert_int_eq(atomic_load(&shared->orphan_held), 1);
+    ck_assert_str_eq(shared->orphan_key, "sekali:lock:q:key-1");
+    ck_assert_str_eq(shared->orphan_token, "token-1");
+    free(shared);
+}
+END_TEST
+
+START_TEST(test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash)
+{
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+    snprintf(shared->job_key, sizeof(shared->job_key), "key-1");
+    sk_deaths_bequeath(shared, &(struct sk_death){ .outside = true });
+    ck_assert_int_eq(atomic_load(&shared->died_in_job), 0);
+    ck_assert_int_eq(atomic_load(&shared->orphan_held), 0);   /* it held no lock */
+    shared->job_key[0] = '\0';
+    sk_deaths_bequeath(shared, &(struct sk_death){ .job_caused = true });
+    ck_assert_int_eq(atomic_load(&shared->died_in_job), 0);
+    free(shared);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_a_fault_or_an_exit_in_the_handler_is_the_jobs_doing,
+        test_the_same_death_outside_the_handler_is_not_the_jobs,
+        test_a_kill_from_outside_is_nobodys_fault_and_progress_once_ready,
+        test_a_finished_delivery_is_progress_whatever_killed_it,
+        test_a_sigkill_for_job_timeout_is_the_jobs_doing,
+        test_an_oom_kill_is_charged_once_to_the_next_sigkill,
+        test_the_replacement_inherits_the_crash_and_the_lock,
+        test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash,
+        NULL,
+    };
+    return h_run_suite(h_suite("deaths", 0, tests));
+}
