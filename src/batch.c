@@ -359,16 +359,14 @@ static bool run_one(struct sk_pipeline *p, struct job *j, struct outcome *o, boo
     struct sk_slot *slot = p->slot;
     snprintf(slot->job_key, sizeof(slot->job_key), "%s", j->env.idempotency_key);
     atomic_store(&slot->job_started_ms, sk_now_ms());
-    if (j->locked) {
-        memcpy(slot->lock_key, j->lock_key, sizeof(slot->lock_key));
-        memcpy(slot->lock_token, j->lock_token, sizeof(slot->lock_token));
-        atomic_store(&slot->lock_held, 1);
-    }
+    if (j->locked)
+        sk_slot_record_locks(slot, 1, (const char *const[]){ j->lock_key },
+                             (const char *const[]){ j->lock_token });
     struct sekali_ctx *ctx = &p->ctx;
     sk_host_ctx_reset(ctx);
     PGconn *pg = sk_store_conn(store);
     o->status = sk_job_call_handler(p, j, pg);
-    atomic_store(&slot->lock_held, 0);
+    sk_slot_forget_locks(slot);
     if (o->status == SEKALI_OK && PQtransactionStatus(pg) != PQTRANS_INTRANS) {
         o->status = SEKALI_RETRY;
         snprintf(ctx->error, sizeof(ctx->error), "the handler left its transaction %s",
