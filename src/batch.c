@@ -25,7 +25,8 @@
  * outside the transaction, as job.c would make it. A worker that dies mid-batch
  * takes the whole uncommitted transaction with it, and every job of the
  * batch is redelivered; the scoreboard names only the job whose handler
- * was running, so only that one is counted as a crash.
+ * was running, so only that one is counted as a crash, but it records
+ * every lock of the batch, so the replacement frees them all at once.
  *
  * The steps are job.c's (job_steps.h); this file only drives them over an
  * array. Every step's exit is deferred (struct job's `deferred`) and
@@ -222,13 +223,21 @@ static size_t collect(struct sk_pipeline *p, struct sk_batch *b, amqp_envelope_t
  * batch has to do: then it is asked again until busy_wait, as job.c does. */
 static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
 {
+    size_t recorded = 0;
     for (size_t i = 0; i < n; i++) {
         struct job *j = &b->jobs[i];
         if (j->state != JOB_RECEIVED)
             continue;
         sk_lock_key(j->lock_key, sizeof(j->lock_key), p->queue->name, j->env.resource_key);
         sk_lock_new_token(j->lock_token);
+        b->keys[recorded] = j->lock_key;
+        b->tokens[recorded++] = j->lock_token;
     }
+    /* All of them, before Redis is asked, as job.c's take_lock() records
+     * its one: a worker dying now leaves its replacement every lock to free,
+     * not just the running job's, whose batch-mates would otherwise wait
+     * out lock_ttl. They stay recorded until settle_all() released them. */
+    sk_slot_record_locks(p->slot, recorded, b->keys, b->tokens);
     int64_t give_up_at = sk_now_ms() + p->conf->lock.busy_wait_ms;
     size_t locked = 0;
     for (;;) {
@@ -435,16 +444,10 @@ static bool handle(struct sk_pipeline *p, struct job *j, struct outcome *o)
     struct sk_slot *slot = p->slot;
     snprintf(slot->job_key, sizeof(slot->job_key), "%s", j->env.idempotency_key);
     atomic_store(&slot->job_started_ms, sk_now_ms());
-    if (j->locked) {
-        memcpy(slot->lock_key, j->lock_key, sizeof(slot->lock_key));
-        memcpy(slot->lock_token, j->lock_token, sizeof(slot->lock_token));
-        atomic_store(&slot->lock_held, 1);
-    }
     struct sekali_ctx *ctx = &p->ctx;
     sk_host_ctx_reset(ctx);
     PGconn *pg = sk_store_conn(sk_links_store(p->links));
     o->status = sk_job_call_handler(p, j, pg);
-    atomic_store(&slot->lock_held, 0);
     if (o->status == SEKALI_OK && PQtransactionStatus(pg) != PQTRANS_INTRANS) {
         o->status = SEKALI_RETRY;
         snprintf(ctx->error, sizeof(ctx->error), "the handler left its transaction %s",
@@ -556,6 +559,7 @@ static void settle_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
             if (b->rcs[k] == SK_BUSY)
                 sk_log_job(SK_LOG_WARN, &b->jobs[b->index[k]].log,
                            "lock had expired before release");
+    sk_slot_forget_locks(p->slot);
     for (size_t i = 0; i < n; i++) {
         struct job *j = &b->jobs[i];
         sk_assert(j->exit_decided);

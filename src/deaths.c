@@ -86,12 +86,7 @@ void sk_deaths_bequeath(struct sk_slot *shared, const struct sk_death *death)
     /* Its replacement records the crash against the job's key. */
     if (death->job_caused && shared->job_key[0] != '\0')
         atomic_store(&shared->died_in_job, 1);
-    /* And deletes the lock it held, before it consumes anything. A newer
-     * orphan replaces an older one still pending: that one has had the
-     * longer time to expire by itself. */
-    if (atomic_exchange(&shared->lock_held, 0)) {
-        memcpy(shared->orphan_key, shared->lock_key, sizeof(shared->orphan_key));
-        memcpy(shared->orphan_token, shared->lock_token, sizeof(shared->orphan_token));
-        atomic_store(&shared->orphan_held, 1);
-    }
+    /* And deletes the locks it held, a whole batch's, before it consumes
+     * anything. */
+    sk_slot_orphan_locks(shared);
 }

@@ -210,9 +210,8 @@ static int take_lock(struct sk_pipeline *p, struct job *j)
      * dies between the SET and this store would otherwise leave a lock its
      * replacement knows nothing of, and the redelivery would wait out the
      * TTL. Deleting by a token that never took the lock deletes nothing. */
-    memcpy(p->slot->lock_key, j->lock_key, sizeof(p->slot->lock_key));
-    memcpy(p->slot->lock_token, j->lock_token, sizeof(p->slot->lock_token));
-    atomic_store(&p->slot->lock_held, 1);
+    sk_slot_record_locks(p->slot, 1, (const char *const[]){ j->lock_key },
+                         (const char *const[]){ j->lock_token });
 
     struct sk_err err = { 0 };
     int64_t give_up_at = sk_now_ms() + p->conf->lock.busy_wait_ms;
@@ -220,7 +219,7 @@ static int take_lock(struct sk_pipeline *p, struct job *j)
     for (;;) {
         rc = sk_lock_acquire(redis, j->lock_key, j->lock_token, p->queue->lock_ttl_ms, &err);
         if (rc == SK_AGAIN) {
-            atomic_store(&p->slot->lock_held, 0);
+            sk_slot_forget_locks(p->slot);
             waited_for_lock(j, busy_since);
             return sk_links_drop(p->links, SK_LINK_LOCK, &j->log, &err);
         }
@@ -239,7 +238,7 @@ static int take_lock(struct sk_pipeline *p, struct job *j)
             busy_since = now_ns();
         sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
         if (sk_now_ms() >= give_up_at || sk_process_stopping()) {
-            atomic_store(&p->slot->lock_held, 0);
+            sk_slot_forget_locks(p->slot);
             waited_for_lock(j, busy_since);
             sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
             return SK_BUSY;
@@ -262,7 +261,7 @@ static void release_lock(struct sk_pipeline *p, struct job *j)
     j->locked = false;
     struct sk_err err = { 0 };
     int rc = sk_lock_release(j->redis, j->lock_key, j->lock_token, &err);
-    atomic_store(&p->slot->lock_held, 0);
+    sk_slot_forget_locks(p->slot);
     if (rc == SK_BUSY)
         sk_log_job(SK_LOG_WARN, &j->log, "lock had expired before release");
     else if (rc != SK_OK)

@@ -186,24 +186,44 @@ int sk_links_lock(struct sk_links *l, struct sk_lock **out)
     return SK_OK;
 }
 
-int sk_links_free_orphan(struct sk_links *l, const char *key, const char *token)
+int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, size_t n,
+                          size_t *freed)
 {
+    *freed = 0;
     struct sk_outage *o = &l->lock_outage;
     if (waiting(o))
         return SK_AGAIN;
     struct sk_err err = { 0 };
+    /* One block for the round trip's arrays: n is at most a batch. */
+    void *arrays = calloc(n, 2 * sizeof(char *) + sizeof(int));
+    if (arrays == NULL)
+        return SK_AGAIN;
+    const char **keys = arrays, **tokens = keys + n;
+    int *rcs = (int *)(void *)(tokens + n);
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = locks[i].key;
+        tokens[i] = locks[i].token;
+    }
     int rc = l->lock != NULL ? SK_OK : sk_lock_open(&l->lock, &l->conf->redis, &err);
     if (rc == SK_OK)
-        rc = sk_lock_release(l->lock, key, token, &err);
+        rc = sk_lock_release_many(l->lock, n, keys, tokens, rcs, &err);
+    for (size_t i = 0; rc == SK_OK && i < n; i++)
+        *freed += rcs[i] == SK_OK;
+    free(arrays);
+    if (rc != SK_OK && rc != SK_AGAIN) {
+        /* Redis refused the command itself: asking again would not help. */
+        *freed = 0;
+        return SK_BUSY;
+    }
     if (rc == SK_AGAIN) {
         o->retry_at_ms = sk_now_ms() + sk_backoff_next(&o->backoff);
         if (!o->logged)
-            sk_log_warn("cannot free the lock %s of a dead worker yet, will retry: %s", key,
-                        err.msg);
+            sk_log_warn("cannot free the %zu lock(s) of a dead worker yet (%s first), will "
+                        "retry: %s", n, locks[0].key, err.msg);
         o->logged = true;
         return SK_AGAIN;
     }
-    return rc == SK_OK ? SK_OK : SK_BUSY;
+    return SK_OK;
 }
 
 int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_job *job,

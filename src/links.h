@@ -25,6 +25,7 @@ struct sk_heartbeat;
 struct sk_lock;
 struct sk_log_job;
 struct sk_slot;
+struct sk_slot_lock;
 struct sk_store;
 
 enum sk_link {
@@ -79,11 +80,15 @@ struct sk_broker *sk_links_publisher(struct sk_links *l, struct sk_err *err);
  * (`wait`, and always while Redis refuses sekali's password). */
 int sk_links_lock(struct sk_links *l, struct sk_lock **out);
 
-/* Deletes a dead worker's lock `key` if `token` still owns it, on the lock
- * connection and under its outage: while Redis is down it is asked again
- * only when the backoff allows. Returns SK_OK (freed), SK_BUSY (expired or
- * owned by someone else) or SK_AGAIN (try again later; logged once). */
-int sk_links_free_orphan(struct sk_links *l, const char *key, const char *token);
+/* Deletes each of a dead worker's n locks (its slot's orphans) whose token
+ * still owns it, in one round trip on the lock connection and under its
+ * outage: while Redis is down it is asked again only when the backoff
+ * allows. Returns SK_OK once Redis answered for every lock, with *freed
+ * set to how many were still the dead worker's (the others had expired or
+ * changed hands); SK_AGAIN (try them all again later; logged once); or
+ * SK_BUSY if Redis refused the command (not worth asking again). */
+int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, size_t n,
+                          size_t *freed);
 
 /* A call on `which` failed (why: the adapter's error; job: the job it was
  * for, named in the store's log line, or NULL). Starts an outage, logged

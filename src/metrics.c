@@ -267,9 +267,9 @@ void sk_metrics_worker_exited(struct sk_metrics *m, size_t q)
     atomic_fetch_sub_explicit(&sk_metrics_queue(m, q)->workers_up, 1, memory_order_relaxed);
 }
 
-void sk_metrics_lock_released_for_dead(struct sk_metrics_queue *mq)
+void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n)
 {
-    atomic_fetch_add_explicit(&mq->locks_released_for_dead, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&mq->locks_released_for_dead, n, memory_order_relaxed);
 }
 
 static uint64_t wall_ms(void)

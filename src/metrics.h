@@ -113,8 +113,8 @@ void sk_metrics_janitor_round(struct sk_metrics *m);
  * died), or has exited. */
 void sk_metrics_worker_started(struct sk_metrics *m, size_t q, bool restarted);
 void sk_metrics_worker_exited(struct sk_metrics *m, size_t q);
-/* Worker: it deleted the Redis lock a dead worker of its slot still held. */
-void sk_metrics_lock_released_for_dead(struct sk_metrics_queue *mq);
+/* Worker: it deleted n Redis locks a dead worker of its slot still held. */
+void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n);
 
 /* The name of a dead-letter reason, e.g. "retries_exhausted": both the
  * x-sekali-reason header of the dead letter and the metric's reason label.

@@ -1,38 +1,51 @@
 /* scoreboard.c - the shared-memory slots of scoreboard.h. */
+#include <stdalign.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "scoreboard.h"
 
 struct sk_scoreboard {
-    struct sk_slot *slots;
-    size_t          n;
+    unsigned char *base;
+    size_t         n;
+    size_t         stride;  /* a slot with its 2 * lock_cap lock entries, aligned */
 };
 
-int sk_scoreboard_create(struct sk_scoreboard **out, size_t n, struct sk_err *err)
+int sk_scoreboard_create(struct sk_scoreboard **out, size_t n, size_t lock_cap,
+                         struct sk_err *err)
 {
+    sk_assert(lock_cap >= 1 && lock_cap <= UINT32_MAX / 2);
     struct sk_scoreboard *sb = calloc(1, sizeof(*sb));
     if (sb == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(scoreboard)");
+    size_t align = alignof(struct sk_slot);
+    sb->stride = sizeof(struct sk_slot) + 2 * lock_cap * sizeof(struct sk_slot_lock);
+    sb->stride = (sb->stride + align - 1) / align * align;
     /* Anonymous shared memory: inherited across fork(), gone with the
-     * last process, nothing in /dev/shm to clean up after a crash. */
-    sb->slots = mmap(NULL, n * sizeof(*sb->slots), PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (sb->slots == MAP_FAILED) {
+     * last process, nothing in /dev/shm to clean up after a crash. Pages
+     * of lock entries never written are never backed. */
+    sb->base = mmap(NULL, n * sb->stride, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                    -1, 0);
+    if (sb->base == MAP_FAILED) {
+        int rc = sk_err_errno(err, SK_ERR, "mmap(scoreboard, %zu bytes)", n * sb->stride);
         free(sb);
-        return sk_err_errno(err, SK_ERR, "mmap(scoreboard)");
+        return rc;
     }
     sb->n = n;
     for (size_t i = 0; i < n; i++) {
-        atomic_init(&sb->slots[i].job_started_ms, 0);
-        atomic_init(&sb->slots[i].alive_ms, 0);
-        atomic_init(&sb->slots[i].consuming, 0);
-        atomic_init(&sb->slots[i].phase, SK_PHASE_IDLE);
-        atomic_init(&sb->slots[i].ready, 0);
-        atomic_init(&sb->slots[i].finished, 0);
-        atomic_init(&sb->slots[i].died_in_job, 0);
-        atomic_init(&sb->slots[i].lock_held, 0);
-        atomic_init(&sb->slots[i].orphan_held, 0);
+        struct sk_slot *s = sk_scoreboard_slot(sb, i);
+        atomic_init(&s->job_started_ms, 0);
+        atomic_init(&s->alive_ms, 0);
+        atomic_init(&s->consuming, 0);
+        atomic_init(&s->phase, SK_PHASE_IDLE);
+        atomic_init(&s->ready, 0);
+        atomic_init(&s->finished, 0);
+        atomic_init(&s->died_in_job, 0);
+        s->lock_cap = (uint32_t)lock_cap;
+        atomic_init(&s->n_locks, 0);
+        atomic_init(&s->n_orphans, 0);
     }
     *out = sb;
     return SK_OK;
@@ -42,12 +55,59 @@ void sk_scoreboard_destroy(struct sk_scoreboard *sb)
 {
     if (sb == NULL)
         return;
-    munmap(sb->slots, sb->n * sizeof(*sb->slots));
+    munmap(sb->base, sb->n * sb->stride);
     free(sb);
 }
 
 struct sk_slot *sk_scoreboard_slot(struct sk_scoreboard *sb, size_t i)
 {
     sk_assert(i < sb->n);
-    return &sb->slots[i];
+    return (struct sk_slot *)(void *)(sb->base + i * sb->stride);
+}
+
+void sk_slot_record_locks(struct sk_slot *s, size_t n, const char *const *keys,
+                          const char *const *tokens)
+{
+    /* config.c bounds batch, and the supervisor sized lock_cap by it. */
+    sk_assert(n <= s->lock_cap);
+    /* The count first drops to 0, so that a death mid-copy never hands
+     * over an entry half old, half new. */
+    atomic_store(&s->n_locks, 0);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(s->locks[i].key, sizeof(s->locks[i].key), "%s", keys[i]);
+        snprintf(s->locks[i].token, sizeof(s->locks[i].token), "%s", tokens[i]);
+    }
+    atomic_store(&s->n_locks, (uint32_t)n);
+}
+
+void sk_slot_forget_locks(struct sk_slot *s)
+{
+    atomic_store(&s->n_locks, 0);
+}
+
+const struct sk_slot_lock *sk_slot_orphans(const struct sk_slot *s, size_t *n)
+{
+    *n = atomic_load(&s->n_orphans);
+    return s->locks + s->lock_cap;
+}
+
+void sk_slot_forget_orphans(struct sk_slot *s)
+{
+    atomic_store(&s->n_orphans, 0);
+}
+
+/* Orphans still pending are kept when the new ones fit beside them (a
+ * replacement that could not reach Redis to free them, then died holding
+ * locks of its own); otherwise the new ones replace them: the older have
+ * had the longer time to expire by themselves. */
+void sk_slot_orphan_locks(struct sk_slot *s)
+{
+    size_t held = atomic_exchange(&s->n_locks, 0);
+    if (held == 0)
+        return;
+    size_t pending = atomic_load(&s->n_orphans);
+    if (pending + held > s->lock_cap)
+        pending = 0;
+    memcpy(s->locks + s->lock_cap + pending, s->locks, held * sizeof(s->locks[0]));
+    atomic_store(&s->n_orphans, (uint32_t)(pending + held));
 }

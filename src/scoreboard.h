@@ -2,11 +2,27 @@
  *
  * The supervisor maps one slot per worker before forking; each worker writes
  * only its own slot. The supervisor reads it, and writes it only while no
- * worker runs on it: at reap time (died_in_job, the orphaned lock) and
+ * worker runs on it: at reap time (died_in_job, the orphaned locks) and
  * before forking (the new worker's phase and progress start from zero).
  * Plain atomics, no locks: a worker killed mid-write cannot leave a lock
  * held. Times are CLOCK_MONOTONIC milliseconds, which all processes of one
- * host share. */
+ * host share.
+ *
+ * Locks. A slot ends in two lists of lock_cap entries each (lock_cap: the
+ * largest queues[].batch of the generation's config, at least 1; config.c
+ * bounds batch), so slots are sk_scoreboard_slot()'s stride apart, not
+ * sizeof(struct sk_slot):
+ *
+ *   locks[0 .. n_locks)                         held or being asked for
+ *   locks[lock_cap .. lock_cap + n_orphans)     a dead worker's, to free
+ *
+ * A worker writes every lock it is about to ask for before its SET is sent
+ * (sk_slot_record_locks()), so a death between the SET and the record
+ * cannot leave a lock nobody knows of; an entry whose SET never succeeded
+ * is harmless, since a delete by a token that never owned the key deletes
+ * nothing. It forgets them after their release. At reap time the
+ * supervisor moves the held ones to the orphans (sk_slot_orphan_locks()),
+ * and the replacement frees them all before it consumes. */
 #ifndef SK_SCOREBOARD_H
 #define SK_SCOREBOARD_H
 
@@ -28,6 +44,12 @@ enum sk_slot_phase {
 
 #define SK_SLOT_LOCK_KEY_MAX SK_LOCK_KEY_MAX  /* see sk_lock_key() */
 
+/* One Redis lock as a slot records it. */
+struct sk_slot_lock {
+    char key[SK_SLOT_LOCK_KEY_MAX];
+    char token[SK_LOCK_TOKEN_LEN + 1];
+};
+
 struct sk_slot {
     _Atomic int64_t job_started_ms;  /* 0 while idle */
     _Atomic int64_t alive_ms;        /* the worker's loop last turned; 0 before */
@@ -45,26 +67,37 @@ struct sk_slot {
      * in job_key); cleared by the replacement once it has recorded the
      * crash in PostgreSQL. */
     _Atomic int     died_in_job;
-    /* The Redis lock the worker holds or is asking for: lock_held is set
-     * after key and token are written, before the SET, and cleared after the
-     * release or the refusal. */
-    _Atomic int     lock_held;
-    char            lock_key[SK_SLOT_LOCK_KEY_MAX];
-    char            lock_token[SK_LOCK_TOKEN_LEN + 1];
-    /* A lock a dead worker of this slot left behind: the supervisor moves it
-     * here at reap time, and a replacement deletes it (compare by token)
-     * before it consumes, then clears orphan_held. */
-    _Atomic int     orphan_held;
-    char            orphan_key[SK_SLOT_LOCK_KEY_MAX];
-    char            orphan_token[SK_LOCK_TOKEN_LEN + 1];
+    /* The Redis locks: see "Locks" above. lock_cap is written once, before
+     * any fork; the counts say how many entries of each list are valid. */
+    uint32_t         lock_cap;
+    _Atomic uint32_t n_locks;
+    _Atomic uint32_t n_orphans;
+    struct sk_slot_lock locks[];  /* 2 * lock_cap: held, then orphans */
 };
 
 struct sk_scoreboard;
 
-/* Maps n zeroed slots shared with children forked later. */
-int  sk_scoreboard_create(struct sk_scoreboard **out, size_t n, struct sk_err *err);
+/* Maps n zeroed slots shared with children forked later, each with room
+ * for lock_cap held locks and as many orphans (lock_cap >= 1). */
+int  sk_scoreboard_create(struct sk_scoreboard **out, size_t n, size_t lock_cap,
+                          struct sk_err *err);
 void sk_scoreboard_destroy(struct sk_scoreboard *sb);
 
 struct sk_slot *sk_scoreboard_slot(struct sk_scoreboard *sb, size_t i);
+
+/* The worker's side, on its own slot. Records n locks (n <= lock_cap) as
+ * held, replacing what was recorded: call it before their SET is sent. */
+void sk_slot_record_locks(struct sk_slot *s, size_t n, const char *const *keys,
+                          const char *const *tokens);
+/* The recorded locks were released (or refused, or given up on). */
+void sk_slot_forget_locks(struct sk_slot *s);
+/* The orphans a predecessor left: *n entries, valid until
+ * sk_slot_forget_orphans(). */
+const struct sk_slot_lock *sk_slot_orphans(const struct sk_slot *s, size_t *n);
+void sk_slot_forget_orphans(struct sk_slot *s);
+
+/* The supervisor's side, once the slot's worker is reaped: its held locks
+ * become the slot's orphans, for the replacement to free. */
+void sk_slot_orphan_locks(struct sk_slot *s);
 
 #endif

@@ -256,9 +256,13 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
     }
     g->conf = conf;
     g->plugins = plugins;
+    /* A worker holds at most one lock per job of its batch at once. */
+    size_t lock_cap = 1;
     for (size_t q = 0; q < conf->n_queues; q++) {
         g->n_slots += (size_t)conf->queues[q].workers;
         g->any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
+        if ((size_t)conf->queues[q].batch > lock_cap)
+            lock_cap = (size_t)conf->queues[q].batch;
     }
     g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0);
     g->slots = calloc(g->n_slots, sizeof(*g->slots));
@@ -274,7 +278,7 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         slot_init(g, &g->slots[i++], SK_ROLE_RELAY, 0, (unsigned)k + 1);
     if (conf->janitor.interval_ms > 0)
         slot_init(g, &g->slots[i++], SK_ROLE_JANITOR, 0, 1);
-    if (sk_scoreboard_create(&g->scoreboard, g->n_slots, err) != SK_OK)
+    if (sk_scoreboard_create(&g->scoreboard, g->n_slots, lock_cap, err) != SK_OK)
         goto fail;
     /* Counters start from zero with each generation, as after a restart;
      * Prometheus's rate() and increase() take such resets in their stride. */
@@ -398,14 +402,14 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 
 /* The new process's progress starts from nothing; written before the fork,
  * so a child killed at once cannot be judged by its predecessor's. The dead
- * worker's job key and orphaned lock stay for it to handle. */
+ * worker's job key and orphaned locks stay for it to handle. */
 static void fresh(struct sk_slot *shared)
 {
     atomic_store(&shared->job_started_ms, 0);
     atomic_store(&shared->phase, SK_PHASE_IDLE);
     atomic_store(&shared->ready, 0);
     atomic_store(&shared->finished, 0);
-    atomic_store(&shared->lock_held, 0);
+    sk_slot_forget_locks(shared);
 }
 
 /* Finds pid's slot in generation g, or NULL. */

@@ -29,7 +29,7 @@ static void teardown(struct sk_pipeline *p);
 static bool prepare(struct sk_pipeline *p);
 static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery);
 static void record_crash(struct sk_pipeline *p);
-static void free_dead_lock(struct sk_pipeline *p);
+static void free_dead_locks(struct sk_pipeline *p);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
                   const struct sk_plugin *plugin, struct sk_slot *slot,
@@ -127,19 +127,20 @@ static int setup(struct sk_pipeline *p, bool first, struct sk_err *err)
 static bool prepare(struct sk_pipeline *p)
 {
     struct sk_slot *slot = p->slot;
-    /* First, before anything is consumed: the redelivery of the dead
-     * worker's job is waiting for that lock. But if the job killed that
-     * worker, its crash is recorded first: a copy that took the freed
-     * lock before the count was written would run the job uncounted. */
+    /* First, before anything is consumed: the redeliveries of the dead
+     * worker's jobs (a whole batch's) are waiting for those locks. But if
+     * a job killed that worker, its crash is recorded first: a copy that
+     * took the freed lock before the count was written would run the job
+     * uncounted. */
     bool job_died = atomic_load(&slot->died_in_job);
-    if (!job_died && atomic_load(&slot->orphan_held))
-        free_dead_lock(p);
+    if (!job_died && atomic_load(&slot->n_orphans) > 0)
+        free_dead_locks(p);
     if (!sk_links_ready(p->links))
         return false;
     if (job_died) {
         record_crash(p);
-        if (atomic_load(&slot->orphan_held))
-            free_dead_lock(p);
+        if (atomic_load(&slot->n_orphans) > 0)
+            free_dead_locks(p);
     }
     return true;
 }
@@ -197,24 +198,28 @@ static void record_crash(struct sk_pipeline *p)
     atomic_store(&p->slot->died_in_job, 0);
 }
 
-/* A worker of this slot died holding a Redis lock (the supervisor moved it
- * to orphan_key): delete it if its token still owns it, so the dead
- * worker's redelivered job runs now rather than after lock_ttl. Its owner
- * is provably dead, and the compare by token cannot delete a lock a live
- * worker took since. While Redis is unreachable the orphan stays recorded
- * and is tried again when the Redis backoff allows; the worker consumes in
- * the meantime, as it would without the orphan. */
-static void free_dead_lock(struct sk_pipeline *p)
+/* A worker of this slot died holding Redis locks (the supervisor moved
+ * them to the slot's orphans): delete each whose token still owns it, all
+ * in one round trip, so the dead worker's redelivered jobs run now rather
+ * than after lock_ttl. Their owner is provably dead, and the compare by
+ * token cannot delete a lock a live worker took since. While Redis is
+ * unreachable the orphans stay recorded and are tried again when the
+ * Redis backoff allows; the worker consumes in the meantime, as it would
+ * without them. */
+static void free_dead_locks(struct sk_pipeline *p)
 {
-    int rc = sk_links_free_orphan(p->links, p->slot->orphan_key, p->slot->orphan_token);
+    size_t n, freed;
+    const struct sk_slot_lock *orphans = sk_slot_orphans(p->slot, &n);
+    int rc = sk_links_free_orphans(p->links, orphans, n, &freed);
     if (rc == SK_AGAIN)
         return;
-    if (rc == SK_OK) {
-        sk_metrics_lock_released_for_dead(p->metrics);
-        sk_log_info("freed the lock %s that a dead worker held", p->slot->orphan_key);
-    } else {
-        sk_log_debug("the dead worker's lock %s had already expired or changed hands",
-                     p->slot->orphan_key);
+    if (freed > 0) {
+        sk_metrics_locks_released_for_dead(p->metrics, freed);
+        sk_log_info("freed %zu of the %zu locks that a dead worker held (the first %s)", freed,
+                    n, orphans[0].key);
     }
-    atomic_store(&p->slot->orphan_held, 0);
+    if (freed < n)
+        sk_log_debug("%zu of the %zu locks that a dead worker held had already expired or "
+                     "changed hands", n - freed, n);
+    sk_slot_forget_orphans(p->slot);
 }

@@ -333,6 +333,83 @@ START_TEST(test_kills_during_a_broker_outage_never_back_off)
 }
 END_TEST
 
+/* How many locks Redis holds for r's queue. */
+static long long lock_count(redisContext *redis, const struct h_run *r)
+{
+    redisReply *reply = redisCommand(redis, "KEYS sekali:lock:%s:*", r->queue);
+    ck_assert_msg(reply != NULL && reply->type == REDIS_REPLY_ARRAY, "redis KEYS failed");
+    long long n = (long long)reply->elements;
+    freeReplyObject(reply);
+    return n;
+}
+
+/* A worker of a batch-16 queue dies in one job's handler while it holds
+ * the locks of all sixteen jobs, with a lock_ttl of 60 s. Before, the
+ * scoreboard named only the running job's lock: its fifteen batch-mates
+ * went round the delay queue as "lock busy" until their locks expired.
+ * Now the replacement frees all sixteen in one round trip before it
+ * consumes, and the batch completes in a few seconds, once each. */
+START_TEST(test_death_mid_batch_frees_every_batch_mates_lock_at_once)
+{
+    enum { BATCH = 16, STALL_AT = 8 };
+    struct h_run r;
+    h_run_open(&r, "batchorphans");
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    int port = h_free_port();
+    char top[256];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
+             port);
+    char extra[1400];
+    snprintf(extra, sizeof(extra), "    batch: %d\n    prefetch: %d\n    batch_wait: 1s\n"
+             "    lock_ttl: 60s\n    config:\n      marker_dir: %s\n", BATCH, 2 * BATCH, r.dir);
+    /* Published before sekalid starts, so that the first batch is all of
+     * them, with the stalling job in its middle. */
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char key[32], id[32];
+    for (int i = 0; i < BATCH; i++) {
+        if (i == STALL_AT) {
+            h_publish(r.b, r.queue, "test", "stall-1", "order-stall", NULL, "stall");
+            continue;
+        }
+        snprintf(key, sizeof(key), "mate-%02d", i);
+        snprintf(id, sizeof(id), "mate-msg-%02d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra, .top_yaml = top });
+
+    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = h_stalled_pid(r.dir);
+    /* The fault's setting: one worker holds all sixteen locks. */
+    ck_assert_int_eq(lock_count(redis, &r), BATCH);
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    int64_t killed = h_now_ms();
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead after SIGKILL", (long)victim);
+
+    H_WAIT(h_effect_keys(&r) == BATCH, 15000,
+           "all %d jobs should complete without waiting out the 60 s lock_ttl (%lld did, "
+           "%lld locks still held)", BATCH, h_effect_keys(&r), lock_count(redis, &r));
+    int64_t took = h_now_ms() - killed;
+    fprintf(stderr, "batchorphans: the batch completed %lld ms after the kill\n",
+            (long long)took);
+    H_WAIT(h_metric(port, "sekali_worker_restarts_total{queue=\"%s\"}", r.queue) == 1, 10000,
+           "sekali_worker_restarts_total should count the killed worker once");
+    ck_assert_int_eq(h_metric(port, "sekali_locks_released_for_dead_total{queue=\"%s\"}",
+                              r.queue), BATCH);
+    ck_assert_int_eq(h_metric(port, "sekali_lock_busy_total{queue=\"%s\",job_type=\"test\"}",
+                              r.queue), 0);
+    /* Every effect is the replacement's: nothing of the dead batch committed. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND pid = %ld", r.queue, (long)victim), 0);
+    h_run_stop(&r);
+
+    ck_assert_int_eq(lock_count(redis, &r), 0);
+    h_expect_once(&r, BATCH, 0);
+    redisFree(redis);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -342,6 +419,7 @@ int main(void)
         test_crashing_job_back_from_a_delay_queue_still_meets_max_crashes,
         test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
         test_kills_during_a_broker_outage_never_back_off,
+        test_death_mid_batch_frees_every_batch_mates_lock_at_once,
         NULL,
     };
     Suite *s = suite_create("storm");

@@ -21,8 +21,11 @@ static int killed(int sig) { return sig & 0x7f; }
 
 static struct sk_slot *slot_in(enum sk_slot_phase phase, int ready, uint64_t finished)
 {
-    struct sk_slot *shared = calloc(1, sizeof(*shared));
+    /* Room for two held locks and two orphans, as sk_scoreboard_create()
+     * would lay a slot out for batch 2. */
+    struct sk_slot *shared = calloc(1, sizeof(*shared) + 4 * sizeof(shared->locks[0]));
     ck_assert_ptr_nonnull(shared);
+    shared->lock_cap = 2;
     atomic_store(&shared->phase, phase);
     atomic_store(&shared->ready, ready);
     atomic_store(&shared->finished, finished);
@@ -142,24 +145,26 @@ START_TEST(test_an_oom_kill_is_charged_once_to_the_next_sigkill)
 }
 END_TEST
 
-START_TEST(test_the_replacement_inherits_the_crash_and_the_lock)
+START_TEST(test_the_replacement_inherits_the_crash_and_the_locks)
 {
     struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
     atomic_store(&shared->consuming, 1);
     atomic_store(&shared->job_started_ms, 1234);
     snprintf(shared->job_key, sizeof(shared->job_key), "key-1");
-    snprintf(shared->lock_key, sizeof(shared->lock_key), "sekali:lock:q:key-1");
-    snprintf(shared->lock_token, sizeof(shared->lock_token), "token-1");
-    atomic_store(&shared->lock_held, 1);
+    const char *keys[] = { "sekali:lock:q:key-1", "sekali:lock:q:key-2" };
+    const char *tokens[] = { "token-1", "token-2" };
+    sk_slot_record_locks(shared, 2, keys, tokens);
 
     sk_deaths_bequeath(shared, &(struct sk_death){ .job_caused = true });
     ck_assert_int_eq(atomic_load(&shared->consuming), 0);
     ck_assert_int_eq(atomic_load(&shared->job_started_ms), 0);
     ck_assert_int_eq(atomic_load(&shared->died_in_job), 1);
-    ck_assert_int_eq(atomic_load(&shared->lock_held), 0);
-    ck_assert_int_eq(atomic_load(&shared->orphan_held), 1);
-    ck_assert_str_eq(shared->orphan_key, "sekali:lock:q:key-1");
-    ck_assert_str_eq(shared->orphan_token, "token-1");
+    ck_assert_int_eq(atomic_load(&shared->n_locks), 0);
+    size_t n = 0;
+    const struct sk_slot_lock *orphans = sk_slot_orphans(shared, &n);
+    ck_assert_uint_eq(n, 2);   /* every lock it held, a batch's */
+    ck_assert_str_eq(orphans[0].key, "sekali:lock:q:key-1");
+    ck_assert_str_eq(orphans[1].token, "token-2");
     free(shared);
 }
 END_TEST
@@ -170,7 +175,7 @@ START_TEST(test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash)
     snprintf(shared->job_key, sizeof(shared->job_key), "key-1");
     sk_deaths_bequeath(shared, &(struct sk_death){ .outside = true });
     ck_assert_int_eq(atomic_load(&shared->died_in_job), 0);
-    ck_assert_int_eq(atomic_load(&shared->orphan_held), 0);   /* it held no lock */
+    ck_assert_int_eq(atomic_load(&shared->n_orphans), 0);   /* it held no lock */
     shared->job_key[0] = '\0';
     sk_deaths_bequeath(shared, &(struct sk_death){ .job_caused = true });
     ck_assert_int_eq(atomic_load(&shared->died_in_job), 0);
@@ -187,7 +192,7 @@ int main(void)
         test_a_finished_delivery_is_progress_whatever_killed_it,
         test_a_sigkill_for_job_timeout_is_the_jobs_doing,
         test_an_oom_kill_is_charged_once_to_the_next_sigkill,
-        test_the_replacement_inherits_the_crash_and_the_lock,
+        test_the_replacement_inherits_the_crash_and_the_locks,
         test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash,
         NULL,
     };
