@@ -248,6 +248,12 @@ reserve_ports() {
     [ -w "$file" ] || return 0
     current=$(<"$file")
     wanted="$PG_PORT,$REDIS_PORT,$AMQP_PORT,$AMQP_DIST_PORT-$((AMQP_DIST_PORT + 10)),$EPMD_PORT"
+    # And the cluster suites' range (tests/cluster/lib.sh), which run after
+    # `make check` in CI: reserved only when they start, it could already
+    # be held by a long-lived client socket of the suites before them (a
+    # CI run lost three cluster tests to eaddrinuse on 127.0.0.1:47100).
+    local base=${SEKALI_CLUSTER_PORT_BASE:-47000}
+    wanted+=",$base-$((base + 199))"
     echo "${current:+$current,}$wanted" >"$file" 2>/dev/null || true
 }
 
