@@ -104,6 +104,10 @@ START_TEST(test_supervisor_workers_relay_janitor_and_threads_carry_their_titles)
              "  - name: %s\n    handler: %s/" H_EFFECT "\n    workers: 2\n", second,
              h_build_dir());
     snprintf(top, sizeof top, H_RELAY "metrics:\n  listen: 127.0.0.1:%d\n", h_free_port());
+    /* h_run_start() waits for the first queue's consumers only: declared
+     * here, the second one exists before its workers do, and counting its
+     * consumers cannot find it missing (a 404 that closed the channel). */
+    ck_assert_int_eq(sk_broker_declare(r.b, second, NULL, NULL), SK_OK);
     h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = queue_yaml,
                                           .top_yaml = top });
     H_WAIT(h_consumers(r.b, second) == 2, 20000, "the second queue should have 2 consumers");
