@@ -98,7 +98,7 @@ START_TEST(test_passive_queue_under_a_policy_runs_retries_and_dead_letters)
     char args[600];
     /* The policy's dead-letter exchange is not sekali's: sekali's own
      * copies to <queue>.dead must not depend on it. */
-    snprintf(args, sizeof args, "set_policy --apply-to queues %s-p '^%s$' "
+    snprintf(args, sizeof args, "set_policy --apply-to queues --priority 1 %s-p '^%s$' "
              "'{\"max-length\":10000,\"dead-letter-exchange\":\"amq.fanout\"}'", r.queue, r.queue);
     rabbitmqctl(args);
     declare_foreign(r.queue, false);
