@@ -42,6 +42,7 @@
 #include "batch.h"
 #include "broker.h"
 #include "clock.h"
+#include "failpoint.h"
 #include "heartbeat.h"
 #include "job.h"
 #include "job_steps.h"
@@ -275,6 +276,7 @@ static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
             struct job *j = &b->jobs[b->index[k]];
             if (b->rcs[k] == SK_BUSY) {
                 busy++;
+                sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
                 continue;
             }
             j->locked = true;
