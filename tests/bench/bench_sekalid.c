@@ -22,9 +22,12 @@
  * much of the elapsed time was sekalid starting up.
  *
  * Memory: the workers are sekalid's children. Their VmRSS is sampled when a
- * quarter of the jobs are done and again when all are, and VmHWM (the peak
- * RSS) just before the stop; the growth between the two samples is what
- * running three quarters of the jobs cost in memory, which should be nothing.
+ * quarter of the jobs are done and again when all are, with their PSS (RSS
+ * with each shared page divided among the processes mapping it: what one
+ * more worker costs, since most of an RSS is shared library text), and VmHWM
+ * (the peak RSS, connecting included) just before the stop; the growth
+ * between the two samples is what running three quarters of the jobs cost
+ * in memory, which should be nothing.
  *
  * Then SIGTERM, and sekalid must exit 0 within STOP_TIMEOUT_S.
  *
@@ -65,8 +68,8 @@ struct sample {
 
 static long long count_completed(PGconn *pg, const char *queue);
 static int effect_span_us(PGconn *pg, const char *queue, int64_t *first, int64_t *last);
-static void sample(pid_t parent, const char *field, struct sample *out);
-static long status_kib(long pid, const char *field);
+static void sample(pid_t parent, const char *file, const char *field, struct sample *out);
+static long proc_kib(long pid, const char *file, const char *field);
 static int stop(pid_t pid, const char *log);
 static double now_s(void);
 static void nap_ms(int ms);
@@ -129,7 +132,7 @@ int main(int argc, char **argv)
         _exit(127);
     }
 
-    struct sample rss25 = { 0 }, rss100 = { 0 }, hwm = { 0 };
+    struct sample rss25 = { 0 }, rss100 = { 0 }, pss100 = { 0 }, hwm = { 0 };
     long long done = 0;
     double detected = 0;
     int status;
@@ -140,10 +143,11 @@ int main(int argc, char **argv)
             return 1;
         }
         if (rss25.n == 0 && done * 4 >= n)
-            sample(pid, "VmRSS:", &rss25);
+            sample(pid, "status", "VmRSS:", &rss25);
         if (done >= n) {
             detected = now_s() - start;
-            sample(pid, "VmRSS:", &rss100);
+            sample(pid, "status", "VmRSS:", &rss100);
+            sample(pid, "smaps_rollup", "Pss:", &pss100);
             break;
         }
         if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -160,7 +164,7 @@ int main(int argc, char **argv)
         nap_ms(POLL_MS);
     }
     /* The peak is read while the workers still live: /proc forgets it at exit. */
-    sample(pid, "VmHWM:", &hwm);
+    sample(pid, "status", "VmHWM:", &hwm);
     int stopped = stop(pid, log);
     int64_t first_us, last_us;
     int spanned = effect_span_us(pg, queue, &first_us, &last_us);
@@ -175,11 +179,17 @@ int main(int argc, char **argv)
     printf("first_effect_s %.3f\n", (double)(first_us - start_us) / 1e6);
     printf("jobs_per_s %.1f\n", elapsed > 0 ? (double)n / elapsed : 0.0);
     printf("workers %d\n", hwm.n);
-    long max_hwm = 0, max_growth = 0, min_growth = 0;
+    long max_hwm = 0, max_rss = 0, max_pss = 0, max_growth = 0, min_growth = 0;
     bool same_workers = rss25.n == rss100.n;
     for (int i = 0; i < hwm.n; i++)
         if (hwm.kib[i] > max_hwm)
             max_hwm = hwm.kib[i];
+    for (int i = 0; i < rss100.n; i++)
+        if (rss100.kib[i] > max_rss)
+            max_rss = rss100.kib[i];
+    for (int i = 0; i < pss100.n; i++)
+        if (pss100.kib[i] > max_pss)
+            max_pss = pss100.kib[i];
     for (int i = 0; same_workers && i < rss100.n; i++) {
         same_workers = rss25.pid[i] == rss100.pid[i];
         long growth = rss100.kib[i] - rss25.kib[i];
@@ -191,6 +201,8 @@ int main(int argc, char **argv)
                rss100.kib[i]);
     }
     printf("max_hwm_kib %ld\n", max_hwm);
+    printf("max_rss_kib %ld\n", max_rss);
+    printf("max_pss_kib %ld\n", max_pss);
     /* The growth that matters is the largest; a shrink is reported if no
      * worker grew, so that a big negative number is not hidden either. */
     printf("rss_growth_kib %ld\n", max_growth > 0 ? max_growth : min_growth);
@@ -239,7 +251,7 @@ static int effect_span_us(PGconn *pg, const char *queue, int64_t *first, int64_t
 
 /* The workers are the processes whose parent is sekalid (pgrep -P), listed in
  * pid order so that two samples line up worker by worker. */
-static void sample(pid_t parent, const char *field, struct sample *out)
+static void sample(pid_t parent, const char *file, const char *field, struct sample *out)
 {
     out->n = 0;
     DIR *proc = opendir("/proc");
@@ -271,15 +283,16 @@ static void sample(pid_t parent, const char *field, struct sample *out)
             i--;
         }
         out->pid[i] = pid;
-        out->kib[i] = status_kib(pid, field);
+        out->kib[i] = proc_kib(pid, file, field);
     }
     closedir(proc);
 }
 
-static long status_kib(long pid, const char *field)
+/* A "Field:   N kB" line of /proc/PID/FILE. */
+static long proc_kib(long pid, const char *file, const char *field)
 {
     char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%ld/status", pid);
+    snprintf(path, sizeof(path), "/proc/%ld/%s", pid, file);
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return -1;

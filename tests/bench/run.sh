@@ -24,8 +24,9 @@
 # What it does, per configuration:
 #   1. throughput, BENCH_RUNS times: publish BENCH_JOBS persistent jobs into a
 #      fresh queue, start sekalid, time it until every key is completed;
-#      the workers' RSS is sampled at 25% and 100% of the jobs, and their
-#      peak (VmHWM) before the stop; CPU time is counted per process group:
+#      the workers' RSS is sampled at 25% and 100% of the jobs (with their
+#      PSS at 100%: shared library pages divided among the processes that
+#      map them), and their peak (VmHWM, connecting included) before the stop; CPU time is counted per process group:
 #      PostgreSQL, RabbitMQ and Redis (the test servers' process trees,
 #      before and after the run) and sekali (sekalid and its workers);
 #      with BENCH_COMPARE, each other binary runs right after this one;
@@ -133,9 +134,9 @@ bench_config() {
     local pg_clients=$workers pg_threads=$((workers < 2 ? workers : 2))
     local pg_per_client=$((jobs / workers))
     local pg_jobs=$((pg_per_client * workers))
-    local v run queue conf result rate hwm growth tps
+    local v run queue conf result rate hwm rss pss growth tps
     local -a pgbench_tps pg_cpu
-    local -A v_rates v_cpu v_hwm
+    local -A v_rates v_cpu v_hwm v_rss v_pss
     say "== $label: $jobs jobs, $runs runs, binaries: ${names[*]}; scratch files in $work"
     for run in $(seq 1 "$runs"); do
         for v in "${!names[@]}"; do
@@ -157,6 +158,8 @@ bench_config() {
             log_problems "$work/$queue.log"
             rate=$(field jobs_per_s "$result")
             hwm=$(field max_hwm_kib "$result")
+            rss=$(field max_rss_kib "$result")
+            pss=$(field max_pss_kib "$result")
             growth=$(field rss_growth_kib "$result")
             local cpu
             cpu=$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" "$(field sekali_cpu_ms "$result")" "$jobs")
@@ -165,9 +168,11 @@ bench_config() {
             v_rates[$v]+="$rate "
             v_cpu[$v]+="$cpu;"
             if (( hwm > ${v_hwm[$v]:-0} )); then v_hwm[$v]=$hwm; fi
+            if (( rss > ${v_rss[$v]:-0} )); then v_rss[$v]=$rss; fi
+            if (( pss > ${v_pss[$v]:-0} )); then v_pss[$v]=$pss; fi
             say "${names[$v]} run $run: $rate jobs/s, $(field elapsed_s "$result") s" \
-                "(first effect after $(field first_effect_s "$result") s), peak RSS $hwm KiB," \
-                "RSS growth 25%->100% $growth KiB; CPU ms/job pg rmq redis sekali total: $cpu"
+                "(first effect after $(field first_effect_s "$result") s), RSS $rss KiB (PSS $pss," \
+                "peak $hwm KiB), RSS growth 25%->100% $growth KiB; CPU ms/job pg rmq redis sekali total: $cpu"
             "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
             live_queue=''
             forget "$queue"
@@ -238,9 +243,10 @@ bench_config() {
         live_queue=''
         forget "$queue"
         # shellcheck disable=SC2086
-        printf '%s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
+        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
             "${bench_prefetch:-default}" "${names[$v]}" "$median_rate" "$pgbench_median" \
-            "$lrate" "$p50" "$p99" "${v_hwm[$v]}" "$pg_cpu_median" "$split" >>"$summary"
+            "$lrate" "$p50" "$p99" "${v_hwm[$v]}" "$pg_cpu_median" "$split" \
+            "${v_rss[$v]}" "${v_pss[$v]}" >>"$summary"
         say "${names[$v]}: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$v]% })," \
             "pgbench $(printf '%.0f' "$pgbench_median") tps (median of $runs: ${pgbench_tps[*]})"
     done
@@ -266,16 +272,17 @@ awk -v runs="$runs" '
       key = $1 " " $3 " " $4; if (!(key in first)) first[key] = $5
       ck = $1 " " $2 " " $3; if ($4 == "this") this[ck] = $5 }
     END {
-        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %16s %6s  %-34s %8s %7s\n", "W", "batch",
+        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %16s %14s  %-34s %8s %7s\n", "W", "batch",
                "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate",
-               "RSS", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps"
+               "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps"
         for (i = 1; i <= NR; i++) {
             split(row[i], f, " ")
             key = f[1] " " f[3] " " f[4]; ck = f[1] " " f[2] " " f[3]
-            printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %16s %5.1fM  %-34s %8.3f %7.0f\n",
+            printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %16s %14s  %-34s %8.3f %7.0f\n",
                    f[1], f[2], f[3], f[4], f[5], f[5] / first[key], f[5] / f[6],
-                   (ck in this) ? f[5] / this[ck] : 1, f[8] "/" f[9] " @" f[7], f[10] / 1024,
+                   (ck in this) ? f[5] / this[ck] : 1, f[8] "/" f[9] " @" f[7],
+                   sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
                    f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6]
         }
-        printf "(jobs/s and pgbench tps: medians of %d runs; RSS: peak per worker)\n", runs
+        printf "(jobs/s and pgbench tps: medians of %d runs; RSS and PSS per worker when every job is done, the largest of the runs; peak: VmHWM)\n", runs
     }' "$summary"
