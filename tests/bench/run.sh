@@ -37,7 +37,9 @@
 #   3. latency: sekalid running while jobs arrive at half the median
 #      throughput for BENCH_LATENCY_SECONDS after a second of warm-up, each
 #      stamped with its publish time; PostgreSQL computes p50 and p99 of
-#      (clock_timestamp() at the effect's INSERT - published).
+#      (clock_timestamp() at the effect's INSERT - published). The publisher
+#      shares the machine: how busy the machine was meanwhile (the summary's
+#      busy %) and each process's CPU per job are reported with it.
 # Every run is checked: exactly one effect per job, no key doubled, every
 # key completed, the queue and its dead letters empty, sekalid exiting 0 on
 # SIGTERM. A failed check exits non-zero. Speed is measured, never asserted.
@@ -227,9 +229,23 @@ bench_config() {
             "$queue" "$count" "$((latency_seconds + timeout))" >"$result" &
         driver=$!
         # bench_amqp waits until all workers consume, then keeps to the schedule
-        # whatever the consumers do (open loop).
-        "$out/bench_amqp" "$SEKALI_AMQP_URL" rate "$queue" "$count" "$lrate" "$workers" \
-            >"$work/$queue.publish" || die "latency publisher (see $work/$queue.log)"
+        # whatever the consumers do (open loop). The publisher and the broker's
+        # side of publishing run on the measured machine too: how busy it was
+        # while jobs arrived, and what each process spent per job, say whether
+        # this rate left it any room (a saturated machine queues jobs).
+        local stat0 stat1 busy publisher_cpu
+        stat0=$(head -n 1 /proc/stat)
+        server_cpu >"$work/$queue.cpu0"
+        publisher_cpu=$( { TIMEFORMAT='%U %S'; time "$out/bench_amqp" "$SEKALI_AMQP_URL" rate \
+            "$queue" "$count" "$lrate" "$workers" >"$work/$queue.publish" 2>&1; } 2>&1 ) ||
+            die "latency publisher (see $work/$queue.publish and $work/$queue.log)"
+        server_cpu >"$work/$queue.cpu1"
+        stat1=$(head -n 1 /proc/stat)
+        busy=$(awk -v a="$stat0" -v b="$stat1" 'BEGIN {
+            split(a, x, " "); split(b, y, " "); total = 0
+            for (i = 2; i <= 9; i++) total += y[i] - x[i]
+            idle = y[5] - x[5] + y[6] - x[6]
+            printf "%.0f", (total > 0 ? 100 * (total - idle) / total : 0) }')
         driver_rc=0
         wait "$driver" || driver_rc=$?
         [ "$driver_rc" = 0 ] || die "latency run (see $work/$queue.log)"
@@ -239,14 +255,18 @@ bench_config() {
         read -r measured p50 p99 pmax <<<"$(latency "$queue")"
         say "${names[$v]} latency run: $count jobs at $lrate jobs/s, $measured after the first second:" \
             "p50 $p50 ms, p99 $p99 ms, max $pmax ms (publish: $(cat "$work/$queue.publish"))"
+        say "${names[$v]} latency run: the machine $busy% busy while jobs arrived; CPU ms/job pg rmq" \
+            "redis sekali total: $(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" \
+            "$(field sekali_cpu_ms "$result")" "$count"), publisher $(awk -v c="$count" \
+            '{ printf "%.3f", ($1 + $2) * 1000 / c }' <<<"$publisher_cpu")"
         "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
         live_queue=''
         forget "$queue"
         # shellcheck disable=SC2086
-        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
+        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
             "${bench_prefetch:-default}" "${names[$v]}" "$median_rate" "$pgbench_median" \
             "$lrate" "$p50" "$p99" "${v_hwm[$v]}" "$pg_cpu_median" "$split" \
-            "${v_rss[$v]}" "${v_pss[$v]}" >>"$summary"
+            "${v_rss[$v]}" "${v_pss[$v]}" "$busy" >>"$summary"
         say "${names[$v]}: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$v]% })," \
             "pgbench $(printf '%.0f' "$pgbench_median") tps (median of $runs: ${pgbench_tps[*]})"
     done
@@ -272,15 +292,15 @@ awk -v runs="$runs" '
       key = $1 " " $3 " " $4; if (!(key in first)) first[key] = $5
       ck = $1 " " $2 " " $3; if ($4 == "this") this[ck] = $5 }
     END {
-        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %16s %14s  %-34s %8s %7s\n", "W", "batch",
-               "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate",
+        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s\n", "W", "batch",
+               "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate busy",
                "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps"
         for (i = 1; i <= NR; i++) {
             split(row[i], f, " ")
             key = f[1] " " f[3] " " f[4]; ck = f[1] " " f[2] " " f[3]
-            printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %16s %14s  %-34s %8.3f %7.0f\n",
+            printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f\n",
                    f[1], f[2], f[3], f[4], f[5], f[5] / first[key], f[5] / f[6],
-                   (ck in this) ? f[5] / this[ck] : 1, f[8] "/" f[9] " @" f[7],
+                   (ck in this) ? f[5] / this[ck] : 1, f[8] "/" f[9] " @" f[7] " " f[19] "%",
                    sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
                    f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6]
         }
