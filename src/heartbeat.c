@@ -238,7 +238,10 @@ static void *run(void *arg)
                 hb->more_copy_cap = hb->n_more;
             }
         }
-        if (hb->n_more <= hb->more_copy_cap) {
+        /* n_more 0 (one job's lock): more_copy may never have been
+         * allocated, and memcpy() from or to NULL is undefined even for
+         * no bytes (UBSan aborted a worker on it mid-job). */
+        if (hb->n_more > 0 && hb->n_more <= hb->more_copy_cap) {
             n_more = hb->n_more;
             memcpy(hb->more_copy, hb->more, n_more * sizeof(*hb->more));
         }
