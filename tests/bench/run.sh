@@ -128,33 +128,60 @@ cpu_split() {
         }' "$1" "$2"
 }
 
-# One configuration: W workers, batch and prefetch as set (empty: the key
-# is not written), every binary, BENCH_RUNS interleaved rounds.
-bench_config() {
-    workers=$1 bench_batch=$2 bench_prefetch=$3
-    local label="W=$workers batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
+# ratios A B: the median of A[i] / B[i], for two space-separated lists of
+# numbers of the same length (one per round).
+ratios() {
+    local -a a b
+    read -r -a a <<<"$1"
+    read -r -a b <<<"$2"
+    local i quotients=()
+    for i in "${!a[@]}"; do
+        quotients+=("$(awk -v x="${a[$i]}" -v y="${b[$i]:-0}" 'BEGIN { printf "%.4f", (y > 0 ? x / y : 0) }')")
+    done
+    median "${quotients[@]}"
+}
+
+# Every configuration of W workers: each batch and prefetch value with every
+# binary (an empty value: the key is not written). A round runs each of
+# them once, back to back, then pgbench; BENCH_RUNS rounds. So the machine's
+# drift over minutes falls on every configuration of a round alike, and
+# each ratio (to the first batch value, to pgbench, to this build) is taken
+# within a round, then its median over the rounds.
+bench_workers() {
+    workers=$1
     local pg_clients=$workers pg_threads=$((workers < 2 ? workers : 2))
     local pg_per_client=$((jobs / workers))
     local pg_jobs=$((pg_per_client * workers))
-    local v run queue conf result rate hwm rss pss growth tps
-    local -a pgbench_tps pg_cpu
+    local k run queue conf result rate hwm rss pss growth tps label cpu b p v
+    local -a pgbench_tps pg_cpu v_batch v_prefetch v_bin
     local -A v_rates v_cpu v_hwm v_rss v_pss
-    say "== $label: $jobs jobs, $runs runs, binaries: ${names[*]}; scratch files in $work"
+    # The variants, in the order of the lists: batch, then prefetch, then binary.
+    for b in ${batch_list:-''}; do
+        for p in ${prefetch_list:-''}; do
+            for v in "${!names[@]}"; do
+                v_batch+=("$b") v_prefetch+=("$p") v_bin+=("$v")
+            done
+        done
+    done
+    say "== W=$workers: batch ${batch_list:-(unset)}, prefetch ${prefetch_list:-(default)}," \
+        "binaries ${names[*]}: $jobs jobs, $runs rounds; scratch files in $work"
     for run in $(seq 1 "$runs"); do
-        for v in "${!names[@]}"; do
+        for k in "${!v_bin[@]}"; do
+            bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} v=${v_bin[$k]}
+            label="${names[$v]} batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
             # --- sekali ---------------------------------------------------
             queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-$run
             conf=$(write_conf "$queue")
             "${binaries[$v]}" -t -c "$conf" >/dev/null 2>&1 || "${binaries[$v]}" -t -c "$conf" ||
                 die "${names[$v]} refuses the configuration $conf"
             settle
-            quiesce "${names[$v]} run $run"
+            quiesce "$label run $run"
             live_queue=$queue
             "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
             result=$work/$queue.result
             server_cpu >"$work/$queue.cpu0"
             "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
-                "$queue" "$jobs" "$timeout" >"$result" || die "${names[$v]} run $run (see $work/$queue.log)"
+                "$queue" "$jobs" "$timeout" >"$result" || die "$label run $run (see $work/$queue.log)"
             server_cpu >"$work/$queue.cpu1"
             verify "$queue" "$jobs" amqp
             log_problems "$work/$queue.log"
@@ -163,16 +190,15 @@ bench_config() {
             rss=$(field max_rss_kib "$result")
             pss=$(field max_pss_kib "$result")
             growth=$(field rss_growth_kib "$result")
-            local cpu
             cpu=$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" "$(field sekali_cpu_ms "$result")" "$jobs")
             [ "$(field same_workers "$result")" = 1 ] ||
                 say "note: a worker was restarted during run $run; its RSS growth is not comparable"
-            v_rates[$v]+="$rate "
-            v_cpu[$v]+="$cpu;"
-            if (( hwm > ${v_hwm[$v]:-0} )); then v_hwm[$v]=$hwm; fi
-            if (( rss > ${v_rss[$v]:-0} )); then v_rss[$v]=$rss; fi
-            if (( pss > ${v_pss[$v]:-0} )); then v_pss[$v]=$pss; fi
-            say "${names[$v]} run $run: $rate jobs/s, $(field elapsed_s "$result") s" \
+            v_rates[$k]+="$rate "
+            v_cpu[$k]+="$cpu;"
+            if (( hwm > ${v_hwm[$k]:-0} )); then v_hwm[$k]=$hwm; fi
+            if (( rss > ${v_rss[$k]:-0} )); then v_rss[$k]=$rss; fi
+            if (( pss > ${v_pss[$k]:-0} )); then v_pss[$k]=$pss; fi
+            say "$label run $run: $rate jobs/s, $(field elapsed_s "$result") s" \
                 "(first effect after $(field first_effect_s "$result") s), RSS $rss KiB (PSS $pss," \
                 "peak $hwm KiB), RSS growth 25%->100% $growth KiB; CPU ms/job pg rmq redis sekali total: $cpu"
             "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
@@ -204,13 +230,23 @@ bench_config() {
     pgbench_median=$(median "${pgbench_tps[@]}")
     pg_cpu_median=$(median "${pg_cpu[@]}")
 
-    for v in "${!names[@]}"; do
-        local median_rate
+    for k in "${!v_bin[@]}"; do
+        bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} v=${v_bin[$k]}
+        label="${names[$v]} batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
+        local median_rate x_batch x_pgbench x_this j
         # shellcheck disable=SC2086  # a list of numbers
-        median_rate=$(median ${v_rates[$v]})
+        median_rate=$(median ${v_rates[$k]})
+        # The ratios, round by round: to the first batch value of the same
+        # prefetch and binary, to pgbench, to this build in this configuration.
+        for j in "${!v_bin[@]}"; do
+            [ "${v_prefetch[$j]}" = "$bench_prefetch" ] && [ "${v_bin[$j]}" = "$v" ] && break
+        done
+        x_batch=$(ratios "${v_rates[$k]}" "${v_rates[$j]}")
+        x_pgbench=$(ratios "${v_rates[$k]}" "${pgbench_tps[*]}")
+        x_this=$(ratios "${v_rates[$k]}" "${v_rates[$((k - v))]}")
         local split='' i
         for i in 1 2 3 4 5; do
-            split+="$(tr ';' '\n' <<<"${v_cpu[$v]}" | awk -v i="$i" 'NF { print $i }' | sort -g |
+            split+="$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk -v i="$i" 'NF { print $i }' | sort -g |
                 awk '{ x[NR] = $1 } END { printf "%.3f", (NR % 2) ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }') "
         done
         # --- latency: open loop at half this binary's median throughput ---
@@ -222,7 +258,7 @@ bench_config() {
         queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-latency
         conf=$(write_conf "$queue")
         settle
-        quiesce "the latency run of ${names[$v]}"
+        quiesce "the latency run of $label"
         live_queue=$queue
         result=$work/$queue.result
         "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
@@ -253,9 +289,9 @@ bench_config() {
         verify "$queue" "$count" amqp
         log_problems "$work/$queue.log"
         read -r measured p50 p99 pmax <<<"$(latency "$queue")"
-        say "${names[$v]} latency run: $count jobs at $lrate jobs/s, $measured after the first second:" \
+        say "$label latency run: $count jobs at $lrate jobs/s, $measured after the first second:" \
             "p50 $p50 ms, p99 $p99 ms, max $pmax ms (publish: $(cat "$work/$queue.publish"))"
-        say "${names[$v]} latency run: the machine $busy% busy while jobs arrived; CPU ms/job pg rmq" \
+        say "$label latency run: the machine $busy% busy while jobs arrived; CPU ms/job pg rmq" \
             "redis sekali total: $(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" \
             "$(field sekali_cpu_ms "$result")" "$count"), publisher $(awk -v c="$count" \
             '{ printf "%.3f", ($1 + $2) * 1000 / c }' <<<"$publisher_cpu")"
@@ -263,46 +299,40 @@ bench_config() {
         live_queue=''
         forget "$queue"
         # shellcheck disable=SC2086
-        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
+        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
             "${bench_prefetch:-default}" "${names[$v]}" "$median_rate" "$pgbench_median" \
-            "$lrate" "$p50" "$p99" "${v_hwm[$v]}" "$pg_cpu_median" "$split" \
-            "${v_rss[$v]}" "${v_pss[$v]}" "$busy" >>"$summary"
-        say "${names[$v]}: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$v]% })," \
+            "$lrate" "$p50" "$p99" "${v_hwm[$k]}" "$pg_cpu_median" "$split" \
+            "${v_rss[$k]}" "${v_pss[$k]}" "$busy" "$x_batch" "$x_pgbench" "$x_this" >>"$summary"
+        say "$label: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$k]% })," \
             "pgbench $(printf '%.0f' "$pgbench_median") tps (median of $runs: ${pgbench_tps[*]})"
     done
 }
 
 for w in $workers_list; do
-    for b in ${batch_list:-''}; do
-        for p in ${prefetch_list:-''}; do
-            bench_config "$w" "$b" "$p"
-        done
-    done
+    bench_workers "$w"
 done
 
 # ---------------------------------------------------------------------------
 # Summary: one row per configuration and binary. x-batch: jobs/s over the
 # first batch value's at the same W, prefetch and binary; x-pgbench: over
-# pgbench's tps in the same rounds; x-this: over this build's in the same
-# configuration. CPU: ms per job (PostgreSQL per transaction for pgbench).
+# pgbench's tps; x-this: over this build's in the same configuration; each
+# the median of the ratios within a round. CPU: ms per job (PostgreSQL per
+# transaction for pgbench).
 # ---------------------------------------------------------------------------
 echo
 awk -v runs="$runs" '
-    { row[NR] = $0; w[NR] = $1; b[NR] = $2; p[NR] = $3; n[NR] = $4; rate[NR] = $5
-      key = $1 " " $3 " " $4; if (!(key in first)) first[key] = $5
-      ck = $1 " " $2 " " $3; if ($4 == "this") this[ck] = $5 }
-    END {
+    BEGIN {
         printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s\n", "W", "batch",
                "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate busy",
                "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps"
-        for (i = 1; i <= NR; i++) {
-            split(row[i], f, " ")
-            key = f[1] " " f[3] " " f[4]; ck = f[1] " " f[2] " " f[3]
-            printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f\n",
-                   f[1], f[2], f[3], f[4], f[5], f[5] / first[key], f[5] / f[6],
-                   (ck in this) ? f[5] / this[ck] : 1, f[8] "/" f[9] " @" f[7] " " f[19] "%",
-                   sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
-                   f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6]
-        }
-        printf "(jobs/s and pgbench tps: medians of %d runs; RSS and PSS per worker when every job is done, the largest of the runs; peak: VmHWM)\n", runs
+    }
+    {
+        split($0, f, " ")
+        printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f\n",
+               f[1], f[2], f[3], f[4], f[5], f[20], f[21], f[22], f[8] "/" f[9] " @" f[7] " " f[19] "%",
+               sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
+               f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6]
+    }
+    END {
+        printf "(jobs/s and pgbench tps: medians of %d rounds; x-batch, x-pgbench, x-this: medians of the ratios within each round; RSS and PSS per worker when every job is done, the largest of the rounds; peak: VmHWM)\n", runs
     }' "$summary"
