@@ -111,3 +111,16 @@ void sk_slot_orphan_locks(struct sk_slot *s)
     memcpy(s->locks + s->lock_cap + pending, s->locks, held * sizeof(s->locks[0]));
     atomic_store(&s->n_orphans, (uint32_t)(pending + held));
 }
+
+size_t sk_slot_hand_orphans(struct sk_slot *from, struct sk_slot *to)
+{
+    size_t n = atomic_load(&from->n_orphans);
+    if (n == 0 || atomic_load(&to->n_orphans) != 0)
+        return 0;
+    if (n > to->lock_cap)
+        n = to->lock_cap;
+    memcpy(to->locks + to->lock_cap, from->locks + from->lock_cap, n * sizeof(to->locks[0]));
+    atomic_store(&to->n_orphans, (uint32_t)n);
+    atomic_store(&from->n_orphans, 0);
+    return n;
+}

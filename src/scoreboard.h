@@ -100,4 +100,12 @@ void sk_slot_forget_orphans(struct sk_slot *s);
  * become the slot's orphans, for the replacement to free. */
 void sk_slot_orphan_locks(struct sk_slot *s);
 
+/* For a dead worker that gets no replacement (its generation is retiring):
+ * moves from's orphans to to, a live worker's slot, whose worker frees
+ * them before its next delivery. Only into a slot with no orphans pending:
+ * its worker then is not reading that list, and reads the new entries only
+ * after it sees their count, which is stored last. At most to->lock_cap
+ * move; the rest are dropped (they expire). Returns how many moved. */
+size_t sk_slot_hand_orphans(struct sk_slot *from, struct sk_slot *to);
+
 #endif

@@ -108,6 +108,8 @@ static void take_signals(struct supervisor *s);
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
                                          struct sk_err *err);
 static void generation_free(struct generation *g);
+static void hand_down_locks(struct supervisor *s, const struct generation *from,
+                            const struct slot *slot, struct sk_slot *shared);
 static void retire(struct supervisor *s, struct generation *g, const char *why);
 static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
                       size_t queue, unsigned number);
@@ -443,6 +445,8 @@ static void reap(struct supervisor *s)
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
         struct sk_death d = sk_deaths_judge(&s->deaths, shared, slot->timed_out, status);
         sk_deaths_bequeath(shared, &d);
+        if (g != s->current && g != s->previous)
+            hand_down_locks(s, g, slot, shared);
         on_exit_status(s, g, slot, status, &d);
     }
     /* Free the retired generations whose last worker is gone. */
@@ -456,6 +460,40 @@ static void reap(struct supervisor *s)
         sk_log_debug("a retired generation has drained");
         generation_free(g);
     }
+}
+
+/* A retiring generation's dead worker gets no replacement to free its
+ * locks (a reload's old worker killed at shutdown_timeout, say): they go to
+ * a worker of the same queue in the current generation, an idle one if
+ * there is one, which frees them before its next delivery. Left alone,
+ * they would hold their jobs' redeliveries back for lock_ttl. */
+static void hand_down_locks(struct supervisor *s, const struct generation *from,
+                            const struct slot *slot, struct sk_slot *shared)
+{
+    size_t n;
+    sk_slot_orphans(shared, &n);
+    const struct generation *to = s->current;
+    if (n == 0 || to == NULL || !slot->ops->counts_as_worker)
+        return;
+    const char *queue = from->conf->queues[slot->queue].name;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < to->n_slots; i++) {
+            const struct slot *heir = &to->slots[i];
+            struct sk_slot *heir_shared = sk_scoreboard_slot(to->scoreboard, i);
+            if (!heir->ops->counts_as_worker ||
+                strcmp(to->conf->queues[heir->queue].name, queue) != 0 ||
+                (pass == 0 && atomic_load(&heir_shared->job_started_ms) != 0))
+                continue;
+            size_t handed = sk_slot_hand_orphans(shared, heir_shared);
+            if (handed > 0) {
+                sk_log_info("queue %s: %zu lock%s of a retired worker handed to a current one "
+                            "to free", queue, handed, handed == 1 ? "" : "s");
+                return;
+            }
+        }
+    }
+    sk_log_warn("queue %s: %zu lock%s of a retired worker will expire after lock_ttl: no "
+                "current worker of the queue could take them", queue, n, n == 1 ? "" : "s");
 }
 
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,

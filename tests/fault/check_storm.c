@@ -410,6 +410,59 @@ START_TEST(test_death_mid_batch_frees_every_batch_mates_lock_at_once)
 }
 END_TEST
 
+/* A reload retires the old generation while one of its workers is stuck in
+ * a job holding its lock (60 s lock_ttl); that worker is then killed, as
+ * shutdown_timeout would kill it. Its generation starts no replacement, so
+ * before, nobody freed the lock and the job's redelivery went round the
+ * delay queue as "lock busy" until the lock expired. Now the supervisor
+ * hands the lock to a worker of the new generation, which frees it, and the
+ * job runs again within seconds, once. */
+START_TEST(test_death_in_a_retired_generation_frees_its_lock_at_once)
+{
+    struct h_run r;
+    h_run_open(&r, "retiredlock");
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    int port = h_free_port();
+    char top[256];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
+             port);
+    char extra[1200];
+    snprintf(extra, sizeof(extra), "    lock_ttl: 60s\n    config:\n      marker_dir: %s\n",
+             r.dir);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra, .top_yaml = top });
+    h_publish(r.b, r.queue, "test", "stall-1", "order-retired", NULL, "stall");
+    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = h_stalled_pid(r.dir);
+    ck_assert_int_eq(lock_count(redis, &r), 1);
+
+    /* The same queue with two workers: a new generation, the old retired. */
+    free(h_write_config_top(r.dir, r.queue, H_EFFECT, 2, extra, top));
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    H_WAIT(h_count_lines(r.log, "reload: retiring the previous generation") == 1, 20000,
+           "the new generation should get ready and the old one be retired");
+    ck_assert(!h_process_gone(victim));
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    int64_t killed = h_now_ms();
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead after SIGKILL", (long)victim);
+
+    H_WAIT(h_effect_keys(&r) == 1, 15000, "the job should run again without waiting out the "
+           "60 s lock_ttl (%lld locks still held)", lock_count(redis, &r));
+    fprintf(stderr, "retiredlock: the job committed %lld ms after the kill\n",
+            (long long)(h_now_ms() - killed));
+    ck_assert_int_eq(h_count_lines(r.log, "lock of a retired worker handed to a current one"), 1);
+    ck_assert_int_eq(h_metric(port, "sekali_locks_released_for_dead_total{queue=\"%s\"}",
+                              r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND pid = %ld", r.queue, (long)victim), 0);
+    h_run_stop(&r);
+    ck_assert_int_eq(lock_count(redis, &r), 0);
+    h_expect_once(&r, 1, 0);
+    redisFree(redis);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -420,6 +473,7 @@ int main(void)
         test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
         test_kills_during_a_broker_outage_never_back_off,
         test_death_mid_batch_frees_every_batch_mates_lock_at_once,
+        test_death_in_a_retired_generation_frees_its_lock_at_once,
         NULL,
     };
     Suite *s = suite_create("storm");

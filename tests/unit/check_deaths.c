@@ -183,6 +183,42 @@ START_TEST(test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash)
 }
 END_TEST
 
+/* A dead worker of a retiring generation hands its orphans to a live
+ * worker's slot, but only one with none pending (its worker may be reading
+ * those), and no more than that slot holds. */
+START_TEST(test_a_retired_workers_locks_go_to_a_slot_with_none_pending)
+{
+    struct sk_slot *dead = slot_in(SK_PHASE_HANDLER, 1, 0);
+    const char *keys[] = { "sekali:lock:q:key-1", "sekali:lock:q:key-2" };
+    const char *tokens[] = { "token-1", "token-2" };
+    sk_slot_record_locks(dead, 2, keys, tokens);
+    sk_deaths_bequeath(dead, &(struct sk_death){ .outside = true });
+
+    struct sk_slot *busy = slot_in(SK_PHASE_IDLE, 1, 0);
+    sk_slot_record_locks(busy, 1, keys, tokens);
+    sk_slot_orphan_locks(busy);   /* its own predecessor's, not freed yet */
+    ck_assert_uint_eq(sk_slot_hand_orphans(dead, busy), 0);
+    ck_assert_int_eq(atomic_load(&busy->n_orphans), 1);
+    ck_assert_int_eq(atomic_load(&dead->n_orphans), 2);
+
+    /* A slot laid out for batch 1 takes one; the other is left to expire. */
+    struct sk_slot *small = calloc(1, sizeof(*small) + 2 * sizeof(small->locks[0]));
+    ck_assert_ptr_nonnull(small);
+    small->lock_cap = 1;
+    ck_assert_uint_eq(sk_slot_hand_orphans(dead, small), 1);
+    size_t n = 0;
+    const struct sk_slot_lock *got = sk_slot_orphans(small, &n);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_str_eq(got[0].key, "sekali:lock:q:key-1");
+    ck_assert_str_eq(got[0].token, "token-1");
+    ck_assert_int_eq(atomic_load(&dead->n_orphans), 0);
+    ck_assert_uint_eq(sk_slot_hand_orphans(dead, busy), 0);   /* nothing left to hand */
+    free(dead);
+    free(busy);
+    free(small);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -194,6 +230,7 @@ int main(void)
         test_an_oom_kill_is_charged_once_to_the_next_sigkill,
         test_the_replacement_inherits_the_crash_and_the_locks,
         test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash,
+        test_a_retired_workers_locks_go_to_a_slot_with_none_pending,
         NULL,
     };
     return h_run_suite(h_suite("deaths", 0, tests));
