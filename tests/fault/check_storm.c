@@ -343,6 +343,18 @@ static long long lock_count(redisContext *redis, const struct h_run *r)
     return n;
 }
 
+/* The set-up of the tests that count locks: a Redis connection to count
+ * them with, and top-level config (into top) serving metrics on a free
+ * port (*port), with the janitor idle. */
+static redisContext *lock_counting(char *top, size_t size, int *port)
+{
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    *port = h_free_port();
+    snprintf(top, size, "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n", *port);
+    return redis;
+}
+
 /* A worker of a batch-16 queue dies in one job's handler while it holds
  * the locks of all sixteen jobs, with a lock_ttl of 60 s. Before, the
  * scoreboard named only the running job's lock: its fifteen batch-mates
@@ -354,12 +366,9 @@ START_TEST(test_death_mid_batch_frees_every_batch_mates_lock_at_once)
     enum { BATCH = 16, STALL_AT = 8 };
     struct h_run r;
     h_run_open(&r, "batchorphans");
-    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
-    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
-    int port = h_free_port();
     char top[256];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
-             port);
+    int port;
+    redisContext *redis = lock_counting(top, sizeof(top), &port);
     char extra[1400];
     snprintf(extra, sizeof(extra), "    batch: %d\n    prefetch: %d\n    batch_wait: 1s\n"
              "    lock_ttl: 60s\n    config:\n      marker_dir: %s\n", BATCH, 2 * BATCH, r.dir);
@@ -421,12 +430,9 @@ START_TEST(test_death_in_a_retired_generation_frees_its_lock_at_once)
 {
     struct h_run r;
     h_run_open(&r, "retiredlock");
-    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
-    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
-    int port = h_free_port();
     char top[256];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
-             port);
+    int port;
+    redisContext *redis = lock_counting(top, sizeof(top), &port);
     char extra[1200];
     snprintf(extra, sizeof(extra), "    lock_ttl: 60s\n    config:\n      marker_dir: %s\n",
              r.dir);
