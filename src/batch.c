@@ -85,6 +85,10 @@ struct sk_batch {
 static struct sk_batch *batch_of(struct sk_pipeline *p);
 static size_t collect(struct sk_pipeline *p, struct sk_batch *b, amqp_envelope_t *first);
 static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n);
+static void record_locks(struct sk_pipeline *p, struct sk_batch *b, size_t n);
+static size_t lock_round(struct sk_pipeline *p, struct sk_batch *b, size_t n, size_t *asked,
+                         size_t *locked);
+static void refuse_busy(struct sk_pipeline *p, struct sk_batch *b, size_t asked);
 /* How a batch's keys are claimed, and so how its handlers run. */
 enum way {
     FAST,     /* claimed completed, handlers straight in the transaction */
@@ -224,77 +228,15 @@ static size_t collect(struct sk_pipeline *p, struct sk_batch *b, amqp_envelope_t
  * batch has to do: then it is asked again until busy_wait, as job.c does. */
 static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
 {
-    size_t recorded = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct job *j = &b->jobs[i];
-        if (j->state != JOB_RECEIVED)
-            continue;
-        sk_lock_key(j->lock_key, sizeof(j->lock_key), p->queue->name, j->env.resource_key);
-        sk_lock_new_token(j->lock_token);
-        b->keys[recorded] = j->lock_key;
-        b->tokens[recorded++] = j->lock_token;
-    }
-    /* All of them, before Redis is asked, as job.c's take_lock() records
-     * its one: a worker dying now leaves its replacement every lock to free,
-     * not just the running job's, whose batch-mates would otherwise wait
-     * out lock_ttl. They stay recorded until settle_all() released them. */
-    sk_slot_record_locks(p->slot, recorded, b->keys, b->tokens);
+    record_locks(p, b, n);
     int64_t give_up_at = sk_now_ms() + p->conf->lock.busy_wait_ms;
-    size_t locked = 0;
+    size_t locked = 0, asked;
     for (;;) {
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++) {
-            struct job *j = &b->jobs[i];
-            if (j->state != JOB_RECEIVED || j->exit_decided)
-                continue;
-            b->keys[m] = j->lock_key;
-            b->tokens[m] = j->lock_token;
-            b->index[m++] = i;
-        }
-        if (m == 0)
+        size_t busy = lock_round(p, b, n, &asked, &locked);
+        if (busy == 0)
             break;
-        struct sk_lock *redis;
-        int rc = sk_links_lock(p->links, &redis);
-        struct sk_err err = { 0 };
-        if (redis != NULL) {
-            rc = sk_lock_acquire_many(redis, m, b->keys, b->tokens, p->queue->lock_ttl_ms,
-                                      b->rcs, &err);
-            if (rc == SK_OK)
-                sk_links_up(p->links, SK_LINK_LOCK);
-            else
-                rc = sk_links_drop(p->links, SK_LINK_LOCK, &b->jobs[b->index[0]].log, &err);
-        }
-        if (redis == NULL || rc != SK_OK) {
-            /* Redis down: the queue proceeds without locks, or re-schedules. */
-            for (size_t k = 0; k < m; k++)
-                if (rc != SK_OK)
-                    sk_job_lock_refused(p, &b->jobs[b->index[k]], rc);
-            break;
-        }
-        size_t busy = 0;
-        for (size_t k = 0; k < m; k++) {
-            struct job *j = &b->jobs[b->index[k]];
-            if (b->rcs[k] == SK_BUSY) {
-                busy++;
-                sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
-                continue;
-            }
-            j->locked = true;
-            j->redis = redis;
-            j->log.lock_owner = j->lock_token;
-            sk_job_transition(j, JOB_LOCKED);
-            locked++;
-        }
-        bool wait = busy > 0 && locked == 0 && sk_now_ms() < give_up_at &&
-                    !sk_process_stopping();
-        if (!wait) {
-            for (size_t k = 0; k < m; k++) {
-                struct job *j = &b->jobs[b->index[k]];
-                if (b->rcs[k] != SK_BUSY)
-                    continue;
-                sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
-                sk_job_lock_refused(p, j, SK_BUSY);
-            }
+        if (locked > 0 || sk_now_ms() >= give_up_at || sk_process_stopping()) {
+            refuse_busy(p, b, asked);
             break;
         }
         sk_sleep_ms(sk_jitter(5, 50));
@@ -309,6 +251,93 @@ static void lock_all(struct sk_pipeline *p, struct sk_batch *b, size_t n)
         b->tokens[m++] = b->jobs[i].lock_token;
     }
     sk_heartbeat_watch_locks(p->heartbeat, m, b->keys, b->tokens, p->queue->lock_ttl_ms);
+}
+
+/* Names every received job's lock and token, and records them all in the
+ * scoreboard before Redis is asked, as job.c's take_lock() records its one:
+ * a worker dying now leaves its replacement every lock to free, not just
+ * the running job's, whose batch-mates would otherwise wait out lock_ttl.
+ * They stay recorded until settle_all() released them. */
+static void record_locks(struct sk_pipeline *p, struct sk_batch *b, size_t n)
+{
+    size_t recorded = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct job *j = &b->jobs[i];
+        if (j->state != JOB_RECEIVED)
+            continue;
+        sk_lock_key(j->lock_key, sizeof(j->lock_key), p->queue->name, j->env.resource_key);
+        sk_lock_new_token(j->lock_token);
+        b->keys[recorded] = j->lock_key;
+        b->tokens[recorded++] = j->lock_token;
+    }
+    sk_slot_record_locks(p->slot, recorded, b->keys, b->tokens);
+}
+
+/* One pipelined SET for each job still without its lock: those granted are
+ * locked (*locked counts them all so far). Returns how many were busy,
+ * which b->index and b->rcs name among the *asked; 0 also when Redis
+ * failed, its jobs then sent on (unlocked, or re-scheduled) by
+ * sk_job_lock_refused(). */
+static size_t lock_round(struct sk_pipeline *p, struct sk_batch *b, size_t n, size_t *asked,
+                         size_t *locked)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct job *j = &b->jobs[i];
+        if (j->state != JOB_RECEIVED || j->exit_decided)
+            continue;
+        b->keys[m] = j->lock_key;
+        b->tokens[m] = j->lock_token;
+        b->index[m++] = i;
+    }
+    *asked = m;
+    if (m == 0)
+        return 0;
+    struct sk_lock *redis;
+    int rc = sk_links_lock(p->links, &redis);
+    struct sk_err err = { 0 };
+    if (redis != NULL) {
+        rc = sk_lock_acquire_many(redis, m, b->keys, b->tokens, p->queue->lock_ttl_ms, b->rcs,
+                                  &err);
+        if (rc == SK_OK)
+            sk_links_up(p->links, SK_LINK_LOCK);
+        else
+            rc = sk_links_drop(p->links, SK_LINK_LOCK, &b->jobs[b->index[0]].log, &err);
+    }
+    if (redis == NULL || rc != SK_OK) {
+        /* Redis down: the queue proceeds without locks, or re-schedules. */
+        for (size_t k = 0; k < m; k++)
+            if (rc != SK_OK)
+                sk_job_lock_refused(p, &b->jobs[b->index[k]], rc);
+        return 0;
+    }
+    size_t busy = 0;
+    for (size_t k = 0; k < m; k++) {
+        struct job *j = &b->jobs[b->index[k]];
+        if (b->rcs[k] == SK_BUSY) {
+            busy++;
+            sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
+            continue;
+        }
+        j->locked = true;
+        j->redis = redis;
+        j->log.lock_owner = j->lock_token;
+        sk_job_transition(j, JOB_LOCKED);
+        (*locked)++;
+    }
+    return busy;
+}
+
+/* The jobs the last lock_round() found busy leave the batch, re-scheduled. */
+static void refuse_busy(struct sk_pipeline *p, struct sk_batch *b, size_t asked)
+{
+    for (size_t k = 0; k < asked; k++) {
+        if (b->rcs[k] != SK_BUSY)
+            continue;
+        struct job *j = &b->jobs[b->index[k]];
+        sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
+        sk_job_lock_refused(p, j, SK_BUSY);
+    }
 }
 
 /* BEGIN and every key's claim in one round trip. True when the batch's
