@@ -210,11 +210,8 @@ int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, 
     for (size_t i = 0; rc == SK_OK && i < n; i++)
         *freed += rcs[i] == SK_OK;
     free(arrays);
-    if (rc != SK_OK && rc != SK_AGAIN) {
-        /* Redis refused the command itself: asking again would not help. */
-        *freed = 0;
-        return SK_BUSY;
-    }
+    if (rc != SK_OK && rc != SK_AGAIN)
+        return SK_BUSY;  /* Redis refused the command itself: asking again would not help */
     if (rc == SK_AGAIN) {
         o->retry_at_ms = sk_now_ms() + sk_backoff_next(&o->backoff);
         if (!o->logged)

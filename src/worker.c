@@ -61,7 +61,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         goto out;
     }
     /* Connecting (SCRAM's key derivation, OpenSSL's set-up, the broker's
-     * login) leaves some 600 KiB of freed heap behind that a job never needs
+     * login) leaves some 200 KiB of freed heap behind that a job never needs
      * again: given back now, so that a worker's resident memory is what its
      * jobs use. */
     malloc_trim(0);
