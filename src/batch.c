@@ -124,6 +124,9 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
     }
     if (p->queue->lock)
         lock_all(p, b, n);
+    for (size_t i = 0; i < n; i++)
+        if (!b->jobs[i].exit_decided)
+            sk_job_survivable(p, &b->jobs[i]);
     if (claim_all(p, b, n, FAST))
         run_fast(p, b, n);
     /* Same keys: their leader has committed (or not); each now claims for

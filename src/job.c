@@ -106,7 +106,7 @@ void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
         return;
     if (p->queue->lock && !lock(p, &j))
         return;
-    if (!sk_job_claim(p, &j))
+    if (!sk_job_survivable(p, &j) || !sk_job_claim(p, &j))
         return;
     if (p->queue->mode == SK_MODE_EXTERNAL)
         run_external(p, &j);
@@ -151,9 +151,19 @@ bool sk_job_admit(struct sk_pipeline *p, struct job *j)
     sk_job_transition(j, JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
     snprintf(p->slot->job_key, sizeof(p->slot->job_key), "%s", j->env.idempotency_key);
-    /* A copy from a delay queue may be the crashing job too: re-scheduled
-     * because its dead worker's lock was still held, it carries no
-     * `redelivered`, and unchecked it would crash workers for ever. */
+    return true;
+}
+
+/* False, with the job dead-lettered, when it has killed max_crashes
+ * workers. Asked once the job holds its lock, never before: a dead
+ * worker's locks are freed only after its crash is recorded (worker.c),
+ * so a copy that waited for the lock reads a count with that crash in it;
+ * read before the wait, the count could miss it. A copy from a delay queue
+ * may be the crashing job too: re-scheduled because its dead worker's lock
+ * was still held, it carries no `redelivered`, and unchecked it would
+ * crash workers for ever. */
+bool sk_job_survivable(struct sk_pipeline *p, struct job *j)
+{
     return !((j->env.redelivered || j->env.rescheduled) && p->queue->max_crashes > 0 &&
              crashed_too_often(p, j));
 }

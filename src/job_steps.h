@@ -73,6 +73,9 @@ struct job {
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
 bool sk_job_admit(struct sk_pipeline *p, struct job *j);
+/* Once locked: false, dead-lettered, for a job that killed max_crashes
+ * workers. */
+bool sk_job_survivable(struct sk_pipeline *p, struct job *j);
 /* What a refused lock means (rc SK_BUSY or SK_AGAIN: the job is
  * re-scheduled); true for SK_OK. */
 bool sk_job_lock_refused(struct sk_pipeline *p, struct job *j, int rc);

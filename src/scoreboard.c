@@ -112,6 +112,16 @@ void sk_slot_orphan_locks(struct sk_slot *s)
     atomic_store(&s->n_orphans, (uint32_t)(pending + held));
 }
 
+bool sk_slot_hand_crash(struct sk_slot *from, struct sk_slot *to)
+{
+    if (!atomic_load(&from->died_in_job) || atomic_load(&to->crash_handed))
+        return false;
+    memcpy(to->handed_crash_key, from->job_key, sizeof(to->handed_crash_key));
+    atomic_store(&to->crash_handed, 1);
+    atomic_store(&from->died_in_job, 0);
+    return true;
+}
+
 size_t sk_slot_hand_orphans(struct sk_slot *from, struct sk_slot *to)
 {
     size_t n = atomic_load(&from->n_orphans);

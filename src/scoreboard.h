@@ -27,6 +27,7 @@
 #define SK_SCOREBOARD_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,6 +68,12 @@ struct sk_slot {
      * in job_key); cleared by the replacement once it has recorded the
      * crash in PostgreSQL. */
     _Atomic int     died_in_job;
+    /* The same for a retired generation's worker that died of its job and
+     * has no replacement: the supervisor hands its crash to this live
+     * worker (sk_slot_hand_crash()), which records it and clears the flag.
+     * A key of its own, since this worker's job_key is its own job's. */
+    char            handed_crash_key[SK_KEY_MAX + 1];
+    _Atomic int     crash_handed;
     /* The Redis locks: see "Locks" above. lock_cap is written once, before
      * any fork; the counts say how many entries of each list are valid. */
     uint32_t         lock_cap;
@@ -107,5 +114,13 @@ void sk_slot_orphan_locks(struct sk_slot *s);
  * after it sees their count, which is stored last. At most to->lock_cap
  * move; the rest are dropped (they expire). Returns how many moved. */
 size_t sk_slot_hand_orphans(struct sk_slot *from, struct sk_slot *to);
+
+/* The same for the crash such a worker died of (died_in_job): moves it to
+ * to, a live worker's slot with no handed crash pending, whose worker
+ * records it against the job's key before it frees any lock. Call it
+ * before sk_slot_hand_orphans() into the same slot: the worker reads the
+ * orphan count first, so once it sees the locks it sees the crash. False
+ * when there is no crash to hand or to cannot take one now. */
+bool sk_slot_hand_crash(struct sk_slot *from, struct sk_slot *to);
 
 #endif

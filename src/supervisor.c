@@ -108,8 +108,8 @@ static void take_signals(struct supervisor *s);
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
                                          struct sk_err *err);
 static void generation_free(struct generation *g);
-static void hand_down_locks(struct supervisor *s, const struct generation *from,
-                            const struct slot *slot, struct sk_slot *shared);
+static void hand_down(struct supervisor *s, const struct generation *from,
+                      const struct slot *slot, struct sk_slot *shared);
 static void retire(struct supervisor *s, struct generation *g, const char *why);
 static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
                       size_t queue, unsigned number);
@@ -446,7 +446,7 @@ static void reap(struct supervisor *s)
         struct sk_death d = sk_deaths_judge(&s->deaths, shared, slot->timed_out, status);
         sk_deaths_bequeath(shared, &d);
         if (g != s->current && g != s->previous)
-            hand_down_locks(s, g, slot, shared);
+            hand_down(s, g, slot, shared);
         on_exit_status(s, g, slot, status, &d);
     }
     /* Free the retired generations whose last worker is gone. */
@@ -462,18 +462,22 @@ static void reap(struct supervisor *s)
     }
 }
 
-/* A retiring generation's dead worker gets no replacement to free its
- * locks (a reload's old worker killed at shutdown_timeout, say): they go to
- * a worker of the same queue in the current generation, an idle one if
- * there is one, which frees them before its next delivery. Left alone,
- * they would hold their jobs' redeliveries back for lock_ttl. */
-static void hand_down_locks(struct supervisor *s, const struct generation *from,
-                            const struct slot *slot, struct sk_slot *shared)
+/* A retiring generation's dead worker gets no replacement to record the
+ * crash it died of or to free its locks (a reload's old worker killed at
+ * shutdown_timeout, or by its job while it drained): both go to a worker of
+ * the same queue in the current generation, an idle one if there is one,
+ * which records the crash and then frees the locks before its next
+ * delivery. Left alone, the locks would hold their jobs' redeliveries back
+ * for lock_ttl, and a job that kills the workers of every reload would
+ * never meet max_crashes. */
+static void hand_down(struct supervisor *s, const struct generation *from,
+                      const struct slot *slot, struct sk_slot *shared)
 {
     size_t n;
     sk_slot_orphans(shared, &n);
+    bool crash = atomic_load(&shared->died_in_job);
     const struct generation *to = s->current;
-    if (n == 0 || to == NULL || !slot->ops->counts_as_worker)
+    if ((n == 0 && !crash) || to == NULL || !slot->ops->counts_as_worker)
         return;
     const char *queue = from->conf->queues[slot->queue].name;
     for (int pass = 0; pass < 2; pass++) {
@@ -482,18 +486,29 @@ static void hand_down_locks(struct supervisor *s, const struct generation *from,
             struct sk_slot *heir_shared = sk_scoreboard_slot(to->scoreboard, i);
             if (!heir->ops->counts_as_worker ||
                 strcmp(to->conf->queues[heir->queue].name, queue) != 0 ||
-                (pass == 0 && atomic_load(&heir_shared->job_started_ms) != 0))
+                (pass == 0 && atomic_load(&heir_shared->job_started_ms) != 0) ||
+                (crash && atomic_load(&heir_shared->crash_handed)) ||
+                (n > 0 && atomic_load(&heir_shared->n_orphans) != 0))
                 continue;
-            size_t handed = sk_slot_hand_orphans(shared, heir_shared);
-            if (handed > 0) {
+            /* One heir for both, the crash first (scoreboard.h). */
+            if (crash && sk_slot_hand_crash(shared, heir_shared))
+                sk_log_info("queue %s: the crash of a retired worker (its job's key %s) "
+                            "handed to a current worker to count", queue,
+                            heir_shared->handed_crash_key);
+            size_t handed = n > 0 ? sk_slot_hand_orphans(shared, heir_shared) : 0;
+            if (handed > 0)
                 sk_log_info("queue %s: %zu lock%s of a retired worker handed to a current one "
                             "to free", queue, handed, handed == 1 ? "" : "s");
-                return;
-            }
+            return;
         }
     }
-    sk_log_warn("queue %s: %zu lock%s of a retired worker will expire after lock_ttl: no "
-                "current worker of the queue could take them", queue, n, n == 1 ? "" : "s");
+    if (crash)
+        sk_log_warn("queue %s: a retired worker died running the job with key %s, and no "
+                    "current worker of the queue could take the crash to count it", queue,
+                    shared->job_key);
+    if (n > 0)
+        sk_log_warn("queue %s: %zu lock%s of a retired worker will expire after lock_ttl: no "
+                    "current worker of the queue could take them", queue, n, n == 1 ? "" : "s");
 }
 
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,

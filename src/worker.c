@@ -29,7 +29,7 @@ static int  setup(struct sk_pipeline *p, bool first, struct sk_err *err);
 static void teardown(struct sk_pipeline *p);
 static bool prepare(struct sk_pipeline *p);
 static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery);
-static void record_crash(struct sk_pipeline *p);
+static void record_crash(struct sk_pipeline *p, char *key, const char *who);
 static void free_dead_locks(struct sk_pipeline *p);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
@@ -137,14 +137,23 @@ static bool prepare(struct sk_pipeline *p)
      * worker's jobs (a whole batch's) are waiting for those locks. But if
      * a job killed that worker, its crash is recorded first: a copy that
      * took the freed lock before the count was written would run the job
-     * uncounted. */
-    bool job_died = atomic_load(&slot->died_in_job);
-    if (!job_died && atomic_load(&slot->n_orphans) > 0)
+     * uncounted. The orphans' count is read before the crash flags: a
+     * retired worker's are handed to this live one crash first. */
+    bool orphans = atomic_load(&slot->n_orphans) > 0;
+    bool crashes = atomic_load(&slot->died_in_job) || atomic_load(&slot->crash_handed);
+    if (!crashes && orphans)
         free_dead_locks(p);
     if (!sk_links_ready(p->links))
         return false;
-    if (job_died) {
-        record_crash(p);
+    if (crashes) {
+        if (atomic_load(&slot->died_in_job)) {
+            record_crash(p, slot->job_key, "the previous worker");
+            atomic_store(&slot->died_in_job, 0);
+        }
+        if (atomic_load(&slot->crash_handed)) {
+            record_crash(p, slot->handed_crash_key, "a retired worker");
+            atomic_store(&slot->crash_handed, 0);
+        }
         if (atomic_load(&slot->n_orphans) > 0)
             free_dead_locks(p);
     }
@@ -182,26 +191,26 @@ static void teardown(struct sk_pipeline *p)
         p->handler->fini(p->handler_state);
 }
 
-/* The worker this one replaces died running a job: count it against the
- * job's key (sql/006), so that a job that keeps killing its workers is
+/* The worker this one replaces (or a retired one, whose crash the
+ * supervisor handed here) died running a job: count it against the job's
+ * key (sql/006), so that a job that keeps killing its workers is
  * dead-lettered when it comes back (job.c). Before this worker takes a job
- * of its own, which would overwrite the key; tried once, since a count
+ * of its own, which would overwrite job_key; tried once, since a count
  * lost is one crash more before the job is stopped, never a wrong outcome. */
-static void record_crash(struct sk_pipeline *p)
+static void record_crash(struct sk_pipeline *p, char *key, const char *who)
 {
     int crashes = 0;
     struct sk_err err = { 0 };
-    if (sk_store_record_crash(sk_links_store(p->links), p->queue->name, p->slot->job_key,
-                              &crashes, &err) == SK_OK)
-        sk_log_warn("the previous worker died running the job with key %s: crash %d of it%s",
-                    p->slot->job_key, crashes,
+    if (sk_store_record_crash(sk_links_store(p->links), p->queue->name, key, &crashes,
+                              &err) == SK_OK)
+        sk_log_warn("%s died running the job with key %s: crash %d of it%s", who, key,
+                    crashes,
                     p->queue->max_crashes > 0 && crashes >= p->queue->max_crashes
                         ? ", so it will be dead-lettered when it comes back" : "");
     else
-        sk_log_warn("the previous worker died running the job with key %s; the crash is not "
-                    "counted: %s", p->slot->job_key, err.msg);
-    p->slot->job_key[0] = '\0';
-    atomic_store(&p->slot->died_in_job, 0);
+        sk_log_warn("%s died running the job with key %s; the crash is not counted: %s", who,
+                    key, err.msg);
+    key[0] = '\0';
 }
 
 /* A worker of this slot died holding Redis locks (the supervisor moved

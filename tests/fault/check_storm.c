@@ -469,6 +469,52 @@ START_TEST(test_death_in_a_retired_generation_frees_its_lock_at_once)
 }
 END_TEST
 
+/* The same death, but by the job's own fault (a SIGSEGV in its handler):
+ * the crash must be counted although no replacement comes to record it,
+ * or a job that kills the draining workers of every reload would never
+ * meet max_crashes. A current worker takes the crash with the lock, counts
+ * it first, and the redelivery is dead-lettered (max_crashes 1). */
+START_TEST(test_a_job_that_kills_a_retired_worker_still_meets_max_crashes)
+{
+    struct h_run r;
+    h_run_open(&r, "retiredcrash");
+    char extra[1200];
+    snprintf(extra, sizeof(extra), "    lock_ttl: 60s\n    max_crashes: 1\n    config:\n"
+             "      marker_dir: %s\n", r.dir);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra });
+    h_publish(r.b, r.queue, "test", "stall-1", "order-retiredcrash", NULL, "stall");
+    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
+    pid_t victim = h_stalled_pid(r.dir);
+
+    free(h_write_config(r.dir, r.queue, H_EFFECT, 2, extra));
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    H_WAIT(h_count_lines(r.log, "reload: retiring the previous generation") == 1, 20000,
+           "the new generation should get ready and the old one be retired");
+    ck_assert(!h_process_gone(victim));
+    ck_assert_int_eq(kill(victim, SIGSEGV), 0);
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead after SIGSEGV", (long)victim);
+
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "the job that killed a retired worker "
+           "should be dead-lettered when it comes back (crashes counted: %lld)",
+           h_pg_count(r.pg, "SELECT coalesce(sum(crashes), 0) FROM sekali.job_crashes "
+                            "WHERE queue = '%s'", r.queue));
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "crash of a retired worker"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "a retired worker died running the job with key "
+                                          "order-retiredcrash: crash 1"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
+                                      "'%s' AND key = 'order-retiredcrash'", r.queue), 1);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char text[64];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
+    amqp_destroy_message(&msg);
+    ck_assert_int_eq(h_effects(&r, "order-retiredcrash"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -480,6 +526,7 @@ int main(void)
         test_kills_during_a_broker_outage_never_back_off,
         test_death_mid_batch_frees_every_batch_mates_lock_at_once,
         test_death_in_a_retired_generation_frees_its_lock_at_once,
+        test_a_job_that_kills_a_retired_worker_still_meets_max_crashes,
         NULL,
     };
     Suite *s = suite_create("storm");

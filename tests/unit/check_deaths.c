@@ -219,6 +219,30 @@ START_TEST(test_a_retired_workers_locks_go_to_a_slot_with_none_pending)
 }
 END_TEST
 
+START_TEST(test_a_retired_workers_crash_goes_to_a_slot_with_none_pending)
+{
+    struct sk_slot *dead = slot_in(SK_PHASE_HANDLER, 1, 0);
+    snprintf(dead->job_key, sizeof(dead->job_key), "order-7");
+    sk_deaths_bequeath(dead, &(struct sk_death){ .job_caused = true });
+    ck_assert_int_eq(atomic_load(&dead->died_in_job), 1);
+
+    struct sk_slot *heir = slot_in(SK_PHASE_JOB, 1, 0);
+    snprintf(heir->job_key, sizeof(heir->job_key), "its-own-job");
+    struct sk_slot *taken = slot_in(SK_PHASE_IDLE, 1, 0);
+    atomic_store(&taken->crash_handed, 1);   /* one not yet counted */
+    ck_assert(!sk_slot_hand_crash(dead, taken));
+    ck_assert(sk_slot_hand_crash(dead, heir));
+    ck_assert_int_eq(atomic_load(&heir->crash_handed), 1);
+    ck_assert_str_eq(heir->handed_crash_key, "order-7");
+    ck_assert_str_eq(heir->job_key, "its-own-job");   /* the heir's job is untouched */
+    ck_assert_int_eq(atomic_load(&dead->died_in_job), 0);
+    ck_assert(!sk_slot_hand_crash(dead, taken));      /* handed once only */
+    free(dead);
+    free(heir);
+    free(taken);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -231,6 +255,7 @@ int main(void)
         test_the_replacement_inherits_the_crash_and_the_locks,
         test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash,
         test_a_retired_workers_locks_go_to_a_slot_with_none_pending,
+        test_a_retired_workers_crash_goes_to_a_slot_with_none_pending,
         NULL,
     };
     return h_run_suite(h_suite("deaths", 0, tests));
