@@ -9,6 +9,12 @@ VERSION  = 0.1.0
 DESTDIR ?=
 B       ?= build
 
+# One folder per layer, top to bottom (docs/internals.md; tests/unit/check_layers.c
+# reads a module's layer from its folder). Headers are found by name, so a
+# module moving between layers changes no #include.
+SRC_DIRS = src/ctl src/supervisor src/worker src/producer src/shared src/config src/adapters src/base
+vpath %.c $(SRC_DIRS)
+
 PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd
 CC     ?= cc
 CFLAGS ?= -O2 -g
@@ -16,7 +22,7 @@ CFLAGS ?= -O2 -g
 USER_CFLAGS := $(CFLAGS)
 # What every build of sekali's sources needs, gcc's and the fuzzers' clang's.
 SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
-            -fno-strict-aliasing -MMD -MP -iquote src -Iinclude \
+            -fno-strict-aliasing -MMD -MP $(addprefix -iquote ,$(SRC_DIRS)) -Iinclude \
             $(shell pkg-config --cflags $(PKGS)) \
             -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
 override CFLAGS += $(SK_CFLAGS)
@@ -59,9 +65,9 @@ $(B)/sekalictl: $(call obj,$(CTL))
 $(B)/fault/sekalictl: $(call fobj,$(CTL))
 	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(CTL_LIBS)
 
-$(B)/obj/%.o: src/%.c | $(B)/obj
+$(B)/obj/%.o: %.c | $(B)/obj
 	$(CC) $(CFLAGS) -c -o $@ $<
-$(B)/fault/%.o: src/%.c | $(B)/fault
+$(B)/fault/%.o: %.c | $(B)/fault
 	$(CC) $(CFLAGS) -DSK_FAULTS -c -o $@ $<
 
 # Handlers are built exactly as a handler author would: against the public
@@ -115,7 +121,7 @@ $(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope $(BROKER))
 $(FUZZ_B)/fuzz_values:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c | $(FUZZ_B)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) $(LDLIBS)
-$(FUZZ_B)/obj/%.o: src/%.c | $(FUZZ_B)/obj
+$(FUZZ_B)/obj/%.o: %.c | $(FUZZ_B)/obj
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 $(FUZZ_B)/envelope_seeds: tests/fuzz/envelope_seeds.c | $(FUZZ_B)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)

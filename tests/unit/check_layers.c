@@ -1,6 +1,6 @@
-/* check_layers.c - the layering the README's Layout states, kept true: every
- * file of src/ belongs to a layer, includes only from its own layer or the
- * layers below, and no two modules include each other through any path.
+/* check_layers.c - the layering docs/internals.md states, kept true: every
+ * file of src/ sits in a layer's folder, includes only from its own layer or
+ * the layers below, and no two modules include each other through any path.
  * An adapter that starts reading the configuration schema, or a pipeline
  * file that calls back into the process that runs it, fails here before it
  * reaches a review. Run from the repository root, as tests/run.sh does. */
@@ -12,20 +12,13 @@
 
 #include "suite.h"
 
-/* Top to bottom; a module may include its own layer and any layer below.
- * Within a layer, the cycle test below still forbids loops. */
-static const char *const layers[][2] = {
-    { "face",       " main ctl ctl_dlq ctl_status ctl_trace ctl_http ctl_out " },
-    { "supervisor", " supervisor deaths roles oom notify metrics_http metrics_text " },
-    { "worker",     " worker links job job_steps batch envelope reschedule heartbeat host " },
-    { "producer",   " relay janitor " },
-    { "shared",     " scoreboard metrics process proctitle " },
-    { "config",     " config config_value plugin " },
-    { "adapters",   " broker broker_conn broker_consume broker_publish broker_queue broker_wire "
-                    "lock pg store lease " },
-    { "base",       " common clock backoff log failpoint " },
+/* The folders of src/, top to bottom; a module may include its own layer and
+ * any layer below. Within a layer, the cycle test below still forbids loops.
+ * Keep in step with SRC_DIRS in the Makefile. */
+static const char *const layers[] = {
+    "ctl", "supervisor", "worker", "producer", "shared", "config", "adapters", "base",
 };
-enum { LAYERS = sizeof(layers) / sizeof(layers[0]), MODULES = 64, NAME = 32 };
+enum { LAYERS = sizeof(layers) / sizeof(layers[0]), MODULES = 96, NAME = 32 };
 
 struct graph {
     size_t n;
@@ -34,16 +27,20 @@ struct graph {
     bool   edge[MODULES][MODULES]; /* edge[a][b]: a includes b.h */
 };
 
-static int layer_of(const char *module)
+/* "src/worker/links.c" -> the index of "worker", or -1 for a file outside
+ * every layer's folder. */
+static int layer_of(const char *path)
 {
-    char word[NAME + 2];
-    snprintf(word, sizeof(word), " %s ", module);
-    for (int i = 0; i < LAYERS; i++)
-        if (strstr(layers[i][1], word) != NULL)
+    for (int i = 0; i < LAYERS; i++) {
+        char folder[NAME + 8];
+        snprintf(folder, sizeof(folder), "src/%s/", layers[i]);
+        if (strncmp(path, folder, strlen(folder)) == 0 && strchr(path + strlen(folder), '/') == NULL)
             return i;
+    }
     return -1;
 }
 
+/* The module called name, registered on first sight with no layer yet. */
 static size_t module(struct graph *g, const char *name)
 {
     for (size_t i = 0; i < g->n; i++)
@@ -51,16 +48,30 @@ static size_t module(struct graph *g, const char *name)
             return i;
     ck_assert_msg(g->n < MODULES, "more than %d modules in src/", MODULES);
     snprintf(g->name[g->n], NAME, "%s", name);
-    g->layer[g->n] = layer_of(name);
+    g->layer[g->n] = -1;
     return g->n++;
 }
 
-/* "src/links.c" -> "links" */
+/* "src/worker/links.c" -> "links" */
 static void module_name(const char *path, char *out, size_t size)
 {
     const char *base = strrchr(path, '/');
     base = base != NULL ? base + 1 : path;
     snprintf(out, size, "%.*s", (int)strcspn(base, "."), base);
+}
+
+/* A module's .c and .h must sit in one folder: the layer is the folder's. */
+static void place(struct graph *g, const char *path)
+{
+    char self[NAME];
+    module_name(path, self, sizeof(self));
+    size_t m = module(g, self);
+    int layer = layer_of(path);
+    ck_assert_msg(layer >= 0, "%s is in no layer's folder: move it into one of src/*/ "
+                  "(docs/internals.md, \"The layers\")", path);
+    ck_assert_msg(g->layer[m] < 0 || g->layer[m] == layer,
+                  "%s: the module %s has files in two layers' folders", path, self);
+    g->layer[m] = layer;
 }
 
 static void read_includes(struct graph *g, const char *path)
@@ -78,6 +89,8 @@ static void read_includes(struct graph *g, const char *path)
         char target[NAME];
         module_name(header, target, sizeof(target));
         size_t to = module(g, target);
+        ck_assert_msg(g->layer[to] >= 0, "%s includes \"%s\", which is no file of src/*/",
+                      path, header);
         if (to != from)
             g->edge[from][to] = true;
     }
@@ -88,8 +101,12 @@ static void load(struct graph *g)
 {
     memset(g, 0, sizeof(*g));
     glob_t files;
-    ck_assert_int_eq(glob("src/*.[ch]", 0, NULL, &files), 0);
+    ck_assert_msg(glob("src/*.[ch]", 0, NULL, &files) == GLOB_NOMATCH,
+                  "%s is straight in src/: move it into a layer's folder", files.gl_pathv[0]);
+    ck_assert_int_eq(glob("src/*/*.[ch]", 0, NULL, &files), 0);
     ck_assert_uint_gt(files.gl_pathc, 20);
+    for (size_t i = 0; i < files.gl_pathc; i++)
+        place(g, files.gl_pathv[i]);
     for (size_t i = 0; i < files.gl_pathc; i++)
         read_includes(g, files.gl_pathv[i]);
     globfree(&files);
@@ -100,8 +117,7 @@ START_TEST(test_every_module_of_src_belongs_to_a_layer)
     static struct graph g;
     load(&g);
     for (size_t i = 0; i < g.n; i++)
-        ck_assert_msg(g.layer[i] >= 0, "src/%s.[ch] is in no layer: add it to the README's "
-                      "Layout and to this file's table", g.name[i]);
+        ck_assert_msg(g.layer[i] >= 0, "src/*/%s.[ch]: in no layer", g.name[i]);
 }
 END_TEST
 
@@ -112,8 +128,8 @@ static bool upward_include(const struct graph *g, char *what, size_t size)
         for (size_t b = 0; b < g->n; b++)
             if (g->edge[a][b] && g->layer[b] < g->layer[a]) {
                 snprintf(what, size, "%s (%s layer) includes %s.h from the %s layer above it",
-                         g->name[a], layers[g->layer[a]][0], g->name[b],
-                         layers[g->layer[b]][0]);
+                         g->name[a], layers[g->layer[a]], g->name[b],
+                         layers[g->layer[b]]);
                 return true;
             }
     return false;
