@@ -32,7 +32,10 @@
 #include <libpq-fe.h>
 
 #include "broker.h"
-#include "ctl.h"
+#include "ctl_commands.h"
+#include "ctl_common.h"
+#include "ctl_http.h"
+#include "ctl_out.h"
 #include "envelope.h"
 #include "failpoint.h"
 #include "pg.h"

@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ctl.h"
+#include "ctl_http.h"
 
 #define HTTP_MAX_BYTES (8u << 20)  /* far above any /metrics sekalid renders */
 

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "broker.h"
-#include "ctl.h"
+#include "ctl_out.h"
 
 const amqp_field_value_t *sk_ctl_header(const amqp_message_t *m, const char *name)
 {

@@ -24,7 +24,10 @@
 #include <time.h>
 
 #include "broker.h"
-#include "ctl.h"
+#include "ctl_commands.h"
+#include "ctl_common.h"
+#include "ctl_http.h"
+#include "ctl_out.h"
 #include "pg.h"
 #include "reschedule.h"
 

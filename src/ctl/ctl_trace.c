@@ -21,7 +21,10 @@
 #include <systemd/sd-journal.h>
 
 #include "broker.h"
-#include "ctl.h"
+#include "ctl_commands.h"
+#include "ctl_common.h"
+#include "ctl_http.h"
+#include "ctl_out.h"
 #include "pg.h"
 
 #define JOURNAL_MAX 1000  /* log lines shown at most, the newest kept */

@@ -1,0 +1,41 @@
+/* ctl_common.h - what every sekalictl command shares: the exit codes, the
+ * PostgreSQL connection made as sekalid makes it, and running one statement
+ * with the error on stderr.
+ *
+ * Exit codes of every command: 0 done, 1 runtime failure (a server
+ * unreachable, an SQL error), 2 usage or configuration error, 3 some dead
+ * letters were refused (the rest done), 4 nothing matched, 5 status found
+ * sekalid not running or a queue without consumer. */
+#ifndef SK_CTL_COMMON_H
+#define SK_CTL_COMMON_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include <libpq-fe.h>
+
+#include "config.h"
+#include "pg.h"
+
+#define SK_CTL_OK        0
+#define SK_CTL_FAILED    1
+#define SK_CTL_USAGE     2
+#define SK_CTL_REFUSED   3
+#define SK_CTL_NOT_FOUND 4
+#define SK_CTL_UNHEALTHY 5  /* status: sekalid not running, or a queue without consumer */
+
+/* A new connection to the configured PostgreSQL with sekalid's session
+ * settings (sk_pg_dial()), or NULL after printing why on stderr. The caller
+ * owns it. */
+PGconn *sk_ctl_pg_connect(const struct sk_conf *conf);
+
+/* Runs st (sk_pg_exec()); false after printing why on stderr. *out, when out
+ * is not NULL, is the caller's to PQclear(). */
+bool sk_ctl_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);
+/* SQL text without parameters (a migration file may hold many statements). */
+bool sk_ctl_pg_run(PGconn *pg, const char *sql, const char *what);
+
+/* The rest of f, NUL-terminated (the caller frees it), or NULL. */
+char *sk_ctl_read_all(FILE *f, size_t *len);
+
+#endif

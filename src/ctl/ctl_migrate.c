@@ -1,0 +1,185 @@
+/* ctl_migrate.c - sekalictl migrate: the schema migrations.
+ *
+ * Migrations are the files DIR/NNN_name.sql, applied in name order, each in
+ * its own transaction together with its row in sekali.schema_migrations, under
+ * an advisory lock so that two hosts migrating at once do not race. */
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "ctl_commands.h"
+#include "ctl_common.h"
+#include "ctl_out.h"
+
+#ifndef SK_SQL_DIR
+#define SK_SQL_DIR "/usr/local/share/sekali/sql"
+#endif
+
+/* Any fixed number works; it only has to be the same for every sekalictl. */
+#define MIGRATION_LOCK_ID 0x73656b616c69LL  /* "sekali" */
+
+static bool migrate_args(int argc, char **argv, const char **dir, bool *json);
+static bool migrations_begin(PGconn *pg);
+static void print_applied(const char *name, bool json, int before);
+static bool migration_done(PGconn *pg, const char *name, bool *done);
+static bool migration_apply(PGconn *pg, const char *dir, const char *name);
+static int only_sql(const struct dirent *d);
+
+int sk_ctl_migrate(const struct sk_conf *conf, int argc, char **argv)
+{
+    const char *dir = getenv("SEKALI_SQL_DIR") != NULL ? getenv("SEKALI_SQL_DIR") : SK_SQL_DIR;
+    bool json = false, opened = false;
+    if (!migrate_args(argc, argv, &dir, &json)) {
+        sk_ctl_usage_of("migrate");
+        return SK_CTL_USAGE;
+    }
+    struct dirent **files = NULL;
+    int n = scandir(dir, &files, only_sql, alphasort);
+    if (n < 0) {
+        fprintf(stderr, "sekalictl: cannot read %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    PGconn *pg = sk_ctl_pg_connect(conf);
+    int code = 1;
+    if (pg == NULL || !migrations_begin(pg))
+        goto out;
+
+    int applied = 0;
+    if (json) {
+        printf("{\"applied\":[");
+        opened = true;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *name = files[i]->d_name;
+        bool done;
+        if (!migration_done(pg, name, &done))
+            goto out;
+        if (done)
+            continue;
+        if (!migration_apply(pg, dir, name))
+            goto out;
+        print_applied(name, json, applied++);
+    }
+    if (json)
+        printf("],\"migrations\":%d}\n", n);
+    else if (applied == 0)
+        printf("schema is up to date (%d migrations)\n", n);
+    code = 0;
+
+out:
+    /* A failure halfway still closes the document, listing what was applied. */
+    if (opened && code != 0)
+        printf("],\"migrations\":%d,\"failed\":true}\n", n);
+    PQfinish(pg);
+    for (int i = 0; i < n; i++)
+        free(files[i]);
+    free(files);
+    return code;
+}
+
+/* One line, or one element of the JSON document's list. */
+static void print_applied(const char *name, bool json, int before)
+{
+    if (json) {
+        printf("%s", before > 0 ? "," : "");
+        sk_ctl_put_jstr(stdout, name);
+    } else {
+        printf("applied %s\n", name);
+    }
+}
+
+/* false: a usage error. */
+static bool migrate_args(int argc, char **argv, const char **dir, bool *json)
+{
+    static const struct option options[] = { { "sql-dir", required_argument, NULL, 'd' },
+                                             { "json", no_argument, NULL, 'j' },
+                                             { NULL, 0, NULL, 0 } };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (opt == 'j')
+            *json = true;
+        else if (opt == 'd')
+            *dir = optarg;
+        else
+            return false;
+    }
+    return optind == argc;
+}
+
+/* Takes the migration lock and makes sure the table of applied versions
+ * exists. The session is sekalid's (the same dial), but a migration waits
+ * for its locks as long as it takes (behind another migrate, or a table a
+ * long transaction holds) instead of failing after a claim's timeout. */
+static bool migrations_begin(PGconn *pg)
+{
+    char lock_sql[96];
+    snprintf(lock_sql, sizeof(lock_sql), "SELECT pg_advisory_lock(%lld)", MIGRATION_LOCK_ID);
+    return sk_ctl_pg_run(pg, "SET lock_timeout = 0", "SET lock_timeout") &&
+           sk_ctl_pg_run(pg, lock_sql, "pg_advisory_lock") &&
+           sk_ctl_pg_run(pg, "CREATE SCHEMA IF NOT EXISTS sekali;"
+                       "CREATE TABLE IF NOT EXISTS sekali.schema_migrations ("
+                       "  version text PRIMARY KEY,"
+                       "  applied_at timestamptz NOT NULL DEFAULT now())",
+                   "create sekali.schema_migrations");
+}
+
+static bool migration_done(PGconn *pg, const char *name, bool *done)
+{
+    const char *params[] = { name };
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT 1 FROM sekali.schema_migrations WHERE version = $1",
+        .n_params = 1, .values = params, .what = "reading sekali.schema_migrations",
+    };
+    PGresult *res;
+    if (!sk_ctl_pg_exec(pg, &st, &res))
+        return false;
+    *done = PQntuples(res) == 1;
+    PQclear(res);
+    return true;
+}
+
+/* Runs one file and records its version in the same transaction, so a
+ * migration is applied and recorded, or neither. */
+static bool migration_apply(PGconn *pg, const char *dir, const char *name)
+{
+    char file[4096];
+    snprintf(file, sizeof(file), "%s/%s", dir, name);
+    FILE *f = fopen(file, "r");
+    if (f == NULL) {
+        fprintf(stderr, "sekalictl: cannot open %s: %s\n", file, strerror(errno));
+        return false;
+    }
+    size_t len;
+    char *sql = sk_ctl_read_all(f, &len);
+    fclose(f);
+    if (sql == NULL) {
+        fprintf(stderr, "sekalictl: cannot read %s\n", file);
+        return false;
+    }
+    bool ok = sk_ctl_pg_run(pg, "BEGIN", "BEGIN") && sk_ctl_pg_run(pg, sql, file);
+    free(sql);
+    const char *params[] = { name };
+    const struct sk_pg_stmt record = {
+        .sql = "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
+        .n_params = 1, .values = params, .what = "recording the migration",
+    };
+    ok = ok && sk_ctl_pg_exec(pg, &record, NULL);
+    if (!ok || !sk_ctl_pg_run(pg, "COMMIT", "COMMIT")) {
+        sk_ctl_pg_run(pg, "ROLLBACK", "ROLLBACK");
+        fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
+        return false;
+    }
+    return true;
+}
+
+static int only_sql(const struct dirent *d)
+{
+    size_t len = strlen(d->d_name);
+    return len > 4 && strcmp(d->d_name + len - 4, ".sql") == 0 && d->d_name[0] != '.';
+}
