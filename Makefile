@@ -93,6 +93,7 @@ $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
 $(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
 $(B)/tests/check_backoff:  $(call obj,$(CORE))
 $(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
+$(B)/tests/check_docs:     $(call obj,$(CORE))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)

@@ -118,8 +118,10 @@ static const char *kind(const yaml_node_t *n);
 static bool is_null(const yaml_node_t *n);
 static char *resolve(struct loader *L, const char *path);
 
-/* The schema. Adding a key: a line here, a field in config.h, its default
- * below the tables, and a documented line in conf/sekali.yaml. */
+/* The schema. Adding a key: a line here, a field in config.h (or the
+ * adapter's conf struct), its default below the tables, a documented line in
+ * conf/sekali.yaml and an entry in man/sekali.yaml.5; tests/unit/check_docs.c
+ * holds those three equal (docs/internals.md, "Adding a config key"). */
 #define OF(s, f)                   offsetof(struct s, f)
 #define STR(n, s, f)               { .name = n, .type = T_STR, .offset = OF(s, f) }
 #define NAME(n, s, f, req)         { .name = n, .type = T_NAME, .offset = OF(s, f), .required = req }
@@ -135,6 +137,10 @@ static char *resolve(struct loader *L, const char *path);
 #define SECTION(n, f, table, req)  { .name = n, .type = T_SECTION, .offset = OF(sk_conf, f), \
                                      .sub = table, .required = req }
 #define CUSTOM(n, func, req)       { .name = n, .type = T_CUSTOM, .fn = func, .required = req }
+/* A section with checks of its own: fn() loads it by table, which names its
+ * keys for sk_conf_each_key() (the loader itself goes through fn() only). */
+#define CUSTOM_SECTION(n, func, table, req) \
+    { .name = n, .type = T_CUSTOM, .fn = func, .sub = table, .required = req }
 #define PASSWORD(s) \
     { .name = "password_env",  .type = T_PASSWORD_ENV,  .offset = OF(s, password) }, \
     { .name = "password_file", .type = T_PASSWORD_FILE, .offset = OF(s, password) }
@@ -253,7 +259,7 @@ static const struct key restart_keys[] = {
 
 static const struct key top_keys[] = {
     SECTION("amqp",     amqp,     amqp_keys,     true),
-    CUSTOM("redis", redis_section, false),
+    CUSTOM_SECTION("redis", redis_section, redis_keys, false),
     SECTION("postgres", postgres, postgres_keys, true),
     SECTION("lock",     lock,     lock_keys,     false),
     SECTION("log",      log,      log_keys,      false),
@@ -262,7 +268,7 @@ static const struct key top_keys[] = {
     SECTION("metrics",  metrics,  metrics_keys,  false),
     SECTION("restart",  restart,  restart_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
-    CUSTOM("queues", load_queues, true),
+    CUSTOM_SECTION("queues", load_queues, queue_keys, true),
     END
 };
 
@@ -1157,4 +1163,24 @@ static char *resolve(struct loader *L, const char *path)
     if (path[0] == '/')
         return strdup(path);
     return asprintf(&out, "%s/%s", L->dir, path) < 0 ? NULL : out;
+}
+
+static void each_key(const struct key *table, const char *prefix,
+                     void (*each)(const char *path, void *arg), void *arg)
+{
+    for (const struct key *k = table; k->name != NULL; k++) {
+        /* queues is the one sequence of sections. */
+        const char *sep = k->sub == NULL ? "" : k->sub == queue_keys ? "[]." : ".";
+        char path[128];
+        snprintf(path, sizeof(path), "%s%s%s", prefix, k->name, sep);
+        if (k->sub == NULL)
+            each(path, arg);
+        else
+            each_key(k->sub, path, each, arg);
+    }
+}
+
+void sk_conf_each_key(void (*each)(const char *path, void *arg), void *arg)
+{
+    each_key(top_keys, "", each, arg);
 }

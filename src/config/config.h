@@ -133,6 +133,12 @@ void sk_conf_free(struct sk_conf *conf);
 
 const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char *name);
 
+/* Calls each(path, arg) for every key of the schema, in table order, as a
+ * dotted path: "amqp.url", "shutdown_timeout", "queues[].retry.max_attempts".
+ * Sections are visited, not named themselves. For the docs test that holds
+ * conf/sekali.yaml and sekali.yaml(5) equal to the schema. */
+void sk_conf_each_key(void (*each)(const char *path, void *arg), void *arg);
+
 /* The shape sekalid declares a configured queue with (sk_broker_declare()). */
 struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q);
 

@@ -1,5 +1,6 @@
 /* check_docs.c - what operators read and load besides the README: the man
- * pages pass mandoc's linter and name every configuration key; the alerting
+ * pages pass mandoc's linter; the configuration keys are the same in the
+ * code's schema, conf/sekali.yaml and sekali.yaml(5); the alerting
  * rules pass promtool's check and their own unit tests; the Grafana
  * dashboard is JSON with a panel for each question the README's metrics
  * answer; dashboard and rules query only metrics that sekalid exports (the
@@ -13,6 +14,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "common.h"
+#include "config.h"
 #include "suite.h"
 
 #define RULES      "contrib/prometheus/sekali-rules.yml"
@@ -54,19 +57,6 @@ static int run(const char *cmd, char **out)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* Whether word occurs in text with no [a-z0-9_] on either side. */
-static bool has_word(const char *text, const char *word)
-{
-    size_t n = strlen(word);
-    for (const char *p = text; (p = strstr(p, word)) != NULL; p++) {
-        bool left = p == text || !(isalnum((unsigned char)p[-1]) || p[-1] == '_');
-        bool right = !(isalnum((unsigned char)p[n]) || p[n] == '_');
-        if (left && right)
-            return true;
-    }
-    return false;
-}
-
 START_TEST(test_every_man_page_passes_mandoc_lint)
 {
     glob_t g;
@@ -83,29 +73,230 @@ START_TEST(test_every_man_page_passes_mandoc_lint)
 }
 END_TEST
 
-/* Every key the example configuration sets (or shows commented out) is
- * described in sekali.yaml(5). */
-START_TEST(test_config_man_page_names_every_key_of_the_example_configuration)
+/* A set of names, kept in the order first added: a key path or a metric. */
+struct names {
+    char  *v[256];
+    size_t n;
+};
+
+static bool names_has(const struct names *s, const char *name)
 {
-    char *conf = read_file("conf/sekali.yaml");
-    char *page = read_file("man/sekali.yaml.5");
-    int keys = 0;
-    for (char *line = strtok(conf, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->v[i], name) == 0)
+            return true;
+    return false;
+}
+
+static void names_add(struct names *s, const char *name)
+{
+    if (names_has(s, name))
+        return;
+    ck_assert_msg(s->n < SK_ARRAY_LEN(s->v), "more than %zu names", SK_ARRAY_LEN(s->v));
+    s->v[s->n++] = strdup(name);
+}
+
+static void names_free(struct names *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    s->n = 0;
+}
+
+/* Every name of a is in b; the message names the first that is not. */
+static void assert_subset(const struct names *a, const char *a_name, const struct names *b,
+                          const char *b_name)
+{
+    for (size_t i = 0; i < a->n; i++)
+        ck_assert_msg(names_has(b, a->v[i]), "%s has \"%s\", which %s does not", a_name,
+                      a->v[i], b_name);
+}
+
+static void add_key(const char *path, void *arg)
+{
+    names_add(arg, path);
+}
+
+/* The keys conf/sekali.yaml sets, or shows commented out ("# key: value",
+ * one space after the #: a comment that only mentions a key indents it
+ * further), as dotted paths found by indentation; a key under "- " makes its
+ * parent a sequence ("queues[]."). */
+static void example_keys(const char *text, struct names *out)
+{
+    struct { int indent; char name[128]; } stack[8];
+    int depth = 0;
+    char *copy = strdup(text);
+    for (char *line = strtok(copy, "\n"); line != NULL; line = strtok(NULL, "\n")) {
         char *p = line + strspn(line, " ");
-        if (*p == '#')
-            p += 1 + strspn(p + 1, " ");  /* a key shown commented out */
-        if (strncmp(p, "- ", 2) == 0)
+        int indent = (int)(p - line);
+        if (*p == '#') {
+            if (p[1] != ' ' || p[2] == ' ')
+                continue;
+            p += 2;
+        }
+        bool item = strncmp(p, "- ", 2) == 0;
+        if (item)
             p += 2;
         size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
         if (n == 0 || p[n] != ':' || (p[n + 1] != ' ' && p[n + 1] != '\0'))
             continue;
-        p[n] = '\0';
-        ck_assert_msg(has_word(page, p), "sekali.yaml(5) does not describe the key \"%s\"", p);
-        keys++;
+        if (item)
+            indent += 2;
+        while (depth > 0 && stack[depth - 1].indent >= indent)
+            depth--;
+        if (item && depth > 0 && strstr(stack[depth - 1].name, "[]") == NULL)
+            strcat(stack[depth - 1].name, "[]");
+        char path[256] = "";
+        for (int i = 0; i < depth; i++)
+            snprintf(path + strlen(path), sizeof(path) - strlen(path), "%s.", stack[i].name);
+        snprintf(path + strlen(path), sizeof(path) - strlen(path), "%.*s", (int)n, p);
+        ck_assert_int_lt(depth, 8);
+        stack[depth].indent = indent;
+        snprintf(stack[depth].name, sizeof(stack[depth].name), "%.*s", (int)n, p);
+        depth++;
+        names_add(out, path);
     }
-    ck_assert_int_ge(keys, 50);
+    free(copy);
+    /* A section is not a key: keep only the leaves (no other path below them). */
+    struct names leaves = { .n = 0 };
+    for (size_t i = 0; i < out->n; i++) {
+        bool parent = false;
+        char prefix[260];
+        snprintf(prefix, sizeof(prefix), "%s.", out->v[i]);
+        char seq[260];
+        snprintf(seq, sizeof(seq), "%s[].", out->v[i]);
+        for (size_t j = 0; j < out->n && !parent; j++)
+            parent = strncmp(out->v[j], prefix, strlen(prefix)) == 0 ||
+                     strncmp(out->v[j], seq, strlen(seq)) == 0;
+        if (!parent)
+            names_add(&leaves, out->v[i]);
+    }
+    names_free(out);
+    *out = leaves;
+}
+
+/* The keys sekali.yaml(5) describes under DESCRIPTION: a ".Ss section"
+ * heading names a section (queues: "queues[]"), or a key itself when no
+ * list follows it; each ".It Cm key [, key]" of its lists is a key, and a
+ * list inside an item is that key's section ("queues[].retry."). */
+static void man_keys(const char *text, struct names *out)
+{
+    char prefix[8][128];
+    int depth = 0;               /* open .Bl lists */
+    char section[128] = "";      /* the .Ss heading's first word */
+    char item[128] = "";         /* the last .It key of the innermost list */
+    bool in_description = false, listed = false;
+    char *copy = strdup(text);
+    for (char *line = strtok(copy, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        if (strncmp(line, ".Sh ", 4) == 0 || strncmp(line, ".Ss ", 4) == 0) {
+            if (section[0] != '\0' && !listed)
+                names_add(out, section);
+            section[0] = '\0';
+            in_description = strcmp(line, ".Sh DESCRIPTION") == 0 ||
+                             (in_description && line[2] == 's');
+            if (in_description && line[2] == 's')
+                snprintf(section, sizeof(section), "%.*s", (int)strcspn(line + 4, " "), line + 4);
+            listed = false;
+            depth = 0;
+            continue;
+        }
+        if (!in_description || section[0] == '\0')
+            continue;
+        if (strncmp(line, ".Bl", 3) == 0) {
+            ck_assert_int_lt(depth, 8);
+            if (depth == 0)
+                snprintf(prefix[0], sizeof(prefix[0]), "%.100s%s.", section,
+                         strcmp(section, "queues") == 0 ? "[]" : "");
+            else {
+                char outer[128];
+                memcpy(outer, prefix[depth - 1], sizeof(outer));
+                snprintf(prefix[depth], sizeof(prefix[depth]), "%.60s%.60s.", outer, item);
+            }
+            depth++;
+            listed = true;
+        } else if (strcmp(line, ".El") == 0 && depth > 0) {
+            depth--;
+        } else if (strncmp(line, ".It Cm ", 7) == 0 && depth > 0) {
+            /* ".It Cm password_env , password_file" names two keys. */
+            const char *p = line + 7;
+            while (*p != '\0') {
+                size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
+                if (n > 0) {
+                    snprintf(item, sizeof(item), "%.*s", (int)n, p);
+                    char path[300];
+                    snprintf(path, sizeof(path), "%s%s", prefix[depth - 1], item);
+                    names_add(out, path);
+                }
+                p += n;
+                p += strspn(p, " ,");
+                if (n == 0 && *p != '\0')
+                    p++;
+            }
+        }
+    }
+    free(copy);
+    /* A key whose item opens a list is a section. */
+    struct names leaves = { .n = 0 };
+    for (size_t i = 0; i < out->n; i++) {
+        char sub[260];
+        snprintf(sub, sizeof(sub), "%s.", out->v[i]);
+        bool parent = false;
+        for (size_t j = 0; j < out->n && !parent; j++)
+            parent = strncmp(out->v[j], sub, strlen(sub)) == 0;
+        if (!parent)
+            names_add(&leaves, out->v[i]);
+    }
+    names_free(out);
+    *out = leaves;
+}
+
+/* One reference for the keys: the schema in the code (src/config/config.c),
+ * the documented example (conf/sekali.yaml) and sekali.yaml(5) name the same
+ * keys, each with its whole path. */
+START_TEST(test_config_keys_are_the_same_in_the_code_the_example_and_the_man_page)
+{
+    struct names code = { .n = 0 }, example = { .n = 0 }, man = { .n = 0 };
+    sk_conf_each_key(add_key, &code);
+    char *conf = read_file("conf/sekali.yaml");
+    example_keys(conf, &example);
+    char *page = read_file("man/sekali.yaml.5");
+    man_keys(page, &man);
+    ck_assert_uint_ge(code.n, 50);
+    assert_subset(&code, "the schema (src/config/config.c)", &example, "conf/sekali.yaml");
+    assert_subset(&example, "conf/sekali.yaml", &code, "the schema (src/config/config.c)");
+    assert_subset(&code, "the schema (src/config/config.c)", &man, "sekali.yaml(5)");
+    assert_subset(&man, "sekali.yaml(5)", &code, "the schema (src/config/config.c)");
+    names_free(&man);
+    names_free(&example);
+    names_free(&code);
     free(page);
     free(conf);
+}
+END_TEST
+
+/* The parsers above find what they should, so the equality can fail: a key
+ * missing from either document is seen. */
+START_TEST(test_config_key_readers_see_paths_sections_and_commented_keys)
+{
+    struct names ex = { .n = 0 }, man = { .n = 0 };
+    example_keys("# a comment: not a key\namqp:\n  url: x\n  # password_file: f\n"
+                 "  #   example: indented further, not a key\nqueues:\n  - name: q\n"
+                 "    retry:\n      max: 5m  # 1..\nshutdown_timeout: 1s\n", &ex);
+    ck_assert_uint_eq(ex.n, 5);
+    const char *want[] = { "amqp.url", "amqp.password_file", "queues[].name",
+                           "queues[].retry.max", "shutdown_timeout" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(want); i++)
+        ck_assert_msg(names_has(&ex, want[i]), "example reader missed %s", want[i]);
+    man_keys(".Sh NAME\n.Ss nope\n.Sh DESCRIPTION\n.Ss amqp (required)\n.Bl -tag\n"
+             ".It Cm password_env , password_file\nThe password.\n.El\n.Ss shutdown_timeout\n"
+             "Text.\n.Ss queues (required)\n.Bl -tag\n.It Cm retry\n.Bl -tag\n"
+             ".It Cm max\n.El\n.It Cm name\n.El\n.Sh FILES\n", &man);
+    const char *want_man[] = { "amqp.password_env", "amqp.password_file", "shutdown_timeout",
+                               "queues[].retry.max", "queues[].name" };
+    ck_assert_uint_eq(man.n, SK_ARRAY_LEN(want_man));
+    for (size_t i = 0; i < SK_ARRAY_LEN(want_man); i++)
+        ck_assert_msg(names_has(&man, want_man[i]), "man reader missed %s", want_man[i]);
+    names_free(&man);
+    names_free(&ex);
 }
 END_TEST
 
@@ -240,7 +431,8 @@ int main(void)
 {
     const TTest *tests[] = {
         test_every_man_page_passes_mandoc_lint,
-        test_config_man_page_names_every_key_of_the_example_configuration,
+        test_config_keys_are_the_same_in_the_code_the_example_and_the_man_page,
+        test_config_key_readers_see_paths_sections_and_commented_keys,
         test_alert_rules_pass_promtool_check,
         test_alert_rules_fire_as_their_unit_tests_expect,
         test_dashboard_has_a_panel_for_each_operator_question,
