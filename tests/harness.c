@@ -351,10 +351,10 @@ uint32_t h_consumers(struct sk_broker *b, const char *queue)
     return consumers;
 }
 
-char *h_readme_block(const char *lang)
+char *h_doc_block(const char *path, const char *lang)
 {
-    char *readme = h_read_file("README.md");
-    ck_assert_msg(readme != NULL, "README.md not found: run from the repository root");
+    char *readme = h_read_file(path);
+    ck_assert_msg(readme != NULL, "%s not found: run from the repository root", path);
     char fence[32];
     snprintf(fence, sizeof(fence), "```%s\n", lang);
     char *start = strstr(readme, fence);

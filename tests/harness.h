@@ -134,10 +134,11 @@ bool h_redis_exists(const char *key);
 /* Reads the whole file, or NULL if missing; the caller frees. */
 char *h_read_file(const char *path);
 
-/* The first ```lang fenced block of README.md (run from the repository
- * root), without its fences, or NULL; the caller frees. Tests run the
- * README's examples exactly as written through it. */
-char *h_readme_block(const char *lang);
+/* The first ```lang fenced block of the document at path (README.md,
+ * docs/guarantees.md: relative to the repository root, where tests run),
+ * without its fences, or NULL; the caller frees. Tests run the documents'
+ * examples exactly as written through it. */
+char *h_doc_block(const char *path, const char *lang);
 
 /* Number of lines of path containing needle. */
 int h_count_lines(const char *path, const char *needle);

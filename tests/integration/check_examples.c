@@ -70,7 +70,7 @@ START_TEST(test_readme_python_producer_enqueues_in_the_business_transaction)
                                           .queue_yaml = "    config: {table: invoices}\n",
                                           .top_yaml = H_RELAY });
 
-    char *block = h_readme_block("python");
+    char *block = h_doc_block("README.md", "python");
     ck_assert_msg(block != NULL, "README.md has no ```python block");
     char *script = write_script(r.dir, block, r.queue);
     char dsn[1024];

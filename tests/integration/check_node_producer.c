@@ -114,7 +114,7 @@ START_TEST(test_readme_node_producer_enqueues_in_the_business_transaction)
                                           .queue_yaml = "    config: {table: invoices}\n",
                                           .top_yaml = H_RELAY });
 
-    char *block = h_readme_block("js");
+    char *block = h_doc_block("README.md", "js");
     ck_assert_msg(block != NULL, "README.md has no ```js block");
     char *script = write_script(r.dir, block, r.queue);
     char job_id[256];
