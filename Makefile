@@ -227,7 +227,9 @@ install: all
 	install -m 644 $(HANDLERS) $(DESTDIR)$(HANDLERDIR)/
 	install -m 644 include/sekali/handler.h $(DESTDIR)$(INCLUDEDIR)/sekali/
 	install -m 644 sql/*.sql $(DESTDIR)$(SQLDIR)/
-	install -m 644 README.md LICENSE $(DESTDIR)$(DOCDIR)/
+	install -m 644 README.md NEWS.md LICENSE $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/docs
+	install -m 644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/
 	install -d $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
 	install -m 644 man/*.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 man/*.5 $(DESTDIR)$(MANDIR)/man5/

@@ -648,8 +648,8 @@ start_rabbitmq() {
 # version 2 (a leaner index and message store) and lazy (messages go to
 # disk, not into the queue process's heap, which the VM would otherwise
 # keep garbage-collecting while a backlog drains). On this broker (3.10)
-# that takes a policy, as it does in production on 3.10 and 3.11 (README,
-# "RabbitMQ"). Priority 0, so that a test's own policy overrides it.
+# that takes a policy, as it does in production on 3.10 and 3.11
+# (docs/operations.md, "RabbitMQ's classic queues"). Priority 0, so that a test's own policy overrides it.
 rabbit_queue_policy() {
     rmqctl -q set_policy --apply-to queues --priority 0 sekali-classic-queues '.*' \
         '{"queue-version": 2, "queue-mode": "lazy"}' >/dev/null ||

@@ -25,7 +25,8 @@
 #define SK_METRICS_BUCKETS  14   /* of the job duration histogram, +Inf included */
 
 /* The monotonic counters of one (queue, job type). Adding one? Name and
- * describe it in metrics_text.c's `counters` table, and in the README. */
+ * describe it in metrics_text.c's `counters` table, and in sekalid(8)'s
+ * METRICS, which check_metrics holds equal to a scrape. */
 enum sk_metric {
     SK_METRIC_DELIVERIES,    /* every delivery, malformed ones included */
     SK_METRIC_REDELIVERIES,  /* deliveries flagged redelivered, or past attempt 1 */
@@ -41,7 +42,7 @@ enum sk_metric {
 };
 
 /* Why a job was dead-lettered by sekali (not by the broker's delivery_limit).
- * Adding one? Name it in metrics.c's `reasons` table, and in the README. */
+ * Adding one? Name it in metrics.c's `reasons` table, and in sekalid(8). */
 enum sk_metrics_reason {
     SK_METRICS_MALFORMED,          /* failed validation */
     SK_METRICS_FAILED,             /* handler returned FAIL, or an invalid status */

@@ -8,7 +8,7 @@
 # of them committed on the old primary after the standby stopped taking WAL
 # (at risk), none doubled. sekali needs synchronous replication
 # (synchronous_standby_names, synchronous_commit = on or stronger) for no
-# loss; see README "PostgreSQL failover".
+# loss; see docs/operations.md, "PostgreSQL failover".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 name=test_postgres_async_standby

@@ -4,7 +4,7 @@
  * database, while sekalid serves the queue with the example invoice handler.
  * So a README that drifts from sekali.enqueue() fails here.
  *
- * The Node.js block is run by check_node_producer.c. */
+ * The Node.js block of docs/guarantees.md is run by check_node_producer.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

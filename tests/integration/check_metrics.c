@@ -1,8 +1,9 @@
 /* check_metrics.c - the Prometheus endpoint, scraped with curl from a real
  * sekalid on real servers: after a known workload every counter must equal
  * what happened, promtool must accept the text as it is, the supervisor
- * must count the workers it restarts, and a port that is taken must stop
- * sekalid with exit 2 before any worker starts. */
+ * must count the workers it restarts, a port that is taken must stop
+ * sekalid with exit 2 before any worker starts, and sekalid(8)'s METRICS
+ * must list exactly the families a scrape shows. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -721,6 +722,77 @@ START_TEST(test_taken_port_stops_sekalid_with_exit_2)
 }
 END_TEST
 
+/* "name type" per family of a text, one a line: from the scrape's "# TYPE"
+ * lines, or from sekalid(8)'s ".It Va name Pq type" entries. */
+static void families(const char *text, const char *marker, const char *between, char *out,
+                     size_t size)
+{
+    out[0] = '\0';
+    size_t len = 0;
+    for (const char *p = text; (p = strstr(p, marker)) != NULL;) {
+        p += strlen(marker);
+        size_t n = strcspn(p, " \n");
+        const char *type = p + n;
+        if (strncmp(type, between, strlen(between)) != 0)
+            continue;
+        type += strlen(between);
+        len += (size_t)snprintf(out + len, size - len, "%.*s %.*s\n", (int)n, p,
+                                (int)strcspn(type, " \n"), type);
+        ck_assert_uint_lt(len, size);
+    }
+}
+
+/* Each line of a is a line of b. */
+static void assert_lines_in(const char *a, const char *a_name, const char *b, const char *b_name)
+{
+    for (const char *line = a; *line != '\0';) {
+        size_t n = strcspn(line, "\n");
+        char want[256];
+        snprintf(want, sizeof(want), "\n%.*s\n", (int)n, line);
+        char *padded = NULL;
+        ck_assert(asprintf(&padded, "\n%s", b) > 0);
+        ck_assert_msg(strstr(padded, want) != NULL, "%s has \"%.*s\", %s does not", a_name,
+                      (int)n, line, b_name);
+        free(padded);
+        line += n + (line[n] == '\n');
+    }
+}
+
+/* sekalid(8)'s METRICS is the one reference of the families: with every
+ * optional part on (a relay, the janitor, a queue taking locks), a real
+ * scrape has exactly the families the page lists, each of its type. */
+START_TEST(test_the_metrics_reference_equals_a_scrape)
+{
+    struct run r;
+    h_run_open(&r.h, "metrics-reference");
+    close(listen_anywhere(&r.port));
+    char top[512];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n%s", r.port, H_RELAY);
+    snprintf(r.scrape, sizeof(r.scrape), "%s/metrics.txt", r.h.dir);
+    h_run_start(&r.h, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
+    h_publish(r.h.b, r.h.queue, "test", "ref-1", NULL, NULL, "ok");
+    H_WAIT(h_effects(&r.h, NULL) == 1, 30000, "the job should commit");
+
+    char *page = h_read_file("man/sekalid.8");
+    ck_assert_msg(page != NULL, "man/sekalid.8 not found: run from the repository root");
+    static char documented[8192], scraped[8192];
+    families(page, "\n.It Va ", " Pq ", documented, sizeof(documented));
+    char *text = NULL;
+    H_WAIT((free(text), text = scrape(&r),
+            strstr(text, "# TYPE sekali_janitor_last_round_timestamp_seconds ") != NULL &&
+            strstr(text, "# TYPE sekali_relay_last_round_timestamp_seconds ") != NULL &&
+            strstr(text, "# TYPE sekali_outbox_lag_seconds ") != NULL),
+           20000, "the relay's and janitor's families should appear; last scrape in %s",
+           r.scrape);
+    families(text, "# TYPE ", " ", scraped, sizeof(scraped));
+    ck_assert_msg(strlen(documented) > 200, "sekalid(8) lists too few metrics:\n%s", documented);
+    assert_lines_in(scraped, "the scrape", documented, "sekalid(8)'s METRICS");
+    assert_lines_in(documented, "sekalid(8)'s METRICS", scraped, "the scrape");
+    free(page);
+    finish(&r, text);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -730,6 +802,7 @@ int main(void)
         test_reload_keeps_the_endpoint_and_serves_the_new_generation,
         test_taken_port_stops_sekalid_with_exit_2,
         test_outbox_publishes_refusals_and_lag_are_measured,
+        test_the_metrics_reference_equals_a_scrape,
         test_16_idle_connections_closed_by_the_client_leave_metrics_answering,
         test_64_idle_connections_closed_by_the_client_leave_metrics_answering,
         test_200_idle_connections_closed_by_the_client_leave_metrics_answering,

@@ -1,5 +1,5 @@
-/* check_node_producer.c - the README's Node.js producer, run as written:
- * the ```js block is taken out of README.md (only its queue renamed to one
+/* check_node_producer.c - the Node.js producer of docs/guarantees.md, run as
+ * written: the ```js block is taken out of it (only its queue renamed to one
  * of this run) and called with a node-postgres pool on the test database,
  * while sekalid serves the queue with the example invoice handler.
  *
@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "harness.h"
+
+#define DOC "docs/guarantees.md"  /* "Enqueueing", where the block lives */
 
 #define NODE "node"
 #define NPM  "npm"
@@ -38,7 +40,7 @@ static char *node_postgres(void)
         int status = system(cmd);
         ck_assert_msg(status == 0 && access(marker, R_OK) == 0,
                       "cannot install node-postgres (npm install " PG_PACKAGE ") from the npm "
-                      "registry, so the README's Node.js producer cannot be run: see %s/npm.log",
+                      "registry, so the Node.js producer of " DOC " cannot be run: see %s/npm.log",
                       dir);
     }
     free(marker);
@@ -114,8 +116,8 @@ START_TEST(test_readme_node_producer_enqueues_in_the_business_transaction)
                                           .queue_yaml = "    config: {table: invoices}\n",
                                           .top_yaml = H_RELAY });
 
-    char *block = h_doc_block("README.md", "js");
-    ck_assert_msg(block != NULL, "README.md has no ```js block");
+    char *block = h_doc_block(DOC, "js");
+    ck_assert_msg(block != NULL, DOC " has no ```js block");
     char *script = write_script(r.dir, block, r.queue);
     char job_id[256];
     ck_assert_msg(run_script(script, modules, url, r.dir, job_id, sizeof(job_id)) == 0,

@@ -263,7 +263,7 @@ END_TEST
 /* One batch, and in its middle a row for a queue that does not exist: the
  * broker returns that message (mandatory), the row keeps a publish_error
  * and stays unpublished, and the rows around it are published and run.
- * Then the operator's way out that the README gives works. */
+ * Then the operator's way out that docs/guarantees.md gives works. */
 START_TEST(test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_back)
 {
     struct h_run r;
@@ -293,7 +293,7 @@ START_TEST(test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_
     snprintf(want, sizeof(want), "for queue %s not published", missing);
     ck_assert_int_eq(h_count_lines(r.log, want), 1);
 
-    /* Once the queue exists, the README's UPDATE hands the row back and a
+    /* Once the queue exists, the UPDATE of docs/guarantees.md hands the row back and a
      * relay publishes it, once. */
     ck_assert_int_eq(sk_broker_declare(r.b, missing, NULL, NULL), SK_OK);
     char sql[512];

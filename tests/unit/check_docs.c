@@ -1,10 +1,12 @@
-/* check_docs.c - what operators read and load besides the README: the man
- * pages pass mandoc's linter; the configuration keys are the same in the
- * code's schema, conf/sekali.yaml and sekali.yaml(5); the alerting
- * rules pass promtool's check and their own unit tests; the Grafana
- * dashboard is JSON with a panel for each question the README's metrics
- * answer; dashboard and rules query only metrics that sekalid exports (the
- * README's table, kept equal to /metrics by check_metrics).
+/* check_docs.c - what people read and operators load: the man pages pass
+ * mandoc's linter; the configuration keys are the same in the code's schema,
+ * conf/sekali.yaml and sekali.yaml(5); the alerting rules pass promtool's
+ * check and their own unit tests; the Grafana dashboard is JSON with a panel
+ * for each question the metrics answer; dashboard and rules query only
+ * metrics that sekalid exports (sekalid(8)'s METRICS, which check_metrics
+ * holds equal to a real scrape); the README is a front door of at most 300
+ * lines that links every page of docs/, and every relative link of the
+ * Markdown documents resolves, anchors included.
  * Run from the repository root, as tests/run.sh does. */
 #include <ctype.h>
 #include <glob.h>
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "config.h"
@@ -389,9 +392,11 @@ START_TEST(test_dashboard_has_a_panel_for_each_operator_question)
 }
 END_TEST
 
-/* Each sekali_* name in text, less a histogram's series suffix, is a row
- * of the README's metrics table. Returns how many names were checked. */
-static int assert_documented(const char *text, const char *readme, const char *what)
+/* Each sekali_* name in text, less a histogram's series suffix, is an
+ * entry of the metrics reference in sekalid(8) (".It Va name"), which
+ * check_metrics holds equal to a real scrape. Returns how many names were
+ * checked. */
+static int assert_documented(const char *text, const char *page, const char *what)
 {
     int n = 0;
     for (const char *p = text; (p = strstr(p, "sekali_")) != NULL; n++) {
@@ -406,23 +411,199 @@ static int assert_documented(const char *text, const char *readme, const char *w
                 strstr(name, "_seconds") == name + l - s - strlen("_seconds"))
                 name[l - s] = '\0';
         }
-        char row[160];
-        snprintf(row, sizeof(row), "\n| `%s` |", name);
-        ck_assert_msg(strstr(readme, row) != NULL,
-                      "%s queries %s, which is not in the README's metrics table", what, name);
+        char entry[160];
+        snprintf(entry, sizeof(entry), "\n.It Va %s ", name);
+        ck_assert_msg(strstr(page, entry) != NULL,
+                      "%s queries %s, which is not in sekalid(8)'s METRICS", what, name);
     }
     return n;
 }
 
 START_TEST(test_dashboard_and_rules_query_only_metrics_sekalid_exports)
 {
-    char *readme = read_file("README.md");
+    char *page = read_file("man/sekalid.8");
     char *q = dashboard_queries();
-    ck_assert_int_ge(assert_documented(q, readme, "the dashboard"), 20);
+    ck_assert_int_ge(assert_documented(q, page, "the dashboard"), 20);
     char *rules = read_file(RULES);
-    ck_assert_int_ge(assert_documented(rules, readme, RULES), 8);
+    ck_assert_int_ge(assert_documented(rules, page, RULES), 8);
     free(rules);
     free(q);
+    free(page);
+}
+END_TEST
+
+/* The Markdown documents whose links are checked. */
+static void markdown_files(glob_t *g)
+{
+    ck_assert_int_eq(glob("README.md", GLOB_NOCHECK, NULL, g), 0);
+    ck_assert_int_eq(glob("docs/*.md", GLOB_APPEND, NULL, g), 0);
+    ck_assert_int_eq(glob("tests/README.md", GLOB_APPEND | GLOB_NOCHECK, NULL, g), 0);
+    ck_assert_int_eq(glob("NEWS.md", GLOB_APPEND | GLOB_NOCHECK, NULL, g), 0);
+}
+
+/* text with its fenced code blocks and HTML comments blanked out: links and
+ * headings there are examples, or (the README's "lead: add when merged"
+ * block) pages not written yet. */
+static char *prose_of(const char *text)
+{
+    char *s = strdup(text);
+    for (char *p = s; (p = strstr(p, "<!--")) != NULL;) {
+        char *end = strstr(p, "-->");
+        size_t n = end != NULL ? (size_t)(end + 3 - p) : strlen(p);
+        memset(p, ' ', n);
+        p += n;
+    }
+    bool fenced = false;
+    for (char *line = s; *line != '\0';) {
+        size_t len = strcspn(line, "\n");
+        bool fence = strncmp(line, "```", 3) == 0;
+        if (fenced || fence)
+            memset(line, ' ', len);
+        if (fence)
+            fenced = !fenced;
+        line += len + (line[len] == '\n');
+    }
+    return s;
+}
+
+/* GitHub's anchor of a heading: lower case, punctuation dropped but for
+ * '-' and '_', spaces as '-'. */
+static void slug(const char *heading, size_t len, char *out, size_t size)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 1 < size; i++) {
+        unsigned char c = (unsigned char)heading[i];
+        if (isalnum(c) || c == '-' || c == '_')
+            out[o++] = (char)tolower(c);
+        else if (c == ' ')
+            out[o++] = '-';
+        else if (c >= 0x80)
+            out[o++] = (char)c;
+    }
+    out[o] = '\0';
+}
+
+/* Whether the Markdown file at path has a heading whose anchor is anchor. */
+static bool has_anchor(const char *path, const char *anchor)
+{
+    char *text = read_file(path);
+    char *prose = prose_of(text);
+    bool found = false;
+    for (const char *line = prose; *line != '\0' && !found;) {
+        size_t len = strcspn(line, "\n");
+        if (line[0] == '#') {
+            size_t hashes = strspn(line, "#");
+            const char *h = line + hashes + strspn(line + hashes, " ");
+            char s[256];
+            slug(h, len - (size_t)(h - line), s, sizeof(s));
+            found = strcmp(s, anchor) == 0;
+        }
+        line += len + (line[len] == '\n');
+    }
+    free(prose);
+    free(text);
+    return found;
+}
+
+/* Every "](target)" of the file's prose that is not a URL: the file exists,
+ * relative to the document, and so does its #anchor. Returns the count. */
+static int check_links(const char *doc)
+{
+    char *text = read_file(doc);
+    char *prose = prose_of(text);
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s", doc);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    int n = 0;
+    for (const char *p = prose; (p = strstr(p, "](")) != NULL; n++) {
+        p += 2;
+        size_t len = strcspn(p, ") \n");
+        char target[512];
+        snprintf(target, sizeof(target), "%.*s", (int)len, p);
+        if (strstr(target, "://") != NULL || strncmp(target, "mailto:", 7) == 0)
+            continue;
+        char *hash = strchr(target, '#');
+        if (hash != NULL)
+            *hash++ = '\0';
+        char path[1100];
+        if (target[0] == '\0')
+            snprintf(path, sizeof(path), "%s", doc);
+        else
+            snprintf(path, sizeof(path), "%s%s", dir, target);
+        ck_assert_msg(access(path, F_OK) == 0, "%s links to %s, which does not exist", doc,
+                      path);
+        if (hash != NULL) {
+            ck_assert_msg(strlen(path) > 3 && strcmp(path + strlen(path) - 3, ".md") == 0,
+                          "%s links to an anchor #%s of %s, which is not Markdown", doc, hash,
+                          path);
+            ck_assert_msg(has_anchor(path, hash), "%s links to %s#%s: no such heading", doc,
+                          path, hash);
+        }
+    }
+    free(prose);
+    free(text);
+    return n;
+}
+
+START_TEST(test_relative_links_of_the_markdown_documents_resolve)
+{
+    glob_t g;
+    markdown_files(&g);
+    int links = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++)
+        links += check_links(g.gl_pathv[i]);
+    ck_assert_int_ge(links, 30);
+    globfree(&g);
+}
+END_TEST
+
+/* A checker that can fail: a missing file and a missing anchor are seen,
+ * links in code blocks and comments are not. */
+START_TEST(test_link_checker_sees_a_missing_file_and_a_missing_anchor)
+{
+    char *out = prose_of("a [x](y.md)\n```\n[z](w.md)\n```\n<!-- [v](u.md) -->\n");
+    ck_assert_ptr_nonnull(strstr(out, "[x](y.md)"));
+    ck_assert_ptr_null(strstr(out, "w.md"));
+    ck_assert_ptr_null(strstr(out, "u.md"));
+    free(out);
+    char s[64];
+    const char *h = "Health: `/livez` and `/readyz`";
+    slug(h, strlen(h), s, sizeof(s));
+    ck_assert_str_eq(s, "health-livez-and-readyz");
+    ck_assert(has_anchor("README.md", "sekali"));
+    ck_assert(!has_anchor("README.md", "no-such-heading-anywhere"));
+    ck_assert_int_eq(access("docs/no-such-page.md", F_OK), -1);
+}
+END_TEST
+
+/* The README is the front door: short, and every page of docs/ is one of
+ * its links, so nothing written is out of reach. */
+START_TEST(test_readme_is_short_and_links_every_doc_page)
+{
+    char *readme = read_file("README.md");
+    int lines = 0;
+    for (const char *p = readme; *p != '\0'; p++)
+        lines += *p == '\n';
+    ck_assert_msg(lines <= 300, "README.md has %d lines: at most 300 (move detail to docs/)",
+                  lines);
+    char *prose = prose_of(readme);
+    glob_t g;
+    ck_assert_int_eq(glob("docs/*.md", 0, NULL, &g), 0);
+    ck_assert_uint_ge(g.gl_pathc, 5);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        char link[300];
+        snprintf(link, sizeof(link), "](%s", g.gl_pathv[i]);
+        ck_assert_msg(strstr(prose, link) != NULL, "README.md does not link %s",
+                      g.gl_pathv[i]);
+    }
+    ck_assert_msg(strstr(prose, "](tests/README.md") != NULL, "README.md does not link "
+                  "tests/README.md");
+    globfree(&g);
+    free(prose);
     free(readme);
 }
 END_TEST
@@ -437,6 +618,9 @@ int main(void)
         test_alert_rules_fire_as_their_unit_tests_expect,
         test_dashboard_has_a_panel_for_each_operator_question,
         test_dashboard_and_rules_query_only_metrics_sekalid_exports,
+        test_relative_links_of_the_markdown_documents_resolve,
+        test_link_checker_sees_a_missing_file_and_a_missing_anchor,
+        test_readme_is_short_and_links_every_doc_page,
         NULL,
     };
     return h_run_suite(h_suite("docs", 120, tests));
