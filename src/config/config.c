@@ -205,6 +205,25 @@ static const struct key retry_keys[] = {
  * gets slower, so a much larger batch would buy nothing. */
 #define MAX_BATCH 256
 
+/* A retry or dead-letter copy must fit, properties and all, in one header
+ * frame: 131072 bytes, the frame_max sekalid asks for and RabbitMQ's
+ * default. RabbitMQ checks frame_max only on what it receives, so a message
+ * it grows past the limit by dead-lettering it reaches the next reader too
+ * large for the frame (librabbitmq 0.11 then corrupts its own heap; see
+ * broker_conn.h). max_headers counts every header a message arrives with,
+ * x-death included, and must leave room for all the growth still to come:
+ *   - the frame's own 20 bytes, the flags and ten short strings: 2.6 KB;
+ *   - sekali's headers on a retry or dead-letter copy (the error text, the
+ *     queue name, timestamps, the note of dropped headers): 2 KB;
+ *   - the broker's x-death, one entry of at most 611 bytes (a 255-byte
+ *     queue name twice) per delay queue crossed: the ladder from 10 ms to
+ *     retry.max's one day has 62 buckets, and with the work queue's own
+ *     `rejected` entry that is 38.5 KB;
+ *   - x-first-death-* and x-last-death-*: 1.7 KB.
+ * 131072 - 44.8 KB leaves 86 KB; 80 KiB keeps 4 KB of margin, and no
+ * larger max_headers is accepted. 64 KiB, the default, keeps 20 KB. */
+#define MAX_HEADERS_CAP (80 * 1024)
+
 static const struct key queue_keys[] = {
     NAME("name",            sk_queue_conf, name, true),
     PATH("handler",         sk_queue_conf, handler, true),
@@ -214,7 +233,7 @@ static const struct key queue_keys[] = {
     BOOL("lock",            sk_queue_conf, lock),
     DURATION("lock_ttl",    sk_queue_conf, lock_ttl_ms, MIN_LOCK_TTL, DAY),
     SIZE("max_body",        sk_queue_conf, max_body, 1, 128 * MIB),
-    SIZE("max_headers",     sk_queue_conf, max_headers, 1, MIB),
+    SIZE("max_headers",     sk_queue_conf, max_headers, 1, MAX_HEADERS_CAP),
     LIST("job_types",       sk_queue_conf, job_types),
     DURATION("job_timeout", sk_queue_conf, job_timeout_ms, 0, DAY),
     SUBSECTION("retry",     sk_queue_conf, retry, retry_keys),
@@ -279,17 +298,7 @@ static const struct sk_conf conf_defaults = {
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
 };
 
-/* A retry or dead-letter copy must fit, properties and all, in one header
- * frame: 131072 bytes, the frame_max sekalid asks for and RabbitMQ's
- * default. Around the producer's headers a copy carries at most: the
- * frame's own 20 bytes and 10 short strings (2.6 KB); sekali's headers,
- * about 1 KB (the error text, up to 512 bytes, the queue name, timestamps);
- * and the broker's x-death, one entry of about 700 bytes per delay queue
- * the message went through, some 50 at the most (the delay ladder from
- * 10 ms to 5 min), so 35 KB. 131072 - 2.6 K - 1 K - 35 K leaves about
- * 90 KB; 64 KiB keeps a margin. A copy that still does not fit is
- * dead-lettered, never handed back (job.c), so this limit only says early
- * and plainly what would otherwise fail at the first retry. */
+/* See MAX_HEADERS_CAP. */
 #define MAX_HEADERS_DEFAULT (64 * 1024)
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
