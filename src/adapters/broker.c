@@ -103,6 +103,8 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
         return sk_err_errno(err, SK_ERR, "calloc(broker)");
     b->next_publish_tag = 1;
     b->node = index;
+    if (strlen(conf->user) < sizeof(b->user))
+        memcpy(b->user, conf->user, strlen(conf->user) + 1);
 
     int rc = connect_node(b, conf, node, err);
     if (rc == SK_OK)

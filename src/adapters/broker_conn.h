@@ -30,6 +30,7 @@ struct sk_broker {
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
     size_t                  node;             /* index in amqp.url of the node we are on */
     int                     frame_max;        /* negotiated: what we may send */
+    char                    user[256];        /* logged in as; "" if longer than AMQP allows */
     bool                    large_frames;     /* reads frames up to SK_BROKER_READ_FRAME_MAX */
     /* librabbitmq reported an error: the connection may only be destroyed.
      * librabbitmq 0.11 leaves its reader half-way through a frame it

@@ -43,10 +43,10 @@ static void append_name(char *list, size_t size, amqp_bytes_t name);
 static bool bytes_is(amqp_bytes_t b, const char *s);
 
 /* The header a fitted copy names what it left out in, its longest value,
- * and the room a fitted copy keeps in its frame: for that header (300
+ * and the room a fitted copy keeps in its frame: for that header (350
  * bytes at most) and for a broker that dead-letters the copy once more. */
 #define DROPPED_HEADER   "x-sekali-headers-dropped"
-#define DROPPED_NOTE_MAX 256
+#define DROPPED_NOTE_MAX 320
 #define COPY_MARGIN      2048
 
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
@@ -241,6 +241,13 @@ static int republish(struct sk_broker *b, const char *routing_key,
     /* A TTL set by the producer would make the copy vanish in a delay queue. */
     props._flags &= ~AMQP_BASIC_EXPIRATION_FLAG;
 
+    /* A dead letter names the user sekali logged in as, which RabbitMQ
+     * verifies: sekalictl dlq trusts x-sekali-* headers only on a letter
+     * that says so (a producer's user_id, checked as well, is replaced). */
+    if (fit && b->user[0] != '\0') {
+        props._flags |= AMQP_BASIC_USER_ID_FLAG;
+        props.user_id = amqp_cstring_bytes(b->user);
+    }
     char note[DROPPED_NOTE_MAX];
     if (fit && leave_out(b, &props, n_kept, note, sizeof(note)))
         entries[props.headers.num_entries++] = sk_broker_text_entry(DROPPED_HEADER, note);
@@ -278,7 +285,7 @@ static bool leave_out(struct sk_broker *b, amqp_basic_properties_t *props, size_
     size_t limit = b->frame_max > COPY_MARGIN ? (size_t)b->frame_max - COPY_MARGIN : 0;
     amqp_table_entry_t *e = props->headers.entries;
     size_t n = (size_t)props->headers.num_entries, dropped = 0, bytes = 0;
-    char names[DROPPED_NOTE_MAX - 100] = "";
+    char names[DROPPED_NOTE_MAX / 2] = "";
     while (n_original > 0 &&
            SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(props) > limit) {
         size_t worst = SIZE_MAX, worst_size = 0;

@@ -87,6 +87,10 @@ static const struct bad_case bad_cases[] = {
       "by B, kB, KiB, MB, MiB, GB or GiB" },
     { "bad_size_range.yaml", NULL,
       DATA "bad_size_range.yaml:8:15: max_body must be between 1B and 128MiB, got 256MiB" },
+    /* Past 80 KiB a message's headers could outgrow a frame on their way
+     * through its retries and dead-lettering (config.c). */
+    { "bad_max_headers.yaml", NULL,
+      DATA "bad_max_headers.yaml:8:18: max_headers must be between 1B and 80KiB, got 1MiB" },
     { "bad_range.yaml", NULL,
       DATA "bad_range.yaml:8:14: workers must be between 1 and 256, got 0" },
     { "bad_port_range.yaml", NULL,
