@@ -25,11 +25,22 @@ SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-proto
             -fno-strict-aliasing -MMD -MP $(addprefix -iquote ,$(SRC_DIRS)) -Iinclude \
             $(shell pkg-config --cflags $(PKGS)) \
             -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
-override CFLAGS += $(SK_CFLAGS)
-LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
+# The hardening the Debian package gets from dpkg-buildflags, by default:
+# stack protector, _FORTIFY_SOURCE=2 (which needs an optimising build, so
+# only with -O1 and up, and replaces a level the caller set), full RELRO
+# and immediate binding. Not for the fuzzers' clang build (FUZZ_CFLAGS),
+# where the sanitizers check more than fortify would. HARDEN= turns it off.
+HARDEN    ?= 1
+ifeq ($(HARDEN),1)
+HARDEN_CFLAGS = -fstack-protector-strong -fstack-clash-protection \
+                $(if $(filter -O1 -O2 -O3 -Os -Og -Ofast,$(USER_CFLAGS)),-U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2)
+HARDEN_LD     = -Wl,-z,relro -Wl,-z,now
+endif
+override CFLAGS += $(SK_CFLAGS) $(HARDEN_CFLAGS)
+LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread $(HARDEN_LD)
 CHECK_LIBS = $(shell pkg-config --libs check)
 # sekalictl takes no Redis lock and serves no HTTP: it links neither library.
-CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
+CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd) $(HARDEN_LD)
 
 CORE    = common config config_value log backoff clock
 # The broker module (broker.h) is one file per responsibility: see broker.c.
