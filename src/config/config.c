@@ -224,6 +224,23 @@ static const struct key retry_keys[] = {
  * larger max_headers is accepted. 64 KiB, the default, keeps 20 KB. */
 #define MAX_HEADERS_CAP (80 * 1024)
 
+/* Whether name is one of queue's own: queue.dead, or queue.delay.<digits>. */
+static bool owned_by(const char *name, const char *queue)
+{
+    size_t n = strlen(queue);
+    if (strncmp(name, queue, n) != 0)
+        return false;
+    const char *rest = name + n;
+    if (strcmp(rest, ".dead") == 0)
+        return true;
+    if (strncmp(rest, ".delay.", 7) != 0 || rest[7] == '\0')
+        return false;
+    for (rest += 7; *rest != '\0'; rest++)
+        if (*rest < '0' || *rest > '9')
+            return false;
+    return true;
+}
+
 static const struct key queue_keys[] = {
     NAME("name",            sk_queue_conf, name, true),
     PATH("handler",         sk_queue_conf, handler, true),
@@ -893,12 +910,22 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base)
             (rc = check_batch(L, item, &c->queues[i])) != SK_OK)
             return rc;
         for (size_t j = 0; j < i; j++) {
-            if (strcmp(c->queues[j].name, c->queues[i].name) != 0)
-                continue;
             yaml_node_t *first = node(L, v->data.sequence.items.start[j]);
-            return fail(L, find_value(L, item, "name"),
-                        "duplicate queue name \"%s\" (first defined at line %zu)",
-                        c->queues[i].name, find_value(L, first, "name")->start_mark.line + 1);
+            size_t line = find_value(L, first, "name")->start_mark.line + 1;
+            if (strcmp(c->queues[j].name, c->queues[i].name) == 0)
+                return fail(L, find_value(L, item, "name"),
+                            "duplicate queue name \"%s\" (first defined at line %zu)",
+                            c->queues[i].name, line);
+            /* Each queue owns <name>.dead and <name>.delay.<ms>: a queue of
+             * that name would take its dead letters or retry copies as jobs
+             * (or hand its jobs to the other's dead letters). */
+            const char *a = c->queues[i].name, *b = c->queues[j].name;
+            const char *owned = owned_by(a, b) ? a : owned_by(b, a) ? b : NULL;
+            if (owned != NULL)
+                return fail(L, find_value(L, item, "name"),
+                            "queue name \"%s\" collides with \"%s\" (line %zu): \"%s\" is one "
+                            "of \"%s\"'s dead-letter or delay queues", a, b, line, owned,
+                            owned == a ? b : a);
         }
     }
     return SK_OK;

@@ -100,6 +100,14 @@ static const struct bad_case bad_cases[] = {
     { "bad_duplicate_queue.yaml", NULL,
       DATA "bad_duplicate_queue.yaml:11:11: duplicate queue name \"invoices\" "
       "(first defined at line 6)" },
+    { "bad_queue_collision.yaml", NULL,
+      DATA "bad_queue_collision.yaml:8:11: queue name \"invoices.dead\" collides with "
+      "\"invoices\" (line 6): \"invoices.dead\" is one of \"invoices\"'s dead-letter or "
+      "delay queues" },
+    { "bad_queue_collision_delay.yaml", NULL,
+      DATA "bad_queue_collision_delay.yaml:8:11: queue name \"mail\" collides with "
+      "\"mail.delay.1250\" (line 6): \"mail.delay.1250\" is one of \"mail\"'s dead-letter "
+      "or delay queues" },
     { "bad_queue_name.yaml", NULL,
       DATA "bad_queue_name.yaml:6:11: invalid name \"send invoices\": use 1 to 200 characters "
       "from A-Z a-z 0-9 . _ -" },
