@@ -42,7 +42,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 # sekalictl takes no Redis lock and serves no HTTP: it links neither library.
 CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd) $(HARDEN_LD)
 
-CORE    = common config config_value log backoff clock
+CORE    = common config config_value pg_conninfo log backoff clock
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
@@ -95,6 +95,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
+$(B)/tests/check_pg_conninfo: $(call obj,common pg_conninfo)
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)

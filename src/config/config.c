@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
-#include <libpq-fe.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +25,7 @@
 #include <yaml.h>
 
 #include "config_value.h"
+#include "pg_conninfo.h"
 
 #define MAX_FILE      MIB         /* a config larger than this is a mistake */
 #define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
@@ -95,8 +95,6 @@ static int other_node(struct loader *L, yaml_node_t *v, const char *label,
                       const struct amqp_connection_info *ci, const char *vhost,
                       struct written w, const struct sk_amqp_conf *a, bool first_password);
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
-static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg);
-static bool uri_password(const char *s, size_t *at, size_t *len);
 static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
@@ -763,127 +761,32 @@ static int other_node(struct loader *L, yaml_node_t *v, const char *label,
     return SK_OK;
 }
 
-/* libpq validates the string. A password inside it moves to
- * postgres.password, so that conninfo can be logged. */
+/* libpq validates the string (pg_conninfo.c). A password inside it moves
+ * to postgres.password, so that conninfo can be logged. */
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base)
 {
     struct sk_postgres_conf *p = base;
-    PQconninfoOption *opts, *o, *pw = NULL;
-    char *msg = NULL, *buf = NULL;
-    size_t len = 0;
+    char why[400], *conninfo = NULL, *pw = NULL;
     const char *s;
     int rc;
 
     if ((rc = scalar(L, v, "conninfo", "a scalar", &s)) != SK_OK)
         return rc;
-    if ((opts = PQconninfoParse(s, &msg)) == NULL) {
-        rc = conninfo_error(L, v, s, msg);
-        PQfreemem(msg);
-        return rc;
-    }
-    for (o = opts; o->keyword != NULL; o++)
-        if (strcmp(o->keyword, "password") == 0 && o->val != NULL)
-            pw = o;
-    if (pw == NULL) {
-        rc = store(L, v, &p->conninfo, s);
-    } else if ((rc = claim_secret(L, v, "the password in conninfo")) == SK_OK &&
-               (rc = store(L, v, &p->password, pw->val)) == SK_OK) {
-        FILE *f = open_memstream(&buf, &len);
-        for (o = opts; f != NULL && o->keyword != NULL; o++) {
-            if (o->val == NULL || o == pw)
-                continue;
-            fprintf(f, "%s%s='", ftell(f) > 0 ? " " : "", o->keyword);
-            for (const char *c = o->val; *c != '\0'; c++)
-                fprintf(f, "%s%c", *c == '\'' || *c == '\\' ? "\\" : "", *c);
-            fputc('\'', f);
-        }
-        if (f == NULL || fclose(f) != 0) {
-            free(buf);
-            rc = fail(L, v, "out of memory");
-        } else {
-            free(p->conninfo);
-            p->conninfo = buf;
-        }
+    if (sk_pg_conninfo_split(s, &conninfo, &pw, why, sizeof(why)) != SK_OK)
+        return fail(L, v, "conninfo: %s", why);
+    rc = SK_OK;
+    if (pw != NULL && (rc = claim_secret(L, v, "the password in conninfo")) == SK_OK)
+        rc = store(L, v, &p->password, pw);
+    if (rc == SK_OK) {
+        free(p->conninfo);
+        p->conninfo = conninfo;
+        conninfo = NULL;
     }
     if (pw != NULL)
-        explicit_bzero(pw->val, strlen(pw->val));  /* PQconninfoFree() only frees */
-    PQconninfoFree(opts);
+        explicit_bzero(pw, strlen(pw));
+    free(pw);
+    free(conninfo);
     return rc;
-}
-
-/* libpq quotes the text it could not parse, and that text may be the
- * password, or the whole URI with the password in it. When the string could
- * hold a password, every quoted part of the message is left out but for a
- * quoted "=", "]", ":" or "/", libpq's own punctuation; for a URI
- * the password is swapped for a harmless one and parsed again, to say
- * whether the password itself is what is malformed. */
-static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg)
-{
-    char out[200];
-    size_t at, len, n = 0;
-
-    if (msg == NULL)
-        return fail(L, v, "out of memory");
-    msg[strcspn(msg, "\n")] = '\0';
-    bool in_uri = uri_password(s, &at, &len);
-    if (!in_uri && strcasestr(s, "password") == NULL)
-        return fail(L, v, "conninfo: %s", msg);
-
-    /* libpq's own punctuation ("=", "]") stays: it says what was expected. */
-    for (const char *p = msg; *p != '\0' && n + 5 < sizeof(out); p++) {
-        const char *close = *p == '"' ? strchr(p + 1, '"') : NULL;
-        if (close == NULL) {
-            out[n++] = *p;
-        } else if (close == p + 2 && strchr("=]:/", p[1]) != NULL) {
-            memcpy(out + n, p, 3);
-            n += 3;
-            p = close;
-        } else {
-            memcpy(out + n, "\"...\"", 5);
-            n += 5;
-            p = close;
-        }
-    }
-    out[n] = '\0';
-
-    if (in_uri) {
-        char *copy = malloc(strlen(s) + 2), *why = NULL;
-        PQconninfoOption *opts = NULL;
-        if (copy == NULL)
-            return fail(L, v, "out of memory");
-        snprintf(copy, strlen(s) + 2, "%.*sx%s", (int)at, s, s + at + len);
-        if ((opts = PQconninfoParse(copy, &why)) != NULL) {
-            PQconninfoFree(opts);
-            free(copy);
-            return fail(L, v, "conninfo: the password in the URI is malformed (%s); "
-                        "percent-encode it, or move it to password_file", out);
-        }
-        PQfreemem(why);
-        free(copy);
-    }
-    return fail(L, v, "conninfo: %s (quoted text left out: conninfo holds a password)", out);
-}
-
-/* Where the password of a postgres:// or postgresql:// URI is: between the
- * first ':' and the '@' of the user info, which, as libpq reads it, ends at
- * the first '@' or '/'. */
-static bool uri_password(const char *s, size_t *at, size_t *len)
-{
-    static const char *const schemes[] = { "postgresql://", "postgres://" };
-    const char *p = NULL;
-
-    for (size_t i = 0; i < SK_ARRAY_LEN(schemes) && p == NULL; i++)
-        if (strncmp(s, schemes[i], strlen(schemes[i])) == 0)
-            p = s + strlen(schemes[i]);
-    if (p == NULL)
-        return false;
-    const char *end = p + strcspn(p, "@/");
-    const char *colon = memchr(p, ':', (size_t)(end - p));
-    if (*end != '@' || colon == NULL)
-        return false;
-    *at = (size_t)(colon + 1 - s);
-    *len = (size_t)(end - colon - 1);
-    return true;
 }
 
 static int load_queues(struct loader *L, yaml_node_t *v, void *base)
