@@ -25,13 +25,24 @@ SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-proto
             -fno-strict-aliasing -MMD -MP $(addprefix -iquote ,$(SRC_DIRS)) -Iinclude \
             $(shell pkg-config --cflags $(PKGS)) \
             -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
-override CFLAGS += $(SK_CFLAGS)
-LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
+# The hardening the Debian package gets from dpkg-buildflags, by default:
+# stack protector, _FORTIFY_SOURCE=2 (which needs an optimising build, so
+# only with -O1 and up, and replaces a level the caller set), full RELRO
+# and immediate binding. Not for the fuzzers' clang build (FUZZ_CFLAGS),
+# where the sanitizers check more than fortify would. HARDEN= turns it off.
+HARDEN    ?= 1
+ifeq ($(HARDEN),1)
+HARDEN_CFLAGS = -fstack-protector-strong -fstack-clash-protection \
+                $(if $(filter -O1 -O2 -O3 -Os -Og -Ofast,$(USER_CFLAGS)),-U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2)
+HARDEN_LD     = -Wl,-z,relro -Wl,-z,now
+endif
+override CFLAGS += $(SK_CFLAGS) $(HARDEN_CFLAGS)
+LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread $(HARDEN_LD)
 CHECK_LIBS = $(shell pkg-config --libs check)
 # sekalictl takes no Redis lock and serves no HTTP: it links neither library.
-CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
+CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd) $(HARDEN_LD)
 
-CORE    = common config config_value log backoff clock
+CORE    = common config config_value pg_conninfo log backoff clock
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
@@ -84,6 +95,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
+$(B)/tests/check_pg_conninfo: $(call obj,common pg_conninfo)
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)
@@ -120,6 +132,7 @@ zobj          = $(patsubst %,$(FUZZ_B)/obj/%.o,$(1))
 $(FUZZ_B)/fuzz_config:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope $(BROKER))
 $(FUZZ_B)/fuzz_values:   $(call zobj,$(CORE))
+$(FUZZ_B)/fuzz_ctl_out:  $(call zobj,ctl_out broker_wire)
 $(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c | $(FUZZ_B)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 $(FUZZ_B)/obj/%.o: %.c | $(FUZZ_B)/obj

@@ -103,6 +103,8 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
         return sk_err_errno(err, SK_ERR, "calloc(broker)");
     b->next_publish_tag = 1;
     b->node = index;
+    if (strlen(conf->user) < sizeof(b->user))
+        memcpy(b->user, conf->user, strlen(conf->user) + 1);
 
     int rc = connect_node(b, conf, node, err);
     if (rc == SK_OK)
@@ -111,7 +113,7 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
         char what[300];
         amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
         snprintf(what, sizeof(what), "amqp_channel_open(%s:%d)", node->host, node->port);
-        rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), what, err);
+        rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), what, err);
     }
     if (rc != SK_OK) {
         sk_broker_close(b);
@@ -127,6 +129,8 @@ static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
     b->conn = amqp_new_connection();
     if (b->conn == NULL)
         return sk_err_set(err, SK_ERR, "amqp_new_connection failed");
+    /* Until logged in there is nothing to close politely. */
+    b->broken = true;
     amqp_socket_t *socket = amqp_tcp_socket_new(b->conn);
     if (socket == NULL)
         return sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
@@ -150,9 +154,12 @@ static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
     amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                                         heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
                                         conf->password != NULL ? conf->password : "");
-    int rc = sk_broker_rpc_check(reply, what, err);
-    if (rc == SK_OK)
+    int rc = sk_broker_rpc_check(b, reply, what, err);
+    b->broken = rc != SK_OK;
+    if (rc == SK_OK) {
+        b->frame_max = amqp_get_frame_max(b->conn);
         return SK_OK;
+    }
     /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
      * authentication_failure_close, so RabbitMQ says so instead of
      * dropping the socket); 530 NOT_ALLOWED: no access to the vhost. */
@@ -170,22 +177,51 @@ void sk_broker_close(struct sk_broker *b)
     if (b == NULL)
         return;
     if (b->conn != NULL) {
-        sk_broker_flush_acks(b, NULL);
-        /* Closing politely makes the broker requeue our unacked deliveries at
-         * once; if the connection is already broken these fail harmlessly. */
-        amqp_channel_close(b->conn, SK_BROKER_CHANNEL, AMQP_REPLY_SUCCESS);
-        amqp_rpc_reply_t r = amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+        /* Closing politely makes the broker requeue our unacked deliveries
+         * at once. A broken connection is only destroyed (see broken in
+         * broker_conn.h): closing its socket requeues them as well. Acks
+         * still pending are the consumer's to send first
+         * (sk_broker_close_consumer()). */
+        bool lost = b->broken;
+        if (!lost) {
+            amqp_channel_close(b->conn, SK_BROKER_CHANNEL, AMQP_REPLY_SUCCESS);
+            amqp_rpc_reply_t r = amqp_connection_close(b->conn, AMQP_REPLY_SUCCESS);
+            lost = r.reply_type != AMQP_RESPONSE_NORMAL;
+        }
         amqp_destroy_connection(b->conn);
-        /* A connection that could not even be closed was lost: its node is
-         * tried last next time (see next_node). */
-        if (r.reply_type != AMQP_RESPONSE_NORMAL && next_node == b->node)
+        /* A connection that failed, or could not even be closed, was lost:
+         * its node is tried last next time (see next_node). */
+        if (lost && next_node == b->node)
             next_node = b->node + 1;
     }
     free(b);
 }
 
+int sk_broker_lost(struct sk_broker *b, int status, const char *what, struct sk_err *err)
+{
+    b->broken = true;
+    return sk_err_set(err, SK_AGAIN, "%s: %s", what, amqp_error_string2(status));
+}
+
+int sk_broker_read_large_frames(struct sk_broker *b, struct sk_err *err)
+{
+    SK_BROKER_USABLE(b, err);
+    if (b->large_frames)
+        return SK_OK;
+    /* Tuning again only moves librabbitmq's own limit (and the size of its
+     * send buffer); the broker keeps the frame_max it agreed to, which is
+     * what sk_broker_publish*() check against (b->frame_max). */
+    int status = amqp_tune_connection(b->conn, amqp_get_channel_max(b->conn),
+                                      SK_BROKER_READ_FRAME_MAX, amqp_get_heartbeat(b->conn));
+    if (status != AMQP_STATUS_OK)
+        return sk_broker_lost(b, status, "amqp_tune_connection(read frames up to 1 MiB)", err);
+    b->large_frames = true;
+    return SK_OK;
+}
+
 int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     int heartbeat_s = amqp_get_heartbeat(b->conn);
     int64_t now = sk_now_ms();
     if (heartbeat_s <= 0 || now - b->keepalive_ms < (int64_t)heartbeat_s * 1000 / 2)
@@ -193,8 +229,7 @@ int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err)
     amqp_frame_t frame = { .frame_type = AMQP_FRAME_HEARTBEAT, .channel = 0 };
     int status = amqp_send_frame(b->conn, &frame);
     if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "sending an AMQP heartbeat: %s",
-                          amqp_error_string2(status));
+        return sk_broker_lost(b, status, "sending an AMQP heartbeat", err);
     b->keepalive_ms = now;
     return SK_OK;
 }
@@ -210,18 +245,21 @@ static int heartbeat_seconds(const struct sk_amqp_conf *conf)
     return (int)((conf->heartbeat_ms + 999) / 1000);
 }
 
-int sk_broker_rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err)
+int sk_broker_rpc_check(struct sk_broker *b, amqp_rpc_reply_t reply, const char *what,
+                        struct sk_err *err)
 {
     switch (reply.reply_type) {
     case AMQP_RESPONSE_NORMAL:
         return SK_OK;
     case AMQP_RESPONSE_NONE:
+        b->broken = true;
         return sk_err_set(err, SK_AGAIN, "%s: missing RPC reply", what);
     case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-        return sk_err_set(err, SK_AGAIN, "%s: %s", what,
-                          amqp_error_string2(reply.library_error));
+        return sk_broker_lost(b, reply.library_error, what, err);
     case AMQP_RESPONSE_SERVER_EXCEPTION:
         if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+            /* The broker is gone from this connection: nothing to close. */
+            b->broken = true;
             amqp_connection_close_t *m = reply.reply.decoded;
             return sk_err_set(err, SK_ERR, "%s: broker closed the connection: %u %.*s", what,
                               m->reply_code, (int)m->reply_text.len,

@@ -62,7 +62,18 @@ struct sk_message {
  * connect timeout. Returns SK_OK, SK_AGAIN (unreachable) or SK_ERR (refused
  * login, bad vhost). On success *out is owned by the caller. */
 int  sk_broker_open(struct sk_broker **out, const struct sk_amqp_conf *conf, struct sk_err *err);
+
+/* Ends the connection (NULL is fine): politely (channel.close,
+ * connection.close) while it works; after any error librabbitmq reported on
+ * it, by destroying it only, since librabbitmq may be half-way through a
+ * frame it refused and must not read again. Acks left pending by
+ * sk_broker_ack() are not sent: a consumer closes with
+ * sk_broker_close_consumer(). */
 void sk_broker_close(struct sk_broker *b);
+
+/* sk_broker_close() for a consuming connection: first sends the acks
+ * sk_broker_ack() left pending, unless the connection is broken. */
+void sk_broker_close_consumer(struct sk_broker *b);
 
 /* How a work queue is declared; it must be the same for every declarer, or
  * the broker refuses the second declaration. */
@@ -222,6 +233,15 @@ int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t del
 int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         const amqp_envelope_t *original, const struct sk_header *extra,
                         size_t n_extra, struct sk_err *err);
+
+/* sk_broker_republish() for a copy that must be kept whatever its
+ * producer put in it (a dead letter): when it would not fit in one frame
+ * with 2 KiB to spare, the largest of the original's headers are left out
+ * of it, one at a time, until it does (sekali's own keys last), and header
+ * x-sekali-headers-dropped says how many, how many bytes, and which. */
+int sk_broker_republish_fitted(struct sk_broker *b, const char *routing_key,
+                               const amqp_envelope_t *original, const struct sk_header *extra,
+                               size_t n_extra, struct sk_err *err);
 
 /* An integer field's value, or -1 when absent (NULL), not an integer, or
  * an unsigned value past INT64_MAX. Pure. */

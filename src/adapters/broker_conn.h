@@ -29,16 +29,54 @@ struct sk_broker {
     bool                    channel_closed;   /* by the broker, refusing what we sent */
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
     size_t                  node;             /* index in amqp.url of the node we are on */
+    int                     frame_max;        /* negotiated: what we may send */
+    char                    user[256];        /* logged in as; "" if longer than AMQP allows */
+    bool                    large_frames;     /* reads frames up to SK_BROKER_READ_FRAME_MAX */
+    /* librabbitmq reported an error: the connection may only be destroyed.
+     * librabbitmq 0.11 leaves its reader half-way through a frame it
+     * refused (one over frame_max), aimed at a buffer too small for it, and
+     * the next call that reads copies the frame's rest over the heap; a
+     * failed send may have left half a frame on the wire. So after any
+     * library error nothing more is sent or read on it: no ack, no
+     * keepalive, no channel.close or connection.close. */
+    bool                    broken;
 };
 
-/* broker.c: SK_OK for a normal reply; otherwise fills err naming what and
- * returns SK_AGAIN (no reply, a library error: the connection failed) or
- * SK_ERR (the broker closed the channel or the connection). */
-int sk_broker_rpc_check(amqp_rpc_reply_t reply, const char *what, struct sk_err *err);
+/* The largest frame a reading connection (a consumer, sekalictl's dead
+ * letter reader) accepts, whatever frame_max says. RabbitMQ checks
+ * frame_max only on frames it receives: each dead-lettering adds to the
+ * headers of a message (x-death, x-first-death-*), so a message that came
+ * in at the limit can leave over it. Read whole, sekali can refuse such a
+ * message and dead-letter a copy that fits; refused by librabbitmq, it
+ * could only be handed back to the head of its queue. 1 MiB is eight
+ * frames: a message would have to cross thousands of distinct dead-letter
+ * queues to grow past it. Memory is taken per frame, as it arrives. */
+#define SK_BROKER_READ_FRAME_MAX (1024 * 1024)
 
-/* broker_consume.c: sends the acks sk_broker_ack() left pending, as one
- * multiple-ack; sk_broker_close() calls it before closing. */
-int sk_broker_flush_acks(struct sk_broker *b, struct sk_err *err);
+/* Fills err (SK_AGAIN) and marks b broken, for a library call that failed
+ * with status. */
+int sk_broker_lost(struct sk_broker *b, int status, const char *what, struct sk_err *err);
+
+/* Every function of the module that would send or read starts with this:
+ * on a broken connection it does nothing and says so (SK_AGAIN). */
+#define SK_BROKER_USABLE(b, err)                                                       \
+    do {                                                                               \
+        if ((b)->broken)                                                               \
+            return sk_err_set((err), SK_AGAIN, "the AMQP connection failed earlier "   \
+                              "and is only good for closing");                         \
+    } while (0)
+
+/* broker.c: lets b read frames up to SK_BROKER_READ_FRAME_MAX. Only for a
+ * connection that publishes no bodies: librabbitmq cuts a body into frames
+ * of its own frame_max, which the broker would refuse. SK_OK or SK_AGAIN. */
+int sk_broker_read_large_frames(struct sk_broker *b, struct sk_err *err);
+
+/* broker.c: SK_OK for a normal reply; otherwise fills err naming what and
+ * returns SK_AGAIN (no reply, a library error: the connection failed, and
+ * b is marked broken) or SK_ERR (the broker closed the channel, or the
+ * connection: then b is broken too). */
+int sk_broker_rpc_check(struct sk_broker *b, amqp_rpc_reply_t reply, const char *what,
+                        struct sk_err *err);
 
 /* broker_wire.c: a deep copy of decoded properties into pool (SK_OK, or
  * SK_ERR when out of memory), and table entries that borrow key and value. */

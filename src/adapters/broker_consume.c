@@ -19,28 +19,39 @@ static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_m
                      uint64_t *delivery_tag, struct sk_err *err);
 static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
                          struct sk_err *err);
+static int flush_acks(struct sk_broker *b, struct sk_err *err);
+static int broken_delivery(struct sk_broker *b, amqp_envelope_t *env, int status,
+                           const char *what, struct sk_err *err);
 
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
                       size_t max_body, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     b->max_body = max_body;
+    /* Before the first delivery can arrive: a message grown past
+     * frame_max on its way here is read and refused like any other. */
+    int large = sk_broker_read_large_frames(b, err);
+    if (large != SK_OK)
+        return large;
     amqp_basic_qos(b->conn, SK_BROKER_CHANNEL, 0, prefetch, 0);
-    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "basic.qos", err);
+    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.qos", err);
     if (rc != SK_OK)
         return rc;
     amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes,
                        0, 0, 0, amqp_empty_table);
-    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "basic.consume", err);
+    return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.consume", err);
 }
 
 int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
                    struct sk_err *err)
 {
+    if (b->broken)
+        return sk_err_set(err, SK_ERR, "the AMQP connection failed earlier");
     /* Acks go out only when no delivery is waiting in our buffers: one
      * multiple-ack then settles a whole prefetch window, which halves the
      * broker's work per job. */
     if (b->ack_pending != 0 && !amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn) &&
-        sk_broker_flush_acks(b, err) != SK_OK)
+        flush_acks(b, err) != SK_OK)
         return SK_ERR;
     amqp_maybe_release_buffers(b->conn);
     struct timeval timeout = sk_broker_timeval((uint32_t)timeout_ms);
@@ -48,9 +59,10 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
     int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
     if (status == AMQP_STATUS_TIMEOUT)
         return SK_AGAIN;
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_ERR, "amqp connection lost while waiting for a delivery: %s",
-                          amqp_error_string2(status));
+    if (status != AMQP_STATUS_OK) {
+        sk_broker_lost(b, status, "amqp connection lost while waiting for a delivery", err);
+        return err != NULL ? (err->code = SK_ERR) : SK_ERR;
+    }
     if (frame.frame_type != AMQP_FRAME_METHOD)
         return SK_AGAIN;
     if (frame.payload.method.id == AMQP_BASIC_DELIVER_METHOD)
@@ -66,6 +78,7 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
     }
     case AMQP_CONNECTION_CLOSE_METHOD: {
         amqp_connection_close_t *m = frame.payload.method.decoded;
+        b->broken = true;
         return sk_err_set(err, SK_ERR, "broker closed the connection: %.*s",
                           (int)m->reply_text.len, (const char *)m->reply_text.bytes);
     }
@@ -96,12 +109,8 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
     amqp_frame_t frame;
     int status = amqp_simple_wait_frame(b->conn, &frame);
     if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_HEADER ||
-        frame.channel != env->channel) {
-        amqp_destroy_envelope(env);
-        return sk_err_set(err, SK_ERR, "reading a delivery's header: %s",
-                          status != AMQP_STATUS_OK ? amqp_error_string2(status)
-                                                   : "unexpected frame");
-    }
+        frame.channel != env->channel)
+        return broken_delivery(b, env, status, "header", err);
     uint64_t size = frame.payload.properties.body_size;
     bool keep = b->max_body == 0 || size <= b->max_body;
     if (keep) {
@@ -120,12 +129,8 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
         status = amqp_simple_wait_frame(b->conn, &frame);
         if (status != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_BODY ||
             frame.channel != env->channel ||
-            frame.payload.body_fragment.len > size - got) {
-            amqp_destroy_envelope(env);
-            return sk_err_set(err, SK_ERR, "reading a delivery's body: %s",
-                              status != AMQP_STATUS_OK ? amqp_error_string2(status)
-                                                       : "unexpected frame");
-        }
+            frame.payload.body_fragment.len > size - got)
+            return broken_delivery(b, env, status, "body", err);
         if (keep)
             memcpy((char *)env->message.body.bytes + got, frame.payload.body_fragment.bytes,
                    frame.payload.body_fragment.len);
@@ -136,6 +141,24 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
     return SK_OK;
 }
 
+/* A delivery that could not be read whole leaves the connection in the
+ * middle of a message, or librabbitmq in the middle of a frame it refused:
+ * the connection is broken (see broker_conn.h). Its tag is logged, so
+ * that a delivery that keeps failing this way can be told from an outage. */
+static int broken_delivery(struct sk_broker *b, amqp_envelope_t *env, int status,
+                           const char *what, struct sk_err *err)
+{
+    uint64_t tag = env->delivery_tag;
+    amqp_destroy_envelope(env);
+    b->broken = true;
+    return sk_err_set(err, SK_ERR, "reading the %s of delivery %llu: %s", what,
+                      (unsigned long long)tag,
+                      status == AMQP_STATUS_BAD_AMQP_DATA
+                          ? "invalid AMQP data (a frame over 1 MiB?)"
+                          : status != AMQP_STATUS_OK ? amqp_error_string2(status)
+                                                     : "unexpected frame");
+}
+
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
 {
     (void)b;
@@ -144,7 +167,7 @@ void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env)
 
 int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
 {
-    (void)err;
+    SK_BROKER_USABLE(b, err);
     sk_assert(delivery_tag > b->ack_pending);
     b->ack_pending = delivery_tag;
     return SK_OK;
@@ -153,35 +176,59 @@ int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err
 /* Deliveries are settled strictly in order, so acking up to the highest
  * pending tag with `multiple` settles exactly the ones acked since the last
  * flush: every lower tag was already acked, rejected or flushed. */
-int sk_broker_flush_acks(struct sk_broker *b, struct sk_err *err)
+static int flush_acks(struct sk_broker *b, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     if (b->ack_pending == 0)
         return SK_OK;
     int status = amqp_basic_ack(b->conn, SK_BROKER_CHANNEL, b->ack_pending, 1);
     b->ack_pending = 0;
     if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
+        return sk_broker_lost(b, status, "basic.ack failed", err);
     return SK_OK;
+}
+
+void sk_broker_close_consumer(struct sk_broker *b)
+{
+    if (b == NULL)
+        return;
+    /* On a broken connection the acks are lost with it: the broker
+     * redelivers those jobs, and their completed keys make them
+     * duplicates. */
+    if (!b->broken)
+        flush_acks(b, NULL);
+    sk_broker_close(b);
 }
 
 int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,
                      struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     int status = amqp_basic_reject(b->conn, SK_BROKER_CHANNEL, delivery_tag, requeue);
     if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.reject failed: %s", amqp_error_string2(status));
+        return sk_broker_lost(b, status, "basic.reject failed", err);
     return SK_OK;
 }
 
 int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                   struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     return basic_get(b, queue, true, msg, NULL, err);
 }
 
 int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                    uint64_t *delivery_tag, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
+    /* A reader of dead letters, of all queues, must read a letter that the
+     * broker grew past frame_max, or it could list nothing behind it. A
+     * publisher peeks too (the tests do); its frames stay as agreed. */
+    if (!b->confirming) {
+        int large = sk_broker_read_large_frames(b, err);
+        if (large != SK_OK)
+            return large;
+    }
     /* The previous message was copied into its own pool: the channel's
      * frames can go, or a long scan would keep every basic.get-ok. */
     amqp_maybe_release_buffers_on_channel(b->conn, SK_BROKER_CHANNEL);
@@ -197,7 +244,7 @@ static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_m
 {
     amqp_rpc_reply_t reply =
         amqp_basic_get(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), no_ack);
-    int rc = sk_broker_rpc_check(reply, "basic.get", err);
+    int rc = sk_broker_rpc_check(b, reply, "basic.get", err);
     if (rc != SK_OK)
         return rc;
     if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
@@ -205,13 +252,14 @@ static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_m
     if (delivery_tag != NULL)
         *delivery_tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
     reply = amqp_read_message(b->conn, SK_BROKER_CHANNEL, msg, 0);
-    return sk_broker_rpc_check(reply, "basic.get(read)", err);
+    return sk_broker_rpc_check(b, reply, "basic.get(read)", err);
 }
 
 int sk_broker_ack_one(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     int status = amqp_basic_ack(b->conn, SK_BROKER_CHANNEL, delivery_tag, 0);
     if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "basic.ack failed: %s", amqp_error_string2(status));
+        return sk_broker_lost(b, status, "basic.ack failed", err);
     return SK_OK;
 }

@@ -9,6 +9,8 @@
  * refused what was sent. A message librabbitmq could not encode is refused
  * before a byte of it is sent, so the connection stays usable. */
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,11 +34,27 @@ static struct sk_publish *find_returned(struct sk_publish *p, size_t n,
                                         const amqp_basic_properties_t *props);
 static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
+static int republish(struct sk_broker *b, const char *routing_key,
+                     const amqp_envelope_t *original, const struct sk_header *extra,
+                     size_t n_extra, bool fit, struct sk_err *err);
+static bool leave_out(struct sk_broker *b, amqp_basic_properties_t *props, size_t n_original,
+                      char *note, size_t size);
+static void append_name(char *list, size_t size, amqp_bytes_t name);
+static bool bytes_is(amqp_bytes_t b, const char *s);
+
+/* The header a fitted copy names what it left out in, its longest value,
+ * and the room a fitted copy keeps in its frame: for that header (350
+ * bytes at most) and for a broker that dead-letters the copy once more. */
+#define DROPPED_HEADER   "x-sekali-headers-dropped"
+#define DROPPED_NOTE_MAX 320
+#define COPY_MARGIN      2048
 
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
+    sk_assert(!b->large_frames);  /* its bodies would go out in frames too large */
     amqp_confirm_select(b->conn, SK_BROKER_CHANNEL);
-    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "confirm.select", err);
+    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "confirm.select", err);
     if (rc != SK_OK)
         return rc;
     b->confirming = true;
@@ -58,6 +76,7 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
                             struct sk_err *err)
 {
     sk_assert(b->confirming);
+    SK_BROKER_USABLE(b, err);
 
     amqp_table_entry_t headers[2];
     int n_headers = 0;
@@ -126,9 +145,11 @@ static int send_publish(struct sk_broker *b, const char *routing_key,
 {
     int status = amqp_basic_publish(b->conn, SK_BROKER_CHANNEL, amqp_empty_bytes,
                                     amqp_cstring_bytes(routing_key), 1, 0, props, body);
-    if (status != AMQP_STATUS_OK)
+    if (status != AMQP_STATUS_OK) {
+        b->broken = true;
         return sk_err_set(err, SK_AGAIN, "basic.publish to %s failed: %s", routing_key,
                           amqp_error_string2(status));
+    }
     return SK_OK;
 }
 
@@ -160,7 +181,7 @@ static const char *unsendable(struct sk_broker *b, const char *routing_key,
         if ((props->_flags & strings[i].flag) && text->len > UINT8_MAX)
             return strings[i].why;
     }
-    int frame_max = amqp_get_frame_max(b->conn);
+    int frame_max = b->frame_max;
     if (frame_max > 0 &&
         SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(props) > (size_t)frame_max)
         return "its properties and headers (keys) do not fit in one AMQP frame";
@@ -171,14 +192,30 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         const amqp_envelope_t *original, const struct sk_header *extra,
                         size_t n_extra, struct sk_err *err)
 {
+    return republish(b, routing_key, original, extra, n_extra, false, err);
+}
+
+int sk_broker_republish_fitted(struct sk_broker *b, const char *routing_key,
+                               const amqp_envelope_t *original, const struct sk_header *extra,
+                               size_t n_extra, struct sk_err *err)
+{
+    return republish(b, routing_key, original, extra, n_extra, true, err);
+}
+
+static int republish(struct sk_broker *b, const char *routing_key,
+                     const amqp_envelope_t *original, const struct sk_header *extra,
+                     size_t n_extra, bool fit, struct sk_err *err)
+{
     sk_assert(b->confirming);
+    SK_BROKER_USABLE(b, err);
     if (original->message.body.bytes == NULL && original->message.body.len > 0)
         return sk_err_set(err, SK_ERR, "no copy of a body of %zu bytes that was not read",
                           original->message.body.len);
     amqp_basic_properties_t props = original->message.properties;
     const amqp_table_t *old = (props._flags & AMQP_BASIC_HEADERS_FLAG) ? &props.headers : NULL;
     size_t n_old = old != NULL ? (size_t)old->num_entries : 0;
-    amqp_table_entry_t *entries = calloc(n_old + n_extra, sizeof(*entries));
+    /* One more for the note of headers left out. */
+    amqp_table_entry_t *entries = calloc(n_old + n_extra + 1, sizeof(*entries));
     if (entries == NULL)
         return sk_err_errno(err, SK_AGAIN, "calloc(headers)");
 
@@ -192,6 +229,7 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
         if (!replaced)
             entries[n++] = old->entries[i];
     }
+    size_t n_kept = n;
     for (size_t k = 0; k < n_extra; k++) {
         entries[n++] = extra[k].text != NULL ? sk_broker_text_entry(extra[k].key, extra[k].text)
                                              : sk_broker_int_entry(extra[k].key, extra[k].number);
@@ -202,6 +240,17 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
     /* A TTL set by the producer would make the copy vanish in a delay queue. */
     props._flags &= ~AMQP_BASIC_EXPIRATION_FLAG;
+
+    /* A dead letter names the user sekali logged in as, which RabbitMQ
+     * verifies: sekalictl dlq trusts x-sekali-* headers only on a letter
+     * that says so (a producer's user_id, checked as well, is replaced). */
+    if (fit && b->user[0] != '\0') {
+        props._flags |= AMQP_BASIC_USER_ID_FLAG;
+        props.user_id = amqp_cstring_bytes(b->user);
+    }
+    char note[DROPPED_NOTE_MAX];
+    if (fit && leave_out(b, &props, n_kept, note, sizeof(note)))
+        entries[props.headers.num_entries++] = sk_broker_text_entry(DROPPED_HEADER, note);
 
     /* librabbitmq would send the method frame, then fail to encode the
      * header frame, leaving the channel half-way through a publish; checked
@@ -222,6 +271,79 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
     return await_one(b, &p, routing_key, err);
 }
 
+/* Leaves the largest of the original's headers (the first n_original
+ * entries of props' table, which sekali's own follow) out of a copy until
+ * it fits in one frame with COPY_MARGIN to spare, for the note and for
+ * what the broker may add; the keys sekali reads back (x-idempotency-key,
+ * x-resource-key) go last. Returns whether any was left out, with the note
+ * for DROPPED_HEADER: how many, how many bytes, and the first names,
+ * reduced to printable ASCII (a producer's names are not to be trusted
+ * with a terminal). */
+static bool leave_out(struct sk_broker *b, amqp_basic_properties_t *props, size_t n_original,
+                      char *note, size_t size)
+{
+    size_t limit = b->frame_max > COPY_MARGIN ? (size_t)b->frame_max - COPY_MARGIN : 0;
+    amqp_table_entry_t *e = props->headers.entries;
+    size_t n = (size_t)props->headers.num_entries, dropped = 0, bytes = 0;
+    char names[DROPPED_NOTE_MAX / 2] = "";
+    while (n_original > 0 &&
+           SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(props) > limit) {
+        size_t worst = SIZE_MAX, worst_size = 0;
+        for (int pass = 0; pass < 2 && worst == SIZE_MAX; pass++) {
+            for (size_t i = 0; i < n_original; i++) {
+                bool key = bytes_is(e[i].key, "x-idempotency-key") ||
+                           bytes_is(e[i].key, "x-resource-key");
+                size_t one = sk_broker_table_size(&(amqp_table_t){ .num_entries = 1,
+                                                                   .entries = &e[i] });
+                if ((pass == 1 || !key) && one > worst_size) {
+                    worst = i;
+                    worst_size = one;
+                }
+            }
+        }
+        if (worst == SIZE_MAX)
+            break;
+        append_name(names, sizeof(names), e[worst].key);
+        memmove(&e[worst], &e[worst + 1], (n - worst - 1) * sizeof(*e));
+        n--;
+        n_original--;
+        props->headers.num_entries = (int)n;
+        dropped++;
+        bytes += worst_size;
+    }
+    if (dropped == 0)
+        return false;
+    snprintf(note, size, "left out %zu of the producer's headers (%zu bytes) so that this copy "
+             "fits in one frame: %s", dropped, bytes, names);
+    return true;
+}
+
+/* Appends ", name" (or "name") to list, with what is not printable ASCII
+ * as '?', ending in "..." once full. */
+static void append_name(char *list, size_t size, amqp_bytes_t name)
+{
+    size_t used = strlen(list);
+    if (used + 8 >= size) {
+        if (used < 3 || strcmp(list + used - 3, "...") != 0)
+            memcpy(list + (used + 4 <= size ? used : size - 4), "...", 4);
+        return;
+    }
+    if (used > 0) {
+        list[used++] = ',';
+        list[used++] = ' ';
+    }
+    for (size_t i = 0; i < name.len && used + 5 < size; i++) {
+        unsigned char c = ((const unsigned char *)name.bytes)[i];
+        list[used++] = c > 0x20 && c < 0x7f ? (char)c : '?';
+    }
+    list[used] = '\0';
+}
+
+static bool bytes_is(amqp_bytes_t b, const char *s)
+{
+    return b.len == strlen(s) && memcmp(b.bytes, s, b.len) == 0;
+}
+
 static int await_one(struct sk_broker *b, struct sk_publish *p, const char *routing_key,
                      struct sk_err *err)
 {
@@ -237,6 +359,7 @@ static int await_one(struct sk_broker *b, struct sk_publish *p, const char *rout
 int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
                              struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     size_t unsettled = 0;
     for (size_t i = 0; i < n; i++)
         unsettled += !p[i].settled;
@@ -245,8 +368,7 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
         struct timeval timeout = sk_broker_timeval(30000);
         int status = amqp_simple_wait_frame_noblock(b->conn, &frame, &timeout);
         if (status != AMQP_STATUS_OK)
-            return sk_err_set(err, SK_AGAIN, "waiting for publisher confirms: %s",
-                              amqp_error_string2(status));
+            return sk_broker_lost(b, status, "waiting for publisher confirms", err);
         if (frame.frame_type != AMQP_FRAME_METHOD)
             continue;
         switch (frame.payload.method.id) {
@@ -266,8 +388,10 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
              * which publish it was. */
             amqp_message_t message;
             amqp_rpc_reply_t reply = amqp_read_message(b->conn, frame.channel, &message, 0);
-            if (reply.reply_type != AMQP_RESPONSE_NORMAL)
+            if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+                b->broken = true;
                 return sk_err_set(err, SK_AGAIN, "reading a returned message failed");
+            }
             struct sk_publish *returned = find_returned(p, n, &message.properties);
             if (returned != NULL)
                 returned->returned = true;
@@ -286,6 +410,7 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
                               (const char *)m->reply_text.bytes);
         }
         case AMQP_CONNECTION_CLOSE_METHOD:
+            b->broken = true;
             return sk_err_set(err, SK_AGAIN, "broker closed the channel while publishing");
         default:
             continue;

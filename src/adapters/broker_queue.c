@@ -33,6 +33,7 @@ int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err
 int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
                       struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     char dead[512];
     int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
     if (rc == SK_OK)
@@ -65,7 +66,7 @@ static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, stru
     amqp_table_t dead_args = { .num_entries = 1, .entries = &quorum_type };
     amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(dead), 0, 1, 0, 0,
                        quorum ? dead_args : amqp_empty_table);
-    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
+    return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "queue.declare(dead letters)", err);
 }
 
 static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err)
@@ -77,7 +78,7 @@ static int declare_passive(struct sk_broker *b, const char *name, struct sk_err 
     if (channel_closed_with(reply, AMQP_NOT_FOUND))
         return sk_err_set(err, SK_AGAIN, "queue %s does not exist: with declare: passive "
                           "someone else must declare it (or set declare: auto)", name);
-    return sk_broker_rpc_check(reply, "queue.declare(passive)", err);
+    return sk_broker_rpc_check(b, reply, "queue.declare(passive)", err);
 }
 
 static int declare_work(struct sk_broker *b, const char *name, const char *dead,
@@ -107,16 +108,17 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                           "declare: passive to consume it as it is (%.*s)",
                           (int)m->reply_text.len, (const char *)m->reply_text.bytes);
     }
-    return sk_broker_rpc_check(reply, "queue.declare", err);
+    return sk_broker_rpc_check(b, reply, "queue.declare", err);
 }
 
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
                           uint32_t *consumers, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, SK_BROKER_CHANNEL,
                                                      amqp_cstring_bytes(name), 1, 0, 0, 0,
                                                      amqp_empty_table);
-    int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err);
+    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "queue.declare(passive)", err);
     if (rc != SK_OK)
         return rc;
     if (messages != NULL)
@@ -129,6 +131,7 @@ int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messa
 int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
                           uint32_t *messages, uint32_t *consumers, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->conn, SK_BROKER_CHANNEL,
                                                      amqp_cstring_bytes(name), 1, 0, 0, 0,
                                                      amqp_empty_table);
@@ -140,10 +143,12 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
         ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
         amqp_channel_close_ok_t close_ok = { 0 };
         if (amqp_send_method(b->conn, SK_BROKER_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
-            AMQP_STATUS_OK)
+            AMQP_STATUS_OK) {
+            b->broken = true;
             return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
+        }
         amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
-        int rc = sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
+        int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
         if (rc != SK_OK)
             return rc;
         /* A new channel starts without confirms and counts its deliveries
@@ -158,7 +163,7 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
         *messages = *consumers = 0;
         return SK_OK;
     }
-    int rc = sk_broker_rpc_check(reply, "queue.declare(passive)", err);
+    int rc = sk_broker_rpc_check(b, reply, "queue.declare(passive)", err);
     if (rc != SK_OK)
         return rc;
     *exists = true;
@@ -170,6 +175,7 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
 int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
                             char *name, size_t size, struct sk_err *err)
 {
+    SK_BROKER_USABLE(b, err);
     int n = snprintf(name, size, "%s.delay.%u", queue, delay_ms);
     if (n < 0 || (size_t)n >= size)
         return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
@@ -180,7 +186,7 @@ int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t del
     args[3] = sk_broker_int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
     amqp_table_t table = { .num_entries = 4, .entries = args };
     amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    return sk_broker_rpc_check(amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
+    return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
 }
 
 /* Whether the broker answered by closing the channel with this reply code. */

@@ -6,9 +6,9 @@
  * key's timeline. Otherwise each line is built in a stack buffer and written
  * to stderr with a single write(2), as JSON or text, so lines from concurrent
  * workers sharing one stderr never interleave mid-line. Keys come from
- * producers: in text format control characters are escaped and a value that
- * could pass for more than one field is quoted, so that no key can forge a
- * line or a field.
+ * producers: in text format control characters are escaped, the message is
+ * quoted, and a value that could pass for more than one field is quoted, so
+ * that no key can forge a line or a field.
  *
  * A worker writes a line per job, so a line is built without printf where
  * it can be: the pid is kept from sk_log_init() (and a fork), the date part
@@ -154,7 +154,9 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
         put_raw(&l, "[", 1);
         put_str(&l, pid_text);
         put_raw(&l, "] ", 2);
-        put_text(&l, msg, false);
+        /* Always quoted: a message echoes text (a key, a broker's or a
+         * handler's error) that could otherwise pose as key=value fields. */
+        put_text(&l, msg, true);
         put_job(&l, job);
     }
     /* Leave room for the newline even when the line was cut short. */

@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
-#include <libpq-fe.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +25,7 @@
 #include <yaml.h>
 
 #include "config_value.h"
+#include "pg_conninfo.h"
 
 #define MAX_FILE      MIB         /* a config larger than this is a mistake */
 #define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
@@ -95,8 +95,6 @@ static int other_node(struct loader *L, yaml_node_t *v, const char *label,
                       const struct amqp_connection_info *ci, const char *vhost,
                       struct written w, const struct sk_amqp_conf *a, bool first_password);
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
-static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg);
-static bool uri_password(const char *s, size_t *at, size_t *len);
 static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
@@ -211,6 +209,42 @@ static const struct key retry_keys[] = {
  * gets slower, so a much larger batch would buy nothing. */
 #define MAX_BATCH 256
 
+/* A retry or dead-letter copy must fit, properties and all, in one header
+ * frame: 131072 bytes, the frame_max sekalid asks for and RabbitMQ's
+ * default. RabbitMQ checks frame_max only on what it receives, so a message
+ * it grows past the limit by dead-lettering it reaches the next reader too
+ * large for the frame (librabbitmq 0.11 then corrupts its own heap; see
+ * broker_conn.h). max_headers counts every header a message arrives with,
+ * x-death included, and must leave room for all the growth still to come:
+ *   - the frame's own 20 bytes, the flags and ten short strings: 2.6 KB;
+ *   - sekali's headers on a retry or dead-letter copy (the error text, the
+ *     queue name, timestamps, the note of dropped headers): 2 KB;
+ *   - the broker's x-death, one entry of at most 611 bytes (a 255-byte
+ *     queue name twice) per delay queue crossed: the ladder from 10 ms to
+ *     retry.max's one day has 62 buckets, and with the work queue's own
+ *     `rejected` entry that is 38.5 KB;
+ *   - x-first-death-* and x-last-death-*: 1.7 KB.
+ * 131072 - 44.8 KB leaves 86 KB; 80 KiB keeps 4 KB of margin, and no
+ * larger max_headers is accepted. 64 KiB, the default, keeps 20 KB. */
+#define MAX_HEADERS_CAP (80 * 1024)
+
+/* Whether name is one of queue's own: queue.dead, or queue.delay.<digits>. */
+static bool owned_by(const char *name, const char *queue)
+{
+    size_t n = strlen(queue);
+    if (strncmp(name, queue, n) != 0)
+        return false;
+    const char *rest = name + n;
+    if (strcmp(rest, ".dead") == 0)
+        return true;
+    if (strncmp(rest, ".delay.", 7) != 0 || rest[7] == '\0')
+        return false;
+    for (rest += 7; *rest != '\0'; rest++)
+        if (*rest < '0' || *rest > '9')
+            return false;
+    return true;
+}
+
 static const struct key queue_keys[] = {
     NAME("name",            sk_queue_conf, name, true),
     PATH("handler",         sk_queue_conf, handler, true),
@@ -220,7 +254,7 @@ static const struct key queue_keys[] = {
     BOOL("lock",            sk_queue_conf, lock),
     DURATION("lock_ttl",    sk_queue_conf, lock_ttl_ms, MIN_LOCK_TTL, DAY),
     SIZE("max_body",        sk_queue_conf, max_body, 1, 128 * MIB),
-    SIZE("max_headers",     sk_queue_conf, max_headers, 1, MIB),
+    SIZE("max_headers",     sk_queue_conf, max_headers, 1, MAX_HEADERS_CAP),
     LIST("job_types",       sk_queue_conf, job_types),
     DURATION("job_timeout", sk_queue_conf, job_timeout_ms, 0, DAY),
     SUBSECTION("retry",     sk_queue_conf, retry, retry_keys),
@@ -285,17 +319,7 @@ static const struct sk_conf conf_defaults = {
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
 };
 
-/* A retry or dead-letter copy must fit, properties and all, in one header
- * frame: 131072 bytes, the frame_max sekalid asks for and RabbitMQ's
- * default. Around the producer's headers a copy carries at most: the
- * frame's own 20 bytes and 10 short strings (2.6 KB); sekali's headers,
- * about 1 KB (the error text, up to 512 bytes, the queue name, timestamps);
- * and the broker's x-death, one entry of about 700 bytes per delay queue
- * the message went through, some 50 at the most (the delay ladder from
- * 10 ms to 5 min), so 35 KB. 131072 - 2.6 K - 1 K - 35 K leaves about
- * 90 KB; 64 KiB keeps a margin. A copy that still does not fit is
- * dead-lettered, never handed back (job.c), so this limit only says early
- * and plainly what would otherwise fail at the first retry. */
+/* See MAX_HEADERS_CAP. */
 #define MAX_HEADERS_DEFAULT (64 * 1024)
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
@@ -743,127 +767,32 @@ static int other_node(struct loader *L, yaml_node_t *v, const char *label,
     return SK_OK;
 }
 
-/* libpq validates the string. A password inside it moves to
- * postgres.password, so that conninfo can be logged. */
+/* libpq validates the string (pg_conninfo.c). A password inside it moves
+ * to postgres.password, so that conninfo can be logged. */
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base)
 {
     struct sk_postgres_conf *p = base;
-    PQconninfoOption *opts, *o, *pw = NULL;
-    char *msg = NULL, *buf = NULL;
-    size_t len = 0;
+    char why[400], *conninfo = NULL, *pw = NULL;
     const char *s;
     int rc;
 
     if ((rc = scalar(L, v, "conninfo", "a scalar", &s)) != SK_OK)
         return rc;
-    if ((opts = PQconninfoParse(s, &msg)) == NULL) {
-        rc = conninfo_error(L, v, s, msg);
-        PQfreemem(msg);
-        return rc;
-    }
-    for (o = opts; o->keyword != NULL; o++)
-        if (strcmp(o->keyword, "password") == 0 && o->val != NULL)
-            pw = o;
-    if (pw == NULL) {
-        rc = store(L, v, &p->conninfo, s);
-    } else if ((rc = claim_secret(L, v, "the password in conninfo")) == SK_OK &&
-               (rc = store(L, v, &p->password, pw->val)) == SK_OK) {
-        FILE *f = open_memstream(&buf, &len);
-        for (o = opts; f != NULL && o->keyword != NULL; o++) {
-            if (o->val == NULL || o == pw)
-                continue;
-            fprintf(f, "%s%s='", ftell(f) > 0 ? " " : "", o->keyword);
-            for (const char *c = o->val; *c != '\0'; c++)
-                fprintf(f, "%s%c", *c == '\'' || *c == '\\' ? "\\" : "", *c);
-            fputc('\'', f);
-        }
-        if (f == NULL || fclose(f) != 0) {
-            free(buf);
-            rc = fail(L, v, "out of memory");
-        } else {
-            free(p->conninfo);
-            p->conninfo = buf;
-        }
+    if (sk_pg_conninfo_split(s, &conninfo, &pw, why, sizeof(why)) != SK_OK)
+        return fail(L, v, "conninfo: %s", why);
+    rc = SK_OK;
+    if (pw != NULL && (rc = claim_secret(L, v, "the password in conninfo")) == SK_OK)
+        rc = store(L, v, &p->password, pw);
+    if (rc == SK_OK) {
+        free(p->conninfo);
+        p->conninfo = conninfo;
+        conninfo = NULL;
     }
     if (pw != NULL)
-        explicit_bzero(pw->val, strlen(pw->val));  /* PQconninfoFree() only frees */
-    PQconninfoFree(opts);
+        explicit_bzero(pw, strlen(pw));
+    free(pw);
+    free(conninfo);
     return rc;
-}
-
-/* libpq quotes the text it could not parse, and that text may be the
- * password, or the whole URI with the password in it. When the string could
- * hold a password, every quoted part of the message is left out but for a
- * quoted "=", "]", ":" or "/", libpq's own punctuation; for a URI
- * the password is swapped for a harmless one and parsed again, to say
- * whether the password itself is what is malformed. */
-static int conninfo_error(struct loader *L, yaml_node_t *v, const char *s, char *msg)
-{
-    char out[200];
-    size_t at, len, n = 0;
-
-    if (msg == NULL)
-        return fail(L, v, "out of memory");
-    msg[strcspn(msg, "\n")] = '\0';
-    bool in_uri = uri_password(s, &at, &len);
-    if (!in_uri && strcasestr(s, "password") == NULL)
-        return fail(L, v, "conninfo: %s", msg);
-
-    /* libpq's own punctuation ("=", "]") stays: it says what was expected. */
-    for (const char *p = msg; *p != '\0' && n + 5 < sizeof(out); p++) {
-        const char *close = *p == '"' ? strchr(p + 1, '"') : NULL;
-        if (close == NULL) {
-            out[n++] = *p;
-        } else if (close == p + 2 && strchr("=]:/", p[1]) != NULL) {
-            memcpy(out + n, p, 3);
-            n += 3;
-            p = close;
-        } else {
-            memcpy(out + n, "\"...\"", 5);
-            n += 5;
-            p = close;
-        }
-    }
-    out[n] = '\0';
-
-    if (in_uri) {
-        char *copy = malloc(strlen(s) + 2), *why = NULL;
-        PQconninfoOption *opts = NULL;
-        if (copy == NULL)
-            return fail(L, v, "out of memory");
-        snprintf(copy, strlen(s) + 2, "%.*sx%s", (int)at, s, s + at + len);
-        if ((opts = PQconninfoParse(copy, &why)) != NULL) {
-            PQconninfoFree(opts);
-            free(copy);
-            return fail(L, v, "conninfo: the password in the URI is malformed (%s); "
-                        "percent-encode it, or move it to password_file", out);
-        }
-        PQfreemem(why);
-        free(copy);
-    }
-    return fail(L, v, "conninfo: %s (quoted text left out: conninfo holds a password)", out);
-}
-
-/* Where the password of a postgres:// or postgresql:// URI is: between the
- * first ':' and the '@' of the user info, which, as libpq reads it, ends at
- * the first '@' or '/'. */
-static bool uri_password(const char *s, size_t *at, size_t *len)
-{
-    static const char *const schemes[] = { "postgresql://", "postgres://" };
-    const char *p = NULL;
-
-    for (size_t i = 0; i < SK_ARRAY_LEN(schemes) && p == NULL; i++)
-        if (strncmp(s, schemes[i], strlen(schemes[i])) == 0)
-            p = s + strlen(schemes[i]);
-    if (p == NULL)
-        return false;
-    const char *end = p + strcspn(p, "@/");
-    const char *colon = memchr(p, ':', (size_t)(end - p));
-    if (*end != '@' || colon == NULL)
-        return false;
-    *at = (size_t)(colon + 1 - s);
-    *len = (size_t)(end - colon - 1);
-    return true;
 }
 
 static int load_queues(struct loader *L, yaml_node_t *v, void *base)
@@ -890,12 +819,22 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base)
             (rc = check_batch(L, item, &c->queues[i])) != SK_OK)
             return rc;
         for (size_t j = 0; j < i; j++) {
-            if (strcmp(c->queues[j].name, c->queues[i].name) != 0)
-                continue;
             yaml_node_t *first = node(L, v->data.sequence.items.start[j]);
-            return fail(L, find_value(L, item, "name"),
-                        "duplicate queue name \"%s\" (first defined at line %zu)",
-                        c->queues[i].name, find_value(L, first, "name")->start_mark.line + 1);
+            size_t line = find_value(L, first, "name")->start_mark.line + 1;
+            if (strcmp(c->queues[j].name, c->queues[i].name) == 0)
+                return fail(L, find_value(L, item, "name"),
+                            "duplicate queue name \"%s\" (first defined at line %zu)",
+                            c->queues[i].name, line);
+            /* Each queue owns <name>.dead and <name>.delay.<ms>: a queue of
+             * that name would take its dead letters or retry copies as jobs
+             * (or hand its jobs to the other's dead letters). */
+            const char *a = c->queues[i].name, *b = c->queues[j].name;
+            const char *owned = owned_by(a, b) ? a : owned_by(b, a) ? b : NULL;
+            if (owned != NULL)
+                return fail(L, find_value(L, item, "name"),
+                            "queue name \"%s\" collides with \"%s\" (line %zu): \"%s\" is one "
+                            "of \"%s\"'s dead-letter or delay queues", a, b, line, owned,
+                            owned == a ? b : a);
         }
     }
     return SK_OK;

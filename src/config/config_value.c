@@ -160,6 +160,14 @@ int sk_conf_value_parse_listen(const char *label, const char *s, char **host, in
     return SK_OK;
 }
 
+/* The variables password_env has read in this process, for
+ * sk_conf_value_forget_password_envs(): the supervisor keeps them (a reload
+ * reads them again), its children need them no more. A config names at
+ * most three (amqp, redis, postgres); reloads may name others. */
+#define MAX_PASSWORD_ENVS 16
+static char password_envs[MAX_PASSWORD_ENVS][65];
+static size_t n_password_envs;
+
 int sk_conf_value_password_env(const char *label, const char *name, char **dst,
                                struct sk_err *err)
 {
@@ -168,7 +176,22 @@ int sk_conf_value_password_env(const char *label, const char *name, char **dst,
     if (val == NULL || *val == '\0')
         return sk_err_set(err, SK_ERR, "%s: environment variable %.64s is %s", label, name,
                           val ? "empty" : "not set");
+    bool known = false;
+    for (size_t i = 0; i < n_password_envs && !known; i++)
+        known = strcmp(password_envs[i], name) == 0;
+    if (!known && n_password_envs < MAX_PASSWORD_ENVS && strlen(name) < sizeof(password_envs[0]))
+        memcpy(password_envs[n_password_envs++], name, strlen(name) + 1);
     return replace(dst, val, err);
+}
+
+void sk_conf_value_forget_password_envs(void)
+{
+    for (size_t i = 0; i < n_password_envs; i++) {
+        char *val = getenv(password_envs[i]);
+        if (val != NULL)
+            explicit_bzero(val, strlen(val));
+        unsetenv(password_envs[i]);
+    }
 }
 
 /* The file holds the password alone, and editors append a newline, so one

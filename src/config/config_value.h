@@ -65,6 +65,12 @@ int sk_conf_value_parse_listen(const char *label, const char *s, char **host, in
  * *dst untouched and fills err. Intermediate copies are wiped. */
 int sk_conf_value_password_env(const char *label, const char *name, char **dst,
                                struct sk_err *err);
+
+/* Wipes and unsets every variable sk_conf_value_password_env() has read in
+ * this process: a child of the supervisor calls it after fork(), so that
+ * neither a handler nor anything it starts (nor /proc/PID/environ) sees
+ * the passwords. The supervisor keeps them for its reloads. */
+void sk_conf_value_forget_password_envs(void);
 int sk_conf_value_password_file(const char *label, const char *path, char **dst,
                                 struct sk_err *err);
 

@@ -73,7 +73,9 @@ static int open_checked(const char *path, const char *real, struct sk_err *err)
         if (check_dir(path, dir, strchr(slash + 1, '/') == NULL, err) != SK_OK)
             return -1;
     }
-    if ((fd = open(real, O_RDONLY | O_CLOEXEC | O_NOCTTY)) < 0) {
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer, and
+     * hang sekalid -t, start and reload; it is refused just below. */
+    if ((fd = open(real, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) < 0) {
         sk_err_errno(err, SK_ERR, "handler %s: cannot load: open %s", path, real);
         return -1;
     }

@@ -51,7 +51,8 @@ struct letter {
     bool               parsed;         /* valid under the queue's rules: replayable */
     char               parse_error[256];
     amqp_bytes_t       key, job_id, job_type;  /* key: empty when it has none */
-    const char        *source;         /* "sekali", "broker" or "unknown" */
+    const char        *source;         /* "sekali", "broker", "unverified" or "unknown" */
+    char               origin[1200];   /* where it came from, in words */
     char               reason[64];
     char               error[512];
     int64_t            attempts;       /* -1: unknown */
@@ -86,8 +87,9 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
 static void close_dlq(struct dlq *d);
 static int scan(struct dlq *d, visit_fn visit);
 static void decode(struct dlq *d, struct letter *l);
-static bool recorded_by_sekali(struct letter *l);
+static bool recorded_by_sekali(const struct dlq *d, struct letter *l);
 static bool recorded_by_broker(struct letter *l);
+static bool bytes_are(amqp_bytes_t b, const char *s);
 static void key_state(struct dlq *d, struct letter *l);
 static bool selected(const struct dlq *d, const struct letter *l);
 static int visit_list(struct dlq *d, struct letter *l);
@@ -308,23 +310,66 @@ static void decode(struct dlq *d, struct letter *l)
     else if (k == NULL)
         l->key = l->job_id;
 
-    if (recorded_by_sekali(l) || recorded_by_broker(l))
+    if (recorded_by_sekali(d, l))
         return;
-    l->source = "unknown";
+    /* Headers that claim sekali's record without proof are shown, not
+     * believed: the reason, the attempts and the failure times are the
+     * broker's, or unknown. */
+    bool claims = sk_ctl_header(&l->msg, "x-sekali-reason") != NULL;
+    if (recorded_by_broker(l)) {
+        if (claims)
+            l->source = "unverified";
+        return;
+    }
+    l->source = claims ? "unverified" : "unknown";
     snprintf(l->reason, sizeof(l->reason), "unknown");
-    snprintf(l->error, sizeof(l->error), "no x-sekali-reason or x-death header");
+    snprintf(l->error, sizeof(l->error), "%s", claims
+             ? "its x-sekali-* headers are not sekali's record for this queue"
+             : "no x-sekali-reason or x-death header");
+    snprintf(l->origin, sizeof(l->origin), "published into %s directly, by neither sekali "
+             "nor the broker's dead-lettering", d->dead);
 }
 
-static bool recorded_by_sekali(struct letter *l)
+/* Whether sekali wrote this letter's x-sekali-* headers for this queue:
+ * x-sekali-queue names it, the broker verified that the publisher logged
+ * in as sekali's AMQP user (user_id, which RabbitMQ refuses from any other
+ * login), and the broker did not dead-letter it from the work queue since
+ * (its latest x-death would say so: a producer's copy of sekali's headers,
+ * rejected). A client logged in as sekali's own user can still forge
+ * them: producers should have users of their own. */
+static bool recorded_by_sekali(const struct dlq *d, struct letter *l)
 {
-    if (!sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason)))
+    const amqp_basic_properties_t *p = &l->msg.properties;
+    const amqp_field_value_t *queue = sk_ctl_header(&l->msg, "x-sekali-queue");
+    if (sk_ctl_header(&l->msg, "x-sekali-reason") == NULL || queue == NULL ||
+        queue->kind != AMQP_FIELD_KIND_UTF8 || !bytes_are(queue->value.bytes, d->queue) ||
+        !(p->_flags & AMQP_BASIC_USER_ID_FLAG) || !bytes_are(p->user_id, d->conf->amqp.user))
         return false;
+    const amqp_field_value_t *deaths = sk_ctl_header(&l->msg, "x-death");
+    if (deaths != NULL && deaths->kind == AMQP_FIELD_KIND_ARRAY &&
+        deaths->value.array.num_entries > 0 &&
+        deaths->value.array.entries[0].kind == AMQP_FIELD_KIND_TABLE) {
+        const amqp_table_t *t = &deaths->value.array.entries[0].value.table;
+        for (int i = 0; i < t->num_entries; i++)
+            if (bytes_are(t->entries[i].key, "queue") &&
+                t->entries[i].value.kind == AMQP_FIELD_KIND_UTF8 &&
+                bytes_are(t->entries[i].value.value.bytes, d->queue))
+                return false;
+    }
+    sk_ctl_header_text(&l->msg, "x-sekali-reason", l->reason, sizeof(l->reason));
     l->source = "sekali";
     sk_ctl_header_text(&l->msg, "x-sekali-error", l->error, sizeof(l->error));
     l->attempts = sk_broker_field_int(sk_ctl_header(&l->msg, "x-sekali-attempts"));
     sk_ctl_header_text(&l->msg, "x-sekali-first-failure", l->first, sizeof(l->first));
     sk_ctl_header_text(&l->msg, "x-sekali-last-failure", l->last, sizeof(l->last));
+    snprintf(l->origin, sizeof(l->origin), "sekali, dead-lettering it from queue %s as user %s",
+             d->queue, d->conf->amqp.user);
     return true;
+}
+
+static bool bytes_are(amqp_bytes_t b, const char *s)
+{
+    return b.len == strlen(s) && memcmp(b.bytes, s, b.len) == 0;
 }
 
 /* The broker's x-death: its latest death first. */
@@ -360,8 +405,12 @@ static bool recorded_by_broker(struct letter *l)
     snprintf(number, sizeof(number), "%lld", (long long)count);
     snprintf(l->error, sizeof(l->error), "dead-lettered by the broker from %s (%s, %s "
              "time%s)", from, l->reason, count >= 0 ? number : "?", count == 1 ? "" : "s");
+    snprintf(l->origin, sizeof(l->origin), "the broker, dead-lettering it from queue %s", from);
+    /* x-delivery-count is the quorum queue's, written as it dead-letters
+     * past its delivery limit; one a producer wrote into a classic queue's
+     * message would pass for a count of attempts. */
     int64_t deliveries = sk_broker_field_int(sk_ctl_header(&l->msg, "x-delivery-count"));
-    l->attempts = deliveries >= 0 ? deliveries : -1;
+    l->attempts = deliveries >= 0 && strcmp(l->reason, "delivery_limit") == 0 ? deliveries : -1;
     return true;
 }
 
@@ -434,13 +483,19 @@ static int visit_list(struct dlq *d, struct letter *l)
         sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 24);
     else
         printf("(no key)");
-    printf(" | %s | ", l->reason);
+    /* Every field that came from the letter is escaped (ctl_out.c). */
+    printf(" | ");
+    sk_ctl_put_text(stdout, l->reason, strlen(l->reason), 0);
     if (l->attempts >= 0)
-        printf("%lld", (long long)l->attempts);
+        printf(" | %lld | ", (long long)l->attempts);
     else
-        printf("?");
-    printf(" | %s | %s | %s | ", l->status[0] != '\0' ? l->status : "-",
-           l->first[0] != '\0' ? l->first : "-", l->last[0] != '\0' ? l->last : "-");
+        printf(" | ? | ");
+    sk_ctl_put_tstr(stdout, l->status[0] != '\0' ? l->status : "-");
+    printf(" | ");
+    sk_ctl_put_tstr(stdout, l->first[0] != '\0' ? l->first : "-");
+    printf(" | ");
+    sk_ctl_put_tstr(stdout, l->last[0] != '\0' ? l->last : "-");
+    printf(" | ");
     sk_ctl_put_text(stdout, l->job_id.bytes, l->job_id.len, 36);
     printf(" | ");
     sk_ctl_put_text(stdout, l->job_type.bytes, l->job_type.len, 12);
@@ -476,21 +531,29 @@ static void show_text(const struct dlq *d, const struct letter *l, const amqp_ta
     sk_ctl_put_text(stdout, l->job_id.bytes, l->job_id.len, 0);
     printf("\n  job type:       ");
     sk_ctl_put_text(stdout, l->job_type.bytes, l->job_type.len, 0);
-    printf("\n  reason:         %s (recorded by %s)\n  error:          ", l->reason, l->source);
+    printf("\n  reason:         ");
+    sk_ctl_put_tstr(stdout, l->reason);
+    printf(" (recorded by %s)\n  from:           ", l->source);
+    sk_ctl_put_tstr(stdout, l->origin);
+    printf("\n  error:          ");
     sk_ctl_put_text(stdout, l->error, strlen(l->error), 0);
     printf("\n  attempts:       ");
     if (l->attempts >= 0)
         printf("%lld\n", (long long)l->attempts);
     else
         printf("?\n");
-    printf("  first failure:  %s\n  last failure:   %s\n", l->first[0] ? l->first : "-",
-           l->last[0] ? l->last : "-");
+    printf("  first failure:  ");
+    sk_ctl_put_tstr(stdout, l->first[0] ? l->first : "-");
+    printf("\n  last failure:   ");
+    sk_ctl_put_tstr(stdout, l->last[0] ? l->last : "-");
+    printf("\n");
     printf("  replayable:     %s", l->parsed && l->job_type.len > 0 ? "yes" : "no: ");
     if (!l->parsed)
         sk_ctl_put_text(stdout, l->parse_error, strlen(l->parse_error), 0);
     else if (l->job_type.len == 0)
         printf("no job type (the outbox needs one)");
-    printf("\n  key in PostgreSQL: %s", l->status[0] != '\0' ? l->status : "-");
+    printf("\n  key in PostgreSQL: ");
+    sk_ctl_put_tstr(stdout, l->status[0] != '\0' ? l->status : "-");
     if (l->key_attempts >= 0)
         printf(", %ld attempts", l->key_attempts);
     if (l->crashes > 0)
@@ -562,7 +625,9 @@ static void result(struct dlq *d, const struct letter *l, const char *outcome,
         sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 0);
     else
         printf("(no key)");
-    printf(" [%s]: ", l->reason);
+    printf(" [");
+    sk_ctl_put_tstr(stdout, l->reason);
+    printf("]: ");
     sk_ctl_put_text(stdout, detail, strlen(detail), 0);
     printf("\n");
 }
@@ -579,6 +644,14 @@ static int visit_replay(struct dlq *d, struct letter *l)
                  l->parsed ? "no job type (the outbox needs one)" : l->parse_error);
         d->refused++;
         result(d, l, "refused", NULL, why);
+        return SK_OK;
+    }
+    if (strcmp(l->source, "unverified") == 0) {
+        /* Replaying re-arms the key: a letter made to look like sekali's
+         * must not re-arm someone's failed job with its own body. */
+        d->refused++;
+        result(d, l, "refused", NULL, "its x-sekali-* headers are not sekali's record for this "
+               "queue (see dlq show): purge it, or publish the job anew");
         return SK_OK;
     }
     const char *resource = strcmp(l->env.resource_key, l->env.idempotency_key) != 0
@@ -743,7 +816,9 @@ static void json_letter_fields(FILE *f, const struct letter *l)
     json_null_or(f, "job_type", l->job_type.bytes, l->job_type.len);
     fprintf(f, ",\"reason\":");
     sk_ctl_put_jstr(f, l->reason);
-    fprintf(f, ",\"recorded_by\":\"%s\",\"error\":", l->source);
+    fprintf(f, ",\"recorded_by\":\"%s\",\"from\":", l->source);
+    sk_ctl_put_jstr(f, l->origin);
+    fprintf(f, ",\"error\":");
     sk_ctl_put_jstr(f, l->error);
     if (l->attempts >= 0)
         fprintf(f, ",\"attempts\":%lld", (long long)l->attempts);

@@ -23,9 +23,11 @@ size_t sk_ctl_utf8_len(const unsigned char *s, size_t left);
  * U+FFFD, so the document always parses. */
 void sk_ctl_put_json(FILE *f, const void *s, size_t len);
 void sk_ctl_put_jstr(FILE *f, const char *s);
-/* s for a terminal: control characters and bytes that are not UTF-8 as
- * escapes; cut at max characters with "..." (0: no limit). */
+/* s for a terminal: control characters (C0, DEL and C1), bidi controls
+ * and bytes that are not UTF-8 as escapes; cut at max characters with
+ * "..." (0: no limit). JSON escapes the same characters as \u. */
 void sk_ctl_put_text(FILE *f, const void *s, size_t len, size_t max);
+void sk_ctl_put_tstr(FILE *f, const char *s);  /* all of s, as sk_ctl_put_text() */
 /* Any header value, as JSON or as compact text. */
 void sk_ctl_put_field(FILE *f, const amqp_field_value_t *v, bool json);
 

@@ -293,10 +293,16 @@ static void print_text(const struct status *s)
     else
         printf("sekalid: %s (judged by the queues' consumers: metrics disabled)\n",
                s->running == 1 ? "running" : s->running == 0 ? "NOT RUNNING" : "unknown");
-    if (s->broker_why[0] != '\0')
-        printf("broker: %s\n", s->broker_why);
-    if (s->pg_why[0] != '\0')
-        printf("postgresql: %s\n", s->pg_why);
+    if (s->broker_why[0] != '\0') {
+        printf("broker: ");
+        sk_ctl_put_tstr(stdout, s->broker_why);
+        printf("\n");
+    }
+    if (s->pg_why[0] != '\0') {
+        printf("postgresql: ");
+        sk_ctl_put_tstr(stdout, s->pg_why);
+        printf("\n");
+    }
     for (size_t i = 0; i < conf->n_queues; i++) {
         const struct qstat *q = &s->q[i];
         printf("\nqueue ");

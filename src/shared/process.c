@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "config_value.h"
 #include "log.h"
 #include "proctitle.h"
 
@@ -26,6 +27,9 @@ void sk_process_child_init(const struct sk_child_init *c)
     if (c->close_inherited != NULL)
         c->close_inherited(c->close_arg);
     sk_proctitle_set(c->title, c->comm);
+    /* The passwords are in the child's config already: a handler, or a
+     * program it runs, has no business with them. */
+    sk_conf_value_forget_password_envs();
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");

@@ -10,7 +10,19 @@
  * cannot be bound must stop sekalid with a message naming the configured
  * address, and the forked workers must close their copy of it, so its
  * descriptor has to be known. Nothing here logs: the supervisor logs what
- * start returns. */
+ * start returns.
+ *
+ * Slow clients: libmicrohttpd's timeout is an idle one, which a client
+ * sending a byte a second never reaches, and its connection limit leaves
+ * everyone else waiting in the backlog: sixteen such clients would keep
+ * /livez, an orchestrator's liveness probe, unanswered for as long as they
+ * like. So each request must have its headers in within HEADER_DEADLINE_MS
+ * of the connection's start or of its previous answer; and while every
+ * slot is taken and someone waits in the backlog, the connection that has
+ * waited longest for its request is cut, so that a probe, which sends its
+ * request at once, always gets in and is answered. A connection is cut
+ * with shutdown(): libmicrohttpd reads the end of it and closes it as it
+ * would any other, and keeps the descriptor its own. */
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
@@ -23,11 +35,14 @@
 
 #include <microhttpd.h>
 
+#include "clock.h"
 #include "metrics_http.h"
 
 #define BACKLOG            64
 #define MAX_CONNECTIONS    16  /* scrapers are few; anything more is a mistake or worse */
-#define CONNECTION_TIMEOUT 10  /* seconds an idle connection is kept */
+#define CONNECTION_TIMEOUT 10  /* seconds an idle connection is kept (but see below) */
+#define HEADER_DEADLINE_MS 1000 /* from a connection's start or last answer to its request */
+#define FULL_CHECK_MS      50   /* while every slot is taken: how often the backlog is looked at */
 #define CONTENT_TYPE       "text/plain; version=0.0.4; charset=utf-8"
 #define STATUS_MAX         512
 
@@ -36,6 +51,7 @@ struct sk_metrics_http {
     int                   listen_fd;
     int                   epoll_fd;    /* libmicrohttpd's, polled by the supervisor */
     int                   conns[MAX_CONNECTIONS];  /* open connections; -1: none */
+    int64_t               since[MAX_CONNECTIONS];  /* their start or last answer, sk_now_ms() */
     unsigned long         closed;      /* connections closed so far, for run() */
     const struct sk_conf *conf;
     struct sk_metrics    *metrics;
@@ -45,6 +61,9 @@ struct sk_metrics_http {
 
 static int listen_on(const struct sk_metrics_conf *mc, int *fd, struct sk_err *err);
 static int mhd_timeout(struct sk_metrics_http *h);
+static int cut_slow(struct sk_metrics_http *h);
+static size_t slot_of(struct sk_metrics_http *h, struct MHD_Connection *conn);
+static bool backlog_waiting(const struct sk_metrics_http *h);
 static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
                   enum MHD_ConnectionNotificationCode code);
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
@@ -129,6 +148,9 @@ void sk_metrics_http_poll(struct sk_metrics_http *h, struct pollfd *pfd, int *ti
     pfd->fd = h->epoll_fd;
     pfd->events = POLLIN;
     int due = mhd_timeout(h);
+    int cut = cut_slow(h);
+    if (due < 0 || (cut >= 0 && cut < due))
+        due = cut;
     if (due >= 0 && (*timeout < 0 || due < *timeout))
         *timeout = due;
 }
@@ -144,7 +166,10 @@ void sk_metrics_http_poll(struct sk_metrics_http *h, struct pollfd *pfd, int *ti
  * back. */
 void sk_metrics_http_serve(struct sk_metrics_http *h, const struct pollfd *pfd)
 {
-    if (h == NULL || (pfd->revents == 0 && mhd_timeout(h) != 0))
+    if (h == NULL)
+        return;
+    bool cut = cut_slow(h) == 0;  /* cuts what is due: libmicrohttpd must see it */
+    if (pfd->revents == 0 && mhd_timeout(h) != 0 && !cut)
         return;
     unsigned long closed;
     do {
@@ -164,6 +189,64 @@ void sk_metrics_http_close_in_child(struct sk_metrics_http *h)
     for (size_t i = 0; i < MAX_CONNECTIONS; i++)
         if (h->conns[i] >= 0)
             close(h->conns[i]);
+}
+
+/* Cuts (shutdown()) every connection past HEADER_DEADLINE_MS, and, while
+ * every slot is taken and a client waits in the backlog, the one that has
+ * waited longest. Returns 0 if it cut one (libmicrohttpd has work now), else
+ * the milliseconds until it may have to, or -1 when no connection is open. */
+static int cut_slow(struct sk_metrics_http *h)
+{
+    int64_t now = sk_now_ms(), next = -1;
+    size_t open = 0, oldest = MAX_CONNECTIONS;
+    bool cut = false;
+    for (size_t i = 0; i < MAX_CONNECTIONS; i++) {
+        if (h->conns[i] < 0)
+            continue;
+        open++;
+        if (h->since[i] == INT64_MAX)
+            continue;  /* cut already, not yet closed */
+        int64_t left = h->since[i] + HEADER_DEADLINE_MS - now;
+        if (left <= 0) {
+            shutdown(h->conns[i], SHUT_RDWR);
+            h->since[i] = INT64_MAX;
+            cut = true;
+            continue;
+        }
+        if (next < 0 || left < next)
+            next = left;
+        if (oldest == MAX_CONNECTIONS || h->since[i] < h->since[oldest])
+            oldest = i;
+    }
+    if (open == MAX_CONNECTIONS && !cut) {
+        if (oldest < MAX_CONNECTIONS && backlog_waiting(h)) {
+            shutdown(h->conns[oldest], SHUT_RDWR);
+            h->since[oldest] = INT64_MAX;
+            cut = true;
+        }
+        /* Full, the backlog is not in libmicrohttpd's epoll set: look. */
+        if (next < 0 || next > FULL_CHECK_MS)
+            next = FULL_CHECK_MS;
+    }
+    return cut ? 0 : (int)next;
+}
+
+/* Whether a client waits to be accepted. */
+static bool backlog_waiting(const struct sk_metrics_http *h)
+{
+    struct pollfd pfd = { .fd = h->listen_fd, .events = POLLIN };
+    return poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLIN);
+}
+
+/* conn's index in conns[], or MAX_CONNECTIONS. */
+static size_t slot_of(struct sk_metrics_http *h, struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    for (size_t i = 0; info != NULL && i < MAX_CONNECTIONS; i++)
+        if (h->conns[i] == info->connect_fd)
+            return i;
+    return MAX_CONNECTIONS;
 }
 
 /* Milliseconds until libmicrohttpd has timed work (an idle connection to
@@ -231,6 +314,7 @@ static void track(void *cls, struct MHD_Connection *conn, void **socket_context,
     for (size_t i = 0; i < MAX_CONNECTIONS; i++) {
         if (code == MHD_CONNECTION_NOTIFY_STARTED && h->conns[i] < 0) {
             h->conns[i] = fd;
+            h->since[i] = sk_now_ms();
             return;
         }
         if (code == MHD_CONNECTION_NOTIFY_CLOSED && h->conns[i] == fd) {
@@ -248,6 +332,10 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 {
     struct sk_metrics_http *h = cls;
     (void)version, (void)upload, (void)upload_size, (void)request;
+    /* The deadline for the connection's next request starts now. */
+    size_t slot = slot_of(h, conn);
+    if (slot < MAX_CONNECTIONS)
+        h->since[slot] = sk_now_ms();
 
     bool health = strcmp(url, "/livez") == 0 || strcmp(url, "/readyz") == 0;
     if (strcmp(url, "/metrics") != 0 && !health)

@@ -66,8 +66,9 @@ static int check_sizes(const amqp_basic_properties_t *p, const struct sk_queue_c
     if (out->body_len > q->max_body)
         return sk_err_set(err, SK_ERR, "body of %zu bytes exceeds max_body %zu",
                           out->body_len, q->max_body);
-    /* Checked before anything else reads them: headers too large to be
-     * copied with sekali's own could never be retried (see config.c). */
+    /* Checked before anything else reads them: headers too large to grow
+     * through a retry and a dead-lettering within one frame could never be
+     * retried (see config.c). */
     size_t headers = headers_size(p);
     if (headers > q->max_headers)
         return sk_err_set(err, SK_ERR, "headers of %zu bytes exceed max_headers %zu", headers,
@@ -155,7 +156,11 @@ static void read_attempts(const amqp_basic_properties_t *p, const struct sk_queu
     out->rescheduled = back_from_delay(p, q->name);
     int64_t scheduled = out->rescheduled ? header_int(p, "x-sekali-attempt") : -1;
     out->scheduled_attempt = scheduled >= 1 && scheduled < UINT32_MAX / 2 ? (uint32_t)scheduled : 1;
-    int64_t redeliveries = header_int(p, "x-delivery-count");
+    /* x-delivery-count is the quorum queue's count of redeliveries, which
+     * it writes on each one; on a first delivery, or in a classic queue,
+     * one there is the producer's. */
+    int64_t redeliveries = q->queue_type == SK_QUEUE_QUORUM && out->redelivered
+        ? header_int(p, "x-delivery-count") : -1;
     if (redeliveries < 0 || redeliveries > UINT32_MAX / 2)
         redeliveries = out->redelivered ? 1 : 0;
     out->delivery_attempt = out->scheduled_attempt + (uint32_t)redeliveries;
@@ -165,6 +170,10 @@ static int read_first_failure(const amqp_basic_properties_t *p, struct sk_envelo
                               struct sk_err *err)
 {
     out->first_failure[0] = '\0';
+    /* Only sekali's own retry copies carry a first failure it wrote; a
+     * producer's would pose as one (and reach an operator's terminal). */
+    if (!out->rescheduled)
+        return SK_OK;
     const amqp_field_value_t *first = find_header(p, "x-sekali-first-failure");
     if (first != NULL && first->kind == AMQP_FIELD_KIND_UTF8 &&
         copy_key(out->first_failure, sizeof(out->first_failure), first->value.bytes,
@@ -270,20 +279,17 @@ static bool type_accepted(const struct sk_queue_conf *q, const char *type)
     return false;
 }
 
-/* The headers' wire size without x-death: the broker's record grows with
- * each delay queue a job goes through, and max_headers leaves room for it,
- * so that a job accepted once is not refused on its way back from a retry. */
+/* The headers' wire size, x-death included. A producer can write x-death
+ * as well as the broker, and every byte of it travels on with each retry
+ * copy and dead letter: what max_headers must bound is what the next copy
+ * carries. The growth still to come (the broker's records of the delay
+ * queues yet to cross, sekali's own headers) is what config.c keeps out of
+ * max_headers' reach. */
 static size_t headers_size(const amqp_basic_properties_t *p)
 {
     if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
         return 0;
-    size_t n = sk_broker_table_size(&p->headers);
-    const amqp_field_value_t *deaths = find_header(p, "x-death");
-    if (deaths != NULL) {
-        amqp_table_entry_t e = { .key = amqp_cstring_bytes("x-death"), .value = *deaths };
-        n -= sk_broker_table_size(&(amqp_table_t){ .num_entries = 1, .entries = &e });
-    }
-    return n;
+    return sk_broker_table_size(&p->headers);
 }
 
 /* Whether the latest death in x-death is an expiry in one of queue's delay

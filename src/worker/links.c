@@ -77,7 +77,7 @@ void sk_links_free(struct sk_links *l)
 {
     if (l == NULL)
         return;
-    sk_broker_close(l->consumer);
+    sk_broker_close_consumer(l->consumer);
     sk_broker_close(l->publisher);
     sk_lock_close(l->lock);
     sk_store_close(l->store);
@@ -231,7 +231,7 @@ int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_jo
         sk_log_warn("lost the broker connection: %s", why->msg);
         atomic_store(&l->slot->consuming, 0);
         l->consumer_outage.logged = true;
-        sk_broker_close(l->consumer);
+        sk_broker_close_consumer(l->consumer);
         l->consumer = NULL;
         return SK_AGAIN;
     case SK_LINK_PUBLISHER:

@@ -73,7 +73,9 @@ int sk_reschedule_dead(struct sk_broker *pub, const char *queue, const amqp_enve
         { .key = "x-sekali-first-failure", .text = first },
         { .key = "x-sekali-last-failure", .text = now },
     };
-    return sk_broker_republish(pub, dead, env, headers, SK_ARRAY_LEN(headers), err);
+    /* Fitted: a dead letter is kept whatever it carries, so a producer's
+     * bulky headers give way to the reason (see sk_broker_republish_fitted()). */
+    return sk_broker_republish_fitted(pub, dead, env, headers, SK_ARRAY_LEN(headers), err);
 }
 
 static void now_iso8601(char *out, size_t size)

@@ -219,6 +219,79 @@ START_TEST(test_livez_goes_unanswered_while_the_supervisor_loop_is_held_then_200
 }
 END_TEST
 
+/* A slow-client flood: FLOOD connections kept open, each sending its
+ * request a byte every 400 ms and opened again when the server cuts it,
+ * for FLOOD_MS; bounded, so the test ends whatever the server does. */
+#define FLOOD    40
+#define FLOOD_MS 6000
+
+static void flood(int port)
+{
+    static const char request[] = "GET /livez HTTP/1.1\r\nHost: flood\r\nX-Slow: ";
+    int fds[FLOOD];
+    size_t sent[FLOOD];
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    for (int i = 0; i < FLOOD; i++)
+        fds[i] = -1;
+    int64_t end = h_now_ms() + FLOOD_MS;
+    while (h_now_ms() < end) {
+        for (int i = 0; i < FLOOD; i++) {
+            if (fds[i] < 0) {
+                fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+                if (fds[i] >= 0 && connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+                    close(fds[i]);
+                    fds[i] = -1;
+                }
+                sent[i] = 0;
+                continue;
+            }
+            char c = request[sent[i] % (sizeof(request) - 1)];
+            if (send(fds[i], &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+                close(fds[i]);
+                fds[i] = -1;
+            }
+            sent[i]++;
+        }
+        usleep(400 * 1000);
+    }
+    _exit(0);
+}
+
+/* Sixteen slow clients used to hold all of the endpoint's connections for
+ * as long as they liked, and those queued behind them kept it down after;
+ * an orchestrator's probe, timing out, would restart a healthy sekalid. */
+START_TEST(test_livez_answers_during_a_slow_client_flood)
+{
+    struct run r;
+    start(&r, "health-flood", false);
+    ck_assert_msg(answers(&r, "/livez", 200, "live\n"), "/livez: \"%s\"", r.body);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0)
+        flood(r.port);
+    usleep(1500 * 1000);  /* the flood holds every slot by now */
+    int answered = 0;
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "curl -s --max-time 2 -o /dev/null -w '%%{http_code}' "
+             "http://127.0.0.1:%d/livez", r.port);
+    for (int i = 0; i < 5; i++) {
+        FILE *p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        int status = 0;
+        if (fscanf(p, "%d", &status) != 1)
+            status = 0;
+        pclose(p);
+        answered += status == 200;
+    }
+    kill(child, SIGKILL);
+    h_wait_exit(child, 10000, "the flood");
+    ck_assert_msg(answered == 5, "/livez should answer 200 within 2 s through the flood, "
+                  "answered %d of 5", answered);
+    finish(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -226,6 +299,7 @@ int main(void)
         test_readyz_says_503_and_why_while_no_worker_can_consume_then_200_again,
         test_readyz_says_503_after_a_reload_until_the_new_workers_consume,
         test_livez_goes_unanswered_while_the_supervisor_loop_is_held_then_200_again,
+        test_livez_answers_during_a_slow_client_flood,
         NULL,
     };
     int rc = h_run_suite(h_suite("health", 300, tests));

@@ -32,17 +32,16 @@ static char *header_filling(const char *message_id, const char *key, size_t fram
 /* The issue's message: headers so close to the frame size that a retry copy,
  * with sekali's headers added, cannot be sent. It used to go back to the
  * head of the queue at the same attempt for ever (92 runs in 51 s) while the
- * job behind it waited. Now it is dead-lettered after its one run; even the
- * dead-letter copy does not fit, so the broker dead-letters it (reject). */
+ * job behind it waited; then it was dead-lettered after its one run, by the
+ * broker, as even the dead-letter copy did not fit. Now max_headers stops
+ * at 80 KiB, so it is refused before it runs, and its dead letter, with
+ * the padding left out, carries sekali's reason. */
 START_TEST(test_message_too_large_to_reschedule_is_dead_lettered_and_the_next_job_runs)
 {
     struct h_run r;
     h_run_open(&r, "bighdr");
-    /* Past the frame-sized limit on purpose: the retry path itself is tested. */
     h_run_start(&r, &(struct h_run_opts){
-        .workers = 1, .queue_yaml = "    max_headers: 1MiB\n" H_FAST_RETRIES });
-    /* 100 bytes short of the frame: room for the broker's x-death on the
-     * dead letter, none for sekali's retry headers (about 130 bytes). */
+        .workers = 1, .queue_yaml = "    max_headers: 80KiB\n" H_FAST_RETRIES });
     char *value = header_filling("big-1", "x-padding", FRAME_MAX - 100);
     struct sk_header pad = { .key = "x-padding", .text = value };
     h_publish_raw(r.b, r.queue, "big-1", "test", &pad, 1, "retry_always", 12);
@@ -54,9 +53,17 @@ START_TEST(test_message_too_large_to_reschedule_is_dead_lettered_and_the_next_jo
     H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "the large-header message should be in %s",
            r.dead);
     h_run_stop(&r);
-    ck_assert_int_eq(h_count_lines(r.log, "job malformed: cannot be re-scheduled (retry)"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "exceed max_headers 81920"), 1);
     ck_assert_int_eq(h_count_lines(r.log, "could not re-schedule, handed back"), 0);
-    ck_assert_int_eq(h_count_lines(r.log, "dead-lettered by the broker"), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "dead-lettered by the broker"), 0);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char buf[600];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof(buf)), "malformed");
+    ck_assert_msg(strstr(h_header_text(&msg, "x-sekali-headers-dropped", buf, sizeof(buf)),
+                         "x-padding") != NULL, "x-sekali-headers-dropped: %s", buf);
+    ck_assert_str_eq(h_header_text(&msg, "x-padding", buf, sizeof(buf)), "");
+    amqp_destroy_message(&msg);
     h_run_close(&r);
 }
 END_TEST

@@ -87,6 +87,10 @@ static const struct bad_case bad_cases[] = {
       "by B, kB, KiB, MB, MiB, GB or GiB" },
     { "bad_size_range.yaml", NULL,
       DATA "bad_size_range.yaml:8:15: max_body must be between 1B and 128MiB, got 256MiB" },
+    /* Past 80 KiB a message's headers could outgrow a frame on their way
+     * through its retries and dead-lettering (config.c). */
+    { "bad_max_headers.yaml", NULL,
+      DATA "bad_max_headers.yaml:8:18: max_headers must be between 1B and 80KiB, got 1MiB" },
     { "bad_range.yaml", NULL,
       DATA "bad_range.yaml:8:14: workers must be between 1 and 256, got 0" },
     { "bad_port_range.yaml", NULL,
@@ -96,6 +100,14 @@ static const struct bad_case bad_cases[] = {
     { "bad_duplicate_queue.yaml", NULL,
       DATA "bad_duplicate_queue.yaml:11:11: duplicate queue name \"invoices\" "
       "(first defined at line 6)" },
+    { "bad_queue_collision.yaml", NULL,
+      DATA "bad_queue_collision.yaml:8:11: queue name \"invoices.dead\" collides with "
+      "\"invoices\" (line 6): \"invoices.dead\" is one of \"invoices\"'s dead-letter or "
+      "delay queues" },
+    { "bad_queue_collision_delay.yaml", NULL,
+      DATA "bad_queue_collision_delay.yaml:8:11: queue name \"mail\" collides with "
+      "\"mail.delay.1250\" (line 6): \"mail.delay.1250\" is one of \"mail\"'s dead-letter "
+      "or delay queues" },
     { "bad_queue_name.yaml", NULL,
       DATA "bad_queue_name.yaml:6:11: invalid name \"send invoices\": use 1 to 200 characters "
       "from A-Z a-z 0-9 . _ -" },

@@ -69,6 +69,8 @@ START_TEST(test_headers_override_keys_and_resource_defaults_to_idempotency_key)
 }
 END_TEST
 
+static void add_death(struct fixture *f, const char *from, const char *reason);
+
 START_TEST(test_redelivery_and_delivery_count_set_the_attempt)
 {
     struct fixture f;
@@ -85,8 +87,37 @@ START_TEST(test_redelivery_and_delivery_count_set_the_attempt)
     e->value.value.i64 = 4;
     p->_flags |= AMQP_BASIC_HEADERS_FLAG;
     p->headers.entries = f.headers;
-    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    struct sk_queue_conf quorum = queue;
+    quorum.queue_type = SK_QUEUE_QUORUM;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &quorum, &out, NULL), SK_OK);
     ck_assert_uint_eq(out.delivery_attempt, 5);
+
+    /* The broker writes x-delivery-count in a quorum queue, on a
+     * redelivery; anywhere else one is the producer's, and is ignored. */
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 2);
+    f.env.redelivered = 0;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &quorum, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 1);
+}
+END_TEST
+
+/* x-sekali-first-failure is sekali's, on its retry copies: a producer's
+ * (any text, control sequences and all) is not taken. */
+START_TEST(test_first_failure_is_read_only_from_a_retry_copy)
+{
+    struct fixture f;
+    make(&f, "job-1", "{}");
+    add_header(&f, "x-sekali-first-failure", "\x1b]52;c;ZXZpbA==\x07");
+    struct sk_envelope out;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_str_eq(out.first_failure, "");
+
+    make(&f, "job-1", "{}");
+    add_header(&f, "x-sekali-first-failure", "2026-12-01T15:00:00Z");
+    add_death(&f, "q.delay.1250", "expired");
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_str_eq(out.first_failure, "2026-12-01T15:00:00Z");
 }
 END_TEST
 
@@ -250,9 +281,11 @@ START_TEST(test_headers_over_max_headers_are_malformed)
     struct sk_queue_conf roomy = queue;
     roomy.max_headers = 5010;
     ck_assert_int_eq(sk_envelope_parse(&f.env, &roomy, &out, &err), SK_OK);
-    /* The broker's x-death, which grows with each retry, is not counted. */
+    /* x-death counts: a producer can forge one of any size, and it rides
+     * on every copy sekali and the broker make. */
     add_death(&f, "q.delay.10", "expired");
-    ck_assert_int_eq(sk_envelope_parse(&f.env, &roomy, &out, &err), SK_OK);
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &roomy, &out, &err), SK_ERR);
+    ck_assert_msg(strstr(err.msg, "exceed max_headers 5010") != NULL, "%s", err.msg);
 }
 END_TEST
 
@@ -356,6 +389,7 @@ int main(void)
         test_keys_default_to_the_message_id,
         test_headers_override_keys_and_resource_defaults_to_idempotency_key,
         test_redelivery_and_delivery_count_set_the_attempt,
+        test_first_failure_is_read_only_from_a_retry_copy,
         test_bad_messages_get_a_reason,
         test_unknown_job_type_is_rejected_when_types_are_listed,
         test_valid_multibyte_keys_pass,

@@ -121,6 +121,20 @@ START_TEST(test_text_line_escapes_control_characters_in_keys_and_message)
 }
 END_TEST
 
+/* A message echoes text from elsewhere (a key, an error): unquoted, a
+ * message like `failed queue=other job_id=x` would add fields to the line. */
+START_TEST(test_text_line_quotes_the_message)
+{
+    const char *path = capture_stderr();
+    unsetenv("JOURNAL_STREAM");
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_TEXT, "worker");
+    sk_log_info("failed: %s", "boom queue=other job_id=forged \"x");
+    const char *text = slurp(path);
+    ck_assert_msg(strstr(text, "] \"failed: boom queue=other job_id=forged \\\"x\"\n") != NULL,
+                  "%s", text);
+}
+END_TEST
+
 /* JSON text is copied in runs between the characters that need escaping:
  * each escape lands where its character was, and the message of a bare
  * "%s" line (taken without vsnprintf) is escaped like any other. */
@@ -182,6 +196,7 @@ int main(void)
         test_lines_below_the_level_are_dropped,
         test_journal_stream_is_recognised_only_for_our_stderr,
         test_text_line_escapes_control_characters_in_keys_and_message,
+        test_text_line_quotes_the_message,
         test_json_line_escapes_each_special_character_in_place,
         test_a_forked_child_logs_its_own_pid,
         NULL,

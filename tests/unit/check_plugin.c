@@ -168,6 +168,23 @@ static void remove_tree(const char *root)
     ck_assert_int_eq(system(cmd), 0);
 }
 
+/* Nobody writes to the FIFO: loading it must not wait for a writer (it
+ * hung sekalid -t, start and reload), and it is not a handler. */
+START_TEST(test_handler_that_is_a_fifo_is_refused_without_blocking)
+{
+    char root[64], fifo[128];
+    scratch(root, sizeof(root));
+    ck_assert_int_eq(chmod(root, 0700), 0);
+    snprintf(fifo, sizeof(fifo), "%s/handler.so", root);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    struct sk_plugin p;
+    struct sk_err err;
+    ck_assert_int_eq(sk_plugin_load(fifo, &p, &err), SK_ERR);
+    ck_assert_msg(strstr(err.msg, "is not a regular file") != NULL, "%s", err.msg);
+    remove_tree(root);
+}
+END_TEST
+
 /* The message names the directory at fault and how it is loose. */
 static void assert_refused(const char *file, const char *root, const char *dir, const char *how)
 {
@@ -448,6 +465,7 @@ int main(void)
         test_missing_handle_callback_is_refused,
         test_null_descriptor_is_refused,
         test_missing_file_is_refused,
+        test_handler_that_is_a_fifo_is_refused_without_blocking,
         test_handler_writable_by_others_is_refused,
         test_symlink_to_a_handler_in_a_world_writable_directory_is_refused,
         test_handler_whose_parent_directory_is_world_writable_is_refused,

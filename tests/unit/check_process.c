@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "config_value.h"
 #include "metrics_http.h"
 #include "process.h"
 #include "suite.h"
@@ -174,6 +175,29 @@ START_TEST(test_child_init_hands_the_child_no_systemd_socket_and_names_it)
 }
 END_TEST
 
+static int password_env_gone(void *arg)
+{
+    (void)arg;
+    return getenv("SK_TEST_AMQP_PASSWORD") == NULL ? 0 : 40;
+}
+
+/* A handler runs in the child: the password its config read from the
+ * environment is no business of it, or of a program it starts. The
+ * supervisor keeps the variable, which a reload reads again. */
+START_TEST(test_child_init_clears_the_password_env_variables_read)
+{
+    setenv("SK_TEST_AMQP_PASSWORD", "s3cr3t", 1);
+    char *pw = NULL;
+    ck_assert_int_eq(sk_conf_value_password_env("amqp", "SK_TEST_AMQP_PASSWORD", &pw, NULL),
+                     SK_OK);
+    struct sk_child_init init = defaults(eventfd(0, EFD_CLOEXEC));
+    ck_assert_int_eq(in_child(&init, password_env_gone, NULL), 0);
+    ck_assert_str_eq(getenv("SK_TEST_AMQP_PASSWORD"), "s3cr3t");
+    sk_conf_value_wipe(pw);
+    close(init.signal_fd);
+}
+END_TEST
+
 static int signals_are_the_childs(void *arg)
 {
     (void)arg;
@@ -233,6 +257,7 @@ int main(void)
     const TTest *tests[] = {
         test_child_init_closes_the_supervisor_descriptors_and_every_endpoint_socket,
         test_child_init_hands_the_child_no_systemd_socket_and_names_it,
+        test_child_init_clears_the_password_env_variables_read,
         test_child_init_unblocks_signals_and_sigterm_sets_the_stop_flag,
         test_child_init_exits_at_once_when_the_supervisor_is_already_gone,
         NULL,
