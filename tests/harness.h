@@ -142,6 +142,11 @@ char *h_readme_block(const char *lang);
 /* Number of lines of path containing needle. */
 int h_count_lines(const char *path, const char *needle);
 
+/* Number of sekalid's JSON log lines in path that carry the stable event
+ * name `event` (SK_EVENT_*, log.h) and, unless server is NULL, concern that
+ * server (SK_SERVER_*). Match these rather than prose, which may change. */
+int h_count_events(const char *path, const char *event, const char *server);
+
 /* One test's sekalid on a queue of its own, with the connections the test
  * checks it through. Fields are for the test to read; a test that restarts
  * a server may replace pg or b with a new connection (h_pg(), h_broker()). */
