@@ -48,17 +48,15 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
  * not. Adding one? Name it in sekalid(8) under LOGGING. */
 #define SK_EVENT_OUTAGE_BEGIN   "outage_begin"    /* a server went away (once per outage) */
 #define SK_EVENT_OUTAGE_END     "outage_end"      /* ... and came back (once) */
-#define SK_EVENT_LOCK_LOST      "lock_lost"       /* a running job's lock or lease was lost */
-#define SK_EVENT_FENCED_OUT     "fenced_out"      /* a job's outcome lost to a newer owner */
-#define SK_EVENT_RESCHEDULED    "rescheduled"     /* a job put back for a later attempt */
 #define SK_EVENT_CRASH_RECORDED "crash_recorded"  /* a dead worker's job counted a crash */
-#define SK_EVENT_WORKER_DIED    "worker_died"     /* a child process died unasked */
+#define SK_EVENT_CRASH_HANDED   "crash_handed"    /* a retired worker's crash handed down */
+#define SK_EVENT_WORKER_DIED    "worker_died"     /* a child died unasked (and restarts) */
+#define SK_EVENT_WORKER_CANNOT_RUN "worker_cannot_run"  /* exit 2 or 3: sekalid stops */
 #define SK_EVENT_CRASH_LOOP     "crash_loop"      /* a slot keeps dying: restarts back off */
 #define SK_EVENT_JOB_TIMEOUT    "job_timeout"     /* a worker killed for its job's time */
 #define SK_EVENT_READY          "ready"           /* every worker consumes (READY=1) */
-#define SK_EVENT_RELOADED       "reloaded"        /* a reload's new generation is ready */
+#define SK_EVENT_RELOADED       "reloaded"        /* a reload's new generation started */
 #define SK_EVENT_RELOAD_FAILED  "reload_failed"   /* a reload refused; the old one runs */
-#define SK_EVENT_CRASH_HANDED   "crash_handed"    /* a retired worker's crash handed down */
 
 /* The servers an event's SERVER= names. */
 #define SK_SERVER_POSTGRES "postgres"

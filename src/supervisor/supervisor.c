@@ -118,7 +118,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 static void fresh(struct sk_slot *shared);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status, const struct sk_death *d);
+                           const struct sk_slot *shared, int status, const struct sk_death *d);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static void abandon(struct supervisor *s, const char *who, int code);
@@ -463,7 +463,7 @@ static void reap(struct supervisor *s)
             slot->ops->counts_as_worker)
             sk_deaths_hand_down(shared, g->conf->queues[slot->queue].name, s->current->heirs,
                                 s->current->n_slots);
-        on_exit_status(s, g, slot, status, &d);
+        on_exit_status(s, g, slot, shared, status, &d);
     }
     /* Free the retired generations whose last worker is gone. */
     for (struct generation **link = &s->retiring; *link != NULL;) {
@@ -478,13 +478,21 @@ static void reap(struct supervisor *s)
     }
 }
 
+/* shared: the dead worker's scoreboard slot, read for the key of the job
+ * it died in, which its death line carries as a job field. */
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status, const struct sk_death *d)
+                           const struct sk_slot *shared, int status, const struct sk_death *d)
 {
     char name[300];
     const char *who = slot_name(g, slot, name, sizeof(name));
     int64_t lived = sk_now_ms() - slot->started_ms;
     bool retiring = g != s->current && g != s->previous;
+    struct sk_log_job job = { 0 };
+    if (slot->ops->counts_as_worker) {
+        job.queue = g->conf->queues[slot->queue].name;
+        if (atomic_load(&shared->phase) != SK_PHASE_IDLE && shared->job_key[0] != '\0')
+            job.idempotency_key = shared->job_key;
+    }
 
     if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && retiring) {
         sk_log_debug("%s stopped", who);
@@ -496,7 +504,8 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
             abandon(s, who, WEXITSTATUS(status));
             return;
         }
-        sk_log_error("%s exited with status %d; not restarting it, since it "
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_WORKER_CANNOT_RUN, NULL, &job,
+                     "%s exited with status %d; not restarting it, since it "
                      "would fail the same way", who, WEXITSTATUS(status));
         if (s->exit_code == SK_EXIT_OK)
             s->exit_code = WEXITSTATUS(status);
@@ -515,17 +524,20 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
         snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
                                                 : "; restarting in %u ms", delay);
     if (WIFSIGNALED(status))
-        sk_log_warn("%s killed by signal %d after %lld ms%s%s", who,
-                    WTERMSIG(status), (long long)lived,
-                    d->job_caused ? " (its job's doing)" : "", what);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, &job,
+                     "%s killed by signal %d after %lld ms%s%s", who,
+                     WTERMSIG(status), (long long)lived,
+                     d->job_caused ? " (its job's doing)" : "", what);
     else
-        sk_log_warn("%s exited with status %d after %lld ms%s%s", who,
-                    WEXITSTATUS(status), (long long)lived,
-                    d->job_caused ? " (its job's doing)" : "", what);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, &job,
+                     "%s exited with status %d after %lld ms%s%s", who,
+                     WEXITSTATUS(status), (long long)lived,
+                     d->job_caused ? " (its job's doing)" : "", what);
     if (retiring)
         return;
     if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
-        sk_log_error("%s is crash-looping (%u deaths in a row without "
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_CRASH_LOOP, NULL, &job,
+                     "%s is crash-looping (%u deaths in a row without "
                      "progress); restarts are backing off up to %u ms", who,
                      slot->quick_deaths, slot->backoff.cap_ms);
     slot->restart_at_ms = sk_now_ms() + delay;
@@ -567,7 +579,8 @@ static void reload(struct supervisor *s)
     if (sk_conf_load(s->current->conf->path, &conf, &err) != SK_OK ||
         sk_plugin_load_queues(conf, sk_host(), &plugins, &err) != SK_OK ||
         (g = generation_new(conf, plugins, &err)) == NULL) {
-        sk_log_error("reload failed, still running the previous configuration: %s", err.msg);
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_RELOAD_FAILED, NULL, NULL,
+                     "reload failed, still running the previous configuration: %s", err.msg);
         sk_notify_status("reload failed, running the previous configuration: %s", err.msg);
         s->status[0] = '\0';
         sk_notify_ready();
@@ -593,7 +606,8 @@ static void reload(struct supervisor *s)
     s->ready_sent = false;
     for (size_t i = 0; i < g->n_slots; i++)
         spawn(s, g, &g->slots[i]);
-    sk_log_info("reloaded: %zu workers for %zu queues", workers(g), conf->n_queues);
+    sk_log_event(SK_LOG_INFO, SK_EVENT_RELOADED, NULL, NULL,
+                 "reloaded: %zu workers for %zu queues", workers(g), conf->n_queues);
 }
 
 /* A worker of a reload's new generation exited 2 or 3 before that
@@ -602,7 +616,8 @@ static void reload(struct supervisor *s)
 static void abandon(struct supervisor *s, const char *who, int code)
 {
     struct generation *g = s->current;
-    sk_log_error("reload failed, still running the previous configuration: %s exited with "
+    sk_log_event(SK_LOG_ERROR, SK_EVENT_RELOAD_FAILED, NULL, NULL,
+                 "reload failed, still running the previous configuration: %s exited with "
                  "status %d at start", who, code);
     sk_notify_status("reload failed, running the previous configuration: %s exited with "
                      "status %d at start", who, code);
@@ -657,7 +672,7 @@ static void report(struct supervisor *s)
     if (!s->ready_sent && consuming == g->n_slots) {
         s->ready_sent = true;
         sk_notify_ready();
-        sk_log_info("ready: every worker is consuming");
+        sk_log_event(SK_LOG_INFO, SK_EVENT_READY, NULL, NULL, "ready: every worker is consuming");
         if (s->previous != NULL) {
             retire(s, s->previous, "reload: retiring the previous generation");
             s->previous = NULL;
