@@ -16,6 +16,7 @@
 
 #include "broker.h"
 #include "config.h"
+#include "log.h"    /* SK_EVENT_* and SK_SERVER_*, for h_count_events() */
 #include "suite.h"
 
 /* The test handler (tests/plugins/effect.c), as h_write_config() takes it. */
@@ -143,9 +144,11 @@ char *h_readme_block(const char *lang);
 int h_count_lines(const char *path, const char *needle);
 
 /* Number of sekalid's JSON log lines in path that carry the stable event
- * name `event` (SK_EVENT_*, log.h) and, unless server is NULL, concern that
- * server (SK_SERVER_*). Match these rather than prose, which may change. */
-int h_count_events(const char *path, const char *event, const char *server);
+ * name `event` (SK_EVENT_*, log.h), written by a process of `role`
+ * ("supervisor", "worker", "relay", "janitor") and concerning `server`
+ * (SK_SERVER_*); NULL for either matches any. Match these rather than
+ * prose, which may change. */
+int h_count_events(const char *path, const char *role, const char *event, const char *server);
 
 /* One test's sekalid on a queue of its own, with the connections the test
  * checks it through. Fields are for the test to read; a test that restarts

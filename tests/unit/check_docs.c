@@ -83,6 +83,37 @@ START_TEST(test_every_man_page_passes_mandoc_lint)
 }
 END_TEST
 
+/* The stable event names are an interface (log.h): each SK_EVENT_* is
+ * described in sekalid(8)'s LOGGING list, and that list names no other. */
+START_TEST(test_sekalid_man_page_lists_exactly_the_log_event_names)
+{
+    char *header = read_file("src/base/log.h");
+    char *page = read_file("man/sekalid.8");
+    char *list = strstr(page, "\n.Sh LOGGING\n");
+    ck_assert_msg(list != NULL, "sekalid.8 has no LOGGING section");
+    char *end = strstr(list + 1, "\n.Sh ");
+    if (end != NULL)
+        *end = '\0';
+    int in_header = 0;
+    for (const char *p = header; (p = strstr(p, "#define SK_EVENT_")) != NULL; p++) {
+        const char *q = strchr(p, '"');
+        ck_assert_ptr_nonnull(q);
+        const char *e = strchr(q + 1, '"');
+        char want[128];
+        snprintf(want, sizeof(want), "\n.It Li %.*s\n", (int)(e - q - 1), q + 1);
+        ck_assert_msg(strstr(list, want) != NULL, "sekalid.8 LOGGING lacks %s", want + 1);
+        in_header++;
+    }
+    int in_page = 0;
+    for (const char *p = list; (p = strstr(p, "\n.It Li ")) != NULL; p++)
+        in_page++;
+    ck_assert_msg(in_header > 0 && in_page == in_header,
+                  "log.h defines %d event names, sekalid.8 lists %d", in_header, in_page);
+    free(header);
+    free(page);
+}
+END_TEST
+
 /* Every key the example configuration sets (or shows commented out) is
  * described in sekali.yaml(5). */
 START_TEST(test_config_man_page_names_every_key_of_the_example_configuration)
@@ -241,6 +272,7 @@ int main(void)
     const TTest *tests[] = {
         test_every_man_page_passes_mandoc_lint,
         test_config_man_page_names_every_key_of_the_example_configuration,
+        test_sekalid_man_page_lists_exactly_the_log_event_names,
         test_alert_rules_pass_promtool_check,
         test_alert_rules_fire_as_their_unit_tests_expect,
         test_dashboard_has_a_panel_for_each_operator_question,
