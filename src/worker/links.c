@@ -206,6 +206,7 @@ int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, 
                          "retry: %s", n, locks[0].key, err.msg);
         return SK_AGAIN;
     }
+    sk_links_up(l, SK_LINK_LOCK);
     return SK_OK;
 }
 
