@@ -42,7 +42,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 # sekalictl takes no Redis lock and serves no HTTP: it links neither library.
 CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd) $(HARDEN_LD)
 
-CORE    = common config config_value pg_conninfo log backoff clock
+CORE    = common config config_value pg_conninfo log backoff clock outage
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
@@ -104,6 +104,7 @@ $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
 $(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
 $(B)/tests/check_backoff:  $(call obj,$(CORE))
+$(B)/tests/check_outage:   $(call obj,$(CORE))
 $(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
 $(B)/tests/check_docs:     $(call obj,$(CORE))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))

@@ -403,6 +403,27 @@ int h_count_lines(const char *path, const char *needle)
     return n;
 }
 
+/* A field's key and value, quoted and after a comma, can only be the field
+ * itself: a message that quotes one has its quotes escaped. */
+int h_count_events(const char *path, const char *role, const char *event, const char *server)
+{
+    char want_role[128], want_event[128], want_server[128];
+    snprintf(want_role, sizeof(want_role), ",\"role\":\"%s\"", role != NULL ? role : "");
+    snprintf(want_event, sizeof(want_event), ",\"event\":\"%s\"", event);
+    snprintf(want_server, sizeof(want_server), ",\"server\":\"%s\"",
+             server != NULL ? server : "");
+    char *text = h_read_file(path);
+    if (text == NULL)
+        return 0;
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"))
+        n += strstr(line, want_event) != NULL &&
+             (role == NULL || strstr(line, want_role) != NULL) &&
+             (server == NULL || strstr(line, want_server) != NULL);
+    free(text);
+    return n;
+}
+
 void h_publish_raw(struct sk_broker *b, const char *queue, const char *message_id,
                    const char *type, const struct sk_header *headers, size_t n_headers,
                    const void *body, size_t body_len)

@@ -16,6 +16,7 @@
 
 #include "broker.h"
 #include "config.h"
+#include "log.h"    /* SK_EVENT_* and SK_SERVER_*, for h_count_events() */
 #include "suite.h"
 
 /* The test handler (tests/plugins/effect.c), as h_write_config() takes it. */
@@ -142,6 +143,13 @@ char *h_doc_block(const char *path, const char *lang);
 
 /* Number of lines of path containing needle. */
 int h_count_lines(const char *path, const char *needle);
+
+/* Number of sekalid's JSON log lines in path that carry the stable event
+ * name `event` (SK_EVENT_*, log.h), written by a process of `role`
+ * ("supervisor", "worker", "relay", "janitor") and concerning `server`
+ * (SK_SERVER_*); NULL for either matches any. Match these rather than
+ * prose, which may change. */
+int h_count_events(const char *path, const char *role, const char *event, const char *server);
 
 /* One test's sekalid on a queue of its own, with the connections the test
  * checks it through. Fields are for the test to read; a test that restarts

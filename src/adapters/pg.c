@@ -1,10 +1,9 @@
 /* pg.c - connecting to PostgreSQL with sekali's session settings, and running
  * statements with one reading of their outcome (see pg.h).
  *
- * Before this file each caller checked the connection, ran its statement and
- * told a lost connection from an SQL error in its own way; a lock timeout was
- * recognised in one of them only. Now PQstatus() after a failure decides
- * SK_AGAIN, the SQLSTATE decides SK_BUSY, and the rest is SK_ERR, here. */
+ * Every caller must tell a lost connection from an SQL error the same way,
+ * so it is told here once: PQstatus() after a failure decides SK_AGAIN, the
+ * SQLSTATE decides SK_BUSY, and the rest is SK_ERR. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

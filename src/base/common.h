@@ -18,7 +18,17 @@ enum {
     /* Never returned, only left in sk_err.code next to the usual return
      * code: the server refused our credentials. Retrying as is cannot help
      * until someone fixes the password, so callers that can tell it apart
-     * (a worker starting up, the Redis policy) do; the rest retry. */
+     * (a worker starting up, the Redis policy) do; the rest retry. Kept
+     * out of the return so that a caller that does not care needs no case
+     * for it: the return says what to do (back off, or give up), err.code
+     * only why. Left by (sk_err_mark_auth()):
+     *   sk_broker_open()               returning SK_ERR (ACCESS_REFUSED, or
+     *                                  NOT_ALLOWED on the vhost);
+     *   sk_pg_dial(), and every sk_store_*() call that (re)dials through it,
+     *                                  returning SK_AGAIN;
+     *   every sk_lock_*() call that (re)connects or is answered NOAUTH or
+     *                                  WRONGPASS, returning SK_AGAIN.
+     * Read err.code after those only; a new source must be added here. */
     SK_AUTH  = -5,
 };
 

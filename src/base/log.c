@@ -57,8 +57,11 @@ static bool needs_quotes(const char *s);
 static void put_field(struct line *l, const char *key, const char *value);
 static void put_job(struct line *l, const struct sk_log_job *job);
 static void put_number(struct line *l, const char *key, const char *num);
-static void send_to_journal(enum sk_log_level level, const char *msg,
-                            const struct sk_log_job *job);
+static void send_to_journal(enum sk_log_level level, const char *msg, const char *event,
+                            const char *server, const struct sk_log_job *job);
+static void vlog(enum sk_log_level level, const char *event, const char *server,
+                 const struct sk_log_job *job, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
 
 bool sk_log_stderr_is_journal(void)
 {
@@ -108,8 +111,23 @@ void sk_log_job(enum sk_log_level level, const struct sk_log_job *job, const cha
     va_end(ap);
 }
 
+void sk_log_event(enum sk_log_level level, const char *event, const char *server,
+                  const struct sk_log_job *job, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, event, server, job, fmt, ap);
+    va_end(ap);
+}
+
 void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const char *fmt,
                  va_list ap)
+{
+    vlog(level, NULL, NULL, job, fmt, ap);
+}
+
+static void vlog(enum sk_log_level level, const char *event, const char *server,
+                 const struct sk_log_job *job, const char *fmt, va_list ap)
 {
     if (level < min_level)
         return;
@@ -126,7 +144,7 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
         vsnprintf(buf, sizeof(buf), fmt, ap);
     }
     if (to_journal) {
-        send_to_journal(level, msg, job);
+        send_to_journal(level, msg, event, server, job);
         return;
     }
     if (pid_text[0] == '\0')
@@ -144,6 +162,8 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
         put_str(&l, pid_text);
         put_str(&l, ",\"msg\":");
         put_json_string(&l, msg);
+        put_field(&l, "event", event);
+        put_field(&l, "server", server);
         put_job(&l, job);
         put_raw(&l, "}", 1);
     } else {
@@ -157,6 +177,8 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
         /* Always quoted: a message echoes text (a key, a broker's or a
          * handler's error) that could otherwise pose as key=value fields. */
         put_text(&l, msg, true);
+        put_field(&l, "event", event);
+        put_field(&l, "server", server);
         put_job(&l, job);
     }
     /* Leave room for the newline even when the line was cut short. */
@@ -314,12 +336,12 @@ static void put_number(struct line *l, const char *key, const char *num)
 }
 
 /* journald's own fields: PRIORITY is syslog's (error 3 .. debug 7). */
-static void send_to_journal(enum sk_log_level level, const char *msg,
-                            const struct sk_log_job *job)
+static void send_to_journal(enum sk_log_level level, const char *msg, const char *event,
+                            const char *server, const struct sk_log_job *job)
 {
     static const int priorities[] = { 7, 6, 4, 3 };
-    char fields[10][640];  /* a key is at most 512 bytes */
-    struct iovec iov[10];
+    char fields[12][640];  /* a key is at most 512 bytes */
+    struct iovec iov[12];
     int n = 0;
 #define FIELD(...)                                                               \
     do {                                                                         \
@@ -332,6 +354,10 @@ static void send_to_journal(enum sk_log_level level, const char *msg,
     FIELD("MESSAGE=%s", msg);
     FIELD("PRIORITY=%d", priorities[level]);
     FIELD("SEKALI_ROLE=%s", role);
+    if (event != NULL)
+        FIELD("EVENT=%s", event);
+    if (server != NULL)
+        FIELD("SERVER=%s", server);
     if (job != NULL) {
         if (job->queue != NULL)
             FIELD("QUEUE=%s", job->queue);

@@ -41,6 +41,34 @@ void sk_log_job(enum sk_log_level level, const struct sk_log_job *job, const cha
 void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const char *fmt,
                  va_list ap) __attribute__((format(printf, 3, 0)));
 
+/* Stable names for the lines that tests, alerts and scripts look for: a
+ * line logged with sk_log_event() carries its name as EVENT= in the journal,
+ * "event" in JSON and event= in text, and the server it concerns (if any) as
+ * SERVER=, "server", server=. The prose around them may change; these may
+ * not. Adding one? Name it in sekalid(8) under LOGGING. */
+#define SK_EVENT_OUTAGE_BEGIN   "outage_begin"    /* a server went away (once per outage) */
+#define SK_EVENT_OUTAGE_END     "outage_end"      /* ... and came back (once) */
+#define SK_EVENT_CRASH_RECORDED "crash_recorded"  /* a dead worker's job counted a crash */
+#define SK_EVENT_CRASH_HANDED   "crash_handed"    /* a retired worker's crash handed down */
+#define SK_EVENT_WORKER_DIED    "worker_died"     /* a child died unasked (and restarts) */
+#define SK_EVENT_WORKER_CANNOT_RUN "worker_cannot_run"  /* exit 2 or 3: sekalid stops */
+#define SK_EVENT_CRASH_LOOP     "crash_loop"      /* a slot keeps dying: restarts back off */
+#define SK_EVENT_JOB_TIMEOUT    "job_timeout"     /* a worker killed for its job's time */
+#define SK_EVENT_READY          "ready"           /* every worker consumes (READY=1) */
+#define SK_EVENT_RELOADED       "reloaded"        /* a reload's new generation started */
+#define SK_EVENT_RELOAD_FAILED  "reload_failed"   /* a reload refused; the old one runs */
+
+/* The servers an event's SERVER= names. */
+#define SK_SERVER_POSTGRES "postgres"
+#define SK_SERVER_REDIS    "redis"
+#define SK_SERVER_RABBITMQ "rabbitmq"
+
+/* A line with a stable event name (SK_EVENT_*), the server it concerns or
+ * NULL, and the job's fields or NULL. Any thread may call it. */
+void sk_log_event(enum sk_log_level level, const char *event, const char *server,
+                  const struct sk_log_job *job, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 #define sk_log_debug(...) sk_log(SK_LOG_DEBUG, __VA_ARGS__)
 #define sk_log_info(...)  sk_log(SK_LOG_INFO, __VA_ARGS__)
 #define sk_log_warn(...)  sk_log(SK_LOG_WARN, __VA_ARGS__)

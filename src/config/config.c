@@ -619,7 +619,8 @@ static int apply_measure(struct loader *L, const struct key *k, yaml_node_t *v, 
     char lo[32], hi[32];
     struct sk_err e;
     uint64_t u;
-    int rc = k->type == T_DURATION ? sk_parse_duration(s, &u, &e) : sk_parse_size(s, &u, &e);
+    int rc = k->type == T_DURATION ? sk_conf_value_parse_duration(s, &u, &e)
+                                   : sk_conf_value_parse_size(s, &u, &e);
     if (rc != SK_OK)
         return fail(L, v, "%s", e.msg);
     if (u < k->min || u > k->max)

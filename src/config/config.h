@@ -24,7 +24,7 @@
 
 enum sk_queue_mode {
     SK_MODE_TRANSACTIONAL = 0,  /* handler writes inside the claim's transaction */
-    SK_MODE_EXTERNAL,           /* handler acts outside the database (issue: failure handling) */
+    SK_MODE_EXTERNAL,           /* handler acts outside the database, under a lease */
 };
 
 /* What a worker does while Redis is unreachable. */

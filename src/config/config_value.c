@@ -51,7 +51,7 @@ static const struct unit size_units[] = {
     { "MB", 1000000 }, { "kB", 1000 }, { "B", 1 }, { "", 1 }, { NULL, 0 },
 };
 
-int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err)
+int sk_conf_value_parse_duration(const char *text, uint64_t *ms, struct sk_err *err)
 {
     int r = parse_unit(text, duration_units, ms);
 
@@ -63,7 +63,7 @@ int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err)
     return SK_OK;
 }
 
-int sk_parse_size(const char *text, uint64_t *bytes, struct sk_err *err)
+int sk_conf_value_parse_size(const char *text, uint64_t *bytes, struct sk_err *err)
 {
     int r = parse_unit(text, size_units, bytes);
 

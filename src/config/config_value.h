@@ -28,10 +28,10 @@
 
 /* "250ms", "30s", "5m", "1h" (a bare integer is not accepted: the unit is
  * part of the meaning). Returns SK_OK or SK_ERR with a message in err. */
-int sk_parse_duration(const char *text, uint64_t *ms, struct sk_err *err);
+int sk_conf_value_parse_duration(const char *text, uint64_t *ms, struct sk_err *err);
 
 /* "512", "64KiB", "1MiB", "1GiB" (also kB/MB/GB as powers of 1000). */
-int sk_parse_size(const char *text, uint64_t *bytes, struct sk_err *err);
+int sk_conf_value_parse_size(const char *text, uint64_t *bytes, struct sk_err *err);
 
 /* Decimal only, with an optional '-'. Out-of-range values clamp, and the
  * caller's bounds catch them. Returns SK_OK, or SK_ERR (nothing written). */

@@ -32,7 +32,7 @@
 #include "reschedule.h"
 
 #define SCRAPE_TIMEOUT_MS 3000
-#define BUSY_DELAY_MAX_MS 5000  /* the longest busy-lock re-schedule (src/job.c) */
+#define BUSY_DELAY_MAX_MS 5000  /* the longest busy-lock re-schedule (src/worker/job.c) */
 
 /* One queue's figures; a figure whose source failed is marked unknown. */
 struct qstat {
@@ -169,7 +169,7 @@ static void read_metrics(struct status *s)
 }
 
 /* The delay queues sekali may have declared for q: the bucket ladder
- * (src/reschedule.c) up to the longest delay it schedules. Those that
+ * (src/worker/reschedule.c) up to the longest delay it schedules. Those that
  * exist are counted; a delay queue deletes itself once unused. */
 static int read_delays(struct sk_broker *b, struct qstat *q, struct sk_err *err)
 {

@@ -19,9 +19,9 @@
 
 #include <libpq-fe.h>
 
-#include "backoff.h"
 #include "janitor.h"
 #include "log.h"
+#include "outage.h"
 #include "pg.h"
 #include "process.h"
 
@@ -77,24 +77,37 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
 {
     sk_log_info("janitor started");
 
-    struct sk_backoff backoff = { .base_ms = 500, .cap_ms = 30000 };
+    struct sk_outage outage = SK_OUTAGE_INIT(500, 30000);
     PGconn *pg = NULL;
     while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         struct sk_err err = { 0 };
         if (pg == NULL && (pg = sk_pg_dial(&conf->postgres, "sekali janitor", &err)) == NULL) {
             atomic_store(&slot->consuming, 0);
-            sk_sleep_ms(sk_backoff_next(&backoff));
+            if (sk_outage_failed(&outage))
+                sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                             "janitor cannot reach PostgreSQL, retrying with backoff: %s",
+                             err.msg);
+            sk_sleep_ms(sk_outage_wait_ms(&outage));
             continue;
         }
         atomic_store(&slot->consuming, 1);
+        /* The failed delete was logged; a lost connection also begins an
+         * outage, a statement that failed on a live server only backs off. */
         if (round_once(conf, pg) != SK_OK) {
+            if (PQstatus(pg) == CONNECTION_OK)
+                sk_outage_pause(&outage);
+            else if (sk_outage_failed(&outage))
+                sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                             "janitor lost PostgreSQL, retrying with backoff");
             PQfinish(pg);
             pg = NULL;
-            sk_sleep_ms(sk_backoff_next(&backoff));
+            sk_sleep_ms(sk_outage_wait_ms(&outage));
             continue;
         }
-        sk_backoff_reset(&backoff);
+        if (sk_outage_ok(&outage))
+            sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
+                         "janitor reached PostgreSQL again");
         sk_metrics_janitor_round(metrics);
         /* Sleep in short steps, so that the supervisor sees us alive. */
         for (uint32_t slept = 0; slept < conf->janitor.interval_ms && !sk_process_stopping();

@@ -31,10 +31,10 @@
 
 #include <libpq-fe.h>
 
-#include "backoff.h"
 #include "broker.h"
 #include "failpoint.h"
 #include "log.h"
+#include "outage.h"
 #include "pg.h"
 #include "process.h"
 #include "relay.h"
@@ -53,8 +53,7 @@ struct relay {
     PGconn               *pg;
     struct sk_broker     *broker;
     struct sk_publish    *publishes;   /* one per row of a batch */
-    struct sk_backoff     backoff;
-    bool                  down_logged;
+    struct sk_outage      outage;      /* of either connection: both are dropped together */
     int                   singly;      /* rows still to relay one per batch */
     char                  refusal[256];  /* the broker's reason for a row's refusal */
 };
@@ -62,7 +61,7 @@ struct relay {
 
 static bool connect_all(struct relay *r);
 static int declare_queues(struct relay *r, struct sk_err *err);
-static void disconnect(struct relay *r, const char *why);
+static void disconnect(struct relay *r, const char *server, const char *why);
 static int relay_batch(struct relay *r, int *claimed);
 static PGresult *claim_rows(struct relay *r);
 static int publish_rows(struct relay *r, PGresult *rows, int n);
@@ -79,7 +78,7 @@ int sk_relay_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_met
     struct relay r = { .conf = conf, .slot = slot, .metrics = metrics,
                        .sampling = conf->metrics.listen_host != NULL,
                        .publishes = calloc((size_t)conf->outbox.batch, sizeof(*r.publishes)),
-                       .backoff = { .base_ms = 100, .cap_ms = 10000 } };
+                       .outage = SK_OUTAGE_INIT(100, 10000) };
     if (r.publishes == NULL) {
         sk_log_error("outbox relay: out of memory for a batch of %d", conf->outbox.batch);
         return SK_EXIT_RUNTIME;
@@ -92,7 +91,8 @@ int sk_relay_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_met
         int claimed = 0;
         int rc = relay_batch(&r, &claimed);
         if (rc == SK_AGAIN) {
-            sk_sleep_ms(sk_backoff_next(&r.backoff));
+            sk_outage_failed(&r.outage);
+            sk_sleep_ms(sk_outage_wait_ms(&r.outage));
             continue;
         }
         sk_metrics_relay_round(metrics);
@@ -101,12 +101,12 @@ int sk_relay_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_met
         /* Between batches the broker hears nothing from librabbitmq. */
         struct sk_err err = { 0 };
         if (r.broker != NULL && sk_broker_keepalive(r.broker, &err) != SK_OK)
-            disconnect(&r, err.msg);
+            disconnect(&r, SK_SERVER_RABBITMQ, err.msg);
         /* A full batch means more may be waiting: go on at once. */
         if (claimed < conf->outbox.batch && r.pg != NULL)
             wait_for_work(&r);
     }
-    disconnect(&r, NULL);
+    disconnect(&r, NULL, NULL);
     free(r.publishes);
     sk_log_info("outbox relay stopping");
     return SK_EXIT_OK;
@@ -130,17 +130,17 @@ static bool connect_all(struct relay *r)
         r->broker = NULL;
     }
     if (r->pg != NULL && r->broker != NULL) {
-        if (r->down_logged)
-            sk_log_info("outbox relay connected again");
-        r->down_logged = false;
-        sk_backoff_reset(&r->backoff);
+        if (sk_outage_ok(&r->outage))
+            sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, NULL, NULL,
+                         "outbox relay connected again");
         atomic_store(&r->slot->consuming, 1);
         return true;
     }
-    if (!r->down_logged)
-        sk_log_warn("outbox relay cannot connect, retrying with backoff: %s", err.msg);
-    r->down_logged = true;
-    sk_sleep_ms(sk_backoff_next(&r->backoff));
+    if (sk_outage_failed(&r->outage))
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN,
+                     r->pg == NULL ? SK_SERVER_POSTGRES : SK_SERVER_RABBITMQ, NULL,
+                     "outbox relay cannot connect, retrying with backoff: %s", err.msg);
+    sk_sleep_ms(sk_outage_wait_ms(&r->outage));
     return false;
 }
 
@@ -159,12 +159,14 @@ static int declare_queues(struct relay *r, struct sk_err *err)
     return SK_OK;
 }
 
-static void disconnect(struct relay *r, const char *why)
+/* why (and the server that failed, or NULL) when a connection failed: an
+ * outage begins, and the caller backs off before connecting again. NULL at
+ * the end: a plain close. */
+static void disconnect(struct relay *r, const char *server, const char *why)
 {
-    if (why != NULL) {
-        sk_log_warn("outbox relay lost a connection: %s", why);
-        r->down_logged = true;
-    }
+    if (why != NULL && sk_outage_begin(&r->outage))
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, server, NULL,
+                     "outbox relay lost a connection: %s", why);
     atomic_store(&r->slot->consuming, 0);
     sk_broker_close(r->broker);
     r->broker = NULL;
@@ -240,13 +242,13 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
         int rc = sk_broker_publish_async(r->broker, PQgetvalue(rows, i, COL_QUEUE), &msg,
                                          &r->publishes[i], &err);
         if (rc == SK_AGAIN) {
-            disconnect(r, err.msg);
+            disconnect(r, SK_SERVER_RABBITMQ, err.msg);
             return SK_AGAIN;
         }
     }
     if (n > 0 && sk_broker_await_confirms(r->broker, r->publishes, n, &err) != SK_OK) {
         if (!sk_broker_channel_refused(r->broker)) {
-            disconnect(r, err.msg);
+            disconnect(r, SK_SERVER_RABBITMQ, err.msg);
             return SK_AGAIN;
         }
         /* The broker refused one of the rows by closing the channel, which
@@ -266,7 +268,7 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
             return SK_OK;
         }
         r->singly = n;
-        disconnect(r, err.msg);
+        disconnect(r, SK_SERVER_RABBITMQ, err.msg);
         return SK_AGAIN;
     }
     return SK_OK;
@@ -279,7 +281,7 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
     /* "{id,id,...}": at most 20 digits and a comma per id, and the braces. */
     char *ids = malloc((size_t)n * 21 + 3);
     if (ids == NULL) {
-        disconnect(r, "out of memory marking outbox rows");
+        disconnect(r, NULL, "out of memory marking outbox rows");
         return SK_AGAIN;
     }
     size_t len = 0;
@@ -378,7 +380,7 @@ static void lost(struct relay *r, const char *what, const struct sk_err *err)
 {
     char why[400];
     snprintf(why, sizeof(why), "%s: %s", what, err->msg);
-    disconnect(r, why);
+    disconnect(r, SK_SERVER_POSTGRES, why);
 }
 
 /* Sleeps until a NOTIFY, the poll interval, or a stop request. */
@@ -404,7 +406,7 @@ static void wait_for_work(struct relay *r)
     if (ready <= 0)
         return;
     if (PQconsumeInput(r->pg) != 1) {
-        disconnect(r, PQerrorMessage(r->pg));
+        disconnect(r, SK_SERVER_POSTGRES, PQerrorMessage(r->pg));
         return;
     }
     take_notifies(r);

@@ -1,5 +1,6 @@
 /* deaths.c - the supervisor's judgement of a dead worker: whose doing the
- * death was and what it leaves behind.
+ * death was, what it leaves behind and who inherits it, and when a job's
+ * time is up so that its worker must die.
  *
  * Apart from the supervisor's loop because it is policy, not process
  * management: the verdict decides whether a job's key is charged with a
@@ -89,4 +90,61 @@ void sk_deaths_bequeath(struct sk_slot *shared, const struct sk_death *death)
     /* And deletes the locks it held, a whole batch's, before it consumes
      * anything. */
     sk_slot_orphan_locks(shared);
+}
+
+/* A retiring generation's dead worker gets no replacement to record the
+ * crash it died of or to free its locks (a reload's old worker killed at
+ * shutdown_timeout, or by its job while it drained): both go to a worker of
+ * the same queue in the current generation, an idle one if there is one,
+ * which records the crash and then frees the locks before its next
+ * delivery. Left alone, the locks would hold their jobs' redeliveries back
+ * for lock_ttl, and a job that kills the workers of every reload would
+ * never meet max_crashes. */
+void sk_deaths_hand_down(struct sk_slot *dead, const char *queue, const struct sk_heir *heirs,
+                         size_t n_heirs)
+{
+    size_t n;
+    sk_slot_orphans(dead, &n);
+    bool crash = atomic_load(&dead->died_in_job);
+    if (n == 0 && !crash)
+        return;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < n_heirs; i++) {
+            struct sk_slot *heir = heirs[i].shared;
+            if (heirs[i].queue == NULL || strcmp(heirs[i].queue, queue) != 0 ||
+                (pass == 0 && atomic_load(&heir->job_started_ms) != 0) ||
+                (crash && atomic_load(&heir->crash_handed)) ||
+                (n > 0 && atomic_load(&heir->n_orphans) != 0))
+                continue;
+            /* One heir for both, the crash first (scoreboard.h). */
+            if (crash && sk_slot_hand_crash(dead, heir))
+                sk_log_event(SK_LOG_INFO, SK_EVENT_CRASH_HANDED, NULL,
+                             &(struct sk_log_job){ .queue = queue,
+                                                   .idempotency_key = heir->handed_crash_key },
+                             "queue %s: the crash of a retired worker (its job's key %s) "
+                             "handed to a current worker to count", queue,
+                             heir->handed_crash_key);
+            size_t handed = n > 0 ? sk_slot_hand_orphans(dead, heir) : 0;
+            if (handed > 0)
+                sk_log_info("queue %s: %zu lock%s of a retired worker handed to a current one "
+                            "to free", queue, handed, handed == 1 ? "" : "s");
+            return;
+        }
+    }
+    if (crash)
+        sk_log_job(SK_LOG_WARN, &(struct sk_log_job){ .queue = queue,
+                                                       .idempotency_key = dead->job_key },
+                   "queue %s: a retired worker died running the job with key %s, and no "
+                   "current worker of the queue could take the crash to count it", queue,
+                   dead->job_key);
+    if (n > 0)
+        sk_log_warn("queue %s: %zu lock%s of a retired worker will expire after lock_ttl: no "
+                    "current worker of the queue could take them", queue, n, n == 1 ? "" : "s");
+}
+
+/* Strictly past: a job that has run exactly its timeout is still on time. */
+bool sk_deaths_overdue(const struct sk_slot *shared, uint32_t job_timeout_ms, int64_t now_ms)
+{
+    int64_t started = atomic_load(&shared->job_started_ms);
+    return job_timeout_ms > 0 && started != 0 && now_ms - started > (int64_t)job_timeout_ms;
 }

@@ -43,4 +43,23 @@ struct sk_death sk_deaths_judge(struct sk_deaths *d, const struct sk_slot *share
  * slot's next fork. */
 void sk_deaths_bequeath(struct sk_slot *shared, const struct sk_death *death);
 
+/* A live worker that could inherit from a dead one: its scoreboard slot and
+ * the name of the queue it works (NULL for a relay or the janitor). */
+struct sk_heir {
+    struct sk_slot *shared;
+    const char     *queue;
+};
+
+/* For a worker of queue that died in a retiring generation (dead: its slot,
+ * after sk_deaths_bequeath()), which gets no replacement: hands the crash
+ * it died of and the locks it held to one of the n heirs (the current
+ * generation's slots) of the same queue, an idle one if there is one, and
+ * logs what it handed or could not. Supervisor only. */
+void sk_deaths_hand_down(struct sk_slot *dead, const char *queue, const struct sk_heir *heirs,
+                         size_t n);
+
+/* Whether the job a worker runs (shared: its slot) is past job_timeout_ms
+ * (0: no timeout) at now_ms, and the worker is to be killed for it. */
+bool sk_deaths_overdue(const struct sk_slot *shared, uint32_t job_timeout_ms, int64_t now_ms);
+
 #endif

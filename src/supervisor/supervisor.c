@@ -29,10 +29,12 @@
  * of those in a row are reported as a crash loop. At reap time deaths.c
  * judges whether the death is the job's (the handler was running and the
  * worker faulted, exited, was OOM-killed or timed out), and moves a lock
- * the dead worker held to where its replacement frees it. A worker exiting
- * with SK_EXIT_CONFIG or SK_EXIT_ABI would fail the same way again, so
- * (outside a pending reload) the supervisor stops everything and exits with
- * that code. */
+ * the dead worker held to where its replacement frees it (a retiring
+ * generation's, to a current worker of its queue); it also says when a job
+ * is past its job_timeout, and the supervisor kills its worker. A worker
+ * exiting with SK_EXIT_CONFIG or SK_EXIT_ABI would fail the same way again,
+ * so (outside a pending reload) the supervisor stops everything and exits
+ * with that code. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -81,6 +83,7 @@ struct generation {
     struct slot          *slots;
     size_t                n_slots;
     struct sk_scoreboard *scoreboard;
+    struct sk_heir       *heirs;       /* slot i's scoreboard slot and queue, for deaths.c */
     struct sk_metrics    *metrics;     /* counted by this generation's workers */
     bool                  any_job_timeout;
     int64_t               kill_at_ms;  /* retiring: SIGKILL what is left after this */
@@ -108,8 +111,6 @@ static void take_signals(struct supervisor *s);
 static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
                                          struct sk_err *err);
 static void generation_free(struct generation *g);
-static void hand_down(struct supervisor *s, const struct generation *from,
-                      const struct slot *slot, struct sk_slot *shared);
 static void retire(struct supervisor *s, struct generation *g, const char *why);
 static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
                       size_t queue, unsigned number);
@@ -117,7 +118,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
 static void fresh(struct sk_slot *shared);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status, const struct sk_death *d);
+                           const struct sk_slot *shared, int status, const struct sk_death *d);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static void abandon(struct supervisor *s, const char *who, int code);
@@ -282,6 +283,17 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         slot_init(g, &g->slots[i++], SK_ROLE_JANITOR, 0, 1);
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, lock_cap, err) != SK_OK)
         goto fail;
+    g->heirs = calloc(g->n_slots, sizeof(*g->heirs));
+    if (g->heirs == NULL) {
+        sk_err_errno(err, SK_ERR, "calloc(heirs)");
+        goto fail;
+    }
+    for (i = 0; i < g->n_slots; i++)
+        g->heirs[i] = (struct sk_heir){
+            .shared = sk_scoreboard_slot(g->scoreboard, i),
+            .queue = g->slots[i].ops->counts_as_worker ? conf->queues[g->slots[i].queue].name
+                                                       : NULL,
+        };
     /* Counters start from zero with each generation, as after a restart;
      * Prometheus's rate() and increase() take such resets in their stride. */
     if (sk_metrics_create(&g->metrics, conf->n_queues, err) != SK_OK)
@@ -289,6 +301,7 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
     return g;
 
 fail:
+    free(g->heirs);
     sk_scoreboard_destroy(g->scoreboard);
     free(g->slots);
     free(g);
@@ -312,6 +325,7 @@ static void generation_free(struct generation *g)
         return;
     sk_scoreboard_destroy(g->scoreboard);
     sk_metrics_destroy(g->metrics);
+    free(g->heirs);
     free(g->slots);
     sk_conf_free(g->conf);
     free(g->plugins);
@@ -445,9 +459,11 @@ static void reap(struct supervisor *s)
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, (size_t)(slot - g->slots));
         struct sk_death d = sk_deaths_judge(&s->deaths, shared, slot->timed_out, status);
         sk_deaths_bequeath(shared, &d);
-        if (g != s->current && g != s->previous)
-            hand_down(s, g, slot, shared);
-        on_exit_status(s, g, slot, status, &d);
+        if (g != s->current && g != s->previous && s->current != NULL &&
+            slot->ops->counts_as_worker)
+            sk_deaths_hand_down(shared, g->conf->queues[slot->queue].name, s->current->heirs,
+                                s->current->n_slots);
+        on_exit_status(s, g, slot, shared, status, &d);
     }
     /* Free the retired generations whose last worker is gone. */
     for (struct generation **link = &s->retiring; *link != NULL;) {
@@ -462,62 +478,21 @@ static void reap(struct supervisor *s)
     }
 }
 
-/* A retiring generation's dead worker gets no replacement to record the
- * crash it died of or to free its locks (a reload's old worker killed at
- * shutdown_timeout, or by its job while it drained): both go to a worker of
- * the same queue in the current generation, an idle one if there is one,
- * which records the crash and then frees the locks before its next
- * delivery. Left alone, the locks would hold their jobs' redeliveries back
- * for lock_ttl, and a job that kills the workers of every reload would
- * never meet max_crashes. */
-static void hand_down(struct supervisor *s, const struct generation *from,
-                      const struct slot *slot, struct sk_slot *shared)
-{
-    size_t n;
-    sk_slot_orphans(shared, &n);
-    bool crash = atomic_load(&shared->died_in_job);
-    const struct generation *to = s->current;
-    if ((n == 0 && !crash) || to == NULL || !slot->ops->counts_as_worker)
-        return;
-    const char *queue = from->conf->queues[slot->queue].name;
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < to->n_slots; i++) {
-            const struct slot *heir = &to->slots[i];
-            struct sk_slot *heir_shared = sk_scoreboard_slot(to->scoreboard, i);
-            if (!heir->ops->counts_as_worker ||
-                strcmp(to->conf->queues[heir->queue].name, queue) != 0 ||
-                (pass == 0 && atomic_load(&heir_shared->job_started_ms) != 0) ||
-                (crash && atomic_load(&heir_shared->crash_handed)) ||
-                (n > 0 && atomic_load(&heir_shared->n_orphans) != 0))
-                continue;
-            /* One heir for both, the crash first (scoreboard.h). */
-            if (crash && sk_slot_hand_crash(shared, heir_shared))
-                sk_log_info("queue %s: the crash of a retired worker (its job's key %s) "
-                            "handed to a current worker to count", queue,
-                            heir_shared->handed_crash_key);
-            size_t handed = n > 0 ? sk_slot_hand_orphans(shared, heir_shared) : 0;
-            if (handed > 0)
-                sk_log_info("queue %s: %zu lock%s of a retired worker handed to a current one "
-                            "to free", queue, handed, handed == 1 ? "" : "s");
-            return;
-        }
-    }
-    if (crash)
-        sk_log_warn("queue %s: a retired worker died running the job with key %s, and no "
-                    "current worker of the queue could take the crash to count it", queue,
-                    shared->job_key);
-    if (n > 0)
-        sk_log_warn("queue %s: %zu lock%s of a retired worker will expire after lock_ttl: no "
-                    "current worker of the queue could take them", queue, n, n == 1 ? "" : "s");
-}
-
+/* shared: the dead worker's scoreboard slot, read for the key of the job
+ * it died in, which its death line carries as a job field. */
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
-                           int status, const struct sk_death *d)
+                           const struct sk_slot *shared, int status, const struct sk_death *d)
 {
     char name[300];
     const char *who = slot_name(g, slot, name, sizeof(name));
     int64_t lived = sk_now_ms() - slot->started_ms;
     bool retiring = g != s->current && g != s->previous;
+    struct sk_log_job job = { 0 };
+    if (slot->ops->counts_as_worker) {
+        job.queue = g->conf->queues[slot->queue].name;
+        if (atomic_load(&shared->phase) != SK_PHASE_IDLE && shared->job_key[0] != '\0')
+            job.idempotency_key = shared->job_key;
+    }
 
     if (WIFEXITED(status) && WEXITSTATUS(status) == SK_EXIT_OK && retiring) {
         sk_log_debug("%s stopped", who);
@@ -529,7 +504,8 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
             abandon(s, who, WEXITSTATUS(status));
             return;
         }
-        sk_log_error("%s exited with status %d; not restarting it, since it "
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_WORKER_CANNOT_RUN, NULL, &job,
+                     "%s exited with status %d; not restarting it, since it "
                      "would fail the same way", who, WEXITSTATUS(status));
         if (s->exit_code == SK_EXIT_OK)
             s->exit_code = WEXITSTATUS(status);
@@ -548,17 +524,20 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
         snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
                                                 : "; restarting in %u ms", delay);
     if (WIFSIGNALED(status))
-        sk_log_warn("%s killed by signal %d after %lld ms%s%s", who,
-                    WTERMSIG(status), (long long)lived,
-                    d->job_caused ? " (its job's doing)" : "", what);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, &job,
+                     "%s killed by signal %d after %lld ms%s%s", who,
+                     WTERMSIG(status), (long long)lived,
+                     d->job_caused ? " (its job's doing)" : "", what);
     else
-        sk_log_warn("%s exited with status %d after %lld ms%s%s", who,
-                    WEXITSTATUS(status), (long long)lived,
-                    d->job_caused ? " (its job's doing)" : "", what);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, &job,
+                     "%s exited with status %d after %lld ms%s%s", who,
+                     WEXITSTATUS(status), (long long)lived,
+                     d->job_caused ? " (its job's doing)" : "", what);
     if (retiring)
         return;
     if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
-        sk_log_error("%s is crash-looping (%u deaths in a row without "
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_CRASH_LOOP, NULL, &job,
+                     "%s is crash-looping (%u deaths in a row without "
                      "progress); restarts are backing off up to %u ms", who,
                      slot->quick_deaths, slot->backoff.cap_ms);
     slot->restart_at_ms = sk_now_ms() + delay;
@@ -600,7 +579,8 @@ static void reload(struct supervisor *s)
     if (sk_conf_load(s->current->conf->path, &conf, &err) != SK_OK ||
         sk_plugin_load_queues(conf, sk_host(), &plugins, &err) != SK_OK ||
         (g = generation_new(conf, plugins, &err)) == NULL) {
-        sk_log_error("reload failed, still running the previous configuration: %s", err.msg);
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_RELOAD_FAILED, NULL, NULL,
+                     "reload failed, still running the previous configuration: %s", err.msg);
         sk_notify_status("reload failed, running the previous configuration: %s", err.msg);
         s->status[0] = '\0';
         sk_notify_ready();
@@ -626,7 +606,8 @@ static void reload(struct supervisor *s)
     s->ready_sent = false;
     for (size_t i = 0; i < g->n_slots; i++)
         spawn(s, g, &g->slots[i]);
-    sk_log_info("reloaded: %zu workers for %zu queues", workers(g), conf->n_queues);
+    sk_log_event(SK_LOG_INFO, SK_EVENT_RELOADED, NULL, NULL,
+                 "reloaded: %zu workers for %zu queues", workers(g), conf->n_queues);
 }
 
 /* A worker of a reload's new generation exited 2 or 3 before that
@@ -635,7 +616,8 @@ static void reload(struct supervisor *s)
 static void abandon(struct supervisor *s, const char *who, int code)
 {
     struct generation *g = s->current;
-    sk_log_error("reload failed, still running the previous configuration: %s exited with "
+    sk_log_event(SK_LOG_ERROR, SK_EVENT_RELOAD_FAILED, NULL, NULL,
+                 "reload failed, still running the previous configuration: %s exited with "
                  "status %d at start", who, code);
     sk_notify_status("reload failed, running the previous configuration: %s exited with "
                      "status %d at start", who, code);
@@ -690,7 +672,7 @@ static void report(struct supervisor *s)
     if (!s->ready_sent && consuming == g->n_slots) {
         s->ready_sent = true;
         sk_notify_ready();
-        sk_log_info("ready: every worker is consuming");
+        sk_log_event(SK_LOG_INFO, SK_EVENT_READY, NULL, NULL, "ready: every worker is consuming");
         if (s->previous != NULL) {
             retire(s, s->previous, "reload: retiring the previous generation");
             s->previous = NULL;
@@ -752,17 +734,18 @@ static void kill_overdue_jobs(struct generation *g)
         return;
     int64_t now = sk_now_ms();
     for (size_t i = 0; i < g->n_slots; i++) {
-        if (!g->slots[i].ops->counts_as_worker)
+        if (!g->slots[i].ops->counts_as_worker || g->slots[i].pid <= 0)
             continue;
         const struct sk_queue_conf *queue = &g->conf->queues[g->slots[i].queue];
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-        int64_t started = atomic_load(&shared->job_started_ms);
-        if (g->slots[i].pid <= 0 || queue->job_timeout_ms == 0 || started == 0 ||
-            now - started <= (int64_t)queue->job_timeout_ms)
+        if (!sk_deaths_overdue(shared, queue->job_timeout_ms, now))
             continue;
-        sk_log_warn("worker %ld of queue %s has run one job for %lld ms, over its job_timeout "
-                    "of %u ms: killing it", (long)g->slots[i].pid, queue->name,
-                    (long long)(now - started), queue->job_timeout_ms);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_JOB_TIMEOUT, NULL,
+                     &(struct sk_log_job){ .queue = queue->name },
+                     "worker %ld of queue %s has run one job for %lld ms, over its "
+                     "job_timeout of %u ms: killing it", (long)g->slots[i].pid, queue->name,
+                     (long long)(now - atomic_load(&shared->job_started_ms)),
+                     queue->job_timeout_ms);
         kill(g->slots[i].pid, SIGKILL);
         g->slots[i].timed_out = true;
         atomic_store(&shared->job_started_ms, 0);

@@ -22,6 +22,7 @@
 #include "lease.h"
 #include "lock.h"
 #include "log.h"
+#include "outage.h"
 #include "pg.h"
 
 /* What one job owns; copied out of the mutex for each renewal. */
@@ -59,7 +60,7 @@ struct sk_heartbeat {
     /* Owned by the thread alone. */
     struct sk_lock       *redis;
     PGconn               *pg;
-    bool                  redis_down, pg_down;
+    struct sk_outage      redis_outage, pg_outage;  /* retried each tick: no backoff */
     struct more_lock     *more_copy;   /* more, copied out of the mutex for a renewal */
     size_t                more_copy_cap;
 };
@@ -273,9 +274,12 @@ static int renew_lock(struct sk_heartbeat *hb, const struct watched *w)
     int rc = hb->redis != NULL ? SK_OK : sk_lock_open(&hb->redis, &hb->conf->redis, &err);
     if (rc == SK_OK)
         rc = sk_lock_renew(hb->redis, w->lock_key, w->token, w->ttl_ms, &err);
-    if (rc == SK_AGAIN && !hb->redis_down)
-        sk_log_warn("lock renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
-    hb->redis_down = rc == SK_AGAIN;
+    if (rc == SK_AGAIN && sk_outage_begin(&hb->redis_outage))
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS, NULL,
+                     "lock renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
+    else if (rc != SK_AGAIN && sk_outage_ok(&hb->redis_outage))
+        sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_REDIS, NULL,
+                     "lock renewal reaches redis again");
     return rc;
 }
 
@@ -291,9 +295,13 @@ static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)
     struct sk_keyref ref = { .queue = w->queue, .key = w->key };
     sk_keyref_set_fence(&ref, w->fence);
     int rc = hb->pg == NULL ? SK_AGAIN : sk_lease_renew(hb->pg, &ref, w->lease_ms, &err);
-    if (rc != SK_OK && rc != SK_BUSY && !hb->pg_down)
-        sk_log_warn("lease renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
-    hb->pg_down = rc != SK_OK && rc != SK_BUSY;
+    bool down = rc != SK_OK && rc != SK_BUSY;
+    if (down && sk_outage_begin(&hb->pg_outage))
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                     "lease renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
+    else if (!down && sk_outage_ok(&hb->pg_outage))
+        sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
+                     "lease renewal reaches PostgreSQL again");
     return rc;
 }
 

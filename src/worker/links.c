@@ -1,32 +1,23 @@
 /* links.c - one worker process's connections and their outages.
  *
  * Every server a worker needs can go away and come back. What to do then is
- * decided here, once for the whole process: log the outage when it starts
- * and when it ends (not once per job, which would flood the log during an
- * outage), wait between attempts with jittered backoff (a fleet of workers
- * must not hammer a server that is coming back up), and, for Redis, apply
- * the queue's on_redis_down. The connections are opened after fork (no
- * socket is inherited) and only by this file. */
+ * decided here, once for the whole process, with one outage tracker per
+ * server (outage.h: logged when it starts and when it ends, jittered backoff
+ * between attempts) and, for Redis, the queue's on_redis_down. The
+ * connections are opened after fork (no socket is inherited) and only by
+ * this file. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backoff.h"
 #include "broker.h"
 #include "heartbeat.h"
 #include "links.h"
 #include "lock.h"
 #include "log.h"
+#include "outage.h"
 #include "scoreboard.h"
 #include "store.h"
-
-/* One server's outage. `logged` is true from the first failure logged to
- * the first success after it, and then the end is logged too. */
-struct sk_outage {
-    struct sk_backoff backoff;
-    bool              logged;
-    int64_t           retry_at_ms;  /* ask the server again only from then on */
-};
 
 /* The publisher has no outage of its own: it is opened only when a job
  * needs a copy, and that job handles a failure itself (its message goes
@@ -51,10 +42,9 @@ static int  check_logins(struct sk_links *l, struct sk_err *err);
 static bool ensure_store(struct sk_links *l);
 static bool ensure_consumer(struct sk_links *l);
 static int  lock_down(struct sk_links *l, const struct sk_err *why);
-static int  without_redis(struct sk_links *l, const char *why);
+static int  without_redis(struct sk_links *l, bool began, const char *why);
 static void store_down(struct sk_links *l, const struct sk_log_job *job,
                        const struct sk_err *why);
-static bool waiting(const struct sk_outage *o);
 
 int sk_links_new(struct sk_links **out, const struct sk_conf *conf,
                  const struct sk_queue_conf *queue, struct sk_slot *slot, struct sk_err *err)
@@ -66,9 +56,9 @@ int sk_links_new(struct sk_links **out, const struct sk_conf *conf,
     l->queue = queue;
     l->slot = slot;
     l->shape = sk_conf_queue_shape(queue);
-    l->consumer_outage.backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
-    l->store_outage.backoff = (struct sk_backoff){ .base_ms = 100, .cap_ms = 10000 };
-    l->lock_outage.backoff = (struct sk_backoff){ .base_ms = 200, .cap_ms = 5000 };
+    l->consumer_outage = SK_OUTAGE_INIT(100, 10000);
+    l->store_outage = SK_OUTAGE_INIT(100, 10000);
+    l->lock_outage = SK_OUTAGE_INIT(200, 5000);
     *out = l;
     return SK_OK;
 }
@@ -97,12 +87,11 @@ int sk_links_open(struct sk_links *l, bool first, struct sk_err *err)
         return sk_err_set(err, SK_ERR, "PostgreSQL refused sekali's credentials (check "
                           "postgres.conninfo and its password): %.180s", why.msg);
     }
-    if (rc == SK_AGAIN) {
-        sk_log_warn("PostgreSQL %s at start, will retry: %s",
-                    err->code == SK_AUTH ? "refused sekali's credentials" : "unavailable",
-                    err->msg);
-        l->store_outage.logged = true;
-    }
+    if (rc == SK_AGAIN && sk_outage_begin(&l->store_outage))
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                     "PostgreSQL %s at start, will retry: %s",
+                     err->code == SK_AUTH ? "refused sekali's credentials" : "unavailable",
+                     err->msg);
     return first ? check_logins(l, err) : SK_OK;
 }
 
@@ -133,11 +122,9 @@ bool sk_links_ready(struct sk_links *l)
     if (!ensure_store(l))
         return false;
     /* A failed claim handed its job back; pause before the next one. */
-    int64_t pause = l->store_outage.retry_at_ms - sk_now_ms();
-    if (pause > 0) {
-        l->store_outage.retry_at_ms = 0;
-        sk_sleep_ms((uint32_t)pause);
-    }
+    uint32_t pause = sk_outage_wait_ms(&l->store_outage);
+    if (pause > 0)
+        sk_sleep_ms(pause);
     if (!ensure_consumer(l))
         return false;
     /* The publishing connection idles between retries and dead letters;
@@ -177,8 +164,8 @@ int sk_links_lock(struct sk_links *l, struct sk_lock **out)
     *out = NULL;
     /* While Redis is down, ask it again only when the backoff allows: an
      * unreachable host would otherwise cost a connect timeout per job. */
-    if (waiting(&l->lock_outage))
-        return without_redis(l, NULL);
+    if (sk_outage_waiting(&l->lock_outage))
+        return without_redis(l, false, NULL);
     struct sk_err err = { 0 };
     if (l->lock == NULL && sk_lock_open(&l->lock, &l->conf->redis, &err) != SK_OK)
         return lock_down(l, &err);
@@ -191,7 +178,7 @@ int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, 
 {
     *freed = 0;
     struct sk_outage *o = &l->lock_outage;
-    if (waiting(o))
+    if (sk_outage_waiting(o))
         return SK_AGAIN;
     struct sk_err err = { 0 };
     /* One block for the round trip's arrays: n is at most a batch. */
@@ -213,13 +200,13 @@ int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, 
     if (rc != SK_OK && rc != SK_AGAIN)
         return SK_BUSY;  /* Redis refused the command itself: asking again would not help */
     if (rc == SK_AGAIN) {
-        o->retry_at_ms = sk_now_ms() + sk_backoff_next(&o->backoff);
-        if (!o->logged)
-            sk_log_warn("cannot free the %zu lock(s) of a dead worker yet (%s first), will "
-                        "retry: %s", n, locks[0].key, err.msg);
-        o->logged = true;
+        if (sk_outage_failed(o))
+            sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS, NULL,
+                         "cannot free the %zu lock(s) of a dead worker yet (%s first), will "
+                         "retry: %s", n, locks[0].key, err.msg);
         return SK_AGAIN;
     }
+    sk_links_up(l, SK_LINK_LOCK);
     return SK_OK;
 }
 
@@ -228,9 +215,11 @@ int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_jo
 {
     switch (which) {
     case SK_LINK_CONSUMER:
-        sk_log_warn("lost the broker connection: %s", why->msg);
+        /* Reopened at once by sk_links_ready(), which backs off from there. */
+        if (sk_outage_begin(&l->consumer_outage))
+            sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ, NULL,
+                         "lost the broker connection: %s", why->msg);
         atomic_store(&l->slot->consuming, 0);
-        l->consumer_outage.logged = true;
         sk_broker_close_consumer(l->consumer);
         l->consumer = NULL;
         return SK_AGAIN;
@@ -252,12 +241,12 @@ int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_jo
 void sk_links_up(struct sk_links *l, enum sk_link which)
 {
     sk_assert(which == SK_LINK_LOCK || which == SK_LINK_STORE);
-    struct sk_outage *o = which == SK_LINK_LOCK ? &l->lock_outage : &l->store_outage;
-    if (o->logged)
-        sk_log_info(which == SK_LINK_LOCK ? "redis reachable again, locking resumed"
-                                          : "PostgreSQL reachable again");
-    o->logged = false;
-    sk_backoff_reset(&o->backoff);
+    if (which == SK_LINK_STORE && sk_outage_ok(&l->store_outage))
+        sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
+                     "PostgreSQL reachable again");
+    if (which == SK_LINK_LOCK && sk_outage_ok(&l->lock_outage))
+        sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_REDIS, NULL,
+                     "redis reachable again, locking resumed");
     if (which == SK_LINK_LOCK)
         l->lock_refused = false;
 }
@@ -292,18 +281,20 @@ static bool ensure_store(struct sk_links *l)
     struct sk_outage *o = &l->store_outage;
     struct sk_err err = { 0 };
     if (open_store(l, &err) == SK_OK) {
-        sk_log_info("PostgreSQL reachable again");
-        o->logged = false;
-        sk_backoff_reset(&o->backoff);
+        if (sk_outage_ok(o))
+            sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
+                         "PostgreSQL reachable again");
         return true;
     }
-    if (!o->logged && err.code == SK_AUTH)
-        sk_log_error("PostgreSQL refused sekali's credentials, retrying with backoff until "
+    bool began = sk_outage_failed(o);
+    if (began && err.code == SK_AUTH)
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                     "PostgreSQL refused sekali's credentials, retrying with backoff until "
                      "the password is fixed: %s", err.msg);
-    else if (!o->logged)
-        sk_log_warn("PostgreSQL unavailable, retrying with backoff: %s", err.msg);
-    o->logged = true;
-    sk_sleep_ms(sk_backoff_next(&o->backoff));
+    else if (began)
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                     "PostgreSQL unavailable, retrying with backoff: %s", err.msg);
+    sk_sleep_ms(sk_outage_wait_ms(o));
     return false;
 }
 
@@ -320,24 +311,24 @@ static bool ensure_consumer(struct sk_links *l)
         rc = sk_broker_consume(l->consumer, l->queue->name, (uint16_t)l->queue->prefetch,
                                l->queue->max_body, &err);
     if (rc == SK_OK) {
-        if (o->logged)
-            sk_log_info("consuming %s again", l->queue->name);
-        o->logged = false;
-        sk_backoff_reset(&o->backoff);
+        if (sk_outage_ok(o))
+            sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_RABBITMQ, NULL,
+                         "consuming %s again", l->queue->name);
         atomic_store(&l->slot->consuming, 1);
         atomic_store(&l->slot->ready, 1);
         return true;
     }
     sk_broker_close(l->consumer);
     l->consumer = NULL;
-    uint32_t delay = sk_backoff_next(&o->backoff);
-    if (!o->logged && err.code == SK_AUTH)
-        sk_log_error("RabbitMQ refused sekali's credentials for %s, retrying with backoff "
+    bool began = sk_outage_failed(o);
+    if (began && err.code == SK_AUTH)
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ, NULL,
+                     "RabbitMQ refused sekali's credentials for %s, retrying with backoff "
                      "until the password is fixed: %s", l->queue->name, err.msg);
-    else if (!o->logged)
-        sk_log_warn("cannot consume %s, retrying with backoff: %s", l->queue->name, err.msg);
-    o->logged = true;
-    sk_sleep_ms(delay);
+    else if (began)
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ, NULL,
+                     "cannot consume %s, retrying with backoff: %s", l->queue->name, err.msg);
+    sk_sleep_ms(sk_outage_wait_ms(o));
     return false;
 }
 
@@ -345,31 +336,30 @@ static bool ensure_consumer(struct sk_links *l)
  * queue does meanwhile. */
 static int lock_down(struct sk_links *l, const struct sk_err *why)
 {
-    l->lock_outage.retry_at_ms = sk_now_ms() + sk_backoff_next(&l->lock_outage.backoff);
+    bool began = sk_outage_failed(&l->lock_outage);
     if (why->code == SK_AUTH && !l->lock_refused)
-        sk_log_error("redis refused sekali's credentials: holding jobs back whatever "
+        sk_log_event(SK_LOG_ERROR, began ? SK_EVENT_OUTAGE_BEGIN : NULL, SK_SERVER_REDIS,
+                     NULL, "redis refused sekali's credentials: holding jobs back whatever "
                      "on_redis_down says, until redis.password is fixed: %s", why->msg);
     l->lock_refused = why->code == SK_AUTH;
-    return without_redis(l, why->msg);
+    return without_redis(l, began, why->msg);
 }
 
 /* PostgreSQL's row lock still serialises each key; the Redis lock only saves
  * duplicate work, so with `proceed` an outage costs speed, not safety, and
- * `wait` keeps the work itself serialised. Logs once per outage. */
-static int without_redis(struct sk_links *l, const char *why)
+ * `wait` keeps the work itself serialised. Logged when the outage began. */
+static int without_redis(struct sk_links *l, bool began, const char *why)
 {
     /* A refused password is a configuration error, not an outage: going on
      * without locks would hide it for as long as nobody reads the log. */
-    if (l->lock_refused) {
-        l->lock_outage.logged = true;
+    if (l->lock_refused)
         return SK_AGAIN;
-    }
     bool proceed = l->queue->on_redis_down == SK_REDIS_DOWN_PROCEED;
-    if (!l->lock_outage.logged)
-        sk_log_warn("redis unavailable, %s: %s",
-                    proceed ? "going on without locks" : "holding jobs back",
-                    why != NULL ? why : "");
-    l->lock_outage.logged = true;
+    if (began)
+        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS, NULL,
+                     "redis unavailable, %s: %s",
+                     proceed ? "going on without locks" : "holding jobs back",
+                     why != NULL ? why : "");
     return proceed ? SK_OK : SK_AGAIN;
 }
 
@@ -380,14 +370,11 @@ static void store_down(struct sk_links *l, const struct sk_log_job *job,
                        const struct sk_err *why)
 {
     struct sk_outage *o = &l->store_outage;
-    if (!o->logged)
+    if (why->code != SK_AGAIN && why->code != SK_AUTH) {
+        sk_outage_pause(o);
         sk_log_job(SK_LOG_ERROR, job, "claim failed, backing off: %s", why->msg);
-    o->logged = why->code == SK_AGAIN || why->code == SK_AUTH;
-    o->retry_at_ms = sk_now_ms() + sk_backoff_next(&o->backoff);
-}
-
-/* Within an outage's backoff: the server is not to be asked yet. */
-static bool waiting(const struct sk_outage *o)
-{
-    return o->logged && sk_now_ms() < o->retry_at_ms;
+    } else if (sk_outage_failed(o)) {
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, job,
+                     "claim failed, backing off: %s", why->msg);
+    }
 }

@@ -85,8 +85,9 @@ int sk_links_lock(struct sk_links *l, struct sk_lock **out);
  * outage: while Redis is down it is asked again only when the backoff
  * allows. Returns SK_OK once Redis answered for every lock, with *freed
  * set to how many were still the dead worker's (the others had expired or
- * changed hands); SK_AGAIN (try them all again later; logged once); or
- * SK_BUSY if Redis refused the command (not worth asking again). */
+ * changed hands), which also ends a Redis outage as sk_links_up() does;
+ * SK_AGAIN (try them all again later; logged once); or SK_BUSY if Redis
+ * refused the command (not worth asking again). */
 int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, size_t n,
                           size_t *freed);
 

@@ -201,15 +201,17 @@ static void record_crash(struct sk_pipeline *p, char *key, const char *who)
 {
     int crashes = 0;
     struct sk_err err = { 0 };
+    const struct sk_log_job job = { .queue = p->queue->name, .idempotency_key = key };
     if (sk_store_record_crash(sk_links_store(p->links), p->queue->name, key, &crashes,
                               &err) == SK_OK)
-        sk_log_warn("%s died running the job with key %s: crash %d of it%s", who, key,
-                    crashes,
-                    p->queue->max_crashes > 0 && crashes >= p->queue->max_crashes
-                        ? ", so it will be dead-lettered when it comes back" : "");
+        sk_log_event(SK_LOG_WARN, SK_EVENT_CRASH_RECORDED, NULL, &job,
+                     "%s died running the job with key %s: crash %d of it%s", who, key,
+                     crashes,
+                     p->queue->max_crashes > 0 && crashes >= p->queue->max_crashes
+                         ? ", so it will be dead-lettered when it comes back" : "");
     else
-        sk_log_warn("%s died running the job with key %s; the crash is not counted: %s", who,
-                    key, err.msg);
+        sk_log_job(SK_LOG_WARN, &job, "%s died running the job with key %s; the crash is not "
+                   "counted: %s", who, key, err.msg);
     key[0] = '\0';
 }
 

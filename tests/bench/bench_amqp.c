@@ -16,12 +16,12 @@
  * are read as they come. So publishing is not what the benchmark measures,
  * and a message is only counted once the broker has taken responsibility.
  *
- * The queues are declared exactly as src/broker_queue.c's sk_broker_declare()
+ * The queues are declared exactly as src/adapters/broker_queue.c's sk_broker_declare()
  * does, so that sekalid's own declare later finds them identical (a
  * difference would fail its declare with PRECONDITION_FAILED, and the run
  * would time out loudly rather than measure a differently configured queue).
  *
- * librabbitmq directly rather than src/broker_publish.c: sk_broker_publish()
+ * librabbitmq directly rather than src/adapters/broker_publish.c: sk_broker_publish()
  * waits for each confirm, which is what a producer wants and what a
  * benchmark cannot afford. Prints key=value lines on stdout for run.sh;
  * errors go to stderr with exit status 1. */
@@ -210,7 +210,7 @@ static amqp_connection_state_t connect_url(const char *url)
     return conn;
 }
 
-/* Keep in step with sk_broker_declare() in src/broker_queue.c. */
+/* Keep in step with sk_broker_declare() in src/adapters/broker_queue.c. */
 static void declare(amqp_connection_state_t conn, const char *queue)
 {
     char dead[512];

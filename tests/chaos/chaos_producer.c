@@ -152,9 +152,9 @@ static amqp_connection_state_t connect_url(const char *url)
     return conn;
 }
 
-/* Keep in step with sk_broker_declare() in src/broker_queue.c (a classic or quorum queue
- * with its dead-letter queue): a difference would make sekalid's own
- * declare fail with PRECONDITION_FAILED. */
+/* Keep in step with sk_broker_declare() in src/adapters/broker_queue.c (a
+ * classic or quorum queue with its dead-letter queue): a difference would
+ * make sekalid's own declare fail with PRECONDITION_FAILED. */
 static void declare(amqp_connection_state_t conn, const char *queue, const char *type)
 {
     char dead[512];

@@ -158,7 +158,7 @@ wait_until() {
 
 # The test servers run PostgreSQL with synchronous_commit off (speed), with
 # which an immediate shutdown loses the last commits that were already
-# reported done. sekalid raises its own sessions to `on` (src/store.c), so
+# reported done. sekalid raises its own sessions to `on` (src/adapters/store.c), so
 # the soak runs against that server as it is: a job acked and then lost in
 # the PostgreSQL restart would show as lost here.
 write_conf() {

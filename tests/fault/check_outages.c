@@ -1,7 +1,8 @@
 /* check_outages.c - each server going away in the middle of a run.
  *
  * Every test first proves the outage really happened (the server's process
- * was stopped or restarted by tests/servers.sh, and the workers logged it),
+ * was stopped or restarted by tests/servers.sh, and the workers logged it:
+ * their outage lines are found by event name, SK_EVENT_OUTAGE_*),
  * then that every key's effect exists exactly once and nothing is left in
  * the queue. The servers are shared with the other suites, so each test
  * starts by making sure all three run, and restores the one it stopped. */
@@ -57,7 +58,7 @@ START_TEST(test_redis_stopped_mid_run_with_proceed_policy)
     H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the outage");
     servers("stop-redis");
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
-    H_WAIT(h_count_lines(r.log, "redis unavailable, going on without locks") >= 1, 30000,
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS) >= 1, 30000,
            "the workers should notice that Redis is gone");
     H_WAIT(h_completed(&r) == JOBS, 60000, "every job should complete without Redis, %lld did",
            h_completed(&r));
@@ -94,8 +95,10 @@ START_TEST(test_postgres_restarted_mid_run)
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
     /* Logged only by a worker that had found PostgreSQL gone (a failed
      * claim or connect) and then reached it again. */
-    H_WAIT(h_count_lines(r.log, "PostgreSQL reachable again") >= 1, 30000,
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES) >= 1, 30000,
            "the workers should notice that PostgreSQL went away, and come back");
+    ck_assert_int_ge(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES),
+                     1);
     expect_exactly_once(&r);
 }
 END_TEST
@@ -111,8 +114,8 @@ START_TEST(test_rabbitmq_connections_closed_mid_run)
                             ">/dev/null 2>&1"), 0);
     r.b = h_broker();
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
-    H_WAIT(h_count_lines(r.log, "lost the broker connection") >= 4, 30000,
-           "every worker should lose its connection");
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ) >= 4,
+           30000, "every worker should lose its connection");
     H_WAIT(h_consumers(r.b, r.queue) == 4, 30000, "the workers should consume again");
     expect_exactly_once(&r);
 }
@@ -128,8 +131,8 @@ START_TEST(test_rabbitmq_restarted_mid_run)
     servers("restart-rabbitmq");
     r.b = h_broker();
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
-    H_WAIT(h_count_lines(r.log, "lost the broker connection") >= 4, 30000,
-           "every worker should lose its connection");
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ) >= 4,
+           30000, "every worker should lose its connection");
     H_WAIT(h_consumers(r.b, r.queue) == 4, 60000, "the workers should consume again");
     expect_exactly_once(&r);
 }
@@ -186,7 +189,7 @@ START_TEST(test_outbox_rows_wait_for_rabbitmq_and_all_run_once)
     sk_broker_close(r.b);
     r.b = NULL;
     r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
-    H_WAIT(h_count_lines(r.log, "ready: every worker is consuming") == 1, 20000,
+    H_WAIT(h_count_events(r.log, "supervisor", SK_EVENT_READY, NULL) == 1, 20000,
            "sekalid should become ready");
 
     servers("stop-rabbitmq");
@@ -194,8 +197,7 @@ START_TEST(test_outbox_rows_wait_for_rabbitmq_and_all_run_once)
     snprintf(sql, sizeof(sql), "SELECT count(sekali.enqueue('%s', 'test', 'ok'::bytea, "
              "'k-' || i)) FROM generate_series(1, 100) AS i", r.queue);
     ck_assert_int_eq(h_pg_count(r.pg, "%s", sql), 100);
-    H_WAIT(h_count_lines(r.log, "outbox relay lost a connection") >= 1 ||
-           h_count_lines(r.log, "outbox relay cannot connect") >= 1, 30000,
+    H_WAIT(h_count_events(r.log, "relay", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ) >= 1, 30000,
            "the relay should notice that RabbitMQ is gone");
     /* The broker is provably down: nothing can have been published. */
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "

@@ -55,7 +55,7 @@ static void check_duration(const char *s)
     uint64_t ms, again;
     char buf[64];
 
-    if (sk_parse_duration(s, &ms, &err) != SK_OK) {
+    if (sk_conf_value_parse_duration(s, &ms, &err) != SK_OK) {
         EXPECT(err.msg[0] != '\0', "duration \"%s\" refused without a message", s);
         return;
     }
@@ -64,7 +64,7 @@ static void check_duration(const char *s)
      * text a user would write. */
     if (ms == 0)
         snprintf(buf, sizeof(buf), "0ms");
-    EXPECT(sk_parse_duration(buf, &again, &err) == SK_OK && again == ms,
+    EXPECT(sk_conf_value_parse_duration(buf, &again, &err) == SK_OK && again == ms,
            "duration \"%s\" = %llu ms, formatted \"%s\", does not parse back", s,
            (unsigned long long)ms, buf);
 }
@@ -75,12 +75,12 @@ static void check_size(const char *s)
     uint64_t bytes, again;
     char buf[64];
 
-    if (sk_parse_size(s, &bytes, &err) != SK_OK) {
+    if (sk_conf_value_parse_size(s, &bytes, &err) != SK_OK) {
         EXPECT(err.msg[0] != '\0', "size \"%s\" refused without a message", s);
         return;
     }
     sk_conf_value_fmt_size(bytes, buf, sizeof(buf));
-    EXPECT(sk_parse_size(buf, &again, &err) == SK_OK && again == bytes,
+    EXPECT(sk_conf_value_parse_size(buf, &again, &err) == SK_OK && again == bytes,
            "size \"%s\" = %llu bytes, formatted \"%s\", does not parse back", s,
            (unsigned long long)bytes, buf);
 }

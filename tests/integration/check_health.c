@@ -141,8 +141,8 @@ START_TEST(test_readyz_says_503_and_why_while_no_worker_can_consume_then_200_aga
     allow_consuming(false);
     sk_broker_close(r.h.b);
     rabbitmqctl("close_all_connections health-test");
-    H_WAIT(h_count_lines(r.h.log, "lost the broker connection") >= 2, 30000,
-           "both workers should lose their connection");
+    H_WAIT(h_count_events(r.h.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ) >= 2,
+           30000, "both workers should lose their connection");
     char want[256];
     snprintf(want, sizeof(want), "not ready: %s: 0/2 workers consuming\n", r.h.queue);
     H_WAIT(answers(&r, "/readyz", 503, want), 30000, "/readyz should answer 503 \"%s\", "

@@ -1,4 +1,4 @@
-/* check_pg.c - the libpq seam (src/pg.c) against a real PostgreSQL: every
+/* check_pg.c - the libpq seam (src/adapters/pg.c) against a real PostgreSQL: every
  * outcome of a statement reads as one SK_* code, and the dial gives each
  * session sekali's settings without losing the user's. */
 #include <stdio.h>

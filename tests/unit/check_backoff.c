@@ -106,6 +106,9 @@ START_TEST(test_clock_is_monotonic_and_sleep_waits_at_least_as_asked)
     ck_assert_msg(after - before >= 30, "sk_sleep_ms(30) returned after %lld ms",
                   (long long)(after - before));
     ck_assert_int_ge(sk_now_ms(), after);
+    uint64_t ns = sk_now_ns();
+    sk_sleep_ms(2);
+    ck_assert_uint_ge(sk_now_ns() - ns, 2000000);
 }
 END_TEST
 

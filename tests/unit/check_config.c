@@ -992,7 +992,7 @@ START_TEST(test_duration_accepts_each_unit)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint64_t ms = 1;
         struct sk_err err = { 0 };
-        ck_assert_msg(sk_parse_duration(cases[i].text, &ms, &err) == SK_OK, "%s: %s",
+        ck_assert_msg(sk_conf_value_parse_duration(cases[i].text, &ms, &err) == SK_OK, "%s: %s",
                       cases[i].text, err.msg);
         ck_assert_uint_eq(ms, cases[i].ms);
     }
@@ -1009,13 +1009,13 @@ START_TEST(test_duration_rejects_malformed_text)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint64_t ms = 42;
         struct sk_err err = { 0 };
-        ck_assert_int_eq(sk_parse_duration(cases[i], &ms, &err), SK_ERR);
+        ck_assert_int_eq(sk_conf_value_parse_duration(cases[i], &ms, &err), SK_ERR);
         snprintf(want, sizeof(want), "invalid duration \"%s\": expected a number followed by "
                  "ms, s, m or h", cases[i]);
         ck_assert_str_eq(err.msg, want);
         ck_assert_uint_eq(ms, 42);
     }
-    ck_assert_int_eq(sk_parse_duration("30x", &(uint64_t){ 0 }, NULL), SK_ERR);
+    ck_assert_int_eq(sk_conf_value_parse_duration("30x", &(uint64_t){ 0 }, NULL), SK_ERR);
 }
 END_TEST
 
@@ -1024,13 +1024,14 @@ START_TEST(test_duration_detects_overflow)
     struct sk_err err = { 0 };
     uint64_t ms;
 
-    ck_assert_int_eq(sk_parse_duration("18446744073709551616ms", &ms, &err), SK_ERR);
+    ck_assert_int_eq(sk_conf_value_parse_duration("18446744073709551616ms", &ms, &err), SK_ERR);
     ck_assert_str_eq(err.msg, "duration \"18446744073709551616ms\" is too large");
-    ck_assert_int_eq(sk_parse_duration("5124095576031h", &ms, &err), SK_ERR);
+    ck_assert_int_eq(sk_conf_value_parse_duration("5124095576031h", &ms, &err), SK_ERR);
     ck_assert_str_eq(err.msg, "duration \"5124095576031h\" is too large");
-    ck_assert_int_eq(sk_parse_duration("5124095576030h", &ms, &err), SK_OK);
+    ck_assert_int_eq(sk_conf_value_parse_duration("5124095576030h", &ms, &err), SK_OK);
     ck_assert_uint_eq(ms, UINT64_C(5124095576030) * 3600000);
-    ck_assert_int_eq(sk_parse_duration("99999999999999999999999999x", &ms, &err), SK_ERR);
+    ck_assert_int_eq(sk_conf_value_parse_duration("99999999999999999999999999x", &ms, &err),
+                     SK_ERR);
     ck_assert_ptr_nonnull(strstr(err.msg, "invalid duration"));
 }
 END_TEST
@@ -1047,7 +1048,7 @@ START_TEST(test_size_accepts_each_unit)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint64_t bytes = 1;
         struct sk_err err = { 0 };
-        ck_assert_msg(sk_parse_size(cases[i].text, &bytes, &err) == SK_OK, "%s: %s",
+        ck_assert_msg(sk_conf_value_parse_size(cases[i].text, &bytes, &err) == SK_OK, "%s: %s",
                       cases[i].text, err.msg);
         ck_assert_uint_eq(bytes, cases[i].bytes);
     }
@@ -1064,7 +1065,7 @@ START_TEST(test_size_rejects_malformed_text)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint64_t bytes = 42;
         struct sk_err err = { 0 };
-        ck_assert_int_eq(sk_parse_size(cases[i], &bytes, &err), SK_ERR);
+        ck_assert_int_eq(sk_conf_value_parse_size(cases[i], &bytes, &err), SK_ERR);
         snprintf(want, sizeof(want), "invalid size \"%s\": expected a number optionally followed "
                  "by B, kB, KiB, MB, MiB, GB or GiB", cases[i]);
         ck_assert_str_eq(err.msg, want);
@@ -1078,11 +1079,11 @@ START_TEST(test_size_detects_overflow)
     struct sk_err err = { 0 };
     uint64_t bytes;
 
-    ck_assert_int_eq(sk_parse_size("18446744073709551616", &bytes, &err), SK_ERR);
+    ck_assert_int_eq(sk_conf_value_parse_size("18446744073709551616", &bytes, &err), SK_ERR);
     ck_assert_str_eq(err.msg, "size \"18446744073709551616\" is too large");
-    ck_assert_int_eq(sk_parse_size("17179869184GiB", &bytes, &err), SK_ERR);
+    ck_assert_int_eq(sk_conf_value_parse_size("17179869184GiB", &bytes, &err), SK_ERR);
     ck_assert_str_eq(err.msg, "size \"17179869184GiB\" is too large");
-    ck_assert_int_eq(sk_parse_size("17179869183GiB", &bytes, &err), SK_OK);
+    ck_assert_int_eq(sk_conf_value_parse_size("17179869183GiB", &bytes, &err), SK_OK);
     ck_assert_uint_eq(bytes, UINT64_C(17179869183) << 30);
 }
 END_TEST

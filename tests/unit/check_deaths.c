@@ -243,6 +243,74 @@ START_TEST(test_a_retired_workers_crash_goes_to_a_slot_with_none_pending)
 }
 END_TEST
 
+/* The supervisor's choice of heir: a worker of the same queue, an idle one
+ * before a busy one, and both the crash and the locks to that one. */
+START_TEST(test_a_retired_worker_hands_down_to_an_idle_worker_of_its_queue)
+{
+    struct sk_slot *dead = slot_in(SK_PHASE_HANDLER, 1, 0);
+    snprintf(dead->job_key, sizeof(dead->job_key), "order-7");
+    const char *keys[] = { "sekali:lock:q:order-7" };
+    const char *tokens[] = { "token-1" };
+    sk_slot_record_locks(dead, 1, keys, tokens);
+    sk_deaths_bequeath(dead, &(struct sk_death){ .job_caused = true });
+
+    struct sk_slot *relay = slot_in(SK_PHASE_IDLE, 1, 0);
+    struct sk_slot *other = slot_in(SK_PHASE_IDLE, 1, 0);
+    struct sk_slot *busy = slot_in(SK_PHASE_JOB, 1, 0);
+    atomic_store(&busy->job_started_ms, 1234);
+    struct sk_slot *idle = slot_in(SK_PHASE_IDLE, 1, 0);
+    const struct sk_heir heirs[] = {
+        { relay, NULL }, { other, "r" }, { busy, "q" }, { idle, "q" },
+    };
+    sk_deaths_hand_down(dead, "q", heirs, 4);
+    ck_assert_int_eq(atomic_load(&idle->crash_handed), 1);
+    ck_assert_str_eq(idle->handed_crash_key, "order-7");
+    ck_assert_int_eq(atomic_load(&idle->n_orphans), 1);
+    for (size_t i = 0; i < 3; i++)
+        ck_assert_msg(atomic_load(&heirs[i].shared->crash_handed) == 0 &&
+                      atomic_load(&heirs[i].shared->n_orphans) == 0,
+                      "heir %zu should have been passed over", i);
+    ck_assert_int_eq(atomic_load(&dead->died_in_job), 0);
+    ck_assert_int_eq(atomic_load(&dead->n_orphans), 0);
+
+    /* With no idle worker of the queue, a busy one takes them. */
+    struct sk_slot *again = slot_in(SK_PHASE_HANDLER, 1, 0);
+    snprintf(again->job_key, sizeof(again->job_key), "order-8");
+    sk_deaths_bequeath(again, &(struct sk_death){ .job_caused = true });
+    sk_deaths_hand_down(again, "q", heirs, 3);
+    ck_assert_int_eq(atomic_load(&busy->crash_handed), 1);
+    ck_assert_str_eq(busy->handed_crash_key, "order-8");
+
+    /* And with none of its queue, nothing is handed: the crash stays. */
+    struct sk_slot *alone = slot_in(SK_PHASE_HANDLER, 1, 0);
+    snprintf(alone->job_key, sizeof(alone->job_key), "order-9");
+    sk_deaths_bequeath(alone, &(struct sk_death){ .job_caused = true });
+    sk_deaths_hand_down(alone, "q", heirs, 2);
+    ck_assert_int_eq(atomic_load(&alone->died_in_job), 1);
+    ck_assert_int_eq(atomic_load(&other->crash_handed), 0);
+    free(dead);
+    free(again);
+    free(alone);
+    free(relay);
+    free(other);
+    free(busy);
+    free(idle);
+}
+END_TEST
+
+START_TEST(test_a_job_is_overdue_only_strictly_past_its_timeout)
+{
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+    ck_assert_msg(!sk_deaths_overdue(shared, 1000, 1000000), "an idle worker is never overdue");
+    atomic_store(&shared->job_started_ms, 5000);
+    ck_assert(!sk_deaths_overdue(shared, 1000, 5999));
+    ck_assert(!sk_deaths_overdue(shared, 1000, 6000));
+    ck_assert(sk_deaths_overdue(shared, 1000, 6001));
+    ck_assert_msg(!sk_deaths_overdue(shared, 0, 1000000), "job_timeout 0 is no timeout");
+    free(shared);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -256,6 +324,8 @@ int main(void)
         test_a_death_not_the_jobs_or_without_a_key_leaves_no_crash,
         test_a_retired_workers_locks_go_to_a_slot_with_none_pending,
         test_a_retired_workers_crash_goes_to_a_slot_with_none_pending,
+        test_a_retired_worker_hands_down_to_an_idle_worker_of_its_queue,
+        test_a_job_is_overdue_only_strictly_past_its_timeout,
         NULL,
     };
     return h_run_suite(h_suite("deaths", 0, tests));

@@ -608,9 +608,41 @@ START_TEST(test_readme_is_short_and_links_every_doc_page)
 }
 END_TEST
 
+/* The stable event names are an interface (log.h): each SK_EVENT_* is
+ * described in sekalid(8)'s LOGGING list, and that list names no other. */
+START_TEST(test_sekalid_man_page_lists_exactly_the_log_event_names)
+{
+    char *header = read_file("src/base/log.h");
+    char *page = read_file("man/sekalid.8");
+    char *list = strstr(page, "\n.Sh LOGGING\n");
+    ck_assert_msg(list != NULL, "sekalid.8 has no LOGGING section");
+    char *end = strstr(list + 1, "\n.Sh ");
+    if (end != NULL)
+        *end = '\0';
+    int in_header = 0;
+    for (const char *p = header; (p = strstr(p, "#define SK_EVENT_")) != NULL; p++) {
+        const char *q = strchr(p, '"');
+        ck_assert_ptr_nonnull(q);
+        const char *e = strchr(q + 1, '"');
+        char want[128];
+        snprintf(want, sizeof(want), "\n.It Li %.*s\n", (int)(e - q - 1), q + 1);
+        ck_assert_msg(strstr(list, want) != NULL, "sekalid.8 LOGGING lacks %s", want + 1);
+        in_header++;
+    }
+    int in_page = 0;
+    for (const char *p = list; (p = strstr(p, "\n.It Li ")) != NULL; p++)
+        in_page++;
+    ck_assert_msg(in_header > 0 && in_page == in_header,
+                  "log.h defines %d event names, sekalid.8 lists %d", in_header, in_page);
+    free(header);
+    free(page);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
+        test_sekalid_man_page_lists_exactly_the_log_event_names,
         test_every_man_page_passes_mandoc_lint,
         test_config_keys_are_the_same_in_the_code_the_example_and_the_man_page,
         test_config_key_readers_see_paths_sections_and_commented_keys,

@@ -62,6 +62,37 @@ START_TEST(test_json_job_line_carries_every_field)
 }
 END_TEST
 
+/* The event name and server are fields of their own, in both formats, so
+ * that a test or a script finds the line without reading its prose; a
+ * message that quotes a field cannot pass for one. */
+START_TEST(test_an_event_line_carries_its_name_and_server_as_fields)
+{
+    const char *path = capture_stderr();
+    unsetenv("JOURNAL_STREAM");
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_JSON, "worker");
+    struct sk_log_job job = { .queue = "q", .idempotency_key = "k-1" };
+    sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, &job,
+                 "gone: \"event\":\"outage_end\" %d", 7);
+    sk_log_event(SK_LOG_INFO, SK_EVENT_READY, NULL, NULL, "%s", "ready");
+    const char *json = slurp(path);
+    static const char *const expected[] = {
+        "\"msg\":\"gone: \\\"event\\\":\\\"outage_end\\\" 7\"",
+        ",\"event\":\"outage_begin\",\"server\":\"postgres\",\"queue\":\"q\"",
+        "\"idempotency_key\":\"k-1\"", "\"msg\":\"ready\",\"event\":\"ready\"}",
+    };
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        ck_assert_msg(strstr(json, expected[i]) != NULL, "missing %s in %s", expected[i], json);
+    ck_assert_msg(strstr(json, ",\"event\":\"outage_end\"") == NULL, "%s", json);
+    ck_assert_msg(strstr(json, "\"ready\",\"server\"") == NULL, "no server: %s", json);
+
+    path = capture_stderr();
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_TEXT, "worker");
+    sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_REDIS, NULL, "back");
+    const char *text = slurp(path);
+    ck_assert_msg(strstr(text, "] \"back\" event=outage_end server=redis\n") != NULL, "%s", text);
+}
+END_TEST
+
 START_TEST(test_lines_below_the_level_are_dropped)
 {
     const char *path = capture_stderr();
@@ -193,6 +224,7 @@ int main(void)
 {
     const TTest *tests[] = {
         test_json_job_line_carries_every_field,
+        test_an_event_line_carries_its_name_and_server_as_fields,
         test_lines_below_the_level_are_dropped,
         test_journal_stream_is_recognised_only_for_our_stderr,
         test_text_line_escapes_control_characters_in_keys_and_message,

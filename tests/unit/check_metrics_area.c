@@ -1,4 +1,4 @@
-/* check_metrics_area.c - the shared metrics area (src/metrics.c): type
+/* check_metrics_area.c - the shared metrics area (src/shared/metrics.c): type
  * names claimed without a lock, counts that cross fork(), and the text that
  * Prometheus reads. (The endpoint and the workers' counting are tested end
  * to end in tests/integration/check_metrics.c.) */

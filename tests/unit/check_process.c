@@ -1,5 +1,5 @@
 /* check_process.c - every child of sekalid starts the same way
- * (sk_process_child_init(), src/process.c): the supervisor's descriptors
+ * (sk_process_child_init(), src/shared/process.c): the supervisor's descriptors
  * closed, a real metrics endpoint's included; systemd's variables gone; its
  * name set; every signal unblocked with SIGTERM setting the stop flag and
  * SIGHUP ignored; SIGTERM asked for when the supervisor dies; and an exit at
