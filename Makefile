@@ -35,9 +35,9 @@ CORE    = common config config_value log backoff clock
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
-          notify oom metrics metrics_text metrics_http relay janitor
+          notify oom metrics metrics_text metrics_http relay janitor schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http $(BROKER) pg envelope failpoint \
-          reschedule
+          reschedule schema
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
@@ -94,6 +94,7 @@ $(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http me
 $(B)/tests/check_backoff:  $(call obj,$(CORE))
 $(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
+$(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

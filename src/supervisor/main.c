@@ -23,6 +23,7 @@
 #include "log.h"
 #include "plugin.h"
 #include "proctitle.h"
+#include "schema.h"
 #include "supervisor.h"
 
 #ifndef SK_VERSION
@@ -102,5 +103,17 @@ int main(int argc, char **argv)
         sk_conf_free(conf);
         return SK_EXIT_OK;
     }
+    /* A schema older than this build is a mistake of the deployment, like a
+     * bad configuration: refuse it now rather than hand jobs back for ever.
+     * An unreachable PostgreSQL proves nothing; the workers wait for it. */
+    rc = sk_schema_require(&conf->postgres, &err);
+    if (rc == SK_ERR) {
+        sk_log_error("%s", err.msg);
+        free(plugins);
+        sk_conf_free(conf);
+        return SK_EXIT_CONFIG;
+    }
+    if (rc != SK_OK)
+        sk_log_warn("schema not checked at start: %s", err.msg);
     return sk_supervisor_run(conf, plugins);
 }

@@ -56,6 +56,7 @@
 #include "process.h"
 #include "proctitle.h"
 #include "roles.h"
+#include "schema.h"
 #include "scoreboard.h"
 #include "supervisor.h"
 
@@ -120,6 +121,7 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
                            int status, const struct sk_death *d);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
+static bool schema_allows(const struct sk_conf *conf, struct sk_err *err);
 static void abandon(struct supervisor *s, const char *who, int code);
 static void respawn_due(struct supervisor *s, struct generation *g, int64_t now);
 static size_t running(const struct generation *g);
@@ -586,6 +588,17 @@ static void begin_stop(struct supervisor *s, const char *why)
 
 /* SIGHUP: the new configuration must load completely, handlers included,
  * before anything changes; otherwise the current generation runs on. */
+/* A reload onto a database without this build's migrations keeps the old
+ * generation (which ran on it so far); one PostgreSQL cannot answer proves
+ * nothing and lets the reload go on. Blocks for a dial and one query. */
+static bool schema_allows(const struct sk_conf *conf, struct sk_err *err)
+{
+    int rc = sk_schema_require(&conf->postgres, err);
+    if (rc == SK_AGAIN)
+        sk_log_warn("reload: schema not checked: %s", err->msg);
+    return rc != SK_ERR;
+}
+
 static void reload(struct supervisor *s)
 {
     if (s->current == NULL)
@@ -599,7 +612,7 @@ static void reload(struct supervisor *s)
     struct generation *g = NULL;
     if (sk_conf_load(s->current->conf->path, &conf, &err) != SK_OK ||
         sk_plugin_load_queues(conf, sk_host(), &plugins, &err) != SK_OK ||
-        (g = generation_new(conf, plugins, &err)) == NULL) {
+        !schema_allows(conf, &err) || (g = generation_new(conf, plugins, &err)) == NULL) {
         sk_log_error("reload failed, still running the previous configuration: %s", err.msg);
         sk_notify_status("reload failed, running the previous configuration: %s", err.msg);
         s->status[0] = '\0';
