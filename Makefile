@@ -28,16 +28,16 @@ SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-proto
 override CFLAGS += $(SK_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
-# sekalictl takes no Redis lock and serves no HTTP: it links neither library.
-CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
+# sekalictl takes no Redis lock and serves no HTTP; doctor asks Redis (hiredis).
+CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd) -lm
 
 CORE    = common config config_value log backoff clock
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor schema
-CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http $(BROKER) pg envelope failpoint \
-          reschedule schema
+CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers \
+          $(BROKER) pg envelope failpoint reschedule schema
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))

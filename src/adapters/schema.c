@@ -95,8 +95,8 @@ int sk_schema_require(const struct sk_postgres_conf *conf, struct sk_err *err)
     if (rc != SK_OK)
         return SK_AGAIN;  /* a server error is no proof of an old schema */
     if (st.n_missing > 0)
-        return sk_err_set(err, SK_ERR, "the database lacks %zu migration%s of this build (%s): "
-                          "run sekalictl migrate", st.n_missing, st.n_missing == 1 ? "" : "s",
+        return sk_err_set(err, SK_ERR, "the database lacks %zu migration%s of this build: run "
+                          "sekalictl migrate (%s)", st.n_missing, st.n_missing == 1 ? "" : "s",
                           st.missing);
     return SK_OK;
 }

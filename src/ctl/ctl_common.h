@@ -5,7 +5,9 @@
  * Exit codes of every command: 0 done, 1 runtime failure (a server
  * unreachable, an SQL error), 2 usage or configuration error, 3 some dead
  * letters were refused (the rest done), 4 nothing matched, 5 status found
- * sekalid not running or a queue without consumer. */
+ * sekalid not running or a queue without consumer, 6 doctor: some check
+ * warned (none failed), 7 doctor: some check failed; verify: 8 jobs lost or
+ * stuck. */
 #ifndef SK_CTL_COMMON_H
 #define SK_CTL_COMMON_H
 
@@ -23,6 +25,9 @@
 #define SK_CTL_REFUSED   3
 #define SK_CTL_NOT_FOUND 4
 #define SK_CTL_UNHEALTHY 5  /* status: sekalid not running, or a queue without consumer */
+#define SK_CTL_WARNINGS  6  /* doctor: a check warned, none failed */
+#define SK_CTL_FAILURES  7  /* doctor: a check failed */
+#define SK_CTL_LOST      8  /* verify: jobs lost or stuck */
 
 /* A new connection to the configured PostgreSQL with sekalid's session
  * settings (sk_pg_dial()), or NULL after printing why on stderr. The caller
