@@ -81,8 +81,9 @@ static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct s
                                     "dead-letter-routing-key <queue>.dead"
                                   : "drain and delete the queue, and let sekalid declare it "
                                     "(or set declare: passive and give it a policy)",
-                          "%s's arguments differ from sekali's (%s)%s: a message the broker "
-                          "dead-letters may not reach %s", quorum ? "quorum" : "classic", why,
+                          "its arguments are not those sekali gives a %s queue (%s)%s: dead "
+                          "letters may not reach %s, or the broker may redeliver without end",
+                          quorum ? "quorum" : "classic", why,
                           passive ? "; a policy, invisible over AMQP, may make up for it" : "",
                           dead);
     }

@@ -7,6 +7,7 @@
  * retention). sekalid refuses the unmigrated database too. Every server
  * setting a test changes is set back before it asserts. */
 #include <glob.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,16 +140,30 @@ START_TEST(test_a_queue_without_the_dead_letter_arguments_fails)
 }
 END_TEST
 
+/* Configured without one; and declared without one in the broker while
+ * the configuration asks for 5. */
 START_TEST(test_a_quorum_queue_without_a_delivery_limit_fails)
 {
     struct h_run r;
     h_run_open(&r, "doc-quorum");
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1,
                               JOB_TIMEOUT "    queue_type: quorum\n");
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_declare(r.b, r.queue, &(struct sk_queue_shape){ .quorum = true },
+                                    &err) == SK_OK, "%s", err.msg);
     char *report;
     int code = doctor(r.config, NULL, NULL, &report);
     ck_assert_int_eq(code, 7);
     has_verdict(report, "queue.delivery_limit", r.queue, "fail");
+    has_verdict(report, "queue.arguments", r.queue, "pass");
+
+    h_config_replace(r.config, "    queue_type: quorum\n", "    queue_type: quorum\n"
+                                                          "    delivery_limit: 5\n");
+    code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "queue.delivery_limit", r.queue, "pass");
+    has_verdict(report, "queue.arguments", r.queue, "fail");
+    ck_assert_msg(strstr(report, "x-delivery-limit") != NULL, "the broker's words: %s", report);
     h_run_close(&r);
 }
 END_TEST
@@ -239,6 +254,27 @@ START_TEST(test_a_job_waiting_longer_than_the_retention_fails)
 }
 END_TEST
 
+/* A reload onto a database without the migrations keeps the running
+ * generation: its workers go on consuming. */
+START_TEST(test_a_reload_onto_an_unmigrated_database_keeps_the_old_config)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-reload");
+    h_pg_exec(r.pg, "DROP DATABASE IF EXISTS sekali_doctor_bare2");
+    h_pg_exec(r.pg, "CREATE DATABASE sekali_doctor_bare2");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = JOB_TIMEOUT });
+    h_config_replace(r.config, "dbname=sekali ", "dbname=sekali_doctor_bare2 ");
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    H_WAIT(h_count_lines(r.log, "reload failed") == 1, 20000, "the reload should fail");
+    ck_assert_int_eq(h_count_lines(r.log, "run sekalictl migrate"), 1);
+    h_publish(r.b, r.queue, "test", "after-reload", "k-after", NULL, "ok");
+    H_WAIT(h_effects(&r, "k-after") == 1, 20000, "the old generation should still run jobs");
+    h_run_stop(&r);
+    h_pg_exec(r.pg, "DROP DATABASE sekali_doctor_bare2");
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -250,6 +286,7 @@ int main(void)
         test_a_host_clock_a_minute_ahead_fails_the_skew_checks,
         test_an_unmigrated_database_fails_and_sekalid_refuses_it,
         test_a_job_waiting_longer_than_the_retention_fails,
+        test_a_reload_onto_an_unmigrated_database_keeps_the_old_config,
         NULL,
     };
     return h_run_suite(h_suite("doctor", 60, tests));
