@@ -7,6 +7,7 @@
  *   sekalictl [-c FILE] status [--json]                        (ctl_status.c)
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
  *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
+ *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
  *   sekalictl help [COMMAND] | --help | --version
  *
  * Adding a command: a file ctl_NAME.c with its sk_ctl_NAME() declared in
@@ -87,6 +88,18 @@ static const struct command {
       "  --json                 one JSON document\n"
       "Exits 0 when every check passed, 6 when some warned, 7 when some failed.\n",
       sk_ctl_doctor },
+    { "verify", "verify [--queue QUEUE] [--since T] [--json]",
+      "Reconcile the outbox, the idempotency keys, the dead letters and the broker's\n"
+      "queues over a window, and report jobs lost (enqueued, but neither completed,\n"
+      "failed, dead-lettered nor waiting), stuck (processing past their lease) and\n"
+      "dead letters whose key is not failed (inconsistent), with their keys.\n"
+      "  --queue QUEUE   only QUEUE (default: every configured queue)\n"
+      "  --since T       the window: a duration back from now (default 24h) or a time\n"
+      "                  PostgreSQL reads (2026-12-01 14:00Z)\n"
+      "  --json          one JSON document\n"
+      "Exits 0 when nothing is lost or stuck, 8 when something is, 1 when a source\n"
+      "could not be read.\n",
+      sk_ctl_verify },
     { "dlq",
       "dlq list QUEUE [--json]\n"
       "  dlq show QUEUE KEY [--json]\n"
