@@ -106,6 +106,10 @@ int sk_ctl_verify(const struct sk_conf *conf, int argc, char **argv)
     }
     PGconn *pg = sk_ctl_pg_connect(conf);
     int code = SK_CTL_FAILED;
+    /* Each batch is small: parallel workers would only cost their start
+     * and take them from the production queries. */
+    if (pg != NULL)
+        sk_pg_run(pg, "SET max_parallel_workers_per_gather = 0", NULL);
     if (pg != NULL && resolve_since(&v, pg) && read_outbox(&v, pg) && read_stuck(&v, pg) && read_broker(&v, pg)) {
         judge(&v);
         code = SK_CTL_OK;
