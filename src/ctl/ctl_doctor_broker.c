@@ -150,13 +150,12 @@ static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q)
                   over_ct || near_ttl ? SK_DOCTOR_WARN : SK_DOCTOR_PASS,
                   over_ct ? "lower the queue's prefetch, or raise consumer_timeout"
                           : "raise the queue's lock_ttl well above the p99",
-                  "p99 %s%.3gs over %ld jobs; x prefetch %d = %.3gs against consumer_timeout "
-                  "%s%s", isinf(p99) ? "above " : "", isinf(p99) ? 60.0 : p99, count,
+                  "p99 %s %.3gs over %ld jobs; x prefetch %d = %.3gs against consumer_timeout "
+                  "%s%s%s", isinf(p99) ? "above" : "at most", isinf(p99) ? 60.0 : p99, count,
                   q->prefetch, isinf(window_s) ? 60.0 * q->prefetch : window_s, ct_text,
-                  q->lock ? (near_ttl ? "; at least half the lock_ttl" : "; below half the "
-                                                                          "lock_ttl")
-                          : "");
-    (void)ttl_text;
+                  !q->lock ? "" : near_ttl ? "; at least half the lock_ttl " : "; below half "
+                                                                               "the lock_ttl ",
+                  q->lock ? ttl_text : "");
 }
 
 /* The 99th percentile of queue's job durations from sekalid's histogram
