@@ -16,6 +16,7 @@
 
 #include <libpq-fe.h>
 
+#include "broker.h"
 #include "config.h"
 #include "pg.h"
 
@@ -39,6 +40,13 @@ PGconn *sk_ctl_pg_connect(const struct sk_conf *conf);
 bool sk_ctl_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);
 /* SQL text without parameters (a migration file may hold many statements). */
 bool sk_ctl_pg_run(PGconn *pg, const char *sql, const char *what);
+
+/* The messages waiting in the delay queues sekali may have declared for q
+ * (the bucket ladder of src/worker/reschedule.c up to the longest delay it
+ * schedules), and how many of those queues exist: a delay queue deletes
+ * itself once unused. Passive probes: nothing is created. */
+int sk_ctl_delayed(struct sk_broker *b, const struct sk_queue_conf *q, uint32_t *messages,
+                   uint32_t *queues, struct sk_err *err);
 
 /* The rest of f, NUL-terminated (the caller frees it), or NULL. */
 char *sk_ctl_read_all(FILE *f, size_t *len);

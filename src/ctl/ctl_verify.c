@@ -39,12 +39,10 @@
 #include "ctl_common.h"
 #include "ctl_out.h"
 #include "pg.h"
-#include "reschedule.h"
 
 #define BATCH      5000   /* outbox rows a statement */
 #define LIST_MAX   100    /* keys listed per finding and queue */
 #define DEAD_MAX   10000  /* dead letters read per queue */
-#define BUSY_DELAY_MAX_MS 5000  /* the longest busy-lock re-schedule (src/worker/job.c) */
 #define DEFAULT_SINCE_MS (24u * 3600 * 1000)
 #define STR_(x) #x
 #define STR(x)  STR_(x)
@@ -303,29 +301,6 @@ static bool dead_letter(struct vqueue *q, PGconn *pg, const amqp_message_t *m)
     return true;
 }
 
-/* The delay queues sekali may have declared for q (as sekalictl status
- * counts them). */
-static bool read_delays(struct sk_broker *b, struct vqueue *q, struct sk_err *err)
-{
-    uint32_t top = q->conf->retry.max_ms;
-    if (top < BUSY_DELAY_MAX_MS)
-        top = BUSY_DELAY_MAX_MS;
-    if (top < q->conf->lease_ms)
-        top = q->conf->lease_ms;
-    top = sk_reschedule_bucket(top);
-    for (uint32_t step = sk_reschedule_bucket(0);; step = sk_reschedule_bucket(step + 1)) {
-        char name[600];
-        snprintf(name, sizeof(name), "%s.delay.%u", q->conf->name, step);
-        bool exists;
-        uint32_t messages, consumers;
-        if (sk_broker_queue_probe(b, name, &exists, &messages, &consumers, err) != SK_OK)
-            return false;
-        q->delayed += exists ? messages : 0;
-        if (step >= top)
-            return true;
-    }
-}
-
 static bool read_broker(struct verify *v, PGconn *pg)
 {
     struct sk_err err = { 0 };
@@ -338,14 +313,15 @@ static bool read_broker(struct verify *v, PGconn *pg)
             return false;
         }
         bool exists;
-        uint32_t ready = 0, consumers = 0, depth = 0, dc;
+        uint32_t ready = 0, consumers = 0, depth = 0, dc, delayed = 0, delay_queues;
         char dead[600];
         sk_broker_dead_name(q->conf->name, dead, sizeof(dead), NULL);
         bool ok = sk_broker_queue_probe(b, q->conf->name, &exists, &ready, &consumers, &err) ==
                       SK_OK &&
-                  read_delays(b, q, &err) &&
+                  sk_ctl_delayed(b, q->conf, &delayed, &delay_queues, &err) == SK_OK &&
                   sk_broker_queue_probe(b, dead, &exists, &depth, &dc, &err) == SK_OK;
         q->ready = ready;
+        q->delayed = delayed;
         q->in_flight_max = (long long)consumers * q->conf->prefetch;
         for (uint32_t n = 0; ok && n < depth && n < DEAD_MAX; n++) {
             amqp_message_t m;

@@ -10,8 +10,9 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include <sekali/handler.h>
+
 #include "metrics.h"
-#include "sekali/handler.h"
 
 #ifndef SK_VERSION
 #define SK_VERSION "unknown"
