@@ -26,7 +26,8 @@
 
 static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q);
 static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q);
-static bool observed_p99(const char *metrics, const char *queue, double *p99_s, long *count);
+static bool observed_p99(const char *metrics, const char *queue, double *p99_s, double *top_s,
+                         long *count);
 
 void sk_doctor_broker(struct sk_doctor *d)
 {
@@ -133,9 +134,9 @@ static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q)
         sk_doctor_add(d, "queue.consumer_timeout", q->name, SK_DOCTOR_PASS, NULL,
                       "job_timeout %s below consumer_timeout %s%s", jt_text, ct_text, told);
 
-    double p99;
+    double p99, top;
     long count;
-    if (!observed_p99(d->metrics, q->name, &p99, &count)) {
+    if (!observed_p99(d->metrics, q->name, &p99, &top, &count)) {
         sk_doctor_add(d, "queue.observed_duration", q->name, SK_DOCTOR_SKIP, NULL,
                       "no job durations to judge (sekalid's /metrics not reachable, or no job "
                       "completed yet)");
@@ -151,8 +152,8 @@ static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q)
                   over_ct ? "lower the queue's prefetch, or raise consumer_timeout"
                           : "raise the queue's lock_ttl well above the p99",
                   "p99 %s %.3gs over %ld jobs; x prefetch %d = %.3gs against consumer_timeout "
-                  "%s%s%s", isinf(p99) ? "above" : "at most", isinf(p99) ? 60.0 : p99, count,
-                  q->prefetch, isinf(window_s) ? 60.0 * q->prefetch : window_s, ct_text,
+                  "%s%s%s", isinf(p99) ? "above" : "at most", isinf(p99) ? top : p99, count,
+                  q->prefetch, isinf(window_s) ? top * q->prefetch : window_s, ct_text,
                   !q->lock ? "" : near_ttl ? "; at least half the lock_ttl " : "; below half "
                                                                                "the lock_ttl ",
                   q->lock ? ttl_text : "");
@@ -160,8 +161,10 @@ static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q)
 
 /* The 99th percentile of queue's job durations from sekalid's histogram
  * (all job types together): the upper bound of the first bucket holding
- * it, INFINITY past the last. false when there is nothing to judge. */
-static bool observed_p99(const char *metrics, const char *queue, double *p99_s, long *count)
+ * it, INFINITY past the last finite one, which is *top_s. false when there
+ * is nothing to judge. */
+static bool observed_p99(const char *metrics, const char *queue, double *p99_s, double *top_s,
+                         long *count)
 {
     if (metrics == NULL)
         return false;
@@ -193,9 +196,13 @@ static bool observed_p99(const char *metrics, const char *queue, double *p99_s, 
         line = end != NULL ? end + 1 : NULL;
     }
     double total = 0;
-    for (int b = 0; b < buckets; b++)
+    *top_s = 0;
+    for (int b = 0; b < buckets; b++) {
         if (isinf(le[b]))
             total = n[b];
+        else if (le[b] > *top_s)
+            *top_s = le[b];
+    }
     if (total <= 0)
         return false;
     *count = (long)total;

@@ -71,12 +71,14 @@ START_TEST(test_a_message_gone_from_its_queue_after_publishing_is_lost)
     h_stop_sekalid(r.sekalid, r.dir);
     /* A relay alone: sekalid with no worker cannot be configured, so the
      * row is marked published by hand after the message went out. */
-    h_publish(r.b, r.queue, "test", "job-gone", "k-gone", NULL, "ok");
+    char job_id[200];
+    snprintf(job_id, sizeof(job_id), "%s-gone", r.queue);  /* job ids are unique for ever */
+    h_publish(r.b, r.queue, "test", job_id, "k-gone", NULL, "ok");
     h_pg_exec(r.pg, "BEGIN");
     char sql[1024];
     snprintf(sql, sizeof(sql), "INSERT INTO sekali.outbox (job_id, queue, job_type, body, "
-             "idempotency_key, published_at) VALUES ('job-gone', '%s', 'test', 'ok', 'k-gone', "
-             "now())", r.queue);
+             "idempotency_key, published_at) VALUES ('%s', '%s', 'test', 'ok', 'k-gone', "
+             "now())", job_id, r.queue);
     h_pg_exec(r.pg, sql);
     h_pg_exec(r.pg, "COMMIT");
     H_WAIT(h_queue_depth(r.b, r.queue) == 1, 10000, "the message should be in the queue");
