@@ -274,9 +274,15 @@ static bool dead_letter(struct vqueue *q, PGconn *pg, const amqp_message_t *m)
     char reason[64] = "";
     sk_ctl_header_text(m, "x-sekali-reason", reason, sizeof(reason));
     q->dead++;
-    /* A malformed message never had a key sekali could record. */
+    /* A malformed message never had a key sekali could record, and a key
+     * PostgreSQL cannot hold (not UTF-8, a NUL) is never recorded either:
+     * neither is asked about. */
     if (key.len == 0 || key.len > SK_KEY_MAX || strcmp(reason, "malformed") == 0)
         return true;
+    for (size_t i = 0, n; i < key.len; i += n)
+        if ((n = sk_ctl_utf8_len((const unsigned char *)key.bytes + i, key.len - i)) == 0 ||
+            ((const char *)key.bytes)[i] == '\0')
+            return true;
     char text[SK_KEY_MAX + 1];
     snprintf(text, sizeof(text), "%.*s", (int)key.len, (const char *)key.bytes);
     const char *params[] = { q->conf->name, text };
