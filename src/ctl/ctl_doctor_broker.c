@@ -92,14 +92,14 @@ static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct s
                   "start sekalid, which declares it",
                   dead_exists ? "%s exists" : "%s does not exist: dead letters have nowhere to go",
                   dead);
-    if (quorum)
-        sk_doctor_add(d, "queue.delivery_limit", q->name,
-                      q->delivery_limit > 0 ? SK_DOCTOR_PASS : SK_DOCTOR_FAIL,
+    if (quorum && q->delivery_limit > 0)
+        sk_doctor_add(d, "queue.delivery_limit", q->name, SK_DOCTOR_PASS, NULL,
+                      "%d deliveries, then dead-lettered", q->delivery_limit);
+    else if (quorum)
+        sk_doctor_add(d, "queue.delivery_limit", q->name, SK_DOCTOR_FAIL,
                       "set the queue's delivery_limit (e.g. 20; above retry.max_attempts)",
-                      q->delivery_limit > 0 ? "%d deliveries, then dead-lettered"
-                                            : "none%.0d: a message that kills its worker every "
-                                              "time is redelivered for ever",
-                      q->delivery_limit);
+                      "none: a message that kills its worker every time is redelivered for "
+                      "ever");
 }
 
 /* A delivery stays unacked for its job's run, and the acks of a window are
