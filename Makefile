@@ -39,16 +39,16 @@ endif
 override CFLAGS += $(SK_CFLAGS) $(HARDEN_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread $(HARDEN_LD)
 CHECK_LIBS = $(shell pkg-config --libs check)
-# sekalictl takes no Redis lock and serves no HTTP: it links neither library.
-CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd) $(HARDEN_LD)
+# sekalictl serves no HTTP; doctor asks Redis (hiredis).
+CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd) -lm $(HARDEN_LD)
 
 CORE    = common config config_value pg_conninfo log backoff clock outage
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
-          notify oom metrics metrics_text metrics_http relay janitor
-CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http $(BROKER) pg envelope failpoint \
-          reschedule
+          notify oom metrics metrics_text metrics_http relay janitor schema
+CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers ctl_verify \
+          $(BROKER) pg envelope failpoint reschedule schema
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
@@ -108,6 +108,7 @@ $(B)/tests/check_outage:   $(call obj,$(CORE))
 $(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
 $(B)/tests/check_docs:     $(call obj,$(CORE))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
+$(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

@@ -100,6 +100,15 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
                           uint32_t *consumers, struct sk_err *err);
 
+/* Whether the existing queue `name` carries the arguments sekali declares
+ * it with (shape as for sk_broker_declare()): *conforms, and when not, the
+ * broker's words for the first difference in why. Declares the queue with
+ * those arguments, so call it only for a queue that exists (a probe). The
+ * channel the broker closes over a difference is opened again. */
+int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
+                             const struct sk_queue_shape *shape, bool *conforms, char *why,
+                             size_t why_size, struct sk_err *err);
+
 /* As sk_broker_queue_depth(), but a queue that does not exist is an
  * answer (*exists false), not an error: the channel the broker closed is
  * opened again (without confirm mode). For tools that probe many names. */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <amqp.h>
 
@@ -114,6 +115,11 @@ static amqp_basic_properties_t message_properties(const struct sk_message *msg,
     amqp_basic_properties_t props = { 0 };
     props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    /* When the job was first published, in seconds: copies (retries, dead
+     * letters) keep it, so a worker can tell a job older than its key's
+     * retention (sekali_job_admit()). */
+    props._flags |= AMQP_BASIC_TIMESTAMP_FLAG;
+    props.timestamp = (uint64_t)time(NULL);
     set_text(&props, AMQP_BASIC_MESSAGE_ID_FLAG, &props.message_id, msg->message_id);
     set_text(&props, AMQP_BASIC_TYPE_FLAG, &props.type, msg->type);
     set_text(&props, AMQP_BASIC_CONTENT_TYPE_FLAG, &props.content_type, msg->content_type);

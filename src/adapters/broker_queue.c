@@ -21,6 +21,11 @@ static int declare_passive(struct sk_broker *b, const char *name, struct sk_err 
 static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                         const struct sk_queue_shape *shape, struct sk_err *err);
 static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
+static int reopen_channel(struct sk_broker *b, struct sk_err *err);
+static int work_args(const char *dead, const struct sk_queue_shape *shape,
+                     amqp_table_entry_t *args);
+
+#define WORK_ARGS_MAX 6
 
 int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err)
 {
@@ -81,14 +86,16 @@ static int declare_passive(struct sk_broker *b, const char *name, struct sk_err 
     return sk_broker_rpc_check(b, reply, "queue.declare(passive)", err);
 }
 
-static int declare_work(struct sk_broker *b, const char *name, const char *dead,
-                        const struct sk_queue_shape *shape, struct sk_err *err)
+/* The arguments of a work queue as sekali declares it, into args (room for
+ * WORK_ARGS_MAX); returns how many. */
+static int work_args(const char *dead, const struct sk_queue_shape *shape,
+                     amqp_table_entry_t *args)
 {
     /* A rejected message goes to name.dead through the default exchange; the
      * broker moves it, so a dead letter cannot be lost between two queues. */
-    amqp_table_entry_t args[6] = { sk_broker_text_entry("x-dead-letter-exchange", ""),
-                                   sk_broker_text_entry("x-dead-letter-routing-key", dead) };
-    int n_args = 2;
+    int n_args = 0;
+    args[n_args++] = sk_broker_text_entry("x-dead-letter-exchange", "");
+    args[n_args++] = sk_broker_text_entry("x-dead-letter-routing-key", dead);
     if (shape != NULL && shape->quorum) {
         args[n_args++] = sk_broker_text_entry("x-queue-type", "quorum");
         /* Quorum queues drop dead letters unless told otherwise; at-least-once
@@ -99,7 +106,14 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
             args[n_args++] = sk_broker_int_entry("x-delivery-limit", shape->delivery_limit);
         }
     }
-    amqp_table_t table = { .num_entries = n_args, .entries = args };
+    return n_args;
+}
+
+static int declare_work(struct sk_broker *b, const char *name, const char *dead,
+                        const struct sk_queue_shape *shape, struct sk_err *err)
+{
+    amqp_table_entry_t args[WORK_ARGS_MAX];
+    amqp_table_t table = { .num_entries = work_args(dead, shape, args), .entries = args };
     amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
     amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
@@ -109,6 +123,31 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                           (int)m->reply_text.len, (const char *)m->reply_text.bytes);
     }
     return sk_broker_rpc_check(b, reply, "queue.declare", err);
+}
+
+int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
+                             const struct sk_queue_shape *shape, bool *conforms, char *why,
+                             size_t why_size, struct sk_err *err)
+{
+    char dead[512];
+    int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
+    if (rc != SK_OK)
+        return rc;
+    /* The broker compares a declaration's arguments with the queue's and
+     * refuses one that differs, naming the argument: the one way to read
+     * them over AMQP. Equal arguments make the declaration a no-op. */
+    amqp_table_entry_t args[WORK_ARGS_MAX];
+    amqp_table_t table = { .num_entries = work_args(dead, shape, args), .entries = args };
+    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    *conforms = true;
+    if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
+        amqp_channel_close_t *m = reply.reply.decoded;
+        snprintf(why, why_size, "%.*s", (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+        *conforms = false;
+        return reopen_channel(b, err);
+    }
+    return sk_broker_rpc_check(b, reply, "queue.declare(conformity)", err);
 }
 
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,
@@ -141,24 +180,9 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
     if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
         reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
         ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
-        amqp_channel_close_ok_t close_ok = { 0 };
-        if (amqp_send_method(b->conn, SK_BROKER_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
-            AMQP_STATUS_OK) {
-            b->broken = true;
-            return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
-        }
-        amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
-        int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
+        int rc = reopen_channel(b, err);
         if (rc != SK_OK)
             return rc;
-        /* A new channel starts without confirms and counts its deliveries
-         * from 1 again: a publisher's must be as it was. */
-        if (b->confirming) {
-            b->next_publish_tag = 1;
-            rc = sk_broker_confirm_select(b, err);
-            if (rc != SK_OK)
-                return rc;
-        }
         *exists = false;
         *messages = *consumers = 0;
         return SK_OK;
@@ -187,6 +211,30 @@ int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t del
     amqp_table_t table = { .num_entries = 4, .entries = args };
     amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
     return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
+}
+
+/* After the broker closed the channel over a refused declaration: answer
+ * close-ok and open it again, so that a tool can go on over one
+ * connection. */
+static int reopen_channel(struct sk_broker *b, struct sk_err *err)
+{
+    amqp_channel_close_ok_t close_ok = { 0 };
+    if (amqp_send_method(b->conn, SK_BROKER_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
+        AMQP_STATUS_OK) {
+        b->broken = true;
+        return sk_err_set(err, SK_AGAIN, "channel.close-ok failed");
+    }
+    amqp_channel_open(b->conn, SK_BROKER_CHANNEL);
+    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "amqp_channel_open", err);
+    if (rc != SK_OK)
+        return rc;
+    /* A new channel starts without confirms and counts its deliveries
+     * from 1 again: a publisher's must be as it was. */
+    if (b->confirming) {
+        b->next_publish_tag = 1;
+        rc = sk_broker_confirm_select(b, err);
+    }
+    return rc;
 }
 
 /* Whether the broker answered by closing the channel with this reply code. */

@@ -6,6 +6,8 @@
  *   sekalictl [-c FILE] dlq (list|show|replay|purge) QUEUE ... (ctl_dlq.c)
  *   sekalictl [-c FILE] status [--json]                        (ctl_status.c)
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
+ *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
+ *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
  *   sekalictl help [COMMAND] | --help | --version
  *
  * Adding a command: a file ctl_NAME.c with its sk_ctl_NAME() declared in
@@ -75,6 +77,29 @@ static const struct command {
       "Exits 0 when something was found, 4 when nothing was, 1 when a source could\n"
       "not be read.\n",
       sk_ctl_trace },
+    { "doctor", "doctor [--consumer-timeout DURATION] [--json]",
+      "Check the settings outside sekali that its guarantee rests on: the schema,\n"
+      "each queue's arguments, dead-letter queue, delivery limit and timeouts,\n"
+      "Redis' eviction policy, role and Sentinel quorum, PostgreSQL's synchronous\n"
+      "commit and standbys, the clocks, retention against the oldest waiting job.\n"
+      "Each check passes, warns or fails, with its fix (docs/doctor.md).\n"
+      "  --consumer-timeout D   the broker's consumer_timeout (AMQP does not tell it;\n"
+      "                         default: RabbitMQ's 30m)\n"
+      "  --json                 one JSON document\n"
+      "Exits 0 when every check passed, 6 when some warned, 7 when some failed.\n",
+      sk_ctl_doctor },
+    { "verify", "verify [--queue QUEUE] [--since T] [--json]",
+      "Reconcile the outbox, the idempotency keys, the dead letters and the broker's\n"
+      "queues over a window, and report jobs lost (enqueued, but neither completed,\n"
+      "failed, dead-lettered nor waiting), stuck (processing past their lease) and\n"
+      "dead letters whose key is not failed (inconsistent), with their keys.\n"
+      "  --queue QUEUE   only QUEUE (default: every configured queue)\n"
+      "  --since T       the window: a duration back from now (default 24h) or a time\n"
+      "                  PostgreSQL reads (2026-12-01 14:00Z)\n"
+      "  --json          one JSON document\n"
+      "Exits 0 when nothing is lost or stuck, 8 when something is, 1 when a source\n"
+      "could not be read.\n",
+      sk_ctl_verify },
     { "dlq",
       "dlq list QUEUE [--json]\n"
       "  dlq show QUEUE KEY [--json]\n"
@@ -105,7 +130,8 @@ static void usage(FILE *out)
                  "  -h, --help          print this help and exit\n"
                  "  -V, --version       print the version and exit\n"
                  "exit codes: 0 done, 1 runtime failure, 2 usage or configuration, 3 some\n"
-                 "dead letters refused, 4 nothing matched, 5 status: not healthy\n");
+                 "dead letters refused, 4 nothing matched, 5 status: not healthy, 6 doctor:\n"
+                 "warnings, 7 doctor: failures, 8 verify: jobs lost or stuck\n");
 }
 
 static const struct command *find_command(const char *name)

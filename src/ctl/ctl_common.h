@@ -5,7 +5,9 @@
  * Exit codes of every command: 0 done, 1 runtime failure (a server
  * unreachable, an SQL error), 2 usage or configuration error, 3 some dead
  * letters were refused (the rest done), 4 nothing matched, 5 status found
- * sekalid not running or a queue without consumer. */
+ * sekalid not running or a queue without consumer, 6 doctor: some check
+ * warned (none failed), 7 doctor: some check failed; verify: 8 jobs lost or
+ * stuck. */
 #ifndef SK_CTL_COMMON_H
 #define SK_CTL_COMMON_H
 
@@ -14,6 +16,7 @@
 
 #include <libpq-fe.h>
 
+#include "broker.h"
 #include "config.h"
 #include "pg.h"
 
@@ -23,6 +26,9 @@
 #define SK_CTL_REFUSED   3
 #define SK_CTL_NOT_FOUND 4
 #define SK_CTL_UNHEALTHY 5  /* status: sekalid not running, or a queue without consumer */
+#define SK_CTL_WARNINGS  6  /* doctor: a check warned, none failed */
+#define SK_CTL_FAILURES  7  /* doctor: a check failed */
+#define SK_CTL_LOST      8  /* verify: jobs lost or stuck */
 
 /* A new connection to the configured PostgreSQL with sekalid's session
  * settings (sk_pg_dial()), or NULL after printing why on stderr. The caller
@@ -34,6 +40,13 @@ PGconn *sk_ctl_pg_connect(const struct sk_conf *conf);
 bool sk_ctl_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);
 /* SQL text without parameters (a migration file may hold many statements). */
 bool sk_ctl_pg_run(PGconn *pg, const char *sql, const char *what);
+
+/* The messages waiting in the delay queues sekali may have declared for q
+ * (the bucket ladder of src/worker/reschedule.c up to the longest delay it
+ * schedules), and how many of those queues exist: a delay queue deletes
+ * itself once unused. Passive probes: nothing is created. */
+int sk_ctl_delayed(struct sk_broker *b, const struct sk_queue_conf *q, uint32_t *messages,
+                   uint32_t *queues, struct sk_err *err);
 
 /* The rest of f, NUL-terminated (the caller frees it), or NULL. */
 char *sk_ctl_read_all(FILE *f, size_t *len);

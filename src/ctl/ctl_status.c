@@ -29,10 +29,8 @@
 #include "ctl_http.h"
 #include "ctl_out.h"
 #include "pg.h"
-#include "reschedule.h"
 
 #define SCRAPE_TIMEOUT_MS 3000
-#define BUSY_DELAY_MAX_MS 5000  /* the longest busy-lock re-schedule (src/worker/job.c) */
 
 /* One queue's figures; a figure whose source failed is marked unknown. */
 struct qstat {
@@ -168,33 +166,6 @@ static void read_metrics(struct status *s)
                                    &s->q[i].up_known);
 }
 
-/* The delay queues sekali may have declared for q: the bucket ladder
- * (src/worker/reschedule.c) up to the longest delay it schedules. Those that
- * exist are counted; a delay queue deletes itself once unused. */
-static int read_delays(struct sk_broker *b, struct qstat *q, struct sk_err *err)
-{
-    uint32_t top = q->conf->retry.max_ms;
-    if (top < BUSY_DELAY_MAX_MS)
-        top = BUSY_DELAY_MAX_MS;
-    if (top < q->conf->lease_ms)
-        top = q->conf->lease_ms;
-    top = sk_reschedule_bucket(top);
-    for (uint32_t step = sk_reschedule_bucket(0);; step = sk_reschedule_bucket(step + 1)) {
-        char name[600];
-        snprintf(name, sizeof(name), "%s.delay.%u", q->conf->name, step);
-        bool exists;
-        uint32_t messages, consumers;
-        if (sk_broker_queue_probe(b, name, &exists, &messages, &consumers, err) != SK_OK)
-            return SK_ERR;
-        if (exists) {
-            q->delay_queues++;
-            q->delayed += messages;
-        }
-        if (step >= top)
-            return SK_OK;
-    }
-}
-
 static void read_broker(struct status *s)
 {
     struct sk_broker *b = NULL;
@@ -212,7 +183,7 @@ static void read_broker(struct status *s)
                                   &err) != SK_OK ||
             sk_broker_queue_probe(b, dead, &q->dead_exists, &q->dead, &dead_consumers, &err) !=
                 SK_OK ||
-            read_delays(b, q, &err) != SK_OK) {
+            sk_ctl_delayed(b, q->conf, &q->delayed, &q->delay_queues, &err) != SK_OK) {
             snprintf(s->broker_why, sizeof(s->broker_why), "%s", err.msg);
             break;
         }

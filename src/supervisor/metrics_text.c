@@ -8,8 +8,15 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+
+#include <sekali/handler.h>
 
 #include "metrics.h"
+
+#ifndef SK_VERSION
+#define SK_VERSION "unknown"
+#endif
 
 #define NS_PER_S UINT64_C(1000000000)
 #define NS_PER_MS UINT64_C(1000000)
@@ -67,6 +74,7 @@ static void processes(struct scrape *s);
 static void limits(struct scrape *s);
 static void outbox(struct scrape *s);
 static void rounds(struct scrape *s);
+static void build(struct scrape *s);
 static void header(FILE *f, const char *name, const char *type, const char *help);
 static void labels(FILE *f, const char *queue, const char *job_type);
 static void label_value(FILE *f, const char *text);
@@ -95,6 +103,7 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
         limits(&s);
         outbox(&s);
         rounds(&s);
+        build(&s);
         int failed = ferror(s.f);
         if (fclose(s.f) != 0 || failed) {
             free(buf);
@@ -358,4 +367,28 @@ static void le(FILE *f, uint64_t ns)
     for (int i = 8; i > 0 && digits[i] == '0'; i--)
         digits[i] = '\0';
     fprintf(f, ".%s", digits);
+}
+
+/* The wall-clock second this process began: the supervisor renders, and it
+ * starts once per sekalid (a reload keeps it), so a dashboard can mark
+ * restarts next to crash loops. Taken before main(), not at the first
+ * scrape. */
+static time_t started;
+__attribute__((constructor)) static void note_start(void)
+{
+    started = time(NULL);
+}
+
+/* What runs: the version and the handler ABI it loads (MAJOR.MINOR), as
+ * labels of a constant 1, and when it started. */
+static void build(struct scrape *s)
+{
+    header(s->f, "sekali_build_info", "gauge",
+           "The version of sekalid and the handler ABI it loads; always 1.");
+    fputs("sekali_build_info{version=\"", s->f);
+    label_value(s->f, SK_VERSION);
+    fprintf(s->f, "\",abi=\"%d.%d\"} 1\n", SEKALI_HANDLER_ABI_MAJOR, SEKALI_HANDLER_ABI_MINOR);
+    header(s->f, "process_start_time_seconds", "gauge",
+           "When sekalid's supervisor started (Unix time).");
+    fprintf(s->f, "process_start_time_seconds %lld\n", (long long)started);
 }

@@ -47,6 +47,7 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     out->body_len = env->message.body.len;
     out->redelivered = env->redelivered != 0;
     out->rescheduled = false;
+    out->published_s = (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG) ? p->timestamp : 0;
     out->delivery_attempt = out->redelivered ? 2 : 1;
     out->scheduled_attempt = 1;
     out->first_failure[0] = '\0';

@@ -30,6 +30,7 @@ struct sk_envelope {
     char        first_failure[64]; /* x-sekali-first-failure, or "" */
     bool        redelivered;
     bool        rescheduled;       /* a copy back from one of the queue's delay queues */
+    uint64_t    published_s;       /* AMQP timestamp: first published (Unix s); 0: unknown */
 };
 
 /* Fills out from env for queue q. Returns SK_OK, or SK_ERR with the

@@ -16,6 +16,7 @@
 #include "lock.h"
 #include "log.h"
 #include "outage.h"
+#include "schema.h"
 #include "scoreboard.h"
 #include "store.h"
 
@@ -265,11 +266,26 @@ void sk_links_take_back(struct sk_links *l, struct sk_heartbeat *hb)
 }
 
 /* Named for pg_stat_activity, where an operator looks for a stuck worker. */
+/* The schema is checked on every new connection: a database without this
+ * build's migrations (never migrated, or restored from an old backup) is a
+ * deployment mistake, refused with SK_ERR (exit 2 at the first open; a
+ * reload's new workers exiting 2 keep the old generation) instead of jobs
+ * handed back for ever. A server error while asking proves nothing. */
 static int open_store(struct sk_links *l, struct sk_err *err)
 {
     char app_name[256];
     snprintf(app_name, sizeof(app_name), "sekali worker %s", l->queue->name);
-    return sk_store_open(&l->store, &l->conf->postgres, app_name, err);
+    int rc = sk_store_open(&l->store, &l->conf->postgres, app_name, err);
+    if (rc != SK_OK)
+        return rc;
+    struct sk_schema_state st;
+    if (sk_schema_read(sk_store_conn(l->store), &st, err) != SK_OK || st.n_missing == 0)
+        return SK_OK;
+    sk_store_close(l->store);
+    l->store = NULL;
+    return sk_err_set(err, SK_ERR, "the database lacks %zu migration%s of this build: run "
+                      "sekalictl migrate (%s)", st.n_missing, st.n_missing == 1 ? "" : "s",
+                      st.missing);
 }
 
 /* Until PostgreSQL answers, the worker does not consume: deliveries would

@@ -11,7 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <sekali/handler.h>
 
 #define MS UINT64_C(1000000)
 
@@ -244,10 +247,12 @@ START_TEST(test_dead_letter_reasons_have_one_name_for_header_and_label)
     ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_FAILED), "failed");
     ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_RETRIES_EXHAUSTED), "retries_exhausted");
     ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_CRASHED), "crashed");
+    ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_BEYOND_RETENTION), "beyond_retention");
     struct sk_metrics *m = area();
     char *text = render(m);
     has_line(text, "# HELP sekali_dead_letters_total Jobs sekali dead-lettered to "
-                   "<queue>.dead, by reason: malformed, failed, retries_exhausted, crashed.");
+                   "<queue>.dead, by reason: malformed, failed, retries_exhausted, crashed, "
+                   "beyond_retention.");
     free(text);
     sk_metrics_destroy(m);
 }
@@ -363,6 +368,27 @@ START_TEST(test_destroy_accepts_null)
 }
 END_TEST
 
+/* Dashboards mark deploys with the version and the start time: one series
+ * each, the version sekalid was built as, a start no later than now. */
+START_TEST(test_build_info_and_start_time_are_rendered)
+{
+    time_t before = time(NULL);
+    struct sk_metrics *m = area();
+    char *text = render(m);
+    char line[128];
+    snprintf(line, sizeof(line), "sekali_build_info{version=\"%s\",abi=\"%d.%d\"} 1", SK_VERSION,
+             SEKALI_HANDLER_ABI_MAJOR, SEKALI_HANDLER_ABI_MINOR);
+    has_line(text, line);
+    const char *start = strstr(text, "\nprocess_start_time_seconds ");
+    ck_assert_msg(start != NULL, "no process_start_time_seconds in:\n%s", text);
+    long long at = atoll(start + strlen("\nprocess_start_time_seconds "));
+    ck_assert_msg(at > 1600000000 && at <= (long long)before, "start time %lld, now %lld", at,
+                  (long long)before);
+    free(text);
+    sk_metrics_destroy(m);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *types[] = {
@@ -380,6 +406,7 @@ int main(void)
         test_outbox_figures_per_target_queue,
         test_outbox_queues_past_the_table_or_too_long_count_as_other,
         test_destroy_accepts_null,
+        test_build_info_and_start_time_are_rendered,
         NULL,
     };
     Suite *s = suite_create("metrics_area");

@@ -1,0 +1,214 @@
+/* ctl_doctor_broker.c - sekalictl doctor's checks of each configured
+ * queue: that it exists with the arguments sekali needs (dead letters to
+ * <queue>.dead, a quorum queue's at-least-once dead-lettering and delivery
+ * limit), its dead-letter queue, and the time a delivery may stay unacked
+ * (the broker's consumer_timeout) against job_timeout, the observed job
+ * duration and the prefetch window, and the lock TTL against the observed
+ * duration.
+ *
+ * AMQP tells a client neither a queue's arguments nor the broker's
+ * consumer_timeout. The arguments are read by declaring the queue with
+ * sekali's own (the broker refuses a declaration that differs, naming the
+ * argument); policies are invisible this way, so for a queue declared by
+ * someone else a difference only warns. consumer_timeout is what
+ * --consumer-timeout says. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "config_value.h"
+#include "ctl_doctor.h"
+
+/* The broker's default consumer_timeout (RabbitMQ 3.8.15 and later). */
+#define BROKER_DEFAULT_CONSUMER_TIMEOUT_MS (30u * 60 * 1000)
+
+static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q);
+static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q);
+static bool observed_p99(const char *metrics, const char *queue, double *p99_s, double *top_s,
+                         long *count);
+
+void sk_doctor_broker(struct sk_doctor *d)
+{
+    struct sk_broker *b = NULL;
+    struct sk_err err = { 0 };
+    if (sk_broker_open(&b, &d->conf->amqp, &err) != SK_OK) {
+        sk_doctor_add(d, "broker.reachable", "", SK_DOCTOR_FAIL,
+                      "make the amqp section reach the broker sekalid consumes", "%s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < d->conf->n_queues; i++) {
+        check_queue(d, b, &d->conf->queues[i]);
+        check_timeouts(d, &d->conf->queues[i]);
+    }
+    sk_broker_close(b);
+}
+
+static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q)
+{
+    struct sk_err err = { 0 };
+    bool exists, dead_exists;
+    uint32_t messages, consumers;
+    char dead[600];
+    sk_broker_dead_name(q->name, dead, sizeof(dead), NULL);  /* names fit: config caps them */
+    if (sk_broker_queue_probe(b, q->name, &exists, &messages, &consumers, &err) != SK_OK ||
+        sk_broker_queue_probe(b, dead, &dead_exists, &messages, &consumers, &err) != SK_OK) {
+        sk_doctor_add(d, "queue.exists", q->name, SK_DOCTOR_FAIL, NULL, "%s", err.msg);
+        return;
+    }
+    bool passive = q->declare == SK_DECLARE_PASSIVE;
+    bool quorum = q->queue_type == SK_QUEUE_QUORUM;
+    if (!exists) {
+        sk_doctor_add(d, "queue.exists", q->name, passive ? SK_DOCTOR_FAIL : SK_DOCTOR_WARN,
+                      passive ? "declare it (declare: passive: sekalid will not)"
+                              : "start sekalid, which declares it",
+                      "the queue does not exist");
+    } else {
+        struct sk_queue_shape shape = sk_conf_queue_shape(q);
+        shape.passive = false;
+        bool conforms;
+        char why[512] = "";
+        if (sk_broker_queue_conforms(b, q->name, &shape, &conforms, why, sizeof(why), &err) !=
+            SK_OK)
+            sk_doctor_add(d, "queue.arguments", q->name, SK_DOCTOR_FAIL, NULL, "%s", err.msg);
+        else if (conforms)
+            sk_doctor_add(d, "queue.arguments", q->name, SK_DOCTOR_PASS, NULL,
+                          "%s, dead letters to %s%s", quorum ? "quorum" : "classic", dead,
+                          quorum ? " at least once" : "");
+        else
+            sk_doctor_add(d, "queue.arguments", q->name, passive ? SK_DOCTOR_WARN : SK_DOCTOR_FAIL,
+                          passive ? "make sure a policy gives it dead-letter-exchange \"\" and "
+                                    "dead-letter-routing-key <queue>.dead"
+                                  : "drain and delete the queue, and let sekalid declare it "
+                                    "(or set declare: passive and give it a policy)",
+                          "its arguments are not those sekali gives a %s queue (%s)%s: dead "
+                          "letters may not reach %s, or the broker may redeliver without end",
+                          quorum ? "quorum" : "classic", why,
+                          passive ? "; a policy, invisible over AMQP, may make up for it" : "",
+                          dead);
+    }
+    sk_doctor_add(d, "queue.dead_queue", q->name, dead_exists ? SK_DOCTOR_PASS : SK_DOCTOR_WARN,
+                  "start sekalid, which declares it",
+                  dead_exists ? "%s exists" : "%s does not exist: dead letters have nowhere to go",
+                  dead);
+    if (quorum && q->delivery_limit > 0)
+        sk_doctor_add(d, "queue.delivery_limit", q->name, SK_DOCTOR_PASS, NULL,
+                      "%d deliveries, then dead-lettered", q->delivery_limit);
+    else if (quorum)
+        sk_doctor_add(d, "queue.delivery_limit", q->name, SK_DOCTOR_FAIL,
+                      "set the queue's delivery_limit (e.g. 20; above retry.max_attempts)",
+                      "none: a message that kills its worker every time is redelivered for "
+                      "ever");
+}
+
+/* A delivery stays unacked for its job's run, and the acks of a window are
+ * sent together (up to prefetch jobs later): past consumer_timeout the
+ * broker closes the channel and redelivers everything unacked. The lock
+ * must outlive a run's renewal gaps; p99 near the TTL means one slow
+ * renewal loses it. */
+static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q)
+{
+    uint32_t ct = d->consumer_timeout_ms;
+    char ct_text[32], jt_text[32];
+    sk_conf_value_fmt_duration(ct > 0 ? ct : BROKER_DEFAULT_CONSUMER_TIMEOUT_MS, ct_text,
+                               sizeof(ct_text));
+    sk_conf_value_fmt_duration(q->job_timeout_ms, jt_text, sizeof(jt_text));
+    const char *told = ct > 0 ? "" : " (the broker's default; pass --consumer-timeout to say "
+                                     "what yours is)";
+    if (ct == 0)
+        ct = BROKER_DEFAULT_CONSUMER_TIMEOUT_MS;
+    if (q->job_timeout_ms == 0)
+        sk_doctor_add(d, "queue.consumer_timeout", q->name, SK_DOCTOR_WARN,
+                      "set the queue's job_timeout below the broker's consumer_timeout",
+                      "no job_timeout: a handler that hangs past consumer_timeout %s%s makes "
+                      "the broker close the channel and redeliver the window", ct_text, told);
+    else if (q->job_timeout_ms >= ct)
+        sk_doctor_add(d, "queue.consumer_timeout", q->name, SK_DOCTOR_FAIL,
+                      "raise consumer_timeout (rabbitmq.conf, or the queue's x-consumer-timeout) "
+                      "above job_timeout, or lower job_timeout",
+                      "job_timeout %s is not below consumer_timeout %s%s: a long job's channel "
+                      "is closed and its window redelivered while it runs", jt_text, ct_text,
+                      told);
+    else
+        sk_doctor_add(d, "queue.consumer_timeout", q->name, SK_DOCTOR_PASS, NULL,
+                      "job_timeout %s below consumer_timeout %s%s", jt_text, ct_text, told);
+
+    double p99, top;
+    long count;
+    if (!observed_p99(d->metrics, q->name, &p99, &top, &count)) {
+        sk_doctor_add(d, "queue.observed_duration", q->name, SK_DOCTOR_SKIP, NULL,
+                      "no job durations to judge (sekalid's /metrics not reachable, or no job "
+                      "completed yet)");
+        return;
+    }
+    double window_s = p99 * q->prefetch;
+    bool over_ct = window_s * 1000 >= ct;
+    bool near_ttl = q->lock && p99 * 1000 >= q->lock_ttl_ms / 2.0;
+    char ttl_text[32];
+    sk_conf_value_fmt_duration(q->lock_ttl_ms, ttl_text, sizeof(ttl_text));
+    sk_doctor_add(d, "queue.observed_duration", q->name,
+                  over_ct || near_ttl ? SK_DOCTOR_WARN : SK_DOCTOR_PASS,
+                  over_ct ? "lower the queue's prefetch, or raise consumer_timeout"
+                          : "raise the queue's lock_ttl well above the p99",
+                  "p99 %s %.3gs over %ld jobs; x prefetch %d = %.3gs against consumer_timeout "
+                  "%s%s%s", isinf(p99) ? "above" : "at most", isinf(p99) ? top : p99, count,
+                  q->prefetch, isinf(window_s) ? top * q->prefetch : window_s, ct_text,
+                  !q->lock ? "" : near_ttl ? "; at least half the lock_ttl " : "; below half "
+                                                                               "the lock_ttl ",
+                  q->lock ? ttl_text : "");
+}
+
+/* The 99th percentile of queue's job durations from sekalid's histogram
+ * (all job types together): the upper bound of the first bucket holding
+ * it, INFINITY past the last finite one, which is *top_s. false when there
+ * is nothing to judge. */
+static bool observed_p99(const char *metrics, const char *queue, double *p99_s, double *top_s,
+                         long *count)
+{
+    if (metrics == NULL)
+        return false;
+    enum { MAX_BUCKETS = 64 };
+    double le[MAX_BUCKETS];
+    double n[MAX_BUCKETS];
+    int buckets = 0;
+    char want[600];
+    snprintf(want, sizeof(want), "sekali_job_duration_seconds_bucket{queue=\"%s\",", queue);
+    size_t want_len = strlen(want);
+    for (const char *line = metrics; line != NULL && *line != '\0';) {
+        const char *end = strchr(line, '\n');
+        if (strncmp(line, want, want_len) == 0) {
+            const char *l = strstr(line, "le=\"");
+            const char *v = strstr(line, "} ");
+            if (l != NULL && v != NULL && (end == NULL || v < end)) {
+                double bound = strncmp(l + 4, "+Inf", 4) == 0 ? INFINITY : atof(l + 4);
+                int b = 0;
+                while (b < buckets && le[b] != bound)
+                    b++;
+                if (b == buckets && buckets < MAX_BUCKETS) {
+                    le[buckets] = bound;
+                    n[buckets++] = 0;
+                }
+                if (b < buckets)
+                    n[b] += atof(v + 2);
+            }
+        }
+        line = end != NULL ? end + 1 : NULL;
+    }
+    double total = 0;
+    *top_s = 0;
+    for (int b = 0; b < buckets; b++) {
+        if (isinf(le[b]))
+            total = n[b];
+        else if (le[b] > *top_s)
+            *top_s = le[b];
+    }
+    if (total <= 0)
+        return false;
+    *count = (long)total;
+    *p99_s = INFINITY;
+    for (int b = 0; b < buckets; b++)
+        if (n[b] >= 0.99 * total && le[b] < *p99_s)
+            *p99_s = le[b];
+    return true;
+}

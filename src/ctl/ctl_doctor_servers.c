@@ -1,0 +1,322 @@
+/* ctl_doctor_servers.c - sekalictl doctor's checks of PostgreSQL and
+ * Redis: the schema, synchronous commit and standbys, the clocks of host,
+ * PostgreSQL and Redis, retention against the oldest waiting job; Redis'
+ * eviction policy, its role and the Sentinel quorum. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <hiredis.h>
+
+#include "config_value.h"
+#include "ctl_common.h"
+#include "ctl_doctor.h"
+#include "schema.h"
+
+static bool check_schema(struct sk_doctor *d, PGconn *pg);
+static void check_sync(struct sk_doctor *d, PGconn *pg);
+static void check_retention(struct sk_doctor *d, PGconn *pg);
+static void check_skew(struct sk_doctor *d, const char *object, int64_t skew_ms);
+static bool pg_value(PGconn *pg, const char *sql, char *out, size_t size);
+static redisContext *redis_dial(const struct sk_redis_conf *rc, const char *host, int port,
+                                char *why, size_t size);
+static bool info_field(const char *info, const char *name, char *out, size_t size);
+
+void sk_doctor_postgres(struct sk_doctor *d)
+{
+    PGconn *pg = sk_ctl_pg_connect(d->conf);
+    if (pg == NULL) {
+        sk_doctor_add(d, "postgres.reachable", "", SK_DOCTOR_FAIL,
+                      "make postgres.conninfo reach the server sekalid uses",
+                      "cannot connect (the reason is above)");
+        return;
+    }
+    bool migrated = check_schema(d, pg);
+    check_sync(d, pg);
+    /* The server's clock against the host's, at the middle of the round
+     * trip. */
+    char now[64];
+    int64_t t0 = sk_doctor_now_ms();
+    if (pg_value(pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", now,
+                 sizeof(now))) {
+        int64_t t1 = sk_doctor_now_ms();
+        check_skew(d, "host-postgres", atoll(now) - (t0 + t1) / 2);
+    }
+    if (migrated)
+        check_retention(d, pg);
+    else
+        sk_doctor_add(d, "retention", "", SK_DOCTOR_SKIP, NULL, "not judged on an unmigrated schema");
+    PQfinish(pg);
+}
+
+/* Whether every migration is applied (the other checks read its tables). */
+static bool check_schema(struct sk_doctor *d, PGconn *pg)
+{
+    struct sk_schema_state st;
+    struct sk_err err = { 0 };
+    if (sk_schema_read(pg, &st, &err) != SK_OK) {
+        sk_doctor_add(d, "schema", "", SK_DOCTOR_FAIL, "grant sekali's role read on sekali.*",
+                      "cannot read the applied migrations: %s", err.msg);
+        return false;
+    }
+    if (st.n_missing > 0)
+        sk_doctor_add(d, "schema", "", SK_DOCTOR_FAIL, "run sekalictl migrate",
+                      "%zu of this build's %zu migrations not applied: %s; sekalid refuses "
+                      "to start on it", st.n_missing, sk_schema_n_migrations, st.missing);
+    else
+        sk_doctor_add(d, "schema", "", SK_DOCTOR_PASS, NULL, "all %zu migrations applied",
+                      sk_schema_n_migrations);
+    if (st.n_unknown > 0)
+        sk_doctor_add(d, "schema.unknown", "", SK_DOCTOR_WARN,
+                      "upgrade sekali on this host to the version that migrated the database",
+                      "%zu applied migrations this build does not know: %s", st.n_unknown,
+                      st.unknown);
+    return st.n_missing == 0;
+}
+
+/* synchronous_commit as sekali's sessions have it (sk_pg_dial() raises a
+ * server default of off to on), and a synchronous standby wherever a
+ * failover is possible: several hosts in the conninfo, or standbys
+ * attached. */
+static void check_sync(struct sk_doctor *d, PGconn *pg)
+{
+    char commit[32], standbys[64], names[256];
+    if (!pg_value(pg, "SELECT current_setting('synchronous_commit')", commit, sizeof(commit)) ||
+        !pg_value(pg, "SELECT count(*) || ' ' || count(*) FILTER (WHERE sync_state IN "
+                      "('sync', 'quorum')) FROM pg_stat_replication", standbys, sizeof(standbys)) ||
+        !pg_value(pg, "SELECT current_setting('synchronous_standby_names')", names,
+                  sizeof(names))) {
+        sk_doctor_add(d, "postgres.synchronous", "", SK_DOCTOR_FAIL, NULL,
+                      "cannot read the replication settings (the reason is above)");
+        return;
+    }
+    if (strcmp(commit, "off") == 0)
+        sk_doctor_add(d, "postgres.synchronous_commit", "", SK_DOCTOR_FAIL,
+                      "remove synchronous_commit=off from the conninfo's options",
+                      "off: a server crash loses jobs whose effects were acked");
+    else
+        sk_doctor_add(d, "postgres.synchronous_commit", "", SK_DOCTOR_PASS, NULL, "%s", commit);
+
+    long all = 0, sync = 0;
+    sscanf(standbys, "%ld %ld", &all, &sync);
+    /* libpq separates the hosts of a multi-host conninfo by commas. */
+    const char *host = strstr(d->conf->postgres.conninfo, "host=");
+    bool several = host != NULL && strchr(host, ',') != NULL &&
+                   strchr(host, ',') < host + strcspn(host, " ");
+    bool remote = strcmp(commit, "on") == 0 || strncmp(commit, "remote_", 7) == 0;
+    if (!several && all == 0)
+        sk_doctor_add(d, "postgres.standby", "", SK_DOCTOR_PASS, NULL,
+                      "one server, no standby attached: nothing to fail over to");
+    else if (sync > 0 && remote)
+        sk_doctor_add(d, "postgres.standby", "", SK_DOCTOR_PASS, NULL,
+                      "%ld of %ld standbys synchronous (%s)", sync, all, names);
+    else
+        sk_doctor_add(d, "postgres.standby", "", several ? SK_DOCTOR_FAIL : SK_DOCTOR_WARN,
+                      "set synchronous_standby_names on the primary (and synchronous_commit "
+                      "on or remote_apply)",
+                      "%s, %ld standbys, none synchronous%s: without a synchronous standby a "
+                      "failover can lose effects that were already acked",
+                      several ? "several hosts in the conninfo" : "standbys attached", all,
+                      sync > 0 ? " for sekali's sessions (synchronous_commit local)" : "");
+}
+
+/* The oldest job the outbox enqueued that no worker has claimed yet: it
+ * waits in the queue, a delay queue, or for the relay. Only keys finished
+ * longer than retention ago are purged, so a copy waiting longer than that
+ * could find its key gone and run again. Jobs published straight to the
+ * broker have no outbox row and are not seen. One bounded query a queue,
+ * over the outbox (which the janitor keeps to outbox_retention). */
+static void check_retention(struct sk_doctor *d, PGconn *pg)
+{
+    for (size_t i = 0; i < d->conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &d->conf->queues[i];
+        const char *params[] = { q->name };
+        const struct sk_pg_stmt st = {
+            .sql = "SELECT (extract(epoch FROM now() - min(o.run_at)) * 1000)::bigint "
+                   "FROM sekali.outbox o WHERE o.queue = $1 AND o.run_at <= now() "
+                   "AND NOT EXISTS (SELECT 1 FROM sekali.idempotency_keys k "
+                   "WHERE k.queue = o.queue AND k.key = o.idempotency_key)",
+            .n_params = 1, .values = params, .one_row = true, .what = "oldest waiting job",
+        };
+        PGresult *res;
+        if (!sk_ctl_pg_exec(pg, &st, &res)) {
+            sk_doctor_add(d, "retention", q->name, SK_DOCTOR_FAIL, NULL,
+                          "cannot read the outbox (the reason is above)");
+            continue;
+        }
+        char keep[32], age[32];
+        sk_conf_value_fmt_duration(q->retention_ms, keep, sizeof(keep));
+        if (PQgetisnull(res, 0, 0)) {
+            sk_doctor_add(d, "retention", q->name, SK_DOCTOR_PASS, NULL,
+                          "no job waiting; keys kept %s", keep);
+        } else {
+            long long ms = atoll(PQgetvalue(res, 0, 0));
+            sk_conf_value_fmt_duration(ms > 0 ? (uint64_t)ms : 0, age, sizeof(age));
+            enum sk_doctor_level level = (uint64_t)ms > q->retention_ms       ? SK_DOCTOR_FAIL
+                                         : (uint64_t)ms > q->retention_ms / 2 ? SK_DOCTOR_WARN
+                                                                              : SK_DOCTOR_PASS;
+            sk_doctor_add(d, "retention", q->name, level,
+                          "drain the queue (sekalictl status), or raise the queue's retention "
+                          "above the longest a job can wait",
+                          "the oldest waiting job was enqueued %s ago; keys are kept %s%s", age,
+                          keep, level == SK_DOCTOR_FAIL ? ": its key may be purged already, so a "
+                                                          "duplicate could run twice" : "");
+        }
+        PQclear(res);
+    }
+}
+
+static void check_skew(struct sk_doctor *d, const char *object, int64_t skew_ms)
+{
+    int64_t a = skew_ms < 0 ? -skew_ms : skew_ms;
+    enum sk_doctor_level level = a >= SK_DOCTOR_SKEW_FAIL_MS   ? SK_DOCTOR_FAIL
+                                 : a >= SK_DOCTOR_SKEW_WARN_MS ? SK_DOCTOR_WARN
+                                                               : SK_DOCTOR_PASS;
+    sk_doctor_add(d, "clock.skew", object, level,
+                  "run NTP (chrony, systemd-timesyncd) on every host, the servers' too",
+                  "%+lld ms (warn from %d ms, fail from %d ms): leases and retention are "
+                  "judged by the servers' clocks, schedules and timestamps by the hosts'",
+                  (long long)skew_ms, SK_DOCTOR_SKEW_WARN_MS, SK_DOCTOR_SKEW_FAIL_MS);
+}
+
+/* The first column of the one row sql returns, as text. */
+static bool pg_value(PGconn *pg, const char *sql, char *out, size_t size)
+{
+    const struct sk_pg_stmt st = { .sql = sql, .one_row = true };
+    PGresult *res;
+    if (!sk_ctl_pg_exec(pg, &st, &res))
+        return false;
+    snprintf(out, size, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return true;
+}
+
+void sk_doctor_redis(struct sk_doctor *d)
+{
+    const struct sk_redis_conf *rc = &d->conf->redis;
+    char host[256], why[300];
+    int port = rc->port;
+    snprintf(host, sizeof(host), "%s", rc->host != NULL ? rc->host : "");
+    /* With Sentinel: each sentinel's quorum, and the master it names. */
+    for (size_t i = 0; i < rc->n_sentinels; i++) {
+        char object[300];
+        snprintf(object, sizeof(object), "%s:%d", rc->sentinels[i].host, rc->sentinels[i].port);
+        redisContext *s = redis_dial(NULL, rc->sentinels[i].host, rc->sentinels[i].port, why,
+                                     sizeof(why));
+        if (s == NULL) {
+            sk_doctor_add(d, "redis.sentinel", object, SK_DOCTOR_WARN,
+                          "start it, or remove it from redis.sentinels", "%s", why);
+            continue;
+        }
+        redisReply *r = redisCommand(s, "SENTINEL CKQUORUM %s", rc->master_name);
+        bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+        sk_doctor_add(d, "redis.sentinel", object, ok ? SK_DOCTOR_PASS : SK_DOCTOR_FAIL,
+                      "give the master enough reachable sentinels for its quorum",
+                      "%s", r != NULL && r->str != NULL ? r->str : s->errstr);
+        freeReplyObject(r);
+        if (host[0] == '\0') {
+            r = redisCommand(s, "SENTINEL get-master-addr-by-name %s", rc->master_name);
+            if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+                snprintf(host, sizeof(host), "%s", r->element[0]->str);
+                port = atoi(r->element[1]->str);
+            }
+            freeReplyObject(r);
+        }
+        redisFree(s);
+    }
+    if (host[0] == '\0') {
+        sk_doctor_add(d, "redis.reachable", rc->master_name, SK_DOCTOR_FAIL,
+                      "check redis.sentinels and redis.master_name",
+                      "no sentinel named the master");
+        return;
+    }
+    char object[300];
+    snprintf(object, sizeof(object), "%s:%d", host, port);
+    redisContext *c = redis_dial(rc, host, port, why, sizeof(why));
+    if (c == NULL) {
+        sk_doctor_add(d, "redis.reachable", object, SK_DOCTOR_FAIL,
+                      "make the redis section reach the server sekalid locks on", "%s", why);
+        return;
+    }
+    int64_t t0 = sk_doctor_now_ms();
+    redisReply *r = redisCommand(c, "TIME");
+    int64_t t1 = sk_doctor_now_ms();
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
+        check_skew(d, "host-redis",
+                   atoll(r->element[0]->str) * 1000 + atoll(r->element[1]->str) / 1000 -
+                       (t0 + t1) / 2);
+    freeReplyObject(r);
+
+    char policy[64] = "", role[32] = "", replicas[16] = "0";
+    r = redisCommand(c, "INFO");
+    if (r != NULL && r->type == REDIS_REPLY_STRING) {
+        info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
+        info_field(r->str, "role", role, sizeof(role));
+        info_field(r->str, "connected_slaves", replicas, sizeof(replicas));
+    }
+    freeReplyObject(r);
+    /* Lock keys carry a TTL, so volatile-* policies evict them as readily
+     * as allkeys-*: only noeviction keeps a held lock. */
+    if (policy[0] == '\0')
+        sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_WARN, NULL,
+                      "INFO did not tell the policy");
+    else if (strcmp(policy, "noeviction") == 0)
+        sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_PASS, NULL, "noeviction");
+    else
+        sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_FAIL,
+                      "CONFIG SET maxmemory-policy noeviction (and in redis.conf)",
+                      "%s: under memory pressure Redis may evict a held lock, and two "
+                      "workers then run one resource at once", policy);
+    if (strcmp(role, "master") == 0)
+        sk_doctor_add(d, "redis.role", object, SK_DOCTOR_PASS, NULL, "master, %s replicas",
+                      replicas);
+    else
+        sk_doctor_add(d, "redis.role", object, SK_DOCTOR_FAIL,
+                      "point redis at the master (or use redis.sentinels)",
+                      "%s: locks cannot be taken on a replica", role[0] ? role : "unknown");
+    redisFree(c);
+}
+
+/* A connection within the configured timeout, authenticated and on the
+ * configured database when rc is not NULL (a sentinel takes neither). */
+static redisContext *redis_dial(const struct sk_redis_conf *rc, const char *host, int port,
+                                char *why, size_t size)
+{
+    uint32_t ms = rc != NULL ? rc->timeout_ms : 2000;
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    if (c == NULL || c->err) {
+        snprintf(why, size, "cannot connect: %s", c != NULL ? c->errstr : "out of memory");
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    if (rc != NULL && rc->password != NULL) {
+        redisReply *r = redisCommand(c, "AUTH %s", rc->password);
+        bool ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+        freeReplyObject(r);
+        if (!ok) {
+            /* The server's words may echo what was sent: never print them. */
+            snprintf(why, size, "AUTH refused");
+            redisFree(c);
+            return NULL;
+        }
+    }
+    return c;
+}
+
+/* The value of "name:value" in INFO's text. */
+static bool info_field(const char *info, const char *name, char *out, size_t size)
+{
+    size_t len = strlen(name);
+    for (const char *p = info; (p = strstr(p, name)) != NULL; p += len) {
+        if ((p == info || p[-1] == '\n') && p[len] == ':') {
+            p += len + 1;
+            size_t n = strcspn(p, "\r\n");
+            snprintf(out, size, "%.*s", (int)n, p);
+            return true;
+        }
+    }
+    return false;
+}

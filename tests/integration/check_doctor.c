@@ -1,0 +1,293 @@
+/* check_doctor.c - sekalictl doctor against the real test servers: they
+ * pass as the harness runs them, and each check fails against the real
+ * misconfiguration it is about (Redis evicting, a queue without sekali's
+ * dead-letter arguments, a quorum queue without a delivery limit, a
+ * consumer_timeout below job_timeout, a host clock a minute off under
+ * libfaketime, an unmigrated database, a job waiting longer than the
+ * retention). sekalid refuses the unmigrated database too. Every server
+ * setting a test changes is set back before it asserts. */
+#include <glob.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+
+#include "harness.h"
+
+#define JOB_TIMEOUT "    job_timeout: 10s\n"
+
+/* sekalictl doctor --json on config with `extra` arguments and `prefix`
+ * before the command (environment); its exit code, and its output in out
+ * (a static buffer). */
+static int doctor(const char *config, const char *prefix, const char *extra, char **out)
+{
+    static char text[65536];
+    const char *ct = getenv("SEKALI_AMQP_CONSUMER_TIMEOUT");
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s %s/sekalictl -c '%s' doctor --json --consumer-timeout %sms %s "
+             "2>/dev/null", prefix != NULL ? prefix : "", h_build_dir(), config,
+             ct != NULL ? ct : "3600000", extra != NULL ? extra : "");
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(text, 1, sizeof(text) - 1, p);
+    text[n] = '\0';
+    int status = pclose(p);
+    ck_assert_msg(WIFEXITED(status), "sekalictl doctor died: 0x%x", status);
+    *out = text;
+    return WEXITSTATUS(status);
+}
+
+/* Asserts that the JSON report has check (on object, "" for any) at level. */
+static void has_verdict(const char *report, const char *check, const char *object,
+                        const char *level)
+{
+    char want[600];
+    if (object[0] != '\0')
+        snprintf(want, sizeof(want), "{\"check\":\"%s\",\"object\":\"%s\",\"level\":\"%s\"",
+                 check, object, level);
+    else
+        snprintf(want, sizeof(want), "{\"check\":\"%s\",\"object\":", check);
+    const char *at = strstr(report, want);
+    ck_assert_msg(at != NULL, "no %s of %s in: %s", check, object, report);
+    if (object[0] == '\0') {
+        char lv[64];
+        snprintf(lv, sizeof(lv), "\"level\":\"%s\"", level);
+        const char *l = strstr(at, "\"level\":");
+        ck_assert_msg(l != NULL && strncmp(l, lv, strlen(lv)) == 0, "%s is not %s in: %s",
+                      check, level, report);
+    }
+}
+
+static void redis_cli(const char *args)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "redis-cli -h 127.0.0.1 -p %d %s >/dev/null", h_redis_port(),
+             args);
+    ck_assert_msg(system(cmd) == 0, "redis-cli %s failed", args);
+}
+
+/* Declares queue as another tool would: durable, with no arguments at all. */
+static void declare_bare(const char *name)
+{
+    char *url = strdup(h_amqp_url());
+    struct amqp_connection_info info;
+    ck_assert_int_eq(amqp_parse_url(url, &info), AMQP_STATUS_OK);
+    amqp_connection_state_t conn = amqp_new_connection();
+    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
+    ck_assert_int_eq(amqp_socket_open(socket, info.host, info.port), AMQP_STATUS_OK);
+    ck_assert_int_eq(amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+                                info.user, info.password).reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_channel_open(conn, 1);
+    amqp_queue_declare(conn, 1, amqp_cstring_bytes(name), 0, 1, 0, 0, amqp_empty_table);
+    ck_assert_int_eq(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
+    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(conn);
+    free(url);
+}
+
+START_TEST(test_the_healthy_test_servers_pass_every_check)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-healthy");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = JOB_TIMEOUT });
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_msg(code == 0, "doctor exited %d: %s", code, report);
+    ck_assert_msg(strstr(report, "\"level\":\"warn\"") == NULL &&
+                  strstr(report, "\"level\":\"fail\"") == NULL, "%s", report);
+    has_verdict(report, "schema", "", "pass");
+    has_verdict(report, "queue.arguments", r.queue, "pass");
+    has_verdict(report, "redis.maxmemory_policy", "", "pass");
+    has_verdict(report, "clock.skew", "host-postgres", "pass");
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_redis_that_evicts_keys_fails)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-lru");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT);
+    redis_cli("CONFIG SET maxmemory-policy allkeys-lru");
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    redis_cli("CONFIG SET maxmemory-policy noeviction");
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "redis.maxmemory_policy", "", "fail");
+    ck_assert_msg(strstr(report, "allkeys-lru") != NULL, "%s", report);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_a_queue_without_the_dead_letter_arguments_fails)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-nodlx");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT);
+    declare_bare(r.queue);
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "queue.arguments", r.queue, "fail");
+    ck_assert_msg(strstr(report, "x-dead-letter") != NULL, "the broker's words: %s", report);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Configured without one; and declared without one in the broker while
+ * the configuration asks for 5. */
+START_TEST(test_a_quorum_queue_without_a_delivery_limit_fails)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-quorum");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1,
+                              JOB_TIMEOUT "    queue_type: quorum\n");
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_declare(r.b, r.queue, &(struct sk_queue_shape){ .quorum = true },
+                                    &err) == SK_OK, "%s", err.msg);
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "queue.delivery_limit", r.queue, "fail");
+    has_verdict(report, "queue.arguments", r.queue, "pass");
+
+    h_config_replace(r.config, "    queue_type: quorum\n", "    queue_type: quorum\n"
+                                                          "    delivery_limit: 5\n");
+    code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "queue.delivery_limit", r.queue, "pass");
+    has_verdict(report, "queue.arguments", r.queue, "fail");
+    ck_assert_msg(strstr(report, "x-delivery-limit") != NULL, "the broker's words: %s", report);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The test broker's consumer_timeout is SEKALI_AMQP_CONSUMER_TIMEOUT (1h
+ * by default, tests/servers.sh): a job_timeout of 2h is past it. */
+START_TEST(test_a_consumer_timeout_below_job_timeout_fails)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-ct");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, "    job_timeout: 23h\n");
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "queue.consumer_timeout", r.queue, "fail");
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_a_host_clock_a_minute_ahead_fails_the_skew_checks)
+{
+    glob_t g;
+    ck_assert_msg(glob("/usr/lib/*/faketime/libfaketime.so.1", 0, NULL, &g) == 0,
+                  "libfaketime not installed (Debian: faketime)");
+    char prefix[1200];
+    snprintf(prefix, sizeof(prefix), "LD_PRELOAD=%s FAKETIME=+60s", g.gl_pathv[0]);
+    globfree(&g);
+    struct h_run r;
+    h_run_open(&r, "doc-skew");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT);
+    char *report;
+    int code = doctor(r.config, prefix, NULL, &report);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "clock.skew", "host-postgres", "fail");
+    has_verdict(report, "clock.skew", "host-redis", "fail");
+    h_run_close(&r);
+}
+END_TEST
+
+/* A database of its own, never migrated: doctor fails the schema, and
+ * sekalid refuses it at start with exit 2. */
+START_TEST(test_an_unmigrated_database_fails_and_sekalid_refuses_it)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-bare");
+    h_pg_exec(r.pg, "DROP DATABASE IF EXISTS sekali_doctor_bare");
+    h_pg_exec(r.pg, "CREATE DATABASE sekali_doctor_bare");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT);
+    h_config_replace(r.config, "dbname=sekali ", "dbname=sekali_doctor_bare ");
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "schema", "", "fail");
+    ck_assert_msg(strstr(report, "run sekalictl migrate") != NULL, "%s", report);
+
+    pid_t sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    int status = h_wait_exit(sekalid, 20000, "sekalid on an unmigrated database");
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "expected exit 2, got 0x%x",
+                  status);
+    char log[1200];
+    snprintf(log, sizeof(log), "%s/sekalid.log", r.dir);
+    ck_assert_int_eq(h_count_lines(log, "run sekalictl migrate"), 1);
+    h_pg_exec(r.pg, "DROP DATABASE sekali_doctor_bare");
+    h_run_close(&r);
+}
+END_TEST
+
+/* An outbox job published two hours ago and never claimed, on a queue
+ * that keeps keys one hour. */
+START_TEST(test_a_job_waiting_longer_than_the_retention_fails)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-old");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT "    retention: 1h\n");
+    char sql[1024];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.outbox (job_id, queue, job_type, body, "
+             "idempotency_key, run_at, created_at, published_at) VALUES ('%s-old', '%s', 'test', "
+             "'x', '%s-old', now() - interval '2 hours', now() - interval '2 hours', "
+             "now() - interval '2 hours')", r.queue, r.queue, r.queue);
+    h_pg_exec(r.pg, sql);
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.outbox WHERE queue = '%s'", r.queue);
+    h_pg_exec(r.pg, sql);
+    ck_assert_int_eq(code, 7);
+    has_verdict(report, "retention", r.queue, "fail");
+    h_run_close(&r);
+}
+END_TEST
+
+/* A reload onto a database without the migrations keeps the running
+ * generation: its workers go on consuming. */
+START_TEST(test_a_reload_onto_an_unmigrated_database_keeps_the_old_config)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-reload");
+    h_pg_exec(r.pg, "DROP DATABASE IF EXISTS sekali_doctor_bare2");
+    h_pg_exec(r.pg, "CREATE DATABASE sekali_doctor_bare2");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = JOB_TIMEOUT });
+    h_config_replace(r.config, "dbname=sekali ", "dbname=sekali_doctor_bare2 ");
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    H_WAIT(h_count_lines(r.log, "reload failed") == 1, 20000, "the reload should fail");
+    ck_assert_int_eq(h_count_lines(r.log, "run sekalictl migrate"), 1);
+    h_publish(r.b, r.queue, "test", "after-reload", "k-after", NULL, "ok");
+    H_WAIT(h_effects(&r, "k-after") == 1, 20000, "the old generation should still run jobs");
+    h_run_stop(&r);
+    h_pg_exec(r.pg, "DROP DATABASE sekali_doctor_bare2");
+    h_run_close(&r);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_the_healthy_test_servers_pass_every_check,
+        test_redis_that_evicts_keys_fails,
+        test_a_queue_without_the_dead_letter_arguments_fails,
+        test_a_quorum_queue_without_a_delivery_limit_fails,
+        test_a_consumer_timeout_below_job_timeout_fails,
+        test_a_host_clock_a_minute_ahead_fails_the_skew_checks,
+        test_an_unmigrated_database_fails_and_sekalid_refuses_it,
+        test_a_job_waiting_longer_than_the_retention_fails,
+        test_a_reload_onto_an_unmigrated_database_keeps_the_old_config,
+        NULL,
+    };
+    return h_run_suite(h_suite("doctor", 60, tests));
+}
