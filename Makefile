@@ -15,7 +15,7 @@ B       ?= build
 SRC_DIRS = src/ctl src/supervisor src/worker src/producer src/shared src/config src/adapters src/base
 vpath %.c $(SRC_DIRS)
 
-PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd
+PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl
 CC     ?= cc
 CFLAGS ?= -O2 -g
 # The caller's CFLAGS before sekali's are added: what handlers are built with.
@@ -29,9 +29,9 @@ override CFLAGS += $(SK_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
 # sekalictl takes no Redis lock and serves no HTTP: it links neither library.
-CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
+CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd openssl)
 
-CORE    = common config config_value log backoff clock
+CORE    = common config config_value log backoff clock broker_url tls
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
@@ -84,6 +84,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
+$(B)/tests/check_broker_url: $(call obj,$(CORE))
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)

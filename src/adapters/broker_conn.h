@@ -16,6 +16,7 @@
 #include <amqp.h>
 
 #include "common.h"
+#include "tls.h"
 
 /* Every connection opens this one channel and uses no other. */
 #define SK_BROKER_CHANNEL 1
@@ -29,6 +30,7 @@ struct sk_broker {
     bool                    channel_closed;   /* by the broker, refusing what we sent */
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
     size_t                  node;             /* index in amqp.url of the node we are on */
+    struct sk_tls_state    *tls;              /* amqps:// only; the SSL_CTX points to it */
 };
 
 /* broker.c: SK_OK for a normal reply; otherwise fills err naming what and
