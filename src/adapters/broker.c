@@ -201,10 +201,11 @@ static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
     amqp_rpc_reply_t reply;
 
     snprintf(what, sizeof(what), "amqp_login(%s:%d)", node->host, node->port);
-    /* EXTERNAL's identity is the certificate's; RabbitMQ ignores the string. */
+    /* EXTERNAL's identity is the certificate's and RabbitMQ ignores the
+     * response; librabbitmq fails on an empty one, so it gets the user. */
     if (conf->auth == SK_AMQP_AUTH_EXTERNAL)
         reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
-                           heartbeat_seconds(conf), AMQP_SASL_METHOD_EXTERNAL, "");
+                           heartbeat_seconds(conf), AMQP_SASL_METHOD_EXTERNAL, conf->user);
     else
         reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
                            heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,

@@ -185,8 +185,10 @@ bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size)
         snprintf(buf, size, "TLS: host name mismatch: the server's certificate does not name "
                  "%s (tls.server_name)", st->name);
     } else if (st != NULL && st->verify_error != 0) {
+        bool dated = st->verify_error == X509_V_ERR_CERT_HAS_EXPIRED ||
+                     st->verify_error == X509_V_ERR_CERT_NOT_YET_VALID;
         snprintf(buf, size, "TLS: %s%s (%s)", verify_words(st->verify_error),
-                 st->verify_depth > 0 ? " (in the server's chain)" : "",
+                 dated && st->verify_depth > 0 ? ", or a CA certificate in its chain" : "",
                  X509_verify_cert_error_string(st->verify_error));
     } else if (e != 0 && ERR_GET_LIB(e) == ERR_LIB_SSL) {
         /* The server's alerts: in TLS 1.3 a refused client certificate
