@@ -155,10 +155,12 @@ deps:
 servers:
 	tests/servers.sh start
 
+# SEKALI_TLS=1: the servers also listen with TLS, for check_tls, which
+# SEKALI_REQUIRE_TLS keeps from passing without them.
 check: deps
 	$(MAKE) tests fuzzers
-	tests/servers.sh start
-	tests/run.sh $(B)
+	SEKALI_TLS=1 tests/servers.sh start
+	SEKALI_REQUIRE_TLS=1 tests/run.sh $(B)
 
 check-unit: tests
 	tests/run.sh $(B) unit
@@ -195,14 +197,14 @@ chaos: deps
 # ASan and UBSan over the whole suite, in a separate build tree.
 asan: deps
 	$(MAKE) B=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" tests
-	tests/servers.sh start
+	SEKALI_TLS=1 tests/servers.sh start
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    tests/run.sh build/asan unit integration fault
 
 # Valgrind over the unit suites and over sekalid in the integration suites.
 valgrind: deps
 	$(MAKE) tests
-	tests/servers.sh start
+	SEKALI_TLS=1 tests/servers.sh start
 	SEKALI_VALGRIND=1 tests/run.sh $(B) unit integration fault
 
 # Installs the daemon, the example handler, the header and a pkg-config file
