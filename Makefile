@@ -85,6 +85,7 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_broker_url: $(call obj,$(CORE))
+$(B)/tests/check_pg_addr:  $(call obj,$(CORE) pg)
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)

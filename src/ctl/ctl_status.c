@@ -55,6 +55,7 @@ struct status {
     char         *metrics;          /* the scraped text; NULL if none */
     char          metrics_why[300]; /* why there is none */
     char          broker_why[300], pg_why[300];
+    char          pg_clear[300];    /* set when PostgreSQL is remote and not TLS */
     int           running;          /* 1 yes, 0 no, -1 unknown */
     double        now;
 };
@@ -228,6 +229,9 @@ static void read_pg(struct status *s)
         snprintf(s->pg_why, sizeof(s->pg_why), "PostgreSQL connection failed");
         return;
     }
+    if (sk_pg_clear_text_remote(pg))
+        snprintf(s->pg_clear, sizeof(s->pg_clear), "%.100s:%.10s is reached without TLS "
+                 "(add sslmode=verify-full to postgres.conninfo)", PQhost(pg), PQport(pg));
     for (size_t i = 0; i < s->conf->n_queues; i++) {
         struct qstat *q = &s->q[i];
         const char *params[] = { q->conf->name };
@@ -297,6 +301,8 @@ static void print_text(const struct status *s)
         printf("broker: %s\n", s->broker_why);
     if (s->pg_why[0] != '\0')
         printf("postgresql: %s\n", s->pg_why);
+    if (s->pg_clear[0] != '\0')
+        printf("postgresql: WARNING: %s\n", s->pg_clear);
     for (size_t i = 0; i < conf->n_queues; i++) {
         const struct qstat *q = &s->q[i];
         printf("\nqueue ");
@@ -379,6 +385,8 @@ static void print_json(const struct status *s, int code)
     put_text_or_null(s->broker_why);
     printf(",\"postgresql_error\":");
     put_text_or_null(s->pg_why);
+    printf(",\"postgresql_warning\":");
+    put_text_or_null(s->pg_clear);
     printf(",\"queues\":[");
     for (size_t i = 0; i < conf->n_queues; i++) {
         printf("%s", i > 0 ? "," : "");
