@@ -94,6 +94,7 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_listen(struct loader *L, yaml_node_t *v, void *base);
+static int metrics_token(struct loader *L, yaml_node_t *v, void *base);
 static int redis_section(struct loader *L, yaml_node_t *v, void *base);
 static int redis_sentinels(struct loader *L, yaml_node_t *v, void *base);
 static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst);
@@ -196,6 +197,7 @@ static const struct key log_keys[] = {
 
 static const struct key metrics_keys[] = {
     CUSTOM("listen", metrics_listen, false),
+    CUSTOM("token_file", metrics_token, false),
     END
 };
 
@@ -396,6 +398,7 @@ void sk_conf_free(struct sk_conf *c)
     free(c->postgres.conninfo);
     sk_conf_value_wipe(c->postgres.password);
     free(c->metrics.listen_host);
+    sk_conf_value_wipe(c->metrics.token);
     for (size_t i = 0; i < c->n_queues; i++) {
         struct sk_queue_conf *q = &c->queues[i];
         free(q->name);
@@ -966,6 +969,25 @@ static int metrics_listen(struct loader *L, yaml_node_t *v, void *base)
     free(m->listen_host);
     m->listen_host = host;
     m->listen_port = port;
+    return SK_OK;
+}
+
+/* metrics.token_file: a bearer token that /metrics, /livez and /readyz
+ * then require (they show queue names and rates). Read at load, so a
+ * reload rotates it. It goes into an HTTP header, so only RFC 6750's
+ * token characters; the message never shows it. */
+static int metrics_token(struct loader *L, yaml_node_t *v, void *base)
+{
+    static const struct key k = { .name = "token_file", .type = T_PASSWORD_FILE };
+    static const char ok[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=";
+    struct sk_metrics_conf *m = base;
+    int rc;
+
+    if ((rc = password(L, &k, v, &m->token)) != SK_OK)
+        return rc;
+    if (strlen(m->token) > 512 || m->token[strspn(m->token, ok)] != '\0')
+        return fail(L, v, "token_file: the token must be at most 512 characters of A-Z a-z 0-9 "
+                    "- . _ ~ + / = (a bearer token, RFC 6750)");
     return SK_OK;
 }
 

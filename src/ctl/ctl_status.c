@@ -158,8 +158,8 @@ static void read_metrics(struct status *s)
         return;
     }
     char why[256];
-    s->metrics = sk_ctl_http_get(m->listen_host, m->listen_port, "/metrics", SCRAPE_TIMEOUT_MS,
-                                 why, sizeof(why));
+    s->metrics = sk_ctl_http_get(m->listen_host, m->listen_port, "/metrics", m->token,
+                                 SCRAPE_TIMEOUT_MS, why, sizeof(why));
     if (s->metrics == NULL) {
         snprintf(s->metrics_why, sizeof(s->metrics_why), "%s", why);
         return;

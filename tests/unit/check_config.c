@@ -506,6 +506,33 @@ START_TEST(test_tls_files_are_checked_at_load_and_blamed_at_their_key)
 }
 END_TEST
 
+START_TEST(test_metrics_token_file_is_read_at_load_and_must_be_a_bearer_token)
+{
+    char cfg[] = "/tmp/sk-conf-XXXXXX.yaml", tok[] = "/tmp/sk-token-XXXXXX", text[1024], want[1200];
+    write_temp(tok, 0, "abc-DEF_123.~+/=\n");
+    snprintf(text, sizeof(text), "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "metrics:\n  listen: 127.0.0.1:9187\n  token_file: %s\n"
+             "queues: [{name: q, handler: h.so}]\n", tok);
+    write_temp(cfg, 5, text);
+    struct sk_conf *c = load_ok(cfg);
+    ck_assert_str_eq(c->metrics.token, "abc-DEF_123.~+/=");
+    sk_conf_free(c);
+
+    FILE *f = fopen(tok, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("Sup3r S3cret\r\nX-Injected: yes\n", f);
+    fclose(f);
+    snprintf(want, sizeof(want), "%s:5:15: token_file: the token must be at most 512 characters "
+             "of A-Z a-z 0-9 - . _ ~ + / = (a bearer token, RFC 6750)", cfg);
+    const char *msg = load_error(cfg);
+    ck_assert_str_eq(msg, want);
+    assert_no_secret(msg);
+    unlink(tok);
+    unlink(cfg);
+}
+END_TEST
+
 START_TEST(test_full_config_sets_every_key)
 {
     struct sk_conf *c = load_ok(DATA "good_full.yaml");
@@ -1159,6 +1186,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_amqp_url_lists_the_nodes_of_a_cluster_in_order);
     tcase_add_test(tc, test_amqps_without_a_tls_section_verifies_against_the_system_store);
     tcase_add_test(tc, test_tls_files_are_checked_at_load_and_blamed_at_their_key);
+    tcase_add_test(tc, test_metrics_token_file_is_read_at_load_and_must_be_a_bearer_token);
     tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
     tcase_add_test(tc, test_batch_raises_an_unset_prefetch_to_two_batches);
     tcase_add_test(tc, test_restart_section_sets_the_backoff);
