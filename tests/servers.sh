@@ -30,7 +30,11 @@
 #                       and serve TLS: RabbitMQ on SEKALI_AMQP_TLS_PORT
 #                       [AMQP distribution port + 11] (client certificates
 #                       required, EXTERNAL login enabled), PostgreSQL with
-#                       ssl=on on its port (role sekali_tls only over hostssl).
+#                       ssl=on on its port (role sekali_tls only over hostssl),
+#                       Redis on SEKALI_REDIS_TLS_PORT [Redis port + 1] with
+#                       ACL users sekali_acl (sekali's commands on sekali:*
+#                       keys only) and sekali_noset (the same without SET),
+#                       password "aclpass".
 #                       The plain listeners stay as they are.
 #   SEKALI_LISTEN_EXTRA ['']  ADDRESS/PREFIX: each server also listens on this
 #                       IPv4 address, which must exist (the cluster tests put
@@ -60,7 +64,7 @@ MARKER=$SCRATCH/.sekali-servers     # proves a dir is ours before `stop --wipe`
 # Values remembered by the last `start` are the defaults; explicit environment
 # variables still win.
 SAVED_PG_PORT='' SAVED_REDIS_PORT='' SAVED_AMQP_PORT='' SAVED_AMQP_DIST_PORT=''
-SAVED_EPMD_PORT='' SAVED_RABBIT_NODE='' SAVED_LISTEN_EXTRA='' SAVED_TLS='' SAVED_AMQP_TLS_PORT=''
+SAVED_EPMD_PORT='' SAVED_RABBIT_NODE='' SAVED_LISTEN_EXTRA='' SAVED_TLS='' SAVED_AMQP_TLS_PORT='' SAVED_REDIS_TLS_PORT=''
 if [ -f "$SETTINGS_FILE" ]; then
     # shellcheck disable=SC1090
     . "$SETTINGS_FILE"
@@ -78,6 +82,7 @@ CONSUMER_TIMEOUT=${SEKALI_AMQP_CONSUMER_TIMEOUT:-3600000}
 LISTEN_EXTRA=${SEKALI_LISTEN_EXTRA:-$SAVED_LISTEN_EXTRA}
 TLS=${SEKALI_TLS:-${SAVED_TLS:-0}}
 AMQP_TLS_PORT=${SEKALI_AMQP_TLS_PORT:-${SAVED_AMQP_TLS_PORT:-$((AMQP_DIST_PORT + 11))}}
+REDIS_TLS_PORT=${SEKALI_REDIS_TLS_PORT:-${SAVED_REDIS_TLS_PORT:-$((REDIS_PORT + 1))}}
 EXTRA_ADDR='' EXTRA_NET=''
 if [ -n "$LISTEN_EXTRA" ]; then
     [[ $LISTEN_EXTRA =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)\.([0-9]+)/([0-9]+)$ ]] &&
@@ -92,7 +97,7 @@ fi
 WAIT=${SEKALI_WAIT:-30}
 WAIT_RABBIT=${SEKALI_WAIT_RABBIT:-60}
 
-for p in PG_PORT REDIS_PORT AMQP_PORT AMQP_DIST_PORT EPMD_PORT AMQP_TLS_PORT; do
+for p in PG_PORT REDIS_PORT AMQP_PORT AMQP_DIST_PORT EPMD_PORT AMQP_TLS_PORT REDIS_TLS_PORT; do
     [[ ${!p} =~ ^[0-9]+$ ]] && [ "${!p}" -ge 1 ] && [ "${!p}" -le 65535 ] ||
         die "$p=${!p} is not a valid port"
 done
@@ -256,7 +261,7 @@ reserve_ports() {
     local file=/proc/sys/net/ipv4/ip_local_reserved_ports current wanted
     [ -w "$file" ] || return 0
     current=$(<"$file")
-    wanted="$PG_PORT,$REDIS_PORT,$AMQP_PORT,$AMQP_DIST_PORT-$((AMQP_DIST_PORT + 11)),$EPMD_PORT"
+    wanted="$PG_PORT,$REDIS_PORT,$REDIS_TLS_PORT,$AMQP_PORT,$AMQP_DIST_PORT-$((AMQP_DIST_PORT + 11)),$EPMD_PORT"
     # And the cluster suites' range (tests/cluster/lib.sh), which run after
     # `make check` in CI: reserved only when they start, it could already
     # be held by a long-lived client socket of the suites before them (a
@@ -282,6 +287,7 @@ SAVED_RABBIT_NODE=$(squote "$RABBIT_NODE")
 SAVED_LISTEN_EXTRA=$(squote "$LISTEN_EXTRA")
 SAVED_TLS=$TLS
 SAVED_AMQP_TLS_PORT=$AMQP_TLS_PORT
+SAVED_REDIS_TLS_PORT=$REDIS_TLS_PORT
 EOF
     write_wrappers
 }
@@ -559,6 +565,19 @@ dir $REDIS
 save ""
 appendonly no
 EOF
+        if [ "$TLS" = 1 ]; then
+            # The commands sekali sends (lock.c), and those its scripts call.
+            local cmds='+ping +auth +select +role +set +get +del +pexpire +evalsha +script|load'
+            cat >>"$REDIS/redis.conf" <<EOF
+tls-port $REDIS_TLS_PORT
+tls-cert-file $TLSDIR/server.crt
+tls-key-file $TLSDIR/server.key
+tls-ca-cert-file $TLSDIR/ca.crt
+tls-auth-clients optional
+user sekali_acl on >aclpass ~sekali:* resetchannels -@all $cmds
+user sekali_noset on >aclpass ~sekali:* resetchannels -@all ${cmds/ +set/}
+EOF
+        fi
         say "redis: starting on 127.0.0.1:$REDIS_PORT"
         (cd "$REDIS" && redis-server "$REDIS/redis.conf") 9>&- ||
             { show_log "$REDIS_LOG"; die "redis: redis-server failed to start (log: $REDIS_LOG)"; }
@@ -906,6 +925,7 @@ cmd_env() {
     if [ "$TLS" = 1 ]; then
         e SEKALI_TLS_DIR "$TLSDIR"
         e SEKALI_AMQP_TLS_PORT "$AMQP_TLS_PORT"
+        e SEKALI_REDIS_TLS_PORT "$REDIS_TLS_PORT"
     fi
 }
 

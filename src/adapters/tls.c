@@ -33,6 +33,7 @@ static int load_error(const char *label, const char *key, const char *path, stru
 static bool is_ip(const char *host);
 static int on_verify(int ok, X509_STORE_CTX *x);
 static void on_info(const SSL *ssl, int where, int ret);
+static int on_cert_request(SSL *ssl, X509 **cert, EVP_PKEY **key);
 static const char *verify_words(int code);
 
 int sk_tls_check_files(const struct sk_tls_conf *tls, const char *label, struct sk_err *err)
@@ -134,6 +135,11 @@ int sk_tls_prepare(SSL_CTX *ctx, const struct sk_tls_conf *tls, const char *host
     X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
     SSL_CTX_set_app_data(ctx, st);
     SSL_CTX_set_info_callback(ctx, on_info);
+    /* Called only when the server asks for a certificate and we have none:
+     * remembered, because its refusal (an alert right before the server
+     * closes) can be lost to a connection reset. */
+    if (tls->cert_file == NULL)
+        SSL_CTX_set_client_cert_cb(ctx, on_cert_request);
     SSL_CTX_set_verify(ctx, tls->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE,
                        tls->verify ? on_verify : NULL);
     if (!tls->verify) {
@@ -174,6 +180,15 @@ static void on_info(const SSL *ssl, int where, int ret)
         SSL_set_tlsext_host_name((SSL *)ssl, st->ip ? NULL : st->name);
 }
 
+static int on_cert_request(SSL *ssl, X509 **cert, EVP_PKEY **key)
+{
+    struct sk_tls_state *st = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
+    (void)cert, (void)key;
+    if (st != NULL)
+        st->cert_requested = true;
+    return 0;  /* none to give: the handshake goes on without one */
+}
+
 bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size)
 {
     unsigned long e = ERR_peek_last_error();
@@ -210,6 +225,9 @@ bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size)
                      ERR_reason_error_string(e));
         else if (ERR_reason_error_string(e) != NULL)
             snprintf(buf, size, "TLS: %s", ERR_reason_error_string(e));
+    } else if (st != NULL && st->cert_requested) {
+        snprintf(buf, size, "TLS: the server requires a client certificate "
+                 "(tls.cert_file, tls.key_file) (it asked for one, we have none)");
     }
     ERR_clear_error();
     return buf[0] != '\0';

@@ -34,6 +34,7 @@ struct sk_tls_state {
     bool ip;
     int  verify_error;  /* the first X509_V_ERR_* of the peer's chain; 0: none */
     int  verify_depth;  /* where in the chain (0: the server's own certificate) */
+    bool cert_requested; /* the server asked for a client certificate we do not have */
 };
 
 /* Checks the files tls names, as a load does (at start and on every

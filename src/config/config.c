@@ -95,6 +95,10 @@ static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_listen(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_token(struct loader *L, yaml_node_t *v, void *base);
+static int redis_tls(struct loader *L, yaml_node_t *v, void *base);
+static int sentinel_password_env(struct loader *L, yaml_node_t *v, void *base);
+static int sentinel_password_file(struct loader *L, yaml_node_t *v, void *base);
+static int sentinel_password(struct loader *L, yaml_node_t *v, enum type t, char **dst);
 static int redis_section(struct loader *L, yaml_node_t *v, void *base);
 static int redis_sentinels(struct loader *L, yaml_node_t *v, void *base);
 static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst);
@@ -171,6 +175,11 @@ static const struct key redis_keys[] = {
     DURATION("timeout", sk_redis_conf, timeout_ms, 1, HOUR),
     CUSTOM("sentinels", redis_sentinels, false),
     STR("master_name",  sk_redis_conf, master_name),
+    STR("username",     sk_redis_conf, username),
+    CUSTOM("tls", redis_tls, false),
+    STR("sentinel_username", sk_redis_conf, sentinel_username),
+    CUSTOM("sentinel_password_env", sentinel_password_env, false),
+    CUSTOM("sentinel_password_file", sentinel_password_file, false),
     END
 };
 
@@ -278,7 +287,7 @@ static const struct key top_keys[] = {
 static const struct sk_conf conf_defaults = {
     .amqp  = { .heartbeat_ms = 30 * SEC, .connect_timeout_ms = 5 * SEC,
                .tls = { .verify = true } },
-    .redis = { .port = 6379, .timeout_ms = 2 * SEC },
+    .redis = { .port = 6379, .timeout_ms = 2 * SEC, .tls = { .verify = true } },
     .postgres = { .lock_timeout_ms = 5 * SEC, .idle_in_transaction_timeout_ms = 10 * 60 * SEC },
     .lock  = { .ttl_ms = 30 * SEC, .busy_wait_ms = 2 * SEC },
     .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
@@ -391,6 +400,10 @@ void sk_conf_free(struct sk_conf *c)
     sk_tls_conf_free(&c->amqp.tls);
     free(c->redis.host);
     sk_conf_value_wipe(c->redis.password);
+    free(c->redis.username);
+    sk_tls_conf_free(&c->redis.tls);
+    free(c->redis.sentinel_username);
+    sk_conf_value_wipe(c->redis.sentinel_password);
     for (size_t i = 0; i < c->redis.n_sentinels; i++)
         free(c->redis.sentinels[i].host);
     free(c->redis.sentinels);
@@ -1008,6 +1021,41 @@ static int redis_section(struct loader *L, yaml_node_t *v, void *base)
         return fail(L, find_value(L, v, "master_name"), "redis.master_name needs "
                     "redis.sentinels: a list of host:port to ask for the master");
     return SK_OK;
+}
+
+/* redis.tls: present means TLS to the master and the sentinels (Redis
+ * has no URL scheme here to say so). */
+static int redis_tls(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_redis_conf *r = base;
+    r->tls.enabled = true;
+    return tls_section(L, v, "redis.tls", &r->tls);
+}
+
+/* The sentinels' password is a second secret in the section: it has its
+ * own one-source rule, apart from the master's password. */
+static int sentinel_password_env(struct loader *L, yaml_node_t *v, void *base)
+{
+    return sentinel_password(L, v, T_PASSWORD_ENV, &((struct sk_redis_conf *)base)->sentinel_password);
+}
+
+static int sentinel_password_file(struct loader *L, yaml_node_t *v, void *base)
+{
+    return sentinel_password(L, v, T_PASSWORD_FILE, &((struct sk_redis_conf *)base)->sentinel_password);
+}
+
+static int sentinel_password(struct loader *L, yaml_node_t *v, enum type t, char **dst)
+{
+    const struct key k = { .name = t == T_PASSWORD_ENV ? "sentinel_password_env"
+                                                       : "sentinel_password_file", .type = t };
+    if (*dst != NULL)
+        return fail(L, v, "%s conflicts with the other sentinel_password_* key: give the "
+                    "sentinels' password one way only", k.name);
+    const char *saved = L->secret_from;
+    L->secret_from = NULL;  /* not the master's password's source */
+    int rc = password(L, &k, v, dst);
+    L->secret_from = saved;
+    return rc;
 }
 
 /* A sequence of host:port, checked now so that a typo fails `sekalid -t`;

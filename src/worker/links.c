@@ -348,7 +348,7 @@ static int lock_down(struct sk_links *l, const struct sk_err *why)
     l->lock_outage.retry_at_ms = sk_now_ms() + sk_backoff_next(&l->lock_outage.backoff);
     if (why->code == SK_AUTH && !l->lock_refused)
         sk_log_error("redis refused sekali's credentials: holding jobs back whatever "
-                     "on_redis_down says, until redis.password is fixed: %s", why->msg);
+                     "on_redis_down says, until its password or ACL is fixed: %s", why->msg);
     l->lock_refused = why->code == SK_AUTH;
     return without_redis(l, why->msg);
 }

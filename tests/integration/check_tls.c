@@ -9,8 +9,10 @@
  * certificate does not carry, an expired certificate, no client
  * certificate) is a clear message naming the server and the cause, while
  * the worker keeps retrying and nothing is dead-lettered; once the fault
- * is fixed the jobs run, once. Redis over TLS is not here: sekali does not
- * speak it yet (docs/tls.md). */
+ * is fixed the jobs run, once. Redis is reached on its tls-port as an ACL
+ * user that may run only sekali's commands on sekali:* keys; a password
+ * changed under it and a user lacking a command hold the jobs back until
+ * fixed. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -41,15 +43,19 @@ struct tls_opts {
     const char *server_name;  /* NULL: none (the host, 127.0.0.1, is checked) */
     bool        external;     /* log in with the certificate, no password */
     const char *top_yaml;
+    const char *redis_user;   /* NULL: sekali_acl */
+    const char *queue_yaml;
 };
 
-/* Writes r's config for TLS on both links and declares its queue. */
+static void redis_admin(const char *args);
+
+/* Writes r's config for TLS on all three links and declares its queue. */
 static void write_tls_config(struct h_run *r, const struct tls_opts *o)
 {
     const char *d = tls_dir();
     char from[700], to[2400];
 
-    r->config = h_write_config_top(r->dir, r->queue, H_EFFECT, 2, NULL, o->top_yaml);
+    r->config = h_write_config_top(r->dir, r->queue, H_EFFECT, 2, o->queue_yaml, o->top_yaml);
     snprintf(from, sizeof(from), "url: \"%s\"", h_amqp_url());
     char ca[700];
     if (o->ca_file != NULL)
@@ -72,7 +78,50 @@ static void write_tls_config(struct h_run *r, const struct tls_opts *o)
              "password=sekali sslmode=verify-full sslrootcert=%s/ca.crt\"",
              getenv("SEKALI_PG_PORT"), d);
     h_config_replace(r->config, from, to);
+
+    char pw[1100];
+    /* Whatever a failed test before left. */
+    redis_admin("ACL SETUSER sekali_acl resetpass '>aclpass'");
+    redis_admin("ACL SETUSER sekali_noset -set");
+    snprintf(pw, sizeof(pw), "%s/redis.password", r->dir);
+    FILE *f = fopen(pw, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("aclpass\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(from, sizeof(from), "  port: %d\n", h_redis_port());
+    snprintf(to, sizeof(to), "  port: %s\n  username: %s\n  password_file: %s\n  tls:\n"
+             "    ca_file: %s/ca.crt\n", getenv("SEKALI_REDIS_TLS_PORT"),
+             o->redis_user != NULL ? o->redis_user : "sekali_acl", pw, d);
+    h_config_replace(r->config, from, to);
     ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+}
+
+/* Redis's own view: clients logged in as user, and how many of them came
+ * in on the tls-port (CLIENT LIST's laddr), asked as the default user on
+ * the plain port. */
+static void redis_clients(const char *user, int *all, int *on_tls)
+{
+    char cmd[300], line[2048], want_user[80], want_port[40];
+    snprintf(cmd, sizeof(cmd), "redis-cli -p %d CLIENT LIST", h_redis_port());
+    snprintf(want_user, sizeof(want_user), " user=%s ", user);
+    snprintf(want_port, sizeof(want_port), "laddr=127.0.0.1:%s ", getenv("SEKALI_REDIS_TLS_PORT"));
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    *all = *on_tls = 0;
+    while (fgets(line, sizeof(line), p) != NULL) {
+        if (strstr(line, want_user) == NULL)
+            continue;
+        (*all)++;
+        *on_tls += strstr(line, want_port) != NULL;
+    }
+    pclose(p);
+}
+
+static void redis_admin(const char *args)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "redis-cli -p %d %s >/dev/null", h_redis_port(), args);
+    ck_assert_msg(system(cmd) == 0, "redis-cli %s failed", args);
 }
 
 /* Lines of `rabbitmqctl list_connections <columns>` that contain every
@@ -147,6 +196,10 @@ START_TEST(test_jobs_the_relay_replies_and_sekalictl_all_go_over_tls_once)
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity "
                                       "a USING (pid) WHERE a.usename = 'sekali_tls' AND NOT s.ssl"),
                      0);
+    int all, on_tls;
+    redis_clients("sekali_acl", &all, &on_tls);
+    ck_assert_msg(all >= 2 && on_tls == all, "every Redis client of sekalid should be "
+                  "sekali_acl on the tls-port: %d of %d are", on_tls, all);
 
     char *out;
     ck_assert_int_eq(run_ctl(&r, "status", &out), 0);
@@ -215,6 +268,85 @@ static pid_t expired_server(int *port)
     H_WAIT(listening(*port), 10000, "openssl s_server should listen on %d", *port);
     return pid;
 }
+
+/* Redis: the ACL user's password changed under a running sekalid (its
+ * connections killed, as a rotation would), then the new password put in
+ * the password file and a reload; and a user lacking SET, then granted
+ * it, without a reload. Either way the jobs wait, whatever on_redis_down
+ * says (a refusal is a configuration error, not an outage), and run once
+ * when fixed. */
+START_TEST(test_a_redis_password_changed_under_sekalid_holds_jobs_until_fixed)
+{
+    struct h_run r;
+    h_run_open(&r, "tls-redis-pass");
+    write_tls_config(&r, &(struct tls_opts){ .server_name = "localhost",
+                                             .queue_yaml = "    on_redis_down: wait\n" });
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_consumers(r.b, r.queue) == 2, 30000, "both workers should consume (see %s)", r.log);
+    h_publish(r.b, r.queue, "test", "before", "k-before", NULL, "ok");
+    H_WAIT(h_effects(&r, "k-before") == 1, 20000, "the first job should run");
+
+    redis_admin("ACL SETUSER sekali_acl resetpass '>rotated'");
+    redis_admin("CLIENT KILL USER sekali_acl");
+    for (int i = 0; i < 3; i++) {
+        char id[32], key[32];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    H_WAIT(h_count_lines(r.log, "redis AUTH as sekali_acl at 127.0.0.1") >= 1 &&
+           h_count_lines(r.log, "WRONGPASS") >= 1, 30000,
+           "the log should say Redis refused the ACL user (see %s)", r.log);
+    ck_assert_int_eq(h_count_lines(r.log, "rotated"), 0);
+    ck_assert_int_eq(h_count_lines(r.log, "aclpass"), 0);
+    ck_assert_int_eq(h_effects(&r, NULL), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+
+    char pw[1100];
+    snprintf(pw, sizeof(pw), "%s/redis.password", r.dir);
+    FILE *f = fopen(pw, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("rotated\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    H_WAIT(h_effects(&r, NULL) == 4, 40000, "the jobs should run once the password is fixed, "
+           "%lld did (see %s)", h_effects(&r, NULL), r.log);
+    h_run_stop(&r);
+    redis_admin("ACL SETUSER sekali_acl resetpass '>aclpass'");
+    h_expect_once(&r, 4, 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_an_acl_user_lacking_a_command_holds_jobs_until_granted)
+{
+    struct h_run r;
+    h_run_open(&r, "tls-redis-acl");
+    write_tls_config(&r, &(struct tls_opts){ .redis_user = "sekali_noset",
+                                             .queue_yaml = "    on_redis_down: proceed\n" });
+    for (int i = 0; i < 3; i++) {
+        char id[32], key[32];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_count_lines(r.log, "NOPERM") >= 1, 30000, "the log should say the ACL user may not "
+           "run SET (see %s)", r.log);
+    ck_assert_int_ge(h_count_lines(r.log, "redis SET NX PX failed: NOPERM"), 1);
+    ck_assert_int_eq(kill(r.sekalid, 0), 0);
+    ck_assert_int_eq(h_effects(&r, NULL), 0);  /* not even with on_redis_down: proceed */
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    redis_admin("ACL SETUSER sekali_noset +set");
+    H_WAIT(h_effects(&r, NULL) == 3, 40000, "the jobs should run once SET is granted, %lld did "
+           "(see %s)", h_effects(&r, NULL), r.log);
+    h_run_stop(&r);
+    redis_admin("ACL SETUSER sekali_noset -set");
+    h_expect_once(&r, 3, 0);
+    h_run_close(&r);
+}
+END_TEST
 
 enum fix { FIX_CA_FILE, FIX_RELOAD_NAME, FIX_RELOAD_CERT, FIX_RELOAD_PORT };
 
@@ -318,7 +450,8 @@ END_TEST
 
 int main(void)
 {
-    if (tls_dir() == NULL || getenv("SEKALI_AMQP_TLS_PORT") == NULL) {
+    if (tls_dir() == NULL || getenv("SEKALI_AMQP_TLS_PORT") == NULL ||
+        getenv("SEKALI_REDIS_TLS_PORT") == NULL) {
         /* Servers started without SEKALI_TLS=1: `make check` starts them
          * with it and sets SEKALI_REQUIRE_TLS, so there this fails. */
         fprintf(stderr, "check_tls: the servers have no TLS listeners (start them with "
@@ -329,6 +462,8 @@ int main(void)
     const TTest *tests[] = {
         test_jobs_the_relay_replies_and_sekalictl_all_go_over_tls_once,
         test_the_client_certificate_logs_in_with_external,
+        test_a_redis_password_changed_under_sekalid_holds_jobs_until_fixed,
+        test_an_acl_user_lacking_a_command_holds_jobs_until_granted,
         NULL,
     };
     TCase *tc = h_tcase(s, "tls", 120, tests);
