@@ -179,9 +179,10 @@ demo: deps
 
 bench: deps
 	$(MAKE) all
-	tests/servers.sh start
+	SEKALI_TLS=1 tests/servers.sh start
 	tests/bench/run.sh $(B)
 	tests/bench/enqueue.sh $(B)
+	tests/bench/tls.sh $(B)
 
 # The scale figure: 1, 2 and 3 sekalid hosts in network namespaces, and a
 # quorum queue against a classic one (root; its own private servers).
