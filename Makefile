@@ -15,7 +15,7 @@ B       ?= build
 SRC_DIRS = src/ctl src/supervisor src/worker src/producer src/shared src/config src/adapters src/base
 vpath %.c $(SRC_DIRS)
 
-PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd
+PKGS    = librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl
 CC     ?= cc
 CFLAGS ?= -O2 -g
 # The caller's CFLAGS before sekali's are added: what handlers are built with.
@@ -39,13 +39,13 @@ endif
 override CFLAGS += $(SK_CFLAGS) $(HARDEN_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread $(HARDEN_LD)
 CHECK_LIBS = $(shell pkg-config --libs check)
-# sekalictl serves no HTTP; doctor asks Redis (hiredis).
-CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd) -lm $(HARDEN_LD)
+# sekalictl serves no HTTP; doctor asks Redis (hiredis); TLS is OpenSSL's.
+CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd openssl) -lm $(HARDEN_LD)
 
-CORE    = common config config_value pg_conninfo log backoff clock outage
+CORE    = common config config_value pg_conninfo log backoff clock outage broker_url tls
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock redis_link heartbeat pg store plugin host failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers ctl_verify \
           $(BROKER) pg envelope failpoint reschedule schema
@@ -96,6 +96,8 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 # Each unit suite links only the module it tests (plus the core).
 $(B)/tests/check_config:   $(call obj,$(CORE))
 $(B)/tests/check_pg_conninfo: $(call obj,common pg_conninfo)
+$(B)/tests/check_broker_url: $(call obj,$(CORE))
+$(B)/tests/check_pg_addr:  $(call obj,$(CORE) pg)
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
 $(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)
@@ -112,7 +114,7 @@ $(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
-HARNESS = $(call obj,$(CORE) $(BROKER) lock) $(B)/obj/harness.o
+HARNESS = $(call obj,$(CORE) $(BROKER) lock redis_link) $(B)/obj/harness.o
 $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
@@ -170,10 +172,12 @@ deps:
 servers:
 	tests/servers.sh start
 
+# SEKALI_TLS=1: the servers also listen with TLS, for check_tls, which
+# SEKALI_REQUIRE_TLS keeps from passing without them.
 check: deps
 	$(MAKE) tests fuzzers
-	tests/servers.sh start
-	tests/run.sh $(B)
+	SEKALI_TLS=1 tests/servers.sh start
+	SEKALI_REQUIRE_TLS=1 tests/run.sh $(B)
 
 check-unit: tests
 	tests/run.sh $(B) unit
@@ -191,9 +195,10 @@ demo: deps
 
 bench: deps
 	$(MAKE) all
-	tests/servers.sh start
+	SEKALI_TLS=1 tests/servers.sh start
 	tests/bench/run.sh $(B)
 	tests/bench/enqueue.sh $(B)
+	tests/bench/tls.sh $(B)
 
 # The scale figure: 1, 2 and 3 sekalid hosts in network namespaces, and a
 # quorum queue against a classic one (root; its own private servers).
@@ -210,14 +215,14 @@ chaos: deps
 # ASan and UBSan over the whole suite, in a separate build tree.
 asan: deps
 	$(MAKE) B=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" tests
-	tests/servers.sh start
+	SEKALI_TLS=1 tests/servers.sh start
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    tests/run.sh build/asan unit integration fault
 
 # Valgrind over the unit suites and over sekalid in the integration suites.
 valgrind: deps
 	$(MAKE) tests
-	tests/servers.sh start
+	SEKALI_TLS=1 tests/servers.sh start
 	SEKALI_VALGRIND=1 tests/run.sh $(B) unit integration fault
 
 # Installs the daemon, the example handler, the header and a pkg-config file

@@ -26,6 +26,16 @@
 #   SEKALI_RABBIT_NODE [sekali-test@localhost]
 #   SEKALI_AMQP_CONSUMER_TIMEOUT [3600000] ms
 #   SEKALI_WAIT [30] / SEKALI_WAIT_RABBIT [60]  seconds to wait for a server
+#   SEKALI_TLS [0]     1: also make a test CA (openssl, in the scratch dir's tls/)
+#                       and serve TLS: RabbitMQ on SEKALI_AMQP_TLS_PORT
+#                       [AMQP distribution port + 11] (client certificates
+#                       required, EXTERNAL login enabled), PostgreSQL with
+#                       ssl=on on its port (role sekali_tls only over hostssl),
+#                       Redis on SEKALI_REDIS_TLS_PORT [Redis port + 1] with
+#                       ACL users sekali_acl (sekali's commands on sekali:*
+#                       keys only) and sekali_noset (the same without SET),
+#                       password "aclpass".
+#                       The plain listeners stay as they are.
 #   SEKALI_LISTEN_EXTRA ['']  ADDRESS/PREFIX: each server also listens on this
 #                       IPv4 address, which must exist (the cluster tests put
 #                       it on a veth of their own), and PostgreSQL admits
@@ -54,7 +64,7 @@ MARKER=$SCRATCH/.sekali-servers     # proves a dir is ours before `stop --wipe`
 # Values remembered by the last `start` are the defaults; explicit environment
 # variables still win.
 SAVED_PG_PORT='' SAVED_REDIS_PORT='' SAVED_AMQP_PORT='' SAVED_AMQP_DIST_PORT=''
-SAVED_EPMD_PORT='' SAVED_RABBIT_NODE='' SAVED_LISTEN_EXTRA=''
+SAVED_EPMD_PORT='' SAVED_RABBIT_NODE='' SAVED_LISTEN_EXTRA='' SAVED_TLS='' SAVED_AMQP_TLS_PORT='' SAVED_REDIS_TLS_PORT=''
 if [ -f "$SETTINGS_FILE" ]; then
     # shellcheck disable=SC1090
     . "$SETTINGS_FILE"
@@ -70,6 +80,9 @@ EPMD_PORT=${SEKALI_EPMD_PORT:-${SAVED_EPMD_PORT:-54369}}
 RABBIT_NODE=${SEKALI_RABBIT_NODE:-${SAVED_RABBIT_NODE:-sekali-test@localhost}}
 CONSUMER_TIMEOUT=${SEKALI_AMQP_CONSUMER_TIMEOUT:-3600000}
 LISTEN_EXTRA=${SEKALI_LISTEN_EXTRA:-$SAVED_LISTEN_EXTRA}
+TLS=${SEKALI_TLS:-${SAVED_TLS:-0}}
+AMQP_TLS_PORT=${SEKALI_AMQP_TLS_PORT:-${SAVED_AMQP_TLS_PORT:-$((AMQP_DIST_PORT + 11))}}
+REDIS_TLS_PORT=${SEKALI_REDIS_TLS_PORT:-${SAVED_REDIS_TLS_PORT:-$((REDIS_PORT + 1))}}
 EXTRA_ADDR='' EXTRA_NET=''
 if [ -n "$LISTEN_EXTRA" ]; then
     [[ $LISTEN_EXTRA =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)\.([0-9]+)/([0-9]+)$ ]] &&
@@ -84,7 +97,7 @@ fi
 WAIT=${SEKALI_WAIT:-30}
 WAIT_RABBIT=${SEKALI_WAIT_RABBIT:-60}
 
-for p in PG_PORT REDIS_PORT AMQP_PORT AMQP_DIST_PORT EPMD_PORT; do
+for p in PG_PORT REDIS_PORT AMQP_PORT AMQP_DIST_PORT EPMD_PORT AMQP_TLS_PORT REDIS_TLS_PORT; do
     [[ ${!p} =~ ^[0-9]+$ ]] && [ "${!p}" -ge 1 ] && [ "${!p}" -le 65535 ] ||
         die "$p=${!p} is not a valid port"
 done
@@ -106,6 +119,7 @@ RMQ_LOG=$RMQ/log/rabbit.log
 RMQ_STARTUP_LOG=$RMQ/log/startup.log
 EPMD_PID=$RMQ/epmd.pid
 EPMD_LOG=$RMQ/log/epmd.log
+TLSDIR=$SCRATCH/tls
 
 RMQ_SBIN=/usr/lib/rabbitmq/bin      # the real scripts, not the Debian su-wrappers
 
@@ -247,7 +261,7 @@ reserve_ports() {
     local file=/proc/sys/net/ipv4/ip_local_reserved_ports current wanted
     [ -w "$file" ] || return 0
     current=$(<"$file")
-    wanted="$PG_PORT,$REDIS_PORT,$AMQP_PORT,$AMQP_DIST_PORT-$((AMQP_DIST_PORT + 10)),$EPMD_PORT"
+    wanted="$PG_PORT,$REDIS_PORT,$REDIS_TLS_PORT,$AMQP_PORT,$AMQP_DIST_PORT-$((AMQP_DIST_PORT + 11)),$EPMD_PORT"
     # And the cluster suites' range (tests/cluster/lib.sh), which run after
     # `make check` in CI: reserved only when they start, it could already
     # be held by a long-lived client socket of the suites before them (a
@@ -271,6 +285,9 @@ SAVED_AMQP_DIST_PORT=$AMQP_DIST_PORT
 SAVED_EPMD_PORT=$EPMD_PORT
 SAVED_RABBIT_NODE=$(squote "$RABBIT_NODE")
 SAVED_LISTEN_EXTRA=$(squote "$LISTEN_EXTRA")
+SAVED_TLS=$TLS
+SAVED_AMQP_TLS_PORT=$AMQP_TLS_PORT
+SAVED_REDIS_TLS_PORT=$REDIS_TLS_PORT
 EOF
     write_wrappers
 }
@@ -331,6 +348,51 @@ EOF
 }
 
 # ---------------------------------------------------------------------------
+# Test CA (SEKALI_TLS=1)
+# ---------------------------------------------------------------------------
+
+# One test CA signs the servers' certificate (localhost and 127.0.0.1), a
+# client certificate (CN sekali: RabbitMQ's EXTERNAL login takes the CN as
+# the user) and an expired server certificate; a second CA that signs
+# nothing we serve is the "wrong CA". Made once per scratch dir; keys
+# are 0600.
+make_test_ca() {
+    [ "$TLS" = 1 ] || return 0
+    [ -s "$TLSDIR/server.crt" ] && [ -s "$TLSDIR/expired.crt" ] && return 0
+    command -v openssl >/dev/null || die "SEKALI_TLS=1 needs openssl"
+    say "tls: making a test CA in $TLSDIR"
+    rm -rf "$TLSDIR"; mkdir -p "$TLSDIR/db"
+    (
+        cd "$TLSDIR"
+        umask 077
+        q() { "$@" >>"$TLSDIR/openssl.log" 2>&1 || die "tls: $* failed (log: $TLSDIR/openssl.log)"; }
+        q openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 \
+            -subj "/CN=sekali test CA" -addext basicConstraints=critical,CA:true \
+            -addext keyUsage=critical,keyCertSign,cRLSign
+        q openssl req -x509 -newkey rsa:2048 -nodes -keyout other-ca.key -out other-ca.crt \
+            -days 30 -subj "/CN=some other CA" -addext basicConstraints=critical,CA:true
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >server.ext
+        printf 'extendedKeyUsage=clientAuth\n' >client.ext
+        q openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=localhost"
+        q openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -days 30 -extfile server.ext -out server.crt
+        q openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj "/CN=sekali"
+        q openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -days 30 -extfile client.ext -out client.crt
+        # Expired: `openssl ca` is the one 3.0 tool that takes both dates.
+        : >db/index.txt; echo 1000 >db/serial
+        printf '%s\n' '[ca]' 'default_ca = test' '[test]' "database = $TLSDIR/db/index.txt" \
+            "serial = $TLSDIR/db/serial" "new_certs_dir = $TLSDIR/db" 'default_md = sha256' \
+            'policy = any' '[any]' 'commonName = supplied' '[ext]' \
+            'subjectAltName = DNS:localhost,IP:127.0.0.1' 'extendedKeyUsage = serverAuth' >ca.cnf
+        q openssl req -newkey rsa:2048 -nodes -keyout expired.key -out expired.csr -subj "/CN=localhost"
+        q openssl ca -batch -config ca.cnf -cert ca.crt -keyfile ca.key -in expired.csr \
+            -startdate 20200101000000Z -enddate 20200102000000Z -extensions ext -out expired.crt
+        chmod 644 ./*.crt
+    )
+}
+
+# ---------------------------------------------------------------------------
 # PostgreSQL
 # ---------------------------------------------------------------------------
 
@@ -387,10 +449,26 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 EOF
+    local tls_hba=''
+    if [ "$TLS" = 1 ]; then
+        # The server's own copies: PostgreSQL wants its key owned by it.
+        mkdir -p "$PG/tls"
+        cp "$TLSDIR/server.crt" "$TLSDIR/server.key" "$TLSDIR/ca.crt" "$PG/tls/"
+        chmod 600 "$PG/tls/server.key"
+        pg_own "$PG/tls"
+        printf '%s\n' 'ssl = on' "ssl_cert_file = '$PG/tls/server.crt'" \
+            "ssl_key_file = '$PG/tls/server.key'" "ssl_ca_file = '$PG/tls/ca.crt'" |
+            as_pg tee -a "$PGDATA/sekali.conf" >/dev/null
+        # sekali_tls may only come in over TLS: a test's proof that the
+        # link it configured cannot have been clear text.
+        tls_hba=$(printf '%s\n' 'hostssl   all  sekali_tls 127.0.0.1/32   scram-sha-256' \
+                                 'hostnossl all  sekali_tls all            reject')
+    fi
     as_pg tee "$PGDATA/pg_hba.conf" >/dev/null <<EOF
 # written by tests/servers.sh
 # TYPE  DATABASE  USER  ADDRESS        METHOD
 local   all       all                  trust
+$tls_hba
 host    all       all   127.0.0.1/32   scram-sha-256
 ${EXTRA_NET:+host    all       all   $EXTRA_NET   scram-sha-256}
 EOF
@@ -405,6 +483,9 @@ pg_bootstrap() {
     if [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$DB_NAME'")" != 1 ]; then
         say "postgres: creating database $DB_NAME"
         pg_admin -c "CREATE DATABASE $DB_NAME OWNER $DB_USER"
+    fi
+    if [ "$TLS" = 1 ] && [ "$(pg_admin -c "SELECT 1 FROM pg_roles WHERE rolname = 'sekali_tls'")" != 1 ]; then
+        pg_admin -c "CREATE ROLE sekali_tls LOGIN SUPERUSER PASSWORD '$DB_PASS'"
     fi
 }
 
@@ -484,6 +565,19 @@ dir $REDIS
 save ""
 appendonly no
 EOF
+        if [ "$TLS" = 1 ]; then
+            # The commands sekali sends (lock.c), and those its scripts call.
+            local cmds='+ping +auth +select +role +set +get +del +pexpire +evalsha +script|load'
+            cat >>"$REDIS/redis.conf" <<EOF
+tls-port $REDIS_TLS_PORT
+tls-cert-file $TLSDIR/server.crt
+tls-key-file $TLSDIR/server.key
+tls-ca-cert-file $TLSDIR/ca.crt
+tls-auth-clients optional
+user sekali_acl on >aclpass ~sekali:* resetchannels -@all $cmds
+user sekali_noset on >aclpass ~sekali:* resetchannels -@all ${cmds/ +set/}
+EOF
+        fi
         say "redis: starting on 127.0.0.1:$REDIS_PORT"
         (cd "$REDIS" && redis-server "$REDIS/redis.conf") 9>&- ||
             { show_log "$REDIS_LOG"; die "redis: redis-server failed to start (log: $REDIS_LOG)"; }
@@ -582,6 +676,7 @@ rabbit_write_config() {
     mkdir -p "$RMQ/home" "$RMQ/conf.d" "$RMQ/log" "$RMQ/mnesia"
     : >"$RMQ/rabbitmq-env.conf"     # keeps /etc/rabbitmq/rabbitmq-env.conf out
     echo '[].' >"$RMQ/enabled_plugins"  # no management plugin: faster boot
+    if [ "$TLS" = 1 ]; then echo '[rabbitmq_auth_mechanism_ssl].' >"$RMQ/enabled_plugins"; fi
     echo '[].' >"$RMQ/advanced.config"
     # Private Erlang cookie (HOME is in the scratch dir): root's ~ untouched.
     if [ ! -s "$RMQ/home/.erlang.cookie" ]; then
@@ -609,6 +704,20 @@ consumer_timeout = $CONSUMER_TIMEOUT
 log.file.level = info
 log.console = false
 EOF
+    if [ "$TLS" = 1 ]; then
+        cat >>"$RMQ/rabbitmq.conf" <<EOF
+listeners.ssl.default = 127.0.0.1:$AMQP_TLS_PORT
+ssl_options.cacertfile = $TLSDIR/ca.crt
+ssl_options.certfile = $TLSDIR/server.crt
+ssl_options.keyfile = $TLSDIR/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = true
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name
+EOF
+    fi
 }
 
 start_rabbitmq() {
@@ -733,6 +842,7 @@ cmd_start() {
     take_lock
     prepare_scratch
     reserve_ports
+    make_test_ca
     cd "$SCRATCH"
     # Redis and PostgreSQL are quick; RabbitMQ is the slow one.  Sequential
     # keeps errors readable; RabbitMQ's boot dominates anyway.
@@ -812,6 +922,11 @@ cmd_env() {
     e SEKALI_EPMD_PORT "$EPMD_PORT"
     e SEKALI_RABBIT_NODE "$RABBIT_NODE"
     e SEKALI_RABBITMQCTL "$BIN/rabbitmqctl"
+    if [ "$TLS" = 1 ]; then
+        e SEKALI_TLS_DIR "$TLSDIR"
+        e SEKALI_AMQP_TLS_PORT "$AMQP_TLS_PORT"
+        e SEKALI_REDIS_TLS_PORT "$REDIS_TLS_PORT"
+    fi
 }
 
 usage() {

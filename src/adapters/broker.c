@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include <amqp.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 
 #include "broker.h"
@@ -31,6 +32,9 @@ static int open_node(struct sk_broker **out, const struct sk_amqp_conf *conf, si
 static void append(char *buf, size_t size, const char *s);
 static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
                         const struct sk_amqp_node *node, struct sk_err *err);
+static int tls_socket(struct sk_broker *b, const struct sk_amqp_conf *conf,
+                      const struct sk_amqp_node *node, amqp_socket_t **out, struct sk_err *err);
+static int tls_failed(struct sk_broker *b, int rc, struct sk_err *err);
 static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
                   const struct sk_amqp_node *node, struct sk_err *err);
 static int heartbeat_seconds(const struct sk_amqp_conf *conf);
@@ -131,14 +135,19 @@ static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
         return sk_err_set(err, SK_ERR, "amqp_new_connection failed");
     /* Until logged in there is nothing to close politely. */
     b->broken = true;
-    amqp_socket_t *socket = amqp_tcp_socket_new(b->conn);
-    if (socket == NULL)
+    amqp_socket_t *socket = NULL;
+    int rc = conf->tls.enabled ? tls_socket(b, conf, node, &socket, err) : SK_OK;
+    if (rc != SK_OK)
+        return rc;
+    if (socket == NULL && (socket = amqp_tcp_socket_new(b->conn)) == NULL)
         return sk_err_set(err, SK_ERR, "amqp_tcp_socket_new failed");
     struct timeval timeout = sk_broker_timeval(conf->connect_timeout_ms);
     int status = amqp_socket_open_noblock(socket, node->host, node->port, &timeout);
-    if (status != AMQP_STATUS_OK)
-        return sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host,
-                          node->port, amqp_error_string2(status));
+    if (status != AMQP_STATUS_OK) {
+        sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d failed: %s", node->host, node->port,
+                   amqp_error_string2(status));
+        return tls_failed(b, SK_AGAIN, err);
+    }
     /* Bound the login and every later RPC, so a wedged broker turns into an
      * error we can back off from instead of a hung worker. */
     amqp_set_handshake_timeout(b->conn, &timeout);
@@ -146,20 +155,75 @@ static int connect_node(struct sk_broker *b, const struct sk_amqp_conf *conf,
     return SK_OK;
 }
 
+/* An amqps:// connection: librabbitmq's OpenSSL socket, its context set up
+ * by tls.c (trust, client certificate, verification inside the handshake,
+ * the name to check, SNI). librabbitmq's own checks stay off: its peer
+ * check runs only after the handshake and its name check reads a DNS name
+ * where we may connect to an IP address. The files are read here, for
+ * each connection, so a reload or a reconnect picks up rotated ones. */
+static int tls_socket(struct sk_broker *b, const struct sk_amqp_conf *conf,
+                      const struct sk_amqp_node *node, amqp_socket_t **out, struct sk_err *err)
+{
+    amqp_socket_t *socket = amqp_ssl_socket_new(b->conn);
+    if (socket == NULL)
+        return sk_err_set(err, SK_ERR, "amqp_ssl_socket_new failed");
+    amqp_ssl_socket_set_verify_peer(socket, 0);
+    amqp_ssl_socket_set_verify_hostname(socket, 0);
+    if ((b->tls = calloc(1, sizeof(*b->tls))) == NULL)
+        return sk_err_errno(err, SK_ERR, "calloc(tls state)");
+    struct sk_err e = { 0 };
+    SSL_CTX *ctx = amqp_ssl_socket_get_context(socket);
+    /* A file gone since the load: the operator's to fix, meanwhile retried. */
+    if (sk_tls_prepare(ctx, &conf->tls, node->host, b->tls, &e) != SK_OK)
+        return sk_err_set(err, SK_AGAIN, "amqp connect to %s:%d: %s", node->host, node->port,
+                          e.msg);
+    *out = socket;
+    return SK_OK;
+}
+
+/* Adds TLS's own explanation, if it has one, to the message in err: "a
+ * SSL error occurred" tells nobody which certificate to fix. A TLS
+ * failure is an outage (SK_AGAIN, backed off and retried), never a
+ * reason to try clear text. */
+static int tls_failed(struct sk_broker *b, int rc, struct sk_err *err)
+{
+    char why[200];
+
+    if (b->tls == NULL || !sk_tls_explain(b->tls, why, sizeof(why)))
+        return rc;
+    if (err != NULL) {
+        size_t used = strlen(err->msg);
+        snprintf(err->msg + used, sizeof(err->msg) - used, ": %s", why);
+    }
+    return SK_AGAIN;
+}
+
 static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
                   const struct sk_amqp_node *node, struct sk_err *err)
 {
     char what[300];
+    amqp_rpc_reply_t reply;
+
     snprintf(what, sizeof(what), "amqp_login(%s:%d)", node->host, node->port);
-    amqp_rpc_reply_t reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
-                                        heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
-                                        conf->password != NULL ? conf->password : "");
+    /* EXTERNAL's identity is the certificate's and RabbitMQ ignores the
+     * response; librabbitmq fails on an empty one, so it gets the user. */
+    if (conf->auth == SK_AMQP_AUTH_EXTERNAL)
+        reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
+                           heartbeat_seconds(conf), AMQP_SASL_METHOD_EXTERNAL, conf->user);
+    else
+        reply = amqp_login(b->conn, conf->vhost, 0, AMQP_DEFAULT_FRAME_SIZE,
+                           heartbeat_seconds(conf), AMQP_SASL_METHOD_PLAIN, conf->user,
+                           conf->password != NULL ? conf->password : "");
     int rc = sk_broker_rpc_check(b, reply, what, err);
     b->broken = rc != SK_OK;
     if (rc == SK_OK) {
         b->frame_max = amqp_get_frame_max(b->conn);
         return SK_OK;
     }
+    /* In TLS 1.3 the server judges our certificate after the handshake:
+     * its refusal arrives as the first read's error. */
+    if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION)
+        return tls_failed(b, rc, err);
     /* 403 ACCESS_REFUSED: wrong user or password (librabbitmq asks for
      * authentication_failure_close, so RabbitMQ says so instead of
      * dropping the socket); 530 NOT_ALLOWED: no access to the vhost. */
@@ -194,6 +258,7 @@ void sk_broker_close(struct sk_broker *b)
         if (lost && next_node == b->node)
             next_node = b->node + 1;
     }
+    free(b->tls);  /* after the connection: its SSL_CTX points to it */
     free(b);
 }
 

@@ -16,6 +16,7 @@
 #include <amqp.h>
 
 #include "common.h"
+#include "tls.h"
 
 struct sk_broker;
 
@@ -27,6 +28,10 @@ struct sk_amqp_node {
     int      port;
 };
 
+/* How sekali logs in: PLAIN sends user and password; EXTERNAL (RabbitMQ's
+ * rabbitmq_auth_mechanism_ssl) logs in as the client certificate's name. */
+enum sk_amqp_auth { SK_AMQP_AUTH_PLAIN, SK_AMQP_AUTH_EXTERNAL };
+
 struct sk_amqp_conf {
     struct sk_amqp_node nodes[SK_AMQP_MAX_NODES];  /* amqp.url, in the order written */
     size_t   n_nodes;              /* at least 1 */
@@ -34,9 +39,25 @@ struct sk_amqp_conf {
     char    *user;
     char    *password;             /* never NULL: from url, password_env or password_file,
                                     * else "guest", the broker's default */
+    bool     password_in_url;      /* url[0] wrote it (later nodes may only repeat it) */
     uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
     uint32_t connect_timeout_ms;
+    struct sk_tls_conf tls;        /* enabled by amqps:// (every node, or none) */
+    enum sk_amqp_auth  auth;       /* amqp.auth_mechanism */
 };
+
+/* broker_url.c: parses url, one node of amqp.url (amqp:// or amqps://,
+ * [user[:password]@]host[:port]/[vhost]) and appends it to a->nodes. The
+ * nodes of a cluster share users, vhosts and TLS: the first URL sets
+ * user, password, vhost and a->tls.enabled; a later one may leave them out
+ * or repeat them, never change them, and must name another node. label
+ * ("url", "url[2]") starts every message; no message quotes the URL, which
+ * may hold a password. *wrote_password says whether url held one, so that
+ * the caller can check the password has one source. Returns SK_OK, or
+ * SK_ERR with err filled and a unchanged but for strings it may have
+ * replaced (the caller frees a either way). */
+int sk_broker_url_add(struct sk_amqp_conf *a, const char *label, const char *url,
+                      bool *wrote_password, struct sk_err *err);
 
 /* A header to add to (or replace in) a republished message. */
 struct sk_header {

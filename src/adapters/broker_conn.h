@@ -16,6 +16,7 @@
 #include <amqp.h>
 
 #include "common.h"
+#include "tls.h"
 
 /* Every connection opens this one channel and uses no other. */
 #define SK_BROKER_CHANNEL 1
@@ -40,6 +41,7 @@ struct sk_broker {
      * library error nothing more is sent or read on it: no ack, no
      * keepalive, no channel.close or connection.close. */
     bool                    broken;
+    struct sk_tls_state    *tls;              /* amqps:// only; the SSL_CTX points to it */
 };
 
 /* The largest frame a reading connection (a consumer, sekalictl's dead

@@ -19,7 +19,12 @@
  * TTL's digits made once) and handed to hiredis already formatted:
  * redisCommand() would parse its format string and build the command
  * through a dozen allocations on every call, which was most of a job's
- * lock cost. */
+ * lock cost.
+ *
+ * The stream is redis_link.c's, clear or TLS (redis.tls): hiredis formats
+ * and reads, the link carries the bytes. Logging in is AUTH with
+ * redis.username when one is given (a Redis 6 ACL user), the sentinels
+ * with sentinel_username and their own password. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +35,7 @@
 #include <hiredis/hiredis.h>
 
 #include "lock.h"
+#include "redis_link.h"
 
 /* KEYS[1] = lock key, ARGV[1] = owner token, ARGV[2] = ttl in ms. */
 static const char renew_script[] =
@@ -41,7 +47,7 @@ static const char release_script[] =
 
 struct sk_lock {
     const struct sk_redis_conf *conf;
-    redisContext               *ctx;
+    struct sk_redis_link       *ctx;
     size_t                      sentinel;  /* the one to ask first: the last that answered */
     char                        renew_sha[41];
     char                        release_sha[41];
@@ -63,7 +69,8 @@ static int connect_master(struct sk_lock *l, struct sk_err *err);
 static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *host,
                         size_t host_len, int *port, struct sk_err *err);
 static int check_master(struct sk_lock *l, struct sk_err *err);
-static struct timeval timeout_of(const struct sk_lock *l);
+static int log_in(struct sk_redis_link *ctx, const char *user, const char *password,
+                  struct sk_err *err);
 static void disconnect(struct sk_lock *l);
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err);
 static int run_script(struct sk_lock *l, const char *script, char sha[41], const char *key,
@@ -183,14 +190,13 @@ int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
         cmd_arg(l, "NX", 2);
         cmd_arg(l, "PX", 2);
         cmd_arg(l, ttl, strlen(ttl));
-        if (redisAppendFormattedCommand(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
+        if (sk_redis_link_append(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
             return reply_error(l, NULL, "SET NX PX", err);
     }
     for (size_t i = 0; i < n; i++) {
-        void *reply = NULL;
-        if (redisGetReply(l->ctx, &reply) != REDIS_OK)
+        redisReply *r = NULL;
+        if (sk_redis_link_reply(l->ctx, &r) != REDIS_OK)
             return reply_error(l, NULL, "SET NX PX", err);
-        redisReply *r = reply;
         if (r == NULL || r->type == REDIS_REPLY_ERROR)
             return reply_error(l, r, "SET NX PX", err);
         rc[i] = r->type == REDIS_REPLY_STATUS ? SK_OK : SK_BUSY;
@@ -216,15 +222,14 @@ int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
         cmd_arg(l, "1", 1);
         cmd_arg(l, keys[i], key_len);
         cmd_arg(l, tokens[i], token_len);
-        if (redisAppendFormattedCommand(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
+        if (sk_redis_link_append(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
             return reply_error(l, NULL, "EVALSHA", err);
     }
     bool noscript = false;
     for (size_t i = 0; i < n; i++) {
-        void *reply = NULL;
-        if (redisGetReply(l->ctx, &reply) != REDIS_OK)
+        redisReply *r = NULL;
+        if (sk_redis_link_reply(l->ctx, &r) != REDIS_OK)
             return reply_error(l, NULL, "EVALSHA", err);
-        redisReply *r = reply;
         if (r != NULL && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
             rc[i] = SK_AGAIN;
             noscript = true;
@@ -306,9 +311,9 @@ static void cmd_arg(struct sk_lock *l, const char *arg, size_t len)
  * connection failed (its errstr says why). */
 static redisReply *cmd_send(struct sk_lock *l)
 {
-    void *reply = NULL;
-    if (redisAppendFormattedCommand(l->ctx, l->cmd, l->cmd_len) != REDIS_OK ||
-        redisGetReply(l->ctx, &reply) != REDIS_OK)
+    redisReply *reply = NULL;
+    if (sk_redis_link_append(l->ctx, l->cmd, l->cmd_len) != REDIS_OK ||
+        sk_redis_link_reply(l->ctx, &reply) != REDIS_OK)
         return NULL;
     return reply;
 }
@@ -323,41 +328,52 @@ static int ensure_connected(struct sk_lock *l, struct sk_err *err)
 }
 
 /* Connects to host:port, logs in and loads the scripts. On failure l->ctx
- * is NULL again. */
+ * is NULL again. Commands get the same bound as the connect (the link's
+ * timeout): a stalled Redis must turn into SK_AGAIN, never into a worker
+ * stuck holding a delivery. */
 static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err)
 {
-    struct timeval timeout = timeout_of(l);
-    l->ctx = redisConnectWithTimeout(host, port, timeout);
-    if (l->ctx == NULL)
-        return sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: out of memory", host,
-                          port);
-    if (l->ctx->err != 0) {
-        sk_err_set(err, SK_AGAIN, "redisConnect(%s:%d) failed: %s", host, port,
-                   l->ctx->errstr);
+    int rc = sk_redis_link_open(&l->ctx, host, port, &l->conf->tls, l->conf->timeout_ms, err);
+    if (rc != SK_OK)
+        return rc;
+    if (l->conf->password != NULL && (rc = log_in(l->ctx, l->conf->username,
+                                                  l->conf->password, err)) != SK_OK) {
         disconnect(l);
-        return SK_AGAIN;
+        return rc;
     }
-    /* Commands get the same bound as the connect: a stalled Redis must turn
-     * into SK_AGAIN, never into a worker stuck holding a delivery. */
-    redisSetTimeout(l->ctx, timeout);
-
     redisReply *reply;
-    if (l->conf->password != NULL) {
-        reply = redisCommand(l->ctx, "AUTH %s", l->conf->password);
-        if (reply == NULL || reply->type == REDIS_REPLY_ERROR)
-            return reply_error(l, reply, "AUTH", err);
-        freeReplyObject(reply);
-    }
     if (l->conf->db != 0) {
-        reply = redisCommand(l->ctx, "SELECT %d", l->conf->db);
+        reply = sk_redis_link_command(l->ctx, "SELECT %d", l->conf->db);
         if (reply == NULL || reply->type == REDIS_REPLY_ERROR)
             return reply_error(l, reply, "SELECT", err);
         freeReplyObject(reply);
     }
-    int rc = load_script(l, renew_script, l->renew_sha, err);
+    rc = load_script(l, renew_script, l->renew_sha, err);
     if (rc == SK_OK)
         rc = load_script(l, release_script, l->release_sha, err);
     return rc;
+}
+
+/* AUTH [user] password. A refusal is marked SK_AUTH (a wrong password must
+ * say so, and at start exit 2); the message names the user, never the
+ * password. */
+static int log_in(struct sk_redis_link *ctx, const char *user, const char *password,
+                  struct sk_err *err)
+{
+    redisReply *reply = user != NULL ? sk_redis_link_command(ctx, "AUTH %s %s", user, password)
+                                     : sk_redis_link_command(ctx, "AUTH %s", password);
+    if (reply != NULL && reply->type != REDIS_REPLY_ERROR) {
+        freeReplyObject(reply);
+        return SK_OK;
+    }
+    sk_err_set(err, SK_AGAIN, "redis AUTH%s%s at %s:%d failed: %s", user != NULL ? " as " : "",
+               user != NULL ? user : "", sk_redis_link_host(ctx), sk_redis_link_port(ctx),
+               reply != NULL ? reply->str : sk_redis_link_errstr(ctx));
+    if (reply != NULL && refused_login(reply->str))
+        sk_err_mark_auth(err, SK_AGAIN);
+    if (reply != NULL)
+        freeReplyObject(reply);
+    return SK_AGAIN;
 }
 
 /* Asks each sentinel in turn, starting with the one that answered last, and
@@ -392,20 +408,25 @@ static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *
                         size_t host_len, int *port, struct sk_err *err)
 {
     const char *name = l->conf->master_name;
-    redisContext *ctx = redisConnectWithTimeout(s->host, s->port, timeout_of(l));
+    struct sk_redis_link *ctx = NULL;
     redisReply *reply = NULL;
+    struct sk_err why = { 0 };
     int rc = SK_AGAIN;
 
-    if (ctx == NULL || ctx->err != 0) {
-        sk_err_set(err, SK_AGAIN, "redisConnect(sentinel %s:%d) failed: %s", s->host, s->port,
-                   ctx != NULL ? ctx->errstr : "out of memory");
+    if (sk_redis_link_open(&ctx, s->host, s->port, &l->conf->tls, l->conf->timeout_ms,
+                           &why) != SK_OK) {
+        sk_err_set(err, SK_AGAIN, "sentinel: %s", why.msg);
         goto done;
     }
-    redisSetTimeout(ctx, timeout_of(l));
-    reply = redisCommand(ctx, "SENTINEL get-master-addr-by-name %s", name);
+    if (l->conf->sentinel_password != NULL &&
+        log_in(ctx, l->conf->sentinel_username, l->conf->sentinel_password, &why) != SK_OK) {
+        sk_err_set(err, SK_AGAIN, "sentinel: %s", why.msg);
+        goto done;
+    }
+    reply = sk_redis_link_command(ctx, "SENTINEL get-master-addr-by-name %s", name);
     if (reply == NULL) {
         sk_err_set(err, SK_AGAIN, "sentinel %s:%d: get-master-addr-by-name failed: %s",
-                   s->host, s->port, ctx->errstr);
+                   s->host, s->port, sk_redis_link_errstr(ctx));
     } else if (reply->type == REDIS_REPLY_NIL) {
         sk_err_set(err, SK_AGAIN, "sentinel %s:%d does not monitor a master named \"%s\"",
                    s->host, s->port, name);
@@ -431,8 +452,7 @@ static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *
 done:
     if (reply != NULL)
         freeReplyObject(reply);
-    if (ctx != NULL)
-        redisFree(ctx);
+    sk_redis_link_close(ctx);
     return rc;
 }
 
@@ -441,13 +461,13 @@ done:
  * others), and a lock taken on a replica would fail only at the next write. */
 static int check_master(struct sk_lock *l, struct sk_err *err)
 {
-    redisReply *reply = redisCommand(l->ctx, "ROLE");
+    redisReply *reply = sk_redis_link_command(l->ctx, "ROLE");
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
         reply->element[0]->type != REDIS_REPLY_STRING)
         return reply_error(l, reply, "ROLE", err);
     if (strcmp(reply->element[0]->str, "master") != 0) {
         sk_err_set(err, SK_AGAIN, "redis %s:%d, named master \"%s\" by a sentinel, is a %s",
-                   l->ctx->tcp.host, l->ctx->tcp.port, l->conf->master_name,
+                   sk_redis_link_host(l->ctx), sk_redis_link_port(l->ctx), l->conf->master_name,
                    reply->element[0]->str);
         freeReplyObject(reply);
         disconnect(l);
@@ -457,22 +477,15 @@ static int check_master(struct sk_lock *l, struct sk_err *err)
     return SK_OK;
 }
 
-static struct timeval timeout_of(const struct sk_lock *l)
-{
-    return (struct timeval){ .tv_sec = l->conf->timeout_ms / 1000,
-                             .tv_usec = (suseconds_t)(l->conf->timeout_ms % 1000) * 1000 };
-}
-
 static void disconnect(struct sk_lock *l)
 {
-    if (l->ctx != NULL)
-        redisFree(l->ctx);
+    sk_redis_link_close(l->ctx);
     l->ctx = NULL;
 }
 
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err)
 {
-    redisReply *reply = redisCommand(l->ctx, "SCRIPT LOAD %s", script);
+    redisReply *reply = sk_redis_link_command(l->ctx, "SCRIPT LOAD %s", script);
     if (reply == NULL || reply->type != REDIS_REPLY_STRING || reply->len != 40)
         return reply_error(l, reply, "SCRIPT LOAD", err);
     memcpy(sha, reply->str, 41);
@@ -518,10 +531,14 @@ static int run_script(struct sk_lock *l, const char *script, char sha[41], const
 
 /* NOAUTH: Redis wants a password we did not give; WRONGPASS (Redis 6 and
  * later) or "invalid password" (before): it is not the one we gave; "AUTH
- * ... called without any password configured": we give one it does not have. */
+ * ... called without any password configured": we give one it does not have;
+ * NOPERM: our ACL user may not run a command sekali needs, as much a
+ * configuration error as a wrong password (and going on without locks would
+ * hide it). */
 static bool refused_login(const char *reply)
 {
     return strncmp(reply, "NOAUTH", 6) == 0 || strncmp(reply, "WRONGPASS", 9) == 0 ||
+           strncmp(reply, "NOPERM", 6) == 0 ||
            strncmp(reply, "ERR invalid password", 20) == 0 ||
            strncmp(reply, "ERR AUTH", 8) == 0;
 }
@@ -534,9 +551,9 @@ static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
 {
     if (reply == NULL) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what,
-                   l->ctx == NULL       ? "not connected"
-                   : l->ctx->err != 0   ? l->ctx->errstr
-                                        : "out of memory for the command");
+                   l->ctx == NULL                          ? "not connected"
+                   : *sk_redis_link_errstr(l->ctx) != '\0' ? sk_redis_link_errstr(l->ctx)
+                                                           : "out of memory for the command");
     } else if (reply->type == REDIS_REPLY_ERROR) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what, reply->str);
         if (refused_login(reply->str))

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "tls.h"
 
 #define SK_LOCK_TOKEN_LEN 32  /* hex characters of a random owner token */
 #define SK_LOCK_KEY_MAX (SK_KEY_MAX + 300)  /* "sekali:lock:<queue>:<resource>" and NUL */
@@ -28,11 +29,15 @@ struct sk_redis_conf {
     char    *host;                 /* unused when sentinels are given */
     int      port;
     int      db;
+    char    *username;             /* redis.username: AUTH as this ACL user; NULL: default */
     char    *password;             /* NULL: no AUTH (the master's, not the sentinels') */
+    struct sk_tls_conf tls;        /* redis.tls: the master's and the sentinels' links */
     uint32_t timeout_ms;           /* connect and command timeout, sentinels' too */
     struct sk_addr *sentinels;     /* asked in turn for master_name's address; */
     size_t   n_sentinels;          /* 0: connect to host:port directly */
     char    *master_name;          /* set exactly when n_sentinels > 0 */
+    char    *sentinel_username;    /* the sentinels' own ACL user and password; */
+    char    *sentinel_password;    /* NULL: no AUTH to them */
 };
 
 /* Connects and loads the scripts. Returns SK_OK, or SK_AGAIN if Redis is

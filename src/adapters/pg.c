@@ -4,10 +4,12 @@
  * Every caller must tell a lost connection from an SQL error the same way,
  * so it is told here once: PQstatus() after a failure decides SK_AGAIN, the
  * SQLSTATE decides SK_BUSY, and the rest is SK_ERR. */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "pg.h"
 
 #define SQLSTATE_LOCK_TIMEOUT "55P03"  /* lock_not_available: lock_timeout expired */
@@ -65,6 +67,14 @@ PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_
             sk_err_mark_auth(err, SK_AGAIN);
         PQfinish(pg);
         return NULL;
+    }
+    /* Once per process, at its first connection, not per reconnect. */
+    static bool warned;
+    if (!warned && sk_pg_clear_text_remote(pg)) {
+        warned = true;
+        sk_log_warn("PostgreSQL at %s:%s is reached without TLS: passwords and job data cross "
+                    "the network in clear text; add sslmode=verify-full and sslrootcert to "
+                    "postgres.conninfo (docs/tls.md)", PQhost(pg), PQport(pg));
     }
     bool chosen = user != NULL && strstr(user, "synchronous_commit") != NULL;
     free(user);
@@ -292,4 +302,27 @@ static bool refused_login(PGconn *pg)
         if (strstr(msg, signs[i]) != NULL)
             return true;
     return strstr(msg, "role \"") != NULL && strstr(msg, "\" does not exist") != NULL;
+}
+
+bool sk_pg_clear_text_remote(PGconn *pg)
+{
+    return PQstatus(pg) == CONNECTION_OK && !PQsslInUse(pg) &&
+           !sk_pg_is_local(PQhost(pg), PQhostaddr(pg));
+}
+
+bool sk_pg_is_local(const char *host, const char *hostaddr)
+{
+    unsigned char a[sizeof(struct in6_addr)];
+    static const unsigned char v4_mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+
+    if (host != NULL && (host[0] == '/' || host[0] == '@'))
+        return true;
+    if (hostaddr == NULL || hostaddr[0] == '\0')
+        return host != NULL && strcmp(host, "localhost") == 0;
+    if (inet_pton(AF_INET, hostaddr, a) == 1)
+        return a[0] == 127;
+    if (inet_pton(AF_INET6, hostaddr, a) == 1)
+        return IN6_IS_ADDR_LOOPBACK((struct in6_addr *)a) ||
+               (memcmp(a, v4_mapped, sizeof(v4_mapped)) == 0 && a[12] == 127);
+    return false;
 }

@@ -48,6 +48,17 @@ struct sk_pg_stmt {
  * the server's default is off and the user chose nothing. NULL with
  * SK_AGAIN in err (marked SK_AUTH when the server refused the login). The
  * caller owns the connection. */
+/* Whether pg, connected, reached a server on another machine without TLS:
+ * neither a Unix socket nor a loopback address, and no SSL in use. The
+ * first such connection of each process is also logged as a warning by
+ * sk_pg_dial(). */
+bool sk_pg_clear_text_remote(PGconn *pg);
+
+/* The rule behind it: a Unix socket directory (host starts with '/' or
+ * '@'), "localhost", or a loopback address (127.0.0.0/8, ::1, or 127.x
+ * mapped into IPv6) in hostaddr, the address libpq connected to. */
+bool sk_pg_is_local(const char *host, const char *hostaddr);
+
 PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_name,
                    struct sk_err *err);
 

@@ -14,7 +14,6 @@
  * node's position to their messages. */
 #include "config.h"
 
-#include <amqp.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -81,24 +80,23 @@ static int apply_measure(struct loader *L, const struct key *k, yaml_node_t *v, 
                          void *field);
 static int apply_enum(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
                       void *field);
+static int amqp_section(struct loader *L, yaml_node_t *v, void *base);
 static int amqp_url(struct loader *L, yaml_node_t *v, void *base);
-/* Which parts of an AMQP URL were written, not defaulted. */
-struct written {
-    bool user, password, vhost;
-};
 static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
-                     struct sk_amqp_conf *a, bool *first_password);
-static int first_node(struct loader *L, yaml_node_t *v, const struct amqp_connection_info *ci,
-                      const char *vhost, struct written w, struct sk_amqp_conf *a,
-                      bool *first_password);
-static int other_node(struct loader *L, yaml_node_t *v, const char *label,
-                      const struct amqp_connection_info *ci, const char *vhost,
-                      struct written w, const struct sk_amqp_conf *a, bool first_password);
+                     struct sk_amqp_conf *a);
+static int tls_section(struct loader *L, yaml_node_t *v, const char *label,
+                       struct sk_tls_conf *tls);
+static int amqp_tls(struct loader *L, yaml_node_t *v, void *base);
 static int pg_conninfo(struct loader *L, yaml_node_t *v, void *base);
 static int load_queues(struct loader *L, yaml_node_t *v, void *base);
 static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void *field);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_listen(struct loader *L, yaml_node_t *v, void *base);
+static int metrics_token(struct loader *L, yaml_node_t *v, void *base);
+static int redis_tls(struct loader *L, yaml_node_t *v, void *base);
+static int sentinel_password_env(struct loader *L, yaml_node_t *v, void *base);
+static int sentinel_password_file(struct loader *L, yaml_node_t *v, void *base);
+static int sentinel_password(struct loader *L, yaml_node_t *v, enum type t, char **dst);
 static int redis_section(struct loader *L, yaml_node_t *v, void *base);
 static int redis_sentinels(struct loader *L, yaml_node_t *v, void *base);
 static int password(struct loader *L, const struct key *k, yaml_node_t *v, char **dst);
@@ -151,12 +149,25 @@ static const char *const formats[] = { "auto", "json", "text", NULL };
 static const char *const redis_down[] = { "proceed", "wait", NULL };
 static const char *const queue_types[] = { "classic", "quorum", NULL };
 static const char *const declares[] = { "auto", "passive", NULL };
+static const char *const amqp_auths[] = { "plain", "external", NULL };
+
+/* The same keys for every server's tls: section. */
+static const struct key tls_keys[] = {
+    PATH("ca_file",     sk_tls_conf, ca_file, false),
+    PATH("cert_file",   sk_tls_conf, cert_file, false),
+    PATH("key_file",    sk_tls_conf, key_file, false),
+    STR("server_name",  sk_tls_conf, server_name),
+    BOOL("verify",      sk_tls_conf, verify),
+    END
+};
 
 static const struct key amqp_keys[] = {
     CUSTOM("url", amqp_url, true),
     PASSWORD(sk_amqp_conf),
     DURATION("heartbeat",       sk_amqp_conf, heartbeat_ms,       0, HOUR),
     DURATION("connect_timeout", sk_amqp_conf, connect_timeout_ms, 1, HOUR),
+    CUSTOM_SECTION("tls", amqp_tls, tls_keys, false),
+    ENUM("auth_mechanism", sk_amqp_conf, auth, amqp_auths),
     END
 };
 
@@ -168,6 +179,11 @@ static const struct key redis_keys[] = {
     DURATION("timeout", sk_redis_conf, timeout_ms, 1, HOUR),
     CUSTOM("sentinels", redis_sentinels, false),
     STR("master_name",  sk_redis_conf, master_name),
+    STR("username",     sk_redis_conf, username),
+    CUSTOM_SECTION("tls", redis_tls, tls_keys, false),
+    STR("sentinel_username", sk_redis_conf, sentinel_username),
+    CUSTOM("sentinel_password_env", sentinel_password_env, false),
+    CUSTOM("sentinel_password_file", sentinel_password_file, false),
     END
 };
 
@@ -194,6 +210,7 @@ static const struct key log_keys[] = {
 
 static const struct key metrics_keys[] = {
     CUSTOM("listen", metrics_listen, false),
+    CUSTOM("token_file", metrics_token, false),
     END
 };
 
@@ -292,7 +309,7 @@ static const struct key restart_keys[] = {
 };
 
 static const struct key top_keys[] = {
-    SECTION("amqp",     amqp,     amqp_keys,     true),
+    CUSTOM_SECTION("amqp", amqp_section, amqp_keys, true),
     CUSTOM_SECTION("redis", redis_section, redis_keys, false),
     SECTION("postgres", postgres, postgres_keys, true),
     SECTION("lock",     lock,     lock_keys,     false),
@@ -308,8 +325,9 @@ static const struct key top_keys[] = {
 
 /* Strings (redis.host, amqp.password) are set in sk_conf_load(). */
 static const struct sk_conf conf_defaults = {
-    .amqp  = { .heartbeat_ms = 30 * SEC, .connect_timeout_ms = 5 * SEC },
-    .redis = { .port = 6379, .timeout_ms = 2 * SEC },
+    .amqp  = { .heartbeat_ms = 30 * SEC, .connect_timeout_ms = 5 * SEC,
+               .tls = { .verify = true } },
+    .redis = { .port = 6379, .timeout_ms = 2 * SEC, .tls = { .verify = true } },
     .postgres = { .lock_timeout_ms = 5 * SEC, .idle_in_transaction_timeout_ms = 10 * 60 * SEC },
     .lock  = { .ttl_ms = 30 * SEC, .busy_wait_ms = 2 * SEC },
     .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
@@ -343,6 +361,7 @@ _Static_assert(sizeof(enum sk_log_format) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_redis_down) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_queue_type) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_queue_declare) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum sk_amqp_auth) == sizeof(int), "enum size");
 
 int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
 {
@@ -408,8 +427,13 @@ void sk_conf_free(struct sk_conf *c)
     free(c->amqp.vhost);
     free(c->amqp.user);
     sk_conf_value_wipe(c->amqp.password);
+    sk_tls_conf_free(&c->amqp.tls);
     free(c->redis.host);
     sk_conf_value_wipe(c->redis.password);
+    free(c->redis.username);
+    sk_tls_conf_free(&c->redis.tls);
+    free(c->redis.sentinel_username);
+    sk_conf_value_wipe(c->redis.sentinel_password);
     for (size_t i = 0; i < c->redis.n_sentinels; i++)
         free(c->redis.sentinels[i].host);
     free(c->redis.sentinels);
@@ -417,6 +441,7 @@ void sk_conf_free(struct sk_conf *c)
     free(c->postgres.conninfo);
     sk_conf_value_wipe(c->postgres.password);
     free(c->metrics.listen_host);
+    sk_conf_value_wipe(c->metrics.token);
     for (size_t i = 0; i < c->n_queues; i++) {
         struct sk_queue_conf *q = &c->queues[i];
         free(q->name);
@@ -649,19 +674,18 @@ static int apply_enum(struct loader *L, const struct key *k, yaml_node_t *v, con
     return fail(L, v, "unknown %s \"%.64s\": expected %s", k->name, s, names);
 }
 
-/* amqp.url: amqp://[user[:password]@]host[:port]/[vhost], or a sequence of
+/* amqp.url: amqp[s]://[user[:password]@]host[:port]/[vhost], or a sequence of
  * such URLs, one per node of a RabbitMQ cluster (a list rather than one
  * comma-separated string: each entry gets its own line:column in errors,
  * and a password may hold a comma). */
 static int amqp_url(struct loader *L, yaml_node_t *v, void *base)
 {
     struct sk_amqp_conf *a = base;
-    bool first_password = false;
     char label[32];
     int rc;
 
     if (v->type == YAML_SCALAR_NODE)
-        return amqp_node(L, v, "url", a, &first_password);
+        return amqp_node(L, v, "url", a);
     if (v->type != YAML_SEQUENCE_NODE)
         return fail(L, v, "url: expected an amqp:// URL or a list of them, got %s", kind(v));
     size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
@@ -671,101 +695,80 @@ static int amqp_url(struct loader *L, yaml_node_t *v, void *base)
         return fail(L, v, "url: %zu nodes listed, at most %d", n, SK_AMQP_MAX_NODES);
     for (size_t i = 0; i < n; i++) {
         snprintf(label, sizeof(label), "url[%zu]", i);
-        if ((rc = amqp_node(L, node(L, v->data.sequence.items.start[i]), label, a,
-                            &first_password)) != SK_OK)
+        if ((rc = amqp_node(L, node(L, v->data.sequence.items.start[i]), label, a)) != SK_OK)
             return rc;
     }
     return SK_OK;
 }
 
-/* One node's URL, split into its fields and appended to a->nodes. The nodes
- * of a cluster share users and vhosts: the first URL sets user, password
- * and vhost, and a later one may leave them out or repeat them, never name
- * others (a mistake that would only show when that node is failed over to).
- * Messages leave the URL out: it may hold a password. */
+/* One node's URL: broker_url.c reads it; the password in url[0] must be
+ * the only one given. Messages leave the URL out: it may hold a password. */
 static int amqp_node(struct loader *L, yaml_node_t *v, const char *label,
-                     struct sk_amqp_conf *a, bool *first_password)
+                     struct sk_amqp_conf *a)
 {
-    struct amqp_connection_info ci;
-    const char *s;
-    char *copy;
+    bool first = a->n_nodes == 0, wrote_password;
+    struct sk_err e;
+    const char *s = NULL;
     int rc;
 
     if ((rc = scalar(L, v, label, "a scalar", &s)) != SK_OK)
         return rc;
-    size_t len = strlen(s);
-    if ((copy = strdup(s)) == NULL)  /* amqp_parse_url() writes into its argument */
-        return fail(L, v, "out of memory");
-    amqp_default_connection_info(&ci);
-    if (amqp_parse_url(copy, &ci) != AMQP_STATUS_OK || *ci.host == '\0' || ci.port < 1) {
-        rc = fail(L, v, "%s: invalid AMQP URL: expected amqp://[user[:password]@]host[:port]/[vhost]",
-                  label);
-        goto done;
-    }
-    /* There are no TLS settings to go with amqps://, and clear text on a
-     * URL that asked for TLS would be worse than refusing. */
-    if (ci.ssl) {
-        rc = fail(L, v, "%s: amqps:// is not supported; use amqp://", label);
-        goto done;
-    }
-    /* Written in the URL, a field points into copy; the library's default
-     * does not. "amqp://host/" parses to an empty vhost, which no broker
-     * has: whoever writes it means the default one. */
-#define WRITTEN(p) ((uintptr_t)(p) >= (uintptr_t)copy && (uintptr_t)(p) <= (uintptr_t)copy + len)
-    struct written w = { .user = WRITTEN(ci.user), .password = WRITTEN(ci.password),
-                         .vhost = WRITTEN(ci.vhost) };
-#undef WRITTEN
-    const char *vhost = *ci.vhost ? ci.vhost : "/";
-    size_t i = a->n_nodes;
-    rc = i == 0 ? first_node(L, v, &ci, vhost, w, a, first_password)
-                : other_node(L, v, label, &ci, vhost, w, a, *first_password);
-    if (rc == SK_OK && (rc = store(L, v, &a->nodes[i].host, ci.host)) == SK_OK) {
-        a->nodes[i].port = ci.port;
-        a->n_nodes = i + 1;
-    }
-done:
-    explicit_bzero(copy, len);
-    free(copy);
-    return rc;
+    if (sk_broker_url_add(a, label, s, &wrote_password, &e) != SK_OK)
+        return fail(L, v, "%s", e.msg);
+    if (first && wrote_password)
+        return claim_secret(L, v, "the password in url");
+    return SK_OK;
 }
 
-/* url[0] sets the user, password and vhost of the whole cluster. */
-static int first_node(struct loader *L, yaml_node_t *v, const struct amqp_connection_info *ci,
-                      const char *vhost, struct written w, struct sk_amqp_conf *a,
-                      bool *first_password)
+/* The amqp section, plus what its table cannot say: tls: settings need an
+ * amqps:// URL (they would otherwise be silently unused, and the link in
+ * clear text), and EXTERNAL needs the certificate it logs in with. */
+static int amqp_section(struct loader *L, yaml_node_t *v, void *base)
 {
+    struct sk_amqp_conf *a = &((struct sk_conf *)base)->amqp;
+    yaml_node_t *at;
     int rc;
-    *first_password = w.password;
-    if (w.password && ((rc = claim_secret(L, v, "the password in url")) != SK_OK ||
-                       (rc = store(L, v, &a->password, ci->password)) != SK_OK))
+
+    if ((rc = load_map(L, v, "amqp", amqp_keys, a)) != SK_OK)
         return rc;
-    if ((rc = store(L, v, &a->user, ci->user)) != SK_OK ||
-        (rc = store(L, v, &a->vhost, vhost)) != SK_OK)
-        return rc;
+    if ((at = lookup(L, v, "tls")) != NULL && !a->tls.enabled)
+        return fail(L, at, "amqp.tls needs amqps:// URLs: with amqp:// the link would be "
+                    "clear text");
+    if (a->auth == SK_AMQP_AUTH_EXTERNAL && a->tls.cert_file == NULL)
+        return fail(L, lookup(L, v, "auth_mechanism"), "auth_mechanism external logs in with "
+                    "a client certificate: give amqp.tls.cert_file and key_file");
     return SK_OK;
 }
 
-/* Another node may repeat url[0]'s credentials, not change them, and must
- * be another node. */
-static int other_node(struct loader *L, yaml_node_t *v, const char *label,
-                      const struct amqp_connection_info *ci, const char *vhost,
-                      struct written w, const struct sk_amqp_conf *a, bool first_password)
+static int amqp_tls(struct loader *L, yaml_node_t *v, void *base)
 {
-    const char *differs = NULL;
-    if (w.user && strcmp(ci->user, a->user) != 0)
-        differs = "user";
-    else if (w.password && (!first_password || strcmp(ci->password, a->password) != 0))
-        differs = "password";
-    else if (w.vhost && strcmp(vhost, a->vhost) != 0)
-        differs = "vhost";
-    if (differs != NULL)
-        return fail(L, v, "%s: its %s differs from url[0]'s: a cluster's nodes share users "
-                    "and vhosts; write them in the first URL", label, differs);
-    for (size_t j = 0; j < a->n_nodes; j++) {
-        if (a->nodes[j].port == ci->port && strcmp(a->nodes[j].host, ci->host) == 0)
-            return fail(L, v, "%s: the same node as url[%zu]", label, j);
+    return tls_section(L, v, "amqp.tls", &((struct sk_amqp_conf *)base)->tls);
+}
+
+/* A tls: section (amqp.tls, redis.tls): its keys, then its files, read now
+ * so that a missing or wrong-permission key fails `sekalid -t` and a
+ * reload, at the section's position, instead of every connection. */
+static int tls_section(struct loader *L, yaml_node_t *v, const char *label,
+                       struct sk_tls_conf *tls)
+{
+    struct sk_err e;
+    yaml_node_t *at;
+    int rc;
+
+    if ((rc = load_map(L, v, label, tls_keys, tls)) != SK_OK)
+        return rc;
+    if (sk_tls_check_files(tls, label, &e) == SK_OK)
+        return SK_OK;
+    /* Blame the key the message names. */
+    static const char *const keys[] = { "key_file", "cert_file", "ca_file" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(keys); i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof(prefix), "%s.%s:", label, keys[i]);
+        if (strncmp(e.msg, prefix, strlen(prefix)) == 0 && v->type == YAML_MAPPING_NODE &&
+            (at = lookup(L, v, keys[i])) != NULL)
+            return fail(L, at, "%s", e.msg);
     }
-    return SK_OK;
+    return fail(L, v, "%s", e.msg);
 }
 
 /* libpq validates the string (pg_conninfo.c). A password inside it moves
@@ -928,6 +931,25 @@ static int metrics_listen(struct loader *L, yaml_node_t *v, void *base)
     return SK_OK;
 }
 
+/* metrics.token_file: a bearer token that /metrics, /livez and /readyz
+ * then require (they show queue names and rates). Read at load, so a
+ * reload rotates it. It goes into an HTTP header, so only RFC 6750's
+ * token characters; the message never shows it. */
+static int metrics_token(struct loader *L, yaml_node_t *v, void *base)
+{
+    static const struct key k = { .name = "token_file", .type = T_PASSWORD_FILE };
+    static const char ok[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=";
+    struct sk_metrics_conf *m = base;
+    int rc;
+
+    if ((rc = password(L, &k, v, &m->token)) != SK_OK)
+        return rc;
+    if (strlen(m->token) > 512 || m->token[strspn(m->token, ok)] != '\0')
+        return fail(L, v, "token_file: the token must be at most 512 characters of A-Z a-z 0-9 "
+                    "- . _ ~ + / = (a bearer token, RFC 6750)");
+    return SK_OK;
+}
+
 /* The redis section, plus the one rule its table cannot say: sentinels and
  * master_name come together (a sentinel watches masters by name, and a name
  * without sentinels to ask has no one to answer it). */
@@ -945,6 +967,41 @@ static int redis_section(struct loader *L, yaml_node_t *v, void *base)
         return fail(L, find_value(L, v, "master_name"), "redis.master_name needs "
                     "redis.sentinels: a list of host:port to ask for the master");
     return SK_OK;
+}
+
+/* redis.tls: present means TLS to the master and the sentinels (Redis
+ * has no URL scheme here to say so). */
+static int redis_tls(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_redis_conf *r = base;
+    r->tls.enabled = true;
+    return tls_section(L, v, "redis.tls", &r->tls);
+}
+
+/* The sentinels' password is a second secret in the section: it has its
+ * own one-source rule, apart from the master's password. */
+static int sentinel_password_env(struct loader *L, yaml_node_t *v, void *base)
+{
+    return sentinel_password(L, v, T_PASSWORD_ENV, &((struct sk_redis_conf *)base)->sentinel_password);
+}
+
+static int sentinel_password_file(struct loader *L, yaml_node_t *v, void *base)
+{
+    return sentinel_password(L, v, T_PASSWORD_FILE, &((struct sk_redis_conf *)base)->sentinel_password);
+}
+
+static int sentinel_password(struct loader *L, yaml_node_t *v, enum type t, char **dst)
+{
+    const struct key k = { .name = t == T_PASSWORD_ENV ? "sentinel_password_env"
+                                                       : "sentinel_password_file", .type = t };
+    if (*dst != NULL)
+        return fail(L, v, "%s conflicts with the other sentinel_password_* key: give the "
+                    "sentinels' password one way only", k.name);
+    const char *saved = L->secret_from;
+    L->secret_from = NULL;  /* not the master's password's source */
+    int rc = password(L, &k, v, dst);
+    L->secret_from = saved;
+    return rc;
 }
 
 /* A sequence of host:port, checked now so that a typo fails `sekalid -t`;

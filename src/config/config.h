@@ -61,6 +61,7 @@ struct sk_metrics_conf {
     char *listen_host;             /* NULL: no endpoint (the section, or listen, is absent
                                     * or ""); an IPv6 literal without its brackets */
     int   listen_port;
+    char *token;                   /* metrics.token_file's bearer token; NULL: none asked */
 };
 
 struct sk_outbox_conf {

@@ -41,7 +41,8 @@ int sk_ctl_doctor(const struct sk_conf *conf, int argc, char **argv)
     if (conf->metrics.listen_host != NULL) {
         char why[256];
         d.metrics = sk_ctl_http_get(conf->metrics.listen_host, conf->metrics.listen_port,
-                                    "/metrics", SCRAPE_TIMEOUT_MS, why, sizeof(why));
+                                    "/metrics", conf->metrics.token, SCRAPE_TIMEOUT_MS, why,
+                                    sizeof(why));
     }
     sk_doctor_postgres(&d);
     sk_doctor_redis(&d);

@@ -64,20 +64,24 @@ static int dial(const char *host, int port, int64_t deadline, char *why, size_t 
     return fd;
 }
 
-char *sk_ctl_http_get(const char *host, int port, const char *path, int timeout_ms,
-                      char *why, size_t why_size)
+char *sk_ctl_http_get(const char *host, int port, const char *path, const char *token,
+                      int timeout_ms, char *why, size_t why_size)
 {
     int64_t deadline = mono_ms() + timeout_ms;
     why[0] = '\0';
     int fd = dial(host, port, deadline, why, why_size);
     if (fd < 0)
         return NULL;
-    char request[512];
+    char request[1200];  /* a token is at most 512 characters (config.c) */
     int n = snprintf(request, sizeof(request),
-                     "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n", path, host);
+                     "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n%s%s%s\r\n", path,
+                     host, token != NULL ? "Authorization: Bearer " : "",
+                     token != NULL ? token : "", token != NULL ? "\r\n" : "");
     char *buf = NULL;
     size_t len = 0;
-    if (send_all(fd, request, (size_t)n, deadline)) {
+    bool sent = send_all(fd, request, (size_t)n, deadline);
+    explicit_bzero(request, sizeof(request));
+    if (sent) {
         buf = receive_all(fd, deadline, timeout_ms, &len, why, why_size);
         if (buf == NULL && why[0] == '\0')
             snprintf(why, why_size, "out of memory");

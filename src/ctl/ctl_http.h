@@ -7,10 +7,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* GET http://host:port/path within timeout_ms. The body of a
- * 200 answer (NUL-terminated; the caller frees it), or NULL with why. */
-char *sk_ctl_http_get(const char *host, int port, const char *path, int timeout_ms,
-                      char *why, size_t why_size);
+/* GET http://host:port/path within timeout_ms, with "Authorization: Bearer
+ * token" unless token is NULL. The body of a 200 answer (NUL-terminated;
+ * the caller frees it), or NULL with why (which never holds the token). */
+char *sk_ctl_http_get(const char *host, int port, const char *path, const char *token,
+                      int timeout_ms, char *why, size_t why_size);
 /* The value of the first sample of metric `name` in Prometheus text (with
  * label queue="queue" when queue is not NULL); *found says whether there
  * was one. */

@@ -53,6 +53,7 @@ struct status {
     char         *metrics;          /* the scraped text; NULL if none */
     char          metrics_why[300]; /* why there is none */
     char          broker_why[300], pg_why[300];
+    char          pg_clear[300];    /* set when PostgreSQL is remote and not TLS */
     int           running;          /* 1 yes, 0 no, -1 unknown */
     double        now;
 };
@@ -155,8 +156,8 @@ static void read_metrics(struct status *s)
         return;
     }
     char why[256];
-    s->metrics = sk_ctl_http_get(m->listen_host, m->listen_port, "/metrics", SCRAPE_TIMEOUT_MS,
-                                 why, sizeof(why));
+    s->metrics = sk_ctl_http_get(m->listen_host, m->listen_port, "/metrics", m->token,
+                                 SCRAPE_TIMEOUT_MS, why, sizeof(why));
     if (s->metrics == NULL) {
         snprintf(s->metrics_why, sizeof(s->metrics_why), "%s", why);
         return;
@@ -199,6 +200,9 @@ static void read_pg(struct status *s)
         snprintf(s->pg_why, sizeof(s->pg_why), "PostgreSQL connection failed");
         return;
     }
+    if (sk_pg_clear_text_remote(pg))
+        snprintf(s->pg_clear, sizeof(s->pg_clear), "%.100s:%.10s is reached without TLS "
+                 "(add sslmode=verify-full to postgres.conninfo)", PQhost(pg), PQport(pg));
     for (size_t i = 0; i < s->conf->n_queues; i++) {
         struct qstat *q = &s->q[i];
         const char *params[] = { q->conf->name };
@@ -272,6 +276,11 @@ static void print_text(const struct status *s)
     if (s->pg_why[0] != '\0') {
         printf("postgresql: ");
         sk_ctl_put_tstr(stdout, s->pg_why);
+        printf("\n");
+    }
+    if (s->pg_clear[0] != '\0') {
+        printf("postgresql: WARNING: ");
+        sk_ctl_put_tstr(stdout, s->pg_clear);
         printf("\n");
     }
     for (size_t i = 0; i < conf->n_queues; i++) {
@@ -356,6 +365,8 @@ static void print_json(const struct status *s, int code)
     put_text_or_null(s->broker_why);
     printf(",\"postgresql_error\":");
     put_text_or_null(s->pg_why);
+    printf(",\"postgresql_warning\":");
+    put_text_or_null(s->pg_clear);
     printf(",\"queues\":[");
     for (size_t i = 0; i < conf->n_queues; i++) {
         printf("%s", i > 0 ? "," : "");

@@ -72,6 +72,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
                              const char *text);
 static enum MHD_Result readyz(struct sk_metrics_http *h, struct MHD_Connection *conn);
+static bool authorized(const struct sk_metrics_http *h, struct MHD_Connection *conn);
 static enum MHD_Result send_response(struct MHD_Connection *conn, unsigned int status,
                                      struct MHD_Response *resp);
 
@@ -342,6 +343,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         return reply(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics, /livez or /readyz\n");
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+    if (!authorized(h, conn))
+        return reply(conn, MHD_HTTP_UNAUTHORIZED, "a bearer token is required "
+                     "(metrics.token_file)\n");
     if (health)
         return url[1] == 'l' ? reply(conn, MHD_HTTP_OK, "live\n") : readyz(h, conn);
     char *text;
@@ -370,6 +374,8 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     return send_response(conn, status, resp);
 }
 
@@ -391,4 +397,24 @@ static enum MHD_Result send_response(struct MHD_Connection *conn, unsigned int s
     enum MHD_Result rc = MHD_queue_response(conn, status, resp);
     MHD_destroy_response(resp);  /* the connection keeps its own reference */
     return rc;
+}
+
+/* With metrics.token_file, every path wants "Authorization: Bearer <token>".
+ * Compared in time independent of where the first difference is, so that
+ * the answer's timing does not spell the token out. */
+static bool authorized(const struct sk_metrics_http *h, struct MHD_Connection *conn)
+{
+    const char *token = h->conf->metrics.token;
+    if (token == NULL)
+        return true;
+    const char *got = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                  MHD_HTTP_HEADER_AUTHORIZATION);
+    if (got == NULL || strncasecmp(got, "Bearer ", 7) != 0)
+        return false;
+    got += 7;
+    size_t want = strlen(token), len = strlen(got);
+    unsigned char diff = len != want;
+    for (size_t i = 0; i < want; i++)
+        diff |= (unsigned char)token[i] ^ (unsigned char)(i < len ? got[i] : 0);
+    return diff == 0;
 }

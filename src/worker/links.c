@@ -356,7 +356,7 @@ static int lock_down(struct sk_links *l, const struct sk_err *why)
     if (why->code == SK_AUTH && !l->lock_refused)
         sk_log_event(SK_LOG_ERROR, began ? SK_EVENT_OUTAGE_BEGIN : NULL, SK_SERVER_REDIS,
                      NULL, "redis refused sekali's credentials: holding jobs back whatever "
-                     "on_redis_down says, until redis.password is fixed: %s", why->msg);
+                     "on_redis_down says, until its password or ACL is fixed: %s", why->msg);
     l->lock_refused = why->code == SK_AUTH;
     return without_redis(l, began, why->msg);
 }

@@ -58,6 +58,19 @@ cflags=(-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-pr
 quiet_pg='-c client_min_messages=warning'
 sql() { PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" "$@"; }
 
+# tls_conf CONF: rewrites CONF's three links to TLS, as docs/tls.md
+# configures them, on tests/servers.sh's TLS listeners (SEKALI_TLS=1):
+# amqps:// with a client certificate, Redis's tls-port as the ACL user
+# sekali_acl, PostgreSQL as sekali_tls with sslmode=verify-full.
+tls_conf() {
+    local d=${SEKALI_TLS_DIR:?BENCH_TLS=1 needs servers started with SEKALI_TLS=1}
+    printf 'aclpass\n' >"$work/redis.password"
+    sed -i -e "s|^  url: .*|  url: \"amqps://sekali:sekali@127.0.0.1:$SEKALI_AMQP_TLS_PORT/%2f\"\n  tls:\n    ca_file: $d/ca.crt\n    cert_file: $d/client.crt\n    key_file: $d/client.key|" \
+        -e "s|^  port: $SEKALI_REDIS_PORT\$|  port: $SEKALI_REDIS_TLS_PORT\n  username: sekali_acl\n  password_file: $work/redis.password\n  tls:\n    ca_file: $d/ca.crt|" \
+        -e "s|^  conninfo: .*|  conninfo: \"host=127.0.0.1 port=$SEKALI_PG_PORT dbname=sekali user=sekali_tls password=sekali sslmode=verify-full sslrootcert=$d/ca.crt\"|" \
+        "$1"
+}
+
 # write_conf QUEUE [RELAYS]: a sekalid configuration consuming QUEUE with the
 # bench handler, and RELAYS outbox relays (none by default). Log level warn:
 # at info every job logs a line, and the benchmark would measure the logging.
@@ -87,6 +100,7 @@ queues:
     handler: $out/bench_handler.so
     workers: $workers
 YAML
+    [ "${BENCH_TLS:-0}" != 1 ] || tls_conf "$conf"
     [ -z "$bench_prefetch" ] || printf '    prefetch: %s\n' "$bench_prefetch" >>"$conf"
     [ -z "$bench_batch" ] || printf '    batch: %s\n' "$bench_batch" >>"$conf"
     [ -z "$bench_batch" ] || [ -z "${BENCH_BATCH_WAIT:-}" ] ||

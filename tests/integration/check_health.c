@@ -24,14 +24,15 @@ struct run {
     char         hold[1100];  /* dir/hold: the supervisor is held while it exists */
 };
 
-/* GET path with curl; returns the HTTP status (0 if none), the body in
- * r->body. */
-static int get(struct run *r, const char *path)
+/* GET path with curl, sending header unless it is NULL; returns the HTTP
+ * status (0 if none), the body in r->body. */
+static int get_with(struct run *r, const char *path, const char *header)
 {
     char cmd[2048], file[1100];
     snprintf(file, sizeof(file), "%s/response.txt", r->h.dir);
-    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s -w '%%{http_code}' "
-             "http://127.0.0.1:%d%s", file, r->port, path);
+    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s -w '%%{http_code}' %s%s%s "
+             "http://127.0.0.1:%d%s", file, header != NULL ? "-H '" : "",
+             header != NULL ? header : "", header != NULL ? "'" : "", r->port, path);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     int status = 0;
@@ -42,6 +43,11 @@ static int get(struct run *r, const char *path)
     snprintf(r->body, sizeof(r->body), "%s", text != NULL ? text : "");
     free(text);
     return status;
+}
+
+static int get(struct run *r, const char *path)
+{
+    return get_with(r, path, NULL);
 }
 
 /* The answer to path is status with exactly this body. */
@@ -292,6 +298,53 @@ START_TEST(test_livez_answers_during_a_slow_client_flood)
 }
 END_TEST
 
+/* metrics.token_file: every path asks for the bearer token (401 without
+ * it or with another), answers with it, and sekalictl status sends it. */
+START_TEST(test_a_token_file_guards_every_path_and_sekalictl_status_sends_it)
+{
+    struct run r;
+    allow_consuming(true);
+    h_run_open(&r.h, "health-token");
+    r.port = h_free_port();
+    char token_file[1100], top[1400];
+    snprintf(token_file, sizeof(token_file), "%s/metrics.token", r.h.dir);
+    FILE *f = fopen(token_file, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("Zm9vYmFyLXNlY3JldC10b2tlbg==\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n  token_file: %s\n", r.port,
+             token_file);
+    h_run_start(&r.h, &(struct h_run_opts){ .workers = 2, .top_yaml = top });
+
+    const char *paths[] = { "/metrics", "/livez", "/readyz" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(paths); i++) {
+        ck_assert_int_eq(get(&r, paths[i]), 401);
+        ck_assert_str_eq(r.body, "a bearer token is required (metrics.token_file)\n");
+        ck_assert_int_eq(get_with(&r, paths[i], "Authorization: Bearer Zm9vYmFyLXNlY3JldC10b2tlbh=="),
+                         401);
+        ck_assert_int_eq(get_with(&r, paths[i], "Authorization: Bearer Zm9vYmFy"), 401);
+    }
+    const char *good = "Authorization: Bearer Zm9vYmFyLXNlY3JldC10b2tlbg==";
+    ck_assert_int_eq(get_with(&r, "/metrics", good), 200);
+    ck_assert_ptr_nonnull(strstr(r.body, "sekali_"));
+    ck_assert_int_eq(get_with(&r, "/livez", good), 200);
+
+    char cmd[2600], out_file[1100];
+    snprintf(out_file, sizeof(out_file), "%s/status.txt", r.h.dir);
+    snprintf(cmd, sizeof(cmd), "%s/sekalictl -c %s status >%s 2>&1", h_build_dir(), r.h.config,
+             out_file);
+    ck_assert_int_eq(system(cmd), 0);
+    char *out = h_read_file(out_file);
+    ck_assert_ptr_nonnull(out);
+    ck_assert_msg(strstr(out, "answered") != NULL && strstr(out, "2 up") != NULL,
+                  "sekalictl status should scrape with the token:\n%s", out);
+    ck_assert_ptr_null(strstr(out, "Zm9vYmFy"));
+    free(out);
+    ck_assert_int_eq(h_count_lines(r.h.log, "Zm9vYmFy"), 0);
+    finish(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -300,6 +353,7 @@ int main(void)
         test_readyz_says_503_after_a_reload_until_the_new_workers_consume,
         test_livez_goes_unanswered_while_the_supervisor_loop_is_held_then_200_again,
         test_livez_answers_during_a_slow_client_flood,
+        test_a_token_file_guards_every_path_and_sekalictl_status_sends_it,
         NULL,
     };
     int rc = h_run_suite(h_suite("health", 300, tests));

@@ -134,12 +134,22 @@ static const struct bad_case bad_cases[] = {
       DATA "bad_empty_host.yaml:2:9: host must not be empty" },
     { "bad_amqp_url.yaml", NULL,
       DATA "bad_amqp_url.yaml:2:8: url: invalid AMQP URL: expected "
-      "amqp://[user[:password]@]host[:port]/[vhost]" },
+      "amqp[s]://[user[:password]@]host[:port]/[vhost]" },
     { "bad_amqps.yaml", NULL,
-      DATA "bad_amqps.yaml:2:8: url: amqps:// is not supported; use amqp://" },
+      DATA "bad_amqps.yaml:2:31: url[1]: amqp:// where url[0] is amqps://: a cluster's nodes "
+      "all speak TLS or none does" },
+    { "bad_amqp_tls_plain.yaml", NULL,
+      DATA "bad_amqp_tls_plain.yaml:4:5: amqp.tls needs amqps:// URLs: with amqp:// the link "
+      "would be clear text" },
+    { "bad_amqp_tls_key.yaml", NULL,
+      DATA "bad_amqp_tls_key.yaml:4:5: amqp.tls: cert_file and key_file go together: a client "
+      "certificate needs its key" },
+    { "bad_amqp_external.yaml", NULL,
+      DATA "bad_amqp_external.yaml:3:19: auth_mechanism external logs in with a client "
+      "certificate: give amqp.tls.cert_file and key_file" },
     { "bad_amqp_nodes_entry.yaml", NULL,
       DATA "bad_amqp_nodes_entry.yaml:4:7: url[1]: invalid AMQP URL: expected "
-      "amqp://[user[:password]@]host[:port]/[vhost]" },
+      "amqp[s]://[user[:password]@]host[:port]/[vhost]" },
     { "bad_amqp_nodes_user.yaml", NULL,
       DATA "bad_amqp_nodes_user.yaml:4:7: url[1]: its user differs from url[0]'s: a cluster's "
       "nodes share users and vhosts; write them in the first URL" },
@@ -253,16 +263,16 @@ static const struct bad_case secret_cases[] = {
       "\"...\" (quoted text left out: conninfo holds a password)" },
     { "bad_secret_amqp_url.yaml", NULL,
       DATA "bad_secret_amqp_url.yaml:2:8: url: invalid AMQP URL: expected "
-      "amqp://[user[:password]@]host[:port]/[vhost]" },
+      "amqp[s]://[user[:password]@]host[:port]/[vhost]" },
     { "bad_secret_amqp_url_percent.yaml", NULL,
       DATA "bad_secret_amqp_url_percent.yaml:2:8: url: invalid AMQP URL: expected "
-      "amqp://[user[:password]@]host[:port]/[vhost]" },
+      "amqp[s]://[user[:password]@]host[:port]/[vhost]" },
     { "bad_secret_amqp_nodes.yaml", NULL,
       DATA "bad_secret_amqp_nodes.yaml:4:7: url[1]: its password differs from url[0]'s: a "
       "cluster's nodes share users and vhosts; write them in the first URL" },
     { "bad_secret_amqp_nodes_url.yaml", NULL,
       DATA "bad_secret_amqp_nodes_url.yaml:4:7: url[1]: invalid AMQP URL: expected "
-      "amqp://[user[:password]@]host[:port]/[vhost]" },
+      "amqp[s]://[user[:password]@]host[:port]/[vhost]" },
     { "bad_secret_env_and_url.yaml", "SEKALI_TEST_SECRET",
       DATA "bad_secret_env_and_url.yaml:4:17: password_env conflicts with the password in url: "
       "give the password one way only" },
@@ -450,6 +460,88 @@ START_TEST(test_amqp_url_lists_the_nodes_of_a_cluster_in_order)
     ck_assert_str_eq(c->amqp.password, "s3cret");
     ck_assert_str_eq(c->amqp.vhost, "jobs");
     sk_conf_free(c);
+}
+END_TEST
+
+START_TEST(test_amqps_without_a_tls_section_verifies_against_the_system_store)
+{
+    struct sk_conf *c = load_ok(DATA "good_amqps.yaml");
+
+    ck_assert(c->amqp.tls.enabled);
+    ck_assert(c->amqp.tls.verify);
+    ck_assert_ptr_null(c->amqp.tls.ca_file);
+    ck_assert_ptr_null(c->amqp.tls.server_name);
+    ck_assert_int_eq(c->amqp.nodes[0].port, 5671);
+    ck_assert_int_eq(c->amqp.nodes[1].port, 5676);
+    ck_assert_int_eq(c->amqp.auth, SK_AMQP_AUTH_PLAIN);
+    sk_conf_free(c);
+}
+END_TEST
+
+/* The files are read at load, so a bad one fails `sekalid -t` and a
+ * reload at its key, and a good one lands resolved. */
+START_TEST(test_tls_files_are_checked_at_load_and_blamed_at_their_key)
+{
+    char cfg[] = "/tmp/sk-conf-XXXXXX.yaml", key[] = "/tmp/sk-key-XXXXXX", text[2048], want[2048];
+    char cwd[512], pem[4096];
+    FILE *in = fopen("tests/data/tls/client.key", "r");
+    ck_assert_ptr_nonnull(in);
+    size_t n = fread(pem, 1, sizeof(pem) - 1, in);
+    fclose(in);
+    pem[n] = '\0';
+    write_temp(key, 0, pem);
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof(cwd)));
+    snprintf(text, sizeof(text),
+             "amqp:\n  url: amqps://mq.example/\n  auth_mechanism: external\n  tls:\n"
+             "    ca_file: %s/tests/data/tls/ca.crt\n    cert_file: %s/tests/data/tls/client.crt\n"
+             "    key_file: %s\n    server_name: mq.internal\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\nqueues: [{name: q, handler: h.so}]\n",
+             cwd, cwd, key);
+    write_temp(cfg, 5, text);
+
+    ck_assert_int_eq(chmod(key, 0640), 0);
+    struct sk_conf *c = load_ok(cfg);
+    ck_assert_str_eq(c->amqp.tls.key_file, key);
+    ck_assert_str_eq(c->amqp.tls.server_name, "mq.internal");
+    ck_assert_int_eq(c->amqp.auth, SK_AMQP_AUTH_EXTERNAL);
+    sk_conf_free(c);
+
+    ck_assert_int_eq(chmod(key, 0604), 0);
+    snprintf(want, sizeof(want), "%s:7:15: amqp.tls.key_file: %s has mode 0604: a private key "
+             "must not be open to others (chmod 600 or 640)", cfg, key);
+    ck_assert_str_eq(load_error(cfg), want);
+    unlink(key);
+    snprintf(want, sizeof(want), "%s:7:15: amqp.tls.key_file: cannot open %s: No such file or "
+             "directory", cfg, key);
+    ck_assert_str_eq(load_error(cfg), want);
+    unlink(cfg);
+}
+END_TEST
+
+START_TEST(test_metrics_token_file_is_read_at_load_and_must_be_a_bearer_token)
+{
+    char cfg[] = "/tmp/sk-conf-XXXXXX.yaml", tok[] = "/tmp/sk-token-XXXXXX", text[1024], want[1200];
+    write_temp(tok, 0, "abc-DEF_123.~+/=\n");
+    snprintf(text, sizeof(text), "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "metrics:\n  listen: 127.0.0.1:9187\n  token_file: %s\n"
+             "queues: [{name: q, handler: h.so}]\n", tok);
+    write_temp(cfg, 5, text);
+    struct sk_conf *c = load_ok(cfg);
+    ck_assert_str_eq(c->metrics.token, "abc-DEF_123.~+/=");
+    sk_conf_free(c);
+
+    FILE *f = fopen(tok, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("Sup3r S3cret\r\nX-Injected: yes\n", f);
+    fclose(f);
+    snprintf(want, sizeof(want), "%s:5:15: token_file: the token must be at most 512 characters "
+             "of A-Z a-z 0-9 - . _ ~ + / = (a bearer token, RFC 6750)", cfg);
+    const char *msg = load_error(cfg);
+    ck_assert_str_eq(msg, want);
+    assert_no_secret(msg);
+    unlink(tok);
+    unlink(cfg);
 }
 END_TEST
 
@@ -1105,6 +1197,9 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_minimal_config_takes_every_default);
     tcase_add_test(tc, test_full_config_sets_every_key);
     tcase_add_test(tc, test_amqp_url_lists_the_nodes_of_a_cluster_in_order);
+    tcase_add_test(tc, test_amqps_without_a_tls_section_verifies_against_the_system_store);
+    tcase_add_test(tc, test_tls_files_are_checked_at_load_and_blamed_at_their_key);
+    tcase_add_test(tc, test_metrics_token_file_is_read_at_load_and_must_be_a_bearer_token);
     tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
     tcase_add_test(tc, test_batch_raises_an_unset_prefetch_to_two_batches);
     tcase_add_test(tc, test_restart_section_sets_the_backoff);

@@ -122,19 +122,32 @@ static void add_key(const char *path, void *arg)
 /* The keys conf/sekali.yaml sets, or shows commented out ("# key: value",
  * one space after the #: a comment that only mentions a key indents it
  * further), as dotted paths found by indentation; a key under "- " makes its
- * parent a sequence ("queues[]."). */
+ * parent a sequence ("queues[]."). Below a commented-out section ("# tls:")
+ * its keys are commented out too, indented after the # ("#   ca_file: x"),
+ * until a line that is no such comment. */
 static void example_keys(const char *text, struct names *out)
 {
     struct { int indent; char name[128]; } stack[8];
     int depth = 0;
+    int section_hash = -1;  /* the column of a commented-out section's # */
     char *copy = strdup(text);
     for (char *line = strtok(copy, "\n"); line != NULL; line = strtok(NULL, "\n")) {
         char *p = line + strspn(line, " ");
         int indent = (int)(p - line);
-        if (*p == '#') {
-            if (p[1] != ' ' || p[2] == ' ')
-                continue;
+        if (*p != '#') {
+            section_hash = -1;
+        } else if (p[1] == ' ' && p[2] != ' ') {
+            int hash = indent;
             p += 2;
+            size_t k = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
+            section_hash = k > 0 && p[k] == ':' && p[k + 1 + strspn(p + k + 1, " ")] == '\0'
+                               ? hash : -1;
+        } else if (p[1] == ' ' && section_hash == indent) {
+            size_t spaces = strspn(p + 1, " ");
+            p += 1 + spaces;
+            indent += 1 + (int)spaces;
+        } else {
+            continue;
         }
         bool item = strncmp(p, "- ", 2) == 0;
         if (item)
@@ -283,10 +296,13 @@ START_TEST(test_config_key_readers_see_paths_sections_and_commented_keys)
     struct names ex = { .n = 0 }, man = { .n = 0 };
     example_keys("# a comment: not a key\namqp:\n  url: x\n  # password_file: f\n"
                  "  #   example: indented further, not a key\nqueues:\n  - name: q\n"
-                 "    retry:\n      max: 5m  # 1..\nshutdown_timeout: 1s\n", &ex);
-    ck_assert_uint_eq(ex.n, 5);
+                 "    retry:\n      max: 5m  # 1..\nshutdown_timeout: 1s\n"
+                 "redis:\n  # tls:\n  #   ca_file: f  # why\n  #     (a note below it)\n"
+                 "  #   verify: true\n  timeout: 2s\n  #   stray: after the section\n", &ex);
+    ck_assert_uint_eq(ex.n, 8);
     const char *want[] = { "amqp.url", "amqp.password_file", "queues[].name",
-                           "queues[].retry.max", "shutdown_timeout" };
+                           "queues[].retry.max", "shutdown_timeout", "redis.tls.ca_file",
+                           "redis.tls.verify", "redis.timeout" };
     for (size_t i = 0; i < SK_ARRAY_LEN(want); i++)
         ck_assert_msg(names_has(&ex, want[i]), "example reader missed %s", want[i]);
     man_keys(".Sh NAME\n.Ss nope\n.Sh DESCRIPTION\n.Ss amqp (required)\n.Bl -tag\n"

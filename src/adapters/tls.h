@@ -1,0 +1,67 @@
+/* tls.h - what sekali's TLS client connections share, whichever library
+ * opens the socket: the settings (the same keys under amqp.tls and
+ * redis.tls), the check of the certificate and key files at load time, and
+ * the OpenSSL context set-up that verifies the peer, checks its name and
+ * sends SNI, and then says in plain words why a handshake failed.
+ *
+ * PostgreSQL is not here: libpq does its own TLS from conninfo's
+ * sslmode/sslrootcert/sslcert/sslkey. */
+#ifndef SK_TLS_H
+#define SK_TLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <openssl/ssl.h>
+
+#include "common.h"
+
+struct sk_tls_conf {
+    bool  enabled;      /* amqps:// (or redis.tls given): never falls back to plain text */
+    bool  verify;       /* verify the peer's chain and name; default true */
+    char *ca_file;      /* PEM bundle of trusted CAs; NULL: the system's trust store */
+    char *cert_file;    /* client certificate chain (PEM); with key_file or not at all */
+    char *key_file;     /* its private key (PEM), not readable by others */
+    char *server_name;  /* the name checked in the peer's certificate and sent as SNI;
+                         * NULL: the host connected to */
+};
+
+/* What one connection's handshake found; zeroed by sk_tls_prepare(), and
+ * filled by OpenSSL's callbacks during the handshake. Lives as long as the
+ * SSL_CTX it is attached to. */
+struct sk_tls_state {
+    char name[256];     /* the name verified, and sent as SNI unless an IP address */
+    bool ip;
+    int  verify_error;  /* the first X509_V_ERR_* of the peer's chain; 0: none */
+    int  verify_depth;  /* where in the chain (0: the server's own certificate) */
+    bool cert_requested; /* the server asked for a client certificate we do not have */
+};
+
+/* Checks the files tls names, as a load does (at start and on every
+ * reload): each is a readable regular file of PEM that OpenSSL accepts,
+ * the key matches the certificate, and the key file is neither
+ * world-readable nor writable by others. label is the section ("amqp.tls").
+ * Returns SK_OK, or SK_ERR with "<label>.<key>: ..." in err, naming the
+ * path and the problem, never the contents. Blocks on file reads only. */
+int sk_tls_check_files(const struct sk_tls_conf *tls, const char *label, struct sk_err *err);
+
+/* Sets up ctx (one connection's context, not yet connected) for tls when
+ * connecting to host: trust (ca_file, else the system store), client
+ * certificate, peer verification that fails the handshake itself, the name
+ * to check (server_name, else host; an IP literal is checked as an IP), and
+ * SNI. st must outlive ctx. Returns SK_OK or SK_ERR (a file that became
+ * unreadable since the load) with err filled. */
+int sk_tls_prepare(SSL_CTX *ctx, const struct sk_tls_conf *tls, const char *host,
+                   struct sk_tls_state *st, struct sk_err *err);
+
+/* After a failed handshake or a connection that broke right after it:
+ * writes into buf why, in words an operator can act on ("the server's
+ * certificate has expired", "the server refused our client certificate"),
+ * from st and the thread's OpenSSL error queue, which it then clears.
+ * Returns false (buf "") when TLS does not explain the failure. */
+bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size);
+
+/* Frees tls's strings (the struct itself is the caller's). */
+void sk_tls_conf_free(struct sk_tls_conf *tls);
+
+#endif
