@@ -34,7 +34,7 @@ CTL_LIBS = $(shell pkg-config --libs librabbitmq libpq yaml-0.1 libsystemd)
 CORE    = common config config_value log backoff clock
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links $(BROKER) envelope lock heartbeat pg store plugin host failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http $(BROKER) pg envelope failpoint \
           reschedule

@@ -9,6 +9,10 @@
  * thread may call it. */
 int64_t sk_now_ms(void);
 
+/* CLOCK_MONOTONIC in nanoseconds, for durations (read through the vDSO, not
+ * a syscall). Any thread may call it. */
+uint64_t sk_now_ns(void);
+
 /* Sleeps ms milliseconds; returns early when a signal arrives. */
 void sk_sleep_ms(uint32_t ms);
 
