@@ -17,15 +17,20 @@
 
 enum { JOBS = 4 };
 
-/* The queue settings of a test at batch (1 or 16): a short lock_ttl, so
- * that the heartbeat renews (and finds a lock lost) within a third of it. */
-static void queue_yaml(char *out, size_t size, int batch)
+/* A test's settings at batch (1 or 16): metrics on a free port (returned),
+ * no janitor, and a short lock_ttl, so that the heartbeat renews (and finds
+ * a lock lost) within a third of it. */
+static int settings(char *top, size_t top_size, char *yaml, size_t yaml_size, int batch)
 {
+    int port = h_free_port();
+    snprintf(top, top_size, "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
+             port);
     if (batch > 1)
-        snprintf(out, size, "    batch: %d\n    prefetch: %d\n    batch_wait: 1s\n"
+        snprintf(yaml, yaml_size, "    batch: %d\n    prefetch: %d\n    batch_wait: 1s\n"
                  "    lock_ttl: 900ms\n", batch, 2 * batch);
     else
-        snprintf(out, size, "    batch: 1\n    lock_ttl: 900ms\n");
+        snprintf(yaml, yaml_size, "    batch: 1\n    lock_ttl: 900ms\n");
+    return port;
 }
 
 static redisContext *redis_open(void)
@@ -63,11 +68,8 @@ static void lock_taken_over_is_counted(int batch)
     struct h_run r;
     h_run_open(&r, batch > 1 ? "lostbatch" : "lostone");
     redisContext *redis = redis_open();
-    int port = h_free_port();
     char top[256], yaml[256];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
-             port);
-    queue_yaml(yaml, sizeof(yaml), batch);
+    int port = settings(top, sizeof(top), yaml, sizeof(yaml), batch);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
     for (int i = 0; i < JOBS; i++) {
         char id[32], key[32], resource[32];
@@ -109,11 +111,8 @@ static void lock_wait_is_counted(int batch)
     struct h_run r;
     h_run_open(&r, batch > 1 ? "waitbatch" : "waitone");
     redisContext *redis = redis_open();
-    int port = h_free_port();
     char top[256], yaml[256];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
-             port);
-    queue_yaml(yaml, sizeof(yaml), batch);
+    int port = settings(top, sizeof(top), yaml, sizeof(yaml), batch);
     char lock_key[256];
     snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:r-wait", r.queue);
     redis_do(redis, "SET %s %s PX 60000", lock_key, "someone-else");
