@@ -73,6 +73,9 @@ static int log_in(struct sk_redis_link *ctx, const char *user, const char *passw
                   struct sk_err *err);
 static void disconnect(struct sk_lock *l);
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err);
+static int script_many(struct sk_lock *l, const char *script, char sha[41], size_t n,
+                       const char *const *keys, const char *const *tokens, const char *ttl,
+                       int *rc, struct sk_err *err);
 static int run_script(struct sk_lock *l, const char *script, char sha[41], const char *key,
                       const char *token, const char *ttl, struct sk_err *err);
 static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
@@ -205,23 +208,41 @@ int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
     return SK_OK;
 }
 
-/* A script Redis lost (NOSCRIPT) is loaded again, and the keys it failed
- * for are released one by one. */
 int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
                          const char *const *tokens, int *rc, struct sk_err *err)
+{
+    return script_many(l, release_script, l->release_sha, n, keys, tokens, NULL, rc, err);
+}
+
+int sk_lock_renew_many(struct sk_lock *l, size_t n, const char *const *keys,
+                       const char *const *tokens, uint32_t ttl_ms, int *rc, struct sk_err *err)
+{
+    return script_many(l, renew_script, l->renew_sha, n, keys, tokens, ttl_text(l, ttl_ms), rc,
+                       err);
+}
+
+/* One EVALSHA of the script per key, pipelined: n commands, one round trip.
+ * A script Redis lost (NOSCRIPT) is loaded again by run_script(), and the
+ * keys it failed for are tried one by one. */
+static int script_many(struct sk_lock *l, const char *script, char sha[41], size_t n,
+                       const char *const *keys, const char *const *tokens, const char *ttl,
+                       int *rc, struct sk_err *err)
 {
     int status = ensure_connected(l, err);
     if (status != SK_OK)
         return status;
+    size_t ttl_len = ttl != NULL ? strlen(ttl) : 0;
     for (size_t i = 0; i < n; i++) {
         size_t key_len = strlen(keys[i]), token_len = strlen(tokens[i]);
-        if (!cmd_start(l, 5, 40 + key_len + token_len + 8))
+        if (!cmd_start(l, ttl != NULL ? 6 : 5, 40 + key_len + token_len + ttl_len + 8))
             return reply_error(l, NULL, "EVALSHA", err);
         cmd_arg(l, "EVALSHA", 7);
-        cmd_arg(l, l->release_sha, 40);
+        cmd_arg(l, sha, 40);
         cmd_arg(l, "1", 1);
         cmd_arg(l, keys[i], key_len);
         cmd_arg(l, tokens[i], token_len);
+        if (ttl != NULL)
+            cmd_arg(l, ttl, ttl_len);
         if (sk_redis_link_append(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
             return reply_error(l, NULL, "EVALSHA", err);
     }
@@ -244,7 +265,7 @@ int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
     for (size_t i = 0; noscript && i < n; i++) {
         if (rc[i] != SK_AGAIN)
             continue;
-        rc[i] = sk_lock_release(l, keys[i], tokens[i], err);
+        rc[i] = run_script(l, script, sha, keys[i], tokens[i], ttl, err);
         if (rc[i] == SK_AGAIN)
             return SK_AGAIN;
     }

@@ -73,6 +73,12 @@ int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
 int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
                          const char *const *tokens, int *rc, struct sk_err *err);
 
+/* sk_lock_renew() of n keys in one round trip (pipelined), as
+ * sk_lock_release_many(): SK_OK when each was answered (rc[i]: SK_OK, or
+ * SK_BUSY: lost), or SK_AGAIN (then no rc[i] is to be trusted). */
+int sk_lock_renew_many(struct sk_lock *l, size_t n, const char *const *keys,
+                       const char *const *tokens, uint32_t ttl_ms, int *rc, struct sk_err *err);
+
 /* Extends the lease to ttl_ms if token still owns key. SK_OK, SK_BUSY (lost:
  * expired or taken), or SK_AGAIN. */
 int sk_lock_renew(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,

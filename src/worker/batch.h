@@ -1,5 +1,5 @@
-/* batch.h - many deliveries in one transaction (queues[].batch > 1), over
- * the pipeline's steps (batch.c). */
+/* batch.h - many deliveries in one transaction (queues[].batch > 1), as
+ * one span through the pipeline's steps (batch.c). */
 #ifndef SK_BATCH_H
 #define SK_BATCH_H
 
@@ -7,7 +7,6 @@
 
 #include <amqp.h>
 
-struct sk_batch;
 struct sk_pipeline;
 
 /* Batch mode (queue->batch > 1): takes up to queue->batch deliveries, the
@@ -16,7 +15,5 @@ struct sk_pipeline;
  * each handler in its own savepoint. Every delivery taken is settled and
  * released before it returns. Returns how many were taken. */
 size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first);
-/* Frees what sk_batch_run() kept between batches; accepts NULL. */
-void sk_batch_free(struct sk_batch *b);
 
 #endif

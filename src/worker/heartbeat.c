@@ -1,4 +1,4 @@
-/* heartbeat.c - renews the running job's lock and lease from a second thread.
+/* heartbeat.c - renews the running span's locks and lease from a second thread.
  *
  * The main thread only swaps what is watched under a mutex; it never waits
  * for a server on the thread's behalf. The thread wakes on a fixed tick
@@ -25,11 +25,9 @@
 #include "outage.h"
 #include "pg.h"
 
-/* What one job owns; copied out of the mutex for each renewal. */
+/* What the running span of jobs owns beyond its locks (which are in the
+ * list below); copied out of the mutex for each renewal. */
 struct watched {
-    bool     lock;
-    char     lock_key[SK_KEY_MAX + 300];
-    char     token[SK_LOCK_TOKEN_LEN + 1];
     uint32_t ttl_ms;
     bool     lease;
     char     queue[256];
@@ -38,14 +36,15 @@ struct watched {
     uint32_t lease_ms;
 };
 
-/* A batch's further locks, past the first (which is in struct watched). */
-struct more_lock {
-    char key[SK_KEY_MAX + 300];
+/* One watched lock: a span's jobs' locks, in the order they were given. */
+struct watched_lock {
+    char key[SK_LOCK_KEY_MAX];
     char token[SK_LOCK_TOKEN_LEN + 1];
 };
 
 struct sk_heartbeat {
-    const struct sk_conf *conf;
+    const struct sk_redis_conf    *redis_conf;
+    const struct sk_postgres_conf *pg_conf;
     uint32_t              tick_ms;
     pthread_t             thread;
     pthread_mutex_t       mutex;
@@ -53,30 +52,50 @@ struct sk_heartbeat {
     bool                  stopping;
     uint64_t              generation;
     struct watched        watched;
-    struct more_lock     *more;        /* watched.lock's batch-mates: n_more of them */
-    size_t                n_more, more_cap;
+    struct watched_lock  *locks;       /* n_locks of them; locks_cap allocated */
+    bool                 *locks_lost;  /* which were found lost in this generation */
+    size_t                n_locks, locks_cap;
     struct sk_broker     *lent[2];     /* a handler's connections, kept alive; NULL: none */
     atomic_bool           lost;
-    /* Owned by the thread alone. */
+    /* Owned by the thread alone: the list copied out of the mutex for a
+     * renewal, and the arrays of the one round trip. */
     struct sk_lock       *redis;
     PGconn               *pg;
     struct sk_outage      redis_outage, pg_outage;  /* retried each tick: no backoff */
-    struct more_lock     *more_copy;   /* more, copied out of the mutex for a renewal */
-    size_t                more_copy_cap;
+    struct watched_lock  *copy;
+    const char          **keys, **tokens;
+    int                  *rcs;
+    size_t                copy_cap;
 };
 
 static void *run(void *arg);
-static int renew_lock(struct sk_heartbeat *hb, const struct watched *w);
+static bool grow_copy(struct sk_heartbeat *hb, size_t n);
+static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_t *lost_at);
 static int renew_lease(struct sk_heartbeat *hb, const struct watched *w);
 static struct timespec deadline_after(uint32_t ms);
 
-int sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_conf *conf,
-                       uint32_t tick_ms, struct sk_err *err)
+uint32_t sk_heartbeat_tick(const struct sk_queue_conf *queue, const struct sk_amqp_conf *amqp)
+{
+    uint32_t tick = UINT32_MAX;
+    if (queue->lock)
+        tick = queue->lock_ttl_ms / 3;
+    if (queue->mode == SK_MODE_EXTERNAL && queue->lease_ms / 3 < tick)
+        tick = queue->lease_ms / 3;
+    uint32_t keepalive = sk_broker_keepalive_period_ms(amqp);
+    if (keepalive > 0 && keepalive < tick)
+        tick = keepalive;
+    return tick;
+}
+
+int sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_redis_conf *redis,
+                       const struct sk_postgres_conf *postgres, uint32_t tick_ms,
+                       struct sk_err *err)
 {
     struct sk_heartbeat *hb = calloc(1, sizeof(*hb));
     if (hb == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(heartbeat)");
-    hb->conf = conf;
+    hb->redis_conf = redis;
+    hb->pg_conf = postgres;
     hb->tick_ms = tick_ms > 0 ? tick_ms : 1;
     atomic_init(&hb->lost, false);
     pthread_mutex_init(&hb->mutex, NULL);
@@ -117,44 +136,40 @@ void sk_heartbeat_stop(struct sk_heartbeat *hb)
     PQfinish(hb->pg);
     pthread_cond_destroy(&hb->cond);
     pthread_mutex_destroy(&hb->mutex);
-    free(hb->more);
-    free(hb->more_copy);
+    free(hb->locks);
+    free(hb->locks_lost);
+    free(hb->copy);
+    free(hb->keys);
+    free(hb->tokens);
+    free(hb->rcs);
     free(hb);
-}
-
-void sk_heartbeat_watch_lock(struct sk_heartbeat *hb, const char *key, const char *token,
-                             uint32_t ttl_ms)
-{
-    pthread_mutex_lock(&hb->mutex);
-    snprintf(hb->watched.lock_key, sizeof(hb->watched.lock_key), "%s", key);
-    memcpy(hb->watched.token, token, sizeof(hb->watched.token));
-    hb->watched.ttl_ms = ttl_ms;
-    hb->watched.lock = true;
-    hb->n_more = 0;
-    hb->generation++;
-    atomic_store(&hb->lost, false);
-    pthread_mutex_unlock(&hb->mutex);
 }
 
 void sk_heartbeat_watch_locks(struct sk_heartbeat *hb, size_t n, const char *const *keys,
                               const char *const *tokens, uint32_t ttl_ms)
 {
-    sk_heartbeat_watch_lock(hb, keys[0], tokens[0], ttl_ms);
     pthread_mutex_lock(&hb->mutex);
-    if (n - 1 > hb->more_cap) {
-        struct more_lock *grown = realloc(hb->more, (n - 1) * sizeof(*grown));
-        if (grown != NULL) {
-            hb->more = grown;
-            hb->more_cap = n - 1;
+    if (n > hb->locks_cap) {
+        struct watched_lock *grown = realloc(hb->locks, n * sizeof(*grown));
+        if (grown != NULL)
+            hb->locks = grown;
+        bool *lost = grown != NULL ? realloc(hb->locks_lost, n * sizeof(*lost)) : NULL;
+        if (lost != NULL) {
+            hb->locks_lost = lost;
+            hb->locks_cap = n;
         }
     }
     /* Out of memory: only the locks that fit are renewed; the others may
-     * expire under a long batch, which the lost flag does not see. */
-    hb->n_more = n - 1 < hb->more_cap ? n - 1 : hb->more_cap;
-    for (size_t i = 0; i < hb->n_more; i++) {
-        snprintf(hb->more[i].key, sizeof(hb->more[i].key), "%s", keys[i + 1]);
-        snprintf(hb->more[i].token, sizeof(hb->more[i].token), "%s", tokens[i + 1]);
+     * expire under a long span, which the lost flag does not see. */
+    hb->n_locks = n < hb->locks_cap ? n : hb->locks_cap;
+    for (size_t i = 0; i < hb->n_locks; i++) {
+        snprintf(hb->locks[i].key, sizeof(hb->locks[i].key), "%s", keys[i]);
+        snprintf(hb->locks[i].token, sizeof(hb->locks[i].token), "%s", tokens[i]);
+        hb->locks_lost[i] = false;
     }
+    hb->watched.ttl_ms = ttl_ms;
+    hb->generation++;
+    atomic_store(&hb->lost, false);
     pthread_mutex_unlock(&hb->mutex);
 }
 
@@ -168,7 +183,7 @@ void sk_heartbeat_watch_lease(struct sk_heartbeat *hb, const char *queue, const 
     hb->watched.lease_ms = lease_ms;
     hb->watched.lease = true;
     hb->generation++;
-    if (!hb->watched.lock)
+    if (hb->n_locks == 0)
         atomic_store(&hb->lost, false);
     pthread_mutex_unlock(&hb->mutex);
 }
@@ -191,14 +206,20 @@ void sk_heartbeat_return_brokers(struct sk_heartbeat *hb)
     pthread_mutex_unlock(&hb->mutex);
 }
 
-void sk_heartbeat_unwatch(struct sk_heartbeat *hb)
+bool sk_heartbeat_unwatch(struct sk_heartbeat *hb, bool *lost, size_t n)
 {
     pthread_mutex_lock(&hb->mutex);
-    hb->watched.lock = false;
+    for (size_t i = 0; i < n; i++)
+        lost[i] = i < hb->n_locks && hb->locks_lost[i];
+    hb->n_locks = 0;
     hb->watched.lease = false;
-    hb->n_more = 0;
     hb->generation++;
+    /* After the generation moved on the thread can no longer raise the
+     * flag for this span, and only a watch clears it: read now, it is this
+     * span's. */
+    bool any = atomic_load(&hb->lost);
     pthread_mutex_unlock(&hb->mutex);
+    return any;
 }
 
 const atomic_bool *sk_heartbeat_lost(struct sk_heartbeat *hb)
@@ -224,63 +245,91 @@ static void *run(void *arg)
         for (size_t i = 0; i < SK_ARRAY_LEN(hb->lent); i++)
             if (hb->lent[i] != NULL)
                 sk_broker_keepalive(hb->lent[i], NULL);
-        if (!hb->watched.lock && !hb->watched.lease)
+        if (hb->n_locks == 0 && !hb->watched.lease)
             continue;
         if (sk_fault_active("no_renew"))
             continue;
 
         struct watched w = hb->watched;
         uint64_t generation = hb->generation;
-        size_t n_more = 0;
-        if (hb->n_more > hb->more_copy_cap) {
-            struct more_lock *grown = realloc(hb->more_copy, hb->n_more * sizeof(*grown));
-            if (grown != NULL) {
-                hb->more_copy = grown;
-                hb->more_copy_cap = hb->n_more;
-            }
-        }
-        /* n_more 0 (one job's lock): more_copy may never have been
-         * allocated, and memcpy() from or to NULL is undefined even for
-         * no bytes (UBSan aborted a worker on it mid-job). */
-        if (hb->n_more > 0 && hb->n_more <= hb->more_copy_cap) {
-            n_more = hb->n_more;
-            memcpy(hb->more_copy, hb->more, n_more * sizeof(*hb->more));
-        }
+        /* Out of memory for the copy: this tick renews nothing, the next
+         * tries again. */
+        size_t n = grow_copy(hb, hb->n_locks) ? hb->n_locks : 0;
+        /* n 0 (no lock): copy may never have been allocated, and memcpy()
+         * from or to NULL is undefined even for no bytes (UBSan aborted a
+         * worker on it mid-job). */
+        if (n > 0)
+            memcpy(hb->copy, hb->locks, n * sizeof(*hb->locks));
         pthread_mutex_unlock(&hb->mutex);
 
-        bool lost = (w.lock && renew_lock(hb, &w) == SK_BUSY) |
-                    (w.lease && renew_lease(hb, &w) == SK_BUSY);
-        for (size_t i = 0; i < n_more; i++) {
-            snprintf(w.lock_key, sizeof(w.lock_key), "%s", hb->more_copy[i].key);
-            memcpy(w.token, hb->more_copy[i].token, sizeof(w.token));
-            lost |= renew_lock(hb, &w) == SK_BUSY;
-        }
+        size_t lost_at = n;
+        bool lock_lost = n > 0 && renew_locks(hb, n, w.ttl_ms, &lost_at) == SK_BUSY;
+        bool lease_lost = w.lease && renew_lease(hb, &w) == SK_BUSY;
 
         pthread_mutex_lock(&hb->mutex);
-        /* Logged once per job: the flag stays up until the next watch. */
-        if (lost && hb->generation == generation && !atomic_load(&hb->lost)) {
+        if (hb->generation != generation)
+            continue;  /* the span ended meanwhile: not its loss */
+        for (size_t i = 0; lock_lost && i < n; i++)
+            hb->locks_lost[i] |= hb->rcs[i] == SK_BUSY;
+        /* Logged once per span: the flag stays up until the next watch. */
+        if ((lock_lost || lease_lost) && !atomic_load(&hb->lost)) {
             atomic_store(&hb->lost, true);
             sk_log_warn("%s of %s lost while the job runs (expired or taken over)",
-                        w.lease ? "lease" : "lock", w.lease ? w.key : w.lock_key);
+                        w.lease ? "lease" : "lock", w.lease ? w.key : hb->copy[lost_at].key);
         }
     }
     pthread_mutex_unlock(&hb->mutex);
     return NULL;
 }
 
-static int renew_lock(struct sk_heartbeat *hb, const struct watched *w)
+static bool grow_copy(struct sk_heartbeat *hb, size_t n)
+{
+    if (n <= hb->copy_cap)
+        return true;
+    struct watched_lock *copy = realloc(hb->copy, n * sizeof(*copy));
+    if (copy != NULL)
+        hb->copy = copy;
+    const char **keys = copy != NULL ? realloc(hb->keys, n * sizeof(*keys)) : NULL;
+    if (keys != NULL)
+        hb->keys = keys;
+    const char **tokens = keys != NULL ? realloc(hb->tokens, n * sizeof(*tokens)) : NULL;
+    if (tokens != NULL)
+        hb->tokens = tokens;
+    int *rcs = tokens != NULL ? realloc(hb->rcs, n * sizeof(*rcs)) : NULL;
+    if (rcs == NULL)
+        return false;
+    hb->rcs = rcs;
+    hb->copy_cap = n;
+    return true;
+}
+
+/* Every watched lock in one round trip. SK_BUSY when any was lost (hb->rcs
+ * says which; *lost_at is the first), SK_OK, or SK_AGAIN. */
+static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_t *lost_at)
 {
     struct sk_err err = { 0 };
-    int rc = hb->redis != NULL ? SK_OK : sk_lock_open(&hb->redis, &hb->conf->redis, &err);
+    int rc = hb->redis != NULL ? SK_OK : sk_lock_open(&hb->redis, hb->redis_conf, &err);
+    for (size_t i = 0; i < n; i++) {
+        hb->keys[i] = hb->copy[i].key;
+        hb->tokens[i] = hb->copy[i].token;
+    }
     if (rc == SK_OK)
-        rc = sk_lock_renew(hb->redis, w->lock_key, w->token, w->ttl_ms, &err);
+        rc = sk_lock_renew_many(hb->redis, n, hb->keys, hb->tokens, ttl_ms, hb->rcs, &err);
     if (rc == SK_AGAIN && sk_outage_begin(&hb->redis_outage))
         sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS, NULL,
                      "lock renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
     else if (rc != SK_AGAIN && sk_outage_ok(&hb->redis_outage))
         sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_REDIS, NULL,
                      "lock renewal reaches redis again");
-    return rc;
+    if (rc != SK_OK)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        if (hb->rcs[i] == SK_BUSY) {
+            *lost_at = i;
+            return SK_BUSY;
+        }
+    }
+    return SK_OK;
 }
 
 static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)
@@ -291,7 +340,7 @@ static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)
         hb->pg = NULL;
     }
     if (hb->pg == NULL)
-        hb->pg = sk_pg_dial(&hb->conf->postgres, "sekali heartbeat", &err);
+        hb->pg = sk_pg_dial(hb->pg_conf, "sekali heartbeat", &err);
     struct sk_keyref ref = { .queue = w->queue, .key = w->key };
     sk_keyref_set_fence(&ref, w->fence);
     int rc = hb->pg == NULL ? SK_AGAIN : sk_lease_renew(hb->pg, &ref, w->lease_ms, &err);

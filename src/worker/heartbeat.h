@@ -1,7 +1,7 @@
 /* heartbeat.h - the renewal thread of a worker.
  *
- * While a job runs, this thread extends what the job owns: its Redis lock
- * (every lock ttl/3) and, in external mode, its PostgreSQL lease (every
+ * While a span of jobs runs, this thread extends what it owns: its Redis
+ * locks (every lock ttl/3, one round trip for all) and, in external mode, its PostgreSQL lease (every
  * lease/3), each on the thread's own connection (hiredis and libpq
  * connections are never shared between threads). When Redis or PostgreSQL
  * says the job no longer owns it, the thread raises the lost flag; the
@@ -15,6 +15,8 @@
 #define SK_HEARTBEAT_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "broker.h"
@@ -23,21 +25,27 @@
 
 struct sk_heartbeat;
 
-/* Starts the thread with all signals blocked; it wakes every tick_ms. Redis
- * or PostgreSQL being down is not an error here: the thread keeps trying at
- * each tick. Returns SK_OK or SK_ERR (thread creation failed). */
-int  sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_conf *conf,
-                        uint32_t tick_ms, struct sk_err *err);
+/* How often the thread must wake for a worker of queue: a third of the
+ * lock's and of the lease's time, and often enough to keep the broker
+ * connections of a long handler alive. UINT32_MAX when it has nothing to
+ * do (no lock, no lease, no AMQP heartbeat): then start no thread. */
+uint32_t sk_heartbeat_tick(const struct sk_queue_conf *queue, const struct sk_amqp_conf *amqp);
+
+/* Starts the thread with all signals blocked; it wakes every tick_ms and
+ * opens its own connections from redis and postgres (borrowed: they must
+ * outlive the thread). Redis or PostgreSQL being down is not an error here:
+ * the thread keeps trying at each tick. Returns SK_OK or SK_ERR (thread
+ * creation failed). */
+int  sk_heartbeat_start(struct sk_heartbeat **out, const struct sk_redis_conf *redis,
+                        const struct sk_postgres_conf *postgres, uint32_t tick_ms,
+                        struct sk_err *err);
 /* Stops and joins the thread; accepts NULL. */
 void sk_heartbeat_stop(struct sk_heartbeat *hb);
 
-/* Renew the lock `key` (owned by token) for ttl_ms at each tick. Copies the
- * strings and clears the lost flag. Never blocks on a server. */
-void sk_heartbeat_watch_lock(struct sk_heartbeat *hb, const char *key, const char *token,
-                             uint32_t ttl_ms);
-
-/* As sk_heartbeat_watch_lock() for the n locks of a batch (n >= 1): each
- * is renewed at each tick, and any one lost raises the flag. */
+/* Renew the n locks of a span of jobs (n >= 1; key i owned by token i) for
+ * ttl_ms at each tick, all in one round trip; any one lost raises the flag.
+ * Replaces what was watched before, copies the strings and clears the lost
+ * flag. Never blocks on a server. */
 void sk_heartbeat_watch_locks(struct sk_heartbeat *hb, size_t n, const char *const *keys,
                               const char *const *tokens, uint32_t ttl_ms);
 
@@ -53,8 +61,10 @@ void sk_heartbeat_lend_brokers(struct sk_heartbeat *hb, struct sk_broker *consum
 /* Takes them back; once it returns, the thread no longer touches them. */
 void sk_heartbeat_return_brokers(struct sk_heartbeat *hb);
 
-/* Stop renewing anything (the job is over). */
-void sk_heartbeat_unwatch(struct sk_heartbeat *hb);
+/* Stop renewing anything (the span is over). lost[i], for the first n
+ * locks last watched (n may be 0), tells whether lock i was found lost.
+ * Returns the lost flag as it ended: true when any lock or the lease was. */
+bool sk_heartbeat_unwatch(struct sk_heartbeat *hb, bool *lost, size_t n);
 
 /* Raised when a watched lock or lease is found lost; cleared by a watch. */
 const atomic_bool *sk_heartbeat_lost(struct sk_heartbeat *hb);

@@ -1,4 +1,4 @@
-/* job.c - the pipeline of one delivery, in a worker process.
+/* job.c - the pipeline of a delivery, in a worker process.
  *
  *   deliver -> validate -> lock -> claim -> handler -> commit -> ack -> release
  *
@@ -10,13 +10,17 @@
  * two workers from doing the same work at once; it decides nothing.
  * External mode replaces the transaction by a lease and a fence.
  *
- * Each step is a function of one struct job (job_steps.h): it either passes
- * the job on (returns true) or settles it through sk_job_finish(), the job's
- * only exit. A job carries everything about its delivery (envelope, lock, claim, state), and
- * the struct sk_pipeline only what the process shares between jobs, so that
- * several jobs can be in flight at once: a batch (batch.c) runs the same
- * steps over an array of jobs. The servers are reached through the links (links.c), which
- * keep the outages; this file decides only what an outage means for a job.
+ * One delivery goes through the pipeline as a span of one
+ * (sk_job_process()): the steps that take locks, claim, commit and settle
+ * work on a span of n >= 1 jobs (span.c), and a batch (batch.c) is a span
+ * of many over the same steps. This file holds what each step decides for
+ * one job: whether a delivery is valid, what a refused lock or a claim's
+ * answer means, how a failed handler is retried or dead-lettered, the
+ * job's states. A job carries everything about its delivery (envelope,
+ * lock, claim, state, outcome), and the struct sk_pipeline only what the
+ * process shares between jobs. The servers are reached through the links
+ * (links.c), which keep the outages; this file decides only what an outage
+ * means for a job.
  *
  * Each delivery is counted in the shared metrics where its outcome becomes
  * a fact (the commit, the broker's confirm of a copy), never where it is
@@ -25,10 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backoff.h"
 #include "broker.h"
+#include "clock.h"
 #include "envelope.h"
 #include "failpoint.h"
 #include "heartbeat.h"
@@ -36,10 +40,8 @@
 #include "job_steps.h"
 #include "lease.h"
 #include "links.h"
-#include "lock.h"
 #include "log.h"
 #include "metrics.h"
-#include "process.h"
 #include "reschedule.h"
 #include "scoreboard.h"
 #include "store.h"
@@ -84,34 +86,88 @@ static const unsigned legal_from[JOB_STATES] = {
 };
 
 static bool crashed_too_often(struct sk_pipeline *p, struct job *j);
-static bool lock(struct sk_pipeline *p, struct job *j);
-static int  take_lock(struct sk_pipeline *p, struct job *j);
-static void waited_for_lock(struct job *j, uint64_t busy_since);
-static void release_lock(struct sk_pipeline *p, struct job *j);
-static int  claim_key(struct sk_pipeline *p, struct job *j, struct sk_err *err);
 static void run_external(struct sk_pipeline *p, struct job *j);
 static void reply_saved(struct sk_pipeline *p, struct job *j);
 static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason reason,
                     const char *why);
 static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why);
-static uint64_t now_ns(void);
 
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
 {
-    struct job j = { .state = JOB_NEW, .delivery = delivery,
-                     .delivery_tag = delivery->delivery_tag };
+    struct sk_span *s = sk_span_of(p);
+    if (s == NULL) {
+        /* Not even one job fits: the broker keeps the delivery. */
+        sk_log_error("queue %s: out of memory for a job, handed back to the broker",
+                     p->queue->name);
+        sk_broker_reject(sk_links_consumer(p->links), delivery->delivery_tag, true, NULL);
+        sk_sleep_ms(sk_jitter(100, 1000));
+        return;
+    }
+    sk_span_add(s, delivery);
+    sk_span_start(p, s);
+    struct job *j = &s->jobs[0];
+    if (sk_job_live(j)) {
+        if (p->queue->mode == SK_MODE_EXTERNAL) {
+            if (sk_span_claim(p, s, SK_WAY_ONE) == SK_OK)
+                run_external(p, j);
+        } else {
+            sk_span_alone(p, s, j);
+        }
+    }
+    sk_span_settle(p, s);
+}
 
-    if (!sk_job_admit(p, &j))
+struct sk_span *sk_span_of(struct sk_pipeline *p)
+{
+    if (p->span != NULL)
+        return p->span;
+    size_t n = p->queue->batch > 1 ? (size_t)p->queue->batch : 1;
+    struct sk_span *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->cap = n;
+    s->jobs = calloc(n, sizeof(*s->jobs));
+    s->deliveries = calloc(n, sizeof(*s->deliveries));
+    s->keys = calloc(n, sizeof(*s->keys));
+    s->tokens = calloc(n, sizeof(*s->tokens));
+    s->rcs = calloc(n, sizeof(*s->rcs));
+    s->lost = calloc(n, sizeof(*s->lost));
+    s->refs = calloc(n, sizeof(*s->refs));
+    s->ref_ptrs = calloc(n, sizeof(*s->ref_ptrs));
+    s->results = calloc(n, sizeof(*s->results));
+    s->result_lens = calloc(n, sizeof(*s->result_lens));
+    s->claims = calloc(n, sizeof(*s->claims));
+    s->dups = calloc(n, sizeof(*s->dups));
+    s->index = calloc(n, sizeof(*s->index));
+    if (!s->jobs || !s->deliveries || !s->keys || !s->tokens || !s->rcs || !s->lost ||
+        !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims || !s->dups ||
+        !s->index) {
+        sk_span_free(s);
+        return NULL;
+    }
+    p->span = s;
+    return s;
+}
+
+void sk_span_free(struct sk_span *s)
+{
+    if (s == NULL)
         return;
-    if (p->queue->lock && !lock(p, &j))
-        return;
-    if (!sk_job_survivable(p, &j) || !sk_job_claim(p, &j))
-        return;
-    if (p->queue->mode == SK_MODE_EXTERNAL)
-        run_external(p, &j);
-    else
-        sk_job_run_transactional(p, &j);
+    free(s->jobs);
+    free(s->deliveries);
+    free(s->keys);
+    free(s->tokens);
+    free(s->rcs);
+    free(s->lost);
+    free(s->refs);
+    free(s->ref_ptrs);
+    free(s->results);
+    free(s->result_lens);
+    free(s->claims);
+    free(s->dups);
+    free(s->index);
+    free(s);
 }
 
 /* A job first published longer ago than the queue keeps finished keys may
@@ -206,106 +262,6 @@ static bool crashed_too_often(struct sk_pipeline *p, struct job *j)
     return true;
 }
 
-/* Takes the resource's lock, or re-schedules the job: the resource is
- * busy, or Redis is down and the queue waits for it. */
-static bool lock(struct sk_pipeline *p, struct job *j)
-{
-    return sk_job_lock_refused(p, j, take_lock(p, j));
-}
-
-bool sk_job_lock_refused(struct sk_pipeline *p, struct job *j, int rc)
-{
-    if (rc == SK_BUSY)
-        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(100, 1000)),
-                     j->env.delivery_attempt, NULL, "lock busy");
-    else if (rc == SK_AGAIN)
-        sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(1000, 5000)),
-                     j->env.delivery_attempt, NULL, "redis down");
-    return rc == SK_OK;
-}
-
-/* SK_OK once locked, or when Redis is down and the queue proceeds without
- * it; SK_BUSY when another owner kept the resource for all of
- * lock.busy_wait; SK_AGAIN when Redis is down and the queue waits for it. */
-static int take_lock(struct sk_pipeline *p, struct job *j)
-{
-    sk_lock_key(j->lock_key, sizeof(j->lock_key), p->queue->name, j->env.resource_key);
-    sk_lock_new_token(j->lock_token);
-    struct sk_lock *redis;
-    int rc = sk_links_lock(p->links, &redis);
-    if (redis == NULL)
-        return rc;
-
-    /* Recorded before Redis is asked, not after it said yes: a worker that
-     * dies between the SET and this store would otherwise leave a lock its
-     * replacement knows nothing of, and the redelivery would wait out the
-     * TTL. Deleting by a token that never took the lock deletes nothing. */
-    sk_slot_record_locks(p->slot, 1, (const char *const[]){ j->lock_key },
-                         (const char *const[]){ j->lock_token });
-
-    struct sk_err err = { 0 };
-    int64_t give_up_at = sk_now_ms() + p->conf->lock.busy_wait_ms;
-    uint64_t busy_since = 0;  /* the first refusal: waiting starts there */
-    for (;;) {
-        rc = sk_lock_acquire(redis, j->lock_key, j->lock_token, p->queue->lock_ttl_ms, &err);
-        if (rc == SK_AGAIN) {
-            sk_slot_forget_locks(p->slot);
-            waited_for_lock(j, busy_since);
-            return sk_links_drop(p->links, SK_LINK_LOCK, &j->log, &err);
-        }
-        if (rc == SK_OK) {
-            waited_for_lock(j, busy_since);
-            sk_links_up(p->links, SK_LINK_LOCK);
-            j->locked = true;
-            j->redis = redis;
-            j->log.lock_owner = j->lock_token;
-            sk_heartbeat_watch_lock(p->heartbeat, j->lock_key, j->lock_token,
-                                    p->queue->lock_ttl_ms);
-            sk_job_transition(j, JOB_LOCKED);
-            return SK_OK;
-        }
-        if (busy_since == 0)
-            busy_since = now_ns();
-        sk_failpoint("lock_busy", j->env.idempotency_key);  /* dying while waiting */
-        if (sk_now_ms() >= give_up_at || sk_process_stopping()) {
-            sk_slot_forget_locks(p->slot);
-            waited_for_lock(j, busy_since);
-            sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
-            return SK_BUSY;
-        }
-        sk_sleep_ms(sk_jitter(5, 50));
-    }
-}
-
-/* Adds the time since the lock was first refused (0: it never was). */
-static void waited_for_lock(struct job *j, uint64_t busy_since)
-{
-    if (busy_since != 0)
-        sk_metrics_lock_wait(j->metrics, now_ns() - busy_since);
-}
-
-static void release_lock(struct sk_pipeline *p, struct job *j)
-{
-    if (!j->locked)
-        return;
-    j->locked = false;
-    struct sk_err err = { 0 };
-    int rc = sk_lock_release(j->redis, j->lock_key, j->lock_token, &err);
-    sk_slot_forget_locks(p->slot);
-    if (rc == SK_BUSY)
-        sk_log_job(SK_LOG_WARN, &j->log, "lock had expired before release");
-    else if (rc != SK_OK)
-        sk_log_job(SK_LOG_WARN, &j->log, "lock release failed (it will expire): %s", err.msg);
-}
-
-/* One claim step for both modes: the round trip, then its outcome. */
-bool sk_job_claim(struct sk_pipeline *p, struct job *j)
-{
-    struct sk_err err = { 0 };
-    int rc = claim_key(p, j, &err);
-    return sk_job_claimed(p, j, rc, &err);
-}
-
 /* What a claim's answer means for the job, whichever mode and however many
  * keys the round trip claimed: true when the job owns its key and goes on
  * to its handler; otherwise the job is settled here. */
@@ -343,54 +299,6 @@ bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct s
         sk_job_finish(p, j, REQUEUE, "claim failed, handed back to the broker");
         return false;
     }
-}
-
-/* Transactional mode: BEGIN and sekali.sk_job_claim(), the key's row locked until
- * COMMIT. External mode: a lease committed at once, under a new fence.
- * Returns SK_OK, SK_DUP (completed before), SK_BUSY (a live owner) or a
- * failure (SK_AGAIN, SK_ERR) explained in err. */
-static int claim_key(struct sk_pipeline *p, struct job *j, struct sk_err *err)
-{
-    struct sk_store *store = sk_links_store(p->links);
-    if (p->queue->mode != SK_MODE_EXTERNAL)
-        return sk_store_claim(store, &j->ref, &j->claim, err);
-    int rc = sk_store_reconnect(store, err);
-    if (rc != SK_OK)
-        return rc;
-    return sk_lease_claim(sk_store_conn(store), &j->ref, p->queue->lease_ms, &j->claim, err);
-}
-
-void sk_job_run_transactional(struct sk_pipeline *p, struct job *j)
-{
-    struct sk_store *store = sk_links_store(p->links);
-    struct sekali_ctx *ctx = &p->ctx;
-    sk_host_ctx_reset(ctx);
-    int status = sk_job_call_handler(p, j, sk_store_conn(store));
-
-    struct sk_err err = { 0 };
-    if (status == SEKALI_OK) {
-        int rc = sk_store_complete(store, &j->ref, ctx->result_len > 0 ? ctx->result : NULL,
-                                   ctx->result_len, &err);
-        if (rc == SK_OK) {
-            sk_job_transition(j, JOB_COMMITTED);
-            sk_job_reply(p, j, ctx->result, ctx->result_len);
-            sk_job_finish(p, j, ACK, "completed");
-            return;
-        }
-        if (rc == SK_AGAIN) {
-            /* The COMMIT may or may not have happened; only a redelivery's
-             * claim can tell, so the message must go back unchanged. */
-            sk_log_job(SK_LOG_ERROR, &j->log, "commit outcome unknown: %s", err.msg);
-            sk_job_finish(p, j, REQUEUE, "commit outcome unknown, handed back to the broker");
-            return;
-        }
-        /* Rolled back: the handler left the transaction failed. */
-        snprintf(ctx->error, sizeof(ctx->error), "commit failed: %s", err.msg);
-        status = SEKALI_RETRY;
-    } else if (sk_store_rollback(store, &err) != SK_OK) {
-        sk_log_job(SK_LOG_WARN, &j->log, "rollback failed: %s", err.msg);
-    }
-    sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
 }
 
 /* External mode: the claim committed a lease instead of holding a row lock,
@@ -578,7 +486,7 @@ static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
         sk_job_finish(p, j, REQUEUE, "failure not recorded, handed back to the broker");
-        sk_sleep_ms(sk_jitter(100, 1000));
+        j->pause_ms = (uint32_t)sk_jitter(100, 1000);
         return;
     }
     sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
@@ -610,8 +518,9 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
     char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
-    if (sk_job_finish(p, j, DEAD_LETTER, text) == SK_OK)
-        sk_metrics_dead_letter(j->metrics, reason);
+    /* Counted by the exit, once the broker took the reject. */
+    j->dead_reason = reason;
+    sk_job_finish(p, j, DEAD_LETTER, text);
 }
 
 /* Sends a confirmed copy that comes back after delay_ms, then acks, and
@@ -644,7 +553,7 @@ bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint3
     }
     sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
     sk_job_finish(p, j, REQUEUE, "could not re-schedule, handed back to the broker");
-    sk_sleep_ms(sk_jitter(100, 1000));
+    j->pause_ms = (uint32_t)sk_jitter(100, 1000);
     return false;
 }
 
@@ -655,10 +564,10 @@ void sk_job_transition(struct job *j, enum job_state to)
     sk_assert(legal_from[to] & FROM(j->state));
     j->state = to;
     if (to == JOB_CLAIMED) {
-        j->claimed_ns = now_ns();
+        j->claimed_ns = sk_now_ns();
     } else if (to == JOB_COMMITTED) {
         sk_metrics_inc(j->metrics, SK_METRIC_COMPLETIONS);
-        sk_metrics_duration(j->metrics, now_ns() - j->claimed_ns);
+        sk_metrics_duration(j->metrics, sk_now_ns() - j->claimed_ns);
     }
     sk_log_job(SK_LOG_DEBUG, &j->log, "%s", state_names[to]);
     if (state_failpoints[to] != NULL)
@@ -672,56 +581,31 @@ void sk_job_transition(struct job *j, enum job_state to)
 void sk_job_rewind(struct job *j)
 {
     sk_assert(j->state == JOB_CLAIMED || j->state == JOB_HANDLED);
-    sk_assert(!j->exit_decided);
+    sk_assert(sk_job_live(j));
     j->state = j->locked ? JOB_LOCKED : JOB_RECEIVED;
+    free(j->result);
+    j->result = NULL;
+    j->result_len = 0;
+    j->status = SEKALI_OK;
+    j->conflict = false;
+    j->error[0] = '\0';
     sk_log_job(SK_LOG_DEBUG, &j->log, "claim rolled back with its batch");
 }
 
 /* The only exit of a delivered job: ack it (effect durable, duplicate, or a
- * confirmed copy made), requeue it, or let the broker dead-letter it; then
- * drop the lock. The ack may leave later (see sk_broker_ack()): by then the
- * outcome is already durable, so releasing the lock first is safe, and a
- * redelivery of an unsent ack finds a completed key. Returns the broker's
- * answer to the ack or reject: SK_OK, or SK_AGAIN (connection lost). */
+ * confirmed copy made), requeue it, or let the broker dead-letter it. Only
+ * decided here, once; sk_span_settle() drops the span's locks and then
+ * carries the exits out in delivery order. The ack may leave later (see
+ * sk_broker_ack()): by then the outcome is already durable, so releasing
+ * the lock first is safe, and a redelivery of an unsent ack finds a
+ * completed key. */
 int sk_job_finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome)
 {
-    if (j->deferred) {
-        sk_assert(!j->exit_decided);
-        j->exit_decided = true;
-        j->exit = d;
-        snprintf(j->outcome, sizeof(j->outcome), "%s", outcome);
-        return SK_OK;
-    }
-    return sk_job_exit(p, j, d, outcome);
+    (void)p;
+    sk_assert(sk_job_live(j));
+    j->settled = true;
+    j->exit = d;
+    snprintf(j->outcome, sizeof(j->outcome), "%s", outcome);
+    return SK_OK;
 }
 
-int sk_job_exit(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome)
-{
-    /* The delivery came on the consumer, and only an exit drops it. */
-    struct sk_broker *consumer = sk_links_consumer(p->links);
-    sk_assert(consumer != NULL);
-    struct sk_err err = { 0 };
-    int rc = d == ACK ? sk_broker_ack(consumer, j->delivery_tag, &err)
-                      : sk_broker_reject(consumer, j->delivery_tag, d == REQUEUE, &err);
-    sk_job_transition(j, d == ACK && rc == SK_OK ? JOB_ACKED : JOB_HANDED_BACK);
-    if (p->heartbeat != NULL) {
-        sk_heartbeat_unwatch(p->heartbeat);
-        /* After unwatch the heartbeat can no longer raise the flag for this
-         * job, and only a watch clears it: read now, it is this job's. */
-        if ((j->locked || j->leased) && atomic_load(sk_heartbeat_lost(p->heartbeat)))
-            sk_metrics_inc(j->metrics, SK_METRIC_LOCKS_LOST);
-    }
-    release_lock(p, j);
-    sk_log_job(SK_LOG_INFO, &j->log, "%s", outcome);
-    if (rc != SK_OK)
-        sk_links_drop(p->links, SK_LINK_CONSUMER, &j->log, &err);
-    return rc;
-}
-
-/* CLOCK_MONOTONIC in nanoseconds: read through the vDSO, not a syscall. */
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}

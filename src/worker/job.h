@@ -1,4 +1,4 @@
-/* job.h - the pipeline of one delivery (job.c), and what it runs on.
+/* job.h - the pipeline of a delivery (job.c, span.c), and what it runs on.
  *
  * The worker process (worker.c) assembles a struct sk_pipeline once and
  * hands it each delivery; the pipeline never calls back into the worker.
@@ -12,11 +12,11 @@
 #include "config.h"
 #include "host.h"
 
-struct sk_batch;
 struct sk_heartbeat;
 struct sk_links;
 struct sk_metrics_queue;
 struct sk_slot;
+struct sk_span;
 
 /* Owned by the worker process for its whole life; sk_job_process() reads
  * it and uses its parts, and writes only ctx and its scoreboard slot. */
@@ -31,12 +31,14 @@ struct sk_pipeline {
     struct sk_slot              *slot;           /* ours in the supervisor's scoreboard */
     char                         owner[128];     /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;            /* reused for every job */
-    struct sk_batch             *batch;          /* batch.c's, once queue->batch > 1 used it */
+    struct sk_span              *span;           /* the jobs in flight: job.c's, made on first use */
 };
 
-/* Runs one delivery through the pipeline, to its ack, requeue or dead
- * letter. The delivery stays owned by the caller. Blocks for the job's
- * length; the worker process's main thread only. */
+/* Runs one delivery through the pipeline, as a span of one, to its ack,
+ * requeue or dead letter. The delivery stays owned by the caller. Blocks
+ * for the job's length; the worker process's main thread only. */
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery);
+/* Frees what the pipeline kept between spans (p->span); accepts NULL. */
+void sk_span_free(struct sk_span *s);
 
 #endif

@@ -1,10 +1,12 @@
-/* job_steps.h - the steps of the pipeline, shared by its two drivers: one
- * delivery at a time (job.c) and a batch of them in one transaction
- * (batch.c). Not an interface for anything else: a step may assume the
- * order in which the drivers call them.
+/* job_steps.h - the steps of the pipeline, over a span of n >= 1 jobs: one
+ * delivery is a span of one (sk_job_process(), job.c), a batch a span of
+ * many in one transaction (sk_batch_run(), batch.c, which adds only the
+ * collecting and the fast/careful policy). Not an interface for anything
+ * else: a step may assume the order in which the two callers call them.
  *
- * Each step is a function of one struct job: it either passes the job on
- * (returns true) or settles it through sk_job_finish(), the job's only exit. */
+ * Each step either passes a job on or settles it through sk_job_finish(),
+ * which only decides the job's exit; sk_span_settle() carries every exit
+ * out at the end, in delivery order. */
 #ifndef SK_JOB_STEPS_H
 #define SK_JOB_STEPS_H
 
@@ -55,36 +57,105 @@ struct job {
     char               lock_token[SK_LOCK_TOKEN_LEN + 1];
     bool               locked;
     struct sk_lock    *redis;       /* the connection that took the lock */
+    uint64_t           busy_since;  /* CLOCK_MONOTONIC at the lock's first refusal; 0: none */
     bool               leased;      /* external mode: the heartbeat renews our lease */
     struct sk_claim    claim;
     struct sk_keyref   ref;         /* the key, for the store and the lease */
     uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
+    bool               same_key;    /* an earlier job of the span has the same key */
     struct sk_metrics_type *metrics;
     struct sk_log_job  log;
-    /* In a batch the exit is only decided by sk_job_finish(), and carried
-     * out by sk_job_exit() once the whole batch is settled, in delivery
-     * order: an ack covers every earlier delivery (a multiple-ack), so no
-     * ack may leave before every job ahead of it is settled. */
-    bool               deferred;
-    bool               exit_decided;
+    /* The handler's outcome, kept until the span's COMMIT says what
+     * becomes of it (sk_span_handle(), sk_span_commit()). */
+    int                status;      /* the handler's, or RETRY when the step around it failed */
+    bool               conflict;
+    char               error[512];
+    void              *result;      /* a copy of ctx->result, for the completion and the reply */
+    size_t             result_len;
+    /* The exit is only decided by sk_job_finish(), and carried out by
+     * sk_span_settle() once the whole span is settled, in delivery order:
+     * an ack covers every earlier delivery (a multiple-ack), so no ack may
+     * leave before every job ahead of it is settled. */
+    bool               settled;
     enum disposition   exit;
-    char               outcome[256];
+    int                dead_reason; /* an enum sk_metrics_reason, for a DEAD_LETTER exit */
+    char               outcome[1300];  /* the exit's log line: dead_letter()'s is the longest */
+    uint32_t           pause_ms;    /* a server is failing: wait this long after the exit */
 };
+
+/* How a span's keys are claimed, and so how its handlers run. */
+enum sk_way {
+    SK_WAY_ONE,      /* one job in its own transaction: sekali.claim(), the key's row locked */
+    SK_WAY_FAST,     /* claimed completed, handlers straight in the transaction */
+    SK_WAY_CAREFUL,  /* claimed processing, each handler in a savepoint */
+};
+
+/* n >= 1 deliveries going through the pipeline together: one job is a span
+ * of one. Kept by the pipeline between spans (sk_span_of()), so that a span
+ * costs no allocation; the scratch arrays are the round trips' over the
+ * span, valid only inside one step. */
+struct sk_span {
+    size_t           cap, n;
+    struct job      *jobs;
+    amqp_envelope_t *deliveries;    /* for a caller that collects them (batch.c) */
+    const char     **keys, **tokens;
+    int             *rcs;
+    bool            *lost;
+    struct sk_keyref *refs;
+    const struct sk_keyref **ref_ptrs;
+    const void     **results;
+    size_t          *result_lens;
+    struct sk_claim *claims;
+    bool            *dups;
+    size_t          *index;         /* which job each scratch entry is */
+};
+
+/* The pipeline's span, made on first use for up to max(queue->batch, 1)
+ * jobs; NULL when there is no memory for it. */
+struct sk_span *sk_span_of(struct sk_pipeline *p);
+/* Appends a new job for delivery (borrowed until sk_span_settle()). */
+void sk_span_add(struct sk_span *s, const amqp_envelope_t *delivery);
+/* Validates and counts each delivery, takes every lock of the span (one
+ * round trip a try, waiting out busy ones up to lock.busy_wait only while
+ * none is held) and watches them, and dead-letters the jobs that killed
+ * too many workers. */
+void sk_span_start(struct sk_pipeline *p, struct sk_span *s);
+/* Claims every live job's key (a later job with an earlier one's key is
+ * left out, marked same_key) in one round trip, the way says how. SK_OK
+ * with the transaction open and the claimed jobs in it (several: perhaps
+ * none, all duplicates, and the COMMIT still to come); SK_BUSY when a key
+ * was held past lock_timeout and nothing was claimed (run each job alone
+ * then); otherwise nothing is left to run. */
+int  sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
+/* Runs one claimed job's handler in the span's transaction and keeps its
+ * outcome in the job. False when the transaction is lost around it (or no
+ * memory to keep its result): then nothing of the span can commit. */
+bool sk_span_handle(struct sk_pipeline *p, struct job *j, enum sk_way way);
+/* The handled jobs' completions and the COMMIT in one round trip; then each
+ * is settled: completed, or its failure re-scheduled or dead-lettered. */
+void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
+/* The transaction is lost before any COMMIT: every job still in it is
+ * handed back unchanged. */
+void sk_span_abandon(struct sk_pipeline *p, struct sk_span *s, const char *why);
+/* A job of s claimed, run and committed on its own, in its own transaction. */
+void sk_span_alone(struct sk_pipeline *p, struct sk_span *s, struct job *j);
+/* Every job's exit, in delivery order, after the span's locks went in one
+ * round trip; then the pause a failing server asked for. */
+void sk_span_settle(struct sk_pipeline *p, struct sk_span *s);
+
+/* Not settled yet: still on its way through the steps. */
+static inline bool sk_job_live(const struct job *j)
+{
+    return !j->settled;
+}
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
 bool sk_job_admit(struct sk_pipeline *p, struct job *j);
 /* Once locked: false, dead-lettered, for a job that killed max_crashes
  * workers. */
 bool sk_job_survivable(struct sk_pipeline *p, struct job *j);
-/* What a refused lock means (rc SK_BUSY or SK_AGAIN: the job is
- * re-scheduled); true for SK_OK. */
-bool sk_job_lock_refused(struct sk_pipeline *p, struct job *j, int rc);
-/* The job's own claim (its own transaction), then sk_job_claimed(). */
-bool sk_job_claim(struct sk_pipeline *p, struct job *j);
 /* What a claim's answer means for the job: true when it owns its key. */
 bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err);
-/* Handler, completion and COMMIT of one claimed job, then its exit. */
-void sk_job_run_transactional(struct sk_pipeline *p, struct job *j);
 /* Runs the handler on pg with p->ctx, reset by the caller. */
 int  sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg);
 /* RETRY, FAIL or an invalid status, with the handler's error text and
@@ -97,10 +168,7 @@ bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms,
 void sk_job_transition(struct job *j, enum job_state to);
 /* Back to before the claim, whose transaction was rolled back unseen. */
 void sk_job_rewind(struct job *j);
-/* The job's exit: at once, or for a deferred job only decided (SK_OK). */
+/* Decides the job's exit (carried out by sk_span_settle()); SK_OK. */
 int  sk_job_finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome);
-/* Carries an exit out: the ack or reject, the lock's release, the log line.
- * Returns the broker's answer, SK_OK or SK_AGAIN. */
-int  sk_job_exit(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome);
 
 #endif

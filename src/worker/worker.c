@@ -112,17 +112,9 @@ static int setup(struct sk_pipeline *p, bool first, struct sk_err *err)
         rc = sk_links_open(p->links, first, err);
     if (rc != SK_OK)
         return rc;
-    /* The thread's tick: a third of the lock's and the lease's time, and
-     * often enough to keep the broker connections of a long handler alive. */
-    uint32_t tick = UINT32_MAX;
-    if (p->queue->lock)
-        tick = p->queue->lock_ttl_ms / 3;
-    if (p->queue->mode == SK_MODE_EXTERNAL && p->queue->lease_ms / 3 < tick)
-        tick = p->queue->lease_ms / 3;
-    uint32_t keepalive = sk_broker_keepalive_period_ms(&p->conf->amqp);
-    if (keepalive > 0 && keepalive < tick)
-        tick = keepalive;
-    if (tick != UINT32_MAX && sk_heartbeat_start(&p->heartbeat, p->conf, tick, err) != SK_OK)
+    uint32_t tick = sk_heartbeat_tick(p->queue, &p->conf->amqp);
+    if (tick != UINT32_MAX &&
+        sk_heartbeat_start(&p->heartbeat, &p->conf->redis, &p->conf->postgres, tick, err) != SK_OK)
         return SK_AGAIN;
     return SK_OK;
 }
@@ -185,7 +177,7 @@ static void teardown(struct sk_pipeline *p)
 {
     sk_heartbeat_stop(p->heartbeat);
     sk_host_ctx_free(&p->ctx);
-    sk_batch_free(p->batch);
+    sk_span_free(p->span);
     sk_links_free(p->links);
     if (p->handler->fini != NULL && p->handler_state != NULL)
         p->handler->fini(p->handler_state);

@@ -31,6 +31,30 @@ static long long redis_pttl(const char *key)
     return ttl;
 }
 
+/* Three lock names of one test and a token for each, and two connections. */
+struct three {
+    char        keys[3][64];
+    char        tokens[3][SK_LOCK_TOKEN_LEN + 1];
+    const char *key_list[3], *token_list[3];
+};
+
+static void three_locks(struct three *t, const char *name, struct sk_lock **a,
+                        struct sk_lock **b)
+{
+    struct sk_redis_conf conf = redis_conf();
+    static struct sk_redis_conf kept;  /* outlives the connections, as sk_lock_open() wants */
+    kept = conf;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_lock_open(a, &kept, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_lock_open(b, &kept, &err) == SK_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++) {
+        snprintf(t->keys[i], sizeof(t->keys[i]), "sekali:lock:%s-%d:%d", name, (int)getpid(), i);
+        sk_lock_new_token(t->tokens[i]);
+        t->key_list[i] = t->keys[i];
+        t->token_list[i] = t->tokens[i];
+    }
+}
+
 /* A resource key is the producer's: spaces, CR LF and a '$' or '*' that
  * look like protocol must stay bytes of one argument, not split a command. */
 START_TEST(test_lock_keys_with_protocol_characters_stay_one_argument)
@@ -136,19 +160,13 @@ END_TEST
  * ours and leaves the other owner's lock in place. */
 START_TEST(test_pipelined_acquire_and_release_answer_for_each_key)
 {
-    struct sk_redis_conf conf = redis_conf();
     struct sk_lock *a, *b;
     struct sk_err err = { 0 };
-    ck_assert_msg(sk_lock_open(&a, &conf, &err) == SK_OK, "%s", err.msg);
-    ck_assert_msg(sk_lock_open(&b, &conf, &err) == SK_OK, "%s", err.msg);
-    char keys[3][64], tokens[3][SK_LOCK_TOKEN_LEN + 1], theirs[SK_LOCK_TOKEN_LEN + 1];
-    const char *key_list[3], *token_list[3];
-    for (int i = 0; i < 3; i++) {
-        snprintf(keys[i], sizeof(keys[i]), "sekali:lock:many-%d:%d", (int)getpid(), i);
-        sk_lock_new_token(tokens[i]);
-        key_list[i] = keys[i];
-        token_list[i] = tokens[i];
-    }
+    struct three t;
+    three_locks(&t, "many", &a, &b);
+    char (*keys)[64] = t.keys;
+    const char **key_list = t.key_list, **token_list = t.token_list;
+    char theirs[SK_LOCK_TOKEN_LEN + 1];
     sk_lock_new_token(theirs);
     ck_assert_int_eq(sk_lock_acquire(b, keys[1], theirs, 60000, &err), SK_OK);
 
@@ -174,6 +192,52 @@ START_TEST(test_pipelined_acquire_and_release_answer_for_each_key)
 }
 END_TEST
 
+/* The heartbeat's renewal of a span's locks: one round trip extends each
+ * lock still ours and answers busy for one another owner took, without
+ * touching it; after SCRIPT FLUSH the script is loaded again and every key
+ * still answered for. */
+START_TEST(test_pipelined_renewal_extends_ours_and_spares_the_taken_one)
+{
+    struct sk_lock *a, *b;
+    struct sk_err err = { 0 };
+    struct three t;
+    three_locks(&t, "renew", &a, &b);
+    char (*keys)[64] = t.keys, (*tokens)[SK_LOCK_TOKEN_LEN + 1] = t.tokens;
+    const char **key_list = t.key_list, **token_list = t.token_list;
+    char theirs[SK_LOCK_TOKEN_LEN + 1];
+    int rc[3];
+    ck_assert_msg(sk_lock_acquire_many(a, 3, key_list, token_list, 5000, rc, &err) == SK_OK,
+                  "%s", err.msg);
+    ck_assert(rc[0] == SK_OK && rc[1] == SK_OK && rc[2] == SK_OK);
+    /* Key 1 expires and another owner takes it. */
+    ck_assert_int_eq(sk_lock_release(a, keys[1], tokens[1], &err), SK_OK);
+    sk_lock_new_token(theirs);
+    ck_assert_int_eq(sk_lock_acquire(b, keys[1], theirs, 5000, &err), SK_OK);
+
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) {
+            redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+            ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+            freeReplyObject(redisCommand(redis, "SCRIPT FLUSH"));
+            redisFree(redis);
+        }
+        ck_assert_msg(sk_lock_renew_many(a, 3, key_list, token_list, 60000, rc, &err) == SK_OK,
+                      "round %d: %s", round, err.msg);
+        ck_assert_int_eq(rc[0], SK_OK);
+        ck_assert_int_eq(rc[1], SK_BUSY);
+        ck_assert_int_eq(rc[2], SK_OK);
+        ck_assert_msg(redis_pttl(keys[0]) > 50000, "key 0 should be renewed to 60 s");
+        ck_assert_msg(redis_pttl(keys[2]) > 50000, "key 2 should be renewed to 60 s");
+        ck_assert_msg(redis_pttl(keys[1]) <= 5000, "the other owner's lease must stay its own");
+    }
+    ck_assert_msg(sk_lock_release_many(a, 3, key_list, token_list, rc, &err) == SK_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(sk_lock_release(b, keys[1], theirs, &err), SK_OK);
+    sk_lock_close(a);
+    sk_lock_close(b);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -181,6 +245,7 @@ int main(void)
         test_lock_scripts_flushed_by_redis_are_loaded_again,
         test_lock_tokens_are_unique_and_a_forked_child_draws_its_own,
         test_pipelined_acquire_and_release_answer_for_each_key,
+        test_pipelined_renewal_extends_ours_and_spares_the_taken_one,
         NULL,
     };
     Suite *s = suite_create("lock");

@@ -1,0 +1,171 @@
+/* check_lock_metrics.c - the two lock counters, as a scrape shows them, for
+ * one job at a time and for a batch: sekali_locks_lost_total counts the job
+ * whose lock another owner took while its handler ran (and only that job,
+ * not its batch-mates), and sekali_lock_wait_seconds_total the time a job
+ * waited for a lock someone else held. Before the pipeline had one driver
+ * (job.c and batch.c each took and released locks), a batch counted
+ * neither: its locks were marked released before the exit that counted a
+ * lost one, and its lock wait never reported its time.
+ *
+ * Real servers: the test takes the lock over, or holds it, in Redis itself. */
+#include <stdio.h>
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "harness.h"
+
+enum { JOBS = 4 };
+
+/* A test's settings at batch (1 or 16): metrics on a free port (returned),
+ * no janitor, and a short lock_ttl, so that the heartbeat renews (and finds
+ * a lock lost) within a third of it. */
+static int settings(char *top, size_t top_size, char *yaml, size_t yaml_size, int batch)
+{
+    int port = h_free_port();
+    snprintf(top, top_size, "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 0s\n",
+             port);
+    if (batch > 1)
+        snprintf(yaml, yaml_size, "    batch: %d\n    prefetch: %d\n    batch_wait: 1s\n"
+                 "    lock_ttl: 900ms\n", batch, 2 * batch);
+    else
+        snprintf(yaml, yaml_size, "    batch: 1\n    lock_ttl: 900ms\n");
+    return port;
+}
+
+static redisContext *redis_open(void)
+{
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    return redis;
+}
+
+static void redis_do(redisContext *redis, const char *cmd, const char *key, const char *value)
+{
+    redisReply *reply = value != NULL ? redisCommand(redis, cmd, key, value)
+                                      : redisCommand(redis, cmd, key);
+    ck_assert_msg(reply != NULL && reply->type != REDIS_REPLY_ERROR, "redis %s %s failed", cmd,
+                  key);
+    freeReplyObject(reply);
+}
+
+static bool redis_exists(redisContext *redis, const char *key)
+{
+    redisReply *reply = redisCommand(redis, "EXISTS %s", key);
+    ck_assert_msg(reply != NULL && reply->type == REDIS_REPLY_INTEGER, "redis EXISTS failed");
+    bool exists = reply->integer == 1;
+    freeReplyObject(reply);
+    return exists;
+}
+
+/* JOBS jobs, each on its own resource, published before sekalid starts so
+ * that at batch 16 they make one batch; the first sleeps 4 s. While it runs,
+ * the test overwrites its lock with another owner's token: the heartbeat's
+ * next renewal finds the lock lost. Exactly that job is counted, and every
+ * effect still happens once (the lock decides nothing). */
+static void lock_taken_over_is_counted(int batch)
+{
+    struct h_run r;
+    h_run_open(&r, batch > 1 ? "lostbatch" : "lostone");
+    redisContext *redis = redis_open();
+    char top[256], yaml[256];
+    int port = settings(top, sizeof(top), yaml, sizeof(yaml), batch);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 0; i < JOBS; i++) {
+        char id[32], key[32], resource[32];
+        snprintf(id, sizeof(id), "lost-%d", i);
+        snprintf(key, sizeof(key), "k-lost-%d", i);
+        snprintf(resource, sizeof(resource), "r-lost-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, resource, i == 0 ? "sleep:4000" : "ok");
+    }
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = yaml, .top_yaml = top });
+
+    char lock_key[256];
+    snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:r-lost-0", r.queue);
+    H_WAIT(redis_exists(redis, lock_key), 20000, "the slow job never took its lock %s",
+           lock_key);
+    redis_do(redis, "SET %s %s PX 60000", lock_key, "someone-else");
+
+    H_WAIT(h_effect_keys(&r) == JOBS, 30000, "all %d jobs should complete, %lld did", JOBS,
+           h_effect_keys(&r));
+    H_WAIT(h_metric(port, "sekali_locks_lost_total{queue=\"%s\",job_type=\"test\"}", r.queue)
+               >= 1, 10000, "sekali_locks_lost_total should count the lock taken over (is %g)",
+           h_metric(port, "sekali_locks_lost_total{queue=\"%s\",job_type=\"test\"}", r.queue));
+    /* The slow job's alone: its batch-mates kept their locks. */
+    ck_assert_int_eq(h_metric(port, "sekali_locks_lost_total{queue=\"%s\",job_type=\"test\"}",
+                              r.queue), 1);
+    h_run_stop(&r);
+    ck_assert_int_ge(h_count_lines(r.log, "lost while the job runs"), 1);
+    h_expect_once(&r, JOBS, 0);
+    redis_do(redis, "DEL %s", lock_key, NULL);
+    redisFree(redis);
+    h_run_close(&r);
+}
+
+/* Another owner holds the job's lock before sekalid starts: the job waits
+ * lock.busy_wait (500 ms in the tests' config) for it, is re-scheduled as
+ * lock busy, and runs once the test lets the lock go. The wait is counted,
+ * and so is the refusal. */
+static void lock_wait_is_counted(int batch)
+{
+    struct h_run r;
+    h_run_open(&r, batch > 1 ? "waitbatch" : "waitone");
+    redisContext *redis = redis_open();
+    char top[256], yaml[256];
+    int port = settings(top, sizeof(top), yaml, sizeof(yaml), batch);
+    char lock_key[256];
+    snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:r-wait", r.queue);
+    redis_do(redis, "SET %s %s PX 60000", lock_key, "someone-else");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = yaml, .top_yaml = top });
+    h_publish(r.b, r.queue, "test", "wait-1", "k-wait", "r-wait", "ok");
+
+    H_WAIT(h_metric(port, "sekali_lock_busy_total{queue=\"%s\",job_type=\"test\"}", r.queue)
+               >= 1, 20000, "the job should have been refused its lock");
+    double waited = h_metric(port, "sekali_lock_wait_seconds_total{queue=\"%s\","
+                             "job_type=\"test\"}", r.queue);
+    /* Refused only after busy_wait: most of its 500 ms were spent waiting. */
+    ck_assert_msg(waited >= 0.25, "sekali_lock_wait_seconds_total should count the wait, is %g",
+                  waited);
+    redis_do(redis, "DEL %s", lock_key, NULL);
+    H_WAIT(h_effects(&r, "k-wait") == 1, 30000, "the job should run once the lock is free");
+    h_run_stop(&r);
+    h_expect_once(&r, 1, 0);
+    redisFree(redis);
+    h_run_close(&r);
+}
+
+START_TEST(test_a_lock_taken_over_mid_job_is_counted_lost_for_that_job)
+{
+    lock_taken_over_is_counted(1);
+}
+END_TEST
+
+START_TEST(test_a_lock_taken_over_mid_batch_is_counted_lost_for_that_job_alone)
+{
+    lock_taken_over_is_counted(16);
+}
+END_TEST
+
+START_TEST(test_the_wait_for_a_busy_lock_is_counted)
+{
+    lock_wait_is_counted(1);
+}
+END_TEST
+
+START_TEST(test_the_wait_for_a_busy_lock_is_counted_in_a_batch)
+{
+    lock_wait_is_counted(16);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_a_lock_taken_over_mid_job_is_counted_lost_for_that_job,
+        test_a_lock_taken_over_mid_batch_is_counted_lost_for_that_job_alone,
+        test_the_wait_for_a_busy_lock_is_counted,
+        test_the_wait_for_a_busy_lock_is_counted_in_a_batch,
+        NULL,
+    };
+    return h_run_suite(h_suite("lock_metrics", 120, tests));
+}
