@@ -306,6 +306,46 @@ START_TEST(test_reply_lost_in_a_crash_is_sent_by_the_duplicate)
 }
 END_TEST
 
+START_TEST(test_a_finished_jobs_ack_is_not_held_back_by_a_full_prefetch_window)
+{
+    /* One worker, its prefetch window (10) full of 400 ms jobs: the
+     * deliveries wait in its buffer, which used to hold back every ack until
+     * the window was drained. Killing the worker after some jobs committed
+     * shows what the broker still held unacked: each such job comes back as
+     * a duplicate. With acks sent at least every 100 ms, only the job whose
+     * commit the kill raced can. */
+    struct h_run r;
+    h_run_open(&r, "ackdelay");
+    /* Published before the worker consumes, so that the window arrives in
+     * one burst and stays in its buffer. */
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char key[32];
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof(key), "ack-%d", i);
+        h_publish(r.b, r.queue, "test", key, key, NULL, "sleep:400");
+    }
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    prefetch: 10\n" });
+    H_WAIT(h_effects(&r, NULL) >= 5, 30000, "five jobs should commit; %lld did",
+           h_effects(&r, NULL));
+    pid_t children[8];
+    size_t n = h_children(r.sekalid, children, 8);
+    ck_assert_uint_gt(n, 0);
+    for (size_t i = 0; i < n; i++)
+        kill(children[i], SIGKILL);
+    for (size_t i = 0; i < n; i++)
+        H_WAIT(h_process_gone(children[i]), 10000, "child %ld should be gone", (long)children[i]);
+    long long done = h_effects(&r, NULL);
+    H_WAIT(h_effects(&r, NULL) == 10, 30000, "every job should commit once; %lld did",
+           h_effects(&r, NULL));
+    h_run_stop(&r);
+    h_expect_once(&r, 10, H_ANY_DUPS);
+    long long dups = h_duplicates(&r);
+    ck_assert_msg(dups <= 1, "%lld of the %lld jobs committed before the kill came back as "
+                  "duplicates: their acks were held back", dups, done);
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_production_binary_has_no_failpoints)
 {
     h_init();
@@ -327,6 +367,7 @@ int main(void)
         test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker,
         test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once,
         test_reply_lost_in_a_crash_is_sent_by_the_duplicate,
+        test_a_finished_jobs_ack_is_not_held_back_by_a_full_prefetch_window,
         test_production_binary_has_no_failpoints,
         NULL,
     };
