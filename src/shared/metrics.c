@@ -47,6 +47,7 @@ static const char *const reasons[SK_METRICS_REASONS] = {
     [SK_METRICS_MALFORMED] = "malformed",
     [SK_METRICS_FAILED] = "failed",
     [SK_METRICS_RETRIES_EXHAUSTED] = "retries_exhausted",
+    [SK_METRICS_BEYOND_RETENTION] = "beyond_retention",
     [SK_METRICS_CRASHED] = "crashed",
 };
 

@@ -145,6 +145,13 @@ bool sk_job_admit(struct sk_pipeline *p, struct job *j)
     j->log.idempotency_key = j->env.idempotency_key;
     j->log.resource_key = j->env.resource_key;
     j->log.delivery_attempt = j->env.delivery_attempt;
+    if (sk_envelope_beyond_retention(&j->env, p->queue, (uint64_t)time(NULL))) {
+        const char *why = "published longer ago than the queue's retention: its key may be "
+                          "purged, so a duplicate could not be recognised";
+        sk_log_job(SK_LOG_WARN, &j->log, "not run: %s", why);
+        dead_letter(p, j, true, SK_METRICS_BEYOND_RETENTION, why);
+        return false;
+    }
     j->ref = (struct sk_keyref){ .queue = p->queue->name, .key = j->env.idempotency_key,
                                  .owner = p->owner, .job_id = j->env.job_id,
                                  .job_type = j->env.job_type };
