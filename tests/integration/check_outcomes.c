@@ -371,7 +371,11 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
     /* Two jobs for one resource, two workers: the second finds the lock
      * held for longer than busy_wait and must come back later. */
     h_run_open(&r, "busy");
-    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = H_FAST_RETRIES });
+    int port = h_free_port();
+    char top[128];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = H_FAST_RETRIES,
+                                          .top_yaml = top });
     h_publish(r.b, r.queue, "test", "busy-1", "k-busy-1", "account-7", "sleep:3000");
     char lock[256];
     snprintf(lock, sizeof(lock), "sekali:lock:%s:account-7", r.queue);
@@ -379,6 +383,10 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
     h_publish(r.b, r.queue, "test", "busy-2", "k-busy-2", "account-7", "ok");
     H_WAIT(h_effects(&r, "k-busy-1") == 1 && h_effects(&r, "k-busy-2") == 1, 30000,
            "both jobs on the busy resource should complete once");
+    /* Counted: the busy lock is what sekali_lock_busy_total is for. */
+    double busy = h_metric(port, "sekali_lock_busy_total{queue=\"%s\",job_type=\"test\"}",
+                           r.queue);
+    ck_assert_msg(busy >= 1, "sekali_lock_busy_total should count the busy lock, is %g", busy);
     h_run_stop(&r);
 
     ck_assert_msg(h_count_lines(r.log, "lock busy: re-scheduled") >= 1,
