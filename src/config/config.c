@@ -417,6 +417,31 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
     return NULL;
 }
 
+int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, void *arg),
+                   void *arg)
+{
+    int n = 0;
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &conf->queues[i];
+        /* A lock is renewed every ttl/3 with the same Redis timeout as any
+         * call: a renewal that hangs for all of it, then one more, spend
+         * the whole lease before the worker learns that it is gone. */
+        if (!q->lock || conf->redis.timeout_ms < q->lock_ttl_ms / 3)
+            continue;
+        char text[512], timeout[32], ttl[32];
+        snprintf(text, sizeof(text), "queue %s: redis.timeout (%s) is not below a third of its "
+                 "lock TTL (%s): a stuck lock renewal can use up the lease before the worker "
+                 "learns it failed; lower redis.timeout below %u ms, or raise lock_ttl",
+                 q->name, sk_conf_value_fmt_duration(conf->redis.timeout_ms, timeout,
+                                                      sizeof(timeout)),
+                 sk_conf_value_fmt_duration(q->lock_ttl_ms, ttl, sizeof(ttl)),
+                 q->lock_ttl_ms / 3);
+        say(text, arg);
+        n++;
+    }
+    return n;
+}
+
 struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q)
 {
     return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,

@@ -143,6 +143,12 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
  * conf/sekali.yaml and sekali.yaml(5) equal to the schema. */
 void sk_conf_each_key(void (*each)(const char *path, void *arg), void *arg);
 
+/* Settings that load but cannot work as meant: calls say(text, arg) once
+ * per finding, a sentence naming the keys and the fix, and returns how many.
+ * For `sekalid -t` and the log at start. */
+int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, void *arg),
+                   void *arg);
+
 /* The shape sekalid declares a configured queue with (sk_broker_declare()). */
 struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q);
 

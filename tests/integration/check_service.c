@@ -584,6 +584,46 @@ START_TEST(test_a_long_job_that_job_timeout_watches_keeps_the_watchdog_fed)
 }
 END_TEST
 
+/* `sekalid -t` on r's config with redis.timeout `timeout`: its output. */
+static const char *check_with_redis_timeout(struct h_run *r, const char *timeout, int *code)
+{
+    r->config = h_write_config(r->dir, r->queue, H_EFFECT, 1, "    lock_ttl: 3s\n");
+    char with[64];
+    snprintf(with, sizeof(with), "redis:\n  timeout: %s\n", timeout);
+    h_config_replace(r->config, "redis:\n", with);
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/sekalid -t -c %s 2>&1", h_build_dir(), r->config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    static char out[8192];
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    free(r->config);
+    r->config = NULL;
+    return out;
+}
+
+START_TEST(test_check_mode_warns_when_the_redis_timeout_cannot_fit_a_lock_renewal)
+{
+    struct h_run r;
+    h_run_open(&r, "renewfit");
+    int code;
+    /* 2 s (the default) against a 3 s lease renewed every second. */
+    const char *out = check_with_redis_timeout(&r, "2s", &code);
+    ck_assert_msg(code == 0, "a warning is no failure: exit %d, %s", code, out);
+    char expected[512];
+    snprintf(expected, sizeof(expected), "sekalid: warning: queue %s: redis.timeout (2s) is not "
+             "below a third of its lock TTL (3s)", r.queue);
+    ck_assert_msg(strstr(out, expected) != NULL, "expected \"%s\" in:\n%s", expected, out);
+    ck_assert_msg(strstr(out, "lower redis.timeout below 1000 ms") != NULL, "%s", out);
+    out = check_with_redis_timeout(&r, "300ms", &code);
+    ck_assert_msg(code == 0 && strstr(out, "warning") == NULL, "exit %d: %s", code, out);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -594,6 +634,7 @@ int main(void)
         test_sighup_whose_new_workers_exit_2_at_start_keeps_the_old_generation,
         test_sighup_applies_new_workers_and_handler_under_load_exactly_once,
         test_check_mode_reports_a_bad_conninfo_without_its_password,
+        test_check_mode_warns_when_the_redis_timeout_cannot_fit_a_lock_renewal,
         test_wrong_amqp_password_stops_sekalid_with_exit_2,
         test_wrong_postgres_password_stops_sekalid_with_exit_2,
         NULL,
