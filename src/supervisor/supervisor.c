@@ -181,6 +181,14 @@ static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *p
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
     s->watchdog_ms = sk_notify_watchdog_ms();
+    /* See slot_alive(): an unwatched job longer than the watchdog gets the
+     * service restarted. Said once, so that no one learns it from systemd. */
+    for (size_t q = 0; s->watchdog_ms > 0 && q < conf->n_queues; q++)
+        if (conf->queues[q].job_timeout_ms == 0)
+            sk_log_warn("queue %s has no job_timeout: under the systemd watchdog, a job "
+                        "longer than %u ms withholds WATCHDOG=1 and systemd restarts sekalid; "
+                        "set a job_timeout above its longest job", conf->queues[q].name,
+                        s->watchdog_ms);
     sk_deaths_init(&s->deaths);
     for (size_t i = 0; i < s->current->n_slots; i++)
         spawn(s, s->current, &s->current->slots[i]);

@@ -546,6 +546,8 @@ START_TEST(test_a_wedged_handler_without_job_timeout_withholds_the_watchdog)
            "WATCHDOG=1 should stop while the handler is wedged; the last came %lld ms ago",
            (long long)(h_now_ms() - last));
 
+    /* Said at start, once. */
+    ck_assert_int_eq(h_count_lines(r.log, "has no job_timeout: under the systemd watchdog"), 1);
     /* Its worker killed and replaced, the watchdog is fed again. */
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
     int64_t killed = h_now_ms();
@@ -576,6 +578,7 @@ START_TEST(test_a_long_job_that_job_timeout_watches_keeps_the_watchdog_fed)
     H_WAIT((note_watchdog(fd, heard, sizeof(heard), &last), last > stalled + 2500), 10000,
            "WATCHDOG=1 should keep coming during a job that job_timeout watches");
     ck_assert_msg(!h_process_gone(victim), "the worker should still be in its job");
+    ck_assert_int_eq(h_count_lines(r.log, "has no job_timeout"), 0);
     H_WAIT(h_process_gone(victim), 20000, "job_timeout should kill the worker");
     H_WAIT(h_effects(&r, "order-wedged") == 1, 30000, "the job should run again once");
     close(fd);
