@@ -1011,8 +1011,8 @@ START_TEST(test_retention_takes_years_or_forever)
     ck_assert_str_eq(load_retention("retention: 876001h", "", &conf),
                      "3:46: retention must be between 1s and 876000h, or forever, got 876001h");
     ck_assert_str_eq(load_retention("retention: always", "", &conf),
-                     "3:46: invalid duration \"always\": expected a number followed by ms, s, m or h, "
-                     "or forever");
+                     "3:46: invalid duration \"always\": expected a number followed by ms, s, "
+                     "m or h, or forever");
 }
 END_TEST
 
