@@ -26,6 +26,7 @@ struct sk_broker {
     bool                    confirming;
     uint64_t                next_publish_tag;
     uint64_t                ack_pending;      /* highest delivery tag acked but not sent */
+    int64_t                 ack_flushed_ms;   /* when the last multiple-ack went out */
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
     bool                    channel_closed;   /* by the broker, refusing what we sent */
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */

@@ -14,6 +14,11 @@
 
 #include "broker.h"
 #include "broker_conn.h"
+#include "clock.h"
+
+/* The longest a finished job's ack is held back to share a multiple-ack
+ * with the next ones while deliveries keep arriving. */
+#define SK_ACK_DELAY_MS 100
 
 static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_message_t *msg,
                      uint64_t *delivery_tag, struct sk_err *err);
@@ -47,10 +52,15 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
 {
     if (b->broken)
         return sk_err_set(err, SK_ERR, "the AMQP connection failed earlier");
-    /* Acks go out only when no delivery is waiting in our buffers: one
-     * multiple-ack then settles a whole prefetch window, which halves the
-     * broker's work per job. */
-    if (b->ack_pending != 0 && !amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn) &&
+    /* Acks go out when no delivery is waiting in our buffers, so that one
+     * multiple-ack settles a prefetch window (half the broker's work per
+     * job), and at least every SK_ACK_DELAY_MS while deliveries keep
+     * coming: a finished job's ack then waits that long plus, at worst, the
+     * one job taken before it goes, never the whole window. The clock is
+     * read only while the buffer holds a delivery. */
+    if (b->ack_pending != 0 &&
+        ((!amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn)) ||
+         sk_now_ms() - b->ack_flushed_ms >= SK_ACK_DELAY_MS) &&
         flush_acks(b, err) != SK_OK)
         return SK_ERR;
     amqp_maybe_release_buffers(b->conn);
@@ -183,6 +193,7 @@ static int flush_acks(struct sk_broker *b, struct sk_err *err)
         return SK_OK;
     int status = amqp_basic_ack(b->conn, SK_BROKER_CHANNEL, b->ack_pending, 1);
     b->ack_pending = 0;
+    b->ack_flushed_ms = sk_now_ms();
     if (status != AMQP_STATUS_OK)
         return sk_broker_lost(b, status, "basic.ack failed", err);
     return SK_OK;

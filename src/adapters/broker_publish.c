@@ -108,17 +108,16 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
     return SK_OK;
 }
 
-/* A job's message is persistent; each optional field is sent only when set. */
+/* A job's message is persistent and stamped with when it was published
+ * (AMQP's timestamp, Unix seconds), which a worker holds against the
+ * queue's key retention; copies (sk_broker_republish()) keep the stamp.
+ * Each optional field is sent only when set. */
 static amqp_basic_properties_t message_properties(const struct sk_message *msg,
                                                   amqp_table_entry_t *headers, int n_headers)
 {
     amqp_basic_properties_t props = { 0 };
-    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    /* When the job was first published, in seconds: copies (retries, dead
-     * letters) keep it, so a worker can tell a job older than its key's
-     * retention (sekali_job_admit()). */
-    props._flags |= AMQP_BASIC_TIMESTAMP_FLAG;
     props.timestamp = (uint64_t)time(NULL);
     set_text(&props, AMQP_BASIC_MESSAGE_ID_FLAG, &props.message_id, msg->message_id);
     set_text(&props, AMQP_BASIC_TYPE_FLAG, &props.type, msg->type);

@@ -30,6 +30,7 @@
 #define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
 #define NAME_CHARS    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 #define MIN_LOCK_TTL  100         /* shorter leases cannot be renewed (every ttl/3) in time */
+#define MAX_RETENTION (100 * 365 * DAY)  /* years; longer is "forever" */
 
 enum type {
     T_STR,            /* char *, non-empty */
@@ -40,6 +41,7 @@ enum type {
     T_BOOL,           /* bool: true/false/yes/no/on/off */
     T_DURATION,       /* uint32_t milliseconds in [min, max] */
     T_SIZE,           /* size_t bytes in [min, max] */
+    T_RETENTION,      /* uint64_t milliseconds in [min, max], or "forever" */
     T_ENUM,           /* an enum whose values index names[] */
     T_SECTION,        /* a nested mapping described by sub[] */
     T_PASSWORD_ENV,   /* char *password, read from the named variable */
@@ -127,6 +129,7 @@ static char *resolve(struct loader *L, const char *path);
 #define BOOL(n, s, f)              { .name = n, .type = T_BOOL, .offset = OF(s, f) }
 #define DURATION(n, s, f, lo, hi)  { .name = n, .type = T_DURATION, .offset = OF(s, f), .min = lo, .max = hi }
 #define SIZE(n, s, f, lo, hi)      { .name = n, .type = T_SIZE, .offset = OF(s, f), .min = lo, .max = hi }
+#define RETENTION(n, s, f)         { .name = n, .type = T_RETENTION, .offset = OF(s, f), .min = SEC, .max = MAX_RETENTION }
 #define ENUM(n, s, f, list)        { .name = n, .type = T_ENUM, .offset = OF(s, f), .names = list }
 #define SUBSECTION(n, s, f, table)  { .name = n, .type = T_SECTION, .offset = OF(s, f), \
                                      .sub = table }
@@ -283,7 +286,7 @@ static const struct key queue_keys[] = {
     INT("batch",            sk_queue_conf, batch, 1, MAX_BATCH),
     DURATION("batch_wait",  sk_queue_conf, batch_wait_ms, 0, SEC),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
-    DURATION("retention",   sk_queue_conf, retention_ms, SEC, 45 * DAY),
+    RETENTION("retention",  sk_queue_conf, retention_ms),
     CUSTOM("config", queue_config, false),
     END
 };
@@ -298,7 +301,7 @@ static const struct key outbox_keys[] = {
 static const struct key janitor_keys[] = {
     DURATION("interval",         sk_janitor_conf, interval_ms, 0, DAY),
     INT("batch",                 sk_janitor_conf, batch, 1, 100000),
-    DURATION("outbox_retention", sk_janitor_conf, outbox_retention_ms, SEC, 45 * DAY),
+    RETENTION("outbox_retention", sk_janitor_conf, outbox_retention_ms),
     END
 };
 
@@ -463,6 +466,31 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
     return NULL;
 }
 
+int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, void *arg),
+                   void *arg)
+{
+    int n = 0;
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &conf->queues[i];
+        /* A lock is renewed every ttl/3 with the same Redis timeout as any
+         * call: a renewal that hangs for all of it, then one more, spend
+         * the whole lease before the worker learns that it is gone. */
+        if (!q->lock || conf->redis.timeout_ms < q->lock_ttl_ms / 3)
+            continue;
+        char text[512], timeout[32], ttl[32];
+        snprintf(text, sizeof(text), "queue %s: redis.timeout (%s) is not below a third of its "
+                 "lock TTL (%s): a stuck lock renewal can use up the lease before the worker "
+                 "learns it failed; lower redis.timeout below %u ms, or raise lock_ttl",
+                 q->name, sk_conf_value_fmt_duration(conf->redis.timeout_ms, timeout,
+                                                      sizeof(timeout)),
+                 sk_conf_value_fmt_duration(q->lock_ttl_ms, ttl, sizeof(ttl)),
+                 q->lock_ttl_ms / 3);
+        say(text, arg);
+        n++;
+    }
+    return n;
+}
+
 struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q)
 {
     return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
@@ -597,6 +625,12 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
             return fail(L, v, "%s: expected a boolean (true/false/yes/no/on/off), got \"%.64s\"",
                         k->name, s);
         return SK_OK;
+    case T_RETENTION:
+        if (strcmp(s, "forever") == 0) {
+            *(uint64_t *)field = SK_RETENTION_FOREVER;
+            return SK_OK;
+        }
+        /* fall through */
     case T_DURATION:
     case T_SIZE:
         return apply_measure(L, k, v, s, field);
@@ -635,24 +669,28 @@ static int apply_int(struct loader *L, const struct key *k, yaml_node_t *v, cons
     return SK_OK;
 }
 
-/* A duration (stored in ms as uint32_t) or a size (bytes, size_t). */
+/* A duration (stored in ms as uint32_t, a retention's as uint64_t) or a
+ * size (bytes, size_t). */
 static int apply_measure(struct loader *L, const struct key *k, yaml_node_t *v, const char *s,
                          void *field)
 {
-    const char *(*fmt)(uint64_t, char *, size_t) = k->type == T_DURATION ?
+    bool duration = k->type != T_SIZE;
+    const char *(*fmt)(uint64_t, char *, size_t) = duration ?
         sk_conf_value_fmt_duration : sk_conf_value_fmt_size;
     char lo[32], hi[32];
     struct sk_err e;
     uint64_t u;
-    int rc = k->type == T_DURATION ? sk_conf_value_parse_duration(s, &u, &e)
-                                   : sk_conf_value_parse_size(s, &u, &e);
+    int rc = duration ? sk_conf_value_parse_duration(s, &u, &e) : sk_conf_value_parse_size(s, &u, &e);
     if (rc != SK_OK)
-        return fail(L, v, "%s", e.msg);
+        return fail(L, v, "%s%s", e.msg, k->type == T_RETENTION ? ", or forever" : "");
     if (u < k->min || u > k->max)
-        return fail(L, v, "%s must be between %s and %s, got %.64s", k->name,
-                    fmt(k->min, lo, sizeof(lo)), fmt(k->max, hi, sizeof(hi)), s);
+        return fail(L, v, "%s must be between %s and %s%s, got %.64s", k->name,
+                    fmt(k->min, lo, sizeof(lo)), fmt(k->max, hi, sizeof(hi)),
+                    k->type == T_RETENTION ? ", or forever" : "", s);
     if (k->type == T_DURATION)
         *(uint32_t *)field = (uint32_t)u;
+    else if (k->type == T_RETENTION)
+        *(uint64_t *)field = u;
     else
         *(size_t *)field = (size_t)u;
     return SK_OK;

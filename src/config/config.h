@@ -70,10 +70,13 @@ struct sk_outbox_conf {
     uint32_t poll_interval_ms;     /* longest wait without a NOTIFY (scheduled jobs) */
 };
 
+/* retention: forever, in retention_ms and outbox_retention_ms. */
+#define SK_RETENTION_FOREVER UINT64_MAX
+
 struct sk_janitor_conf {
     uint32_t interval_ms;          /* between rounds; 0: no janitor */
     int      batch;                /* rows per DELETE, so no lock is held for long */
-    uint32_t outbox_retention_ms;  /* published outbox rows older than this go */
+    uint64_t outbox_retention_ms;  /* published outbox rows older than this go */
 };
 
 /* The supervisor's restart delays for workers that die without progress. */
@@ -101,7 +104,8 @@ struct sk_queue_conf {
     enum sk_queue_type queue_type;
     enum sk_queue_declare declare;
     uint32_t           lease_ms;       /* external mode: the key's lease, renewed every lease/3 */
-    uint32_t           retention_ms;   /* finished keys older than this are deleted */
+    uint64_t           retention_ms;   /* finished keys older than this are deleted;
+                                          SK_RETENTION_FOREVER: never */
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
     int                max_crashes;    /* a job whose worker died this often is dead-lettered; 0: off */
     int                batch;          /* deliveries per transaction; 1: one job per transaction */
@@ -139,6 +143,12 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
  * Sections are visited, not named themselves. For the docs test that holds
  * conf/sekali.yaml and sekali.yaml(5) equal to the schema. */
 void sk_conf_each_key(void (*each)(const char *path, void *arg), void *arg);
+
+/* Settings that load but cannot work as meant: calls say(text, arg) once
+ * per finding, a sentence naming the keys and the fix, and returns how many.
+ * For `sekalid -t` and the log at start. */
+int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, void *arg),
+                   void *arg);
 
 /* The shape sekalid declares a configured queue with (sk_broker_declare()). */
 struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q);

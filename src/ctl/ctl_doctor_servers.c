@@ -146,7 +146,10 @@ static void check_retention(struct sk_doctor *d, PGconn *pg)
             continue;
         }
         char keep[32], age[32];
-        sk_conf_value_fmt_duration(q->retention_ms, keep, sizeof(keep));
+        if (q->retention_ms == SK_RETENTION_FOREVER)
+            snprintf(keep, sizeof(keep), "forever");
+        else
+            sk_conf_value_fmt_duration(q->retention_ms, keep, sizeof(keep));
         if (PQgetisnull(res, 0, 0)) {
             sk_doctor_add(d, "retention", q->name, SK_DOCTOR_PASS, NULL,
                           "no job waiting; keys kept %s", keep);

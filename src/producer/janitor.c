@@ -13,6 +13,7 @@
  * at most janitor.batch rows and commits on its own, so it never holds many
  * row locks or a long transaction; a round repeats batches until one comes
  * back short. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,17 +55,20 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
     snprintf(batch, sizeof(batch), "%d", conf->janitor.batch);
     for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
         const struct sk_queue_conf *q = &conf->queues[i];
-        snprintf(ms, sizeof(ms), "%u", q->retention_ms);
+        if (q->retention_ms == SK_RETENTION_FOREVER)
+            continue;
+        snprintf(ms, sizeof(ms), "%" PRIu64, q->retention_ms);
         const char *params[] = { q->name, ms, batch };
         if (drain(pg, "SELECT sekali.purge_keys($1, $2, $3)", params, 3, conf->janitor.batch,
                   "idempotency keys") != SK_OK)
             return SK_AGAIN;
     }
-    snprintf(ms, sizeof(ms), "%u", conf->janitor.outbox_retention_ms);
+    snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.outbox_retention_ms);
     const char *outbox[] = { ms, batch };
     const char *only_batch[] = { batch };
-    if (drain(pg, "SELECT sekali.purge_outbox($1, $2)", outbox, 2, conf->janitor.batch,
-              "outbox rows") != SK_OK ||
+    if ((conf->janitor.outbox_retention_ms != SK_RETENTION_FOREVER &&
+         drain(pg, "SELECT sekali.purge_outbox($1, $2)", outbox, 2, conf->janitor.batch,
+               "outbox rows") != SK_OK) ||
         drain(pg, "SELECT sekali.purge_dedupe($1)", only_batch, 1, conf->janitor.batch,
               "dedupe keys") != SK_OK ||
         drain(pg, "SELECT sekali.purge_crashes($1)", only_batch, 1, conf->janitor.batch,

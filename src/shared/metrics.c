@@ -35,8 +35,10 @@ _Static_assert(ATOMIC_LONG_LOCK_FREE == 2 && ATOMIC_LLONG_LOCK_FREE == 2 &&
 const uint64_t sk_metrics_bucket_ns[BUCKETS - 1] = {
     5000000, 10000000, 25000000, 50000000, 100000000, 250000000, 500000000,
     NS_PER_S, 2500 * UINT64_C(1000000), 5 * NS_PER_S, 10 * NS_PER_S, 30 * NS_PER_S,
-    60 * NS_PER_S,
+    60 * NS_PER_S, 120 * NS_PER_S, 300 * NS_PER_S, 600 * NS_PER_S, 1800 * NS_PER_S,
+    3600 * NS_PER_S, 7200 * NS_PER_S, 14400 * NS_PER_S, 28800 * NS_PER_S, 86400 * NS_PER_S,
 };
+_Static_assert(SK_METRICS_BUCKET_60S < BUCKETS - 1, "the 60 s bound is one of them");
 
 /* Indexed by enum sk_metrics_reason: the one spelling of each reason, in
  * the x-sekali-reason header and the metric label alike. Label values and

@@ -22,7 +22,8 @@
 #define SK_METRICS_TYPE_MAX 63  /* longest job type name, in bytes; longer is "other" */
 #define SK_METRICS_OUTBOX_QUEUES 32  /* target queues the relays count apart; more: "other" */
 #define SK_METRICS_NAME_MAX 255  /* longest name of any series (AMQP's queue name limit) */
-#define SK_METRICS_BUCKETS  14   /* of the job duration histogram, +Inf included */
+#define SK_METRICS_BUCKETS  23   /* of the job duration histogram, +Inf included */
+#define SK_METRICS_BUCKET_60S 12  /* index of the 60 s bound, the least a scrape shows */
 
 /* The monotonic counters of one (queue, job type). Adding one? Name and
  * describe it in metrics_text.c's `counters` table, and in sekalid(8)'s
@@ -48,7 +49,7 @@ enum sk_metrics_reason {
     SK_METRICS_FAILED,             /* handler returned FAIL, or an invalid status */
     SK_METRICS_RETRIES_EXHAUSTED,  /* RETRY on the last allowed attempt */
     SK_METRICS_CRASHED,            /* its worker died running it max_crashes times */
-    SK_METRICS_BEYOND_RETENTION,   /* published longer ago than the queue keeps keys */
+    SK_METRICS_BEYOND_RETENTION,   /* published longer ago than its queue's retention */
     SK_METRICS_REASONS
 };
 
@@ -124,7 +125,8 @@ void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n)
 const char *sk_metrics_reason_name(enum sk_metrics_reason reason);
 
 /* Upper bounds of the duration buckets, in ns (inclusive, as Prometheus'
- * `le`); the last bucket, +Inf, has none. */
+ * `le`); the last bucket, +Inf, has none. Counted up to a day; a scrape
+ * shows a queue's buckets only up to its longest limit (metrics_text.c). */
 extern const uint64_t sk_metrics_bucket_ns[SK_METRICS_BUCKETS - 1];
 
 /* Reading, for rendering: plain copies of the atomics, each read once. */

@@ -46,6 +46,15 @@ static void usage(FILE *out)
             "built for another ABI\n");
 }
 
+/* A finding of sk_conf_advise(): on stderr for -t, else in the log. */
+static void advise(const char *text, void *arg)
+{
+    if (*(const bool *)arg)
+        fprintf(stderr, "sekalid: warning: %s\n", text);
+    else
+        sk_log_warn("%s", text);
+}
+
 int main(int argc, char **argv)
 {
     const char *path = SK_CONF_PATH;
@@ -85,6 +94,7 @@ int main(int argc, char **argv)
         return SK_EXIT_CONFIG;
     }
     sk_log_init(conf->log.level, conf->log.format, "supervisor");
+    sk_conf_advise(conf, advise, &test_only);
 
     struct sk_plugin *plugins = NULL;
     int rc = sk_plugin_load_queues(conf, sk_host(), &plugins, &err);

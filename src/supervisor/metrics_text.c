@@ -162,6 +162,20 @@ static void lock_wait(struct scrape *s)
     }
 }
 
+/* The finite buckets a queue's histogram shows: up to the first bound at
+ * or over its longest limit (lock_ttl, job_timeout), so that the "jobs near
+ * their lock TTL" alert sees such jobs, but never fewer than up to 60 s.
+ * Buckets are cumulative: the ones left out are in +Inf, still correct. */
+static int shown_buckets(const struct sk_queue_conf *queue)
+{
+    uint64_t longest = (uint64_t)(queue->lock_ttl_ms > queue->job_timeout_ms
+                                      ? queue->lock_ttl_ms : queue->job_timeout_ms) * NS_PER_MS;
+    int b = SK_METRICS_BUCKET_60S;
+    while (b < SK_METRICS_BUCKETS - 2 && sk_metrics_bucket_ns[b] < longest)
+        b++;
+    return b + 1;
+}
+
 static void durations(struct scrape *s)
 {
     FILE *f = s->f;
@@ -169,9 +183,12 @@ static void durations(struct scrape *s)
            "Completed jobs' time from claim to commit.");
     EACH_ROW(s, q, r) {
         const char *queue = s->conf->queues[q].name;
+        int shown = shown_buckets(&s->conf->queues[q]);
         uint64_t cumulative = 0;
         for (int b = 0; b < SK_METRICS_BUCKETS; b++) {
             cumulative += r->duration[b];
+            if (b >= shown && b < SK_METRICS_BUCKETS - 1)
+                continue;
             fputs("sekali_job_duration_seconds_bucket", f);
             labels(f, queue, r->name);
             fputs(",le=\"", f);

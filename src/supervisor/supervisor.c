@@ -182,6 +182,14 @@ static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *p
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
     s->watchdog_ms = sk_notify_watchdog_ms();
+    /* See slot_alive(): an unwatched job longer than the watchdog gets the
+     * service restarted. Said once, so that no one learns it from systemd. */
+    for (size_t q = 0; s->watchdog_ms > 0 && q < conf->n_queues; q++)
+        if (conf->queues[q].job_timeout_ms == 0)
+            sk_log_warn("queue %s has no job_timeout: under the systemd watchdog, a job "
+                        "longer than %u ms withholds WATCHDOG=1 and systemd restarts sekalid; "
+                        "set a job_timeout above its longest job", conf->queues[q].name,
+                        s->watchdog_ms);
     sk_deaths_init(&s->deaths);
     for (size_t i = 0; i < s->current->n_slots; i++)
         spawn(s, s->current, &s->current->slots[i]);
@@ -647,6 +655,25 @@ static size_t running(const struct generation *g)
     return n;
 }
 
+/* Slot i earns the watchdog's credit: its loop turned within grace, or it
+ * is busy with a job that its queue's job_timeout watches and that is not
+ * past job_timeout by more than grace (by then the kill should have landed).
+ * A job on a queue without job_timeout earns none: nothing would ever end a
+ * wedged handler there, and a hung worker must not keep WATCHDOG=1 coming. */
+static bool slot_alive(const struct generation *g, size_t i, int64_t now, uint32_t grace)
+{
+    if (g->slots[i].pid <= 0)
+        return false;
+    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+    if (now - atomic_load(&shared->alive_ms) <= (int64_t)grace)
+        return true;
+    int64_t started = atomic_load(&shared->job_started_ms);
+    if (started == 0 || !g->slots[i].ops->counts_as_worker)
+        return false;
+    uint32_t limit = g->conf->queues[g->slots[i].queue].job_timeout_ms;
+    return limit > 0 && now - started <= (int64_t)limit + grace;
+}
+
 /* Tells systemd how things stand: READY=1 once every worker of the current
  * generation consumes (at start, and after a reload), STATUS= when the
  * picture changes, and WATCHDOG=1 only while every worker's loop is turning
@@ -661,11 +688,7 @@ static void report(struct supervisor *s)
     bool healthy = true;
     for (size_t i = 0; i < g->n_slots; i++) {
         consuming += slot_up(g, i);
-        const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-        bool busy = atomic_load(&shared->job_started_ms) != 0;
-        if (g->slots[i].pid <= 0 ||
-            (!busy && now - atomic_load(&shared->alive_ms) > (int64_t)grace))
-            healthy = false;
+        healthy &= slot_alive(g, i, now, grace);
     }
     char status[512];
     describe(g, status, sizeof(status));

@@ -47,12 +47,12 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     out->body_len = env->message.body.len;
     out->redelivered = env->redelivered != 0;
     out->rescheduled = false;
-    out->published_s = (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG) ? p->timestamp : 0;
     out->delivery_attempt = out->redelivered ? 2 : 1;
     out->scheduled_attempt = 1;
     out->first_failure[0] = '\0';
     out->job_type[0] = '\0';
     out->content_type[0] = '\0';
+    out->published_s = p->_flags & AMQP_BASIC_TIMESTAMP_FLAG ? p->timestamp : 0;
 
     if (check_sizes(p, q, out, err) != SK_OK || read_identity(p, q, out, err) != SK_OK ||
         read_reply(p, out, err) != SK_OK || read_keys(p, out, err) != SK_OK)
@@ -351,4 +351,13 @@ static bool has_prefix(const char *s, const char *prefix, const char *rest)
     if (strncmp(s, prefix, n) != 0 || strncmp(s + n, rest, r) != 0)
         return false;
     return rest[r - 1] == '.' || s[n + r] == '\0';
+}
+
+bool sk_envelope_beyond_retention(const struct sk_envelope *env, const struct sk_queue_conf *q,
+                                  uint64_t now_s)
+{
+    /* In whole seconds, as AMQP stamps: a second's rounding is nothing
+     * beside a retention of days. A stamp from the future is not late. */
+    return env->published_s != 0 && q->retention_ms != SK_RETENTION_FOREVER &&
+           now_s > env->published_s && now_s - env->published_s > q->retention_ms / 1000;
 }

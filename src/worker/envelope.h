@@ -30,7 +30,7 @@ struct sk_envelope {
     char        first_failure[64]; /* x-sekali-first-failure, or "" */
     bool        redelivered;
     bool        rescheduled;       /* a copy back from one of the queue's delay queues */
-    uint64_t    published_s;       /* AMQP timestamp: first published (Unix s); 0: unknown */
+    uint64_t    published_s;       /* AMQP timestamp (Unix s) of its first publish, or 0 */
 };
 
 /* Fills out from env for queue q. Returns SK_OK, or SK_ERR with the
@@ -39,6 +39,12 @@ struct sk_envelope {
  * The body stays owned by env. */
 int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
                       struct sk_envelope *out, struct sk_err *err);
+
+/* Whether env was first published longer ago than q's key retention, at
+ * now_s (Unix seconds): its key may be purged already, so a duplicate of
+ * it could not be recognised. False without a timestamp. */
+bool sk_envelope_beyond_retention(const struct sk_envelope *env, const struct sk_queue_conf *q,
+                                  uint64_t now_s);
 
 /* Why a reply may not go to reply_to, or NULL if it may. Replies must not
  * feed a queue sekali itself consumes (the reply, carrying the job's id and

@@ -170,24 +170,6 @@ void sk_span_free(struct sk_span *s)
     free(s);
 }
 
-/* A job first published longer ago than the queue keeps finished keys may
- * be a copy of one whose key is purged already: run, it could happen twice.
- * Quarantined instead (dead-lettered, replayable by hand). The time is the
- * publisher's clock against ours, good enough for a bound of hours or days
- * (sekalictl doctor checks the skew). */
-static bool beyond_retention(struct sk_pipeline *p, struct job *j)
-{
-    uint64_t now = (uint64_t)time(NULL), keep_s = p->queue->retention_ms / 1000;
-    if (j->env.published_s == 0 || keep_s == 0 || now <= j->env.published_s + keep_s)
-        return false;
-    char why[160];
-    snprintf(why, sizeof(why), "published %llus ago, longer than the queue keeps keys (%llus)",
-             (unsigned long long)(now - j->env.published_s), (unsigned long long)keep_s);
-    sk_log_job(SK_LOG_WARN, &j->log, "job beyond retention: %s", why);
-    dead_letter(p, j, true, SK_METRICS_BEYOND_RETENTION, why);
-    return true;
-}
-
 /* Validates the delivery and counts it; dead-letters what can never run. */
 bool sk_job_admit(struct sk_pipeline *p, struct job *j)
 {
@@ -219,8 +201,13 @@ bool sk_job_admit(struct sk_pipeline *p, struct job *j)
     j->log.idempotency_key = j->env.idempotency_key;
     j->log.resource_key = j->env.resource_key;
     j->log.delivery_attempt = j->env.delivery_attempt;
-    if (beyond_retention(p, j))
+    if (sk_envelope_beyond_retention(&j->env, p->queue, (uint64_t)time(NULL))) {
+        const char *why = "published longer ago than the queue's retention: its key may be "
+                          "purged, so a duplicate could not be recognised";
+        sk_log_job(SK_LOG_WARN, &j->log, "not run: %s", why);
+        dead_letter(p, j, true, SK_METRICS_BEYOND_RETENTION, why);
         return false;
+    }
     j->ref = (struct sk_keyref){ .queue = p->queue->name, .key = j->env.idempotency_key,
                                  .owner = p->owner, .job_id = j->env.job_id,
                                  .job_type = j->env.job_type };

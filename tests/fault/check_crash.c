@@ -306,6 +306,93 @@ START_TEST(test_reply_lost_in_a_crash_is_sent_by_the_duplicate)
 }
 END_TEST
 
+START_TEST(test_a_finished_jobs_ack_is_not_held_back_by_a_full_prefetch_window)
+{
+    /* One worker, its prefetch window (10) full of 400 ms jobs: the
+     * deliveries wait in its buffer, which used to hold back every ack until
+     * the window was drained. Killing the worker after some jobs committed
+     * shows what the broker still held unacked: each such job comes back as
+     * a duplicate. With acks sent at least every 100 ms, only the job whose
+     * commit the kill raced can. */
+    struct h_run r;
+    h_run_open(&r, "ackdelay");
+    /* Published before the worker consumes, so that the window arrives in
+     * one burst and stays in its buffer. */
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char key[32];
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof(key), "ack-%d", i);
+        h_publish(r.b, r.queue, "test", key, key, NULL, "sleep:400");
+    }
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    prefetch: 10\n" });
+    H_WAIT(h_effects(&r, NULL) >= 5, 30000, "five jobs should commit; %lld did",
+           h_effects(&r, NULL));
+    pid_t children[8];
+    size_t n = h_children(r.sekalid, children, 8);
+    ck_assert_uint_gt(n, 0);
+    for (size_t i = 0; i < n; i++)
+        kill(children[i], SIGKILL);
+    for (size_t i = 0; i < n; i++)
+        H_WAIT(h_process_gone(children[i]), 10000, "child %ld should be gone", (long)children[i]);
+    long long done = h_effects(&r, NULL);
+    H_WAIT(h_effects(&r, NULL) == 10, 30000, "every job should commit once; %lld did",
+           h_effects(&r, NULL));
+    h_run_stop(&r);
+    h_expect_once(&r, 10, H_ANY_DUPS);
+    long long dups = h_duplicates(&r);
+    ck_assert_msg(dups <= 1, "%lld of the %lld jobs committed before the kill came back as "
+                  "duplicates: their acks were held back", dups, done);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A worker that dies by itself on every delivery (the handler aborts, and
+ * max_crashes is off, so nothing dead-letters the job): its restarts back
+ * off exponentially up to restart.max, and the fifth death in a row without
+ * progress is reported once as a crash loop. */
+START_TEST(test_a_worker_that_keeps_crashing_backs_off_and_is_reported_crash_looping)
+{
+    struct h_run r;
+    h_run_open(&r, "crashloop");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1,
+                                          .queue_yaml = "    max_crashes: 0\n    lock: false\n",
+                                          .top_yaml = "restart:\n  initial: 100ms\n"
+                                                      "  max: 800ms\n" });
+    h_publish(r.b, r.queue, "test", "loop-1", "order-loop", NULL, "abort");
+    H_WAIT(h_count_lines(r.log, "killed by signal 6") >= 8, 60000,
+           "the worker should die again and again; it died %d times",
+           h_count_lines(r.log, "killed by signal 6"));
+    ck_assert_int_eq(h_count_lines(r.log, "is crash-looping (5 deaths in a row without "
+                                          "progress); restarts are backing off up to 800 ms"),
+                     1);
+    /* Each death's line says when the restart comes: full jitter under a
+     * ceiling that doubles from 100 ms to 800 ms. All within the cap, and
+     * some past the first ceiling, or nothing backed off. */
+    char *log = h_read_file(r.log);
+    ck_assert_ptr_nonnull(log);
+    int deaths = 0;
+    unsigned longest = 0;
+    for (const char *at = log; (at = strstr(at, "killed by signal 6")) != NULL; at++) {
+        const char *end = strchr(at, '\n');
+        const char *in = strstr(at, "restarting in ");
+        unsigned ms = 0;
+        if (in != NULL && (end == NULL || in < end))
+            ck_assert_int_eq(sscanf(in, "restarting in %u ms", &ms), 1);
+        ck_assert_msg(ms <= 800, "a restart delay of %u ms is past restart.max", ms);
+        longest = ms > longest ? ms : longest;
+        deaths++;
+    }
+    free(log);
+    ck_assert_int_ge(deaths, 8);
+    ck_assert_msg(longest > 100, "after %d deaths no restart waited past the first 100 ms "
+                  "ceiling (longest %u ms): no backoff", deaths, longest);
+    ck_assert_int_eq(h_effects(&r, "order-loop"), 0);
+    ck_assert_int_eq(kill(r.sekalid, SIGTERM), 0);
+    h_wait_exit(r.sekalid, 30000, "sekalid after SIGTERM");
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_production_binary_has_no_failpoints)
 {
     h_init();
@@ -327,6 +414,8 @@ int main(void)
         test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker,
         test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once,
         test_reply_lost_in_a_crash_is_sent_by_the_duplicate,
+        test_a_finished_jobs_ack_is_not_held_back_by_a_full_prefetch_window,
+        test_a_worker_that_keeps_crashing_backs_off_and_is_reported_crash_looping,
         test_production_binary_has_no_failpoints,
         NULL,
     };

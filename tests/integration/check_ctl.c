@@ -355,6 +355,40 @@ START_TEST(test_help_version_and_bad_options_exit_as_gnu_programs_do)
 }
 END_TEST
 
+START_TEST(test_enqueue_direct_publishes_past_the_outbox_and_the_job_runs_once)
+{
+    struct h_run r;
+    start(&r, "ctldirect", 1, false);
+    char key[200];
+    snprintf(key, sizeof(key), "direct-%s", r.queue);
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "enqueue", r.queue, "test", "--direct", "--id", "direct-1",
+                         "--key", key, "--json", "ok"), 0);
+    json_holds(r.dir, "d[\"job_id\"] == \"direct-1\"");
+    free(out);
+    H_WAIT(h_effects(&r, key) == 1, 30000, "the job published with --direct should run");
+    /* Straight to the broker: no outbox row was written for it. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
+                                r.queue), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = '%s' AND job_id = 'direct-1' AND "
+                                      "status = 'completed'", r.queue, key), 1);
+    /* A queue that exists nowhere: the mandatory publish comes back. */
+    char missing[200];
+    snprintf(missing, sizeof(missing), "%s-missing", r.queue);
+    char *err;
+    ck_assert_int_eq(RUN(r.dir, "sekalictl", &out, &err, "-c", r.config, "enqueue", missing,
+                         "test", "--direct", "ok"), 1);
+    ck_assert_msg(strstr(err, "enqueue to ") != NULL && strstr(err, "failed") != NULL,
+                  "expected the failed publish to be reported; got:\n%s", err);
+    free(out);
+    free(err);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_effects(&r, key), 1);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -363,6 +397,7 @@ int main(void)
         test_trace_tells_an_outbox_job_its_run_and_its_duplicate_in_time_order,
         test_trace_of_a_failed_key_shows_its_dead_letter_and_leaves_it_there,
         test_help_version_and_bad_options_exit_as_gnu_programs_do,
+        test_enqueue_direct_publishes_past_the_outbox_and_the_job_runs_once,
         NULL,
     };
     Suite *s = suite_create("ctl");

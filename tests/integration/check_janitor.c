@@ -148,11 +148,66 @@ START_TEST(test_one_janitor_round_drains_every_full_batch)
 }
 END_TEST
 
+static long long keys_named(const struct h_run *r, const char *key)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND key = '%s'", r->queue, key);
+}
+
+/* A retention of a year, past the 45 days a 32-bit millisecond count held. */
+START_TEST(test_retention_of_a_year_keeps_half_a_year_old_keys)
+{
+    struct h_run r;
+    h_run_open(&r, "janitor");
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) VALUES "
+             "('%1$s', 'two-years', 'completed', 1, now() - interval '2 years'),"
+             "('%1$s', 'half-a-year', 'completed', 1, now() - interval '6 months')", r.queue);
+    h_pg_exec(r.pg, sql);
+    r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 1, "    retention: 8760h\n",
+                                  "janitor:\n  interval: 200ms\n");
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(keys_named(&r, "two-years") == 0, 20000,
+           "the janitor should delete the key finished two years ago");
+    h_stop_sekalid(r.sekalid, r.dir);
+    ck_assert_int_eq(keys_named(&r, "half-a-year"), 1);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_retention_forever_keeps_every_key)
+{
+    struct h_run r;
+    h_run_open(&r, "janitor");
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) VALUES "
+             "('%1$s', 'ten-years', 'failed', 1, now() - interval '10 years');"
+             "INSERT INTO sekali.outbox (job_id, queue, job_type, body, idempotency_key, "
+             "published_at) VALUES ('%1$s-o1', '%1$s', 't', '', 'o1', "
+             "now() - interval '2 hours')", r.queue);
+    h_pg_exec(r.pg, sql);
+    r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 1, "    retention: forever\n",
+                                  "janitor:\n  interval: 200ms\n  outbox_retention: 1h\n");
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    /* A round purges the keys first, then the outbox: once the old outbox
+     * row is gone, the keys' turn has passed. */
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE job_id = '%s-o1'",
+                      r.queue) == 0, 20000, "the janitor should finish a round");
+    h_stop_sekalid(r.sekalid, r.dir);
+    ck_assert_int_eq(keys_named(&r, "ten-years"), 1);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_janitor_removes_exactly_what_retention_says,
         test_one_janitor_round_drains_every_full_batch,
+        test_retention_of_a_year_keeps_half_a_year_old_keys,
+        test_retention_forever_keeps_every_key,
         NULL,
     };
     return h_run_suite(h_suite("janitor", 120, tests));

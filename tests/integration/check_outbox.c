@@ -655,6 +655,51 @@ START_TEST(test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl)
 }
 END_TEST
 
+/* One job's id, as sekali.enqueue() returns it for dedupe key `dedupe` held
+ * for ttl, scheduled far ahead so that nothing runs it (or releases it). */
+static char *enqueue_held(PGconn *pg, const char *queue, const char *dedupe, const char *ttl)
+{
+    char sql[1024];
+    snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'test', 'ok', NULL, '%s', NULL, "
+             "'2100-01-01', interval '%s')", queue, dedupe, ttl);
+    PGresult *res = PQexec(pg, sql);
+    ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "%s", PQerrorMessage(pg));
+    char *id = strdup(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return id;
+}
+
+START_TEST(test_a_dedupe_key_expires_after_its_ttl)
+{
+    struct h_run r;
+    h_run_open(&r, "dedupettl");
+    char dedupe[160];
+    snprintf(dedupe, sizeof(dedupe), "ttl-%s", r.queue);
+    char *first = enqueue_held(r.pg, r.queue, dedupe, "1 second");
+    /* Within its TTL the key holds: the same job again, nothing new. */
+    char *again = enqueue_held(r.pg, r.queue, dedupe, "1 second");
+    ck_assert_str_eq(again, first);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
+                                r.queue), 1);
+    /* Past it, though its job never ran and never released it, a new job. */
+    char *later = NULL;
+    H_WAIT((free(later), later = enqueue_held(r.pg, r.queue, dedupe, "1 hour"),
+            strcmp(later, first) != 0), 10000,
+           "the dedupe key should expire after its 1 s TTL; still job %s", later);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
+                                r.queue), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_dedupe WHERE "
+                                      "dedupe_key = '%s' AND job_id = '%s'", dedupe, later), 1);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.outbox WHERE queue = '%s'", r.queue);
+    h_pg_exec(r.pg, sql);
+    free(first);
+    free(again);
+    free(later);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -673,6 +718,7 @@ int main(void)
         test_two_relays_publish_five_thousand_rows_once_each,
         test_job_chains_survive_worker_kills_with_each_link_once,
         test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl,
+        test_a_dedupe_key_expires_after_its_ttl,
         NULL,
     };
     return h_run_suite(h_suite("outbox", 300, tests));

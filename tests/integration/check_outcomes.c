@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -370,7 +371,11 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
     /* Two jobs for one resource, two workers: the second finds the lock
      * held for longer than busy_wait and must come back later. */
     h_run_open(&r, "busy");
-    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = H_FAST_RETRIES });
+    int port = h_free_port();
+    char top[128];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = H_FAST_RETRIES,
+                                          .top_yaml = top });
     h_publish(r.b, r.queue, "test", "busy-1", "k-busy-1", "account-7", "sleep:3000");
     char lock[256];
     snprintf(lock, sizeof(lock), "sekali:lock:%s:account-7", r.queue);
@@ -378,6 +383,10 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
     h_publish(r.b, r.queue, "test", "busy-2", "k-busy-2", "account-7", "ok");
     H_WAIT(h_effects(&r, "k-busy-1") == 1 && h_effects(&r, "k-busy-2") == 1, 30000,
            "both jobs on the busy resource should complete once");
+    /* Counted: the busy lock is what sekali_lock_busy_total is for. */
+    double busy = h_metric(port, "sekali_lock_busy_total{queue=\"%s\",job_type=\"test\"}",
+                           r.queue);
+    ck_assert_msg(busy >= 1, "sekali_lock_busy_total should count the busy lock, is %g", busy);
     h_run_stop(&r);
 
     ck_assert_msg(h_count_lines(r.log, "lock busy: re-scheduled") >= 1,
@@ -430,6 +439,78 @@ START_TEST(test_reply_is_sent_once_per_key_with_the_saved_result)
 }
 END_TEST
 
+/* A message stamped (AMQP timestamp) two hours ago on a queue that keeps
+ * keys for one hour: its key may be gone, so it is dead-lettered as
+ * beyond_retention, not run; a fresh one beside it runs. */
+START_TEST(test_a_message_older_than_the_retention_is_dead_lettered_not_run)
+{
+    struct h_run r;
+    h_run_open(&r, "retention");
+    int port = h_free_port();
+    char top[128];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    retention: 1h\n",
+                                          .top_yaml = top });
+    amqp_envelope_t old;
+    memset(&old, 0, sizeof(old));
+    amqp_basic_properties_t *p = &old.message.properties;
+    p->_flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
+    p->message_id = amqp_cstring_bytes("old-1");
+    p->type = amqp_cstring_bytes("test");
+    uint64_t stamped = (uint64_t)time(NULL) - 2 * 3600;
+    p->timestamp = stamped;
+    old.message.body = amqp_cstring_bytes("ok");
+    const struct sk_header key = { .key = "x-idempotency-key", .text = "k-old" };
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_republish(r.b, r.queue, &old, &key, 1, &err) == SK_OK, "%s",
+                  err.msg);
+    h_publish(r.b, r.queue, "test", "new-1", "k-new", NULL, "ok");
+
+    H_WAIT(h_effects(&r, "k-new") == 1, 20000, "the fresh job should run");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "expected 1 dead letter in %s, have %u",
+           r.dead, h_queue_depth(r.b, r.dead));
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char buf[600];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof(buf)),
+                     "beyond_retention");
+    ck_assert_msg(strstr(h_header_text(&msg, "x-sekali-error", buf, sizeof(buf)), "retention"),
+                  "x-sekali-error: %s", buf);
+    ck_assert_str_eq(h_header_text(&msg, "x-idempotency-key", buf, sizeof(buf)), "k-old");
+    /* The dead letter keeps the original stamp. */
+    ck_assert(msg.properties._flags & AMQP_BASIC_TIMESTAMP_FLAG);
+    ck_assert_uint_eq(msg.properties.timestamp, stamped);
+    amqp_destroy_message(&msg);
+    H_WAIT(h_metric(port, "sekali_dead_letters_total{queue=\"%s\",job_type=\"test\","
+                          "reason=\"beyond_retention\"}", r.queue) == 1, 10000,
+           "the dead letter should be counted with reason beyond_retention");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_effects(&r, "k-old"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'k-old'", r.queue), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Every job sekali publishes is stamped with when: what the check above
+ * reads. */
+START_TEST(test_published_jobs_carry_their_publish_time)
+{
+    struct h_run r;
+    h_run_open(&r, "stamp");
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    uint64_t before = (uint64_t)time(NULL);
+    h_publish(r.b, r.queue, "test", "s-1", "k-s", NULL, "ok");
+    amqp_message_t msg;
+    H_WAIT(h_get(r.b, r.queue, &msg), 5000, "the message should be in %s", r.queue);
+    ck_assert(msg.properties._flags & AMQP_BASIC_TIMESTAMP_FLAG);
+    ck_assert_uint_ge(msg.properties.timestamp, before);
+    ck_assert_uint_le(msg.properties.timestamp, (uint64_t)time(NULL));
+    amqp_destroy_message(&msg);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -446,5 +527,12 @@ int main(void)
         test_reply_is_sent_once_per_key_with_the_saved_result,
         NULL,
     };
-    return h_run_suite(h_suite("outcomes", 300, tests));
+    Suite *s = h_suite("outcomes", 300, tests);
+    const TTest *retention[] = {
+        test_a_message_older_than_the_retention_is_dead_lettered_not_run,
+        test_published_jobs_carry_their_publish_time,
+        NULL,
+    };
+    h_tcase(s, "retention", 120, retention);
+    return h_run_suite(s);
 }

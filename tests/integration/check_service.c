@@ -499,6 +499,134 @@ START_TEST(test_redis_refusing_the_password_at_run_time_holds_jobs_back_under_pr
 }
 END_TEST
 
+/* Drains fd into heard and notes in *last_ms when the latest WATCHDOG=1
+ * arrived. */
+static void note_watchdog(int fd, char *heard, size_t size, int64_t *last_ms)
+{
+    size_t before = strlen(heard);
+    drain_notifications(fd, heard, size);
+    if (strstr(heard + before, "WATCHDOG=1") != NULL)
+        *last_ms = h_now_ms();
+}
+
+/* sekalid with a 1 s watchdog, one worker and queue_yaml, its handler
+ * stalled in a job; returns the notify socket and the stalled worker. */
+static int start_stalled(struct h_run *r, const char *queue_yaml, char *heard, size_t size,
+                         pid_t *victim)
+{
+    r->config = h_write_config(r->dir, r->queue, H_EFFECT, 1, queue_yaml);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    char sock_env[1100];
+    int fd = notify_socket(r->dir, sock_env, sizeof(sock_env));
+    const char *env[] = { sock_env, "WATCHDOG_USEC=1000000", NULL };
+    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, env);
+    heard[0] = '\0';
+    wait_ready(fd, heard, size);
+    h_publish(r->b, r->queue, "test", "wedged-1", "order-wedged", NULL, "stall");
+    H_WAIT(h_stalled_pid(r->dir) != 0, 20000, "the handler never reached its stall point");
+    *victim = h_stalled_pid(r->dir);
+    return fd;
+}
+
+START_TEST(test_a_wedged_handler_without_job_timeout_withholds_the_watchdog)
+{
+    struct h_run r;
+    h_run_open(&r, "wedged");
+    char extra[1200];
+    snprintf(extra, sizeof(extra), "    config:\n      marker_dir: %s\n", r.dir);
+    static char heard[65536];
+    pid_t victim;
+    int fd = start_stalled(&r, extra, heard, sizeof(heard), &victim);
+
+    /* job_timeout: 0s, so nothing will end this job: once the worker's loop
+     * has not turned for the watchdog's 1 s, WATCHDOG=1 stops (it is sent
+     * every 500 ms while earned). */
+    int64_t last = h_now_ms();
+    H_WAIT((note_watchdog(fd, heard, sizeof(heard), &last), h_now_ms() - last > 2500), 15000,
+           "WATCHDOG=1 should stop while the handler is wedged; the last came %lld ms ago",
+           (long long)(h_now_ms() - last));
+
+    /* Said at start, once. */
+    ck_assert_int_eq(h_count_lines(r.log, "has no job_timeout: under the systemd watchdog"), 1);
+    /* Its worker killed and replaced, the watchdog is fed again. */
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    int64_t killed = h_now_ms();
+    H_WAIT((note_watchdog(fd, heard, sizeof(heard), &last), last > killed), 20000,
+           "WATCHDOG=1 should resume once the wedged worker is replaced");
+    H_WAIT(h_effects(&r, "order-wedged") == 1, 30000, "the job should run again once");
+    close(fd);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_a_long_job_that_job_timeout_watches_keeps_the_watchdog_fed)
+{
+    struct h_run r;
+    h_run_open(&r, "watched");
+    char extra[1200];
+    snprintf(extra, sizeof(extra), "    job_timeout: 5s\n    lock_ttl: 2s\n    config:\n"
+             "      marker_dir: %s\n", r.dir);
+    static char heard[65536];
+    pid_t victim;
+    int fd = start_stalled(&r, extra, heard, sizeof(heard), &victim);
+    int64_t stalled = h_now_ms();
+
+    /* The supervisor will kill this job at 5 s, so until then it counts as
+     * progress: WATCHDOG=1 still comes well past the watchdog's 1 s. */
+    int64_t last = 0;
+    H_WAIT((note_watchdog(fd, heard, sizeof(heard), &last), last > stalled + 2500), 10000,
+           "WATCHDOG=1 should keep coming during a job that job_timeout watches");
+    ck_assert_msg(!h_process_gone(victim), "the worker should still be in its job");
+    ck_assert_int_eq(h_count_lines(r.log, "has no job_timeout"), 0);
+    H_WAIT(h_process_gone(victim), 20000, "job_timeout should kill the worker");
+    H_WAIT(h_effects(&r, "order-wedged") == 1, 30000, "the job should run again once");
+    close(fd);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
+/* `sekalid -t` on r's config with redis.timeout `timeout`: its output. */
+static const char *check_with_redis_timeout(struct h_run *r, const char *timeout, int *code)
+{
+    r->config = h_write_config(r->dir, r->queue, H_EFFECT, 1, "    lock_ttl: 3s\n");
+    char with[64];
+    snprintf(with, sizeof(with), "redis:\n  timeout: %s\n", timeout);
+    h_config_replace(r->config, "redis:\n", with);
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/sekalid -t -c %s 2>&1", h_build_dir(), r->config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    static char out[8192];
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    free(r->config);
+    r->config = NULL;
+    return out;
+}
+
+START_TEST(test_check_mode_warns_when_the_redis_timeout_cannot_fit_a_lock_renewal)
+{
+    struct h_run r;
+    h_run_open(&r, "renewfit");
+    int code;
+    /* 2 s (the default) against a 3 s lease renewed every second. */
+    const char *out = check_with_redis_timeout(&r, "2s", &code);
+    ck_assert_msg(code == 0, "a warning is no failure: exit %d, %s", code, out);
+    char expected[512];
+    snprintf(expected, sizeof(expected), "sekalid: warning: queue %s: redis.timeout (2s) is not "
+             "below a third of its lock TTL (3s)", r.queue);
+    ck_assert_msg(strstr(out, expected) != NULL, "expected \"%s\" in:\n%s", expected, out);
+    ck_assert_msg(strstr(out, "lower redis.timeout below 1000 ms") != NULL, "%s", out);
+    out = check_with_redis_timeout(&r, "300ms", &code);
+    ck_assert_msg(code == 0 && strstr(out, "warning") == NULL, "exit %d: %s", code, out);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -509,11 +637,18 @@ int main(void)
         test_sighup_whose_new_workers_exit_2_at_start_keeps_the_old_generation,
         test_sighup_applies_new_workers_and_handler_under_load_exactly_once,
         test_check_mode_reports_a_bad_conninfo_without_its_password,
+        test_check_mode_warns_when_the_redis_timeout_cannot_fit_a_lock_renewal,
         test_wrong_amqp_password_stops_sekalid_with_exit_2,
         test_wrong_postgres_password_stops_sekalid_with_exit_2,
         NULL,
     };
     Suite *s = h_suite("service", 300, tests);
+    const TTest *watchdog[] = {
+        test_a_wedged_handler_without_job_timeout_withholds_the_watchdog,
+        test_a_long_job_that_job_timeout_watches_keeps_the_watchdog_fed,
+        NULL,
+    };
+    h_tcase(s, "watchdog", 120, watchdog);
     TCase *tc = tcase_create("redis-auth");
     tcase_set_timeout(tc, 300);
     tcase_add_unchecked_fixture(tc, NULL, redis_open_again);

@@ -1073,6 +1073,53 @@ START_TEST(test_redis_sentinels_refuse_what_cannot_name_a_master)
 }
 END_TEST
 
+/* Loads a minimal config with `queue_extra` in its one queue and
+ * `top_extra` as further top-level lines; as load_redis(). */
+static const char *load_retention(const char *queue_extra, const char *top_extra,
+                                  struct sk_conf **out)
+{
+    static char msg[256];
+    char cfg[] = "/tmp/sekali-retention-XXXXXX.yaml", text[512];
+    struct sk_err err = { 0 };
+
+    snprintf(text, sizeof(text),
+             "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "queues: [{name: q, handler: h.so, %s}]\n%s", queue_extra, top_extra);
+    write_temp(cfg, 5, text);
+    *out = NULL;
+    int rc = sk_conf_load(cfg, out, &err);
+    unlink(cfg);
+    if (rc == SK_OK)
+        return "";
+    snprintf(msg, sizeof(msg), "%s", err.msg + strlen(cfg) + 1);
+    return msg;
+}
+
+START_TEST(test_retention_takes_years_or_forever)
+{
+    struct sk_conf *conf;
+    /* Ten years: more than a 32-bit millisecond count holds (~49 days). */
+    ck_assert_str_eq(load_retention("retention: 87600h", "janitor: {outbox_retention: 8760h}\n",
+                                    &conf), "");
+    ck_assert_uint_eq(conf->queues[0].retention_ms, UINT64_C(87600) * 3600 * 1000);
+    ck_assert_uint_eq(conf->janitor.outbox_retention_ms, UINT64_C(8760) * 3600 * 1000);
+    sk_conf_free(conf);
+
+    ck_assert_str_eq(load_retention("retention: forever", "janitor: {outbox_retention: forever}\n",
+                                    &conf), "");
+    ck_assert(conf->queues[0].retention_ms == SK_RETENTION_FOREVER);
+    ck_assert(conf->janitor.outbox_retention_ms == SK_RETENTION_FOREVER);
+    sk_conf_free(conf);
+
+    ck_assert_str_eq(load_retention("retention: 876001h", "", &conf),
+                     "3:46: retention must be between 1s and 876000h, or forever, got 876001h");
+    ck_assert_str_eq(load_retention("retention: always", "", &conf),
+                     "3:46: invalid duration \"always\": expected a number followed by ms, s, "
+                     "m or h, or forever");
+}
+END_TEST
+
 START_TEST(test_duration_accepts_each_unit)
 {
     static const struct { const char *text; uint64_t ms; } cases[] = {
@@ -1237,6 +1284,7 @@ static Suite *config_suite(void)
     suite_add_tcase(s, tc);
 
     tc = tcase_create("units");
+    tcase_add_test(tc, test_retention_takes_years_or_forever);
     tcase_add_test(tc, test_duration_accepts_each_unit);
     tcase_add_test(tc, test_redis_sentinels_take_a_list_of_host_port_and_a_master_name);
     tcase_add_test(tc, test_redis_sentinels_refuse_what_cannot_name_a_master);

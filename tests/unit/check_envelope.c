@@ -290,6 +290,31 @@ START_TEST(test_headers_over_max_headers_are_malformed)
 END_TEST
 
 /* The sizes librabbitmq's own encoder produces, for every kind of field. */
+START_TEST(test_a_stamp_older_than_the_retention_is_beyond_it)
+{
+    struct fixture f;
+    make(&f, "job-1", "{}");
+    struct sk_queue_conf q = queue;
+    q.retention_ms = 3600 * 1000;
+    struct sk_envelope out;
+    /* No timestamp: never beyond, whatever the time. */
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &q, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.published_s, 0);
+    ck_assert(!sk_envelope_beyond_retention(&out, &q, UINT64_C(4000000000)));
+
+    amqp_basic_properties_t *p = &f.env.message.properties;
+    p->_flags |= AMQP_BASIC_TIMESTAMP_FLAG;
+    p->timestamp = 1000000;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &q, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.published_s, 1000000);
+    ck_assert(!sk_envelope_beyond_retention(&out, &q, 1000000 + 3600));
+    ck_assert(sk_envelope_beyond_retention(&out, &q, 1000000 + 3601));
+    ck_assert(!sk_envelope_beyond_retention(&out, &q, 999000));  /* from the future */
+    q.retention_ms = SK_RETENTION_FOREVER;
+    ck_assert(!sk_envelope_beyond_retention(&out, &q, UINT64_C(4000000000)));
+}
+END_TEST
+
 START_TEST(test_wire_sizes_match_the_encoder)
 {
     amqp_field_value_t inner[2] = {
@@ -396,6 +421,7 @@ int main(void)
         test_producer_attempt_header_is_ignored,
         test_attempt_header_counts_on_a_copy_back_from_a_delay_queue,
         test_headers_over_max_headers_are_malformed,
+        test_a_stamp_older_than_the_retention_is_beyond_it,
         test_wire_sizes_match_the_encoder,
         test_unused_optional_properties_do_not_fail_a_job,
         test_replies_to_sekali_and_broker_queues_are_refused,

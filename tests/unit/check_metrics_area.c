@@ -202,6 +202,41 @@ START_TEST(test_histogram_is_cumulative_with_inclusive_bounds)
 }
 END_TEST
 
+START_TEST(test_histogram_reaches_the_queues_longest_lock_ttl_or_job_timeout)
+{
+    /* A queue whose lease is 10 minutes: its buckets go on past 60 s up to
+     * the first bound at or over 600 s, so a job near its TTL is seen; a
+     * queue of short limits keeps the 14 buckets ending at 60 s. */
+    struct sk_metrics *m = area();
+    queues[0].lock_ttl_ms = 600000;
+    queues[0].job_timeout_ms = 450000;
+    struct sk_metrics_type *t = sk_metrics_lookup(sk_metrics_queue(m, 0), "long");
+    sk_metrics_duration(t, 90000 * MS);
+    sk_metrics_duration(t, 590000 * MS);
+    sk_metrics_duration(t, 700000 * MS);
+    sk_metrics_inc(sk_metrics_lookup(sk_metrics_queue(m, 1), "short"), SK_METRIC_DELIVERIES);
+    sk_metrics_duration(sk_metrics_lookup(sk_metrics_queue(m, 1), "short"), 1000 * MS);
+    char *text = render(m);
+    static const char *const lines[] = {
+        "sekali_job_duration_seconds_bucket{queue=\"invoices\",job_type=\"long\",le=\"60\"} 0",
+        "sekali_job_duration_seconds_bucket{queue=\"invoices\",job_type=\"long\",le=\"120\"} 1",
+        "sekali_job_duration_seconds_bucket{queue=\"invoices\",job_type=\"long\",le=\"300\"} 1",
+        "sekali_job_duration_seconds_bucket{queue=\"invoices\",job_type=\"long\",le=\"600\"} 2",
+        "sekali_job_duration_seconds_bucket{queue=\"invoices\",job_type=\"long\",le=\"+Inf\"} 3",
+        "sekali_job_duration_seconds_bucket{queue=\"mail\",job_type=\"short\",le=\"60\"} 1",
+        "sekali_job_duration_seconds_bucket{queue=\"mail\",job_type=\"short\",le=\"+Inf\"} 1",
+    };
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+        has_line(text, lines[i]);
+    ck_assert_int_eq(
+        count_lines_starting(text, "sekali_job_duration_seconds_bucket{queue=\"invoices\""), 17);
+    ck_assert_int_eq(
+        count_lines_starting(text, "sekali_job_duration_seconds_bucket{queue=\"mail\""), 14);
+    free(text);
+    sk_metrics_destroy(m);
+}
+END_TEST
+
 START_TEST(test_dead_letters_lock_waits_and_outcomes_are_rendered)
 {
     struct sk_metrics *m = area();
@@ -400,6 +435,7 @@ int main(void)
     const TTest *text[] = {
         test_label_values_are_escaped,
         test_histogram_is_cumulative_with_inclusive_bounds,
+        test_histogram_reaches_the_queues_longest_lock_ttl_or_job_timeout,
         test_dead_letters_lock_waits_and_outcomes_are_rendered,
         test_queue_gauges_come_from_the_supervisor_and_the_config,
         test_dead_letter_reasons_have_one_name_for_header_and_label,
