@@ -24,7 +24,8 @@ USER_CFLAGS := $(CFLAGS)
 SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
             -fno-strict-aliasing -MMD -MP $(addprefix -iquote ,$(SRC_DIRS)) -Iinclude \
             $(shell pkg-config --cflags $(PKGS)) \
-            -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
+            -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"' \
+            -DSK_HANDLER_DIR='"$(PREFIX)/lib/sekali/handlers"'
 override CFLAGS += $(SK_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread
 CHECK_LIBS = $(shell pkg-config --libs check)
@@ -42,7 +43,9 @@ CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_sta
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
 
-HANDLERS     = $(B)/handlers/invoice.so
+# The example (examples/) and the stock handlers (handlers/), which a bare
+# `handler: NAME` selects from $(HANDLERDIR).
+HANDLERS     = $(B)/handlers/invoice.so $(B)/handlers/sql.so
 TEST_PLUGINS = $(patsubst tests/plugins/%.c,$(B)/tests/plugins/%.so,$(wildcard tests/plugins/*.c))
 UNIT_TESTS   = $(patsubst tests/unit/%.c,$(B)/tests/%,$(wildcard tests/unit/check_*.c))
 INTEG_TESTS  = $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/integration/check_*.c))
@@ -77,6 +80,8 @@ $(B)/fault/%.o: %.c | $(B)/fault
 # (optimisation, sanitizers) still apply, but never the daemon's own flags.
 HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --cflags libpq)
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+$(B)/handlers/%.so: handlers/%.c include/sekali/handler.h | $(B)/handlers
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
 $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests/plugins
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< \

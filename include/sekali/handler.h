@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 3  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 4  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -187,6 +187,18 @@ struct sekali_host {
      * error. Like any retry, it counts towards retry.max_attempts. */
     int (*conflict)(struct sekali_ctx *ctx, const char *message);
 
+    /* Since 1.4 (check host->abi_minor >= 4). Where in the configuration
+     * file byte `offset` of the top-level scalar `key` of config was
+     * written, as "FILE:LINE:COLUMN" (1-based, as sekalid's own config
+     * errors): check() prefixes its message with it, so an error inside a
+     * value (an unknown parameter in a statement) points at the spot.
+     * Exact for plain and quoted one-line values and for literal (|) blocks;
+     * the value's start for others. Copies it into buf like config_get() and
+     * returns its length, or -1 when the position is not known (outside
+     * check(), the key absent or not a scalar). */
+    int (*config_where)(const char *config, const char *key, size_t offset, char *buf,
+                        size_t size);
+
     /* append here; never reorder, resize or remove */
 };
 
@@ -220,6 +232,18 @@ struct sekali_handler {
      * config_get() and log(). */
     int (*check)(const struct sekali_host *host, const char *config, char *err,
                  size_t err_size);
+
+    /* Since 1.4, optional. Called by the worker, outside any transaction,
+     * on the PostgreSQL connection its jobs run on, before it takes each
+     * delivery: a handler that depends on the database (a function its
+     * statement calls) checks it here once per connection and returns at
+     * once afterwards. SEKALI_OK: the worker takes jobs. Anything else: it
+     * takes none, logs err (err_size bytes) naming the queue, and calls
+     * again after a backoff (1 s doubling to 30 s) on a live connection:
+     * a deploy-order mistake (the function not created yet) holds the
+     * queue's jobs in the broker instead of dead-lettering them, and
+     * never restarts the worker. */
+    int (*ready)(void *state, struct pg_conn *pg, char *err, size_t err_size);
     /* append here; never reorder, resize or remove */
 };
 

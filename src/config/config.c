@@ -27,6 +27,10 @@
 
 #include "config_value.h"
 
+#ifndef SK_HANDLER_DIR
+#define SK_HANDLER_DIR "/usr/local/lib/sekali/handlers"
+#endif
+
 #define MAX_FILE      MIB         /* a config larger than this is a mistake */
 #define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
 #define NAME_CHARS    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
@@ -36,6 +40,7 @@ enum type {
     T_STR,            /* char *, non-empty */
     T_NAME,           /* char *, 1 to MAX_NAME of NAME_CHARS: safe in AMQP, Redis and logs */
     T_PATH,           /* char *, resolved against the config file's directory */
+    T_HANDLER,        /* T_PATH, or a bare NAME: SK_HANDLER_DIR/NAME.so */
     T_LIST,           /* char ** of non-empty scalars, followed by its size_t count */
     T_INT,            /* int in [min, max] */
     T_BOOL,           /* bool: true/false/yes/no/on/off */
@@ -67,6 +72,8 @@ struct loader {
     yaml_document_t *doc;
     struct sk_err   *err;
     const char      *secret_from;  /* where this section's password came from */
+    const char      *text;         /* the file's text, for positions inside values */
+    size_t           len;
 };
 
 static int parse(struct loader *L, yaml_parser_t *parser, const char *text, size_t len);
@@ -117,6 +124,8 @@ static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf
 static const char *kind(const yaml_node_t *n);
 static bool is_null(const yaml_node_t *n);
 static char *resolve(struct loader *L, const char *path);
+static char *resolve_handler(struct loader *L, const char *name);
+static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q);
 
 /* The schema. Adding a key: a line here, a field in config.h, its default
  * below the tables, and a documented line in conf/sekali.yaml. */
@@ -124,6 +133,7 @@ static char *resolve(struct loader *L, const char *path);
 #define STR(n, s, f)               { .name = n, .type = T_STR, .offset = OF(s, f) }
 #define NAME(n, s, f, req)         { .name = n, .type = T_NAME, .offset = OF(s, f), .required = req }
 #define PATH(n, s, f, req)         { .name = n, .type = T_PATH, .offset = OF(s, f), .required = req }
+#define HANDLER(n, s, f, req)      { .name = n, .type = T_HANDLER, .offset = OF(s, f), .required = req }
 #define LIST(n, s, f)              { .name = n, .type = T_LIST, .offset = OF(s, f) }
 #define INT(n, s, f, lo, hi)       { .name = n, .type = T_INT, .offset = OF(s, f), .min = lo, .max = hi }
 #define BOOL(n, s, f)              { .name = n, .type = T_BOOL, .offset = OF(s, f) }
@@ -207,7 +217,7 @@ static const struct key retry_keys[] = {
 
 static const struct key queue_keys[] = {
     NAME("name",            sk_queue_conf, name, true),
-    PATH("handler",         sk_queue_conf, handler, true),
+    HANDLER("handler",      sk_queue_conf, handler, true),
     INT("workers",          sk_queue_conf, workers,  1, 256),
     INT("prefetch",         sk_queue_conf, prefetch, 1, 65535),
     ENUM("mode",            sk_queue_conf, mode, modes),
@@ -346,6 +356,8 @@ int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
         goto fail;
     }
     L.doc = &doc;
+    L.text = text;
+    L.len = len;
     if (parse(&L, &parser, text, len) == SK_OK) {
         rc = load_map(&L, yaml_document_get_root_node(&doc), "top level", top_keys, c);
         yaml_document_delete(&doc);
@@ -392,6 +404,11 @@ void sk_conf_free(struct sk_conf *c)
         free(q->name);
         free(q->handler);
         sk_conf_value_wipe(q->handler_config);  /* handlers keep their own secrets there */
+        for (size_t j = 0; j < q->n_config_marks; j++) {
+            free(q->config_marks[j].key);
+            sk_conf_value_wipe(q->config_marks[j].block);
+        }
+        free(q->config_marks);
         for (size_t j = 0; j < q->n_job_types; j++)
             free(q->job_types[j]);
         free(q->job_types);
@@ -522,7 +539,8 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
                     "a boolean" : "a scalar", &s);
     if (rc != SK_OK)
         return rc;
-    if ((*s == '\0' || is_null(v)) && (k->type == T_STR || k->type == T_PATH))
+    if ((*s == '\0' || is_null(v)) && (k->type == T_STR || k->type == T_PATH ||
+                                          k->type == T_HANDLER))
         return fail(L, v, "%s must not be empty", k->name);
 
     switch (k->type) {
@@ -531,8 +549,9 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
     case T_NAME:
         return apply_name(L, k, v, s, field);
     case T_PATH:  /* existence is the plugin loader's business: it can say why */
+    case T_HANDLER:
         free(*(char **)field);
-        if ((*(char **)field = resolve(L, s)) == NULL)
+        if ((*(char **)field = k->type == T_HANDLER ? resolve_handler(L, s) : resolve(L, s)) == NULL)
             return fail(L, v, "out of memory");
         return SK_OK;
     case T_INT:
@@ -954,7 +973,88 @@ static int queue_config(struct loader *L, yaml_node_t *v, void *base)
         return SK_OK;
     if (sk_conf_value_emit(L->doc, v, "config", &q->handler_config, &at, &e) != SK_OK)
         return fail(L, at, "%s", e.msg);
+    return mark_config(L, v, q);
+}
+
+/* Remembers where each top-level scalar of a handler's config starts, so
+ * that check() can point into a value (host->config_where()). */
+static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q)
+{
+    if (v->type != YAML_MAPPING_NODE)
+        return SK_OK;
+    size_t n = (size_t)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+    if (n == 0)
+        return SK_OK;
+    if ((q->config_marks = calloc(n, sizeof(*q->config_marks))) == NULL)
+        return fail(L, v, "out of memory");
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = node(L, p->key), *val = node(L, p->value);
+        if (k == NULL || val == NULL || k->type != YAML_SCALAR_NODE ||
+            val->type != YAML_SCALAR_NODE)
+            continue;
+        struct sk_conf_mark *m = &q->config_marks[q->n_config_marks];
+        if ((m->key = strndup((const char *)k->data.scalar.value, k->data.scalar.length)) == NULL)
+            return fail(L, v, "out of memory");
+        q->n_config_marks++;
+        m->line = (uint32_t)val->start_mark.line + 1;
+        m->column = (uint32_t)val->start_mark.column + 1;
+        m->style = (int)val->data.scalar.style;
+        /* A block's text starts on the next line, at its indentation. */
+        size_t i = val->start_mark.index;
+        while (i < L->len && L->text[i] != '\n')
+            i++;
+        uint32_t indent = 0;
+        for (i++; i < L->len && L->text[i] == ' '; i++)
+            indent++;
+        m->indent = indent + 1;
+        if (m->style == YAML_LITERAL_SCALAR_STYLE &&
+            (m->block = strndup((const char *)val->data.scalar.value,
+                                val->data.scalar.length)) == NULL)
+            return fail(L, v, "out of memory");
+    }
     return SK_OK;
+}
+
+static const struct sk_conf *where_conf;
+
+void sk_conf_where_begin(const struct sk_conf *conf)
+{
+    where_conf = conf;
+}
+
+int sk_conf_where(const char *config, const char *key, size_t offset, char *buf, size_t size)
+{
+    if (where_conf == NULL || config == NULL || key == NULL)
+        return -1;
+    for (size_t i = 0; i < where_conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &where_conf->queues[i];
+        if (q->handler_config != config)
+            continue;
+        for (size_t j = 0; j < q->n_config_marks; j++) {
+            const struct sk_conf_mark *m = &q->config_marks[j];
+            if (strcmp(m->key, key) != 0)
+                continue;
+            uint32_t line = m->line, column = m->column;
+            if (m->style == YAML_LITERAL_SCALAR_STYLE) {
+                /* Each line of the value is a line of the file. */
+                size_t start = 0;
+                line++;
+                for (size_t k = 0; k < offset && m->block != NULL && m->block[k] != '\0'; k++)
+                    if (m->block[k] == '\n') {
+                        line++;
+                        start = k + 1;
+                    }
+                column = m->indent + (uint32_t)(offset - start);
+            } else {
+                column += (uint32_t)offset +
+                          (m->style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
+                           m->style == YAML_DOUBLE_QUOTED_SCALAR_STYLE);
+            }
+            return snprintf(buf, size, "%s:%u:%u", where_conf->path, line, column);
+        }
+        return -1;
+    }
+    return -1;
 }
 
 /* host:port, checked now so that a typo fails `sekalid -t`; whether the
@@ -1147,6 +1247,24 @@ static bool is_null(const yaml_node_t *n)
             strcmp((const char *)n->data.scalar.value, nulls[i]) == 0)
             return true;
     return false;
+}
+
+/* A stock handler is named, not pathed: `handler: sql` is sekali's own
+ * SK_HANDLER_DIR/sql.so (SEKALI_HANDLER_DIR overrides the directory, for a
+ * build tree). Anything with a '/' or ending in ".so" is a path, as always;
+ * the name's characters are NAME_CHARS, so it cannot climb out. Returns a
+ * new string. */
+static char *resolve_handler(struct loader *L, const char *name)
+{
+    size_t n = strlen(name);
+    if (strchr(name, '/') != NULL || (n >= 3 && strcmp(name + n - 3, ".so") == 0) ||
+        strspn(name, NAME_CHARS) != n || strstr(name, "..") != NULL)
+        return resolve(L, name);
+    const char *dir = getenv("SEKALI_HANDLER_DIR");
+    char *out;
+    if (dir == NULL || dir[0] == '\0')
+        dir = SK_HANDLER_DIR;
+    return asprintf(&out, "%s/%s.so", dir, name) < 0 ? NULL : out;
 }
 
 /* Returns a new string: path if absolute, else path under the config's directory. */

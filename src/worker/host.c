@@ -10,6 +10,7 @@
 #include <libpq-fe.h>
 #include <yaml.h>
 
+#include "config.h"
 #include "host.h"
 #include "pg.h"
 
@@ -48,6 +49,7 @@ static const struct sekali_host host = {
     .enqueue_job = host_enqueue_job,
     .config_get = sk_host_config_get,
     .conflict = host_conflict,
+    .config_where = sk_conf_where,
 };
 
 const struct sekali_host *sk_host(void)

@@ -32,6 +32,8 @@ struct sk_pipeline {
     char                         owner[128];     /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;            /* reused for every job */
     struct sk_batch             *batch;          /* batch.c's, once queue->batch > 1 used it */
+    uint32_t                     ready_delay_ms; /* handler->ready() refused: the backoff */
+    int64_t                      ready_next_ms;  /* ... and when to ask it again */
 };
 
 /* Runs one delivery through the pipeline, to its ack, requeue or dead
