@@ -406,7 +406,7 @@ void sk_conf_free(struct sk_conf *c)
         sk_conf_value_wipe(q->handler_config);  /* handlers keep their own secrets there */
         for (size_t j = 0; j < q->n_config_marks; j++) {
             free(q->config_marks[j].key);
-            sk_conf_value_wipe(q->config_marks[j].block);
+            sk_conf_value_wipe(q->config_marks[j].raw);
         }
         free(q->config_marks);
         for (size_t j = 0; j < q->n_job_types; j++)
@@ -1007,15 +1007,70 @@ static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q
         for (i++; i < L->len && L->text[i] == ' '; i++)
             indent++;
         m->indent = indent + 1;
-        if (m->style == YAML_LITERAL_SCALAR_STYLE &&
-            (m->block = strndup((const char *)val->data.scalar.value,
-                                val->data.scalar.length)) == NULL)
+        size_t from = val->start_mark.index, to = val->end_mark.index;
+        if (to > L->len || to < from)
+            to = from;
+        if ((m->raw = strndup(L->text + from, to - from)) == NULL)
             return fail(L, v, "out of memory");
     }
     return SK_OK;
 }
 
 static const struct sk_conf *where_conf;
+
+/* Follows the value as written up to its byte `offset`: quotes, escapes
+ * and line breaks take more room in the file than in the value. */
+static void walk_mark(const struct sk_conf_mark *m, size_t offset, uint32_t *line,
+                      uint32_t *column)
+{
+    const char *s = m->raw;
+    bool dq = m->style == YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+    bool sq = m->style == YAML_SINGLE_QUOTED_SCALAR_STYLE;
+    bool block = m->style == YAML_LITERAL_SCALAR_STYLE || m->style == YAML_FOLDED_SCALAR_STYLE;
+    uint32_t l = m->line, c = m->column;
+    size_t i = 0, v = 0;
+
+    if (dq || sq) {
+        i = 1;
+        c++;
+    } else if (block) {  /* the text starts below the indicator, indented */
+        while (s[i] != '\0' && s[i] != '\n')
+            i++;
+        if (s[i] == '\n')
+            i++;
+        l++;
+        c = 1;
+        for (uint32_t k = 1; k < m->indent && s[i] == ' '; k++, i++)
+            c++;
+    }
+    while (s[i] != '\0' && v < offset) {
+        if (s[i] == '\n') {
+            l++;
+            c = 1;
+            i++;
+            for (uint32_t k = 1; s[i] == ' ' && (!block || k < m->indent); k++, i++)
+                c++;
+            v++;
+            continue;
+        }
+        size_t adv = 1, made = 1;
+        if (dq && s[i] == '\\') {
+            switch (s[i + 1]) {
+            case 'x': adv = 4; break;
+            case 'u': adv = 6; made = 3; break;  /* a code point's UTF-8, most often 3 */
+            case 'U': adv = 10; made = 4; break;
+            default:  adv = 2; break;
+            }
+        } else if (sq && s[i] == '\'' && s[i + 1] == '\'') {
+            adv = 2;
+        }
+        for (size_t k = 0; k < adv && s[i] != '\0'; k++, i++)
+            c++;
+        v += made;
+    }
+    *line = l;
+    *column = c;
+}
 
 void sk_conf_where_begin(const struct sk_conf *conf)
 {
@@ -1034,22 +1089,8 @@ int sk_conf_where(const char *config, const char *key, size_t offset, char *buf,
             const struct sk_conf_mark *m = &q->config_marks[j];
             if (strcmp(m->key, key) != 0)
                 continue;
-            uint32_t line = m->line, column = m->column;
-            if (m->style == YAML_LITERAL_SCALAR_STYLE) {
-                /* Each line of the value is a line of the file. */
-                size_t start = 0;
-                line++;
-                for (size_t k = 0; k < offset && m->block != NULL && m->block[k] != '\0'; k++)
-                    if (m->block[k] == '\n') {
-                        line++;
-                        start = k + 1;
-                    }
-                column = m->indent + (uint32_t)(offset - start);
-            } else {
-                column += (uint32_t)offset +
-                          (m->style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
-                           m->style == YAML_DOUBLE_QUOTED_SCALAR_STYLE);
-            }
+            uint32_t line, column;
+            walk_mark(m, offset, &line, &column);
             return snprintf(buf, size, "%s:%u:%u", where_conf->path, line, column);
         }
         return -1;

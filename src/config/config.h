@@ -116,8 +116,8 @@ struct sk_conf_mark {
     char     *key;
     uint32_t  line, column;  /* 1-based, of the value's first character */
     int       style;         /* yaml_scalar_style_t */
-    uint32_t  indent;        /* literal block: the column its lines start at, 1-based */
-    char     *block;         /* literal block: its text, to count lines in; else NULL */
+    uint32_t  indent;        /* block scalar: the column its lines start at, 1-based */
+    char     *raw;           /* the value as written (quotes, escapes), to count in */
 };
 
 struct sk_conf {
