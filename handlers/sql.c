@@ -270,7 +270,7 @@ static int load_statement(const struct sekali_host *host, const char *config,
         rc = 0;
     else {
         char where[512] = "";
-        if (host->abi_minor >= 4 && host->struct_size > offsetof(struct sekali_host, config_where) &&
+        if (host->abi_minor >= 4 &&
             host->config_where(config, "statement", out->error_at, where, sizeof(where)) > 0)
             snprintf(err, err_size, "%s: statement: %s", where, out->error);
         else
@@ -284,6 +284,10 @@ static int sql_check(const struct sekali_host *host, const char *config, char *e
                      size_t err_size)
 {
     struct rewrite r;
+    if (host->abi_minor < 4) {
+        snprintf(err, err_size, "the sql handler needs sekalid with handler ABI 1.4 or later");
+        return SEKALI_FAIL;
+    }
     if (load_statement(host, config, &r, err, err_size) != 0)
         return SEKALI_FAIL;
     free(r.sql);
@@ -409,7 +413,6 @@ static int sql_ready(void *state, PGconn *pg, char *err, size_t err_size)
 static const char *param_value(const struct sekali_job *job, struct sekali_ctx *ctx,
                                enum param p, char *num, size_t num_size)
 {
-    (void)ctx;
     switch (p) {
     case P_JOB_ID:          return job->job_id;
     case P_IDEMPOTENCY_KEY: return job->idempotency_key;
@@ -424,8 +427,8 @@ static const char *param_value(const struct sekali_job *job, struct sekali_ctx *
     case P_FENCE:
         snprintf(num, num_size, "%lld", (long long)job->fence);
         return num;
-    case P_HEADERS:
-        return "{}";
+    case P_HEADERS:  /* NULL (out of memory) is checked by the caller */
+        return job->host->headers_json(ctx);
     case N_PARAM_KINDS:
         break;
     }
@@ -476,6 +479,10 @@ static int sql_handle(void *state, const struct sekali_job *job, struct sekali_c
     const char *values[MAX_PARAMS];
     for (int i = 0; i < s->n_params; i++) {
         values[i] = param_value(job, ctx, s->params[i], nums[i], sizeof(nums[i]));
+        if (values[i] == NULL) {
+            host->set_error(ctx, "out of memory building the headers' JSON");
+            return SEKALI_RETRY;
+        }
         /* Text parameters end at a NUL: a body holding one would be cut
          * short, silently. */
         if (s->params[i] == P_BODY && strlen(job->body) != job->body_len) {

@@ -199,6 +199,13 @@ struct sekali_host {
     int (*config_where)(const char *config, const char *key, size_t offset, char *buf,
                         size_t size);
 
+    /* Since 1.4. The job's AMQP headers as one JSON object ("{}" without
+     * any), NUL-terminated: valid JSON whatever the producer sent (strings
+     * escaped, invalid UTF-8 replaced by U+FFFD). Built on the first call
+     * of a job; borrowed: valid until handle() returns. NULL when out of
+     * memory. */
+    const char *(*headers_json)(struct sekali_ctx *ctx);
+
     /* append here; never reorder, resize or remove */
 };
 

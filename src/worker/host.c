@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include "config.h"
+#include "headers_json.h"
 #include "host.h"
 #include "pg.h"
 
@@ -28,6 +29,7 @@ static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *j
 static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue *e,
                             char *job_id, size_t size);
 static int host_conflict(struct sekali_ctx *ctx, const char *message);
+static const char *host_headers_json(struct sekali_ctx *ctx);
 
 /* The size of the 1.3 enqueue struct: the first one, so the least a caller
  * may pass. */
@@ -50,6 +52,7 @@ static const struct sekali_host host = {
     .config_get = sk_host_config_get,
     .conflict = host_conflict,
     .config_where = sk_conf_where,
+    .headers_json = host_headers_json,
 };
 
 const struct sekali_host *sk_host(void)
@@ -63,6 +66,8 @@ void sk_host_ctx_reset(struct sekali_ctx *ctx)
     ctx->error[0] = '\0';
     ctx->external = false;
     ctx->conflict = false;
+    ctx->headers = NULL;
+    ctx->headers_done = false;
     sk_lease_checkpoints_clear(&ctx->checkpoints);
 }
 
@@ -92,6 +97,9 @@ void sk_host_ctx_free(struct sekali_ctx *ctx)
     free(ctx->body);
     ctx->body = NULL;
     ctx->body_cap = 0;
+    free(ctx->headers_buf);
+    ctx->headers_buf = NULL;
+    ctx->headers_cap = 0;
 }
 
 /* libyaml, not a line scanner: the text is libyaml's own re-emission of the
@@ -283,4 +291,17 @@ static int host_conflict(struct sekali_ctx *ctx, const char *message)
              message != NULL && *message != '\0' ? message : "the row changed under the job");
     host_set_error(ctx, why);
     return SEKALI_RETRY;
+}
+
+/* Built on demand: most handlers never look at the headers. */
+static const char *host_headers_json(struct sekali_ctx *ctx)
+{
+    if (!ctx->headers_done) {
+        static const amqp_table_t none = { 0 };
+        if (sk_headers_json(ctx->headers != NULL ? ctx->headers : &none, &ctx->headers_buf,
+                            &ctx->headers_cap) < 0)
+            return NULL;
+        ctx->headers_done = true;
+    }
+    return ctx->headers_buf;
 }

@@ -495,6 +495,9 @@ int sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
     };
     ctx->pg = pg;
     ctx->log = &j->log;
+    ctx->headers_done = false;
+    ctx->headers = j->delivery->message.properties._flags & AMQP_BASIC_HEADERS_FLAG
+        ? &j->delivery->message.properties.headers : NULL;
     ctx->lock_lost = p->heartbeat != NULL && (j->locked || ctx->external)
         ? sk_heartbeat_lost(p->heartbeat) : NULL;
     /* Counted before the call: a handler that kills its worker still ran. */

@@ -296,6 +296,36 @@ START_TEST(test_missing_function_holds_jobs_until_it_is_created)
 }
 END_TEST
 
+/* :headers is the message's headers as JSON, escaped whatever they hold;
+ * the other parameters are the job's fields, all bound as text. */
+START_TEST(test_headers_and_job_fields_reach_the_statement_as_text)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlfields");
+    char *yaml = config_for(&r, "\"SELECT (:headers::jsonb)->>'x-tenant' || '|' || "
+                            "((:headers::jsonb)->>'x-count') || '|' || :job_type || '|' || "
+                            ":job_id || '|' || :attempt || '|' || :fence || '|' || :resource_key\"",
+                            NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    const struct sk_header headers[] = {
+        { .key = "x-idempotency-key", .text = "fields-1" },
+        { .key = "x-resource-key", .text = "res-1" },
+        { .key = "x-tenant", .text = "ac\"me'\xff" },
+        { .key = "x-count", .number = 42 },
+    };
+    h_publish_raw(r.b, r.queue, "m-fields", "book", headers, 4, "{}", 2);
+    H_WAIT(h_completed(&r) == 1, 20000, "the job should complete");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'fields-1' AND "
+                                      "convert_from(result, 'UTF8') = 'ac\"me''' || "
+                                      "U&'\\FFFD' || '|42|book|m-fields|1|1|res-1'", r.queue), 1);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
 /* Runs `sekalid -t -c config` (with SEKALI_HANDLER_DIR=handler_dir if not
  * NULL); returns its exit status, and its output in out. */
 static int test_config(const char *config, const char *handler_dir, char *out, size_t size)
@@ -403,6 +433,7 @@ int main(void)
         test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_the_worker_alive,
         test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed,
         test_missing_function_holds_jobs_until_it_is_created,
+        test_headers_and_job_fields_reach_the_statement_as_text,
         NULL,
     };
     return h_run_suite(h_suite("sql_handler", 120, tests));
