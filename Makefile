@@ -232,9 +232,11 @@ install: all
 	install -m 644 include/sekali/handler.h $(DESTDIR)$(INCLUDEDIR)/sekali/
 	install -m 644 sql/*.sql $(DESTDIR)$(SQLDIR)/
 	install -m 644 README.md LICENSE $(DESTDIR)$(DOCDIR)/
-	install -d $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+	install -d $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man7 \
+	    $(DESTDIR)$(MANDIR)/man8
 	install -m 644 man/*.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 man/*.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 644 man/*.7 $(DESTDIR)$(MANDIR)/man7/
 	install -m 644 man/*.8 $(DESTDIR)$(MANDIR)/man8/
 	install -d $(DESTDIR)$(SHAREDIR)/grafana $(DESTDIR)$(SHAREDIR)/prometheus
 	install -m 644 contrib/grafana/sekali.json $(DESTDIR)$(SHAREDIR)/grafana/
