@@ -176,7 +176,7 @@ check-cluster: deps
 demo: deps
 	$(MAKE) all
 	tests/servers.sh start
-	tools/demo.sh $(B)
+	DEMO_HANDLER=$(HANDLER) tools/demo.sh $(B)
 
 bench: deps
 	$(MAKE) all
@@ -276,6 +276,7 @@ help:
 	@echo "all       sekalid, sekalictl and the example handlers (in $(B)/)"
 	@echo "check     install what is missing, start test servers, run every test"
 	@echo "demo      install what is missing, start servers, run sekalid on duplicate jobs"
+	@echo "          (HANDLER=sql: through the stock SQL handler instead of the C example)"
 	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
 	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
