@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
     build-essential pkg-config
     librabbitmq-dev libhiredis-dev libpq-dev libyaml-dev libsystemd-dev libmicrohttpd-dev check
+    libcurl4-openssl-dev  # the stock HTTP handler (handlers/http.c)
     postgresql postgresql-client redis-server redis-sentinel rabbitmq-server  # sentinel: tests/cluster
     valgrind procps libfaketime systemd
     curl prometheus   # the metrics test scrapes with curl and checks with promtool

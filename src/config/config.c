@@ -1077,6 +1077,27 @@ void sk_conf_where_begin(const struct sk_conf *conf)
     where_conf = conf;
 }
 
+int sk_conf_queue_setting(const char *config, const char *key, char *buf, size_t size)
+{
+    for (size_t i = 0; where_conf != NULL && config != NULL && key != NULL &&
+                       i < where_conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &where_conf->queues[i];
+        if (q->handler_config != config)
+            continue;
+        if (strcmp(key, "name") == 0)
+            return snprintf(buf, size, "%s", q->name);
+        if (strcmp(key, "mode") == 0)
+            return snprintf(buf, size, "%s",
+                            q->mode == SK_MODE_EXTERNAL ? "external" : "transactional");
+        if (strcmp(key, "lease") == 0)
+            return snprintf(buf, size, "%u", (unsigned)q->lease_ms);
+        if (strcmp(key, "job_timeout") == 0)
+            return snprintf(buf, size, "%u", (unsigned)q->job_timeout_ms);
+        return -1;
+    }
+    return -1;
+}
+
 int sk_conf_where(const char *config, const char *key, size_t offset, char *buf, size_t size)
 {
     if (where_conf == NULL || config == NULL || key == NULL)

@@ -151,6 +151,9 @@ void sk_conf_free(struct sk_conf *conf);
  * handlers' check() run (plugin.c), NULL otherwise. */
 void sk_conf_where_begin(const struct sk_conf *conf);
 int  sk_conf_where(const char *config, const char *key, size_t offset, char *buf, size_t size);
+/* host->config_queue(): a setting ("name", "mode", "lease", "job_timeout")
+ * of the queue whose handler config is config, like sk_conf_where(). */
+int  sk_conf_queue_setting(const char *config, const char *key, char *buf, size_t size);
 
 const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char *name);
 

@@ -30,6 +30,7 @@ static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue 
                             char *job_id, size_t size);
 static int host_conflict(struct sekali_ctx *ctx, const char *message);
 static const char *host_headers_json(struct sekali_ctx *ctx);
+static void host_retry_after(struct sekali_ctx *ctx, uint32_t delay_ms);
 
 /* The size of the 1.3 enqueue struct: the first one, so the least a caller
  * may pass. */
@@ -53,6 +54,8 @@ static const struct sekali_host host = {
     .conflict = host_conflict,
     .config_where = sk_conf_where,
     .headers_json = host_headers_json,
+    .config_queue = sk_conf_queue_setting,
+    .retry_after = host_retry_after,
 };
 
 const struct sekali_host *sk_host(void)
@@ -68,6 +71,7 @@ void sk_host_ctx_reset(struct sekali_ctx *ctx)
     ctx->conflict = false;
     ctx->headers = NULL;
     ctx->headers_done = false;
+    ctx->retry_after_ms = 0;
     sk_lease_checkpoints_clear(&ctx->checkpoints);
 }
 
@@ -304,4 +308,9 @@ static const char *host_headers_json(struct sekali_ctx *ctx)
         ctx->headers_done = true;
     }
     return ctx->headers_buf;
+}
+
+static void host_retry_after(struct sekali_ctx *ctx, uint32_t delay_ms)
+{
+    ctx->retry_after_ms = delay_ms;
 }

@@ -32,6 +32,7 @@ struct sekali_ctx {
     char                    *headers_buf; /* headers_json()'s text, kept for the next job */
     size_t                   headers_cap;
     bool                     headers_done; /* headers_buf holds this job's */
+    uint32_t                 retry_after_ms; /* host->retry_after(), 0 if not called */
 };
 
 /* The vtable handed to every handler's init(). Valid for the process's life. */
