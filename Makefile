@@ -45,7 +45,7 @@ fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
 
 # The example (examples/) and the stock handlers (handlers/), which a bare
 # `handler: NAME` selects from $(HANDLERDIR).
-HANDLERS     = $(B)/handlers/invoice.so $(B)/handlers/sql.so
+HANDLERS     = $(B)/handlers/invoice.so $(B)/handlers/sql.so $(B)/handlers/http.so
 TEST_PLUGINS = $(patsubst tests/plugins/%.c,$(B)/tests/plugins/%.so,$(wildcard tests/plugins/*.c))
 UNIT_TESTS   = $(patsubst tests/unit/%.c,$(B)/tests/%,$(wildcard tests/unit/check_*.c))
 INTEG_TESTS  = $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/integration/check_*.c))
@@ -82,7 +82,12 @@ HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --c
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
 $(B)/handlers/%.so: handlers/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC -shared -o $@ $< \
+	    $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS)
+# The HTTP handler's own libraries: Debian's libcurl, and libyaml for its
+# nested `headers:` mapping.
+$(B)/handlers/http.so: HANDLER_PKGS_CFLAGS = $(shell pkg-config --cflags libcurl yaml-0.1)
+$(B)/handlers/http.so: HANDLER_PKGS_LIBS = $(shell pkg-config --libs libcurl yaml-0.1)
 $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests/plugins
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< \
 	    $(shell pkg-config --libs libpq)
