@@ -111,6 +111,7 @@ HARNESS = $(call obj,$(CORE) $(BROKER) lock) $(B)/obj/harness.o
 $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
+$(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 $(B)/tests/check_%: tests/fault/check_%.c $(HARNESS) | $(B)/tests
