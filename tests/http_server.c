@@ -23,6 +23,7 @@ struct hs {
     bool               released;
     struct hs_request  requests[MAX_REQUESTS];
     size_t             n;
+    char              *cert, *key;   /* TLS: the PEM texts */
 };
 
 struct upload {
@@ -142,7 +143,19 @@ static void on_done(void *arg, struct MHD_Connection *c, void **cls,
     *cls = NULL;
 }
 
-struct hs *hs_start(void)
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot read %s", path);
+    char *buf = calloc(1, 65536);
+    ck_assert_ptr_nonnull(buf);
+    size_t n = fread(buf, 1, 65535, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+static struct hs *start(const char *cert_file, const char *key_file)
 {
     struct hs *s = calloc(1, sizeof(*s));
     ck_assert_ptr_nonnull(s);
@@ -150,14 +163,36 @@ struct hs *hs_start(void)
     pthread_cond_init(&s->released_cond, NULL);
     struct sockaddr_in addr = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     /* No MHD_USE_ERROR_LOG: a "drop" is an error by MHD's lights. */
-    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_done,
-                            s, MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_END);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD;
+    if (cert_file == NULL) {
+        s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
+                                MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED,
+                                on_done, s, MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_END);
+    } else {
+        /* MHD keeps pointers to these for the daemon's life. */
+        s->cert = slurp(cert_file);
+        s->key = slurp(key_file);
+        s->d = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, on_request, s,
+                                MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED,
+                                on_done, s, MHD_OPTION_CONNECTION_TIMEOUT, 120u,
+                                MHD_OPTION_HTTPS_MEM_CERT, s->cert,
+                                MHD_OPTION_HTTPS_MEM_KEY, s->key, MHD_OPTION_END);
+    }
     ck_assert_msg(s->d != NULL, "the test HTTP server did not start");
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     ck_assert_ptr_nonnull(info);
     s->port = info->port;
     return s;
+}
+
+struct hs *hs_start(void)
+{
+    return start(NULL, NULL);
+}
+
+struct hs *hs_start_tls(const char *cert_file, const char *key_file)
+{
+    return start(cert_file, key_file);
 }
 
 int hs_port(const struct hs *s)
@@ -202,5 +237,7 @@ void hs_stop(struct hs *s)
     MHD_stop_daemon(s->d);
     pthread_cond_destroy(&s->released_cond);
     pthread_mutex_destroy(&s->lock);
+    free(s->cert);
+    free(s->key);
     free(s);
 }

@@ -36,6 +36,8 @@ struct hs;
 
 /* Starts the server; fails the test if it cannot. */
 struct hs *hs_start(void);
+/* The same over TLS with the PEM certificate and key in these files. */
+struct hs *hs_start_tls(const char *cert_file, const char *key_file);
 int hs_port(const struct hs *s);
 /* Requests seen so far for key (all keys when key is NULL). */
 size_t hs_count(struct hs *s, const char *key);

@@ -255,6 +255,66 @@ START_TEST(test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out)
 }
 END_TEST
 
+/* A test CA, a certificate for 127.0.0.1 signed by it, and a second CA
+ * that signed nothing, in dir. */
+static void make_certificates(const char *dir)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && "
+             "for ca in ca other_ca; do openssl req -x509 -newkey ec -pkeyopt "
+             "ec_paramgen_curve:prime256v1 -nodes -keyout $ca.key -out $ca.pem -days 2 "
+             "-subj /CN=sekali-test-$ca || exit 1; done && "
+             "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+             "-keyout server.key -out server.csr -subj /CN=127.0.0.1 && "
+             "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+             "-out server.pem -days 2 -extfile san.ext", dir);
+    char quiet[8300];
+    snprintf(quiet, sizeof(quiet), "( %s ) >%s/openssl.log 2>&1", cmd, dir);
+    ck_assert_msg(system(quiet) == 0, "openssl failed: see %s/openssl.log", dir);
+}
+
+/* TLS verified against the configured CA: a server signed by it is
+ * trusted; one that is not is refused with a clear error, retried, and
+ * nothing is ever sent to it. */
+START_TEST(test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused)
+{
+    for (int wrong = 0; wrong <= 1; wrong++) {
+        struct h_run r;
+        h_run_open(&r, wrong ? "httptlsbad" : "httptls");
+        make_certificates(r.dir);
+        char cert[1200], key[1200];
+        snprintf(cert, sizeof(cert), "%s/server.pem", r.dir);
+        snprintf(key, sizeof(key), "%s/server.key", r.dir);
+        struct hs *s = hs_start_tls(cert, key);
+        char *yaml = NULL;
+        ck_assert(asprintf(&yaml,
+            "    mode: external\n    lease: 10s\n"
+            "    retry:\n      max_attempts: 2\n      initial: 10ms\n      max: 20ms\n"
+            "    config:\n      url: \"https://127.0.0.1:%d/charge\"\n      timeout: 5s\n"
+            "      ca_file: %s/%s.pem\n", hs_port(s), r.dir, wrong ? "other_ca" : "ca") > 0);
+        h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 1,
+                                              .queue_yaml = yaml });
+        h_publish(r.b, r.queue, "charge", "m-tls", "pay-tls", NULL, "ok");
+        if (!wrong) {
+            H_WAIT(h_completed(&r) == 1, 20000, "the job should complete over verified TLS");
+            ck_assert_int_eq(hs_count(s, "pay-tls"), 1);
+        } else {
+            H_WAIT(failed(&r) == 1, 20000, "the job should fail after its 2 attempts");
+            ck_assert_int_eq(hs_count(s, NULL), 0);
+            ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys "
+                                              "WHERE queue = '%s' AND key = 'pay-tls' AND "
+                                              "attempts = 2 AND error LIKE 'POST failed: SSL "
+                                              "certificate problem%%'", r.queue), 1);
+        }
+        h_run_stop(&r);
+        free(yaml);
+        hs_stop(s);
+        h_run_close(&r);
+    }
+}
+END_TEST
+
 static int test_config(const char *config, char *out, size_t size)
 {
     char cmd[3 * PATH_MAX], build[PATH_MAX];
@@ -313,6 +373,7 @@ int main(void)
         test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_leaks,
         test_worker_killed_after_the_request_arrived_resends_same_key_higher_fence,
         test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out,
+        test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused,
         NULL,
     };
     return h_run_suite(h_suite("http_handler", 150, tests));
