@@ -288,6 +288,13 @@ static int sql_check(const struct sekali_host *host, const char *config, char *e
         snprintf(err, err_size, "the sql handler needs sekalid with handler ABI 1.4 or later");
         return SEKALI_FAIL;
     }
+    char mode[32];
+    if (host->config_queue(config, "mode", mode, sizeof(mode)) > 0 &&
+        strcmp(mode, "transactional") != 0) {
+        snprintf(err, err_size, "the sql handler runs in `mode: transactional` only: its "
+                 "statement must commit with the job's completion");
+        return SEKALI_FAIL;
+    }
     if (load_statement(host, config, &r, err, err_size) != 0)
         return SEKALI_FAIL;
     free(r.sql);
@@ -386,6 +393,12 @@ static int sql_ready(void *state, PGconn *pg, char *err, size_t err_size)
         return SEKALI_OK;  /* the worker's own reconnect comes first */
     if (prepare(s, pg, &res) == 0)
         return SEKALI_OK;
+    /* The connection broke under the prepare: that is for the worker's
+     * reconnect to mend, which only a job's path sets off. */
+    if (PQstatus(pg) != CONNECTION_OK) {
+        PQclear(res);
+        return SEKALI_OK;
+    }
     char why[512];
     if (res != NULL) {
         describe(res, "preparing the statement", why, sizeof(why));

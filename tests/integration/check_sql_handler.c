@@ -393,6 +393,12 @@ START_TEST(test_sekalid_t_names_the_position_of_an_unknown_parameter)
     free(config);
 
     config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+                            "    mode: external\n    config:\n      statement: \"SELECT 1\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "runs in `mode: transactional` only") != NULL, "said:\n%s", out);
+    free(config);
+
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
                             "    config:\n      statement: \"SELECT $1\"\n");
     ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
     ck_assert_msg(strstr(out, "positional parameter $1") != NULL, "said:\n%s", out);
