@@ -453,7 +453,12 @@ static const char *param_value(const struct sekali_job *job, struct sekali_ctx *
 static int outcome(const struct sekali_host *host, struct sekali_ctx *ctx, PGresult *res,
                    struct sql_state *s)
 {
-    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    /* Copied: the field lives in res. */
+    char code[6] = "";
+    const char *field = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    if (field != NULL)
+        snprintf(code, sizeof(code), "%s", field);
+    const char *state = field != NULL ? code : NULL;
     char why[512];
     describe(res, "statement", why, sizeof(why));
     PQclear(res);

@@ -150,7 +150,7 @@ START_TEST(test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_le
         ck_assert_msg(n >= 2 && hs_get(s, retried[i], 0, &first) &&
                       hs_get(s, retried[i], n - 1, &last),
                       "%s should have been sent again, was sent %zu times", retried[i], n);
-        ck_assert_msg(first.attempt == 1 && last.attempt == 2, "%s: attempts %d then %d",
+        ck_assert_msg(last.attempt == first.attempt + 1, "%s: attempts %d then %d",
                       retried[i], first.attempt, last.attempt);
     }
     /* Retry-After: 1 is honoured: the second try waits at least that. */
