@@ -24,7 +24,8 @@ USER_CFLAGS := $(CFLAGS)
 SK_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
             -fno-strict-aliasing -MMD -MP $(addprefix -iquote ,$(SRC_DIRS)) -Iinclude \
             $(shell pkg-config --cflags $(PKGS)) \
-            -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"'
+            -DSK_SQL_DIR='"$(PREFIX)/share/sekali/sql"' -DSK_VERSION='"$(VERSION)"' \
+            -DSK_HANDLER_DIR='"$(PREFIX)/lib/sekali/handlers"'
 # The hardening the Debian package gets from dpkg-buildflags, by default:
 # stack protector, _FORTIFY_SOURCE=2 (which needs an optimising build, so
 # only with -O1 and up, and replaces a level the caller set), full RELRO
@@ -45,7 +46,7 @@ CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsyste
 CORE    = common config config_value pg_conninfo log backoff clock outage broker_url tls
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links $(BROKER) envelope lock redis_link heartbeat pg store plugin host failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers ctl_verify \
           $(BROKER) pg envelope failpoint reschedule schema
@@ -53,7 +54,9 @@ CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_sta
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
 
-HANDLERS     = $(B)/handlers/invoice.so
+# The example (examples/) and the stock handlers (handlers/), which a bare
+# `handler: NAME` selects from $(HANDLERDIR).
+HANDLERS     = $(B)/handlers/invoice.so $(B)/handlers/sql.so $(B)/handlers/http.so
 TEST_PLUGINS = $(patsubst tests/plugins/%.c,$(B)/tests/plugins/%.so,$(wildcard tests/plugins/*.c))
 UNIT_TESTS   = $(patsubst tests/unit/%.c,$(B)/tests/%,$(wildcard tests/unit/check_*.c))
 INTEG_TESTS  = $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/integration/check_*.c))
@@ -89,6 +92,13 @@ $(B)/fault/%.o: %.c | $(B)/fault
 HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --cflags libpq)
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+$(B)/handlers/%.so: handlers/%.c include/sekali/handler.h | $(B)/handlers
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC -shared -o $@ $< \
+	    $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS)
+# The HTTP handler's own libraries: Debian's libcurl, and libyaml for its
+# nested `headers:` mapping.
+$(B)/handlers/http.so: HANDLER_PKGS_CFLAGS = $(shell pkg-config --cflags libcurl yaml-0.1)
+$(B)/handlers/http.so: HANDLER_PKGS_LIBS = $(shell pkg-config --libs libcurl yaml-0.1)
 $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests/plugins
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< \
 	    $(shell pkg-config --libs libpq)
@@ -100,7 +110,7 @@ $(B)/tests/check_broker_url: $(call obj,$(CORE))
 $(B)/tests/check_pg_addr:  $(call obj,$(CORE) pg)
 $(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
 $(B)/tests/check_plugin:   $(call obj,$(CORE) plugin)
-$(B)/tests/check_host:     $(call obj,$(CORE) host lease pg store)
+$(B)/tests/check_host:     $(call obj,$(CORE) host headers_json lease pg store)
 $(B)/tests/check_log:      $(call obj,$(CORE))
 $(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
 $(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
@@ -118,6 +128,7 @@ HARNESS = $(call obj,$(CORE) $(BROKER) lock redis_link) $(B)/obj/harness.o
 $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
+$(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 $(B)/tests/check_%: tests/fault/check_%.c $(HARNESS) | $(B)/tests
@@ -191,7 +202,7 @@ check-cluster: deps
 demo: deps
 	$(MAKE) all
 	tests/servers.sh start
-	tools/demo.sh $(B)
+	DEMO_HANDLER=$(HANDLER) tools/demo.sh $(B)
 
 bench: deps
 	$(MAKE) all
@@ -250,9 +261,11 @@ install: all
 	install -m 644 README.md NEWS.md LICENSE $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(DOCDIR)/docs
 	install -m 644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/
-	install -d $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+	install -d $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man7 \
+	    $(DESTDIR)$(MANDIR)/man8
 	install -m 644 man/*.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 man/*.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 644 man/*.7 $(DESTDIR)$(MANDIR)/man7/
 	install -m 644 man/*.8 $(DESTDIR)$(MANDIR)/man8/
 	install -d $(DESTDIR)$(SHAREDIR)/grafana $(DESTDIR)$(SHAREDIR)/prometheus
 	install -m 644 contrib/grafana/sekali.json $(DESTDIR)$(SHAREDIR)/grafana/
@@ -292,6 +305,7 @@ help:
 	@echo "all       sekalid, sekalictl and the example handlers (in $(B)/)"
 	@echo "check     install what is missing, start test servers, run every test"
 	@echo "demo      install what is missing, start servers, run sekalid on duplicate jobs"
+	@echo "          (HANDLER=sql: through the stock SQL handler instead of the C example)"
 	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
 	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"

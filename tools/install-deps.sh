@@ -7,6 +7,7 @@ packages=(
     build-essential pkg-config
     librabbitmq-dev libhiredis-dev libpq-dev libyaml-dev libsystemd-dev libmicrohttpd-dev check
     libssl-dev openssl  # TLS to Redis (hiredis has none here); servers.sh makes a test CA
+    libcurl4-openssl-dev  # the stock HTTP handler (handlers/http.c)
     postgresql postgresql-client redis-server redis-sentinel rabbitmq-server  # sentinel: tests/cluster
     valgrind procps libfaketime systemd
     curl prometheus   # the metrics test scrapes with curl and checks with promtool

@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 3  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 4  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -187,6 +187,38 @@ struct sekali_host {
      * error. Like any retry, it counts towards retry.max_attempts. */
     int (*conflict)(struct sekali_ctx *ctx, const char *message);
 
+    /* Since 1.4 (check host->abi_minor >= 4). Where in the configuration
+     * file byte `offset` of the top-level scalar `key` of config was
+     * written, as "FILE:LINE:COLUMN" (1-based, as sekalid's own config
+     * errors): check() prefixes its message with it, so an error inside a
+     * value (an unknown parameter in a statement) points at the spot.
+     * Exact for plain and quoted one-line values and for literal (|) blocks;
+     * the value's start for others. Copies it into buf like config_get() and
+     * returns its length, or -1 when the position is not known (outside
+     * check(), the key absent or not a scalar). */
+    int (*config_where)(const char *config, const char *key, size_t offset, char *buf,
+                        size_t size);
+
+    /* Since 1.4. The job's AMQP headers as one JSON object ("{}" without
+     * any), NUL-terminated: valid JSON whatever the producer sent (strings
+     * escaped, invalid UTF-8 replaced by U+FFFD). Built on the first call
+     * of a job; borrowed: valid until handle() returns. NULL when out of
+     * memory. */
+    const char *(*headers_json)(struct sekali_ctx *ctx);
+
+    /* Since 1.4; from check(). A setting of the queue that config belongs
+     * to, as text: "name", "mode" ("transactional" or "external"), "lease"
+     * and "job_timeout" (milliseconds; 0 for none). So check() can refuse a
+     * mode it cannot serve or a timeout the lease does not cover. Returns
+     * its length like config_get(), or -1 when unknown. */
+    int (*config_queue)(const char *config, const char *key, char *buf, size_t size);
+
+    /* Since 1.4. Before returning SEKALI_RETRY: the outside service said
+     * when to come back (HTTP Retry-After). The next attempt waits at
+     * least delay_ms, capped at the queue's retry.max; never less than the
+     * retry policy's own delay. Not honoured in batch mode. */
+    void (*retry_after)(struct sekali_ctx *ctx, uint32_t delay_ms);
+
     /* append here; never reorder, resize or remove */
 };
 
@@ -220,6 +252,18 @@ struct sekali_handler {
      * config_get() and log(). */
     int (*check)(const struct sekali_host *host, const char *config, char *err,
                  size_t err_size);
+
+    /* Since 1.4, optional. Called by the worker, outside any transaction,
+     * on the PostgreSQL connection its jobs run on, before it takes each
+     * delivery: a handler that depends on the database (a function its
+     * statement calls) checks it here once per connection and returns at
+     * once afterwards. SEKALI_OK: the worker takes jobs. Anything else: it
+     * takes none, logs err (err_size bytes) naming the queue, and calls
+     * again after a backoff (1 s doubling to 30 s) on a live connection:
+     * a deploy-order mistake (the function not created yet) holds the
+     * queue's jobs in the broker instead of dead-lettering them, and
+     * never restarts the worker. */
+    int (*ready)(void *state, struct pg_conn *pg, char *err, size_t err_size);
     /* append here; never reorder, resize or remove */
 };
 

@@ -26,6 +26,10 @@
 #include "config_value.h"
 #include "pg_conninfo.h"
 
+#ifndef SK_HANDLER_DIR
+#define SK_HANDLER_DIR "/usr/local/lib/sekali/handlers"
+#endif
+
 #define MAX_FILE      MIB         /* a config larger than this is a mistake */
 #define MAX_NAME      200         /* AMQP allows 255: leave room for suffixes */
 #define NAME_CHARS    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
@@ -36,6 +40,7 @@ enum type {
     T_STR,            /* char *, non-empty */
     T_NAME,           /* char *, 1 to MAX_NAME of NAME_CHARS: safe in AMQP, Redis and logs */
     T_PATH,           /* char *, resolved against the config file's directory */
+    T_HANDLER,        /* T_PATH, or a bare NAME: SK_HANDLER_DIR/NAME.so */
     T_LIST,           /* char ** of non-empty scalars, followed by its size_t count */
     T_INT,            /* int in [min, max] */
     T_BOOL,           /* bool: true/false/yes/no/on/off */
@@ -68,6 +73,8 @@ struct loader {
     yaml_document_t *doc;
     struct sk_err   *err;
     const char      *secret_from;  /* where this section's password came from */
+    const char      *text;         /* the file's text, for positions inside values */
+    size_t           len;
 };
 
 static int parse(struct loader *L, yaml_parser_t *parser, const char *text, size_t len);
@@ -115,6 +122,8 @@ static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf
 static const char *kind(const yaml_node_t *n);
 static bool is_null(const yaml_node_t *n);
 static char *resolve(struct loader *L, const char *path);
+static char *resolve_handler(struct loader *L, const char *name);
+static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q);
 
 /* The schema. Adding a key: a line here, a field in config.h (or the
  * adapter's conf struct), its default below the tables, a documented line in
@@ -124,6 +133,7 @@ static char *resolve(struct loader *L, const char *path);
 #define STR(n, s, f)               { .name = n, .type = T_STR, .offset = OF(s, f) }
 #define NAME(n, s, f, req)         { .name = n, .type = T_NAME, .offset = OF(s, f), .required = req }
 #define PATH(n, s, f, req)         { .name = n, .type = T_PATH, .offset = OF(s, f), .required = req }
+#define HANDLER(n, s, f, req)      { .name = n, .type = T_HANDLER, .offset = OF(s, f), .required = req }
 #define LIST(n, s, f)              { .name = n, .type = T_LIST, .offset = OF(s, f) }
 #define INT(n, s, f, lo, hi)       { .name = n, .type = T_INT, .offset = OF(s, f), .min = lo, .max = hi }
 #define BOOL(n, s, f)              { .name = n, .type = T_BOOL, .offset = OF(s, f) }
@@ -267,7 +277,7 @@ static bool owned_by(const char *name, const char *queue)
 
 static const struct key queue_keys[] = {
     NAME("name",            sk_queue_conf, name, true),
-    PATH("handler",         sk_queue_conf, handler, true),
+    HANDLER("handler",      sk_queue_conf, handler, true),
     INT("workers",          sk_queue_conf, workers,  1, 256),
     INT("prefetch",         sk_queue_conf, prefetch, 1, 65535),
     ENUM("mode",            sk_queue_conf, mode, modes),
@@ -398,6 +408,8 @@ int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
         goto fail;
     }
     L.doc = &doc;
+    L.text = text;
+    L.len = len;
     if (parse(&L, &parser, text, len) == SK_OK) {
         rc = load_map(&L, yaml_document_get_root_node(&doc), "top level", top_keys, c);
         yaml_document_delete(&doc);
@@ -450,6 +462,11 @@ void sk_conf_free(struct sk_conf *c)
         free(q->name);
         free(q->handler);
         sk_conf_value_wipe(q->handler_config);  /* handlers keep their own secrets there */
+        for (size_t j = 0; j < q->n_config_marks; j++) {
+            free(q->config_marks[j].key);
+            sk_conf_value_wipe(q->config_marks[j].raw);
+        }
+        free(q->config_marks);
         for (size_t j = 0; j < q->n_job_types; j++)
             free(q->job_types[j]);
         free(q->job_types);
@@ -605,7 +622,8 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
                     "a boolean" : "a scalar", &s);
     if (rc != SK_OK)
         return rc;
-    if ((*s == '\0' || is_null(v)) && (k->type == T_STR || k->type == T_PATH))
+    if ((*s == '\0' || is_null(v)) && (k->type == T_STR || k->type == T_PATH ||
+                                          k->type == T_HANDLER))
         return fail(L, v, "%s must not be empty", k->name);
 
     switch (k->type) {
@@ -614,8 +632,9 @@ static int apply(struct loader *L, const struct key *k, yaml_node_t *v, void *ba
     case T_NAME:
         return apply_name(L, k, v, s, field);
     case T_PATH:  /* existence is the plugin loader's business: it can say why */
+    case T_HANDLER:
         free(*(char **)field);
-        if ((*(char **)field = resolve(L, s)) == NULL)
+        if ((*(char **)field = k->type == T_HANDLER ? resolve_handler(L, s) : resolve(L, s)) == NULL)
             return fail(L, v, "out of memory");
         return SK_OK;
     case T_INT:
@@ -941,7 +960,150 @@ static int queue_config(struct loader *L, yaml_node_t *v, void *base)
         return SK_OK;
     if (sk_conf_value_emit(L->doc, v, "config", &q->handler_config, &at, &e) != SK_OK)
         return fail(L, at, "%s", e.msg);
+    return mark_config(L, v, q);
+}
+
+/* Remembers where each top-level scalar of a handler's config starts, so
+ * that check() can point into a value (host->config_where()). */
+static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q)
+{
+    if (v->type != YAML_MAPPING_NODE)
+        return SK_OK;
+    size_t n = (size_t)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+    if (n == 0)
+        return SK_OK;
+    if ((q->config_marks = calloc(n, sizeof(*q->config_marks))) == NULL)
+        return fail(L, v, "out of memory");
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = node(L, p->key), *val = node(L, p->value);
+        if (k == NULL || val == NULL || k->type != YAML_SCALAR_NODE ||
+            val->type != YAML_SCALAR_NODE)
+            continue;
+        struct sk_conf_mark *m = &q->config_marks[q->n_config_marks];
+        if ((m->key = strndup((const char *)k->data.scalar.value, k->data.scalar.length)) == NULL)
+            return fail(L, v, "out of memory");
+        q->n_config_marks++;
+        m->line = (uint32_t)val->start_mark.line + 1;
+        m->column = (uint32_t)val->start_mark.column + 1;
+        m->style = (int)val->data.scalar.style;
+        /* A block's text starts on the next line, at its indentation. */
+        size_t i = val->start_mark.index;
+        while (i < L->len && L->text[i] != '\n')
+            i++;
+        uint32_t indent = 0;
+        for (i++; i < L->len && L->text[i] == ' '; i++)
+            indent++;
+        m->indent = indent + 1;
+        size_t from = val->start_mark.index, to = val->end_mark.index;
+        if (to > L->len || to < from)
+            to = from;
+        if ((m->raw = strndup(L->text + from, to - from)) == NULL)
+            return fail(L, v, "out of memory");
+    }
     return SK_OK;
+}
+
+static const struct sk_conf *where_conf;
+
+/* Follows the value as written up to its byte `offset`: quotes, escapes
+ * and line breaks take more room in the file than in the value. */
+static void walk_mark(const struct sk_conf_mark *m, size_t offset, uint32_t *line,
+                      uint32_t *column)
+{
+    const char *s = m->raw;
+    bool dq = m->style == YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+    bool sq = m->style == YAML_SINGLE_QUOTED_SCALAR_STYLE;
+    bool block = m->style == YAML_LITERAL_SCALAR_STYLE || m->style == YAML_FOLDED_SCALAR_STYLE;
+    uint32_t l = m->line, c = m->column;
+    size_t i = 0, v = 0;
+
+    if (dq || sq) {
+        i = 1;
+        c++;
+    } else if (block) {  /* the text starts below the indicator, indented */
+        while (s[i] != '\0' && s[i] != '\n')
+            i++;
+        if (s[i] == '\n')
+            i++;
+        l++;
+        c = 1;
+        for (uint32_t k = 1; k < m->indent && s[i] == ' '; k++, i++)
+            c++;
+    }
+    while (s[i] != '\0' && v < offset) {
+        if (s[i] == '\n') {
+            l++;
+            c = 1;
+            i++;
+            for (uint32_t k = 1; s[i] == ' ' && (!block || k < m->indent); k++, i++)
+                c++;
+            v++;
+            continue;
+        }
+        size_t adv = 1, made = 1;
+        if (dq && s[i] == '\\') {
+            switch (s[i + 1]) {
+            case 'x': adv = 4; break;
+            case 'u': adv = 6; made = 3; break;  /* a code point's UTF-8, most often 3 */
+            case 'U': adv = 10; made = 4; break;
+            default:  adv = 2; break;
+            }
+        } else if (sq && s[i] == '\'' && s[i + 1] == '\'') {
+            adv = 2;
+        }
+        for (size_t k = 0; k < adv && s[i] != '\0'; k++, i++)
+            c++;
+        v += made;
+    }
+    *line = l;
+    *column = c;
+}
+
+void sk_conf_where_begin(const struct sk_conf *conf)
+{
+    where_conf = conf;
+}
+
+int sk_conf_queue_setting(const char *config, const char *key, char *buf, size_t size)
+{
+    for (size_t i = 0; where_conf != NULL && config != NULL && key != NULL &&
+                       i < where_conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &where_conf->queues[i];
+        if (q->handler_config != config)
+            continue;
+        if (strcmp(key, "name") == 0)
+            return snprintf(buf, size, "%s", q->name);
+        if (strcmp(key, "mode") == 0)
+            return snprintf(buf, size, "%s",
+                            q->mode == SK_MODE_EXTERNAL ? "external" : "transactional");
+        if (strcmp(key, "lease") == 0)
+            return snprintf(buf, size, "%u", (unsigned)q->lease_ms);
+        if (strcmp(key, "job_timeout") == 0)
+            return snprintf(buf, size, "%u", (unsigned)q->job_timeout_ms);
+        return -1;
+    }
+    return -1;
+}
+
+int sk_conf_where(const char *config, const char *key, size_t offset, char *buf, size_t size)
+{
+    if (where_conf == NULL || config == NULL || key == NULL)
+        return -1;
+    for (size_t i = 0; i < where_conf->n_queues; i++) {
+        const struct sk_queue_conf *q = &where_conf->queues[i];
+        if (q->handler_config != config)
+            continue;
+        for (size_t j = 0; j < q->n_config_marks; j++) {
+            const struct sk_conf_mark *m = &q->config_marks[j];
+            if (strcmp(m->key, key) != 0)
+                continue;
+            uint32_t line, column;
+            walk_mark(m, offset, &line, &column);
+            return snprintf(buf, size, "%s:%u:%u", where_conf->path, line, column);
+        }
+        return -1;
+    }
+    return -1;
 }
 
 /* host:port, checked now so that a typo fails `sekalid -t`; whether the
@@ -1188,6 +1350,24 @@ static bool is_null(const yaml_node_t *n)
             strcmp((const char *)n->data.scalar.value, nulls[i]) == 0)
             return true;
     return false;
+}
+
+/* A stock handler is named, not pathed: `handler: sql` is sekali's own
+ * SK_HANDLER_DIR/sql.so (SEKALI_HANDLER_DIR overrides the directory, for a
+ * build tree). Anything with a '/' or ending in ".so" is a path, as always;
+ * the name's characters are NAME_CHARS, so it cannot climb out. Returns a
+ * new string. */
+static char *resolve_handler(struct loader *L, const char *name)
+{
+    size_t n = strlen(name);
+    if (strchr(name, '/') != NULL || (n >= 3 && strcmp(name + n - 3, ".so") == 0) ||
+        strspn(name, NAME_CHARS) != n || strstr(name, "..") != NULL)
+        return resolve(L, name);
+    const char *dir = getenv("SEKALI_HANDLER_DIR");
+    char *out;
+    if (dir == NULL || dir[0] == '\0')
+        dir = SK_HANDLER_DIR;
+    return asprintf(&out, "%s/%s.so", dir, name) < 0 ? NULL : out;
 }
 
 /* Returns a new string: path if absolute, else path under the config's directory. */

@@ -110,6 +110,19 @@ struct sk_queue_conf {
     int                max_crashes;    /* a job whose worker died this often is dead-lettered; 0: off */
     int                batch;          /* deliveries per transaction; 1: one job per transaction */
     uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch */
+    struct sk_conf_mark *config_marks; /* where config:'s top-level scalars were written */
+    size_t             n_config_marks;
+};
+
+/* The position of one top-level scalar of a queue's `config:`, for
+ * host->config_where(): the value's first character, and how to count
+ * from there. */
+struct sk_conf_mark {
+    char     *key;
+    uint32_t  line, column;  /* 1-based, of the value's first character */
+    int       style;         /* yaml_scalar_style_t */
+    uint32_t  indent;        /* block scalar: the column its lines start at, 1-based */
+    char     *raw;           /* the value as written (quotes, escapes), to count in */
 };
 
 struct sk_conf {
@@ -135,6 +148,17 @@ struct sk_conf {
  * unreadable). */
 int  sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err);
 void sk_conf_free(struct sk_conf *conf);
+
+/* host->config_where(): "FILE:LINE:COL" of byte offset of the scalar at
+ * key in a queue's handler config text, looked up (by the text's address)
+ * in the snapshot given to sk_conf_where_begin(), into buf like snprintf().
+ * Returns its length, or -1 when unknown. Supervisor only: set while the
+ * handlers' check() run (plugin.c), NULL otherwise. */
+void sk_conf_where_begin(const struct sk_conf *conf);
+int  sk_conf_where(const char *config, const char *key, size_t offset, char *buf, size_t size);
+/* host->config_queue(): a setting ("name", "mode", "lease", "job_timeout")
+ * of the queue whose handler config is config, like sk_conf_where(). */
+int  sk_conf_queue_setting(const char *config, const char *key, char *buf, size_t size);
 
 const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char *name);
 

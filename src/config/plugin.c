@@ -27,6 +27,15 @@
 #define DESCRIPTOR_V1_3_SIZE \
     (offsetof(struct sekali_handler, check) + sizeof(((struct sekali_handler *)0)->check))
 
+/* ... and of the 1.4 one, which added ready. */
+#define DESCRIPTOR_V1_4_SIZE \
+    (offsetof(struct sekali_handler, ready) + sizeof(((struct sekali_handler *)0)->ready))
+
+bool sk_plugin_has_ready(const struct sekali_handler *h)
+{
+    return h->struct_size >= DESCRIPTOR_V1_4_SIZE && h->ready != NULL;
+}
+
 /* Code that others can replace runs as sekali with its database
  * credentials: like sshd with a loose key file, refuse it. What is loaded is
  * the file that was checked: the path is resolved once (symlinks included),
@@ -242,6 +251,8 @@ int sk_plugin_load_queues(const struct sk_conf *conf, const struct sekali_host *
     struct sk_plugin *plugins = calloc(conf->n_queues, sizeof(*plugins));
     if (plugins == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(plugins)");
+    /* check() may ask where a value was written (host->config_where()). */
+    sk_conf_where_begin(conf);
     for (size_t i = 0; i < conf->n_queues; i++) {
         struct sk_err why = { 0 };
         size_t loaded = i;
@@ -256,9 +267,11 @@ int sk_plugin_load_queues(const struct sk_conf *conf, const struct sekali_host *
             for (size_t j = 0; j < loaded; j++)
                 unload(plugins[j].dl, plugins[j].fd);
             free(plugins);
+            sk_conf_where_begin(NULL);
             return sk_err_set(err, rc, "queue %s: %s", conf->queues[i].name, why.msg);
         }
     }
+    sk_conf_where_begin(NULL);
     *out = plugins;
     return SK_OK;
 }

@@ -8,6 +8,8 @@
 #ifndef SK_PLUGIN_H
 #define SK_PLUGIN_H
 
+#include <stdbool.h>
+
 #include <sekali/handler.h>
 
 #include "common.h"
@@ -45,6 +47,10 @@ int sk_plugin_check_config(const struct sk_plugin *p, const struct sekali_host *
  * sk_plugin_load(). Supervisor only (check() runs here). */
 int sk_plugin_load_queues(const struct sk_conf *conf, const struct sekali_host *host,
                           struct sk_plugin **out, struct sk_err *err);
+
+/* Whether h has ready() (ABI 1.4, optional), which the worker then calls
+ * before each delivery. */
+bool sk_plugin_has_ready(const struct sekali_handler *h);
 
 /* The descriptor checks alone, for a descriptor already in hand. */
 int sk_plugin_check(const struct sekali_handler *h, const char *path, struct sk_err *err);

@@ -10,6 +10,8 @@
 #include <libpq-fe.h>
 #include <yaml.h>
 
+#include "config.h"
+#include "headers_json.h"
 #include "host.h"
 #include "pg.h"
 
@@ -27,6 +29,8 @@ static int host_enqueue(struct sekali_ctx *ctx, const char *queue, const char *j
 static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue *e,
                             char *job_id, size_t size);
 static int host_conflict(struct sekali_ctx *ctx, const char *message);
+static const char *host_headers_json(struct sekali_ctx *ctx);
+static void host_retry_after(struct sekali_ctx *ctx, uint32_t delay_ms);
 
 /* The size of the 1.3 enqueue struct: the first one, so the least a caller
  * may pass. */
@@ -48,6 +52,10 @@ static const struct sekali_host host = {
     .enqueue_job = host_enqueue_job,
     .config_get = sk_host_config_get,
     .conflict = host_conflict,
+    .config_where = sk_conf_where,
+    .headers_json = host_headers_json,
+    .config_queue = sk_conf_queue_setting,
+    .retry_after = host_retry_after,
 };
 
 const struct sekali_host *sk_host(void)
@@ -61,6 +69,9 @@ void sk_host_ctx_reset(struct sekali_ctx *ctx)
     ctx->error[0] = '\0';
     ctx->external = false;
     ctx->conflict = false;
+    ctx->headers = NULL;
+    ctx->headers_done = false;
+    ctx->retry_after_ms = 0;
     sk_lease_checkpoints_clear(&ctx->checkpoints);
 }
 
@@ -90,6 +101,9 @@ void sk_host_ctx_free(struct sekali_ctx *ctx)
     free(ctx->body);
     ctx->body = NULL;
     ctx->body_cap = 0;
+    free(ctx->headers_buf);
+    ctx->headers_buf = NULL;
+    ctx->headers_cap = 0;
 }
 
 /* libyaml, not a line scanner: the text is libyaml's own re-emission of the
@@ -281,4 +295,22 @@ static int host_conflict(struct sekali_ctx *ctx, const char *message)
              message != NULL && *message != '\0' ? message : "the row changed under the job");
     host_set_error(ctx, why);
     return SEKALI_RETRY;
+}
+
+/* Built on demand: most handlers never look at the headers. */
+static const char *host_headers_json(struct sekali_ctx *ctx)
+{
+    if (!ctx->headers_done) {
+        static const amqp_table_t none = { 0 };
+        if (sk_headers_json(ctx->headers != NULL ? ctx->headers : &none, &ctx->headers_buf,
+                            &ctx->headers_cap) < 0)
+            return NULL;
+        ctx->headers_done = true;
+    }
+    return ctx->headers_buf;
+}
+
+static void host_retry_after(struct sekali_ctx *ctx, uint32_t delay_ms)
+{
+    ctx->retry_after_ms = delay_ms;
 }

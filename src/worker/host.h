@@ -6,6 +6,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include <amqp.h>
+
 #include <sekali/handler.h>
 
 #include "lease.h"
@@ -26,6 +28,11 @@ struct sekali_ctx {
     bool                     conflict;    /* the handler called host->conflict() */
     char                    *body;        /* NUL-terminated copy of the job's body */
     size_t                   body_cap;    /* bytes allocated at body */
+    const amqp_table_t      *headers;     /* the delivery's, or NULL: for headers_json() */
+    char                    *headers_buf; /* headers_json()'s text, kept for the next job */
+    size_t                   headers_cap;
+    bool                     headers_done; /* headers_buf holds this job's */
+    uint32_t                 retry_after_ms; /* host->retry_after(), 0 if not called */
 };
 
 /* The vtable handed to every handler's init(). Valid for the process's life. */

@@ -410,6 +410,9 @@ int sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
     };
     ctx->pg = pg;
     ctx->log = &j->log;
+    ctx->headers_done = false;
+    ctx->headers = j->delivery->message.properties._flags & AMQP_BASIC_HEADERS_FLAG
+        ? &j->delivery->message.properties.headers : NULL;
     ctx->lock_lost = p->heartbeat != NULL && (j->locked || ctx->external)
         ? sk_heartbeat_lost(p->heartbeat) : NULL;
     /* Counted before the call: a handler that kills its worker still ran. */
@@ -436,7 +439,15 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct job *j, int status, con
             sk_metrics_inc(j->metrics, SK_METRIC_OCC_CONFLICTS);
         if (j->env.delivery_attempt < (uint32_t)p->queue->retry.max_attempts) {
             uint32_t next = j->env.delivery_attempt + 1;
-            if (sk_job_later(p, j, sk_reschedule_retry_delay(&p->queue->retry, next), next, why,
+            uint32_t delay = sk_reschedule_retry_delay(&p->queue->retry, next);
+            /* host->retry_after(): the service's own word, within retry.max.
+             * A batch's outcomes do not carry it (ABI: not in batch mode). */
+            uint32_t asked = p->queue->batch > 1 ? 0 : p->ctx.retry_after_ms;
+            if (asked > p->queue->retry.max_ms)
+                asked = p->queue->retry.max_ms;
+            if (asked > delay)
+                delay = sk_reschedule_bucket(asked);
+            if (sk_job_later(p, j, delay, next, why,
                       conflict ? "conflict" : "retry"))
                 sk_metrics_inc(j->metrics, SK_METRIC_RETRIES);
             return;

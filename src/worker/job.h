@@ -32,6 +32,8 @@ struct sk_pipeline {
     char                         owner[128];     /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;            /* reused for every job */
     struct sk_span              *span;           /* the jobs in flight: job.c's, made on first use */
+    uint32_t                     ready_delay_ms; /* handler->ready() refused: the backoff */
+    int64_t                      ready_next_ms;  /* ... and when to ask it again */
 };
 
 /* Runs one delivery through the pipeline, as a span of one, to its ack,

@@ -19,6 +19,7 @@
 #include "job.h"
 #include "links.h"
 #include "log.h"
+#include "plugin.h"
 #include "process.h"
 #include "store.h"
 #include "worker.h"
@@ -28,6 +29,7 @@
 static int  setup(struct sk_pipeline *p, bool first, struct sk_err *err);
 static void teardown(struct sk_pipeline *p);
 static bool prepare(struct sk_pipeline *p);
+static bool handler_ready(struct sk_pipeline *p);
 static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery);
 static void record_crash(struct sk_pipeline *p, char *key, const char *who);
 static void free_dead_locks(struct sk_pipeline *p);
@@ -149,7 +151,45 @@ static bool prepare(struct sk_pipeline *p)
         if (atomic_load(&slot->n_orphans) > 0)
             free_dead_locks(p);
     }
-    return true;
+    return handler_ready(p);
+}
+
+#define READY_FIRST_MS 1000
+#define READY_MAX_MS   30000
+
+/* A handler that depends on the database (ABI 1.4's ready(): the stock SQL
+ * handler's statement) says whether jobs can run. Until it does, this
+ * worker takes none and asks again after a backoff: a function not
+ * deployed yet keeps the jobs in the broker, never dead-letters them, and
+ * never turns into a crash loop. */
+static bool handler_ready(struct sk_pipeline *p)
+{
+    if (!sk_plugin_has_ready(p->handler))
+        return true;
+    int64_t now = sk_now_ms();
+    if (now < p->ready_next_ms) {
+        int64_t left = p->ready_next_ms - now;
+        sk_sleep_ms(left < POLL_MS ? (uint32_t)left : POLL_MS);
+        return false;
+    }
+    char why[512] = "";
+    int status = p->handler->ready(p->handler_state, sk_store_conn(sk_links_store(p->links)),
+                                   why, sizeof(why));
+    if (status == SEKALI_OK) {
+        if (p->ready_delay_ms > 0)
+            sk_log_info("queue %s: the handler is ready: taking jobs again", p->queue->name);
+        p->ready_delay_ms = 0;
+        return true;
+    }
+    why[sizeof(why) - 1] = '\0';
+    p->ready_delay_ms = p->ready_delay_ms == 0 ? READY_FIRST_MS
+                        : p->ready_delay_ms >= READY_MAX_MS / 2 ? READY_MAX_MS
+                        : p->ready_delay_ms * 2;
+    p->ready_next_ms = now + p->ready_delay_ms;
+    sk_log_error("queue %s: the handler is not ready, taking no jobs (next check in %u ms): %s",
+                 p->queue->name, (unsigned)p->ready_delay_ms,
+                 why[0] != '\0' ? why : "(no reason given)");
+    return false;
 }
 
 static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)

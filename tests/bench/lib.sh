@@ -78,7 +78,17 @@ tls_conf() {
 # bench_batch are set (BENCH_PREFETCH, BENCH_BATCH): otherwise sekali's
 # defaults are what is measured, and a build that does not know `batch`
 # yet still runs.
+# BENCH_HANDLER=sql runs the same INSERT through the stock SQL handler
+# (handlers/sql.c) instead of the C bench handler: what a job costs without
+# a line of C.
 bench_prefetch='' bench_batch=''
+case "${BENCH_HANDLER:-c}" in
+    c) handler_yaml="    handler: $out/bench_handler.so" ;;
+    sql) handler_yaml="    handler: $(cd "$build" && pwd)/handlers/sql.so
+    config:
+      statement: \"INSERT INTO sekali_bench.jobs (queue, key, published_us, committed) VALUES (:queue, :idempotency_key, :body::bigint, clock_timestamp())\"" ;;
+    *) echo "bench: BENCH_HANDLER must be c or sql" >&2; exit 2 ;;
+esac
 write_conf() {
     local conf=$work/$1.yaml
     cat >"$conf" <<YAML
@@ -97,7 +107,7 @@ outbox:
   relays: ${2:-0}
 queues:
   - name: $1
-    handler: $out/bench_handler.so
+$handler_yaml
     workers: $workers
 YAML
     [ "${BENCH_TLS:-0}" != 1 ] || tls_conf "$conf"

@@ -20,6 +20,8 @@
 #   BENCH_LATENCY_RATE [half the median throughput]  its jobs/s, to compare
 #                           two builds at the same load
 #   BENCH_TIMEOUT [300]     seconds one run may take before it counts as failed
+#   BENCH_HANDLER [c]       c: the C bench handler; sql: the same INSERT through
+#                           the stock SQL handler (handlers/sql.c)
 #
 # What it does, per configuration:
 #   1. throughput, BENCH_RUNS times: publish BENCH_JOBS persistent jobs into a

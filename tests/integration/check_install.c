@@ -41,6 +41,8 @@ START_TEST(test_install_lays_out_every_file_and_keeps_an_existing_config)
     install_into(dir);
     static const char *const files[] = {
         "usr/bin/sekalid", "usr/bin/sekalictl", "usr/lib/sekali/handlers/invoice.so",
+        "usr/lib/sekali/handlers/sql.so",
+        "usr/lib/sekali/handlers/http.so", "usr/share/man/man7/sekali-handlers.7",
         "usr/include/sekali/handler.h", "usr/lib/pkgconfig/sekali.pc",
         "usr/share/sekali/sql/001_idempotency_keys.sql", "usr/lib/systemd/system/sekali.service",
         "etc/sekali/sekali.yaml", "usr/lib/sysusers.d/sekali.conf",

@@ -1,0 +1,380 @@
+/* check_http_handler.c - the stock HTTP handler (handlers/http.c) against a
+ * real HTTP server (tests/http_server.c): the request it sends, each
+ * outcome (2xx, 429 with Retry-After, 500, 400, a dropped connection, a
+ * timeout), secrets kept out of every log line and error, `sekalid -t`'s
+ * refusals, and the lease: a worker killed after the server got its request,
+ * and one frozen past its lease. */
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "harness.h"
+#include "http_server.h"
+
+#define HTTP_HANDLER "handlers/http.so"
+#define FILE_SECRET  "Bearer s3cr3t-token-4471"
+#define ENV_SECRET   "envsecret-7781"
+
+static const char *const secret_env[] = { "SK_TEST_HTTP_TOKEN=" ENV_SECRET, NULL };
+
+/* The queue's YAML: external mode, a short lease, fast retries, and the
+ * handler's config pointing at the server, with one secret from a file
+ * and one from the environment. */
+static char *queue_yaml(struct h_run *r, struct hs *s, const char *lease, const char *timeout,
+                        const char *extra)
+{
+    char token[1200];
+    snprintf(token, sizeof(token), "%s/payments.token", r->dir);
+    FILE *f = fopen(token, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(FILE_SECRET "\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(token, 0600), 0);
+    char *yaml = NULL;
+    ck_assert(asprintf(&yaml,
+        "    mode: external\n    lease: %s\n"
+        "    retry:\n      max_attempts: 4\n      initial: 10ms\n      max: 5s\n%s"
+        "    config:\n"
+        "      url: \"http://127.0.0.1:%d/charge\"\n"
+        "      timeout: %s\n"
+        "      headers:\n"
+        "        Authorization: {file: %s}\n"
+        "        X-From-Env: {env: SK_TEST_HTTP_TOKEN}\n"
+        "        X-Api-Version: \"2\"\n",
+        lease, extra != NULL ? extra : "", hs_port(s), timeout, token) > 0);
+    return yaml;
+}
+
+static long long failed(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND status = 'failed'", r->queue);
+}
+
+/* No secret anywhere an operator looks: the log, the keys' errors, the
+ * saved results. */
+static void expect_no_secret(struct h_run *r)
+{
+    ck_assert_int_eq(h_count_lines(r->log, "s3cr3t"), 0);
+    ck_assert_int_eq(h_count_lines(r->log, ENV_SECRET), 0);
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                       "queue = '%s' AND (error LIKE '%%s3cr3t%%' OR error LIKE "
+                                       "'%%" ENV_SECRET "%%' OR convert_from(result, 'UTF8') "
+                                       "LIKE '%%s3cr3t%%')", r->queue), 0);
+}
+
+static pid_t worker_pid(pid_t sekalid, pid_t not)
+{
+    pid_t pids[16];
+    size_t n = h_children(sekalid, pids, 16);
+    for (size_t i = 0; i < n; i++) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)pids[i]);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        bool worker = fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, "sk-worker", 9) == 0;
+        fclose(f);
+        if (worker && pids[i] != not)
+            return pids[i];
+    }
+    return 0;
+}
+
+START_TEST(test_job_is_posted_with_its_keys_and_secrets_and_the_response_is_its_result)
+{
+    struct h_run r;
+    h_run_open(&r, "httpok");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "5s", "2s", NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml, .env = secret_env });
+    h_publish(r.b, r.queue, "charge", "job-ok-1", "pay-1", NULL, "ok");
+    h_publish(r.b, r.queue, "charge", "job-ok-2", "pay-2", NULL, "ok");
+    H_WAIT(h_completed(&r) == 2, 20000, "both jobs should complete: %lld did", h_completed(&r));
+    h_run_stop(&r);
+
+    struct hs_request q;
+    ck_assert(hs_get(s, "pay-1", 0, &q));
+    ck_assert_str_eq(q.job_id, "job-ok-1");
+    ck_assert_str_eq(q.job_type, "charge");
+    ck_assert_str_eq(q.body, "ok");
+    ck_assert_str_eq(q.content_type, "text/plain");
+    ck_assert_str_eq(q.authorization, FILE_SECRET);
+    ck_assert_str_eq(q.from_env, ENV_SECRET);
+    ck_assert_int_eq(q.attempt, 1);
+    ck_assert_int_ge(q.fence, 1);
+    ck_assert_int_eq(hs_count(s, "pay-1"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'pay-1' AND convert_from(result, "
+                                      "'UTF8') = 'done pay-1 fence=%lld'", r.queue,
+                                (long long)q.fence), 1);
+    expect_no_secret(&r);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_leaks)
+{
+    struct h_run r;
+    h_run_open(&r, "httpcodes");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "10s", "1s", NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 2,
+                                          .queue_yaml = yaml, .env = secret_env });
+    h_publish(r.b, r.queue, "charge", "m429", "k429", NULL, "429");
+    h_publish(r.b, r.queue, "charge", "m500", "k500", NULL, "500");
+    h_publish(r.b, r.queue, "charge", "mdrop", "kdrop", NULL, "drop");
+    h_publish(r.b, r.queue, "charge", "mslow", "kslow", NULL, "slow");
+    h_publish(r.b, r.queue, "charge", "m400", "k400", NULL, "400");
+    H_WAIT(h_completed(&r) == 4 && failed(&r) == 1, 60000,
+           "4 jobs should complete after a retry and 1 fail: %lld completed, %lld failed",
+           h_completed(&r), failed(&r));
+    h_run_stop(&r);
+
+    /* Each retried case was sent again by sekali, with the same key and
+     * the next attempt. (libcurl itself resends once on a fresh connection
+     * when a reused one dies before any answer: the drop may be seen twice
+     * on attempt 1.) */
+    const char *retried[] = { "k429", "k500", "kdrop", "kslow" };
+    for (size_t i = 0; i < 4; i++) {
+        size_t n = hs_count(s, retried[i]);
+        struct hs_request first, last;
+        ck_assert_msg(n >= 2 && hs_get(s, retried[i], 0, &first) &&
+                      hs_get(s, retried[i], n - 1, &last),
+                      "%s should have been sent again, was sent %zu times", retried[i], n);
+        ck_assert_msg(last.attempt == first.attempt + 1, "%s: attempts %d then %d",
+                      retried[i], first.attempt, last.attempt);
+    }
+    /* Retry-After: 1 is honoured: the second try waits at least that. */
+    struct hs_request a, b;
+    ck_assert(hs_get(s, "k429", 0, &a) && hs_get(s, "k429", 1, &b));
+    ck_assert_msg(b.at_ms - a.at_ms >= 950, "the retry after a 429 with Retry-After: 1 came "
+                  "after %lld ms", (long long)(b.at_ms - a.at_ms));
+    /* A 400 is final: sent once, dead-lettered with the status and an
+     * excerpt from which the echoed secret is blanked. */
+    ck_assert_int_eq(hs_count(s, "k400"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'k400' AND error LIKE "
+                                      "'HTTP 400: bad request: ****%%'", r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'k400' AND attempts = 1",
+                                r.queue), 1);
+    expect_no_secret(&r);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The worker dies after the server got its request, before any outcome
+ * was recorded: once the lease runs out, the job is sent again with the
+ * same Idempotency-Key and a higher fence, and completes once. */
+START_TEST(test_worker_killed_after_the_request_arrived_resends_same_key_higher_fence)
+{
+    struct h_run r;
+    h_run_open(&r, "httpkill");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "2s", "1500ms", "    lock_ttl: 2s\n");
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml, .env = secret_env });
+    pid_t victim = worker_pid(r.sekalid, 0);
+    ck_assert(victim > 0);
+    h_publish(r.b, r.queue, "charge", "m-kill", "pay-kill", NULL, "hang");
+    H_WAIT(hs_count(s, "pay-kill") == 1, 20000, "the request never reached the server");
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    H_WAIT(h_completed(&r) == 1, 60000, "the job should be sent again and complete");
+    h_run_stop(&r);
+
+    struct hs_request first, second;
+    ck_assert(hs_get(s, "pay-kill", 0, &first) && hs_get(s, "pay-kill", 1, &second));
+    ck_assert_int_eq(hs_count(s, "pay-kill"), 2);
+    ck_assert_str_eq(second.key, first.key);
+    ck_assert_int_gt(second.fence, first.fence);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A worker frozen (SIGSTOP) while its request hangs loses its lease; the
+ * other worker takes the job over with a higher fence and completes it.
+ * Thawed, the first worker's outcome changes nothing: the result stays the
+ * takeover's, and the job is not sent again. */
+START_TEST(test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out)
+{
+    struct h_run r;
+    h_run_open(&r, "httpfreeze");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "2s", "1500ms", "    lock_ttl: 2s\n    prefetch: 1\n");
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 2,
+                                          .queue_yaml = yaml, .env = secret_env,
+                                          .heartbeat = "1s" });
+    h_publish(r.b, r.queue, "charge", "m-freeze", "pay-freeze", NULL, "hang");
+    H_WAIT(hs_count(s, "pay-freeze") == 1, 20000, "the request never reached the server");
+    /* The worker holding it, by the claim's owner (host:pid). */
+    pid_t frozen = (pid_t)h_pg_count(r.pg, "SELECT split_part(owner, ':', 2)::bigint FROM "
+                                           "sekali.idempotency_keys WHERE queue = '%s' AND "
+                                           "key = 'pay-freeze'", r.queue);
+    pid_t one = worker_pid(r.sekalid, 0), two = worker_pid(r.sekalid, one);
+    ck_assert_msg(frozen == one || frozen == two, "the claim's owner %ld is neither worker "
+                  "(%ld, %ld)", (long)frozen, (long)one, (long)two);
+    ck_assert_int_eq(kill(frozen, SIGSTOP), 0);
+    H_WAIT(h_completed(&r) == 1, 60000, "the other worker should take the job over");
+    struct hs_request first, second;
+    ck_assert(hs_get(s, "pay-freeze", 0, &first) && hs_get(s, "pay-freeze", 1, &second));
+    ck_assert_int_gt(second.fence, first.fence);
+    /* The late answer waits in the frozen worker's socket. */
+    hs_release(s);
+    struct timespec settle = { .tv_nsec = 200 * 1000 * 1000 };
+    nanosleep(&settle, NULL);
+    ck_assert_int_eq(kill(frozen, SIGCONT), 0);
+    /* Thawed, its call has timed out (the timeout is below the lease, so a
+     * call never outlives it): its retry copy is a duplicate now, and
+     * nothing is sent a third time. */
+    H_WAIT(h_duplicates(&r) >= 1, 30000,
+           "the thawed worker's late outcome should come to nothing (see %s)", r.log);
+    h_run_stop(&r);
+    ck_assert_int_eq(hs_count(s, "pay-freeze"), 2);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'pay-freeze' AND status = "
+                                      "'completed' AND convert_from(result, 'UTF8') = "
+                                      "'done pay-freeze fence=%lld'", r.queue,
+                                (long long)second.fence), 1);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A test CA, a certificate for 127.0.0.1 signed by it, and a second CA
+ * that signed nothing, in dir. */
+static void make_certificates(const char *dir)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && "
+             "for ca in ca other_ca; do openssl req -x509 -newkey ec -pkeyopt "
+             "ec_paramgen_curve:prime256v1 -nodes -keyout $ca.key -out $ca.pem -days 2 "
+             "-subj /CN=sekali-test-$ca || exit 1; done && "
+             "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+             "-keyout server.key -out server.csr -subj /CN=127.0.0.1 && "
+             "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+             "-out server.pem -days 2 -extfile san.ext", dir);
+    char quiet[8300];
+    snprintf(quiet, sizeof(quiet), "( %s ) >%s/openssl.log 2>&1", cmd, dir);
+    ck_assert_msg(system(quiet) == 0, "openssl failed: see %s/openssl.log", dir);
+}
+
+/* TLS verified against the configured CA: a server signed by it is
+ * trusted; one that is not is refused with a clear error, retried, and
+ * nothing is ever sent to it. */
+START_TEST(test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused)
+{
+    for (int wrong = 0; wrong <= 1; wrong++) {
+        struct h_run r;
+        h_run_open(&r, wrong ? "httptlsbad" : "httptls");
+        make_certificates(r.dir);
+        char cert[1200], key[1200];
+        snprintf(cert, sizeof(cert), "%s/server.pem", r.dir);
+        snprintf(key, sizeof(key), "%s/server.key", r.dir);
+        struct hs *s = hs_start_tls(cert, key);
+        char *yaml = NULL;
+        ck_assert(asprintf(&yaml,
+            "    mode: external\n    lease: 10s\n"
+            "    retry:\n      max_attempts: 2\n      initial: 10ms\n      max: 20ms\n"
+            "    config:\n      url: \"https://127.0.0.1:%d/charge\"\n      timeout: 5s\n"
+            "      ca_file: %s/%s.pem\n", hs_port(s), r.dir, wrong ? "other_ca" : "ca") > 0);
+        h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 1,
+                                              .queue_yaml = yaml });
+        h_publish(r.b, r.queue, "charge", "m-tls", "pay-tls", NULL, "ok");
+        if (!wrong) {
+            H_WAIT(h_completed(&r) == 1, 20000, "the job should complete over verified TLS");
+            ck_assert_int_eq(hs_count(s, "pay-tls"), 1);
+        } else {
+            H_WAIT(failed(&r) == 1, 20000, "the job should fail after its 2 attempts");
+            ck_assert_int_eq(hs_count(s, NULL), 0);
+            ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys "
+                                              "WHERE queue = '%s' AND key = 'pay-tls' AND "
+                                              "attempts = 2 AND error LIKE 'POST failed: SSL "
+                                              "certificate problem%%'", r.queue), 1);
+        }
+        h_run_stop(&r);
+        free(yaml);
+        hs_stop(s);
+        h_run_close(&r);
+    }
+}
+END_TEST
+
+static int test_config(const char *config, char *out, size_t size)
+{
+    char cmd[3 * PATH_MAX], build[PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(h_build_dir(), build));
+    snprintf(cmd, sizeof(cmd), "SK_TEST_HTTP_TOKEN=x %s/sekalid -t -c %s 2>&1", build, config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, size - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+START_TEST(test_sekalid_t_refuses_transactional_mode_and_a_timeout_not_below_the_lease)
+{
+    h_init();
+    char *dir = h_tmpdir("httpcheck");
+    char out[8192];
+    char *config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1,
+                                  "    config:\n      url: \"http://127.0.0.1:1/x\"\n");
+    ck_assert_int_eq(test_config(config, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "runs in `mode: external` only") != NULL, "said:\n%s", out);
+    free(config);
+
+    config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1,
+                            "    mode: external\n    lease: 5s\n    config:\n"
+                            "      url: \"http://127.0.0.1:1/x\"\n      timeout: 5s\n");
+    ck_assert_int_eq(test_config(config, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "must be below the queue's lease (5000ms)") != NULL, "said:\n%s",
+                  out);
+    free(config);
+
+    config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1,
+                            "    mode: external\n    config:\n"
+                            "      url: \"http://127.0.0.1:1/x\"\n"
+                            "      headers: {Authorization: {file: /nonexistent/token}}\n");
+    ck_assert_int_eq(test_config(config, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "cannot read /nonexistent/token") != NULL, "said:\n%s", out);
+    free(config);
+
+    config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1,
+                            "    mode: external\n    config:\n"
+                            "      url: \"http://127.0.0.1:1/x\"\n      timeout: 2s\n"
+                            "      headers: {X-Key: {env: SK_TEST_HTTP_TOKEN}}\n");
+    ck_assert_msg(test_config(config, out, sizeof(out)) == 0, "said:\n%s", out);
+    free(config);
+    free(dir);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_sekalid_t_refuses_transactional_mode_and_a_timeout_not_below_the_lease,
+        test_job_is_posted_with_its_keys_and_secrets_and_the_response_is_its_result,
+        test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_leaks,
+        test_worker_killed_after_the_request_arrived_resends_same_key_higher_fence,
+        test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out,
+        test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused,
+        NULL,
+    };
+    return h_run_suite(h_suite("http_handler", 150, tests));
+}

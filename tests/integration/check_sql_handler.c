@@ -1,0 +1,446 @@
+/* check_sql_handler.c - the stock SQL handler (handlers/sql.c) on real
+ * servers: a PL/pgSQL function run as the job, each effect once; every
+ * SQLSTATE mapping; a failing job in a batch; a function deployed after
+ * sekalid started; hostile bodies; and the configuration checks of
+ * `sekalid -t`, positions included. The killed-worker case is in
+ * tests/fault/check_sql_crash.c. */
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+
+#define SQL_HANDLER "handlers/sql.so"
+#define FAST_RETRY  "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 20ms\n"
+#define BOOK        "SELECT sekali_sqlh.book(:body::jsonb, :idempotency_key, :queue, :attempt::int)"
+
+/* The business side: one function, whose behaviour the body chooses, and
+ * the rows it writes. No unique key on bookings: a job run twice shows. */
+static void create_schema(PGconn *pg)
+{
+    h_pg_exec(pg, "CREATE SCHEMA IF NOT EXISTS sekali_sqlh");
+    h_pg_exec(pg, "CREATE TABLE IF NOT EXISTS sekali_sqlh.bookings (queue text NOT NULL, "
+                  "key text NOT NULL, amount bigint, attempt int, backend int)");
+    h_pg_exec(pg, "CREATE TABLE IF NOT EXISTS sekali_sqlh.taken (v text PRIMARY KEY)");
+    h_pg_exec(pg,
+        "CREATE OR REPLACE FUNCTION sekali_sqlh.book(body jsonb, key text, q text, attempt int) "
+        "RETURNS text LANGUAGE plpgsql AS $fn$\n"
+        "BEGIN\n"
+        "  CASE coalesce(body->>'do', '')\n"
+        "  WHEN 'transient' THEN\n"
+        "    IF attempt = 1 THEN RAISE EXCEPTION 'could not serialize' USING ERRCODE = '40001';\n"
+        "    END IF;\n"
+        "  WHEN 'retry' THEN\n"
+        "    IF attempt = 1 THEN RAISE EXCEPTION 'stock not in yet' USING ERRCODE = 'SKRTY';\n"
+        "    END IF;\n"
+        "  WHEN 'fail' THEN\n"
+        "    RAISE EXCEPTION 'card declined' USING ERRCODE = 'SKFAL', DETAIL = 'issuer said no';\n"
+        "  WHEN 'unique' THEN\n"
+        "    INSERT INTO sekali_sqlh.taken VALUES (q || ':taken');\n"
+        "  WHEN 'sleep_once' THEN\n"
+        "    IF nextval(body->>'seq') = 1 THEN PERFORM pg_sleep(8); END IF;\n"
+        "  ELSE NULL;\n"
+        "  END CASE;\n"
+        "  INSERT INTO sekali_sqlh.bookings VALUES (q, key, (body->>'amount')::bigint, attempt,\n"
+        "                                           pg_backend_pid());\n"
+        "  RETURN 'booked ' || key;\n"
+        "END $fn$");
+}
+
+static long long bookings(const struct h_run *r, const char *key)
+{
+    if (key == NULL)
+        return h_pg_count(r->pg, "SELECT count(*) FROM sekali_sqlh.bookings WHERE queue = '%s'",
+                          r->queue);
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali_sqlh.bookings WHERE queue = '%s' AND "
+                             "key = '%s'", r->queue, key);
+}
+
+static long long failed(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND status = 'failed'", r->queue);
+}
+
+/* 1 when key failed with an error matching the LIKE pattern. */
+static long long failed_with(const struct h_run *r, const char *key, const char *like)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND key = '%s' AND status = 'failed' AND error LIKE '%s'",
+                      r->queue, key, like);
+}
+
+static char *config_for(const struct h_run *r, const char *statement_yaml, const char *extra)
+{
+    char *yaml = NULL;
+    ck_assert(asprintf(&yaml, "%s    config:\n      statement: %s\n", extra != NULL ? extra : "",
+                       statement_yaml) > 0);
+    (void)r;
+    return yaml;
+}
+
+/* The one live worker of r's sekalid (its comm is "sk-worker"), or 0. */
+static pid_t worker_pid(const struct h_run *r)
+{
+    pid_t pids[16];
+    size_t n = h_children(r->sekalid, pids, 16);
+    for (size_t i = 0; i < n; i++) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)pids[i]);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        if (fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, "sk-worker", 9) == 0) {
+            fclose(f);
+            return pids[i];
+        }
+        fclose(f);
+    }
+    return 0;
+}
+
+START_TEST(test_function_runs_once_per_key_when_each_job_comes_three_times)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlonce");
+    create_schema(r.pg);
+    char *yaml = config_for(&r, "\"" BOOK "\"", NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 3,
+                                          .queue_yaml = yaml });
+    enum { N = 30 };
+    for (int copy = 0; copy < 3; copy++)
+        for (int i = 0; i < N; i++) {
+            char id[160], key[160], body[128];
+            snprintf(id, sizeof(id), "%s-%d-%d", r.queue, i, copy);
+            snprintf(key, sizeof(key), "k-%d", i);
+            snprintf(body, sizeof(body), "{\"amount\": %d}", i);
+            h_publish(r.b, r.queue, "book", id, key, NULL, body);
+        }
+    H_WAIT(h_completed(&r) == N && h_duplicates(&r) == 2 * N, 60000,
+           "%d keys should complete and absorb %d duplicates: %lld completed, %lld duplicates",
+           N, 2 * N, h_completed(&r), h_duplicates(&r));
+    h_run_stop(&r);
+    ck_assert_int_eq(bookings(&r, NULL), N);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT key) FROM sekali_sqlh.bookings "
+                                      "WHERE queue = '%s'", r.queue), N);
+    /* The function's answer is the job's saved result. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND convert_from(result, 'UTF8') = "
+                                      "'booked k-7'", r.queue), 1);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_the_worker_alive)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlstate");
+    create_schema(r.pg);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali_sqlh.taken VALUES ('%s:taken')", r.queue);
+    h_pg_exec(r.pg, sql);
+    char *yaml = config_for(&r, "\"" BOOK "\"", FAST_RETRY "    max_body: 2MiB\n");
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    pid_t worker = worker_pid(&r);
+    ck_assert_msg(worker > 0, "sekalid should have a worker");
+
+    h_publish(r.b, r.queue, "book", "m-transient", "transient", NULL, "{\"do\": \"transient\"}");
+    h_publish(r.b, r.queue, "book", "m-retry", "retry", NULL, "{\"do\": \"retry\"}");
+    h_publish(r.b, r.queue, "book", "m-fail", "fail", NULL, "{\"do\": \"fail\"}");
+    h_publish(r.b, r.queue, "book", "m-unique", "unique", NULL, "{\"do\": \"unique\"}");
+    h_publish(r.b, r.queue, "book", "m-badjson", "badjson", NULL, "{\"do\": not json");
+    static const char nul[] = "{\"do\": \"x\"}\0{\"evil\": 1}";
+    h_publish_raw(r.b, r.queue, "m-nul", "book", (const struct sk_header[]){
+                      { .key = "x-idempotency-key", .text = "nul" } }, 1, nul, sizeof(nul) - 1);
+    size_t huge_len = 1024 * 1024;
+    char *huge = malloc(huge_len + 1);
+    ck_assert_ptr_nonnull(huge);
+    memset(huge, 'x', huge_len);
+    huge[0] = '{';
+    huge[huge_len] = '\0';
+    h_publish(r.b, r.queue, "book", "m-huge", "huge", NULL, huge);
+    h_publish(r.b, r.queue, "book", "m-ok", "ok", NULL, "{\"amount\": 5}");
+
+    H_WAIT(h_completed(&r) == 3 && failed(&r) == 5, 60000,
+           "3 jobs should complete and 5 fail: %lld completed, %lld failed", h_completed(&r),
+           failed(&r));
+    /* Transient class 40 and the function's own SKRTY: retried, then done. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_sqlh.bookings WHERE queue = "
+                                      "'%s' AND key IN ('transient', 'retry') AND attempt = 2",
+                                r.queue), 2);
+    ck_assert_int_eq(bookings(&r, NULL), 3);
+    /* Everything else fails at once, with SQLSTATE, message and detail. */
+    ck_assert_int_eq(failed_with(&r, "fail", "%SQLSTATE SKFAL: card declined (detail: issuer "
+                                             "said no)%"), 1);
+    ck_assert_int_eq(failed_with(&r, "unique", "%SQLSTATE 23505: duplicate key value%"), 1);
+    ck_assert_int_eq(failed_with(&r, "badjson", "%SQLSTATE 22P02: invalid input syntax for "
+                                                "type json%"), 1);
+    ck_assert_int_eq(failed_with(&r, "nul", "%NUL byte at offset 11%"), 1);
+    ck_assert_int_eq(failed_with(&r, "huge", "%SQLSTATE 22P02%"), 1);
+    /* A hostile body's error is bounded, not the body echoed back. */
+    ck_assert_int_lt(h_pg_count(r.pg, "SELECT length(error) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'huge'", r.queue), 600);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT max(attempts) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND status = 'failed'", r.queue), 1);
+
+    H_WAIT(h_queue_depth(r.b, r.dead) == 5, 20000, "5 dead letters expected, %u in %s",
+           h_queue_depth(r.b, r.dead), r.dead);
+    int with_sqlstate = 0;
+    for (int i = 0; i < 5; i++) {
+        amqp_message_t msg;
+        ck_assert(h_get(r.b, r.dead, &msg));
+        char error[1024];
+        h_header_text(&msg, "x-sekali-error", error, sizeof(error));
+        with_sqlstate += strstr(error, "SQLSTATE") != NULL;
+        amqp_destroy_message(&msg);
+    }
+    ck_assert_int_eq(with_sqlstate, 4);  /* all but the NUL body, refused before the server */
+
+    ck_assert_msg(!h_process_gone(worker), "worker %ld should have survived the hostile bodies",
+                  (long)worker);
+    ck_assert_int_eq(worker_pid(&r), worker);
+    h_run_stop(&r);
+    free(huge);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
+START_TEST(test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlbatch");
+    create_schema(r.pg);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali_sqlh.taken VALUES ('%s:taken')", r.queue);
+    h_pg_exec(r.pg, sql);
+    char *yaml = config_for(&r, "\"" BOOK "\"",
+                            "    batch: 16\n    prefetch: 32\n    batch_wait: 1s\n");
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    for (int i = 0; i < 16; i++) {
+        char id[160], key[32];
+        snprintf(id, sizeof(id), "%s-%d", r.queue, i);
+        snprintf(key, sizeof(key), "b-%d", i);
+        h_publish(r.b, r.queue, "book", id, key, NULL, i == 7 ? "{\"do\": \"unique\"}"
+                                                              : "{\"amount\": 1}");
+    }
+    H_WAIT(h_completed(&r) == 15 && failed(&r) == 1, 30000,
+           "15 batch-mates should commit and 1 fail: %lld completed, %lld failed",
+           h_completed(&r), failed(&r));
+    h_run_stop(&r);
+    ck_assert_int_eq(bookings(&r, NULL), 15);
+    ck_assert_int_eq(bookings(&r, "b-7"), 0);
+    ck_assert_int_eq(failed_with(&r, "b-7", "%SQLSTATE 23505%"), 1);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Deploy-order mistake: sekalid is up before the function. The worker
+ * takes no job, says why (queue and position), asks again with backoff,
+ * and once the function exists every job runs; none is dead-lettered. */
+START_TEST(test_missing_function_holds_jobs_until_it_is_created)
+{
+    struct h_run r;
+    h_run_open(&r, "sqllater");
+    create_schema(r.pg);
+    char statement[512], *yaml = NULL;
+    snprintf(statement, sizeof(statement),
+             "'SELECT sekali_sqlh.\"later_%s\"(:body::jsonb, :idempotency_key)'", r.queue);
+    for (char *c = statement; *c != '\0'; c++)
+        if (*c == '-')
+            *c = '_';
+    yaml = config_for(&r, statement, NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    for (int i = 0; i < 5; i++) {
+        char id[160], key[32];
+        snprintf(id, sizeof(id), "%s-%d", r.queue, i);
+        snprintf(key, sizeof(key), "l-%d", i);
+        h_publish(r.b, r.queue, "book", id, key, NULL, "{\"amount\": 2}");
+    }
+    /* Twice: the second is the backoff's retry, not the first refusal. */
+    H_WAIT(h_count_lines(r.log, "the handler is not ready, taking no jobs") >= 2, 20000,
+           "the worker should refuse jobs twice while the function is missing (see %s)", r.log);
+    ck_assert_int_ge(h_count_lines(r.log, r.queue), 2);
+    ck_assert_int_ge(h_count_lines(r.log, "SQLSTATE 42883"), 2);
+    ck_assert_int_ge(h_count_lines(r.log, "at character 8 of the statement"), 1);
+    ck_assert_int_eq(h_completed(&r) + failed(&r), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+
+    char fn[1024];
+    snprintf(fn, sizeof(fn),
+             "CREATE FUNCTION sekali_sqlh.\"later_%s\"(body jsonb, key text) RETURNS text "
+             "LANGUAGE sql AS $$ INSERT INTO sekali_sqlh.bookings (queue, key, amount) "
+             "VALUES ('%s', key, (body->>'amount')::bigint) RETURNING 'ok' $$", r.queue,
+             r.queue);
+    for (char *c = fn + strlen("CREATE FUNCTION sekali_sqlh.\"later_"); *c != '"'; c++)
+        if (*c == '-')
+            *c = '_';
+    h_pg_exec(r.pg, fn);
+    H_WAIT(h_completed(&r) == 5, 60000, "the 5 held jobs should run once the function exists: "
+           "%lld completed", h_completed(&r));
+    ck_assert_int_ge(h_count_lines(r.log, "the handler is ready: taking jobs again"), 1);
+    h_run_stop(&r);
+    ck_assert_int_eq(bookings(&r, NULL), 5);
+    ck_assert_int_eq(failed(&r), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
+/* :headers is the message's headers as JSON, escaped whatever they hold;
+ * the other parameters are the job's fields, all bound as text. */
+START_TEST(test_headers_and_job_fields_reach_the_statement_as_text)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlfields");
+    char *yaml = config_for(&r, "\"SELECT (:headers::jsonb)->>'x-tenant' || '|' || "
+                            "((:headers::jsonb)->>'x-count') || '|' || :job_type || '|' || "
+                            ":job_id || '|' || :attempt || '|' || :fence || '|' || :resource_key\"",
+                            NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    const struct sk_header headers[] = {
+        { .key = "x-idempotency-key", .text = "fields-1" },
+        { .key = "x-resource-key", .text = "res-1" },
+        { .key = "x-tenant", .text = "ac\"me'\xff" },
+        { .key = "x-count", .number = 42 },
+    };
+    h_publish_raw(r.b, r.queue, "m-fields", "book", headers, 4, "{}", 2);
+    H_WAIT(h_completed(&r) == 1, 20000, "the job should complete");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'fields-1' AND "
+                                      "convert_from(result, 'UTF8') = 'ac\"me''' || "
+                                      "U&'\\FFFD' || '|42|book|m-fields|1|1|res-1'", r.queue), 1);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Runs `sekalid -t -c config` (with SEKALI_HANDLER_DIR=handler_dir if not
+ * NULL); returns its exit status, and its output in out. */
+static int test_config(const char *config, const char *handler_dir, char *out, size_t size)
+{
+    char cmd[3 * PATH_MAX], build[PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(h_build_dir(), build));
+    snprintf(cmd, sizeof(cmd), "%s%s %s/sekalid -t -c %s 2>&1",
+             handler_dir != NULL ? "SEKALI_HANDLER_DIR=" : "",
+             handler_dir != NULL ? handler_dir : "", build, config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, size - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* "PATH:LINE:COL" of the first `needle` in the file, 1-based. */
+static void position_of(const char *path, const char *needle, char *out, size_t size)
+{
+    char *text = h_read_file(path);
+    ck_assert_ptr_nonnull(text);
+    char *hit = strstr(text, needle);
+    ck_assert_msg(hit != NULL, "%s not in %s", needle, path);
+    int line = 1;
+    char *line_start = text;
+    for (char *c = text; c < hit; c++)
+        if (*c == '\n') {
+            line++;
+            line_start = c + 1;
+        }
+    snprintf(out, size, "%s:%d:%d", path, line, (int)(hit - line_start) + 1);
+    free(text);
+}
+
+START_TEST(test_sekalid_t_names_the_position_of_an_unknown_parameter)
+{
+    h_init();
+    char *dir = h_tmpdir("sqlcheck");
+    char out[8192], where[1200];
+    /* Quoted strings, comments, dollar quotes and casts hold no parameter. */
+    char *config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+        "    config:\n      statement: \"SELECT ':x', $q$ :y $q$, E'\\\\' :z', \\\"a:b\\\" /* :c "
+        "/* :d */ */ -- :e\\n FROM t WHERE k = :idempotency_key::text AND :bogus\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+    position_of(config, ":bogus", where, sizeof(where));
+    char want[1400];
+    snprintf(want, sizeof(want), "%s: statement: unknown parameter :bogus", where);
+    ck_assert_msg(strstr(out, want) != NULL, "sekalid -t should say \"%s\", said:\n%s", want, out);
+    free(config);
+
+    /* In a literal block, the line and column inside the block. */
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+        "    config:\n      statement: |\n        SELECT app.f(:body::jsonb)\n"
+        "          WHERE :nope IS NULL\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+    position_of(config, ":nope", where, sizeof(where));
+    snprintf(want, sizeof(want), "%s: statement: unknown parameter :nope", where);
+    ck_assert_msg(strstr(out, want) != NULL, "sekalid -t should say \"%s\", said:\n%s", want, out);
+    free(config);
+
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1, "    config: {table: x}\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "`statement:` is missing") != NULL, "said:\n%s", out);
+    free(config);
+
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+                            "    mode: external\n    config:\n      statement: \"SELECT 1\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "runs in `mode: transactional` only") != NULL, "said:\n%s", out);
+    free(config);
+
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+                            "    config:\n      statement: \"SELECT $1\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "positional parameter $1") != NULL, "said:\n%s", out);
+    free(config);
+    free(dir);
+}
+END_TEST
+
+/* `handler: sql` is sekali's own handler directory (here the build's). */
+START_TEST(test_bare_handler_name_resolves_to_the_handler_directory)
+{
+    h_init();
+    char *dir = h_tmpdir("sqlbare");
+    char out[8192], build[PATH_MAX], handlers[PATH_MAX + 16], path[PATH_MAX + 32];
+    ck_assert_ptr_nonnull(realpath(h_build_dir(), build));
+    snprintf(handlers, sizeof(handlers), "%s/handlers", build);
+    char *config = h_write_config(dir, "sqlbare", SQL_HANDLER, 1,
+                                  "    config:\n      statement: \"" BOOK "\"\n");
+    snprintf(path, sizeof(path), "%s/%s", h_build_dir(), SQL_HANDLER);
+    h_config_replace(config, path, "sql");
+    ck_assert_int_eq(h_count_lines(config, "handler: sql"), 1);
+    ck_assert_msg(test_config(config, handlers, out, sizeof(out)) == 0, "said:\n%s", out);
+    /* Elsewhere there is no sql.so: the bare name is not a relative path. */
+    ck_assert_int_eq(test_config(config, dir, out, sizeof(out)), 2);
+    snprintf(path, sizeof(path), "%s/sql.so", dir);
+    ck_assert_msg(strstr(out, path) != NULL, "should name %s, said:\n%s", path, out);
+    free(config);
+    free(dir);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_sekalid_t_names_the_position_of_an_unknown_parameter,
+        test_bare_handler_name_resolves_to_the_handler_directory,
+        test_function_runs_once_per_key_when_each_job_comes_three_times,
+        test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_the_worker_alive,
+        test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed,
+        test_missing_function_holds_jobs_until_it_is_created,
+        test_headers_and_job_fields_reach_the_statement_as_text,
+        NULL,
+    };
+    return h_run_suite(h_suite("sql_handler", 120, tests));
+}
