@@ -319,8 +319,9 @@ static void run_external(struct sk_pipeline *p, struct job *j)
             sk_job_finish(p, j, ACK, "completed");
         } else if (rc == SK_BUSY) {
             sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
-            sk_log_job(SK_LOG_WARN, &j->log, "completion fenced out: the lease was lost and "
-                       "another worker took the job over; its outcome stands");
+            sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
+                         "completion fenced out: the lease was lost and "
+                         "another worker took the job over; its outcome stands");
             sk_job_finish(p, j, ACK, "fenced out");
         } else {
             sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
@@ -477,7 +478,8 @@ static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason
         : sk_store_fail(store, &j->ref, why, &err);
     if (rc == SK_BUSY) {
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
-        sk_log_job(SK_LOG_WARN, &j->log, "failure fenced out: another worker owns the job");
+        sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
+                     "failure fenced out: another worker owns the job");
         sk_job_finish(p, j, ACK, "fenced out");
         return;
     }

@@ -450,8 +450,14 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         for (size_t i = 0; i < s->n; i++) {
             struct job *j = &s->jobs[i];
             bool lock_lost = j->locked && s->lost[k++];
-            if (lock_lost || (j->leased && any))
-                sk_metrics_inc(j->metrics, SK_METRIC_LOCKS_LOST);
+            if (!lock_lost && !(j->leased && any))
+                continue;
+            sk_metrics_inc(j->metrics, SK_METRIC_LOCKS_LOST);
+            /* The heartbeat saw it first, but knows no job: this line
+             * carries the job's keys, so a search by key finds it. */
+            sk_log_event(SK_LOG_WARN, SK_EVENT_LOCK_LOST, lock_lost ? SK_SERVER_REDIS : NULL,
+                         &j->log, "the job ran without its %s: expired or taken over "
+                         "while it ran", lock_lost ? "lock" : "lease");
         }
     }
     release_span(p, s);
