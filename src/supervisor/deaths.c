@@ -148,3 +148,24 @@ bool sk_deaths_overdue(const struct sk_slot *shared, uint32_t job_timeout_ms, in
     int64_t started = atomic_load(&shared->job_started_ms);
     return job_timeout_ms > 0 && started != 0 && now_ms - started > (int64_t)job_timeout_ms;
 }
+
+bool sk_deaths_earns_watchdog(const struct sk_slot *shared, bool runs_jobs,
+                              uint32_t job_timeout_ms, int64_t now_ms, uint32_t grace_ms)
+{
+    if (now_ms - atomic_load(&shared->alive_ms) <= (int64_t)grace_ms)
+        return true;
+    int64_t started = atomic_load(&shared->job_started_ms);
+    if (started == 0 || !runs_jobs)
+        return false;
+    return job_timeout_ms > 0 && now_ms - started <= (int64_t)job_timeout_ms + grace_ms;
+}
+
+void sk_deaths_warn_unwatched(const struct sk_conf *conf, uint32_t watchdog_ms)
+{
+    for (size_t q = 0; watchdog_ms > 0 && q < conf->n_queues; q++)
+        if (conf->queues[q].job_timeout_ms == 0)
+            sk_log_warn("queue %s has no job_timeout: under the systemd watchdog, a job "
+                        "longer than %u ms withholds WATCHDOG=1 and systemd restarts sekalid; "
+                        "set a job_timeout above its longest job", conf->queues[q].name,
+                        watchdog_ms);
+}

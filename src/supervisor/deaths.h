@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 
+#include "config.h"
 #include "scoreboard.h"
 
 /* The verdict on one death; the supervisor's restart policy acts on it. */
@@ -61,5 +62,21 @@ void sk_deaths_hand_down(struct sk_slot *dead, const char *queue, const struct s
 /* Whether the job a worker runs (shared: its slot) is past job_timeout_ms
  * (0: no timeout) at now_ms, and the worker is to be killed for it. */
 bool sk_deaths_overdue(const struct sk_slot *shared, uint32_t job_timeout_ms, int64_t now_ms);
+
+/* Whether a live worker (shared: its slot) earns the systemd watchdog's
+ * credit at now_ms: its loop turned within grace_ms, or it is busy with a
+ * job that job_timeout_ms watches (0: none) and that is not past it by more
+ * than grace_ms (by then the kill should have landed). A job that no
+ * job_timeout watches earns none: nothing would ever end a wedged handler
+ * there, and a hung worker must not keep WATCHDOG=1 coming. runs_jobs is
+ * false for the relays and the janitor. */
+bool sk_deaths_earns_watchdog(const struct sk_slot *shared, bool runs_jobs,
+                              uint32_t job_timeout_ms, int64_t now_ms, uint32_t grace_ms);
+
+/* Under a systemd watchdog (watchdog_ms > 0), warns once for each queue
+ * without job_timeout: one of its jobs longer than the watchdog interval
+ * withholds WATCHDOG=1 and systemd restarts sekalid. Said at start, so that
+ * no one learns it from systemd. */
+void sk_deaths_warn_unwatched(const struct sk_conf *conf, uint32_t watchdog_ms);
 
 #endif

@@ -182,14 +182,7 @@ static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *p
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
     s->watchdog_ms = sk_notify_watchdog_ms();
-    /* See slot_alive(): an unwatched job longer than the watchdog gets the
-     * service restarted. Said once, so that no one learns it from systemd. */
-    for (size_t q = 0; s->watchdog_ms > 0 && q < conf->n_queues; q++)
-        if (conf->queues[q].job_timeout_ms == 0)
-            sk_log_warn("queue %s has no job_timeout: under the systemd watchdog, a job "
-                        "longer than %u ms withholds WATCHDOG=1 and systemd restarts sekalid; "
-                        "set a job_timeout above its longest job", conf->queues[q].name,
-                        s->watchdog_ms);
+    sk_deaths_warn_unwatched(conf, s->watchdog_ms);
     sk_deaths_init(&s->deaths);
     for (size_t i = 0; i < s->current->n_slots; i++)
         spawn(s, s->current, &s->current->slots[i]);
@@ -655,23 +648,14 @@ static size_t running(const struct generation *g)
     return n;
 }
 
-/* Slot i earns the watchdog's credit: its loop turned within grace, or it
- * is busy with a job that its queue's job_timeout watches and that is not
- * past job_timeout by more than grace (by then the kill should have landed).
- * A job on a queue without job_timeout earns none: nothing would ever end a
- * wedged handler there, and a hung worker must not keep WATCHDOG=1 coming. */
+/* Slot i earns the watchdog's credit (sk_deaths_earns_watchdog()). */
 static bool slot_alive(const struct generation *g, size_t i, int64_t now, uint32_t grace)
 {
-    if (g->slots[i].pid <= 0)
-        return false;
-    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-    if (now - atomic_load(&shared->alive_ms) <= (int64_t)grace)
-        return true;
-    int64_t started = atomic_load(&shared->job_started_ms);
-    if (started == 0 || !g->slots[i].ops->counts_as_worker)
-        return false;
-    uint32_t limit = g->conf->queues[g->slots[i].queue].job_timeout_ms;
-    return limit > 0 && now - started <= (int64_t)limit + grace;
+    const struct slot *slot = &g->slots[i];
+    bool runs_jobs = slot->ops->counts_as_worker;
+    uint32_t limit = runs_jobs ? g->conf->queues[slot->queue].job_timeout_ms : 0;
+    return slot->pid > 0 && sk_deaths_earns_watchdog(sk_scoreboard_slot(g->scoreboard, i),
+                                                     runs_jobs, limit, now, grace);
 }
 
 /* Tells systemd how things stand: READY=1 once every worker of the current

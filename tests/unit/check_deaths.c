@@ -311,6 +311,27 @@ START_TEST(test_a_job_is_overdue_only_strictly_past_its_timeout)
 }
 END_TEST
 
+/* A turning loop earns the watchdog's credit; a job earns it only while a
+ * job_timeout watches it and the kill is not overdue by more than grace. */
+START_TEST(test_only_a_watched_job_earns_the_watchdog_past_the_grace)
+{
+    struct sk_slot *shared = slot_in(SK_PHASE_HANDLER, 1, 0);
+    atomic_store(&shared->alive_ms, 10000);
+    ck_assert(sk_deaths_earns_watchdog(shared, true, 0, 12000, 3000));
+    ck_assert_msg(!sk_deaths_earns_watchdog(shared, true, 0, 14000, 3000),
+                  "an idle worker whose loop stopped earns nothing");
+    atomic_store(&shared->job_started_ms, 10000);
+    ck_assert_msg(!sk_deaths_earns_watchdog(shared, true, 0, 100000, 3000),
+                  "a job no job_timeout watches earns nothing past the grace");
+    ck_assert(sk_deaths_earns_watchdog(shared, true, 60000, 73000, 3000));
+    ck_assert_msg(!sk_deaths_earns_watchdog(shared, true, 60000, 73001, 3000),
+                  "past job_timeout plus the grace, the kill should have landed");
+    ck_assert_msg(!sk_deaths_earns_watchdog(shared, false, 60000, 20000, 3000),
+                  "a relay or the janitor earns it only by its loop");
+    free(shared);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -326,6 +347,7 @@ int main(void)
         test_a_retired_workers_crash_goes_to_a_slot_with_none_pending,
         test_a_retired_worker_hands_down_to_an_idle_worker_of_its_queue,
         test_a_job_is_overdue_only_strictly_past_its_timeout,
+        test_only_a_watched_job_earns_the_watchdog_past_the_grace,
         NULL,
     };
     return h_run_suite(h_suite("deaths", 0, tests));
