@@ -109,13 +109,20 @@ static int work_args(const char *dead, const struct sk_queue_shape *shape,
     return n_args;
 }
 
-static int declare_work(struct sk_broker *b, const char *name, const char *dead,
-                        const struct sk_queue_shape *shape, struct sk_err *err)
+/* queue.declare of a durable work queue with exactly sekali's arguments. */
+static amqp_rpc_reply_t declare_as_sekali(struct sk_broker *b, const char *name,
+                                          const char *dead, const struct sk_queue_shape *shape)
 {
     amqp_table_entry_t args[WORK_ARGS_MAX];
     amqp_table_t table = { .num_entries = work_args(dead, shape, args), .entries = args };
     amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    return amqp_get_rpc_reply(b->conn);
+}
+
+static int declare_work(struct sk_broker *b, const char *name, const char *dead,
+                        const struct sk_queue_shape *shape, struct sk_err *err)
+{
+    amqp_rpc_reply_t reply = declare_as_sekali(b, name, dead, shape);
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
         amqp_channel_close_t *m = reply.reply.decoded;
         return sk_err_set(err, SK_ERR, "declared by someone else with other arguments: set "
@@ -136,10 +143,7 @@ int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
     /* The broker compares a declaration's arguments with the queue's and
      * refuses one that differs, naming the argument: the one way to read
      * them over AMQP. Equal arguments make the declaration a no-op. */
-    amqp_table_entry_t args[WORK_ARGS_MAX];
-    amqp_table_t table = { .num_entries = work_args(dead, shape, args), .entries = args };
-    amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    amqp_rpc_reply_t reply = declare_as_sekali(b, name, dead, shape);
     *conforms = true;
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
         amqp_channel_close_t *m = reply.reply.decoded;
