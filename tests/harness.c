@@ -172,6 +172,61 @@ int h_test_batch(void)
     return batch != NULL && atoi(batch) > 1 ? atoi(batch) : 1;
 }
 
+bool h_test_tls(void)
+{
+    const char *tls = getenv("SEKALI_TEST_TLS");
+    if (tls == NULL || strcmp(tls, "1") != 0)
+        return false;
+    ck_assert_msg(getenv("SEKALI_TLS_DIR") != NULL && getenv("SEKALI_AMQP_TLS_PORT") != NULL &&
+                  getenv("SEKALI_REDIS_TLS_PORT") != NULL,
+                  "SEKALI_TEST_TLS=1 needs the TLS listeners: start the servers with "
+                  "SEKALI_TLS=1 tests/servers.sh start");
+    return true;
+}
+
+/* The connection lines of the amqp:, redis: and postgres: sections. With
+ * SEKALI_TEST_TLS=1 every link is TLS, as check_tls configures it: amqps://
+ * to RabbitMQ's TLS port with the test CA and the client certificate,
+ * Redis's tls-port as the ACL user sekali_acl (its password in a file in
+ * dir), PostgreSQL as sekali_tls, a role pg_hba.conf admits over hostssl
+ * only, with sslmode=verify-full. The plain lines otherwise. */
+static void links_yaml(const char *dir, char *amqp, size_t amqp_size, char *redis,
+                       size_t redis_size, char *postgres, size_t postgres_size)
+{
+    if (!h_test_tls()) {
+        snprintf(amqp, amqp_size, "  url: \"%s\"\n", amqp_url);
+        snprintf(redis, redis_size, "  host: 127.0.0.1\n  port: %d\n", redis_port);
+        snprintf(postgres, postgres_size, "  conninfo: \"%s\"\n", pg_conninfo);
+        return;
+    }
+    const char *d = getenv("SEKALI_TLS_DIR");
+    char pw[1100];
+    snprintf(pw, sizeof(pw), "%s/redis.password", dir);
+    FILE *f = fopen(pw, "w");
+    ck_assert_msg(f != NULL, "fopen(%s): %s", pw, strerror(errno));
+    fputs("aclpass\n", f);  /* sekali_acl's password in servers.sh's redis.conf */
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(amqp, amqp_size,
+             "  url: \"amqps://sekali:sekali@127.0.0.1:%s/%%2f\"\n"
+             "  tls:\n"
+             "    ca_file: %s/ca.crt\n"
+             "    cert_file: %s/client.crt\n"
+             "    key_file: %s/client.key\n",
+             getenv("SEKALI_AMQP_TLS_PORT"), d, d, d);
+    snprintf(redis, redis_size,
+             "  host: 127.0.0.1\n"
+             "  port: %s\n"
+             "  username: sekali_acl\n"
+             "  password_file: %s\n"
+             "  tls:\n"
+             "    ca_file: %s/ca.crt\n",
+             getenv("SEKALI_REDIS_TLS_PORT"), pw, d);
+    snprintf(postgres, postgres_size,
+             "  conninfo: \"host=127.0.0.1 port=%s dbname=sekali user=sekali_tls "
+             "password=sekali sslmode=verify-full sslrootcert=%s/ca.crt\"\n",
+             getenv("SEKALI_PG_PORT"), d);
+}
+
 char *h_write_config_top(const char *dir, const char *queue, const char *handler, int workers,
                          const char *extra_queue_yaml, const char *extra_top_yaml)
 {
@@ -192,17 +247,18 @@ char *h_write_config_top(const char *dir, const char *queue, const char *handler
                  2 * batch, batch);
     else if (extra_queue_yaml != NULL && strstr(extra_queue_yaml, "prefetch:") != NULL)
         queue_shape[0] = '\0';  /* the test's own */
+    char amqp[2048], redis[2048], postgres[1024];
+    links_yaml(dir, amqp, sizeof(amqp), redis, sizeof(redis), postgres, sizeof(postgres));
     FILE *f = fopen(path, "w");
     ck_assert_msg(f != NULL, "fopen(%s): %s", path, strerror(errno));
     fprintf(f,
             "amqp:\n"
-            "  url: \"%s\"\n"
+            "%s"
             "  heartbeat: 30s\n"
             "redis:\n"
-            "  host: 127.0.0.1\n"
-            "  port: %d\n"
+            "%s"
             "postgres:\n"
-            "  conninfo: \"%s\"\n"
+            "%s"
             "lock:\n"
             "  ttl: 30s\n"
             "  busy_wait: 500ms\n"
@@ -217,7 +273,7 @@ char *h_write_config_top(const char *dir, const char *queue, const char *handler
             "    workers: %d\n"
             "%s"
             "%s",
-            amqp_url, redis_port, pg_conninfo, extra_top_yaml != NULL ? extra_top_yaml : "",
+            amqp, redis, postgres, extra_top_yaml != NULL ? extra_top_yaml : "",
             queue, build_dir, handler, workers, queue_shape, extra_queue_yaml != NULL ? extra_queue_yaml : "");
     ck_assert_int_eq(fclose(f), 0);
     return path;
@@ -521,6 +577,82 @@ bool h_process_gone(pid_t pid)
     return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+/* Lines of `rabbitmqctl list_connections port ssl peer_cert_subject` that
+ * are on the TLS port, TLS, with the client certificate (CN=sekali). */
+static int amqp_tls_connections(void)
+{
+    char cmd[600], want[64], line[1024];
+    snprintf(cmd, sizeof(cmd), "\"%s\" -q list_connections port ssl peer_cert_subject 2>&1",
+             require_env("SEKALI_RABBITMQCTL"));
+    snprintf(want, sizeof(want), "%s\ttrue\t", getenv("SEKALI_AMQP_TLS_PORT"));
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int n = 0;
+    while (fgets(line, sizeof(line), p) != NULL)
+        n += strncmp(line, want, strlen(want)) == 0 && strstr(line, "CN=sekali") != NULL;
+    pclose(p);
+    return n;
+}
+
+/* Redis's own view (CLIENT LIST, asked on the plain port): the clients
+ * logged in as sekali_acl, and how many of them came in on the tls-port. */
+static void redis_acl_clients(int *all, int *on_tls)
+{
+    char want_port[48];
+    snprintf(want_port, sizeof(want_port), "laddr=127.0.0.1:%s ",
+             getenv("SEKALI_REDIS_TLS_PORT"));
+    redisContext *redis = redisConnect("127.0.0.1", redis_port);
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect to port %d failed",
+                  redis_port);
+    redisReply *reply = redisCommand(redis, "CLIENT LIST");
+    ck_assert_msg(reply != NULL && reply->type == REDIS_REPLY_STRING, "redis CLIENT LIST failed");
+    *all = *on_tls = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(reply->str, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        if (strstr(line, " user=sekali_acl ") == NULL)
+            continue;
+        (*all)++;
+        *on_tls += strstr(line, want_port) != NULL;
+    }
+    freeReplyObject(reply);
+    redisFree(redis);
+}
+
+/* SEKALI_TEST_TLS=1: the servers' own view proves sekalid's links are TLS
+ * (a config that silently fell back to clear text would pass every other
+ * assertion). amqp_at_least, pg_at_least and redis_at_least are how many
+ * connections RabbitMQ, PostgreSQL and Redis must show: the workers once
+ * they consume (none on Redis for a queue with lock: false); at the end
+ * RabbitMQ's consumers, and 0 for the others, as a worker may not have
+ * met a restarted server again yet. None may be clear text, ever. */
+static void expect_tls_links(struct h_run *r, int amqp_at_least, int pg_at_least,
+                             int redis_at_least)
+{
+    if (!h_test_tls())
+        return;
+    if (amqp_at_least > 0) {
+        int amqp = amqp_tls_connections();
+        ck_assert_msg(amqp >= amqp_at_least, "RabbitMQ should list %d TLS connections with the "
+                      "client certificate on port %s, has %d", amqp_at_least,
+                      getenv("SEKALI_AMQP_TLS_PORT"), amqp);
+    }
+    long long pg_tls = h_pg_count(r->pg, "SELECT count(*) FROM pg_stat_ssl s JOIN "
+                                         "pg_stat_activity a USING (pid) WHERE a.usename = "
+                                         "'sekali_tls' AND s.ssl");
+    long long pg_clear = h_pg_count(r->pg, "SELECT count(*) FROM pg_stat_ssl s JOIN "
+                                           "pg_stat_activity a USING (pid) WHERE a.usename = "
+                                           "'sekali_tls' AND NOT s.ssl");
+    ck_assert_msg(pg_tls >= pg_at_least && pg_clear == 0, "PostgreSQL should list at least "
+                  "%d sekali_tls backends, all TLS: %lld TLS, %lld clear", pg_at_least, pg_tls,
+                  pg_clear);
+    int all, on_tls;
+    redis_acl_clients(&all, &on_tls);
+    ck_assert_msg(all >= redis_at_least && on_tls == all, "Redis should list at least %d "
+                  "sekali_acl clients, all on the tls-port: %d of %d are", redis_at_least,
+                  on_tls, all);
+}
+
 void h_run_open(struct h_run *r, const char *name)
 {
     h_init();
@@ -561,10 +693,16 @@ void h_run_start(struct h_run *r, const struct h_run_opts *o)
     H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)o->workers, 20000,
            "%d workers should consume %s, have %u", o->workers, r->queue,
            h_consumers(r->b, r->queue));
+    bool locks = o->queue_yaml == NULL || strstr(o->queue_yaml, "lock: false") == NULL;
+    expect_tls_links(r, o->workers, o->workers, locks ? o->workers : 0);
 }
 
 void h_run_stop(struct h_run *r)
 {
+    /* After an outage the reconnects were new handshakes: every consumer
+     * RabbitMQ has for the queue must be one of sekalid's TLS connections. */
+    expect_tls_links(r, h_test_tls() && r->b != NULL ? (int)h_consumers(r->b, r->queue) : 0, 0,
+                     0);
     h_stop_sekalid(r->sekalid, r->dir);
     ck_assert_int_eq(h_queue_depth(r->b, r->queue), 0);
 }

@@ -71,6 +71,12 @@ const char *h_enqueue_body(PGconn *pg, const char *queue, const char *body, cons
  * (1 unless set), so that a suite can be rerun in batch mode. */
 int h_test_batch(void);
 
+/* SEKALI_TEST_TLS=1 reruns a suite over TLS: every config the harness
+ * writes reaches the three servers over TLS (the listeners of
+ * SEKALI_TLS=1 tests/servers.sh start), and h_run_start()/h_run_stop()
+ * assert from the servers' side that sekalid's connections are TLS. */
+bool h_test_tls(void);
+
 char *h_write_config(const char *dir, const char *queue, const char *handler, int workers,
                      const char *extra_queue_yaml);
 

@@ -35,6 +35,33 @@ YAML
 fi
 
 passed=0 failed=0
+# run_suite KIND NAME [LABEL]: one suite binary, its checks added to the totals.
+run_suite() {
+    local kind=$1 name=$2 label=${3:-}
+    local bin="$build/tests/$name" out rc summary n f
+    echo "== $kind/$name${label:+ ($label)}"
+    if [ "$kind" = unit ] && [ -n "${SEKALI_VALGRIND:-}" ]; then
+        out=$(CK_FORK=no valgrind -q --error-exitcode=99 --leak-check=full --child-silent-after-fork=yes \
+              --errors-for-leak-kinds=definite "$bin" 2>&1)
+    else
+        out=$("$bin" 2>&1)
+    fi
+    rc=$?
+    printf '%s\n' "$out"
+    # check prints "NN%: Checks: N, Failures: N, Errors: N" per suite.
+    summary=$(printf '%s\n' "$out" | grep -oE '[0-9]+%: Checks: .*' | tail -n 1)
+    if [ -z "$summary" ]; then
+        echo "$name: no check summary (exit $rc)"; failed=$((failed + 1)); return
+    fi
+    n=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$summary")
+    f=$(sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1+\2/' <<<"$summary")
+    f=$((f))
+    passed=$((passed + n - f)); failed=$((failed + f))
+    if [ $rc -ne 0 ] && [ $f -eq 0 ]; then
+        echo "$name: exited $rc (valgrind or a crash outside a test)"; failed=$((failed + 1))
+    fi
+}
+
 for kind in "${kinds[@]}"; do
     if [ "$kind" = fuzz ]; then
         for src in tests/fuzz/fuzz_*.c; do
@@ -48,33 +75,27 @@ for kind in "${kinds[@]}"; do
         done
         continue
     fi
-    dir=tests/$kind
-    for src in "$dir"/check_*.c; do
+    for src in tests/"$kind"/check_*.c; do
         [ -e "$src" ] || continue
-        name=$(basename "$src" .c)
-        bin="$build/tests/$name"
-        echo "== $kind/$name"
-        if [ "$kind" = unit ] && [ -n "${SEKALI_VALGRIND:-}" ]; then
-            out=$(CK_FORK=no valgrind -q --error-exitcode=99 --leak-check=full --child-silent-after-fork=yes \
-                  --errors-for-leak-kinds=definite "$bin" 2>&1)
-        else
-            out=$("$bin" 2>&1)
-        fi
-        rc=$?
-        printf '%s\n' "$out"
-        # check prints "NN%: Checks: N, Failures: N, Errors: N" per suite.
-        summary=$(printf '%s\n' "$out" | grep -oE '[0-9]+%: Checks: .*' | tail -n 1)
-        if [ -z "$summary" ]; then
-            echo "$name: no check summary (exit $rc)"; failed=$((failed + 1)); continue
-        fi
-        n=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$summary")
-        f=$(sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1+\2/' <<<"$summary")
-        f=$((f))
-        passed=$((passed + n - f)); failed=$((failed + f))
-        if [ $rc -ne 0 ] && [ $f -eq 0 ]; then
-            echo "$name: exited $rc (valgrind or a crash outside a test)"; failed=$((failed + 1))
-        fi
+        run_suite "$kind" "$(basename "$src" .c)"
     done
+    # The fault suites that matter over TLS once more with TLS on every link
+    # (SEKALI_TEST_TLS, see tests/README.md): a worker killed mid-job and the
+    # servers' restarts, whose reconnects are new TLS handshakes. They need
+    # the TLS listeners; SEKALI_REQUIRE_TLS (make check) makes their absence
+    # a failure.
+    if [ "$kind" = fault ] && [ "${SEKALI_TLS_RERUN:-1}" = 1 ]; then
+        if [ -n "${SEKALI_TLS_DIR:-}" ]; then
+            for name in check_crash check_outages; do
+                SEKALI_TEST_TLS=1 run_suite fault "$name" TLS
+            done
+        elif [ -n "${SEKALI_REQUIRE_TLS:-}" ]; then
+            echo "fault (TLS): the servers have no TLS listeners (SEKALI_TLS=1 tests/servers.sh start)"
+            failed=$((failed + 1))
+        else
+            echo "fault (TLS): skipped, the servers have no TLS listeners (SEKALI_TLS=1 tests/servers.sh start)"
+        fi
+    fi
 done
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
