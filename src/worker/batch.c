@@ -45,7 +45,7 @@
 static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t *first);
 static void run_fast(struct sk_pipeline *p, struct sk_span *s);
 static void run_careful(struct sk_pipeline *p, struct sk_span *s);
-static bool run_one(struct sk_pipeline *p, struct job *j, bool first);
+static bool run_one(struct sk_pipeline *p, struct sk_job *j, bool first);
 static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key);
 
 size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
@@ -109,7 +109,7 @@ static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t 
 static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key)
 {
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
+        struct sk_job *j = &s->jobs[i];
         if (!j->settled && j->same_key == same_key)
             sk_span_alone(p, s, j);
     }
@@ -123,8 +123,8 @@ static void run_fast(struct sk_pipeline *p, struct sk_span *s)
 {
     size_t failed = s->n;
     for (size_t i = 0; i < s->n && failed == s->n; i++) {
-        struct job *j = &s->jobs[i];
-        if (j->state != JOB_CLAIMED || j->settled)
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_CLAIMED || j->settled)
             continue;
         if (!sk_span_handle(p, j, SK_WAY_FAST)) {
             sk_span_abandon(p, s, "the batch's transaction failed around a handler");
@@ -144,11 +144,12 @@ static void run_fast(struct sk_pipeline *p, struct sk_span *s)
         return;
     }
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
-        if (i != failed && !j->settled && (j->state == JOB_CLAIMED || j->state == JOB_HANDLED))
+        struct sk_job *j = &s->jobs[i];
+        if (i != failed && !j->settled &&
+            (j->state == SK_JOB_CLAIMED || j->state == SK_JOB_HANDLED))
             sk_job_rewind(j);
     }
-    struct job *f = &s->jobs[failed];
+    struct sk_job *f = &s->jobs[failed];
     sk_job_settle_failure(p, f, f->status, f->error, f->conflict);
     int rc = sk_span_claim(p, s, SK_WAY_CAREFUL);
     if (rc == SK_OK)
@@ -162,8 +163,8 @@ static void run_careful(struct sk_pipeline *p, struct sk_span *s)
 {
     bool first = true;
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
-        if (j->state != JOB_CLAIMED || j->settled)
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_CLAIMED || j->settled)
             continue;
         if (!run_one(p, j, first)) {
             sk_span_abandon(p, s, "the batch's transaction failed around a handler");
@@ -177,7 +178,7 @@ static void run_careful(struct sk_pipeline *p, struct sk_span *s)
 /* One handler in its savepoint. False when the transaction itself is lost
  * (the connection, or a savepoint refused): then nothing of the batch can
  * commit. */
-static bool run_one(struct sk_pipeline *p, struct job *j, bool first)
+static bool run_one(struct sk_pipeline *p, struct sk_job *j, bool first)
 {
     struct sk_store *store = sk_links_store(p->links);
     struct sk_err err = { 0 };

@@ -1,9 +1,10 @@
 /* heartbeat.h - the renewal thread of a worker.
  *
  * While a span of jobs runs, this thread extends what it owns: its Redis
- * locks (every lock ttl/3, one round trip for all) and, in external mode, its PostgreSQL lease (every
- * lease/3), each on the thread's own connection (hiredis and libpq
- * connections are never shared between threads). When Redis or PostgreSQL
+ * locks (every lock ttl/3, one round trip for all) and, in external mode,
+ * its PostgreSQL lease (every lease/3), each on the thread's own
+ * connection (hiredis and libpq connections are never shared between
+ * threads). When Redis or PostgreSQL
  * says the job no longer owns it, the thread raises the lost flag; the
  * handler sees it through host->lock_held().
  *

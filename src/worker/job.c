@@ -46,51 +46,51 @@
 #include "scoreboard.h"
 #include "store.h"
 
-static const char *const state_names[JOB_STATES] = {
-    [JOB_NEW] = "new",
-    [JOB_RECEIVED] = "received",
-    [JOB_LOCKED] = "locked",
-    [JOB_CLAIMED] = "claimed",
-    [JOB_HANDLED] = "handled",
-    [JOB_COMMITTED] = "committed",
-    [JOB_ACKED] = "acked",
-    [JOB_HANDED_BACK] = "handed back",
+static const char *const state_names[SK_JOB_STATES] = {
+    [SK_JOB_NEW] = "new",
+    [SK_JOB_RECEIVED] = "received",
+    [SK_JOB_LOCKED] = "locked",
+    [SK_JOB_CLAIMED] = "claimed",
+    [SK_JOB_HANDLED] = "handled",
+    [SK_JOB_COMMITTED] = "committed",
+    [SK_JOB_ACKED] = "acked",
+    [SK_JOB_HANDED_BACK] = "handed back",
 };
 
-static const char *const state_failpoints[JOB_STATES] = {
-    [JOB_RECEIVED] = "after_receive",
-    [JOB_LOCKED] = "after_lock",
-    [JOB_CLAIMED] = "after_claim",
-    [JOB_HANDLED] = "after_handler",
-    [JOB_COMMITTED] = "after_commit",
-    [JOB_ACKED] = "after_ack",
+static const char *const state_failpoints[SK_JOB_STATES] = {
+    [SK_JOB_RECEIVED] = "after_receive",
+    [SK_JOB_LOCKED] = "after_lock",
+    [SK_JOB_CLAIMED] = "after_claim",
+    [SK_JOB_HANDLED] = "after_handler",
+    [SK_JOB_COMMITTED] = "after_commit",
+    [SK_JOB_ACKED] = "after_ack",
 };
 
 #define FROM(s) (1u << (s))
 /* Any state a job can be settled from: every one but the two exits. */
-#define LIVE (FROM(JOB_NEW) | FROM(JOB_RECEIVED) | FROM(JOB_LOCKED) | FROM(JOB_CLAIMED) | \
-              FROM(JOB_HANDLED) | FROM(JOB_COMMITTED))
+#define LIVE (FROM(SK_JOB_NEW) | FROM(SK_JOB_RECEIVED) | FROM(SK_JOB_LOCKED) | \
+              FROM(SK_JOB_CLAIMED) | FROM(SK_JOB_HANDLED) | FROM(SK_JOB_COMMITTED))
 
 /* The states each state may be entered from. The lock is optional (lock:
  * false, or Redis down under `proceed`); a job may be settled at any point
  * before its exit, but exits once. */
-static const unsigned legal_from[JOB_STATES] = {
-    [JOB_NEW] = 0,
-    [JOB_RECEIVED] = FROM(JOB_NEW),
-    [JOB_LOCKED] = FROM(JOB_RECEIVED),
-    [JOB_CLAIMED] = FROM(JOB_RECEIVED) | FROM(JOB_LOCKED),
-    [JOB_HANDLED] = FROM(JOB_CLAIMED),
-    [JOB_COMMITTED] = FROM(JOB_HANDLED),
-    [JOB_ACKED] = LIVE,
-    [JOB_HANDED_BACK] = LIVE,
+static const unsigned legal_from[SK_JOB_STATES] = {
+    [SK_JOB_NEW] = 0,
+    [SK_JOB_RECEIVED] = FROM(SK_JOB_NEW),
+    [SK_JOB_LOCKED] = FROM(SK_JOB_RECEIVED),
+    [SK_JOB_CLAIMED] = FROM(SK_JOB_RECEIVED) | FROM(SK_JOB_LOCKED),
+    [SK_JOB_HANDLED] = FROM(SK_JOB_CLAIMED),
+    [SK_JOB_COMMITTED] = FROM(SK_JOB_HANDLED),
+    [SK_JOB_ACKED] = LIVE,
+    [SK_JOB_HANDED_BACK] = LIVE,
 };
 
-static bool crashed_too_often(struct sk_pipeline *p, struct job *j);
-static void run_external(struct sk_pipeline *p, struct job *j);
-static void reply_saved(struct sk_pipeline *p, struct job *j);
-static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason reason,
+static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j);
+static void run_external(struct sk_pipeline *p, struct sk_job *j);
+static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
+static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why);
-static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
+static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why);
 
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
@@ -106,7 +106,7 @@ void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
     }
     sk_span_add(s, delivery);
     sk_span_start(p, s);
-    struct job *j = &s->jobs[0];
+    struct sk_job *j = &s->jobs[0];
     if (sk_job_live(j)) {
         if (p->queue->mode == SK_MODE_EXTERNAL) {
             if (sk_span_claim(p, s, SK_WAY_ONE) == SK_OK)
@@ -171,7 +171,7 @@ void sk_span_free(struct sk_span *s)
 }
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
-bool sk_job_admit(struct sk_pipeline *p, struct job *j)
+bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
 {
     struct sk_err err = { 0 };
     j->log.queue = p->queue->name;
@@ -211,7 +211,7 @@ bool sk_job_admit(struct sk_pipeline *p, struct job *j)
     j->ref = (struct sk_keyref){ .queue = p->queue->name, .key = j->env.idempotency_key,
                                  .owner = p->owner, .job_id = j->env.job_id,
                                  .job_type = j->env.job_type };
-    sk_job_transition(j, JOB_RECEIVED);
+    sk_job_transition(j, SK_JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
     snprintf(p->slot->job_key, sizeof(p->slot->job_key), "%s", j->env.idempotency_key);
     return true;
@@ -225,7 +225,7 @@ bool sk_job_admit(struct sk_pipeline *p, struct job *j)
  * may be the crashing job too: re-scheduled because its dead worker's lock
  * was still held, it carries no `redelivered`, and unchecked it would
  * crash workers for ever. */
-bool sk_job_survivable(struct sk_pipeline *p, struct job *j)
+bool sk_job_survivable(struct sk_pipeline *p, struct sk_job *j)
 {
     return !((j->env.redelivered || j->env.rescheduled) && p->queue->max_crashes > 0 &&
              crashed_too_often(p, j));
@@ -237,7 +237,7 @@ bool sk_job_survivable(struct sk_pipeline *p, struct job *j)
  * the queue's max_crashes the job is failed and dead-lettered, not run. A
  * count that cannot be read lets the job run: the claim will meet whatever
  * is wrong with PostgreSQL. */
-static bool crashed_too_often(struct sk_pipeline *p, struct job *j)
+static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j)
 {
     int crashes = 0;
     if (sk_store_crashes(sk_links_store(p->links), &j->ref, &crashes, NULL) != SK_OK ||
@@ -252,7 +252,7 @@ static bool crashed_too_often(struct sk_pipeline *p, struct job *j)
 /* What a claim's answer means for the job, whichever mode and however many
  * keys the round trip claimed: true when the job owns its key and goes on
  * to its handler; otherwise the job is settled here. */
-bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err)
+bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struct sk_err *err)
 {
     bool external = p->queue->mode == SK_MODE_EXTERNAL;
     switch (rc) {
@@ -260,12 +260,12 @@ bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct s
         sk_links_up(p->links, SK_LINK_STORE);
         j->log.fence = j->claim.fence;
         sk_keyref_set_fence(&j->ref, j->claim.fence);
-        sk_job_transition(j, JOB_CLAIMED);
+        sk_job_transition(j, SK_JOB_CLAIMED);
         return true;
     case SK_DUP:
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(p, j);
-        sk_job_finish(p, j, ACK, "duplicate suppressed");
+        sk_job_finish(p, j, SK_ACK, "duplicate suppressed");
         return false;
     case SK_BUSY:
         /* A live worker holds the key (its row lock, or its lease): it is
@@ -283,7 +283,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct s
          * the lock is not held through the backoff (other jobs for the
          * resource would wait for nothing). */
         sk_links_drop(p->links, SK_LINK_STORE, &j->log, err);
-        sk_job_finish(p, j, REQUEUE, "claim failed, handed back to the broker");
+        sk_job_finish(p, j, SK_REQUEUE, "claim failed, handed back to the broker");
         return false;
     }
 }
@@ -293,7 +293,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct s
  * under the fence this claim got. A worker that stalled past its lease and
  * comes back finds its completion fenced out: the newer owner's outcome
  * stands, and this copy is acked without touching it. */
-static void run_external(struct sk_pipeline *p, struct job *j)
+static void run_external(struct sk_pipeline *p, struct sk_job *j)
 {
     sk_heartbeat_watch_lease(p->heartbeat, p->queue->name, j->env.idempotency_key,
                              j->claim.fence, p->queue->lease_ms);
@@ -314,18 +314,19 @@ static void run_external(struct sk_pipeline *p, struct job *j)
                                  ctx->result_len > 0 ? ctx->result : NULL, ctx->result_len,
                                  NULL, &err);
         if (rc == SK_OK) {
-            sk_job_transition(j, JOB_COMMITTED);
+            sk_job_transition(j, SK_JOB_COMMITTED);
             sk_job_reply(p, j, ctx->result, ctx->result_len);
-            sk_job_finish(p, j, ACK, "completed");
+            sk_job_finish(p, j, SK_ACK, "completed");
         } else if (rc == SK_BUSY) {
             sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
             sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
                          "completion fenced out: the lease was lost and "
                          "another worker took the job over; its outcome stands");
-            sk_job_finish(p, j, ACK, "fenced out");
+            sk_job_finish(p, j, SK_ACK, "fenced out");
         } else {
             sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
-            sk_job_finish(p, j, REQUEUE, "completion outcome unknown, handed back to the broker");
+            sk_job_finish(p, j, SK_REQUEUE,
+                          "completion outcome unknown, handed back to the broker");
         }
         return;
     }
@@ -339,7 +340,7 @@ static void run_external(struct sk_pipeline *p, struct job *j)
  * after the broker confirmed the reply. A reply that cannot be sent is
  * logged and given up: the job's effect is done and must not run again for
  * it, and a later copy of the job will send the saved result. */
-void sk_job_reply(struct sk_pipeline *p, struct job *j, const void *result, size_t len)
+void sk_job_reply(struct sk_pipeline *p, struct sk_job *j, const void *result, size_t len)
 {
     if (j->env.reply_to[0] == '\0')
         return;
@@ -365,7 +366,7 @@ void sk_job_reply(struct sk_pipeline *p, struct job *j, const void *result, size
 
 /* A duplicate of a completed job gets the saved result, unless the reply
  * already went out (the usual case: it did, with the first copy). */
-static void reply_saved(struct sk_pipeline *p, struct job *j)
+static void reply_saved(struct sk_pipeline *p, struct sk_job *j)
 {
     if (j->env.reply_to[0] == '\0')
         return;
@@ -384,7 +385,7 @@ static void reply_saved(struct sk_pipeline *p, struct job *j)
 }
 
 /* Builds the job the handler sees, and runs it on pg. */
-int sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
+int sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
 {
     struct sekali_ctx *ctx = &p->ctx;
     /* A copy with a NUL after it (ABI 1.3), so text handlers need none. */
@@ -392,7 +393,7 @@ int sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
     if (body == NULL) {
         snprintf(ctx->error, sizeof(ctx->error), "out of memory copying a %zu-byte body",
                  j->env.body_len);
-        sk_job_transition(j, JOB_HANDLED);
+        sk_job_transition(j, SK_JOB_HANDLED);
         return SEKALI_RETRY;
     }
     struct sekali_job job = {
@@ -424,13 +425,13 @@ int sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg)
     int status = p->handler->handle(p->handler_state, &job, ctx);
     atomic_store(&p->slot->phase, SK_PHASE_JOB);
     sk_links_take_back(p->links, p->heartbeat);
-    sk_job_transition(j, JOB_HANDLED);
+    sk_job_transition(j, SK_JOB_HANDLED);
     return status;
 }
 
 /* RETRY: another attempt later, until retry.max_attempts; FAIL, an invalid
  * status or the last attempt: the key is recorded failed and dead-lettered. */
-void sk_job_settle_failure(struct sk_pipeline *p, struct job *j, int status, const char *error,
+void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, const char *error,
                            bool conflict)
 {
     if (status == SEKALI_RETRY) {
@@ -468,7 +469,7 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct job *j, int status, con
  * failed row a later copy would run again, so if it cannot be written the
  * message goes back to the broker instead. A leased job (external mode)
  * fails under its fence; any other in a transaction of its own. */
-static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason reason,
+static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why)
 {
     struct sk_err err = { 0 };
@@ -480,12 +481,12 @@ static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
                      "failure fenced out: another worker owns the job");
-        sk_job_finish(p, j, ACK, "fenced out");
+        sk_job_finish(p, j, SK_ACK, "fenced out");
         return;
     }
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
-        sk_job_finish(p, j, REQUEUE, "failure not recorded, handed back to the broker");
+        sk_job_finish(p, j, SK_REQUEUE, "failure not recorded, handed back to the broker");
         j->pause_ms = (uint32_t)sk_jitter(100, 1000);
         return;
     }
@@ -498,7 +499,7 @@ static void give_up(struct sk_pipeline *p, struct job *j, enum sk_metrics_reason
  * message, without the reason headers, which the log line gives. Counted
  * once a copy exists: if the ack is lost, the redelivery makes a second one,
  * and counts it. */
-static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
+static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why)
 {
     struct sk_err err = { 0 };
@@ -508,7 +509,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
         sk_reschedule_dead(pub, p->queue->name, j->delivery, parsed ? &j->env : NULL,
                            sk_metrics_reason_name(reason), why, &err) == SK_OK) {
         sk_metrics_dead_letter(j->metrics, reason);
-        sk_job_finish(p, j, ACK, "dead-lettered");
+        sk_job_finish(p, j, SK_ACK, "dead-lettered");
         return;
     }
     /* A copy refused for its own sake (too large) leaves the connection
@@ -520,7 +521,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     /* Counted by the exit, once the broker took the reject. */
     j->dead_reason = reason;
-    sk_job_finish(p, j, DEAD_LETTER, text);
+    sk_job_finish(p, j, SK_DEAD_LETTER, text);
 }
 
 /* Sends a confirmed copy that comes back after delay_ms, then acks, and
@@ -530,7 +531,7 @@ static void dead_letter(struct sk_pipeline *p, struct job *j, bool parsed,
  * handing it back would bring it straight back, at the same attempt, ahead
  * of the jobs behind it, for ever: it is dead-lettered instead (reason
  * malformed: nothing about it can change), and false. */
-bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint32_t next_attempt,
+bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, uint32_t next_attempt,
                   const char *error, const char *outcome)
 {
     struct sk_err err = { 0 };
@@ -541,7 +542,7 @@ bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint3
                             next_attempt, error, &err) == SK_OK) {
         char text[128];
         snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);
-        sk_job_finish(p, j, ACK, text);
+        sk_job_finish(p, j, SK_ACK, text);
         return true;
     }
     if (connected && err.code == SK_ERR) {
@@ -552,20 +553,20 @@ bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms, uint3
         return false;
     }
     sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
-    sk_job_finish(p, j, REQUEUE, "could not re-schedule, handed back to the broker");
+    sk_job_finish(p, j, SK_REQUEUE, "could not re-schedule, handed back to the broker");
     j->pause_ms = (uint32_t)sk_jitter(100, 1000);
     return false;
 }
 
 /* Counts before the failpoint: a worker killed right after COMMIT has
  * committed, and a later copy will be a duplicate of a counted completion. */
-void sk_job_transition(struct job *j, enum job_state to)
+void sk_job_transition(struct sk_job *j, enum sk_job_state to)
 {
     sk_assert(legal_from[to] & FROM(j->state));
     j->state = to;
-    if (to == JOB_CLAIMED) {
+    if (to == SK_JOB_CLAIMED) {
         j->claimed_ns = sk_now_ns();
-    } else if (to == JOB_COMMITTED) {
+    } else if (to == SK_JOB_COMMITTED) {
         sk_metrics_inc(j->metrics, SK_METRIC_COMPLETIONS);
         sk_metrics_duration(j->metrics, sk_now_ns() - j->claimed_ns);
     }
@@ -578,11 +579,11 @@ void sk_job_transition(struct job *j, enum job_state to)
  * job's claim went with it, so it stands where it stood before its claim,
  * and is claimed again. The one way back in the states, and only from a
  * claim that no COMMIT made true. */
-void sk_job_rewind(struct job *j)
+void sk_job_rewind(struct sk_job *j)
 {
-    sk_assert(j->state == JOB_CLAIMED || j->state == JOB_HANDLED);
+    sk_assert(j->state == SK_JOB_CLAIMED || j->state == SK_JOB_HANDLED);
     sk_assert(sk_job_live(j));
-    j->state = j->locked ? JOB_LOCKED : JOB_RECEIVED;
+    j->state = j->locked ? SK_JOB_LOCKED : SK_JOB_RECEIVED;
     free(j->result);
     j->result = NULL;
     j->result_len = 0;
@@ -599,7 +600,8 @@ void sk_job_rewind(struct job *j)
  * sk_broker_ack()): by then the outcome is already durable, so releasing
  * the lock first is safe, and a redelivery of an unsent ack finds a
  * completed key. */
-int sk_job_finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome)
+int sk_job_finish(struct sk_pipeline *p, struct sk_job *j, enum sk_disposition d,
+                  const char *outcome)
 {
     (void)p;
     sk_assert(sk_job_live(j));

@@ -31,7 +31,7 @@ struct sk_pipeline {
     struct sk_slot              *slot;           /* ours in the supervisor's scoreboard */
     char                         owner[128];     /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;            /* reused for every job */
-    struct sk_span              *span;           /* the jobs in flight: job.c's, made on first use */
+    struct sk_span              *span;           /* jobs in flight: job.c's, made on first use */
     uint32_t                     ready_delay_ms; /* handler->ready() refused: the backoff */
     int64_t                      ready_next_ms;  /* ... and when to ask it again */
 };

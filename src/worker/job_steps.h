@@ -29,27 +29,27 @@ struct sk_pipeline;
  * them: it asserts the move is legal, logs it and, in a fault build, is
  * where a test can kill the worker. Adding a state? Give it a name, a
  * failpoint (or NULL) and its legal predecessors in job.c. */
-enum job_state {
-    JOB_NEW,          /* delivered, not yet validated */
-    JOB_RECEIVED,     /* validated: its key is known */
-    JOB_LOCKED,       /* holds the resource's Redis lock */
-    JOB_CLAIMED,      /* owns the key: row lock (transactional) or lease (external) */
-    JOB_HANDLED,      /* the handler returned */
-    JOB_COMMITTED,    /* the outcome is durable */
-    JOB_ACKED,        /* the broker has our ack: the delivery is done with */
-    JOB_HANDED_BACK,  /* requeued, rejected, or its ack lost: the broker decides */
-    JOB_STATES
+enum sk_job_state {
+    SK_JOB_NEW,          /* delivered, not yet validated */
+    SK_JOB_RECEIVED,     /* validated: its key is known */
+    SK_JOB_LOCKED,       /* holds the resource's Redis lock */
+    SK_JOB_CLAIMED,      /* owns the key: row lock (transactional) or lease (external) */
+    SK_JOB_HANDLED,      /* the handler returned */
+    SK_JOB_COMMITTED,    /* the outcome is durable */
+    SK_JOB_ACKED,        /* the broker has our ack: the delivery is done with */
+    SK_JOB_HANDED_BACK,  /* requeued, rejected, or its ack lost: the broker decides */
+    SK_JOB_STATES
 };
 
 /* What happens to the delivery itself once the job's outcome is settled. */
-enum disposition {
-    ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
-    REQUEUE,      /* back to the queue unchanged */
-    DEAD_LETTER,  /* the broker moves it to <queue>.dead */
+enum sk_disposition {
+    SK_ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
+    SK_REQUEUE,      /* back to the queue unchanged */
+    SK_DEAD_LETTER,  /* the broker moves it to <queue>.dead */
 };
 
-struct job {
-    enum job_state         state;
+struct sk_job {
+    enum sk_job_state         state;
     const amqp_envelope_t *delivery;
     struct sk_envelope env;
     uint64_t           delivery_tag;
@@ -77,8 +77,8 @@ struct job {
      * an ack covers every earlier delivery (a multiple-ack), so no ack may
      * leave before every job ahead of it is settled. */
     bool               settled;
-    enum disposition   exit;
-    int                dead_reason; /* an enum sk_metrics_reason, for a DEAD_LETTER exit */
+    enum sk_disposition   exit;
+    int                dead_reason; /* an enum sk_metrics_reason, for a SK_DEAD_LETTER exit */
     char               outcome[1300];  /* the exit's log line: dead_letter()'s is the longest */
     uint32_t           pause_ms;    /* a server is failing: wait this long after the exit */
 };
@@ -96,7 +96,7 @@ enum sk_way {
  * span, valid only inside one step. */
 struct sk_span {
     size_t           cap, n;
-    struct job      *jobs;
+    struct sk_job      *jobs;
     amqp_envelope_t *deliveries;    /* for a caller that collects them (batch.c) */
     const char     **keys, **tokens;
     int             *rcs;
@@ -130,7 +130,7 @@ int  sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
 /* Runs one claimed job's handler in the span's transaction and keeps its
  * outcome in the job. False when the transaction is lost around it (or no
  * memory to keep its result): then nothing of the span can commit. */
-bool sk_span_handle(struct sk_pipeline *p, struct job *j, enum sk_way way);
+bool sk_span_handle(struct sk_pipeline *p, struct sk_job *j, enum sk_way way);
 /* The handled jobs' completions and the COMMIT in one round trip; then each
  * is settled: completed, or its failure re-scheduled or dead-lettered. */
 void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
@@ -138,37 +138,38 @@ void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
  * handed back unchanged. */
 void sk_span_abandon(struct sk_pipeline *p, struct sk_span *s, const char *why);
 /* A job of s claimed, run and committed on its own, in its own transaction. */
-void sk_span_alone(struct sk_pipeline *p, struct sk_span *s, struct job *j);
+void sk_span_alone(struct sk_pipeline *p, struct sk_span *s, struct sk_job *j);
 /* Every job's exit, in delivery order, after the span's locks went in one
  * round trip; then the pause a failing server asked for. */
 void sk_span_settle(struct sk_pipeline *p, struct sk_span *s);
 
 /* Not settled yet: still on its way through the steps. */
-static inline bool sk_job_live(const struct job *j)
+static inline bool sk_job_live(const struct sk_job *j)
 {
     return !j->settled;
 }
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
-bool sk_job_admit(struct sk_pipeline *p, struct job *j);
+bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j);
 /* Once locked: false, dead-lettered, for a job that killed max_crashes
  * workers. */
-bool sk_job_survivable(struct sk_pipeline *p, struct job *j);
+bool sk_job_survivable(struct sk_pipeline *p, struct sk_job *j);
 /* What a claim's answer means for the job: true when it owns its key. */
-bool sk_job_claimed(struct sk_pipeline *p, struct job *j, int rc, const struct sk_err *err);
+bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struct sk_err *err);
 /* Runs the handler on pg with p->ctx, reset by the caller. */
-int  sk_job_call_handler(struct sk_pipeline *p, struct job *j, PGconn *pg);
+int  sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg);
 /* RETRY, FAIL or an invalid status, with the handler's error text and
  * whether it reported a conflict. Outside any job transaction. */
-void sk_job_settle_failure(struct sk_pipeline *p, struct job *j, int status, const char *error,
+void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, const char *error,
                            bool conflict);
-void sk_job_reply(struct sk_pipeline *p, struct job *j, const void *result, size_t len);
-bool sk_job_later(struct sk_pipeline *p, struct job *j, uint32_t delay_ms,
+void sk_job_reply(struct sk_pipeline *p, struct sk_job *j, const void *result, size_t len);
+bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms,
                   uint32_t next_attempt, const char *error, const char *outcome);
-void sk_job_transition(struct job *j, enum job_state to);
+void sk_job_transition(struct sk_job *j, enum sk_job_state to);
 /* Back to before the claim, whose transaction was rolled back unseen. */
-void sk_job_rewind(struct job *j);
+void sk_job_rewind(struct sk_job *j);
 /* Decides the job's exit (carried out by sk_span_settle()); SK_OK. */
-int  sk_job_finish(struct sk_pipeline *p, struct job *j, enum disposition d, const char *outcome);
+int  sk_job_finish(struct sk_pipeline *p, struct sk_job *j, enum sk_disposition d,
+                   const char *outcome);
 
 #endif

@@ -40,17 +40,17 @@
 static void lock_span(struct sk_pipeline *p, struct sk_span *s);
 static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_lock *redis,
                          size_t *asked, size_t *locked);
-static void lock_refused(struct sk_pipeline *p, struct job *j, int rc);
-static void waited_for_lock(struct job *j);
+static void lock_refused(struct sk_pipeline *p, struct sk_job *j, int rc);
+static void waited_for_lock(struct sk_job *j);
 static void release_span(struct sk_pipeline *p, struct sk_span *s);
 static int  claim_round(struct sk_pipeline *p, struct sk_span *s, enum sk_way way, size_t m,
                         struct sk_err *err);
-static void exit_job(struct sk_pipeline *p, struct job *j);
+static void exit_job(struct sk_pipeline *p, struct sk_job *j);
 
 void sk_span_add(struct sk_span *s, const amqp_envelope_t *delivery)
 {
     sk_assert(s->n < s->cap);
-    s->jobs[s->n++] = (struct job){ .state = JOB_NEW, .delivery = delivery,
+    s->jobs[s->n++] = (struct sk_job){ .state = SK_JOB_NEW, .delivery = delivery,
                                     .delivery_tag = delivery->delivery_tag,
                                     .status = SEKALI_OK };
 }
@@ -79,8 +79,8 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
 {
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
-        if (j->state != JOB_RECEIVED || !sk_job_live(j))
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_RECEIVED || !sk_job_live(j))
             continue;
         sk_lock_key(j->lock_key, sizeof(j->lock_key), p->queue->name, j->env.resource_key);
         sk_lock_new_token(j->lock_token);
@@ -95,7 +95,7 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
         /* Redis in its backoff: the queue proceeds without locks, or
          * re-schedules. */
         for (size_t i = 0; i < s->n; i++)
-            if (s->jobs[i].state == JOB_RECEIVED && sk_job_live(&s->jobs[i]))
+            if (s->jobs[i].state == SK_JOB_RECEIVED && sk_job_live(&s->jobs[i]))
                 lock_refused(p, &s->jobs[i], rc);
         return;
     }
@@ -113,7 +113,7 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
             for (size_t k = 0; k < asked; k++) {
                 if (s->rcs[k] != SK_BUSY)
                     continue;
-                struct job *j = &s->jobs[s->index[k]];
+                struct sk_job *j = &s->jobs[s->index[k]];
                 waited_for_lock(j);
                 sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
                 lock_refused(p, j, SK_BUSY);
@@ -143,8 +143,8 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
 {
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
-        if (j->state != JOB_RECEIVED || !sk_job_live(j))
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_RECEIVED || !sk_job_live(j))
             continue;
         s->keys[m] = j->lock_key;
         s->tokens[m] = j->lock_token;
@@ -162,7 +162,7 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
         sk_slot_forget_locks(p->slot);
         rc = sk_links_drop(p->links, SK_LINK_LOCK, &s->jobs[s->index[0]].log, &err);
         for (size_t k = 0; k < m; k++) {
-            struct job *j = &s->jobs[s->index[k]];
+            struct sk_job *j = &s->jobs[s->index[k]];
             waited_for_lock(j);
             lock_refused(p, j, rc);
         }
@@ -171,7 +171,7 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
     sk_links_up(p->links, SK_LINK_LOCK);
     size_t busy = 0;
     for (size_t k = 0; k < m; k++) {
-        struct job *j = &s->jobs[s->index[k]];
+        struct sk_job *j = &s->jobs[s->index[k]];
         if (s->rcs[k] == SK_BUSY) {
             busy++;
             if (j->busy_since == 0)
@@ -183,7 +183,7 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
         j->locked = true;
         j->redis = redis;
         j->log.lock_owner = j->lock_token;
-        sk_job_transition(j, JOB_LOCKED);
+        sk_job_transition(j, SK_JOB_LOCKED);
         (*locked)++;
     }
     return busy;
@@ -191,7 +191,7 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
 
 /* What a refused lock means: SK_BUSY or SK_AGAIN re-schedule the job; SK_OK
  * (Redis down, the queue proceeds without it) sends it on unlocked. */
-static void lock_refused(struct sk_pipeline *p, struct job *j, int rc)
+static void lock_refused(struct sk_pipeline *p, struct sk_job *j, int rc)
 {
     if (rc == SK_BUSY)
         sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(100, 1000)),
@@ -203,7 +203,7 @@ static void lock_refused(struct sk_pipeline *p, struct job *j, int rc)
 
 /* Adds the time since the job's lock was first refused (none: it never
  * was), once. */
-static void waited_for_lock(struct job *j)
+static void waited_for_lock(struct sk_job *j)
 {
     if (j->busy_since != 0)
         sk_metrics_lock_wait(j->metrics, sk_now_ns() - j->busy_since);
@@ -216,7 +216,7 @@ static void release_span(struct sk_pipeline *p, struct sk_span *s)
     size_t m = 0;
     struct sk_lock *redis = NULL;
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
+        struct sk_job *j = &s->jobs[i];
         if (!j->locked)
             continue;
         redis = j->redis;
@@ -246,7 +246,7 @@ int sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
 {
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
+        struct sk_job *j = &s->jobs[i];
         if (!sk_job_live(j))
             continue;
         for (size_t k = 0; k < m && !j->same_key; k++)
@@ -266,7 +266,7 @@ int sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
         return SK_BUSY;
     bool any = false;
     for (size_t k = 0; k < m; k++) {
-        struct job *j = &s->jobs[s->index[k]];
+        struct sk_job *j = &s->jobs[s->index[k]];
         j->claim = s->claims[k];
         any |= sk_job_claimed(p, j, rc == SK_OK && s->dups[k] ? SK_DUP : rc, &err);
     }
@@ -309,7 +309,7 @@ static int claim_round(struct sk_pipeline *p, struct sk_span *s, enum sk_way way
     return rc;
 }
 
-bool sk_span_handle(struct sk_pipeline *p, struct job *j, enum sk_way way)
+bool sk_span_handle(struct sk_pipeline *p, struct sk_job *j, enum sk_way way)
 {
     /* The scoreboard names the job whose handler runs, and only it: should
      * the worker die now, this is the job its replacement counts. In a span
@@ -353,8 +353,8 @@ void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
     struct sk_store *store = sk_links_store(p->links);
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
-        if (j->state != JOB_HANDLED || j->status != SEKALI_OK)
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_HANDLED || j->status != SEKALI_OK)
             continue;
         /* Claimed completed: only a result is left to write. */
         if (way == SK_WAY_FAST && j->result_len == 0)
@@ -386,14 +386,14 @@ void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
         return;
     }
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
+        struct sk_job *j = &s->jobs[i];
         /* A job the fast way already settled is handled, but not here. */
-        if (j->state != JOB_HANDLED || !sk_job_live(j))
+        if (j->state != SK_JOB_HANDLED || !sk_job_live(j))
             continue;
         if (j->status == SEKALI_OK && rc == SK_OK) {
-            sk_job_transition(j, JOB_COMMITTED);
+            sk_job_transition(j, SK_JOB_COMMITTED);
             sk_job_reply(p, j, j->result, j->result_len);
-            sk_job_finish(p, j, ACK, "completed");
+            sk_job_finish(p, j, SK_ACK, "completed");
             continue;
         }
         if (j->status == SEKALI_OK) {
@@ -410,16 +410,16 @@ void sk_span_abandon(struct sk_pipeline *p, struct sk_span *s, const char *why)
 {
     sk_store_rollback(sk_links_store(p->links), NULL);
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
-        if (!sk_job_live(j) || (j->state != JOB_CLAIMED && j->state != JOB_HANDLED))
+        struct sk_job *j = &s->jobs[i];
+        if (!sk_job_live(j) || (j->state != SK_JOB_CLAIMED && j->state != SK_JOB_HANDLED))
             continue;
         char text[200];
         snprintf(text, sizeof(text), "%s, handed back to the broker", why);
-        sk_job_finish(p, j, REQUEUE, text);
+        sk_job_finish(p, j, SK_REQUEUE, text);
     }
 }
 
-void sk_span_alone(struct sk_pipeline *p, struct sk_span *s, struct job *j)
+void sk_span_alone(struct sk_pipeline *p, struct sk_span *s, struct sk_job *j)
 {
     /* A span of its own over the same scratch arrays: the caller keeps
      * nothing in them across this call. */
@@ -448,7 +448,7 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         bool any = sk_heartbeat_unwatch(p->heartbeat, s->lost, m);
         size_t k = 0;
         for (size_t i = 0; i < s->n; i++) {
-            struct job *j = &s->jobs[i];
+            struct sk_job *j = &s->jobs[i];
             bool lock_lost = j->locked && s->lost[k++];
             if (!lock_lost && !(j->leased && any))
                 continue;
@@ -463,7 +463,7 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
     release_span(p, s);
     uint32_t pause_ms = 0;
     for (size_t i = 0; i < s->n; i++) {
-        struct job *j = &s->jobs[i];
+        struct sk_job *j = &s->jobs[i];
         sk_assert(j->settled);
         pause_ms += j->pause_ms;
         if (sk_links_consumer(p->links) != NULL) {
@@ -471,7 +471,7 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         } else {
             /* An earlier exit found the consumer gone: the broker puts this
              * delivery back itself, and its redelivery finds what we did. */
-            sk_job_transition(j, JOB_HANDED_BACK);
+            sk_job_transition(j, SK_JOB_HANDED_BACK);
             sk_log_job(SK_LOG_INFO, &j->log, "%s; not acked: the consumer was lost",
                        j->outcome);
         }
@@ -485,16 +485,17 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
 }
 
 /* The ack or reject, and the log line. */
-static void exit_job(struct sk_pipeline *p, struct job *j)
+static void exit_job(struct sk_pipeline *p, struct sk_job *j)
 {
     /* The delivery came on the consumer, and only an exit drops it. */
     struct sk_broker *consumer = sk_links_consumer(p->links);
     sk_assert(consumer != NULL);
     struct sk_err err = { 0 };
-    int rc = j->exit == ACK ? sk_broker_ack(consumer, j->delivery_tag, &err)
-                            : sk_broker_reject(consumer, j->delivery_tag, j->exit == REQUEUE, &err);
-    sk_job_transition(j, j->exit == ACK && rc == SK_OK ? JOB_ACKED : JOB_HANDED_BACK);
-    if (j->exit == DEAD_LETTER && rc == SK_OK)
+    int rc = j->exit == SK_ACK ? sk_broker_ack(consumer, j->delivery_tag, &err)
+                            : sk_broker_reject(consumer, j->delivery_tag, j->exit == SK_REQUEUE,
+                                               &err);
+    sk_job_transition(j, j->exit == SK_ACK && rc == SK_OK ? SK_JOB_ACKED : SK_JOB_HANDED_BACK);
+    if (j->exit == SK_DEAD_LETTER && rc == SK_OK)
         sk_metrics_dead_letter(j->metrics, j->dead_reason);
     sk_log_job(SK_LOG_INFO, &j->log, "%s", j->outcome);
     if (rc != SK_OK)
