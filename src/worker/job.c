@@ -204,7 +204,7 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
     if (sk_envelope_beyond_retention(&j->env, p->queue, (uint64_t)time(NULL))) {
         const char *why = "published longer ago than the queue's retention: its key may be "
                           "purged, so a duplicate could not be recognised";
-        sk_log_job(SK_LOG_WARN, &j->log, "not run: %s", why);
+        sk_log_job(SK_LOG_WARN, &j->log, "job beyond retention, not run: %s", why);
         dead_letter(p, j, true, SK_METRICS_BEYOND_RETENTION, why);
         return false;
     }
