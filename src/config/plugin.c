@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "pg.h"
 #include "plugin.h"
 
 /* The size of the 1.0 descriptor: every member up to and including fini. */
@@ -294,3 +295,41 @@ int sk_plugin_check(const struct sekali_handler *h, const char *path, struct sk_
         return sk_err_set(err, SK_ERR, "handler %s: mandatory callback handle is NULL", path);
     return SK_OK;
 }
+
+void sk_plugin_try_ready(const struct sk_conf *conf, const struct sk_plugin *plugins,
+                         const struct sekali_host *host,
+                         void (*say)(const char *text, void *arg), void *arg)
+{
+    for (size_t i = 0; i < conf->n_queues; i++) {
+        const struct sekali_handler *h = plugins[i].handler;
+        const struct sk_queue_conf *q = &conf->queues[i];
+        if (!sk_plugin_has_ready(h))
+            continue;
+        char text[1200];
+        void *state = NULL;
+        if (h->init != NULL && h->init(host, q->handler_config, &state) != SEKALI_OK) {
+            snprintf(text, sizeof(text), "queue %s: the handler's init() failed, so whether "
+                     "it is ready was not checked", q->name);
+            say(text, arg);
+            continue;
+        }
+        struct sk_err err = { 0 };
+        PGconn *pg = sk_pg_dial(&conf->postgres, "sekalid -t", &err);
+        char why[512] = "";
+        if (pg == NULL)
+            snprintf(text, sizeof(text), "queue %s: whether the handler is ready was not "
+                     "checked: %s", q->name, err.msg);
+        else if (h->ready(state, pg, why, sizeof(why)) != SEKALI_OK)
+            snprintf(text, sizeof(text), "queue %s: the handler is not ready against the "
+                     "database now, and its workers will take no job until it is: %.512s",
+                     q->name, why[0] != '\0' ? why : "(no reason given)");
+        else
+            text[0] = '\0';
+        PQfinish(pg);
+        if (h->fini != NULL)
+            h->fini(state);
+        if (text[0] != '\0')
+            say(text, arg);
+    }
+}
+

@@ -52,6 +52,17 @@ int sk_plugin_load_queues(const struct sk_conf *conf, const struct sekali_host *
  * before each delivery. */
 bool sk_plugin_has_ready(const struct sekali_handler *h);
 
+/* sekalid -t only: for each queue whose handler has ready(), runs init(),
+ * ready() on a new PostgreSQL connection of the configuration's, and
+ * fini(), and passes what it found to say(): a statement that does not
+ * prepare now, or a database that could not be asked. Findings, not
+ * errors: a deploy that creates the function after sekali starts is
+ * legal (the workers hold the queue's jobs until ready() says yes), and
+ * `sekalid -t` is the unit's ExecStartPre. Blocks for a dial per queue. */
+void sk_plugin_try_ready(const struct sk_conf *conf, const struct sk_plugin *plugins,
+                         const struct sekali_host *host,
+                         void (*say)(const char *text, void *arg), void *arg);
+
 /* The descriptor checks alone, for a descriptor already in hand. */
 int sk_plugin_check(const struct sekali_handler *h, const char *path, struct sk_err *err);
 

@@ -107,6 +107,7 @@ int main(int argc, char **argv)
     }
 
     if (test_only) {
+        sk_plugin_try_ready(conf, plugins, sk_host(), advise, &test_only);
         fprintf(stderr, "sekalid: configuration file %s test is successful\n", path);
         free(plugins);
         sk_conf_free(conf);

@@ -398,6 +398,23 @@ START_TEST(test_sekalid_t_names_the_position_of_an_unknown_parameter)
     ck_assert_msg(strstr(out, "runs in `mode: transactional` only") != NULL, "said:\n%s", out);
     free(config);
 
+    /* A statement that does not prepare against the database now is said,
+     * with where and why, but passes: the function may come with a later
+     * deploy step, and -t is the unit's ExecStartPre. */
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+        "    config:\n      statement: \"SELECT sekali_sqlh.not_deployed_yet(:body::jsonb)\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "queue sqlcheck: the handler is not ready against the database "
+                              "now") != NULL && strstr(out, "SQLSTATE 42") != NULL &&
+                  strstr(out, "test is successful") != NULL, "said:\n%s", out);
+    free(config);
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+                            "    config:\n      statement: \"SELECT :job_id::text\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "not ready") == NULL && strstr(out, "not checked") == NULL,
+                  "a statement that prepares is said nothing of:\n%s", out);
+    free(config);
+
     config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
                             "    config:\n      statement: \"SELECT $1\"\n");
     ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
