@@ -827,3 +827,29 @@ size_t h_children(pid_t parent, pid_t *out, size_t max)
         closedir(d);
     return n;
 }
+
+int h_sekalictl(struct h_run *r, char **out, const char *const *args)
+{
+    char path[1100], exe[1100];
+    snprintf(path, sizeof(path), "%s/ctl.out", r->dir);
+    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
+    const char *argv[16] = { exe, "-c", r->config };
+    size_t n = 3;
+    for (; *args != NULL && n < 15; args++)
+        argv[n++] = *args;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, 1) < 0)
+            _exit(127);
+        execv(exe, (char **)argv);
+        _exit(127);
+    }
+    int status = h_wait_exit(pid, 60000, "sekalictl");
+    *out = h_read_file(path);
+    ck_assert_ptr_nonnull(*out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+

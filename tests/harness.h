@@ -252,4 +252,9 @@ double h_metric(int port, const char *series_fmt, ...) __attribute__((format(pri
 int64_t h_now_ms(void);
 void    h_nap(void);
 
+/* Runs `sekalictl -c r->config ARGS...` (args NULL-terminated, at most 12);
+ * its stdout into *out (the caller frees). Returns its exit code, or 128 +
+ * the signal that ended it. */
+int h_sekalictl(struct h_run *r, char **out, const char *const *args);
+
 #endif

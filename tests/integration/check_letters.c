@@ -13,34 +13,8 @@
 
 #include "harness.h"
 
-/* Runs `sekalictl -c CONFIG dlq ARGS...`; stdout into *out (the caller
- * frees). Returns the exit code, or 128 + the signal that ended it. */
-static int dlq(struct h_run *r, char **out, const char *const *args)
-{
-    char path[1100], exe[1100];
-    snprintf(path, sizeof(path), "%s/ctl.out", r->dir);
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    const char *argv[16] = { exe, "-c", r->config, "dlq" };
-    size_t n = 4;
-    for (; *args != NULL; args++)
-        argv[n++] = *args;
-    argv[n] = NULL;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0 || dup2(fd, 1) < 0)
-            _exit(127);
-        execv(exe, (char **)argv);
-        _exit(127);
-    }
-    int status = h_wait_exit(pid, 60000, "sekalictl dlq");
-    *out = h_read_file(path);
-    ck_assert_ptr_nonnull(*out);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-#define DLQ(r, out, ...) dlq((r), (out), (const char *const[]){ __VA_ARGS__, NULL })
+#define DLQ(r, out, ...) \
+    h_sekalictl((r), (out), (const char *const[]){ "dlq", __VA_ARGS__, NULL })
 
 /* Whether out holds a byte or sequence a terminal acts on. */
 static const char *raw_control(const char *out)
