@@ -853,3 +853,17 @@ int h_sekalictl(struct h_run *r, char **out, const char *const *args)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+char *h_header_filling(const char *message_id, const char *key, size_t frame)
+{
+    /* frame overhead 20, flags 2, message_id 1 + n, type 1 + 4, delivery
+     * mode 1, headers length 4, entry: key 1 + n, kind 1, length 4 */
+    size_t fixed = 20 + 2 + 1 + strlen(message_id) + 5 + 1 + 4 + 1 + strlen(key) + 1 + 4;
+    ck_assert_uint_gt(frame, fixed);
+    size_t len = frame - fixed;
+    char *value = malloc(len + 1);
+    ck_assert_ptr_nonnull(value);
+    memset(value, 'h', len);
+    value[len] = '\0';
+    return value;
+}
+

@@ -257,4 +257,12 @@ void    h_nap(void);
  * the signal that ended it. */
 int h_sekalictl(struct h_run *r, char **out, const char *const *args);
 
+/* The frame size sekalid and the harness ask for, and RabbitMQ's default. */
+#define H_FRAME_MAX 131072
+
+/* A text header value that makes h_publish_raw()'s message (id, type
+ * "test", one header named key) a header frame of exactly frame bytes.
+ * The caller frees it. */
+char *h_header_filling(const char *message_id, const char *key, size_t frame);
+
 #endif

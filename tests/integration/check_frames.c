@@ -18,26 +18,6 @@
 
 #include "harness.h"
 
-/* The frame size sekalid and the harness ask for, and RabbitMQ's default. */
-#define FRAME_MAX 131072
-
-/* A text header value that makes h_publish_raw()'s message (id, type
- * "test", one header named key) a header frame of exactly frame bytes.
- * The caller frees it. */
-static char *header_filling(const char *message_id, const char *key, size_t frame)
-{
-    /* frame overhead 20, flags 2, message_id 1 + n, type 1 + 4, delivery
-     * mode 1, headers length 4, entry: key 1 + n, kind 1, length 4 */
-    size_t fixed = 20 + 2 + 1 + strlen(message_id) + 5 + 1 + 4 + 1 + strlen(key) + 1 + 4;
-    ck_assert_uint_gt(frame, fixed);
-    size_t len = frame - fixed;
-    char *value = malloc(len + 1);
-    ck_assert_ptr_nonnull(value);
-    memset(value, 'h', len);
-    value[len] = '\0';
-    return value;
-}
-
 #define DLQ(r, out, ...) \
     h_sekalictl((r), (out), (const char *const[]){ "dlq", __VA_ARGS__, NULL })
 
@@ -136,7 +116,7 @@ START_TEST(test_forged_x_death_is_dead_lettered_and_the_queue_goes_on)
     p->headers = (amqp_table_t){ .num_entries = 1, .entries = headers };
     env.message.body = amqp_cstring_bytes("retry_always");
     size_t frame = SK_BROKER_HEADER_FRAME_OVERHEAD + sk_broker_properties_size(p);
-    ck_assert_msg(frame > 128000 && frame < FRAME_MAX, "forged frame of %zu bytes", frame);
+    ck_assert_msg(frame > 128000 && frame < H_FRAME_MAX, "forged frame of %zu bytes", frame);
     struct sk_err err = { 0 };
     ck_assert_msg(sk_broker_republish(r.b, r.queue, &env, NULL, 0, &err) == SK_OK, "%s", err.msg);
     publish_behind(&r);
@@ -157,7 +137,7 @@ START_TEST(test_frame_sized_headers_are_dead_lettered_with_a_reason_that_fits)
     struct h_run r;
     h_run_open(&r, "framesized");
     h_run_start(&r, &(struct h_run_opts){ .workers = 1 });
-    char *value = header_filling("big-1", "x-padding", 131030);
+    char *value = h_header_filling("big-1", "x-padding", 131030);
     struct sk_header pad = { .key = "x-padding", .text = value };
     h_publish_raw(r.b, r.queue, "big-1", "test", &pad, 1, "ok", 2);
     free(value);
@@ -182,7 +162,7 @@ START_TEST(test_message_arriving_over_frame_max_is_taken_off_the_head)
     struct sk_err err = { 0 };
     ck_assert_msg(sk_broker_declare_delay(r.b, r.queue, 1, feed, sizeof(feed), &err) == SK_OK,
                   "%s", err.msg);
-    char *value = header_filling("over-1", "x-padding", 131030);
+    char *value = h_header_filling("over-1", "x-padding", 131030);
     struct sk_header pad = { .key = "x-padding", .text = value };
     h_publish_raw(r.b, feed, "over-1", "test", &pad, 1, "ok", 2);
     free(value);
@@ -207,7 +187,7 @@ START_TEST(test_dlq_reads_a_dead_letter_over_frame_max)
     struct sk_err err = { 0 };
     ck_assert_msg(sk_broker_declare_delay(r.b, r.dead, 1, feed, sizeof(feed), &err) == SK_OK,
                   "%s", err.msg);
-    char *value = header_filling("dead-over-1", "x-padding", 131030);
+    char *value = h_header_filling("dead-over-1", "x-padding", 131030);
     struct sk_header pad = { .key = "x-padding", .text = value };
     h_publish_raw(r.b, feed, "dead-over-1", "test", &pad, 1, "ok", 2);
     free(value);

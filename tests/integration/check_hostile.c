@@ -9,26 +9,6 @@
 
 #include "harness.h"
 
-/* The frame size sekalid and the harness ask for, and RabbitMQ's default. */
-#define FRAME_MAX 131072
-
-/* A text header value that makes h_publish_raw()'s message (id, type
- * "test", one header named key) a header frame of exactly frame bytes.
- * The caller frees it. */
-static char *header_filling(const char *message_id, const char *key, size_t frame)
-{
-    /* frame overhead 20, flags 2, message_id 1 + n, type 1 + 4, delivery
-     * mode 1, headers length 4, entry: key 1 + n, kind 1, length 4 */
-    size_t fixed = 20 + 2 + 1 + strlen(message_id) + 5 + 1 + 4 + 1 + strlen(key) + 1 + 4;
-    ck_assert_uint_gt(frame, fixed);
-    size_t len = frame - fixed;
-    char *value = malloc(len + 1);
-    ck_assert_ptr_nonnull(value);
-    memset(value, 'h', len);
-    value[len] = '\0';
-    return value;
-}
-
 /* The issue's message: headers so close to the frame size that a retry copy,
  * with sekali's headers added, cannot be sent. It used to go back to the
  * head of the queue at the same attempt for ever (92 runs in 51 s) while the
@@ -42,7 +22,7 @@ START_TEST(test_message_too_large_to_reschedule_is_dead_lettered_and_the_next_jo
     h_run_open(&r, "bighdr");
     h_run_start(&r, &(struct h_run_opts){
         .workers = 1, .queue_yaml = "    max_headers: 80KiB\n" H_FAST_RETRIES });
-    char *value = header_filling("big-1", "x-padding", FRAME_MAX - 100);
+    char *value = h_header_filling("big-1", "x-padding", H_FRAME_MAX - 100);
     struct sk_header pad = { .key = "x-padding", .text = value };
     h_publish_raw(r.b, r.queue, "big-1", "test", &pad, 1, "retry_always", 12);
     free(value);
@@ -75,7 +55,7 @@ START_TEST(test_headers_over_max_headers_are_dead_lettered_as_malformed)
     struct h_run r;
     h_run_open(&r, "maxhdr");
     h_run_start(&r, &(struct h_run_opts){ .workers = 1 });
-    char *value = header_filling("big-2", "x-padding", 100000);
+    char *value = h_header_filling("big-2", "x-padding", 100000);
     struct sk_header pad = { .key = "x-padding", .text = value };
     h_publish_raw(r.b, r.queue, "big-2", "test", &pad, 1, "ok", 2);
     free(value);
