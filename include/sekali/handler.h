@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 4  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 5  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -218,6 +218,20 @@ struct sekali_host {
      * least delay_ms, capped at the queue's retry.max; never less than the
      * retry policy's own delay. Not honoured in batch mode. */
     void (*retry_after)(struct sekali_ctx *ctx, uint32_t delay_ms);
+
+    /* Since 1.5 (check host->abi_minor >= 5). 1 when the job has been
+     * cancelled (sekalictl cancel, sekali.cancel()) since it was claimed,
+     * else 0, also when PostgreSQL cannot tell. Whatever the handler then
+     * returns, its outcome is not recorded: in transactional mode the
+     * COMMIT is refused and rolled back, in external mode the completion
+     * is fenced out; the delivery is acked and counted as cancelled. So a
+     * long handler asks between phases and stops early (return
+     * SEKALI_FAIL), above all before an outside effect that cannot be
+     * taken back. One PostgreSQL round trip per call, on the job's
+     * connection: ask between phases, not per row. In transactional mode
+     * a failing query leaves the job's transaction failed (its COMMIT
+     * fails and the job is retried). */
+    int (*cancelled)(struct sekali_ctx *ctx);
 
     /* append here; never reorder, resize or remove */
 };

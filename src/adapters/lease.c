@@ -31,6 +31,7 @@ int sk_lease_claim(PGconn *pg, const struct sk_keyref *ref, uint32_t lease_ms,
     const char *status = PQgetvalue(res, 0, 0);
     out->fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
     out->attempts = atoi(PQgetvalue(res, 0, 2));
+    out->cancelled = strcmp(status, "cancelled") == 0;
     rc = strcmp(status, "processing") == 0 ? SK_OK
        : strcmp(status, "busy") == 0       ? SK_BUSY
                                            : SK_DUP;

@@ -115,6 +115,7 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
     const char *status = PQgetvalue(res, 0, 0);
     out->fence = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
     out->attempts = atoi(PQgetvalue(res, 0, 2));
+    out->cancelled = strcmp(status, "cancelled") == 0;
     bool processing = strcmp(status, "processing") == 0;
     PQclear(res);
     if (processing)
@@ -233,6 +234,7 @@ static int claim_array(struct sk_store *s, const char *function, const struct sk
         if (at >= n)
             continue;
         dup[at] = strcmp(PQgetvalue(res, (int)i, 1), "processing") != 0;
+        out[at].cancelled = strcmp(PQgetvalue(res, (int)i, 1), "cancelled") == 0;
         out[at].fence = strtoll(PQgetvalue(res, (int)i, 2), NULL, 10);
         out[at].attempts = atoi(PQgetvalue(res, (int)i, 3));
     }
@@ -403,6 +405,40 @@ static int count_query(struct sk_store *s, const char *what, const char *sql, co
     if (rc != SK_OK)
         return rc == SK_BUSY ? SK_ERR : rc;
     *out = atoi(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return SK_OK;
+}
+
+int sk_store_settle_cancelled(struct sk_store *s, const struct sk_keyref *ref, bool *cancelled,
+                              struct sk_err *err)
+{
+    *cancelled = false;
+    const char *values[] = { ref->queue, ref->key };
+    const struct sk_pg_stmt st = { .sql = "SELECT sekali.settle_cancelled($1, $2)",
+                                   .n_params = 2, .values = values, .one_row = true,
+                                   .what = "sekali.settle_cancelled" };
+    PGresult *res;
+    int rc = sk_pg_exec(s->conn, &st, &res, err);
+    if (rc != SK_OK)
+        return rc == SK_BUSY ? SK_ERR : rc;
+    *cancelled = PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    return SK_OK;
+}
+
+int sk_store_is_cancelled(PGconn *pg, const char *queue, const char *key, bool *cancelled,
+                          struct sk_err *err)
+{
+    *cancelled = false;
+    const char *values[] = { queue, key };
+    const struct sk_pg_stmt st = { .sql = "SELECT sekali.is_cancelled($1, $2)", .n_params = 2,
+                                   .values = values, .one_row = true,
+                                   .what = "sekali.is_cancelled" };
+    PGresult *res;
+    int rc = sk_pg_exec(pg, &st, &res, err);
+    if (rc != SK_OK)
+        return rc == SK_BUSY ? SK_ERR : rc;
+    *cancelled = PQgetvalue(res, 0, 0)[0] == 't';
     PQclear(res);
     return SK_OK;
 }

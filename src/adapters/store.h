@@ -38,6 +38,7 @@ void sk_keyref_set_fence(struct sk_keyref *ref, int64_t fence);
 struct sk_claim {
     int64_t fence;
     int     attempts;
+    bool    cancelled;  /* SK_DUP (or dup[i]) because the key was cancelled */
 };
 
 /* Connects and prepares the statements. SK_OK, SK_AGAIN (unreachable), or
@@ -136,6 +137,18 @@ int sk_store_crashes(struct sk_store *s, const struct sk_keyref *ref, int *crash
  * SK_AGAIN or SK_ERR. */
 int sk_store_reply_state(struct sk_store *s, const struct sk_keyref *ref, bool *replied,
                          char **result, size_t *result_len, struct sk_err *err);
+
+/* After a job's commit was refused or its outcome fenced out: whether
+ * ref's key was cancelled (sql/018), in which case its row is now written
+ * cancelled, in a transaction of its own. SK_OK, SK_AGAIN or SK_ERR. */
+int sk_store_settle_cancelled(struct sk_store *s, const struct sk_keyref *ref, bool *cancelled,
+                              struct sk_err *err);
+
+/* Whether (queue, key) has been cancelled (host->cancelled()), asked on pg:
+ * the job's transaction or the worker's idle connection. Does not change
+ * the transaction's state unless the query fails. SK_OK, SK_AGAIN, SK_ERR. */
+int sk_store_is_cancelled(PGconn *pg, const char *queue, const char *key, bool *cancelled,
+                          struct sk_err *err);
 
 /* Records that the reply went out (after the broker confirmed it). */
 int sk_store_mark_replied(struct sk_store *s, const struct sk_keyref *ref, struct sk_err *err);

@@ -48,6 +48,9 @@ static const struct family counters[SK_METRIC_COUNT] = {
         "External mode: outcomes refused because another worker took the job over." },
     [SK_METRIC_OCC_CONFLICTS] = { "sekali_occ_conflicts_total",
         "Jobs whose handler found its row changed by another job (host->conflict())." },
+    [SK_METRIC_CANCELLED] = { "sekali_cancelled_total",
+        "Deliveries of a cancelled key: acked without running, or with their run's outcome "
+        "refused." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */

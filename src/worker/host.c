@@ -31,6 +31,7 @@ static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue 
 static int host_conflict(struct sekali_ctx *ctx, const char *message);
 static const char *host_headers_json(struct sekali_ctx *ctx);
 static void host_retry_after(struct sekali_ctx *ctx, uint32_t delay_ms);
+static int host_cancelled(struct sekali_ctx *ctx);
 
 /* The size of the 1.3 enqueue struct: the first one, so the least a caller
  * may pass. */
@@ -56,6 +57,7 @@ static const struct sekali_host host = {
     .headers_json = host_headers_json,
     .config_queue = sk_conf_queue_setting,
     .retry_after = host_retry_after,
+    .cancelled = host_cancelled,
 };
 
 const struct sekali_host *sk_host(void)
@@ -313,4 +315,23 @@ static const char *host_headers_json(struct sekali_ctx *ctx)
 static void host_retry_after(struct sekali_ctx *ctx, uint32_t delay_ms)
 {
     ctx->retry_after_ms = delay_ms;
+}
+
+/* Asked of PostgreSQL on the job's own connection: in transactional mode
+ * the transaction sees every committed cancellation (read committed), and
+ * the worker's connection is otherwise idle while an external handler runs.
+ * A transaction the handler already spoiled is not queried: its COMMIT
+ * fails anyway. */
+static int host_cancelled(struct sekali_ctx *ctx)
+{
+    if (ctx->pg == NULL || ctx->log == NULL || PQtransactionStatus(ctx->pg) == PQTRANS_INERROR)
+        return 0;
+    struct sk_err err = { 0 };
+    bool cancelled = false;
+    if (sk_store_is_cancelled(ctx->pg, ctx->log->queue, ctx->log->idempotency_key, &cancelled,
+                              &err) != SK_OK) {
+        sk_log_job(SK_LOG_WARN, ctx->log, "host->cancelled(): not known: %s", err.msg);
+        return 0;
+    }
+    return cancelled ? 1 : 0;
 }

@@ -263,6 +263,12 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
         sk_job_transition(j, SK_JOB_CLAIMED);
         return true;
     case SK_DUP:
+        if (j->claim.cancelled) {
+            /* The tombstone (sql/018): the job must never run. */
+            sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
+            sk_job_finish(p, j, SK_ACK, "cancelled, not run");
+            return false;
+        }
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(p, j);
         sk_job_finish(p, j, SK_ACK, "duplicate suppressed");
@@ -317,6 +323,9 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
             sk_job_transition(j, SK_JOB_COMMITTED);
             sk_job_reply(p, j, ctx->result, ctx->result_len);
             sk_job_finish(p, j, SK_ACK, "completed");
+        } else if (rc != SK_AGAIN && sk_job_refused_cancelled(p, j)) {
+            /* Fenced out (the cancel wrote the row cancelled), or refused
+             * at COMMIT (sql/018's trigger): no outcome is recorded. */
         } else if (rc == SK_BUSY) {
             sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
             sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
@@ -334,6 +343,24 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
         sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
+}
+
+bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j)
+{
+    struct sk_err err = { 0 };
+    bool cancelled = false;
+    if (sk_store_settle_cancelled(sk_links_store(p->links), &j->ref, &cancelled, &err) != SK_OK) {
+        sk_log_job(SK_LOG_WARN, &j->log, "whether the key was cancelled is unknown: %s",
+                   err.msg);
+        return false;
+    }
+    if (!cancelled)
+        return false;
+    sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
+    sk_log_event(SK_LOG_WARN, SK_EVENT_JOB_CANCELLED, NULL, &j->log,
+                 "cancelled while it ran: its outcome was refused and not recorded");
+    sk_job_finish(p, j, SK_ACK, "cancelled while running, outcome refused");
+    return true;
 }
 
 /* Sends result to the job's reply_to, once per key: replied_at is recorded
@@ -434,6 +461,11 @@ int sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
 void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, const char *error,
                            bool conflict)
 {
+    /* A handler that ran may have failed because its job was cancelled
+     * (host->cancelled()): neither retried nor recorded failed, which would
+     * overwrite the tombstone. A round trip on this path only. */
+    if (j->state == SK_JOB_HANDLED && sk_job_refused_cancelled(p, j))
+        return;
     if (status == SEKALI_RETRY) {
         const char *why = error[0] != '\0' ? error : "handler asked to retry";
         /* host->conflict(): the handler's guarded update lost a race. */

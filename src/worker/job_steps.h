@@ -163,6 +163,11 @@ int  sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg);
 void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, const char *error,
                            bool conflict);
 void sk_job_reply(struct sk_pipeline *p, struct sk_job *j, const void *result, size_t len);
+/* After the job's outcome was refused (its COMMIT rolled back, or fenced
+ * out): true, with the job settled (counted, acked), when that was because
+ * its key was cancelled while it ran; false otherwise, the job untouched.
+ * Outside any job transaction. */
+bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j);
 bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms,
                   uint32_t next_attempt, const char *error, const char *outcome);
 void sk_job_transition(struct sk_job *j, enum sk_job_state to);

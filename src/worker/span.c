@@ -396,6 +396,10 @@ void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
             sk_job_finish(p, j, SK_ACK, "completed");
             continue;
         }
+        /* Refused because the key was cancelled while the job ran
+         * (sql/018): settled as cancelled, not retried. */
+        if (j->status == SEKALI_OK && sk_job_refused_cancelled(p, j))
+            continue;
         if (j->status == SEKALI_OK) {
             /* Rolled back (the handler left the transaction failed, or as a
              * whole): which job's doing is not known. */

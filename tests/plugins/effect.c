@@ -14,6 +14,12 @@
  *   "settings" record the effect, and save as the result the session's
  *              lock_timeout, statement_timeout and synchronous_commit
  *   anything   record the effect and return SEKALI_OK
+ *   "hold"     write MARKER_DIR/hold.<pid>, wait until MARKER_DIR/release
+ *              exists, then record the effect (a job running while it is
+ *              cancelled, which does not ask)
+ *   "hold_ask" the same, but after the wait ask host->cancelled() (ABI 1.5):
+ *              if 1, write MARKER_DIR/cancelled.<pid> and return SEKALI_FAIL
+ *              without recording the effect
  *   "pay"      external mode: on a fresh first attempt, save the checkpoint
  *              "charged", write MARKER_DIR/stall.<pid> and wait until
  *              MARKER_DIR/release exists; then record the execution and call
@@ -111,6 +117,16 @@ static void wait_for_release(struct state *s)
     }
 }
 
+/* Creates MARKER_DIR/NAME.<pid>, for a test waiting on this step. */
+static void mark(struct state *s, const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s.%ld", s->marker_dir, name, (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0)
+        close(fd);
+}
+
 static int pay(struct state *s, const struct sekali_job *job, struct sekali_ctx *ctx)
 {
     const char *charged = s->host->checkpoint(ctx, "charged");
@@ -203,6 +219,15 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
     }
     if (body_is(job, "pay"))
         return pay(s, job, ctx);
+    if ((body_is(job, "hold") || body_is(job, "hold_ask")) && s->marker_dir[0] != '\0') {
+        mark(s, "hold");
+        wait_for_release(s);
+        if (body_is(job, "hold_ask") && s->host->abi_minor >= 5 && s->host->cancelled(ctx)) {
+            mark(s, "cancelled");
+            s->host->set_error(ctx, "cancelled: stopped before the effect");
+            return SEKALI_FAIL;
+        }
+    }
     if (body_is(job, "abort"))
         abort();
     if (body_is(job, "segv"))
