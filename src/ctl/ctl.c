@@ -8,6 +8,7 @@
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
  *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
  *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
+ *   sekalictl [-c FILE] cancel QUEUE KEY [--reason R] [--by N] (ctl_cancel.c)
  *   sekalictl help [COMMAND] | --help | --version
  *
  * Adding a command: a file ctl_NAME.c with its sk_ctl_NAME() declared in
@@ -115,6 +116,18 @@ static const struct command {
       "  --json       one JSON document\n"
       "Exits 3 when some dead letters were refused, 4 when nothing matched.\n",
       sk_ctl_dlq },
+    { "cancel", "cancel QUEUE KEY [--reason R] [--by NAME] [--force] [--json]",
+      "Cancel the job of idempotency key KEY in QUEUE (sekali.cancel): it will not\n"
+      "run, and its unpublished outbox rows are removed; if it is running, its\n"
+      "outcome is refused (transactional mode: the COMMIT is rolled back; external\n"
+      "mode: the completion is fenced out). A completed job is left as it is.\n"
+      "  --reason R   why, for the record (at most 500 bytes)\n"
+      "  --by NAME    who cancels (default: the OS user; at most 100 bytes)\n"
+      "  --force      record the cancellation of a key PostgreSQL does not know yet\n"
+      "  --json       print {\"queue\", \"key\", \"outcome\"}\n"
+      "Exits 0 when cancelled (or already), 9 when the job already ran, 4 when the\n"
+      "key is unknown, 2 when QUEUE is not configured.\n",
+      sk_ctl_cancel },
     { "help", "help [COMMAND]", "Describe COMMAND, or list the commands.\n", NULL },
 };
 
@@ -131,7 +144,8 @@ static void usage(FILE *out)
                  "  -V, --version       print the version and exit\n"
                  "exit codes: 0 done, 1 runtime failure, 2 usage or configuration, 3 some\n"
                  "dead letters refused, 4 nothing matched, 5 status: not healthy, 6 doctor:\n"
-                 "warnings, 7 doctor: failures, 8 verify: jobs lost or stuck\n");
+                 "warnings, 7 doctor: failures, 8 verify: jobs lost or stuck, 9 cancel:\n"
+                 "the job already ran\n");
 }
 
 static const struct command *find_command(const char *name)

@@ -29,6 +29,7 @@
 #define SK_CTL_WARNINGS  6  /* doctor: a check warned, none failed */
 #define SK_CTL_FAILURES  7  /* doctor: a check failed */
 #define SK_CTL_LOST      8  /* verify: jobs lost or stuck */
+#define SK_CTL_ALREADY_RAN 9  /* cancel: the job completed (or failed) before */
 
 /* A new connection to the configured PostgreSQL with sekalid's session
  * settings (sk_pg_dial()), or NULL after printing why on stderr. The caller

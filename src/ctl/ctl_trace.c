@@ -2,7 +2,8 @@
  * in time order, from every place sekali leaves a trace of it:
  *
  *   PostgreSQL  its outbox rows, its idempotency row, its crash count and the
- *               dead-letter actions on it (sekali.trace(), sql/011_status.sql);
+ *               dead-letter actions on it (sekali.trace(), sql/011_status.sql),
+ *               its cancellation (sekali.trace_cancel(), sql/018_cancel.sql);
  *   the broker  its dead letters in <queue>.dead, read without consuming
  *               them (basic.get without ack: they go back on close);
  *   journald    the log lines sekali wrote with IDEMPOTENCY_KEY=KEY.
@@ -117,7 +118,8 @@ static void read_pg(struct trace *t, const struct sk_conf *conf)
     const char *params[] = { t->key, t->only_queue };
     const struct sk_pg_stmt st = {
         .sql = "SELECT queue, (extract(epoch FROM at) * 1000000)::int8, "
-               "seq, source, event, detail FROM sekali.trace($1, $2)",
+               "seq, source, event, detail FROM (SELECT * FROM sekali.trace($1, $2) "
+               "UNION ALL SELECT * FROM sekali.trace_cancel($1, $2)) AS e",
         .n_params = 2, .values = params, .what = "sekali.trace",
     };
     struct sk_err err = { 0 };

@@ -2,7 +2,7 @@
  * window were lost or are stuck? It reconciles what sekali recorded:
  *
  *   the outbox      every job enqueued in the window, joined to its
- *                   idempotency key: completed, failed, processing, or no
+ *                   idempotency key: completed, failed, cancelled, processing, or no
  *                   key yet (waiting: in a queue, a delay queue, a
  *                   worker's hands, <queue>.dead, or lost);
  *   <queue>.dead    each dead letter's key (read with basic.get and no
@@ -54,7 +54,7 @@ struct keylist {
 
 struct vqueue {
     const struct sk_queue_conf *conf;
-    long long enqueued, completed, failed, processing, waiting, pending;
+    long long enqueued, completed, failed, cancelled, processing, waiting, pending;
     long long dead, dead_without_key, inconsistent, stuck, lost;
     long long ready, delayed, in_flight_max;
     struct keylist waiting_keys, dead_keys, inconsistent_keys, stuck_keys, lost_keys;
@@ -221,6 +221,8 @@ static bool read_outbox(struct verify *v, PGconn *pg)
                 q->completed++;
             } else if (strcmp(status, "failed") == 0) {
                 q->failed++;
+            } else if (strcmp(status, "cancelled") == 0) {
+                q->cancelled++;  /* sql/018: it will never run, and is not lost */
             } else if (strcmp(status, "processing") == 0) {
                 q->processing++;
             } else if (PQgetvalue(res, r, 3)[0] == 'f' || PQgetvalue(res, r, 4)[0] == 't') {
@@ -381,10 +383,10 @@ static void print_text(const struct verify *v)
     printf("since %s\n", v->since);
     for (size_t i = 0; i < v->n; i++) {
         const struct vqueue *q = &v->q[i];
-        printf("%s: enqueued %lld, completed %lld, failed %lld, processing %lld, waiting %lld, "
-               "pending %lld; broker: ready %lld, delayed %lld, dead %lld\n", q->conf->name,
-               q->enqueued, q->completed, q->failed, q->processing, q->waiting, q->pending,
-               q->ready, q->delayed, q->dead);
+        printf("%s: enqueued %lld, completed %lld, failed %lld, cancelled %lld, processing %lld, "
+               "waiting %lld, pending %lld; broker: ready %lld, delayed %lld, dead %lld\n",
+               q->conf->name, q->enqueued, q->completed, q->failed, q->cancelled, q->processing,
+               q->waiting, q->pending, q->ready, q->delayed, q->dead);
         text_keys("lost", q->lost, &q->lost_keys);
         text_keys("stuck", q->stuck, &q->stuck_keys);
         text_keys("inconsistent", q->inconsistent, &q->inconsistent_keys);
@@ -413,9 +415,9 @@ static void print_json(const struct verify *v, int code)
         printf("%s{\"queue\":", i > 0 ? "," : "");
         sk_ctl_put_jstr(stdout, q->conf->name);
         printf(",\"counts\":{\"enqueued\":%lld,\"completed\":%lld,\"failed\":%lld,"
-               "\"processing\":%lld,\"waiting\":%lld,\"pending\":%lld,\"ready\":%lld,"
-               "\"delayed\":%lld,\"dead_letters\":%lld}", q->enqueued, q->completed, q->failed,
-               q->processing, q->waiting, q->pending, q->ready, q->delayed, q->dead);
+               "\"cancelled\":%lld,\"processing\":%lld,\"waiting\":%lld,\"pending\":%lld,"
+               "\"ready\":%lld,\"delayed\":%lld,\"dead_letters\":%lld}", q->enqueued,
+               q->completed, q->failed, q->cancelled, q->processing, q->waiting, q->pending, q->ready, q->delayed, q->dead);
         json_keys("lost", q->lost, &q->lost_keys);
         json_keys("stuck", q->stuck, &q->stuck_keys);
         json_keys("inconsistent", q->inconsistent, &q->inconsistent_keys);
