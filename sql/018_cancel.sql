@@ -43,12 +43,19 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT nullif(btrim(left(regexp_replace(p_value, '[[:cntrl:]]', ' ', 'g'), p_max)), '')
 $$;
 
--- The advisory lock that orders a cancel against a running job's COMMIT.
--- Class 18 (this migration) keeps it apart from sekali's other advisory
--- locks; a hash collision only makes an unrelated commit wait a moment.
+-- The advisory lock that orders a cancel against a running job's COMMIT:
+-- one of 256 buckets of keys (classid 18, this migration, keeps them apart
+-- from sekali's other advisory locks). Buckets, not one lock per key: every
+-- COMMIT that completes keys shares the lock of each, and a transaction
+-- completing thousands (a big batch, a bulk UPDATE) would otherwise fill
+-- PostgreSQL's lock table ("out of shared memory"); this way it holds 256
+-- at most. The price of sharing a bucket: while a cancel of a *running*
+-- transactional job is uncommitted, COMMITs of the other keys of its bucket
+-- wait for it (a few ms from sekalictl; as long as its transaction from a
+-- producer).
 CREATE OR REPLACE FUNCTION sekali.cancel_lock_id(p_queue text, p_key text)
 RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
-    SELECT hashtextextended(p_queue || '/' || p_key, 18)
+    SELECT (18::bigint << 32) | (hashtext(p_queue || '/' || p_key) & 255)
 $$;
 
 -- One try at the key's row, waiting at most 20 ms for a lock on it (a short
@@ -224,6 +231,8 @@ $$;
 -- claim_completing, finish_lease, an operator at psql).
 CREATE OR REPLACE FUNCTION sekali.refuse_cancelled() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- The lock first, always (a plain expression: plpgsql evaluates it
+    -- without the executor), then the probe for the tombstone.
     PERFORM pg_advisory_xact_lock_shared(sekali.cancel_lock_id(NEW.queue, NEW.key));
     IF EXISTS (SELECT 1 FROM sekali.cancellations c
                 WHERE c.queue = NEW.queue AND c.key = NEW.key) THEN
