@@ -383,10 +383,10 @@ static void print_text(const struct verify *v)
     printf("since %s\n", v->since);
     for (size_t i = 0; i < v->n; i++) {
         const struct vqueue *q = &v->q[i];
-        printf("%s: enqueued %lld, completed %lld, failed %lld, cancelled %lld, processing %lld, "
-               "waiting %lld, pending %lld; broker: ready %lld, delayed %lld, dead %lld\n",
-               q->conf->name, q->enqueued, q->completed, q->failed, q->cancelled, q->processing,
-               q->waiting, q->pending, q->ready, q->delayed, q->dead);
+        printf("%s: enqueued %lld, completed %lld, failed %lld, processing %lld, waiting %lld, "
+               "pending %lld, cancelled %lld; broker: ready %lld, delayed %lld, dead %lld\n",
+               q->conf->name, q->enqueued, q->completed, q->failed, q->processing, q->waiting,
+               q->pending, q->cancelled, q->ready, q->delayed, q->dead);
         text_keys("lost", q->lost, &q->lost_keys);
         text_keys("stuck", q->stuck, &q->stuck_keys);
         text_keys("inconsistent", q->inconsistent, &q->inconsistent_keys);
@@ -415,9 +415,10 @@ static void print_json(const struct verify *v, int code)
         printf("%s{\"queue\":", i > 0 ? "," : "");
         sk_ctl_put_jstr(stdout, q->conf->name);
         printf(",\"counts\":{\"enqueued\":%lld,\"completed\":%lld,\"failed\":%lld,"
-               "\"cancelled\":%lld,\"processing\":%lld,\"waiting\":%lld,\"pending\":%lld,"
+               "\"processing\":%lld,\"waiting\":%lld,\"pending\":%lld,\"cancelled\":%lld,"
                "\"ready\":%lld,\"delayed\":%lld,\"dead_letters\":%lld}", q->enqueued,
-               q->completed, q->failed, q->cancelled, q->processing, q->waiting, q->pending, q->ready, q->delayed, q->dead);
+               q->completed, q->failed, q->processing, q->waiting, q->pending, q->cancelled,
+               q->ready, q->delayed, q->dead);
         json_keys("lost", q->lost, &q->lost_keys);
         json_keys("stuck", q->stuck, &q->stuck_keys);
         json_keys("inconsistent", q->inconsistent, &q->inconsistent_keys);
