@@ -125,8 +125,8 @@ int sk_store_record_crash(struct sk_store *s, const char *queue, const char *key
                           struct sk_err *err);
 
 /* How many crashes are recorded for ref's key; 0 when none, and when the
- * key is finished (completed or failed: a copy of it is a duplicate, to be
- * acked as such, not dead-lettered). Outside any job transaction. SK_OK,
+ * key is finished (completed, failed or cancelled: a copy of it is a
+ * duplicate, to be acked as such, not dead-lettered). Outside any job transaction. SK_OK,
  * SK_AGAIN or SK_ERR. */
 int sk_store_crashes(struct sk_store *s, const struct sk_keyref *ref, int *crashes,
                      struct sk_err *err);
