@@ -216,6 +216,18 @@ static bool day_matches(const struct sk_cron *c, int m, int d, int wday)
     return md || wd;
 }
 
+bool sk_cron_possible(const struct sk_cron *c)
+{
+    static const int longest[13] = { 0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+    if (c->every_s > 0 || c->mday_star || !c->wday_star)
+        return true;  /* every day, or any weekday, of some month comes */
+    for (int m = 1; m <= 12; m++)
+        for (int d = 1; d <= longest[m]; d++)
+            if ((c->months & (1u << m)) && (c->mdays & (1u << d)))
+                return true;
+    return false;
+}
+
 int64_t sk_cron_next(const struct sk_cron *c, int64_t after)
 {
     if (c->every_s > 0) {

@@ -31,6 +31,10 @@ struct sk_cron {
  * and, in *column, the 0-based offset of the offending character. */
 int sk_cron_parse(const char *text, struct sk_cron *c, size_t *column, struct sk_err *err);
 
+/* Whether some date matches c's day and month fields (a cron expression
+ * such as "0 0 30 2 *" never fires). Needs no zone. */
+bool sk_cron_possible(const struct sk_cron *c);
+
 /* An interval schedule of every_s seconds (> 0). */
 void sk_cron_every(struct sk_cron *c, uint32_t every_s);
 
