@@ -268,7 +268,8 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         if ((size_t)conf->queues[q].batch > lock_cap)
             lock_cap = (size_t)conf->queues[q].batch;
     }
-    g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0);
+    g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0) +
+                  (conf->n_schedules > 0);
     g->slots = calloc(g->n_slots, sizeof(*g->slots));
     if (g->slots == NULL) {
         sk_err_errno(err, SK_ERR, "calloc(slots)");
@@ -282,6 +283,8 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         slot_init(g, &g->slots[i++], SK_ROLE_RELAY, 0, (unsigned)k + 1);
     if (conf->janitor.interval_ms > 0)
         slot_init(g, &g->slots[i++], SK_ROLE_JANITOR, 0, 1);
+    if (conf->n_schedules > 0)
+        slot_init(g, &g->slots[i++], SK_ROLE_SCHEDULER, 0, 1);
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, lock_cap, err) != SK_OK)
         goto fail;
     g->heirs = calloc(g->n_slots, sizeof(*g->heirs));
