@@ -8,6 +8,7 @@
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
  *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
  *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
+ *   sekalictl [-c FILE] schedules [--json]                     (ctl_schedules.c)
  *   sekalictl help [COMMAND] | --help | --version
  *
  * Adding a command: a file ctl_NAME.c with its sk_ctl_NAME() declared in
@@ -100,6 +101,14 @@ static const struct command {
       "Exits 0 when nothing is lost or stuck, 8 when something is, 1 when a source\n"
       "could not be read.\n",
       sk_ctl_verify },
+    { "schedules", "schedules [--json]",
+      "Each schedule (schedules: in the config, and those PostgreSQL holds a row for):\n"
+      "its spec and queue, its last tick and next tick (UTC), the key of its last job\n"
+      "and that job's state (enqueued, published, processing, completed, failed, or\n"
+      "gone once retention purged it), and how many ticks were enqueued and how many\n"
+      "were missed and left out (missed: skip or once).\n"
+      "  --json   one JSON document\n",
+      sk_ctl_schedules },
     { "dlq",
       "dlq list QUEUE [--json]\n"
       "  dlq show QUEUE KEY [--json]\n"

@@ -178,6 +178,22 @@ START_TEST(test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_r
             "(%s -> %s), %d scheduler outage end(s) logged\n", ticks, first, last, effects,
             doubled, outbox, outbox_doubled, duplicates, n_kids, started_before, started_after,
             outages);
+    /* sekalictl schedules reads the same row: the last tick, and its job. */
+    r.config = strdup(configs[0]);
+    char *out, want[512];
+    const char *const args[] = { "schedules", "--json", NULL };
+    ck_assert_int_eq(h_sekalictl(&r, &out, args), 0);
+    snprintf(query, sizeof(query), "SELECT to_char('%s'::timestamptz AT TIME ZONE 'UTC', "
+             "'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')", last);
+    char last_iso[64];
+    pg_text(r.pg, query, last_iso, sizeof(last_iso));
+    snprintf(want, sizeof(want), "\"last_tick\": \"%s\"", last_iso);
+    ck_assert_msg(strstr(out, want) != NULL, "schedules should show %s: %s", want, out);
+    ck_assert_msg(strstr(out, "\"last_state\": \"completed\"") != NULL ||
+                  strstr(out, "\"last_state\": \"enqueued\"") != NULL ||
+                  strstr(out, "\"last_state\": \"published\"") != NULL,
+                  "schedules should show the last job's state: %s", out);
+    free(out);
     ck_assert_int_ge(ticks, RUN_MS / 1000 - 2);
     ck_assert_int_eq(effects, ticks);
     ck_assert_int_eq(doubled, 0);
