@@ -206,10 +206,71 @@ START_TEST(test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_r
 }
 END_TEST
 
+/* Five reloads, each changing the schedule's body, while it ticks every
+ * second: the old and the new generation's schedulers overlap at each, and
+ * still every tick has one job and one effect. */
+START_TEST(test_reloads_neither_double_nor_skip_a_tick)
+{
+    struct h_run r;
+    h_run_open(&r, "sched-reload");
+    char schedule[160], top[1024];
+    snprintf(schedule, sizeof(schedule), "tick-%s", r.queue);
+    snprintf(top, sizeof(top),
+             H_RELAY
+             "schedules:\n"
+             "  - name: %s\n"
+             "    every: 1s\n"
+             "    queue: %s\n"
+             "    job_type: test\n"
+             "    body: ok-0\n", schedule, r.queue);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
+                      r.queue) >= 2, 20000, "the schedule's first ticks should have run");
+    for (int i = 1; i <= 5; i++) {
+        char from[16], to[16];
+        snprintf(from, sizeof(from), "body: ok-%d", i - 1);
+        snprintf(to, sizeof(to), "body: ok-%d", i);
+        h_config_replace(r.config, from, to);
+        ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+        H_WAIT(h_count_lines(r.log, "reloaded:") == i, 20000, "reload %d should be done", i);
+        int64_t t = h_now_ms();
+        H_WAIT(h_now_ms() - t >= 1500, 5000, "a tick or two after reload %d", i);
+    }
+    char first[64], last[64], query[512];
+    snprintf(query, sizeof(query), "SELECT last_tick::text FROM sekali.schedules WHERE name = '%s'",
+             schedule);
+    pg_text(r.pg, query, last, sizeof(last));
+    snprintf(query, sizeof(query),
+             "SELECT min(substr(idempotency_key, length('schedule:%s:') + 1))::timestamptz::text "
+             "FROM sekali_test.effects WHERE queue = '%s'", schedule, r.queue);
+    pg_text(r.pg, query, first, sizeof(first));
+    H_WAIT(ticks_not_once(&r, schedule, first, last) == 0, 30000,
+           "every tick from %s to %s should have exactly one effect; %lld do not", first, last,
+           ticks_not_once(&r, schedule, first, last));
+    h_run_stop(&r);
+    long long doubled = h_pg_count(r.pg, "SELECT count(*) FROM (SELECT idempotency_key FROM "
+                                         "sekali.outbox WHERE queue = '%s' GROUP BY 1 "
+                                         "HAVING count(*) > 1) d", r.queue);
+    long long ticks = h_pg_count(r.pg, "SELECT extract(epoch FROM '%s'::timestamptz - "
+                                       "'%s'::timestamptz)::int8 + 1", last, first);
+    /* The last body is the one the newest generation enqueues. */
+    long long newest = h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                        "AND body = 'ok-5'", r.queue);
+    fprintf(stderr, "reload: %lld ticks from %s to %s over 5 reloads, %lld keys with more than "
+            "one outbox row, %lld jobs with the last body\n", ticks, first, last, doubled,
+            newest);
+    ck_assert_int_eq(doubled, 0);
+    ck_assert_int_ge(newest, 1);
+    ck_assert_int_ge(ticks, 8);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_restart,
+        test_reloads_neither_double_nor_skip_a_tick,
         NULL,
     };
     return h_run_suite(h_suite("schedule", 300, tests));
