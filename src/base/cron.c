@@ -19,7 +19,6 @@
 #include "tz.h"
 
 #define SEARCH_DAYS (8 * 366 + 2)   /* 29 February comes back within eight years */
-#define SETBACK_MAX (3 * 3600)      /* more than any clock change in the tz database */
 
 struct field {
     const char        *name;
@@ -237,11 +236,22 @@ int64_t sk_cron_next(const struct sk_cron *c, int64_t after)
     }
     if (!sk_tz_enter(c->zone))
         return -1;
-    struct tm now;
+    struct tm now, later;
     sk_tz_local(after, &now);
+    /* An instant u after `after` shows the wall time u + offset(u), and
+     * the offsets of the next two days are the ones in force now and after
+     * a change in between (the tz database never changes twice in two
+     * days): wall times up to wall_lo cannot come after `after`, so the
+     * search skips them without converting them. */
+    int64_t min_off = now.tm_gmtoff;
+    for (int k = 1; k <= 2; k++) {
+        sk_tz_local(after + k * 86400, &later);
+        if (later.tm_gmtoff < min_off)
+            min_off = later.tm_gmtoff;
+    }
+    int64_t wall_lo = after + min_off;
     /* A day early, in case a clock set back puts a later wall time on the
      * day before. */
-    int64_t wall_after = after + now.tm_gmtoff;
     int64_t day0 = sk_tz_days_from_civil(now.tm_year + 1900, now.tm_mon + 1, now.tm_mday) - 1;
     int64_t found = -1;
     for (int64_t k = 0; k < SEARCH_DAYS && found < 0; k++) {
@@ -249,19 +259,15 @@ int64_t sk_cron_next(const struct sk_cron *c, int64_t after)
         int64_t day = day0 + k;
         sk_tz_civil_from_days(day, &y, &m, &d);
         int wday = (int)(((day % 7) + 11) % 7);  /* 1970-01-01 was a Thursday */
-        if (!day_matches(c, m, d, wday))
+        if (day * 86400 + 86340 <= wall_lo || !day_matches(c, m, d, wday))
             continue;
         for (int h = 0; h < 24 && found < 0; h++) {
-            /* No zone's clock was ever set back by more than two hours, so
-             * a wall time three hours before `after`'s cannot come after it:
-             * skipped without converting it. */
             int64_t hour_wall = day * 86400 + h * 3600;
-            if (!(c->hours & (1u << h)) || hour_wall + 3600 <= wall_after - SETBACK_MAX)
+            if (!(c->hours & (1u << h)) || hour_wall + 3540 <= wall_lo)
                 continue;
             for (int mi = 0; mi < 60 && found < 0; mi++) {
                 int64_t at[2];
-                if (!(c->minutes & (UINT64_C(1) << mi)) ||
-                    hour_wall + mi * 60 < wall_after - SETBACK_MAX ||
+                if (!(c->minutes & (UINT64_C(1) << mi)) || hour_wall + mi * 60 <= wall_lo ||
                     sk_tz_resolve(y, m, d, h, mi, at) == 0)
                     continue;
                 /* The first occurrence decides: a repeated wall time that

@@ -21,6 +21,9 @@ void sk_ticks_due(const struct sk_cron *c, int64_t last, int64_t now, uint32_t g
     }
     int64_t latest_missed = -1;
     size_t head = 0;  /* t->at is a ring while it fills: its oldest entry */
+    /* One zone scope for the whole walk (tz.c); without it each tick
+     * would read the zone's file again. */
+    bool scoped = c->every_s == 0 && sk_tz_enter(c->zone);
     for (int64_t at = sk_cron_next(c, from); at >= 0 && at <= now; at = sk_cron_next(c, at)) {
         t->latest = at;
         if (now - at <= (int64_t)grace_s || missed == SK_MISSED_ALL) {
@@ -32,6 +35,8 @@ void sk_ticks_due(const struct sk_cron *c, int64_t last, int64_t now, uint32_t g
                 latest_missed = at;
         }
     }
+    if (scoped)
+        sk_tz_leave();
     unroll(t, head);
     if (latest_missed < 0)
         return;

@@ -14,8 +14,9 @@
 #define ZONE_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/_+-"
 #define ZONE_MAX   64
 
-static char *saved_tz;      /* TZ before sk_tz_enter(); NULL: it was unset */
+static char *saved_tz;      /* TZ before the outermost sk_tz_enter(); NULL: it was unset */
 static bool  saved_set;
+static int   depth;         /* scopes open */
 
 bool sk_tz_known(const char *name)
 {
@@ -38,24 +39,37 @@ bool sk_tz_known(const char *name)
     return tzif;
 }
 
+/* tzset() reads the zone's file again whenever TZ changes, so an inner
+ * scope of the zone already in force changes nothing: a walk over many
+ * ticks opens one scope around them all (ticks.c). */
 bool sk_tz_enter(const char *zone)
 {
     const char *old = getenv("TZ");
-    char *copy = old != NULL ? strdup(old) : NULL;
-    if (old != NULL && copy == NULL)
-        return false;
-    if (setenv("TZ", zone, 1) != 0) {
-        free(copy);
-        return false;
+    if (depth == 0) {
+        char *copy = old != NULL ? strdup(old) : NULL;
+        if (old != NULL && copy == NULL)
+            return false;
+        saved_tz = copy;
+        saved_set = old != NULL;
     }
-    saved_tz = copy;
-    saved_set = old != NULL;
-    tzset();
+    if (old == NULL || strcmp(old, zone) != 0) {
+        if (setenv("TZ", zone, 1) != 0) {
+            if (depth == 0) {
+                free(saved_tz);
+                saved_tz = NULL;
+            }
+            return false;
+        }
+        tzset();
+    }
+    depth++;
     return true;
 }
 
 void sk_tz_leave(void)
 {
+    if (depth == 0 || --depth > 0)
+        return;
     if (saved_set)
         setenv("TZ", saved_tz, 1);
     else

@@ -19,8 +19,10 @@
  * unknown name for UTC, so this is checked first. "UTC" always is. */
 bool sk_tz_known(const char *name);
 
-/* The zone's scope: TZ=zone until sk_tz_leave() restores what was there.
- * Scopes do not nest. Returns false when out of memory (nothing changed). */
+/* The zone's scope: TZ=zone until the matching sk_tz_leave(); the
+ * outermost one restores what was there. Scopes nest (an inner one may
+ * name another zone, in force until the outer one ends). Returns false
+ * when out of memory (nothing changed, no scope opened). */
 bool sk_tz_enter(const char *zone);
 void sk_tz_leave(void);
 
