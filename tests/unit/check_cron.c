@@ -184,8 +184,8 @@ START_TEST(test_a_search_leaves_the_process_zone_as_it_was)
     /* A walk over many ticks nests the search's scope in its own. */
     int64_t at[8];
     struct sk_ticks t = { .at = at, .cap = 8 };
-    sk_ticks_due(&c, 0, 10 * 86400, 60, SK_MISSED_ALL, &t);
-    ck_assert_uint_eq(t.n, 8);
+    sk_ticks_due(&c, 0, 5 * 86400, 60, SK_MISSED_ALL, &t);
+    ck_assert_uint_eq(t.n, 5);
     ck_assert_str_eq(getenv("TZ"), "Asia/Tokyo");
     unsetenv("TZ");
     sk_cron_next(&c, 0);
