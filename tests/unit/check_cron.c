@@ -243,6 +243,13 @@ START_TEST(test_catching_up_keeps_the_newest_ticks_within_the_bound)
     ck_assert_int_eq(at[0], 1201);
     ck_assert_int_eq(at[99], 1300);
     ck_assert_int_eq(t.latest, 1300);
+    /* Ten days down: nothing older than the week's lookback comes back. */
+    sk_cron_every(&c, 86400);
+    sk_ticks_due(&c, 0, 10 * 86400, 0, SK_MISSED_ALL, &t);
+    ck_assert_uint_eq(t.n, 7);
+    ck_assert_int_eq(at[0], 4 * 86400);
+    ck_assert_uint_ge(t.dropped, 1);
+    sk_cron_every(&c, 1);
     /* Nothing due: the last tick stands. */
     sk_ticks_due(&c, 1300, 1300, 0, SK_MISSED_ALL, &t);
     ck_assert_uint_eq(t.n, 0);
