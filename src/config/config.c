@@ -544,6 +544,13 @@ int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, voi
         say(text, arg);
         n++;
     }
+    /* Ticks are outbox rows: without a relay somewhere they wait there. */
+    if (conf->n_schedules > 0 && conf->outbox.relays == 0) {
+        say("schedules are enqueued through the outbox, but outbox.relays is 0 here: their "
+            "jobs are published only if a relay runs on another host; set outbox.relays: 1",
+            arg);
+        n++;
+    }
     return n;
 }
 

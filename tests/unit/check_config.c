@@ -376,8 +376,15 @@ START_TEST(test_failed_load_leaves_the_old_snapshot_in_place)
 }
 END_TEST
 
+static void count_advice(const char *text, void *arg)
+{
+    ck_assert_ptr_nonnull(strstr(text, "outbox.relays"));
+    (*(int *)arg)++;
+}
+
 START_TEST(test_schedules_load_with_their_defaults)
 {
+    int advice = 0;
     struct sk_conf *c = load_ok(DATA "good_schedules.yaml");
     ck_assert_uint_eq(c->n_schedules, 2);
     const struct sk_schedule_conf *n = &c->schedules[0], *q = &c->schedules[1];
@@ -400,6 +407,9 @@ START_TEST(test_schedules_load_with_their_defaults)
     ck_assert_str_eq(spec, "cron 0 3 * * * Europe/Berlin");
     sk_conf_schedule_spec(q, spec, sizeof(spec));
     ck_assert_str_eq(spec, "every 15m");
+    /* No relay here: said at start and by sekalid -t. */
+    ck_assert_int_eq(sk_conf_advise(c, count_advice, &advice), 1);
+    ck_assert_int_eq(advice, 1);
     sk_conf_free(c);
     c = load_ok(DATA "good_minimal.yaml");
     ck_assert_uint_eq(c->n_schedules, 0);
