@@ -37,6 +37,7 @@
 
 #define MAX_SLEEP_MS 1000     /* heartbeat, and a row another host moved, are seen this often */
 #define MIN_SLEEP_MS 5
+#define FAILED_WAIT_MS 5000   /* a schedule whose statement failed waits this long */
 
 static const char *const missed_names[] = { "skip", "once", "all" };
 
@@ -48,6 +49,7 @@ struct entry {
     char    spec[160];
     bool    known;           /* last and next are valid */
     int64_t last, next;      /* Unix seconds; next -1: never */
+    int64_t retry_at_ms;     /* sk_now_ms() before which a failed schedule is left alone */
 };
 
 struct scheduler {
@@ -107,19 +109,14 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot)
         atomic_store(&slot->consuming, 1);
         int64_t sleep_ms = MAX_SLEEP_MS;
         int rc = round_once(&s, &sleep_ms);
-        if (rc == SK_AGAIN && PQstatus(s.pg) != CONNECTION_OK) {
+        /* SK_AGAIN is the connection: lost, or a standby after a failover
+         * (read-only), where only a new dial finds the primary. */
+        if (rc == SK_AGAIN) {
             if (sk_outage_failed(&s.outage))
                 sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
                              "scheduler lost PostgreSQL, retrying with backoff");
             PQfinish(s.pg);
             s.pg = NULL;
-            sleep_alive(&s, sk_outage_wait_ms(&s.outage));
-            continue;
-        }
-        if (rc != SK_OK && rc != SK_BUSY) {
-            /* A statement failed on a live server (logged): back off, so a
-             * broken schema does not spin. */
-            sk_outage_pause(&s.outage);
             sleep_alive(&s, sk_outage_wait_ms(&s.outage));
             continue;
         }
@@ -138,13 +135,16 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot)
 
 /* One look at every schedule; fires those with a tick due. *sleep_ms is
  * how long until the soonest next tick, by PostgreSQL's clock. Returns
- * SK_OK, SK_BUSY (a row was locked past lock_timeout: another host is on
- * it), or the failure's code after logging it. */
+ * SK_AGAIN when the connection is gone (the round stops there), else
+ * SK_OK: a row locked past lock_timeout (SK_BUSY) is another host's turn,
+ * and a schedule whose statement failed (logged) is left alone for
+ * FAILED_WAIT_MS without holding up the others. */
 static int round_once(struct scheduler *s, int64_t *sleep_ms)
 {
-    int result = SK_OK;
     for (size_t i = 0; i < s->conf->n_schedules && !sk_process_stopping(); i++) {
         struct entry *e = &s->entries[i];
+        if (e->retry_at_ms > sk_now_ms())
+            continue;
         int64_t now_ms;
         bool exists;
         int rc = peek(s, e, &now_ms, &exists);
@@ -155,18 +155,20 @@ static int round_once(struct scheduler *s, int64_t *sleep_ms)
             if (rc == SK_OK)
                 rc = peek(s, e, &now_ms, &exists);
         }
-        if (rc == SK_BUSY) {
-            result = SK_BUSY;
+        if (rc == SK_AGAIN)
+            return rc;
+        if (rc == SK_BUSY)
+            continue;
+        if (rc != SK_OK) {
+            e->retry_at_ms = sk_now_ms() + FAILED_WAIT_MS;
             continue;
         }
-        if (rc != SK_OK)
-            return rc;
         if (exists && e->next >= 0 && e->next * 1000 - now_ms < *sleep_ms)
             *sleep_ms = e->next * 1000 - now_ms;
     }
     if (*sleep_ms < MIN_SLEEP_MS)
         *sleep_ms = MIN_SLEEP_MS;
-    return result;
+    return SK_OK;
 }
 
 /* The row's last tick and PostgreSQL's now() in ms, without a lock. */
