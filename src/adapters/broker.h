@@ -77,6 +77,7 @@ struct sk_message {
     const char    *correlation_id;
     const void    *body;
     size_t         body_len;
+    uint8_t        priority;         /* AMQP priority; 0: none (the broker treats both alike) */
 };
 
 /* Connects, logs in and opens the channel. Blocks at most the configured
@@ -101,6 +102,7 @@ void sk_broker_close_consumer(struct sk_broker *b);
 struct sk_queue_shape {
     bool     quorum;          /* a replicated quorum queue instead of a classic one */
     uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none */
+    uint8_t  max_priority;    /* classic only: x-max-priority; 0: none */
     bool     passive;         /* declared by someone else: only check that it exists */
 };
 
