@@ -131,6 +131,10 @@ static int judge(struct status *s)
         s->running = s->metrics != NULL;
     } else if (s->broker_why[0] == '\0') {
         s->running = 0;
+        /* A paused queue has no consumer while sekalid runs: then no sign. */
+        for (size_t i = 0; i < s->conf->n_queues; i++)
+            if (s->q[i].paused && s->running == 0)
+                s->running = -1;
         for (size_t i = 0; i < s->conf->n_queues; i++)
             if (s->q[i].consumers > 0)
                 s->running = 1;
