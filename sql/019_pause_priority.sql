@@ -61,6 +61,17 @@ $$;
 -- A job's AMQP priority (0-255), published by the relay; NULL: none.
 ALTER TABLE sekali.outbox ADD COLUMN IF NOT EXISTS priority smallint;
 
+-- The priority of an outbox row the relay has just claimed, read beside
+-- sekali.claim_outbox()'s columns (which stay as they are). VOLATILE on
+-- purpose: claim_outbox() runs its query with a snapshot of its own, so it
+-- can return a row committed after the calling statement's snapshot was
+-- taken; a plain subquery there would not see that row and read NULL. A
+-- volatile function takes a fresh snapshot, which sees every row claimed.
+CREATE OR REPLACE FUNCTION sekali.outbox_priority(p_id bigint)
+RETURNS integer LANGUAGE sql VOLATILE AS $$
+    SELECT priority::integer FROM sekali.outbox WHERE id = p_id
+$$;
+
 -- sekali.enqueue() gains p_priority, last and defaulting to NULL, so that
 -- every existing call (positional or named) means what it meant. A new
 -- parameter makes a new signature: the old one is dropped first, or the two

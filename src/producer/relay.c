@@ -212,9 +212,10 @@ static PGresult *claim_rows(struct relay *r)
         { .sql = "BEGIN" },
         /* The priority is read beside claim_outbox()'s columns rather than
          * added to them: the function keeps its signature, and its rows
-         * their order (a projection of the function scan). */
-        { .sql = "SELECT c.*, (SELECT o.priority::int4 FROM sekali.outbox o WHERE o.id = c.id) "
-                 "FROM sekali.claim_outbox($1) c", .n_params = 1, .values = params,
+         * their order (a projection of the function scan). Through a
+         * volatile function, not a subquery: see sql/019. */
+        { .sql = "SELECT c.*, sekali.outbox_priority(c.id) FROM sekali.claim_outbox($1) c",
+          .n_params = 1, .values = params,
           .binary = 1, .what = "sekali.claim_outbox" },
     };
     struct sk_err err = { 0 };

@@ -195,7 +195,12 @@ START_TEST(test_a_pause_outlives_a_restart_of_sekalid)
     expect_held(&r, 20, 1500, "after the restart");
     ck_assert_int_eq(h_effects(&r.h, NULL), 0);
 
+    int64_t t0 = h_now_ms();
     resume_queue(&r);
+    H_WAIT(h_consumers(r.h.b, r.h.queue) == 2, 10000, "both workers should consume again");
+    /* Reported, not asserted: speed belongs to benchmarks. */
+    fprintf(stderr, "check_pause: resume to every worker subscribed: %lld ms\n",
+            (long long)(h_now_ms() - t0));
     H_WAIT(h_effects(&r.h, NULL) == 20, 30000, "after resume 20 jobs should run, %lld did",
            h_effects(&r.h, NULL));
     h_run_stop(&r.h);
@@ -243,6 +248,31 @@ START_TEST(test_two_hosts_both_honour_a_pause)
                                 r.t_paused), 2);
     free(config_b);
     free(dir_b);
+    h_run_close(&r.h);
+}
+END_TEST
+
+/* A pause row written without its NOTIFY (as after a lost notification)
+ * is found by the workers' poll, and so is its removal. */
+START_TEST(test_a_pause_without_its_notify_is_found_by_the_poll)
+{
+    struct run r = { 0 };
+    start(&r, "pause_poll", 2, NULL, NULL, NULL);
+    char sql[512];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.queue_pauses (queue, reason) VALUES "
+             "('%s', 'no notify')", r.h.queue);
+    h_pg_exec(r.h.pg, sql);
+    H_WAIT(queue_metric(&r, "sekali_workers_paused") == 2 &&
+           h_consumers(r.h.b, r.h.queue) == 0, 15000,
+           "the poll should find the pause: %.0f workers paused, %u consumers",
+           queue_metric(&r, "sekali_workers_paused"), h_consumers(r.h.b, r.h.queue));
+    publish_jobs(&r, 10, "ok");
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.queue_pauses WHERE queue = '%s'", r.h.queue);
+    h_pg_exec(r.h.pg, sql);
+    H_WAIT(h_effects(&r.h, NULL) == 10, 15000, "the poll should find the resume: %lld of 10 "
+           "jobs ran", h_effects(&r.h, NULL));
+    h_run_stop(&r.h);
+    h_expect_once(&r.h, 10, 0);
     h_run_close(&r.h);
 }
 END_TEST
@@ -375,6 +405,7 @@ int main(void)
         test_pause_under_load_stops_every_worker_and_nothing_is_lost_or_requeued,
         test_a_pause_outlives_a_restart_of_sekalid,
         test_two_hosts_both_honour_a_pause,
+        test_a_pause_without_its_notify_is_found_by_the_poll,
         test_a_resumed_queue_runs_its_jobs_highest_priority_first,
         test_max_priority_on_an_existing_queue_without_it_says_what_to_do,
         test_bad_pause_and_priority_input_is_refused_clearly,
