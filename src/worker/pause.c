@@ -31,6 +31,7 @@
 struct sk_pause {
     const char *queue;
     bool        paused;       /* as PostgreSQL last said */
+    bool        must_ask;     /* a fresh consumer waits for the row to be read */
     int         listen_pid;   /* the backend our LISTEN was sent to; 0: none */
     int64_t     next_poll_ms;
 };
@@ -61,15 +62,22 @@ bool sk_pause_hold(struct sk_pause *pz, struct sk_links *links, uint32_t wait_ms
     /* A consumer subscribed since we last looked (at start, after an
      * outage) must not take a delivery before the row is read: a pause
      * that began while it was away would not stop it otherwise. */
-    bool force = sk_links_fresh(links);
+    pz->must_ask |= sk_links_fresh(links);
     if (usable) {
-        force |= told(pz, pg);
+        bool force = told(pz, pg) || pz->must_ask;
         int64_t now = sk_now_ms();
         bool paused;
         if ((force || now >= pz->next_poll_ms) && ask(pz, pg, &paused) == SK_OK) {
             pz->paused = paused;
+            pz->must_ask = false;
             pz->next_poll_ms = now + (paused ? POLL_PAUSED_MS : POLL_RUNNING_MS);
         }
+    }
+    if (pz->must_ask) {
+        /* Not known yet: hold the deliveries (they stay prefetched) and
+         * ask again at the next turn. */
+        sk_sleep_ms(wait_ms);
+        return true;
     }
     obey(pz, links);
     if (!pz->paused)
