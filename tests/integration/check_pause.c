@@ -18,7 +18,13 @@
 
 #include "harness.h"
 
-#define PREFETCH 10
+/* The workers' prefetch: the default 10, or two batches when the suite
+ * runs in batch mode (config.c grows an unset prefetch so). */
+static int prefetch(void)
+{
+    int two_batches = 2 * h_test_batch();
+    return h_test_batch() > 1 && two_batches > 10 ? two_batches : 10;
+}
 
 struct run {
     struct h_run h;
@@ -169,9 +175,9 @@ START_TEST(test_pause_under_load_stops_every_worker_and_nothing_is_lost_or_reque
     ck_assert_int_eq(h_count_events(r.h.log, "worker", SK_EVENT_RESUMED, NULL), 4);
     /* The deliveries given back at the pause came again once each: at most
      * a prefetch window per worker, never a loop. */
-    ck_assert_msg(redeliveries(&r) <= 4 * PREFETCH, "%.0f redeliveries for one pause",
+    ck_assert_msg(redeliveries(&r) <= 4 * prefetch(), "%.0f redeliveries for one pause",
                   redeliveries(&r));
-    ck_assert_msg(deliveries(&r) <= n + 4 * PREFETCH, "%.0f deliveries of %d jobs",
+    ck_assert_msg(deliveries(&r) <= n + 4 * prefetch(), "%.0f deliveries of %d jobs",
                   deliveries(&r), n);
     h_run_stop(&r.h);
     h_expect_once(&r.h, n, 0);
@@ -242,10 +248,10 @@ START_TEST(test_two_hosts_both_honour_a_pause)
     h_stop_sekalid(host_b, dir_b);
     h_run_stop(&r.h);
     h_expect_once(&r.h, n, 0);
-    /* Both hosts ran jobs after the resume. */
-    ck_assert_int_gt(h_pg_count(r.h.pg, "SELECT count(DISTINCT pid) FROM sekali_test.effects "
-                                "WHERE queue = '%s' AND created_at > '%s'", r.h.queue,
-                                r.t_paused), 2);
+    /* Both hosts' workers subscribed again (which of them ran the last
+     * jobs is the broker's choice: one prefetch window may hold them all). */
+    ck_assert_int_eq(h_count_events(r.h.log, "worker", SK_EVENT_RESUMED, NULL), 2);
+    ck_assert_int_eq(h_count_events(log_b, "worker", SK_EVENT_RESUMED, NULL), 2);
     free(config_b);
     free(dir_b);
     h_run_close(&r.h);
