@@ -84,11 +84,13 @@ int sk_broker_unsubscribe(struct sk_broker *b, size_t *returned, struct sk_err *
         return rc;
     b->consumer_tag[0] = '\0';
     /* The broker sent every delivery of this consumer before cancel-ok, and
-     * librabbitmq kept those it read while waiting for it: they are the
-     * prefetched messages no job has started. One multiple-nack with
-     * requeue gives them all back, at their places in the queue. */
+     * librabbitmq queued each frame it read while waiting for it: those
+     * are the prefetched messages no job has started, whole. (What its
+     * buffer holds beyond is from after cancel-ok: no delivery of ours.)
+     * One multiple-nack with requeue gives them all back, at their places
+     * in the queue. */
     uint64_t last = 0;
-    while (amqp_frames_enqueued(b->conn) || amqp_data_in_buffer(b->conn)) {
+    while (amqp_frames_enqueued(b->conn)) {
         amqp_envelope_t env;
         rc = sk_broker_next(b, &env, 0, err);
         if (rc == SK_AGAIN)

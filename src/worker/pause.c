@@ -34,8 +34,10 @@ struct sk_pause {
     bool        must_ask;     /* a fresh consumer waits for the row to be read */
     int         listen_pid;   /* the backend our LISTEN was sent to; 0: none */
     int64_t     next_poll_ms;
+    int64_t     next_dial_ms; /* the store's connection is lost: when to dial again */
 };
 
+static PGconn *connection(struct sk_pause *pz, struct sk_store *store);
 static bool told(struct sk_pause *pz, PGconn *pg);
 static int  ask(struct sk_pause *pz, PGconn *pg, bool *paused);
 static void obey(struct sk_pause *pz, struct sk_links *links);
@@ -56,7 +58,7 @@ void sk_pause_free(struct sk_pause *pz)
 
 bool sk_pause_hold(struct sk_pause *pz, struct sk_links *links, uint32_t wait_ms)
 {
-    PGconn *pg = sk_store_conn(sk_links_store(links));
+    PGconn *pg = connection(pz, sk_links_store(links));
     bool usable = pg != NULL && PQstatus(pg) == CONNECTION_OK &&
                   PQtransactionStatus(pg) == PQTRANS_IDLE;
     /* A consumer subscribed since we last looked (at start, after an
@@ -84,6 +86,28 @@ bool sk_pause_hold(struct sk_pause *pz, struct sk_links *links, uint32_t wait_ms
         return false;
     wait_paused(links, usable ? pg : NULL, wait_ms);
     return true;
+}
+
+/* The store's connection, dialled again if it was lost (PostgreSQL
+ * restarted). While jobs run, the next claim does that; a paused worker
+ * runs none, so it would never read the row again: it dials itself, at
+ * most once per POLL_PAUSED_MS. NULL while PostgreSQL cannot be reached. */
+static PGconn *connection(struct sk_pause *pz, struct sk_store *store)
+{
+    PGconn *pg = sk_store_conn(store);
+    if (pg != NULL && PQstatus(pg) == CONNECTION_OK)
+        return pg;
+    int64_t now = sk_now_ms();
+    if ((!pz->paused && !pz->must_ask) || now < pz->next_dial_ms)
+        return NULL;
+    pz->next_dial_ms = now + POLL_PAUSED_MS;
+    struct sk_err err = { 0 };
+    if (sk_store_reconnect(store, &err) != SK_OK) {
+        sk_log_debug("queue %s: PostgreSQL not reachable to read the pause: %s", pz->queue,
+                     err.msg);
+        return NULL;
+    }
+    return sk_store_conn(store);
 }
 
 /* A new backend (the store reconnected) has no LISTEN: sent again, and
