@@ -142,6 +142,11 @@ static const struct bad_case bad_cases[] = {
     { "bad_batch_prefetch.yaml", NULL,
       DATA "bad_batch_prefetch.yaml:8:15: prefetch 8 is smaller than batch 16: a worker could "
       "never fill its batch" },
+    { "bad_priority_quorum.yaml", NULL,
+      DATA "bad_priority_quorum.yaml:9:19: max_priority needs queue_type: classic (RabbitMQ 3.x "
+      "has no priorities on quorum queues and refuses x-max-priority)" },
+    { "bad_priority_range.yaml", NULL,
+      DATA "bad_priority_range.yaml:8:19: max_priority must be between 0 and 255, got 256" },
     { "bad_batch_range.yaml", NULL,
       DATA "bad_batch_range.yaml:8:12: batch must be between 1 and 256, got 0" },
     { "bad_enum_declare.yaml", NULL,
