@@ -6,9 +6,10 @@
  * a message and an exit code:
  *
  *   0  cancelled, already cancelled, or running (its outcome will be refused)
- *   9  the job already ran (completed) or was given up (failed): nothing changed
- *   4  no such key in QUEUE (nothing recorded; --force records it anyway)
- *   2  usage, or QUEUE is not a queue of the configuration
+ *  10  the job already ran (completed) or was given up (failed): nothing changed
+ *   4  QUEUE is not a queue of the configuration, or no such key in it (nothing
+ *      recorded; --force records a key anyway)
+ *   2  usage: an empty key, a value over its bound
  *   1  PostgreSQL could not be reached or refused */
 #include <getopt.h>
 #include <pwd.h>
@@ -75,7 +76,7 @@ int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv)
         fprintf(stderr, "sekalictl: cancel: no queue named ");
         sk_ctl_put_tstr(stderr, queue);
         fprintf(stderr, " in the configuration\n");
-        return SK_CTL_USAGE;
+        return SK_CTL_NOT_FOUND;  /* as pause and resume answer it */
     }
     if (key[0] == '\0') {
         fprintf(stderr, "sekalictl: cancel: the key is empty\n");
