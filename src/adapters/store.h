@@ -55,7 +55,9 @@ PGconn *sk_store_conn(struct sk_store *s);
 
 /* BEGIN and claim (queue, key) in one round trip, the row written completed
  * (sekali.claim_completed, sql/017): the transaction must commit only if
- * the job succeeded, and is rolled back otherwise. Returns SK_OK with the
+ * the job succeeded, and is rolled back otherwise. (A job from the outbox,
+ * which may hold a dedupe key, is claimed processing by sekali.claim() and
+ * completed by sk_store_complete().) Returns SK_OK with the
  * transaction open and the row locked; SK_DUP when the key already completed
  * or failed (the duplicate is counted and the transaction committed); SK_BUSY
  * when another transaction held the key past postgres.lock_timeout; SK_AGAIN
@@ -65,7 +67,8 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
                    struct sk_err *err);
 
 /* After sk_store_claim(): saves result (if result_len > 0) under ref's fence
- * and COMMITs, in one round trip. SK_OK once committed; SK_ERR when the
+ * (or, for a job claimed processing, marks the key completed) and COMMITs,
+ * in one round trip. SK_OK once committed; SK_ERR when the
  * transaction could not commit (the handler left it failed, or the fence was
  * lost) and was rolled back; SK_AGAIN when the connection failed and the outcome is unknown (the
  * caller must not ack: a redelivery's claim finds out). */
