@@ -68,10 +68,10 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
 
 /* After sk_store_claim(): saves result (if result_len > 0) under ref's fence
  * (or, for a job claimed processing, marks the key completed) and COMMITs,
- * in one round trip. SK_OK once committed; SK_ERR when the
- * transaction could not commit (the handler left it failed, or the fence was
- * lost) and was rolled back; SK_AGAIN when the connection failed and the outcome is unknown (the
- * caller must not ack: a redelivery's claim finds out). */
+ * in one round trip. SK_OK once committed; SK_ERR when the transaction could
+ * not commit (the handler left it failed, or the fence was lost) and was
+ * rolled back; SK_AGAIN when the connection failed and the outcome is unknown
+ * (the caller must not ack: a redelivery's claim finds out). */
 int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const void *result,
                       size_t result_len, struct sk_err *err);
 
