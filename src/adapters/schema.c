@@ -24,6 +24,8 @@ const char *const sk_schema_migrations[] = {
     "015_claim_batch.sql",
     "016_claim_completing.sql",
     "017_claim_completed.sql",
+    "019_pause_priority.sql",
+    "020_schedules.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 
