@@ -23,6 +23,7 @@ const char *const sk_schema_migrations[] = {
     "014_dedupe_release_when.sql",
     "015_claim_batch.sql",
     "016_claim_completing.sql",
+    "017_claim_completed.sql",
     "018_cancel.sql",
     "019_pause_priority.sql",
     "020_schedules.sql",

@@ -4,7 +4,14 @@
  * fail) so that the daemon, the benchmark's pgbench script and an operator at
  * psql all run the very same statements. Here they are prepared once per
  * connection, and the two per-job round trips use libpq's pipeline mode:
- * BEGIN travels with the claim, and the completion with its COMMIT.
+ * BEGIN travels with the claim, and a result (if any) with the COMMIT. A
+ * job alone in its transaction is claimed completed at once
+ * (sekali.claim_completed, sql/017): only its COMMIT makes that true, and a
+ * failed handler rolls the claim back with the transaction. Except a job
+ * that may hold a dedupe key (may_hold_dedupe()): claimed processing and
+ * completed before the COMMIT, as before 017, so that the dedupe row its
+ * completion releases is locked for an instant, not for the whole run of
+ * its handler (a producer enqueueing with the same dedupe key would wait).
  *
  * A connection that breaks is reset lazily at the next claim; a job whose
  * commit outcome is unknown is never acked, so the broker redelivers it and
@@ -25,11 +32,14 @@ static const struct {
     const char *name, *sql;
 } statements[] = {
     { "sk_claim", "SELECT * FROM sekali.claim($1, $2, $3, $4, $5)" },
+    { "sk_claim_completed", "SELECT * FROM sekali.claim_completed($1, $2, $3, $4, $5)" },
     { "sk_complete", "SELECT sekali.complete($1, $2, $3, $4)" },
+    { "sk_set_result", "SELECT sekali.set_result($1, $2, $3, $4)" },
     { "sk_fail", "SELECT sekali.fail($1, $2, $3, $4, $5, $6)" },
 };
 
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
+static bool may_hold_dedupe(const struct sk_keyref *ref);
 static int claim_array(struct sk_store *s, const char *function, const struct sk_keyref *refs,
                        size_t n, struct sk_claim *out, bool *dup, struct sk_err *err);
 static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
@@ -91,7 +101,8 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
     const char *values[] = { ref->queue, ref->key, ref->owner, ref->job_id, ref->job_type };
     const struct sk_pg_stmt steps[] = {
         { .sql = "BEGIN" },
-        { .prepared = "sk_claim", .n_params = 5, .values = values },
+        { .prepared = may_hold_dedupe(ref) ? "sk_claim" : "sk_claim_completed", .n_params = 5,
+          .values = values },
     };
     PGresult *res = NULL;
     rc = sk_pg_pipeline(s->conn, steps, 2, &res, err);
@@ -130,18 +141,18 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
 int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const void *result,
                       size_t result_len, struct sk_err *err)
 {
-    const char *values[] = { ref->queue, ref->key, ref->fence_text, result };
-    const int lengths[] = { 0, 0, 0, (int)result_len };
-    const int formats[] = { 0, 0, 0, 1 };  /* the result is bytea: send it raw */
-    const struct sk_pg_stmt steps[] = {
-        { .prepared = "sk_complete", .n_params = 4, .values = values, .lengths = lengths,
-          .formats = formats },
-        { .sql = "COMMIT" },
-    };
-    int rc = sk_pg_pipeline(s->conn, steps, 2, NULL, err);
-    if (rc == SK_ERR || rc == SK_BUSY)
-        sk_store_rollback(s, NULL);
-    return rc == SK_BUSY ? SK_ERR : rc;
+    if (may_hold_dedupe(ref))
+        return sk_store_complete_many(s, &ref, &result, &result_len, 1, err);
+    /* Claimed completed: the COMMIT alone, or the result and the COMMIT. */
+    return sk_store_commit_results(s, &ref, &result, &result_len, result_len > 0 ? 1 : 0, err);
+}
+
+/* A job id sekali.enqueue() makes, the only kind a dedupe key can hold: a
+ * version-4 UUID's text, as the release_dedupe trigger's WHEN tests it
+ * (sql/014). Keep the two in step. */
+static bool may_hold_dedupe(const struct sk_keyref *ref)
+{
+    return ref->job_id != NULL && strlen(ref->job_id) == 36 && ref->job_id[14] == '4';
 }
 
 /* A text[] literal of n strings, each quoted and escaped: "{\"a\",\"b\"}".
@@ -273,9 +284,7 @@ int sk_store_commit_results(struct sk_store *s, const struct sk_keyref *const *r
                             const void *const *results, const size_t *result_lens, size_t n,
                             struct sk_err *err)
 {
-    /* Not prepared: most batches have no result to set, and a queue
-     * without batches must not need migration 016 to start. */
-    const struct sk_pg_stmt set_result = { .sql = "SELECT sekali.set_result($1, $2, $3, $4)",
+    const struct sk_pg_stmt set_result = { .prepared = "sk_set_result",
                                            .what = "sekali.set_result" };
     return finish_array(s, &set_result, refs, results, result_lens, n, err);
 }

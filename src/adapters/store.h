@@ -1,9 +1,10 @@
 /* store.h - the idempotency store in PostgreSQL (libpq).
  *
  * One struct sk_store is one connection, owned by one thread. The job's
- * transaction runs on it: sk_store_claim() opens it and locks the key's row,
- * the handler writes its effect on sk_store_conn(), and sk_store_complete()
- * marks the key completed and commits, all or nothing. */
+ * transaction runs on it: sk_store_claim() opens it and writes the key's row
+ * completed (locked, and true only if the transaction commits), the handler
+ * writes its effect on sk_store_conn(), and sk_store_complete() commits, all
+ * or nothing. */
 #ifndef SK_STORE_H
 #define SK_STORE_H
 
@@ -53,7 +54,11 @@ int sk_store_reconnect(struct sk_store *s, struct sk_err *err);
 /* Borrowed: the connection the job's transaction runs on. */
 PGconn *sk_store_conn(struct sk_store *s);
 
-/* BEGIN and claim (queue, key) in one round trip. Returns SK_OK with the
+/* BEGIN and claim (queue, key) in one round trip, the row written completed
+ * (sekali.claim_completed, sql/017): the transaction must commit only if
+ * the job succeeded, and is rolled back otherwise. (A job from the outbox,
+ * which may hold a dedupe key, is claimed processing by sekali.claim() and
+ * completed by sk_store_complete().) Returns SK_OK with the
  * transaction open and the row locked; SK_DUP when the key already completed
  * or failed (the duplicate is counted and the transaction committed); SK_BUSY
  * when another transaction held the key past postgres.lock_timeout; SK_AGAIN
@@ -62,11 +67,12 @@ PGconn *sk_store_conn(struct sk_store *s);
 int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_claim *out,
                    struct sk_err *err);
 
-/* Marks the key completed under ref's fence, saves result, and COMMITs, in one
- * round trip. SK_OK once committed; SK_ERR when the transaction could not
- * commit (the handler left it failed, or the fence was lost) and was rolled
- * back; SK_AGAIN when the connection failed and the outcome is unknown (the
- * caller must not ack: a redelivery's claim finds out). */
+/* After sk_store_claim(): saves result (if result_len > 0) under ref's fence
+ * (or, for a job claimed processing, marks the key completed) and COMMITs,
+ * in one round trip. SK_OK once committed; SK_ERR when the transaction could
+ * not commit (the handler left it failed, or the fence was lost) and was
+ * rolled back; SK_AGAIN when the connection failed and the outcome is unknown
+ * (the caller must not ack: a redelivery's claim finds out). */
 int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const void *result,
                       size_t result_len, struct sk_err *err);
 

@@ -85,7 +85,7 @@ struct sk_job {
 
 /* How a span's keys are claimed, and so how its handlers run. */
 enum sk_way {
-    SK_WAY_ONE,      /* one job in its own transaction: sekali.claim(), the key's row locked */
+    SK_WAY_ONE,      /* one job in its own transaction: claimed completed, the row locked */
     SK_WAY_FAST,     /* claimed completed, handlers straight in the transaction */
     SK_WAY_CAREFUL,  /* claimed processing, each handler in a savepoint */
 };

@@ -278,7 +278,8 @@ int sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
 }
 
 /* The claim's round trip. One job (SK_WAY_ONE): in transactional mode BEGIN
- * and sekali.claim(), the key's row locked until COMMIT, or in external mode
+ * and sekali.claim_completed(), the key's row written completed and locked
+ * until the COMMIT that makes it true (a failed job's is rolled back), or in external mode
  * a lease committed at once, under a new fence; SK_DUP, SK_BUSY as the
  * job's own. Several: BEGIN and every key's claim in one statement, claimed
  * completed (fast) or processing (careful); a key another worker holds

@@ -17,8 +17,10 @@
 #   BENCH_JOBS [20000]      jobs per throughput run (and pgbench transactions)
 #   BENCH_RUNS [3]          throughput runs, each followed by a pgbench run
 #   BENCH_LATENCY_SECONDS [10]  length of the fixed-rate latency run
-#   BENCH_LATENCY_RATE [half the median throughput]  its jobs/s, to compare
-#                           two builds at the same load
+#   BENCH_LATENCY_RATE [half 200 1000 2000]  offered rates of the latency
+#                           runs, jobs/s, a list; half: half the median
+#                           throughput. Fixed rates compare configurations
+#                           and builds at the same load
 #   BENCH_TIMEOUT [300]     seconds one run may take before it counts as failed
 #   BENCH_HANDLER [c]       c: the C bench handler; sql: the same INSERT through
 #                           the stock SQL handler (handlers/sql.c)
@@ -35,9 +37,13 @@
 #   2. after each sekalid run, pgbench with tests/bench/job.pgbench: one
 #      worker's per-job SQL as one transaction, at the same concurrency
 #      (interleaved, so that noise on the shared machine hits both alike),
-#      with PostgreSQL's CPU per transaction counted the same way;
-#   3. latency: sekalid running while jobs arrive at half the median
-#      throughput for BENCH_LATENCY_SECONDS after a second of warm-up, each
+#      with PostgreSQL's CPU per transaction counted the same way; then the
+#      same with tests/bench/loop.pgbench, the hand-written loop's SQL (an
+#      idempotency row with a bare primary key, the effect, COMMIT): the
+#      floor for PostgreSQL's cost per job;
+#   3. latency: sekalid running while jobs arrive at each rate of
+#      BENCH_LATENCY_RATE (half the median throughput, then fixed rates)
+#      for BENCH_LATENCY_SECONDS after a second of warm-up, each
 #      stamped with its publish time; PostgreSQL computes p50 and p99 of
 #      (clock_timestamp() at the effect's INSERT - published). The publisher
 #      shares the machine: how busy the machine was meanwhile (the summary's
@@ -60,10 +66,13 @@ compare=${BENCH_COMPARE:-}
 jobs=${BENCH_JOBS:-20000}
 runs=${BENCH_RUNS:-3}
 latency_seconds=${BENCH_LATENCY_SECONDS:-10}
-latency_rate=${BENCH_LATENCY_RATE:-half}
+latency_rate=${BENCH_LATENCY_RATE:-half 200 1000 2000}
 timeout=${BENCH_TIMEOUT:-300}
-[ "$latency_rate" = half ] || [[ $latency_rate =~ ^[1-9][0-9]*$ ]] ||
-    { echo "bench: BENCH_LATENCY_RATE must be a positive integer" >&2; exit 2; }
+[ -n "$latency_rate" ] || { echo "bench: BENCH_LATENCY_RATE is empty" >&2; exit 2; }
+for x in $latency_rate; do
+    [ "$x" = half ] || [[ $x =~ ^[1-9][0-9]*$ ]] ||
+        { echo "bench: BENCH_LATENCY_RATE must be positive integers or half, got '$x'" >&2; exit 2; }
+done
 for v in jobs runs latency_seconds timeout; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "bench: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
@@ -97,13 +106,29 @@ run_id=bench-$(date +%s)-$$
 
 # Before each run: no dead rows or stale statistics left by the previous run,
 # and no checkpoint of its dirty pages landing in the middle of this one.
-settle() { sql -c 'VACUUM ANALYZE sekali.idempotency_keys, sekali_bench.jobs' -c 'CHECKPOINT'; }
+settle() {
+    sql -c 'VACUUM ANALYZE sekali.idempotency_keys, sekali_bench.jobs, sekali_bench.loop_keys' \
+        -c 'CHECKPOINT'
+}
 
 # Drops a finished run's rows, so that runs do not grow the tables the
 # later runs are measured on.
 forget() {
     sql -c "DELETE FROM sekali.idempotency_keys WHERE queue = '$1'" \
-        -c "DELETE FROM sekali_bench.jobs WHERE queue = '$1'"
+        -c "DELETE FROM sekali_bench.jobs WHERE queue = '$1'" \
+        -c "DELETE FROM sekali_bench.loop_keys WHERE queue = '$1'"
+}
+
+# verify_loop QUEUE EXPECTED: the hand-written loop's run left one key row
+# and one effect per job.
+verify_loop() {
+    local keys effects distinct
+    read -r keys effects distinct <<<"$(sql -F ' ' -c "
+        SELECT (SELECT count(*) FROM sekali_bench.loop_keys WHERE queue = '$1'),
+               (SELECT count(*) FROM sekali_bench.jobs WHERE queue = '$1'),
+               (SELECT count(DISTINCT key) FROM sekali_bench.jobs WHERE queue = '$1')")"
+    [ "$keys" -eq "$2" ] && [ "$effects" -eq "$2" ] && [ "$distinct" -eq "$2" ] ||
+        die "$1: $keys keys, $effects effects ($distinct distinct) for $2 loop transactions"
 }
 
 # ---------------------------------------------------------------------------
@@ -111,10 +136,12 @@ forget() {
 # would otherwise make every run scan them.
 # ---------------------------------------------------------------------------
 schema "$(write_conf "$run_id-check")"
-sql -c "DELETE FROM sekali.idempotency_keys WHERE queue LIKE 'bench-%'" -c 'TRUNCATE sekali_bench.jobs'
+sql -c "DELETE FROM sekali.idempotency_keys WHERE queue LIKE 'bench-%'" -c 'TRUNCATE sekali_bench.jobs' \
+    -c 'TRUNCATE sekali_bench.loop_keys'
 
-summary=$work/bench-summary
+summary=$work/bench-summary latency_summary=$work/bench-latency
 : >"$summary"
+: >"$latency_summary"
 
 # cpu_split BEFORE AFTER SEKALI_MS JOBS: "pg rmq redis sekali total" in ms
 # per job, from two server_cpu outputs and sekali's own CPU.
@@ -155,7 +182,7 @@ bench_workers() {
     local pg_per_client=$((jobs / workers))
     local pg_jobs=$((pg_per_client * workers))
     local k run queue conf result rate hwm rss pss growth tps label cpu b p v
-    local -a pgbench_tps pg_cpu v_batch v_prefetch v_bin
+    local -a pgbench_tps pg_cpu loop_tps loop_cpu v_batch v_prefetch v_bin
     local -A v_rates v_cpu v_hwm v_rss v_pss
     # The variants, in the order of the lists: batch, then prefetch, then binary.
     for b in ${batch_list:-''}; do
@@ -227,15 +254,35 @@ bench_workers() {
         pg_cpu+=("$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" 0 "$pg_jobs" | cut -d' ' -f1)")
         say "pgbench run $run: $tps tps ($pg_jobs transactions), PostgreSQL ${pg_cpu[-1]} ms CPU/tx"
         forget "$queue"
+
+        # --- pgbench on the hand-written loop's SQL ------------------------
+        queue=$run_id-loop-w$workers-$run
+        settle
+        quiesce "loop run $run"
+        server_cpu >"$work/$queue.cpu0"
+        PGOPTIONS="-c synchronous_commit=on" \
+        "$pgbench" -n -M prepared -c "$pg_clients" -j "$pg_threads" -t "$pg_per_client" \
+            -f tests/bench/loop.pgbench -D "queue=$queue" "$SEKALI_PG_CONNINFO" \
+            >"$work/$queue.log" 2>&1 || die "loop run $run (see $work/$queue.log)"
+        server_cpu >"$work/$queue.cpu1"
+        tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' "$work/$queue.log")
+        [ -n "$tps" ] || die "no tps in $work/$queue.log"
+        verify_loop "$queue" "$pg_jobs"
+        loop_tps+=("$tps")
+        loop_cpu+=("$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" 0 "$pg_jobs" | cut -d' ' -f1)")
+        say "loop run $run: $tps tps ($pg_jobs transactions), PostgreSQL ${loop_cpu[-1]} ms CPU/tx"
+        forget "$queue"
     done
     local pgbench_median pg_cpu_median
     pgbench_median=$(median "${pgbench_tps[@]}")
     pg_cpu_median=$(median "${pg_cpu[@]}")
+    local loop_cpu_median
+    loop_cpu_median=$(median "${loop_cpu[@]}")
 
     for k in "${!v_bin[@]}"; do
         bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} v=${v_bin[$k]}
         label="${names[$v]} batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
-        local median_rate x_batch x_pgbench x_this j
+        local median_rate x_batch x_pgbench x_this x_loop pg_x_loop j
         # shellcheck disable=SC2086  # a list of numbers
         median_rate=$(median ${v_rates[$k]})
         # The ratios, round by round: to the first batch value of the same
@@ -246,65 +293,77 @@ bench_workers() {
         x_batch=$(ratios "${v_rates[$k]}" "${v_rates[$j]}")
         x_pgbench=$(ratios "${v_rates[$k]}" "${pgbench_tps[*]}")
         x_this=$(ratios "${v_rates[$k]}" "${v_rates[$((k - v))]}")
+        x_loop=$(ratios "${v_rates[$k]}" "${loop_tps[*]}")
+        # PostgreSQL's CPU per job over the loop's, round by round.
+        pg_x_loop=$(ratios "$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk 'NF { printf "%s ", $1 }')" \
+                    "${loop_cpu[*]}")
         local split='' i
         for i in 1 2 3 4 5; do
             split+="$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk -v i="$i" 'NF { print $i }' | sort -g |
                 awk '{ x[NR] = $1 } END { printf "%.3f", (NR % 2) ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }') "
         done
         # --- latency: open loop at half this binary's median throughput ---
-        local lrate=$latency_rate count driver_rc p50 p99 pmax measured
-        if [ "$lrate" = half ]; then
-            lrate=$(awk -v m="$median_rate" 'BEGIN { r = int(m / 2); print r < 1 ? 1 : r }')
-        fi
-        count=$((lrate * (latency_seconds + 1)))
-        queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-latency
-        conf=$(write_conf "$queue")
-        settle
-        quiesce "the latency run of $label"
-        live_queue=$queue
-        result=$work/$queue.result
-        "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
-            "$queue" "$count" "$((latency_seconds + timeout))" >"$result" &
-        driver=$!
-        # bench_amqp waits until all workers consume, then keeps to the schedule
-        # whatever the consumers do (open loop). The publisher and the broker's
-        # side of publishing run on the measured machine too: how busy it was
-        # while jobs arrived, and what each process spent per job, say whether
-        # this rate left it any room (a saturated machine queues jobs).
-        local stat0 stat1 busy publisher_cpu
-        stat0=$(head -n 1 /proc/stat)
-        server_cpu >"$work/$queue.cpu0"
-        publisher_cpu=$( { TIMEFORMAT='%U %S'; time "$out/bench_amqp" "$SEKALI_AMQP_URL" rate \
-            "$queue" "$count" "$lrate" "$workers" >"$work/$queue.publish" 2>&1; } 2>&1 ) ||
-            die "latency publisher (see $work/$queue.publish and $work/$queue.log)"
-        server_cpu >"$work/$queue.cpu1"
-        stat1=$(head -n 1 /proc/stat)
-        busy=$(awk -v a="$stat0" -v b="$stat1" 'BEGIN {
-            split(a, x, " "); split(b, y, " "); total = 0
-            for (i = 2; i <= 9; i++) total += y[i] - x[i]
-            idle = y[5] - x[5] + y[6] - x[6]
-            printf "%.0f", (total > 0 ? 100 * (total - idle) / total : 0) }')
-        driver_rc=0
-        wait "$driver" || driver_rc=$?
-        [ "$driver_rc" = 0 ] || die "latency run (see $work/$queue.log)"
-        driver=''
-        verify "$queue" "$count" amqp
-        log_problems "$work/$queue.log"
-        read -r measured p50 p99 pmax <<<"$(latency "$queue")"
-        say "$label latency run: $count jobs at $lrate jobs/s, $measured after the first second:" \
-            "p50 $p50 ms, p99 $p99 ms, max $pmax ms (publish: $(cat "$work/$queue.publish"))"
-        say "$label latency run: the machine $busy% busy while jobs arrived; CPU ms/job pg rmq" \
-            "redis sekali total: $(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" \
-            "$(field sekali_cpu_ms "$result")" "$count"), publisher $(awk -v c="$count" \
-            '{ printf "%.3f", ($1 + $2) * 1000 / c }' <<<"$publisher_cpu")"
-        "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
-        live_queue=''
-        forget "$queue"
+        local lrate count driver_rc p50 p99 pmax measured stat0 stat1 busy publisher_cpu
+        local first_rate='' first_p50 first_p99 first_busy
+        for lrate in $latency_rate; do
+            if [ "$lrate" = half ]; then
+                lrate=$(awk -v m="$median_rate" 'BEGIN { r = int(m / 2); print r < 1 ? 1 : r }')
+            fi
+            count=$((lrate * (latency_seconds + 1)))
+            queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-latency$lrate
+            conf=$(write_conf "$queue")
+            settle
+            quiesce "the latency run of $label"
+            live_queue=$queue
+            result=$work/$queue.result
+            "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
+                "$queue" "$count" "$((latency_seconds + timeout))" >"$result" &
+            driver=$!
+            # bench_amqp waits until all workers consume, then keeps to the schedule
+            # whatever the consumers do (open loop). The publisher and the broker's
+            # side of publishing run on the measured machine too: how busy it was
+            # while jobs arrived, and what each process spent per job, say whether
+            # this rate left it any room (a saturated machine queues jobs).
+            stat0=$(head -n 1 /proc/stat)
+            server_cpu >"$work/$queue.cpu0"
+            publisher_cpu=$( { TIMEFORMAT='%U %S'; time "$out/bench_amqp" "$SEKALI_AMQP_URL" rate \
+                "$queue" "$count" "$lrate" "$workers" >"$work/$queue.publish" 2>&1; } 2>&1 ) ||
+                die "latency publisher (see $work/$queue.publish and $work/$queue.log)"
+            server_cpu >"$work/$queue.cpu1"
+            stat1=$(head -n 1 /proc/stat)
+            busy=$(awk -v a="$stat0" -v b="$stat1" 'BEGIN {
+                split(a, x, " "); split(b, y, " "); total = 0
+                for (i = 2; i <= 9; i++) total += y[i] - x[i]
+                idle = y[5] - x[5] + y[6] - x[6]
+                printf "%.0f", (total > 0 ? 100 * (total - idle) / total : 0) }')
+            driver_rc=0
+            wait "$driver" || driver_rc=$?
+            [ "$driver_rc" = 0 ] || die "latency run (see $work/$queue.log)"
+            driver=''
+            verify "$queue" "$count" amqp
+            log_problems "$work/$queue.log"
+            read -r measured p50 p99 pmax <<<"$(latency "$queue")"
+            say "$label latency run: $count jobs at $lrate jobs/s, $measured after the first second:" \
+                "p50 $p50 ms, p99 $p99 ms, max $pmax ms (publish: $(cat "$work/$queue.publish"))"
+            say "$label latency run: the machine $busy% busy while jobs arrived; CPU ms/job pg rmq" \
+                "redis sekali total: $(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" \
+                "$(field sekali_cpu_ms "$result")" "$count"), publisher $(awk -v c="$count" \
+                '{ printf "%.3f", ($1 + $2) * 1000 / c }' <<<"$publisher_cpu")"
+            "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
+            live_queue=''
+            forget "$queue"
+            printf '%s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" "${bench_prefetch:-default}" \
+                "${names[$v]}" "$lrate" "$p50" "$p99" "$pmax" "$busy" >>"$latency_summary"
+            if [ -z "$first_rate" ]; then
+                first_rate=$lrate first_p50=$p50 first_p99=$p99 first_busy=$busy
+            fi
+        done
         # shellcheck disable=SC2086
-        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
+        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
             "${bench_prefetch:-default}" "${names[$v]}" "$median_rate" "$pgbench_median" \
-            "$lrate" "$p50" "$p99" "${v_hwm[$k]}" "$pg_cpu_median" "$split" \
-            "${v_rss[$k]}" "${v_pss[$k]}" "$busy" "$x_batch" "$x_pgbench" "$x_this" >>"$summary"
+            "$first_rate" "$first_p50" "$first_p99" "${v_hwm[$k]}" "$pg_cpu_median" "$split" \
+            "${v_rss[$k]}" "${v_pss[$k]}" "$first_busy" "$x_batch" "$x_pgbench" "$x_this" \
+            "$x_loop" "$loop_cpu_median" "$pg_x_loop" >>"$summary"
         say "$label: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$k]% })," \
             "pgbench $(printf '%.0f' "$pgbench_median") tps (median of $runs: ${pgbench_tps[*]})"
     done
@@ -324,17 +383,28 @@ done
 echo
 awk -v runs="$runs" '
     BEGIN {
-        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s\n", "W", "batch",
+        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s %6s %7s %7s\n", "W", "batch",
                "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate busy",
-               "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps"
+               "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps",
+               "x-loop", "pg/loop", "loop-pg"
     }
     {
         split($0, f, " ")
-        printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f\n",
+        printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f %6.2f %7.2f %7.3f\n",
                f[1], f[2], f[3], f[4], f[5], f[20], f[21], f[22], f[8] "/" f[9] " @" f[7] " " f[19] "%",
                sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
-               f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6]
+               f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6], f[23], f[25], f[24]
     }
     END {
-        printf "(jobs/s and pgbench tps: medians of %d rounds; x-batch, x-pgbench, x-this: medians of the ratios within each round; RSS and PSS per worker when every job is done, the largest of the rounds; peak: VmHWM)\n", runs
+        printf "(jobs/s and pgbench tps: medians of %d rounds; x-batch, x-pgbench, x-this, x-loop (over the hand-written loop, tests/bench/loop.pgbench) and pg/loop (PostgreSQL CPU per job over the loop'"'"'s): medians of the ratios within each round; loop-pg: the loop'"'"'s PostgreSQL ms CPU/tx; RSS and PSS per worker when every job is done, the largest of the rounds; peak: VmHWM)\n", runs
     }' "$summary"
+
+# One row per latency run: each configuration and binary at each offered
+# rate of BENCH_LATENCY_RATE, publish -> commit.
+echo
+awk '
+    BEGIN { printf "%-3s %-5s %-8s %-8s %8s %8s %8s %8s %5s\n", "W", "batch", "prefetch", "build",
+                   "jobs/s", "p50 ms", "p99 ms", "max ms", "busy" }
+    { printf "%-3s %-5s %-8s %-8s %8s %8s %8s %8s %4s%%\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }
+    END { print "(latency: one run per offered rate, after a second of warm-up; busy: the whole machine while jobs arrived)" }
+' "$latency_summary"
