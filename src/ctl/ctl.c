@@ -4,6 +4,7 @@
  *   sekalictl [-c FILE] migrate [--sql-dir DIR]                (ctl_migrate.c)
  *   sekalictl [-c FILE] enqueue QUEUE TYPE [...] [BODY | -]   (ctl_enqueue.c)
  *   sekalictl [-c FILE] dlq (list|groups|show|replay|purge) QUEUE ... (ctl_dlq.c)
+ *   sekalictl [-c FILE] serve [--listen ADDR]                  (console.c)
  *   sekalictl [-c FILE] status [--json]                        (ctl_status.c)
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
  *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
@@ -122,6 +123,13 @@ static const struct command {
       "  --json            one JSON document\n"
       "Exits 3 when some dead letters were refused, 4 when nothing matched.\n",
       sk_ctl_dlq },
+    { "serve", "serve [--listen ADDR]",
+      "Serve the operator's console (console.listen, or ADDR): the queues, the dead\n"
+      "letters grouped and acted on, a key's story, in a browser and as JSON under\n"
+      "/api/ (docs/console.md). Read-only without a login with console.token_file's\n"
+      "token. Runs until SIGTERM or SIGINT.\n"
+      "  --listen ADDR   HOST:PORT to listen on instead of console.listen\n",
+      sk_ctl_serve },
     { "help", "help [COMMAND]", "Describe COMMAND, or list the commands.\n", NULL },
 };
 

@@ -6,25 +6,22 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "ctl_out.h"
 #include "ctl_reports.h"
 
 #define ID_MIN 8  /* a hex word this long that holds a digit is taken for an id */
 
-/* Appends s to out[*n], or nothing once it would not fit. */
-static void put(char *out, size_t size, size_t *n, const char *s, size_t len)
+/* Appends len bytes of s to out[*n] (a mask or one whole character), or
+ * nothing when they do not fit: the fingerprint ends short rather than
+ * in the middle of either. Returns false when full. */
+static bool put(char *out, size_t size, size_t *n, const char *s, size_t len)
 {
     if (*n + len >= size)
-        len = size - 1 - *n;
-    /* Never end inside a UTF-8 sequence: drop its lead and continuations. */
-    if (len < strlen(s) && len > 0) {
-        size_t cut = len;
-        while (cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80)
-            cut--;
-        len = cut;
-    }
+        return false;
     memcpy(out + *n, s, len);
     *n += len;
     out[*n] = '\0';
+    return true;
 }
 
 /* The length of the hex-and-dash word at s, and whether it holds a digit. */
@@ -47,37 +44,37 @@ void sk_ctl_fingerprint(const char *error, char *out, size_t size)
     out[0] = '\0';
     const char *s = error;
     bool word_start = true;
-    while (*s != '\0' && n + 1 < size) {
+    bool room = true;
+    while (*s != '\0' && room) {
         unsigned char c = (unsigned char)*s;
         bool digit;
         size_t w = word_start ? hex_word(s, &digit) : 0;
         if (w >= ID_MIN && digit && !isalnum((unsigned char)s[w])) {
-            put(out, size, &n, "{id}", 4);
+            room = put(out, size, &n, "{id}", 4);
             s += w;
         } else if (isdigit(c)) {
-            put(out, size, &n, "{n}", 3);
+            room = put(out, size, &n, "{n}", 3);
             while (isdigit((unsigned char)*s))
                 s++;
         } else if (isspace(c)) {
-            put(out, size, &n, " ", 1);
+            room = put(out, size, &n, " ", 1);
             while (isspace((unsigned char)*s))
                 s++;
-        } else {
-            put(out, size, &n, s, 1);
+        } else if (c < 0x80) {
+            room = put(out, size, &n, s, 1);
             s++;
+        } else {
+            /* A byte that is not UTF-8 becomes U+FFFD, as in the JSON: the
+             * fingerprint a page or script sends back must select again. */
+            size_t len = sk_ctl_utf8_len((const unsigned char *)s, strlen(s));
+            if (len == 0) {
+                room = put(out, size, &n, "\xef\xbf\xbd", 3);
+                s++;
+            } else {
+                room = put(out, size, &n, s, len);
+                s += len;
+            }
         }
         word_start = !isalnum((unsigned char)s[-1]);
-    }
-    /* The byte loop may still have cut a sequence at the very end. */
-    while (n > 0 && ((unsigned char)out[n - 1] & 0x80) != 0) {
-        size_t lead = n - 1;
-        while (lead > 0 && ((unsigned char)out[lead] & 0xC0) == 0x80)
-            lead--;
-        unsigned char b = (unsigned char)out[lead];
-        size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-        if (n - lead >= need)
-            break;
-        n = lead;
-        out[n] = '\0';
     }
 }

@@ -47,7 +47,9 @@ int sk_ctl_dlq_run(const struct sk_conf *conf, const struct sk_ctl_dlq_req *req,
  * "timeout after 3000 ms on order 8c1f...e2" and the same with other figures
  * fall into one group. Runs of digits become "{n}"; a word of 8 or more
  * hex digits and dashes holding a digit (an id, a UUID) becomes "{id}";
- * whitespace runs become one space; cut to size bytes on a UTF-8 boundary. */
+ * whitespace runs become one space; a byte that is not UTF-8 becomes U+FFFD
+ * (as sk_ctl_put_json() writes it, so the JSON's fingerprint selects
+ * again); cut to size bytes on a UTF-8 boundary. */
 void sk_ctl_fingerprint(const char *error, char *out, size_t size);
 
 #endif
