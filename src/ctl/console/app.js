@@ -60,7 +60,7 @@ async function post(path, fields) {
 
 function show(...nodes) {
   const a = app();
-  a.replaceChildren(...nodes.flat());
+  a.replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false));
   document.body.dataset.rendered = String(performance.now());
 }
 
@@ -180,14 +180,18 @@ function actionPanel(holder, what, fields, after) {
             try {
               const done = await post('/api/dlq/' + what, fields);
               holder.replaceChildren(el('div', { class: 'panel notice', id: 'result' }, done.summary.text));
-              if (after) after();
+              if (after) after(done.summary.text);  /* redrawn, with the outcome on top */
             } catch (e) { holder.replaceChildren(failure(e)); }
           } }, verb + ' ' + n),
         el('button', { id: 'confirm-no', onclick: () => holder.replaceChildren() }, 'Cancel'))));
   }).catch((e) => holder.replaceChildren(failure(e)));
 }
 
-async function deadGroups() {
+function noticeOf(text) {
+  return typeof text === 'string' ? el('div', { class: 'panel notice', id: 'result' }, text) : null;
+}
+
+async function deadGroups(notice) {
   const queue = args().get('queue') || '';
   const t0 = performance.now();
   show(el('h1', {}, 'Dead letters of ', queue), el('p', { class: 'muted' }, 'Reading…'));
@@ -196,7 +200,7 @@ async function deadGroups() {
   try { g = await api('/api/dlq/groups?' + new URLSearchParams(scan ? { queue, scan } : { queue })); } catch (e) {
     return show(el('h1', {}, 'Dead letters of ', queue), failure(e));
   }
-  const holder = el('div', { id: 'action' });
+  const holder = el('div', { id: 'action' }, noticeOf(notice));
   const acting = session.logged_in;
   const rows = (g.groups || []).map((x, i) => el('tr', { 'data-group': String(i) },
     el('td', {}, x.reason),
@@ -230,7 +234,7 @@ async function deadGroups() {
 
 // ---- dead letters: a page of letters -----------------------------------
 
-async function letters() {
+async function letters(notice) {
   const a = args();
   const queue = a.get('queue') || '', reason = a.get('reason'), fingerprint = a.get('fingerprint');
   const offset = Number(a.get('offset') || 0), limit = 50;
@@ -242,7 +246,7 @@ async function letters() {
   try { l = await api('/api/dlq/list?' + new URLSearchParams(q)); } catch (e) {
     return show(el('h1', {}, 'Dead letters of ', queue), failure(e));
   }
-  const holder = el('div', { id: 'action' });
+  const holder = el('div', { id: 'action' }, noticeOf(notice));
   const boxes = [];
   const rows = (l.dead_letters || []).map((x) => {
     const box = x.key === null ? null : el('input', { type: 'checkbox', class: 'pick', 'data-key': x.key });
