@@ -1,6 +1,6 @@
 #!/bin/sh
 # embed-assets.sh FILE... - prints a C file holding each FILE as a byte array
-# in the table console_assets[] (src/ctl/console.h), named by its base name,
+# in the table sk_console_assets[] (src/ctl/console.h), named by its base name,
 # so that sekalictl serve carries its page, script and style in the binary.
 # Plain od and sed, so the build needs nothing more than coreutils.
 set -eu
@@ -13,7 +13,7 @@ for f in "$@"; do
     echo "0x00 };"
     i=$((i + 1))
 done
-echo "const struct console_asset console_assets[] = {"
+echo "const struct sk_console_asset sk_console_assets[] = {"
 i=0
 for f in "$@"; do
     name=$(basename "$f")
@@ -21,4 +21,4 @@ for f in "$@"; do
     i=$((i + 1))
 done
 echo "};"
-echo "const size_t console_n_assets = $i;"
+echo "const size_t sk_console_n_assets = $i;"

@@ -46,7 +46,7 @@ static void usage(FILE *out)
     fprintf(out, "usage: sekalictl serve [--listen HOST:PORT]\n");
 }
 
-const char *console_arg(struct console_call *c, const char *name)
+const char *sk_console_arg(struct sk_console_call *c, const char *name)
 {
     if (!c->post)
         return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, name);
@@ -56,7 +56,7 @@ const char *console_arg(struct console_call *c, const char *name)
     return NULL;
 }
 
-size_t console_args(struct console_call *c, const char *name, const char **out, size_t max)
+size_t sk_console_args(struct sk_console_call *c, const char *name, const char **out, size_t max)
 {
     size_t n = 0;
     for (size_t i = 0; i < c->n_fields && n < max; i++)
@@ -65,12 +65,12 @@ size_t console_args(struct console_call *c, const char *name, const char **out, 
     return n;
 }
 
-const char *console_header(struct console_call *c, const char *name)
+const char *sk_console_header(struct sk_console_call *c, const char *name)
 {
     return MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, name);
 }
 
-static void reply(struct console_call *c, unsigned status, const char *type, char *out,
+static void reply(struct sk_console_call *c, unsigned status, const char *type, char *out,
                   size_t len)
 {
     free(c->out);
@@ -80,23 +80,23 @@ static void reply(struct console_call *c, unsigned status, const char *type, cha
     c->out_len = len;
 }
 
-void console_json(struct console_call *c, unsigned status, char *doc, size_t len)
+void sk_console_json(struct sk_console_call *c, unsigned status, char *doc, size_t len)
 {
     reply(c, status, "application/json; charset=utf-8", doc, len);
 }
 
-void console_fail(struct console_call *c, unsigned status, const char *why)
+void sk_console_fail(struct sk_console_call *c, unsigned status, const char *why)
 {
     char *doc = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&doc, &len);
     if (f == NULL)
-        return console_json(c, 500, NULL, 0);
+        return sk_console_json(c, 500, NULL, 0);
     fputs("{\"error\":", f);
     sk_ctl_put_jstr(f, why);
     fputs("}\n", f);
     fclose(f);
-    console_json(c, status, doc, len);
+    sk_console_json(c, status, doc, len);
 }
 
 /* %XX and + of a form; a %00 stays in as a NUL, so the value ends there:
@@ -125,15 +125,15 @@ static void form_decode(char *s)
 }
 
 /* application/x-www-form-urlencoded, in place in the body. */
-static bool parse_form(struct console_call *c)
+static bool parse_form(struct sk_console_call *c)
 {
-    const char *type = console_header(c, "Content-Type");
+    const char *type = sk_console_header(c, "Content-Type");
     if (type == NULL || strncasecmp(type, "application/x-www-form-urlencoded", 33) != 0)
         return false;
     char *save = NULL;
     for (char *pair = strtok_r(c->body, "&", &save); pair != NULL;
          pair = strtok_r(NULL, "&", &save)) {
-        if (c->n_fields == CONSOLE_FIELDS)
+        if (c->n_fields == SK_CONSOLE_FIELDS)
             return false;
         char *eq = strchr(pair, '=');
         char *value = eq != NULL ? eq + 1 : pair + strlen(pair);
@@ -141,7 +141,7 @@ static bool parse_form(struct console_call *c)
             *eq = '\0';
         form_decode(pair);
         form_decode(value);
-        c->fields[c->n_fields++] = (struct console_field){ pair, value };
+        c->fields[c->n_fields++] = (struct sk_console_field){ pair, value };
     }
     return true;
 }
@@ -154,19 +154,19 @@ static bool is_page(const char *path)
     return false;
 }
 
-static const struct console_asset *asset(const char *name)
+static const struct sk_console_asset *asset(const char *name)
 {
-    for (size_t i = 0; i < console_n_assets; i++)
-        if (strcmp(console_assets[i].path, name) == 0)
-            return &console_assets[i];
+    for (size_t i = 0; i < sk_console_n_assets; i++)
+        if (strcmp(sk_console_assets[i].path, name) == 0)
+            return &sk_console_assets[i];
     return NULL;
 }
 
-static void serve_asset(struct console_call *c, const char *name)
+static void serve_asset(struct sk_console_call *c, const char *name)
 {
-    const struct console_asset *a = asset(name);
+    const struct sk_console_asset *a = asset(name);
     if (a == NULL)
-        return console_fail(c, 404, "no such file");
+        return sk_console_fail(c, 404, "no such file");
     const char *dot = strrchr(name, '.');
     c->status = 200;
     c->type = dot == NULL ? "application/octet-stream"
@@ -179,31 +179,31 @@ static void serve_asset(struct console_call *c, const char *name)
 }
 
 /* Decides the answer of a complete request. */
-static void route(struct console_call *c)
+static void route(struct sk_console_call *c)
 {
     bool get = strcmp(c->method, "GET") == 0 || strcmp(c->method, "HEAD") == 0;
     if (!get && !c->post)
-        return console_fail(c, 405, "only GET and POST");
+        return sk_console_fail(c, 405, "only GET and POST");
     if (c->post && c->too_big)
-        return console_fail(c, 413, "the request is too large");
+        return sk_console_fail(c, 413, "the request is too large");
     if (c->post && !parse_form(c))
-        return console_fail(c, 400, "a POST takes an application/x-www-form-urlencoded form "
+        return sk_console_fail(c, 400, "a POST takes an application/x-www-form-urlencoded form "
                             "of at most 600 fields");
     if (strncmp(c->path, "/api/", 5) == 0) {
         const char *api = c->path + 5;
         if (strcmp(api, "login") == 0 || strcmp(api, "logout") == 0) {
             if (!c->post)
-                return console_fail(c, 405, "use POST");
-            return strcmp(api, "login") == 0 ? console_login(c) : console_logout(c);
+                return sk_console_fail(c, 405, "use POST");
+            return strcmp(api, "login") == 0 ? sk_console_login(c) : sk_console_logout(c);
         }
         if (strcmp(api, "session") == 0)
-            return get ? console_session(c) : console_fail(c, 405, "use GET");
-        if (!console_api(c))
-            console_fail(c, 404, "no such API route");
+            return get ? sk_console_session(c) : sk_console_fail(c, 405, "use GET");
+        if (!sk_console_api(c))
+            sk_console_fail(c, 404, "no such API route");
         return;
     }
     if (c->post)
-        return console_fail(c, 405, "pages are read with GET; actions are POSTs to /api/");
+        return sk_console_fail(c, 405, "pages are read with GET; actions are POSTs to /api/");
     if (is_page(c->path))
         return serve_asset(c, "index.html");
     if (strcmp(c->path, "/favicon.ico") == 0) {
@@ -212,10 +212,10 @@ static void route(struct console_call *c)
     }
     if (strncmp(c->path, "/assets/", 8) == 0)
         return serve_asset(c, c->path + 8);
-    console_fail(c, 404, "no such page");
+    sk_console_fail(c, 404, "no such page");
 }
 
-static enum MHD_Result send_answer(struct console_call *c)
+static enum MHD_Result send_answer(struct sk_console_call *c)
 {
     struct MHD_Response *r;
     if (c->static_out != NULL)
@@ -251,7 +251,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *upload, size_t *upload_size, void **state)
 {
     (void)version;
-    struct console_call *c = *state;
+    struct sk_console_call *c = *state;
     if (c == NULL) {
         /* The headers are in; a POST's body follows in further calls. */
         if ((c = calloc(1, sizeof(*c))) == NULL)
@@ -265,7 +265,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (*upload_size > 0) {
-        if (c->body_len + *upload_size > CONSOLE_BODY_MAX) {
+        if (c->body_len + *upload_size > SK_CONSOLE_BODY_MAX) {
             c->too_big = true;  /* read and dropped: the answer says why */
         } else if (!c->too_big) {
             char *bigger = realloc(c->body, c->body_len + *upload_size + 1);
@@ -291,7 +291,7 @@ static void on_done(void *cls, struct MHD_Connection *conn, void **state,
     (void)cls;
     (void)conn;
     (void)why;
-    struct console_call *c = *state;
+    struct sk_console_call *c = *state;
     if (c == NULL)
         return;
     free(c->body);
@@ -396,9 +396,9 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         return SK_CTL_FAILED;
     }
 
-    struct console con = { .conf = conf, .tls = cert != NULL };
+    struct sk_console con = { .conf = conf, .tls = cert != NULL };
     pthread_mutex_init(&con.dlq_lock, NULL);
-    con.sessions = console_sessions_new();
+    con.sessions = sk_console_sessions_new();
     if (con.sessions == NULL) {
         fprintf(stderr, "sekalictl: serve: out of memory\n");
         return SK_CTL_FAILED;
@@ -411,7 +411,7 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     sigaddset(&stop, SIGINT);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
-    con.rates = console_rates_start(conf);
+    con.rates = sk_console_rates_start(conf);
 
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) | (cert ? MHD_USE_TLS : 0);
@@ -446,8 +446,8 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         sigwait(&stop, &sig);
         MHD_stop_daemon(d);
     }
-    console_rates_stop(con.rates);
-    console_sessions_free(con.sessions);
+    sk_console_rates_stop(con.rates);
+    sk_console_sessions_free(con.sessions);
     pthread_mutex_destroy(&con.dlq_lock);
     free(cert);
     sk_conf_value_wipe(key);

@@ -26,38 +26,38 @@
 
 #include "config.h"
 
-#define CONSOLE_BODY_MAX  (512 * 1024)  /* a POST body, at most (500 keys) */
-#define CONSOLE_FIELDS    600           /* form fields kept, at most */
-#define CONSOLE_KEYS_MAX  500           /* keys one action may select */
+#define SK_CONSOLE_BODY_MAX  (512 * 1024)  /* a POST body, at most (500 keys) */
+#define SK_CONSOLE_FIELDS    600           /* form fields kept, at most */
+#define SK_CONSOLE_KEYS_MAX  500           /* keys one action may select */
 
-struct console_sessions;
-struct console_rates;
+struct sk_console_sessions;
+struct sk_console_rates;
 
-struct console {
+struct sk_console {
     const struct sk_conf     *conf;
     bool                      tls;
     /* One dead-letter scan at a time: a scan holds every letter it has
      * read unacknowledged, so a second one at once would see only the
      * rest (and a replay would miss what a page view holds). */
     pthread_mutex_t           dlq_lock;
-    struct console_sessions  *sessions;
-    struct console_rates     *rates;
+    struct sk_console_sessions  *sessions;
+    struct sk_console_rates     *rates;
 };
 
-struct console_field {
+struct sk_console_field {
     char *name, *value;
 };
 
 /* One request and its answer. */
-struct console_call {
-    struct console         *con;
+struct sk_console_call {
+    struct sk_console         *con;
     struct MHD_Connection  *conn;
     const char             *method, *path;
     bool                    post;
     char                   *body;        /* the POST body as read, NUL-terminated */
     size_t                  body_len;
     bool                    too_big;
-    struct console_field    fields[CONSOLE_FIELDS];
+    struct sk_console_field    fields[SK_CONSOLE_FIELDS];
     size_t                  n_fields;
     /* The answer. */
     unsigned                status;
@@ -70,44 +70,44 @@ struct console_call {
 
 /* console.c */
 /* A query argument (GET) or a form field (POST), or NULL. */
-const char *console_arg(struct console_call *c, const char *name);
+const char *sk_console_arg(struct sk_console_call *c, const char *name);
 /* Every form field called name, up to max; how many. */
-size_t console_args(struct console_call *c, const char *name, const char **out, size_t max);
+size_t sk_console_args(struct sk_console_call *c, const char *name, const char **out, size_t max);
 /* A request header, or NULL. */
-const char *console_header(struct console_call *c, const char *name);
+const char *sk_console_header(struct sk_console_call *c, const char *name);
 /* Answers with a JSON document {"error": why} and status. */
-void console_fail(struct console_call *c, unsigned status, const char *why);
+void sk_console_fail(struct sk_console_call *c, unsigned status, const char *why);
 /* Answers with the JSON that write() printed to a memory stream. */
-void console_json(struct console_call *c, unsigned status, char *doc, size_t len);
+void sk_console_json(struct sk_console_call *c, unsigned status, char *doc, size_t len);
 
 /* console_auth.c */
-struct console_sessions *console_sessions_new(void);
-void console_sessions_free(struct console_sessions *s);
+struct sk_console_sessions *sk_console_sessions_new(void);
+void sk_console_sessions_free(struct sk_console_sessions *s);
 /* POST /api/login (token, operator), POST /api/logout, GET /api/session. */
-void console_login(struct console_call *c);
-void console_logout(struct console_call *c);
-void console_session(struct console_call *c);
+void sk_console_login(struct sk_console_call *c);
+void sk_console_logout(struct sk_console_call *c);
+void sk_console_session(struct sk_console_call *c);
 /* Whether this POST may act: same origin, a live session, its CSRF token.
  * Otherwise the refusal is answered (403 or 401) and false returned;
  * operator gets the session's name. */
-bool console_may_act(struct console_call *c, char *operator, size_t size);
+bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size);
 
 /* console_api.c: every /api/ route but the session's; false: no such route. */
-bool console_api(struct console_call *c);
+bool sk_console_api(struct sk_console_call *c);
 
 /* console_rates.c */
-struct console_rates *console_rates_start(const struct sk_conf *conf);
-void console_rates_stop(struct console_rates *r);
+struct sk_console_rates *sk_console_rates_start(const struct sk_conf *conf);
+void sk_console_rates_stop(struct sk_console_rates *r);
 /* GET /api/rates */
-void console_rates_json(struct console_rates *r, struct console_call *c);
+void sk_console_rates_json(struct sk_console_rates *r, struct sk_console_call *c);
 
 /* console_assets.c (generated from src/ctl/console/) */
-struct console_asset {
+struct sk_console_asset {
     const char          *path;   /* "app.js" */
     const unsigned char *data;
     size_t               len;
 };
-extern const struct console_asset console_assets[];
-extern const size_t console_n_assets;
+extern const struct sk_console_asset sk_console_assets[];
+extern const size_t sk_console_n_assets;
 
 #endif

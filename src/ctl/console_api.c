@@ -31,10 +31,10 @@
 #define ACTION_WAIT_S  60
 
 /* A number argument within [0, max], or def when absent; false: bad. */
-static bool number(struct console_call *c, const char *name, size_t def, size_t max,
+static bool number(struct sk_console_call *c, const char *name, size_t def, size_t max,
                    size_t *out)
 {
-    const char *s = console_arg(c, name);
+    const char *s = sk_console_arg(c, name);
     *out = def;
     if (s == NULL || s[0] == '\0')
         return true;
@@ -49,20 +49,20 @@ static bool number(struct console_call *c, const char *name, size_t def, size_t 
 
 /* Only the queues this configuration serves: the console probes nothing
  * else on the broker. */
-static const char *queue_arg(struct console_call *c)
+static const char *queue_arg(struct sk_console_call *c)
 {
-    const char *q = console_arg(c, "queue");
+    const char *q = sk_console_arg(c, "queue");
     return q != NULL && sk_conf_queue(c->con->conf, q) != NULL ? q : NULL;
 }
 
-static bool lock_dlq(struct console_call *c, int seconds)
+static bool lock_dlq(struct sk_console_call *c, int seconds)
 {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += seconds;
     if (pthread_mutex_timedlock(&c->con->dlq_lock, &until) == 0)
         return true;
-    console_fail(c, 503, "busy: another dead-letter scan or action is running; try again");
+    sk_console_fail(c, 503, "busy: another dead-letter scan or action is running; try again");
     return false;
 }
 
@@ -73,26 +73,26 @@ static bool lock_dlq(struct console_call *c, int seconds)
         size_t len_ = 0;                                                 \
         FILE *out = open_memstream(&doc_, &len_);                        \
         if (out == NULL)                                                 \
-            return console_fail(c, 500, "out of memory");                \
+            return sk_console_fail(c, 500, "out of memory");                \
         int code_ = (call);                                              \
         fclose(out);                                                     \
-        console_json(c, code_ == SK_CTL_USAGE ? 400 : 200, doc_, len_);  \
+        sk_console_json(c, code_ == SK_CTL_USAGE ? 400 : 200, doc_, len_);  \
     } while (0)
 
-static void api_status(struct console_call *c)
+static void api_status(struct sk_console_call *c)
 {
     REPORT(c, sk_ctl_status_report(c->con->conf, true, out));
 }
 
-static void api_trace(struct console_call *c)
+static void api_trace(struct sk_console_call *c)
 {
-    const char *key = console_arg(c, "key"), *queue = console_arg(c, "queue");
+    const char *key = sk_console_arg(c, "key"), *queue = sk_console_arg(c, "queue");
     if (key == NULL || key[0] == '\0' || strlen(key) > SK_KEY_MAX)
-        return console_fail(c, 400, "key: 1 to 512 bytes");
+        return sk_console_fail(c, 400, "key: 1 to 512 bytes");
     if (queue != NULL && queue[0] == '\0')
         queue = NULL;
     if (queue != NULL && sk_conf_queue(c->con->conf, queue) == NULL)
-        return console_fail(c, 400, "queue: not a queue of this configuration");
+        return sk_console_fail(c, 400, "queue: not a queue of this configuration");
     if (!lock_dlq(c, READ_WAIT_S))
         return;
     REPORT(c, sk_ctl_trace_report(c->con->conf, key, queue, true, TRACE_SCAN, out));
@@ -100,63 +100,63 @@ static void api_trace(struct console_call *c)
 }
 
 /* The selectors of list, replay and purge: reason, fingerprint, key(s), all. */
-static bool selectors(struct console_call *c, struct sk_ctl_dlq_req *req, const char **keys)
+static bool selectors(struct sk_console_call *c, struct sk_ctl_dlq_req *req, const char **keys)
 {
-    req->reason = console_arg(c, "reason");
-    req->fingerprint = console_arg(c, "fingerprint");
+    req->reason = sk_console_arg(c, "reason");
+    req->fingerprint = sk_console_arg(c, "fingerprint");
     if (req->reason != NULL && req->reason[0] == '\0')
         req->reason = NULL;
     if (req->fingerprint != NULL && req->fingerprint[0] == '\0')
         req->fingerprint = NULL;
     req->keys = keys;
     if (c->post) {
-        req->n_keys = console_args(c, "key", keys, CONSOLE_KEYS_MAX);
+        req->n_keys = sk_console_args(c, "key", keys, SK_CONSOLE_KEYS_MAX);
     } else {
-        const char *k = console_arg(c, "key");
+        const char *k = sk_console_arg(c, "key");
         if (k != NULL && k[0] != '\0') {
             keys[0] = k;
             req->n_keys = 1;
         }
     }
-    const char *all = console_arg(c, "all");
+    const char *all = sk_console_arg(c, "all");
     req->all = all != NULL && strcmp(all, "1") == 0;
     return true;
 }
 
-static void api_dlq(struct console_call *c, const char *command)
+static void api_dlq(struct sk_console_call *c, const char *command)
 {
     static const char *none[1];
-    const char *keys[CONSOLE_KEYS_MAX];
+    const char *keys[SK_CONSOLE_KEYS_MAX];
     struct sk_ctl_dlq_req req = { .command = command, .json = true, .preview = PREVIEW,
                                   .keys = none };
     bool writes = strcmp(command, "replay") == 0 || strcmp(command, "purge") == 0;
     char operator[128];
-    if (writes && !console_may_act(c, operator, sizeof(operator)))
+    if (writes && !sk_console_may_act(c, operator, sizeof(operator)))
         return;
     if (!writes && c->post)
-        return console_fail(c, 405, "use GET");
+        return sk_console_fail(c, 405, "use GET");
     if ((req.queue = queue_arg(c)) == NULL)
-        return console_fail(c, 400, "queue: not a queue of this configuration");
+        return sk_console_fail(c, 400, "queue: not a queue of this configuration");
     int operands = 0;
     if (strcmp(command, "list") == 0) {
         selectors(c, &req, keys);
         if (!number(c, "offset", 0, SCAN_MAX, &req.offset) ||
             !number(c, "limit", PAGE_DEFAULT, PAGE_MAX, &req.limit) ||
             !number(c, "scan", SCAN_DEFAULT, SCAN_MAX, &req.scan_max))
-            return console_fail(c, 400, "offset, limit (at most 100) and scan (at most "
+            return sk_console_fail(c, 400, "offset, limit (at most 100) and scan (at most "
                                 "100000) are whole numbers");
         if (req.limit == 0)
             req.limit = PAGE_DEFAULT;
         /* A page deep in the queue needs the letters before it read. */
-        if (console_arg(c, "scan") == NULL && req.offset + req.limit > req.scan_max)
+        if (sk_console_arg(c, "scan") == NULL && req.offset + req.limit > req.scan_max)
             req.scan_max = req.offset + req.limit > SCAN_MAX ? SCAN_MAX : req.offset + req.limit;
     } else if (strcmp(command, "groups") == 0) {
         if (!number(c, "scan", SCAN_DEFAULT, SCAN_MAX, &req.scan_max))
-            return console_fail(c, 400, "scan: a whole number, at most 100000");
+            return sk_console_fail(c, 400, "scan: a whole number, at most 100000");
     } else if (strcmp(command, "show") == 0) {
-        const char *k = console_arg(c, "key");
+        const char *k = sk_console_arg(c, "key");
         if (k == NULL || k[0] == '\0')
-            return console_fail(c, 400, "key: which dead letter");
+            return sk_console_fail(c, 400, "key: which dead letter");
         keys[0] = k;
         req.keys = keys;
         req.n_keys = 1;
@@ -164,12 +164,12 @@ static void api_dlq(struct console_call *c, const char *command)
         req.scan_max = SCAN_MAX;
     } else {
         selectors(c, &req, keys);
-        const char *dry = console_arg(c, "dry_run");
+        const char *dry = sk_console_arg(c, "dry_run");
         req.dry_run = dry != NULL && strcmp(dry, "1") == 0;
         req.by = operator;
     }
     if (!sk_ctl_dlq_req_ok(&req, operands))
-        return console_fail(c, 400, writes ? "an action takes all=1 or selectors (reason, "
+        return sk_console_fail(c, 400, writes ? "an action takes all=1 or selectors (reason, "
                             "fingerprint, key)" : "bad arguments");
     if (!lock_dlq(c, writes ? ACTION_WAIT_S : READ_WAIT_S))
         return;
@@ -177,7 +177,7 @@ static void api_dlq(struct console_call *c, const char *command)
     pthread_mutex_unlock(&c->con->dlq_lock);
 }
 
-bool console_api(struct console_call *c)
+bool sk_console_api(struct sk_console_call *c)
 {
     const char *api = c->path + strlen("/api/");
     bool get = !c->post;
@@ -187,13 +187,13 @@ bool console_api(struct console_call *c)
     }
     if (!get && (strcmp(api, "status") == 0 || strcmp(api, "rates") == 0 ||
                  strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0)) {
-        console_fail(c, 405, "use GET");
+        sk_console_fail(c, 405, "use GET");
         return true;
     }
     if (strcmp(api, "status") == 0)
         api_status(c);
     else if (strcmp(api, "rates") == 0)
-        console_rates_json(c->con->rates, c);
+        sk_console_rates_json(c->con->rates, c);
     else if (strcmp(api, "trace") == 0)
         api_trace(c);
     else if (strcmp(api, "dlq/groups") == 0 || strcmp(api, "dlq/list") == 0 ||

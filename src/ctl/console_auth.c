@@ -35,20 +35,20 @@ struct session {
     time_t expires;
 };
 
-struct console_sessions {
+struct sk_console_sessions {
     pthread_mutex_t lock;
     struct session  s[SESSIONS_MAX];
 };
 
-struct console_sessions *console_sessions_new(void)
+struct sk_console_sessions *sk_console_sessions_new(void)
 {
-    struct console_sessions *s = calloc(1, sizeof(*s));
+    struct sk_console_sessions *s = calloc(1, sizeof(*s));
     if (s != NULL)
         pthread_mutex_init(&s->lock, NULL);
     return s;
 }
 
-void console_sessions_free(struct console_sessions *s)
+void sk_console_sessions_free(struct sk_console_sessions *s)
 {
     if (s == NULL)
         return;
@@ -85,27 +85,27 @@ static bool random_hex(char *out)
 /* Whether the request comes from a page of this console: a browser names
  * the origin of every POST it sends (Origin, Sec-Fetch-Site); a request
  * without them comes from a script, which the CSRF token still guards. */
-static bool same_origin(struct console_call *c)
+static bool same_origin(struct sk_console_call *c)
 {
-    const char *site = console_header(c, "Sec-Fetch-Site");
+    const char *site = sk_console_header(c, "Sec-Fetch-Site");
     if (site != NULL && strcmp(site, "same-origin") != 0)
         return false;
-    const char *origin = console_header(c, "Origin");
+    const char *origin = sk_console_header(c, "Origin");
     if (origin == NULL)
         return true;
-    const char *host = console_header(c, "Host");
+    const char *host = sk_console_header(c, "Host");
     const char *scheme = c->con->tls ? "https://" : "http://";
     size_t n = strlen(scheme);
     return host != NULL && strncmp(origin, scheme, n) == 0 && strcmp(origin + n, host) == 0;
 }
 
 /* The live session the cookie names, copied out; false if none. */
-static bool find_session(struct console_call *c, struct session *out)
+static bool find_session(struct sk_console_call *c, struct session *out)
 {
     const char *id = MHD_lookup_connection_value(c->conn, MHD_COOKIE_KIND, COOKIE);
     if (id == NULL || strlen(id) != ID_BYTES * 2)
         return false;
-    struct console_sessions *all = c->con->sessions;
+    struct sk_console_sessions *all = c->con->sessions;
     bool found = false;
     time_t now = time(NULL);
     pthread_mutex_lock(&all->lock);
@@ -139,13 +139,13 @@ static bool good_operator(const char *name)
     return true;
 }
 
-static void session_json(struct console_call *c, const struct session *s, bool logged_in)
+static void session_json(struct sk_console_call *c, const struct session *s, bool logged_in)
 {
     char *doc = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&doc, &len);
     if (f == NULL)
-        return console_fail(c, 500, "out of memory");
+        return sk_console_fail(c, 500, "out of memory");
     fprintf(f, "{\"logged_in\":%s,\"actions\":%s", logged_in ? "true" : "false",
             c->con->conf->console.http.token != NULL ? "true" : "false");
     if (logged_in) {
@@ -156,10 +156,10 @@ static void session_json(struct console_call *c, const struct session *s, bool l
     }
     fputs("}\n", f);
     fclose(f);
-    console_json(c, 200, doc, len);
+    sk_console_json(c, 200, doc, len);
 }
 
-void console_session(struct console_call *c)
+void sk_console_session(struct sk_console_call *c)
 {
     struct session s;
     bool in = find_session(c, &s);
@@ -167,30 +167,30 @@ void console_session(struct console_call *c)
     explicit_bzero(&s, sizeof(s));
 }
 
-void console_login(struct console_call *c)
+void sk_console_login(struct sk_console_call *c)
 {
     const char *want = c->con->conf->console.http.token;
-    const char *token = console_arg(c, "token"), *name = console_arg(c, "operator");
+    const char *token = sk_console_arg(c, "token"), *name = sk_console_arg(c, "operator");
     if (!same_origin(c))
-        return console_fail(c, 403, "refused: the request comes from another origin");
+        return sk_console_fail(c, 403, "refused: the request comes from another origin");
     if (want == NULL)
-        return console_fail(c, 403, "this console is read-only: no console.token_file");
+        return sk_console_fail(c, 403, "this console is read-only: no console.token_file");
     if (token == NULL || name == NULL || !good_operator(name))
-        return console_fail(c, 400, "a login needs the token and your name (1 to 64 "
+        return sk_console_fail(c, 400, "a login needs the token and your name (1 to 64 "
                             "printable characters) for the audit");
     if (!same_secret(token, want)) {
         /* One guess a second per connection; the answer never echoes it. */
         sleep(1);
-        return console_fail(c, 401, "wrong token");
+        return sk_console_fail(c, 401, "wrong token");
     }
     struct session s = { 0 };
     if (!random_hex(s.id) || !random_hex(s.csrf))
-        return console_fail(c, 500, "no randomness for a session");
+        return sk_console_fail(c, 500, "no randomness for a session");
     snprintf(s.operator, sizeof(s.operator), "%s", name);
     time_t now = time(NULL);
     long ttl = (long)(c->con->conf->console.session_ms / 1000);
     s.expires = now + ttl;
-    struct console_sessions *all = c->con->sessions;
+    struct sk_console_sessions *all = c->con->sessions;
     pthread_mutex_lock(&all->lock);
     /* A free or stale slot, else the one closest to expiry. */
     size_t slot = 0;
@@ -210,13 +210,13 @@ void console_login(struct console_call *c)
     explicit_bzero(&s, sizeof(s));
 }
 
-void console_logout(struct console_call *c)
+void sk_console_logout(struct sk_console_call *c)
 {
     char who[OPERATOR_MAX + 1];
-    if (!console_may_act(c, who, sizeof(who)))
+    if (!sk_console_may_act(c, who, sizeof(who)))
         return;
     const char *id = MHD_lookup_connection_value(c->conn, MHD_COOKIE_KIND, COOKIE);
-    struct console_sessions *all = c->con->sessions;
+    struct sk_console_sessions *all = c->con->sessions;
     pthread_mutex_lock(&all->lock);
     for (size_t i = 0; i < SESSIONS_MAX; i++)
         if (all->s[i].id[0] != '\0' && id != NULL && same_secret(all->s[i].id, id))
@@ -228,31 +228,31 @@ void console_logout(struct console_call *c)
     session_json(c, &none, false);
 }
 
-bool console_may_act(struct console_call *c, char *operator, size_t size)
+bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size)
 {
     struct session s;
     if (!c->post) {
-        console_fail(c, 405, "an action is a POST");
+        sk_console_fail(c, 405, "an action is a POST");
         return false;
     }
     if (!same_origin(c)) {
-        console_fail(c, 403, "refused: the request comes from another origin");
+        sk_console_fail(c, 403, "refused: the request comes from another origin");
         return false;
     }
     if (c->con->conf->console.http.token == NULL) {
-        console_fail(c, 403, "this console is read-only: no console.token_file");
+        sk_console_fail(c, 403, "this console is read-only: no console.token_file");
         return false;
     }
     if (!find_session(c, &s)) {
-        console_fail(c, 401, "log in first (no session, or it expired)");
+        sk_console_fail(c, 401, "log in first (no session, or it expired)");
         return false;
     }
-    const char *csrf = console_arg(c, "csrf");
+    const char *csrf = sk_console_arg(c, "csrf");
     bool ok = csrf != NULL && same_secret(csrf, s.csrf);
     if (ok)
         snprintf(operator, size, "%s", s.operator);
     explicit_bzero(&s, sizeof(s));
     if (!ok)
-        console_fail(c, 403, "refused: missing or wrong CSRF token");
+        sk_console_fail(c, 403, "refused: missing or wrong CSRF token");
     return ok;
 }

@@ -35,7 +35,7 @@ struct queue_ring {
     double        lock_ttl, job_timeout;  /* seconds; NAN: unknown */
 };
 
-struct console_rates {
+struct sk_console_rates {
     const struct sk_conf *conf;
     pthread_t             thread;
     bool                  running;
@@ -117,7 +117,7 @@ static void read_queue(const char *text, const char *name, struct sample *s, dou
     s->ok = true;
 }
 
-static void scrape(struct console_rates *r)
+static void scrape(struct sk_console_rates *r)
 {
     const struct sk_metrics_conf *m = &r->conf->metrics;
     char why[300] = "";
@@ -145,7 +145,7 @@ static void scrape(struct console_rates *r)
 
 static void *sampler(void *arg)
 {
-    struct console_rates *r = arg;
+    struct sk_console_rates *r = arg;
     pthread_mutex_lock(&r->lock);
     while (!r->stop) {
         pthread_mutex_unlock(&r->lock);
@@ -161,9 +161,9 @@ static void *sampler(void *arg)
     return NULL;
 }
 
-struct console_rates *console_rates_start(const struct sk_conf *conf)
+struct sk_console_rates *sk_console_rates_start(const struct sk_conf *conf)
 {
-    struct console_rates *r = calloc(1, sizeof(*r));
+    struct sk_console_rates *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return NULL;
     r->conf = conf;
@@ -181,7 +181,7 @@ struct console_rates *console_rates_start(const struct sk_conf *conf)
     return r;
 }
 
-void console_rates_stop(struct console_rates *r)
+void sk_console_rates_stop(struct sk_console_rates *r)
 {
     if (r == NULL)
         return;
@@ -219,7 +219,7 @@ static double quantile(const struct sample *old, const struct sample *new, doubl
     return NAN;
 }
 
-static void queue_json(FILE *f, struct console_rates *r, size_t qi)
+static void queue_json(FILE *f, struct sk_console_rates *r, size_t qi)
 {
     const struct queue_ring *ring = &r->q[qi];
     fputs("{\"name\":", f);
@@ -260,15 +260,15 @@ static void queue_json(FILE *f, struct console_rates *r, size_t qi)
     fputc('}', f);
 }
 
-void console_rates_json(struct console_rates *r, struct console_call *c)
+void sk_console_rates_json(struct sk_console_rates *r, struct sk_console_call *c)
 {
     if (r == NULL)
-        return console_fail(c, 503, "no sampler (out of memory at start)");
+        return sk_console_fail(c, 503, "no sampler (out of memory at start)");
     char *doc = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&doc, &len);
     if (f == NULL)
-        return console_fail(c, 500, "out of memory");
+        return sk_console_fail(c, 500, "out of memory");
     pthread_mutex_lock(&r->lock);
     fprintf(f, "{\"interval_seconds\":%d,\"window_seconds\":%d,\"metrics\":", INTERVAL_S,
             INTERVAL_S * SAMPLES);
@@ -285,5 +285,5 @@ void console_rates_json(struct console_rates *r, struct console_call *c)
     fputs("]}\n", f);
     pthread_mutex_unlock(&r->lock);
     fclose(f);
-    console_json(c, 200, doc, len);
+    sk_console_json(c, 200, doc, len);
 }
