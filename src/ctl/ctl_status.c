@@ -6,13 +6,16 @@
  *                  creates nothing; AMQP does not report unacked messages);
  *   PostgreSQL     keys processing and failed, the oldest processing key,
  *                  the outbox rows waiting for the queue
- *                  (sekali.queue_status(), sql/011_status.sql);
+ *                  (sekali.queue_status(), sql/011_status.sql), and whether
+ *                  the queue is paused (sekali.queue_pauses, sql/019);
  *   sekalid        workers up and the relays' and janitor's last rounds,
  *                  which live in the supervisor's shared memory and are
  *                  read through its /metrics endpoint when metrics.listen
  *                  is set.
  *
- * Exit codes: 0 every queue has a consumer and sekalid answers; 5
+ * A paused queue without consumers is as it should be, not unhealthy.
+ *
+ * Exit codes: 0 every queue has a consumer (or is paused) and sekalid answers; 5
  * (SK_CTL_UNHEALTHY) sekalid is not running or a queue has no consumer; 1 a
  * source could not be read (and nothing unhealthy was seen). */
 #include <getopt.h>
@@ -44,6 +47,9 @@ struct qstat {
     bool     pg_ok, oldest_known;
     long long processing, failed, outbox_pending, outbox_refused;
     double   oldest_s, outbox_lag_s;
+    bool     paused;
+    double   paused_s;
+    char     pause_reason[1001], paused_by[256];
     char     problem[256];  /* "" when healthy */
 };
 
@@ -63,6 +69,7 @@ struct status {
 static void read_broker(struct status *s);
 static void read_pg(struct status *s);
 static void read_metrics(struct status *s);
+static void read_pause(PGconn *pg, struct qstat *q);
 static void print_text(const struct status *s);
 static void print_json(const struct status *s, int code);
 static void json_queue(FILE *out, const struct qstat *q);
@@ -132,6 +139,10 @@ static int judge(struct status *s)
         s->running = s->metrics != NULL;
     } else if (s->broker_why[0] == '\0') {
         s->running = 0;
+        /* A paused queue has no consumer while sekalid runs: then no sign. */
+        for (size_t i = 0; i < s->conf->n_queues; i++)
+            if (s->q[i].paused && s->running == 0)
+                s->running = -1;
         for (size_t i = 0; i < s->conf->n_queues; i++)
             if (s->q[i].consumers > 0)
                 s->running = 1;
@@ -143,7 +154,7 @@ static int judge(struct status *s)
             failed = true;
         else if (!q->exists)
             snprintf(q->problem, sizeof(q->problem), "the queue does not exist");
-        else if (q->consumers == 0)
+        else if (q->consumers == 0 && !q->paused)
             snprintf(q->problem, sizeof(q->problem), "no consumer");
         else if (q->up_known && q->up < q->conf->workers)
             snprintf(q->problem, sizeof(q->problem), "%.0f of %d workers up", q->up,
@@ -233,8 +244,30 @@ static void read_pg(struct status *s)
         q->outbox_refused = atoll(PQgetvalue(res, 0, 4));
         q->outbox_lag_s = atof(PQgetvalue(res, 0, 5));
         PQclear(res);
+        read_pause(pg, q);
     }
     PQfinish(pg);
+}
+
+/* Best effort: a database from before sql/019 has no pauses to show. */
+static void read_pause(PGconn *pg, struct qstat *q)
+{
+    const char *params[] = { q->conf->name };
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT coalesce(reason, ''), coalesce(paused_by, ''), "
+               "extract(epoch FROM now() - paused_at) FROM sekali.queue_pauses WHERE queue = $1",
+        .n_params = 1, .values = params, .what = "reading sekali.queue_pauses",
+    };
+    PGresult *res;
+    if (sk_pg_exec(pg, &st, &res, NULL) != SK_OK)
+        return;
+    q->paused = PQntuples(res) == 1;
+    if (q->paused) {
+        snprintf(q->pause_reason, sizeof(q->pause_reason), "%s", PQgetvalue(res, 0, 0));
+        snprintf(q->paused_by, sizeof(q->paused_by), "%s", PQgetvalue(res, 0, 1));
+        q->paused_s = atof(PQgetvalue(res, 0, 2));
+    }
+    PQclear(res);
 }
 
 /* A last-round gauge: the Unix time, or 0 with *known false. */
@@ -297,7 +330,21 @@ static void print_text(const struct status *s)
         const struct qstat *q = &s->q[i];
         fprintf(out, "\nqueue ");
         sk_ctl_put_text(out, q->conf->name, strlen(q->conf->name), 0);
-        fprintf(out, ": %s\n", q->problem[0] != '\0' ? q->problem : q->broker_ok ? "ok" : "unknown");
+        fprintf(out, ": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
+                          : q->paused ? "paused" : "ok");
+        if (q->paused) {
+            /* Reason and name are the operator's text: printed escaped. */
+            fprintf(out, "  paused      for %.0fs", q->paused_s);
+            if (q->paused_by[0] != '\0') {
+                fprintf(out, " by ");
+                sk_ctl_put_tstr(out, q->paused_by);
+            }
+            if (q->pause_reason[0] != '\0') {
+                fprintf(out, ": ");
+                sk_ctl_put_tstr(out, q->pause_reason);
+            }
+            fprintf(out, " (sekalictl resume %s)\n", q->conf->name);
+        }
         fprintf(out, "  workers     %d configured, ", q->conf->workers);
         if (q->up_known)
             fprintf(out, "%.0f up", q->up);
@@ -400,6 +447,15 @@ static void json_queue(FILE *out, const struct qstat *q)
     fprintf(out, ",\"healthy\":%s,\"problem\":", q->problem[0] == '\0' && q->broker_ok ? "true"
                                                                                : "false");
     put_text_or_null(out, q->problem);
+    if (q->paused) {
+        fprintf(out, ",\"paused\":{\"seconds\":%.3f,\"by\":", q->paused_s);
+        put_text_or_null(out, q->paused_by);
+        fprintf(out, ",\"reason\":");
+        put_text_or_null(out, q->pause_reason);
+        fprintf(out, "}");
+    } else {
+        fprintf(out, ",\"paused\":%s", q->pg_ok ? "false" : "null");
+    }
     fprintf(out, ",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
     if (q->up_known)
         fprintf(out, "%.0f", q->up);

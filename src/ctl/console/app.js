@@ -122,7 +122,8 @@ async function overview() {
     .filter(Boolean);
   const rows = (status.queues || []).map((q) => {
     const r = byName.get(q.name) || { points: [] };
-    const state = q.consumers === null ? '?' : q.consumers > 0 ? 'consuming' : 'no consumer';
+    const state = q.paused ? 'paused' + (q.paused.reason ? ': ' + q.paused.reason : '')
+      : q.consumers === null ? '?' : q.consumers > 0 ? 'consuming' : 'no consumer';
     const last = r.points.length ? r.points[r.points.length - 1] : {};
     return el('tr', { 'data-queue': q.name },
       el('td', {}, el('b', {}, q.name)),
@@ -154,7 +155,7 @@ async function overview() {
         'dead', 'processing / failed', 'outbox · lag', 'jobs/s', 'duplicates/s', 'p50 / p99',
         'lock TTL / timeout'].map((h) => el('th', {}, h)))),
       el('tbody', {}, rows)),
-    el('p', { class: 'muted' }, 'Pause and resume and the schedules are not in this console yet.',
+    el('p', { class: 'muted' }, 'Pausing and resuming (sekalictl pause, resume) and the schedules (sekalictl schedules) are not buttons of this console yet.',
        ' Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
   refreshTimer = setTimeout(overview, 5000);
 }
