@@ -40,16 +40,18 @@ endif
 override CFLAGS += $(SK_CFLAGS) $(HARDEN_CFLAGS)
 LDLIBS  = $(shell pkg-config --libs $(PKGS)) -ldl -lpthread $(HARDEN_LD)
 CHECK_LIBS = $(shell pkg-config --libs check)
-# sekalictl serves no HTTP; doctor asks Redis (hiredis); TLS is OpenSSL's.
-CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd openssl) -lm $(HARDEN_LD)
+# sekalictl serve is the console (libmicrohttpd, threads); doctor asks Redis
+# (hiredis); TLS is OpenSSL's.
+CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl) \
+           -lm -lpthread $(HARDEN_LD)
 
 CORE    = common config config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
           notify oom metrics metrics_text metrics_http relay janitor scheduler schema
-CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers ctl_verify ctl_schedules ctl_pause ctl_cancel \
-          $(BROKER) pg envelope failpoint reschedule schema
+CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers ctl_verify ctl_schedules ctl_pause ctl_cancel \
+          console console_auth console_api console_rates console_assets $(BROKER) pg envelope failpoint reschedule schema
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
@@ -61,10 +63,13 @@ TEST_PLUGINS = $(patsubst tests/plugins/%.c,$(B)/tests/plugins/%.so,$(wildcard t
 UNIT_TESTS   = $(patsubst tests/unit/%.c,$(B)/tests/%,$(wildcard tests/unit/check_*.c))
 INTEG_TESTS  = $(patsubst tests/integration/%.c,$(B)/tests/%,$(wildcard tests/integration/check_*.c))
 FAULT_TESTS  = $(patsubst tests/fault/%.c,$(B)/tests/%,$(wildcard tests/fault/check_*.c))
+# The console in a real browser (make check-browser): not in TESTS, since it
+# needs chromium and the npm registry.
+BROWSER_TESTS = $(patsubst tests/browser/%.c,$(B)/tests/%,$(wildcard tests/browser/check_*.c))
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit check-cluster deps servers demo bench bench-cluster chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit check-browser check-cluster deps servers demo bench bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -78,6 +83,17 @@ $(B)/sekalictl: $(call obj,$(CTL))
 	$(CC) $(CFLAGS) -o $@ $^ $(CTL_LIBS)
 $(B)/fault/sekalictl: $(call fobj,$(CTL))
 	$(CC) $(CFLAGS) -DSK_FAULTS -o $@ $^ $(CTL_LIBS)
+
+# The console's page, script and style, embedded in sekalictl: served from
+# memory, nothing fetched from anywhere at run time.
+CONSOLE_ASSETS = $(sort $(wildcard src/ctl/console/*))
+$(B)/gen/console_assets.c: $(CONSOLE_ASSETS) tools/embed-assets.sh
+	@mkdir -p $(B)/gen
+	tools/embed-assets.sh $(CONSOLE_ASSETS) > $@.tmp && mv $@.tmp $@
+$(B)/obj/console_assets.o: $(B)/gen/console_assets.c | $(B)/obj
+	$(CC) $(CFLAGS) -c -o $@ $<
+$(B)/fault/console_assets.o: $(B)/gen/console_assets.c | $(B)/fault
+	$(CC) $(CFLAGS) -DSK_FAULTS -c -o $@ $<
 
 $(B)/obj/%.o: %.c | $(B)/obj
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -121,6 +137,7 @@ $(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
 $(B)/tests/check_docs:     $(call obj,$(CORE))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
 $(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
+$(B)/tests/check_fingerprint: $(call obj,ctl_fingerprint ctl_out broker_wire)
 $(B)/tests/check_cron:     $(call obj,$(CORE))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
@@ -131,6 +148,8 @@ $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 $(B)/tests/check_pg: $(call obj,pg)
 $(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
+	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
+$(B)/tests/check_%: tests/browser/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 $(B)/tests/check_%: tests/fault/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
@@ -193,6 +212,14 @@ check: deps
 
 check-unit: tests
 	tests/run.sh $(B) unit
+
+# The console (sekalictl serve) in Debian's chromium, driven by puppeteer-core
+# from the npm registry (tests/browser/); screenshots and timings land in
+# $(B)/artifacts/console.
+check-browser: deps
+	$(MAKE) tests $(BROWSER_TESTS)
+	SEKALI_TLS=1 tests/servers.sh start
+	tests/run.sh $(B) browser
 
 # The cluster suites (tests/cluster/): a RabbitMQ cluster, PostgreSQL
 # failover; each test starts, stops and wipes its own servers.
@@ -314,6 +341,9 @@ help:
 	@echo "          SIGKILLed every 100-200 ms, a worker SIGSTOPped past its lock, Redis,"
 	@echo "          RabbitMQ and PostgreSQL restarted; fails on any doubled or lost key"
 	@echo "          (CHAOS_* settings: see tests/chaos/run.sh)"
+	@echo "check-browser  the console (sekalictl serve) in Debian's chromium via puppeteer-core:"
+	@echo "          replay, purge, key search, hostile data, refused requests; screenshots"
+	@echo "          and render times in $(B)/artifacts/console"
 	@echo "check-cluster  the cluster suites (tests/cluster/): a 3-node RabbitMQ cluster losing"
 	@echo "          its queue's leader, PostgreSQL failing over to a sync and an async standby"
 	@echo "asan      the test suite under ASan and UBSan"

@@ -14,6 +14,7 @@ packages=(
     mandoc man-db     # check_docs lints the man pages; check_handler_build finds them
     python3 python3-psycopg  # the README's Python producer is run by a test
     nodejs            # and its Node.js producer (node-postgres comes from npm, in the test)
+    chromium          # make check-browser: the console in a real browser (puppeteer-core from npm)
     clang libfuzzer-14-dev libclang-rt-14-dev  # make fuzz: libFuzzer harnesses under ASan/UBSan
     debhelper dpkg-dev fakeroot lintian  # check_package builds debian/ and lints the .debs
 )

@@ -104,6 +104,8 @@ static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_listen(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_token(struct loader *L, yaml_node_t *v, void *base);
+static int console_listen(struct loader *L, yaml_node_t *v, void *base);
+static int console_token(struct loader *L, yaml_node_t *v, void *base);
 static int redis_tls(struct loader *L, yaml_node_t *v, void *base);
 static int sentinel_password_env(struct loader *L, yaml_node_t *v, void *base);
 static int sentinel_password_file(struct loader *L, yaml_node_t *v, void *base);
@@ -237,6 +239,17 @@ static const struct key metrics_keys[] = {
     END
 };
 
+/* console.listen and token_file are parsed as metrics' are: the same
+ * address rules, the same token characters, read at load. */
+static const struct key console_keys[] = {
+    CUSTOM("listen", console_listen, false),
+    CUSTOM("token_file", console_token, false),
+    PATH("tls_cert_file", sk_console_conf, tls_cert_file, false),
+    PATH("tls_key_file",  sk_console_conf, tls_key_file, false),
+    DURATION("session",   sk_console_conf, session_ms, MIN, DAY),
+    END
+};
+
 static const struct key retry_keys[] = {
     INT("max_attempts",  sk_retry_conf, max_attempts, 1, 1000),
     DURATION("initial",  sk_retry_conf, initial_ms, 1, HOUR),
@@ -357,6 +370,7 @@ static const struct key top_keys[] = {
     SECTION("outbox",   outbox,   outbox_keys,   false),
     SECTION("janitor",  janitor,  janitor_keys,  false),
     SECTION("metrics",  metrics,  metrics_keys,  false),
+    SECTION("console",  console,  console_keys,  false),
     SECTION("restart",  restart,  restart_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
     CUSTOM_SECTION("queues", load_queues, queue_keys, true),
@@ -376,6 +390,7 @@ static const struct sk_conf conf_defaults = {
     .outbox = { .relays = 0, .batch = 100, .poll_interval_ms = SEC },
     .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .outbox_retention_ms = 7 * DAY },
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
+    .console = { .session_ms = 15 * MIN },
 };
 
 /* See MAX_HEADERS_CAP. */
@@ -488,6 +503,10 @@ void sk_conf_free(struct sk_conf *c)
     sk_conf_value_wipe(c->postgres.password);
     free(c->metrics.listen_host);
     sk_conf_value_wipe(c->metrics.token);
+    free(c->console.http.listen_host);
+    sk_conf_value_wipe(c->console.http.token);
+    free(c->console.tls_cert_file);
+    free(c->console.tls_key_file);
     for (size_t i = 0; i < c->n_queues; i++) {
         struct sk_queue_conf *q = &c->queues[i];
         free(q->name);
@@ -1107,6 +1126,18 @@ static int metrics_token(struct loader *L, yaml_node_t *v, void *base)
         return fail(L, v, "token_file: the token must be at most 512 characters of A-Z a-z 0-9 "
                     "- . _ ~ + / = (a bearer token, RFC 6750)");
     return SK_OK;
+}
+
+/* The console's section: its first member is read exactly as the metrics
+ * section is. */
+static int console_listen(struct loader *L, yaml_node_t *v, void *base)
+{
+    return metrics_listen(L, v, &((struct sk_console_conf *)base)->http);
+}
+
+static int console_token(struct loader *L, yaml_node_t *v, void *base)
+{
+    return metrics_token(L, v, &((struct sk_console_conf *)base)->http);
 }
 
 /* The redis section, plus the one rule its table cannot say: sentinels and

@@ -65,6 +65,15 @@ struct sk_metrics_conf {
     char *token;                   /* metrics.token_file's bearer token; NULL: none asked */
 };
 
+/* The operator's console, served by `sekalictl serve` (src/ctl/console.c). */
+struct sk_console_conf {
+    struct sk_metrics_conf http;   /* listen and token_file, read as metrics' are; no
+                                    * listen: no console (the default) */
+    char *tls_cert_file;           /* PEM; both set: HTTPS, NULL: plain HTTP */
+    char *tls_key_file;
+    uint32_t session_ms;           /* a login's lifetime */
+};
+
 struct sk_outbox_conf {
     int      relays;               /* relay processes; 0: none (the default) */
     int      batch;                /* rows claimed and published per transaction */
@@ -151,6 +160,7 @@ struct sk_conf {
     struct sk_lock_conf     lock;
     struct sk_log_conf      log;
     struct sk_metrics_conf  metrics;
+    struct sk_console_conf  console;
     struct sk_outbox_conf   outbox;
     struct sk_janitor_conf  janitor;
     struct sk_restart_conf  restart;

@@ -3,7 +3,8 @@
  *
  *   sekalictl [-c FILE] migrate [--sql-dir DIR]                (ctl_migrate.c)
  *   sekalictl [-c FILE] enqueue QUEUE TYPE [...] [BODY | -]   (ctl_enqueue.c)
- *   sekalictl [-c FILE] dlq (list|show|replay|purge) QUEUE ... (ctl_dlq.c)
+ *   sekalictl [-c FILE] dlq (list|groups|show|replay|purge) QUEUE ... (ctl_dlq.c)
+ *   sekalictl [-c FILE] serve [--listen ADDR]                  (console.c)
  *   sekalictl [-c FILE] status [--json]                        (ctl_status.c)
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
  *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
@@ -113,20 +114,34 @@ static const struct command {
       "  --json   one JSON document\n",
       sk_ctl_schedules },
     { "dlq",
-      "dlq list QUEUE [--json]\n"
+      "dlq list QUEUE [SELECTORS] [--offset N] [--limit N] [--json]\n"
+      "  dlq groups QUEUE [--json]\n"
       "  dlq show QUEUE KEY [--json]\n"
-      "  dlq replay QUEUE (--key K | --reason R | --all) [--by NAME] [--json]\n"
-      "  dlq purge QUEUE (--key K | --reason R | --all) [--by NAME] [--json]",
-      "The dead letters of QUEUE.dead: list and show leave them in place; replay\n"
-      "re-arms each selected key and enqueues its job again through the outbox (a\n"
-      "relay must run); purge removes them (their keys stay failed).\n"
-      "  --key K      the dead letters of key K\n"
-      "  --reason R   those dead-lettered for reason R\n"
-      "  --all        every dead letter\n"
-      "  --by NAME    who acts, for the audit row (default: the OS user)\n"
-      "  --json       one JSON document\n"
+      "  dlq replay QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] [--json]\n"
+      "  dlq purge QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] [--json]",
+      "The dead letters of QUEUE.dead: list, groups and show leave them in place;\n"
+      "groups counts them by reason and error fingerprint (numbers and ids masked);\n"
+      "replay re-arms each selected key and enqueues its job again through the\n"
+      "outbox (a relay must run); purge removes them (their keys stay failed).\n"
+      "SELECTORS, all of which a letter must match:\n"
+      "  --key K           the dead letters of key K (repeatable: any of them)\n"
+      "  --reason R        those dead-lettered for reason R\n"
+      "  --fingerprint F   those whose error has fingerprint F (see groups)\n"
+      "  --all             every dead letter (replay, purge; no selector with it)\n"
+      "  --dry-run         replay, purge: say what would be done, change nothing\n"
+      "  --offset N, --limit N   list: a page of the selected letters\n"
+      "  --scan-max N      read at most the first N letters of the queue\n"
+      "  --by NAME         who acts, for the audit row (default: the OS user)\n"
+      "  --json            one JSON document\n"
       "Exits 3 when some dead letters were refused, 4 when nothing matched.\n",
       sk_ctl_dlq },
+    { "serve", "serve [--listen ADDR]",
+      "Serve the operator's console (console.listen, or ADDR): the queues, the dead\n"
+      "letters grouped and acted on, a key's story, in a browser and as JSON under\n"
+      "/api/ (docs/console.md). Read-only without a login with console.token_file's\n"
+      "token. Runs until SIGTERM or SIGINT.\n"
+      "  --listen ADDR   HOST:PORT to listen on instead of console.listen\n",
+      sk_ctl_serve },
     { "pause", "pause QUEUE [--reason R] [--by NAME] [--wait DURATION] [--json]",
       "Pause QUEUE on every host, until resume, across restarts (a row in PostgreSQL):\n"
       "each worker finishes the job in hand and cancels its consumer; the messages\n"

@@ -1,10 +1,17 @@
 /* ctl_dlq.c - sekalictl dlq: list, show, replay and purge the dead letters
  * of a queue, so that nothing sekali records as failed is a dead end.
  *
- *   dlq list   QUEUE [--json]
+ *   dlq list   QUEUE [SELECTORS] [--offset N] [--limit N] [--json]
+ *   dlq groups QUEUE [--json]
  *   dlq show   QUEUE KEY [--json]
- *   dlq replay QUEUE (--key K | --reason R | --all) [--by NAME] [--json]
- *   dlq purge  QUEUE (--key K | --reason R | --all) [--by NAME] [--json]
+ *   dlq replay QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] [--json]
+ *   dlq purge  QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] [--json]
+ *
+ * SELECTORS are --key K (repeatable), --reason R and --fingerprint F, all
+ * of which a letter must match. Every command also takes --scan-max N: read
+ * at most N letters, so that a queue of a million is looked at in bounded
+ * time. The console (console.c) runs the same code through sk_ctl_dlq_run()
+ * and serves the same JSON.
  *
  * The dead letters are read from <queue>.dead with basic.get and no ack:
  * each stays the broker's until we ack it (replayed or purged), and the rest
@@ -18,6 +25,7 @@
  * next replay finds its audit row and only removes it, and even without
  * that the idempotency key would absorb the second copy. */
 #include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <pwd.h>
 #include <stdbool.h>
@@ -36,12 +44,25 @@
 #include "ctl_common.h"
 #include "ctl_http.h"
 #include "ctl_out.h"
+#include "ctl_reports.h"
 #include "envelope.h"
 #include "failpoint.h"
 #include "pg.h"
 
 #define TEXT_ERROR_MAX 60   /* longest error shown in list's table */
 #define PREVIEW_MAX    256  /* body bytes shown by show */
+#define GROUPS_MAX     200  /* distinct groups kept; the rest are counted as "other" */
+#define FINGERPRINT_MAX 160 /* bytes of a fingerprint */
+#define KEYS_MAX       500  /* --key given at most this often */
+
+/* Dead letters of one reason whose errors differ only in numbers and ids. */
+struct group {
+    char   reason[64];
+    char   fingerprint[FINGERPRINT_MAX];
+    long   count, replayable;
+    char   first[64], last[64];   /* earliest first and latest last failure seen */
+    char   example_key[SK_KEY_MAX + 1];
+};
 
 /* One dead letter as read from <queue>.dead; its strings point into msg. */
 struct letter {
@@ -74,10 +95,15 @@ struct dlq {
     struct sk_broker           *broker;
     PGconn                     *pg;
     bool                        json;
-    const char                 *sel_key, *sel_reason;
-    bool                        sel_all;
+    FILE                       *out;       /* where the report goes */
+    const struct sk_ctl_dlq_req *req;
     char                        actor[256], os_user[256];
     int                         seen, matched, done, already, refused;
+    uint32_t                    depth;      /* letters in the queue when the scan began */
+    bool                        stop;       /* a visitor has seen enough */
+    struct group               *groups;
+    size_t                      n_groups;
+    long                        other;      /* letters past GROUPS_MAX groups */
     bool                        first_item;  /* JSON: no comma before the next item */
     struct sk_err               err;
 };
@@ -101,120 +127,167 @@ static void json_item(struct dlq *d);
 static void json_letter_fields(FILE *f, const struct letter *l);
 static void json_letter(FILE *f, const struct letter *l);
 static void json_null_or(FILE *f, const char *name, const void *s, size_t len);
-static bool dlq_options(int argc, char **argv, struct dlq *d, const char **by);
-static bool operands_ok(const struct dlq *d, const char *sub, const char *queue, int left,
-                        const char *by);
+static bool dlq_options(int argc, char **argv, struct sk_ctl_dlq_req *req);
+static int visit_groups(struct dlq *d, struct letter *l);
+static void print_groups(struct dlq *d);
 static void print_head(const struct dlq *d, const char *queue, const char *sub, int rc);
 static void show_json(struct dlq *d, const struct letter *l, const amqp_table_t *h,
                       size_t preview);
-static void show_text_headers(const amqp_table_t *h);
+static void show_text_headers(FILE *out, const amqp_table_t *h);
 static void show_text(const struct dlq *d, const struct letter *l, const amqp_table_t *h,
                       size_t preview);
 
 static void dlq_usage(FILE *out)
 {
-    fprintf(out, "usage: sekalictl dlq list QUEUE [--json]\n"
+    fprintf(out, "usage: sekalictl dlq list QUEUE [SELECTORS] [--offset N] [--limit N] [--json]\n"
+                 "       sekalictl dlq groups QUEUE [--json]\n"
                  "       sekalictl dlq show QUEUE KEY [--json]\n"
-                 "       sekalictl dlq replay QUEUE (--key K | --reason R | --all) [--by NAME] "
+                 "       sekalictl dlq replay QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] "
                  "[--json]\n"
-                 "       sekalictl dlq purge QUEUE (--key K | --reason R | --all) [--by NAME] "
-                 "[--json]\n");
+                 "       sekalictl dlq purge QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] "
+                 "[--json]\n"
+                 "SELECTORS: --key K (repeatable), --reason R, --fingerprint F; every command "
+                 "takes --scan-max N\n");
 }
 
 int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
 {
-    struct dlq d = { .first_item = true };
-    const char *by = NULL;
-    if (!dlq_options(argc, argv, &d, &by)) {
+    static const char *keys[KEYS_MAX];
+    struct sk_ctl_dlq_req req = { .keys = keys, .preview = PREVIEW_MAX };
+    if (!dlq_options(argc, argv, &req)) {
         dlq_usage(stderr);
         return SK_CTL_USAGE;
     }
     /* argv[0] is "dlq"; optind has moved the operands to the end. */
     int left = argc - optind;
-    const char *sub = left >= 1 ? argv[optind] : "";
-    const char *queue = left >= 2 ? argv[optind + 1] : NULL;
-    bool list = strcmp(sub, "list") == 0, show = strcmp(sub, "show") == 0;
-    bool replay = strcmp(sub, "replay") == 0, purge = strcmp(sub, "purge") == 0;
-    if (!operands_ok(&d, sub, queue, left, by)) {
-        if (replay || purge)
-            fprintf(stderr, "sekalictl: dlq %s takes QUEUE and exactly one of --key, "
-                            "--reason or --all\n", sub);
+    req.command = left >= 1 ? argv[optind] : "";
+    req.queue = left >= 2 ? argv[optind + 1] : NULL;
+    if (strcmp(req.command, "show") == 0 && left == 3) {
+        keys[0] = argv[optind + 2];
+        req.n_keys = 1;
+    }
+    if (!sk_ctl_dlq_req_ok(&req, left - 2)) {
+        if (strcmp(req.command, "replay") == 0 || strcmp(req.command, "purge") == 0)
+            fprintf(stderr, "sekalictl: dlq %s takes QUEUE and --all or selectors "
+                            "(--key, --reason, --fingerprint)\n", req.command);
         dlq_usage(stderr);
         return SK_CTL_USAGE;
     }
-    if (show)
-        d.sel_key = argv[optind + 2];
+    return sk_ctl_dlq_run(conf, &req, stdout);
+}
 
-    struct passwd *pw = getpwuid(geteuid());
-    snprintf(d.os_user, sizeof(d.os_user), "%s", pw != NULL ? pw->pw_name : "uid?");
-    snprintf(d.actor, sizeof(d.actor), "%s", by != NULL ? by : d.os_user);
+int sk_ctl_dlq_run(const struct sk_conf *conf, const struct sk_ctl_dlq_req *req, FILE *out)
+{
+    struct dlq d = { .first_item = true, .req = req, .json = req->json, .out = out };
+    const char *sub = req->command;
+    bool list = strcmp(sub, "list") == 0, show = strcmp(sub, "show") == 0;
+    bool groups = strcmp(sub, "groups") == 0, replay = strcmp(sub, "replay") == 0;
+    struct passwd pw, *found = NULL;
+    char pwbuf[1024];
+    getpwuid_r(geteuid(), &pw, pwbuf, sizeof(pwbuf), &found);
+    snprintf(d.os_user, sizeof(d.os_user), "%s", found != NULL ? found->pw_name : "uid?");
+    snprintf(d.actor, sizeof(d.actor), "%s", req->by != NULL ? req->by : d.os_user);
 
-    int rc = open_dlq(&d, conf, queue, replay || purge);
-    if (rc == SK_OK && replay && conf->outbox.relays == 0)
+    bool writes = !list && !show && !groups && !req->dry_run;
+    int rc = open_dlq(&d, conf, req->queue, writes);
+    if (rc == SK_OK && replay && writes && conf->outbox.relays == 0)
         fprintf(stderr, "sekalictl: note: this configuration runs no outbox relay "
                         "(outbox.relays: 0); replayed jobs wait in sekali.outbox until a "
                         "sekalid with relays runs\n");
-    print_head(&d, queue, sub, rc);
+    print_head(&d, req->queue, sub, rc);
     if (rc == SK_OK)
-        rc = scan(&d, list ? visit_list : show ? visit_show : replay ? visit_replay : visit_purge);
+        rc = scan(&d, list ? visit_list : show ? visit_show : groups ? visit_groups
+                      : replay ? visit_replay : visit_purge);
+    if (groups)
+        print_groups(&d);
     int code = finish(&d, rc, sub);
     close_dlq(&d);
+    free(d.groups);
     return code;
 }
 
 /* false: a usage error. */
-static bool dlq_options(int argc, char **argv, struct dlq *d, const char **by)
+static bool dlq_options(int argc, char **argv, struct sk_ctl_dlq_req *req)
 {
     static const struct option options[] = {
         { "json", no_argument, NULL, 'j' },  { "key", required_argument, NULL, 'k' },
         { "reason", required_argument, NULL, 'r' }, { "all", no_argument, NULL, 'a' },
-        { "by", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 },
+        { "by", required_argument, NULL, 'b' }, { "fingerprint", required_argument, NULL, 'f' },
+        { "dry-run", no_argument, NULL, 'n' }, { "offset", required_argument, NULL, 'o' },
+        { "limit", required_argument, NULL, 'l' }, { "scan-max", required_argument, NULL, 's' },
+        { NULL, 0, NULL, 0 },
     };
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (opt) {
-        case 'j': d->json = true; break;
-        case 'k': d->sel_key = optarg; break;
-        case 'r': d->sel_reason = optarg; break;
-        case 'a': d->sel_all = true; break;
-        case 'b': *by = optarg; break;
+        case 'j': req->json = true; break;
+        case 'k':
+            if (req->n_keys == KEYS_MAX)
+                return false;
+            req->keys[req->n_keys++] = optarg;
+            break;
+        case 'r': req->reason = optarg; break;
+        case 'f': req->fingerprint = optarg; break;
+        case 'a': req->all = true; break;
+        case 'b': req->by = optarg; break;
+        case 'n': req->dry_run = true; break;
+        case 'o': case 'l': case 's': {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (errno != 0 || end == optarg || *end != '\0' || optarg[0] == '-' ||
+                v > UINT32_MAX)
+                return false;
+            *(opt == 'o' ? &req->offset : opt == 'l' ? &req->limit : &req->scan_max) = (size_t)v;
+            break;
+        }
         default: return false;
         }
     }
     return true;
 }
 
-/* list and show select nothing (show names its key as an operand); replay
- * and purge need exactly one selector, so "all" is never implied. */
-static bool operands_ok(const struct dlq *d, const char *sub, const char *queue, int left,
-                        const char *by)
+/* list may select; show names its key as an operand; groups takes no
+ * selector; replay and purge need --all or a selector, so "all" is never
+ * implied. operands: how many came after the queue's name. */
+bool sk_ctl_dlq_req_ok(const struct sk_ctl_dlq_req *req, int operands)
 {
-    int selectors = (d->sel_key != NULL) + (d->sel_reason != NULL) + d->sel_all;
-    if (queue == NULL || queue[0] == '\0')
+    const char *sub = req->command;
+    bool selectors = req->n_keys > 0 || req->reason != NULL || req->fingerprint != NULL;
+    bool paged = req->offset > 0 || req->limit > 0;
+    if (req->queue == NULL || req->queue[0] == '\0' || (req->all && selectors))
         return false;
     if (strcmp(sub, "list") == 0)
-        return left == 2 && selectors == 0 && by == NULL;
+        return operands == 0 && !req->all && req->by == NULL && !req->dry_run;
+    if (strcmp(sub, "groups") == 0)
+        return operands == 0 && !selectors && !req->all && req->by == NULL && !req->dry_run &&
+               !paged;
     if (strcmp(sub, "show") == 0)
-        return left == 3 && selectors == 0 && by == NULL;
+        return operands == 1 && req->n_keys == 1 && req->reason == NULL &&
+               req->fingerprint == NULL && !req->all && req->by == NULL && !req->dry_run &&
+               !paged;
     if (strcmp(sub, "replay") == 0 || strcmp(sub, "purge") == 0)
-        return left == 2 && selectors == 1;
+        return operands == 0 && (req->all || selectors) && !paged;
     return false;
 }
 
 /* The JSON document's opening, or list's table header once the queue is open. */
 static void print_head(const struct dlq *d, const char *queue, const char *sub, int rc)
 {
+    FILE *out = d->out;
     bool writes = strcmp(sub, "replay") == 0 || strcmp(sub, "purge") == 0;
     if (d->json) {
-        printf("{\"queue\":");
-        sk_ctl_put_jstr(stdout, queue);
-        printf(",\"dead_letter_queue\":");
-        sk_ctl_put_jstr(stdout, d->dead);
-        printf(",\"command\":");
-        sk_ctl_put_jstr(stdout, sub);
-        printf(",\"%s\":[", writes ? "results" : "dead_letters");
+        fprintf(out, "{\"queue\":");
+        sk_ctl_put_jstr(out, queue);
+        fprintf(out, ",\"dead_letter_queue\":");
+        sk_ctl_put_jstr(out, d->dead);
+        fprintf(out, ",\"command\":");
+        sk_ctl_put_jstr(out, sub);
+        fprintf(out, ",\"dry_run\":%s", d->req->dry_run ? "true" : "false");
+        if (strcmp(sub, "groups") != 0)
+            fprintf(out, ",\"%s\":[", writes ? "results" : "dead_letters");
     } else if (rc == SK_OK && strcmp(sub, "list") == 0) {
-        printf("KEY | REASON | ATTEMPTS | KEY STATUS | FIRST FAILURE | LAST FAILURE | JOB ID | "
+        fprintf(out, "KEY | REASON | ATTEMPTS | KEY STATUS | FIRST FAILURE | LAST FAILURE | JOB ID | "
                "TYPE | ERROR\n");
     }
 }
@@ -265,7 +338,10 @@ static int scan(struct dlq *d, visit_fn visit)
     if (sk_broker_queue_depth(d->broker, d->dead, &depth, NULL, &why) != SK_OK)
         return sk_err_set(&d->err, SK_ERR, "cannot read queue %s (does it exist?): %s",
                           d->dead, why.msg);
-    for (uint32_t i = 0; i < depth; i++) {
+    d->depth = depth;
+    if (d->req->scan_max > 0 && depth > d->req->scan_max)
+        depth = (uint32_t)d->req->scan_max;
+    for (uint32_t i = 0; i < depth && !d->stop; i++) {
         struct letter l = { .attempts = -1 };
         int rc = sk_broker_peek(d->broker, d->dead, &l.msg, &l.tag, &d->err);
         if (rc == SK_BUSY)
@@ -451,14 +527,8 @@ static void key_state(struct dlq *d, struct letter *l)
 
 /* --reason matches regardless of case, and "_" matches " " (so
  * retries_exhausted needs no quotes). */
-static bool selected(const struct dlq *d, const struct letter *l)
+static bool reason_is(const char *a, const char *b)
 {
-    if (d->sel_all)
-        return true;
-    if (d->sel_key != NULL)
-        return l->key.len == strlen(d->sel_key) &&
-               memcmp(l->key.bytes, d->sel_key, l->key.len) == 0;
-    const char *a = d->sel_reason, *b = l->reason;
     for (; *a != '\0' && *b != '\0'; a++, b++) {
         char x = *a == '_' ? ' ' : (char)tolower((unsigned char)*a);
         char y = *b == '_' ? ' ' : (char)tolower((unsigned char)*b);
@@ -468,42 +538,162 @@ static bool selected(const struct dlq *d, const struct letter *l)
     return *a == '\0' && *b == '\0';
 }
 
+/* A letter is selected by --all, or when it matches every selector given. */
+static bool selected(const struct dlq *d, const struct letter *l)
+{
+    const struct sk_ctl_dlq_req *r = d->req;
+    if (r->all)
+        return true;
+    if (r->n_keys > 0) {
+        bool any = false;
+        for (size_t i = 0; i < r->n_keys && !any; i++)
+            any = l->key.len == strlen(r->keys[i]) &&
+                  memcmp(l->key.bytes, r->keys[i], l->key.len) == 0;
+        if (!any)
+            return false;
+    }
+    if (r->reason != NULL && !reason_is(r->reason, l->reason))
+        return false;
+    if (r->fingerprint != NULL) {
+        char fp[FINGERPRINT_MAX];
+        sk_ctl_fingerprint(l->parsed ? l->error : l->parse_error, fp, sizeof(fp));
+        if (strcmp(fp, r->fingerprint) != 0)
+            return false;
+    }
+    return true;
+}
+
 static int visit_list(struct dlq *d, struct letter *l)
 {
+    FILE *out = d->out;
+    const struct sk_ctl_dlq_req *r = d->req;
+    if (!selected(d, l))
+        return SK_OK;
+    /* A page: the letters before it are counted, not looked up. */
+    if ((size_t)d->matched < r->offset) {
+        d->matched++;
+        return SK_OK;
+    }
+    if (r->limit > 0 && (size_t)d->matched >= r->offset + r->limit) {
+        d->stop = true;  /* one past the page: there is more */
+        return SK_OK;
+    }
     key_state(d, l);
     d->matched++;
     if (l->parsed && l->job_type.len > 0 && strcmp(l->status, "completed") != 0)
         d->done++;  /* replayable */
     if (d->json) {
         json_item(d);
-        json_letter(stdout, l);
+        json_letter(out, l);
         return SK_OK;
     }
     if (l->key.len > 0)
-        sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 24);
+        sk_ctl_put_text(out, l->key.bytes, l->key.len, 24);
     else
-        printf("(no key)");
+        fprintf(out, "(no key)");
     /* Every field that came from the letter is escaped (ctl_out.c). */
-    printf(" | ");
-    sk_ctl_put_text(stdout, l->reason, strlen(l->reason), 0);
+    fprintf(out, " | ");
+    sk_ctl_put_text(out, l->reason, strlen(l->reason), 0);
     if (l->attempts >= 0)
-        printf(" | %lld | ", (long long)l->attempts);
+        fprintf(out, " | %lld | ", (long long)l->attempts);
     else
-        printf(" | ? | ");
-    sk_ctl_put_tstr(stdout, l->status[0] != '\0' ? l->status : "-");
-    printf(" | ");
-    sk_ctl_put_tstr(stdout, l->first[0] != '\0' ? l->first : "-");
-    printf(" | ");
-    sk_ctl_put_tstr(stdout, l->last[0] != '\0' ? l->last : "-");
-    printf(" | ");
-    sk_ctl_put_text(stdout, l->job_id.bytes, l->job_id.len, 36);
-    printf(" | ");
-    sk_ctl_put_text(stdout, l->job_type.bytes, l->job_type.len, 12);
-    printf(" | ");
-    sk_ctl_put_text(stdout, l->parsed ? l->error : l->parse_error,
+        fprintf(out, " | ? | ");
+    sk_ctl_put_tstr(out, l->status[0] != '\0' ? l->status : "-");
+    fprintf(out, " | ");
+    sk_ctl_put_tstr(out, l->first[0] != '\0' ? l->first : "-");
+    fprintf(out, " | ");
+    sk_ctl_put_tstr(out, l->last[0] != '\0' ? l->last : "-");
+    fprintf(out, " | ");
+    sk_ctl_put_text(out, l->job_id.bytes, l->job_id.len, 36);
+    fprintf(out, " | ");
+    sk_ctl_put_text(out, l->job_type.bytes, l->job_type.len, 12);
+    fprintf(out, " | ");
+    sk_ctl_put_text(out, l->parsed ? l->error : l->parse_error,
              strlen(l->parsed ? l->error : l->parse_error), TEXT_ERROR_MAX);
-    printf("\n");
+    fprintf(out, "\n");
     return SK_OK;
+}
+
+/* Counts the letter into its group: its reason and its error's fingerprint. */
+static int visit_groups(struct dlq *d, struct letter *l)
+{
+    char fp[FINGERPRINT_MAX];
+    sk_ctl_fingerprint(l->parsed ? l->error : l->parse_error, fp, sizeof(fp));
+    d->matched++;
+    bool replayable = l->parsed && l->job_type.len > 0;
+    struct group *g = NULL;
+    for (size_t i = 0; i < d->n_groups && g == NULL; i++)
+        if (strcmp(d->groups[i].reason, l->reason) == 0 &&
+            strcmp(d->groups[i].fingerprint, fp) == 0)
+            g = &d->groups[i];
+    if (g == NULL) {
+        if (d->groups == NULL && (d->groups = calloc(GROUPS_MAX, sizeof(*d->groups))) == NULL)
+            return sk_err_set(&d->err, SK_ERR, "out of memory");
+        if (d->n_groups == GROUPS_MAX) {
+            d->other++;
+            return SK_OK;
+        }
+        g = &d->groups[d->n_groups++];
+        snprintf(g->reason, sizeof(g->reason), "%s", l->reason);
+        snprintf(g->fingerprint, sizeof(g->fingerprint), "%s", fp);
+        snprintf(g->example_key, sizeof(g->example_key), "%.*s",
+                 (int)(l->key.len < SK_KEY_MAX ? l->key.len : SK_KEY_MAX),
+                 (const char *)l->key.bytes);
+    }
+    g->count++;
+    if (replayable)
+        g->replayable++;
+    d->done += replayable;
+    /* ISO 8601 times in UTC compare as text. */
+    if (l->first[0] != '\0' && (g->first[0] == '\0' || strcmp(l->first, g->first) < 0))
+        snprintf(g->first, sizeof(g->first), "%s", l->first);
+    if (l->last[0] != '\0' && strcmp(l->last, g->last) > 0)
+        snprintf(g->last, sizeof(g->last), "%s", l->last);
+    return SK_OK;
+}
+
+static int by_count(const void *a, const void *b)
+{
+    const struct group *x = a, *y = b;
+    return (x->count < y->count) - (x->count > y->count);
+}
+
+/* The groups, largest first. */
+static void print_groups(struct dlq *d)
+{
+    FILE *out = d->out;
+    if (d->n_groups > 0)
+        qsort(d->groups, d->n_groups, sizeof(*d->groups), by_count);
+    if (!d->json)
+        fprintf(out, "COUNT | REPLAYABLE | REASON | FIRST FAILURE | LAST FAILURE | FINGERPRINT\n");
+    else
+        fprintf(out, ",\"groups\":[");
+    for (size_t i = 0; i < d->n_groups; i++) {
+        const struct group *g = &d->groups[i];
+        if (!d->json) {
+            fprintf(out, "%ld | %ld | ", g->count, g->replayable);
+            sk_ctl_put_tstr(out, g->reason);
+            fprintf(out, " | %s | %s | ", g->first[0] ? g->first : "-", g->last[0] ? g->last : "-");
+            sk_ctl_put_text(out, g->fingerprint, strlen(g->fingerprint), 0);
+            fprintf(out, "\n");
+            continue;
+        }
+        fprintf(out, "%s{\"reason\":", i > 0 ? "," : "");
+        sk_ctl_put_jstr(out, g->reason);
+        fprintf(out, ",\"fingerprint\":");
+        sk_ctl_put_jstr(out, g->fingerprint);
+        fprintf(out, ",\"count\":%ld,\"replayable\":%ld,", g->count, g->replayable);
+        json_null_or(out, "first_failure", g->first, strlen(g->first));
+        fputc(',', out);
+        json_null_or(out, "last_failure", g->last, strlen(g->last));
+        fputc(',', out);
+        json_null_or(out, "example_key", g->example_key, strlen(g->example_key));
+        fputc('}', out);
+    }
+    if (d->json)
+        fprintf(out, "],\"other\":%ld", d->other);
+    else if (d->other > 0)
+        fprintf(out, "%ld more in groups past the first %d\n", d->other, GROUPS_MAX);
 }
 
 static int visit_show(struct dlq *d, struct letter *l)
@@ -514,7 +704,8 @@ static int visit_show(struct dlq *d, struct letter *l)
     d->matched++;
     const amqp_basic_properties_t *p = &l->msg.properties;
     const amqp_table_t *h = (p->_flags & AMQP_BASIC_HEADERS_FLAG) ? &p->headers : NULL;
-    size_t preview = l->msg.body.len < PREVIEW_MAX ? l->msg.body.len : PREVIEW_MAX;
+    size_t limit = d->req->preview > 0 ? d->req->preview : PREVIEW_MAX;
+    size_t preview = l->msg.body.len < limit ? l->msg.body.len : limit;
     if (d->json)
         show_json(d, l, h, preview);
     else
@@ -525,74 +716,76 @@ static int visit_show(struct dlq *d, struct letter *l)
 static void show_text(const struct dlq *d, const struct letter *l, const amqp_table_t *h,
                       size_t preview)
 {
-    printf("dead letter %d of %s\n  key:            ", d->seen, d->dead);
-    sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 0);
-    printf("\n  job id:         ");
-    sk_ctl_put_text(stdout, l->job_id.bytes, l->job_id.len, 0);
-    printf("\n  job type:       ");
-    sk_ctl_put_text(stdout, l->job_type.bytes, l->job_type.len, 0);
-    printf("\n  reason:         ");
-    sk_ctl_put_tstr(stdout, l->reason);
-    printf(" (recorded by %s)\n  from:           ", l->source);
-    sk_ctl_put_tstr(stdout, l->origin);
-    printf("\n  error:          ");
-    sk_ctl_put_text(stdout, l->error, strlen(l->error), 0);
-    printf("\n  attempts:       ");
+    FILE *out = d->out;
+    fprintf(out, "dead letter %d of %s\n  key:            ", d->seen, d->dead);
+    sk_ctl_put_text(out, l->key.bytes, l->key.len, 0);
+    fprintf(out, "\n  job id:         ");
+    sk_ctl_put_text(out, l->job_id.bytes, l->job_id.len, 0);
+    fprintf(out, "\n  job type:       ");
+    sk_ctl_put_text(out, l->job_type.bytes, l->job_type.len, 0);
+    fprintf(out, "\n  reason:         ");
+    sk_ctl_put_tstr(out, l->reason);
+    fprintf(out, " (recorded by %s)\n  from:           ", l->source);
+    sk_ctl_put_tstr(out, l->origin);
+    fprintf(out, "\n  error:          ");
+    sk_ctl_put_text(out, l->error, strlen(l->error), 0);
+    fprintf(out, "\n  attempts:       ");
     if (l->attempts >= 0)
-        printf("%lld\n", (long long)l->attempts);
+        fprintf(out, "%lld\n", (long long)l->attempts);
     else
-        printf("?\n");
-    printf("  first failure:  ");
-    sk_ctl_put_tstr(stdout, l->first[0] ? l->first : "-");
-    printf("\n  last failure:   ");
-    sk_ctl_put_tstr(stdout, l->last[0] ? l->last : "-");
-    printf("\n");
-    printf("  replayable:     %s", l->parsed && l->job_type.len > 0 ? "yes" : "no: ");
+        fprintf(out, "?\n");
+    fprintf(out, "  first failure:  ");
+    sk_ctl_put_tstr(out, l->first[0] ? l->first : "-");
+    fprintf(out, "\n  last failure:   ");
+    sk_ctl_put_tstr(out, l->last[0] ? l->last : "-");
+    fprintf(out, "\n");
+    fprintf(out, "  replayable:     %s", l->parsed && l->job_type.len > 0 ? "yes" : "no: ");
     if (!l->parsed)
-        sk_ctl_put_text(stdout, l->parse_error, strlen(l->parse_error), 0);
+        sk_ctl_put_text(out, l->parse_error, strlen(l->parse_error), 0);
     else if (l->job_type.len == 0)
-        printf("no job type (the outbox needs one)");
-    printf("\n  key in PostgreSQL: ");
-    sk_ctl_put_tstr(stdout, l->status[0] != '\0' ? l->status : "-");
+        fprintf(out, "no job type (the outbox needs one)");
+    fprintf(out, "\n  key in PostgreSQL: ");
+    sk_ctl_put_tstr(out, l->status[0] != '\0' ? l->status : "-");
     if (l->key_attempts >= 0)
-        printf(", %ld attempts", l->key_attempts);
+        fprintf(out, ", %ld attempts", l->key_attempts);
     if (l->crashes > 0)
-        printf(", %ld crashes", l->crashes);
+        fprintf(out, ", %ld crashes", l->crashes);
     if (l->replays > 0)
-        printf(", replayed %ld times before", l->replays);
-    printf("\n");
-    show_text_headers(h);
-    printf("  body (%zu bytes): ", l->msg.body.len);
-    sk_ctl_put_text(stdout, l->msg.body.bytes, preview, 0);
-    printf("%s\n", preview < l->msg.body.len ? "..." : "");
+        fprintf(out, ", replayed %ld times before", l->replays);
+    fprintf(out, "\n");
+    show_text_headers(out, h);
+    fprintf(out, "  body (%zu bytes): ", l->msg.body.len);
+    sk_ctl_put_text(out, l->msg.body.bytes, preview, 0);
+    fprintf(out, "%s\n", preview < l->msg.body.len ? "..." : "");
 }
 
 static void show_json(struct dlq *d, const struct letter *l, const amqp_table_t *h,
                       size_t preview)
 {
+    FILE *out = d->out;
     json_item(d);
-    json_letter_fields(stdout, l);
-    printf(",\"headers\":{");
+    json_letter_fields(out, l);
+    fprintf(out, ",\"headers\":{");
     for (int i = 0; h != NULL && i < h->num_entries; i++) {
-        printf(i > 0 ? "," : "");
-        sk_ctl_put_json(stdout, h->entries[i].key.bytes, h->entries[i].key.len);
-        printf(":");
-        sk_ctl_put_field(stdout, &h->entries[i].value, true);
+        fprintf(out, i > 0 ? "," : "");
+        sk_ctl_put_json(out, h->entries[i].key.bytes, h->entries[i].key.len);
+        fprintf(out, ":");
+        sk_ctl_put_field(out, &h->entries[i].value, true);
     }
-    printf("},\"body_preview\":");
-    sk_ctl_put_json(stdout, l->msg.body.bytes, preview);
-    printf("}");
+    fprintf(out, "},\"body_preview\":");
+    sk_ctl_put_json(out, l->msg.body.bytes, preview);
+    fprintf(out, "}");
 }
 
-static void show_text_headers(const amqp_table_t *h)
+static void show_text_headers(FILE *out, const amqp_table_t *h)
 {
-    printf("  headers:\n");
+    fprintf(out, "  headers:\n");
     for (int i = 0; h != NULL && i < h->num_entries; i++) {
-        printf("    ");
-        sk_ctl_put_text(stdout, h->entries[i].key.bytes, h->entries[i].key.len, 0);
-        printf(" = ");
-        sk_ctl_put_field(stdout, &h->entries[i].value, false);
-        printf("\n");
+        fprintf(out, "    ");
+        sk_ctl_put_text(out, h->entries[i].key.bytes, h->entries[i].key.len, 0);
+        fprintf(out, " = ");
+        sk_ctl_put_field(out, &h->entries[i].value, false);
+        fprintf(out, "\n");
     }
 }
 
@@ -600,36 +793,37 @@ static void show_text_headers(const amqp_table_t *h)
 static void result(struct dlq *d, const struct letter *l, const char *outcome,
                    const char *new_job_id, const char *detail)
 {
+    FILE *out = d->out;
     if (d->json) {
         json_item(d);
-        printf("{\"key\":");
+        fprintf(out, "{\"key\":");
         if (l->key.len > 0)
-            sk_ctl_put_json(stdout, l->key.bytes, l->key.len);
+            sk_ctl_put_json(out, l->key.bytes, l->key.len);
         else
-            printf("null");
-        printf(",");
-        json_null_or(stdout, "dead_job_id", l->job_id.bytes, l->job_id.len);
-        printf(",\"reason\":");
-        sk_ctl_put_jstr(stdout, l->reason);
-        printf(",\"outcome\":");
-        sk_ctl_put_jstr(stdout, outcome);
-        printf(",");
-        json_null_or(stdout, "new_job_id", new_job_id, new_job_id ? strlen(new_job_id) : 0);
-        printf(",\"detail\":");
-        sk_ctl_put_jstr(stdout, detail);
-        printf("}");
+            fprintf(out, "null");
+        fprintf(out, ",");
+        json_null_or(out, "dead_job_id", l->job_id.bytes, l->job_id.len);
+        fprintf(out, ",\"reason\":");
+        sk_ctl_put_jstr(out, l->reason);
+        fprintf(out, ",\"outcome\":");
+        sk_ctl_put_jstr(out, outcome);
+        fprintf(out, ",");
+        json_null_or(out, "new_job_id", new_job_id, new_job_id ? strlen(new_job_id) : 0);
+        fprintf(out, ",\"detail\":");
+        sk_ctl_put_jstr(out, detail);
+        fprintf(out, "}");
         return;
     }
-    printf("%-17s ", outcome);
+    fprintf(out, "%-17s ", outcome);
     if (l->key.len > 0)
-        sk_ctl_put_text(stdout, l->key.bytes, l->key.len, 0);
+        sk_ctl_put_text(out, l->key.bytes, l->key.len, 0);
     else
-        printf("(no key)");
-    printf(" [");
-    sk_ctl_put_tstr(stdout, l->reason);
-    printf("]: ");
-    sk_ctl_put_text(stdout, detail, strlen(detail), 0);
-    printf("\n");
+        fprintf(out, "(no key)");
+    fprintf(out, " [");
+    sk_ctl_put_tstr(out, l->reason);
+    fprintf(out, "]: ");
+    sk_ctl_put_text(out, detail, strlen(detail), 0);
+    fprintf(out, "\n");
 }
 
 static int visit_replay(struct dlq *d, struct letter *l)
@@ -652,6 +846,11 @@ static int visit_replay(struct dlq *d, struct letter *l)
         d->refused++;
         result(d, l, "refused", NULL, "its x-sekali-* headers are not sekali's record for this "
                "queue (see dlq show): purge it, or publish the job anew");
+        return SK_OK;
+    }
+    if (d->req->dry_run) {
+        d->done++;
+        result(d, l, "would_replay", NULL, "would be re-armed and enqueued (dry run)");
         return SK_OK;
     }
     const char *resource = strcmp(l->env.resource_key, l->env.idempotency_key) != 0
@@ -702,6 +901,11 @@ static int visit_purge(struct dlq *d, struct letter *l)
     if (!selected(d, l))
         return SK_OK;
     d->matched++;
+    if (d->req->dry_run) {
+        d->done++;
+        result(d, l, "would_purge", NULL, "would be removed (dry run)");
+        return SK_OK;
+    }
     char key[SK_KEY_MAX + 1], job_id[SK_KEY_MAX + 1];
     key_state(d, l);  /* also tells whether PostgreSQL can hold the key */
     snprintf(key, sizeof(key), "%.*s", (int)l->key.len, (const char *)l->key.bytes);
@@ -733,53 +937,75 @@ static int visit_purge(struct dlq *d, struct letter *l)
 /* The summary (text, or the end of the JSON document) and the exit code. */
 static int finish(struct dlq *d, int rc, const char *verb)
 {
+    FILE *out = d->out;
+    const struct sk_ctl_dlq_req *r = d->req;
     bool list = strcmp(verb, "list") == 0, show = strcmp(verb, "show") == 0;
+    bool groups = strcmp(verb, "groups") == 0, replay = strcmp(verb, "replay") == 0;
+    bool selectors = r->n_keys > 0 || r->reason != NULL || r->fingerprint != NULL;
     int code = SK_CTL_OK;
-    if (rc == SK_OK && d->pg == NULL)
+    if (rc == SK_OK && d->pg == NULL && !groups)
         rc = sk_err_set(&d->err, SK_AGAIN, "PostgreSQL unreachable: the keys' status is "
                         "unknown (\"?\")");
     if (rc != SK_OK)
         code = SK_CTL_FAILED;
     else if (d->refused > 0)
         code = SK_CTL_REFUSED;
-    else if (d->matched == 0 && (show || d->sel_key != NULL || d->sel_reason != NULL))
+    else if (d->matched == 0 && (show || selectors))
         code = SK_CTL_NOT_FOUND;
 
-    char summary[1400];
-    if (list)
-        snprintf(summary, sizeof(summary), "%d dead letter%s in %s, %d replayable", d->matched,
-                 d->matched == 1 ? "" : "s", d->dead, d->done);
+    /* Read only part of the queue: say so, so no one takes it for all. */
+    bool partial = d->stop || (r->scan_max > 0 && d->depth > r->scan_max);
+    char summary[1400], scope[200] = "";
+    if (partial && !d->stop)
+        snprintf(scope, sizeof(scope), " (the first %d of %u letters read)", d->seen, d->depth);
+    const char *dry = r->dry_run ? "dry run: would have " : "";
+    if (list && r->limit > 0)
+        snprintf(summary, sizeof(summary), "dead letters %zu to %zu of %s%s, %d replayable%s",
+                 r->offset + 1 < (size_t)d->matched ? r->offset + 1 : (size_t)d->matched,
+                 (size_t)d->matched, d->dead, d->stop ? " (more follow)" : "", d->done, scope);
+    else if (list)
+        snprintf(summary, sizeof(summary), "%d dead letter%s in %s, %d replayable%s", d->matched,
+                 d->matched == 1 ? "" : "s", d->dead, d->done, scope);
+    else if (groups)
+        snprintf(summary, sizeof(summary), "%d dead letter%s in %zu group%s in %s, %d "
+                 "replayable%s", d->matched, d->matched == 1 ? "" : "s", d->n_groups,
+                 d->n_groups == 1 ? "" : "s", d->dead, d->done, scope);
     else if (show)
         snprintf(summary, sizeof(summary), "%d dead letter%s for key %s in %s", d->matched,
-                 d->matched == 1 ? "" : "s", d->sel_key, d->dead);
-    else if (strcmp(verb, "replay") == 0)
-        snprintf(summary, sizeof(summary), "replayed %d, already replayed (removed) %d, "
-                 "refused %d, of %d selected in %s%s", d->done, d->already, d->refused,
-                 d->matched, d->dead, d->done > 0 ? "; an outbox relay publishes them" : "");
+                 d->matched == 1 ? "" : "s", r->keys[0], d->dead);
+    else if (replay)
+        snprintf(summary, sizeof(summary), "%sreplayed %d, already replayed (removed) %d, "
+                 "refused %d, of %d selected in %s%s%s", dry, d->done, d->already, d->refused,
+                 d->matched, d->dead, d->done > 0 && !r->dry_run
+                 ? "; an outbox relay publishes them" : "", scope);
     else
-        snprintf(summary, sizeof(summary), "purged %d of %d selected in %s", d->done,
-                 d->matched, d->dead);
+        snprintf(summary, sizeof(summary), "%spurged %d of %d selected in %s%s", dry, d->done,
+                 d->matched, d->dead, scope);
 
     if (d->json) {
-        printf("],\"summary\":{\"text\":");
-        sk_ctl_put_jstr(stdout, summary);
-        printf(",\"scanned\":%d,\"selected\":%d", d->seen, d->matched);
-        if (strcmp(verb, "replay") == 0)
-            printf(",\"replayed\":%d,\"already_replayed\":%d,\"refused\":%d", d->done,
+        fprintf(out, "%s,\"summary\":{\"text\":", groups ? "" : "]");
+        sk_ctl_put_jstr(out, summary);
+        fprintf(out, ",\"depth\":%u,\"scanned\":%d,\"selected\":%d,\"partial\":%s", d->depth,
+                d->seen, d->matched, partial ? "true" : "false");
+        if (replay)
+            fprintf(out, ",\"replayed\":%d,\"already_replayed\":%d,\"refused\":%d", d->done,
                    d->already, d->refused);
         else if (strcmp(verb, "purge") == 0)
-            printf(",\"purged\":%d", d->done);
-        else if (list)
-            printf(",\"replayable\":%d", d->done);
-        printf("},\"error\":");
+            fprintf(out, ",\"purged\":%d", d->done);
+        else if (list || groups)
+            fprintf(out, ",\"replayable\":%d", d->done);
+        if (list)
+            fprintf(out, ",\"offset\":%zu,\"limit\":%zu,\"more\":%s", r->offset, r->limit,
+                    d->stop ? "true" : "false");
+        fprintf(out, "},\"error\":");
         if (rc != SK_OK)
-            sk_ctl_put_jstr(stdout, d->err.msg);
+            sk_ctl_put_jstr(out, d->err.msg);
         else
-            printf("null");
-        printf(",\"exit_code\":%d}\n", code);
+            fprintf(out, "null");
+        fprintf(out, ",\"exit_code\":%d}\n", code);
     } else {
         if (rc == SK_OK || d->matched > 0)
-            printf("%s\n", summary);
+            fprintf(out, "%s\n", summary);
     }
     if (rc != SK_OK)
         fprintf(stderr, "sekalictl: dlq %s %s: %s\n", verb, d->queue, d->err.msg);
@@ -790,8 +1016,9 @@ static int finish(struct dlq *d, int rc, const char *verb)
 
 static void json_item(struct dlq *d)
 {
+    FILE *out = d->out;
     if (!d->first_item)
-        printf(",");
+        fprintf(out, ",");
     d->first_item = false;
 }
 

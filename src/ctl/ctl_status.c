@@ -28,6 +28,7 @@
 
 #include "broker.h"
 #include "ctl_commands.h"
+#include "ctl_reports.h"
 #include "ctl_common.h"
 #include "ctl_http.h"
 #include "ctl_out.h"
@@ -55,6 +56,7 @@ struct qstat {
 struct status {
     const struct sk_conf *conf;
     bool          json;
+    FILE         *out;              /* where the report goes */
     struct qstat *q;
     char         *metrics;          /* the scraped text; NULL if none */
     char          metrics_why[300]; /* why there is none */
@@ -70,8 +72,8 @@ static void read_metrics(struct status *s);
 static void read_pause(PGconn *pg, struct qstat *q);
 static void print_text(const struct status *s);
 static void print_json(const struct status *s, int code);
-static void json_queue(const struct qstat *q);
-static void put_text_or_null(const char *text);
+static void json_queue(FILE *out, const struct qstat *q);
+static void put_text_or_null(FILE *out, const char *text);
 static int judge(struct status *s);
 
 static void status_usage(FILE *out)
@@ -84,11 +86,11 @@ int sk_ctl_status(const struct sk_conf *conf, int argc, char **argv)
     static const struct option options[] = { { "json", no_argument, NULL, 'j' },
                                              { "help", no_argument, NULL, 'h' },
                                              { NULL, 0, NULL, 0 } };
-    struct status s = { .conf = conf, .running = -1 };
+    bool json = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "jh", options, NULL)) != -1) {
         switch (opt) {
-        case 'j': s.json = true; break;
+        case 'j': json = true; break;
         case 'h': status_usage(stdout); return SK_CTL_OK;
         default: status_usage(stderr); return SK_CTL_USAGE;
         }
@@ -97,6 +99,12 @@ int sk_ctl_status(const struct sk_conf *conf, int argc, char **argv)
         status_usage(stderr);
         return SK_CTL_USAGE;
     }
+    return sk_ctl_status_report(conf, json, stdout);
+}
+
+int sk_ctl_status_report(const struct sk_conf *conf, bool json, FILE *out)
+{
+    struct status s = { .conf = conf, .running = -1, .json = json, .out = out };
     s.q = calloc(conf->n_queues, sizeof(*s.q));
     if (s.q == NULL) {
         fprintf(stderr, "sekalictl: out of memory\n");
@@ -276,205 +284,209 @@ static double last_round(const struct status *s, const char *metric, bool *known
 
 static void put_round_text(const struct status *s, const char *what, const char *metric)
 {
+    FILE *out = s->out;
     bool known;
     double t = last_round(s, metric, &known);
     char iso[64];
-    printf("%s: ", what);
+    fprintf(out, "%s: ", what);
     if (s->metrics == NULL)
-        printf("last round unknown (%s)\n", s->metrics_why);
+        fprintf(out, "last round unknown (%s)\n", s->metrics_why);
     else if (!known)
-        printf("no round finished yet\n");
+        fprintf(out, "no round finished yet\n");
     else {
         sk_ctl_iso_time((uint64_t)t, iso, sizeof(iso));
-        printf("last round %s (%.1fs ago)\n", iso, s->now - t > 0 ? s->now - t : 0);
+        fprintf(out, "last round %s (%.1fs ago)\n", iso, s->now - t > 0 ? s->now - t : 0);
     }
 }
 
 static void print_text(const struct status *s)
 {
+    FILE *out = s->out;
     const struct sk_conf *conf = s->conf;
     if (conf->metrics.listen_host != NULL)
-        printf("sekalid: %s (metrics endpoint %s:%d %s%s)\n",
+        fprintf(out, "sekalid: %s (metrics endpoint %s:%d %s%s)\n",
                s->running == 1 ? "running" : "NOT RUNNING", conf->metrics.listen_host,
                conf->metrics.listen_port, s->metrics != NULL ? "answered" : "did not answer: ",
                s->metrics != NULL ? "" : s->metrics_why);
     else
-        printf("sekalid: %s (judged by the queues' consumers: metrics disabled)\n",
+        fprintf(out, "sekalid: %s (judged by the queues' consumers: metrics disabled)\n",
                s->running == 1 ? "running" : s->running == 0 ? "NOT RUNNING" : "unknown");
     if (s->broker_why[0] != '\0') {
-        printf("broker: ");
-        sk_ctl_put_tstr(stdout, s->broker_why);
-        printf("\n");
+        fprintf(out, "broker: ");
+        sk_ctl_put_tstr(out, s->broker_why);
+        fprintf(out, "\n");
     }
     if (s->pg_why[0] != '\0') {
-        printf("postgresql: ");
-        sk_ctl_put_tstr(stdout, s->pg_why);
-        printf("\n");
+        fprintf(out, "postgresql: ");
+        sk_ctl_put_tstr(out, s->pg_why);
+        fprintf(out, "\n");
     }
     if (s->pg_clear[0] != '\0') {
-        printf("postgresql: WARNING: ");
-        sk_ctl_put_tstr(stdout, s->pg_clear);
-        printf("\n");
+        fprintf(out, "postgresql: WARNING: ");
+        sk_ctl_put_tstr(out, s->pg_clear);
+        fprintf(out, "\n");
     }
     for (size_t i = 0; i < conf->n_queues; i++) {
         const struct qstat *q = &s->q[i];
-        printf("\nqueue ");
-        sk_ctl_put_text(stdout, q->conf->name, strlen(q->conf->name), 0);
-        printf(": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
+        fprintf(out, "\nqueue ");
+        sk_ctl_put_text(out, q->conf->name, strlen(q->conf->name), 0);
+        fprintf(out, ": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
                           : q->paused ? "paused" : "ok");
         if (q->paused) {
             /* Reason and name are the operator's text: printed escaped. */
-            printf("  paused      for %.0fs", q->paused_s);
+            fprintf(out, "  paused      for %.0fs", q->paused_s);
             if (q->paused_by[0] != '\0') {
-                printf(" by ");
-                sk_ctl_put_tstr(stdout, q->paused_by);
+                fprintf(out, " by ");
+                sk_ctl_put_tstr(out, q->paused_by);
             }
             if (q->pause_reason[0] != '\0') {
-                printf(": ");
-                sk_ctl_put_tstr(stdout, q->pause_reason);
+                fprintf(out, ": ");
+                sk_ctl_put_tstr(out, q->pause_reason);
             }
-            printf(" (sekalictl resume %s)\n", q->conf->name);
+            fprintf(out, " (sekalictl resume %s)\n", q->conf->name);
         }
-        printf("  workers     %d configured, ", q->conf->workers);
+        fprintf(out, "  workers     %d configured, ", q->conf->workers);
         if (q->up_known)
-            printf("%.0f up", q->up);
+            fprintf(out, "%.0f up", q->up);
         else
-            printf("up unknown (%s)", s->metrics != NULL ? "not in /metrics" : s->metrics_why);
+            fprintf(out, "up unknown (%s)", s->metrics != NULL ? "not in /metrics" : s->metrics_why);
         if (q->broker_ok)
-            printf(", %u consuming\n", q->consumers);
+            fprintf(out, ", %u consuming\n", q->consumers);
         else
-            printf(", consuming unknown\n");
+            fprintf(out, ", consuming unknown\n");
         if (q->broker_ok)
-            printf("  messages    %u ready, unacked unknown (AMQP does not report it), "
+            fprintf(out, "  messages    %u ready, unacked unknown (AMQP does not report it), "
                    "%u delayed in %u delay queues, %u dead in %s.dead\n",
                    q->ready, q->delayed, q->delay_queues, q->dead, q->conf->name);
         else
-            printf("  messages    unknown (broker unreachable)\n");
+            fprintf(out, "  messages    unknown (broker unreachable)\n");
         if (q->pg_ok) {
-            printf("  keys        %lld processing", q->processing);
+            fprintf(out, "  keys        %lld processing", q->processing);
             if (q->oldest_known)
-                printf(" (oldest first claimed %.1fs ago)", q->oldest_s);
-            printf(", %lld failed\n", q->failed);
-            printf("  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
+                fprintf(out, " (oldest first claimed %.1fs ago)", q->oldest_s);
+            fprintf(out, ", %lld failed\n", q->failed);
+            fprintf(out, "  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
                    q->outbox_pending, q->outbox_lag_s, q->outbox_refused);
         } else {
-            printf("  keys        unknown (PostgreSQL unreachable)\n");
+            fprintf(out, "  keys        unknown (PostgreSQL unreachable)\n");
         }
     }
-    printf("\n");
+    fprintf(out, "\n");
     if (conf->outbox.relays > 0) {
         char what[64];
         snprintf(what, sizeof(what), "outbox relays (%d)", conf->outbox.relays);
         put_round_text(s, what, "sekali_relay_last_round_timestamp_seconds");
     } else {
-        printf("outbox relays: none configured\n");
+        fprintf(out, "outbox relays: none configured\n");
     }
     if (conf->janitor.interval_ms > 0)
         put_round_text(s, "janitor", "sekali_janitor_last_round_timestamp_seconds");
     else
-        printf("janitor: disabled\n");
+        fprintf(out, "janitor: disabled\n");
 }
 
-static void put_num_or_null(bool known, double v)
+static void put_num_or_null(FILE *out, bool known, double v)
 {
     if (known && isfinite(v))
-        printf("%.3f", v);
+        fprintf(out, "%.3f", v);
     else
-        printf("null");
+        fprintf(out, "null");
 }
 
 static void put_round_json(const struct status *s, const char *name, int configured,
                            const char *metric)
 {
+    FILE *out = s->out;
     bool known;
     double t = last_round(s, metric, &known);
-    printf(",\"%s\":{\"configured\":%d,\"last_round\":", name, configured);
+    fprintf(out, ",\"%s\":{\"configured\":%d,\"last_round\":", name, configured);
     if (known) {
         char iso[64];
         sk_ctl_iso_time((uint64_t)t, iso, sizeof(iso));
-        printf("\"%s\",\"last_round_age_seconds\":%.3f", iso, s->now - t > 0 ? s->now - t : 0);
+        fprintf(out, "\"%s\",\"last_round_age_seconds\":%.3f", iso, s->now - t > 0 ? s->now - t : 0);
     } else {
-        printf("null,\"last_round_age_seconds\":null");
+        fprintf(out, "null,\"last_round_age_seconds\":null");
     }
-    printf("}");
+    fprintf(out, "}");
 }
 
 static void print_json(const struct status *s, int code)
 {
+    FILE *out = s->out;
     const struct sk_conf *conf = s->conf;
-    printf("{\"sekalid\":{\"running\":%s,\"metrics\":",
+    fprintf(out, "{\"sekalid\":{\"running\":%s,\"metrics\":",
            s->running == 1 ? "true" : s->running == 0 ? "false" : "null");
     if (s->metrics != NULL)
-        printf("\"answered\"");
+        fprintf(out, "\"answered\"");
     else
-        sk_ctl_put_jstr(stdout, s->metrics_why);
-    printf("},\"broker_error\":");
-    put_text_or_null(s->broker_why);
-    printf(",\"postgresql_error\":");
-    put_text_or_null(s->pg_why);
-    printf(",\"postgresql_warning\":");
-    put_text_or_null(s->pg_clear);
-    printf(",\"queues\":[");
+        sk_ctl_put_jstr(out, s->metrics_why);
+    fprintf(out, "},\"broker_error\":");
+    put_text_or_null(out, s->broker_why);
+    fprintf(out, ",\"postgresql_error\":");
+    put_text_or_null(out, s->pg_why);
+    fprintf(out, ",\"postgresql_warning\":");
+    put_text_or_null(out, s->pg_clear);
+    fprintf(out, ",\"queues\":[");
     for (size_t i = 0; i < conf->n_queues; i++) {
-        printf("%s", i > 0 ? "," : "");
-        json_queue(&s->q[i]);
+        fprintf(out, "%s", i > 0 ? "," : "");
+        json_queue(out, &s->q[i]);
     }
-    printf("]");
+    fprintf(out, "]");
     put_round_json(s, "relays", conf->outbox.relays, "sekali_relay_last_round_timestamp_seconds");
     put_round_json(s, "janitor", conf->janitor.interval_ms > 0,
                    "sekali_janitor_last_round_timestamp_seconds");
-    printf(",\"exit_code\":%d}\n", code);
+    fprintf(out, ",\"exit_code\":%d}\n", code);
 }
 
 /* What could not be read is null, not zero: a script must not take "the
  * broker did not answer" for "the queue is empty". */
-static void json_queue(const struct qstat *q)
+static void json_queue(FILE *out, const struct qstat *q)
 {
-    printf("{\"name\":");
-    sk_ctl_put_jstr(stdout, q->conf->name);
-    printf(",\"healthy\":%s,\"problem\":", q->problem[0] == '\0' && q->broker_ok ? "true"
+    fprintf(out, "{\"name\":");
+    sk_ctl_put_jstr(out, q->conf->name);
+    fprintf(out, ",\"healthy\":%s,\"problem\":", q->problem[0] == '\0' && q->broker_ok ? "true"
                                                                                : "false");
-    put_text_or_null(q->problem);
+    put_text_or_null(out, q->problem);
     if (q->paused) {
-        printf(",\"paused\":{\"seconds\":%.3f,\"by\":", q->paused_s);
-        put_text_or_null(q->paused_by);
-        printf(",\"reason\":");
-        put_text_or_null(q->pause_reason);
-        printf("}");
+        fprintf(out, ",\"paused\":{\"seconds\":%.3f,\"by\":", q->paused_s);
+        put_text_or_null(out, q->paused_by);
+        fprintf(out, ",\"reason\":");
+        put_text_or_null(out, q->pause_reason);
+        fprintf(out, "}");
     } else {
-        printf(",\"paused\":%s", q->pg_ok ? "false" : "null");
+        fprintf(out, ",\"paused\":%s", q->pg_ok ? "false" : "null");
     }
-    printf(",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
+    fprintf(out, ",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
     if (q->up_known)
-        printf("%.0f", q->up);
+        fprintf(out, "%.0f", q->up);
     else
-        printf("null");
+        fprintf(out, "null");
     if (q->broker_ok)
-        printf(",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
+        fprintf(out, ",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
                "\"delay_queues\":%u,\"dead\":%u", q->consumers, q->ready, q->delayed,
                q->delay_queues, q->dead);
     else
-        printf(",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
+        fprintf(out, ",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
                "\"delay_queues\":null,\"dead\":null");
     if (q->pg_ok) {
-        printf(",\"processing\":%lld,\"failed\":%lld,\"oldest_processing_seconds\":",
+        fprintf(out, ",\"processing\":%lld,\"failed\":%lld,\"oldest_processing_seconds\":",
                q->processing, q->failed);
-        put_num_or_null(q->oldest_known, q->oldest_s);
-        printf(",\"outbox_pending\":%lld,\"outbox_refused\":%lld,"
+        put_num_or_null(out, q->oldest_known, q->oldest_s);
+        fprintf(out, ",\"outbox_pending\":%lld,\"outbox_refused\":%lld,"
                "\"outbox_lag_seconds\":%.3f", q->outbox_pending, q->outbox_refused,
                q->outbox_lag_s);
     } else {
-        printf(",\"processing\":null,\"failed\":null,\"oldest_processing_seconds\":null,"
+        fprintf(out, ",\"processing\":null,\"failed\":null,\"oldest_processing_seconds\":null,"
                "\"outbox_pending\":null,\"outbox_refused\":null,\"outbox_lag_seconds\":null");
     }
-    printf("}");
+    fprintf(out, "}");
 }
 
 /* An empty string is JSON null. */
-static void put_text_or_null(const char *text)
+static void put_text_or_null(FILE *out, const char *text)
 {
     if (text[0] != '\0')
-        sk_ctl_put_jstr(stdout, text);
+        sk_ctl_put_jstr(out, text);
     else
-        printf("null");
+        fprintf(out, "null");
 }

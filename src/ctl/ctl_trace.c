@@ -26,6 +26,7 @@
 #include "ctl_common.h"
 #include "ctl_http.h"
 #include "ctl_out.h"
+#include "ctl_reports.h"
 #include "pg.h"
 
 #define JOURNAL_MAX 1000  /* log lines shown at most, the newest kept */
@@ -45,6 +46,9 @@ struct trace {
     const char   *key;
     const char   *only_queue;
     bool          json;
+    FILE         *out;      /* where the report goes */
+    size_t        scan_max; /* dead letters read per queue at most; 0: all */
+    bool          partial;  /* a queue had more than scan_max */
     struct event *ev;
     size_t        n, cap;
     char        **queues;  /* where to look for dead letters */
@@ -219,6 +223,10 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
             t->failed = true;
             break;
         }
+        if (t->scan_max > 0 && messages > t->scan_max) {
+            messages = (uint32_t)t->scan_max;
+            t->partial = true;
+        }
         for (uint32_t seen = 0; exists && seen < messages; seen++) {
             amqp_message_t m;
             uint64_t tag;
@@ -320,55 +328,57 @@ static void put_time(int64_t us, bool coarse, char *out, size_t size)
 
 static void print(const struct trace *t, int code)
 {
+    FILE *out = t->out;
     char when[64];
     if (t->json) {
-        printf("{\"key\":");
-        sk_ctl_put_jstr(stdout, t->key);
-        printf(",\"queue\":");
+        fprintf(out, "{\"key\":");
+        sk_ctl_put_jstr(out, t->key);
+        fprintf(out, ",\"queue\":");
         if (t->only_queue != NULL)
-            sk_ctl_put_jstr(stdout, t->only_queue);
+            sk_ctl_put_jstr(out, t->only_queue);
         else
-            printf("null");
-        printf(",\"events\":[");
+            fprintf(out, "null");
+        fprintf(out, ",\"events\":[");
         for (size_t i = 0; i < t->n; i++) {
             const struct event *e = &t->ev[i];
             put_time(e->us, e->coarse, when, sizeof(when));
-            printf("%s{\"time\":", i > 0 ? "," : "");
+            fprintf(out, "%s{\"time\":", i > 0 ? "," : "");
             if (e->us == INT64_MAX)
-                printf("null");
+                fprintf(out, "null");
             else
-                printf("\"%s\"", when);
-            printf(",\"queue\":");
-            sk_ctl_put_jstr(stdout, e->queue);
-            printf(",\"source\":");
-            sk_ctl_put_jstr(stdout, e->source);
-            printf(",\"event\":");
-            sk_ctl_put_jstr(stdout, e->what);
-            printf(",\"detail\":");
-            sk_ctl_put_jstr(stdout, e->detail);
-            printf("}");
+                fprintf(out, "\"%s\"", when);
+            fprintf(out, ",\"queue\":");
+            sk_ctl_put_jstr(out, e->queue);
+            fprintf(out, ",\"source\":");
+            sk_ctl_put_jstr(out, e->source);
+            fprintf(out, ",\"event\":");
+            sk_ctl_put_jstr(out, e->what);
+            fprintf(out, ",\"detail\":");
+            sk_ctl_put_jstr(out, e->detail);
+            fprintf(out, "}");
         }
-        printf("],\"dead_letters\":%zu,\"journal\":", t->dead_letters);
-        sk_ctl_put_jstr(stdout, t->journal_note);
-        printf(",\"exit_code\":%d}\n", code);
+        fprintf(out, "],\"dead_letters\":%zu,\"dead_letters_partial\":%s,\"journal\":",
+                t->dead_letters, t->partial ? "true" : "false");
+        sk_ctl_put_jstr(out, t->journal_note);
+        fprintf(out, ",\"exit_code\":%d}\n", code);
         return;
     }
     if (t->n == 0) {
-        printf("nothing known of key ");
-        sk_ctl_put_text(stdout, t->key, strlen(t->key), 0);
-        printf("%s (%s)\n", t->failed ? " in the sources that answered" : "", t->journal_note);
+        fprintf(out, "nothing known of key ");
+        sk_ctl_put_text(out, t->key, strlen(t->key), 0);
+        fprintf(out, "%s (%s)\n", t->failed ? " in the sources that answered" : "", t->journal_note);
         return;
     }
     for (size_t i = 0; i < t->n; i++) {
         const struct event *e = &t->ev[i];
         put_time(e->us, e->coarse, when, sizeof(when));
-        printf("%-24s ", when);
-        sk_ctl_put_text(stdout, e->queue, strlen(e->queue), 0);
-        printf(" %-9s %-16s ", e->source, e->what);
-        sk_ctl_put_text(stdout, e->detail, strlen(e->detail), 0);
-        printf("\n");
+        fprintf(out, "%-24s ", when);
+        sk_ctl_put_text(out, e->queue, strlen(e->queue), 0);
+        fprintf(out, " %-9s %-16s ", e->source, e->what);
+        sk_ctl_put_text(out, e->detail, strlen(e->detail), 0);
+        fprintf(out, "\n");
     }
-    printf("journal: %s\n", t->journal_note);
+    fprintf(out, "journal: %s\n", t->journal_note);
 }
 
 int sk_ctl_trace(const struct sk_conf *conf, int argc, char **argv)
@@ -393,7 +403,14 @@ int sk_ctl_trace(const struct sk_conf *conf, int argc, char **argv)
         trace_usage(stderr);
         return SK_CTL_USAGE;
     }
-    t.key = argv[optind];
+    return sk_ctl_trace_report(conf, argv[optind], t.only_queue, t.json, 0, stdout);
+}
+
+int sk_ctl_trace_report(const struct sk_conf *conf, const char *key, const char *queue,
+                        bool json, size_t dead_scan_max, FILE *out)
+{
+    struct trace t = { .key = key, .only_queue = queue, .json = json, .out = out,
+                       .scan_max = dead_scan_max };
     if (strlen(t.key) > SK_KEY_MAX) {
         fprintf(stderr, "sekalictl: a key is at most %d bytes; no job has this one\n",
                 SK_KEY_MAX);

@@ -365,6 +365,62 @@ START_TEST(test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints)
 }
 END_TEST
 
+/* What the console builds on: groups, selectors that combine, pages, a
+ * bounded scan and dry runs, none of which may move a letter or write an
+ * audit row. */
+START_TEST(test_groups_pages_and_dry_runs_select_without_changing_anything)
+{
+    struct h_run r;
+    every_reason(&r, "dlqgroups");
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "groups", r.queue, "--json"), 0);
+    json_holds(&r, "sum(g[\"count\"] for g in d[\"groups\"]) == 6 and d[\"summary\"][\"selected\"]"
+                   " == 6 and [g[\"count\"] for g in d[\"groups\"] if g[\"reason\"] == \"failed\" "
+                   "and g[\"fingerprint\"] == \"flaky: failing until released\"] == [1] and "
+                   "d[\"groups\"][0][\"count\"] >= d[\"groups\"][-1][\"count\"]");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "groups", r.queue), 0);
+    ck_assert_msg(strstr(out, "COUNT | REPLAYABLE | REASON") != NULL, "%s", out);
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--offset", "1", "--limit", "2", "--json"), 0);
+    json_holds(&r, "len(d[\"dead_letters\"]) == 2 and d[\"summary\"][\"more\"] and "
+                   "d[\"summary\"][\"offset\"] == 1");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--offset", "4", "--limit", "10", "--json"), 0);
+    json_holds(&r, "len(d[\"dead_letters\"]) == 2 and not d[\"summary\"][\"more\"]");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--reason", "malformed", "--json"), 0);
+    json_holds(&r, "len(d[\"dead_letters\"]) == 2");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--scan-max", "3", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"partial\"] and d[\"summary\"][\"scanned\"] == 3 and "
+                   "d[\"summary\"][\"depth\"] == 6");
+    free(out);
+
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--reason", "failed", "--fingerprint",
+                         "flaky: failing until released", "--dry-run", "--json"), 0);
+    json_holds(&r, "[x[\"outcome\"] for x in d[\"results\"]] == [\"would_replay\"] and "
+                   "d[\"dry_run\"] and d[\"summary\"][\"replayed\"] == 1");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-fail", "--key", "k-retry",
+                         "--dry-run", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"selected\"] == 2");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--all", "--dry-run", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"purged\"] == 6 and d[\"summary\"][\"selected\"] == 6");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--all", "--reason", "failed"), 2);
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "groups", r.queue, "--limit", "2"), 2);
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 6);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dlq_audit WHERE queue = '%s'",
+                                r.queue), 0);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -374,6 +430,7 @@ int main(void)
         test_replay_cut_between_commit_and_ack_stays_exactly_once,
         test_purge_removes_exactly_the_selected_dead_letters,
         test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints,
+        test_groups_pages_and_dry_runs_select_without_changing_anything,
         NULL,
     };
     Suite *s = suite_create("dlq");

@@ -1,0 +1,113 @@
+/* console.h - the parts of `sekalictl serve`, the operator's console
+ * (docs/console.md), that its files share:
+ *
+ *   console.c         the HTTP server (libmicrohttpd), routing, the headers
+ *                     every answer carries, reading arguments and forms;
+ *   console_auth.c    logins, sessions, CSRF tokens, the origin check;
+ *   console_api.c     the JSON API under /api/, which runs the reports of
+ *                     ctl_reports.h: the same queries and JSON as sekalictl;
+ *   console_rates.c   jobs/s, duplicates/s and duration quantiles, sampled
+ *                     from sekalid's /metrics;
+ *   console_assets.c  the page, its script and style, embedded at build
+ *                     time from src/ctl/console/ (generated).
+ *
+ * The process queries the servers itself, never through the supervisor:
+ * it is an operator's tool, with the operator's credentials and lifetime. */
+#ifndef SK_CONSOLE_H
+#define SK_CONSOLE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <microhttpd.h>
+
+#include "config.h"
+
+#define SK_CONSOLE_BODY_MAX  (512 * 1024)  /* a POST body, at most (500 keys) */
+#define SK_CONSOLE_FIELDS    600           /* form fields kept, at most */
+#define SK_CONSOLE_KEYS_MAX  500           /* keys one action may select */
+
+struct sk_console_sessions;
+struct sk_console_rates;
+
+struct sk_console {
+    const struct sk_conf     *conf;
+    bool                      tls;
+    /* One dead-letter scan at a time: a scan holds every letter it has
+     * read unacknowledged, so a second one at once would see only the
+     * rest (and a replay would miss what a page view holds). */
+    pthread_mutex_t           dlq_lock;
+    struct sk_console_sessions  *sessions;
+    struct sk_console_rates     *rates;
+};
+
+struct sk_console_field {
+    char *name, *value;
+};
+
+/* One request and its answer. */
+struct sk_console_call {
+    struct sk_console         *con;
+    struct MHD_Connection  *conn;
+    const char             *method, *path;
+    bool                    post;
+    char                   *body;        /* the POST body as read, NUL-terminated */
+    size_t                  body_len;
+    bool                    too_big;
+    struct sk_console_field    fields[SK_CONSOLE_FIELDS];
+    size_t                  n_fields;
+    /* The answer. */
+    unsigned                status;
+    const char             *type;        /* Content-Type */
+    char                   *out;         /* malloc'd, or NULL */
+    size_t                  out_len;
+    const void             *static_out;  /* an embedded asset: not freed */
+    char                    cookie[256]; /* Set-Cookie, or "" */
+};
+
+/* console.c */
+/* A query argument (GET) or a form field (POST), or NULL. */
+const char *sk_console_arg(struct sk_console_call *c, const char *name);
+/* Every form field called name, up to max; how many. */
+size_t sk_console_args(struct sk_console_call *c, const char *name, const char **out, size_t max);
+/* A request header, or NULL. */
+const char *sk_console_header(struct sk_console_call *c, const char *name);
+/* Answers with a JSON document {"error": why} and status. */
+void sk_console_fail(struct sk_console_call *c, unsigned status, const char *why);
+/* Answers with the JSON that write() printed to a memory stream. */
+void sk_console_json(struct sk_console_call *c, unsigned status, char *doc, size_t len);
+
+/* console_auth.c */
+struct sk_console_sessions *sk_console_sessions_new(void);
+void sk_console_sessions_free(struct sk_console_sessions *s);
+/* POST /api/login (token, operator), POST /api/logout, GET /api/session. */
+void sk_console_login(struct sk_console_call *c);
+void sk_console_logout(struct sk_console_call *c);
+void sk_console_session(struct sk_console_call *c);
+/* Whether this POST may act: same origin, a live session, its CSRF token.
+ * Otherwise the refusal is answered (403 or 401) and false returned;
+ * operator gets the session's name. */
+bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size);
+
+/* console_api.c: every /api/ route but the session's; false: no such route. */
+bool sk_console_api(struct sk_console_call *c);
+
+/* console_rates.c */
+struct sk_console_rates *sk_console_rates_start(const struct sk_conf *conf);
+void sk_console_rates_stop(struct sk_console_rates *r);
+/* GET /api/rates */
+void sk_console_rates_json(struct sk_console_rates *r, struct sk_console_call *c);
+
+/* console_assets.c (generated from src/ctl/console/) */
+struct sk_console_asset {
+    const char          *path;   /* "app.js" */
+    const unsigned char *data;
+    size_t               len;
+};
+extern const struct sk_console_asset sk_console_assets[];
+extern const size_t sk_console_n_assets;
+
+#endif

@@ -1,0 +1,386 @@
+// sekali console: the pages, drawn from the JSON API under /api/.
+//
+// Every value, and most of all every value that came from a message (keys,
+// headers, bodies, errors), enters the page through text nodes: el() below
+// never parses markup, and no code here uses innerHTML, insertAdjacentHTML,
+// document.write or eval (the Content-Security-Policy's Trusted Types make
+// them throw). Links are built from our own paths with encodeURIComponent.
+'use strict';
+
+const app = () => document.getElementById('app');
+let session = { logged_in: false, actions: false };
+let refreshTimer = null;
+
+// An element with attributes and children; strings become text nodes.
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === 'onclick' || k === 'onsubmit' || k === 'onchange') e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function link(path, params, ...children) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {}))
+    if (v !== null && v !== undefined && v !== '') q.append(k, v);
+  const s = q.toString();
+  return el('a', { href: path + (s ? '?' + s : '') }, ...children);
+}
+
+const num = (v) => (v === null || v === undefined ? '?' : String(v));
+const secs = (v) => (v === null || v === undefined ? '?' : v < 1 ? (v * 1000).toFixed(0) + ' ms'
+                                                             : v.toFixed(1) + ' s');
+const args = () => new URLSearchParams(location.search);
+
+async function api(path) {
+  const r = await fetch(path, { credentials: 'same-origin', headers: { Accept: 'application/json' } });
+  const body = await r.json().catch(() => ({ error: 'the answer was not JSON (' + r.status + ')' }));
+  if (!r.ok) throw new Error(body.error || ('HTTP ' + r.status));
+  return body;
+}
+
+async function post(path, fields) {
+  const form = new URLSearchParams();
+  for (const [k, v] of Object.entries(fields))
+    for (const one of Array.isArray(v) ? v : [v]) form.append(k, one);
+  if (session.csrf) form.append('csrf', session.csrf);
+  const r = await fetch(path, { method: 'POST', credentials: 'same-origin', body: form,
+                                headers: { Accept: 'application/json' } });
+  const body = await r.json().catch(() => ({ error: 'the answer was not JSON (' + r.status + ')' }));
+  if (!r.ok) throw new Error(body.error || ('HTTP ' + r.status));
+  return body;
+}
+
+function show(...nodes) {
+  const a = app();
+  a.replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false));
+  document.body.dataset.rendered = String(performance.now());
+}
+
+function failure(e) {
+  return el('div', { class: 'panel error', role: 'alert' }, String(e && e.message ? e.message : e));
+}
+
+async function loadSession() {
+  try { session = await api('/api/session'); } catch (e) { session = { logged_in: false }; }
+  const who = document.getElementById('who');
+  if (session.logged_in)
+    who.replaceChildren('operator ', el('b', {}, session.operator), ' ',
+      el('button', { id: 'logout', onclick: async () => {
+        try { await post('/api/logout', {}); } catch (e) { /* the session is gone either way */ }
+        location.href = '/';
+      } }, 'Log out'));
+  else if (session.actions)
+    who.replaceChildren(link('/login', { next: location.pathname + location.search }, 'Log in to act'));
+  else
+    who.replaceChildren(el('span', { class: 'muted' }, 'read-only'));
+}
+
+// ---- overview ----------------------------------------------------------
+
+function sparkline(points, field, cls) {
+  const svgNS = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(svgNS, 'svg');
+  svg.setAttribute('class', 'spark');
+  svg.setAttribute('viewBox', '0 0 160 32');
+  svg.setAttribute('preserveAspectRatio', 'none');
+  const vals = points.map((p) => (typeof p[field] === 'number' ? p[field] : 0));
+  if (vals.length > 1) {
+    const max = Math.max(...vals, 0.001);
+    const line = document.createElementNS(svgNS, 'polyline');
+    line.setAttribute('points', vals.map((v, i) =>
+      (i * 160 / (vals.length - 1)).toFixed(1) + ',' + (31 - v * 29 / max).toFixed(1)).join(' '));
+    if (cls) line.setAttribute('class', cls);
+    svg.append(line);
+  }
+  const t = document.createElementNS(svgNS, 'title');
+  t.textContent = field + ', last ' + (vals.length ? vals[vals.length - 1].toFixed(2) : '?');
+  svg.append(t);
+  return svg;
+}
+
+async function overview() {
+  const t0 = performance.now();
+  let status, rates;
+  try {
+    [status, rates] = await Promise.all([api('/api/status'), api('/api/rates')]);
+  } catch (e) {
+    return show(el('h1', {}, 'Overview'), failure(e));
+  }
+  const byName = new Map((rates.queues || []).map((q) => [q.name, q]));
+  const d = status.sekalid || {};
+  const problems = [status.broker_error && 'broker: ' + status.broker_error,
+                    status.postgresql_error && 'PostgreSQL: ' + status.postgresql_error,
+                    status.postgresql_warning && 'PostgreSQL: ' + status.postgresql_warning]
+    .filter(Boolean);
+  const rows = (status.queues || []).map((q) => {
+    const r = byName.get(q.name) || { points: [] };
+    const state = q.paused ? 'paused' + (q.paused.reason ? ': ' + q.paused.reason : '')
+      : q.consumers === null ? '?' : q.consumers > 0 ? 'consuming' : 'no consumer';
+    const last = r.points.length ? r.points[r.points.length - 1] : {};
+    return el('tr', { 'data-queue': q.name },
+      el('td', {}, el('b', {}, q.name)),
+      el('td', { class: q.healthy ? 'ok' : 'bad' }, q.healthy ? 'healthy' : (q.problem || 'unknown')),
+      el('td', {}, state),
+      el('td', { class: 'num' }, num(q.workers_up), ' / ', num(q.workers_configured)),
+      el('td', { class: 'num' }, num(q.ready)),
+      el('td', { class: 'num' }, num(q.delayed)),
+      el('td', { class: 'num' }, q.dead ? link('/dead', { queue: q.name }, num(q.dead)) : num(q.dead)),
+      el('td', { class: 'num' }, num(q.processing), ' / ', num(q.failed)),
+      el('td', { class: 'num' }, num(q.outbox_pending), ' · ', secs(q.outbox_lag_seconds)),
+      el('td', {}, sparkline(r.points, 'jobs_per_second'), ' ',
+         typeof last.jobs_per_second === 'number' ? last.jobs_per_second.toFixed(1) : '?', '/s'),
+      el('td', {}, sparkline(r.points, 'duplicates_per_second', 'dup'), ' ',
+         typeof last.duplicates_per_second === 'number' ? last.duplicates_per_second.toFixed(2) : '?', '/s'),
+      el('td', { class: 'num' }, secs(r.p50_seconds), ' / ', secs(r.p99_seconds)),
+      el('td', { class: 'num' }, secs(r.lock_ttl_seconds), ' / ', secs(r.job_timeout_seconds)));
+  });
+  show(el('h1', {}, 'Overview'),
+    el('p', {}, 'sekalid: ', d.running === true ? el('span', { class: 'ok' }, 'running')
+                             : d.running === false ? el('span', { class: 'bad' }, 'not running')
+                             : el('span', { class: 'warn' }, 'unknown'),
+      el('span', { class: 'muted' }, ' · metrics: ', String(rates.metrics),
+         ' · charts: the last ', String(rates.window_seconds / 60), ' minutes, sampled every ',
+         String(rates.interval_seconds), ' s · refreshes by itself')),
+    problems.map((p) => el('div', { class: 'panel error' }, p)),
+    el('table', { id: 'queues' },
+      el('thead', {}, el('tr', {}, ['queue', 'health', 'state', 'workers up', 'ready', 'delayed',
+        'dead', 'processing / failed', 'outbox · lag', 'jobs/s', 'duplicates/s', 'p50 / p99',
+        'lock TTL / timeout'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Pausing and resuming (sekalictl pause, resume) and the schedules (sekalictl schedules) are not buttons of this console yet.',
+       ' Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+  refreshTimer = setTimeout(overview, 5000);
+}
+
+// ---- dead letters: groups ----------------------------------------------
+
+// The in-page confirmation of an action: a dry run first, then the act.
+function actionPanel(holder, what, fields, after) {
+  const verb = what === 'replay' ? 'Replay' : 'Purge';
+  holder.replaceChildren(el('div', { class: 'panel confirm' }, 'Dry run…'));
+  post('/api/dlq/' + what, Object.assign({ dry_run: '1' }, fields)).then((dry) => {
+    const n = what === 'replay' ? dry.summary.replayed : dry.summary.purged;
+    const refused = dry.summary.refused || 0;
+    holder.replaceChildren(el('div', { class: 'panel confirm', id: 'confirm' },
+      el('p', {}, 'Dry run: ', el('b', { id: 'dry-count' }, String(n)), ' dead letter(s) would be ',
+         what === 'replay' ? 'replayed' : 'purged', refused ? ', ' + refused + ' refused' : '',
+         ', of ', String(dry.summary.selected), ' selected. Recorded as done by ',
+         el('b', {}, session.operator), '.'),
+      el('div', { class: 'actions' },
+        el('button', { id: 'confirm-yes', class: what === 'purge' ? 'danger' : 'primary',
+          onclick: async () => {
+            holder.replaceChildren(el('div', { class: 'panel confirm' }, verb + '…'));
+            try {
+              const done = await post('/api/dlq/' + what, fields);
+              holder.replaceChildren(el('div', { class: 'panel notice', id: 'result' }, done.summary.text));
+              if (after) after(done.summary.text);  /* redrawn, with the outcome on top */
+            } catch (e) { holder.replaceChildren(failure(e)); }
+          } }, verb + ' ' + n),
+        el('button', { id: 'confirm-no', onclick: () => holder.replaceChildren() }, 'Cancel'))));
+  }).catch((e) => holder.replaceChildren(failure(e)));
+}
+
+function noticeOf(text) {
+  return typeof text === 'string' ? el('div', { class: 'panel notice', id: 'result' }, text) : null;
+}
+
+async function deadGroups(notice) {
+  const queue = args().get('queue') || '';
+  const t0 = performance.now();
+  show(el('h1', {}, 'Dead letters of ', queue), el('p', { class: 'muted' }, 'Reading…'));
+  let g;
+  const scan = args().get('scan');
+  try { g = await api('/api/dlq/groups?' + new URLSearchParams(scan ? { queue, scan } : { queue })); } catch (e) {
+    return show(el('h1', {}, 'Dead letters of ', queue), failure(e));
+  }
+  const holder = el('div', { id: 'action' }, noticeOf(notice));
+  const acting = session.logged_in;
+  const rows = (g.groups || []).map((x, i) => el('tr', { 'data-group': String(i) },
+    el('td', {}, x.reason),
+    el('td', { class: 'mono cut fingerprint' }, x.fingerprint),
+    el('td', { class: 'num' }, link('/letters', { queue, reason: x.reason, fingerprint: x.fingerprint },
+                                    String(x.count))),
+    el('td', { class: 'num' }, String(x.replayable)),
+    el('td', {}, x.first_failure || '-'), el('td', {}, x.last_failure || '-'),
+    el('td', { class: 'mono cut' }, x.example_key === null ? '-'
+      : link('/letter', { queue, key: x.example_key }, x.example_key)),
+    el('td', {}, acting ? el('div', { class: 'actions' },
+      el('button', { class: 'replay', onclick: () => actionPanel(holder, 'replay',
+        { queue, reason: x.reason, fingerprint: x.fingerprint }, deadGroups) }, 'Replay…'),
+      el('button', { class: 'purge danger', onclick: () => actionPanel(holder, 'purge',
+        { queue, reason: x.reason, fingerprint: x.fingerprint }, deadGroups) }, 'Purge…'))
+      : el('span', { class: 'muted' }, 'log in to act'))));
+  show(el('h1', {}, 'Dead letters of ', queue),
+    el('p', { id: 'summary' }, g.summary.text),
+    g.summary.partial ? el('p', { class: 'warn', id: 'partial' }, 'Only part of the queue was read: the groups count the first ',
+                            String(g.summary.scanned), ' of ', String(g.summary.depth), ' letters. ',
+                            link('/dead', { queue, scan: '100000' }, 'Read up to 100,000')) : null,
+    g.other ? el('p', { class: 'warn' }, String(g.other), ' letters fall in further groups, not shown.') : null,
+    holder,
+    el('table', { id: 'groups' },
+      el('thead', {}, el('tr', {}, ['reason', 'error fingerprint', 'letters', 'replayable', 'first failure',
+        'last failure', 'for example', ''].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', {}, link('/letters', { queue }, 'All letters, page by page')),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// ---- dead letters: a page of letters -----------------------------------
+
+async function letters(notice) {
+  const a = args();
+  const queue = a.get('queue') || '', reason = a.get('reason'), fingerprint = a.get('fingerprint');
+  const offset = Number(a.get('offset') || 0), limit = 50;
+  const t0 = performance.now();
+  const q = { queue, offset: String(offset), limit: String(limit) };
+  if (reason) q.reason = reason;
+  if (fingerprint) q.fingerprint = fingerprint;
+  let l;
+  try { l = await api('/api/dlq/list?' + new URLSearchParams(q)); } catch (e) {
+    return show(el('h1', {}, 'Dead letters of ', queue), failure(e));
+  }
+  const holder = el('div', { id: 'action' }, noticeOf(notice));
+  const boxes = [];
+  const rows = (l.dead_letters || []).map((x) => {
+    const box = x.key === null ? null : el('input', { type: 'checkbox', class: 'pick', 'data-key': x.key });
+    if (box) boxes.push(box);
+    return el('tr', {},
+      el('td', {}, session.logged_in ? box : null),
+      el('td', { class: 'mono cut key' }, x.key === null ? '(no key)'
+        : link('/letter', { queue, key: x.key }, x.key)),
+      el('td', {}, x.reason), el('td', { class: 'num' }, num(x.attempts)),
+      el('td', {}, x.key_status || '-'), el('td', {}, x.last_failure || '-'),
+      el('td', { class: 'mono cut' }, x.job_type || '-'),
+      el('td', { class: 'cut error-text' }, x.malformed || x.error));
+  });
+  const picked = () => boxes.filter((b) => b.checked).map((b) => b.dataset.key);
+  const pager = el('div', { class: 'pager' },
+    offset > 0 ? link('/letters', Object.assign({}, q, { offset: String(Math.max(0, offset - limit)), limit: null }), '« previous') : null,
+    el('span', {}, l.summary.text),
+    l.summary.more ? link('/letters', Object.assign({}, q, { offset: String(offset + limit), limit: null }), 'next »') : null);
+  show(el('h1', {}, 'Dead letters of ', queue),
+    reason || fingerprint ? el('p', {}, 'Group: ', el('b', {}, reason || 'any reason'), ' · ',
+                                el('code', {}, fingerprint || 'any error')) : null,
+    el('p', {}, link('/dead', { queue }, '« groups')),
+    session.logged_in ? el('div', { class: 'actions' },
+      el('button', { id: 'replay-selected', onclick: () => picked().length &&
+        actionPanel(holder, 'replay', { queue, key: picked() }, letters) }, 'Replay selected…'),
+      el('button', { id: 'purge-selected', class: 'danger', onclick: () => picked().length &&
+        actionPanel(holder, 'purge', { queue, key: picked() }, letters) }, 'Purge selected…')) : null,
+    holder, pager,
+    el('table', { id: 'letters' },
+      el('thead', {}, el('tr', {}, ['', 'key', 'reason', 'attempts', 'key status', 'last failure', 'type',
+        'error'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// ---- one letter ----------------------------------------------------------
+
+function fieldList(pairs) {
+  return el('dl', { class: 'fields' }, pairs.map(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
+}
+
+async function letter() {
+  const a = args();
+  const queue = a.get('queue') || '', key = a.get('key') || '';
+  const t0 = performance.now();
+  let s;
+  try { s = await api('/api/dlq/show?' + new URLSearchParams({ queue, key })); } catch (e) {
+    return show(el('h1', {}, 'Dead letter'), failure(e));
+  }
+  const all = s.dead_letters || [];
+  if (all.length === 0)
+    return show(el('h1', {}, 'Dead letter'), el('p', { id: 'summary' }, s.summary.text),
+                el('p', {}, link('/key', { key }, 'Trace this key')));
+  const parts = all.map((x) => el('section', { class: 'panel letter' },
+    fieldList([['key', el('span', { class: 'mono', id: 'letter-key' }, x.key === null ? '(none)' : x.key)],
+      ['job id', x.job_id || '-'], ['job type', x.job_type || '-'],
+      ['reason', [x.reason, el('span', { class: 'muted' }, ' (recorded by ', x.recorded_by, ')')]],
+      ['from', x.from], ['error', el('span', { id: 'letter-error' }, x.error)],
+      ['attempts', num(x.attempts)], ['first failure', x.first_failure || '-'],
+      ['last failure', x.last_failure || '-'],
+      ['replayable', x.replayable ? 'yes' : 'no' + (x.malformed ? ': ' + x.malformed : '')],
+      ['key in PostgreSQL', (x.key_status || '-') + (x.replays ? ', replayed ' + x.replays + ' times' : '')]]),
+    el('h2', {}, 'Headers'),
+    el('table', { class: 'headers' }, el('tbody', {}, Object.entries(x.headers || {}).map(([k, v]) =>
+      el('tr', {}, el('td', { class: 'mono' }, k),
+         el('td', { class: 'mono cut' }, typeof v === 'string' ? v : JSON.stringify(v)))))),
+    el('h2', {}, 'Body (', String(x.body_size), ' bytes', x.body_size > x.body_preview.length ?
+       ', the first ' + x.body_preview.length + ' characters shown' : '', ')'),
+    el('pre', { id: 'letter-body' }, x.body_preview)));
+  show(el('h1', {}, 'Dead letter in ', queue),
+    el('p', {}, link('/dead', { queue }, '« groups'), ' · ', link('/key', { key }, 'the key\'s timeline')),
+    parts,
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// ---- a key's timeline ------------------------------------------------------
+
+async function keyPage() {
+  const key = args().get('key') || '';
+  const form = el('form', { method: 'get', action: '/key', class: 'panel' },
+    el('input', { name: 'key', value: key, size: 60, maxlength: 512, id: 'key-input',
+                  'aria-label': 'idempotency key' }), ' ', el('button', { type: 'submit' }, 'Trace'));
+  if (!key) return show(el('h1', {}, 'A key\'s story'), form);
+  const t0 = performance.now();
+  show(el('h1', {}, 'A key\'s story'), form, el('p', { class: 'muted' }, 'Reading…'));
+  let t;
+  try { t = await api('/api/trace?' + new URLSearchParams({ key })); } catch (e) {
+    return show(el('h1', {}, 'A key\'s story'), form, failure(e));
+  }
+  const rows = (t.events || []).map((e) => el('tr', {},
+    el('td', { class: 'mono' }, e.time || '(unknown)'), el('td', {}, e.queue), el('td', {}, e.source),
+    el('td', {}, e.event === 'dead-lettered' && e.queue
+      ? link('/letter', { queue: e.queue, key }, e.event) : e.event),
+    el('td', { class: 'cut' }, e.detail)));
+  show(el('h1', {}, 'A key\'s story'), form,
+    el('p', {}, 'Key ', el('code', { id: 'trace-key' }, t.key), ': ', String((t.events || []).length),
+       ' events, ', String(t.dead_letters), ' dead letters', t.dead_letters_partial
+       ? ' (only the first letters of a long dead-letter queue were read)' : '', '; journal: ', t.journal),
+    el('table', { id: 'timeline' },
+      el('thead', {}, el('tr', {}, ['time', 'queue', 'source', 'event', 'detail'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// ---- login -------------------------------------------------------------------
+
+function loginPage() {
+  const msg = el('div', { id: 'login-message' });
+  const form = el('form', { class: 'panel', id: 'login', onsubmit: async (ev) => {
+    ev.preventDefault();
+    try {
+      session = await post('/api/login', { token: form.elements.token.value,
+                                           operator: form.elements.operator.value });
+      const next = args().get('next');
+      location.href = next && next.startsWith('/') && !next.startsWith('//') ? next : '/';
+    } catch (e) { msg.replaceChildren(failure(e)); }
+  } },
+    el('p', {}, 'Actions (replay, purge) need the token of console.token_file and your name, which the audit records.'),
+    el('p', {}, el('label', {}, 'Your name ', el('input', { name: 'operator', required: true, maxlength: 64,
+                                                          autocomplete: 'username' }))),
+    el('p', {}, el('label', {}, 'Token ', el('input', { name: 'token', type: 'password', required: true,
+                                                       autocomplete: 'current-password' }))),
+    el('button', { type: 'submit', class: 'primary' }, 'Log in'));
+  show(el('h1', {}, 'Log in'), msg, form);
+}
+
+// ---- routing -------------------------------------------------------------------
+
+const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
+                 '/key': keyPage, '/login': loginPage };
+
+document.addEventListener('DOMContentLoaded', async () => {
+  await loadSession();
+  const page = routes[location.pathname] || overview;
+  try { await page(); } catch (e) { show(failure(e)); }
+});

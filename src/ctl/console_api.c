@@ -1,0 +1,205 @@
+/* console_api.c - the console's JSON API under /api/ (docs/console.md): the
+ * reports of sekalictl (ctl_reports.h) run in this process, their JSON
+ * written straight into the answer, so the console and `sekalictl --json`
+ * cannot drift apart. Each request is bounded: a page of at most 100
+ * letters, a scan of at most 100,000, a body preview of 64 KiB.
+ *
+ *   GET  /api/status                      sekalictl status --json
+ *   GET  /api/rates                       console_rates.c
+ *   GET  /api/dlq/groups?queue=Q          sekalictl dlq groups Q --json
+ *   GET  /api/dlq/list?queue=Q&...        sekalictl dlq list Q ... --json
+ *   GET  /api/dlq/show?queue=Q&key=K      sekalictl dlq show Q K --json
+ *   GET  /api/trace?key=K[&queue=Q]       sekalictl trace K --json
+ *   POST /api/dlq/replay, /api/dlq/purge  sekalictl dlq replay|purge ... --json */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "console.h"
+#include "ctl_common.h"
+#include "ctl_reports.h"
+
+#define PAGE_DEFAULT   50
+#define PAGE_MAX       100
+#define SCAN_DEFAULT   10000
+#define SCAN_MAX       100000
+#define PREVIEW        (64 * 1024)
+#define TRACE_SCAN     10000
+#define READ_WAIT_S    5     /* a page waits this long for a running scan */
+#define ACTION_WAIT_S  60
+
+/* A number argument within [0, max], or def when absent; false: bad. */
+static bool number(struct sk_console_call *c, const char *name, size_t def, size_t max,
+                   size_t *out)
+{
+    const char *s = sk_console_arg(c, name);
+    *out = def;
+    if (s == NULL || s[0] == '\0')
+        return true;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0' || s[0] == '-' || v > max)
+        return false;
+    *out = (size_t)v;
+    return true;
+}
+
+/* Only the queues this configuration serves: the console probes nothing
+ * else on the broker. */
+static const char *queue_arg(struct sk_console_call *c)
+{
+    const char *q = sk_console_arg(c, "queue");
+    return q != NULL && sk_conf_queue(c->con->conf, q) != NULL ? q : NULL;
+}
+
+static bool lock_dlq(struct sk_console_call *c, int seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += seconds;
+    if (pthread_mutex_timedlock(&c->con->dlq_lock, &until) == 0)
+        return true;
+    sk_console_fail(c, 503, "busy: another dead-letter scan or action is running; try again");
+    return false;
+}
+
+/* Runs a report into the answer. */
+#define REPORT(c, call)                                                  \
+    do {                                                                 \
+        char *doc_ = NULL;                                               \
+        size_t len_ = 0;                                                 \
+        FILE *out = open_memstream(&doc_, &len_);                        \
+        if (out == NULL)                                                 \
+            return sk_console_fail(c, 500, "out of memory");                \
+        int code_ = (call);                                              \
+        fclose(out);                                                     \
+        sk_console_json(c, code_ == SK_CTL_USAGE ? 400 : 200, doc_, len_);  \
+    } while (0)
+
+static void api_status(struct sk_console_call *c)
+{
+    REPORT(c, sk_ctl_status_report(c->con->conf, true, out));
+}
+
+static void api_trace(struct sk_console_call *c)
+{
+    const char *key = sk_console_arg(c, "key"), *queue = sk_console_arg(c, "queue");
+    if (key == NULL || key[0] == '\0' || strlen(key) > SK_KEY_MAX)
+        return sk_console_fail(c, 400, "key: 1 to 512 bytes");
+    if (queue != NULL && queue[0] == '\0')
+        queue = NULL;
+    if (queue != NULL && sk_conf_queue(c->con->conf, queue) == NULL)
+        return sk_console_fail(c, 400, "queue: not a queue of this configuration");
+    if (!lock_dlq(c, READ_WAIT_S))
+        return;
+    REPORT(c, sk_ctl_trace_report(c->con->conf, key, queue, true, TRACE_SCAN, out));
+    pthread_mutex_unlock(&c->con->dlq_lock);
+}
+
+/* The selectors of list, replay and purge: reason, fingerprint, key(s), all. */
+static bool selectors(struct sk_console_call *c, struct sk_ctl_dlq_req *req, const char **keys)
+{
+    req->reason = sk_console_arg(c, "reason");
+    req->fingerprint = sk_console_arg(c, "fingerprint");
+    if (req->reason != NULL && req->reason[0] == '\0')
+        req->reason = NULL;
+    if (req->fingerprint != NULL && req->fingerprint[0] == '\0')
+        req->fingerprint = NULL;
+    req->keys = keys;
+    if (c->post) {
+        req->n_keys = sk_console_args(c, "key", keys, SK_CONSOLE_KEYS_MAX);
+    } else {
+        const char *k = sk_console_arg(c, "key");
+        if (k != NULL && k[0] != '\0') {
+            keys[0] = k;
+            req->n_keys = 1;
+        }
+    }
+    const char *all = sk_console_arg(c, "all");
+    req->all = all != NULL && strcmp(all, "1") == 0;
+    return true;
+}
+
+static void api_dlq(struct sk_console_call *c, const char *command)
+{
+    static const char *none[1];
+    const char *keys[SK_CONSOLE_KEYS_MAX];
+    struct sk_ctl_dlq_req req = { .command = command, .json = true, .preview = PREVIEW,
+                                  .keys = none };
+    bool writes = strcmp(command, "replay") == 0 || strcmp(command, "purge") == 0;
+    char operator[128];
+    if (writes && !sk_console_may_act(c, operator, sizeof(operator)))
+        return;
+    if (!writes && c->post)
+        return sk_console_fail(c, 405, "use GET");
+    if ((req.queue = queue_arg(c)) == NULL)
+        return sk_console_fail(c, 400, "queue: not a queue of this configuration");
+    int operands = 0;
+    if (strcmp(command, "list") == 0) {
+        selectors(c, &req, keys);
+        if (!number(c, "offset", 0, SCAN_MAX, &req.offset) ||
+            !number(c, "limit", PAGE_DEFAULT, PAGE_MAX, &req.limit) ||
+            !number(c, "scan", SCAN_DEFAULT, SCAN_MAX, &req.scan_max))
+            return sk_console_fail(c, 400, "offset, limit (at most 100) and scan (at most "
+                                "100000) are whole numbers");
+        if (req.limit == 0)
+            req.limit = PAGE_DEFAULT;
+        /* A page deep in the queue needs the letters before it read. */
+        if (sk_console_arg(c, "scan") == NULL && req.offset + req.limit > req.scan_max)
+            req.scan_max = req.offset + req.limit > SCAN_MAX ? SCAN_MAX : req.offset + req.limit;
+    } else if (strcmp(command, "groups") == 0) {
+        if (!number(c, "scan", SCAN_DEFAULT, SCAN_MAX, &req.scan_max))
+            return sk_console_fail(c, 400, "scan: a whole number, at most 100000");
+    } else if (strcmp(command, "show") == 0) {
+        const char *k = sk_console_arg(c, "key");
+        if (k == NULL || k[0] == '\0')
+            return sk_console_fail(c, 400, "key: which dead letter");
+        keys[0] = k;
+        req.keys = keys;
+        req.n_keys = 1;
+        operands = 1;
+        req.scan_max = SCAN_MAX;
+    } else {
+        selectors(c, &req, keys);
+        const char *dry = sk_console_arg(c, "dry_run");
+        req.dry_run = dry != NULL && strcmp(dry, "1") == 0;
+        req.by = operator;
+    }
+    if (!sk_ctl_dlq_req_ok(&req, operands))
+        return sk_console_fail(c, 400, writes ? "an action takes all=1 or selectors (reason, "
+                            "fingerprint, key)" : "bad arguments");
+    if (!lock_dlq(c, writes ? ACTION_WAIT_S : READ_WAIT_S))
+        return;
+    REPORT(c, sk_ctl_dlq_run(c->con->conf, &req, out));
+    pthread_mutex_unlock(&c->con->dlq_lock);
+}
+
+bool sk_console_api(struct sk_console_call *c)
+{
+    const char *api = c->path + strlen("/api/");
+    bool get = !c->post;
+    if (strcmp(api, "dlq/replay") == 0 || strcmp(api, "dlq/purge") == 0) {
+        api_dlq(c, api + 4);  /* refuses a GET itself, with nothing done */
+        return true;
+    }
+    if (!get && (strcmp(api, "status") == 0 || strcmp(api, "rates") == 0 ||
+                 strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0)) {
+        sk_console_fail(c, 405, "use GET");
+        return true;
+    }
+    if (strcmp(api, "status") == 0)
+        api_status(c);
+    else if (strcmp(api, "rates") == 0)
+        sk_console_rates_json(c->con->rates, c);
+    else if (strcmp(api, "trace") == 0)
+        api_trace(c);
+    else if (strcmp(api, "dlq/groups") == 0 || strcmp(api, "dlq/list") == 0 ||
+             strcmp(api, "dlq/show") == 0)
+        api_dlq(c, api + 4);
+    else
+        return false;
+    return true;
+}

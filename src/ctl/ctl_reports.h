@@ -1,0 +1,55 @@
+/* ctl_reports.h - the reports of sekalictl that the console (console.c)
+ * serves too: one implementation of each query and of its JSON, written to
+ * whatever stream the caller gives (stdout for sekalictl, a memory stream
+ * for an HTTP answer). Each returns the exit code sekalictl would
+ * (ctl_common.h). They open their own connections, so threads may run
+ * them at once; dead-letter scans of one queue should not overlap (a
+ * letter another scan holds unacknowledged is not seen). */
+#ifndef SK_CTL_REPORTS_H
+#define SK_CTL_REPORTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "config.h"
+
+/* sekalictl status (ctl_status.c). */
+int sk_ctl_status_report(const struct sk_conf *conf, bool json, FILE *out);
+
+/* sekalictl trace KEY [--queue QUEUE] (ctl_trace.c); queue NULL: everywhere.
+ * dead_scan_max > 0 reads at most that many dead letters per queue. */
+int sk_ctl_trace_report(const struct sk_conf *conf, const char *key, const char *queue,
+                        bool json, size_t dead_scan_max, FILE *out);
+
+/* sekalictl dlq (ctl_dlq.c). */
+struct sk_ctl_dlq_req {
+    const char  *command;      /* list, groups, show, replay or purge */
+    const char  *queue;
+    const char **keys;         /* selectors; a letter must match each one given */
+    size_t       n_keys;       /* any of keys[] */
+    const char  *reason;       /* as --reason: case and "_"/" " do not matter */
+    const char  *fingerprint;  /* sk_ctl_fingerprint() of the letter's error */
+    bool         all;          /* replay, purge: every letter (and no selector) */
+    bool         dry_run;      /* replay, purge: say what would be done, change nothing */
+    const char  *by;           /* the audit's operator; NULL: the OS user */
+    size_t       offset, limit;/* list: a page of the selected letters (limit 0: all) */
+    size_t       scan_max;     /* letters read at most (0: the whole queue) */
+    size_t       preview;      /* show: body bytes given (0: 256) */
+    bool         json;
+};
+/* Whether req is a valid command (operands: words after the queue's name). */
+bool sk_ctl_dlq_req_ok(const struct sk_ctl_dlq_req *req, int operands);
+int sk_ctl_dlq_run(const struct sk_conf *conf, const struct sk_ctl_dlq_req *req, FILE *out);
+
+/* An error text's fingerprint (ctl_fingerprint.c): what is left when the
+ * parts that differ from one failure to the next are masked, so that
+ * "timeout after 3000 ms on order 8c1f...e2" and the same with other figures
+ * fall into one group. Runs of digits become "{n}"; a word of 8 or more
+ * hex digits and dashes holding a digit (an id, a UUID) becomes "{id}";
+ * whitespace runs become one space; a byte that is not UTF-8 becomes U+FFFD
+ * (as sk_ctl_put_json() writes it, so the JSON's fingerprint selects
+ * again); cut to size bytes on a UTF-8 boundary. */
+void sk_ctl_fingerprint(const char *error, char *out, size_t size);
+
+#endif

@@ -1,0 +1,193 @@
+/* check_console_http.c - sekalictl serve without a browser (that is
+ * tests/browser/check_console.c): every answer's security headers, the
+ * refusals an action meets without a session, a CSRF token or the same
+ * origin, and HTTPS with libmicrohttpd's TLS and a Secure cookie. Requests
+ * are made with curl, as a script would. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TOKEN "integration-token-42"
+
+struct console {
+    char  *dir, *config, url[160];
+    pid_t  pid;
+};
+
+/* Writes a config whose console listens on a free port, with TLS when
+ * tls_dir is set, and starts sekalictl serve on it. */
+static void start(struct console *c, const char *name, const char *tls_dir)
+{
+    h_init();
+    c->dir = h_tmpdir(name);
+    char queue[128], token[1100], top[3000], log[1100];
+    h_unique_name(queue, sizeof(queue), name);
+    snprintf(token, sizeof(token), "%s/console.token", c->dir);
+    FILE *f = fopen(token, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(TOKEN "\n", f);
+    fclose(f);
+    int port = h_free_port();
+    int n = snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n",
+                     port, token);
+    if (tls_dir != NULL)
+        snprintf(top + n, sizeof(top) - (size_t)n, "  tls_cert_file: %s/server.crt\n"
+                 "  tls_key_file: %s/server.key\n", tls_dir, tls_dir);
+    c->config = h_write_config_top(c->dir, queue, H_EFFECT, 1, NULL, top);
+    snprintf(c->url, sizeof(c->url), "%s://127.0.0.1:%d", tls_dir ? "https" : "http", port);
+    snprintf(log, sizeof(log), "%s/serve.log", c->dir);
+    char exe[1100];
+    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
+    c->pid = fork();
+    ck_assert_int_ge(c->pid, 0);
+    if (c->pid == 0) {
+        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
+            _exit(127);
+        execl(exe, exe, "-c", c->config, "serve", (char *)NULL);
+        _exit(127);
+    }
+    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
+           10000, "sekalictl serve should start (see %s)", log);
+}
+
+static void stop(struct console *c)
+{
+    kill(c->pid, SIGTERM);
+    int st = h_wait_exit(c->pid, 10000, "sekalictl serve");
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "serve should exit 0 on SIGTERM");
+    free(c->dir);
+    free(c->config);
+}
+
+/* Runs curl with args (a shell fragment) on c's URL + path; returns the
+ * HTTP status and puts the headers and body in *out (the caller frees). */
+static int curl(struct console *c, const char *path, const char *args, char **out)
+{
+    char cmd[4096], file[1100];
+    snprintf(file, sizeof(file), "%s/curl.out", c->dir);
+    snprintf(cmd, sizeof(cmd), "curl -s -i -o '%s' -w '%%{http_code}' %s '%s%s'", file, args,
+             c->url, path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char code[16] = "";
+    if (fgets(code, sizeof(code), p) == NULL)
+        code[0] = '\0';
+    pclose(p);
+    *out = h_read_file(file);
+    if (*out == NULL)
+        *out = strdup("");
+    return atoi(code);
+}
+
+START_TEST(test_every_answer_has_the_headers_and_actions_are_refused_without_what_they_need)
+{
+    struct console c;
+    start(&c, "consolerefuse", NULL);
+    char *out;
+    ck_assert_int_eq(curl(&c, "/", "", &out), 200);
+    static const char *const headers[] = {
+        "Content-Security-Policy: default-src 'none'; script-src 'self'",
+        "require-trusted-types-for 'script'", "frame-ancestors 'none'",
+        "X-Frame-Options: DENY", "X-Content-Type-Options: nosniff", "Cache-Control: no-store",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(headers); i++)
+        ck_assert_msg(strstr(out, headers[i]) != NULL, "missing %s in:\n%s", headers[i], out);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/assets/app.js", "", &out), 200);
+    ck_assert_msg(strstr(out, "innerHTML =") == NULL, "the page's script must not use innerHTML");
+    free(out);
+    ck_assert_int_eq(curl(&c, "/nope", "", &out), 404);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/", "-X DELETE", &out), 405);
+    free(out);
+
+    const char *purge = "-d queue=x -d all=1";
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", purge, &out), 401);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge?queue=x&all=1", "", &out), 405);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/login", "-d operator=m -d token=wrong", &out), 401);
+    ck_assert_msg(strstr(out, "wrong") != NULL && strstr(out, "Set-Cookie") == NULL, "%s", out);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/login", "-d operator= -d token=" TOKEN, &out), 400);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/login", "-H 'Origin: http://evil.example' -d operator=m "
+                                            "-d token=" TOKEN, &out), 403);
+    free(out);
+
+    char jar[1200], args[2000];
+    snprintf(jar, sizeof(jar), "%s/jar", c.dir);
+    snprintf(args, sizeof(args), "-c '%s' -d operator=alice -d token=" TOKEN, jar);
+    ck_assert_int_eq(curl(&c, "/api/login", args, &out), 200);
+    ck_assert_msg(strstr(out, "HttpOnly; SameSite=Strict") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "Secure") == NULL, "no Secure cookie over plain HTTP: %s", out);
+    char *csrf = strstr(out, "\"csrf\":\"");
+    ck_assert_ptr_nonnull(csrf);
+    char token[80];
+    snprintf(token, sizeof(token), "%.64s", csrf + 8);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' %s", jar, purge);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", args, &out), 403);  /* no CSRF token */
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' %s -d csrf=%064d", jar, purge, 0);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", args, &out), 403);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' %s -d csrf=%s -H 'Sec-Fetch-Site: cross-site'", jar,
+             purge, token);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", args, &out), 403);
+    free(out);
+    /* Everything right but the queue, which this console does not serve. */
+    snprintf(args, sizeof(args), "-b '%s' %s -d csrf=%s", jar, purge, token);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", args, &out), 400);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' -d csrf=%s", jar, token);
+    ck_assert_int_eq(curl(&c, "/api/logout", args, &out), 200);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' %s -d csrf=%s", jar, purge, token);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", args, &out), 401);  /* stale */
+    free(out);
+    stop(&c);
+}
+END_TEST
+
+START_TEST(test_over_tls_the_console_speaks_https_only_with_a_secure_cookie)
+{
+    const char *tls = getenv("SEKALI_TLS_DIR");
+    if (tls == NULL || access(tls, R_OK) != 0) {
+        /* servers.sh without SEKALI_TLS=1 made no certificates. */
+        ck_assert_msg(getenv("SEKALI_REQUIRE_TLS") == NULL, "no SEKALI_TLS_DIR");
+        return;
+    }
+    struct console c;
+    start(&c, "consoletls", tls);
+    char *out, args[1200];
+    snprintf(args, sizeof(args), "--cacert '%s/ca.crt'", tls);
+    ck_assert_int_eq(curl(&c, "/api/session", args, &out), 200);
+    ck_assert_msg(strstr(out, "Strict-Transport-Security") != NULL, "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "--cacert '%s/ca.crt' -d operator=alice -d token=" TOKEN, tls);
+    ck_assert_int_eq(curl(&c, "/api/login", args, &out), 200);
+    ck_assert_msg(strstr(out, "SameSite=Strict; Secure") != NULL, "%s", out);
+    free(out);
+    /* Plain HTTP to the TLS port gets no answer. */
+    memmove(c.url + 4, c.url + 5, strlen(c.url + 5) + 1);  /* https:// -> http:// */
+    ck_assert_int_eq(curl(&c, "/api/session", "--max-time 5", &out), 0);
+    free(out);
+    stop(&c);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_every_answer_has_the_headers_and_actions_are_refused_without_what_they_need,
+        test_over_tls_the_console_speaks_https_only_with_a_secure_cookie,
+        NULL,
+    };
+    return h_run_suite(h_suite("console_http", 120, tests));
+}
