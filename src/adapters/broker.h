@@ -42,6 +42,8 @@ struct sk_amqp_conf {
     bool     password_in_url;      /* url[0] wrote it (later nodes may only repeat it) */
     uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
     uint32_t connect_timeout_ms;
+    uint32_t consumer_timeout_ms;  /* the broker's, as the operator told it (AMQP does not
+                                    * say); 0: not told. Only judged, never enforced here */
     struct sk_tls_conf tls;        /* enabled by amqps:// (every node, or none) */
     enum sk_amqp_auth  auth;       /* amqp.auth_mechanism */
 };

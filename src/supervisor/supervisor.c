@@ -406,6 +406,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         const struct sk_child child = {
             .conf = g->conf, .queue = slot->queue, .shared = shared, .metrics = g->metrics,
             .plugin = slot->ops->counts_as_worker ? &g->plugins[slot->queue] : NULL,
+            .doctor = slot == &g->slots[0],
         };
         exit(slot->ops->run(&child));
     }

@@ -15,6 +15,7 @@
 #include "batch.h"
 #include "broker.h"
 #include "clock.h"
+#include "doctor.h"
 #include "heartbeat.h"
 #include "job.h"
 #include "links.h"
@@ -36,7 +37,7 @@ static void free_dead_locks(struct sk_pipeline *p);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
                   const struct sk_plugin *plugin, struct sk_slot *slot,
-                  struct sk_metrics_queue *metrics)
+                  struct sk_metrics_queue *metrics, bool doctor)
 {
     /* On the heap: the handler's context holds a whole saved result. */
     struct sk_pipeline *p = calloc(1, sizeof(*p));
@@ -70,6 +71,12 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     sk_log_info("worker for queue %s started (handler %s %s from %s)", queue->name,
                 p->handler->name != NULL ? p->handler->name : "?",
                 p->handler->version != NULL ? p->handler->version : "?", plugin->path);
+    /* Once a generation (at start, and after each reload): this worker is
+     * its first, and only its first process asks; a restart after a crash
+     * does not repeat what was logged. The schema, which refuses, was
+     * checked by setup(). */
+    if (doctor && first)
+        sk_doctor_at_start(conf);
 
     while (!sk_process_stopping()) {
         /* Liveness for the supervisor's watchdog: the loop turns at least
