@@ -153,6 +153,10 @@ int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
 int  sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
                     struct sk_err *err);
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env);
+/* Whether the broker sent something not yet taken (a delivery, or part of
+ * one, in librabbitmq's buffer or the socket's): the next sk_broker_next()
+ * will hardly wait. False for NULL. Never reads, never blocks. */
+bool sk_broker_waiting(const struct sk_broker *b);
 
 /* Acks delivery_tag (and every earlier delivery this consumer settled).
  * The ack is sent lazily, by sk_broker_next() once no delivery is waiting

@@ -8,6 +8,7 @@
  * close or a cancel arriving between deliveries, and it decides when the
  * pending acks go out. A publisher's connection never consumes, so its
  * wait for confirms (sk_broker_await_confirms()) never meets a delivery. */
+#include <poll.h>
 #include <string.h>
 
 #include <amqp.h>
@@ -45,6 +46,17 @@ int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
     amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes,
                        0, 0, 0, amqp_empty_table);
     return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.consume", err);
+}
+
+bool sk_broker_waiting(const struct sk_broker *b)
+{
+    if (b == NULL)
+        return false;
+    if (amqp_data_in_buffer(b->conn) || amqp_frames_enqueued(b->conn))
+        return true;
+    /* What the broker sent may still be in the kernel's buffer. */
+    struct pollfd fd = { .fd = amqp_get_sockfd(b->conn), .events = POLLIN };
+    return fd.fd >= 0 && poll(&fd, 1, 0) == 1 && (fd.revents & POLLIN);
 }
 
 int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,

@@ -260,7 +260,9 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
     }
     g->conf = conf;
     g->plugins = plugins;
-    /* A worker holds at most one lock per job of its batch at once. */
+    /* A worker holds at most one lock per job of its batch, and those of
+     * the batch before whose release waits for this batch's acquire
+     * (span.c): twice the batch. */
     size_t lock_cap = 1;
     for (size_t q = 0; q < conf->n_queues; q++) {
         g->n_slots += (size_t)conf->queues[q].workers;
@@ -268,6 +270,7 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         if ((size_t)conf->queues[q].batch > lock_cap)
             lock_cap = (size_t)conf->queues[q].batch;
     }
+    lock_cap *= 2;
     g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0);
     g->slots = calloc(g->n_slots, sizeof(*g->slots));
     if (g->slots == NULL) {

@@ -84,6 +84,10 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         atomic_store(&slot->alive_ms, sk_now_ms());
         if (!prepare(p))
             continue;
+        /* Locks of settled jobs go with the next acquire; a worker about to
+         * wait for its next delivery sends them now. */
+        if (!sk_broker_waiting(sk_links_consumer(p->links)))
+            sk_job_release_locks(p);
         amqp_envelope_t delivery;
         rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
         if (rc == SK_OK)
@@ -222,6 +226,8 @@ static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
 
 static void teardown(struct sk_pipeline *p)
 {
+    if (p->links != NULL)
+        sk_job_release_locks(p);
     sk_heartbeat_stop(p->heartbeat);
     sk_host_ctx_free(&p->ctx);
     sk_span_free(p->span);
