@@ -184,7 +184,8 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
     if (j->env.redelivered || j->env.delivery_attempt > 1)
         sk_metrics_inc(j->metrics, SK_METRIC_REDELIVERIES);
     if (parsed != SK_OK) {
-        sk_log_job(SK_LOG_WARN, &j->log, "malformed message: %s", err.msg);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
+                     err.msg);
         dead_letter(p, j, false, SK_METRICS_MALFORMED, err.msg);
         return false;
     }
@@ -195,7 +196,8 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
          * would leave its caller waiting with the effect already made. */
         char why[400];
         snprintf(why, sizeof(why), "%s: %s", refused, j->env.reply_to);
-        sk_log_job(SK_LOG_WARN, &j->log, "malformed message: %s", why);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
+                     why);
         dead_letter(p, j, false, SK_METRICS_MALFORMED, why);
         return false;
     }

@@ -59,7 +59,9 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     int exit_code = SK_EXIT_OK;
     int rc = setup(p, first, &err);
     if (rc != SK_OK) {
-        sk_log_error("worker for queue %s cannot start: %s", queue->name, err.msg);
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_WORKER_CANNOT_START, NULL,
+                     &(struct sk_log_job){ .queue = queue->name },
+                     "worker for queue %s cannot start: %s", queue->name, err.msg);
         exit_code = rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
         goto out;
     }

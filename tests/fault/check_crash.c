@@ -99,12 +99,14 @@ END_TEST
  * worker can die after the ack with its lock still in Redis. The
  * scoreboard still names it: the replacement frees it at its start, as it
  * frees a lock held mid-job, and the next job on the resource runs long
- * before the 60 s TTL would have let it. */
+ * before the 60 s TTL would have let it. (The ack itself was still in
+ * the worker, sent lazily: the job comes back and is a duplicate.) */
 START_TEST(test_worker_killed_after_ack_leaves_no_lock_to_wait_for)
 {
     struct h_run r;
     h_run_open(&r, "postack");
-    const char *env[] = { "SEKALI_FAILPOINT=after_ack:order-a", NULL };
+    const char *env[] = { "SEKALI_FAILPOINT=after_ack:order-a", "SEKALI_FAILPOINT_ONCE=1",
+                          NULL };
     h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
                                           .queue_yaml = "    lock_ttl: 60s\n" });
     h_publish(r.b, r.queue, "test", "msg-a", "order-a", "res-1", "ok");
@@ -121,6 +123,7 @@ START_TEST(test_worker_killed_after_ack_leaves_no_lock_to_wait_for)
                   "its TTL", (long long)waited);
     ck_assert_int_eq(h_count_lines(r.log, "locks that a dead worker held"), 1);
     ck_assert_int_eq(h_effects(&r, "order-a"), 1);
+    ck_assert_int_eq(h_effects(&r, "order-b"), 1);
     h_run_close(&r);
 }
 END_TEST
