@@ -6,7 +6,8 @@
  *   sekalictl [-c FILE] dlq (list|show|replay|purge) QUEUE ... (ctl_dlq.c)
  *   sekalictl [-c FILE] status [--json]                        (ctl_status.c)
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
- *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor.c; the checks: doctor*.c)
+ *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor.c, and
+ *                                                              shared/doctor*.c)
  *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
  *   sekalictl help [COMMAND] | --help | --version
  *

@@ -1,4 +1,5 @@
-/* doctor_broker.c - doctor's checks (doctor.h) of each configured queue: that it exists with the arguments sekali needs (dead letters to
+/* doctor_broker.c - doctor's checks (doctor.h) of each configured queue:
+ * that it exists with the arguments sekali needs (dead letters to
  * <queue>.dead, a quorum queue's at-least-once dead-lettering and delivery
  * limit), its dead-letter queue, and the time a delivery may stay unacked
  * (the broker's consumer_timeout) against job_timeout, the observed job

@@ -141,9 +141,9 @@ struct sk_span *sk_span_of(struct sk_pipeline *p)
     s->claims = calloc(n, sizeof(*s->claims));
     s->dups = calloc(n, sizeof(*s->dups));
     s->index = calloc(n, sizeof(*s->index));
-    if (!s->jobs || !s->deliveries || !s->releases || !s->keys || !s->tokens || !s->rcs || !s->lost ||
-        !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims || !s->dups ||
-        !s->index) {
+    if (!s->jobs || !s->deliveries || !s->releases || !s->keys || !s->tokens || !s->rcs ||
+        !s->lost || !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims ||
+        !s->dups || !s->index) {
         sk_span_free(s);
         return NULL;
     }

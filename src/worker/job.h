@@ -45,6 +45,8 @@ void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery);
  * it stops. One Redis round trip when there are any; a failure is logged
  * (the locks expire by their TTL). */
 void sk_job_release_locks(struct sk_pipeline *p);
+/* Whether any such lock waits (cheap: asked before the broker is). */
+bool sk_job_releases_waiting(const struct sk_pipeline *p);
 /* Frees what the pipeline kept between spans (p->span); accepts NULL. */
 void sk_span_free(struct sk_span *s);
 

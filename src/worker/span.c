@@ -284,6 +284,11 @@ static void release_span(struct sk_pipeline *p, struct sk_span *s)
         sk_slot_forget_locks(p->slot);
 }
 
+bool sk_job_releases_waiting(const struct sk_pipeline *p)
+{
+    return p->span != NULL && p->span->n_releases > 0;
+}
+
 void sk_job_release_locks(struct sk_pipeline *p)
 {
     struct sk_span *s = p->span;

@@ -88,7 +88,7 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
             continue;
         /* Locks of settled jobs go with the next acquire; a worker about to
          * wait for its next delivery sends them now. */
-        if (!sk_broker_waiting(sk_links_consumer(p->links)))
+        if (sk_job_releases_waiting(p) && !sk_broker_waiting(sk_links_consumer(p->links)))
             sk_job_release_locks(p);
         amqp_envelope_t delivery;
         rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
