@@ -102,6 +102,7 @@ static int run_script(struct sk_lock *l, const char *script, char sha[41], const
 static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
                        struct sk_err *err);
 static bool refused_login(const char *reply);
+static bool script_refused(const char *reply);
 
 int sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err)
 {
@@ -239,6 +240,16 @@ int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char 
             if (status != SK_OK)
                 return status;
             continue;
+        }
+        if (reply != NULL && reply->type == REDIS_REPLY_ERROR && script_refused(reply->str)) {
+            /* Redis 7 words an ACL refusal inside a script as ERR, not
+             * NOPERM: said as what it is, a password-like refusal. */
+            sk_err_set(err, SK_AGAIN, "redis SET NX PX failed: NOPERM: the ACL user may not run "
+                       "what the lock script runs (SET, GET, DEL): %s", reply->str);
+            sk_err_mark_auth(err, SK_AGAIN);
+            freeReplyObject(reply);
+            disconnect(l);
+            return SK_AGAIN;
         }
         if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != n)
             return reply_error(l, reply, "EVALSHA (lock)", err);
@@ -607,6 +618,15 @@ static bool refused_login(const char *reply)
            strncmp(reply, "NOPERM", 6) == 0 ||
            strncmp(reply, "ERR invalid password", 20) == 0 ||
            strncmp(reply, "ERR AUTH", 8) == 0;
+}
+
+/* A command the script ran was refused by the ACL: NOPERM in the reply
+ * (Redis 6), or Redis 7's "The user executing the script can't run this
+ * command". */
+static bool script_refused(const char *reply)
+{
+    return strstr(reply, "NOPERM") != NULL ||
+           strstr(reply, "user executing the script can't run") != NULL;
 }
 
 /* Any failure drops the connection: after a timeout hiredis may still have a
