@@ -65,6 +65,8 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_RELAY_REFUSED  "relay_refused"   /* the broker refused an outbox row */
 #define SK_EVENT_HANDLER_REFUSED "handler_refused" /* a handler did not load at start: exit */
 #define SK_EVENT_WORKER_CANNOT_START "worker_cannot_start" /* a worker's set-up failed */
+#define SK_EVENT_PAUSED         "paused"          /* a worker cancelled its consumer: paused */
+#define SK_EVENT_RESUMED        "resumed"         /* ... and consumes again */
 
 /* The servers an event's SERVER= names. */
 #define SK_SERVER_POSTGRES "postgres"
