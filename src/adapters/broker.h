@@ -42,6 +42,8 @@ struct sk_amqp_conf {
     bool     password_in_url;      /* url[0] wrote it (later nodes may only repeat it) */
     uint32_t heartbeat_ms;         /* AMQP heartbeat; 0 disables */
     uint32_t connect_timeout_ms;
+    uint32_t consumer_timeout_ms;  /* the broker's, as the operator told it (AMQP does not
+                                    * say); 0: not told. Only judged, never enforced here */
     struct sk_tls_conf tls;        /* enabled by amqps:// (every node, or none) */
     enum sk_amqp_auth  auth;       /* amqp.auth_mechanism */
 };
@@ -166,6 +168,10 @@ int sk_broker_resubscribe(struct sk_broker *b, struct sk_err *err);
 int  sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
                     struct sk_err *err);
 void sk_broker_release(struct sk_broker *b, amqp_envelope_t *env);
+/* Whether the broker sent something not yet taken (a delivery, or part of
+ * one, in librabbitmq's buffer or the socket's): the next sk_broker_next()
+ * will hardly wait. False for NULL. Never reads, never blocks. */
+bool sk_broker_waiting(const struct sk_broker *b);
 
 /* Acks delivery_tag (and every earlier delivery this consumer settled).
  * The ack is sent lazily, by sk_broker_next() once no delivery is waiting

@@ -8,6 +8,7 @@
  * close or a cancel arriving between deliveries, and it decides when the
  * pending acks go out. A publisher's connection never consumes, so its
  * wait for confirms (sk_broker_await_confirms()) never meets a delivery. */
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -115,6 +116,17 @@ int sk_broker_resubscribe(struct sk_broker *b, struct sk_err *err)
     if (b->consumer_tag[0] != '\0')
         return SK_OK;
     return subscribe(b, err);
+}
+
+bool sk_broker_waiting(const struct sk_broker *b)
+{
+    if (b == NULL)
+        return false;
+    if (amqp_data_in_buffer(b->conn) || amqp_frames_enqueued(b->conn))
+        return true;
+    /* What the broker sent may still be in the kernel's buffer. */
+    struct pollfd fd = { .fd = amqp_get_sockfd(b->conn), .events = POLLIN };
+    return fd.fd >= 0 && poll(&fd, 1, 0) == 1 && (fd.revents & POLLIN);
 }
 
 int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,

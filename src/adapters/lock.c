@@ -1,6 +1,11 @@
 /* lock.c - Redis lease lock: acquire with SET NX PX, renew and release by
  * owner token through server-side scripts.
  *
+ * Acquiring is a script too (swap_script: SET NX PX for each key), which
+ * first releases the locks the caller's previous jobs left: a worker's
+ * release travels with its next acquire, one command and one round trip
+ * for both (sk_lock_swap_many()).
+ *
  * The scripts are loaded once per connection and called by SHA; if Redis lost
  * them (restart, SCRIPT FLUSH) they are loaded again and the call repeated. A
  * failed connection is freed at once and reopened lazily on the next call, so
@@ -14,7 +19,7 @@
  * failover is followed at the next call: the old master refuses writes
  * (READONLY) or is gone, and the reconnect asks again.
  *
- * The per-job commands (SET NX PX, EVALSHA) are written in Redis's wire
+ * The per-job commands (EVALSHA of the scripts) are written in Redis's wire
  * protocol by hand, a few copies into a buffer the connection keeps (the
  * TTL's digits made once) and handed to hiredis already formatted:
  * redisCommand() would parse its format string and build the command
@@ -44,6 +49,21 @@ static const char renew_script[] =
 static const char release_script[] =
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('del', KEYS[1]) else return 0 end";
+/* KEYS = the r locks to release, then those to take; ARGV[1] = r, ARGV[2] =
+ * ttl in ms, ARGV[2 + i] = KEYS[i]'s token. One integer a key: 1 released
+ * or taken, 0 not ours any more or held by another. Releases come first,
+ * so a job may take back the lock its predecessor on the resource left. */
+static const char swap_script[] =
+    "local r, out = tonumber(ARGV[1]), {} "
+    "for i = 1, #KEYS do "
+    "local t = ARGV[i + 2] "
+    "if i <= r then "
+    "if redis.call('get', KEYS[i]) == t then out[i] = redis.call('del', KEYS[i]) "
+    "else out[i] = 0 end "
+    "elseif redis.call('set', KEYS[i], t, 'NX', 'PX', ARGV[2]) then out[i] = 1 "
+    "else out[i] = 0 end "
+    "end "
+    "return out";
 
 struct sk_lock {
     const struct sk_redis_conf *conf;
@@ -51,6 +71,7 @@ struct sk_lock {
     size_t                      sentinel;  /* the one to ask first: the last that answered */
     char                        renew_sha[41];
     char                        release_sha[41];
+    char                        swap_sha[41];
     char                       *cmd;       /* the command being built; grows, never shrinks */
     size_t                      cmd_size;
     size_t                      cmd_len;
@@ -81,6 +102,7 @@ static int run_script(struct sk_lock *l, const char *script, char sha[41], const
 static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
                        struct sk_err *err);
 static bool refused_login(const char *reply);
+static bool script_refused(const char *reply);
 
 int sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err)
 {
@@ -173,39 +195,71 @@ int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint3
     return rc;
 }
 
-/* Each command is built alone in l->cmd and appended to hiredis's output
- * buffer, which keeps a copy; the first read sends them all. */
 int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
                          const char *const *tokens, uint32_t ttl_ms, int *rc,
                          struct sk_err *err)
 {
+    return sk_lock_swap_many(l, 0, n, keys, tokens, ttl_ms, rc, err);
+}
+
+/* One EVALSHA of swap_script over every key: one command, one round trip,
+ * whatever the count. A script Redis lost (NOSCRIPT: it ran nothing) is
+ * loaded again and the call repeated once. */
+int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char *const *keys,
+                      const char *const *tokens, uint32_t ttl_ms, int *rc, struct sk_err *err)
+{
+    sk_assert(n_release <= n);
     int status = ensure_connected(l, err);
-    if (status != SK_OK)
+    if (status != SK_OK || n == 0)
         return status;
     const char *ttl = ttl_text(l, ttl_ms);
-    for (size_t i = 0; i < n; i++) {
-        size_t key_len = strlen(keys[i]), token_len = strlen(tokens[i]);
-        if (!cmd_start(l, 6, key_len + token_len + strlen(ttl) + 16))
-            return reply_error(l, NULL, "SET NX PX", err);
-        cmd_arg(l, "SET", 3);
-        cmd_arg(l, keys[i], key_len);
-        cmd_arg(l, tokens[i], token_len);
-        cmd_arg(l, "NX", 2);
-        cmd_arg(l, "PX", 2);
-        cmd_arg(l, ttl, strlen(ttl));
-        if (sk_redis_link_append(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)
-            return reply_error(l, NULL, "SET NX PX", err);
+    char n_keys[24], n_rel[24];
+    snprintf(n_keys, sizeof(n_keys), "%zu", n);
+    snprintf(n_rel, sizeof(n_rel), "%zu", n_release);
+    size_t need = 40 + strlen(n_keys) + strlen(n_rel) + strlen(ttl) + 16;
+    for (size_t i = 0; i < n; i++)
+        need += strlen(keys[i]) + strlen(tokens[i]);
+    for (int attempt = 0;; attempt++) {
+        redisReply *reply = NULL;
+        if (cmd_start(l, 5 + 2 * (int)n, need)) {
+            cmd_arg(l, "EVALSHA", 7);
+            cmd_arg(l, l->swap_sha, 40);
+            cmd_arg(l, n_keys, strlen(n_keys));
+            for (size_t i = 0; i < n; i++)
+                cmd_arg(l, keys[i], strlen(keys[i]));
+            cmd_arg(l, n_rel, strlen(n_rel));
+            cmd_arg(l, ttl, strlen(ttl));
+            for (size_t i = 0; i < n; i++)
+                cmd_arg(l, tokens[i], strlen(tokens[i]));
+            reply = cmd_send(l);
+        }
+        if (reply != NULL && reply->type == REDIS_REPLY_ERROR && attempt == 0 &&
+            strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+            freeReplyObject(reply);
+            status = load_script(l, swap_script, l->swap_sha, err);
+            if (status != SK_OK)
+                return status;
+            continue;
+        }
+        if (reply != NULL && reply->type == REDIS_REPLY_ERROR && script_refused(reply->str)) {
+            /* Redis 7 words an ACL refusal inside a script as ERR, not
+             * NOPERM: said as what it is, a password-like refusal. */
+            sk_err_set(err, SK_AGAIN, "redis SET NX PX failed: NOPERM: the ACL user may not run "
+                       "what the lock script runs (SET, GET, DEL): %s", reply->str);
+            sk_err_mark_auth(err, SK_AGAIN);
+            freeReplyObject(reply);
+            disconnect(l);
+            return SK_AGAIN;
+        }
+        if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != n)
+            return reply_error(l, reply, "EVALSHA (lock)", err);
+        for (size_t i = 0; i < n; i++) {
+            const redisReply *e = reply->element[i];
+            rc[i] = e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? SK_OK : SK_BUSY;
+        }
+        freeReplyObject(reply);
+        return SK_OK;
     }
-    for (size_t i = 0; i < n; i++) {
-        redisReply *r = NULL;
-        if (sk_redis_link_reply(l->ctx, &r) != REDIS_OK)
-            return reply_error(l, NULL, "SET NX PX", err);
-        if (r == NULL || r->type == REDIS_REPLY_ERROR)
-            return reply_error(l, r, "SET NX PX", err);
-        rc[i] = r->type == REDIS_REPLY_STATUS ? SK_OK : SK_BUSY;
-        freeReplyObject(r);
-    }
-    return SK_OK;
 }
 
 int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
@@ -372,6 +426,8 @@ static int connect_server(struct sk_lock *l, const char *host, int port, struct 
     rc = load_script(l, renew_script, l->renew_sha, err);
     if (rc == SK_OK)
         rc = load_script(l, release_script, l->release_sha, err);
+    if (rc == SK_OK)
+        rc = load_script(l, swap_script, l->swap_sha, err);
     return rc;
 }
 
@@ -562,6 +618,15 @@ static bool refused_login(const char *reply)
            strncmp(reply, "NOPERM", 6) == 0 ||
            strncmp(reply, "ERR invalid password", 20) == 0 ||
            strncmp(reply, "ERR AUTH", 8) == 0;
+}
+
+/* A command the script ran was refused by the ACL: NOPERM in the reply
+ * (Redis 6), or Redis 7's "The user executing the script can't run this
+ * command". */
+static bool script_refused(const char *reply)
+{
+    return strstr(reply, "NOPERM") != NULL ||
+           strstr(reply, "user executing the script can't run") != NULL;
 }
 
 /* Any failure drops the connection: after a timeout hiredis may still have a

@@ -60,13 +60,24 @@ void sk_lock_new_token(char token[SK_LOCK_TOKEN_LEN + 1]);
 int sk_lock_acquire(struct sk_lock *l, const char *key, const char *token, uint32_t ttl_ms,
                     struct sk_err *err);
 
-/* sk_lock_acquire() of n keys in one round trip (pipelined): rc[i] is
+/* sk_lock_acquire() of n keys in one round trip (sk_lock_swap_many()
+ * releasing none): rc[i] is
  * SK_OK or SK_BUSY for each. Returns SK_OK, or SK_AGAIN when Redis failed
  * (then no rc[i] is to be trusted: a lock may have been taken, and will
  * expire). */
 int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
                          const char *const *tokens, uint32_t ttl_ms, int *rc,
                          struct sk_err *err);
+
+/* Releases the first n_release of keys (if tokens[i] still owns keys[i])
+ * and then takes the others (SET NX PX ttl_ms), in one script: one command
+ * and one round trip for both, so that a worker's releases travel with its
+ * next acquire. rc[i] is SK_OK (released, or ours now) or SK_BUSY (not ours
+ * any more, or another owner's). Returns SK_OK, or SK_AGAIN when Redis
+ * failed (no rc[i] to be trusted: a release may not have happened, and the
+ * lock expires; a lock may have been taken, and expires too). */
+int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char *const *keys,
+                      const char *const *tokens, uint32_t ttl_ms, int *rc, struct sk_err *err);
 
 /* sk_lock_release() of n keys in one round trip. Returns SK_OK when each
  * was answered (rc[i]: SK_OK, or SK_BUSY: not ours any more), or SK_AGAIN. */

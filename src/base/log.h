@@ -59,6 +59,12 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_RELOAD_FAILED  "reload_failed"   /* a reload refused; the old one runs */
 #define SK_EVENT_LOCK_LOST      "lock_lost"       /* a job ran without its lock or lease */
 #define SK_EVENT_FENCED_OUT     "fenced_out"      /* a job's outcome lost to a newer owner */
+#define SK_EVENT_DOCTOR_FAILED  "doctor_failed"   /* a start check of doctor.h failed (once) */
+#define SK_EVENT_MALFORMED      "malformed_message"  /* a delivery that can never run */
+#define SK_EVENT_PUBLISH_FAILED "publish_failed"  /* a worker's publishing connection failed */
+#define SK_EVENT_RELAY_REFUSED  "relay_refused"   /* the broker refused an outbox row */
+#define SK_EVENT_HANDLER_REFUSED "handler_refused" /* a handler did not load at start: exit */
+#define SK_EVENT_WORKER_CANNOT_START "worker_cannot_start" /* a worker's set-up failed */
 #define SK_EVENT_PAUSED         "paused"          /* a worker cancelled its consumer: paused */
 #define SK_EVENT_RESUMED        "resumed"         /* ... and consumes again */
 #define SK_EVENT_JOB_CANCELLED  "job_cancelled"   /* a running job's outcome refused: cancelled */

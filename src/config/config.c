@@ -191,6 +191,7 @@ static const struct key amqp_keys[] = {
     PASSWORD(sk_amqp_conf),
     DURATION("heartbeat",       sk_amqp_conf, heartbeat_ms,       0, HOUR),
     DURATION("connect_timeout", sk_amqp_conf, connect_timeout_ms, 1, HOUR),
+    DURATION("consumer_timeout", sk_amqp_conf, consumer_timeout_ms, 0, 7 * DAY),
     CUSTOM_SECTION("tls", amqp_tls, tls_keys, false),
     ENUM("auth_mechanism", sk_amqp_conf, auth, amqp_auths),
     END

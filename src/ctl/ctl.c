@@ -7,7 +7,8 @@
  *   sekalictl [-c FILE] serve [--listen ADDR]                  (console.c)
  *   sekalictl [-c FILE] status [--json]                        (ctl_status.c)
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
- *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
+ *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor.c, and
+ *                                                              shared/doctor*.c)
  *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
  *   sekalictl [-c FILE] schedules [--json]                     (ctl_schedules.c)
  *   sekalictl [-c FILE] pause QUEUE [...] | resume QUEUE      (ctl_pause.c)

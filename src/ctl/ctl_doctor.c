@@ -9,22 +9,18 @@
  * some warned and none failed, 7 (SK_CTL_FAILURES) some failed (a server
  * that cannot be reached fails its checks), 2 usage. */
 #include <getopt.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "config_value.h"
 #include "ctl_commands.h"
 #include "ctl_common.h"
-#include "ctl_doctor.h"
 #include "ctl_http.h"
 #include "ctl_out.h"
+#include "doctor.h"
 
 #define SCRAPE_TIMEOUT_MS 3000
-
-static const char *const level_names[] = { "pass", "skip", "warn", "fail" };
 
 static bool doctor_args(struct sk_doctor *d, int argc, char **argv, bool *json);
 static void print_text(const struct sk_doctor *d);
@@ -44,27 +40,23 @@ int sk_ctl_doctor(const struct sk_conf *conf, int argc, char **argv)
                                     "/metrics", conf->metrics.token, SCRAPE_TIMEOUT_MS, why,
                                     sizeof(why));
     }
-    sk_doctor_postgres(&d);
-    sk_doctor_redis(&d);
-    sk_doctor_broker(&d);
+    sk_doctor_run(&d);
 
-    enum sk_doctor_level worst = SK_DOCTOR_PASS;
-    for (size_t i = 0; i < d.n; i++)
-        if (d.v[i].level > worst)
-            worst = d.v[i].level;
+    enum sk_doctor_level worst = sk_doctor_worst(&d);
     int code = worst == SK_DOCTOR_FAIL ? SK_CTL_FAILURES
                : worst == SK_DOCTOR_WARN ? SK_CTL_WARNINGS : SK_CTL_OK;
     if (json)
         print_json(&d, code);
     else
         print_text(&d);
-    free(d.v);
+    sk_doctor_free(&d);
     free(d.metrics);
     return code;
 }
 
 /* false: a usage error. --consumer-timeout is the broker's consumer_timeout
- * (rabbitmq.conf), which AMQP does not tell a client. */
+ * (rabbitmq.conf), which AMQP does not tell a client; it overrides
+ * amqp.consumer_timeout. */
 static bool doctor_args(struct sk_doctor *d, int argc, char **argv, bool *json)
 {
     static const struct option options[] = {
@@ -92,37 +84,6 @@ static bool doctor_args(struct sk_doctor *d, int argc, char **argv, bool *json)
     return optind == argc;
 }
 
-void sk_doctor_add(struct sk_doctor *d, const char *check, const char *object,
-                   enum sk_doctor_level level, const char *fix, const char *fmt, ...)
-{
-    if (d->n == d->cap) {
-        size_t cap = d->cap == 0 ? 32 : d->cap * 2;
-        struct sk_doctor_verdict *v = realloc(d->v, cap * sizeof(*v));
-        if (v == NULL) {
-            fprintf(stderr, "sekalictl: out of memory: verdict of %s dropped\n", check);
-            return;
-        }
-        d->v = v;
-        d->cap = cap;
-    }
-    struct sk_doctor_verdict *v = &d->v[d->n++];
-    snprintf(v->check, sizeof(v->check), "%s", check);
-    snprintf(v->object, sizeof(v->object), "%s", object != NULL ? object : "");
-    v->level = level;
-    snprintf(v->fix, sizeof(v->fix), "%s", fix != NULL ? fix : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v->found, sizeof(v->found), fmt, ap);
-    va_end(ap);
-}
-
-int64_t sk_doctor_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* One line a verdict, and the fix under it. Names of queues and servers
  * come from the configuration, found texts from servers: both are printed
  * made safe for a terminal. */
@@ -132,7 +93,7 @@ static void print_text(const struct sk_doctor *d)
     for (size_t i = 0; i < d->n; i++) {
         const struct sk_doctor_verdict *v = &d->v[i];
         count[v->level]++;
-        printf("%-4s %s", level_names[v->level], v->check);
+        printf("%-4s %s", sk_doctor_level_names[v->level], v->check);
         if (v->object[0] != '\0') {
             printf(" ");
             sk_ctl_put_text(stdout, v->object, strlen(v->object), 0);
@@ -159,7 +120,7 @@ static void print_json(const struct sk_doctor *d, int code)
         sk_ctl_put_jstr(stdout, v->check);
         printf(",\"object\":");
         sk_ctl_put_jstr(stdout, v->object);
-        printf(",\"level\":\"%s\",\"found\":", level_names[v->level]);
+        printf(",\"level\":\"%s\",\"found\":", sk_doctor_level_names[v->level]);
         sk_ctl_put_jstr(stdout, v->found);
         printf(",\"fix\":");
         sk_ctl_put_jstr(stdout, v->fix);

@@ -266,8 +266,9 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
          * batch are relayed again one at a time, to find it (those it took
          * before closing arrive twice, which consumers absorb). */
         if (n == 1) {
-            sk_log_warn("outbox relay: the broker refused row %" PRIu64 ": %s",
-                        row_id(rows, 0), err.msg);
+            sk_log_event(SK_LOG_WARN, SK_EVENT_RELAY_REFUSED, SK_SERVER_RABBITMQ, NULL,
+                         "outbox relay: the broker refused row %" PRIu64 ": %s",
+                         row_id(rows, 0), err.msg);
             snprintf(r->refusal, sizeof(r->refusal), "%s", err.msg);
             r->publishes[0].settled = true;
             r->publishes[0].rc = SK_ERR;

@@ -99,9 +99,13 @@ int main(int argc, char **argv)
     struct sk_plugin *plugins = NULL;
     int rc = sk_plugin_load_queues(conf, sk_host(), &plugins, &err);
     if (rc != SK_OK) {
-        fprintf(stderr, "sekalid: %s\n", err.msg);
+        /* The log exists now: a refused handler is a line with its event
+         * (sekalid -t still prints to the terminal). */
         if (test_only)
-            fprintf(stderr, "sekalid: configuration file %s test failed\n", path);
+            fprintf(stderr, "sekalid: %s\nsekalid: configuration file %s test failed\n",
+                    err.msg, path);
+        else
+            sk_log_event(SK_LOG_ERROR, SK_EVENT_HANDLER_REFUSED, NULL, NULL, "%s", err.msg);
         sk_conf_free(conf);
         return rc == SK_PLUGIN_ABI ? SK_EXIT_ABI : SK_EXIT_CONFIG;
     }

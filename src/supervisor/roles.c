@@ -10,7 +10,7 @@
 static int run_worker(const struct sk_child *c)
 {
     return sk_worker_run(c->conf, &c->conf->queues[c->queue], c->plugin, c->shared,
-                         sk_metrics_queue(c->metrics, c->queue));
+                         sk_metrics_queue(c->metrics, c->queue), c->doctor);
 }
 
 static int run_relay(const struct sk_child *c)

@@ -24,6 +24,10 @@ struct sk_child {
     const struct sk_plugin *plugin;   /* a worker's: its queue's handler; else NULL */
     struct sk_slot         *shared;   /* its scoreboard slot */
     struct sk_metrics      *metrics;
+    /* The generation's first slot (the first queue's worker #1): it runs
+     * doctor's start checks (doctor.h), so that a generation runs them
+     * once; the supervisor talks to no server itself. */
+    bool                    doctor;
 };
 
 enum sk_role { SK_ROLE_WORKER, SK_ROLE_RELAY, SK_ROLE_JANITOR, SK_ROLE_SCHEDULER, SK_ROLE_COUNT };

@@ -261,7 +261,9 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
     }
     g->conf = conf;
     g->plugins = plugins;
-    /* A worker holds at most one lock per job of its batch at once. */
+    /* A worker holds at most one lock per job of its batch, and those of
+     * the batch before whose release waits for this batch's acquire
+     * (span.c): twice the batch. */
     size_t lock_cap = 1;
     for (size_t q = 0; q < conf->n_queues; q++) {
         g->n_slots += (size_t)conf->queues[q].workers;
@@ -269,6 +271,7 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         if ((size_t)conf->queues[q].batch > lock_cap)
             lock_cap = (size_t)conf->queues[q].batch;
     }
+    lock_cap *= 2;
     g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0) +
                   (conf->n_schedules > 0);
     g->slots = calloc(g->n_slots, sizeof(*g->slots));
@@ -410,6 +413,7 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
         const struct sk_child child = {
             .conf = g->conf, .queue = slot->queue, .shared = shared, .metrics = g->metrics,
             .plugin = slot->ops->counts_as_worker ? &g->plugins[slot->queue] : NULL,
+            .doctor = slot == &g->slots[0],
         };
         exit(slot->ops->run(&child));
     }

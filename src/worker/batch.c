@@ -89,6 +89,9 @@ static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t 
     while (n < s->cap) {
         uint64_t now = sk_now_ns();
         int wait_ms = now >= until ? 0 : (int)((until - now + 999999u) / 1000000u);
+        /* The previous batch's locks would wait with us. */
+        if (wait_ms > 0 && s->n_releases > 0 && !sk_broker_waiting(sk_links_consumer(p->links)))
+            sk_job_release_locks(p);
         int rc = sk_broker_next(sk_links_consumer(p->links), &s->deliveries[n], wait_ms, &err);
         if (rc == SK_OK) {
             n++;

@@ -129,9 +129,10 @@ struct sk_span *sk_span_of(struct sk_pipeline *p)
     s->cap = n;
     s->jobs = calloc(n, sizeof(*s->jobs));
     s->deliveries = calloc(n, sizeof(*s->deliveries));
-    s->keys = calloc(n, sizeof(*s->keys));
-    s->tokens = calloc(n, sizeof(*s->tokens));
-    s->rcs = calloc(n, sizeof(*s->rcs));
+    s->releases = calloc(n, sizeof(*s->releases));
+    s->keys = calloc(2 * n, sizeof(*s->keys));
+    s->tokens = calloc(2 * n, sizeof(*s->tokens));
+    s->rcs = calloc(2 * n, sizeof(*s->rcs));
     s->lost = calloc(n, sizeof(*s->lost));
     s->refs = calloc(n, sizeof(*s->refs));
     s->ref_ptrs = calloc(n, sizeof(*s->ref_ptrs));
@@ -140,9 +141,9 @@ struct sk_span *sk_span_of(struct sk_pipeline *p)
     s->claims = calloc(n, sizeof(*s->claims));
     s->dups = calloc(n, sizeof(*s->dups));
     s->index = calloc(n, sizeof(*s->index));
-    if (!s->jobs || !s->deliveries || !s->keys || !s->tokens || !s->rcs || !s->lost ||
-        !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims || !s->dups ||
-        !s->index) {
+    if (!s->jobs || !s->deliveries || !s->releases || !s->keys || !s->tokens || !s->rcs ||
+        !s->lost || !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims ||
+        !s->dups || !s->index) {
         sk_span_free(s);
         return NULL;
     }
@@ -156,6 +157,7 @@ void sk_span_free(struct sk_span *s)
         return;
     free(s->jobs);
     free(s->deliveries);
+    free(s->releases);
     free(s->keys);
     free(s->tokens);
     free(s->rcs);
@@ -182,7 +184,8 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
     if (j->env.redelivered || j->env.delivery_attempt > 1)
         sk_metrics_inc(j->metrics, SK_METRIC_REDELIVERIES);
     if (parsed != SK_OK) {
-        sk_log_job(SK_LOG_WARN, &j->log, "malformed message: %s", err.msg);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
+                     err.msg);
         dead_letter(p, j, false, SK_METRICS_MALFORMED, err.msg);
         return false;
     }
@@ -193,7 +196,8 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
          * would leave its caller waiting with the effect already made. */
         char why[400];
         snprintf(why, sizeof(why), "%s: %s", refused, j->env.reply_to);
-        sk_log_job(SK_LOG_WARN, &j->log, "malformed message: %s", why);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
+                     why);
         dead_letter(p, j, false, SK_METRICS_MALFORMED, why);
         return false;
     }

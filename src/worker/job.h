@@ -42,6 +42,13 @@ struct sk_pipeline {
  * requeue or dead letter. The delivery stays owned by the caller. Blocks
  * for the job's length; the worker process's main thread only. */
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery);
+/* Releases now the locks of settled jobs that wait to travel with the next
+ * acquire: the worker calls it before it waits for a delivery, and before
+ * it stops. One Redis round trip when there are any; a failure is logged
+ * (the locks expire by their TTL). */
+void sk_job_release_locks(struct sk_pipeline *p);
+/* Whether any such lock waits (cheap: asked before the broker is). */
+bool sk_job_releases_waiting(const struct sk_pipeline *p);
 /* Frees what the pipeline kept between spans (p->span); accepts NULL. */
 void sk_span_free(struct sk_span *s);
 

@@ -94,12 +94,31 @@ enum sk_way {
  * of one. Kept by the pipeline between spans (sk_span_of()), so that a span
  * costs no allocation; the scratch arrays are the round trips' over the
  * span, valid only inside one step. */
+/* A settled job's lock, not released yet: it goes with the next acquire
+ * (one script, one round trip for both) or when the worker would wait for
+ * a delivery (sk_job_release_locks()). It stays in the scoreboard until
+ * then, so a worker dying meanwhile leaves it to its replacement to free,
+ * as a lock held mid-job; and it is not renewed, so it lives at most its
+ * TTL. What the job's log lines carried is copied for the line a lock
+ * found expired at release logs. */
+struct sk_release {
+    char     key[SK_LOCK_KEY_MAX];
+    char     token[SK_LOCK_TOKEN_LEN + 1];
+    char     job_id[SK_KEY_MAX + 1];
+    char     idempotency_key[SK_KEY_MAX + 1];
+    char     resource_key[SK_KEY_MAX + 1];
+    int64_t  fence;
+    uint32_t delivery_attempt;
+};
+
 struct sk_span {
     size_t           cap, n;
+    struct sk_release *releases;    /* up to cap locks of settled jobs, to release */
+    size_t           n_releases;
     struct sk_job      *jobs;
     amqp_envelope_t *deliveries;    /* for a caller that collects them (batch.c) */
-    const char     **keys, **tokens;
-    int             *rcs;
+    const char     **keys, **tokens;  /* 2 x cap: the releases, then the span's locks */
+    int             *rcs;             /* 2 x cap, as keys */
     bool            *lost;
     struct sk_keyref *refs;
     const struct sk_keyref **ref_ptrs;

@@ -38,8 +38,10 @@
 #include "store.h"
 
 static void lock_span(struct sk_pipeline *p, struct sk_span *s);
+static size_t put_releases(struct sk_span *s);
+static void released(struct sk_pipeline *p, struct sk_span *s, int rc, const struct sk_err *err);
 static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_lock *redis,
-                         size_t *asked, size_t *locked);
+                         size_t r, size_t *asked, size_t *locked);
 static void lock_refused(struct sk_pipeline *p, struct sk_job *j, int rc);
 static void waited_for_lock(struct sk_job *j);
 static void release_span(struct sk_pipeline *p, struct sk_span *s);
@@ -66,7 +68,8 @@ void sk_span_start(struct sk_pipeline *p, struct sk_span *s)
             sk_job_survivable(p, &s->jobs[i]);
 }
 
-/* Every received job's lock, in one round trip a try. A busy one is
+/* Every received job's lock, in one round trip a try; the first carries
+ * the releases of the jobs settled before (put_releases()). A busy one is
  * re-scheduled, as a lock still busy after lock.busy_wait is; the span does
  * not wait for it, unless it is all the span has to do (a span of one
  * always): then it is asked again until busy_wait. Each lock is recorded in
@@ -74,10 +77,10 @@ void sk_span_start(struct sk_pipeline *p, struct sk_span *s)
  * that dies between the SET and the record would otherwise leave a lock its
  * replacement knows nothing of, and the redelivery would wait out the TTL;
  * deleting by a token that never took the lock deletes nothing. They stay
- * recorded until sk_span_settle() released them. */
+ * recorded until they are released. */
 static void lock_span(struct sk_pipeline *p, struct sk_span *s)
 {
-    size_t m = 0;
+    size_t r = put_releases(s), m = r;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
         if (j->state != SK_JOB_RECEIVED || !sk_job_live(j))
@@ -87,8 +90,8 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
         s->keys[m] = j->lock_key;
         s->tokens[m++] = j->lock_token;
     }
-    if (m == 0)
-        return;
+    if (m == r)
+        return;  /* the releases wait for the next acquire, or the worker's idling */
     struct sk_lock *redis;
     int rc = sk_links_lock(p->links, &redis);
     if (redis == NULL) {
@@ -104,7 +107,8 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
     int64_t give_up_at = sk_now_ms() + p->conf->lock.busy_wait_ms;
     size_t locked = 0, asked;
     for (;;) {
-        size_t busy = lock_round(p, s, redis, &asked, &locked);
+        size_t busy = lock_round(p, s, redis, r, &asked, &locked);
+        r = 0;
         if (busy == 0)
             break;
         if (locked > 0 || sk_now_ms() >= give_up_at || sk_process_stopping()) {
@@ -134,28 +138,65 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
     sk_heartbeat_watch_locks(p->heartbeat, m, s->keys, s->tokens, p->queue->lock_ttl_ms);
 }
 
-/* One pipelined SET for each job still without its lock: those granted are
- * locked (*locked counts them all so far). Returns how many were busy,
- * which s->index and s->rcs name among the *asked; 0 also when Redis
- * failed, its jobs then sent on (unlocked, or re-scheduled). */
+/* The releases waiting, as the first r of s->keys and s->tokens. */
+static size_t put_releases(struct sk_span *s)
+{
+    for (size_t i = 0; i < s->n_releases; i++) {
+        s->keys[i] = s->releases[i].key;
+        s->tokens[i] = s->releases[i].token;
+    }
+    return s->n_releases;
+}
+
+/* The answers to the releases waiting (the first of s->rcs), when the
+ * round trip carrying them returned rc; they are done with either way. */
+static void released(struct sk_pipeline *p, struct sk_span *s, int rc, const struct sk_err *err)
+{
+    for (size_t i = 0; i < s->n_releases; i++) {
+        const struct sk_release *x = &s->releases[i];
+        if (rc == SK_OK && s->rcs[i] == SK_OK)
+            continue;
+        const struct sk_log_job job = {
+            .queue = p->queue->name, .job_id = x->job_id, .idempotency_key = x->idempotency_key,
+            .resource_key = x->resource_key, .lock_owner = x->token, .fence = x->fence,
+            .delivery_attempt = x->delivery_attempt,
+        };
+        if (rc != SK_OK && s->n_releases > 1 && i == 0)
+            sk_log_warn("queue %s: releasing %zu locks failed (they will expire): %s",
+                        p->queue->name, s->n_releases, err->msg);
+        if (rc != SK_OK && s->n_releases == 1)
+            sk_log_job(SK_LOG_WARN, &job, "lock release failed (it will expire): %s", err->msg);
+        else if (rc == SK_OK)
+            sk_log_job(SK_LOG_WARN, &job, "lock had expired before release");
+    }
+    s->n_releases = 0;
+}
+
+/* One script for each job still without its lock (SET NX PX), after the r
+ * releases that s->keys starts with: those granted are locked (*locked
+ * counts them all so far). Returns how many were busy, which s->index and
+ * s->rcs name among the *asked; 0 also when Redis failed, its jobs then
+ * sent on (unlocked, or re-scheduled). */
 static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_lock *redis,
-                         size_t *asked, size_t *locked)
+                         size_t r, size_t *asked, size_t *locked)
 {
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
         if (j->state != SK_JOB_RECEIVED || !sk_job_live(j))
             continue;
-        s->keys[m] = j->lock_key;
-        s->tokens[m] = j->lock_token;
+        s->keys[r + m] = j->lock_key;
+        s->tokens[r + m] = j->lock_token;
         s->index[m++] = i;
     }
     *asked = m;
     if (m == 0)
         return 0;
     struct sk_err err = { 0 };
-    int rc = sk_lock_acquire_many(redis, m, s->keys, s->tokens, p->queue->lock_ttl_ms, s->rcs,
-                                  &err);
+    int rc = sk_lock_swap_many(redis, r, r + m, s->keys, s->tokens, p->queue->lock_ttl_ms,
+                               s->rcs, &err);
+    if (r > 0)
+        released(p, s, rc, &err);
     if (rc != SK_OK) {
         /* No lock of this round was taken, and none of an earlier one
          * (only a span holding none asks again). */
@@ -168,6 +209,9 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
         }
         return 0;
     }
+    /* The jobs' answers first in s->rcs, where the caller reads them. */
+    if (r > 0)
+        memmove(s->rcs, s->rcs + r, m * sizeof(*s->rcs));
     sk_links_up(p->links, SK_LINK_LOCK);
     size_t busy = 0;
     for (size_t k = 0; k < m; k++) {
@@ -210,36 +254,62 @@ static void waited_for_lock(struct sk_job *j)
     j->busy_since = 0;
 }
 
-/* The span's locks in one round trip. */
+/* The span's locks join the releases waiting, for the next acquire or the
+ * worker's idling to carry (sk_job_release_locks()): a lock release costs
+ * no round trip of its own while jobs keep coming. The scoreboard keeps
+ * exactly those until then. */
 static void release_span(struct sk_pipeline *p, struct sk_span *s)
 {
-    size_t m = 0;
-    struct sk_lock *redis = NULL;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
         if (!j->locked)
             continue;
-        redis = j->redis;
         j->locked = false;
-        s->keys[m] = j->lock_key;
-        s->tokens[m] = j->lock_token;
-        s->index[m++] = i;
+        /* Only a span that asked Redis nothing keeps older releases, and it
+         * locked none of its own: they never exceed the span's size. */
+        sk_assert(s->n_releases < s->cap);
+        struct sk_release *x = &s->releases[s->n_releases++];
+        snprintf(x->key, sizeof(x->key), "%s", j->lock_key);
+        snprintf(x->token, sizeof(x->token), "%s", j->lock_token);
+        snprintf(x->job_id, sizeof(x->job_id), "%s", j->env.job_id);
+        snprintf(x->idempotency_key, sizeof(x->idempotency_key), "%s", j->env.idempotency_key);
+        snprintf(x->resource_key, sizeof(x->resource_key), "%s", j->env.resource_key);
+        x->fence = j->log.fence;
+        x->delivery_attempt = j->log.delivery_attempt;
     }
+    size_t r = put_releases(s);
+    if (r > 0)
+        sk_slot_record_locks(p->slot, r, s->keys, s->tokens);
+    else
+        sk_slot_forget_locks(p->slot);
+}
+
+bool sk_job_releases_waiting(const struct sk_pipeline *p)
+{
+    return p->span != NULL && p->span->n_releases > 0;
+}
+
+void sk_job_release_locks(struct sk_pipeline *p)
+{
+    struct sk_span *s = p->span;
+    if (s == NULL || s->n_releases == 0)
+        return;
+    size_t r = put_releases(s);
+    struct sk_lock *redis;
     struct sk_err err = { 0 };
-    if (m > 0 && sk_lock_release_many(redis, m, s->keys, s->tokens, s->rcs, &err) != SK_OK) {
-        if (m == 1)
-            sk_log_job(SK_LOG_WARN, &s->jobs[s->index[0]].log,
-                       "lock release failed (it will expire): %s", err.msg);
-        else
-            sk_log_warn("queue %s: releasing %zu locks failed (they will expire): %s",
-                        p->queue->name, m, err.msg);
-    } else {
-        for (size_t k = 0; k < m; k++)
-            if (s->rcs[k] == SK_BUSY)
-                sk_log_job(SK_LOG_WARN, &s->jobs[s->index[k]].log,
-                           "lock had expired before release");
-    }
+    sk_links_lock(p->links, &redis);
+    int rc = SK_AGAIN;
+    if (redis == NULL)
+        sk_err_set(&err, SK_AGAIN, "redis unavailable");
+    else
+        rc = sk_lock_swap_many(redis, r, r, s->keys, s->tokens, p->queue->lock_ttl_ms, s->rcs,
+                               &err);
+    released(p, s, rc, &err);
     sk_slot_forget_locks(p->slot);
+    if (redis != NULL && rc != SK_OK)
+        sk_links_drop(p->links, SK_LINK_LOCK, NULL, &err);
+    else if (redis != NULL)
+        sk_links_up(p->links, SK_LINK_LOCK);
 }
 
 int sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
@@ -485,8 +555,10 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
     }
     s->n = 0;
     /* After the exits, so that no lock or delivery is held through it. */
-    if (pause_ms > 0)
+    if (pause_ms > 0) {
+        sk_job_release_locks(p);
         sk_sleep_ms(pause_ms);
+    }
 }
 
 /* The ack or reject, and the log line. */

@@ -15,6 +15,7 @@
 #include "batch.h"
 #include "broker.h"
 #include "clock.h"
+#include "doctor.h"
 #include "heartbeat.h"
 #include "job.h"
 #include "links.h"
@@ -37,7 +38,7 @@ static void free_dead_locks(struct sk_pipeline *p);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
                   const struct sk_plugin *plugin, struct sk_slot *slot,
-                  struct sk_metrics_queue *metrics)
+                  struct sk_metrics_queue *metrics, bool doctor)
 {
     /* On the heap: the handler's context holds a whole saved result. */
     struct sk_pipeline *p = calloc(1, sizeof(*p));
@@ -59,7 +60,9 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     int exit_code = SK_EXIT_OK;
     int rc = setup(p, first, &err);
     if (rc != SK_OK) {
-        sk_log_error("worker for queue %s cannot start: %s", queue->name, err.msg);
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_WORKER_CANNOT_START, NULL,
+                     &(struct sk_log_job){ .queue = queue->name },
+                     "worker for queue %s cannot start: %s", queue->name, err.msg);
         exit_code = rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
         goto out;
     }
@@ -71,6 +74,12 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     sk_log_info("worker for queue %s started (handler %s %s from %s)", queue->name,
                 p->handler->name != NULL ? p->handler->name : "?",
                 p->handler->version != NULL ? p->handler->version : "?", plugin->path);
+    /* Once a generation (at start, and after each reload): this worker is
+     * its first, and only its first process asks; a restart after a crash
+     * does not repeat what was logged. The schema, which refuses, was
+     * checked by setup(). */
+    if (doctor && first)
+        sk_doctor_at_start(conf);
 
     while (!sk_process_stopping()) {
         /* Liveness for the supervisor's watchdog: the loop turns at least
@@ -78,6 +87,10 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         atomic_store(&slot->alive_ms, sk_now_ms());
         if (!prepare(p))
             continue;
+        /* Locks of settled jobs go with the next acquire; a worker about to
+         * wait for its next delivery (or to hold in a pause) sends them now. */
+        if (sk_job_releases_waiting(p) && !sk_broker_waiting(sk_links_consumer(p->links)))
+            sk_job_release_locks(p);
         /* Between jobs only: a pause never interrupts the job in hand. */
         if (sk_pause_hold(p->pause, p->links, POLL_MS))
             continue;
@@ -222,6 +235,8 @@ static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
 
 static void teardown(struct sk_pipeline *p)
 {
+    if (p->links != NULL)
+        sk_job_release_locks(p);
     sk_heartbeat_stop(p->heartbeat);
     sk_host_ctx_free(&p->ctx);
     sk_span_free(p->span);

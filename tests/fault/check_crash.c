@@ -95,6 +95,39 @@ START_TEST(test_worker_killed_after_commit_before_ack_is_a_counted_duplicate)
 }
 END_TEST
 
+/* A settled job's lock is released with the next acquire (span.c), so a
+ * worker can die after the ack with its lock still in Redis. The
+ * scoreboard still names it: the replacement frees it at its start, as it
+ * frees a lock held mid-job, and the next job on the resource runs long
+ * before the 60 s TTL would have let it. (The ack itself was still in
+ * the worker, sent lazily: the job comes back and is a duplicate.) */
+START_TEST(test_worker_killed_after_ack_leaves_no_lock_to_wait_for)
+{
+    struct h_run r;
+    h_run_open(&r, "postack");
+    const char *env[] = { "SEKALI_FAILPOINT=after_ack:order-a", "SEKALI_FAILPOINT_ONCE=1",
+                          NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                          .queue_yaml = "    lock_ttl: 60s\n" });
+    h_publish(r.b, r.queue, "test", "msg-a", "order-a", "res-1", "ok");
+    pid_t victim = 0;
+    H_WAIT((victim = mark_pid(r.mark)) != 0, 20000, "the after_ack failpoint never fired");
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should have killed itself", (long)victim);
+    int64_t died_at = h_now_ms();
+    h_publish(r.b, r.queue, "test", "msg-b", "order-b", "res-1", "ok");
+    H_WAIT(h_effects(&r, "order-b") == 1, 30000, "order-b should run once");
+    int64_t waited = h_now_ms() - died_at;
+    h_run_stop(&r);
+
+    ck_assert_msg(waited < 30000, "order-b waited %lld ms: the dead worker's lock was left to "
+                  "its TTL", (long long)waited);
+    ck_assert_int_eq(h_count_lines(r.log, "locks that a dead worker held"), 1);
+    ck_assert_int_eq(h_effects(&r, "order-a"), 1);
+    ck_assert_int_eq(h_effects(&r, "order-b"), 1);
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
 {
     struct h_run r;
@@ -409,6 +442,7 @@ int main(void)
     const TTest *tests[] = {
         test_worker_killed_mid_handler_job_runs_again_once,
         test_worker_killed_after_commit_before_ack_is_a_counted_duplicate,
+        test_worker_killed_after_ack_leaves_no_lock_to_wait_for,
         test_job_over_its_timeout_is_killed_and_runs_again_once,
         test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker,
         test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker,

@@ -120,14 +120,17 @@ START_TEST(test_auto_declare_of_a_foreign_queue_says_to_set_passive_once)
     declare_foreign(r.queue, true);
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
     r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
-    H_WAIT(h_count_lines(r.log, "set declare: passive") >= 1, 20000,
-           "sekalid should say to set declare: passive");
-    ck_assert_int_eq(h_count_lines(r.log, "inequivalent arg"), 1);
-    /* A bounded window of the worker's backoff retries: still one line. */
+    H_WAIT(h_count_events(r.log, "worker", "outage_begin", "rabbitmq") >= 1, 20000,
+           "sekalid should say it cannot consume the queue");
+    /* A bounded window of the worker's backoff retries: still one line,
+     * beside the start check's (doctor_failed, queue.arguments). */
     int64_t until = h_now_ms() + h_ms(3000);
     while (h_now_ms() < until)
         h_nap();
-    ck_assert_int_eq(h_count_lines(r.log, "set declare: passive"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "worker", "outage_begin", "rabbitmq"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "worker", "doctor_failed", NULL), 1);
+    ck_assert_int_ge(h_count_lines(r.log, "set declare: passive"), 1);
+    ck_assert_int_ge(h_count_lines(r.log, "inequivalent arg"), 1);
     ck_assert_int_eq(h_consumers(r.b, r.queue), 0);
     h_stop_sekalid(r.sekalid, r.dir);
     h_run_close(&r);
@@ -140,11 +143,14 @@ START_TEST(test_passive_queue_that_does_not_exist_is_waited_for)
     h_run_open(&r, "absent");
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, PASSIVE);
     r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
-    H_WAIT(h_count_lines(r.log, "does not exist") >= 1, 20000,
+    H_WAIT(h_count_events(r.log, "worker", "outage_begin", "rabbitmq") >= 1, 20000,
            "sekalid should say the passive queue does not exist");
+    ck_assert_int_ge(h_count_lines(r.log, "does not exist"), 1);
     declare_foreign(r.queue, true);
     H_WAIT(h_consumers(r.b, r.queue) == 1, 30000, "the worker should consume once it exists");
-    ck_assert_int_eq(h_count_lines(r.log, "does not exist"), 1);
+    /* Said once by the worker, once by the start check (queue.exists). */
+    ck_assert_int_eq(h_count_events(r.log, "worker", "outage_begin", "rabbitmq"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "worker", "doctor_failed", NULL), 1);
     h_stop_sekalid(r.sekalid, r.dir);
     h_run_close(&r);
 }

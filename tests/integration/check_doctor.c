@@ -104,6 +104,10 @@ START_TEST(test_the_healthy_test_servers_pass_every_check)
     has_verdict(report, "queue.arguments", r.queue, "pass");
     has_verdict(report, "redis.maxmemory_policy", "", "pass");
     has_verdict(report, "clock.skew", "host-postgres", "pass");
+    /* sekalid's own start checks found nothing to log either. */
+    H_WAIT(h_count_lines(r.log, "start checks passed") == 1, 20000,
+           "sekalid should have run its start checks");
+    ck_assert_int_eq(h_count_events(r.log, NULL, "doctor_failed", NULL), 0);
     h_run_stop(&r);
     h_run_close(&r);
 }
@@ -257,6 +261,93 @@ START_TEST(test_a_job_waiting_longer_than_the_retention_fails)
 }
 END_TEST
 
+/* Polls the log until it holds at least n lines of event from role (server
+ * NULL: any), or timeout_ms passed; the count seen. Does not fail the test,
+ * so that a server setting can be set back before the assertions. */
+static int wait_events(const char *log, const char *role, const char *event, const char *server,
+                       int n, int timeout_ms)
+{
+    int64_t deadline = h_now_ms() + h_ms(timeout_ms);
+    int seen;
+    while ((seen = h_count_events(log, role, event, server)) < n && h_now_ms() < deadline)
+        h_nap();
+    return seen;
+}
+
+/* The one child of sekalid whose command name is sk-worker (a run of one
+ * worker), or 0. */
+static pid_t the_worker(pid_t sekalid)
+{
+    pid_t kids[16];
+    size_t n = h_children(sekalid, kids, 16);
+    for (size_t i = 0; i < n; i++) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)kids[i]);
+        FILE *f = fopen(path, "r");
+        if (f != NULL) {
+            if (fgets(comm, sizeof(comm), f) == NULL)
+                comm[0] = '\0';
+            fclose(f);
+        }
+        if (strncmp(comm, "sk-worker", 9) == 0)
+            return kids[i];
+    }
+    return 0;
+}
+
+/* sekalid's own start checks, against three real misconfigurations at once:
+ * Redis evicting, the queue declared without the dead-letter arguments, and
+ * a job_timeout of 2h past the consumer_timeout of 1h that amqp.
+ * consumer_timeout says. The generation's first worker logs each failure
+ * once (event doctor_failed) and sekalid runs on; the worker restarted
+ * after a kill does not check again; a reload does, and logs each once
+ * more. */
+START_TEST(test_sekalid_logs_each_failed_start_check_once)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-start");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, "    job_timeout: 2h\n");
+    h_config_replace(r.config, "  heartbeat: 30s\n", "  heartbeat: 30s\n"
+                                                      "  consumer_timeout: 1h\n");
+    declare_bare(r.queue);
+    redis_cli("CONFIG SET maxmemory-policy allkeys-lru");
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+
+    /* The worker goes on after its checks: its declaration, which differs
+     * from the queue's, is refused, and it retries as in an outage. */
+    int at_start = wait_events(r.log, "worker", "doctor_failed", NULL, 3, 20000);
+    int refused = wait_events(r.log, "worker", "outage_begin", "rabbitmq", 1, 20000);
+    pid_t worker = the_worker(r.sekalid);
+    int died = 0, refused_again = 0;
+    if (worker > 0 && kill(worker, SIGKILL) == 0) {
+        died = wait_events(r.log, "supervisor", "worker_died", NULL, 1, 20000);
+        refused_again = wait_events(r.log, "worker", "outage_begin", "rabbitmq", 2, 30000);
+    }
+    int after_restart = h_count_events(r.log, "worker", "doctor_failed", NULL);
+    kill(r.sekalid, SIGHUP);
+    int reloaded = wait_events(r.log, "supervisor", "reloaded", NULL, 1, 20000);
+    int after_reload = wait_events(r.log, "worker", "doctor_failed", NULL, 6, 20000);
+    bool running = !h_process_gone(r.sekalid);
+    redis_cli("CONFIG SET maxmemory-policy noeviction");
+    h_stop_sekalid(r.sekalid, r.dir);
+
+    ck_assert_msg(at_start == 3, "%d doctor_failed lines at start, expected 3", at_start);
+    ck_assert_int_eq(h_count_lines(r.log, "redis.maxmemory_policy"), 2);
+    ck_assert_int_eq(h_count_lines(r.log, "queue.arguments"), 2);
+    ck_assert_int_eq(h_count_lines(r.log, "queue.consumer_timeout"), 2);
+    ck_assert_int_ge(h_count_lines(r.log, "allkeys-lru"), 1);
+    ck_assert_msg(refused >= 1, "the worker should have gone on to declare the queue");
+    ck_assert_msg(worker > 0 && died == 1 && refused_again >= 2,
+                  "the worker should have been killed (%ld) and restarted", (long)worker);
+    ck_assert_msg(after_restart == 3, "a restart checked again: %d lines", after_restart);
+    ck_assert_int_eq(reloaded, 1);
+    ck_assert_msg(after_reload == 6, "%d doctor_failed lines after the reload, expected 6",
+                  after_reload);
+    ck_assert_msg(running, "sekalid should keep running with failed checks");
+    h_run_close(&r);
+}
+END_TEST
+
 /* A reload onto a database without the migrations keeps the running
  * generation: its workers go on consuming. */
 START_TEST(test_a_reload_onto_an_unmigrated_database_keeps_the_old_config)
@@ -290,6 +381,7 @@ int main(void)
         test_an_unmigrated_database_fails_and_sekalid_refuses_it,
         test_a_job_waiting_longer_than_the_retention_fails,
         test_a_reload_onto_an_unmigrated_database_keeps_the_old_config,
+        test_sekalid_logs_each_failed_start_check_once,
         NULL,
     };
     return h_run_suite(h_suite("doctor", 60, tests));

@@ -192,6 +192,66 @@ START_TEST(test_pipelined_acquire_and_release_answer_for_each_key)
 }
 END_TEST
 
+/* A release travelling with the next acquire (sk_lock_swap_many()): in one
+ * script, the lock ours is released and taken again by the next job's
+ * token, the one another owner took over is spared, and a free key is
+ * taken; after SCRIPT FLUSH the script is loaded again. */
+START_TEST(test_swap_releases_ours_before_it_takes_the_next)
+{
+    struct sk_lock *a, *b;
+    struct sk_err err = { 0 };
+    struct three t;
+    three_locks(&t, "swap", &a, &b);
+    char (*keys)[64] = t.keys;
+    char theirs[SK_LOCK_TOKEN_LEN + 1], old0[SK_LOCK_TOKEN_LEN + 1];
+    snprintf(old0, sizeof(old0), "%s", t.token_list[0]);
+    int rc[4];
+    ck_assert_msg(sk_lock_acquire_many(a, 2, t.key_list, t.token_list, 60000, rc, &err) ==
+                  SK_OK, "%s", err.msg);
+    ck_assert_int_eq(rc[0], SK_OK);
+    ck_assert_int_eq(rc[1], SK_OK);
+    /* Key 1's lease is taken over by another owner while "ours". */
+    sk_lock_new_token(theirs);
+    ck_assert_int_eq(sk_lock_release(a, keys[1], t.token_list[1], &err), SK_OK);
+    ck_assert_int_eq(sk_lock_acquire(b, keys[1], theirs, 60000, &err), SK_OK);
+
+    char next0[SK_LOCK_TOKEN_LEN + 1];
+    sk_lock_new_token(next0);
+    const char *k[4] = { keys[0], keys[1], keys[0], keys[2] };
+    const char *tok[4] = { old0, t.token_list[1], next0, t.token_list[2] };
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    freeReplyObject(redisCommand(redis, "SCRIPT FLUSH"));
+    ck_assert_msg(sk_lock_swap_many(a, 2, 4, k, tok, 60000, rc, &err) == SK_OK, "%s", err.msg);
+    ck_assert_int_eq(rc[0], SK_OK);    /* released ... */
+    ck_assert_int_eq(rc[1], SK_BUSY);  /* not ours any more: spared */
+    ck_assert_int_eq(rc[2], SK_OK);    /* ... and taken by the next job */
+    ck_assert_int_eq(rc[3], SK_OK);
+    redisReply *owner = redisCommand(redis, "GET %s", keys[0]);
+    ck_assert_msg(owner != NULL && owner->type == REDIS_REPLY_STRING &&
+                  strcmp(owner->str, next0) == 0, "key 0 should be the next job's");
+    freeReplyObject(owner);
+    owner = redisCommand(redis, "GET %s", keys[1]);
+    ck_assert_msg(owner != NULL && owner->type == REDIS_REPLY_STRING &&
+                  strcmp(owner->str, theirs) == 0, "key 1 should still be the other owner's");
+    freeReplyObject(owner);
+    ck_assert_msg(redis_pttl(keys[2]) > 50000, "key 2 should hold a 60 s lease");
+    redisFree(redis);
+    /* Releasing only, as an idle worker does. */
+    const char *mine[2] = { keys[0], keys[2] };
+    const char *mine_tok[2] = { next0, t.token_list[2] };
+    ck_assert_msg(sk_lock_swap_many(a, 2, 2, mine, mine_tok, 60000, rc, &err) == SK_OK, "%s",
+                  err.msg);
+    ck_assert_int_eq(rc[0], SK_OK);
+    ck_assert_int_eq(rc[1], SK_OK);
+    ck_assert_int_eq(redis_pttl(keys[0]), -2);
+    ck_assert_int_eq(redis_pttl(keys[2]), -2);
+    ck_assert_int_eq(sk_lock_release(b, keys[1], theirs, &err), SK_OK);
+    sk_lock_close(a);
+    sk_lock_close(b);
+}
+END_TEST
+
 /* The heartbeat's renewal of a span's locks: one round trip extends each
  * lock still ours and answers busy for one another owner took, without
  * touching it; after SCRIPT FLUSH the script is loaded again and every key
@@ -246,6 +306,7 @@ int main(void)
         test_lock_tokens_are_unique_and_a_forked_child_draws_its_own,
         test_pipelined_acquire_and_release_answer_for_each_key,
         test_pipelined_renewal_extends_ours_and_spares_the_taken_one,
+        test_swap_releases_ours_before_it_takes_the_next,
         NULL,
     };
     Suite *s = suite_create("lock");

@@ -9,6 +9,7 @@
  *
  * Real servers: the test takes the lock over, or holds it, in Redis itself. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -158,6 +159,98 @@ START_TEST(test_the_wait_for_a_busy_lock_is_counted_in_a_batch)
 }
 END_TEST
 
+/* cmdstat_<name>'s calls in INFO commandstats (commands a script runs are
+ * counted too). */
+static long long redis_calls(redisContext *redis, const char *name)
+{
+    redisReply *reply = redisCommand(redis, "INFO commandstats");
+    ck_assert_msg(reply != NULL && reply->type == REDIS_REPLY_STRING, "redis INFO failed");
+    char want[64];
+    snprintf(want, sizeof(want), "cmdstat_%s:calls=", name);
+    const char *at = strstr(reply->str, want);
+    long long calls = at != NULL ? atoll(at + strlen(want)) : 0;
+    freeReplyObject(reply);
+    return calls;
+}
+
+/* Reads what MONITOR saw until the line of marker: how many commands a
+ * client sent (not those a script ran, shown as "[0 lua]") that name
+ * needle, EVALSHA and SET each. */
+static int client_commands(redisContext *monitor, const char *marker, const char *needle)
+{
+    int n = 0;
+    for (;;) {
+        redisReply *line = NULL;
+        ck_assert_msg(redisGetReply(monitor, (void **)&line) == REDIS_OK && line != NULL,
+                      "MONITOR ended before its marker");
+        bool end = line->type == REDIS_REPLY_STATUS && strstr(line->str, marker) != NULL;
+        if (line->type == REDIS_REPLY_STATUS && strstr(line->str, needle) != NULL &&
+            strstr(line->str, " lua] ") == NULL &&
+            (strcasestr(line->str, "] \"evalsha\"") != NULL ||
+             strcasestr(line->str, "] \"set\"") != NULL))
+            n++;
+        freeReplyObject(line);
+        if (end)
+            return n;
+    }
+}
+
+/* Defect 5.7: a lock release travels with the next acquire. RELEASED jobs,
+ * each on its own resource, wait in the queue before sekalid starts; each
+ * costs about one command and one round trip to Redis (the script that
+ * releases the previous job's lock and takes its own), never the two (SET,
+ * then EVALSHA to release) it cost before. A count, not a time: a job costs
+ * one more only when the worker finds no delivery waiting and releases on
+ * its own. Every lock is gone at the end, and each effect happened once. */
+enum { RELEASED = 200 };
+START_TEST(test_a_lock_release_travels_with_the_next_acquire)
+{
+    struct h_run r;
+    h_run_open(&r, "piggyback");
+    redisContext *redis = redis_open();
+    redisContext *monitor = redis_open();
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 0; i < RELEASED; i++) {
+        char id[32], key[32], resource[32];
+        snprintf(id, sizeof(id), "pb-%d", i);
+        snprintf(key, sizeof(key), "k-pb-%d", i);
+        snprintf(resource, sizeof(resource), "r-pb-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, resource, "ok");
+    }
+    redisReply *ok = redisCommand(monitor, "MONITOR");
+    ck_assert_msg(ok != NULL && ok->type == REDIS_REPLY_STATUS, "MONITOR refused");
+    freeReplyObject(ok);
+    long long evalsha = redis_calls(redis, "evalsha"), set = redis_calls(redis, "set");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = "janitor:\n  interval: 0s\n" });
+    H_WAIT(h_effect_keys(&r) == RELEASED, 60000, "all %d jobs should complete, %lld did",
+           RELEASED, h_effect_keys(&r));
+    h_run_stop(&r);
+    evalsha = redis_calls(redis, "evalsha") - evalsha;
+    set = redis_calls(redis, "set") - set;
+    char marker[200];
+    snprintf(marker, sizeof(marker), "end-of-%s", r.queue);
+    freeReplyObject(redisCommand(redis, "ECHO %s", marker));
+    int sent = client_commands(monitor, marker, r.queue);
+    char pattern[256];
+    snprintf(pattern, sizeof(pattern), "sekali:lock:%s:*", r.queue);
+    redisReply *left = redisCommand(redis, "KEYS %s", pattern);
+    ck_assert_msg(left != NULL && left->type == REDIS_REPLY_ARRAY, "redis KEYS failed");
+    size_t n_left = left->elements;
+    freeReplyObject(left);
+    fprintf(stderr, "piggyback: %d jobs: commandstats EVALSHA %lld, SET %lld (scripts' too); "
+            "lock commands the worker sent: %d, %.2f a job\n", RELEASED, evalsha, set, sent,
+            (double)sent / RELEASED);
+    ck_assert_msg(n_left == 0, "%zu locks left in Redis after a clean stop", n_left);
+    ck_assert_msg(sent >= RELEASED && sent <= RELEASED * 3 / 2,
+                  "%d lock commands for %d jobs: a release should travel with the next "
+                  "acquire (before: 2 a job)", sent, RELEASED);
+    h_expect_once(&r, RELEASED, 0);
+    redisFree(monitor);
+    redisFree(redis);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -165,6 +258,7 @@ int main(void)
         test_a_lock_taken_over_mid_batch_is_counted_lost_for_that_job_alone,
         test_the_wait_for_a_busy_lock_is_counted,
         test_the_wait_for_a_busy_lock_is_counted_in_a_batch,
+        test_a_lock_release_travels_with_the_next_acquire,
         NULL,
     };
     return h_run_suite(h_suite("lock_metrics", 120, tests));

@@ -97,7 +97,7 @@ START_TEST(test_malformed_message_is_dead_lettered_not_dropped)
            "the good job after the bad one should complete");
     h_run_stop(&r);
 
-    ck_assert_int_eq(h_count_lines(r.log, "malformed message: missing message_id"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "worker", "malformed_message", NULL), 1);
     h_run_close(&r);
 }
 END_TEST
@@ -165,6 +165,9 @@ static void assert_refused(const char *handler, int code, const char *expected,
                   "%s: expected exit %d, got status 0x%x", handler, code, status);
     char log[1024];
     snprintf(log, sizeof(log), "%s/sekalid.log", dir);
+    ck_assert_msg(h_count_events(log, "supervisor", "handler_refused", NULL) == 1,
+                  "%s: the log should have one handler_refused line", handler);
+    /* Which refusal it was is what the test is about. */
     ck_assert_msg(h_count_lines(log, expected) == 1, "%s: the log should say \"%s\"", handler,
                   expected);
     free(config);
@@ -233,7 +236,8 @@ START_TEST(test_handler_config_failure_stops_without_restart_loop)
     /* The first worker to fail stops the supervisor, which may stop the
      * second before its own init() ran; either way no worker was respawned,
      * so there are at most as many init failures as workers. */
-    int failures = h_count_lines(log, "handler init() failed");
+    int failures = h_count_events(log, "worker", "worker_cannot_start", NULL);
+    ck_assert_int_eq(h_count_lines(log, "handler init() failed"), failures);
     ck_assert_msg(failures >= 1 && failures <= 2, "expected 1 or 2 init failures, got %d",
                   failures);
     ck_assert_int_ge(h_count_lines(log, "not restarting it"), 1);

@@ -1,7 +1,8 @@
-/* ctl_doctor_servers.c - sekalictl doctor's checks of PostgreSQL and
- * Redis: the schema, synchronous commit and standbys, the clocks of host,
+/* doctor_servers.c - doctor's checks of PostgreSQL and Redis (doctor.h):
+ * the schema, synchronous commit and standbys, the clocks of host,
  * PostgreSQL and Redis, retention against the oldest waiting job; Redis'
- * eviction policy, its role and the Sentinel quorum. */
+ * eviction policy, its role and the Sentinel quorum. Redis is reached as
+ * the locks reach it (redis_link.c: TLS when redis.tls says so). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,26 +11,30 @@
 #include <hiredis.h>
 
 #include "config_value.h"
-#include "ctl_common.h"
-#include "ctl_doctor.h"
+#include "doctor.h"
+#include "pg.h"
+#include "redis_link.h"
 #include "schema.h"
 
 static bool check_schema(struct sk_doctor *d, PGconn *pg);
 static void check_sync(struct sk_doctor *d, PGconn *pg);
 static void check_retention(struct sk_doctor *d, PGconn *pg);
 static void check_skew(struct sk_doctor *d, const char *object, int64_t skew_ms);
-static bool pg_value(PGconn *pg, const char *sql, char *out, size_t size);
-static redisContext *redis_dial(const struct sk_redis_conf *rc, const char *host, int port,
-                                char *why, size_t size);
+static bool pg_exec(struct sk_doctor *d, PGconn *pg, const struct sk_pg_stmt *st,
+                    PGresult **out, const char *check, const char *object);
+static bool pg_value(struct sk_doctor *d, PGconn *pg, const char *sql, char *out, size_t size,
+                     const char *check);
+static struct sk_redis_link *redis_dial(const struct sk_redis_conf *rc, bool master,
+                                        const char *host, int port, char *why, size_t size);
 static bool info_field(const char *info, const char *name, char *out, size_t size);
 
 void sk_doctor_postgres(struct sk_doctor *d)
 {
-    PGconn *pg = sk_ctl_pg_connect(d->conf);
+    struct sk_err err = { 0 };
+    PGconn *pg = sk_pg_dial(&d->conf->postgres, "sekali doctor", &err);
     if (pg == NULL) {
         sk_doctor_add(d, "postgres.reachable", "", SK_DOCTOR_FAIL,
-                      "make postgres.conninfo reach the server sekalid uses",
-                      "cannot connect (the reason is above)");
+                      "make postgres.conninfo reach the server sekalid uses", "%s", err.msg);
         return;
     }
     bool migrated = check_schema(d, pg);
@@ -38,12 +43,14 @@ void sk_doctor_postgres(struct sk_doctor *d)
      * trip. */
     char now[64];
     int64_t t0 = sk_doctor_now_ms();
-    if (pg_value(pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", now,
-                 sizeof(now))) {
+    if (pg_value(d, pg, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", now,
+                 sizeof(now), "clock.skew")) {
         int64_t t1 = sk_doctor_now_ms();
         check_skew(d, "host-postgres", atoll(now) - (t0 + t1) / 2);
     }
-    if (migrated)
+    if (d->cheap)
+        ;  /* retention reads the outbox: not cheap; the workers quarantine such jobs */
+    else if (migrated)
         check_retention(d, pg);
     else
         sk_doctor_add(d, "retention", "", SK_DOCTOR_SKIP, NULL, "not judged on an unmigrated schema");
@@ -82,15 +89,14 @@ static bool check_schema(struct sk_doctor *d, PGconn *pg)
 static void check_sync(struct sk_doctor *d, PGconn *pg)
 {
     char commit[32], standbys[64], names[256];
-    if (!pg_value(pg, "SELECT current_setting('synchronous_commit')", commit, sizeof(commit)) ||
-        !pg_value(pg, "SELECT count(*) || ' ' || count(*) FILTER (WHERE sync_state IN "
-                      "('sync', 'quorum')) FROM pg_stat_replication", standbys, sizeof(standbys)) ||
-        !pg_value(pg, "SELECT current_setting('synchronous_standby_names')", names,
-                  sizeof(names))) {
-        sk_doctor_add(d, "postgres.synchronous", "", SK_DOCTOR_FAIL, NULL,
-                      "cannot read the replication settings (the reason is above)");
+    if (!pg_value(d, pg, "SELECT current_setting('synchronous_commit')", commit,
+                  sizeof(commit), "postgres.synchronous") ||
+        !pg_value(d, pg, "SELECT count(*) || ' ' || count(*) FILTER (WHERE sync_state IN "
+                         "('sync', 'quorum')) FROM pg_stat_replication", standbys,
+                  sizeof(standbys), "postgres.synchronous") ||
+        !pg_value(d, pg, "SELECT current_setting('synchronous_standby_names')", names,
+                  sizeof(names), "postgres.synchronous"))
         return;
-    }
     if (strcmp(commit, "off") == 0)
         sk_doctor_add(d, "postgres.synchronous_commit", "", SK_DOCTOR_FAIL,
                       "remove synchronous_commit=off from the conninfo's options",
@@ -140,11 +146,8 @@ static void check_retention(struct sk_doctor *d, PGconn *pg)
             .n_params = 1, .values = params, .one_row = true, .what = "oldest waiting job",
         };
         PGresult *res;
-        if (!sk_ctl_pg_exec(pg, &st, &res)) {
-            sk_doctor_add(d, "retention", q->name, SK_DOCTOR_FAIL, NULL,
-                          "cannot read the outbox (the reason is above)");
+        if (!pg_exec(d, pg, &st, &res, "retention", q->name))
             continue;
-        }
         char keep[32], age[32];
         if (q->retention_ms == SK_RETENTION_FOREVER)
             snprintf(keep, sizeof(keep), "forever");
@@ -183,12 +186,24 @@ static void check_skew(struct sk_doctor *d, const char *object, int64_t skew_ms)
                   (long long)skew_ms, SK_DOCTOR_SKEW_WARN_MS, SK_DOCTOR_SKEW_FAIL_MS);
 }
 
+/* A statement that fails is the check's failed verdict, with the reason. */
+static bool pg_exec(struct sk_doctor *d, PGconn *pg, const struct sk_pg_stmt *st,
+                    PGresult **out, const char *check, const char *object)
+{
+    struct sk_err err = { 0 };
+    if (sk_pg_exec(pg, st, out, &err) == SK_OK)
+        return true;
+    sk_doctor_add(d, check, object, SK_DOCTOR_FAIL, NULL, "cannot ask PostgreSQL: %s", err.msg);
+    return false;
+}
+
 /* The first column of the one row sql returns, as text. */
-static bool pg_value(PGconn *pg, const char *sql, char *out, size_t size)
+static bool pg_value(struct sk_doctor *d, PGconn *pg, const char *sql, char *out, size_t size,
+                     const char *check)
 {
     const struct sk_pg_stmt st = { .sql = sql, .one_row = true };
     PGresult *res;
-    if (!sk_ctl_pg_exec(pg, &st, &res))
+    if (!pg_exec(d, pg, &st, &res, check, ""))
         return false;
     snprintf(out, size, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
@@ -205,28 +220,28 @@ void sk_doctor_redis(struct sk_doctor *d)
     for (size_t i = 0; i < rc->n_sentinels; i++) {
         char object[300];
         snprintf(object, sizeof(object), "%s:%d", rc->sentinels[i].host, rc->sentinels[i].port);
-        redisContext *s = redis_dial(NULL, rc->sentinels[i].host, rc->sentinels[i].port, why,
-                                     sizeof(why));
+        struct sk_redis_link *s = redis_dial(rc, false, rc->sentinels[i].host,
+                                             rc->sentinels[i].port, why, sizeof(why));
         if (s == NULL) {
             sk_doctor_add(d, "redis.sentinel", object, SK_DOCTOR_WARN,
                           "start it, or remove it from redis.sentinels", "%s", why);
             continue;
         }
-        redisReply *r = redisCommand(s, "SENTINEL CKQUORUM %s", rc->master_name);
+        redisReply *r = sk_redis_link_command(s, "SENTINEL CKQUORUM %s", rc->master_name);
         bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
         sk_doctor_add(d, "redis.sentinel", object, ok ? SK_DOCTOR_PASS : SK_DOCTOR_FAIL,
                       "give the master enough reachable sentinels for its quorum",
-                      "%s", r != NULL && r->str != NULL ? r->str : s->errstr);
+                      "%s", r != NULL && r->str != NULL ? r->str : sk_redis_link_errstr(s));
         freeReplyObject(r);
         if (host[0] == '\0') {
-            r = redisCommand(s, "SENTINEL get-master-addr-by-name %s", rc->master_name);
+            r = sk_redis_link_command(s, "SENTINEL get-master-addr-by-name %s", rc->master_name);
             if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
                 snprintf(host, sizeof(host), "%s", r->element[0]->str);
                 port = atoi(r->element[1]->str);
             }
             freeReplyObject(r);
         }
-        redisFree(s);
+        sk_redis_link_close(s);
     }
     if (host[0] == '\0') {
         sk_doctor_add(d, "redis.reachable", rc->master_name, SK_DOCTOR_FAIL,
@@ -236,14 +251,14 @@ void sk_doctor_redis(struct sk_doctor *d)
     }
     char object[300];
     snprintf(object, sizeof(object), "%s:%d", host, port);
-    redisContext *c = redis_dial(rc, host, port, why, sizeof(why));
+    struct sk_redis_link *c = redis_dial(rc, true, host, port, why, sizeof(why));
     if (c == NULL) {
         sk_doctor_add(d, "redis.reachable", object, SK_DOCTOR_FAIL,
                       "make the redis section reach the server sekalid locks on", "%s", why);
         return;
     }
     int64_t t0 = sk_doctor_now_ms();
-    redisReply *r = redisCommand(c, "TIME");
+    redisReply *r = sk_redis_link_command(c, "TIME");
     int64_t t1 = sk_doctor_now_ms();
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
         check_skew(d, "host-redis",
@@ -252,7 +267,7 @@ void sk_doctor_redis(struct sk_doctor *d)
     freeReplyObject(r);
 
     char policy[64] = "", role[32] = "", replicas[16] = "0";
-    r = redisCommand(c, "INFO");
+    r = sk_redis_link_command(c, "INFO");
     if (r != NULL && r->type == REDIS_REPLY_STRING) {
         info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
         info_field(r->str, "role", role, sizeof(role));
@@ -278,31 +293,44 @@ void sk_doctor_redis(struct sk_doctor *d)
         sk_doctor_add(d, "redis.role", object, SK_DOCTOR_FAIL,
                       "point redis at the master (or use redis.sentinels)",
                       "%s: locks cannot be taken on a replica", role[0] ? role : "unknown");
-    redisFree(c);
+    sk_redis_link_close(c);
 }
 
-/* A connection within the configured timeout, authenticated and on the
- * configured database when rc is not NULL (a sentinel takes neither). */
-static redisContext *redis_dial(const struct sk_redis_conf *rc, const char *host, int port,
-                                char *why, size_t size)
+/* A connection within the configured timeout, over TLS when redis.tls
+ * says so; the master's authenticated and on the configured database (a
+ * sentinel takes neither: its CKQUORUM needs no login here). */
+static struct sk_redis_link *redis_dial(const struct sk_redis_conf *rc, bool master,
+                                        const char *host, int port, char *why, size_t size)
 {
-    uint32_t ms = rc != NULL ? rc->timeout_ms : 2000;
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (c == NULL || c->err) {
-        snprintf(why, size, "cannot connect: %s", c != NULL ? c->errstr : "out of memory");
-        redisFree(c);
+    struct sk_err err = { 0 };
+    struct sk_redis_link *c = NULL;
+    if (sk_redis_link_open(&c, host, port, &rc->tls, rc->timeout_ms, &err) != SK_OK) {
+        snprintf(why, size, "cannot connect: %s", err.msg);
         return NULL;
     }
-    redisSetTimeout(c, tv);
-    if (rc != NULL && rc->password != NULL) {
-        redisReply *r = redisCommand(c, "AUTH %s", rc->password);
+    if (!master)
+        return c;
+    redisReply *r = NULL;
+    if (rc->password != NULL) {
+        r = rc->username != NULL ? sk_redis_link_command(c, "AUTH %s %s", rc->username,
+                                                         rc->password)
+                                 : sk_redis_link_command(c, "AUTH %s", rc->password);
         bool ok = r != NULL && r->type != REDIS_REPLY_ERROR;
         freeReplyObject(r);
         if (!ok) {
             /* The server's words may echo what was sent: never print them. */
             snprintf(why, size, "AUTH refused");
-            redisFree(c);
+            sk_redis_link_close(c);
+            return NULL;
+        }
+    }
+    if (rc->db != 0) {
+        r = sk_redis_link_command(c, "SELECT %d", rc->db);
+        bool ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+        freeReplyObject(r);
+        if (!ok) {
+            snprintf(why, size, "SELECT %d refused", rc->db);
+            sk_redis_link_close(c);
             return NULL;
         }
     }
