@@ -39,7 +39,8 @@ static const char CSP[] =
     "require-trusted-types-for 'script'";
 
 /* The pages: all the same shell, the script picks what to show by path. */
-static const char *const pages[] = { "/", "/dead", "/letters", "/letter", "/key", "/login" };
+static const char *const pages[] = { "/", "/dead", "/letters", "/letter", "/key", "/login",
+                                      "/schedules" };
 
 static void usage(FILE *out)
 {

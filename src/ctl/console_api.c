@@ -10,7 +10,10 @@
  *   GET  /api/dlq/list?queue=Q&...        sekalictl dlq list Q ... --json
  *   GET  /api/dlq/show?queue=Q&key=K      sekalictl dlq show Q K --json
  *   GET  /api/trace?key=K[&queue=Q]       sekalictl trace K --json
- *   POST /api/dlq/replay, /api/dlq/purge  sekalictl dlq replay|purge ... --json */
+ *   POST /api/dlq/replay, /api/dlq/purge  sekalictl dlq replay|purge ... --json
+ *   GET  /api/schedules                   sekalictl schedules --json
+ *   POST /api/pause (queue, reason)       sekalictl pause Q --reason R --by OPERATOR --json
+ *   POST /api/resume (queue)              sekalictl resume Q --json */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +32,11 @@
 #define TRACE_SCAN     10000
 #define READ_WAIT_S    5     /* a page waits this long for a running scan */
 #define ACTION_WAIT_S  60
+/* A pause answers once the queue's consumers are gone, or after this long
+ * with state "pausing" (a job still running): an HTTP thread should not
+ * wait out sekalictl's 30 s. */
+#define PAUSE_WAIT_MS  (10 * 1000)
+#define REASON_MAX     200
 
 /* A number argument within [0, max], or def when absent; false: bad. */
 static bool number(struct sk_console_call *c, const char *name, size_t def, size_t max,
@@ -78,6 +86,53 @@ static bool lock_dlq(struct sk_console_call *c, int seconds)
         fclose(out);                                                     \
         sk_console_json(c, code_ == SK_CTL_USAGE ? 400 : 200, doc_, len_);  \
     } while (0)
+
+/* A report that may fail to reach a server: it then printed nothing (its
+ * error went to the console's log), so the answer says so instead. */
+#define ACTION(c, call)                                                  \
+    do {                                                                 \
+        char *doc_ = NULL;                                               \
+        size_t len_ = 0;                                                 \
+        FILE *out = open_memstream(&doc_, &len_);                        \
+        if (out == NULL)                                                 \
+            return sk_console_fail(c, 500, "out of memory");             \
+        int code_ = (call);                                              \
+        fclose(out);                                                     \
+        if (code_ == SK_CTL_FAILED || len_ == 0) {                       \
+            free(doc_);                                                  \
+            return sk_console_fail(c, 502, "PostgreSQL or RabbitMQ could not be reached or " \
+                                   "refused (the console's log says why)");              \
+        }                                                                \
+        sk_console_json(c, 200, doc_, len_);                             \
+    } while (0)
+
+static void api_schedules(struct sk_console_call *c)
+{
+    ACTION(c, sk_ctl_schedules_report(c->con->conf, true, out));
+}
+
+/* POST /api/pause, /api/resume: the operator of the session is recorded as
+ * `sekalictl pause --by` records it. */
+static void api_pause(struct sk_console_call *c, bool pause)
+{
+    char operator[128];
+    if (!sk_console_may_act(c, operator, sizeof(operator)))
+        return;
+    const char *queue = queue_arg(c);
+    if (queue == NULL)
+        return sk_console_fail(c, 400, "queue: not a queue of this configuration");
+    if (!pause) {
+        ACTION(c, sk_ctl_resume_report(c->con->conf, queue, true, out));
+        return;
+    }
+    const char *reason = sk_console_arg(c, "reason");
+    if (reason != NULL && reason[0] == '\0')
+        reason = NULL;
+    if (reason != NULL && strlen(reason) > REASON_MAX)
+        return sk_console_fail(c, 400, "reason: at most 200 bytes");
+    ACTION(c, sk_ctl_pause_report(c->con->conf, queue, reason, operator, PAUSE_WAIT_MS, true,
+                                  out));
+}
 
 static void api_status(struct sk_console_call *c)
 {
@@ -185,8 +240,13 @@ bool sk_console_api(struct sk_console_call *c)
         api_dlq(c, api + 4);  /* refuses a GET itself, with nothing done */
         return true;
     }
+    if (strcmp(api, "pause") == 0 || strcmp(api, "resume") == 0) {
+        api_pause(c, api[0] == 'p');  /* sk_console_may_act() refuses a GET */
+        return true;
+    }
     if (!get && (strcmp(api, "status") == 0 || strcmp(api, "rates") == 0 ||
-                 strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0)) {
+                 strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0 ||
+                 strcmp(api, "schedules") == 0)) {
         sk_console_fail(c, 405, "use GET");
         return true;
     }
@@ -196,6 +256,8 @@ bool sk_console_api(struct sk_console_call *c)
         sk_console_rates_json(c->con->rates, c);
     else if (strcmp(api, "trace") == 0)
         api_trace(c);
+    else if (strcmp(api, "schedules") == 0)
+        api_schedules(c);
     else if (strcmp(api, "dlq/groups") == 0 || strcmp(api, "dlq/list") == 0 ||
              strcmp(api, "dlq/show") == 0)
         api_dlq(c, api + 4);

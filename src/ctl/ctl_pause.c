@@ -24,14 +24,15 @@
 #include "ctl_commands.h"
 #include "ctl_common.h"
 #include "ctl_out.h"
+#include "ctl_reports.h"
 
 #define WAIT_DEFAULT_MS (30 * 1000)
 #define WAIT_STEP_MS    100
 
 static int wait_for_consumers(const struct sk_conf *conf, const char *queue, uint64_t wait_ms,
                               uint32_t *left, struct sk_err *err);
-static void put_result(bool json, const char *queue, const char *state, bool changed,
-                       long long consumers);
+static void put_result(FILE *out, bool json, const char *queue, const char *state,
+                       bool changed, long long consumers);
 
 int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
 {
@@ -76,11 +77,18 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
     char os_user[256];
     struct passwd *pw = getpwuid(geteuid());
     snprintf(os_user, sizeof(os_user), "%s", pw != NULL ? pw->pw_name : "uid?");
+    return sk_ctl_pause_report(conf, queue, reason, by != NULL ? by : os_user, wait_ms, json,
+                               stdout);
+}
+
+int sk_ctl_pause_report(const struct sk_conf *conf, const char *queue, const char *reason,
+                        const char *by, uint64_t wait_ms, bool json, FILE *out)
+{
 
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
         return SK_CTL_FAILED;
-    const char *values[] = { queue, reason, by != NULL ? by : os_user };
+    const char *values[] = { queue, reason, by };
     const struct sk_pg_stmt st = {
         .sql = "SELECT sekali.pause($1, $2, $3)", .n_params = 3, .values = values,
         .one_row = true, .what = "sekali.pause",
@@ -102,14 +110,14 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
         return SK_CTL_FAILED;
     }
     if (left > 0) {
-        put_result(json, queue, "pausing", changed, left);
+        put_result(out, json, queue, "pausing", changed, left);
         fprintf(stderr, "sekalictl: pause: %s is paused, but %u consumer%s still subscribed "
                 "after the wait (a job still running, or a consumer that is not a sekalid "
                 "knowing pauses); they stop taking jobs as they finish\n", queue, left,
                 left == 1 ? " is" : "s are");
         return SK_CTL_WAITING;
     }
-    put_result(json, queue, "paused", changed, 0);
+    put_result(out, json, queue, "paused", changed, 0);
     return SK_CTL_OK;
 }
 
@@ -131,7 +139,11 @@ int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv)
         sk_ctl_usage_of("resume");
         return SK_CTL_USAGE;
     }
-    const char *queue = argv[optind];
+    return sk_ctl_resume_report(conf, argv[optind], json, stdout);
+}
+
+int sk_ctl_resume_report(const struct sk_conf *conf, const char *queue, bool json, FILE *out)
+{
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
         return SK_CTL_FAILED;
@@ -150,7 +162,7 @@ int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv)
         return SK_CTL_FAILED;
     /* Resuming a queue that was not paused changes nothing and is no
      * error: a runbook may resume unconditionally. */
-    put_result(json, queue, "running", changed, -1);
+    put_result(out, json, queue, "running", changed, -1);
     return SK_CTL_OK;
 }
 
@@ -174,24 +186,24 @@ static int wait_for_consumers(const struct sk_conf *conf, const char *queue, uin
     return rc;
 }
 
-static void put_result(bool json, const char *queue, const char *state, bool changed,
-                       long long consumers)
+static void put_result(FILE *out, bool json, const char *queue, const char *state,
+                       bool changed, long long consumers)
 {
     if (json) {
-        printf("{\"queue\":");
-        sk_ctl_put_jstr(stdout, queue);
-        printf(",\"state\":\"%s\",\"changed\":%s", state, changed ? "true" : "false");
+        fprintf(out, "{\"queue\":");
+        sk_ctl_put_jstr(out, queue);
+        fprintf(out, ",\"state\":\"%s\",\"changed\":%s", state, changed ? "true" : "false");
         if (consumers >= 0)
-            printf(",\"consumers\":%lld", consumers);
-        printf("}\n");
+            fprintf(out, ",\"consumers\":%lld", consumers);
+        fprintf(out, "}\n");
         return;
     }
-    sk_ctl_put_tstr(stdout, queue);
+    sk_ctl_put_tstr(out, queue);
     if (strcmp(state, "running") == 0)
-        printf(changed ? ": resumed\n" : ": was not paused\n");
+        fprintf(out, changed ? ": resumed\n" : ": was not paused\n");
     else if (strcmp(state, "paused") == 0)
-        printf(changed ? ": paused; no consumer left\n"
+        fprintf(out, changed ? ": paused; no consumer left\n"
                        : ": was already paused; no consumer left\n");
     else
-        printf(": paused; %lld consumer%s left\n", consumers, consumers == 1 ? "" : "s");
+        fprintf(out, ": paused; %lld consumer%s left\n", consumers, consumers == 1 ? "" : "s");
 }

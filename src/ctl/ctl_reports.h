@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "config.h"
@@ -21,6 +22,19 @@ int sk_ctl_status_report(const struct sk_conf *conf, bool json, FILE *out);
  * dead_scan_max > 0 reads at most that many dead letters per queue. */
 int sk_ctl_trace_report(const struct sk_conf *conf, const char *key, const char *queue,
                         bool json, size_t dead_scan_max, FILE *out);
+
+/* sekalictl pause QUEUE (ctl_pause.c): reason may be NULL; by is the
+ * operator recorded; waits up to wait_ms for the queue's consumers to go
+ * (SK_CTL_WAITING if some are left; the pause stands either way). queue
+ * must be one of conf's (the caller checks: a pause nobody obeys is no
+ * pause). */
+int sk_ctl_pause_report(const struct sk_conf *conf, const char *queue, const char *reason,
+                        const char *by, uint64_t wait_ms, bool json, FILE *out);
+/* sekalictl resume QUEUE (ctl_pause.c). */
+int sk_ctl_resume_report(const struct sk_conf *conf, const char *queue, bool json, FILE *out);
+
+/* sekalictl schedules (ctl_schedules.c). */
+int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out);
 
 /* sekalictl dlq (ctl_dlq.c). */
 struct sk_ctl_dlq_req {

@@ -20,6 +20,7 @@
 #include "ctl_commands.h"
 #include "ctl_common.h"
 #include "ctl_out.h"
+#include "ctl_reports.h"
 #include "pg.h"
 #include "ticks.h"
 
@@ -35,10 +36,10 @@ struct line {
     long long   enqueued, dropped;
 };
 
-static void put_time(int64_t t, bool json);
-static void put_opt(const char *s, bool json);
-static void print_text(const struct line *l, size_t n);
-static void print_json(const struct line *l, size_t n, int64_t now);
+static void put_time(FILE *out, int64_t t, bool json);
+static void put_opt(FILE *out, const char *s, bool json);
+static void print_text(FILE *out, const struct line *l, size_t n);
+static void print_json(FILE *out, const struct line *l, size_t n, int64_t now);
 
 int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv)
 {
@@ -59,6 +60,11 @@ int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv)
         sk_ctl_usage_of("schedules");
         return SK_CTL_USAGE;
     }
+    return sk_ctl_schedules_report(conf, json, stdout);
+}
+
+int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
+{
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
         return SK_CTL_FAILED;
@@ -115,84 +121,87 @@ int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv)
         lines[i].next = sk_cron_next(&conf->schedules[i].when,
                                      lines[i].stored ? lines[i].last : now);
     if (json)
-        print_json(lines, n, now);
+        print_json(out, lines, n, now);
     else
-        print_text(lines, n);
+        print_text(out, lines, n);
     free(lines);
     PQclear(res);
     PQfinish(pg);
     return SK_CTL_OK;
 }
 
-static void put_time(int64_t t, bool json)
+static void put_time(FILE *out, int64_t t, bool json)
 {
     char iso[32];
     if (t < 0) {
-        fputs(json ? "null" : "-", stdout);
+        fputs(json ? "null" : "-", out);
         return;
     }
     sk_ticks_iso(t, iso, sizeof(iso));
-    printf(json ? "\"%s\"" : "%s", iso);
+    fprintf(out, json ? "\"%s\"" : "%s", iso);
 }
 
-static void put_opt(const char *s, bool json)
+static void put_opt(FILE *out, const char *s, bool json)
 {
     if (s == NULL)
-        fputs(json ? "null" : "-", stdout);
+        fputs(json ? "null" : "-", out);
     else if (json)
-        sk_ctl_put_jstr(stdout, s);
+        sk_ctl_put_jstr(out, s);
     else
-        sk_ctl_put_text(stdout, s, strlen(s), 120);
+        sk_ctl_put_text(out, s, strlen(s), 120);
 }
 
-static void print_text(const struct line *l, size_t n)
+static void print_text(FILE *out, const struct line *l, size_t n)
 {
     if (n == 0) {
-        printf("no schedules (none configured, none in PostgreSQL)\n");
+        fprintf(out, "no schedules (none configured, none in PostgreSQL)\n");
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        printf("%s", i > 0 ? "\n" : "");
-        sk_ctl_put_tstr(stdout, l[i].name);
-        printf("%s\n  spec      ", l[i].configured ? "" : "  (not in this config)");
-        sk_ctl_put_tstr(stdout, l[i].spec);
-        printf("\n  queue     ");
-        sk_ctl_put_tstr(stdout, l[i].queue);
-        printf("\n  last tick ");
-        put_time(l[i].stored ? l[i].last : -1, false);
-        printf(l[i].stored ? "" : " (no scheduler has started it yet)");
-        printf("\n  next tick ");
-        put_time(l[i].next, false);
-        printf("\n  last job  ");
-        put_opt(l[i].key, false);
-        if (l[i].state != NULL)
-            printf(" (%s)", l[i].state);
-        printf("\n  enqueued  %lld, missed and not enqueued %lld\n", l[i].enqueued,
+        fprintf(out, "%s", i > 0 ? "\n" : "");
+        sk_ctl_put_tstr(out, l[i].name);
+        fprintf(out, "%s\n  spec      ", l[i].configured ? "" : "  (not in this config)");
+        sk_ctl_put_tstr(out, l[i].spec);
+        fprintf(out, "\n  queue     ");
+        sk_ctl_put_tstr(out, l[i].queue);
+        fprintf(out, "\n  last tick ");
+        put_time(out, l[i].stored ? l[i].last : -1, false);
+        fprintf(out, l[i].stored ? "" : " (no scheduler has started it yet)");
+        fprintf(out, "\n  next tick ");
+        put_time(out, l[i].next, false);
+        fprintf(out, "\n  last job  ");
+        put_opt(out, l[i].key, false);
+        if (l[i].state != NULL) {
+            fputs(" (", out);
+            sk_ctl_put_tstr(out, l[i].state);
+            fputs(")", out);
+        }
+        fprintf(out, "\n  enqueued  %lld, missed and not enqueued %lld\n", l[i].enqueued,
                l[i].dropped);
     }
 }
 
-static void print_json(const struct line *l, size_t n, int64_t now)
+static void print_json(FILE *out, const struct line *l, size_t n, int64_t now)
 {
-    printf("{\"now\": ");
-    put_time(now, true);
-    printf(", \"schedules\": [");
+    fprintf(out, "{\"now\": ");
+    put_time(out, now, true);
+    fprintf(out, ", \"schedules\": [");
     for (size_t i = 0; i < n; i++) {
-        printf("%s{\"name\": ", i > 0 ? ", " : "");
-        sk_ctl_put_jstr(stdout, l[i].name);
-        printf(", \"spec\": ");
-        sk_ctl_put_jstr(stdout, l[i].spec);
-        printf(", \"queue\": ");
-        sk_ctl_put_jstr(stdout, l[i].queue);
-        printf(", \"configured\": %s, \"last_tick\": ", l[i].configured ? "true" : "false");
-        put_time(l[i].stored ? l[i].last : -1, true);
-        printf(", \"next_tick\": ");
-        put_time(l[i].next, true);
-        printf(", \"last_key\": ");
-        put_opt(l[i].key, true);
-        printf(", \"last_state\": ");
-        put_opt(l[i].state, true);
-        printf(", \"enqueued\": %lld, \"dropped\": %lld}", l[i].enqueued, l[i].dropped);
+        fprintf(out, "%s{\"name\": ", i > 0 ? ", " : "");
+        sk_ctl_put_jstr(out, l[i].name);
+        fprintf(out, ", \"spec\": ");
+        sk_ctl_put_jstr(out, l[i].spec);
+        fprintf(out, ", \"queue\": ");
+        sk_ctl_put_jstr(out, l[i].queue);
+        fprintf(out, ", \"configured\": %s, \"last_tick\": ", l[i].configured ? "true" : "false");
+        put_time(out, l[i].stored ? l[i].last : -1, true);
+        fprintf(out, ", \"next_tick\": ");
+        put_time(out, l[i].next, true);
+        fprintf(out, ", \"last_key\": ");
+        put_opt(out, l[i].key, true);
+        fprintf(out, ", \"last_state\": ");
+        put_opt(out, l[i].state, true);
+        fprintf(out, ", \"enqueued\": %lld, \"dropped\": %lld}", l[i].enqueued, l[i].dropped);
     }
-    printf("]}\n");
+    fprintf(out, "]}\n");
 }
