@@ -1,7 +1,8 @@
 /* check_console_http.c - sekalictl serve without a browser (that is
  * tests/browser/check_console.c): every answer's security headers, the
  * refusals an action meets without a session, a CSRF token or the same
- * origin, and HTTPS with libmicrohttpd's TLS and a Secure cookie. Requests
+ * origin (a pause too, and one that has them all: its row in PostgreSQL
+ * names the session's operator), and HTTPS with libmicrohttpd's TLS and a Secure cookie. Requests
  * are made with curl, as a script would. */
 #include <signal.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@
 #define TOKEN "integration-token-42"
 
 struct console {
-    char  *dir, *config, url[160];
+    char  *dir, *config, url[160], queue[128];
     pid_t  pid;
 };
 
@@ -25,8 +26,8 @@ static void start(struct console *c, const char *name, const char *tls_dir)
 {
     h_init();
     c->dir = h_tmpdir(name);
-    char queue[128], token[1100], top[3000], log[1100];
-    h_unique_name(queue, sizeof(queue), name);
+    char token[1100], top[3000], log[1100];
+    h_unique_name(c->queue, sizeof(c->queue), name);
     snprintf(token, sizeof(token), "%s/console.token", c->dir);
     FILE *f = fopen(token, "w");
     ck_assert_ptr_nonnull(f);
@@ -38,7 +39,7 @@ static void start(struct console *c, const char *name, const char *tls_dir)
     if (tls_dir != NULL)
         snprintf(top + n, sizeof(top) - (size_t)n, "  tls_cert_file: %s/server.crt\n"
                  "  tls_key_file: %s/server.key\n", tls_dir, tls_dir);
-    c->config = h_write_config_top(c->dir, queue, H_EFFECT, 1, NULL, top);
+    c->config = h_write_config_top(c->dir, c->queue, H_EFFECT, 1, NULL, top);
     snprintf(c->url, sizeof(c->url), "%s://127.0.0.1:%d", tls_dir ? "https" : "http", port);
     snprintf(log, sizeof(log), "%s/serve.log", c->dir);
     char exe[1100];
@@ -145,6 +146,45 @@ START_TEST(test_every_answer_has_the_headers_and_actions_are_refused_without_wha
     snprintf(args, sizeof(args), "-b '%s' %s -d csrf=%s", jar, purge, token);
     ck_assert_int_eq(curl(&c, "/api/dlq/purge", args, &out), 400);
     free(out);
+
+    /* A pause: refused without a session, by GET, without a CSRF token and
+     * for a queue not configured, with no row written; then done. */
+    PGconn *pg = h_pg();
+    char pause[400];
+    snprintf(pause, sizeof(pause), "-d queue=%s -d reason=because", c.queue);
+    ck_assert_int_eq(curl(&c, "/api/pause", pause, &out), 401);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' '-G' %s -d csrf=%s", jar, pause, token);
+    ck_assert_int_eq(curl(&c, "/api/pause", args, &out), 405);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' %s", jar, pause);
+    ck_assert_int_eq(curl(&c, "/api/pause", args, &out), 403);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s' -d queue=elsewhere -d csrf=%s", jar, token);
+    ck_assert_int_eq(curl(&c, "/api/pause", args, &out), 400);
+    free(out);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.queue_pauses WHERE queue IN "
+                                    "('%s', 'elsewhere')", c.queue), 0);
+    snprintf(args, sizeof(args), "-b '%s' %s -d csrf=%s", jar, pause, token);
+    ck_assert_int_eq(curl(&c, "/api/pause", args, &out), 200);
+    ck_assert_msg(strstr(out, "\"state\":\"paused\",\"changed\":true") != NULL, "%s", out);
+    free(out);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.queue_pauses WHERE queue = "
+                                    "'%s' AND paused_by = 'alice' AND reason = 'because'",
+                                c.queue), 1);
+    snprintf(args, sizeof(args), "-b '%s' -d queue=%s -d csrf=%s", jar, c.queue, token);
+    ck_assert_int_eq(curl(&c, "/api/resume", args, &out), 200);
+    ck_assert_msg(strstr(out, "\"state\":\"running\",\"changed\":true") != NULL, "%s", out);
+    free(out);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.queue_pauses WHERE queue = "
+                                    "'%s'", c.queue), 0);
+    ck_assert_int_eq(curl(&c, "/api/schedules", "", &out), 200);
+    ck_assert_msg(strstr(out, "\"schedules\": [") != NULL, "%s", out);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/schedules", "-d x=1", &out), 405);
+    free(out);
+    PQfinish(pg);
+
     snprintf(args, sizeof(args), "-b '%s' -d csrf=%s", jar, token);
     ck_assert_int_eq(curl(&c, "/api/logout", args, &out), 200);
     free(out);

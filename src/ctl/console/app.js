@@ -10,6 +10,8 @@
 const app = () => document.getElementById('app');
 let session = { logged_in: false, actions: false };
 let refreshTimer = null;
+const overviewAction = document.createElement('div');  // kept across the overview's redraws
+overviewAction.id = 'action';
 
 // An element with attributes and children; strings become text nodes.
 function el(tag, attrs, ...children) {
@@ -122,13 +124,14 @@ async function overview() {
     .filter(Boolean);
   const rows = (status.queues || []).map((q) => {
     const r = byName.get(q.name) || { points: [] };
-    const state = q.paused ? 'paused' + (q.paused.reason ? ': ' + q.paused.reason : '')
+    const state = q.paused ? 'paused' + (q.paused.by ? ' by ' + q.paused.by : '') +
+                             (q.paused.reason ? ': ' + q.paused.reason : '')
       : q.consumers === null ? '?' : q.consumers > 0 ? 'consuming' : 'no consumer';
     const last = r.points.length ? r.points[r.points.length - 1] : {};
     return el('tr', { 'data-queue': q.name },
       el('td', {}, el('b', {}, q.name)),
       el('td', { class: q.healthy ? 'ok' : 'bad' }, q.healthy ? 'healthy' : (q.problem || 'unknown')),
-      el('td', {}, state),
+      el('td', { class: 'state' }, state),
       el('td', { class: 'num' }, num(q.workers_up), ' / ', num(q.workers_configured)),
       el('td', { class: 'num' }, num(q.ready)),
       el('td', { class: 'num' }, num(q.delayed)),
@@ -140,7 +143,10 @@ async function overview() {
       el('td', {}, sparkline(r.points, 'duplicates_per_second', 'dup'), ' ',
          typeof last.duplicates_per_second === 'number' ? last.duplicates_per_second.toFixed(2) : '?', '/s'),
       el('td', { class: 'num' }, secs(r.p50_seconds), ' / ', secs(r.p99_seconds)),
-      el('td', { class: 'num' }, secs(r.lock_ttl_seconds), ' / ', secs(r.job_timeout_seconds)));
+      el('td', { class: 'num' }, secs(r.lock_ttl_seconds), ' / ', secs(r.job_timeout_seconds)),
+      session.logged_in ? el('td', {}, q.paused
+        ? el('button', { class: 'resume', onclick: () => resumeQueue(q.name) }, 'Resume')
+        : el('button', { class: 'pause danger', onclick: () => pausePanel(q.name) }, 'Pause…')) : null);
   });
   show(el('h1', {}, 'Overview'),
     el('p', {}, 'sekalid: ', d.running === true ? el('span', { class: 'ok' }, 'running')
@@ -150,14 +156,61 @@ async function overview() {
          ' · charts: the last ', String(rates.window_seconds / 60), ' minutes, sampled every ',
          String(rates.interval_seconds), ' s · refreshes by itself')),
     problems.map((p) => el('div', { class: 'panel error' }, p)),
+    overviewAction,
     el('table', { id: 'queues' },
       el('thead', {}, el('tr', {}, ['queue', 'health', 'state', 'workers up', 'ready', 'delayed',
         'dead', 'processing / failed', 'outbox · lag', 'jobs/s', 'duplicates/s', 'p50 / p99',
-        'lock TTL / timeout'].map((h) => el('th', {}, h)))),
+        'lock TTL / timeout', session.logged_in ? '' : null].filter((h) => h !== null)
+        .map((h) => el('th', {}, h)))),
       el('tbody', {}, rows)),
-    el('p', { class: 'muted' }, 'Pausing and resuming (sekalictl pause, resume) and the schedules (sekalictl schedules) are not buttons of this console yet.',
-       ' Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
-  refreshTimer = setTimeout(overview, 5000);
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+  clearTimeout(refreshTimer);  /* one chain of refreshes, whoever drew last */
+  refreshTimer = setTimeout(refreshOverview, 5000);
+}
+
+// The overview redraws itself, but not under an open pause form (it would
+// take the reason being typed with it).
+function refreshOverview() {
+  if (overviewAction.firstChild && overviewAction.querySelector('#pause-form'))
+    refreshTimer = setTimeout(refreshOverview, 5000);
+  else
+    overview();
+}
+
+// What sekalictl pause does: the row in PostgreSQL, then wait for the
+// queue's consumers to go; the session's operator is recorded as --by.
+function pausePanel(queue) {
+  clearTimeout(refreshTimer);
+  const reason = el('input', { name: 'reason', id: 'pause-reason', maxlength: 200, size: 50,
+                               'aria-label': 'reason' });
+  overviewAction.replaceChildren(el('form', { class: 'panel confirm', id: 'pause-form', onsubmit: async (ev) => {
+    ev.preventDefault();
+    overviewAction.replaceChildren(el('div', { class: 'panel confirm' }, 'Pausing ', queue, '… (its workers finish the job in hand)'));
+    try {
+      const r = await post('/api/pause', { queue, reason: reason.value });
+      overviewAction.replaceChildren(el('div', { class: 'panel notice', id: 'result' },
+        queue, r.state === 'paused' ? ': paused, no consumer left' : ': paused; ' + r.consumers +
+        ' consumer(s) still finishing a job', r.changed ? '' : ' (it was paused already)'));
+    } catch (e) { overviewAction.replaceChildren(failure(e)); }
+    overview();
+  } },
+    el('p', {}, 'Pause ', el('b', {}, queue), ' on every host until resumed: its workers finish the job in hand and take no more; its messages wait in RabbitMQ. Recorded as paused by ',
+       el('b', {}, session.operator), '.'),
+    el('p', {}, el('label', {}, 'Reason ', reason)),
+    el('div', { class: 'actions' },
+      el('button', { type: 'submit', id: 'pause-yes', class: 'danger' }, 'Pause ' + queue),
+      el('button', { type: 'button', id: 'pause-no', onclick: () => { overviewAction.replaceChildren(); overview(); } }, 'Cancel'))));
+  reason.focus();
+}
+
+async function resumeQueue(queue) {
+  clearTimeout(refreshTimer);
+  try {
+    const r = await post('/api/resume', { queue });
+    overviewAction.replaceChildren(el('div', { class: 'panel notice', id: 'result' },
+      queue, r.changed ? ': resumed' : ': was not paused'));
+  } catch (e) { overviewAction.replaceChildren(failure(e)); }
+  overview();
 }
 
 // ---- dead letters: groups ----------------------------------------------
@@ -352,6 +405,37 @@ async function keyPage() {
     el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
 }
 
+// ---- schedules -----------------------------------------------------------------
+
+// sekalictl schedules --json. Names, specs, keys and states may come from
+// rows anyone wrote into PostgreSQL: text nodes, like every other value.
+async function schedulesPage() {
+  const t0 = performance.now();
+  let s;
+  try { s = await api('/api/schedules'); } catch (e) {
+    return show(el('h1', {}, 'Schedules'), failure(e));
+  }
+  const list = s.schedules || [];
+  const rows = list.map((x) => el('tr', { 'data-schedule': x.name },
+    el('td', {}, el('b', {}, x.name), x.configured ? null : el('span', { class: 'muted' }, ' (not in this config)')),
+    el('td', { class: 'mono cut spec' }, x.spec),
+    el('td', {}, x.queue),
+    el('td', { class: 'mono' }, x.last_tick || (x.configured ? 'not started yet' : '-')),
+    el('td', { class: 'mono' }, x.next_tick || '-'),
+    el('td', { class: 'mono cut last-key' }, x.last_key === null ? '-' : link('/key', { key: x.last_key }, x.last_key)),
+    el('td', { class: 'last-state' }, x.last_state === null ? '-' : x.last_state),
+    el('td', { class: 'num' }, num(x.enqueued), ' / ', num(x.dropped))));
+  show(el('h1', {}, 'Schedules'),
+    el('p', { id: 'summary' }, String(list.length), ' schedule(s), by PostgreSQL\'s clock at ', s.now || '?',
+       '; each tick is one job, of key schedule:NAME:TICK.'),
+    list.length === 0 ? el('p', { class: 'muted' }, 'None configured (schedules: in the config), none in PostgreSQL.') : null,
+    el('table', { id: 'schedules' },
+      el('thead', {}, el('tr', {}, ['schedule', 'spec', 'queue', 'last tick', 'next tick', 'last job',
+        'its state', 'enqueued / missed'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
 // ---- login -------------------------------------------------------------------
 
 function loginPage() {
@@ -365,7 +449,7 @@ function loginPage() {
       location.href = next && next.startsWith('/') && !next.startsWith('//') ? next : '/';
     } catch (e) { msg.replaceChildren(failure(e)); }
   } },
-    el('p', {}, 'Actions (replay, purge) need the token of console.token_file and your name, which the audit records.'),
+    el('p', {}, 'Actions (replay, purge, pause, resume) need the token of console.token_file and your name, which the audit records.'),
     el('p', {}, el('label', {}, 'Your name ', el('input', { name: 'operator', required: true, maxlength: 64,
                                                           autocomplete: 'username' }))),
     el('p', {}, el('label', {}, 'Token ', el('input', { name: 'token', type: 'password', required: true,
@@ -377,7 +461,7 @@ function loginPage() {
 // ---- routing -------------------------------------------------------------------
 
 const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
-                 '/key': keyPage, '/login': loginPage };
+                 '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage };
 
 document.addEventListener('DOMContentLoaded', async () => {
   await loadSession();
