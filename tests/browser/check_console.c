@@ -15,7 +15,12 @@
  * then starts the console and runs the browser script, which logs in,
  * click-replays the group of 40, purges with a dry run, searches a key,
  * visits every page with the hostile data, tries the refused requests and
- * takes the screenshots (artefacts: $SEKALI_BUILD/artifacts/console). Last,
+ * takes the screenshots (artefacts: $SEKALI_BUILD/artifacts/console); it
+ * pauses and resumes the first queue by clicking (the pause row in
+ * PostgreSQL, no consumer at the broker, then consumers again), reads the
+ * schedules page (a configured schedule ticking every 5 s, and a hostile
+ * row written straight into sekali.schedules) and tries pauses that must
+ * be refused. Last,
  * each of the 40 jobs must have run exactly once, and the audit must name
  * the operator.
  *
@@ -45,6 +50,7 @@
 #define RETRIES     3
 #define BIG         100000
 #define MEGABYTE    (1024 * 1024)
+#define SCHEDULE    "ledger-sync"
 
 /* The directory holding node_modules/puppeteer-core, installed if need be. */
 static char *puppeteer(void)
@@ -166,9 +172,13 @@ START_TEST(test_the_console_in_a_browser_replays_once_purges_and_keeps_hostile_d
     int metrics = h_free_port(), console = h_free_port();
 
     char top[2000], queue_yaml[2000];
+    /* A schedule on the second queue: its jobs succeed (any body but
+     * fail/retry/crash), so they change no count the script compares. */
     snprintf(top, sizeof(top), H_RELAY "metrics:\n  listen: \"127.0.0.1:%d\"\n"
-             "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n  session: 10m\n",
-             metrics, console, token_file);
+             "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n  session: 10m\n"
+             "schedules:\n  - name: " SCHEDULE "\n    every: 5s\n    queue: %s\n"
+             "    job_type: test\n    body: ok\n",
+             metrics, console, token_file, big);
     snprintf(queue_yaml, sizeof(queue_yaml),
              H_FAST_RETRIES "    job_types: [test]\n    lock: false\n    config:\n"
              "      marker_dir: %s\n"
@@ -271,7 +281,8 @@ START_TEST(test_the_console_in_a_browser_replays_once_purges_and_keeps_hostile_d
     snprintf(cmd, sizeof(cmd),
              "cd '%s' && NODE_PATH='%s/node_modules' CONSOLE_URL='http://127.0.0.1:%d' "
              "CONSOLE_TOKEN='" TOKEN "' QUEUE='%s' BIG_QUEUE='%s' PG='%s' ARTIFACTS='%s' "
-             "CHROMIUM='" CHROMIUM "' PAYMENTS=%d BIG=%d timeout 900 node '%s' "
+             "CHROMIUM='" CHROMIUM "' PAYMENTS=%d BIG=%d SCHEDULE='" SCHEDULE "' "
+             "timeout 900 node '%s' "
              ">'%s/browser.log' 2>&1",
              r.dir, modules, console, r.queue, big, h_pg_conninfo(), artifacts, PAYMENTS, BIG,
              script, r.dir);

@@ -5,7 +5,7 @@
 // each hostile input showed go to $ARTIFACTS.
 //
 // Environment (set by check_console.c): CONSOLE_URL, CONSOLE_TOKEN, QUEUE,
-// BIG_QUEUE, PG (conninfo), ARTIFACTS, CHROMIUM, PAYMENTS, BIG.
+// BIG_QUEUE, PG (conninfo), ARTIFACTS, CHROMIUM, PAYMENTS, BIG, SCHEDULE.
 'use strict';
 const puppeteer = require('puppeteer-core');
 const { execFileSync } = require('child_process');
@@ -50,6 +50,11 @@ async function deadCount(queue) {
   const s = JSON.parse((await request('GET', '/api/status')).body);
   return s.queues.find((q) => q.name === queue).dead;
 }
+async function consumers(queue) {
+  const s = JSON.parse((await request('GET', '/api/status')).body);
+  return s.queues.find((q) => q.name === queue).consumers;
+}
+const pauses = (queue) => Number(psql(`SELECT count(*) FROM sekali.queue_pauses WHERE queue = ${lit(queue)}`));
 const audits = () => Number(psql(`SELECT count(*) FROM sekali.dlq_audit WHERE queue = ${lit(Q)}`));
 
 async function main() {
@@ -298,6 +303,104 @@ async function main() {
   check(Number(psql(`SELECT count(*) FROM sekali.dlq_audit WHERE queue = ${lit(Q)} AND action = 'purge' AND actor = 'alice' AND key = 'javascript:alert(11)'`)) === 1,
         'the purge is audited under alice');
   await shot('letters');
+
+  // ---- pause and resume: refused first, with nothing changed --------------------------
+  const pauseQ = 'queue=' + encodeURIComponent(Q) + '&reason=nope';
+  const consumersBefore = await consumers(Q);
+  check(consumersBefore > 0, `${Q} has consumers before any pause (${consumersBefore})`);
+  await refused('pause without a login', 401, await request('POST', '/api/pause', { body: pauseQ }));
+  await refused('pause by GET', 405, await request('GET', '/api/pause?' + pauseQ));
+  const login2 = await request('POST', '/api/login', { body: 'operator=bob&token=' + encodeURIComponent(E.CONSOLE_TOKEN) });
+  check(login2.status === 200, 'a script logs in again');
+  const cookie2 = String(login2.headers['set-cookie']).split(';')[0];
+  await refused('pause by GET with a session', 405, await request('GET', '/api/pause?' + pauseQ, { headers: { Cookie: cookie2 } }));
+  await refused('pause without a CSRF token', 403, await request('POST', '/api/pause', { body: pauseQ, headers: { Cookie: cookie2 } }));
+  await refused('pause with a wrong CSRF token', 403, await request('POST', '/api/pause',
+    { body: pauseQ + '&csrf=' + 'e'.repeat(64), headers: { Cookie: cookie2 } }));
+  await refused('resume by GET', 405, await request('GET', '/api/resume?queue=' + encodeURIComponent(Q)));
+  await refused('pause of a queue not configured', 400, await request('POST', '/api/pause',
+    { body: 'queue=not-a-queue&csrf=' + JSON.parse(login2.body).csrf, headers: { Cookie: cookie2 } }));
+  check(pauses(Q) === 0 && pauses('not-a-queue') === 0, 'no refused request wrote a pause row');
+  check(await consumers(Q) === consumersBefore, 'no refused request took a consumer away');
+
+  // ---- pause by clicking ------------------------------------------------------------------
+  await visit('overview (logged in)', '/', '#queues tbody tr button.pause');
+  const pauseButton = async (cls) => {
+    const rows = await page.$$('#queues tbody tr');
+    for (const r of rows)
+      if (await r.evaluate((x) => x.dataset.queue) === Q) return r.$('button.' + cls);
+    return null;
+  };
+  await (await pauseButton('pause')).click();
+  await page.waitForSelector('#pause-form');
+  await page.type('#pause-reason', 'payment provider incident <b>#42</b>');
+  await page.click('#pause-yes');
+  await page.waitForFunction(() => { const r = document.getElementById('result'); return r && /paused/.test(r.textContent); },
+                             { timeout: 60000 });
+  const paused = await page.$eval('#result', (r) => r.textContent);
+  check(paused === Q + ': paused, no consumer left', 'the pause reports ' + JSON.stringify(paused));
+  check(psql(`SELECT paused_by || '|' || reason FROM sekali.queue_pauses WHERE queue = ${lit(Q)}`) ===
+        'alice|payment provider incident <b>#42</b>', 'the pause row names alice and the reason, as typed');
+  check(await consumers(Q) === 0, 'the broker counts no consumer of the paused queue');
+  await page.waitForFunction((q) => { const r = document.querySelector(`#queues tr[data-queue="${q}"] td.state`);
+    return r && r.textContent.startsWith('paused by alice'); }, { timeout: 20000 }, Q);
+  check(await page.$eval(`#queues tr[data-queue="${Q}"] td.state`, (t) => t.textContent) ===
+        'paused by alice: payment provider incident <b>#42</b>', 'the overview shows the pause, its reason as text');
+  await inert('overview (paused)');
+  await shot('overview-paused');
+
+  // ---- resume by clicking -------------------------------------------------------------------
+  await page.waitForSelector(`#queues tr[data-queue="${Q}"] button.resume`, { timeout: 20000 });
+  await (await pauseButton('resume')).click();
+  await page.waitForFunction(() => { const r = document.getElementById('result'); return r && /resumed/.test(r.textContent); },
+                             { timeout: 60000 });
+  check(pauses(Q) === 0, 'the resume removed the pause row');
+  const r0 = Date.now();
+  let back = 0;
+  while (Date.now() - r0 < 60000 && (back = await consumers(Q)) < consumersBefore)
+    await new Promise((r) => setTimeout(r, 200));
+  check(back === consumersBefore, `the consumers are back after the resume (${back} of ${consumersBefore})`);
+  out.timings_ms['resume to consumers back'] = Date.now() - r0;
+
+  // ---- schedules ------------------------------------------------------------------------------
+  // A row no config has, written by "anyone" into PostgreSQL: shown as text.
+  const hs = { name: '<script>alert(15)</script>', spec: '"><img src=x onerror=alert(16)>',
+               queue: 'javascript:alert(17)', key: '</td><script>alert(18)</script>' };
+  psql(`INSERT INTO sekali.schedules (name, spec, queue, last_tick, last_key) VALUES
+        (${lit(hs.name)}, ${lit(hs.spec)}, ${lit(hs.queue)}, now(), ${lit(hs.key)})`);
+  const s0 = Date.now();
+  while (Date.now() - s0 < 60000 &&
+         psql(`SELECT count(*) FROM sekali.schedules WHERE name = ${lit(E.SCHEDULE)} AND last_key IS NOT NULL`) !== '1')
+    await new Promise((r) => setTimeout(r, 200));
+  await visit('schedules', '/schedules', '#schedules tbody tr');
+  const sched = await page.$$eval('#schedules tbody tr', (rows) => rows.map((r) => ({
+    name: r.dataset.schedule, cells: [...r.cells].map((c) => c.textContent),
+    href: (r.querySelector('td.last-key a') || { getAttribute: () => null }).getAttribute('href') })));
+  const mine = sched.find((x) => x.name === E.SCHEDULE);
+  check(mine, 'the schedules page lists the configured schedule ' + E.SCHEDULE);
+  check(mine.cells[1] === 'every 5s' && mine.cells[2] === BIG, 'its spec and queue: ' + JSON.stringify(mine.cells));
+  check(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/.test(mine.cells[3]) && /^\d{4}-.*Z$/.test(mine.cells[4]) &&
+        mine.cells[4] > mine.cells[3], 'its last and next tick: ' + mine.cells[3] + ', ' + mine.cells[4]);
+  // It ticks every 5 s: compare within one answer, and with what came before.
+  const lastKey = mine.cells[5];
+  check(lastKey === `schedule:${E.SCHEDULE}:${mine.cells[3]}` && mine.href === '/key?' + new URLSearchParams({ key: lastKey }),
+        'its last job\'s key is its last tick\'s, linking to the key page: ' + mine.href);
+  check(psql(`SELECT count(*) FROM sekali.idempotency_keys WHERE queue = ${lit(BIG)} AND key = ${lit(lastKey)}`) === '1',
+        'that job is in PostgreSQL');
+  check(mine.cells[6] !== '-' && mine.cells[6] !== '', 'its last job\'s state: ' + mine.cells[6]);
+  const api = JSON.parse((await request('GET', '/api/schedules')).body);
+  check(api.schedules.find((x) => x.name === E.SCHEDULE).last_key >= lastKey, '/api/schedules says the same (or a later tick)');
+  const evilRow = sched.find((x) => x.name === hs.name);
+  check(evilRow && evilRow.cells[0] === hs.name + ' (not in this config)' && evilRow.cells[1] === hs.spec &&
+        evilRow.cells[2] === hs.queue && evilRow.cells[5] === hs.key, 'a hostile schedule row is shown as text');
+  await inert('schedules');
+  out.hostile.push({ input: hs, shown: 'as text on /schedules; no dialog, no element, no CSP violation' });
+  psql(`DELETE FROM sekali.schedules WHERE name = ${lit(hs.name)}`);
+  await visit('schedules', '/schedules', '#schedules tbody tr');
+  await shot('schedules');
+  await Promise.all([page.waitForNavigation(), page.click(`#schedules tr[data-schedule="${E.SCHEDULE}"] td.last-key a`)]);
+  await page.waitForSelector('#trace-key', { timeout: 60000 });
+  check(await page.$eval('#trace-key', (c) => c.textContent) === lastKey, 'the link leads to the key\'s timeline');
 
   // ---- search a key -------------------------------------------------------------------
   await page.goto(base + '/', { waitUntil: 'domcontentloaded' });
