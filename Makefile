@@ -43,12 +43,12 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 # sekalictl serves no HTTP; doctor asks Redis (hiredis); TLS is OpenSSL's.
 CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd openssl) -lm $(HARDEN_LD)
 
-CORE    = common config config_where config_value pg_conninfo log backoff clock outage broker_url tls
+CORE    = common config config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
-          notify oom metrics metrics_text metrics_http relay janitor schema
-CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers ctl_verify \
+DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
+          notify oom metrics metrics_text metrics_http relay janitor scheduler schema
+CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_http ctl_doctor ctl_doctor_broker ctl_doctor_servers ctl_verify ctl_schedules ctl_pause \
           $(BROKER) pg envelope failpoint reschedule schema
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -121,6 +121,7 @@ $(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
 $(B)/tests/check_docs:     $(call obj,$(CORE))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
 $(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
+$(B)/tests/check_cron:     $(call obj,$(CORE))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

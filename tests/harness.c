@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -867,3 +868,19 @@ char *h_header_filling(const char *message_id, const char *key, size_t frame)
     return value;
 }
 
+void h_faketime_preload(char *buf, size_t size)
+{
+    const char *lib = getenv("SEKALI_FAKETIME");
+    glob_t g = { 0 };
+    if (lib == NULL &&
+        glob("/usr/lib/*/faketime/libfaketime.so.1", 0, NULL, &g) != 0 &&
+        glob("/usr/lib/faketime/libfaketime.so.1", 0, NULL, &g) != 0 &&
+        glob("/usr/local/lib/faketime/libfaketime.so.1", 0, NULL, &g) != 0)
+        ck_abort_msg("libfaketime.so.1 not found under /usr/lib/*/faketime/: install "
+                     "libfaketime, or set SEKALI_FAKETIME to its path");
+    if (lib == NULL)
+        lib = g.gl_pathv[0];
+    ck_assert_msg(access(lib, R_OK) == 0, "%s is not readable", lib);
+    snprintf(buf, size, "LD_PRELOAD=%s", lib);
+    globfree(&g);
+}

@@ -95,6 +95,12 @@ void h_config_replace(const char *path, const char *from, const char *to);
 pid_t h_start_sekalid(const char *binary, const char *config, const char *dir,
                       const char *const *extra_env);
 
+/* "LD_PRELOAD=<libfaketime>" into buf, for h_start_sekalid()'s extra_env
+ * next to FAKETIME=+10m: SEKALI_FAKETIME if set, else where the libfaketime
+ * package puts it (Debian: /usr/lib/<multiarch>/faketime/). Fails the test
+ * when it is not installed. */
+void h_faketime_preload(char *buf, size_t size);
+
 /* Waits up to timeout_ms for pid to exit and returns its wait status, or
  * fails the test. */
 int h_wait_exit(pid_t pid, int timeout_ms, const char *what);

@@ -77,6 +77,7 @@ struct sk_message {
     const char    *correlation_id;
     const void    *body;
     size_t         body_len;
+    uint8_t        priority;         /* AMQP priority; 0: none (the broker treats both alike) */
 };
 
 /* Connects, logs in and opens the channel. Blocks at most the configured
@@ -101,6 +102,7 @@ void sk_broker_close_consumer(struct sk_broker *b);
 struct sk_queue_shape {
     bool     quorum;          /* a replicated quorum queue instead of a classic one */
     uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none */
+    uint8_t  max_priority;    /* classic only: x-max-priority; 0: none */
     bool     passive;         /* declared by someone else: only check that it exists */
 };
 
@@ -141,6 +143,19 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
  * into memory: see sk_broker_next(). */
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
                       size_t max_body, struct sk_err *err);
+
+/* Whether b has a consumer the broker knows (consumed, not unsubscribed). */
+bool sk_broker_subscribed(const struct sk_broker *b);
+
+/* Cancels b's consumer (basic.cancel) and gives the deliveries it held but
+ * nobody took with sk_broker_next() back to the queue, requeued in one
+ * multiple-nack; *returned says how many. The acks pending go out first.
+ * The connection stays open; sk_broker_resubscribe() consumes again with
+ * the same queue and prefetch. Nothing must be in hand (taken with
+ * sk_broker_next() and not yet settled). SK_OK, SK_AGAIN if the connection
+ * failed, SK_ERR if the broker refused. Blocks one round trip. */
+int sk_broker_unsubscribe(struct sk_broker *b, size_t *returned, struct sk_err *err);
+int sk_broker_resubscribe(struct sk_broker *b, struct sk_err *err);
 
 /* Waits up to timeout_ms for the next delivery. Returns SK_OK with *env filled
  * (release it with sk_broker_release()), SK_AGAIN when nothing arrived in

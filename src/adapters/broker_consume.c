@@ -8,6 +8,7 @@
  * close or a cancel arriving between deliveries, and it decides when the
  * pending acks go out. A publisher's connection never consumes, so its
  * wait for confirms (sk_broker_await_confirms()) never meets a delivery. */
+#include <stdio.h>
 #include <string.h>
 
 #include <amqp.h>
@@ -27,12 +28,16 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
 static int flush_acks(struct sk_broker *b, struct sk_err *err);
 static int broken_delivery(struct sk_broker *b, amqp_envelope_t *env, int status,
                            const char *what, struct sk_err *err);
+static int subscribe(struct sk_broker *b, struct sk_err *err);
 
 int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
                       size_t max_body, struct sk_err *err)
 {
     SK_BROKER_USABLE(b, err);
     b->max_body = max_body;
+    int n = snprintf(b->queue, sizeof(b->queue), "%s", queue);
+    if (n < 0 || (size_t)n >= sizeof(b->queue))
+        return sk_err_set(err, SK_ERR, "queue name too long: %.64s...", queue);
     /* Before the first delivery can arrive: a message grown past
      * frame_max on its way here is read and refused like any other. */
     int large = sk_broker_read_large_frames(b, err);
@@ -42,9 +47,74 @@ int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
     int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.qos", err);
     if (rc != SK_OK)
         return rc;
-    amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes,
-                       0, 0, 0, amqp_empty_table);
-    return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.consume", err);
+    return subscribe(b, err);
+}
+
+static int subscribe(struct sk_broker *b, struct sk_err *err)
+{
+    amqp_basic_consume_ok_t *ok =
+        amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(b->queue),
+                           amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
+    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.consume", err);
+    if (rc != SK_OK)
+        return rc;
+    snprintf(b->consumer_tag, sizeof(b->consumer_tag), "%.*s", (int)ok->consumer_tag.len,
+             (const char *)ok->consumer_tag.bytes);
+    return SK_OK;
+}
+
+bool sk_broker_subscribed(const struct sk_broker *b)
+{
+    return b != NULL && b->consumer_tag[0] != '\0';
+}
+
+int sk_broker_unsubscribe(struct sk_broker *b, size_t *returned, struct sk_err *err)
+{
+    *returned = 0;
+    SK_BROKER_USABLE(b, err);
+    if (b->consumer_tag[0] == '\0')
+        return SK_OK;
+    /* The acks of finished jobs first: the multiple-nack below must settle
+     * only deliveries that never started. */
+    if (flush_acks(b, err) != SK_OK)
+        return SK_AGAIN;
+    amqp_basic_cancel(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(b->consumer_tag));
+    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.cancel", err);
+    if (rc != SK_OK)
+        return rc;
+    b->consumer_tag[0] = '\0';
+    /* The broker sent every delivery of this consumer before cancel-ok, and
+     * librabbitmq queued each frame it read while waiting for it: those
+     * are the prefetched messages no job has started, whole. (What its
+     * buffer holds beyond is from after cancel-ok: no delivery of ours.)
+     * One multiple-nack with requeue gives them all back, at their places
+     * in the queue. */
+    uint64_t last = 0;
+    while (amqp_frames_enqueued(b->conn)) {
+        amqp_envelope_t env;
+        rc = sk_broker_next(b, &env, 0, err);
+        if (rc == SK_AGAIN)
+            continue;
+        if (rc != SK_OK)
+            return rc;
+        last = env.delivery_tag;
+        (*returned)++;
+        amqp_destroy_envelope(&env);
+    }
+    if (last == 0)
+        return SK_OK;
+    int status = amqp_basic_nack(b->conn, SK_BROKER_CHANNEL, last, 1, 1);
+    if (status != AMQP_STATUS_OK)
+        return sk_broker_lost(b, status, "basic.nack(requeue) failed", err);
+    return SK_OK;
+}
+
+int sk_broker_resubscribe(struct sk_broker *b, struct sk_err *err)
+{
+    SK_BROKER_USABLE(b, err);
+    if (b->consumer_tag[0] != '\0')
+        return SK_OK;
+    return subscribe(b, err);
 }
 
 int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,

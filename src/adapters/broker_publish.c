@@ -119,6 +119,10 @@ static amqp_basic_properties_t message_properties(const struct sk_message *msg,
     props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
     props.timestamp = (uint64_t)time(NULL);
+    if (msg->priority > 0) {
+        props._flags |= AMQP_BASIC_PRIORITY_FLAG;
+        props.priority = msg->priority;
+    }
     set_text(&props, AMQP_BASIC_MESSAGE_ID_FLAG, &props.message_id, msg->message_id);
     set_text(&props, AMQP_BASIC_TYPE_FLAG, &props.type, msg->type);
     set_text(&props, AMQP_BASIC_CONTENT_TYPE_FLAG, &props.content_type, msg->content_type);

@@ -10,6 +10,7 @@
  * sends, or the broker refuses it: the arguments are spelled here only
  * (tests/bench and tests/chaos copy them, and say so). */
 #include <stdio.h>
+#include <string.h>
 
 #include <amqp.h>
 
@@ -25,7 +26,7 @@ static int reopen_channel(struct sk_broker *b, struct sk_err *err);
 static int work_args(const char *dead, const struct sk_queue_shape *shape,
                      amqp_table_entry_t *args);
 
-#define WORK_ARGS_MAX 6
+#define WORK_ARGS_MAX 7
 
 int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err *err)
 {
@@ -106,6 +107,10 @@ static int work_args(const char *dead, const struct sk_queue_shape *shape,
             args[n_args++] = sk_broker_int_entry("x-delivery-limit", shape->delivery_limit);
         }
     }
+    /* Fixed when the queue is created: a queue that exists without it is
+     * refused by the broker (see declare_work()). */
+    if (shape != NULL && shape->max_priority > 0)
+        args[n_args++] = sk_broker_int_entry("x-max-priority", shape->max_priority);
     return n_args;
 }
 
@@ -125,6 +130,17 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
     amqp_rpc_reply_t reply = declare_as_sekali(b, name, dead, shape);
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
         amqp_channel_close_t *m = reply.reply.decoded;
+        /* The usual way to meet this: max_priority set (or changed) on a
+         * queue that already exists. RabbitMQ cannot change a queue's
+         * arguments, so only a new queue (or the old one drained and
+         * deleted) can have them; say so rather than only "passive". */
+        if (memmem(m->reply_text.bytes, m->reply_text.len, "x-max-priority", 14) != NULL)
+            return sk_err_set(err, SK_ERR, "queue %s exists with another x-max-priority than "
+                              "max_priority %u asks: a queue's priorities are fixed when it is "
+                              "created, so drain and delete it (or use a new queue name) to "
+                              "change them, or set max_priority to what it has (%.*s)", name,
+                              shape != NULL ? shape->max_priority : 0,
+                              (int)m->reply_text.len, (const char *)m->reply_text.bytes);
         return sk_err_set(err, SK_ERR, "declared by someone else with other arguments: set "
                           "declare: passive to consume it as it is (%.*s)",
                           (int)m->reply_text.len, (const char *)m->reply_text.bytes);

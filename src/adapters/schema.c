@@ -23,6 +23,8 @@ const char *const sk_schema_migrations[] = {
     "014_dedupe_release_when.sql",
     "015_claim_batch.sql",
     "016_claim_completing.sql",
+    "019_pause_priority.sql",
+    "020_schedules.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

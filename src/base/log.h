@@ -59,6 +59,8 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_RELOAD_FAILED  "reload_failed"   /* a reload refused; the old one runs */
 #define SK_EVENT_LOCK_LOST      "lock_lost"       /* a job ran without its lock or lease */
 #define SK_EVENT_FENCED_OUT     "fenced_out"      /* a job's outcome lost to a newer owner */
+#define SK_EVENT_PAUSED         "paused"          /* a worker cancelled its consumer: paused */
+#define SK_EVENT_RESUMED        "resumed"         /* ... and consumes again */
 
 /* The servers an event's SERVER= names. */
 #define SK_SERVER_POSTGRES "postgres"

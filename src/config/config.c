@@ -24,7 +24,9 @@
 #include <yaml.h>
 
 #include "config_value.h"
+#include "cron.h"
 #include "pg_conninfo.h"
+#include "tz.h"
 
 #ifndef SK_HANDLER_DIR
 #define SK_HANDLER_DIR "/usr/local/lib/sekali/handlers"
@@ -119,11 +121,18 @@ static yaml_node_t *node(struct loader *L, int index);
 static yaml_node_t *find_value(struct loader *L, yaml_node_t *map, const char *key);
 static yaml_node_t *lookup(struct loader *L, yaml_node_t *map, const char *key);
 static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q);
+static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q);
 static const char *kind(const yaml_node_t *n);
 static bool is_null(const yaml_node_t *n);
 static char *resolve(struct loader *L, const char *path);
 static char *resolve_handler(struct loader *L, const char *name);
 static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q);
+static int load_schedules(struct loader *L, yaml_node_t *v, void *base);
+static int schedule_cron(struct loader *L, yaml_node_t *v, void *base);
+static int schedule_zone(struct loader *L, yaml_node_t *v, void *base);
+static int schedule_queue(struct loader *L, yaml_node_t *v, void *base);
+static int check_schedule(struct loader *L, yaml_node_t *item, struct sk_schedule_conf *s);
+static int check_schedule_queues(struct loader *L, struct sk_conf *c);
 
 /* The schema. Adding a key: a line here, a field in config.h (or the
  * adapter's conf struct), its default below the tables, a documented line in
@@ -163,6 +172,7 @@ static const char *const redis_down[] = { "proceed", "wait", NULL };
 static const char *const queue_types[] = { "classic", "quorum", NULL };
 static const char *const declares[] = { "auto", "passive", NULL };
 static const char *const amqp_auths[] = { "plain", "external", NULL };
+static const char *const misseds[] = { "skip", "once", "all", NULL };
 
 /* The same keys for every server's tls: section. */
 static const struct key tls_keys[] = {
@@ -292,6 +302,7 @@ static const struct key queue_keys[] = {
     ENUM("queue_type",      sk_queue_conf, queue_type, queue_types),
     ENUM("declare",         sk_queue_conf, declare, declares),
     INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
+    INT("max_priority",     sk_queue_conf, max_priority, 0, 255),
     INT("max_crashes",      sk_queue_conf, max_crashes, 0, 1000),
     INT("batch",            sk_queue_conf, batch, 1, MAX_BATCH),
     DURATION("batch_wait",  sk_queue_conf, batch_wait_ms, 0, SEC),
@@ -321,6 +332,22 @@ static const struct key restart_keys[] = {
     END
 };
 
+/* A schedule's list is bounded so that one scheduler round stays short. */
+#define MAX_SCHEDULES 1000
+
+static const struct key schedule_keys[] = {
+    NAME("name",           sk_schedule_conf, name, true),
+    CUSTOM("cron",         schedule_cron, false),
+    DURATION("every",      sk_schedule_conf, every_ms, SEC, DAY),
+    CUSTOM("timezone",     schedule_zone, false),
+    CUSTOM("queue",        schedule_queue, true),
+    STR("job_type",        sk_schedule_conf, job_type),
+    STR("body",            sk_schedule_conf, body),
+    ENUM("missed",         sk_schedule_conf, missed, misseds),
+    DURATION("grace",      sk_schedule_conf, grace_ms, 0, DAY),
+    END
+};
+
 static const struct key top_keys[] = {
     CUSTOM_SECTION("amqp", amqp_section, amqp_keys, true),
     CUSTOM_SECTION("redis", redis_section, redis_keys, false),
@@ -333,6 +360,7 @@ static const struct key top_keys[] = {
     SECTION("restart",  restart,  restart_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
     CUSTOM_SECTION("queues", load_queues, queue_keys, true),
+    CUSTOM_SECTION("schedules", load_schedules, schedule_keys, false),
     END
 };
 
@@ -375,6 +403,7 @@ _Static_assert(sizeof(enum sk_redis_down) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_queue_type) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_queue_declare) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum sk_amqp_auth) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum sk_missed) == sizeof(int), "enum size");
 
 int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
 {
@@ -412,6 +441,8 @@ int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
     L.len = len;
     if (parse(&L, &parser, text, len) == SK_OK) {
         rc = load_map(&L, yaml_document_get_root_node(&doc), "top level", top_keys, c);
+        if (rc == SK_OK)  /* queues: may come after schedules: */
+            rc = check_schedule_queues(&L, c);
         yaml_document_delete(&doc);
     }
     yaml_parser_delete(&parser);
@@ -472,6 +503,16 @@ void sk_conf_free(struct sk_conf *c)
         free(q->job_types);
     }
     free(c->queues);
+    for (size_t i = 0; i < c->n_schedules; i++) {
+        struct sk_schedule_conf *s = &c->schedules[i];
+        free(s->name);
+        free(s->cron_text);
+        free(s->timezone);
+        free(s->queue);
+        free(s->job_type);
+        free(s->body);
+    }
+    free(c->schedules);
     free(c);
 }
 
@@ -505,6 +546,13 @@ int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, voi
         say(text, arg);
         n++;
     }
+    /* Ticks are outbox rows: without a relay somewhere they wait there. */
+    if (conf->n_schedules > 0 && conf->outbox.relays == 0) {
+        say("schedules are enqueued through the outbox, but outbox.relays is 0 here: their "
+            "jobs are published only if a relay runs on another host; set outbox.relays: 1",
+            arg);
+        n++;
+    }
     return n;
 }
 
@@ -512,6 +560,7 @@ struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q)
 {
     return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
                                     .delivery_limit = (uint32_t)q->delivery_limit,
+                                    .max_priority = (uint8_t)q->max_priority,
                                     .passive = q->declare == SK_DECLARE_PASSIVE };
 }
 
@@ -877,7 +926,8 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base)
         c->queues[i] = queue_defaults;
         snprintf(label, sizeof(label), "queues[%zu]", i);
         if ((rc = load_map(L, item, label, queue_keys, &c->queues[i])) != SK_OK ||
-            (rc = check_batch(L, item, &c->queues[i])) != SK_OK)
+            (rc = check_batch(L, item, &c->queues[i])) != SK_OK ||
+            (rc = check_priority(L, item, &c->queues[i])) != SK_OK)
             return rc;
         for (size_t j = 0; j < i; j++) {
             yaml_node_t *first = node(L, v->data.sequence.items.start[j]);
@@ -904,6 +954,18 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base)
 /* batch needs a transaction to share, and a prefetch window to fill from.
  * An unset prefetch grows to two batches, so that the next batch is already
  * arriving while this one runs; one set too small is the user's to fix. */
+/* RabbitMQ 3.x (Debian 12 ships 3.10) refuses x-max-priority on a quorum
+ * queue ("invalid arg"): said here, at the line, rather than by every
+ * worker's declaration failing at start. */
+static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
+{
+    if (q->max_priority > 0 && q->queue_type == SK_QUEUE_QUORUM)
+        return fail(L, lookup(L, item, "max_priority"), "max_priority needs queue_type: classic "
+                    "(RabbitMQ 3.x has no priorities on quorum queues and refuses "
+                    "x-max-priority)");
+    return SK_OK;
+}
+
 static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
 {
     if (q->batch == 1)
@@ -1165,6 +1227,158 @@ static int claim_secret(struct loader *L, yaml_node_t *v, const char *source)
     return SK_OK;
 }
 
+/* Defaults of a schedule; every key but name, queue and cron/every has one. */
+static const struct sk_schedule_conf schedule_defaults = {
+    .missed = SK_MISSED_ONCE, .grace_ms = 60 * SEC,
+};
+
+/* schedules: a sequence of periodic jobs, each checked on its own here and
+ * against the queues once the whole file is read. */
+static int load_schedules(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_conf *c = base;
+    char label[32];
+    int rc;
+
+    if (is_null(v))
+        return SK_OK;
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(L, v, "schedules: expected a sequence, got %s", kind(v));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n > MAX_SCHEDULES)
+        return fail(L, v, "schedules lists %zu schedules, more than %d", n, MAX_SCHEDULES);
+    if (n > 0 && (c->schedules = calloc(n, sizeof(*c->schedules))) == NULL)
+        return fail(L, v, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = node(L, v->data.sequence.items.start[i]);
+        struct sk_schedule_conf *s = &c->schedules[i];
+        *s = schedule_defaults;
+        c->n_schedules = i + 1;
+        snprintf(label, sizeof(label), "schedules[%zu]", i);
+        if ((rc = load_map(L, item, label, schedule_keys, s)) != SK_OK ||
+            (rc = check_schedule(L, item, s)) != SK_OK)
+            return rc;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(c->schedules[j].name, s->name) == 0)
+                return fail(L, find_value(L, item, "name"),
+                            "duplicate schedule name \"%s\" (first defined at line %zu)",
+                            s->name, find_value(L, node(L, v->data.sequence.items.start[j]),
+                                                "name")->start_mark.line + 1);
+    }
+    return SK_OK;
+}
+
+/* cron: parsed at once, so an error points at its character: the node's
+ * column plus the offset, one more past an opening quote. */
+static int schedule_cron(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_schedule_conf *s = base;
+    const char *text;
+    struct sk_err e = { 0 };
+    size_t column = 0;
+    int rc = scalar(L, v, "cron", "a scalar", &text);
+    if (rc != SK_OK)
+        return rc;
+    if (sk_cron_parse(text, &s->when, &column, &e) != SK_OK) {
+        bool quoted = v->data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
+                      v->data.scalar.style == YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+        size_t col = v->start_mark.column + 1 + column + (quoted ? 1 : 0);
+        if (v->start_mark.line != v->end_mark.line)  /* a folded scalar: the node itself */
+            col = v->start_mark.column + 1;
+        return sk_err_set(L->err, SK_ERR, "%s:%zu:%zu: invalid cron expression \"%.64s\": %s",
+                          L->path, v->start_mark.line + 1, col, text, e.msg);
+    }
+    return store(L, v, &s->cron_text, text);
+}
+
+static int schedule_zone(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_schedule_conf *s = base;
+    const char *zone;
+    int rc = scalar(L, v, "timezone", "a scalar", &zone);
+    if (rc != SK_OK)
+        return rc;
+    if (!sk_tz_known(zone))
+        return fail(L, v, "unknown time zone \"%.64s\": expected an IANA name such as "
+                    "Europe/Berlin, found in the tz database (/usr/share/zoneinfo)", zone);
+    return store(L, v, &s->timezone, zone);
+}
+
+static int schedule_queue(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_schedule_conf *s = base;
+    static const struct key name = NAME("queue", sk_schedule_conf, queue, true);
+    s->queue_line = (uint32_t)v->start_mark.line + 1;
+    s->queue_column = (uint32_t)v->start_mark.column + 1;
+    return apply(L, &name, v, base);
+}
+
+/* Exactly one of cron and every; a zone only for cron (an interval ticks
+ * in UTC); a cron expression that can never fire is refused here rather
+ * than waited on for ever. */
+static int check_schedule(struct loader *L, yaml_node_t *item, struct sk_schedule_conf *s)
+{
+    yaml_node_t *cron = lookup(L, item, "cron"), *every = lookup(L, item, "every");
+    if (cron != NULL && every != NULL)
+        return fail(L, every, "schedule \"%s\": give either cron or every, not both", s->name);
+    if (cron == NULL && every == NULL)
+        return fail(L, item, "schedule \"%s\": missing \"cron\" or \"every\"", s->name);
+    if (every != NULL) {
+        if (s->every_ms % SEC != 0)
+            return fail(L, every, "every must be a whole number of seconds, got %.64s",
+                        (const char *)every->data.scalar.value);
+        if (s->timezone != NULL)
+            return fail(L, lookup(L, item, "timezone"), "timezone applies to cron only: "
+                        "an every: schedule ticks at multiples of its interval in UTC");
+        sk_cron_every(&s->when, s->every_ms / SEC);
+    } else {
+        snprintf(s->when.zone, sizeof(s->when.zone), "%s", s->timezone ? s->timezone : "UTC");
+        if (!sk_cron_possible(&s->when))
+            return fail(L, cron, "cron expression \"%.64s\" never fires: no month has that day",
+                        s->cron_text);
+    }
+    if (s->job_type == NULL && (s->job_type = strdup(s->name)) == NULL)
+        return fail(L, item, "out of memory");
+    if (s->body == NULL && (s->body = strdup("{}")) == NULL)
+        return fail(L, item, "out of memory");
+    return SK_OK;
+}
+
+/* A schedule's queue must be one of this file's, and its job type one the
+ * queue accepts: a tick nobody consumes would pile up unseen. */
+static int check_schedule_queues(struct loader *L, struct sk_conf *c)
+{
+    for (size_t i = 0; i < c->n_schedules; i++) {
+        const struct sk_schedule_conf *s = &c->schedules[i];
+        const struct sk_queue_conf *q = sk_conf_queue(c, s->queue);
+        const char *why = NULL;
+        if (q == NULL)
+            why = "is not one of the queues configured here";
+        for (size_t j = 0; q != NULL && q->n_job_types > 0; j++) {
+            if (j == q->n_job_types) {
+                why = "does not accept the schedule's job_type";
+                break;
+            }
+            if (strcmp(q->job_types[j], s->job_type) == 0)
+                break;
+        }
+        if (why != NULL)
+            return sk_err_set(L->err, SK_ERR, "%s:%u:%u: schedule \"%s\": queue \"%s\" %s",
+                              L->path, s->queue_line, s->queue_column, s->name, s->queue, why);
+    }
+    return SK_OK;
+}
+
+void sk_conf_schedule_spec(const struct sk_schedule_conf *s, char *buf, size_t size)
+{
+    char every[32];
+    if (s->cron_text == NULL)
+        snprintf(buf, size, "every %s", sk_conf_value_fmt_duration(s->every_ms, every,
+                                                                    sizeof(every)));
+    else
+        snprintf(buf, size, "cron %s %s", s->cron_text, s->timezone ? s->timezone : "UTC");
+}
+
 /* Checks that n is a scalar without NUL bytes (a C string would cut it
  * short); expect completes "label: expected ..., got ..." otherwise. */
 static int scalar(struct loader *L, yaml_node_t *n, const char *label,
@@ -1281,8 +1495,9 @@ static void each_key(const struct key *table, const char *prefix,
                      void (*each)(const char *path, void *arg), void *arg)
 {
     for (const struct key *k = table; k->name != NULL; k++) {
-        /* queues is the one sequence of sections. */
-        const char *sep = k->sub == NULL ? "" : k->sub == queue_keys ? "[]." : ".";
+        /* queues and schedules are the sequences of sections. */
+        const char *sep = k->sub == NULL ? "" :
+                          k->sub == queue_keys || k->sub == schedule_keys ? "[]." : ".";
         char path[128];
         snprintf(path, sizeof(path), "%s%s%s", prefix, k->name, sep);
         if (k->sub == NULL)

@@ -21,6 +21,7 @@
 #include "lock.h"
 #include "log.h"
 #include "pg.h"
+#include "ticks.h"
 
 enum sk_queue_mode {
     SK_MODE_TRANSACTIONAL = 0,  /* handler writes inside the claim's transaction */
@@ -107,6 +108,7 @@ struct sk_queue_conf {
     uint64_t           retention_ms;   /* finished keys older than this are deleted;
                                           SK_RETENTION_FOREVER: never */
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
+    int                max_priority;   /* classic: x-max-priority; 0: no priorities */
     int                max_crashes;    /* a job whose worker died this often is dead-lettered; 0: off */
     int                batch;          /* deliveries per transaction; 1: one job per transaction */
     uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch */
@@ -125,6 +127,22 @@ struct sk_conf_mark {
     char     *raw;           /* the value as written (quotes, escapes), to count in */
 };
 
+/* A periodic job (docs/schedules.md): each tick is enqueued through the
+ * outbox with the key schedule:<name>:<tick in UTC, ISO 8601>. */
+struct sk_schedule_conf {
+    char          *name;
+    char          *cron_text;      /* as written; NULL for an `every:` schedule */
+    uint32_t       every_ms;       /* 0 for a cron schedule */
+    char          *timezone;       /* IANA name, NULL: UTC (cron only) */
+    char          *queue;          /* one of the configured queues */
+    char          *job_type;
+    char          *body;           /* the job's body, as written */
+    enum sk_missed missed;
+    uint32_t       grace_ms;       /* how late a tick may be seen and still be on time */
+    struct sk_cron when;           /* cron_text or every_ms, in timezone, parsed */
+    uint32_t       queue_line, queue_column;  /* of `queue:`, for errors found after loading */
+};
+
 struct sk_conf {
     char                   *path;
     struct sk_amqp_conf     amqp;
@@ -139,6 +157,8 @@ struct sk_conf {
     uint32_t                shutdown_timeout_ms;
     struct sk_queue_conf   *queues;
     size_t                  n_queues;
+    struct sk_schedule_conf *schedules;
+    size_t                  n_schedules;
 };
 
 /* Loads and validates path. On success *out is a new snapshot the caller
@@ -161,6 +181,10 @@ int  sk_conf_where(const char *config, const char *key, size_t offset, char *buf
 int  sk_conf_queue_setting(const char *config, const char *key, char *buf, size_t size);
 
 const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char *name);
+
+/* A schedule's spec as one line ("cron 0 3 * * * Europe/Berlin", "every 15m"),
+ * for the state table and sekalictl schedules. */
+void sk_conf_schedule_spec(const struct sk_schedule_conf *s, char *buf, size_t size);
 
 /* Calls each(path, arg) for every key of the schema, in table order, as a
  * dotted path: "amqp.url", "shutdown_timeout", "queues[].retry.max_attempts".

@@ -8,6 +8,8 @@
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
  *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor*.c)
  *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
+ *   sekalictl [-c FILE] schedules [--json]                     (ctl_schedules.c)
+ *   sekalictl [-c FILE] pause QUEUE [...] | resume QUEUE      (ctl_pause.c)
  *   sekalictl help [COMMAND] | --help | --version
  *
  * Adding a command: a file ctl_NAME.c with its sk_ctl_NAME() declared in
@@ -45,7 +47,7 @@ static const struct command {
       sk_ctl_migrate },
     { "enqueue",
       "enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D] [--at TIME]\n"
-      "          [--content-type T] [--direct [--id ID]] [--json] [BODY | -]",
+      "          [--priority N] [--content-type T] [--direct [--id ID]] [--json] [BODY | -]",
       "Enqueue one job through the outbox (sekali.enqueue: a relay publishes it), or\n"
       "with --direct publish it straight to QUEUE and wait for the broker's confirm;\n"
       "prints the job id. The body comes from the argument, or from stdin when it is\n"
@@ -54,6 +56,7 @@ static const struct command {
       "  --resource R       resource key the job's lock is taken on\n"
       "  --dedupe D         refuse a second job with dedupe key D while one is held\n"
       "  --at TIME          run at TIME (a PostgreSQL timestamptz), not now\n"
+      "  --priority N       AMQP priority 0-255 (honoured up to the queue's max_priority)\n"
       "  --content-type T   content type of the message (default application/json)\n"
       "  --direct           publish to the broker at once, not through the outbox\n"
       "  --id ID            with --direct: the message id (default: a random one)\n"
@@ -100,6 +103,14 @@ static const struct command {
       "Exits 0 when nothing is lost or stuck, 8 when something is, 1 when a source\n"
       "could not be read.\n",
       sk_ctl_verify },
+    { "schedules", "schedules [--json]",
+      "Each schedule (schedules: in the config, and those PostgreSQL holds a row for):\n"
+      "its spec and queue, its last tick and next tick (UTC), the key of its last job\n"
+      "and that job's state (enqueued, published, processing, completed, failed, or\n"
+      "gone once retention purged it), and how many ticks were enqueued and how many\n"
+      "were missed and left out (missed: skip or once).\n"
+      "  --json   one JSON document\n",
+      sk_ctl_schedules },
     { "dlq",
       "dlq list QUEUE [--json]\n"
       "  dlq show QUEUE KEY [--json]\n"
@@ -115,6 +126,24 @@ static const struct command {
       "  --json       one JSON document\n"
       "Exits 3 when some dead letters were refused, 4 when nothing matched.\n",
       sk_ctl_dlq },
+    { "pause", "pause QUEUE [--reason R] [--by NAME] [--wait DURATION] [--json]",
+      "Pause QUEUE on every host, until resume, across restarts (a row in PostgreSQL):\n"
+      "each worker finishes the job in hand and cancels its consumer; the messages\n"
+      "stay in the broker and the outbox relay goes on publishing to QUEUE. Returns\n"
+      "once QUEUE has no consumer left: no job of it starts after that.\n"
+      "  --reason R       why, shown by status\n"
+      "  --by NAME        who pauses (default: the OS user)\n"
+      "  --wait DURATION  how long to wait for the consumers to go (default 30s)\n"
+      "  --json           print {\"queue\", \"state\", \"changed\", \"consumers\"}\n"
+      "Exits 4 when QUEUE is not configured, 9 when consumers were left after the\n"
+      "wait (the pause holds; they stop as their jobs finish).\n",
+      sk_ctl_pause },
+    { "resume", "resume QUEUE [--json]",
+      "Resume QUEUE: its workers on every host consume again within a second or two\n"
+      "(LISTEN/NOTIFY, with polling as the fallback). Resuming a queue that is not\n"
+      "paused changes nothing.\n"
+      "  --json   print {\"queue\", \"state\", \"changed\"}\n",
+      sk_ctl_resume },
     { "help", "help [COMMAND]", "Describe COMMAND, or list the commands.\n", NULL },
 };
 
@@ -131,7 +160,8 @@ static void usage(FILE *out)
                  "  -V, --version       print the version and exit\n"
                  "exit codes: 0 done, 1 runtime failure, 2 usage or configuration, 3 some\n"
                  "dead letters refused, 4 nothing matched, 5 status: not healthy, 6 doctor:\n"
-                 "warnings, 7 doctor: failures, 8 verify: jobs lost or stuck\n");
+                 "warnings, 7 doctor: failures, 8 verify: jobs lost or stuck, 9 pause:\n"
+                 "consumers left after the wait\n");
 }
 
 static const struct command *find_command(const char *name)

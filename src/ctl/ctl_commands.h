@@ -14,6 +14,9 @@ int sk_ctl_status(const struct sk_conf *conf, int argc, char **argv);    /* ctl_
 int sk_ctl_trace(const struct sk_conf *conf, int argc, char **argv);     /* ctl_trace.c */
 int sk_ctl_doctor(const struct sk_conf *conf, int argc, char **argv);    /* ctl_doctor.c */
 int sk_ctl_verify(const struct sk_conf *conf, int argc, char **argv);    /* ctl_verify.c */
+int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv); /* ctl_schedules.c */
+int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv);     /* ctl_pause.c */
+int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv);    /* ctl_pause.c */
 
 /* ctl.c: the usage of command on stderr, for a command's usage error. */
 void sk_ctl_usage_of(const char *command);

@@ -7,7 +7,7 @@
  * letters were refused (the rest done), 4 nothing matched, 5 status found
  * sekalid not running or a queue without consumer, 6 doctor: some check
  * warned (none failed), 7 doctor: some check failed; verify: 8 jobs lost or
- * stuck. */
+ * stuck; pause: 9 paused, but consumers still subscribed after --wait. */
 #ifndef SK_CTL_COMMON_H
 #define SK_CTL_COMMON_H
 
@@ -29,6 +29,7 @@
 #define SK_CTL_WARNINGS  6  /* doctor: a check warned, none failed */
 #define SK_CTL_FAILURES  7  /* doctor: a check failed */
 #define SK_CTL_LOST      8  /* verify: jobs lost or stuck */
+#define SK_CTL_WAITING   9  /* pause: paused, but consumers were left after --wait */
 
 /* A new connection to the configured PostgreSQL with sekalid's session
  * settings (sk_pg_dial()), or NULL after printing why on stderr. The caller

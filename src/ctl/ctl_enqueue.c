@@ -20,6 +20,7 @@ static int enqueue_direct(const struct sk_conf *conf, const char *queue,
 static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                           const struct sk_message *msg, const char *dedupe, const char *run_at,
                           bool json);
+static bool parse_priority(const char *text, uint8_t *out);
 static void print_job_id(const char *id, bool json);
 
 int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
@@ -33,6 +34,7 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
         { "content-type", required_argument, NULL, 't' },
         { "dedupe", required_argument, NULL, 'd' },
         { "at", required_argument, NULL, 'a' },
+        { "priority", required_argument, NULL, 'p' },
         { "direct", no_argument, NULL, 'D' },
         { "json", no_argument, NULL, 'j' },
         { NULL, 0, NULL, 0 },
@@ -48,6 +50,10 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
         case 't': msg.content_type = optarg; break;
         case 'd': dedupe = optarg; break;
         case 'a': run_at = optarg; break;
+        case 'p':
+            if (!parse_priority(optarg, &msg.priority))
+                return SK_CTL_USAGE;
+            break;
         case 'D': direct = true; break;
         case 'j': json = true; break;
         default: sk_ctl_usage_of("enqueue"); return SK_CTL_USAGE;
@@ -127,13 +133,16 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
         return 1;
+    char priority[8];
+    snprintf(priority, sizeof(priority), "%u", (unsigned)msg->priority);
     const char *values[] = { queue, msg->type, msg->body, msg->idempotency_key, dedupe,
-                             msg->resource_key, run_at };
-    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0, 0, 0 };
+                             msg->resource_key, run_at, msg->priority > 0 ? priority : NULL };
+    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
-        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()))",
-        .n_params = 7, .values = values, .lengths = lengths, .formats = formats,
+        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()), "
+               "p_priority => $8::int)",
+        .n_params = 8, .values = values, .lengths = lengths, .formats = formats,
         .one_row = true, .what = "sekali.enqueue",
     };
     PGresult *res;
@@ -145,6 +154,22 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
     }
     PQfinish(pg);
     return code;
+}
+
+/* 0..255, AMQP's octet; a queue honours up to its max_priority (RabbitMQ
+ * treats a higher one as its maximum). */
+static bool parse_priority(const char *text, uint8_t *out)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || v < 0 || v > 255) {
+        fprintf(stderr, "sekalictl: enqueue --priority: ");
+        sk_ctl_put_tstr(stderr, text);
+        fprintf(stderr, " is not a number from 0 to 255\n");
+        return false;
+    }
+    *out = (uint8_t)v;
+    return true;
 }
 
 static void print_job_id(const char *id, bool json)

@@ -6,13 +6,16 @@
  *                  creates nothing; AMQP does not report unacked messages);
  *   PostgreSQL     keys processing and failed, the oldest processing key,
  *                  the outbox rows waiting for the queue
- *                  (sekali.queue_status(), sql/011_status.sql);
+ *                  (sekali.queue_status(), sql/011_status.sql), and whether
+ *                  the queue is paused (sekali.queue_pauses, sql/019);
  *   sekalid        workers up and the relays' and janitor's last rounds,
  *                  which live in the supervisor's shared memory and are
  *                  read through its /metrics endpoint when metrics.listen
  *                  is set.
  *
- * Exit codes: 0 every queue has a consumer and sekalid answers; 5
+ * A paused queue without consumers is as it should be, not unhealthy.
+ *
+ * Exit codes: 0 every queue has a consumer (or is paused) and sekalid answers; 5
  * (SK_CTL_UNHEALTHY) sekalid is not running or a queue has no consumer; 1 a
  * source could not be read (and nothing unhealthy was seen). */
 #include <getopt.h>
@@ -43,6 +46,9 @@ struct qstat {
     bool     pg_ok, oldest_known;
     long long processing, failed, outbox_pending, outbox_refused;
     double   oldest_s, outbox_lag_s;
+    bool     paused;
+    double   paused_s;
+    char     pause_reason[1001], paused_by[256];
     char     problem[256];  /* "" when healthy */
 };
 
@@ -61,6 +67,7 @@ struct status {
 static void read_broker(struct status *s);
 static void read_pg(struct status *s);
 static void read_metrics(struct status *s);
+static void read_pause(PGconn *pg, struct qstat *q);
 static void print_text(const struct status *s);
 static void print_json(const struct status *s, int code);
 static void json_queue(const struct qstat *q);
@@ -124,6 +131,10 @@ static int judge(struct status *s)
         s->running = s->metrics != NULL;
     } else if (s->broker_why[0] == '\0') {
         s->running = 0;
+        /* A paused queue has no consumer while sekalid runs: then no sign. */
+        for (size_t i = 0; i < s->conf->n_queues; i++)
+            if (s->q[i].paused && s->running == 0)
+                s->running = -1;
         for (size_t i = 0; i < s->conf->n_queues; i++)
             if (s->q[i].consumers > 0)
                 s->running = 1;
@@ -135,7 +146,7 @@ static int judge(struct status *s)
             failed = true;
         else if (!q->exists)
             snprintf(q->problem, sizeof(q->problem), "the queue does not exist");
-        else if (q->consumers == 0)
+        else if (q->consumers == 0 && !q->paused)
             snprintf(q->problem, sizeof(q->problem), "no consumer");
         else if (q->up_known && q->up < q->conf->workers)
             snprintf(q->problem, sizeof(q->problem), "%.0f of %d workers up", q->up,
@@ -225,8 +236,30 @@ static void read_pg(struct status *s)
         q->outbox_refused = atoll(PQgetvalue(res, 0, 4));
         q->outbox_lag_s = atof(PQgetvalue(res, 0, 5));
         PQclear(res);
+        read_pause(pg, q);
     }
     PQfinish(pg);
+}
+
+/* Best effort: a database from before sql/019 has no pauses to show. */
+static void read_pause(PGconn *pg, struct qstat *q)
+{
+    const char *params[] = { q->conf->name };
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT coalesce(reason, ''), coalesce(paused_by, ''), "
+               "extract(epoch FROM now() - paused_at) FROM sekali.queue_pauses WHERE queue = $1",
+        .n_params = 1, .values = params, .what = "reading sekali.queue_pauses",
+    };
+    PGresult *res;
+    if (sk_pg_exec(pg, &st, &res, NULL) != SK_OK)
+        return;
+    q->paused = PQntuples(res) == 1;
+    if (q->paused) {
+        snprintf(q->pause_reason, sizeof(q->pause_reason), "%s", PQgetvalue(res, 0, 0));
+        snprintf(q->paused_by, sizeof(q->paused_by), "%s", PQgetvalue(res, 0, 1));
+        q->paused_s = atof(PQgetvalue(res, 0, 2));
+    }
+    PQclear(res);
 }
 
 /* A last-round gauge: the Unix time, or 0 with *known false. */
@@ -287,7 +320,21 @@ static void print_text(const struct status *s)
         const struct qstat *q = &s->q[i];
         printf("\nqueue ");
         sk_ctl_put_text(stdout, q->conf->name, strlen(q->conf->name), 0);
-        printf(": %s\n", q->problem[0] != '\0' ? q->problem : q->broker_ok ? "ok" : "unknown");
+        printf(": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
+                          : q->paused ? "paused" : "ok");
+        if (q->paused) {
+            /* Reason and name are the operator's text: printed escaped. */
+            printf("  paused      for %.0fs", q->paused_s);
+            if (q->paused_by[0] != '\0') {
+                printf(" by ");
+                sk_ctl_put_tstr(stdout, q->paused_by);
+            }
+            if (q->pause_reason[0] != '\0') {
+                printf(": ");
+                sk_ctl_put_tstr(stdout, q->pause_reason);
+            }
+            printf(" (sekalictl resume %s)\n", q->conf->name);
+        }
         printf("  workers     %d configured, ", q->conf->workers);
         if (q->up_known)
             printf("%.0f up", q->up);
@@ -388,6 +435,15 @@ static void json_queue(const struct qstat *q)
     printf(",\"healthy\":%s,\"problem\":", q->problem[0] == '\0' && q->broker_ok ? "true"
                                                                                : "false");
     put_text_or_null(q->problem);
+    if (q->paused) {
+        printf(",\"paused\":{\"seconds\":%.3f,\"by\":", q->paused_s);
+        put_text_or_null(q->paused_by);
+        printf(",\"reason\":");
+        put_text_or_null(q->pause_reason);
+        printf("}");
+    } else {
+        printf(",\"paused\":%s", q->pg_ok ? "false" : "null");
+    }
     printf(",\"workers_configured\":%d,\"workers_up\":", q->conf->workers);
     if (q->up_known)
         printf("%.0f", q->up);

@@ -39,8 +39,10 @@
 #include "process.h"
 #include "relay.h"
 
-/* Columns of sekali.claim_outbox()'s result (sql/012). */
-enum { COL_ID, COL_JOB_ID, COL_QUEUE, COL_JOB_TYPE, COL_BODY, COL_KEY, COL_RESOURCE };
+/* Columns of sekali.claim_outbox()'s result (sql/012), and the row's
+ * priority (sql/019) after them. */
+enum { COL_ID, COL_JOB_ID, COL_QUEUE, COL_JOB_TYPE, COL_BODY, COL_KEY, COL_RESOURCE,
+       COL_PRIORITY };
 
 /* How often one of the relays samples the backlog for the metrics. */
 #define SAMPLE_EVERY_MS 2000
@@ -68,6 +70,7 @@ static int publish_rows(struct relay *r, PGresult *rows, int n);
 static int mark_rows(struct relay *r, PGresult *rows, int n);
 static void count_rows(struct relay *r, PGresult *rows, int n);
 static uint64_t row_id(PGresult *rows, int i);
+static uint8_t  row_priority(PGresult *rows, int i);
 static void sample_backlog(struct relay *r);
 static void lost(struct relay *r, const char *what, const struct sk_err *err);
 static void wait_for_work(struct relay *r);
@@ -207,7 +210,12 @@ static PGresult *claim_rows(struct relay *r)
     const char *params[] = { limit };
     const struct sk_pg_stmt steps[] = {
         { .sql = "BEGIN" },
-        { .sql = "SELECT * FROM sekali.claim_outbox($1)", .n_params = 1, .values = params,
+        /* The priority is read beside claim_outbox()'s columns rather than
+         * added to them: the function keeps its signature, and its rows
+         * their order (a projection of the function scan). Through a
+         * volatile function, not a subquery: see sql/019. */
+        { .sql = "SELECT c.*, sekali.outbox_priority(c.id) FROM sekali.claim_outbox($1) c",
+          .n_params = 1, .values = params,
           .binary = 1, .what = "sekali.claim_outbox" },
     };
     struct sk_err err = { 0 };
@@ -236,6 +244,7 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
                                                                 : PQgetvalue(rows, i, COL_RESOURCE),
             .body = PQgetvalue(rows, i, COL_BODY),
             .body_len = (size_t)PQgetlength(rows, i, COL_BODY),
+            .priority = row_priority(rows, i),
         };
         /* A row AMQP cannot carry is refused, not retried: it would fail
          * the same way on every connection, and hold up every row after it. */
@@ -339,6 +348,17 @@ static void count_rows(struct relay *r, PGresult *rows, int n)
         else
             sk_metrics_outbox_unroutable(oq);
     }
+}
+
+/* sekali.enqueue() keeps it within 0..255; NULL is none (0 to the broker). */
+static uint8_t row_priority(PGresult *rows, int i)
+{
+    if (PQgetisnull(rows, i, COL_PRIORITY) || PQgetlength(rows, i, COL_PRIORITY) != 4)
+        return 0;
+    uint32_t raw;
+    memcpy(&raw, PQgetvalue(rows, i, COL_PRIORITY), sizeof(raw));
+    uint32_t v = be32toh(raw);
+    return v > UINT8_MAX ? UINT8_MAX : (uint8_t)v;
 }
 
 static uint64_t row_id(PGresult *rows, int i)

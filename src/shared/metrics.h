@@ -116,6 +116,9 @@ void sk_metrics_janitor_round(struct sk_metrics *m);
  * died), or has exited. */
 void sk_metrics_worker_started(struct sk_metrics *m, size_t q, bool restarted);
 void sk_metrics_worker_exited(struct sk_metrics *m, size_t q);
+/* Supervisor: how many of queue q's workers say it is paused now (counted
+ * from their slots at each report, so a dead worker never leaves one). */
+void sk_metrics_workers_paused(struct sk_metrics *m, size_t q, uint64_t n);
 /* Worker: it deleted n Redis locks a dead worker of its slot still held. */
 void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n);
 
@@ -147,6 +150,7 @@ struct sk_metrics_procs {
     uint64_t restarts;
     uint64_t workers_up;
     uint64_t locks_released_for_dead;
+    uint64_t workers_paused;
 };
 
 /* One outbox target queue's figures; lag_ms already grown by the time

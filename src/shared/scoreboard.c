@@ -39,6 +39,7 @@ int sk_scoreboard_create(struct sk_scoreboard **out, size_t n, size_t lock_cap,
         atomic_init(&s->job_started_ms, 0);
         atomic_init(&s->alive_ms, 0);
         atomic_init(&s->consuming, 0);
+        atomic_init(&s->paused, 0);
         atomic_init(&s->phase, SK_PHASE_IDLE);
         atomic_init(&s->ready, 0);
         atomic_init(&s->finished, 0);

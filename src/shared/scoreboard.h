@@ -55,6 +55,7 @@ struct sk_slot {
     _Atomic int64_t job_started_ms;  /* 0 while idle */
     _Atomic int64_t alive_ms;        /* the worker's loop last turned; 0 before */
     _Atomic int     consuming;       /* 1 while subscribed to its queue */
+    _Atomic int     paused;          /* 1 while its queue is paused (sekalictl pause) */
     _Atomic int     phase;           /* enum sk_slot_phase */
     /* Progress since this worker started, for the restart policy: it was
      * ready (consumed) once, and how many deliveries it saw to an end.

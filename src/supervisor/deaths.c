@@ -83,6 +83,7 @@ static bool fault_signal(int sig)
 void sk_deaths_bequeath(struct sk_slot *shared, const struct sk_death *death)
 {
     atomic_store(&shared->consuming, 0);
+    atomic_store(&shared->paused, 0);
     atomic_store(&shared->job_started_ms, 0);
     /* Its replacement records the crash against the job's key. */
     if (death->job_caused && shared->job_key[0] != '\0')

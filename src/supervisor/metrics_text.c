@@ -229,6 +229,9 @@ static void processes(struct scrape *s)
           offsetof(struct sk_metrics_procs, locks_released_for_dead) },
         { "sekali_workers_up", "gauge", "Worker processes running now.",
           offsetof(struct sk_metrics_procs, workers_up) },
+        { "sekali_workers_paused", "gauge",
+          "Workers that found their queue paused and cancelled their consumer.",
+          offsetof(struct sk_metrics_procs, workers_paused) },
     };
     for (size_t k = 0; k < SK_ARRAY_LEN(families); k++) {
         header(s->f, families[k].name, families[k].type, families[k].help);

@@ -1,5 +1,5 @@
 /* roles.h - the kinds of child process the supervisor runs (a queue's
- * worker, an outbox relay, the janitor), and what each runs after fork().
+ * worker, an outbox relay, the janitor, the scheduler), and what each runs after fork().
  *
  * The supervisor knows a child only by its role: a slot names its process
  * from the role and calls its run function; which module does the work is
@@ -26,7 +26,7 @@ struct sk_child {
     struct sk_metrics      *metrics;
 };
 
-enum sk_role { SK_ROLE_WORKER, SK_ROLE_RELAY, SK_ROLE_JANITOR, SK_ROLE_COUNT };
+enum sk_role { SK_ROLE_WORKER, SK_ROLE_RELAY, SK_ROLE_JANITOR, SK_ROLE_SCHEDULER, SK_ROLE_COUNT };
 
 struct sk_role_ops {
     const char *name;       /* in titles and the log: "outbox relay" */

@@ -130,6 +130,7 @@ static void kill_overdue_jobs(struct generation *g);
 static void kill_stragglers(struct supervisor *s);
 static void report(struct supervisor *s);
 static bool slot_up(const struct generation *g, size_t i);
+static bool slot_paused(const struct generation *g, size_t i);
 static void describe(const struct generation *g, char *status, size_t size);
 
 int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
@@ -268,7 +269,8 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         if ((size_t)conf->queues[q].batch > lock_cap)
             lock_cap = (size_t)conf->queues[q].batch;
     }
-    g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0);
+    g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0) +
+                  (conf->n_schedules > 0);
     g->slots = calloc(g->n_slots, sizeof(*g->slots));
     if (g->slots == NULL) {
         sk_err_errno(err, SK_ERR, "calloc(slots)");
@@ -282,6 +284,8 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         slot_init(g, &g->slots[i++], SK_ROLE_RELAY, 0, (unsigned)k + 1);
     if (conf->janitor.interval_ms > 0)
         slot_init(g, &g->slots[i++], SK_ROLE_JANITOR, 0, 1);
+    if (conf->n_schedules > 0)
+        slot_init(g, &g->slots[i++], SK_ROLE_SCHEDULER, 0, 1);
     if (sk_scoreboard_create(&g->scoreboard, g->n_slots, lock_cap, err) != SK_OK)
         goto fail;
     g->heirs = calloc(g->n_slots, sizeof(*g->heirs));
@@ -674,6 +678,13 @@ static void report(struct supervisor *s)
         consuming += slot_up(g, i);
         healthy &= slot_alive(g, i, now, grace);
     }
+    for (size_t q = 0; q < g->conf->n_queues; q++) {
+        uint64_t paused = 0;
+        for (size_t i = 0; i < g->n_slots; i++)
+            paused += g->slots[i].ops->counts_as_worker && g->slots[i].queue == q &&
+                      slot_paused(g, i);
+        sk_metrics_workers_paused(g->metrics, q, paused);
+    }
     char status[512];
     describe(g, status, sizeof(status));
     if (!s->ready_sent && consuming == g->n_slots) {
@@ -697,11 +708,20 @@ static void report(struct supervisor *s)
 }
 
 /* Slot i's process runs and says it consumes (a relay or the janitor: that
- * it is connected and working). */
+ * it is connected and working), or that its queue is paused: a worker that
+ * obeys a pause is as ready as one consuming, or a paused queue would fail
+ * the health check and hold back READY=1 and a reload. */
 static bool slot_up(const struct generation *g, size_t i)
 {
     const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
-    return g->slots[i].pid > 0 && atomic_load(&shared->consuming);
+    return g->slots[i].pid > 0 &&
+           (atomic_load(&shared->consuming) || atomic_load(&shared->paused));
+}
+
+static bool slot_paused(const struct generation *g, size_t i)
+{
+    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+    return g->slots[i].pid > 0 && atomic_load(&shared->paused);
 }
 
 /* The STATUS= line: "invoices: 1/2 workers consuming; outbox: 1/1 relays up". */
@@ -710,15 +730,19 @@ static void describe(const struct generation *g, char *status, size_t size)
     size_t len = 0, relays = 0, relays_up = 0;
     status[0] = '\0';
     for (size_t q = 0; q < g->conf->n_queues; q++) {
-        size_t up = 0, of = 0;
+        size_t up = 0, of = 0, paused = 0;
         for (size_t i = 0; i < g->n_slots; i++) {
             if (g->slots[i].ops->counts_as_worker && g->slots[i].queue == q) {
                 of++;
-                up += slot_up(g, i);
+                paused += slot_paused(g, i);
+                up += slot_up(g, i) && !slot_paused(g, i);
             }
         }
-        int n = snprintf(status + len, size - len, "%s%s: %zu/%zu workers consuming",
-                         q > 0 ? "; " : "", g->conf->queues[q].name, up, of);
+        int n = paused > 0
+            ? snprintf(status + len, size - len, "%s%s: paused (%zu/%zu workers paused)",
+                       q > 0 ? "; " : "", g->conf->queues[q].name, paused, of)
+            : snprintf(status + len, size - len, "%s%s: %zu/%zu workers consuming",
+                       q > 0 ? "; " : "", g->conf->queues[q].name, up, of);
         if (n > 0 && (size_t)n < size - len)
             len += (size_t)n;
     }

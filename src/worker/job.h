@@ -14,6 +14,7 @@
 
 struct sk_heartbeat;
 struct sk_links;
+struct sk_pause;
 struct sk_metrics_queue;
 struct sk_slot;
 struct sk_span;
@@ -26,6 +27,7 @@ struct sk_pipeline {
     const struct sekali_handler *handler;
     void                        *handler_state;  /* what handler->init() gave */
     struct sk_links             *links;          /* the servers, and their outages */
+    struct sk_pause             *pause;          /* the queue's pause, obeyed between jobs */
     struct sk_heartbeat         *heartbeat;      /* NULL when nothing needs renewing */
     struct sk_metrics_queue     *metrics;        /* our queue's shared counters */
     struct sk_slot              *slot;           /* ours in the supervisor's scoreboard */

@@ -35,6 +35,7 @@ struct sk_links {
     struct sk_outage            lock_outage;
     struct sk_outage            store_outage;
     bool                        lock_refused;  /* Redis refused our password */
+    bool                        fresh;         /* subscribed since sk_links_fresh() asked */
     struct sk_queue_shape       shape;
 };
 
@@ -252,6 +253,31 @@ void sk_links_up(struct sk_links *l, enum sk_link which)
         l->lock_refused = false;
 }
 
+bool sk_links_fresh(struct sk_links *l)
+{
+    bool fresh = l->fresh;
+    l->fresh = false;
+    return fresh;
+}
+
+int sk_links_pause(struct sk_links *l, bool paused, size_t *returned, struct sk_err *err)
+{
+    *returned = 0;
+    if (l->consumer == NULL)
+        return SK_AGAIN;
+    int rc = paused ? sk_broker_unsubscribe(l->consumer, returned, err)
+                    : sk_broker_resubscribe(l->consumer, err);
+    if (rc != SK_OK) {
+        sk_links_drop(l, SK_LINK_CONSUMER, NULL, err);
+        return SK_AGAIN;
+    }
+    /* A paused worker is as ready as a consuming one: the supervisor's
+     * READY=1 and health count either (supervisor.c). */
+    atomic_store(&l->slot->paused, paused);
+    atomic_store(&l->slot->consuming, !paused);
+    return SK_OK;
+}
+
 void sk_links_lend(struct sk_links *l, struct sk_heartbeat *hb)
 {
     if (hb != NULL)
@@ -332,6 +358,8 @@ static bool ensure_consumer(struct sk_links *l)
                          "consuming %s again", l->queue->name);
         atomic_store(&l->slot->consuming, 1);
         atomic_store(&l->slot->ready, 1);
+        atomic_store(&l->slot->paused, 0);
+        l->fresh = true;
         return true;
     }
     sk_broker_close(l->consumer);

@@ -112,6 +112,18 @@ int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_jo
  * and resets the backoff. */
 void sk_links_up(struct sk_links *l, enum sk_link which);
 
+/* Whether the consumer subscribed anew (opened after an outage, or at
+ * start) since the last call: a paused queue's worker must cancel such a
+ * consumer before it takes a delivery. */
+bool sk_links_fresh(struct sk_links *l);
+
+/* Pausing: cancels the consumer (the prefetched deliveries not yet taken go
+ * back to the queue, *returned of them); resuming: subscribes it again. Also
+ * the slot's paused and consuming flags. SK_OK; SK_AGAIN when the consumer
+ * is not open or failed (dropped: sk_links_ready() reopens it, subscribed,
+ * and sk_links_fresh() then says so). */
+int sk_links_pause(struct sk_links *l, bool paused, size_t *returned, struct sk_err *err);
+
 /* Lends the open AMQP connections to hb's thread for the length of a
  * handler call, and takes them back; in between the caller must not use
  * them (see sk_heartbeat_lend_brokers()). hb may be NULL. */

@@ -19,6 +19,7 @@
 #include "job.h"
 #include "links.h"
 #include "log.h"
+#include "pause.h"
 #include "plugin.h"
 #include "process.h"
 #include "store.h"
@@ -77,6 +78,9 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         atomic_store(&slot->alive_ms, sk_now_ms());
         if (!prepare(p))
             continue;
+        /* Between jobs only: a pause never interrupts the job in hand. */
+        if (sk_pause_hold(p->pause, p->links, POLL_MS))
+            continue;
         amqp_envelope_t delivery;
         rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
         if (rc == SK_OK)
@@ -109,6 +113,9 @@ static int setup(struct sk_pipeline *p, bool first, struct sk_err *err)
             return sk_err_set(err, SK_AGAIN, "handler init() asked to retry later");
     }
 
+    p->pause = sk_pause_new(p->queue->name);
+    if (p->pause == NULL)
+        return sk_err_errno(err, SK_AGAIN, "calloc(pause)");
     int rc = sk_links_new(&p->links, p->conf, p->queue, p->slot, err);
     if (rc == SK_OK)
         rc = sk_links_open(p->links, first, err);
@@ -219,6 +226,7 @@ static void teardown(struct sk_pipeline *p)
     sk_host_ctx_free(&p->ctx);
     sk_span_free(p->span);
     sk_links_free(p->links);
+    sk_pause_free(p->pause);
     if (p->handler->fini != NULL && p->handler_state != NULL)
         p->handler->fini(p->handler_state);
 }

@@ -5,7 +5,6 @@
  * compares clocks across hosts: lock expiry is Redis's, fences and leases
  * are PostgreSQL's. So duplicates spread over the three must still give one
  * effect per key. */
-#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,26 +15,6 @@
 
 #define KEYS      200
 #define COPIES    3
-
-/* LD_PRELOAD=<libfaketime> into buf: SEKALI_FAKETIME if set, else where
- * the libfaketime package puts it on this machine's architecture (Debian:
- * /usr/lib/<multiarch>/faketime/). */
-static void faketime_preload(char *buf, size_t size)
-{
-    const char *lib = getenv("SEKALI_FAKETIME");
-    glob_t g = { 0 };
-    if (lib == NULL &&
-        glob("/usr/lib/*/faketime/libfaketime.so.1", 0, NULL, &g) != 0 &&
-        glob("/usr/lib/faketime/libfaketime.so.1", 0, NULL, &g) != 0 &&
-        glob("/usr/local/lib/faketime/libfaketime.so.1", 0, NULL, &g) != 0)
-        ck_abort_msg("libfaketime.so.1 not found under /usr/lib/*/faketime/: install "
-                     "libfaketime, or set SEKALI_FAKETIME to its path");
-    if (lib == NULL)
-        lib = g.gl_pathv[0];
-    ck_assert_msg(access(lib, R_OK) == 0, "%s is not readable", lib);
-    snprintf(buf, size, "LD_PRELOAD=%s", lib);
-    globfree(&g);
-}
 
 /* Effects recorded by the workers of the sekalid with pid `instance`. */
 static long long effects_of_instance(struct h_run *r, pid_t instance)
@@ -57,7 +36,7 @@ START_TEST(test_skewed_clocks_still_give_one_effect_per_key)
     struct h_run r;
     h_run_open(&r, "skew");
     char preload[1100];
-    faketime_preload(preload, sizeof(preload));
+    h_faketime_preload(preload, sizeof(preload));
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
 
     static const char *const offsets[] = { NULL, "+10m", "-10m" };

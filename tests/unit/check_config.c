@@ -31,6 +31,26 @@ static const char *const test_env[] = {
 
 /* One per kind of mistake. Lines and columns are 1-based, as editors count. */
 static const struct bad_case bad_cases[] = {
+    { "bad_schedule_cron.yaml", NULL,
+      DATA "bad_schedule_cron.yaml:11:18: invalid cron expression \"0 3 * 13 *\": month 13 is "
+      "out of range 1-12" },
+    { "bad_schedule_zone.yaml", NULL,
+      DATA "bad_schedule_zone.yaml:12:15: unknown time zone \"Europe/Berlinn\": expected an IANA "
+      "name such as Europe/Berlin, found in the tz database (/usr/share/zoneinfo)" },
+    { "bad_schedule_queue.yaml", NULL,
+      DATA "bad_schedule_queue.yaml:12:12: schedule \"nightly-report\": queue \"reportz\" is not "
+      "one of the queues configured here" },
+    { "bad_schedule_job_type.yaml", NULL,
+      DATA "bad_schedule_job_type.yaml:12:12: schedule \"nightly-report\": queue \"reports\" does "
+      "not accept the schedule's job_type" },
+    { "bad_schedule_both.yaml", NULL,
+      DATA "bad_schedule_both.yaml:11:12: schedule \"nightly-report\": give either cron or every, "
+      "not both" },
+    { "bad_schedule_never.yaml", NULL,
+      DATA "bad_schedule_never.yaml:11:11: cron expression \"0 0 30 2 *\" never fires: no month "
+      "has that day" },
+    { "bad_schedule_every.yaml", NULL,
+      DATA "bad_schedule_every.yaml:11:12: every must be a whole number of seconds, got 1500ms" },
     { "bad_syntax.yaml", NULL,
       DATA "bad_syntax.yaml:6:1: syntax error: found unexpected end of stream "
       "(while scanning a quoted scalar that starts at 4:13)" },
@@ -122,6 +142,11 @@ static const struct bad_case bad_cases[] = {
     { "bad_batch_prefetch.yaml", NULL,
       DATA "bad_batch_prefetch.yaml:8:15: prefetch 8 is smaller than batch 16: a worker could "
       "never fill its batch" },
+    { "bad_priority_quorum.yaml", NULL,
+      DATA "bad_priority_quorum.yaml:9:19: max_priority needs queue_type: classic (RabbitMQ 3.x "
+      "has no priorities on quorum queues and refuses x-max-priority)" },
+    { "bad_priority_range.yaml", NULL,
+      DATA "bad_priority_range.yaml:8:19: max_priority must be between 0 and 255, got 256" },
     { "bad_batch_range.yaml", NULL,
       DATA "bad_batch_range.yaml:8:12: batch must be between 1 and 256, got 0" },
     { "bad_enum_declare.yaml", NULL,
@@ -353,6 +378,47 @@ START_TEST(test_failed_load_leaves_the_old_snapshot_in_place)
     ck_assert_ptr_eq(conf, live);
     ck_assert_int_eq(err.code, SK_ERR);
     sk_conf_free(live);
+}
+END_TEST
+
+static void count_advice(const char *text, void *arg)
+{
+    ck_assert_ptr_nonnull(strstr(text, "outbox.relays"));
+    (*(int *)arg)++;
+}
+
+START_TEST(test_schedules_load_with_their_defaults)
+{
+    int advice = 0;
+    struct sk_conf *c = load_ok(DATA "good_schedules.yaml");
+    ck_assert_uint_eq(c->n_schedules, 2);
+    const struct sk_schedule_conf *n = &c->schedules[0], *q = &c->schedules[1];
+    ck_assert_str_eq(n->name, "nightly-report");
+    ck_assert_str_eq(n->cron_text, "0 3 * * *");
+    ck_assert_str_eq(n->timezone, "Europe/Berlin");
+    ck_assert_str_eq(n->when.zone, "Europe/Berlin");
+    ck_assert_str_eq(n->queue, "reports");
+    ck_assert_str_eq(n->body, "{\"kind\": \"nightly\"}");
+    ck_assert_int_eq(n->missed, SK_MISSED_ALL);
+    ck_assert_uint_eq(n->grace_ms, 5 * 60 * 1000);
+    ck_assert_ptr_null(q->cron_text);
+    ck_assert_uint_eq(q->when.every_s, 900);
+    ck_assert_str_eq(q->when.zone, "UTC");
+    ck_assert_int_eq(q->missed, SK_MISSED_ONCE);
+    ck_assert_uint_eq(q->grace_ms, 60 * 1000);
+    ck_assert_str_eq(q->body, "{}");
+    char spec[128];
+    sk_conf_schedule_spec(n, spec, sizeof(spec));
+    ck_assert_str_eq(spec, "cron 0 3 * * * Europe/Berlin");
+    sk_conf_schedule_spec(q, spec, sizeof(spec));
+    ck_assert_str_eq(spec, "every 15m");
+    /* No relay here: said at start and by sekalid -t. */
+    ck_assert_int_eq(sk_conf_advise(c, count_advice, &advice), 1);
+    ck_assert_int_eq(advice, 1);
+    sk_conf_free(c);
+    c = load_ok(DATA "good_minimal.yaml");
+    ck_assert_uint_eq(c->n_schedules, 0);
+    sk_conf_free(c);
 }
 END_TEST
 
@@ -1238,6 +1304,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_missing_file_is_reported_without_position);
     tcase_add_test(tc, test_directory_is_reported_as_unreadable);
     tcase_add_test(tc, test_failed_load_leaves_the_old_snapshot_in_place);
+    tcase_add_test(tc, test_schedules_load_with_their_defaults);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("values");

@@ -191,8 +191,8 @@ static void example_keys(const char *text, struct names *out)
 }
 
 /* The keys sekali.yaml(5) describes under DESCRIPTION: a ".Ss section"
- * heading names a section (queues: "queues[]"), or a key itself when no
- * list follows it; each ".It Cm key [, key]" of its lists is a key, and a
+ * heading names a section (queues and schedules are lists: "queues[]"), or
+ * a key itself when no list follows it; each ".It Cm key [, key]" of its lists is a key, and a
  * list inside an item is that key's section ("queues[].retry."). */
 static void man_keys(const char *text, struct names *out)
 {
@@ -221,7 +221,8 @@ static void man_keys(const char *text, struct names *out)
             ck_assert_int_lt(depth, 8);
             if (depth == 0)
                 snprintf(prefix[0], sizeof(prefix[0]), "%.100s%s.", section,
-                         strcmp(section, "queues") == 0 ? "[]" : "");
+                         strcmp(section, "queues") == 0 || strcmp(section, "schedules") == 0
+                             ? "[]" : "");
             else {
                 char outer[128];
                 memcpy(outer, prefix[depth - 1], sizeof(outer));
