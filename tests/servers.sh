@@ -878,6 +878,10 @@ cmd_single() {
     take_lock
     [ -f "$MARKER" ] || prepare_scratch
     reserve_ports
+    # A server started alone with SEKALI_TLS=1 needs the CA as much as one
+    # started by `start` (a CA already in tls/, e.g. a cluster's shared one,
+    # is kept).
+    case $action in start|restart) make_test_ca ;; esac
     cd "$SCRATCH"
     case $action in
         stop) "stop_$server" ;;

@@ -139,9 +139,14 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
      * job), and at least every SK_ACK_DELAY_MS while deliveries keep
      * coming: a finished job's ack then waits that long plus, at worst, the
      * one job taken before it goes, never the whole window. The clock is
-     * read only while the buffer holds a delivery. */
+     * read only while the buffer holds a delivery. Over TLS, "our buffers"
+     * include OpenSSL's: librabbitmq's holds one record at a time, and a
+     * burst of deliveries comes as several records, so without asking
+     * OpenSSL every record boundary would flush an ack of its own (twice
+     * the acks of clear text, each a record for the broker to decrypt). */
     if (b->ack_pending != 0 &&
-        ((!amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn)) ||
+        ((!amqp_data_in_buffer(b->conn) && !amqp_frames_enqueued(b->conn) &&
+          !sk_tls_pending(b->tls)) ||
          sk_now_ms() - b->ack_flushed_ms >= SK_ACK_DELAY_MS) &&
         flush_acks(b, err) != SK_OK)
         return SK_ERR;

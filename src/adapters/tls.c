@@ -123,6 +123,13 @@ int sk_tls_prepare(SSL_CTX *ctx, const struct sk_tls_conf *tls, const char *host
          SSL_CTX_use_PrivateKey_file(ctx, tls->key_file, SSL_FILETYPE_PEM) != 1))
         return load_error("tls", "cert_file/key_file", tls->cert_file, err);
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    /* Without read-ahead, OpenSSL reads each record with two read()s, its
+     * 5-byte header and then its body; with it, one read() takes whatever
+     * the socket holds, several records at a time. Both users call
+     * SSL_read() before they wait on the socket (librabbitmq polls only on
+     * SSL_ERROR_WANT_READ, the Redis link blocks in SSL_read()), so bytes
+     * read ahead are never left waiting behind a poll(). */
+    SSL_CTX_set_read_ahead(ctx, 1);
 
     if (strlen(name) >= sizeof(st->name))
         return sk_err_set(err, SK_ERR, "TLS: the name %.64s... is too long", name);
@@ -176,8 +183,15 @@ static void on_info(const SSL *ssl, int where, int ret)
     if (!(where & SSL_CB_HANDSHAKE_START))
         return;
     struct sk_tls_state *st = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
-    if (st != NULL)
-        SSL_set_tlsext_host_name((SSL *)ssl, st->ip ? NULL : st->name);
+    if (st == NULL)
+        return;
+    st->ssl = ssl;  /* librabbitmq keeps its SSL to itself: sk_tls_pending() needs it */
+    SSL_set_tlsext_host_name((SSL *)ssl, st->ip ? NULL : st->name);
+}
+
+bool sk_tls_pending(const struct sk_tls_state *st)
+{
+    return st != NULL && st->ssl != NULL && SSL_has_pending(st->ssl) == 1;
 }
 
 static int on_cert_request(SSL *ssl, X509 **cert, EVP_PKEY **key)

@@ -35,6 +35,7 @@ struct sk_tls_state {
     int  verify_error;  /* the first X509_V_ERR_* of the peer's chain; 0: none */
     int  verify_depth;  /* where in the chain (0: the server's own certificate) */
     bool cert_requested; /* the server asked for a client certificate we do not have */
+    const SSL *ssl;     /* the connection, once its handshake started (sk_tls_pending) */
 };
 
 /* Checks the files tls names, as a load does (at start and on every
@@ -60,6 +61,12 @@ int sk_tls_prepare(SSL_CTX *ctx, const struct sk_tls_conf *tls, const char *host
  * from st and the thread's OpenSSL error queue, which it then clears.
  * Returns false (buf "") when TLS does not explain the failure. */
 bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size);
+
+/* Whether the connection of st holds bytes read from the socket that the
+ * application has not taken yet (decrypted or still raw, read ahead): more
+ * data is waiting even though the socket may have none. false before the
+ * handshake and for st NULL. */
+bool sk_tls_pending(const struct sk_tls_state *st);
 
 /* Frees tls's strings (the struct itself is the caller's). */
 void sk_tls_conf_free(struct sk_tls_conf *tls);

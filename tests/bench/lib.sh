@@ -47,6 +47,8 @@ cflags=(-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-pr
     "$cc" "${cflags[@]}" $(pkg-config --cflags libpq) \
         -o "$out/bench_sekalid" tests/bench/bench_sekalid.c $(pkg-config --libs libpq)
     "$cc" "${cflags[@]}" -o "$out/bench_cpu" tests/bench/bench_cpu.c
+    "$cc" "${cflags[@]}" $(pkg-config --cflags libpq libmicrohttpd) -pthread \
+        -o "$out/bench_http" tests/bench/bench_http.c $(pkg-config --libs libpq libmicrohttpd)
 }
 
 # ---------------------------------------------------------------------------
@@ -77,18 +79,28 @@ tls_conf() {
 # The queue's prefetch and batch are written only when bench_prefetch and
 # bench_batch are set (BENCH_PREFETCH, BENCH_BATCH): otherwise sekali's
 # defaults are what is measured, and a build that does not know `batch`
-# yet still runs.
-# BENCH_HANDLER=sql runs the same INSERT through the stock SQL handler
-# (handlers/sql.c) instead of the C bench handler: what a job costs without
-# a line of C.
-bench_prefetch='' bench_batch=''
-case "${BENCH_HANDLER:-c}" in
-    c) handler_yaml="    handler: $out/bench_handler.so" ;;
-    sql) handler_yaml="    handler: $(cd "$build" && pwd)/handlers/sql.so
-    config:
-      statement: \"INSERT INTO sekali_bench.jobs (queue, key, published_us, committed) VALUES (:queue, :idempotency_key, :body::bigint, clock_timestamp())\"" ;;
-    *) echo "bench: BENCH_HANDLER must be c or sql" >&2; exit 2 ;;
-esac
+# yet still runs. Clear text is clear text on every link: libpq's default
+# (sslmode=prefer) would take TLS from servers started with SEKALI_TLS=1.
+# With bench_tls=1 (one of BENCH_TLS's values) every link
+# is TLS (tls_conf).
+# bench_handler (one of BENCH_HANDLER's values) picks the handler: c, the
+# C bench handler; sql, the same INSERT through the stock SQL handler
+# (handlers/sql.c): what a job costs without a line of C; http, the stock
+# HTTP handler (handlers/http.c, external mode) POSTing each job to
+# tests/bench/bench_http.c, a local keep-alive service that makes the same
+# INSERT (start_http_service, below, must have run).
+bench_prefetch='' bench_batch='' bench_tls=0 bench_handler=c http_port=''
+handler_yaml() {
+    case "$bench_handler" in
+        c) printf '    handler: %s\n' "$out/bench_handler.so" ;;
+        sql) printf '    handler: %s\n    config:\n      statement: "%s"\n' \
+                 "$(cd "$build" && pwd)/handlers/sql.so" \
+                 "INSERT INTO sekali_bench.jobs (queue, key, published_us, committed) VALUES (:queue, :idempotency_key, :body::bigint, clock_timestamp())" ;;
+        http) printf '    handler: %s\n    mode: external\n    config:\n      url: "http://127.0.0.1:%s/%s"\n' \
+                  "$(cd "$build" && pwd)/handlers/http.so" "${http_port:?start_http_service first}" "$1" ;;
+        *) die "BENCH_HANDLER: c, sql or http, not '$bench_handler'" ;;
+    esac
+}
 write_conf() {
     local conf=$work/$1.yaml
     cat >"$conf" <<YAML
@@ -98,7 +110,7 @@ redis:
   host: 127.0.0.1
   port: $SEKALI_REDIS_PORT
 postgres:
-  conninfo: "$SEKALI_PG_CONNINFO"
+  conninfo: "$SEKALI_PG_CONNINFO sslmode=disable"
 log:
   level: warn
   format: json
@@ -107,10 +119,10 @@ outbox:
   relays: ${2:-0}
 queues:
   - name: $1
-$handler_yaml
+$(handler_yaml "$1")
     workers: $workers
 YAML
-    [ "${BENCH_TLS:-0}" != 1 ] || tls_conf "$conf"
+    [ "$bench_tls" != 1 ] || tls_conf "$conf"
     [ -z "$bench_prefetch" ] || printf '    prefetch: %s\n' "$bench_prefetch" >>"$conf"
     [ -z "$bench_batch" ] || printf '    batch: %s\n' "$bench_batch" >>"$conf"
     [ -z "$bench_batch" ] || [ -z "${BENCH_BATCH_WAIT:-}" ] ||
@@ -227,13 +239,30 @@ median() {
         awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# start_http_service: tests/bench/bench_http.c on a free loopback port
+# (http_port), its INSERTs over clear text like the C handler's clear-text
+# rows; stopped at exit. http_cpu prints its CPU time so far, in ms.
+start_http_service() {
+    rm -f "$work/http.port"
+    "$out/bench_http" "$SEKALI_PG_CONNINFO sslmode=disable" "$work/http.port" \
+        >"$work/http.out" 2>"$work/http.log" &
+    http_pid=$!
+    local i
+    for i in $(seq 1 100); do [ -s "$work/http.port" ] && break; sleep 0.05; done
+    http_port=$(cat "$work/http.port" 2>/dev/null) || die "bench_http did not start (see $work/http.log)"
+}
+http_cpu() {
+    awk '{ printf "%.0f", ($14 + $15) * 1000 / '"$(getconf CLK_TCK)"' }' "/proc/$http_pid/stat"
+}
+
 # If we exit early: stop a latency run's background driver (sekalid
 # follows it), and delete the queue in use, which may still hold thousands
 # of persistent jobs that nothing will consume. Its rows stay for a look;
 # the next invocation drops them.
-driver='' live_queue=''
+driver='' live_queue='' http_pid=''
 cleanup() {
     [ -z "$driver" ] || kill -TERM "$driver" 2>/dev/null || true
+    [ -z "$http_pid" ] || kill -TERM "$http_pid" 2>/dev/null || true
     [ -z "$live_queue" ] || "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$live_queue" 2>/dev/null || true
 }
 trap cleanup EXIT

@@ -22,8 +22,15 @@
 #                           throughput. Fixed rates compare configurations
 #                           and builds at the same load
 #   BENCH_TIMEOUT [300]     seconds one run may take before it counts as failed
-#   BENCH_HANDLER [c]       c: the C bench handler; sql: the same INSERT through
-#                           the stock SQL handler (handlers/sql.c)
+#   BENCH_HANDLER [c]       a list: c, the C bench handler; sql, the same INSERT
+#                           through the stock SQL handler (handlers/sql.c);
+#                           http, the stock HTTP handler (external mode) POSTing
+#                           to a local keep-alive service making the INSERT
+#                           (tests/bench/bench_http.c); "c http" runs both in
+#                           every round
+#   BENCH_TLS [0]           a list: 0 clear text, 1 TLS on all three links
+#                           (docs/tls.md; servers started with SEKALI_TLS=1);
+#                           "0 1" runs both in every round (tests/bench/tls.sh)
 #
 # What it does, per configuration:
 #   1. throughput, BENCH_RUNS times: publish BENCH_JOBS persistent jobs into a
@@ -61,6 +68,8 @@ export LC_ALL=C   # decimal points in printf and awk, whatever the caller's loca
 build=${1:-build}
 workers_list=${BENCH_WORKERS:-4 16}
 batch_list=${BENCH_BATCH:-}
+tls_list=${BENCH_TLS:-0}
+handler_list=${BENCH_HANDLER:-c}
 prefetch_list=${BENCH_PREFETCH:-}
 compare=${BENCH_COMPARE:-}
 jobs=${BENCH_JOBS:-20000}
@@ -85,6 +94,14 @@ for v in workers_list batch_list prefetch_list; do
     done
 done
 [ -n "$workers_list" ] || { echo "bench: BENCH_WORKERS is empty" >&2; exit 2; }
+for t in $tls_list; do
+    [[ $t =~ ^[01]$ ]] || { echo "bench: BENCH_TLS must be a list of 0 and 1, got '$t'" >&2; exit 2; }
+done
+[ -n "$tls_list" ] || { echo "bench: BENCH_TLS is empty" >&2; exit 2; }
+for h in $handler_list; do
+    [[ $h =~ ^(c|sql|http)$ ]] || { echo "bench: BENCH_HANDLER must be a list of c, sql and http, got '$h'" >&2; exit 2; }
+done
+[ -n "$handler_list" ] || { echo "bench: BENCH_HANDLER is empty" >&2; exit 2; }
 # The binaries: this build's first, then BENCH_COMPARE's, each NAME=PATH.
 names=(this) binaries=("$build/sekalid")
 for c in $compare; do
@@ -103,6 +120,7 @@ rm -f "$work"/bench-[0-9]*   # the previous invocation's files: only this one's 
 # named bench-*). Two invocations at once are not supported: each starts by
 # dropping the rows any earlier one left behind.
 run_id=bench-$(date +%s)-$$
+[[ " $handler_list " != *" http "* ]] || start_http_service
 
 # Before each run: no dead rows or stale statistics left by the previous run,
 # and no checkpoint of its dirty pages landing in the middle of this one.
@@ -170,6 +188,13 @@ ratios() {
     median "${quotients[@]}"
 }
 
+# build_name: the summary's name of binary v, with "+sql" or "+http" for
+# those handlers and "+tls" when bench_tls is 1.
+build_name() {
+    printf '%s%s%s' "${names[$v]}" "$([ "$bench_handler" = c ] || echo "+$bench_handler")" \
+        "$([ "$bench_tls" = 1 ] && echo +tls)"
+}
+
 # Every configuration of W workers: each batch and prefetch value with every
 # binary (an empty value: the key is not written). A round runs each of
 # them once, back to back, then pgbench; BENCH_RUNS rounds. So the machine's
@@ -181,14 +206,21 @@ bench_workers() {
     local pg_clients=$workers pg_threads=$((workers < 2 ? workers : 2))
     local pg_per_client=$((jobs / workers))
     local pg_jobs=$((pg_per_client * workers))
-    local k run queue conf result rate hwm rss pss growth tps label cpu b p v
-    local -a pgbench_tps pg_cpu loop_tps loop_cpu v_batch v_prefetch v_bin
+    local k run queue conf result rate hwm rss pss growth tps label cpu b p v svc0 svc
+    local -a pgbench_tps pg_cpu loop_tps loop_cpu v_batch v_prefetch v_handler v_tls v_bin
     local -A v_rates v_cpu v_hwm v_rss v_pss
-    # The variants, in the order of the lists: batch, then prefetch, then binary.
+    # The variants, in the order of the lists: batch, prefetch, handler,
+    # TLS, binary.
+    local t h
     for b in ${batch_list:-''}; do
         for p in ${prefetch_list:-''}; do
-            for v in "${!names[@]}"; do
-                v_batch+=("$b") v_prefetch+=("$p") v_bin+=("$v")
+            for h in $handler_list; do
+                for t in $tls_list; do
+                    for v in "${!names[@]}"; do
+                        v_batch+=("$b") v_prefetch+=("$p") v_handler+=("$h") v_tls+=("$t")
+                        v_bin+=("$v")
+                    done
+                done
             done
         done
     done
@@ -196,10 +228,11 @@ bench_workers() {
         "binaries ${names[*]}: $jobs jobs, $runs rounds; scratch files in $work"
     for run in $(seq 1 "$runs"); do
         for k in "${!v_bin[@]}"; do
-            bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} v=${v_bin[$k]}
-            label="${names[$v]} batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
+            bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} bench_tls=${v_tls[$k]}
+            bench_handler=${v_handler[$k]} v=${v_bin[$k]}
+            label="$(build_name) batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
             # --- sekali ---------------------------------------------------
-            queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-$run
+            queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-$bench_handler-t$bench_tls-$run
             conf=$(write_conf "$queue")
             "${binaries[$v]}" -t -c "$conf" >/dev/null 2>&1 || "${binaries[$v]}" -t -c "$conf" ||
                 die "${names[$v]} refuses the configuration $conf"
@@ -209,9 +242,14 @@ bench_workers() {
             "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
             result=$work/$queue.result
             server_cpu >"$work/$queue.cpu0"
+            svc0=$([ "$bench_handler" != http ] || http_cpu)
             "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
                 "$queue" "$jobs" "$timeout" >"$result" || die "$label run $run (see $work/$queue.log)"
             server_cpu >"$work/$queue.cpu1"
+            svc=''
+            [ "$bench_handler" != http ] ||
+                svc=", the HTTP service $(awk -v a="$svc0" -v b="$(http_cpu)" -v n="$jobs" \
+                    'BEGIN { printf "%.3f", (b - a) / n }') (not in the total)"
             verify "$queue" "$jobs" amqp
             log_problems "$work/$queue.log"
             rate=$(field jobs_per_s "$result")
@@ -229,7 +267,7 @@ bench_workers() {
             if (( pss > ${v_pss[$k]:-0} )); then v_pss[$k]=$pss; fi
             say "$label run $run: $rate jobs/s, $(field elapsed_s "$result") s" \
                 "(first effect after $(field first_effect_s "$result") s), RSS $rss KiB (PSS $pss," \
-                "peak $hwm KiB), RSS growth 25%->100% $growth KiB; CPU ms/job pg rmq redis sekali total: $cpu"
+                "peak $hwm KiB), RSS growth 25%->100% $growth KiB; CPU ms/job pg rmq redis sekali total: $cpu$svc"
             "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
             live_queue=''
             forget "$queue"
@@ -280,19 +318,28 @@ bench_workers() {
     loop_cpu_median=$(median "${loop_cpu[@]}")
 
     for k in "${!v_bin[@]}"; do
-        bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} v=${v_bin[$k]}
-        label="${names[$v]} batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
+        bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} bench_tls=${v_tls[$k]}
+        bench_handler=${v_handler[$k]} v=${v_bin[$k]}
+        label="$(build_name) batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
         local median_rate x_batch x_pgbench x_this x_loop pg_x_loop j
         # shellcheck disable=SC2086  # a list of numbers
         median_rate=$(median ${v_rates[$k]})
         # The ratios, round by round: to the first batch value of the same
-        # prefetch and binary, to pgbench, to this build in this configuration.
+        # prefetch, handler, TLS and binary, to pgbench, to this build in
+        # this configuration (with the first BENCH_HANDLER and BENCH_TLS
+        # values: the C handler in "c http", clear text in "0 1").
         for j in "${!v_bin[@]}"; do
-            [ "${v_prefetch[$j]}" = "$bench_prefetch" ] && [ "${v_bin[$j]}" = "$v" ] && break
+            [ "${v_prefetch[$j]}" = "$bench_prefetch" ] && [ "${v_tls[$j]}" = "$bench_tls" ] &&
+                [ "${v_handler[$j]}" = "$bench_handler" ] && [ "${v_bin[$j]}" = "$v" ] && break
         done
         x_batch=$(ratios "${v_rates[$k]}" "${v_rates[$j]}")
         x_pgbench=$(ratios "${v_rates[$k]}" "${pgbench_tps[*]}")
-        x_this=$(ratios "${v_rates[$k]}" "${v_rates[$((k - v))]}")
+        for j in "${!v_bin[@]}"; do
+            [ "${v_batch[$j]}" = "$bench_batch" ] && [ "${v_prefetch[$j]}" = "$bench_prefetch" ] &&
+                [ "${v_tls[$j]}" = "${tls_list%% *}" ] &&
+                [ "${v_handler[$j]}" = "${handler_list%% *}" ] && [ "${v_bin[$j]}" = 0 ] && break
+        done
+        x_this=$(ratios "${v_rates[$k]}" "${v_rates[$j]}")
         x_loop=$(ratios "${v_rates[$k]}" "${loop_tps[*]}")
         # PostgreSQL's CPU per job over the loop's, round by round.
         pg_x_loop=$(ratios "$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk 'NF { printf "%s ", $1 }')" \
@@ -310,7 +357,7 @@ bench_workers() {
                 lrate=$(awk -v m="$median_rate" 'BEGIN { r = int(m / 2); print r < 1 ? 1 : r }')
             fi
             count=$((lrate * (latency_seconds + 1)))
-            queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-latency$lrate
+            queue=$run_id-${names[$v]}-w$workers-b${bench_batch:-0}-p${bench_prefetch:-0}-$bench_handler-t$bench_tls-latency$lrate
             conf=$(write_conf "$queue")
             settle
             quiesce "the latency run of $label"
@@ -353,14 +400,14 @@ bench_workers() {
             live_queue=''
             forget "$queue"
             printf '%s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" "${bench_prefetch:-default}" \
-                "${names[$v]}" "$lrate" "$p50" "$p99" "$pmax" "$busy" >>"$latency_summary"
+                "$(build_name)" "$lrate" "$p50" "$p99" "$pmax" "$busy" >>"$latency_summary"
             if [ -z "$first_rate" ]; then
                 first_rate=$lrate first_p50=$p50 first_p99=$p99 first_busy=$busy
             fi
         done
         # shellcheck disable=SC2086
         printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
-            "${bench_prefetch:-default}" "${names[$v]}" "$median_rate" "$pgbench_median" \
+            "${bench_prefetch:-default}" "$(build_name)" "$median_rate" "$pgbench_median" \
             "$first_rate" "$first_p50" "$first_p99" "${v_hwm[$k]}" "$pg_cpu_median" "$split" \
             "${v_rss[$k]}" "${v_pss[$k]}" "$first_busy" "$x_batch" "$x_pgbench" "$x_this" \
             "$x_loop" "$loop_cpu_median" "$pg_x_loop" >>"$summary"
@@ -377,20 +424,21 @@ done
 # Summary: one row per configuration and binary. x-batch: jobs/s over the
 # first batch value's at the same W, prefetch and binary; x-pgbench: over
 # pgbench's tps; x-this: over this build's in the same configuration; each
-# the median of the ratios within a round. CPU: ms per job (PostgreSQL per
+# the median of the ratios within a round (a +tls row's x-this: over this
+# build's in clear text, when BENCH_TLS starts with 0). CPU: ms per job (PostgreSQL per
 # transaction for pgbench).
 # ---------------------------------------------------------------------------
 echo
 awk -v runs="$runs" '
     BEGIN {
-        printf "%-3s %-5s %-8s %-8s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s %6s %7s %7s\n", "W", "batch",
+        printf "%-3s %-5s %-8s %-13s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s %6s %7s %7s\n", "W", "batch",
                "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate busy",
                "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps",
                "x-loop", "pg/loop", "loop-pg"
     }
     {
         split($0, f, " ")
-        printf "%-3s %-5s %-8s %-8s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f %6.2f %7.2f %7.3f\n",
+        printf "%-3s %-5s %-8s %-13s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f %6.2f %7.2f %7.3f\n",
                f[1], f[2], f[3], f[4], f[5], f[20], f[21], f[22], f[8] "/" f[9] " @" f[7] " " f[19] "%",
                sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
                f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6], f[23], f[25], f[24]
@@ -403,8 +451,8 @@ awk -v runs="$runs" '
 # rate of BENCH_LATENCY_RATE, publish -> commit.
 echo
 awk '
-    BEGIN { printf "%-3s %-5s %-8s %-8s %8s %8s %8s %8s %5s\n", "W", "batch", "prefetch", "build",
+    BEGIN { printf "%-3s %-5s %-8s %-13s %8s %8s %8s %8s %5s\n", "W", "batch", "prefetch", "build",
                    "jobs/s", "p50 ms", "p99 ms", "max ms", "busy" }
-    { printf "%-3s %-5s %-8s %-8s %8s %8s %8s %8s %4s%%\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }
+    { printf "%-3s %-5s %-8s %-13s %8s %8s %8s %8s %4s%%\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }
     END { print "(latency: one run per offered rate, after a second of warm-up; busy: the whole machine while jobs arrived)" }
 ' "$latency_summary"
