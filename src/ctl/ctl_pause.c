@@ -84,7 +84,6 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
 int sk_ctl_pause_report(const struct sk_conf *conf, const char *queue, const char *reason,
                         const char *by, uint64_t wait_ms, bool json, FILE *out)
 {
-
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
         return SK_CTL_FAILED;
