@@ -81,24 +81,32 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
                                stdout);
 }
 
-int sk_ctl_pause_report(const struct sk_conf *conf, const char *queue, const char *reason,
-                        const char *by, uint64_t wait_ms, bool json, FILE *out)
+/* Runs sekali.pause() or sekali.resume() on a connection of its own; both
+ * answer whether they changed the queue's state. */
+static bool call_changed(const struct sk_conf *conf, const struct sk_pg_stmt *st, bool *changed)
 {
     PGconn *pg = sk_ctl_pg_connect(conf);
     if (pg == NULL)
-        return SK_CTL_FAILED;
+        return false;
+    PGresult *res;
+    bool ok = sk_ctl_pg_exec(pg, st, &res);
+    *changed = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+    if (ok)
+        PQclear(res);
+    PQfinish(pg);
+    return ok;
+}
+
+int sk_ctl_pause_report(const struct sk_conf *conf, const char *queue, const char *reason,
+                        const char *by, uint64_t wait_ms, bool json, FILE *out)
+{
     const char *values[] = { queue, reason, by };
     const struct sk_pg_stmt st = {
         .sql = "SELECT sekali.pause($1, $2, $3)", .n_params = 3, .values = values,
         .one_row = true, .what = "sekali.pause",
     };
-    PGresult *res;
-    bool ok = sk_ctl_pg_exec(pg, &st, &res);
-    bool changed = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
-    if (ok)
-        PQclear(res);
-    PQfinish(pg);
-    if (!ok)
+    bool changed;
+    if (!call_changed(conf, &st, &changed))
         return SK_CTL_FAILED;
 
     uint32_t left = 0;
@@ -143,21 +151,13 @@ int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv)
 
 int sk_ctl_resume_report(const struct sk_conf *conf, const char *queue, bool json, FILE *out)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
-    if (pg == NULL)
-        return SK_CTL_FAILED;
     const char *values[] = { queue };
     const struct sk_pg_stmt st = {
         .sql = "SELECT sekali.resume($1)", .n_params = 1, .values = values,
         .one_row = true, .what = "sekali.resume",
     };
-    PGresult *res;
-    bool ok = sk_ctl_pg_exec(pg, &st, &res);
-    bool changed = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
-    if (ok)
-        PQclear(res);
-    PQfinish(pg);
-    if (!ok)
+    bool changed;
+    if (!call_changed(conf, &st, &changed))
         return SK_CTL_FAILED;
     /* Resuming a queue that was not paused changes nothing and is no
      * error: a runbook may resume unconditionally. */
