@@ -266,19 +266,35 @@ void sk_doctor_redis(struct sk_doctor *d)
                        (t0 + t1) / 2);
     freeReplyObject(r);
 
-    char policy[64] = "", role[32] = "", replicas[16] = "0";
+    char policy[64] = "", role[32] = "", replicas[16] = "0", refused[160] = "";
     r = sk_redis_link_command(c, "INFO");
     if (r != NULL && r->type == REDIS_REPLY_STRING) {
         info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
         info_field(r->str, "role", role, sizeof(role));
         info_field(r->str, "connected_slaves", replicas, sizeof(replicas));
+    } else if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+        /* An ACL user limited to sekali's own commands (docs/tls.md) may
+         * not run INFO: then the server's settings are unknown, not bad. */
+        snprintf(refused, sizeof(refused), " (INFO refused: %.120s)", r->str);
     }
     freeReplyObject(r);
+    if (role[0] == '\0') {
+        /* ROLE is one of the commands sekali needs anyway (the Sentinel
+         * failover check), so its ACL user has it when INFO is refused. */
+        r = sk_redis_link_command(c, "ROLE");
+        if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+            r->element[0]->type == REDIS_REPLY_STRING)
+            snprintf(role, sizeof(role), "%s", r->element[0]->str);
+        if (strcmp(role, "master") == 0 && r->elements > 2 &&
+            r->element[2]->type == REDIS_REPLY_ARRAY)
+            snprintf(replicas, sizeof(replicas), "%zu", r->element[2]->elements);
+        freeReplyObject(r);
+    }
     /* Lock keys carry a TTL, so volatile-* policies evict them as readily
      * as allkeys-*: only noeviction keeps a held lock. */
     if (policy[0] == '\0')
         sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_WARN, NULL,
-                      "INFO did not tell the policy");
+                      "INFO did not tell the policy%s", refused);
     else if (strcmp(policy, "noeviction") == 0)
         sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_PASS, NULL, "noeviction");
     else
@@ -289,6 +305,9 @@ void sk_doctor_redis(struct sk_doctor *d)
     if (strcmp(role, "master") == 0)
         sk_doctor_add(d, "redis.role", object, SK_DOCTOR_PASS, NULL, "master, %s replicas",
                       replicas);
+    else if (role[0] == '\0')
+        sk_doctor_add(d, "redis.role", object, SK_DOCTOR_WARN, NULL,
+                      "INFO did not tell the role%s", refused);
     else
         sk_doctor_add(d, "redis.role", object, SK_DOCTOR_FAIL,
                       "point redis at the master (or use redis.sentinels)",

@@ -207,6 +207,13 @@ START_TEST(test_jobs_the_relay_replies_and_sekalictl_all_go_over_tls_once)
                   strstr(out, "postgresql:") == NULL,
                   "sekalictl status over TLS should see both workers:\n%s", out);
     free(out);
+    /* sekali_acl may not run INFO: doctor asks ROLE instead, and neither
+     * it nor sekalid's start checks call the master a replica. */
+    run_ctl(&r, "doctor", &out);
+    ck_assert_msg(strstr(out, "pass redis.role") != NULL, "doctor over TLS as sekali_acl:\n%s",
+                  out);
+    free(out);
+    ck_assert_int_eq(h_count_events(r.log, NULL, "doctor_failed", NULL), 0);
 
     h_run_stop(&r);
     h_expect_once(&r, 11, 0);
