@@ -170,7 +170,7 @@ char *h_write_config(const char *dir, const char *queue, const char *handler, in
 int h_test_batch(void)
 {
     const char *batch = getenv("SEKALI_TEST_BATCH");
-    return batch != NULL && atoi(batch) > 1 ? atoi(batch) : 1;
+    return batch != NULL && atoi(batch) >= 1 ? atoi(batch) : 0;
 }
 
 bool h_test_tls(void)
@@ -233,21 +233,21 @@ char *h_write_config_top(const char *dir, const char *queue, const char *handler
 {
     char *path = NULL;
     ck_assert(asprintf(&path, "%s/sekali.yaml", dir) > 0);
-    /* SEKALI_TEST_BATCH=N reruns a suite in batch mode: every transactional
-     * queue takes N deliveries per transaction (and prefetches 2N). */
+    /* Unset, SEKALI_TEST_BATCH leaves the batch to sekali's default (as
+     * many deliveries a transaction as the window of 4 holds); N reruns a
+     * suite with every transactional queue at batch N (and a window of 2N),
+     * 1 with one job per transaction. */
     int batch = h_test_batch();
     if (extra_queue_yaml != NULL && (strstr(extra_queue_yaml, "mode: external") != NULL ||
                                      strstr(extra_queue_yaml, "batch:") != NULL))
-        batch = 1;
+        batch = 0;
     char queue_shape[64] = "    prefetch: 4\n";
     /* A test that sizes its own window (a batch larger than 4) says so. */
     if (extra_queue_yaml != NULL && strstr(extra_queue_yaml, "prefetch:") != NULL)
         queue_shape[0] = '\0';
-    else if (batch > 1)
+    else if (batch > 0)
         snprintf(queue_shape, sizeof(queue_shape), "    prefetch: %d\n    batch: %d\n",
-                 2 * batch, batch);
-    else if (extra_queue_yaml != NULL && strstr(extra_queue_yaml, "prefetch:") != NULL)
-        queue_shape[0] = '\0';  /* the test's own */
+                 batch > 1 ? 2 * batch : 4, batch);
     char amqp[2048], redis[2048], postgres[1024];
     links_yaml(dir, amqp, sizeof(amqp), redis, sizeof(redis), postgres, sizeof(postgres));
     FILE *f = fopen(path, "w");

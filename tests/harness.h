@@ -67,8 +67,9 @@ const char *h_enqueue_body(PGconn *pg, const char *queue, const char *body, cons
  * (caller frees). handler is a path under the build dir, e.g.
  * "tests/plugins/effect.so". extra_queue_yaml is appended to the queue's
  * mapping (indented lines), or NULL. */
-/* The batch every transactional queue's config asks for: SEKALI_TEST_BATCH
- * (1 unless set), so that a suite can be rerun in batch mode. */
+/* The batch every transactional queue's config asks for: SEKALI_TEST_BATCH,
+ * so that a suite can be rerun at batch 1 or N; 0 when unset: no batch key,
+ * sekali's default (batching up to the harness's prefetch of 4). */
 int h_test_batch(void);
 
 /* SEKALI_TEST_TLS=1 reruns a suite over TLS: every config the harness

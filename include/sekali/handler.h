@@ -208,15 +208,17 @@ struct sekali_host {
 
     /* Since 1.4; from check(). A setting of the queue that config belongs
      * to, as text: "name", "mode" ("transactional" or "external"), "lease"
-     * and "job_timeout" (milliseconds; 0 for none). So check() can refuse a
-     * mode it cannot serve or a timeout the lease does not cover. Returns
-     * its length like config_get(), or -1 when unknown. */
+     * and "job_timeout" (milliseconds; 0 for none), and "batch" (the most
+     * jobs sharing one transaction; older hosts return -1). So check()
+     * can refuse a mode it cannot serve, a timeout the lease does not
+     * cover, or a shared transaction it cannot live with ("set batch: 1").
+     * Returns its length like config_get(), or -1 when unknown. */
     int (*config_queue)(const char *config, const char *key, char *buf, size_t size);
 
     /* Since 1.4. Before returning SEKALI_RETRY: the outside service said
      * when to come back (HTTP Retry-After). The next attempt waits at
      * least delay_ms, capped at the queue's retry.max; never less than the
-     * retry policy's own delay. Not honoured in batch mode. */
+     * retry policy's own delay. */
     void (*retry_after)(struct sekali_ctx *ctx, uint32_t delay_ms);
 
     /* Since 1.5 (check host->abi_minor >= 5). 1 when the job has been

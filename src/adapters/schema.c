@@ -27,6 +27,7 @@ const char *const sk_schema_migrations[] = {
     "018_cancel.sql",
     "019_pause_priority.sql",
     "020_schedules.sql",
+    "021_unclaim_many.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

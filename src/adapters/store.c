@@ -253,6 +253,29 @@ static int claim_array(struct sk_store *s, const char *function, const struct sk
     return SK_OK;
 }
 
+static const char *ref_fence(const struct sk_keyref *r) { return r->fence_text; }
+
+int sk_store_unclaim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
+                          struct sk_err *err)
+{
+    char *keys = text_array(n, ref_key, refs);
+    char *fences = text_array(n, ref_fence, refs);
+    int rc;
+    if (keys == NULL || fences == NULL) {
+        rc = sk_err_set(err, SK_ERR, "out of memory for a batch's unclaim");
+    } else {
+        const char *values[] = { refs[0].queue, keys, fences };
+        const struct sk_pg_stmt unclaim = {
+            .sql = "SELECT sekali.unclaim_many($1, $2::text[], $3::bigint[])", .n_params = 3,
+            .values = values, .what = "sekali.unclaim_many",
+        };
+        rc = sk_pg_pipeline(s->conn, &unclaim, 1, NULL, err);
+    }
+    free(keys);
+    free(fences);
+    return rc == SK_BUSY ? SK_ERR : rc;
+}
+
 int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err)
 {
     int rc = sk_pg_run(s->conn, first ? "SAVEPOINT sk_job"

@@ -94,6 +94,13 @@ int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t
 int sk_store_claim_completing(struct sk_store *s, const struct sk_keyref *refs, size_t n,
                               struct sk_claim *out, bool *dup, struct sk_err *err);
 
+/* A batch closed early (batch.c): gives back the n keys claimed in this
+ * transaction, by either claim above, whose handlers did not run
+ * (sekali.unclaim_many, sql/021), so that the COMMIT to come makes only the
+ * others true. The transaction stays open. SK_OK, SK_AGAIN or SK_ERR. */
+int sk_store_unclaim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
+                          struct sk_err *err);
+
 /* Opens the savepoint one job's handler runs in; first: the batch's first
  * (otherwise the previous job's is released in the same round trip). */
 int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err);

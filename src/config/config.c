@@ -263,6 +263,17 @@ static const struct key retry_keys[] = {
  * gets slower, so a much larger batch would buy nothing. */
 #define MAX_BATCH 256
 
+/* Batching is on unless a queue says batch: 1, and costs nothing at a
+ * light load: a worker takes only what its prefetch window already holds
+ * (batch_wait 0), so a lone job is a batch of one. Under load, 16 jobs a
+ * COMMIT, a lock round trip and a multiple-ack is where the benchmark's
+ * gain flattens (docs/benchmark.md: batch 64 adds little over 16). */
+#define DEFAULT_BATCH 16
+/* Past this much handler time a batch commits what ran: a slower handler
+ * gains little from sharing a COMMIT (well under a millisecond), and its
+ * batch-mates' row locks and latency should not wait on it. */
+#define DEFAULT_BATCH_CLOSE_AFTER 20
+
 /* A retry or dead-letter copy must fit, properties and all, in one header
  * frame: 131072 bytes, the frame_max sekalid asks for and RabbitMQ's
  * default. RabbitMQ checks frame_max only on what it receives, so a message
@@ -320,6 +331,7 @@ static const struct key queue_keys[] = {
     INT("max_crashes",      sk_queue_conf, max_crashes, 0, 1000),
     INT("batch",            sk_queue_conf, batch, 1, MAX_BATCH),
     DURATION("batch_wait",  sk_queue_conf, batch_wait_ms, 0, SEC),
+    DURATION("batch_close_after", sk_queue_conf, batch_close_after_ms, 1, HOUR),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
     RETENTION("retention",  sk_queue_conf, retention_ms),
     CUSTOM("config", queue_config, false),
@@ -406,7 +418,7 @@ static const struct sk_queue_conf queue_defaults = {
     .lease_ms = 30 * SEC,
     .retention_ms = 30 * DAY,
     .max_crashes = 3,
-    .batch = 1, .batch_wait_ms = 2,
+    .batch = DEFAULT_BATCH, .batch_wait_ms = 0, .batch_close_after_ms = DEFAULT_BATCH_CLOSE_AFTER,
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */
@@ -971,9 +983,6 @@ static int load_queues(struct loader *L, yaml_node_t *v, void *base)
     return SK_OK;
 }
 
-/* batch needs a transaction to share, and a prefetch window to fill from.
- * An unset prefetch grows to two batches, so that the next batch is already
- * arriving while this one runs; one set too small is the user's to fix. */
 /* RabbitMQ 3.x (Debian 12 ships 3.10) refuses x-max-priority on a quorum
  * queue ("invalid arg"): said here, at the line, rather than by every
  * worker's declaration failing at start. */
@@ -986,14 +995,24 @@ static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_c
     return SK_OK;
 }
 
+/* batch needs a transaction to share, and a prefetch window to fill from.
+ * Unset, it is DEFAULT_BATCH in transactional mode, at most a set prefetch
+ * (a window that small is the user's choice, priorities' for one), and 1
+ * in external mode. An unset prefetch grows to two batches, so that the
+ * next batch is already arriving while this one runs; one set too small
+ * for a set batch is the user's to fix. */
 static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
 {
+    yaml_node_t *batch = lookup(L, item, "batch");
+    yaml_node_t *prefetch = lookup(L, item, "prefetch");
+    if (batch == NULL)
+        q->batch = q->mode == SK_MODE_EXTERNAL ? 1
+                 : prefetch != NULL && q->prefetch < DEFAULT_BATCH ? q->prefetch : DEFAULT_BATCH;
     if (q->batch == 1)
         return SK_OK;
     if (q->mode == SK_MODE_EXTERNAL)
-        return fail(L, lookup(L, item, "batch"), "batch %d needs mode: transactional "
+        return fail(L, batch, "batch %d needs mode: transactional "
                     "(an external job records its own outcome under its own lease)", q->batch);
-    yaml_node_t *prefetch = lookup(L, item, "prefetch");
     if (prefetch != NULL && q->prefetch < q->batch)
         return fail(L, prefetch, "prefetch %d is smaller than batch %d: a worker could never "
                     "fill its batch", q->prefetch, q->batch);

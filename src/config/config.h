@@ -119,8 +119,9 @@ struct sk_queue_conf {
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
     int                max_priority;   /* classic: x-max-priority; 0: no priorities */
     int                max_crashes;    /* a job whose worker died this often is dead-lettered; 0: off */
-    int                batch;          /* deliveries per transaction; 1: one job per transaction */
-    uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch */
+    int                batch;          /* most deliveries per transaction; 1: one job per transaction */
+    uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch; 0: never */
+    uint32_t           batch_close_after_ms; /* handlers' run time after which a batch commits */
     struct sk_conf_mark *config_marks; /* where config:'s top-level scalars were written */
     size_t             n_config_marks;
 };
@@ -186,7 +187,7 @@ void sk_conf_free(struct sk_conf *conf);
  * handlers' check() run (plugin.c), NULL otherwise. */
 void sk_conf_where_begin(const struct sk_conf *conf);
 int  sk_conf_where(const char *config, const char *key, size_t offset, char *buf, size_t size);
-/* host->config_queue(): a setting ("name", "mode", "lease", "job_timeout")
+/* host->config_queue(): a setting ("name", "mode", "lease", "job_timeout", "batch")
  * of the queue whose handler config is config, like sk_conf_where(). */
 int  sk_conf_queue_setting(const char *config, const char *key, char *buf, size_t size);
 

@@ -90,6 +90,8 @@ int sk_conf_queue_setting(const char *config, const char *key, char *buf, size_t
             return snprintf(buf, size, "%u", (unsigned)q->lease_ms);
         if (strcmp(key, "job_timeout") == 0)
             return snprintf(buf, size, "%u", (unsigned)q->job_timeout_ms);
+        if (strcmp(key, "batch") == 0)
+            return snprintf(buf, size, "%d", q->batch);
         return -1;
     }
     return -1;

@@ -51,6 +51,9 @@ static const struct family counters[SK_METRIC_COUNT] = {
     [SK_METRIC_CANCELLED] = { "sekali_cancelled_total",
         "Deliveries of a cancelled key: acked without running, or with their run's outcome "
         "refused." },
+    [SK_METRIC_BATCH_RERUNS] = { "sekali_batch_reruns_total",
+        "Handler calls rolled back with their batch because a batch-mate failed, their jobs run "
+        "again (each is also in sekali_executions_total)." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */

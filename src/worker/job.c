@@ -446,7 +446,7 @@ int sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
     ctx->headers_done = false;
     ctx->headers = j->delivery->message.properties._flags & AMQP_BASIC_HEADERS_FLAG
         ? &j->delivery->message.properties.headers : NULL;
-    ctx->lock_lost = p->heartbeat != NULL && (j->locked || ctx->external)
+    ctx->lock_lost = p->heartbeat != NULL && (j->locked || j->lock_shared || ctx->external)
         ? sk_heartbeat_lost(p->heartbeat) : NULL;
     /* Counted before the call: a handler that kills its worker still ran. */
     sk_metrics_inc(j->metrics, SK_METRIC_EXECUTIONS);
@@ -478,9 +478,8 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, 
         if (j->env.delivery_attempt < (uint32_t)p->queue->retry.max_attempts) {
             uint32_t next = j->env.delivery_attempt + 1;
             uint32_t delay = sk_reschedule_retry_delay(&p->queue->retry, next);
-            /* host->retry_after(): the service's own word, within retry.max.
-             * A batch's outcomes do not carry it (ABI: not in batch mode). */
-            uint32_t asked = p->queue->batch > 1 ? 0 : p->ctx.retry_after_ms;
+            /* host->retry_after(): the service's own word, within retry.max. */
+            uint32_t asked = j->retry_after_ms;
             if (asked > p->queue->retry.max_ms)
                 asked = p->queue->retry.max_ms;
             if (asked > delay)
@@ -546,6 +545,12 @@ static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
                            sk_metrics_reason_name(reason), why, &err) == SK_OK) {
         sk_metrics_dead_letter(j->metrics, reason);
         sk_job_finish(p, j, SK_ACK, "dead-lettered");
+        /* Acked at once, alone, not with its span: a malformed message has
+         * no key whose row would make its redelivery a duplicate, so a
+         * worker dying before the span's ack (a batch-mate's handler may
+         * kill it) would dead-letter it a second time. */
+        struct sk_broker *consumer = sk_links_consumer(p->links);
+        j->acked = consumer != NULL && sk_broker_ack_one(consumer, j->delivery_tag, &err) == SK_OK;
         return;
     }
     /* A copy refused for its own sake (too large) leaves the connection
@@ -619,12 +624,13 @@ void sk_job_rewind(struct sk_job *j)
 {
     sk_assert(j->state == SK_JOB_CLAIMED || j->state == SK_JOB_HANDLED);
     sk_assert(sk_job_live(j));
-    j->state = j->locked ? SK_JOB_LOCKED : SK_JOB_RECEIVED;
+    j->state = j->locked || j->lock_shared ? SK_JOB_LOCKED : SK_JOB_RECEIVED;
     free(j->result);
     j->result = NULL;
     j->result_len = 0;
     j->status = SEKALI_OK;
     j->conflict = false;
+    j->retry_after_ms = 0;
     j->error[0] = '\0';
     sk_log_job(SK_LOG_DEBUG, &j->log, "claim rolled back with its batch");
 }

@@ -56,6 +56,13 @@ struct sk_job {
     char               lock_key[SK_LOCK_KEY_MAX];
     char               lock_token[SK_LOCK_TOKEN_LEN + 1];
     bool               locked;
+    /* An earlier job of the span locks the same resource (1 + its index;
+     * 0: none): this one runs under that lock, after it, in this worker,
+     * instead of finding it busy and being re-scheduled. */
+    size_t             lock_leader;
+    bool               lock_shared;  /* runs under its leader's lock */
+    bool               lock_lost;    /* the heartbeat found the lock lost (settling) */
+    int                lock_refusal; /* why the lock was refused (lock_refused()) */
     struct sk_lock    *redis;       /* the connection that took the lock */
     uint64_t           busy_since;  /* CLOCK_MONOTONIC at the lock's first refusal; 0: none */
     bool               leased;      /* external mode: the heartbeat renews our lease */
@@ -69,6 +76,7 @@ struct sk_job {
      * becomes of it (sk_span_handle(), sk_span_commit()). */
     int                status;      /* the handler's, or RETRY when the step around it failed */
     bool               conflict;
+    uint32_t           retry_after_ms;  /* host->retry_after(), with a RETRY */
     char               error[512];
     void              *result;      /* a copy of ctx->result, for the completion and the reply */
     size_t             result_len;
@@ -77,6 +85,7 @@ struct sk_job {
      * an ack covers every earlier delivery (a multiple-ack), so no ack may
      * leave before every job ahead of it is settled. */
     bool               settled;
+    bool               acked;       /* acked at once, alone (a dead letter's copy) */
     enum sk_disposition   exit;
     int                dead_reason; /* an enum sk_metrics_reason, for a SK_DEAD_LETTER exit */
     char               outcome[1300];  /* the exit's log line: dead_letter()'s is the longest */
@@ -151,8 +160,10 @@ int  sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
  * memory to keep its result): then nothing of the span can commit. */
 bool sk_span_handle(struct sk_pipeline *p, struct sk_job *j, enum sk_way way);
 /* The handled jobs' completions and the COMMIT in one round trip; then each
- * is settled: completed, or its failure re-scheduled or dead-lettered. */
-void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
+ * is settled: completed, or its failure re-scheduled or dead-lettered.
+ * True when a COMMIT refused for a batch-mate's cancelled key left jobs
+ * unsettled, to be claimed again (a span of many only). */
+bool sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
 /* The transaction is lost before any COMMIT: every job still in it is
  * handed back unchanged. */
 void sk_span_abandon(struct sk_pipeline *p, struct sk_span *s, const char *why);

@@ -43,6 +43,9 @@ static void released(struct sk_pipeline *p, struct sk_span *s, int rc, const str
 static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_lock *redis,
                          size_t r, size_t *asked, size_t *locked);
 static void lock_refused(struct sk_pipeline *p, struct sk_job *j, int rc);
+static bool asks_for_lock(const struct sk_job *j);
+static size_t lock_leader(const struct sk_span *s, size_t i);
+static void follow_leaders(struct sk_pipeline *p, struct sk_span *s);
 static void waited_for_lock(struct sk_job *j);
 static void release_span(struct sk_pipeline *p, struct sk_span *s);
 static int  claim_round(struct sk_pipeline *p, struct sk_span *s, enum sk_way way, size_t m,
@@ -69,7 +72,8 @@ void sk_span_start(struct sk_pipeline *p, struct sk_span *s)
 }
 
 /* Every received job's lock, in one round trip a try; the first carries
- * the releases of the jobs settled before (put_releases()). A busy one is
+ * the releases of the jobs settled before (put_releases()). Jobs of one
+ * resource share the first one's lock (lock_leader()). A busy one is
  * re-scheduled, as a lock still busy after lock.busy_wait is; the span does
  * not wait for it, unless it is all the span has to do (a span of one
  * always): then it is asked again until busy_wait. Each lock is recorded in
@@ -86,6 +90,9 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
         if (j->state != SK_JOB_RECEIVED || !sk_job_live(j))
             continue;
         sk_lock_key(j->lock_key, sizeof(j->lock_key), p->queue->name, j->env.resource_key);
+        j->lock_leader = lock_leader(s, i);
+        if (j->lock_leader != 0)
+            continue;
         sk_lock_new_token(j->lock_token);
         s->keys[m] = j->lock_key;
         s->tokens[m++] = j->lock_token;
@@ -126,6 +133,7 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
         }
         sk_sleep_ms(sk_jitter(5, 50));
     }
+    follow_leaders(p, s);
     if (locked == 0 || p->heartbeat == NULL)
         return;
     m = 0;
@@ -136,6 +144,46 @@ static void lock_span(struct sk_pipeline *p, struct sk_span *s)
         s->tokens[m++] = s->jobs[i].lock_token;
     }
     sk_heartbeat_watch_locks(p->heartbeat, m, s->keys, s->tokens, p->queue->lock_ttl_ms);
+}
+
+/* A job still to ask Redis for its own lock. */
+static bool asks_for_lock(const struct sk_job *j)
+{
+    return j->state == SK_JOB_RECEIVED && sk_job_live(j) && j->lock_leader == 0;
+}
+
+/* 1 + the index of the first earlier job of the span asking for the same
+ * lock as job i, or 0. The lock keeps two workers off one resource; jobs of
+ * one worker run one after the other anyway, so the later job needs no lock
+ * of its own, only to run after the first. Asking Redis would find the lock
+ * taken by its batch-mate and re-schedule the job through a delay queue, so
+ * that a burst on one resource would trickle through one job a batch. */
+static size_t lock_leader(const struct sk_span *s, size_t i)
+{
+    const struct sk_job *j = &s->jobs[i];
+    for (size_t k = 0; k < i; k++)
+        if (asks_for_lock(&s->jobs[k]) && strcmp(s->jobs[k].lock_key, j->lock_key) == 0)
+            return k + 1;
+    return 0;
+}
+
+/* Each follower of a lock leader ends as its leader did: locked (under the
+ * leader's lock), sent on unlocked, or re-scheduled for the same reason. */
+static void follow_leaders(struct sk_pipeline *p, struct sk_span *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_RECEIVED || !sk_job_live(j) || j->lock_leader == 0)
+            continue;
+        const struct sk_job *leader = &s->jobs[j->lock_leader - 1];
+        if (leader->locked) {
+            j->lock_shared = true;
+            j->log.lock_owner = leader->lock_token;
+            sk_job_transition(j, SK_JOB_LOCKED);
+        } else if (!sk_job_live(leader)) {
+            lock_refused(p, j, leader->lock_refusal);
+        }
+    }
 }
 
 /* The releases waiting, as the first r of s->keys and s->tokens. */
@@ -183,7 +231,7 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
-        if (j->state != SK_JOB_RECEIVED || !sk_job_live(j))
+        if (!asks_for_lock(j))
             continue;
         s->keys[r + m] = j->lock_key;
         s->tokens[r + m] = j->lock_token;
@@ -237,6 +285,7 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
  * (Redis down, the queue proceeds without it) sends it on unlocked. */
 static void lock_refused(struct sk_pipeline *p, struct sk_job *j, int rc)
 {
+    j->lock_refusal = rc;
     if (rc == SK_BUSY)
         sk_job_later(p, j, sk_reschedule_bucket(sk_jitter(100, 1000)),
                      j->env.delivery_attempt, NULL, "lock busy");
@@ -262,6 +311,7 @@ static void release_span(struct sk_pipeline *p, struct sk_span *s)
 {
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
+        j->lock_shared = false;
         if (!j->locked)
             continue;
         j->locked = false;
@@ -401,6 +451,7 @@ bool sk_span_handle(struct sk_pipeline *p, struct sk_job *j, enum sk_way way)
                  PQtransactionStatus(pg) == PQTRANS_INERROR ? "failed" : "ended");
     }
     j->conflict = ctx->conflict;
+    j->retry_after_ms = ctx->retry_after_ms;
     snprintf(j->error, sizeof(j->error), "%s", ctx->error);
     free(j->result);
     j->result = NULL;
@@ -418,14 +469,15 @@ bool sk_span_handle(struct sk_pipeline *p, struct sk_job *j, enum sk_way way)
     return true;
 }
 
-void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
+bool sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
 {
     struct sk_err err = { 0 };
     struct sk_store *store = sk_links_store(p->links);
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
-        if (j->state != SK_JOB_HANDLED || j->status != SEKALI_OK)
+        /* Settled in an earlier transaction of the span: not in this one. */
+        if (j->state != SK_JOB_HANDLED || j->status != SEKALI_OK || !sk_job_live(j))
             continue;
         /* Claimed completed: only a result is left to write. */
         if (way == SK_WAY_FAST && j->result_len == 0)
@@ -454,8 +506,19 @@ void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
          * claim can tell, so the messages must go back unchanged. */
         sk_log_job(SK_LOG_ERROR, &s->jobs[0].log, "commit outcome unknown: %s", err.msg);
         sk_span_abandon(p, s, "commit outcome unknown");
-        return;
+        return false;
     }
+    /* Refused because a key was cancelled while its job ran (sql/018):
+     * that job is settled as cancelled, not retried; its batch-mates did
+     * nothing wrong and run again in the next transaction, costing them no
+     * attempt. Asked of every job before any other is settled. */
+    bool refused = false;
+    for (size_t i = 0; rc != SK_OK && i < s->n; i++) {
+        struct sk_job *j = &s->jobs[i];
+        if (j->state == SK_JOB_HANDLED && sk_job_live(j) && j->status == SEKALI_OK)
+            refused |= sk_job_refused_cancelled(p, j);
+    }
+    bool again = false;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
         /* A job the fast way already settled is handled, but not here. */
@@ -467,18 +530,21 @@ void sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way)
             sk_job_finish(p, j, SK_ACK, "completed");
             continue;
         }
-        /* Refused because the key was cancelled while the job ran
-         * (sql/018): settled as cancelled, not retried. */
-        if (j->status == SEKALI_OK && sk_job_refused_cancelled(p, j))
+        if (j->status == SEKALI_OK && refused && way != SK_WAY_ONE) {
+            sk_job_rewind(j);
+            again = true;
             continue;
+        }
         if (j->status == SEKALI_OK) {
             /* Rolled back (the handler left the transaction failed, or as a
              * whole): which job's doing is not known. */
             j->status = SEKALI_RETRY;
+            j->retry_after_ms = 0;
             snprintf(j->error, sizeof(j->error), "commit failed: %s", err.msg);
         }
         sk_job_settle_failure(p, j, j->status, j->error, j->conflict);
     }
+    return again;
 }
 
 void sk_span_abandon(struct sk_pipeline *p, struct sk_span *s, const char *why)
@@ -524,7 +590,9 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         size_t k = 0;
         for (size_t i = 0; i < s->n; i++) {
             struct sk_job *j = &s->jobs[i];
-            bool lock_lost = j->locked && s->lost[k++];
+            j->lock_lost = j->locked ? s->lost[k++]
+                         : j->lock_shared && s->jobs[j->lock_leader - 1].lock_lost;
+            bool lock_lost = j->lock_lost;
             if (!lock_lost && !(j->leased && any))
                 continue;
             sk_metrics_inc(j->metrics, SK_METRIC_LOCKS_LOST);
@@ -568,9 +636,10 @@ static void exit_job(struct sk_pipeline *p, struct sk_job *j)
     struct sk_broker *consumer = sk_links_consumer(p->links);
     sk_assert(consumer != NULL);
     struct sk_err err = { 0 };
-    int rc = j->exit == SK_ACK ? sk_broker_ack(consumer, j->delivery_tag, &err)
-                            : sk_broker_reject(consumer, j->delivery_tag, j->exit == SK_REQUEUE,
-                                               &err);
+    int rc = j->acked          ? SK_OK
+           : j->exit == SK_ACK ? sk_broker_ack(consumer, j->delivery_tag, &err)
+                               : sk_broker_reject(consumer, j->delivery_tag,
+                                                  j->exit == SK_REQUEUE, &err);
     sk_job_transition(j, j->exit == SK_ACK && rc == SK_OK ? SK_JOB_ACKED : SK_JOB_HANDED_BACK);
     if (j->exit == SK_DEAD_LETTER && rc == SK_OK)
         sk_metrics_dead_letter(j->metrics, j->dead_reason);

@@ -124,7 +124,8 @@ $(handler_yaml "$1")
 YAML
     [ "$bench_tls" != 1 ] || tls_conf "$conf"
     [ -z "$bench_prefetch" ] || printf '    prefetch: %s\n' "$bench_prefetch" >>"$conf"
-    [ -z "$bench_batch" ] || printf '    batch: %s\n' "$bench_batch" >>"$conf"
+    [ -z "$bench_batch" ] || [ "$bench_batch" = default ] ||
+        printf '    batch: %s\n' "$bench_batch" >>"$conf"
     [ -z "$bench_batch" ] || [ -z "${BENCH_BATCH_WAIT:-}" ] ||
         printf '    batch_wait: %s\n' "$BENCH_BATCH_WAIT" >>"$conf"
     printf '%s' "$conf"

@@ -6,8 +6,9 @@
 # Settings (environment; defaults in brackets). The three lists make one
 # configuration per combination, each measured as below:
 #   BENCH_WORKERS [4 16]    sekalid workers (and pgbench clients): a list
-#   BENCH_BATCH [unset]     queues[].batch: a list, e.g. "1 4 16 64"; unset,
-#                           no batch key is written (builds without it run)
+#   BENCH_BATCH [unset]     queues[].batch: a list, e.g. "1 default 16 64";
+#                           default (or the list unset): no batch key is
+#                           written, sekali's default (16 within the window)
 #   BENCH_PREFETCH [unset]  queues[].prefetch: a list; unset, sekali's default
 #   BENCH_BATCH_WAIT [unset]  queues[].batch_wait for every configuration
 #                           with a batch (e.g. 0s); unset, sekali's default
@@ -87,6 +88,7 @@ for v in jobs runs latency_seconds timeout; do
 done
 for v in workers_list batch_list prefetch_list; do
     for x in ${!v}; do
+        [ "$v" != batch_list ] || [ "$x" != default ] || continue
         [[ $x =~ ^[1-9][0-9]*$ ]] || { echo "bench: ${v%_list} must be positive integers, got '$x'" >&2; exit 2; }
         # pgbench runs jobs/workers transactions per client.
         [ "$v" != workers_list ] || (( jobs >= x )) ||

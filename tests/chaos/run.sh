@@ -47,7 +47,8 @@
 #   CHAOS_DUP_PERCENT  % of keys published a second time [30]
 #   CHAOS_JOB_MS       each job's handler time [10]
 #   CHAOS_WORKERS      sekalid workers [4]
-#   CHAOS_BATCH        queues[].batch: jobs per transaction [1]
+#   CHAOS_BATCH        queues[].batch: jobs per transaction; default: no
+#                      key, sekali's own (16 within the window) [default]
 #   CHAOS_LOCK_TTL     lock.ttl in ms [2000]
 #   CHAOS_KILL_MIN_MS, CHAOS_KILL_MAX_MS   pause between kills [100, 200]
 #   CHAOS_TIMEOUT      seconds each run may take [600] {45}
@@ -67,7 +68,7 @@ cd "$(dirname "$0")/../.."
 build=${1:-build}
 short=${CHAOS_SHORT:-0}
 workers=${CHAOS_WORKERS:-4}
-batch=${CHAOS_BATCH:-1}
+batch=${CHAOS_BATCH:-default}
 keys=${CHAOS_KEYS:-$([ "$short" = 1 ] && echo 2000 || echo 20000)}
 dup_percent=${CHAOS_DUP_PERCENT:-30}
 job_ms=${CHAOS_JOB_MS:-10}
@@ -85,13 +86,15 @@ case $log_level in debug|info|warn|error) ;; *) echo "chaos: CHAOS_LOG_LEVEL: de
 timeout=${CHAOS_TIMEOUT:-$([ "$short" = 1 ] && echo 45 || echo 600)}
 min_ratio=${CHAOS_MIN_RATIO:-0}
 seed=${CHAOS_SEED:-$((RANDOM * 32768 + RANDOM))}
-for v in workers batch keys dup_percent job_ms lock_ttl kill_min kill_max timeout seed; do
+[ "$batch" = default ] || [[ $batch =~ ^[1-9][0-9]*$ ]] ||
+    { echo "chaos: CHAOS_BATCH must be default or a positive whole number, got '$batch'" >&2; exit 2; }
+for v in workers keys dup_percent job_ms lock_ttl kill_min kill_max timeout seed; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "chaos: $v must be a whole number, got '${!v}'" >&2; exit 2; }
 done
-(( kill_min > 0 && kill_max >= kill_min && keys >= 10 && workers > 0 && batch > 0 &&
+(( kill_min > 0 && kill_max >= kill_min && keys >= 10 && workers > 0 &&
    dup_percent <= 100 )) ||
     { echo "chaos: need 0 < CHAOS_KILL_MIN_MS <= CHAOS_KILL_MAX_MS, CHAOS_KEYS >= 10," \
-           "CHAOS_WORKERS > 0, CHAOS_BATCH > 0, CHAOS_DUP_PERCENT <= 100" >&2; exit 2; }
+           "CHAOS_WORKERS > 0, CHAOS_DUP_PERCENT <= 100" >&2; exit 2; }
 [[ $min_ratio =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "chaos: CHAOS_MIN_RATIO must be a number" >&2; exit 2; }
 window_pct=40   # the kill storm runs alone until this share of the keys is done
 
@@ -185,7 +188,7 @@ queues:
     handler: $handler
     workers: $workers
 YAML
-    [ "$batch" = 1 ] || printf '    batch: %s\n' "$batch" >>"$work/$1.yaml"
+    [ "$batch" = default ] || printf '    batch: %s\n' "$batch" >>"$work/$1.yaml"
     printf '%s' "$work/$1.yaml"
 }
 

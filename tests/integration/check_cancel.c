@@ -190,6 +190,17 @@ START_TEST(test_cancel_while_waiting_for_the_lock)
 }
 END_TEST
 
+/* Once k-run's handler runs ("hold"): cancels it, then lets it finish. */
+static void cancel_the_running_job(struct h_run *r)
+{
+    H_WAIT(marked(r, "hold"), 20000, "the handler should be running");
+    char *out = NULL;
+    ck_assert_int_eq(cancel(r, &out, "k-run", "stop it"), 0);
+    ck_assert_msg(strstr(out, "cancelled while running") != NULL, "cancel said: %s", out);
+    free(out);
+    release(r);
+}
+
 /* Transactional mode: the handler has written its effect in the job's
  * transaction when the cancel comes; the COMMIT is refused and rolled back,
  * the delivery acked as cancelled, not retried nor dead-lettered. */
@@ -202,12 +213,7 @@ START_TEST(test_cancel_while_running_refuses_the_commit)
     snprintf(yaml, sizeof(yaml), "%s    config:\n      marker_dir: %s\n", H_FAST_RETRIES, r.dir);
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = yaml, .top_yaml = top });
     h_publish(r.b, r.queue, "test", "m-run", "k-run", NULL, "hold");
-    H_WAIT(marked(&r, "hold"), 20000, "the handler should be running");
-    char *out = NULL;
-    ck_assert_int_eq(cancel(&r, &out, "k-run", "stop it"), 0);
-    ck_assert_msg(strstr(out, "cancelled while running") != NULL, "cancel said: %s", out);
-    free(out);
-    release(&r);
+    cancel_the_running_job(&r);
     H_WAIT(cancelled_total(port, &r) == 1, 20000,
            "the refused job should be counted as cancelled, is %g", cancelled_total(port, &r));
     h_run_stop(&r);
@@ -217,6 +223,43 @@ START_TEST(test_cancel_while_running_refuses_the_commit)
     ck_assert_int_eq(h_count_events(r.log, NULL, "job_cancelled", NULL), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.cancellations WHERE "
                                       "queue = '%s' AND settled_at IS NOT NULL", r.queue), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The same in a batch: k-before ran in the transaction whose COMMIT the
+ * cancelled k-run has refused. It did nothing wrong, so it runs again in
+ * the next transaction at once, at the same attempt: no retry, no delay,
+ * no dead letter; k-after, left to the next transaction when the batch
+ * closed early behind the long handler, runs there. */
+START_TEST(test_cancel_while_running_in_a_batch_reruns_its_batch_mates)
+{
+    struct h_run r;
+    h_run_open(&r, "cxbatch");
+    char top[128], yaml[1400];
+    int port = with_metrics(top, sizeof(top));
+    snprintf(yaml, sizeof(yaml), "%s    batch: 4\n    prefetch: 4\n    batch_wait: 500ms\n"
+             "    lock: false\n    config:\n      marker_dir: %s\n", H_FAST_RETRIES, r.dir);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    h_publish(r.b, r.queue, "test", "m-before", "k-before", NULL, "ok");
+    h_publish(r.b, r.queue, "test", "m-run", "k-run", NULL, "hold");
+    h_publish(r.b, r.queue, "test", "m-after", "k-after", NULL, "ok");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = yaml, .top_yaml = top });
+    cancel_the_running_job(&r);
+    H_WAIT(h_effects(&r, "k-before") == 1 && h_effects(&r, "k-after") == 1, 20000,
+           "the batch-mates should commit");
+    H_WAIT(cancelled_total(port, &r) == 1, 20000,
+           "the refused job should be counted as cancelled, is %g", cancelled_total(port, &r));
+    double retries = h_metric(port, "sekali_retries_total{queue=\"%s\",job_type=\"test\"}",
+                              r.queue);
+    h_run_stop(&r);
+    ck_assert_msg(retries == 0, "no batch-mate should be retried, %g were", retries);
+    ck_assert_int_eq(h_effects(&r, "k-run"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND idempotency_key = 'k-before'", r.queue), 1);
+    char status[32];
+    ck_assert_str_eq(key_status(&r, "k-run", status, sizeof(status)), "cancelled");
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
     h_run_close(&r);
 }
@@ -337,6 +380,7 @@ int main(void)
         test_cancel_in_the_outbox_is_never_published,
         test_cancel_while_waiting_for_the_lock,
         test_cancel_while_running_refuses_the_commit,
+        test_cancel_while_running_in_a_batch_reruns_its_batch_mates,
         test_cancel_while_running_in_external_mode,
         test_cancel_after_completion_reports_it_already_ran,
         test_cancel_refuses_bad_input,

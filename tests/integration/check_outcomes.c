@@ -109,6 +109,110 @@ START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
 }
 END_TEST
 
+/* Four jobs on one resource (account-1) and a copy of the first, all in
+ * one batch with locks on: the first job takes the resource's lock and the
+ * others run under it, after it, in the same transaction, instead of
+ * finding it busy and going through a delay queue one batch at a time. The
+ * copy is a counted duplicate; the lock is released once the batch is
+ * done. */
+START_TEST(test_jobs_on_one_resource_share_their_batchs_lock)
+{
+    struct h_run r;
+    h_run_open(&r, "oneresource");
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 1; i <= 4; i++) {
+        char id[16], key[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, "account-1", "ok");
+    }
+    h_publish(r.b, r.queue, "test", "m-copy", "k-1", "account-1", "ok");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES
+                                          "    batch: 5\n    prefetch: 5\n"
+                                          "    batch_wait: 500ms\n" });
+    H_WAIT(h_effect_keys(&r) == 4 && h_duplicates(&r) == 1, 20000,
+           "4 jobs and a duplicate, have %lld keys and %lld duplicates", h_effect_keys(&r),
+           h_duplicates(&r));
+    char lock[256];
+    snprintf(lock, sizeof(lock), "sekali:lock:%s:account-1", r.queue);
+    H_WAIT(!h_redis_exists(lock), 20000, "the resource's lock %s should be released", lock);
+    h_run_stop(&r);
+    h_expect_once(&r, 4, 1);
+    ck_assert_int_eq(h_count_lines(r.log, "lock busy"), 0);
+    /* One transaction: one now() (the copy's duplicate count has since
+     * rewritten k-1's row, so its xmin cannot tell). */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT completed_at) FROM "
+                                      "sekali.idempotency_keys WHERE queue = '%s'", r.queue), 1);
+    h_run_close(&r);
+}
+END_TEST
+
+/* One batch of 8 on one worker, waiting before it starts, with one slow
+ * handler (200 ms against batch_close_after 50 ms) at position slow (keys
+ * k-1 .. k-8; k-2 fails when fail is set): the batch commits once the slow
+ * handler has run, the jobs after it go into a transaction of their own,
+ * and every effect happens once. Returns the run, stopped, for the caller's
+ * transaction checks. */
+static void run_slow_batch(struct h_run *r, const char *name, int slow, bool fail)
+{
+    h_run_open(r, name);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    for (int i = 1; i <= 8; i++) {
+        char id[16], key[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r->b, r->queue, "test", id, key, NULL,
+                  i == slow ? "sleep:200" : fail && i == 2 ? "fail" : "ok");
+    }
+    h_run_start(r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES
+                                         "    batch: 8\n    prefetch: 8\n"
+                                         "    batch_wait: 500ms\n    batch_close_after: 50ms\n"
+                                         "    lock: false\n" });
+    if (fail)
+        expect_dead(r, "failed", "the job asked to fail", 1);
+    H_WAIT(h_effect_keys(r) == (fail ? 7 : 8), 20000, "the batch's jobs should commit, have %lld",
+           h_effect_keys(r));
+    h_run_stop(r);
+    h_expect_once(r, fail ? 7 : 8, 0);
+    /* Every key given back was claimed again from the start: a fresh row. */
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                       "queue = '%s' AND status = 'completed' AND "
+                                       "(fence <> 1 OR attempts <> 1)", r->queue), 0);
+}
+
+/* The fast way: k-1 and the slow k-2 commit together, k-3 .. k-8 after. */
+START_TEST(test_slow_handler_closes_its_batch_early)
+{
+    struct h_run r;
+    run_slow_batch(&r, "closeearly", 2, false);
+    ck_assert_int_eq(key_xmin(&r, "k-1"), key_xmin(&r, "k-2"));
+    ck_assert_int_ne(key_xmin(&r, "k-2"), key_xmin(&r, "k-3"));
+    for (int i = 4; i <= 8; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "k-%d", i);
+        ck_assert_int_eq(key_xmin(&r, "k-3"), key_xmin(&r, key));
+    }
+    h_run_close(&r);
+}
+END_TEST
+
+/* The careful way, after k-2 failed: k-1 and the slow k-3 commit in
+ * their savepoints, k-4 .. k-8 in the next transaction. */
+START_TEST(test_slow_handler_closes_a_careful_batch_early)
+{
+    struct h_run r;
+    run_slow_batch(&r, "closecareful", 3, true);
+    ck_assert_int_eq(key_xmin(&r, "k-1"), key_xmin(&r, "k-3"));
+    ck_assert_int_ne(key_xmin(&r, "k-3"), key_xmin(&r, "k-4"));
+    for (int i = 5; i <= 8; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "k-%d", i);
+        ck_assert_int_eq(key_xmin(&r, "k-4"), key_xmin(&r, key));
+    }
+    h_run_close(&r);
+}
+END_TEST
+
 /* Records the row updates of sekali.idempotency_keys for one queue, with
  * the status each updated row had before. */
 static void count_key_updates(PGconn *pg, const char *queue)
@@ -518,6 +622,9 @@ int main(void)
         test_exhausted_retries_dead_letter_with_headers,
         test_failure_in_the_middle_of_a_batch_leaves_the_others_committed,
         test_a_batch_without_failures_claims_its_keys_completed,
+        test_slow_handler_closes_its_batch_early,
+        test_jobs_on_one_resource_share_their_batchs_lock,
+        test_slow_handler_closes_a_careful_batch_early,
         test_heartbeat_renews_every_lock_of_a_batch,
         test_failed_job_is_dead_lettered_and_recorded,
         test_handler_longer_than_the_amqp_heartbeat_keeps_its_connection,

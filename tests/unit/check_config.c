@@ -455,9 +455,10 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_str_eq(q->handler, "/usr/lib/sekali/handlers/invoice.so");
     ck_assert_ptr_null(q->handler_config);
     ck_assert_int_eq(q->workers, 1);
-    ck_assert_int_eq(q->prefetch, 10);
-    ck_assert_int_eq(q->batch, 1);
-    ck_assert_uint_eq(q->batch_wait_ms, 2);
+    ck_assert_int_eq(q->prefetch, 32);
+    ck_assert_int_eq(q->batch, 16);
+    ck_assert_uint_eq(q->batch_wait_ms, 0);
+    ck_assert_uint_eq(q->batch_close_after_ms, 20);
     ck_assert_int_eq(q->mode, SK_MODE_TRANSACTIONAL);
     ck_assert(q->lock);
     ck_assert_uint_eq(q->lock_ttl_ms, 30000);
@@ -471,25 +472,69 @@ START_TEST(test_minimal_config_takes_every_default)
 END_TEST
 
 /* An unset prefetch grows to two batches; a set one is kept. */
-START_TEST(test_batch_raises_an_unset_prefetch_to_two_batches)
+/* A config of the given queues (YAML list items), loaded; the file is gone. */
+static struct sk_conf *load_queues(const char *queues)
 {
     char dir[] = "/tmp/sk-batch-XXXXXX", path[64];
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/c.yaml", dir);
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
-    fputs("amqp:\n  url: amqp://127.0.0.1/\npostgres:\n  conninfo: \"dbname=x\"\nqueues:\n"
-          "  - name: a\n    handler: /h.so\n    batch: 16\n    batch_wait: 5ms\n"
-          "  - name: b\n    handler: /h.so\n    batch: 16\n    prefetch: 20\n", f);
+    fprintf(f, "amqp:\n  url: amqp://127.0.0.1/\npostgres:\n  conninfo: \"dbname=x\"\n"
+               "queues:\n%s", queues);
     ck_assert_int_eq(fclose(f), 0);
     struct sk_conf *c = load_ok(path);
+    unlink(path);
+    rmdir(dir);
+    return c;
+}
+
+START_TEST(test_batch_raises_an_unset_prefetch_to_two_batches)
+{
+    struct sk_conf *c = load_queues(
+        "  - name: a\n    handler: /h.so\n    batch: 16\n    batch_wait: 5ms\n"
+        "  - name: b\n    handler: /h.so\n    batch: 16\n    prefetch: 20\n");
     ck_assert_int_eq(c->queues[0].batch, 16);
     ck_assert_int_eq(c->queues[0].prefetch, 32);
     ck_assert_uint_eq(c->queues[0].batch_wait_ms, 5);
     ck_assert_int_eq(c->queues[1].prefetch, 20);
     sk_conf_free(c);
-    unlink(path);
-    rmdir(dir);
+}
+END_TEST
+
+/* Unset, batch is 16 in transactional mode, at most a set prefetch, and 1
+ * in external mode, whose prefetch stays 10; batch: 1 is kept. */
+START_TEST(test_batch_defaults_to_16_within_the_prefetch_window)
+{
+    struct sk_conf *c = load_queues(
+        "  - name: a\n    handler: /h.so\n    config: {x: 1}\n"
+        "  - name: b\n    handler: /h.so\n    prefetch: 4\n"
+        "  - name: c\n    handler: /h.so\n    prefetch: 20\n    batch_close_after: 5ms\n"
+        "  - name: d\n    handler: /h.so\n    mode: external\n"
+        "  - name: e\n    handler: /h.so\n    batch: 1\n    config: {x: 2}\n");
+    static const struct { int batch, prefetch; } want[] = {
+        { 16, 32 }, { 4, 4 }, { 16, 20 }, { 1, 10 }, { 1, 10 },
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(want); i++) {
+        ck_assert_msg(c->queues[i].batch == want[i].batch, "queue %zu: batch %d, want %d", i,
+                      c->queues[i].batch, want[i].batch);
+        ck_assert_msg(c->queues[i].prefetch == want[i].prefetch, "queue %zu: prefetch %d, want %d",
+                      i, c->queues[i].prefetch, want[i].prefetch);
+    }
+    ck_assert_uint_eq(c->queues[2].batch_close_after_ms, 5);
+    ck_assert_uint_eq(c->queues[0].batch_close_after_ms, 20);
+    /* A handler's check() reads its queue's batch (host->config_queue()),
+     * to refuse a shared transaction it cannot live with. */
+    char buf[16];
+    sk_conf_where_begin(c);
+    ck_assert_int_eq(sk_conf_queue_setting(c->queues[0].handler_config, "batch", buf,
+                                           sizeof(buf)), 2);
+    ck_assert_str_eq(buf, "16");
+    ck_assert_int_eq(sk_conf_queue_setting(c->queues[4].handler_config, "batch", buf,
+                                           sizeof(buf)), 1);
+    ck_assert_str_eq(buf, "1");
+    sk_conf_where_begin(NULL);
+    sk_conf_free(c);
 }
 END_TEST
 
@@ -1316,6 +1361,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_metrics_token_file_is_read_at_load_and_must_be_a_bearer_token);
     tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
     tcase_add_test(tc, test_batch_raises_an_unset_prefetch_to_two_batches);
+    tcase_add_test(tc, test_batch_defaults_to_16_within_the_prefetch_window);
     tcase_add_test(tc, test_restart_section_sets_the_backoff);
     tcase_add_test(tc, test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later);
     tcase_add_test(tc, test_null_sections_keep_their_defaults);
