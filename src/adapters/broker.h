@@ -181,6 +181,11 @@ bool sk_broker_waiting(const struct sk_broker *b);
  * delivery order. */
 int sk_broker_ack(struct sk_broker *b, uint64_t delivery_tag, struct sk_err *err);
 
+/* Sends the acks sk_broker_ack() left pending now, for a consumer that will
+ * not ask for a delivery for a while (a batch still running after some of
+ * its jobs committed). SK_OK, or SK_ERR with the connection lost. */
+int sk_broker_flush_acks(struct sk_broker *b, struct sk_err *err);
+
 /* requeue: hand the message back to the queue; otherwise the broker
  * dead-letters it to `queue.dead`. */
 int sk_broker_reject(struct sk_broker *b, uint64_t delivery_tag, bool requeue,

@@ -286,6 +286,11 @@ static int flush_acks(struct sk_broker *b, struct sk_err *err)
     return SK_OK;
 }
 
+int sk_broker_flush_acks(struct sk_broker *b, struct sk_err *err)
+{
+    return flush_acks(b, err);
+}
+
 void sk_broker_close_consumer(struct sk_broker *b)
 {
     if (b == NULL)

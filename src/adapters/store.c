@@ -8,7 +8,7 @@
  * job alone in its transaction is claimed completed at once
  * (sekali.claim_completed, sql/017): only its COMMIT makes that true, and a
  * failed handler rolls the claim back with the transaction. Except a job
- * that may hold a dedupe key (may_hold_dedupe()): claimed processing and
+ * that may hold a dedupe key (sk_keyref_may_hold_dedupe()): claimed processing and
  * completed before the COMMIT, as before 017, so that the dedupe row its
  * completion releases is locked for an instant, not for the whole run of
  * its handler (a producer enqueueing with the same dedupe key would wait).
@@ -39,7 +39,6 @@ static const struct {
 };
 
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
-static bool may_hold_dedupe(const struct sk_keyref *ref);
 static int claim_array(struct sk_store *s, const char *function, const struct sk_keyref *refs,
                        size_t n, struct sk_claim *out, bool *dup, struct sk_err *err);
 static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
@@ -101,8 +100,8 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
     const char *values[] = { ref->queue, ref->key, ref->owner, ref->job_id, ref->job_type };
     const struct sk_pg_stmt steps[] = {
         { .sql = "BEGIN" },
-        { .prepared = may_hold_dedupe(ref) ? "sk_claim" : "sk_claim_completed", .n_params = 5,
-          .values = values },
+        { .prepared = sk_keyref_may_hold_dedupe(ref) ? "sk_claim" : "sk_claim_completed",
+          .n_params = 5, .values = values },
     };
     PGresult *res = NULL;
     rc = sk_pg_pipeline(s->conn, steps, 2, &res, err);
@@ -141,7 +140,7 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
 int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const void *result,
                       size_t result_len, struct sk_err *err)
 {
-    if (may_hold_dedupe(ref))
+    if (sk_keyref_may_hold_dedupe(ref))
         return sk_store_complete_many(s, &ref, &result, &result_len, 1, err);
     /* Claimed completed: the COMMIT alone, or the result and the COMMIT. */
     return sk_store_commit_results(s, &ref, &result, &result_len, result_len > 0 ? 1 : 0, err);
@@ -150,7 +149,7 @@ int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const voi
 /* A job id sekali.enqueue() makes, the only kind a dedupe key can hold: a
  * version-4 UUID's text, as the release_dedupe trigger's WHEN tests it
  * (sql/014). Keep the two in step. */
-static bool may_hold_dedupe(const struct sk_keyref *ref)
+bool sk_keyref_may_hold_dedupe(const struct sk_keyref *ref)
 {
     return ref->job_id != NULL && strlen(ref->job_id) == 36 && ref->job_id[14] == '4';
 }

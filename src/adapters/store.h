@@ -36,6 +36,13 @@ struct sk_keyref {
 
 void sk_keyref_set_fence(struct sk_keyref *ref, int64_t fence);
 
+/* Whether the job may hold a dedupe key of the outbox (sekali.enqueue()):
+ * its key's row must then be written completed only with its COMMIT,
+ * since that write releases the dedupe key (sql/004, 014), and a release
+ * written at the claim would keep the producers of that key waiting on the
+ * row for as long as the job runs. */
+bool sk_keyref_may_hold_dedupe(const struct sk_keyref *ref);
+
 struct sk_claim {
     int64_t fence;
     int     attempts;

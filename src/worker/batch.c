@@ -33,8 +33,9 @@
  * runs batches of one. A batch also never holds its transaction open for
  * longer than its handlers' batch_close_after: asked before each handler,
  * once that much time has gone the keys of the jobs not yet run are given
- * back (sekali.unclaim_many, sql/021) and the rest commits; the jobs given
- * back are claimed by the next transaction of the same batch. So one slow
+ * back (sekali.unclaim_many, sql/021) and the rest commits and is acked;
+ * the jobs given back are claimed by the next transaction of the same
+ * batch. So one slow
  * handler does not keep the rows of every later batch-mate locked, nor
  * their outcomes waiting.
  *
@@ -57,6 +58,7 @@ static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t 
 static bool run_fast(struct sk_pipeline *p, struct sk_span *s);
 static bool run_careful(struct sk_pipeline *p, struct sk_span *s);
 static bool run_one(struct sk_pipeline *p, struct sk_job *j, bool first);
+static bool fast_is_safe(const struct sk_span *s);
 static bool time_to_close(const struct sk_pipeline *p, uint64_t *close_at);
 static bool close_early(struct sk_pipeline *p, struct sk_span *s, size_t from);
 static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key);
@@ -77,13 +79,16 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
     /* A batch closed early leaves its unrun jobs to the next transaction. */
     for (bool more = true; more;) {
         more = false;
-        int rc = sk_span_claim(p, s, SK_WAY_FAST);
+        enum sk_way way = fast_is_safe(s) ? SK_WAY_FAST : SK_WAY_CAREFUL;
+        int rc = sk_span_claim(p, s, way);
         if (rc == SK_OK)
-            more = run_fast(p, s);
+            more = way == SK_WAY_FAST ? run_fast(p, s) : run_careful(p, s);
         else if (rc == SK_BUSY)
             /* A key another worker holds: each job in its own transaction,
              * which waits for that key alone. */
             each_alone(p, s, false);
+        if (more)
+            sk_span_settle_done(p, s);
     }
     /* Same keys: their leader has committed (or not); each now claims for
      * itself, and finds the leader's outcome as any later copy would. */
@@ -92,6 +97,20 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
     for (size_t i = 0; i < n; i++)
         sk_broker_release(sk_links_consumer(p->links), &s->deliveries[i]);
     return n;
+}
+
+/* The fast way writes each key completed at its claim. For a job that may
+ * hold an outbox dedupe key that write releases the key (a trigger), and
+ * the released row would stay locked while the batch runs: a producer
+ * enqueueing the same dedupe key would wait on the worker for as long. So
+ * a batch with such a job goes the careful way, whose keys are written
+ * completed only in the COMMIT's round trip. */
+static bool fast_is_safe(const struct sk_span *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (sk_job_live(&s->jobs[i]) && sk_keyref_may_hold_dedupe(&s->jobs[i].ref))
+            return false;
+    return true;
 }
 
 /* The first delivery, and what else arrives within batch_wait: a batch

@@ -86,6 +86,7 @@ struct sk_job {
      * leave before every job ahead of it is settled. */
     bool               settled;
     bool               acked;       /* acked at once, alone (a dead letter's copy) */
+    bool               exited;      /* its exit carried out before the span's end */
     enum sk_disposition   exit;
     int                dead_reason; /* an enum sk_metrics_reason, for a SK_DEAD_LETTER exit */
     char               outcome[1300];  /* the exit's log line: dead_letter()'s is the longest */
@@ -172,6 +173,11 @@ void sk_span_alone(struct sk_pipeline *p, struct sk_span *s, struct sk_job *j);
 /* Every job's exit, in delivery order, after the span's locks went in one
  * round trip; then the pause a failing server asked for. */
 void sk_span_settle(struct sk_pipeline *p, struct sk_span *s);
+/* Between two transactions of one span: the exits of the settled jobs
+ * ahead of the first live one, sent now, so that a job committed early
+ * in a long batch is not redelivered as a duplicate should the worker die
+ * before the batch ends. */
+void sk_span_settle_done(struct sk_pipeline *p, struct sk_span *s);
 
 /* Not settled yet: still on its way through the steps. */
 static inline bool sk_job_live(const struct sk_job *j)

@@ -609,7 +609,9 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         struct sk_job *j = &s->jobs[i];
         sk_assert(j->settled);
         pause_ms += j->pause_ms;
-        if (sk_links_consumer(p->links) != NULL) {
+        if (j->exited) {
+            /* sk_span_settle_done() carried it out. */
+        } else if (sk_links_consumer(p->links) != NULL) {
             exit_job(p, j);
         } else {
             /* An earlier exit found the consumer gone: the broker puts this
@@ -627,6 +629,23 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         sk_job_release_locks(p);
         sk_sleep_ms(pause_ms);
     }
+}
+
+void sk_span_settle_done(struct sk_pipeline *p, struct sk_span *s)
+{
+    bool any = false;
+    for (size_t i = 0; i < s->n && s->jobs[i].settled; i++) {
+        struct sk_job *j = &s->jobs[i];
+        if (j->exited || sk_links_consumer(p->links) == NULL)
+            continue;
+        exit_job(p, j);
+        j->exited = true;
+        any = true;
+    }
+    struct sk_err err = { 0 };
+    struct sk_broker *consumer = sk_links_consumer(p->links);
+    if (any && consumer != NULL && sk_broker_flush_acks(consumer, &err) != SK_OK)
+        sk_links_drop(p->links, SK_LINK_CONSUMER, NULL, &err);
 }
 
 /* The ack or reject, and the log line. */

@@ -241,9 +241,12 @@ START_TEST(test_a_lock_release_travels_with_the_next_acquire)
             "lock commands the worker sent: %d, %.2f a job\n", RELEASED, evalsha, set, sent,
             (double)sent / RELEASED);
     ck_assert_msg(n_left == 0, "%zu locks left in Redis after a clean stop", n_left);
-    ck_assert_msg(sent >= RELEASED && sent <= RELEASED * 3 / 2,
-                  "%d lock commands for %d jobs: a release should travel with the next "
-                  "acquire (before: 2 a job)", sent, RELEASED);
+    /* One script a span: a job at batch 1, a whole batch of them at
+     * sekali's default (up to the harness's window of 4). */
+    int batch = h_test_batch() > 0 ? h_test_batch() : 4;
+    ck_assert_msg(sent >= RELEASED / batch && sent <= RELEASED * 3 / 2,
+                  "%d lock commands for %d jobs at batch %d: a release should travel with the "
+                  "next acquire (before: 2 a job)", sent, RELEASED, batch);
     h_expect_once(&r, RELEASED, 0);
     redisFree(monitor);
     redisFree(redis);
