@@ -3,9 +3,9 @@
  *
  * Named "broker" rather than "amqp" so that it never shadows librabbitmq's own
  * <amqp.h>. One struct sk_broker is one AMQP connection with one channel (and
- * a second while a scan runs); it is owned by one thread and never shared. The module is five files, one
- * per responsibility (broker.c says which does what); this header is all
- * of it that callers see. */
+ * a second while a scan runs); it is owned by one thread and never shared.
+ * The module is six files, one per responsibility (broker.c says which
+ * does what); this header is all of it that callers see. */
 #ifndef SK_BROKER_H
 #define SK_BROKER_H
 
@@ -196,8 +196,9 @@ int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
  * the broker's until sk_broker_ack_one() removes it, or until the channel
  * closes, when the broker puts it back where it was. Returns SK_OK with
  * *msg (free it with amqp_destroy_message()) and *delivery_tag, SK_BUSY when
- * nothing is left to take, or SK_AGAIN/SK_ERR. For tools that read a queue
- * without consuming it (sekalictl dlq), not the workers. */
+ * nothing is left to take, or SK_AGAIN/SK_ERR. One round trip a message:
+ * for tests that take one message; a tool reading a whole queue scans it
+ * (sk_broker_scan_open()). */
 int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                    uint64_t *delivery_tag, struct sk_err *err);
 

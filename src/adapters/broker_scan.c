@@ -139,7 +139,9 @@ static int open_channel(struct sk_broker_scan *s, uint32_t max, uint32_t *depth,
     /* A scan that stops early (a page) needs no window past it. */
     s->window = s->want < SCAN_WINDOW ? (uint16_t)s->want : SCAN_WINDOW;
     amqp_basic_qos(b->conn, SK_BROKER_SCAN_CHANNEL, 0, s->window, 0);
-    rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.qos(scan)", err);
+    reply = amqp_get_rpc_reply(b->conn);
+    refused(s, reply);
+    rc = sk_broker_rpc_check(b, reply, "basic.qos(scan)", err);
     if (rc != SK_OK)
         return rc;
     return consume(s, false, err);
