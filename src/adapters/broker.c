@@ -9,10 +9,11 @@
  * using, broker_consume.c reads the stray frames and turns a closed channel
  * into SK_ERR, and broker_publish.c waits for confirms frame by frame.
  *
- * broker.h is one module in five files, cut by what a caller does with the
+ * broker.h is one module in six files, cut by what a caller does with the
  * connection, so that each reads on its own: this one makes and ends it,
  * broker_queue.c declares and probes queues, broker_consume.c takes and
- * settles deliveries, broker_publish.c publishes with confirms, and
+ * settles deliveries, broker_scan.c reads a queue without consuming it
+ * (sekalictl's dead letters), broker_publish.c publishes with confirms, and
  * broker_wire.c does the connection-free AMQP arithmetic. broker_conn.h is
  * what they share, and only they include it. */
 #include <stdio.h>

@@ -2,10 +2,10 @@
  * ack, publish with confirms.
  *
  * Named "broker" rather than "amqp" so that it never shadows librabbitmq's own
- * <amqp.h>. One struct sk_broker is one AMQP connection with one channel; it
- * is owned by one thread and never shared. The module is five files, one
- * per responsibility (broker.c says which does what); this header is all
- * of it that callers see. */
+ * <amqp.h>. One struct sk_broker is one AMQP connection with one channel (and
+ * a second while a scan runs); it is owned by one thread and never shared.
+ * The module is six files, one per responsibility (broker.c says which
+ * does what); this header is all of it that callers see. */
 #ifndef SK_BROKER_H
 #define SK_BROKER_H
 
@@ -201,10 +201,51 @@ int sk_broker_get(struct sk_broker *b, const char *queue, amqp_message_t *msg,
  * the broker's until sk_broker_ack_one() removes it, or until the channel
  * closes, when the broker puts it back where it was. Returns SK_OK with
  * *msg (free it with amqp_destroy_message()) and *delivery_tag, SK_BUSY when
- * nothing is left to take, or SK_AGAIN/SK_ERR. For tools that read a queue
- * without consuming it (sekalictl dlq), not the workers. */
+ * nothing is left to take, or SK_AGAIN/SK_ERR. One round trip a message:
+ * for tests that take one message; a tool reading a whole queue scans it
+ * (sk_broker_scan_open()). */
 int sk_broker_peek(struct sk_broker *b, const char *queue, amqp_message_t *msg,
                    uint64_t *delivery_tag, struct sk_err *err);
+
+/* broker_scan.c: reads a queue without consuming it, by basic.consume
+ * within a bounded prefetch window on a channel of its own, not by a
+ * basic.get round trip per message. Each message stays the broker's until
+ * the reader takes it (sk_broker_scan_take()); the scan's end hands every
+ * other one back to its place in the queue, as the broker also does should
+ * the process die. For tools (sekalictl dlq, the console), not the workers;
+ * one scan at a time on a connection. */
+struct sk_broker_scan;
+
+/* Starts a scan of queue: *depth is its count of ready messages now (a
+ * passive declare); the scan hands out at most that many, and at most max
+ * (0: no limit), in the queue's order, so that a message arriving during
+ * the scan is never handed out. SK_OK with *out (end it with
+ * sk_broker_scan_close()); SK_ERR when the queue does not exist (the
+ * connection stays usable) or the broker refused; SK_AGAIN if the
+ * connection failed. Blocks four round trips. */
+int sk_broker_scan_open(struct sk_broker *b, const char *queue, uint32_t max,
+                        struct sk_broker_scan **out, uint32_t *depth, struct sk_err *err);
+
+/* The next message: SK_OK with *msg (free it with amqp_destroy_message())
+ * and *tag; SK_BUSY when the scan is over: it handed out what it may, or
+ * the queue has nothing left to send (its messages went to another reader,
+ * expired or were purged meanwhile); SK_AGAIN or SK_ERR when the
+ * connection, or the scan's channel, failed (what was not taken is back
+ * in the queue). Blocks while the broker sends, at most 15 s without a
+ * message while the broker says some are ready. */
+int sk_broker_scan_next(struct sk_broker_scan *s, amqp_message_t *msg, uint64_t *tag,
+                        struct sk_err *err);
+
+/* Takes the message of tag out of the queue (an ack of exactly it). Sent at
+ * once, not waited for: sk_broker_scan_close() confirms it. */
+int sk_broker_scan_take(struct sk_broker_scan *s, uint64_t tag, struct sk_err *err);
+
+/* Ends the scan (NULL is fine) and frees s: every message handed out and
+ * not taken, and those sent but not handed out, go back to their places.
+ * SK_OK once the broker confirmed it did so and acted on every take;
+ * SK_AGAIN if it did not within 60 s or the connection failed (the
+ * messages are handed back when the connection closes). */
+int sk_broker_scan_close(struct sk_broker_scan *s, struct sk_err *err);
 
 /* Acks exactly one message taken with sk_broker_peek(), at once (not
  * batched, not `multiple`). The broker acts on it before it answers any

@@ -18,8 +18,10 @@
 #include "common.h"
 #include "tls.h"
 
-/* Every connection opens this one channel and uses no other. */
-#define SK_BROKER_CHANNEL 1
+/* Every connection opens this channel; a scan (broker_scan.c) opens the
+ * second one for itself and closes it when it ends. */
+#define SK_BROKER_CHANNEL      1
+#define SK_BROKER_SCAN_CHANNEL 2
 
 struct sk_broker {
     amqp_connection_state_t conn;
@@ -45,6 +47,7 @@ struct sk_broker {
      * keepalive, no channel.close or connection.close. */
     bool                    broken;
     struct sk_tls_state    *tls;              /* amqps:// only; the SSL_CTX points to it */
+    bool                    scanning;         /* a scan holds SK_BROKER_SCAN_CHANNEL */
 };
 
 /* The largest frame a reading connection (a consumer, sekalictl's dead
@@ -82,6 +85,14 @@ int sk_broker_read_large_frames(struct sk_broker *b, struct sk_err *err);
  * connection: then b is broken too). */
 int sk_broker_rpc_check(struct sk_broker *b, amqp_rpc_reply_t reply, const char *what,
                         struct sk_err *err);
+
+/* broker_consume.c: reads the rest of the delivery whose basic.deliver is
+ * deliver (its header and body frames) into env, which the caller
+ * releases with amqp_destroy_envelope(); a body over max_body (0: no
+ * limit) is skipped unread, as sk_broker_next() says. SK_OK, or SK_ERR
+ * with b broken when the delivery could not be read whole. */
+int sk_broker_read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, size_t max_body,
+                            amqp_envelope_t *env, struct sk_err *err);
 
 /* broker_wire.c: a deep copy of decoded properties into pool (SK_OK, or
  * SK_ERR when out of memory), and table entries that borrow key and value. */

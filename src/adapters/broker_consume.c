@@ -24,8 +24,6 @@
 
 static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_message_t *msg,
                      uint64_t *delivery_tag, struct sk_err *err);
-static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
-                         struct sk_err *err);
 static int flush_acks(struct sk_broker *b, struct sk_err *err);
 static int broken_delivery(struct sk_broker *b, amqp_envelope_t *env, int status,
                            const char *what, struct sk_err *err);
@@ -163,7 +161,7 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
     if (frame.frame_type != AMQP_FRAME_METHOD)
         return SK_AGAIN;
     if (frame.payload.method.id == AMQP_BASIC_DELIVER_METHOD)
-        return read_delivery(b, &frame, env, err);
+        return sk_broker_read_delivery(b, &frame, b->max_body, env, err);
 
     /* Something other than a delivery arrived: it tells whether the
      * channel or the connection is going away. */
@@ -190,8 +188,8 @@ int sk_broker_next(struct sk_broker *b, amqp_envelope_t *env, int timeout_ms,
  * header announces the body's size, and a body over max_body is skipped
  * frame by frame instead of being gathered in memory. The frames are read
  * from the same buffer either way: no extra system call per delivery. */
-static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_envelope_t *env,
-                         struct sk_err *err)
+int sk_broker_read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, size_t max_body,
+                            amqp_envelope_t *env, struct sk_err *err)
 {
     const amqp_basic_deliver_t *d = deliver->payload.method.decoded;
     memset(env, 0, sizeof(*env));
@@ -209,7 +207,7 @@ static int read_delivery(struct sk_broker *b, const amqp_frame_t *deliver, amqp_
         frame.channel != env->channel)
         return broken_delivery(b, env, status, "header", err);
     uint64_t size = frame.payload.properties.body_size;
-    bool keep = b->max_body == 0 || size <= b->max_body;
+    bool keep = max_body == 0 || size <= max_body;
     if (keep) {
         if (sk_broker_clone_properties(frame.payload.properties.decoded, &env->message.properties,
                                        &env->message.pool) != SK_OK ||

@@ -13,9 +13,11 @@
  * time. The console (console.c) runs the same code through sk_ctl_dlq_run()
  * and serves the same JSON.
  *
- * The dead letters are read from <queue>.dead with basic.get and no ack:
- * each stays the broker's until we ack it (replayed or purged), and the rest
- * go back to where they were when our channel closes, also if we die. What
+ * The dead letters are read from <queue>.dead by a broker scan
+ * (sk_broker_scan_*: basic.consume within a prefetch window, no ack): each
+ * stays the broker's until we take it (replayed or purged), and the rest
+ * go back to where they were when the scan ends, also if we die. One letter
+ * is in memory at a time, whatever the queue holds. What
  * PostgreSQL knows of each key is read and changed only through the
  * functions of sql/007_dead_letters.sql.
  *
@@ -93,6 +95,7 @@ struct dlq {
     char                        dead[600];
     struct sk_queue_conf        rules;      /* how a replayed copy would be validated */
     struct sk_broker           *broker;
+    struct sk_broker_scan      *scan;      /* while scan() runs */
     PGconn                     *pg;
     bool                        json;
     FILE                       *out;       /* where the report goes */
@@ -112,6 +115,7 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
                     bool need_pg);
 static void close_dlq(struct dlq *d);
 static int scan(struct dlq *d, visit_fn visit);
+static uint32_t scan_want(const struct dlq *d);
 static void decode(struct dlq *d, struct letter *l);
 static bool recorded_by_sekali(const struct dlq *d, struct letter *l);
 static bool recorded_by_broker(struct letter *l);
@@ -323,46 +327,64 @@ static int open_dlq(struct dlq *d, const struct sk_conf *conf, const char *queue
 
 static void close_dlq(struct dlq *d)
 {
-    /* Closing the channel hands every dead letter we did not ack back to
-     * its place in the queue. */
+    /* scan() ended its scan; should it not have, closing the connection
+     * hands every letter back all the same. */
     sk_broker_close(d->broker);
     PQfinish(d->pg);
 }
 
 /* Takes each dead letter present when the scan starts, in queue order,
- * decodes it and hands it to visit; one arriving meanwhile is left alone. */
+ * decodes it and hands it to visit; one arriving meanwhile is left alone.
+ * The scan is ended here, before the report's last line, so that a reader
+ * of the answer (the console's next page) finds the letters back. */
 static int scan(struct dlq *d, visit_fn visit)
 {
     uint32_t depth = 0;
     struct sk_err why = { 0 };
-    if (sk_broker_queue_depth(d->broker, d->dead, &depth, NULL, &why) != SK_OK)
+    if (sk_broker_scan_open(d->broker, d->dead, scan_want(d), &d->scan, &depth, &why) != SK_OK)
         return sk_err_set(&d->err, SK_ERR, "cannot read queue %s (does it exist?): %s",
                           d->dead, why.msg);
     d->depth = depth;
-    if (d->req->scan_max > 0 && depth > d->req->scan_max)
-        depth = (uint32_t)d->req->scan_max;
-    for (uint32_t i = 0; i < depth && !d->stop; i++) {
+    int rc = SK_OK;
+    while (!d->stop) {
         struct letter l = { .attempts = -1 };
-        int rc = sk_broker_peek(d->broker, d->dead, &l.msg, &l.tag, &d->err);
-        if (rc == SK_BUSY)
+        rc = sk_broker_scan_next(d->scan, &l.msg, &l.tag, &d->err);
+        if (rc == SK_BUSY) {
+            rc = SK_OK;
             break;
+        }
         if (rc != SK_OK)
-            return rc;
+            break;
         d->seen++;
         decode(d, &l);
         rc = visit(d, &l);
         amqp_destroy_message(&l.msg);
         if (rc != SK_OK)
-            return rc;
+            break;
         sk_broker_keepalive(d->broker, NULL);
     }
-    /* A synchronous round trip: the broker has acted on our acks once it
-     * answers, so what we report as removed is removed. */
-    uint32_t after;
-    if (sk_broker_queue_depth(d->broker, d->dead, &after, NULL, &why) != SK_OK)
+    /* The broker confirms the end once it has acted on our takes and put
+     * the rest back, so what we report as removed is removed. */
+    int end = sk_broker_scan_close(d->scan, &why);
+    d->scan = NULL;
+    if (rc == SK_OK && end != SK_OK)
         return sk_err_set(&d->err, SK_AGAIN, "the broker did not confirm the end of the "
                           "scan (run dlq list to see what is left): %s", why.msg);
-    return SK_OK;
+    return rc;
+}
+
+/* The most letters the command may look at: --scan-max, and for a plain
+ * page of list, the page and one more (to tell whether more follow), so
+ * that no more letters are sent to us than we read. 0: the whole queue. */
+static uint32_t scan_want(const struct dlq *d)
+{
+    const struct sk_ctl_dlq_req *r = d->req;
+    size_t want = r->scan_max;
+    bool selectors = r->n_keys > 0 || r->reason != NULL || r->fingerprint != NULL;
+    if (strcmp(r->command, "list") == 0 && r->limit > 0 && !selectors &&
+        (want == 0 || r->offset + r->limit + 1 < want))
+        want = r->offset + r->limit + 1;
+    return want > UINT32_MAX ? UINT32_MAX : (uint32_t)want;
 }
 
 /* What sekali (x-sekali-* headers) or the broker (x-death) recorded, and
@@ -877,7 +899,7 @@ static int visit_replay(struct dlq *d, struct letter *l)
     if (strcmp(outcome, "replayed") == 0 || strcmp(outcome, "already_replayed") == 0) {
         /* Committed: from here the dead letter is only a stale copy. */
         sk_failpoint("dlq_after_commit", l->env.idempotency_key);
-        rc = sk_broker_ack_one(d->broker, l->tag, &d->err);
+        rc = sk_broker_scan_take(d->scan, l->tag, &d->err);
         if (strcmp(outcome, "replayed") == 0) {
             d->done++;
             snprintf(why, sizeof(why), "enqueued as job %s (%s)", job_id, detail);
@@ -925,7 +947,7 @@ static int visit_purge(struct dlq *d, struct letter *l)
     struct sk_err err = { 0 };
     if (sk_pg_exec(d->pg, &st, NULL, &err) != SK_OK)
         return sk_err_set(&d->err, SK_ERR, "%s", err.msg);
-    int rc = sk_broker_ack_one(d->broker, l->tag, &d->err);
+    int rc = sk_broker_scan_take(d->scan, l->tag, &d->err);
     if (rc == SK_OK) {
         d->done++;
         result(d, l, "purged", NULL, l->status[0] != '\0' && strcmp(l->status, "?") != 0

@@ -5,7 +5,8 @@
  *               dead-letter actions on it (sekali.trace(), sql/011_status.sql),
  *               its cancellation (sekali.trace_cancel(), sql/018_cancel.sql);
  *   the broker  its dead letters in <queue>.dead, read without consuming
- *               them (basic.get without ack: they go back on close);
+ *               them (a broker scan: basic.consume without ack, handed
+ *               back when the scan ends);
  *   journald    the log lines sekali wrote with IDEMPOTENCY_KEY=KEY.
  *
  * Without --queue, every configured queue and every queue PostgreSQL knows
@@ -197,8 +198,8 @@ static void dead_letter_event(struct trace *t, const char *queue, const amqp_mes
     t->dead_letters++;
 }
 
-/* Peeks through each queue's .dead: every letter stays unacked until our
- * channel closes, then the broker puts them all back in their order. */
+/* Scans each queue's .dead: every letter stays unacked until the scan
+ * ends, then the broker puts them all back in their order. */
 static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
 {
     struct sk_broker *b = NULL;
@@ -227,16 +228,27 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
             messages = (uint32_t)t->scan_max;
             t->partial = true;
         }
-        for (uint32_t seen = 0; exists && seen < messages; seen++) {
+        /* Each queue's scan ends, handing its letters back, before the
+         * next one's begins. */
+        struct sk_broker_scan *scan = NULL;
+        uint32_t depth;
+        bool stop = false;
+        if (exists && messages > 0 &&
+            sk_broker_scan_open(b, dead, messages, &scan, &depth, &err) != SK_OK) {
+            fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
+            t->failed = true;
+            break;
+        }
+        while (scan != NULL) {
             amqp_message_t m;
             uint64_t tag;
-            int rc = sk_broker_peek(b, dead, &m, &tag, &err);
+            int rc = sk_broker_scan_next(scan, &m, &tag, &err);
             if (rc == SK_BUSY)
                 break;
             if (rc != SK_OK) {
                 fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
-                t->failed = true;
-                goto out;
+                t->failed = stop = true;
+                break;
             }
             const amqp_field_value_t *k = sk_ctl_header(&m, "x-idempotency-key");
             bool mine;
@@ -251,16 +263,13 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
                 dead_letter_event(t, t->queues[i], &m);
             amqp_destroy_message(&m);
         }
-        /* Put this queue's letters back before the next queue's are read. */
-        sk_broker_close(b);
-        b = NULL;
-        if (i + 1 < t->n_queues && sk_broker_open(&b, &conf->amqp, &err) != SK_OK) {
-            fprintf(stderr, "sekalictl: broker: %s\n", err.msg);
-            t->failed = true;
-            break;
+        if (sk_broker_scan_close(scan, &err) != SK_OK && !stop) {
+            fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
+            t->failed = stop = true;
         }
+        if (stop)
+            break;
     }
-out:
     sk_broker_close(b);
 }
 

@@ -5,8 +5,8 @@
  *                   idempotency key: completed, failed, cancelled, processing, or no
  *                   key yet (waiting: in a queue, a delay queue, a
  *                   worker's hands, <queue>.dead, or lost);
- *   <queue>.dead    each dead letter's key (read with basic.get and no
- *                   ack: all go back when the channel closes);
+ *   <queue>.dead    each dead letter's key (a broker scan, basic.consume
+ *                   and no ack: all go back when the scan ends);
  *   the broker      what the work queue and its delay queues hold, and the
  *                   most its consumers can hold unacked (prefetch each);
  *   the keys        processing past their lease: no owner renews them
@@ -314,7 +314,7 @@ static bool read_broker(struct verify *v, PGconn *pg)
     struct sk_err err = { 0 };
     for (size_t i = 0; i < v->n; i++) {
         struct vqueue *q = &v->q[i];
-        /* A connection a queue: closing it hands the dead letters back. */
+        /* A connection a queue; the scan's end hands the dead letters back. */
         struct sk_broker *b = NULL;
         if (sk_broker_open(&b, &v->conf->amqp, &err) != SK_OK) {
             fprintf(stderr, "sekalictl: %s\n", err.msg);
@@ -331,16 +331,22 @@ static bool read_broker(struct verify *v, PGconn *pg)
         q->ready = ready;
         q->delayed = delayed;
         q->in_flight_max = (long long)consumers * q->conf->prefetch;
-        for (uint32_t n = 0; ok && n < depth && n < DEAD_MAX; n++) {
+        struct sk_broker_scan *scan = NULL;
+        uint32_t scanned;
+        if (ok && exists && depth > 0)
+            ok = sk_broker_scan_open(b, dead, DEAD_MAX, &scan, &scanned, &err) == SK_OK;
+        while (ok && scan != NULL) {
             amqp_message_t m;
             uint64_t tag;
-            int rc = sk_broker_peek(b, dead, &m, &tag, &err);
+            int rc = sk_broker_scan_next(scan, &m, &tag, &err);
             if (rc == SK_BUSY)
                 break;
             ok = rc == SK_OK && dead_letter(q, pg, &m);
             if (rc == SK_OK)
                 amqp_destroy_message(&m);
         }
+        if (sk_broker_scan_close(scan, ok ? &err : NULL) != SK_OK)
+            ok = false;
         sk_broker_close(b);
         if (!ok) {
             fprintf(stderr, "sekalictl: reading the broker for %s: %s\n", q->conf->name,

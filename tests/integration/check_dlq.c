@@ -421,6 +421,58 @@ START_TEST(test_groups_pages_and_dry_runs_select_without_changing_anything)
 }
 END_TEST
 
+/* A scan longer than one prefetch window (1,000 letters, broker_scan.c):
+ * every letter is read once and in the queue's order across the windows,
+ * a page past the first window is the right page, and a purge takes
+ * exactly the letters it names wherever they sit, leaving the rest in
+ * order. No sekalid: the letters are published into the dead-letter queue. */
+#define MANY 2500
+START_TEST(test_scans_past_one_window_keep_order_and_take_exactly_the_selected)
+{
+    struct h_run r;
+    h_run_open(&r, "dlqmany");
+    r.config = h_write_config(r.dir, r.queue, FLAKY, 1, NULL);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 0; i < MANY; i++) {
+        char id[32], key[32];
+        snprintf(id, sizeof(id), "m-%04d", i);
+        snprintf(key, sizeof(key), "k-%04d", i);
+        h_publish(r.b, r.dead, "test", id, key, NULL, "fail");
+    }
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY);
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
+    json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i in "
+                   "range(2500)] and d[\"summary\"][\"scanned\"] == 2500");
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY);
+
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-0005", "--key", "k-1500",
+                         "--key", "k-2499", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"purged\"] == 3 and sorted(x[\"key\"] for x in "
+                   "d[\"results\"]) == [\"k-0005\", \"k-1500\", \"k-2499\"]");
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY - 3);
+    ck_assert_int_eq(audits(&r, "purge", "true"), 3);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
+    json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i in "
+                   "range(2500) if i not in (5, 1500, 2499)]");
+    free(out);
+    /* Letters 1,201 to 1,210 of what is left (k-0005 is gone): k-1201 to
+     * k-1210, read across the first window's end. */
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--offset", "1200", "--limit", "10",
+                         "--json"), 0);
+    json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i in "
+                   "range(1201, 1211)] and d[\"summary\"][\"more\"]");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "groups", r.queue, "--json"), 0);
+    json_holds(&r, "sum(g[\"count\"] for g in d[\"groups\"]) == 2497");
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY - 3);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -431,6 +483,7 @@ int main(void)
         test_purge_removes_exactly_the_selected_dead_letters,
         test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints,
         test_groups_pages_and_dry_runs_select_without_changing_anything,
+        test_scans_past_one_window_keep_order_and_take_exactly_the_selected,
         NULL,
     };
     Suite *s = suite_create("dlq");
