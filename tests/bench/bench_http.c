@@ -23,10 +23,12 @@
  * connection opened at its first request: sekali's workers keep one
  * connection each alive, so that is one thread and one session per worker.
  * On exit prints "requests N failed N connections N tls N PROTOCOL" on
- * stdout: tls counts the connections whose first request came over a TLS
- * session, PROTOCOL is the last one's negotiated version (or "-"), so that
- * the benchmark can tell from this side that HTTPS really was HTTPS, and
- * that keep-alive left one handshake per worker. */
+ * stdout: tls counts the requests that came over a TLS session, PROTOCOL
+ * is the last one's negotiated version (or "-"), so that the benchmark can
+ * tell from this side that HTTPS really was HTTPS; connections, that
+ * keep-alive left one connection (one handshake) per worker. A connection
+ * that never sends a request (a probe with openssl s_client) adds to
+ * connections only. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -49,13 +51,8 @@
 
 static const char   *conninfo;
 static pthread_key_t pg_key;
-static atomic_long   requests, failed, connections, tls_connections;
+static atomic_long   requests, failed, connections, tls_requests;
 static const char *_Atomic protocol = "-";  /* GnuTLS's static names */
-
-/* A connection's state: whether its first request has been looked at. */
-struct peer {
-    int seen;
-};
 
 struct upload {
     char   body[BODY_MAX + 1];
@@ -68,32 +65,22 @@ static void close_pg(void *pg) { PQfinish(pg); }
 static void on_connection(void *arg, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    (void)arg, (void)c;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        *socket_context = calloc(1, sizeof(struct peer));
+    (void)arg, (void)c, (void)socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
         atomic_fetch_add(&connections, 1);
-    } else {
-        free(*socket_context);
-        *socket_context = NULL;
-    }
 }
 
-/* Counts c as a TLS connection at its first request, when the handshake is
- * over: a clear-text service has no session to show. */
+/* Counts a request that came over TLS: a clear-text service's connections
+ * have no session to show. By a request's first call the handshake is over. */
 static void note_tls(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    struct peer *p = ci != NULL ? ci->socket_context : NULL;
-    if (p == NULL || p->seen)
-        return;
-    p->seen = 1;
-    ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
     if (ci == NULL || ci->tls_session == NULL)
         return;
     const char *name = gnutls_protocol_get_name(gnutls_protocol_get_version(ci->tls_session));
     atomic_store(&protocol, name != NULL ? name : "unknown");
-    atomic_fetch_add(&tls_connections, 1);
+    atomic_fetch_add(&tls_requests, 1);
 }
 
 /* This connection thread's session, opened and prepared at its first use;
@@ -256,7 +243,7 @@ int main(int argc, char **argv)
     sigwait(&stop, &sig);
     MHD_stop_daemon(d);
     printf("requests %ld failed %ld connections %ld tls %ld %s\n", atomic_load(&requests),
-           atomic_load(&failed), atomic_load(&connections), atomic_load(&tls_connections),
+           atomic_load(&failed), atomic_load(&connections), atomic_load(&tls_requests),
            atomic_load(&protocol));
     free(cert);
     free(key);

@@ -282,8 +282,8 @@ http_cpu() {
 }
 
 # stop_http_services: stops the instances and checks from the service's
-# side what they served: every connection of the HTTPS instance (and none
-# of the clear one's) a TLS session. Prints what each one counted.
+# side what they served: every request of the HTTPS instance (and none of
+# the clear one's) over a TLS session. Prints what each one counted.
 stop_http_services() {
     local name pid line requests failed conns tls protocol
     for name in http https; do
@@ -295,12 +295,12 @@ stop_http_services() {
         line=$(cat "$work/$name.out")
         read -r _ requests _ failed _ conns _ tls protocol <<<"$line"
         say "the $name service: $requests requests ($failed failed) on $conns connections," \
-            "$tls of them TLS${protocol:+ ($protocol)}"
+            "$tls of them over TLS${protocol:+ ($protocol)}"
         if [ "$name" = https ]; then
-            [ "$requests" -gt 0 ] && [ "$tls" = "$conns" ] ||
-                die "the HTTPS service: $tls TLS connections of $conns ($line)"
+            [ "$requests" -gt 0 ] && [ "$tls" = "$requests" ] ||
+                die "the HTTPS service: $tls of $requests requests over TLS ($line)"
         else
-            [ "$tls" = 0 ] || die "the clear-text service: $tls TLS connections ($line)"
+            [ "$tls" = 0 ] || die "the clear-text service: $tls requests over TLS ($line)"
         fi
     done
 }

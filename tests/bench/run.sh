@@ -36,9 +36,9 @@
 #                           HTTPS instance of the service (the test CA's
 #                           server certificate, verified: ca_file), whose
 #                           INSERTs go over TLS too; at the end each
-#                           instance says how many of its connections were
+#                           instance says how many of its requests came over
 #                           TLS, and the run fails unless all of the HTTPS
-#                           one's were
+#                           one's did.
 #
 # What it does, per configuration:
 #   1. throughput, BENCH_RUNS times: publish BENCH_JOBS persistent jobs into a
