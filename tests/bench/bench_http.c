@@ -2,10 +2,14 @@
  * keep-alive HTTP server whose every POST is the same job as the C bench
  * handler's, one INSERT of a business row into sekali_bench.jobs.
  *
- *   bench_http CONNINFO PORT_FILE
+ *   bench_http CONNINFO PORT_FILE [TLS_DIR]
  *
  * Listens on a free loopback port, writes it into PORT_FILE, and serves
- * until SIGTERM or SIGINT. A POST to /QUEUE with the Idempotency-Key header
+ * until SIGTERM or SIGINT: clear text, or with TLS_DIR HTTPS (libmicrohttpd's
+ * GnuTLS) with TLS_DIR's server.crt and server.key, the test CA's server
+ * certificate for localhost and 127.0.0.1 (tests/servers.sh, SEKALI_TLS=1),
+ * so that the handler verifies it against TLS_DIR/ca.crt as any client
+ * would. A POST to /QUEUE with the Idempotency-Key header
  * and a body holding the producer's time stamp (tests/bench/bench_amqp.c)
  * inserts (QUEUE, key, body, clock_timestamp()) and answers 200 "ok"; a
  * failed INSERT answers 503, which the handler retries. The INSERT commits
@@ -18,7 +22,13 @@
  * One thread per connection (libmicrohttpd), each with its own PostgreSQL
  * connection opened at its first request: sekali's workers keep one
  * connection each alive, so that is one thread and one session per worker.
- * On exit prints "requests N failed N" on stdout. */
+ * On exit prints "requests N failed N connections N tls N PROTOCOL" on
+ * stdout: tls counts the requests that came over a TLS session, PROTOCOL
+ * is the last one's negotiated version (or "-"), so that the benchmark can
+ * tell from this side that HTTPS really was HTTPS; connections, that
+ * keep-alive left one connection (one handshake) per worker. A connection
+ * that never sends a request (a probe with openssl s_client) adds to
+ * connections only. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -29,6 +39,7 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <gnutls/gnutls.h>
 #include <libpq-fe.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -40,7 +51,8 @@
 
 static const char   *conninfo;
 static pthread_key_t pg_key;
-static atomic_long   requests, failed;
+static atomic_long   requests, failed, connections, tls_requests;
+static const char *_Atomic protocol = "-";  /* GnuTLS's static names */
 
 struct upload {
     char   body[BODY_MAX + 1];
@@ -49,6 +61,27 @@ struct upload {
 };
 
 static void close_pg(void *pg) { PQfinish(pg); }
+
+static void on_connection(void *arg, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)arg, (void)c, (void)socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add(&connections, 1);
+}
+
+/* Counts a request that came over TLS: a clear-text service's connections
+ * have no session to show. By a request's first call the handshake is over. */
+static void note_tls(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (ci == NULL || ci->tls_session == NULL)
+        return;
+    const char *name = gnutls_protocol_get_name(gnutls_protocol_get_version(ci->tls_session));
+    atomic_store(&protocol, name != NULL ? name : "unknown");
+    atomic_fetch_add(&tls_requests, 1);
+}
 
 /* This connection thread's session, opened and prepared at its first use;
  * NULL when the server cannot be reached (the request then fails). */
@@ -94,6 +127,7 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const cha
     (void)arg, (void)version;
     struct upload *u = *cls;
     if (u == NULL) {
+        note_tls(c);
         *cls = u = calloc(1, sizeof(*u));
         return u != NULL ? MHD_YES : MHD_NO;
     }
@@ -130,13 +164,47 @@ static void on_done(void *arg, struct MHD_Connection *c, void **cls,
     *cls = NULL;
 }
 
+/* DIR/NAME's contents as a new string (the caller frees it), or NULL. */
+static char *slurp(const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    char *text = NULL;
+    size_t size = 0;
+    if (f != NULL) {
+        FILE *m = open_memstream(&text, &size);
+        char buf[4096];
+        size_t n;
+        while (m != NULL && (n = fread(buf, 1, sizeof(buf), f)) > 0)
+            fwrite(buf, 1, n, m);
+        if (m != NULL && (ferror(f) || fclose(m) != 0))
+            free(text), text = NULL;
+        fclose(f);
+    }
+    if (text == NULL)
+        fprintf(stderr, "bench_http: cannot read %s: %s\n", path, strerror(errno));
+    return text;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: bench_http CONNINFO PORT_FILE\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: bench_http CONNINFO PORT_FILE [TLS_DIR]\n");
         return 2;
     }
     conninfo = argv[1];
+    char *cert = NULL, *key = NULL;
+    unsigned tls = 0;
+    if (argc == 4) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            fprintf(stderr, "bench_http: this libmicrohttpd has no TLS\n");
+            return 1;
+        }
+        if ((cert = slurp(argv[3], "server.crt")) == NULL || (key = slurp(argv[3], "server.key")) == NULL)
+            return 1;
+        tls = MHD_USE_TLS;
+    }
     if (pthread_key_create(&pg_key, close_pg) != 0)
         return 1;
     sigset_t stop;
@@ -145,12 +213,21 @@ int main(int argc, char **argv)
     sigaddset(&stop, SIGINT);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);  /* every thread inherits it: sigwait() below */
 
+    /* libmicrohttpd refuses HTTPS options without MHD_USE_TLS: clear text
+     * passes only the end of this list. */
+    struct MHD_OptionItem https[] = {
+        { MHD_OPTION_HTTPS_MEM_CERT, 0, cert },
+        { MHD_OPTION_HTTPS_MEM_KEY, 0, key },
+        { MHD_OPTION_END, 0, NULL },
+    };
     struct sockaddr_in addr = { .sin_family = AF_INET, .sin_port = 0 };
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | tls, 0, NULL, NULL,
         on_request, NULL, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_done,
-        NULL, MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_END);
+        NULL, MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
+        MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_ARRAY, tls ? https : https + 2,
+        MHD_OPTION_END);
     const union MHD_DaemonInfo *info =
         d != NULL ? MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT) : NULL;
     if (info == NULL) {
@@ -165,6 +242,10 @@ int main(int argc, char **argv)
     int sig;
     sigwait(&stop, &sig);
     MHD_stop_daemon(d);
-    printf("requests %ld failed %ld\n", atomic_load(&requests), atomic_load(&failed));
+    printf("requests %ld failed %ld connections %ld tls %ld %s\n", atomic_load(&requests),
+           atomic_load(&failed), atomic_load(&connections), atomic_load(&tls_requests),
+           atomic_load(&protocol));
+    free(cert);
+    free(key);
     return 0;
 }

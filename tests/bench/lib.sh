@@ -47,8 +47,8 @@ cflags=(-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-pr
     "$cc" "${cflags[@]}" $(pkg-config --cflags libpq) \
         -o "$out/bench_sekalid" tests/bench/bench_sekalid.c $(pkg-config --libs libpq)
     "$cc" "${cflags[@]}" -o "$out/bench_cpu" tests/bench/bench_cpu.c
-    "$cc" "${cflags[@]}" $(pkg-config --cflags libpq libmicrohttpd) -pthread \
-        -o "$out/bench_http" tests/bench/bench_http.c $(pkg-config --libs libpq libmicrohttpd)
+    "$cc" "${cflags[@]}" $(pkg-config --cflags libpq libmicrohttpd gnutls) -pthread \
+        -o "$out/bench_http" tests/bench/bench_http.c $(pkg-config --libs libpq libmicrohttpd gnutls)
 }
 
 # ---------------------------------------------------------------------------
@@ -63,13 +63,19 @@ sql() { PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONN
 # tls_conf CONF: rewrites CONF's three links to TLS, as docs/tls.md
 # configures them, on tests/servers.sh's TLS listeners (SEKALI_TLS=1):
 # amqps:// with a client certificate, Redis's tls-port as the ACL user
-# sekali_acl, PostgreSQL as sekali_tls with sslmode=verify-full.
+# sekali_acl, PostgreSQL as sekali_tls with sslmode=verify-full
+# (tls_pg_conninfo, which the HTTPS service's INSERTs use too).
+tls_pg_conninfo() {
+    local d=${SEKALI_TLS_DIR:?BENCH_TLS=1 needs servers started with SEKALI_TLS=1}
+    printf 'host=127.0.0.1 port=%s dbname=sekali user=sekali_tls password=sekali sslmode=verify-full sslrootcert=%s' \
+        "$SEKALI_PG_PORT" "$d/ca.crt"
+}
 tls_conf() {
     local d=${SEKALI_TLS_DIR:?BENCH_TLS=1 needs servers started with SEKALI_TLS=1}
     printf 'aclpass\n' >"$work/redis.password"
     sed -i -e "s|^  url: .*|  url: \"amqps://sekali:sekali@127.0.0.1:$SEKALI_AMQP_TLS_PORT/%2f\"\n  tls:\n    ca_file: $d/ca.crt\n    cert_file: $d/client.crt\n    key_file: $d/client.key|" \
         -e "s|^  port: $SEKALI_REDIS_PORT\$|  port: $SEKALI_REDIS_TLS_PORT\n  username: sekali_acl\n  password_file: $work/redis.password\n  tls:\n    ca_file: $d/ca.crt|" \
-        -e "s|^  conninfo: .*|  conninfo: \"host=127.0.0.1 port=$SEKALI_PG_PORT dbname=sekali user=sekali_tls password=sekali sslmode=verify-full sslrootcert=$d/ca.crt\"|" \
+        -e "s|^  conninfo: .*|  conninfo: \"$(tls_pg_conninfo)\"|" \
         "$1"
 }
 
@@ -88,16 +94,22 @@ tls_conf() {
 # (handlers/sql.c): what a job costs without a line of C; http, the stock
 # HTTP handler (handlers/http.c, external mode) POSTing each job to
 # tests/bench/bench_http.c, a local keep-alive service that makes the same
-# INSERT (start_http_service, below, must have run).
-bench_prefetch='' bench_batch='' bench_tls=0 bench_handler=c http_port=''
+# INSERT (start_http_service, below, must have run); with bench_tls=1 over
+# https:// to the HTTPS instance, verified against the test CA (ca_file).
+bench_prefetch='' bench_batch='' bench_tls=0 bench_handler=c http_port='' https_port=''
 handler_yaml() {
     case "$bench_handler" in
         c) printf '    handler: %s\n' "$out/bench_handler.so" ;;
         sql) printf '    handler: %s\n    config:\n      statement: "%s"\n' \
                  "$(cd "$build" && pwd)/handlers/sql.so" \
                  "INSERT INTO sekali_bench.jobs (queue, key, published_us, committed) VALUES (:queue, :idempotency_key, :body::bigint, clock_timestamp())" ;;
-        http) printf '    handler: %s\n    mode: external\n    config:\n      url: "http://127.0.0.1:%s/%s"\n' \
-                  "$(cd "$build" && pwd)/handlers/http.so" "${http_port:?start_http_service first}" "$1" ;;
+        http) printf '    handler: %s\n    mode: external\n    config:\n' "$(cd "$build" && pwd)/handlers/http.so"
+              if [ "$bench_tls" = 1 ]; then
+                  printf '      url: "https://127.0.0.1:%s/%s"\n      ca_file: %s\n' \
+                      "${https_port:?start_http_service 1 first}" "$1" "$SEKALI_TLS_DIR/ca.crt"
+              else
+                  printf '      url: "http://127.0.0.1:%s/%s"\n' "${http_port:?start_http_service 0 first}" "$1"
+              fi ;;
         *) die "BENCH_HANDLER: c, sql or http, not '$bench_handler'" ;;
     esac
 }
@@ -240,30 +252,68 @@ median() {
         awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-# start_http_service: tests/bench/bench_http.c on a free loopback port
-# (http_port), its INSERTs over clear text like the C handler's clear-text
-# rows; stopped at exit. http_cpu prints its CPU time so far, in ms.
+# start_http_service TLS: tests/bench/bench_http.c on a free loopback port,
+# stopped at exit. TLS 0: clear text (http_port, http_pid), its INSERTs over
+# clear text like the C handler's clear-text rows; TLS 1: HTTPS with the
+# test CA's server certificate (https_port, https_pid), its INSERTs over
+# TLS like the C handler's TLS rows. Both can run at once, so that the
+# variants of a round alternate without a restart, and each instance's CPU
+# time is one mode's. http_cpu prints bench_tls's instance's CPU time so
+# far, in ms.
 start_http_service() {
-    rm -f "$work/http.port"
-    "$out/bench_http" "$SEKALI_PG_CONNINFO sslmode=disable" "$work/http.port" \
-        >"$work/http.out" 2>"$work/http.log" &
-    http_pid=$!
-    local i
-    for i in $(seq 1 100); do [ -s "$work/http.port" ] && break; sleep 0.05; done
-    http_port=$(cat "$work/http.port" 2>/dev/null) || die "bench_http did not start (see $work/http.log)"
+    local name=http conninfo="$SEKALI_PG_CONNINFO sslmode=disable" pid port i
+    local -a tls=()
+    if [ "$1" = 1 ]; then
+        name=https conninfo=$(tls_pg_conninfo) tls=("$SEKALI_TLS_DIR")
+    fi
+    rm -f "$work/$name.port"
+    "$out/bench_http" "$conninfo" "$work/$name.port" "${tls[@]}" \
+        >"$work/$name.out" 2>"$work/$name.log" &
+    pid=$!
+    for i in $(seq 1 100); do [ -s "$work/$name.port" ] && break; sleep 0.05; done
+    port=$(cat "$work/$name.port" 2>/dev/null) || die "bench_http did not start (see $work/$name.log)"
+    printf -v "${name}_pid" '%s' "$pid"
+    printf -v "${name}_port" '%s' "$port"
 }
 http_cpu() {
-    awk '{ printf "%.0f", ($14 + $15) * 1000 / '"$(getconf CLK_TCK)"' }' "/proc/$http_pid/stat"
+    local pid=$http_pid
+    [ "$bench_tls" != 1 ] || pid=$https_pid
+    awk '{ printf "%.0f", ($14 + $15) * 1000 / '"$(getconf CLK_TCK)"' }' "/proc/$pid/stat"
+}
+
+# stop_http_services: stops the instances and checks from the service's
+# side what they served: every request of the HTTPS instance (and none of
+# the clear one's) over a TLS session. Prints what each one counted.
+stop_http_services() {
+    local name pid line requests failed conns tls protocol
+    for name in http https; do
+        pid=${name}_pid
+        [ -n "${!pid}" ] || continue
+        kill -TERM "${!pid}"
+        wait "${!pid}" || die "bench_http ($name) exited non-zero (see $work/$name.log)"
+        printf -v "$pid" '%s' ''
+        line=$(cat "$work/$name.out")
+        read -r _ requests _ failed _ conns _ tls protocol <<<"$line"
+        say "the $name service: $requests requests ($failed failed) on $conns connections," \
+            "$tls of them over TLS${protocol:+ ($protocol)}"
+        if [ "$name" = https ]; then
+            [ "$requests" -gt 0 ] && [ "$tls" = "$requests" ] ||
+                die "the HTTPS service: $tls of $requests requests over TLS ($line)"
+        else
+            [ "$tls" = 0 ] || die "the clear-text service: $tls requests over TLS ($line)"
+        fi
+    done
 }
 
 # If we exit early: stop a latency run's background driver (sekalid
 # follows it), and delete the queue in use, which may still hold thousands
 # of persistent jobs that nothing will consume. Its rows stay for a look;
 # the next invocation drops them.
-driver='' live_queue='' http_pid=''
+driver='' live_queue='' http_pid='' https_pid=''
 cleanup() {
     [ -z "$driver" ] || kill -TERM "$driver" 2>/dev/null || true
     [ -z "$http_pid" ] || kill -TERM "$http_pid" 2>/dev/null || true
+    [ -z "$https_pid" ] || kill -TERM "$https_pid" 2>/dev/null || true
     [ -z "$live_queue" ] || "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$live_queue" 2>/dev/null || true
 }
 trap cleanup EXIT

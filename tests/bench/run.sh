@@ -31,7 +31,14 @@
 #                           every round
 #   BENCH_TLS [0]           a list: 0 clear text, 1 TLS on all three links
 #                           (docs/tls.md; servers started with SEKALI_TLS=1);
-#                           "0 1" runs both in every round (tests/bench/tls.sh)
+#                           "0 1" runs both in every round (tests/bench/tls.sh).
+#                           http with 1 (+http+tls) is https:// to a second,
+#                           HTTPS instance of the service (the test CA's
+#                           server certificate, verified: ca_file), whose
+#                           INSERTs go over TLS too; at the end each
+#                           instance says how many of its requests came over
+#                           TLS, and the run fails unless all of the HTTPS
+#                           one's did.
 #
 # What it does, per configuration:
 #   1. throughput, BENCH_RUNS times: publish BENCH_JOBS persistent jobs into a
@@ -122,7 +129,12 @@ rm -f "$work"/bench-[0-9]*   # the previous invocation's files: only this one's 
 # named bench-*). Two invocations at once are not supported: each starts by
 # dropping the rows any earlier one left behind.
 run_id=bench-$(date +%s)-$$
-[[ " $handler_list " != *" http "* ]] || start_http_service
+# The HTTP service, clear and HTTPS side by side when both are measured:
+# the variants of a round alternate without restarting it.
+if [[ " $handler_list " == *" http "* ]]; then
+    [[ " $tls_list " != *" 0 "* ]] || start_http_service 0
+    [[ " $tls_list " != *" 1 "* ]] || start_http_service 1
+fi
 
 # Before each run: no dead rows or stale statistics left by the previous run,
 # and no checkpoint of its dirty pages landing in the middle of this one.
@@ -421,6 +433,7 @@ bench_workers() {
 for w in $workers_list; do
     bench_workers "$w"
 done
+stop_http_services
 
 # ---------------------------------------------------------------------------
 # Summary: one row per configuration and binary. x-batch: jobs/s over the
