@@ -458,7 +458,7 @@ START_TEST(test_minimal_config_takes_every_default)
     ck_assert_int_eq(q->prefetch, 32);
     ck_assert_int_eq(q->batch, 16);
     ck_assert_uint_eq(q->batch_wait_ms, 0);
-    ck_assert_uint_eq(q->batch_close_after_ms, 20);
+    ck_assert_uint_eq(q->batch_close_after_ms, 100);
     ck_assert_int_eq(q->mode, SK_MODE_TRANSACTIONAL);
     ck_assert(q->lock);
     ck_assert_uint_eq(q->lock_ttl_ms, 30000);
@@ -522,7 +522,7 @@ START_TEST(test_batch_defaults_to_16_within_the_prefetch_window)
                       i, c->queues[i].prefetch, want[i].prefetch);
     }
     ck_assert_uint_eq(c->queues[2].batch_close_after_ms, 5);
-    ck_assert_uint_eq(c->queues[0].batch_close_after_ms, 20);
+    ck_assert_uint_eq(c->queues[0].batch_close_after_ms, 100);
     /* A handler's check() reads its queue's batch (host->config_queue()),
      * to refuse a shared transaction it cannot live with. */
     char buf[16];
