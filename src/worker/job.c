@@ -457,6 +457,9 @@ int sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
     atomic_store(&p->slot->phase, SK_PHASE_JOB);
     sk_links_take_back(p->links, p->heartbeat);
     sk_job_transition(j, SK_JOB_HANDLED);
+    /* The job's own, since a batch-mate's handler resets ctx before the
+     * job's outcome is settled. */
+    j->retry_after_ms = ctx->retry_after_ms;
     return status;
 }
 

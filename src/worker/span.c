@@ -451,7 +451,6 @@ bool sk_span_handle(struct sk_pipeline *p, struct sk_job *j, enum sk_way way)
                  PQtransactionStatus(pg) == PQTRANS_INERROR ? "failed" : "ended");
     }
     j->conflict = ctx->conflict;
-    j->retry_after_ms = ctx->retry_after_ms;
     snprintf(j->error, sizeof(j->error), "%s", ctx->error);
     free(j->result);
     j->result = NULL;
