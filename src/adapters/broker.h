@@ -317,9 +317,11 @@ bool sk_broker_channel_refused(const struct sk_broker *b);
  * name (size bytes): messages sit there for delay_ms, then the broker
  * dead-letters them back to `queue`. The queue deletes itself once unused
  * for 10 minutes longer than its delay, which cannot happen while it still
- * holds a message, provided it is declared again before each publish. */
-int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
-                            char *name, size_t size, struct sk_err *err);
+ * holds a message, provided it is declared again before each publish.
+ * quorum (the work queue is one): a replicated quorum queue, unless a
+ * classic one of that name exists already. */
+int sk_broker_declare_delay(struct sk_broker *b, const char *queue, bool quorum,
+                            uint32_t delay_ms, char *name, size_t size, struct sk_err *err);
 
 /* Publishes a persistent copy of original (properties and body) to
  * routing_key, with `extra` headers added or replacing those of the same

@@ -18,6 +18,8 @@
 #include "broker_conn.h"
 
 static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err);
+static amqp_rpc_reply_t declare_delay_as(struct sk_broker *b, const char *name,
+                                         const char *queue, uint32_t delay_ms, bool quorum);
 static int declare_passive(struct sk_broker *b, const char *name, struct sk_err *err);
 static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                         const struct sk_queue_shape *shape, struct sk_err *err);
@@ -216,21 +218,48 @@ int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
     return SK_OK;
 }
 
-int sk_broker_declare_delay(struct sk_broker *b, const char *queue, uint32_t delay_ms,
-                            char *name, size_t size, struct sk_err *err)
+int sk_broker_declare_delay(struct sk_broker *b, const char *queue, bool quorum,
+                            uint32_t delay_ms, char *name, size_t size, struct sk_err *err)
 {
     SK_BROKER_USABLE(b, err);
     int n = snprintf(name, size, "%s.delay.%u", queue, delay_ms);
     if (n < 0 || (size_t)n >= size)
         return sk_err_set(err, SK_ERR, "queue name too long: %s", queue);
-    amqp_table_entry_t args[4];
-    args[0] = sk_broker_text_entry("x-dead-letter-exchange", "");
-    args[1] = sk_broker_text_entry("x-dead-letter-routing-key", queue);
-    args[2] = sk_broker_int_entry("x-message-ttl", delay_ms);
-    args[3] = sk_broker_int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
-    amqp_table_t table = { .num_entries = 4, .entries = args };
+    amqp_rpc_reply_t reply = declare_delay_as(b, name, queue, delay_ms, quorum);
+    /* A classic delay queue from before they followed their work queue's
+     * type: taken as it is, since a declaration with another type is
+     * refused and the queue lives as long as retries keep using it. */
+    if (quorum && channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
+        int rc = reopen_channel(b, err);
+        if (rc != SK_OK)
+            return rc;
+        reply = declare_delay_as(b, name, queue, delay_ms, false);
+    }
+    return sk_broker_rpc_check(b, reply, "queue.declare(delay)", err);
+}
+
+/* A delay queue of a quorum work queue is a quorum queue too: a classic
+ * one lives on the node that declared it, and while that node is down
+ * every retry through it is refused (404, home node down) and handed back,
+ * each time counted against the work queue's delivery_limit. Its expired
+ * messages go back at least once, as the work queue's dead letters do. */
+static amqp_rpc_reply_t declare_delay_as(struct sk_broker *b, const char *name,
+                                         const char *queue, uint32_t delay_ms, bool quorum)
+{
+    amqp_table_entry_t args[7];
+    int n = 0;
+    args[n++] = sk_broker_text_entry("x-dead-letter-exchange", "");
+    args[n++] = sk_broker_text_entry("x-dead-letter-routing-key", queue);
+    args[n++] = sk_broker_int_entry("x-message-ttl", delay_ms);
+    args[n++] = sk_broker_int_entry("x-expires", (int64_t)delay_ms + 10 * 60 * 1000);
+    if (quorum) {
+        args[n++] = sk_broker_text_entry("x-queue-type", "quorum");
+        args[n++] = sk_broker_text_entry("x-dead-letter-strategy", "at-least-once");
+        args[n++] = sk_broker_text_entry("x-overflow", "reject-publish");
+    }
+    amqp_table_t table = { .num_entries = n, .entries = args };
     amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "queue.declare(delay)", err);
+    return amqp_get_rpc_reply(b->conn);
 }
 
 /* After the broker closed the channel over a refused declaration: answer

@@ -582,7 +582,7 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
     struct sk_broker *pub = sk_links_publisher(p->links, &err);
     bool connected = pub != NULL;
     if (connected &&
-        sk_reschedule_later(pub, p->queue->name, j->delivery, &j->env, delay_ms,
+        sk_reschedule_later(pub, p->queue, j->delivery, &j->env, delay_ms,
                             next_attempt, error, &err) == SK_OK) {
         char text[128];
         snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);

@@ -29,7 +29,8 @@ uint32_t sk_reschedule_retry_delay(const struct sk_retry_conf *retry, uint32_t n
     return sk_reschedule_bucket(sk_jitter(0, (uint32_t)ceiling));
 }
 
-int sk_reschedule_later(struct sk_broker *pub, const char *queue, const amqp_envelope_t *env,
+int sk_reschedule_later(struct sk_broker *pub, const struct sk_queue_conf *queue,
+                        const amqp_envelope_t *env,
                         const struct sk_envelope *parsed, uint32_t delay_ms,
                         uint32_t next_attempt, const char *error, struct sk_err *err)
 {
@@ -37,8 +38,9 @@ int sk_reschedule_later(struct sk_broker *pub, const char *queue, const amqp_env
     /* A delay queue that cannot be declared is the broker's or the
      * configuration's problem, never this message's: SK_AGAIN, so that the
      * caller hands the message back rather than dead-letter it. */
-    if (sk_broker_declare_delay(pub, queue, delay_ms, delay_queue, sizeof(delay_queue), err) !=
-        SK_OK)
+    bool quorum = queue->queue_type == SK_QUEUE_QUORUM;
+    if (sk_broker_declare_delay(pub, queue->name, quorum, delay_ms, delay_queue,
+                                sizeof(delay_queue), err) != SK_OK)
         return err != NULL ? (err->code = SK_AGAIN) : SK_AGAIN;
     now_iso8601(now, sizeof(now));
     struct sk_header headers[3] = {

@@ -159,9 +159,13 @@ new_leader() {
 }
 wait_for 60 "a new leader for $queue after $leader was killed" new_leader
 say "new leader: $(new_leader)"
-# sekalid's connections, all back, none to the dead node, and (amqps) each
-# still TLS with the client certificate on a live node's TLS listener.
+# sekalid's connections back, none to the dead node, and (amqps) each still
+# TLS with the client certificate on a live node's TLS listener. Each
+# worker's consumer comes back at once; its publishing connection only when
+# it next has a retry or a dead letter to send, so the count to wait for is
+# the workers', not that of the connections before the kill.
 live_ports="$(sekalid_port $(( victim % 3 + 1 ))) $(sekalid_port $(( (victim + 1) % 3 + 1 )))"
+workers=${SEKALI_CLUSTER_WORKERS:-4}
 moved() {
     local c n=0 port ssl subject
     c=$(conns "$other") || return 1
@@ -170,9 +174,9 @@ moved() {
         if [ "$amqps" = 1 ]; then [ "$ssl $subject" = "true CN=sekali" ] || return 1; fi
         n=$((n + 1))
     done <<<"$c"
-    [ "$n" -ge "$n_conns" ]
+    [ "$n" -ge "$workers" ]
 }
-wait_for 60 "sekalid's $n_conns connections back on the live nodes ($live_ports)" moved
+wait_for 60 "sekalid's $workers consumers back on the live nodes ($live_ports), none elsewhere" moved
 after_conns=$(conns "$other")
 say "sekalid's connections after the failover (port ssl certificate): $(tr '\n' ';' <<<"$after_conns")"
 
@@ -191,14 +195,23 @@ tally "$conninfo" "$queue" "$keys"
 dead_letters=$(ctl "$other" -q list_queues name messages --formatter json |
     python3 -c "import json,sys; print(sum(q.get('messages') or 0 for q in json.load(sys.stdin) if q['name'] == '$queue.dead'))")
 reconnects=$(grep -c "lost the broker connection" "$work/sekalid.log" || true)
+# Retries went on through the failover: the delay queues of a quorum work
+# queue are quorum queues, so none lived on the dead node alone.
+delay_types=$(ctl "$other" -q list_queues name type --formatter json |
+    python3 -c "import json,sys; print(' '.join(sorted(set(q['type'] for q in json.load(sys.stdin) if q['name'].startswith('$queue.delay.')))) or 'none')")
+home_down=$(grep -c "is down or inaccessible" "$work/sekalid.log" || true)
 failover_dups=$(( duplicates - copies ))
 tls_moved=$(grep -c " true CN=sekali" <<<"$after_conns" || true)
 echo "$name: killed=rabbitmq-leader($leader,pid $pid) pause_ms=$pause keys=$keys effects=$effects" \
      "duplicates=$duplicates(copies=$copies,redelivered=$failover_dups) doubled=$doubled lost=$lost" \
-     "dead_letters=$dead_letters reconnects=$reconnects" \
+     "dead_letters=$dead_letters reconnects=$reconnects delay_queues=$delay_types" \
      "connections=$n_conns(tls_after=$tls_moved)"
 [ "$doubled" = 0 ] || die "$doubled keys have more than one effect"
 [ "$lost" = 0 ] || die "$lost keys have no effect"
 [ "$effects" = "$keys" ] && [ "$completed" = "$keys" ] ||
     die "$effects effects and $completed completed keys for $keys keys"
 [ "$dead_letters" = 0 ] || die "$dead_letters messages dead-lettered"
+[ "$delay_types" = quorum ] || [ "$delay_types" = none ] ||
+    die "the work queue's delay queues are $delay_types, not quorum"
+[ "$home_down" = 0 ] ||
+    die "$home_down retries refused because a queue's home node was down (log: $work/sekalid.log)"

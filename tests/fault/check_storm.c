@@ -195,7 +195,7 @@ START_TEST(test_crashing_job_back_from_a_delay_queue_still_meets_max_crashes)
                      1);
     char delay[300];
     struct sk_err err = { 0 };
-    ck_assert_msg(sk_broker_declare_delay(r.b, r.queue, 50, delay, sizeof(delay), &err) == SK_OK,
+    ck_assert_msg(sk_broker_declare_delay(r.b, r.queue, false, 50, delay, sizeof(delay), &err) == SK_OK,
                   "%s", err.msg);
     /* Published only to the delay queue: the worker can get it only as
      * the broker's dead letter from there, as it gets every retry. */

@@ -1,6 +1,8 @@
 /* check_declare.c - queues declared by someone else: `declare: passive`
  * consumes them as they are, whatever their arguments or policies, and
- * `declare: auto` says what to do instead of retrying in silence. */
+ * `declare: auto` says what to do instead of retrying in silence; and the
+ * delay queues of a quorum work queue, quorum too unless older ones are
+ * classic. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +158,68 @@ START_TEST(test_passive_queue_that_does_not_exist_is_waited_for)
 }
 END_TEST
 
+/* How many of queue's delay queues the broker has of this type. */
+static int delay_queues_of_type(const char *queue, const char *type)
+{
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "\"$SEKALI_RABBITMQCTL\" list_queues -q name type 2>/dev/null "
+             "| awk -v p='%s.delay.' -v t='%s' 'index($1, p) == 1 && $2 == t { n++ } "
+             "END { print n + 0 }'", queue, type);
+    FILE *f = popen(cmd, "r");
+    ck_assert_msg(f != NULL, "cannot run rabbitmqctl");
+    int n = -1;
+    ck_assert_int_eq(fscanf(f, "%d", &n), 1);
+    pclose(f);
+    return n;
+}
+
+/* One retried job on a quorum work queue: it commits once, at attempt 2. */
+static void retry_once_on_quorum(struct h_run *r)
+{
+    h_run_start(r, &(struct h_run_opts){ .workers = 1,
+                                         .queue_yaml = "    queue_type: quorum\n" H_FAST_RETRIES,
+                                         .shape = &(struct sk_queue_shape){ .quorum = true } });
+    h_publish(r->b, r->queue, "test", "retry-1", "k-retry", NULL, "retry");
+    H_WAIT(h_effects(r, "k-retry") == 1, 20000, "the retried job should commit once, has %lld",
+           h_effects(r, "k-retry"));
+    h_run_stop(r);
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
+                                       "'%s' AND idempotency_key = 'k-retry'", r->queue), 2);
+}
+
+/* A classic delay queue lives on the node that declared it: while that node
+ * is down, every retry through it would be refused and handed back, each
+ * time counted against the work queue's delivery_limit. */
+START_TEST(test_a_quorum_queue_retries_through_quorum_delay_queues)
+{
+    struct h_run r;
+    h_run_open(&r, "qdelay");
+    retry_once_on_quorum(&r);
+    ck_assert_int_ge(delay_queues_of_type(r.queue, "quorum"), 1);
+    ck_assert_int_eq(delay_queues_of_type(r.queue, "classic"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Delay queues made before they followed their work queue's type cannot be
+ * declared as quorum queues: the broker refuses another type for a queue
+ * that exists. */
+START_TEST(test_an_older_classic_delay_queue_of_a_quorum_queue_is_used_as_it_is)
+{
+    struct h_run r;
+    h_run_open(&r, "qdelayold");
+    /* The first retry's delay (initial: 10ms) is always the 10 ms bucket. */
+    char name[600];
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_declare_delay(r.b, r.queue, false, 10, name, sizeof name, &err) ==
+                  SK_OK, "declaring the classic delay queue: %s", err.msg);
+    retry_once_on_quorum(&r);
+    ck_assert_int_eq(delay_queues_of_type(r.queue, "classic"), 1);
+    ck_assert_int_eq(delay_queues_of_type(r.queue, "quorum"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -163,6 +227,8 @@ int main(void)
         test_passive_queue_under_a_policy_runs_retries_and_dead_letters,
         test_auto_declare_of_a_foreign_queue_says_to_set_passive_once,
         test_passive_queue_that_does_not_exist_is_waited_for,
+        test_a_quorum_queue_retries_through_quorum_delay_queues,
+        test_an_older_classic_delay_queue_of_a_quorum_queue_is_used_as_it_is,
         NULL,
     };
     return h_run_suite(h_suite("declare", 180, tests));

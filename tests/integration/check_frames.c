@@ -160,7 +160,7 @@ START_TEST(test_message_arriving_over_frame_max_is_taken_off_the_head)
     h_run_start(&r, &(struct h_run_opts){ .workers = 1 });
     char feed[600];
     struct sk_err err = { 0 };
-    ck_assert_msg(sk_broker_declare_delay(r.b, r.queue, 1, feed, sizeof(feed), &err) == SK_OK,
+    ck_assert_msg(sk_broker_declare_delay(r.b, r.queue, false, 1, feed, sizeof(feed), &err) == SK_OK,
                   "%s", err.msg);
     char *value = h_header_filling("over-1", "x-padding", 131030);
     struct sk_header pad = { .key = "x-padding", .text = value };
@@ -185,7 +185,7 @@ START_TEST(test_dlq_reads_a_dead_letter_over_frame_max)
     h_run_start(&r, &(struct h_run_opts){ .workers = 1 });
     char feed[600];
     struct sk_err err = { 0 };
-    ck_assert_msg(sk_broker_declare_delay(r.b, r.dead, 1, feed, sizeof(feed), &err) == SK_OK,
+    ck_assert_msg(sk_broker_declare_delay(r.b, r.dead, false, 1, feed, sizeof(feed), &err) == SK_OK,
                   "%s", err.msg);
     char *value = h_header_filling("dead-over-1", "x-padding", 131030);
     struct sk_header pad = { .key = "x-padding", .text = value };
