@@ -54,6 +54,9 @@ static const struct family counters[SK_METRIC_COUNT] = {
     [SK_METRIC_BATCH_RERUNS] = { "sekali_batch_reruns_total",
         "Handler calls rolled back with their batch because a batch-mate failed, their jobs run "
         "again (each is also in sekali_executions_total)." },
+    [SK_METRIC_BATCH_DEFERRED] = { "sekali_batch_deferred_total",
+        "Jobs whose batch closed early (batch_close_after) before their handler ran, left for "
+        "the next transaction." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */

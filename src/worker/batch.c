@@ -271,8 +271,10 @@ static bool close_early(struct sk_pipeline *p, struct sk_span *s, size_t from)
     }
     for (size_t i = from; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
-        if (j->state == SK_JOB_CLAIMED && !j->settled)
+        if (j->state == SK_JOB_CLAIMED && !j->settled) {
             sk_job_rewind(j);
+            sk_metrics_inc(j->metrics, SK_METRIC_BATCH_DEFERRED);
+        }
     }
     sk_log_debug("queue %s: batch closed after %u ms of handlers, %zu jobs left for the next "
                  "transaction", p->queue->name, p->queue->batch_close_after_ms, m);

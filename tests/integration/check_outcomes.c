@@ -164,7 +164,11 @@ static void run_slow_batch(struct h_run *r, const char *name, int slow, bool fai
         h_publish(r->b, r->queue, "test", id, key, NULL,
                   i == slow ? "sleep:200" : fail && i == 2 ? "fail" : "ok");
     }
-    h_run_start(r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES
+    int port = h_free_port();
+    char top[128];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    h_run_start(r, &(struct h_run_opts){ .workers = 1, .top_yaml = top,
+                                         .queue_yaml = H_FAST_RETRIES
                                          "    batch: 8\n    prefetch: 8\n"
                                          "    batch_wait: 500ms\n    batch_close_after: 50ms\n"
                                          "    lock: false\n" });
@@ -172,6 +176,9 @@ static void run_slow_batch(struct h_run *r, const char *name, int slow, bool fai
         expect_dead(r, "failed", "the job asked to fail", 1);
     H_WAIT(h_effect_keys(r) == (fail ? 7 : 8), 20000, "the batch's jobs should commit, have %lld",
            h_effect_keys(r));
+    /* The jobs after the slow one were given back unrun, once each. */
+    H_WAIT(h_metric(port, "sekali_batch_deferred_total{queue=\"%s\",job_type=\"test\"}",
+                    r->queue) == 8 - slow, 10000, "%d jobs should be counted deferred", 8 - slow);
     h_run_stop(r);
     h_expect_once(r, fail ? 7 : 8, 0);
     /* Every key given back was claimed again from the start: a fresh row. */
