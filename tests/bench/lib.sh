@@ -47,6 +47,8 @@ cflags=(-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-pr
     "$cc" "${cflags[@]}" $(pkg-config --cflags libpq) \
         -o "$out/bench_sekalid" tests/bench/bench_sekalid.c $(pkg-config --libs libpq)
     "$cc" "${cflags[@]}" -o "$out/bench_cpu" tests/bench/bench_cpu.c
+    "$cc" "${cflags[@]}" $(pkg-config --cflags librabbitmq hiredis libpq) \
+        -o "$out/bench_loop" tests/bench/bench_loop.c $(pkg-config --libs librabbitmq hiredis libpq)
     "$cc" "${cflags[@]}" $(pkg-config --cflags libpq libmicrohttpd gnutls) -pthread \
         -o "$out/bench_http" tests/bench/bench_http.c $(pkg-config --libs libpq libmicrohttpd gnutls)
 }

@@ -55,7 +55,10 @@
 #      with PostgreSQL's CPU per transaction counted the same way; then the
 #      same with tests/bench/loop.pgbench, the hand-written loop's SQL (an
 #      idempotency row with a bare primary key, the effect, COMMIT): the
-#      floor for PostgreSQL's cost per job;
+#      floor for PostgreSQL's cost per job; then the hand-written loop end
+#      to end (tests/bench/bench_loop.c: the same jobs consumed, a Redis
+#      lock each, the loop's SQL, ack, unlock), timed and counted as
+#      sekalid is: the baseline of the summary's x-e2e;
 #   3. latency: sekalid running while jobs arrive at each rate of
 #      BENCH_LATENCY_RATE (half the median throughput, then fixed rates)
 #      for BENCH_LATENCY_SECONDS after a second of warm-up, each
@@ -221,7 +224,7 @@ bench_workers() {
     local pg_per_client=$((jobs / workers))
     local pg_jobs=$((pg_per_client * workers))
     local k run queue conf result rate hwm rss pss growth tps label cpu b p v svc0 svc
-    local -a pgbench_tps pg_cpu loop_tps loop_cpu v_batch v_prefetch v_handler v_tls v_bin
+    local -a pgbench_tps pg_cpu loop_tps loop_cpu e2e_tps e2e_cpu v_batch v_prefetch v_handler v_tls v_bin
     local -A v_rates v_cpu v_hwm v_rss v_pss
     # The variants, in the order of the lists: batch, prefetch, handler,
     # TLS, binary.
@@ -324,18 +327,44 @@ bench_workers() {
         loop_cpu+=("$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" 0 "$pg_jobs" | cut -d' ' -f1)")
         say "loop run $run: $tps tps ($pg_jobs transactions), PostgreSQL ${loop_cpu[-1]} ms CPU/tx"
         forget "$queue"
+
+        # --- the hand-written loop end to end (tests/bench/bench_loop.c) ---
+        # The same jobs from RabbitMQ, a Redis lock each, the loop's SQL,
+        # ack, unlock: measured as sekalid is, by bench_sekalid.
+        queue=$run_id-e2e-w$workers-$run
+        settle
+        quiesce "e2e loop run $run"
+        live_queue=$queue
+        "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
+        result=$work/$queue.result
+        server_cpu >"$work/$queue.cpu0"
+        BENCH_LOOP=1 BENCH_LOOP_QUEUE=$queue BENCH_LOOP_WORKERS=$workers \
+        BENCH_LOOP_PREFETCH=${bench_prefetch:-10} \
+        "$out/bench_sekalid" "$out/bench_loop" - "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
+            "$queue" "$jobs" "$timeout" >"$result" || die "e2e loop run $run (see $work/$queue.log)"
+        server_cpu >"$work/$queue.cpu1"
+        verify_loop "$queue" "$jobs"
+        e2e_tps+=("$(field jobs_per_s "$result")")
+        cpu=$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" "$(field sekali_cpu_ms "$result")" "$jobs")
+        e2e_cpu+=("$(cut -d' ' -f5 <<<"$cpu")")
+        say "e2e loop run $run: ${e2e_tps[-1]} jobs/s; CPU ms/job pg rmq redis loop total: $cpu"
+        "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
+        live_queue=''
+        forget "$queue"
     done
     local pgbench_median pg_cpu_median
     pgbench_median=$(median "${pgbench_tps[@]}")
     pg_cpu_median=$(median "${pg_cpu[@]}")
-    local loop_cpu_median
+    local loop_cpu_median e2e_median e2e_cpu_median
     loop_cpu_median=$(median "${loop_cpu[@]}")
+    e2e_median=$(median "${e2e_tps[@]}")
+    e2e_cpu_median=$(median "${e2e_cpu[@]}")
 
     for k in "${!v_bin[@]}"; do
         bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} bench_tls=${v_tls[$k]}
         bench_handler=${v_handler[$k]} v=${v_bin[$k]}
         label="$(build_name) batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
-        local median_rate x_batch x_pgbench x_this x_loop pg_x_loop j
+        local median_rate x_batch x_pgbench x_this x_loop x_e2e pg_x_loop j
         # shellcheck disable=SC2086  # a list of numbers
         median_rate=$(median ${v_rates[$k]})
         # The ratios, round by round: to the first batch value of the same
@@ -355,6 +384,7 @@ bench_workers() {
         done
         x_this=$(ratios "${v_rates[$k]}" "${v_rates[$j]}")
         x_loop=$(ratios "${v_rates[$k]}" "${loop_tps[*]}")
+        x_e2e=$(ratios "${v_rates[$k]}" "${e2e_tps[*]}")
         # PostgreSQL's CPU per job over the loop's, round by round.
         pg_x_loop=$(ratios "$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk 'NF { printf "%s ", $1 }')" \
                     "${loop_cpu[*]}")
@@ -420,11 +450,11 @@ bench_workers() {
             fi
         done
         # shellcheck disable=SC2086
-        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
+        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
             "${bench_prefetch:-default}" "$(build_name)" "$median_rate" "$pgbench_median" \
             "$first_rate" "$first_p50" "$first_p99" "${v_hwm[$k]}" "$pg_cpu_median" "$split" \
             "${v_rss[$k]}" "${v_pss[$k]}" "$first_busy" "$x_batch" "$x_pgbench" "$x_this" \
-            "$x_loop" "$loop_cpu_median" "$pg_x_loop" >>"$summary"
+            "$x_loop" "$loop_cpu_median" "$pg_x_loop" "$x_e2e" "$e2e_median" "$e2e_cpu_median" >>"$summary"
         say "$label: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$k]% })," \
             "pgbench $(printf '%.0f' "$pgbench_median") tps (median of $runs: ${pgbench_tps[*]})"
     done
@@ -446,20 +476,21 @@ stop_http_services
 echo
 awk -v runs="$runs" '
     BEGIN {
-        printf "%-3s %-5s %-8s %-13s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s %6s %7s %7s\n", "W", "batch",
+        printf "%-3s %-5s %-8s %-13s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s %6s %7s %7s %6s %7s %7s\n", "W", "batch",
                "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate busy",
                "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps",
-               "x-loop", "pg/loop", "loop-pg"
+               "x-loop", "pg/loop", "loop-pg", "x-e2e", "e2e j/s", "e2e cpu"
     }
     {
         split($0, f, " ")
-        printf "%-3s %-5s %-8s %-13s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f %6.2f %7.2f %7.3f\n",
+        printf "%-3s %-5s %-8s %-13s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f %6.2f %7.2f %7.3f %6.2f %7.0f %7.3f\n",
                f[1], f[2], f[3], f[4], f[5], f[20], f[21], f[22], f[8] "/" f[9] " @" f[7] " " f[19] "%",
                sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
-               f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6], f[23], f[25], f[24]
+               f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6], f[23], f[25], f[24],
+               f[26], f[27], f[28]
     }
     END {
-        printf "(jobs/s and pgbench tps: medians of %d rounds; x-batch, x-pgbench, x-this, x-loop (over the hand-written loop, tests/bench/loop.pgbench) and pg/loop (PostgreSQL CPU per job over the loop'"'"'s): medians of the ratios within each round; loop-pg: the loop'"'"'s PostgreSQL ms CPU/tx; RSS and PSS per worker when every job is done, the largest of the rounds; peak: VmHWM)\n", runs
+        printf "(jobs/s and pgbench tps: medians of %d rounds; x-batch, x-pgbench, x-this, x-loop (over the hand-written loop'"'"'s SQL through pgbench, tests/bench/loop.pgbench) and pg/loop (PostgreSQL CPU per job over the loop'"'"'s): medians of the ratios within each round; loop-pg: the loop'"'"'s PostgreSQL ms CPU/tx; x-e2e: over the hand-written loop end to end (tests/bench/bench_loop.c: consume, lock, the loop'"'"'s SQL, ack, unlock), e2e j/s and e2e cpu its jobs/s and whole-machine ms CPU/job; RSS and PSS per worker when every job is done, the largest of the rounds; peak: VmHWM)\n", runs
     }' "$summary"
 
 # One row per latency run: each configuration and binary at each offered
