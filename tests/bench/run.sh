@@ -224,7 +224,7 @@ bench_workers() {
     local pg_per_client=$((jobs / workers))
     local pg_jobs=$((pg_per_client * workers))
     local k run queue conf result rate hwm rss pss growth tps label cpu b p v svc0 svc
-    local -a pgbench_tps pg_cpu loop_tps loop_cpu e2e_tps e2e_cpu v_batch v_prefetch v_handler v_tls v_bin
+    local -a pgbench_tps pg_cpu loop_tps loop_cpu e2e_tps e2e_cpu e2e_pg v_batch v_prefetch v_handler v_tls v_bin
     local -A v_rates v_cpu v_hwm v_rss v_pss
     # The variants, in the order of the lists: batch, prefetch, handler,
     # TLS, binary.
@@ -346,7 +346,7 @@ bench_workers() {
         verify_loop "$queue" "$jobs"
         e2e_tps+=("$(field jobs_per_s "$result")")
         cpu=$(cpu_split "$work/$queue.cpu0" "$work/$queue.cpu1" "$(field sekali_cpu_ms "$result")" "$jobs")
-        e2e_cpu+=("$(cut -d' ' -f5 <<<"$cpu")")
+        e2e_cpu+=("$(cut -d' ' -f5 <<<"$cpu")") e2e_pg+=("$(cut -d' ' -f1 <<<"$cpu")")
         say "e2e loop run $run: ${e2e_tps[-1]} jobs/s; CPU ms/job pg rmq redis loop total: $cpu"
         "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
         live_queue=''
@@ -364,7 +364,7 @@ bench_workers() {
         bench_batch=${v_batch[$k]} bench_prefetch=${v_prefetch[$k]} bench_tls=${v_tls[$k]}
         bench_handler=${v_handler[$k]} v=${v_bin[$k]}
         label="$(build_name) batch=${bench_batch:--} prefetch=${bench_prefetch:-default}"
-        local median_rate x_batch x_pgbench x_this x_loop x_e2e pg_x_loop j
+        local median_rate x_batch x_pgbench x_this x_loop x_e2e pg_x_loop pg_x_e2e j
         # shellcheck disable=SC2086  # a list of numbers
         median_rate=$(median ${v_rates[$k]})
         # The ratios, round by round: to the first batch value of the same
@@ -388,6 +388,8 @@ bench_workers() {
         # PostgreSQL's CPU per job over the loop's, round by round.
         pg_x_loop=$(ratios "$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk 'NF { printf "%s ", $1 }')" \
                     "${loop_cpu[*]}")
+        pg_x_e2e=$(ratios "$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk 'NF { printf "%s ", $1 }')" \
+                   "${e2e_pg[*]}")
         local split='' i
         for i in 1 2 3 4 5; do
             split+="$(tr ';' '\n' <<<"${v_cpu[$k]}" | awk -v i="$i" 'NF { print $i }' | sort -g |
@@ -450,11 +452,11 @@ bench_workers() {
             fi
         done
         # shellcheck disable=SC2086
-        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
+        printf '%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s\n' "$workers" "${bench_batch:--}" \
             "${bench_prefetch:-default}" "$(build_name)" "$median_rate" "$pgbench_median" \
             "$first_rate" "$first_p50" "$first_p99" "${v_hwm[$k]}" "$pg_cpu_median" "$split" \
             "${v_rss[$k]}" "${v_pss[$k]}" "$first_busy" "$x_batch" "$x_pgbench" "$x_this" \
-            "$x_loop" "$loop_cpu_median" "$pg_x_loop" "$x_e2e" "$e2e_median" "$e2e_cpu_median" >>"$summary"
+            "$x_loop" "$loop_cpu_median" "$pg_x_loop" "$x_e2e" "$e2e_median" "$e2e_cpu_median" "$pg_x_e2e" >>"$summary"
         say "$label: $(printf '%.0f' "$median_rate") jobs/s (median of $runs: ${v_rates[$k]% })," \
             "pgbench $(printf '%.0f' "$pgbench_median") tps (median of $runs: ${pgbench_tps[*]})"
     done
@@ -476,21 +478,21 @@ stop_http_services
 echo
 awk -v runs="$runs" '
     BEGIN {
-        printf "%-3s %-5s %-8s %-13s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s %6s %7s %7s %6s %7s %7s\n", "W", "batch",
+        printf "%-3s %-5s %-8s %-13s %8s %7s %9s %7s %22s %14s  %-34s %8s %7s %6s %7s %7s %6s %7s %7s %7s\n", "W", "batch",
                "prefetch", "build", "jobs/s", "x-batch", "x-pgbench", "x-this", "p50/p99 ms @rate busy",
                "RSS/PSS/peak", "CPU ms/job: pg rmq redis sekali = total", "pgb-pg", "pgb tps",
-               "x-loop", "pg/loop", "loop-pg", "x-e2e", "e2e j/s", "e2e cpu"
+               "x-loop", "pg/loop", "loop-pg", "x-e2e", "e2e j/s", "e2e cpu", "pg/e2e"
     }
     {
         split($0, f, " ")
-        printf "%-3s %-5s %-8s %-13s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f %6.2f %7.2f %7.3f %6.2f %7.0f %7.3f\n",
+        printf "%-3s %-5s %-8s %-13s %8.0f %7.2f %9.2f %7.2f %22s %14s  %-34s %8.3f %7.0f %6.2f %7.2f %7.3f %6.2f %7.0f %7.3f %7.2f\n",
                f[1], f[2], f[3], f[4], f[5], f[20], f[21], f[22], f[8] "/" f[9] " @" f[7] " " f[19] "%",
                sprintf("%.1f/%.1f/%.1fM", f[17] / 1024, f[18] / 1024, f[10] / 1024),
                f[12] " " f[13] " " f[14] " " f[15] " = " f[16], f[11], f[6], f[23], f[25], f[24],
-               f[26], f[27], f[28]
+               f[26], f[27], f[28], f[29]
     }
     END {
-        printf "(jobs/s and pgbench tps: medians of %d rounds; x-batch, x-pgbench, x-this, x-loop (over the hand-written loop'"'"'s SQL through pgbench, tests/bench/loop.pgbench) and pg/loop (PostgreSQL CPU per job over the loop'"'"'s): medians of the ratios within each round; loop-pg: the loop'"'"'s PostgreSQL ms CPU/tx; x-e2e: over the hand-written loop end to end (tests/bench/bench_loop.c: consume, lock, the loop'"'"'s SQL, ack, unlock), e2e j/s and e2e cpu its jobs/s and whole-machine ms CPU/job; RSS and PSS per worker when every job is done, the largest of the rounds; peak: VmHWM)\n", runs
+        printf "(jobs/s and pgbench tps: medians of %d rounds; x-batch, x-pgbench, x-this, x-loop (over the hand-written loop'"'"'s SQL through pgbench, tests/bench/loop.pgbench) and pg/loop (PostgreSQL CPU per job over the loop'"'"'s): medians of the ratios within each round; loop-pg: the loop'"'"'s PostgreSQL ms CPU/tx; x-e2e: over the hand-written loop end to end (tests/bench/bench_loop.c: consume, lock, the loop'"'"'s SQL, ack, unlock), e2e j/s and e2e cpu its jobs/s and whole-machine ms CPU/job; pg/e2e: PostgreSQL CPU per job over the end-to-end loop'"'"'s; RSS and PSS per worker when every job is done, the largest of the rounds; peak: VmHWM)\n", runs
     }' "$summary"
 
 # One row per latency run: each configuration and binary at each offered
