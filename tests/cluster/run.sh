@@ -8,7 +8,8 @@
 # ports from SEKALI_CLUSTER_PORT_BASE, files under SEKALI_CLUSTER_SCRATCH),
 # runs, stops and wipes them, and exits 0 on pass. Its last line on stdout
 # is its summary ("<name>: killed=... pause_ms=... keys=... effects=...
-# duplicates=... lost=..."); diagnosis goes to stderr. A test that runs past
+# duplicates=... lost=...", or "<name>: FAILED: why"); diagnosis goes to
+# stderr. A test that runs past
 # SEKALI_CLUSTER_TIMEOUT seconds [600] is stopped and fails.
 # Ends with the summaries again and one line "N passed, N failed".
 set -uo pipefail

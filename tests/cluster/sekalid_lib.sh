@@ -16,7 +16,14 @@
 # shellcheck disable=SC2154  # build and name: set by the sourcing script
 
 say() { printf '%s: %s\n' "$name" "$*" >&2; }
-die() { printf '%s: FAILED: %s\n' "$name" "$*" >&2; exit 1; }
+# A failure is the run's result, so its line goes to stdout too, where
+# tests/cluster/run.sh takes each test's summary from (stderr alone: also
+# from inside a command substitution, which would swallow the stdout copy).
+die() {
+    printf '%s: FAILED: %s\n' "$name" "$*" >&2
+    printf '%s: FAILED: %s\n' "$name" "$*"
+    exit 1
+}
 
 now_ms() { local t=${EPOCHREALTIME/./}; printf '%s' $((t / 1000)); }
 
