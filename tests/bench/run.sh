@@ -338,8 +338,9 @@ bench_workers() {
         "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
         result=$work/$queue.result
         server_cpu >"$work/$queue.cpu0"
+        # Its prefetch is sekali's at batch 1 (10), whatever BENCH_PREFETCH
+        # says: one loop run a round is the baseline of every variant.
         BENCH_LOOP=1 BENCH_LOOP_QUEUE=$queue BENCH_LOOP_WORKERS=$workers \
-        BENCH_LOOP_PREFETCH=${bench_prefetch:-10} \
         "$out/bench_sekalid" "$out/bench_loop" - "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
             "$queue" "$jobs" "$timeout" >"$result" || die "e2e loop run $run (see $work/$queue.log)"
         server_cpu >"$work/$queue.cpu1"
