@@ -271,8 +271,10 @@ int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
 
 /* Publishes a persistent, mandatory message to the default exchange and waits
  * for the broker's confirm. Returns SK_OK once confirmed, SK_ERR if the broker
- * nacked or returned it (no such queue) or if AMQP cannot carry it (see
- * sk_broker_publish_async()), SK_AGAIN if the connection failed.
+ * returned it (no such queue) or if AMQP cannot carry it (see
+ * sk_broker_publish_async()), SK_AGAIN if the connection failed or the
+ * broker nacked it (a quorum queue without a leader, a full queue under
+ * reject-publish: the queue's state, not the message's).
  * Only for connections that do not consume: it reads frames synchronously. */
 int sk_broker_publish(struct sk_broker *b, const char *routing_key,
                       const struct sk_message *msg, struct sk_err *err);
@@ -285,7 +287,8 @@ struct sk_publish {
     uint64_t    tag;         /* the channel's publish sequence number */
     bool        returned;    /* the broker could not route it */
     bool        settled;     /* confirmed (acked or nacked) */
-    int         rc;          /* once settled: SK_OK, or SK_ERR with why */
+    int         rc;          /* once settled: SK_OK; SK_AGAIN (nacked) or SK_ERR (returned,
+                              * or refused before sending) with why */
     const char *why;         /* static text (or the caller's): why it was not accepted */
 };
 

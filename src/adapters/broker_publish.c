@@ -389,7 +389,8 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
         case AMQP_BASIC_NACK_METHOD: {
             amqp_basic_nack_t *nack = frame.payload.method.decoded;
             unsettled -= settle(p, n, nack->delivery_tag, nack->multiple,
-                                "the broker nacked the message");
+                                "the broker nacked the message (a quorum queue without a "
+                                "leader, or a full queue that rejects publishes)");
             continue;
         }
         case AMQP_BASIC_RETURN_METHOD: {
@@ -445,9 +446,15 @@ static size_t settle(struct sk_publish *p, size_t n, uint64_t tag, bool multiple
             continue;
         p[i].settled = true;
         p[i].rc = SK_OK;
-        if (nacked != NULL || p[i].returned) {
+        /* A return is the broker's verdict on this message (no queue takes
+         * it); a nack is the queue's state: a quorum queue electing a
+         * leader, or a full one under reject-publish. Worth another try. */
+        if (p[i].returned) {
             p[i].rc = SK_ERR;
-            p[i].why = nacked != NULL ? nacked : "the broker returned the message: no such queue";
+            p[i].why = "the broker returned the message: no such queue";
+        } else if (nacked != NULL) {
+            p[i].rc = SK_AGAIN;
+            p[i].why = nacked;
         }
         settled++;
     }

@@ -193,6 +193,15 @@ static int relay_batch(struct relay *r, int *claimed)
     if (rc == SK_OK)
         count_rows(r, rows, n);
     PQclear(rows);
+    /* Nacked rows come back at the next claim: not before the backoff,
+     * or a queue electing its leader would be asked in a loop. */
+    bool nacked = false;
+    for (int i = 0; rc == SK_OK && i < n; i++)
+        nacked |= r->publishes[i].rc == SK_AGAIN;
+    if (nacked) {
+        sk_outage_pause(&r->outage);
+        sk_sleep_ms(sk_outage_wait_ms(&r->outage));
+    }
     if (rc == SK_OK && r->singly > 0)
         r->singly = n > 0 ? r->singly - n : 0;
     /* One at a time, a batch is never full: yet more may be waiting. */
@@ -285,7 +294,9 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
 }
 
 /* Marks the confirmed rows published with one UPDATE, each refused row with
- * its publish_error, and commits. */
+ * its publish_error, and commits. A nacked row is neither: its claim ends
+ * with the COMMIT and the next poll publishes it again (the broker's
+ * queue could not take it yet; nothing is wrong with the row). */
 static int mark_rows(struct relay *r, PGresult *rows, int n)
 {
     /* "{id,id,...}": at most 20 digits and a comma per id, and the braces. */
@@ -315,9 +326,14 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
         ok = sk_pg_exec(r->pg, &mark, NULL, &err) == SK_OK;
     }
     free(ids);
+    int nacked = 0;
     for (int i = 0; ok && i < n; i++) {
         if (r->publishes[i].rc == SK_OK)
             continue;
+        if (r->publishes[i].rc == SK_AGAIN) {
+            nacked++;
+            continue;
+        }
         char id[24];
         snprintf(id, sizeof(id), "%" PRIu64, row_id(rows, i));
         sk_log_error("outbox row %s for queue %s not published: %s", id,
@@ -334,6 +350,9 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
         lost(r, "marking published outbox rows", &err);
         return SK_AGAIN;
     }
+    if (nacked > 0)
+        sk_log_warn("%d outbox rows nacked by the broker (a quorum queue without a leader, or "
+                    "a full queue), left to publish again", nacked);
     return SK_OK;
 }
 
@@ -346,7 +365,7 @@ static void count_rows(struct relay *r, PGresult *rows, int n)
             sk_metrics_outbox_lookup(r->metrics, PQgetvalue(rows, i, COL_QUEUE));
         if (r->publishes[i].rc == SK_OK)
             sk_metrics_outbox_published(oq);
-        else
+        else if (r->publishes[i].rc == SK_ERR)
             sk_metrics_outbox_unroutable(oq);
     }
 }

@@ -29,9 +29,10 @@ uint32_t sk_reschedule_retry_delay(const struct sk_retry_conf *retry, uint32_t n
  * as attempt `next_attempt`; `error` (NULL when this is not a failure, e.g. a
  * busy lock) is recorded with the first failure's time. SK_OK once the
  * broker confirmed the copy; otherwise the caller must not ack: SK_AGAIN
- * when the broker could not be asked (connection lost, delay queue not
- * declared), SK_ERR when it refused this copy or the copy cannot be sent at
- * all (too large for a frame), which no later attempt would change. */
+ * when the broker could not be asked or could not take it yet (connection
+ * lost, delay queue not declared, the copy nacked), SK_ERR when it refused
+ * this copy or the copy cannot be sent at all (too large for a frame),
+ * which no later attempt would change. */
 int sk_reschedule_later(struct sk_broker *pub, const struct sk_queue_conf *queue,
                         const amqp_envelope_t *env,
                         const struct sk_envelope *parsed, uint32_t delay_ms,

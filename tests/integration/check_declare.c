@@ -2,7 +2,7 @@
  * consumes them as they are, whatever their arguments or policies, and
  * `declare: auto` says what to do instead of retrying in silence; and the
  * delay queues of a quorum work queue, quorum too unless older ones are
- * classic. */
+ * classic; and a delay queue that nacks a retry's copy. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +220,37 @@ START_TEST(test_an_older_classic_delay_queue_of_a_quorum_queue_is_used_as_it_is)
 }
 END_TEST
 
+/* A nacked copy is the queue's state, not the message's: a quorum queue
+ * electing its leader nacks, as a full queue under reject-publish does
+ * (here a policy makes the delay queues so). The job goes back to its
+ * queue, runs again, and its retry goes through once the queue takes it:
+ * never dead-lettered as a message that cannot be re-scheduled. */
+START_TEST(test_a_nacked_retry_copy_hands_the_job_back)
+{
+    struct h_run r;
+    h_run_open(&r, "nacked");
+    char args[600];
+    snprintf(args, sizeof args, "set_policy --apply-to queues --priority 1 %s-full "
+             "'^%s\\.delay\\.' '{\"max-length\":0,\"overflow\":\"reject-publish\"}'",
+             r.queue, r.queue);
+    rabbitmqctl(args);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES });
+    h_publish(r.b, r.queue, "test", "retry-1", "k-retry", NULL, "retry");
+    H_WAIT(h_count_lines(r.log, "nacked") >= 2, 20000,
+           "the retry's copy should be nacked and the job handed back, twice at least");
+    ck_assert_int_eq(h_effects(&r, "k-retry"), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    snprintf(args, sizeof args, "clear_policy %s-full", r.queue);
+    rabbitmqctl(args);
+    H_WAIT(h_effects(&r, "k-retry") == 1, 20000, "the job should run once the copy is taken");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_effects(&r, "k-retry"), 1);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(h_count_lines(r.log, "cannot be re-scheduled"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -229,6 +260,7 @@ int main(void)
         test_passive_queue_that_does_not_exist_is_waited_for,
         test_a_quorum_queue_retries_through_quorum_delay_queues,
         test_an_older_classic_delay_queue_of_a_quorum_queue_is_used_as_it_is,
+        test_a_nacked_retry_copy_hands_the_job_back,
         NULL,
     };
     return h_run_suite(h_suite("declare", 180, tests));
