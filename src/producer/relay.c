@@ -195,10 +195,12 @@ static int relay_batch(struct relay *r, int *claimed)
     PQclear(rows);
     /* Nacked rows come back at the next claim: not before the backoff,
      * or a queue electing its leader would be asked in a loop. */
-    bool nacked = false;
+    int nacked = 0;
     for (int i = 0; rc == SK_OK && i < n; i++)
-        nacked |= r->publishes[i].rc == SK_AGAIN;
-    if (nacked) {
+        nacked += r->publishes[i].rc == SK_AGAIN;
+    if (nacked > 0) {
+        sk_log_warn("%d outbox rows nacked by the broker (a quorum queue without a leader, or "
+                    "a full queue), left to publish again", nacked);
         sk_outage_pause(&r->outage);
         sk_sleep_ms(sk_outage_wait_ms(&r->outage));
     }
@@ -326,14 +328,9 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
         ok = sk_pg_exec(r->pg, &mark, NULL, &err) == SK_OK;
     }
     free(ids);
-    int nacked = 0;
     for (int i = 0; ok && i < n; i++) {
-        if (r->publishes[i].rc == SK_OK)
+        if (r->publishes[i].rc != SK_ERR)
             continue;
-        if (r->publishes[i].rc == SK_AGAIN) {
-            nacked++;
-            continue;
-        }
         char id[24];
         snprintf(id, sizeof(id), "%" PRIu64, row_id(rows, i));
         sk_log_error("outbox row %s for queue %s not published: %s", id,
@@ -350,9 +347,6 @@ static int mark_rows(struct relay *r, PGresult *rows, int n)
         lost(r, "marking published outbox rows", &err);
         return SK_AGAIN;
     }
-    if (nacked > 0)
-        sk_log_warn("%d outbox rows nacked by the broker (a quorum queue without a leader, or "
-                    "a full queue), left to publish again", nacked);
     return SK_OK;
 }
 
