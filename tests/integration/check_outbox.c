@@ -313,6 +313,40 @@ START_TEST(test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_
 }
 END_TEST
 
+/* A row whose publish the broker nacks (here a policy keeps its queue full
+ * under reject-publish; a quorum queue electing its leader nacks alike)
+ * is not refused: it keeps no publish_error, stays unpublished, and is
+ * published once, by the relay's own retries, when the queue takes it. */
+START_TEST(test_nacked_row_is_published_again_not_refused)
+{
+    struct h_run r;
+    h_run_open(&r, "nackedrow");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = H_RELAY });
+    char full[160], cmd[800];
+    snprintf(full, sizeof(full), "%s-full", r.queue);
+    snprintf(cmd, sizeof(cmd), "\"$SEKALI_RABBITMQCTL\" set_policy --apply-to queues --priority 1 "
+             "%s '^%s$' '{\"max-length\":0,\"overflow\":\"reject-publish\"}' >/dev/null 2>&1",
+             full, full);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(sk_broker_declare(r.b, full, NULL, NULL), SK_OK);
+    h_enqueue(r.pg, full, "k-full", NULL, NULL);
+    H_WAIT(h_count_lines(r.log, "nacked by the broker") >= 2, 20000,
+           "the relay should be nacked and try the row again");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND published_at IS NULL AND publish_error IS NULL",
+                                full), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "not published"), 0);
+    snprintf(cmd, sizeof(cmd), "\"$SEKALI_RABBITMQCTL\" clear_policy %s >/dev/null 2>&1", full);
+    ck_assert_int_eq(system(cmd), 0);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' AND "
+                            "published_at IS NOT NULL AND publish_error IS NULL", full) == 1,
+           20000, "the row should be published once the queue takes it");
+    ck_assert_int_eq(h_queue_depth(r.b, full), 1);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 /* Calls sekali.enqueue() with these values; returns the SQLSTATE of its
  * error ("" if it enqueued) and copies the error message to msg. */
 static const char *enqueue_error(PGconn *pg, const char *queue, const char *type,
@@ -710,6 +744,7 @@ int main(void)
         test_job_enqueued_during_a_batch_is_not_left_for_the_poll_interval,
         test_scheduled_job_is_not_published_before_run_at,
         test_unroutable_row_is_kept_its_batch_published_and_it_can_be_handed_back,
+        test_nacked_row_is_published_again_not_refused,
         test_enqueue_refuses_what_could_never_be_published_and_enqueues_nothing,
         test_rows_amqp_cannot_carry_are_refused_and_the_rest_is_published,
         test_row_the_broker_refuses_is_found_and_the_rest_is_published,
