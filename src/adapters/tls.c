@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/x509v3.h>
 
 static int check_file(const char *label, const char *key, const char *path, bool secret,
@@ -35,6 +36,15 @@ static int on_verify(int ok, X509_STORE_CTX *x);
 static void on_info(const SSL *ssl, int where, int ret);
 static int on_cert_request(SSL *ssl, X509 **cert, EVP_PKEY **key);
 static const char *verify_words(int code);
+
+void sk_tls_init_before_fork(void)
+{
+    /* Fetching a digest is what loads the default provider; SHA-256 is the
+     * one SCRAM uses first. Failure only means each child does it itself. */
+    if (OPENSSL_init_ssl(OPENSSL_INIT_LOAD_CONFIG, NULL) == 1)
+        EVP_MD_free(EVP_MD_fetch(NULL, "SHA256", NULL));
+    ERR_clear_error();
+}
 
 int sk_tls_check_files(const struct sk_tls_conf *tls, const char *label, struct sk_err *err)
 {
