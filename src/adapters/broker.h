@@ -316,6 +316,14 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
  * either way. */
 bool sk_broker_channel_refused(const struct sk_broker *b);
 
+/* After a call on b failed with SK_AGAIN: whether b is of no further use
+ * (its connection or its channel failed), or the failure was the broker's
+ * answer to one message on a sound connection (a nack: a quorum queue
+ * without a leader, a full queue rejecting publishes), which the next
+ * publish on b may not meet. A failed connection is closed and opened
+ * anew; a sound one is kept. */
+bool sk_broker_broken(const struct sk_broker *b);
+
 /* Declares the delay queue for `queue` and delay_ms, and writes its name to
  * name (size bytes): messages sit there for delay_ms, then the broker
  * dead-letters them back to `queue`. The queue deletes itself once unused

@@ -415,6 +415,7 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
             amqp_channel_close_t *m = frame.payload.method.decoded;
             b->channel_closed = m->reply_code == AMQP_PRECONDITION_FAILED ||
                                 m->reply_code == AMQP_ACCESS_REFUSED;
+            b->broken = true;  /* its only channel is gone */
             return sk_err_set(err, SK_AGAIN, "the broker closed the channel while publishing: "
                               "%u %.*s", m->reply_code, (int)m->reply_text.len,
                               (const char *)m->reply_text.bytes);
@@ -432,6 +433,11 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
 bool sk_broker_channel_refused(const struct sk_broker *b)
 {
     return b != NULL && b->channel_closed;
+}
+
+bool sk_broker_broken(const struct sk_broker *b)
+{
+    return b == NULL || b->broken;
 }
 
 /* Settles the publishes a confirm covers (tag, or every tag up to it when

@@ -386,7 +386,7 @@ void sk_job_reply(struct sk_pipeline *p, struct sk_job *j, const void *result, s
     };
     struct sk_broker *pub = sk_links_publisher(p->links, &err);
     if (pub == NULL || sk_broker_publish(pub, j->env.reply_to, &msg, &err) != SK_OK) {
-        if (err.code != SK_ERR)
+        if (err.code != SK_ERR && sk_broker_broken(pub))
             sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
         sk_log_job(SK_LOG_WARN, &j->log, "reply to %s not sent: %s", j->env.reply_to, err.msg);
         return;
@@ -556,9 +556,9 @@ static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
         j->acked = consumer != NULL && sk_broker_ack_one(consumer, j->delivery_tag, &err) == SK_OK;
         return;
     }
-    /* A copy refused for its own sake (too large) leaves the connection
-     * sound; only a failed connection is dropped. */
-    if (!connected || err.code != SK_ERR)
+    /* A copy refused for its own sake (too large) or nacked leaves the
+     * connection sound; only a failed connection is dropped. */
+    if (!connected || (err.code != SK_ERR && sk_broker_broken(pub)))
         sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
     char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
@@ -596,7 +596,10 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
         dead_letter(p, j, true, SK_METRICS_MALFORMED, why);
         return false;
     }
-    sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
+    /* A nacked copy (a delay queue electing its leader) leaves the
+     * connection sound: kept, so the hand-back costs no reconnect. */
+    if (sk_broker_broken(pub))
+        sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
     sk_job_finish(p, j, SK_REQUEUE, "could not re-schedule, handed back to the broker");
     j->pause_ms = (uint32_t)sk_jitter(100, 1000);
     return false;

@@ -247,6 +247,9 @@ START_TEST(test_a_nacked_retry_copy_hands_the_job_back)
     ck_assert_int_eq(h_effects(&r, "k-retry"), 1);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
     ck_assert_int_eq(h_count_lines(r.log, "cannot be re-scheduled"), 0);
+    /* A nack is the queue's answer on a sound connection: kept, not
+     * reopened for every hand-back. */
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_PUBLISH_FAILED, NULL), 0);
     h_run_close(&r);
 }
 END_TEST
