@@ -414,9 +414,15 @@ async function main() {
   psql(`DELETE FROM sekali.schedules WHERE name = ${lit(hs.name)}`);
   await visit('schedules', '/schedules', '#schedules tbody tr');
   await shot('schedules');
-  await Promise.all([page.waitForNavigation(), page.click(`#schedules tr[data-schedule="${E.SCHEDULE}"] td.last-key a`)]);
+  // The schedule may have ticked since lastKey was read: the link followed
+  // is the one on this page, and its key is what the timeline must show.
+  const lastKeyLink = `#schedules tr[data-schedule="${E.SCHEDULE}"] td.last-key a`;
+  const linkedKey = await page.$eval(lastKeyLink, (a) => a.textContent);
+  check(linkedKey >= lastKey && linkedKey.startsWith(`schedule:${E.SCHEDULE}:`),
+        'the revisited page shows the same or a later tick: ' + linkedKey);
+  await Promise.all([page.waitForNavigation(), page.click(lastKeyLink)]);
   await page.waitForSelector('#trace-key', { timeout: 60000 });
-  check(await page.$eval('#trace-key', (c) => c.textContent) === lastKey, 'the link leads to the key\'s timeline');
+  check(await page.$eval('#trace-key', (c) => c.textContent) === linkedKey, 'the link leads to the key\'s timeline');
 
   // ---- search a key -------------------------------------------------------------------
   await page.goto(base + '/', { waitUntil: 'domcontentloaded' });
