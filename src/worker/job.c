@@ -386,8 +386,7 @@ void sk_job_reply(struct sk_pipeline *p, struct sk_job *j, const void *result, s
     };
     struct sk_broker *pub = sk_links_publisher(p->links, &err);
     if (pub == NULL || sk_broker_publish(pub, j->env.reply_to, &msg, &err) != SK_OK) {
-        if (err.code != SK_ERR && sk_broker_broken(pub))
-            sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
+        sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
         sk_log_job(SK_LOG_WARN, &j->log, "reply to %s not sent: %s", j->env.reply_to, err.msg);
         return;
     }
@@ -557,9 +556,8 @@ static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
         return;
     }
     /* A copy refused for its own sake (too large) or nacked leaves the
-     * connection sound; only a failed connection is dropped. */
-    if (!connected || (err.code != SK_ERR && sk_broker_broken(pub)))
-        sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
+     * connection sound, and sk_links_drop() keeps it. */
+    sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
     char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
@@ -597,9 +595,9 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
         return false;
     }
     /* A nacked copy (a delay queue electing its leader) leaves the
-     * connection sound: kept, so the hand-back costs no reconnect. */
-    if (sk_broker_broken(pub))
-        sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
+     * connection sound: sk_links_drop() keeps it, so the hand-back costs
+     * no reconnect. */
+    sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
     sk_job_finish(p, j, SK_REQUEUE, "could not re-schedule, handed back to the broker");
     j->pause_ms = (uint32_t)sk_jitter(100, 1000);
     return false;

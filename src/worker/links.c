@@ -226,6 +226,8 @@ int sk_links_drop(struct sk_links *l, enum sk_link which, const struct sk_log_jo
         l->consumer = NULL;
         return SK_AGAIN;
     case SK_LINK_PUBLISHER:
+        if (!sk_broker_broken(l->publisher))
+            return SK_AGAIN;
         sk_log_event(SK_LOG_WARN, SK_EVENT_PUBLISH_FAILED, SK_SERVER_RABBITMQ, job,
                      "publishing connection failed: %s", why->msg);
         sk_broker_close(l->publisher);

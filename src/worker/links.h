@@ -95,7 +95,9 @@ int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, 
  * for, named in the store's log line, or NULL). Starts an outage, logged
  * once per outage where the server is gone, and:
  *   CONSUMER   closes it and stops consuming; sk_links_ready() reopens it.
- *   PUBLISHER  closes it; the next sk_links_publisher() reopens it.
+ *   PUBLISHER  closes it if it failed (sk_broker_broken()); the next
+ *              sk_links_publisher() reopens it. One the broker answered
+ *              (a nack, a refused message) is sound, and kept.
  *   LOCK       keeps it (lock.c reconnects), and Redis is asked again only
  *              when the backoff allows.
  *   STORE      keeps it (store.c reconnects); why->code SK_AGAIN or SK_AUTH
