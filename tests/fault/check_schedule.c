@@ -227,7 +227,7 @@ START_TEST(test_reloads_neither_double_nor_skip_a_tick)
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
                       r.queue) >= 2, 20000, "the schedule's first ticks should have run");
     for (int i = 1; i <= 5; i++) {
-        char from[16], to[16];
+        char from[32], to[32];  /* any int fits: -O1 checks the bound */
         snprintf(from, sizeof(from), "body: ok-%d", i - 1);
         snprintf(to, sizeof(to), "body: ok-%d", i);
         h_config_replace(r.config, from, to);
