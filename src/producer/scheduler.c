@@ -50,11 +50,13 @@ struct entry {
     bool    known;           /* last and next are valid */
     int64_t last, next;      /* Unix seconds; next -1: never */
     int64_t retry_at_ms;     /* sk_now_ms() before which a failed schedule is left alone */
+    struct sk_metrics_schedule *metrics;
 };
 
 struct scheduler {
     const struct sk_conf *conf;
     struct sk_slot       *slot;
+    struct sk_metrics    *metrics;
     PGconn               *pg;
     struct entry         *entries;
     int64_t              *ticks;     /* SK_TICKS_CATCHUP_MAX of them, for one schedule's round */
@@ -71,10 +73,11 @@ static int rollback(struct scheduler *s, int rc);
 static void remember(struct entry *e, int64_t last);
 static void sleep_alive(struct scheduler *s, int64_t ms);
 
-int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot)
+int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot,
+                     struct sk_metrics *metrics)
 {
     struct scheduler s = {
-        .conf = conf, .slot = slot, .outage = SK_OUTAGE_INIT(100, 2000),
+        .conf = conf, .slot = slot, .metrics = metrics, .outage = SK_OUTAGE_INIT(100, 2000),
         .entries = calloc(conf->n_schedules, sizeof(*s.entries)),
         .ticks = calloc(SK_TICKS_CATCHUP_MAX, sizeof(*s.ticks)),
         .list_size = SK_TICKS_CATCHUP_MAX * 22 + 3,
@@ -89,6 +92,7 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot)
     }
     for (size_t i = 0; i < conf->n_schedules; i++) {
         s.entries[i].conf = &conf->schedules[i];
+        s.entries[i].metrics = sk_metrics_schedule(metrics, i);
         sk_conf_schedule_spec(&conf->schedules[i], s.entries[i].spec, sizeof(s.entries[i].spec));
     }
     sk_log_info("scheduler started with %zu schedule%s", conf->n_schedules,
@@ -160,6 +164,7 @@ static int round_once(struct scheduler *s, int64_t *sleep_ms)
         if (rc == SK_BUSY)
             continue;
         if (rc != SK_OK) {
+            sk_metrics_schedule_failed(e->metrics);
             e->retry_at_ms = sk_now_ms() + FAILED_WAIT_MS;
             continue;
         }
@@ -168,6 +173,7 @@ static int round_once(struct scheduler *s, int64_t *sleep_ms)
     }
     if (*sleep_ms < MIN_SLEEP_MS)
         *sleep_ms = MIN_SLEEP_MS;
+    sk_metrics_scheduler_round(s->metrics);
     return SK_OK;
 }
 
@@ -197,6 +203,7 @@ static int peek(struct scheduler *s, struct entry *e, int64_t *now_ms, bool *exi
 
 static void remember(struct entry *e, int64_t last)
 {
+    sk_metrics_schedule_last_tick(e->metrics, last);
     if (e->known && e->last == last)
         return;
     e->known = true;
@@ -275,6 +282,7 @@ static int fire(struct scheduler *s, struct entry *e)
         sk_log_warn("scheduler: schedule %s: COMMIT failed: %s", c->name, err.msg);
         return rc;
     }
+    sk_metrics_schedule_fired(e->metrics, t.n, t.dropped);
     char iso[32];
     sk_ticks_iso(t.latest, iso, sizeof(iso));
     if (t.dropped > 0)

@@ -93,15 +93,26 @@ struct outbox_area {
     _Atomic uint64_t       last_sample_ms;  /* CLOCK_MONOTONIC; claimed by compare-and-swap */
     _Atomic uint64_t       relay_round_ms;  /* CLOCK_REALTIME of the latest round; 0: none */
     _Atomic uint64_t       janitor_round_ms;
+    _Atomic uint64_t       scheduler_round_ms;
     struct name_slot       queue_names[SK_METRICS_OUTBOX_QUEUES + 1];
     struct sk_metrics_outq queues[SK_METRICS_OUTBOX_QUEUES + 1];
 };
 
+/* One configured schedule, as this sekalid's scheduler saw it; indexed
+ * like conf->schedules, so no name is claimed. */
+struct sk_metrics_schedule {
+    _Atomic uint64_t enqueued;
+    _Atomic uint64_t missed;
+    _Atomic uint64_t failures;
+    _Atomic uint64_t last_tick_s;
+};
+
 struct sk_metrics {
-    struct outbox_area      *outbox;  /* the shared mapping starts here, */
-    struct sk_metrics_queue *queues;  /* and goes on with one part per queue */
-    size_t                   n;
-    size_t                   size;
+    struct outbox_area         *outbox;     /* the shared mapping starts here, */
+    struct sk_metrics_queue    *queues;     /* goes on with one part per queue, */
+    struct sk_metrics_schedule *schedules;  /* then one per schedule */
+    size_t                      n, n_schedules;
+    size_t                      size;
 };
 
 static size_t claim(struct name_slot *names, size_t n, const char *name, size_t max_len);
@@ -110,23 +121,29 @@ static void add_slot(struct sk_metrics_row *r, struct sk_metrics_type *t);
 static uint64_t lag_now(struct sk_metrics_outq *oq, uint64_t now);
 static uint64_t wall_ms(void);
 
-int sk_metrics_create(struct sk_metrics **out, size_t n_queues, struct sk_err *err)
+int sk_metrics_create(struct sk_metrics **out, size_t n_queues, size_t n_schedules,
+                      struct sk_err *err)
 {
     _Static_assert(sizeof(struct outbox_area) % _Alignof(struct sk_metrics_queue) == 0,
                    "the queues' part must start aligned after the outbox's");
+    _Static_assert(sizeof(struct sk_metrics_queue) % _Alignof(struct sk_metrics_schedule) == 0,
+                   "the schedules' part must start aligned after the queues'");
     struct sk_metrics *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(metrics)");
     /* Anonymous shared memory, as the scoreboard: inherited across fork(),
      * zeroed by the kernel, and gone with the last process. */
-    m->size = sizeof(*m->outbox) + n_queues * sizeof(*m->queues);
+    m->size = sizeof(*m->outbox) + n_queues * sizeof(*m->queues) +
+              n_schedules * sizeof(*m->schedules);
     m->outbox = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (m->outbox == MAP_FAILED) {
         free(m);
         return sk_err_errno(err, SK_ERR, "mmap(metrics, %zu queues)", n_queues);
     }
     m->queues = (struct sk_metrics_queue *)(m->outbox + 1);
+    m->schedules = (struct sk_metrics_schedule *)(m->queues + n_queues);
     m->n = n_queues;
+    m->n_schedules = n_schedules;
     for (size_t q = 0; q < n_queues; q++)
         memcpy(m->queues[q].type_names[SK_METRICS_TYPES].name, "other", sizeof("other"));
     memcpy(m->outbox->queue_names[SK_METRICS_OUTBOX_QUEUES].name, "other", sizeof("other"));
@@ -298,6 +315,35 @@ void sk_metrics_janitor_round(struct sk_metrics *m)
     atomic_store_explicit(&m->outbox->janitor_round_ms, wall_ms(), memory_order_relaxed);
 }
 
+void sk_metrics_scheduler_round(struct sk_metrics *m)
+{
+    atomic_store_explicit(&m->outbox->scheduler_round_ms, wall_ms(), memory_order_relaxed);
+}
+
+struct sk_metrics_schedule *sk_metrics_schedule(struct sk_metrics *m, size_t i)
+{
+    sk_assert(i < m->n_schedules);
+    return &m->schedules[i];
+}
+
+void sk_metrics_schedule_fired(struct sk_metrics_schedule *ms, uint64_t enqueued,
+                               uint64_t missed)
+{
+    atomic_fetch_add_explicit(&ms->enqueued, enqueued, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ms->missed, missed, memory_order_relaxed);
+}
+
+void sk_metrics_schedule_failed(struct sk_metrics_schedule *ms)
+{
+    atomic_fetch_add_explicit(&ms->failures, 1, memory_order_relaxed);
+}
+
+void sk_metrics_schedule_last_tick(struct sk_metrics_schedule *ms, int64_t unix_s)
+{
+    atomic_store_explicit(&ms->last_tick_s, unix_s > 0 ? (uint64_t)unix_s : 0,
+                          memory_order_relaxed);
+}
+
 /* A sampled lag, grown by the time since its sample while rows wait. */
 static uint64_t lag_now(struct sk_metrics_outq *oq, uint64_t now)
 {
@@ -382,9 +428,30 @@ uint64_t sk_metrics_read_janitor_round(struct sk_metrics *m)
     return atomic_load_explicit(&m->outbox->janitor_round_ms, memory_order_relaxed);
 }
 
+uint64_t sk_metrics_read_scheduler_round(struct sk_metrics *m)
+{
+    return atomic_load_explicit(&m->outbox->scheduler_round_ms, memory_order_relaxed);
+}
+
+struct sk_metrics_schedrow sk_metrics_read_schedule(struct sk_metrics *m, size_t i)
+{
+    struct sk_metrics_schedule *ms = sk_metrics_schedule(m, i);
+    return (struct sk_metrics_schedrow){
+        .enqueued = atomic_load_explicit(&ms->enqueued, memory_order_relaxed),
+        .missed = atomic_load_explicit(&ms->missed, memory_order_relaxed),
+        .failures = atomic_load_explicit(&ms->failures, memory_order_relaxed),
+        .last_tick_s = atomic_load_explicit(&ms->last_tick_s, memory_order_relaxed),
+    };
+}
+
 size_t sk_metrics_queues(const struct sk_metrics *m)
 {
     return m->n;
+}
+
+size_t sk_metrics_schedules(const struct sk_metrics *m)
+{
+    return m->n_schedules;
 }
 
 const char *sk_metrics_reason_name(enum sk_metrics_reason reason)

@@ -60,10 +60,12 @@ struct sk_metrics;        /* the whole area: every queue */
 struct sk_metrics_queue;  /* one queue's part */
 struct sk_metrics_type;   /* one (queue, job type)'s counters */
 struct sk_metrics_outq;   /* the outbox's figures for one target queue */
+struct sk_metrics_schedule;  /* one configured schedule's figures */
 
-/* Supervisor, before forking: maps a zeroed area for n_queues queues, shared
- * with children forked later. SK_OK or SK_ERR. */
-int  sk_metrics_create(struct sk_metrics **out, size_t n_queues, struct sk_err *err);
+/* Supervisor, before forking: maps a zeroed area for n_queues queues and
+ * n_schedules schedules, shared with children forked later. SK_OK or SK_ERR. */
+int  sk_metrics_create(struct sk_metrics **out, size_t n_queues, size_t n_schedules,
+                       struct sk_err *err);
 /* Unmaps the area; accepts NULL. No other thread may still read it. */
 void sk_metrics_destroy(struct sk_metrics *m);
 
@@ -114,6 +116,20 @@ void sk_metrics_outbox_backlog(struct sk_metrics *m, const struct sk_outbox_back
  * one, so that sekalictl status and alerts can tell a stuck process. */
 void sk_metrics_relay_round(struct sk_metrics *m);
 void sk_metrics_janitor_round(struct sk_metrics *m);
+void sk_metrics_scheduler_round(struct sk_metrics *m);
+
+/* Scheduler: schedule i's figures (i indexes conf->schedules). */
+struct sk_metrics_schedule *sk_metrics_schedule(struct sk_metrics *m, size_t i);
+/* Scheduler: a tick transaction committed, enqueueing `enqueued` ticks and
+ * dropping `missed` due ones (the schedule's missed policy). */
+void sk_metrics_schedule_fired(struct sk_metrics_schedule *ms, uint64_t enqueued,
+                               uint64_t missed);
+/* Scheduler: one of the schedule's statements failed (it waits, then tries
+ * again); a row another host holds is not a failure. */
+void sk_metrics_schedule_failed(struct sk_metrics_schedule *ms);
+/* Scheduler: the schedule's row holds this last tick (Unix seconds),
+ * whichever host enqueued it. */
+void sk_metrics_schedule_last_tick(struct sk_metrics_schedule *ms, int64_t unix_s);
 
 /* Supervisor: a worker of queue q was forked (restarted: it replaces one that
  * died), or has exited. */
@@ -171,11 +187,21 @@ struct sk_metrics_procs sk_metrics_read_procs(struct sk_metrics *m, size_t q);
 /* Fills rows (room for SK_METRICS_OUTBOX_QUEUES + 1) with every target
  * queue seen; returns how many. */
 size_t sk_metrics_read_outbox(struct sk_metrics *m, struct sk_metrics_outrow *rows);
-/* Wall-clock ms of the relays' and the janitor's latest round; 0: none. */
+/* Wall-clock ms of the relays', the janitor's and the scheduler's latest
+ * round; 0: none. */
 uint64_t sk_metrics_read_relay_round(struct sk_metrics *m);
 uint64_t sk_metrics_read_janitor_round(struct sk_metrics *m);
-/* The number of queues the area was created for. */
+uint64_t sk_metrics_read_scheduler_round(struct sk_metrics *m);
+
+/* One schedule's figures. */
+struct sk_metrics_schedrow {
+    uint64_t enqueued, missed, failures;
+    uint64_t last_tick_s;  /* 0: not seen yet */
+};
+struct sk_metrics_schedrow sk_metrics_read_schedule(struct sk_metrics *m, size_t i);
+/* The number of queues, and of schedules, the area was created for. */
 size_t sk_metrics_queues(const struct sk_metrics *m);
+size_t sk_metrics_schedules(const struct sk_metrics *m);
 
 /* metrics_text.c: renders every metric in Prometheus' text format 0.0.4,
  * with conf's queue names and limits, into a new buffer the caller frees

@@ -83,6 +83,7 @@ static void processes(struct scrape *s);
 static void limits(struct scrape *s);
 static void outbox(struct scrape *s);
 static void rounds(struct scrape *s);
+static void schedules(struct scrape *s);
 static void build(struct scrape *s);
 static void header(FILE *f, const char *name, const char *type, const char *help);
 static void labels(FILE *f, const char *queue, const char *job_type);
@@ -94,6 +95,7 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
                       size_t *len)
 {
     sk_assert(conf->n_queues == sk_metrics_queues(m));
+    sk_assert(conf->n_schedules == sk_metrics_schedules(m));
     struct scrape s = { .conf = conf, .m = m };
     s.rows = calloc(conf->n_queues * (SK_METRICS_TYPES + 1), sizeof(*s.rows));
     s.n_rows = calloc(conf->n_queues, sizeof(*s.n_rows));
@@ -112,6 +114,7 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
         limits(&s);
         outbox(&s);
         rounds(&s);
+        schedules(&s);
         build(&s);
         int failed = ferror(s.f);
         if (fclose(s.f) != 0 || failed) {
@@ -335,6 +338,48 @@ static void rounds(struct scrape *s)
         fputs("sekali_janitor_last_round_timestamp_seconds ", s->f);
         seconds(s->f, sk_metrics_read_janitor_round(s->m) * NS_PER_MS);
         fputc('\n', s->f);
+    }
+    if (s->conf->n_schedules > 0) {
+        header(s->f, "sekali_scheduler_last_round_timestamp_seconds", "gauge",
+               "When the scheduler last looked at every schedule (Unix time); 0 before the "
+               "first.");
+        fputs("sekali_scheduler_last_round_timestamp_seconds ", s->f);
+        seconds(s->f, sk_metrics_read_scheduler_round(s->m) * NS_PER_MS);
+        fputc('\n', s->f);
+    }
+}
+
+/* Per configured schedule: what this sekalid's scheduler enqueued, and the
+ * last tick in the schedule's row, whichever host enqueued it (so a
+ * schedule that stopped ticking shows everywhere). */
+static void schedules(struct scrape *s)
+{
+    static const struct field_family families[] = {
+        { "sekali_schedule_ticks_total", "counter",
+          "Ticks this sekalid's scheduler enqueued (another host may enqueue the rest).",
+          offsetof(struct sk_metrics_schedrow, enqueued) },
+        { "sekali_schedule_missed_total", "counter",
+          "Due ticks the schedule's missed policy dropped instead of enqueueing.",
+          offsetof(struct sk_metrics_schedrow, missed) },
+        { "sekali_schedule_failures_total", "counter",
+          "Statements of the schedule that failed; it waits 5 s and tries again.",
+          offsetof(struct sk_metrics_schedrow, failures) },
+        { "sekali_schedule_last_tick_timestamp_seconds", "gauge",
+          "The schedule's last enqueued tick (Unix time), by any host; 0 before its row "
+          "was read.",
+          offsetof(struct sk_metrics_schedrow, last_tick_s) },
+    };
+    if (s->conf->n_schedules == 0)
+        return;
+    for (size_t k = 0; k < SK_ARRAY_LEN(families); k++) {
+        header(s->f, families[k].name, families[k].type, families[k].help);
+        for (size_t i = 0; i < s->conf->n_schedules; i++) {
+            struct sk_metrics_schedrow row = sk_metrics_read_schedule(s->m, i);
+            fputs(families[k].name, s->f);
+            fputs("{schedule=\"", s->f);
+            label_value(s->f, s->conf->schedules[i].name);
+            fprintf(s->f, "\"} %" PRIu64 "\n", field(&row, families[k].field));
+        }
     }
 }
 

@@ -25,7 +25,7 @@ static int run_janitor(const struct sk_child *c)
 
 static int run_scheduler(const struct sk_child *c)
 {
-    return sk_scheduler_run(c->conf, c->shared);
+    return sk_scheduler_run(c->conf, c->shared, c->metrics);
 }
 
 const struct sk_role_ops sk_roles[SK_ROLE_COUNT] = {

@@ -306,7 +306,7 @@ static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin 
         };
     /* Counters start from zero with each generation, as after a restart;
      * Prometheus's rate() and increase() take such resets in their stride. */
-    if (sk_metrics_create(&g->metrics, conf->n_queues, err) != SK_OK)
+    if (sk_metrics_create(&g->metrics, conf->n_queues, conf->n_schedules, err) != SK_OK)
         goto fail;
     return g;
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -781,20 +782,33 @@ static void assert_lines_in(const char *a, const char *a_name, const char *b, co
     }
 }
 
+/* Starts sekalid with metrics, a relay, the janitor, one worker and one
+ * `every: 1s` schedule named after r's queue (its row in sekali.schedules
+ * outlives the run), enqueueing into that queue. */
+static void start_scheduled(struct run *r, const char *name)
+{
+    h_run_open(&r->h, name);
+    close(listen_anywhere(&r->port));
+    char top[1024];
+    snprintf(top, sizeof(top),
+             "metrics:\n  listen: 127.0.0.1:%d\n%s"
+             "schedules:\n  - name: %s\n    every: 1s\n    queue: %s\n"
+             "    job_type: test\n    body: ok\n",
+             r->port, H_RELAY, r->h.queue, r->h.queue);
+    snprintf(r->scrape, sizeof(r->scrape), "%s/metrics.txt", r->h.dir);
+    h_run_start(&r->h, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
+}
+
 /* sekalid(8)'s METRICS is the one reference of the families: with every
- * optional part on (a relay, the janitor, a queue taking locks), a real
- * scrape has exactly the families the page lists, each of its type. */
+ * optional part on (a relay, the janitor, a schedule, a queue taking
+ * locks), a real scrape has exactly the families the page lists, each of
+ * its type. */
 START_TEST(test_the_metrics_reference_equals_a_scrape)
 {
     struct run r;
-    h_run_open(&r.h, "metrics-reference");
-    close(listen_anywhere(&r.port));
-    char top[512];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n%s", r.port, H_RELAY);
-    snprintf(r.scrape, sizeof(r.scrape), "%s/metrics.txt", r.h.dir);
-    h_run_start(&r.h, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
+    start_scheduled(&r, "metrics-reference");
     h_publish(r.h.b, r.h.queue, "test", "ref-1", NULL, NULL, "ok");
-    H_WAIT(h_effects(&r.h, NULL) == 1, 30000, "the job should commit");
+    H_WAIT(h_effects(&r.h, "ref-1") == 1, 30000, "the job should commit");
 
     char *page = h_read_file("man/sekalid.8");
     ck_assert_msg(page != NULL, "man/sekalid.8 not found: run from the repository root");
@@ -816,6 +830,48 @@ START_TEST(test_the_metrics_reference_equals_a_scrape)
 }
 END_TEST
 
+static double of_schedule(const struct run *r, const char *text, const char *name)
+{
+    char series[512];
+    snprintf(series, sizeof(series), "%s{schedule=\"%s\"}", name, r->h.queue);
+    return value(text, series);
+}
+
+/* A schedule's figures follow its row and its outbox rows: every tick the
+ * one scheduler enqueued is counted, the last tick is the row's, the
+ * scheduler's round is recent, and nothing failed or was dropped. */
+START_TEST(test_a_schedule_counts_its_ticks_and_shows_its_last_one)
+{
+    struct run r;
+    start_scheduled(&r, "metrics-schedule");
+    H_WAIT(h_effects(&r.h, NULL) >= 3, 20000, "the schedule's first three ticks should run");
+
+    /* Ticks keep coming once a second: compare a scrape with the tables
+     * read right after it until no tick fell in between. */
+    char *text = NULL;
+    long long rows = -1, last = -1;
+    H_WAIT((free(text), text = scrape(&r),
+            rows = h_pg_count(r.h.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
+                              r.h.queue),
+            last = h_pg_count(r.h.pg, "SELECT extract(epoch FROM last_tick)::int8 FROM "
+                                      "sekali.schedules WHERE name = '%s'", r.h.queue),
+            of_schedule(&r, text, "sekali_schedule_ticks_total") == (double)rows &&
+            of_schedule(&r, text, "sekali_schedule_last_tick_timestamp_seconds") ==
+                (double)last),
+           20000, "the ticks counted should be the outbox's %lld rows and the last tick the "
+           "row's %lld; last scrape in %s", rows, last, r.scrape);
+    ck_assert_int_ge(rows, 3);
+    ck_assert(of_schedule(&r, text, "sekali_schedule_failures_total") == 0);
+    ck_assert(of_schedule(&r, text, "sekali_schedule_missed_total") == 0);
+    double round = value(text, "sekali_scheduler_last_round_timestamp_seconds");
+    double now = (double)time(NULL);
+    ck_assert_msg(round > now - 10 && round <= now + 1,
+                  "the scheduler's last round (%.3f) should be within seconds of now (%.0f)",
+                  round, now);
+    finish(&r, text);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -826,6 +882,7 @@ int main(void)
         test_taken_port_stops_sekalid_with_exit_2,
         test_outbox_publishes_refusals_and_lag_are_measured,
         test_the_metrics_reference_equals_a_scrape,
+        test_a_schedule_counts_its_ticks_and_shows_its_last_one,
         test_16_idle_connections_closed_by_the_client_leave_metrics_answering,
         test_64_idle_connections_closed_by_the_client_leave_metrics_answering,
         test_200_idle_connections_closed_by_the_client_leave_metrics_answering,

@@ -29,7 +29,7 @@ static struct sk_metrics *area(void)
     conf = (struct sk_conf){ .queues = queues, .n_queues = 2 };
     struct sk_metrics *m = NULL;
     struct sk_err err = { 0 };
-    ck_assert_msg(sk_metrics_create(&m, 2, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_metrics_create(&m, 2, 0, &err) == SK_OK, "%s", err.msg);
     return m;
 }
 

@@ -120,7 +120,7 @@ START_TEST(test_child_init_closes_the_supervisor_descriptors_and_every_endpoint_
     struct sk_conf conf = { .metrics = { .listen_host = "127.0.0.1", .listen_port = free_port() } };
     struct sk_metrics *m = NULL;
     struct sk_err err = { 0 };
-    ck_assert_int_eq(sk_metrics_create(&m, 0, &err), SK_OK);
+    ck_assert_int_eq(sk_metrics_create(&m, 0, 0, &err), SK_OK);
     struct sk_metrics_http *h = NULL;
     ck_assert_msg(sk_metrics_http_start(&h, &conf, m, &err) == SK_OK, "%s", err.msg);
 
