@@ -111,9 +111,10 @@ bool sk_metrics_outbox_sample_due(struct sk_metrics *m, int64_t every_ms);
  * stopped sampling (the database is down) still shows the lag rising. */
 void sk_metrics_outbox_backlog(struct sk_metrics *m, const struct sk_outbox_backlog *b, size_t n);
 
-/* Relay or janitor: a round (a relay's batch, the janitor's sweep of every
- * table) has just finished; rendered as the wall-clock time of the latest
- * one, so that sekalictl status and alerts can tell a stuck process. */
+/* Relay, janitor or scheduler: a round (a relay's batch, the janitor's
+ * sweep of every table, the scheduler's look at every schedule) has just
+ * finished; rendered as the wall-clock time of the latest one, so that
+ * sekalictl status and alerts can tell a stuck process. */
 void sk_metrics_relay_round(struct sk_metrics *m);
 void sk_metrics_janitor_round(struct sk_metrics *m);
 void sk_metrics_scheduler_round(struct sk_metrics *m);
