@@ -35,6 +35,8 @@ YAML
 fi
 
 passed=0 failed=0
+# What failed, repeated after the totals: CI shows only the tail of the log.
+failures=()
 # run_suite KIND NAME [LABEL]: one suite binary, its checks added to the totals.
 run_suite() {
     local kind=$1 name=$2 label=${3:-}
@@ -48,10 +50,16 @@ run_suite() {
     fi
     rc=$?
     printf '%s\n' "$out"
+    # check prints "file:line:F:tcase:test:i: message" (E for an error) per failed check.
+    local line
+    while IFS= read -r line; do
+        failures+=("$kind/$name${label:+ ($label)}: $line")
+    done < <(printf '%s\n' "$out" | grep -E '^[^:]+:[0-9]+:[FE]:' || true)
     # check prints "NN%: Checks: N, Failures: N, Errors: N" per suite.
     summary=$(printf '%s\n' "$out" | grep -oE '[0-9]+%: Checks: .*' | tail -n 1)
     if [ -z "$summary" ]; then
-        echo "$name: no check summary (exit $rc)"; failed=$((failed + 1)); return
+        echo "$name: no check summary (exit $rc)"; failed=$((failed + 1))
+        failures+=("$kind/$name: no check summary (exit $rc)"); return
     fi
     n=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$summary")
     f=$(sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1+\2/' <<<"$summary")
@@ -59,6 +67,7 @@ run_suite() {
     passed=$((passed + n - f)); failed=$((failed + f))
     if [ $rc -ne 0 ] && [ $f -eq 0 ]; then
         echo "$name: exited $rc (valgrind or a crash outside a test)"; failed=$((failed + 1))
+        failures+=("$kind/$name: exited $rc (valgrind or a crash outside a test)")
     fi
 }
 
@@ -70,7 +79,7 @@ for kind in "${kinds[@]}"; do
             if FUZZ_SECONDS=${FUZZ_SECONDS:-20} tests/fuzz/run.sh "$build/fuzz" "${name#fuzz_}"; then
                 passed=$((passed + 1))
             else
-                failed=$((failed + 1))
+                failed=$((failed + 1)); failures+=("fuzz/$name: failed")
             fi
         done
         continue
@@ -91,11 +100,12 @@ for kind in "${kinds[@]}"; do
             done
         elif [ -n "${SEKALI_REQUIRE_TLS:-}" ]; then
             echo "fault (TLS): the servers have no TLS listeners (SEKALI_TLS=1 tests/servers.sh start)"
-            failed=$((failed + 1))
+            failed=$((failed + 1)); failures+=("fault (TLS): no TLS listeners")
         else
             echo "fault (TLS): skipped, the servers have no TLS listeners (SEKALI_TLS=1 tests/servers.sh start)"
         fi
     fi
 done
 echo "$passed passed, $failed failed"
+for line in "${failures[@]}"; do echo "FAILED $line"; done
 [ $failed -eq 0 ]
