@@ -28,6 +28,7 @@ static int failed(PGconn *pg, const PGresult *res, const char *what, struct sk_e
 static int lost(PGconn *pg, const char *what, struct sk_err *err);
 static int again(struct sk_err *err);
 static int trimmed(struct sk_err *err, int rc);
+static void server_said(void *unused, const PGresult *res);
 
 PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_name,
                    struct sk_err *err)
@@ -68,6 +69,7 @@ PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_
         PQfinish(pg);
         return NULL;
     }
+    PQsetNoticeReceiver(pg, server_said, NULL);
     /* Once per process, at its first connection, not per reconnect. */
     static bool warned;
     if (!warned && sk_pg_clear_text_remote(pg)) {
@@ -325,4 +327,26 @@ bool sk_pg_is_local(const char *host, const char *hostaddr)
         return IN6_IS_ADDR_LOOPBACK((struct in6_addr *)a) ||
                (memcmp(a, v4_mapped, sizeof(v4_mapped)) == 0 && a[12] == 127);
     return false;
+}
+
+/* What the server sends outside a statement's result: a handler's RAISE
+ * NOTICE, and the FATAL a shutting-down server sends its idle sessions.
+ * libpq's default writes it raw to stderr, which is sekalid's log: it
+ * would break the log's one-JSON-object-per-line form. */
+static void server_said(void *unused, const PGresult *res)
+{
+    (void)unused;
+    const char *severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+    const char *message = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+    if (severity == NULL)
+        severity = "NOTICE";
+    if (message == NULL)
+        message = "(no message)";
+    enum sk_log_level level = SK_LOG_INFO;
+    if (strcmp(severity, "DEBUG") == 0)
+        level = SK_LOG_DEBUG;
+    else if (strcmp(severity, "NOTICE") != 0 && strcmp(severity, "INFO") != 0 &&
+             strcmp(severity, "LOG") != 0)
+        level = SK_LOG_WARN;
+    sk_log(level, "PostgreSQL %s: %s", severity, message);
 }

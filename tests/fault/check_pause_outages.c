@@ -34,6 +34,22 @@ static void publish_jobs(struct h_run *r, int n)
     }
 }
 
+/* The lines of the log that are not a JSON object: 0 unless something
+ * (libpq's default notice printer, for one) wrote to stderr raw. */
+static int raw_lines(const char *log)
+{
+    char *text = h_read_file(log);
+    int raw = 0;
+    for (char *line = text; line != NULL && *line != '\0';) {
+        char *end = strchr(line, '\n');
+        if (*line != '{' && line != end)
+            raw++;
+        line = end != NULL ? end + 1 : NULL;
+    }
+    free(text);
+    return raw;
+}
+
 START_TEST(test_a_paused_queue_stays_paused_when_its_broker_connections_close)
 {
     struct h_run r = { 0 };
@@ -91,6 +107,11 @@ START_TEST(test_a_queue_paused_across_a_postgresql_restart_still_resumes)
            h_count_events(r.log, "worker", SK_EVENT_RESUMED, NULL));
     h_run_stop(&r);
     h_expect_once(&r, 10, 0);
+    /* The shutting-down server told each idle session why it closed it:
+     * that reached the log as a JSON line, not raw text. */
+    ck_assert_int_ge(h_count_lines(r.log, "\"msg\":\"PostgreSQL FATAL: terminating connection"),
+                     1);
+    ck_assert_int_eq(raw_lines(r.log), 0);
     h_run_close(&r);
 }
 END_TEST
