@@ -405,6 +405,11 @@ START_TEST(test_dashboard_has_a_panel_for_each_operator_question)
     assert_panel(q, "Outbox lag", (const char *[]){ "sekali_outbox_lag_seconds", NULL });
     assert_panel(q, "Workers up", (const char *[]){ "sekali_workers_up", NULL });
     assert_panel(q, "Worker restarts", (const char *[]){ "sekali_worker_restarts_total", NULL });
+    assert_panel(q, "Schedules",
+                 (const char *[]){ "sekali_schedule_ticks_total", "sekali_schedule_missed_total",
+                                   "sekali_schedule_failures_total",
+                                   "sekali_schedule_last_tick_timestamp_seconds",
+                                   "sekali_scheduler_last_round_timestamp_seconds", NULL });
     free(q);
 }
 END_TEST
