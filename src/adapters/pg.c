@@ -87,6 +87,33 @@ PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_
     return pg;
 }
 
+char *sk_pg_text_array(size_t n, const char *(*at)(const void *items, size_t i),
+                       const void *items)
+{
+    size_t size = 3;
+    for (size_t i = 0; i < n; i++)
+        size += 2 * strlen(at(items, i) != NULL ? at(items, i) : "") + 3;
+    char *out = malloc(size), *p = out;
+    if (out == NULL)
+        return NULL;
+    *p++ = '{';
+    for (size_t i = 0; i < n; i++) {
+        const char *v = at(items, i) != NULL ? at(items, i) : "";
+        if (i > 0)
+            *p++ = ',';
+        *p++ = '"';
+        for (; *v != '\0'; v++) {
+            if (*v == '"' || *v == '\\')
+                *p++ = '\\';
+            *p++ = *v;
+        }
+        *p++ = '"';
+    }
+    *p++ = '}';
+    *p = '\0';
+    return out;
+}
+
 int sk_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out, struct sk_err *err)
 {
     if (out != NULL)

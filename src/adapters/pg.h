@@ -74,6 +74,12 @@ int sk_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out, struct s
 /* sk_pg_exec() of SQL text without parameters. */
 int sk_pg_run(PGconn *pg, const char *sql, struct sk_err *err);
 
+/* A text[] literal of n strings, each quoted and escaped ({"a","b\\"c"}),
+ * to bind as one parameter: at(items, i) gives string i (NULL is written
+ * as ""). NULL when out of memory; the caller frees it. */
+char *sk_pg_text_array(size_t n, const char *(*at)(const void *items, size_t i),
+                       const void *items);
+
 /* Sends n statements in one round trip (libpq's pipeline mode) and reads
  * every result up to the sync, so the connection is left idle and out of
  * pipeline mode. The codes are sk_pg_exec()'s, for the first statement that

@@ -154,38 +154,13 @@ bool sk_keyref_may_hold_dedupe(const struct sk_keyref *ref)
     return ref->job_id != NULL && strlen(ref->job_id) == 36 && ref->job_id[14] == '4';
 }
 
-/* A text[] literal of n strings, each quoted and escaped: "{\"a\",\"b\"}".
- * at(i) gives string i. NULL when out of memory. */
-static char *text_array(size_t n, const char *(*at)(const struct sk_keyref *),
-                        const struct sk_keyref *refs)
+static const struct sk_keyref *ref(const void *refs, size_t i)
 {
-    size_t size = 3;
-    for (size_t i = 0; i < n; i++)
-        size += 2 * strlen(at(&refs[i]) != NULL ? at(&refs[i]) : "") + 3;
-    char *out = malloc(size), *p = out;
-    if (out == NULL)
-        return NULL;
-    *p++ = '{';
-    for (size_t i = 0; i < n; i++) {
-        const char *v = at(&refs[i]) != NULL ? at(&refs[i]) : "";
-        if (i > 0)
-            *p++ = ',';
-        *p++ = '"';
-        for (; *v != '\0'; v++) {
-            if (*v == '"' || *v == '\\')
-                *p++ = '\\';
-            *p++ = *v;
-        }
-        *p++ = '"';
-    }
-    *p++ = '}';
-    *p = '\0';
-    return out;
+    return &((const struct sk_keyref *)refs)[i];
 }
-
-static const char *ref_key(const struct sk_keyref *r) { return r->key; }
-static const char *ref_job_id(const struct sk_keyref *r) { return r->job_id; }
-static const char *ref_job_type(const struct sk_keyref *r) { return r->job_type; }
+static const char *ref_key(const void *refs, size_t i) { return ref(refs, i)->key; }
+static const char *ref_job_id(const void *refs, size_t i) { return ref(refs, i)->job_id; }
+static const char *ref_job_type(const void *refs, size_t i) { return ref(refs, i)->job_type; }
 
 int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
                         struct sk_claim *out, bool *dup, struct sk_err *err)
@@ -207,9 +182,9 @@ static int claim_array(struct sk_store *s, const char *function, const struct sk
     int rc = sk_store_reconnect(s, err);
     if (rc != SK_OK)
         return rc;
-    char *keys = text_array(n, ref_key, refs);
-    char *ids = text_array(n, ref_job_id, refs);
-    char *types = text_array(n, ref_job_type, refs);
+    char *keys = sk_pg_text_array(n, ref_key, refs);
+    char *ids = sk_pg_text_array(n, ref_job_id, refs);
+    char *types = sk_pg_text_array(n, ref_job_type, refs);
     if (keys == NULL || ids == NULL || types == NULL) {
         free(keys);
         free(ids);
@@ -252,13 +227,13 @@ static int claim_array(struct sk_store *s, const char *function, const struct sk
     return SK_OK;
 }
 
-static const char *ref_fence(const struct sk_keyref *r) { return r->fence_text; }
+static const char *ref_fence(const void *refs, size_t i) { return ref(refs, i)->fence_text; }
 
 int sk_store_unclaim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
                           struct sk_err *err)
 {
-    char *keys = text_array(n, ref_key, refs);
-    char *fences = text_array(n, ref_fence, refs);
+    char *keys = sk_pg_text_array(n, ref_key, refs);
+    char *fences = sk_pg_text_array(n, ref_fence, refs);
     int rc;
     if (keys == NULL || fences == NULL) {
         rc = sk_err_set(err, SK_ERR, "out of memory for a batch's unclaim");
