@@ -28,6 +28,7 @@ const char *const sk_schema_migrations[] = {
     "019_pause_priority.sql",
     "020_schedules.sql",
     "021_unclaim_many.sql",
+    "022_schedule_runners.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

@@ -19,11 +19,17 @@
  *
  * A reload starts a new generation whose scheduler reads the same rows:
  * the current tick is enqueued by whichever of the two schedulers gets the
- * row first, and never twice (the row, and the tick's key). */
+ * row first, and never twice (the row, and the tick's key).
+ *
+ * Once a minute it also reports which specs it runs (sql/022), so that
+ * `sekalictl doctor` can find hosts that run one name with different
+ * specs, whose ticks the rows above cannot tell apart. */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <libpq-fe.h>
 
@@ -38,6 +44,8 @@
 #define MAX_SLEEP_MS 1000     /* heartbeat, and a row another host moved, are seen this often */
 #define MIN_SLEEP_MS 5
 #define FAILED_WAIT_MS 5000   /* a schedule whose statement failed waits this long */
+#define REPORT_EVERY_MS 60000 /* how often the runner row is refreshed: doctor reads
+                               * rows younger than three of these */
 
 static const char *const missed_names[] = { "skip", "once", "all" };
 
@@ -63,9 +71,13 @@ struct scheduler {
     char                 *list;      /* the ticks as a PostgreSQL array literal */
     size_t                list_size;
     struct sk_outage      outage;
+    char                  runner[HOST_NAME_MAX + PATH_MAX + 2];  /* host:config path */
+    int64_t               report_at_ms;  /* sk_now_ms() when the runner rows are due */
 };
 
 static int round_once(struct scheduler *s, int64_t *sleep_ms);
+static void name_runner(struct scheduler *s);
+static int report(struct scheduler *s);
 static int peek(struct scheduler *s, struct entry *e, int64_t *now_ms, bool *exists);
 static int open_row(struct scheduler *s, struct entry *e);
 static int fire(struct scheduler *s, struct entry *e);
@@ -95,6 +107,7 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot,
         s.entries[i].metrics = sk_metrics_schedule(metrics, i);
         sk_conf_schedule_spec(&conf->schedules[i], s.entries[i].spec, sizeof(s.entries[i].spec));
     }
+    name_runner(&s);
     sk_log_info("scheduler started with %zu schedule%s", conf->n_schedules,
                 conf->n_schedules == 1 ? "" : "s");
 
@@ -145,6 +158,12 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot,
  * FAILED_WAIT_MS without holding up the others. */
 static int round_once(struct scheduler *s, int64_t *sleep_ms)
 {
+    if (s->report_at_ms <= sk_now_ms()) {
+        int rc = report(s);
+        if (rc == SK_AGAIN)
+            return rc;
+        s->report_at_ms = sk_now_ms() + REPORT_EVERY_MS;
+    }
     for (size_t i = 0; i < s->conf->n_schedules && !sk_process_stopping(); i++) {
         struct entry *e = &s->entries[i];
         if (e->retry_at_ms > sk_now_ms())
@@ -175,6 +194,62 @@ static int round_once(struct scheduler *s, int64_t *sleep_ms)
         *sleep_ms = MIN_SLEEP_MS;
     sk_metrics_scheduler_round(s->metrics);
     return SK_OK;
+}
+
+/* This scheduler's name among the runners of sql/022: the host and the
+ * config file, which a restart or a reload keeps. */
+static void name_runner(struct scheduler *s)
+{
+    char host[HOST_NAME_MAX + 1] = "unknown-host";
+    if (gethostname(host, sizeof(host)) != 0)
+        snprintf(host, sizeof(host), "unknown-host");
+    host[sizeof(host) - 1] = '\0';
+    char *path = realpath(s->conf->path, NULL);
+    snprintf(s->runner, sizeof(s->runner), "%s:%s", host,
+             path != NULL ? path : s->conf->path);
+    free(path);
+}
+
+static const char *schedule_name(const void *entries, size_t i)
+{
+    return ((const struct entry *)entries)[i].conf->name;
+}
+static const char *schedule_spec(const void *entries, size_t i)
+{
+    return ((const struct entry *)entries)[i].spec;
+}
+static const char *schedule_queue(const void *entries, size_t i)
+{
+    return ((const struct entry *)entries)[i].conf->queue;
+}
+
+/* Tells sql/022 which specs this runner runs. A failure other than a lost
+ * connection costs doctor's view only: it is logged, and tried again at
+ * the next report. */
+static int report(struct scheduler *s)
+{
+    size_t n = s->conf->n_schedules;
+    char *names = sk_pg_text_array(n, schedule_name, s->entries);
+    char *specs = sk_pg_text_array(n, schedule_spec, s->entries);
+    char *queues = sk_pg_text_array(n, schedule_queue, s->entries);
+    int rc = SK_ERR;
+    struct sk_err err = { 0 };
+    if (names != NULL && specs != NULL && queues != NULL) {
+        const char *args[] = { s->runner, names, specs, queues };
+        const struct sk_pg_stmt st = {
+            .sql = "SELECT sekali.schedule_runner_seen($1, $2::text[], $3::text[], $4::text[])",
+            .n_params = 4, .values = args, .what = "sekali.schedule_runner_seen",
+        };
+        rc = sk_pg_exec(s->pg, &st, NULL, &err);
+    } else {
+        sk_err_set(&err, SK_ERR, "out of memory");
+    }
+    if (rc != SK_OK && rc != SK_AGAIN)
+        sk_log_warn("scheduler: cannot report its schedules for sekalictl doctor: %s", err.msg);
+    free(names);
+    free(specs);
+    free(queues);
+    return rc;
 }
 
 /* The row's last tick and PostgreSQL's now() in ms, without a lock. */

@@ -18,6 +18,7 @@ void sk_doctor_run(struct sk_doctor *d)
     sk_doctor_postgres(d);
     sk_doctor_redis(d);
     sk_doctor_broker(d);
+    sk_doctor_schedules(d);
 }
 
 void sk_doctor_free(struct sk_doctor *d)

@@ -40,9 +40,9 @@ struct sk_doctor {
     size_t                    n, cap;
 };
 
-/* The families in their order (PostgreSQL, Redis, the broker); the report
- * is d->v. consumer_timeout_ms 0 takes conf->amqp.consumer_timeout. Free it
- * with sk_doctor_free(). */
+/* The families in their order (PostgreSQL, Redis, the broker, the
+ * schedules' specs across hosts); the report is d->v. consumer_timeout_ms
+ * 0 takes conf->amqp.consumer_timeout. Free it with sk_doctor_free(). */
 void sk_doctor_run(struct sk_doctor *d);
 void sk_doctor_free(struct sk_doctor *d);
 
@@ -71,6 +71,8 @@ void sk_doctor_broker(struct sk_doctor *d);    /* doctor_broker.c */
 void sk_doctor_postgres(struct sk_doctor *d);  /* doctor_servers.c: schema, sync, clock,
                                                 * retention */
 void sk_doctor_redis(struct sk_doctor *d);     /* doctor_servers.c */
+void sk_doctor_schedules(struct sk_doctor *d); /* doctor_schedules.c: every host runs a
+                                                * schedule with one spec; not cheap */
 
 /* Clock skew: below warn_ms passes, below fail_ms warns. */
 #define SK_DOCTOR_SKEW_WARN_MS 1000

@@ -4,7 +4,8 @@
  * dead-letter arguments, a quorum queue without a delivery limit, a
  * consumer_timeout below job_timeout, a host clock a minute off under
  * libfaketime, an unmigrated database, a job waiting longer than the
- * retention). sekalid refuses the unmigrated database too. Every server
+ * retention, two hosts running one schedule with different specs).
+ * sekalid refuses the unmigrated database too. Every server
  * setting a test changes is set back before it asserts. */
 #include <glob.h>
 #include <signal.h>
@@ -369,6 +370,61 @@ START_TEST(test_a_reload_onto_an_unmigrated_database_keeps_the_old_config)
 }
 END_TEST
 
+/* Starts r with one schedule, name, running `every` into r's own queue. */
+static void start_with_schedule(struct h_run *r, const char *label, const char *name,
+                                const char *every)
+{
+    h_run_open(r, label);
+    char top[512];
+    snprintf(top, sizeof(top), "schedules:\n  - name: %s\n    every: %s\n    queue: %s\n",
+             name, every, r->queue);
+    h_run_start(r, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
+}
+
+static long long runners_of(PGconn *pg, const char *name)
+{
+    return h_pg_count(pg, "SELECT count(*) FROM sekali.schedule_runners WHERE name = '%s'", name);
+}
+
+/* Two sekalids (two config files, so two runners, as two hosts would be)
+ * run one schedule name with different specs: doctor warns and names
+ * both; when the second stops running the name (a reload renames its
+ * schedule), its row goes and doctor passes. */
+START_TEST(test_a_schedule_run_with_two_specs_warns)
+{
+    struct h_run a, b;
+    char name[128];
+    h_unique_name(name, sizeof(name), "doc-sched");
+    start_with_schedule(&a, "doc-spec-a", name, "1h");
+    H_WAIT(runners_of(a.pg, name) == 1, 20000, "the first scheduler should report its spec");
+    char *report;
+    int code = doctor(a.config, NULL, NULL, &report);
+    has_verdict(report, "schedule.spec", name, "pass");
+    ck_assert_msg(strstr(report, "every 1h into") != NULL, "%s", report);
+
+    start_with_schedule(&b, "doc-spec-b", name, "2h");
+    H_WAIT(runners_of(a.pg, name) == 2, 20000, "the second scheduler should report its spec");
+    code = doctor(a.config, NULL, NULL, &report);
+    ck_assert_msg(code == 6, "doctor exited %d, not 6 (a warning): %s", code, report);
+    has_verdict(report, "schedule.spec", name, "warn");
+    ck_assert_msg(strstr(report, "every 2h into") != NULL && strstr(report, b.config) != NULL,
+                  "the warning should name the other spec and its runner: %s", report);
+
+    char renamed[160];
+    snprintf(renamed, sizeof(renamed), "%s-renamed", name);
+    h_config_replace(b.config, name, renamed);
+    ck_assert_int_eq(kill(b.sekalid, SIGHUP), 0);
+    H_WAIT(runners_of(a.pg, name) == 1 && runners_of(a.pg, renamed) == 1, 20000,
+           "the reloaded scheduler should report its new name and drop the old one");
+    code = doctor(a.config, NULL, NULL, &report);
+    has_verdict(report, "schedule.spec", name, "pass");
+    h_run_stop(&b);
+    h_run_close(&b);
+    h_run_stop(&a);
+    h_run_close(&a);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -382,6 +438,7 @@ int main(void)
         test_a_job_waiting_longer_than_the_retention_fails,
         test_a_reload_onto_an_unmigrated_database_keeps_the_old_config,
         test_sekalid_logs_each_failed_start_check_once,
+        test_a_schedule_run_with_two_specs_warns,
         NULL,
     };
     return h_run_suite(h_suite("doctor", 60, tests));
