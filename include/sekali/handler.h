@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 5  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 6  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -102,6 +102,11 @@ struct sekali_enqueue {
     const char *resource_key;     /* NULL: the idempotency key */
     int64_t     run_at_ms;        /* Unix time in ms to publish at; 0: now */
     int64_t     dedupe_ttl_ms;    /* how long dedupe_key holds; 0: one day */
+    /* Since 1.6: the AMQP priority the job is published with, 1 to 255,
+     * honoured by a queue with max_priority; 0: none, which such a queue
+     * treats as 0. Outside 0..255, enqueue_job() fails. A 1.5 host does
+     * not read it (check host->abi_minor >= 6). */
+    int32_t     priority;
     /* append here; never reorder, resize or remove */
 };
 

@@ -260,19 +260,22 @@ static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue 
         host_set_error(ctx, "enqueue: no connection, queue, type or body");
         return -1;
     }
-    char run_at[24], ttl[24];
+    char run_at[24], ttl[24], priority[16];
     snprintf(run_at, sizeof(run_at), "%lld", (long long)e.run_at_ms);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)e.dedupe_ttl_ms);
+    snprintf(priority, sizeof(priority), "%d", (int)e.priority);
+    /* A priority out of range is sekali.enqueue()'s to refuse, with its
+     * own message: one rule, wherever a job is enqueued from. */
     const char *values[] = { e.queue, e.job_type, e.body, e.idempotency_key, e.dedupe_key,
-                             e.resource_key, run_at, ttl };
-    const int lengths[] = { 0, 0, (int)e.body_len, 0, 0, 0, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0 };
+                             e.resource_key, run_at, ttl, e.priority != 0 ? priority : NULL };
+    const int lengths[] = { 0, 0, (int)e.body_len, 0, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
         .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
                "CASE WHEN $7::bigint = 0 THEN now() ELSE to_timestamp($7::bigint / 1000.0) END, "
                "CASE WHEN $8::bigint <= 0 THEN interval '1 day' "
-               "ELSE $8::bigint * interval '1 millisecond' END)",
-        .n_params = 8, .values = values, .lengths = lengths, .formats = formats,
+               "ELSE $8::bigint * interval '1 millisecond' END, $9::integer)",
+        .n_params = 9, .values = values, .lengths = lengths, .formats = formats,
         .one_row = true, .what = "sekali.enqueue",
     };
     struct sk_err err = { 0 };

@@ -664,8 +664,9 @@ START_TEST(test_job_chains_survive_worker_kills_with_each_link_once)
 END_TEST
 
 /* host->enqueue_job() (ABI 1.3) passes every option of sekali.enqueue():
- * the handler's follow-up carries its resource key, waits for its run_at,
- * and holds its dedupe key for the TTL it asked for. */
+ * the handler's follow-up carries its resource key and its priority (ABI
+ * 1.6), waits for its run_at, and holds its dedupe key for the TTL it
+ * asked for. */
 START_TEST(test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl)
 {
     struct h_run r;
@@ -676,13 +677,40 @@ START_TEST(test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl)
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
                                       "AND job_type = 'later' AND idempotency_key = "
                                       "'opts-1/later' AND resource_key = 'res-opts-1' AND "
-                                      "run_at = '2100-01-01 00:00:00+00' AND published_at IS "
-                                      "NULL", r.queue), 1);
+                                      "run_at = '2100-01-01 00:00:00+00' AND priority = 7 "
+                                      "AND published_at IS NULL", r.queue), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_dedupe d JOIN "
                                       "sekali.outbox o USING (job_id) WHERE o.queue = '%s' AND "
                                       "d.dedupe_key = 'dedupe-' || o.queue || '-opts-1' AND "
                                       "d.expires_at BETWEEN now() + interval '55 minutes' AND "
                                       "now() + interval '61 minutes'", r.queue), 1);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A priority sekali.enqueue() refuses (AMQP's is one octet) fails the
+ * handler's enqueue_job() with sekali.enqueue()'s reason: the job fails
+ * (dead-lettered here, at its one attempt), nothing is enqueued. A
+ * priority of 0 is none. */
+START_TEST(test_enqueue_job_refuses_a_priority_outside_an_octet)
+{
+    struct h_run r;
+    h_run_open(&r, "enqprio");
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1,
+                                          .queue_yaml = "    retry:\n      max_attempts: 1\n" });
+    h_publish(r.b, r.queue, "test", "prio-0", NULL, NULL, "priority:0");
+    h_publish(r.b, r.queue, "test", "prio-300", NULL, NULL, "priority:300");
+    H_WAIT(h_effects(&r, "prio-0") == 1, 20000, "the job with priority 0 should run");
+    H_WAIT(h_count_lines(r.log, "outside 0..255") >= 1, 20000,
+           "the enqueue with priority 300 should fail with sekali.enqueue()'s reason");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND idempotency_key = 'prio-0/later' AND priority IS "
+                                      "NULL", r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND idempotency_key = 'prio-300/later'", r.queue), 0);
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "the failed job should be dead-lettered");
+    ck_assert_int_eq(h_effects(&r, "prio-300"), 0);
     h_run_stop(&r);
     h_run_close(&r);
 }
@@ -752,6 +780,7 @@ int main(void)
         test_two_relays_publish_five_thousand_rows_once_each,
         test_job_chains_survive_worker_kills_with_each_link_once,
         test_enqueue_job_passes_run_at_resource_key_and_dedupe_ttl,
+        test_enqueue_job_refuses_a_priority_outside_an_octet,
         test_a_dedupe_key_expires_after_its_ttl,
         NULL,
     };

@@ -32,7 +32,10 @@
  *              option of host->enqueue_job(): idempotency key "<key>/later",
  *              resource key "res-<key>", dedupe key "dedupe-<queue>-<key>"
  *              held for an hour, to run at 2100-01-01 (so it stays in the
- *              outbox)
+ *              outbox), priority 7 (ABI 1.6)
+ *   "priority:N" record the effect and enqueue a job of type "later" with
+ *              priority N (host->enqueue_job, ABI 1.6): N outside 0..255
+ *              makes the enqueue fail and the job retry
  *   "occ:NAME" add 1 to sekali_test.occ_rows' row NAME with a version-guarded
  *              update (optimistic concurrency); on the first attempt, between
  *              reading the row and updating it, write MARKER_DIR/occ.<pid> and
@@ -296,8 +299,24 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
             .struct_size = sizeof(later), .queue = job->queue, .job_type = "later",
             .body = "ok", .body_len = 2, .idempotency_key = key, .resource_key = resource,
             .dedupe_key = dedupe, .run_at_ms = 4102444800000LL, .dedupe_ttl_ms = 3600000,
+            .priority = 7,
         };
         if (job->host->enqueue_job(ctx, &later, NULL, 0) != 0)
+            return SEKALI_RETRY;
+    }
+    if (ok && job->body_len > 9 && memcmp(job->body, "priority:", 9) == 0) {
+        char digits[16] = "";
+        size_t n_digits = job->body_len - 9 < sizeof(digits) - 1 ? job->body_len - 9
+                                                                 : sizeof(digits) - 1;
+        memcpy(digits, (const char *)job->body + 9, n_digits);  /* bodies are not strings */
+        char key[600];
+        snprintf(key, sizeof(key), "%s/later", job->idempotency_key);
+        struct sekali_enqueue later = {
+            .struct_size = sizeof(later), .queue = job->queue, .job_type = "later",
+            .body = "ok", .body_len = 2, .idempotency_key = key,
+            .run_at_ms = 4102444800000LL, .priority = atoi(digits),
+        };
+        if (job->host->abi_minor < 6 || job->host->enqueue_job(ctx, &later, NULL, 0) != 0)
             return SEKALI_RETRY;
     }
     char receipt[256];
