@@ -473,6 +473,54 @@ START_TEST(test_scans_past_one_window_keep_order_and_take_exactly_the_selected)
 }
 END_TEST
 
+/* A quorum work queue's dead letters are a quorum queue, which hands back
+ * what a scan leaves by its own rules: letters over two windows, scanned
+ * three times, are all still there, in order, each time. A purge from the
+ * first window takes exactly its letter and keeps every other one, but
+ * not their order: the letter the broker sent into the freed place is
+ * handed back to the end (docs/operations.md, dlq). */
+#define QUORUM_LETTERS 1500
+START_TEST(test_scans_of_a_quorum_dead_letter_queue_keep_every_letter_in_order)
+{
+    struct h_run r;
+    h_run_open(&r, "dlqquorum");
+    r.config = h_write_config(r.dir, r.queue, FLAKY, 1,
+                              "    queue_type: quorum\n    delivery_limit: 20\n");
+    const struct sk_queue_shape quorum = { .quorum = true, .delivery_limit = 20 };
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, &quorum, NULL), SK_OK);
+    for (int i = 0; i < QUORUM_LETTERS; i++) {
+        char id[32], key[32];
+        snprintf(id, sizeof(id), "m-%04d", i);
+        snprintf(key, sizeof(key), "k-%04d", i);
+        h_publish(r.b, r.dead, "test", id, key, NULL, "fail");
+    }
+    H_WAIT(h_queue_depth(r.b, r.dead) == QUORUM_LETTERS, 20000,
+           "the quorum dead-letter queue should hold %d letters, has %u", QUORUM_LETTERS,
+           h_queue_depth(r.b, r.dead));
+    for (int scan = 0; scan < 3; scan++) {
+        char *out;
+        ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
+        json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i "
+                       "in range(1500)]");
+        free(out);
+        H_WAIT(h_queue_depth(r.b, r.dead) == QUORUM_LETTERS, 20000,
+               "scan %d should hand every letter back: %u ready", scan + 1,
+               h_queue_depth(r.b, r.dead));
+    }
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-0700", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"purged\"] == 1");
+    free(out);
+    H_WAIT(h_queue_depth(r.b, r.dead) == QUORUM_LETTERS - 1, 20000,
+           "the purge should hand every other letter back: %u ready", h_queue_depth(r.b, r.dead));
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
+    json_holds(&r, "sorted(x[\"key\"] for x in d[\"dead_letters\"]) == [\"k-%04d\" % i for i "
+                   "in range(1500) if i != 700]");
+    free(out);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -484,6 +532,7 @@ int main(void)
         test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints,
         test_groups_pages_and_dry_runs_select_without_changing_anything,
         test_scans_past_one_window_keep_order_and_take_exactly_the_selected,
+        test_scans_of_a_quorum_dead_letter_queue_keep_every_letter_in_order,
         NULL,
     };
     Suite *s = suite_create("dlq");
