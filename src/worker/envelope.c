@@ -159,9 +159,14 @@ static void read_attempts(const amqp_basic_properties_t *p, const struct sk_queu
     out->scheduled_attempt = scheduled >= 1 && scheduled < UINT32_MAX / 2 ? (uint32_t)scheduled : 1;
     /* x-delivery-count is the quorum queue's count of redeliveries, which
      * it writes on each one; on a first delivery, or in a classic queue,
-     * one there is the producer's. */
-    int64_t redeliveries = q->queue_type == SK_QUEUE_QUORUM && out->redelivered
-        ? header_int(p, "x-delivery-count") : -1;
+     * one there is the producer's. From RabbitMQ 4.3 it counts only the
+     * returns its delivery limit counts, and x-acquired-count every earlier
+     * delivery (a worker killed mid-job among them): the larger holds. */
+    bool broker_counts = q->queue_type == SK_QUEUE_QUORUM && out->redelivered;
+    int64_t redeliveries = broker_counts ? header_int(p, "x-delivery-count") : -1;
+    int64_t acquired = broker_counts ? header_int(p, "x-acquired-count") : -1;
+    if (acquired > redeliveries)
+        redeliveries = acquired;
     if (redeliveries < 0 || redeliveries > UINT32_MAX / 2)
         redeliveries = out->redelivered ? 1 : 0;
     out->delivery_attempt = out->scheduled_attempt + (uint32_t)redeliveries;

@@ -211,6 +211,33 @@ static void add_int_header(struct fixture *f, const char *key, int64_t value)
     p->headers.entries = f->headers;
 }
 
+/* RabbitMQ 4.3 counts in x-delivery-count only the returns that the
+ * delivery limit counts (a reject, not a nack nor a lost consumer), and
+ * every earlier acquisition in x-acquired-count: the attempt is the larger,
+ * so that a worker killed mid-job is still seen as a redelivery. Written
+ * from the 4.3 release notes: Debian 13's 4.0 sends no x-acquired-count. */
+START_TEST(test_acquired_count_sets_the_attempt_where_present)
+{
+    struct fixture f;
+    make(&f, "job-1", "{}");
+    f.env.redelivered = 1;
+    add_int_header(&f, "x-delivery-count", 0);
+    add_int_header(&f, "x-acquired-count", 3);
+    struct sk_queue_conf quorum = queue;
+    quorum.queue_type = SK_QUEUE_QUORUM;
+    struct sk_envelope out;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &quorum, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 4);
+
+    /* A first delivery's, or a classic queue's, is the producer's. */
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &queue, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 2);
+    f.env.redelivered = 0;
+    ck_assert_int_eq(sk_envelope_parse(&f.env, &quorum, &out, NULL), SK_OK);
+    ck_assert_uint_eq(out.delivery_attempt, 1);
+}
+END_TEST
+
 /* Adds x-death with its latest death: `reason` in queue `from`. */
 static void add_death(struct fixture *f, const char *from, const char *reason)
 {
@@ -425,6 +452,7 @@ int main(void)
         test_wire_sizes_match_the_encoder,
         test_unused_optional_properties_do_not_fail_a_job,
         test_replies_to_sekali_and_broker_queues_are_refused,
+        test_acquired_count_sets_the_attempt_where_present,
         NULL,
     };
     Suite *s = suite_create("envelope");
