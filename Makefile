@@ -49,10 +49,10 @@ CORE    = common config config_where config_value pg_conninfo log backoff clock 
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
-          doctor doctor_broker doctor_servers doctor_schedules \
+          doctor doctor_broker doctor_servers doctor_schedules doctor_versions \
           notify oom metrics metrics_text metrics_http relay janitor scheduler schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_pause ctl_cancel \
-          console console_auth console_api console_rates console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_broker doctor_servers doctor_schedules redis_link
+          console console_auth console_api console_rates console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_broker doctor_servers doctor_schedules doctor_versions redis_link
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
@@ -351,5 +351,8 @@ help:
 	@echo "valgrind  the test suite with sekalid under valgrind"
 	@echo "fuzz      each libFuzzer harness for FUZZ_SECONDS=$(FUZZ_SECONDS) (clang, ASan, UBSan)"
 	@echo "install   PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
+	@echo "SEKALI_RABBITMQ=4 SEKALI_REDIS=valkey SEKALI_PG=17 before demo, check, check-cluster,"
+	@echo "          bench or chaos: Debian 13's servers, from a root made once by"
+	@echo "          tests/debian13-root.sh (root; debootstrap; docs/operations.md)"
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

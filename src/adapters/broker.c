@@ -199,6 +199,31 @@ static int tls_failed(struct sk_broker *b, int rc, struct sk_err *err)
     return SK_AGAIN;
 }
 
+/* The version the broker gives in connection.start's server-properties:
+ * what it does with a declaration's arguments depends on it. */
+static void read_version(struct sk_broker *b)
+{
+    b->version[0] = '\0';
+    const amqp_table_t *props = amqp_get_server_properties(b->conn);
+    for (int i = 0; props != NULL && i < props->num_entries; i++) {
+        const amqp_table_entry_t *e = &props->entries[i];
+        if (e->key.len == 7 && memcmp(e->key.bytes, "version", 7) == 0 &&
+            (e->value.kind == AMQP_FIELD_KIND_UTF8 || e->value.kind == AMQP_FIELD_KIND_BYTES)) {
+            amqp_bytes_t v = e->value.value.bytes;
+            size_t n = v.len < sizeof(b->version) - 1 ? v.len : sizeof(b->version) - 1;
+            memcpy(b->version, v.bytes, n);
+            b->version[n] = '\0';
+        }
+    }
+}
+
+const char *sk_broker_version(const struct sk_broker *b) { return b->version; }
+
+int sk_broker_major(const struct sk_broker *b)
+{
+    return b->version[0] >= '0' && b->version[0] <= '9' ? atoi(b->version) : 0;
+}
+
 static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
                   const struct sk_amqp_node *node, struct sk_err *err)
 {
@@ -219,6 +244,7 @@ static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
     b->broken = rc != SK_OK;
     if (rc == SK_OK) {
         b->frame_max = amqp_get_frame_max(b->conn);
+        read_version(b);
         return SK_OK;
     }
     /* In TLS 1.3 the server judges our certificate after the handshake:

@@ -103,10 +103,16 @@ void sk_broker_close_consumer(struct sk_broker *b);
  * the broker refuses the second declaration. */
 struct sk_queue_shape {
     bool     quorum;          /* a replicated quorum queue instead of a classic one */
-    uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none */
+    uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none
+                               * (on RabbitMQ 4, whose own default is 20, declared as -1) */
     uint8_t  max_priority;    /* classic only: x-max-priority; 0: none */
     bool     passive;         /* declared by someone else: only check that it exists */
 };
+
+/* The broker's version as it gave it at login ("4.0.5"; "" if it gave
+ * none), and its major number (0 if unknown). */
+const char *sk_broker_version(const struct sk_broker *b);
+int         sk_broker_major(const struct sk_broker *b);
 
 /* Writes the name of queue's dead-letter queue, `queue.dead`, into out:
  * the one place that spells it. SK_ERR if it does not fit in size. */

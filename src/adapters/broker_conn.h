@@ -48,6 +48,9 @@ struct sk_broker {
     bool                    broken;
     struct sk_tls_state    *tls;              /* amqps:// only; the SSL_CTX points to it */
     bool                    scanning;         /* a scan holds SK_BROKER_SCAN_CHANNEL */
+    char                    version[32];      /* the broker's, as it says at login; "" if not */
+    bool                    legacy_limit;     /* declaring a quorum queue made without
+                                               * x-delivery-limit (broker_queue.c) */
 };
 
 /* The largest frame a reading connection (a consumer, sekalictl's dead

@@ -16,6 +16,7 @@
 
 #include "broker.h"
 #include "broker_conn.h"
+#include "log.h"
 
 static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err);
 static amqp_rpc_reply_t declare_delay_as(struct sk_broker *b, const char *name,
@@ -25,8 +26,10 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                         const struct sk_queue_shape *shape, struct sk_err *err);
 static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code);
 static int reopen_channel(struct sk_broker *b, struct sk_err *err);
-static int work_args(const char *dead, const struct sk_queue_shape *shape,
-                     amqp_table_entry_t *args);
+static int work_args(const struct sk_broker *b, const char *dead,
+                     const struct sk_queue_shape *shape, amqp_table_entry_t *args);
+static bool unlimited_by_default(const struct sk_broker *b, const struct sk_queue_shape *shape);
+static bool said(amqp_rpc_reply_t reply, const char *text);
 
 #define WORK_ARGS_MAX 7
 
@@ -91,8 +94,8 @@ static int declare_passive(struct sk_broker *b, const char *name, struct sk_err 
 
 /* The arguments of a work queue as sekali declares it, into args (room for
  * WORK_ARGS_MAX); returns how many. */
-static int work_args(const char *dead, const struct sk_queue_shape *shape,
-                     amqp_table_entry_t *args)
+static int work_args(const struct sk_broker *b, const char *dead,
+                     const struct sk_queue_shape *shape, amqp_table_entry_t *args)
 {
     /* A rejected message goes to name.dead through the default exchange; the
      * broker moves it, so a dead letter cannot be lost between two queues. */
@@ -105,9 +108,10 @@ static int work_args(const char *dead, const struct sk_queue_shape *shape,
          * dead-lettering requires reject-publish overflow. */
         args[n_args++] = sk_broker_text_entry("x-dead-letter-strategy", "at-least-once");
         args[n_args++] = sk_broker_text_entry("x-overflow", "reject-publish");
-        if (shape->delivery_limit > 0) {
+        if (shape->delivery_limit > 0)
             args[n_args++] = sk_broker_int_entry("x-delivery-limit", shape->delivery_limit);
-        }
+        else if (unlimited_by_default(b, shape))
+            args[n_args++] = sk_broker_int_entry("x-delivery-limit", -1);
     }
     /* Fixed when the queue is created: a queue that exists without it is
      * refused by the broker (see declare_work()). */
@@ -116,12 +120,24 @@ static int work_args(const char *dead, const struct sk_queue_shape *shape,
     return n_args;
 }
 
+/* RabbitMQ 4 limits a quorum queue to 20 deliveries unless told otherwise,
+ * and would dead-letter a job handed back through an outage, or one whose
+ * crashes sekali counts (max_crashes), behind sekali's back: a quorum queue
+ * with no delivery_limit is declared with -1, the broker's "no limit"
+ * (3.x refuses -1, and has no default). b->legacy_limit: this queue was
+ * created without the argument (by an older sekali) and is taken as it is. */
+static bool unlimited_by_default(const struct sk_broker *b, const struct sk_queue_shape *shape)
+{
+    return shape->quorum && shape->delivery_limit == 0 && sk_broker_major(b) >= 4 &&
+           !b->legacy_limit;
+}
+
 /* queue.declare of a durable work queue with exactly sekali's arguments. */
 static amqp_rpc_reply_t declare_as_sekali(struct sk_broker *b, const char *name,
                                           const char *dead, const struct sk_queue_shape *shape)
 {
     amqp_table_entry_t args[WORK_ARGS_MAX];
-    amqp_table_t table = { .num_entries = work_args(dead, shape, args), .entries = args };
+    amqp_table_t table = { .num_entries = work_args(b, dead, shape, args), .entries = args };
     amqp_queue_declare(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
     return amqp_get_rpc_reply(b->conn);
 }
@@ -130,6 +146,20 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                         const struct sk_queue_shape *shape, struct sk_err *err)
 {
     amqp_rpc_reply_t reply = declare_as_sekali(b, name, dead, shape);
+    if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED) && shape != NULL &&
+        unlimited_by_default(b, shape) && said(reply, "'x-delivery-limit'") &&
+        said(reply, "current is none")) {
+        /* Created without a limit before sekali declared -1: consumed as it
+         * is, under the broker's default (doctor fails its arguments). */
+        sk_log_warn("queue %s has no x-delivery-limit: RabbitMQ's default limit applies to "
+                    "it; set delivery_limit, or a delivery-limit policy", name);
+        int rc = reopen_channel(b, err);
+        if (rc != SK_OK)
+            return rc;
+        b->legacy_limit = true;
+        reply = declare_as_sekali(b, name, dead, shape);
+        b->legacy_limit = false;
+    }
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
         amqp_channel_close_t *m = reply.reply.decoded;
         /* The usual way to meet this: max_priority set (or changed) on a
@@ -292,4 +322,11 @@ static bool channel_closed_with(amqp_rpc_reply_t reply, uint16_t code)
     return reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
            reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
            ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == code;
+}
+
+/* Whether the broker's reply text holds text. */
+static bool said(amqp_rpc_reply_t reply, const char *text)
+{
+    const amqp_channel_close_t *m = reply.reply.decoded;
+    return memmem(m->reply_text.bytes, m->reply_text.len, text, strlen(text)) != NULL;
 }

@@ -621,12 +621,15 @@ static bool refused_login(const char *reply)
 }
 
 /* A command the script ran was refused by the ACL: NOPERM in the reply
- * (Redis 6), or Redis 7's "The user executing the script can't run this
- * command". */
+ * (Redis 6), Redis 7's "The user executing the script can't run this
+ * command", or Valkey 8's "ACL failure in script: User ... has no
+ * permissions to run the 'set' command" (which, unmatched, was taken for
+ * an outage and, under on_redis_down: proceed, turned the locks off). */
 static bool script_refused(const char *reply)
 {
     return strstr(reply, "NOPERM") != NULL ||
-           strstr(reply, "user executing the script can't run") != NULL;
+           strstr(reply, "user executing the script can't run") != NULL ||
+           strstr(reply, "ACL failure in script") != NULL;
 }
 
 /* Any failure drops the connection: after a timeout hiredis may still have a

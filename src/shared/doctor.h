@@ -74,6 +74,13 @@ void sk_doctor_redis(struct sk_doctor *d);     /* doctor_servers.c */
 void sk_doctor_schedules(struct sk_doctor *d); /* doctor_schedules.c: every host runs a
                                                 * schedule with one spec; not cheap */
 
+/* doctor_versions.c: each server's version, warning on a line past its end
+ * of life; called by the families above (not in the cheap subset). */
+void sk_doctor_rabbitmq_version(struct sk_doctor *d, const char *version);
+void sk_doctor_postgres_version(struct sk_doctor *d, int server_version_num);
+void sk_doctor_redis_version(struct sk_doctor *d, const char *object, const char *server,
+                             const char *version);
+
 /* Clock skew: below warn_ms passes, below fail_ms warns. */
 #define SK_DOCTOR_SKEW_WARN_MS 1000
 #define SK_DOCTOR_SKEW_FAIL_MS 10000

@@ -25,6 +25,7 @@
 #define BROKER_DEFAULT_CONSUMER_TIMEOUT_MS (30u * 60 * 1000)
 
 static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q);
+static void check_limits(struct sk_doctor *d, const struct sk_queue_conf *q, int major);
 static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q);
 static bool observed_p99(const char *metrics, const char *queue, double *p99_s, double *top_s,
                          long *count);
@@ -38,8 +39,11 @@ void sk_doctor_broker(struct sk_doctor *d)
                       "make the amqp section reach the broker sekalid consumes", "%s", err.msg);
         return;
     }
+    if (!d->cheap)
+        sk_doctor_rabbitmq_version(d, sk_broker_version(b));
     for (size_t i = 0; i < d->conf->n_queues; i++) {
         check_queue(d, b, &d->conf->queues[i]);
+        check_limits(d, &d->conf->queues[i], sk_broker_major(b));
         check_timeouts(d, &d->conf->queues[i]);
     }
     sk_broker_close(b);
@@ -100,6 +104,28 @@ static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct s
                       "set the queue's delivery_limit (e.g. 20; above retry.max_attempts)",
                       "none: a message that kills its worker every time is redelivered for "
                       "ever");
+}
+
+/* Under RabbitMQ 4: a classic work queue is one node's copy (Amazon MQ
+ * calls classic queues "not guaranteed to be durable in all cases"), and
+ * a quorum queue's delivery limit must not cut sekali's own accounting
+ * short: crashes (max_crashes) count as deliveries, and so may retries an
+ * operator's policy sends back through the queue. */
+static void check_limits(struct sk_doctor *d, const struct sk_queue_conf *q, int major)
+{
+    bool quorum = q->queue_type == SK_QUEUE_QUORUM;
+    if (!quorum && major >= 4)
+        sk_doctor_add(d, "queue.type", q->name, SK_DOCTOR_WARN,
+                      "use queue_type: quorum (a new queue name, or drain and delete it)",
+                      "a classic work queue under RabbitMQ %d: not replicated, its jobs live "
+                      "on one node", major);
+    int limit = (int)q->delivery_limit;
+    if (quorum && limit > 0 && (limit <= q->max_crashes || limit < q->retry.max_attempts))
+        sk_doctor_add(d, "queue.delivery_limit_low", q->name, SK_DOCTOR_WARN,
+                      "raise delivery_limit above max_crashes and retry.max_attempts",
+                      "delivery_limit %d is not above sekali's own attempts (max_crashes %d, "
+                      "retry.max_attempts %d): the broker dead-letters a job before sekali "
+                      "would", limit, q->max_crashes, q->retry.max_attempts);
 }
 
 /* A delivery stays unacked for its job's run, and the acks of a window are

@@ -27,6 +27,7 @@ static bool pg_value(struct sk_doctor *d, PGconn *pg, const char *sql, char *out
 static struct sk_redis_link *redis_dial(const struct sk_redis_conf *rc, bool master,
                                         const char *host, int port, char *why, size_t size);
 static bool info_field(const char *info, const char *name, char *out, size_t size);
+static void redis_version(struct sk_doctor *d, const char *object, const char *info);
 
 void sk_doctor_postgres(struct sk_doctor *d)
 {
@@ -38,6 +39,8 @@ void sk_doctor_postgres(struct sk_doctor *d)
         return;
     }
     bool migrated = check_schema(d, pg);
+    if (!d->cheap)
+        sk_doctor_postgres_version(d, PQserverVersion(pg));
     check_sync(d, pg);
     /* The server's clock against the host's, at the middle of the round
      * trip. */
@@ -272,6 +275,8 @@ void sk_doctor_redis(struct sk_doctor *d)
         info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
         info_field(r->str, "role", role, sizeof(role));
         info_field(r->str, "connected_slaves", replicas, sizeof(replicas));
+        if (!d->cheap)
+            redis_version(d, object, r->str);
     } else if (r != NULL && r->type == REDIS_REPLY_ERROR) {
         /* An ACL user limited to sekali's own commands (docs/tls.md) may
          * not run INFO: then the server's settings are unknown, not bad. */
@@ -369,4 +374,17 @@ static bool info_field(const char *info, const char *name, char *out, size_t siz
         }
     }
     return false;
+}
+
+/* Valkey says valkey_version beside a redis_version it keeps at 7.2.4 for
+ * clients that look. */
+static void redis_version(struct sk_doctor *d, const char *object, const char *info)
+{
+    char version[64] = "";
+    if (info_field(info, "valkey_version", version, sizeof(version)))
+        sk_doctor_redis_version(d, object, "Valkey", version);
+    else {
+        info_field(info, "redis_version", version, sizeof(version));
+        sk_doctor_redis_version(d, object, "Redis", version);
+    }
 }

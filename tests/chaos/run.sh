@@ -280,24 +280,39 @@ locks() {
 
 # A worker SIGSTOPped while it holds a job's lock, for lock.ttl + 1 s, then
 # SIGCONTed. A held lock is one that has the same token half a second
-# apart: every other worker's lock lives for milliseconds. Up to 40 tries
-# to catch a worker holding one.
+# apart and was not taken by a worker that took another lock meanwhile
+# (the token's first half is its process's: lock.c), so a live worker's
+# slow batch, on a loaded machine, is not mistaken for the stopped one.
+# Tried until it is caught or the run is over: on a loaded machine the
+# tries take longer, and so does the run.
 stop_worker() {
-    local attempt
-    # A lock seen unchanged for half a second is usually the stopped
-    # worker's, but a running batch holds (and renews) its batch-mates'
-    # locks for the whole batch: a lock still held after lock.ttl proves
-    # only that another worker held it, and the stop is tried again.
-    for attempt in 1 2 3; do
+    local attempt=0
+    # A lock still held after lock.ttl proves only that another worker
+    # held it, and the stop is tried again.
+    while run_going; do
+        attempt=$((attempt + 1))
         stop_worker_once && return 0
     done
-    echo "unverified stop: 3 stops caught only other workers' locks" >>"$faults"
+    echo "unverified stop: the run ended first ($attempt stops caught only other workers' locks)" >>"$faults"
+}
+
+# Whether the storm run still has keys to do (one_run writes the count).
+run_going() { (( $(cat "$work/progress" 2>/dev/null || echo 0) < keys )); }
+
+# held_lock BEFORE AFTER: a "key token" line held all along by a process that
+# took no new lock in between (the stopped one), if any.
+held_lock() {
+    local live
+    live=$(comm -13 <(sort <<<"$1") <(sort <<<"$2") | awk 'NF == 2 { print substr($2, 1, 16) }')
+    comm -12 <(sort <<<"$1") <(sort <<<"$2") |
+        awk -v live="$live" 'NF == 2 && index(live, substr($2, 1, 16)) == 0' | head -n 1 || true
 }
 
 # One stop; false when the lock it watched was another worker's.
 stop_worker_once() {
-    local try victim before after held='' t0 stopped_ms
-    for try in $(seq 1 40); do
+    local try=0 victim before after held='' t0 stopped_ms
+    while [ -z "$held" ] && run_going; do
+        try=$((try + 1))
         read -r -a pids <<<"$(workers_of "$sekalid")"
         [ ${#pids[@]} -gt 0 ] || { sleep 0.2; continue; }
         victim=${pids[RANDOM % ${#pids[@]}]}
@@ -306,13 +321,13 @@ stop_worker_once() {
         t0=$(now_ms)
         wait_until 1000 stopped "$victim" || { : >"$stopped_file"; continue; }
         before=$(locks); sleep 0.5; after=$(locks)
-        held=$(comm -12 <(sort <<<"$before") <(sort <<<"$after") | grep -v '^$' | head -n 1 || true)
+        held=$(held_lock "$before" "$after")
         [ -n "$held" ] && break
         kill -CONT "$victim" 2>/dev/null; : >"$stopped_file"
         sleep 0.1
     done
     if [ -z "$held" ]; then
-        echo "unverified stop: no worker caught holding a lock in 40 tries" >>"$faults"
+        echo "unverified stop: no worker caught holding a lock in $try tries before the run ended" >>"$faults"
         return 0
     fi
     local rest=$(( lock_ttl + 1000 - ($(now_ms) - t0) ))

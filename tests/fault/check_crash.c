@@ -213,6 +213,36 @@ START_TEST(test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker)
 }
 END_TEST
 
+/* A quorum queue with no delivery_limit: sekali's own crash accounting
+ * (here none, max_crashes 0) decides, never the broker's default. RabbitMQ
+ * 4 gives every quorum queue a limit of 20 deliveries unless declared
+ * otherwise; a job whose worker is killed 21 times after the claim must
+ * still run once on the 22nd, not be dead-lettered by the broker. */
+START_TEST(test_quorum_queue_without_delivery_limit_is_not_cut_short_by_the_broker)
+{
+    static const char *const env[] = { "SEKALI_FAILPOINT=after_claim:order-stubborn",
+                                        "SEKALI_FAILPOINT_TIMES=21", NULL };
+    struct h_run r;
+    h_run_open(&r, "nolimit");
+    h_run_start(&r, &(struct h_run_opts){
+        .binary = "fault/sekalid", .env = env, .workers = 1,
+        .queue_yaml = "    queue_type: quorum\n    lock: false\n    max_crashes: 0\n",
+        .top_yaml = "restart:\n  initial: 20ms\n  max: 200ms\n",
+        .shape = &(struct sk_queue_shape){ .quorum = true } });
+    h_publish(r.b, r.queue, "test", "stubborn-1", "order-stubborn", NULL, "ok");
+    H_WAIT(h_effects(&r, "order-stubborn") == 1 || h_queue_depth(r.b, r.dead) > 0, 120000,
+           "the job should run or be dead-lettered; its worker died %d times",
+           h_count_lines(r.mark, "after_claim"));
+    ck_assert_int_eq(h_count_lines(r.mark, "after_claim"), 21);
+    ck_assert_msg(h_queue_depth(r.b, r.dead) == 0,
+                  "the broker dead-lettered the job after %d worker deaths",
+                  h_count_lines(r.mark, "after_claim"));
+    ck_assert_int_eq(h_effects(&r, "order-stubborn"), 1);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 /* A poison job on a classic queue, where the broker counts nothing: its
  * handler aborts (SIGABRT, the job's own doing), each replacement records
  * the crash, and with max_crashes 2 the next redelivery is dead-lettered
@@ -445,6 +475,7 @@ int main(void)
         test_worker_killed_after_ack_leaves_no_lock_to_wait_for,
         test_job_over_its_timeout_is_killed_and_runs_again_once,
         test_quorum_delivery_limit_dead_letters_a_job_that_kills_its_worker,
+        test_quorum_queue_without_delivery_limit_is_not_cut_short_by_the_broker,
         test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker,
         test_expired_lock_lets_a_second_worker_in_but_the_effect_happens_once,
         test_reply_lost_in_a_crash_is_sent_by_the_duplicate,

@@ -14,11 +14,9 @@
 
 #define PASSIVE "    declare: passive\n" H_FAST_RETRIES
 
-/* Declares the durable queue `name` as another tool would: with arguments
- * of its own (x-max-length, a dead-letter exchange that is not sekali's), or
- * none at all. Over a connection of its own, as sk_broker always adds
- * sekali's arguments. */
-static void declare_foreign(const char *name, bool with_arguments)
+/* Declares the durable queue `name` with exactly args, over a connection of
+ * its own, as sk_broker always adds sekali's arguments. */
+static void declare_with(const char *name, amqp_table_t table)
 {
     char *url = strdup(h_amqp_url());
     struct amqp_connection_info info;
@@ -30,14 +28,6 @@ static void declare_foreign(const char *name, bool with_arguments)
                                 info.user, info.password).reply_type, AMQP_RESPONSE_NORMAL);
     amqp_channel_open(conn, 1);
     ck_assert_int_eq(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
-    amqp_table_entry_t args[2];
-    args[0].key = amqp_cstring_bytes("x-max-length");
-    args[0].value.kind = AMQP_FIELD_KIND_I64;
-    args[0].value.value.i64 = 10000;
-    args[1].key = amqp_cstring_bytes("x-dead-letter-exchange");
-    args[1].value.kind = AMQP_FIELD_KIND_UTF8;
-    args[1].value.value.bytes = amqp_cstring_bytes("amq.fanout");
-    amqp_table_t table = { .num_entries = with_arguments ? 2 : 0, .entries = args };
     amqp_queue_declare(conn, 1, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
     ck_assert_msg(amqp_get_rpc_reply(conn).reply_type == AMQP_RESPONSE_NORMAL,
                   "declaring %s failed", name);
@@ -45,6 +35,26 @@ static void declare_foreign(const char *name, bool with_arguments)
     amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
     amqp_destroy_connection(conn);
     free(url);
+}
+
+static amqp_table_entry_t text_arg(const char *key, const char *value)
+{
+    return (amqp_table_entry_t){ .key = amqp_cstring_bytes(key),
+                                 .value = { .kind = AMQP_FIELD_KIND_UTF8,
+                                            .value.bytes = amqp_cstring_bytes(value) } };
+}
+
+/* Declares the durable queue `name` as another tool would: with arguments
+ * of its own (x-max-length, a dead-letter exchange that is not sekali's), or
+ * none at all. */
+static void declare_foreign(const char *name, bool with_arguments)
+{
+    amqp_table_entry_t args[2];
+    args[0].key = amqp_cstring_bytes("x-max-length");
+    args[0].value.kind = AMQP_FIELD_KIND_I64;
+    args[0].value.value.i64 = 10000;
+    args[1] = text_arg("x-dead-letter-exchange", "amq.fanout");
+    declare_with(name, (amqp_table_t){ .num_entries = with_arguments ? 2 : 0, .entries = args });
 }
 
 static void rabbitmqctl(const char *args)
@@ -220,6 +230,33 @@ START_TEST(test_an_older_classic_delay_queue_of_a_quorum_queue_is_used_as_it_is)
 }
 END_TEST
 
+/* A quorum work queue that an older sekali created on RabbitMQ 4, without
+ * x-delivery-limit (sekali now declares -1 there, which the broker refuses
+ * for a queue made without it): it is consumed as it is, under the
+ * broker's default limit, and each declarer says so once. On 3.x sekali
+ * never adds the argument, and nothing is said. */
+START_TEST(test_a_quorum_queue_made_without_a_delivery_limit_is_used_as_it_is)
+{
+    struct h_run r;
+    h_run_open(&r, "qnolimit");
+    char dead[600];
+    snprintf(dead, sizeof dead, "%s.dead", r.queue);
+    amqp_table_entry_t args[] = {
+        text_arg("x-dead-letter-exchange", ""), text_arg("x-dead-letter-routing-key", dead),
+        text_arg("x-queue-type", "quorum"), text_arg("x-dead-letter-strategy", "at-least-once"),
+        text_arg("x-overflow", "reject-publish"),
+    };
+    declare_with(r.queue, (amqp_table_t){ .num_entries = 5, .entries = args });
+    retry_once_on_quorum(&r);
+    const char *v = getenv("SEKALI_RABBITMQ");
+    bool four = v != NULL && atoi(v) >= 4;
+    int said = h_count_lines(r.log, "has no x-delivery-limit: RabbitMQ's default limit");
+    ck_assert_msg(four ? said >= 1 : said == 0, "said %d times (RabbitMQ %s)", said,
+                  v != NULL ? v : "3");
+    h_run_close(&r);
+}
+END_TEST
+
 /* A nacked copy is the queue's state, not the message's: a quorum queue
  * electing its leader nacks, as a full queue under reject-publish does
  * (here a policy makes the delay queues so). The job goes back to its
@@ -263,6 +300,7 @@ int main(void)
         test_passive_queue_that_does_not_exist_is_waited_for,
         test_a_quorum_queue_retries_through_quorum_delay_queues,
         test_an_older_classic_delay_queue_of_a_quorum_queue_is_used_as_it_is,
+        test_a_quorum_queue_made_without_a_delivery_limit_is_used_as_it_is,
         test_a_nacked_retry_copy_hands_the_job_back,
         NULL,
     };
