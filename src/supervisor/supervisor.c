@@ -60,7 +60,6 @@
 #include "roles.h"
 #include "scoreboard.h"
 #include "supervisor.h"
-#include "tls.h"
 
 #define CRASH_LOOP_RESTARTS 5      /* this many deaths without progress in a row ... */
 
@@ -154,7 +153,7 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
 static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins)
 {
     struct sk_err err = { 0 };
-    sk_tls_init_before_fork();
+    sk_process_parent_init();
     s->current = generation_new(conf, plugins, &err);
     if (s->current == NULL) {
         sk_log_error("%s", err.msg);
