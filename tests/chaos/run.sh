@@ -269,13 +269,16 @@ storm() {
     done
 }
 
-# locks: the locks of $queue that Redis holds now, as "key token" lines.
+# locks: the locks of $queue that Redis holds now, as "key token" lines, in
+# one script: a snapshot at one instant, and one process. (A redis-cli per
+# key took seconds on a loaded machine, longer than lock.ttl, so the
+# stopped worker's locks expired between two snapshots and were never seen
+# held.)
 locks() {
-    local k
-    redis-cli -h 127.0.0.1 -p "$SEKALI_REDIS_PORT" --scan --pattern "sekali:lock:$queue:*" 2>/dev/null |
-        while read -r k; do
-            printf '%s %s\n' "$k" "$(redis-cli -h 127.0.0.1 -p "$SEKALI_REDIS_PORT" get "$k" 2>/dev/null)"
-        done
+    redis-cli -h 127.0.0.1 -p "$SEKALI_REDIS_PORT" eval \
+        "local r = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+             local t = redis.call('GET', k) if t then r[#r + 1] = k .. ' ' .. t end
+         end return r" 0 "sekali:lock:$queue:*" 2>/dev/null || true
 }
 
 # A worker SIGSTOPped while it holds a job's lock, for lock.ttl + 1 s, then

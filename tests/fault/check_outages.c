@@ -93,12 +93,15 @@ START_TEST(test_postgres_restarted_mid_run)
     servers("restart-postgres");
     r.pg = h_pg();
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
-    /* Logged only by a worker that had found PostgreSQL gone (a failed
-     * claim or connect) and then reached it again. */
-    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES) >= 1, 30000,
-           "the workers should notice that PostgreSQL went away, and come back");
-    ck_assert_int_ge(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES),
-                     1);
+    /* A worker busy when PostgreSQL stopped finds it gone (a failed claim
+     * or connect) and logs the outage and its end; one that was idle (on a
+     * loaded machine the first half is often done before the restart) is
+     * told by the server's FATAL to its idle session, and reconnects at its
+     * next job. Either is the workers noticing; the second half, published
+     * after the restart, all running once is their coming back. */
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES) >= 1 ||
+           h_count_lines(r.log, "terminating connection due to administrator command") >= 1,
+           30000, "the workers should notice that PostgreSQL went away");
     expect_exactly_once(&r);
 }
 END_TEST
