@@ -255,6 +255,42 @@ START_TEST(test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out)
 }
 END_TEST
 
+/* The service answers 500 with a body whose 200-byte excerpt ends inside
+ * an é. The failure on the last attempt could not be recorded (the cut
+ * text refused by finish_lease(), SQLSTATE 22021), the message went back,
+ * and at each lease's end another worker took the job over and POSTed it
+ * again, past max_attempts, for ever (12 POSTs against max_attempts 3 in
+ * the issue). Now it is POSTed max_attempts times, recorded failed with the
+ * cut character replaced, and dead-lettered. */
+START_TEST(test_error_cut_inside_a_character_ends_the_job_after_max_attempts_posts)
+{
+    struct h_run r;
+    h_run_open(&r, "httpcut");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "2s", "1s", "    prefetch: 1\n");
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 2,
+                                          .queue_yaml = yaml, .env = secret_env });
+    h_publish(r.b, r.queue, "charge", "m-cut", "pay-cut", NULL, "cut");
+    h_publish(r.b, r.queue, "charge", "m-next", "pay-next", NULL, "ok");
+    H_WAIT(failed(&r) == 1 && h_completed(&r) == 1, 30000,
+           "the cut job should fail after 4 POSTs and the next complete: %lld failed, "
+           "%lld completed, %zu POSTs of the cut job", failed(&r), h_completed(&r),
+           hs_count(s, "pay-cut"));
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "1 dead letter expected, %u in %s",
+           h_queue_depth(r.b, r.dead), r.dead);
+    h_run_stop(&r);
+    ck_assert_int_eq(hs_count(s, "pay-cut"), 4);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'pay-cut' AND error LIKE "
+                                      "'HTTP 500: x%%' AND right(error, 2) = U&'\\00E9\\FFFD'",
+                                r.queue), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "recording failure failed"), 0);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
 /* A test CA, a certificate for 127.0.0.1 signed by it, and a second CA
  * that signed nothing, in dir. */
 static void make_certificates(const char *dir)
@@ -374,6 +410,7 @@ int main(void)
         test_worker_killed_after_the_request_arrived_resends_same_key_higher_fence,
         test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out,
         test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused,
+        test_error_cut_inside_a_character_ends_the_job_after_max_attempts_posts,
         NULL,
     };
     return h_run_suite(h_suite("http_handler", 150, tests));
