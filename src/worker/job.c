@@ -88,6 +88,7 @@ static const unsigned legal_from[SK_JOB_STATES] = {
 
 static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void run_external(struct sk_pipeline *p, struct sk_job *j);
+static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
 static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why);
@@ -311,6 +312,8 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
     sk_heartbeat_watch_lease(p->heartbeat, p->queue->name, j->env.idempotency_key,
                              j->claim.fence, p->queue->lease_ms);
     j->leased = true;
+    if (claimed_too_often(p, j))
+        return;
 
     PGconn *pg = sk_store_conn(sk_links_store(p->links));
     struct sk_err err = { 0 };
@@ -355,6 +358,26 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
         sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
+}
+
+/* The key's claims, counted by PostgreSQL, bound its runs whatever the
+ * copies say. A last failure PostgreSQL would not take for a while (a
+ * passing condition) leaves the key leased, its message goes back, and
+ * each copy that takes the lease over would run the handler again, at the
+ * same attempt, past max_attempts: an outside call made again every lease.
+ * A worker's death and a lost lease count a claim too, hence max_crashes
+ * of slack. Past that, the job is failed without running. */
+static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j)
+{
+    int most = p->queue->retry.max_attempts + p->queue->max_crashes;
+    if (j->claim.attempts <= most)
+        return false;
+    char why[200];
+    snprintf(why, sizeof(why), "its key was claimed %d times, past retry.max_attempts %d and "
+             "max_crashes %d: not run again", j->claim.attempts, p->queue->retry.max_attempts,
+             p->queue->max_crashes);
+    give_up(p, j, SK_METRICS_RETRIES_EXHAUSTED, why);
+    return true;
 }
 
 bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j)
