@@ -575,7 +575,8 @@ static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_rea
 /* An outcome PostgreSQL refused for good: the job is dead-lettered with
  * reason unrecorded, its error saying what could not be recorded and why,
  * and its key is left as it stands for an operator (a replay runs the job
- * again). The dead letter keeps the message; handing it back would not. */
+ * again). The dead letter keeps the message where an operator looks;
+ * handed back, it would only come straight back. */
 static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
                        const char *why, const struct sk_err *refusal)
 {
