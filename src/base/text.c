@@ -8,8 +8,6 @@
 
 #include "text.h"
 
-#define FIX_MAX 4096
-
 static size_t next_char(const unsigned char *s, size_t len, size_t *bad);
 
 /* The length of the valid character at s (1 to 4), or 0 with *bad set to
@@ -86,14 +84,4 @@ size_t sk_text_bound(char *out, size_t size, const char *in, size_t len)
 size_t sk_text_copy(char *out, size_t size, const char *in)
 {
     return sk_text_bound(out, size, in, in != NULL ? strlen(in) : 0);
-}
-
-size_t sk_text_fix(char *buf, size_t size)
-{
-    if (size == 0)
-        return 0;
-    char copy[FIX_MAX];
-    size_t len = strnlen(buf, size < FIX_MAX ? size : FIX_MAX - 1);
-    memcpy(copy, buf, len);
-    return sk_text_bound(buf, size, copy, len);
 }

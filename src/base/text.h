@@ -37,9 +37,4 @@ size_t sk_text_bound(char *out, size_t size, const char *in, size_t len);
 /* sk_text_bound() of a NUL-terminated string (NULL: the empty text). */
 size_t sk_text_copy(char *out, size_t size, const char *in);
 
-/* sk_text_bound() of buf's own NUL-terminated text, in place: for a text
- * just made by snprintf(), which cuts on a byte. Returns its length. Uses
- * a stack copy of up to 4 KiB; a longer buffer is first cut to that. */
-size_t sk_text_fix(char *buf, size_t size);
-
 #endif
