@@ -114,9 +114,12 @@ static void say_table(PGconn *pg, const char *name, const char *stmt)
         printf("%s: running %.60s...\n", name, stmt);
         return;
     }
-    char table[256];
+    char table[256], index[256] = "an index";
     if (sscanf(on + 4, " %255[A-Za-z0-9_.]", table) != 1)
         table[0] = '\0';
+    const char *exists = strstr(stmt, " EXISTS ");
+    if (exists != NULL && exists < on)
+        sscanf(exists + 8, " %255[A-Za-z0-9_]", index);
     const char *params[] = { table };
     const struct sk_pg_stmt st = {
         .sql = "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1)",
@@ -129,8 +132,8 @@ static void say_table(PGconn *pg, const char *name, const char *stmt)
             rows = atoll(PQgetvalue(res, 0, 0));
         PQclear(res);
     }
-    printf("%s: building an index on %s (about %lld rows) concurrently, outside a "
-           "transaction: writes go on meanwhile\n", name, table, rows);
+    printf("%s: building %s on %s (about %lld rows) concurrently, outside a "
+           "transaction: writes go on meanwhile\n", name, index, table, rows);
 }
 
 static double now_s(void)
