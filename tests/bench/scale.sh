@@ -16,6 +16,7 @@
 #   BENCH_SCALE_EXPIRED_PCT [10] share of the retention the loaded keys reach
 #                                past it: about this percent of them is expired
 #   BENCH_SCALE_PURGE_ROWS [300000]  most keys one round's purge deletes
+#   BENCH_SCALE_PURGE_SECONDS [20]   longest one round's purge runs
 #   BENCH_TIMEOUT [300]          seconds one run may take
 #
 # The stores are databases of the test server, scale_NAME_N (NAME: before or
@@ -37,9 +38,10 @@
 #      effect per job, each key completed) and its keys deleted after, so
 #      that N stays N;
 #   2. at N > 0, the same run while the janitor's statement
-#      (sekali.purge_keys with the default batch of 1000) deletes expired
-#      keys in a loop beside it, up to BENCH_SCALE_PURGE_ROWS: its rate,
-#      and the workers' jobs/s against run 1's;
+#      (sekali.purge_keys with the default batch of 1000, one transaction a
+#      batch, on one session) deletes expired keys beside it, up to
+#      BENCH_SCALE_PURGE_ROWS or BENCH_SCALE_PURGE_SECONDS: its rate, and
+#      the workers' jobs/s against run 1's;
 #   3. the time of one janitor batch with nothing expired (what every round
 #      costs once the expired keys are gone), `sekalictl status --json` (the
 #      console's status page runs the same report), `verify` and
@@ -59,8 +61,9 @@ runs=${BENCH_RUNS:-3}
 workers=${BENCH_WORKERS:-4}
 expired_pct=${BENCH_SCALE_EXPIRED_PCT:-10}
 purge_rows=${BENCH_SCALE_PURGE_ROWS:-300000}
+purge_seconds=${BENCH_SCALE_PURGE_SECONDS:-20}
 timeout=${BENCH_TIMEOUT:-300}
-for v in n_big jobs runs workers expired_pct purge_rows timeout; do
+for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
 names=(this) trees=(.)
@@ -144,22 +147,28 @@ seconds() {
     awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }'
 }
 
-# purge_loop DB STOPFILE: the janitor's statement until STOPFILE exists or
-# purge_rows keys are gone; prints "rows seconds".
+# purge_loop DB: the janitor's statement, batch after batch on one
+# session as the janitor calls it (each batch its own transaction), until
+# none is left, purge_rows keys are gone or purge_seconds have passed;
+# prints "rows seconds".
 purge_loop() {
-    local db=$1 stop=$2 total=0 got t0
-    t0=$(date +%s.%N)
-    while [ ! -e "$stop" ] && (( total < purge_rows )); do
-        got=$(on "$db" -c "SELECT sekali.purge_keys('$queue', $retention_ms, 1000)")
-        total=$((total + got))
-        (( got == 1000 )) || break
-    done
-    echo "$total $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')"
+    on "$1" -c "DO \$\$
+        DECLARE total bigint := 0; got bigint; t0 timestamptz := clock_timestamp();
+        BEGIN
+            LOOP
+                got := sekali.purge_keys('$queue', $retention_ms, 1000);
+                total := total + got;
+                COMMIT;
+                EXIT WHEN got < 1000 OR total >= $purge_rows
+                       OR clock_timestamp() > t0 + interval '$purge_seconds s';
+            END LOOP;
+            RAISE WARNING 'purged % %', total, extract(epoch FROM clock_timestamp() - t0);
+        END \$\$" 2>&1 | sed -n 's/.*purged \([0-9]*\) \([0-9.]*\).*/\1 \2/p'
 }
 
 # run V N PURGE: one throughput run; prints "jobs/s pg_ms_per_job [purged purge_s]".
 run() {
-    local v=$1 n=$2 purge=$3 db c result ppid='' stop=$work/scale.stop
+    local v=$1 n=$2 purge=$3 db c result ppid=''
     db=$(db_of "$v" "$n") c=$(conf "$db")
     # No VACUUM of the keys: its index pass would read every index whole
     # for the few thousand rows each run leaves dead.
@@ -167,9 +176,8 @@ run() {
     quiesce "${names[$v]} N=$n" >&2
     live_queue=$queue
     "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >/dev/null
-    rm -f "$stop"
     if [ "$purge" = 1 ]; then
-        purge_loop "$db" "$stop" >"$work/scale.purge" &
+        purge_loop "$db" >"$work/scale.purge" &
         ppid=$!
     fi
     server_cpu >"$work/scale.cpu0"
@@ -178,7 +186,6 @@ run() {
         "$SEKALI_PG_CONNINFO dbname=$db" "$queue" "$jobs" "$timeout" >"$result" ||
         die "${names[$v]} N=$n (see $work/scale-$db.log)"
     server_cpu >"$work/scale.cpu1"
-    : >"$stop"
     [ -z "$ppid" ] || wait "$ppid"
     "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
     live_queue=''
