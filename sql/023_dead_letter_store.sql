@@ -70,7 +70,9 @@ CREATE INDEX IF NOT EXISTS dlq_audit_by_letter ON sekali.dlq_audit (letter_id)
 
 -- Records one dead letter; returns its id. A key has one letter, its
 -- latest failure: a second failure of the same key (a redelivery whose ack
--- was lost) replaces the first rather than doubling it.
+-- was lost) replaces the first rather than doubling it. A copy imported
+-- from <queue>.dead never replaces sekali's own record of the key: then
+-- nothing changes and the result is NULL.
 CREATE OR REPLACE FUNCTION sekali.dlq_record(p_queue text, p_key text, p_job_id text,
                                              p_job_type text, p_resource_key text,
                                              p_reason text, p_error text, p_malformed text,
@@ -104,6 +106,7 @@ BEGIN
         first_failure = coalesce(d.first_failure, excluded.first_failure),
         failed_at = excluded.failed_at, host = excluded.host, worker = excluded.worker,
         recorded_by = excluded.recorded_by, origin = excluded.origin
+    WHERE d.recorded_by <> 'sekali' OR excluded.recorded_by = 'sekali'
     RETURNING id INTO v_id;
     RETURN v_id;
 END

@@ -143,12 +143,14 @@ static int record(struct sk_dlq *d, struct sk_broker_scan *scan, struct letter *
         sk_dlq_result(d, key, l->job_id, l->reason, "refused", why->msg);
         return SK_OK;
     }
+    bool kept = PQgetisnull(res, 0, 0);
     PQclear(res);
     /* Committed: from here the queue's copy is only a copy. */
     if (sk_broker_scan_take(scan, l->tag, &d->err) != SK_OK)
         return SK_ERR;
     d->done++;
-    sk_dlq_result(d, key, l->job_id, l->reason, "imported", l->source);
+    sk_dlq_result(d, key, l->job_id, l->reason, kept ? "duplicate" : "imported", kept
+                  ? "sekali's own letter of this key is kept; the copy is removed" : l->source);
     return SK_OK;
 }
 

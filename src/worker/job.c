@@ -556,7 +556,7 @@ static struct sk_letter letter_of(struct sk_pipeline *p, struct sk_job *j, bool 
         .error = why,
         .owner = p->owner,
         .first_failure = parsed ? e->first_failure : NULL,
-        .attempts = parsed ? (int)e->delivery_attempt : 0,
+        .attempts = (int)e->delivery_attempt,
         /* A valid job's body is bounded by max_body already, and is kept
          * whole so that a replay sends it as it was. */
         .body_max = parsed ? SIZE_MAX : LETTER_MALFORMED_BODY_MAX,
