@@ -104,6 +104,7 @@ static void start(struct h_run *r)
     char queue_yaml[1500];
     snprintf(queue_yaml, sizeof(queue_yaml),
              H_FAST_RETRIES "    job_types: [test]\n    max_crashes: 1\n"
+             "    dead_letter_mirror: false\n"
              "    lock: false\n    config:\n      marker_dir: %s\n", r->dir);
     h_run_start(r, &(struct h_run_opts){ .handler = FLAKY, .workers = 1,
                                          .queue_yaml = queue_yaml, .top_yaml = H_RELAY });
@@ -435,8 +436,8 @@ START_TEST(test_import_moves_every_letter_of_a_quorum_dead_letter_queue_in_order
 {
     struct h_run r;
     h_run_open(&r, "dlqimport");
-    r.config = h_write_config(r.dir, r.queue, FLAKY, 1,
-                              "    queue_type: quorum\n    delivery_limit: 20\n");
+    r.config = h_write_config(r.dir, r.queue, FLAKY, 1, "    queue_type: quorum\n"
+                              "    delivery_limit: 20\n    dead_letter_mirror: false\n");
     const struct sk_queue_shape quorum = { .quorum = true, .delivery_limit = 20 };
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, &quorum, NULL), SK_OK);
     for (int i = 0; i < QUORUM_LETTERS; i++) {

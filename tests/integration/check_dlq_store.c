@@ -103,6 +103,7 @@ static int start_quorum(struct h_run *r, const char *name)
              port, token);
     snprintf(queue_yaml, sizeof(queue_yaml), H_FAST_RETRIES "    job_types: [test]\n"
              "    queue_type: quorum\n    delivery_limit: 20\n    lock: false\n"
+             "    dead_letter_mirror: false\n"
              "    config:\n      marker_dir: %s\n", r->dir);
     const struct sk_queue_shape quorum = { .quorum = true, .delivery_limit = 20 };
     h_run_start(r, &(struct h_run_opts){ .handler = FLAKY, .workers = 1, .queue_yaml = queue_yaml,
