@@ -64,13 +64,11 @@ int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv)
         case 'b': by = optarg; break;
         case 'f': force = true; break;
         case 'j': json = true; break;
-        default: sk_ctl_usage_of("cancel"); return SK_CTL_USAGE;
+        default: return SK_CTL_SHOW_USAGE;
         }
     }
-    if (argc - optind != 2) {
-        sk_ctl_usage_of("cancel");
-        return SK_CTL_USAGE;
-    }
+    if (argc - optind != 2)
+        return SK_CTL_SHOW_USAGE;
     const char *queue = argv[optind], *key = argv[optind + 1];
     if (sk_conf_queue(conf, queue) == NULL) {
         fprintf(stderr, "sekalictl: cancel: no queue named ");

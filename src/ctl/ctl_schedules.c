@@ -50,16 +50,12 @@ int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv)
     bool json = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        if (opt != 'j') {
-            sk_ctl_usage_of("schedules");
-            return SK_CTL_USAGE;
-        }
+        if (opt != 'j')
+            return SK_CTL_SHOW_USAGE;
         json = true;
     }
-    if (optind != argc) {
-        sk_ctl_usage_of("schedules");
-        return SK_CTL_USAGE;
-    }
+    if (optind != argc)
+        return SK_CTL_SHOW_USAGE;
     return sk_ctl_schedules_report(conf, json, stdout);
 }
 
