@@ -46,8 +46,6 @@ static void print_head(const struct sk_dlq *d, int rc);
 static int act(struct sk_dlq *d, bool replay);
 static int act_on(struct sk_dlq *d, const struct sk_dlq_letter *l, bool replay);
 static void refuse_replayed_keys(struct sk_dlq *d);
-static void result(struct sk_dlq *d, const char *key, const char *id, const char *reason,
-                   const char *outcome, const char *new_job_id, const char *detail);
 static int finish(struct sk_dlq *d, int rc);
 static void summary(const struct sk_dlq *d, char *out, size_t size);
 
@@ -295,7 +293,7 @@ static int act_on(struct sk_dlq *d, const struct sk_dlq_letter *l, bool replay)
         snprintf(why, sizeof(why), "%s", !can ? (l->malformed != NULL ? l->malformed
                  : "its key completed since, or it has no key")
                  : replay ? "would be re-armed and enqueued (dry run)" : "would be removed (dry run)");
-        result(d, l->key, l->job_id, l->reason, can ? (replay ? "would_replay" : "would_purge")
+        sk_dlq_result(d, l->key, l->job_id, l->reason, can ? (replay ? "would_replay" : "would_purge")
                : "refused", NULL, why);
         return SK_OK;
     }
@@ -315,7 +313,7 @@ static int act_on(struct sk_dlq *d, const struct sk_dlq_letter *l, bool replay)
         bool purged = strcmp(outcome, "t") == 0;
         d->done += purged;
         d->refused += !purged;
-        result(d, l->key, l->job_id, l->reason, purged ? "purged" : "refused", NULL,
+        sk_dlq_result(d, l->key, l->job_id, l->reason, purged ? "purged" : "refused", NULL,
                purged ? "removed; its key stays as it is" : "gone: purged or replayed meanwhile");
     } else if (strcmp(outcome, "replayed") == 0 || strcmp(outcome, "already_replayed") == 0) {
         const char *job_id = PQgetvalue(res, 0, 1);
@@ -326,11 +324,11 @@ static int act_on(struct sk_dlq *d, const struct sk_dlq_letter *l, bool replay)
             snprintf(why, sizeof(why), "dead letter removed: %s", PQgetvalue(res, 0, 2));
         else
             snprintf(why, sizeof(why), "enqueued as job %s (%s)", job_id, PQgetvalue(res, 0, 2));
-        result(d, l->key, l->job_id, l->reason, outcome, job_id, why);
+        sk_dlq_result(d, l->key, l->job_id, l->reason, outcome, job_id, why);
     } else {
         d->refused++;
         snprintf(why, sizeof(why), "%s: %s", refusal(outcome), PQgetvalue(res, 0, 2));
-        result(d, l->key, l->job_id, l->reason, "refused", NULL, why);
+        sk_dlq_result(d, l->key, l->job_id, l->reason, "refused", NULL, why);
     }
     PQclear(res);
     return SK_OK;
@@ -357,49 +355,13 @@ static void refuse_replayed_keys(struct sk_dlq *d)
         if (PQntuples(res) == 1) {
             d->matched++;
             d->refused++;
-            result(d, d->req->keys[i], PQgetisnull(res, 0, 0) ? NULL : PQgetvalue(res, 0, 0),
+            sk_dlq_result(d, d->req->keys[i], PQgetisnull(res, 0, 0) ? NULL : PQgetvalue(res, 0, 0),
                    "-", "refused", NULL, PQgetvalue(res, 0, 1));
         }
         PQclear(res);
     }
 }
 
-/* One result line (or JSON object) of replay, purge or import. */
-static void result(struct sk_dlq *d, const char *key, const char *id, const char *reason,
-                   const char *outcome, const char *new_job_id, const char *detail)
-{
-    FILE *out = d->out;
-    if (d->json) {
-        sk_dlq_json_item(d);
-        fputc('{', out);
-        sk_dlq_json_null_or(out, "key", key);
-        fputc(',', out);
-        sk_dlq_json_null_or(out, "dead_job_id", id);
-        fprintf(out, ",\"reason\":");
-        sk_ctl_put_jstr(out, reason);
-        fprintf(out, ",\"outcome\":");
-        sk_ctl_put_jstr(out, outcome);
-        fputc(',', out);
-        sk_dlq_json_null_or(out, "new_job_id", new_job_id);
-        fprintf(out, ",\"detail\":");
-        sk_ctl_put_jstr(out, detail);
-        fputc('}', out);
-        return;
-    }
-    fprintf(out, "%-17s ", outcome);
-    sk_ctl_put_tstr(out, key != NULL ? key : "(no key)");
-    fprintf(out, " [");
-    sk_ctl_put_tstr(out, reason);
-    fprintf(out, "]: ");
-    sk_ctl_put_tstr(out, detail);
-    fprintf(out, "\n");
-}
-
-void sk_dlq_result(struct sk_dlq *d, const char *key, const char *id, const char *reason,
-                   const char *outcome, const char *detail)
-{
-    result(d, key, id, reason, outcome, NULL, detail);
-}
 
 /* The summary (text, or the end of the JSON document) and the exit code. */
 static int finish(struct sk_dlq *d, int rc)

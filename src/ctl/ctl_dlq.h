@@ -67,7 +67,7 @@ int sk_dlq_import(struct sk_dlq *d);
 
 /* One result line (or JSON object) of replay, purge or import. */
 void sk_dlq_result(struct sk_dlq *d, const char *key, const char *id, const char *reason,
-                   const char *outcome, const char *detail);
+                   const char *outcome, const char *new_job_id, const char *detail);
 
 /* JSON bits. */
 void sk_dlq_json_item(struct sk_dlq *d);

@@ -104,7 +104,7 @@ static int record(struct sk_dlq *d, struct sk_broker_scan *scan, struct letter *
     const char *key = l->key[0] != '\0' ? l->key : NULL;
     if (d->req->dry_run) {
         d->done++;
-        sk_dlq_result(d, key, l->job_id, l->reason, "would_import", l->source);
+        sk_dlq_result(d, key, l->job_id, l->reason, "would_import", NULL, l->source);
         return SK_OK;
     }
     char *headers = headers_json(&l->msg);
@@ -140,7 +140,7 @@ static int record(struct sk_dlq *d, struct sk_broker_scan *scan, struct letter *
         return sk_err_set(&d->err, SK_AGAIN, "%s", why->msg);
     if (rc != SK_OK) {
         d->refused++;
-        sk_dlq_result(d, key, l->job_id, l->reason, "refused", why->msg);
+        sk_dlq_result(d, key, l->job_id, l->reason, "refused", NULL, why->msg);
         return SK_OK;
     }
     bool kept = PQgetisnull(res, 0, 0);
@@ -149,7 +149,7 @@ static int record(struct sk_dlq *d, struct sk_broker_scan *scan, struct letter *
     if (sk_broker_scan_take(scan, l->tag, &d->err) != SK_OK)
         return SK_ERR;
     d->done++;
-    sk_dlq_result(d, key, l->job_id, l->reason, kept ? "duplicate" : "imported", kept
+    sk_dlq_result(d, key, l->job_id, l->reason, kept ? "duplicate" : "imported", NULL, kept
                   ? "sekali's own letter of this key is kept; the copy is removed" : l->source);
     return SK_OK;
 }

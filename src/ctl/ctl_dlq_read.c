@@ -420,3 +420,34 @@ int sk_dlq_groups(struct sk_dlq *d)
     PQclear(res);
     return SK_OK;
 }
+
+/* One result line (or JSON object) of replay, purge or import. */
+void sk_dlq_result(struct sk_dlq *d, const char *key, const char *id, const char *reason,
+                   const char *outcome, const char *new_job_id, const char *detail)
+{
+    FILE *out = d->out;
+    if (d->json) {
+        sk_dlq_json_item(d);
+        fputc('{', out);
+        sk_dlq_json_null_or(out, "key", key);
+        fputc(',', out);
+        sk_dlq_json_null_or(out, "dead_job_id", id);
+        fprintf(out, ",\"reason\":");
+        sk_ctl_put_jstr(out, reason);
+        fprintf(out, ",\"outcome\":");
+        sk_ctl_put_jstr(out, outcome);
+        fputc(',', out);
+        sk_dlq_json_null_or(out, "new_job_id", new_job_id);
+        fprintf(out, ",\"detail\":");
+        sk_ctl_put_jstr(out, detail);
+        fputc('}', out);
+        return;
+    }
+    fprintf(out, "%-17s ", outcome);
+    sk_ctl_put_tstr(out, key != NULL ? key : "(no key)");
+    fprintf(out, " [");
+    sk_ctl_put_tstr(out, reason);
+    fprintf(out, "]: ");
+    sk_ctl_put_tstr(out, detail);
+    fprintf(out, "\n");
+}
