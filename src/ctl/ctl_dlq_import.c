@@ -310,10 +310,18 @@ static char *headers_json(const amqp_message_t *m)
         sk_ctl_put_field(f, &p->headers.entries[i].value, true);
     }
     fputc('}', f);
-    if (fclose(f) != 0 || len > HEADERS_MAX || strstr(buf, "\\u0000") != NULL) {
-        /* jsonb refuses \u0000, and a letter is kept whatever it carries. */
+    if (fclose(f) != 0 || len > HEADERS_MAX) {
         free(buf);
-        return strdup("{\"(omitted)\": \"headers over 64 KiB, or holding NUL\"}");
+        return strdup("{\"(omitted)\": \"headers over 64 KiB\"}");
+    }
+    /* jsonb refuses \u0000 (text cannot hold NUL), and a letter is kept
+     * whatever it carries: NUL becomes U+FFFD, as invalid bytes do. */
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (buf[i] != '\\')
+            continue;
+        if (buf[i + 1] == 'u' && i + 5 < len && memcmp(buf + i + 2, "0000", 4) == 0)
+            memcpy(buf + i + 2, "fffd", 4);
+        i++;  /* the escaped character is not a backslash of its own */
     }
     return buf;
 }
