@@ -363,6 +363,15 @@ static void refuse_replayed_keys(struct sk_dlq *d)
 }
 
 
+/* A count, or null when it was not counted (-1). */
+static void put_count(FILE *out, long n)
+{
+    if (n >= 0)
+        fprintf(out, "%ld", n);
+    else
+        fputs("null", out);
+}
+
 /* The summary (text, or the end of the JSON document) and the exit code. */
 static int finish(struct sk_dlq *d, int rc)
 {
@@ -383,8 +392,13 @@ static int finish(struct sk_dlq *d, int rc)
     if (d->json) {
         fprintf(out, "%s,\"summary\":{\"text\":", groups ? "" : "]");
         sk_ctl_put_jstr(out, text);
-        fprintf(out, ",\"depth\":%ld,\"scanned\":%ld,\"selected\":%ld,\"partial\":false",
-                d->depth, d->matched, d->matched);
+        fprintf(out, ",\"depth\":");
+        put_count(out, d->depth);
+        fprintf(out, ",\"scanned\":");
+        put_count(out, d->matched);
+        fprintf(out, ",\"selected\":");
+        put_count(out, d->matched);
+        fprintf(out, ",\"partial\":false");
         if (strcmp(verb, "replay") == 0)
             fprintf(out, ",\"replayed\":%ld,\"already_replayed\":%ld,\"refused\":%ld", d->done,
                     d->already, d->refused);
@@ -418,12 +432,14 @@ static void summary(const struct sk_dlq *d, char *out, size_t size)
     const struct sk_ctl_dlq_req *r = d->req;
     const char *verb = r->command, *dry = r->dry_run ? "dry run: would have " : "";
     const char *q = d->queue;
-    long shown = d->matched - (long)r->offset;
+    char of[160] = "";
+    if (d->matched >= 0)
+        snprintf(of, sizeof(of), " of the %ld selected", d->matched);
+    else
+        snprintf(of, sizeof(of), " after id %" PRIu64, r->after);
     if (strcmp(verb, "list") == 0 && (r->limit > 0 || r->after > 0 || r->offset > 0))
-        snprintf(out, size, "a page of %ld of the %ld selected dead letters of %s%s, %ld "
-                 "replayable", shown < 0 ? 0 : (r->limit > 0 && shown > (long)r->limit
-                 ? (long)r->limit : shown), d->matched, q, d->more ? " (more follow)" : "",
-                 d->done);
+        snprintf(out, size, "a page of %ld%s dead letters of %s%s, %ld replayable", d->shown, of,
+                 q, d->more ? " (more follow)" : "", d->done);
     else if (strcmp(verb, "list") == 0)
         snprintf(out, size, "%ld dead letter%s of %s, %ld replayable", d->matched,
                  d->matched == 1 ? "" : "s", q, d->done);

@@ -34,9 +34,9 @@ struct sk_dlq {
     FILE                        *out;
     bool                         json, first_item, more;
     char                         actor[256], os_user[256];
-    long                         depth;       /* letters of the queue */
-    long                         matched, done, already, refused;
-    long                         groups, other, last_id;
+    long                         depth;       /* letters of the queue; -1: not counted */
+    long                         matched, done, already, refused;  /* matched -1: not counted */
+    long                         groups, other, last_id, shown;
     bool                        *key_seen;    /* replay: which --key found a letter */
     struct sk_err                err;
 };

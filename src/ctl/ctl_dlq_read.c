@@ -42,6 +42,7 @@ static void json_letter(FILE *f, const struct sk_dlq_letter *l);
 static void text_row(FILE *out, const struct sk_dlq_letter *l);
 static void show_text(struct sk_dlq *d, const struct sk_dlq_letter *l, const char *headers,
                       const unsigned char *body, size_t preview);
+static void put_jsonb(FILE *out, const char *s);
 static int count_letters(struct sk_dlq *d, const struct sk_dlq_where *w);
 
 void sk_dlq_letter_of(PGresult *res, int row, struct sk_dlq_letter *l)
@@ -122,12 +123,13 @@ void sk_dlq_where_free(struct sk_dlq_where *w)
     w->keys = NULL;
 }
 
-/* The selected letters' number, into d->matched; the queue's, d->depth. */
+/* The selected letters' number, into d->matched, and without selectors the
+ * queue's, d->depth (else -1: one count of a million rows is enough). One
+ * index-only scan: a page of a million letters costs one count. */
 static int count_letters(struct sk_dlq *d, const struct sk_dlq_where *w)
 {
     char sql[700];
-    snprintf(sql, sizeof(sql), "SELECT count(*), (SELECT count(*) FROM sekali.dead_letters "
-             "WHERE queue = $1) FROM sekali.dead_letters d %s", w->sql);
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM sekali.dead_letters d %s", w->sql);
     const struct sk_pg_stmt st = { .sql = sql, .n_params = w->n, .values = w->values,
                                    .one_row = true, .what = "counting dead letters" };
     PGresult *res;
@@ -135,25 +137,33 @@ static int count_letters(struct sk_dlq *d, const struct sk_dlq_where *w)
     if (rc != SK_OK)
         return rc;
     d->matched = atol(PQgetvalue(res, 0, 0));
-    d->depth = atol(PQgetvalue(res, 0, 1));
+    d->depth = w->n == 1 && d->req->id == 0 ? d->matched : -1;
     PQclear(res);
     return SK_OK;
 }
 
+/* A page is chosen among the ids alone (the (queue, id) index: an offset
+ * skips index entries, not rows and their joins), then read whole. A
+ * keyset page (--after) is not counted: "more" says what follows. */
 int sk_dlq_list(struct sk_dlq *d)
 {
     const struct sk_ctl_dlq_req *r = d->req;
     struct sk_dlq_where w;
     if (!sk_dlq_where(d, &w))
         return sk_err_set(&d->err, SK_ERR, "out of memory");
-    int rc = count_letters(d, &w);
+    int rc = SK_OK;
+    if (r->after > 0)
+        d->matched = d->depth = -1;
+    else
+        rc = count_letters(d, &w);
     char sql[4096], limit[32] = "", after[40] = "";
     if (r->limit > 0)
         snprintf(limit, sizeof(limit), " LIMIT %zu", r->limit + 1);
     if (r->after > 0)
         snprintf(after, sizeof(after), " AND d.id > %" PRIu64, r->after);
-    snprintf(sql, sizeof(sql), "%s%s%s ORDER BY d.id%s OFFSET %zu", sk_dlq_columns, w.sql, after,
-             limit, r->offset);
+    snprintf(sql, sizeof(sql), "WITH page AS (SELECT d.id FROM sekali.dead_letters d %s%s "
+             "ORDER BY d.id%s OFFSET %zu) %sWHERE d.id IN (SELECT id FROM page) ORDER BY d.id",
+             w.sql, after, limit, r->offset, sk_dlq_columns);
     const struct sk_pg_stmt st = { .sql = sql, .n_params = w.n, .values = w.values,
                                    .what = "listing dead letters" };
     PGresult *res = NULL;
@@ -166,6 +176,7 @@ int sk_dlq_list(struct sk_dlq *d)
     d->more = r->limit > 0 && (size_t)n > r->limit;
     if (d->more)
         n = (int)r->limit;
+    d->shown = n;
     for (int i = 0; i < n; i++) {
         struct sk_dlq_letter l;
         sk_dlq_letter_of(res, i, &l);
@@ -302,8 +313,9 @@ int sk_dlq_show(struct sk_dlq *d)
         if (d->json) {
             sk_dlq_json_item(d);
             json_fields(d->out, &l);
-            /* jsonb's own text: valid JSON whatever the message held. */
-            fprintf(d->out, ",\"headers\":%s,\"body_preview\":", headers);
+            fprintf(d->out, ",\"headers\":");
+            put_jsonb(d->out, headers);
+            fprintf(d->out, ",\"body_preview\":");
             sk_ctl_put_json(d->out, body != NULL ? body : (const unsigned char *)"", preview);
             fputc('}', d->out);
         } else {
@@ -313,6 +325,34 @@ int sk_dlq_show(struct sk_dlq *d)
     }
     PQclear(res);
     return SK_OK;
+}
+
+/* jsonb's own text: valid JSON whatever the message held, but with the
+ * characters JSON allows raw and a terminal must not get (C1 controls,
+ * bidi controls, line separators) as \u escapes, as sk_ctl_put_json()
+ * writes them. They occur only inside strings, where an escape is valid. */
+static void put_jsonb(FILE *out, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p != '\0') {
+        size_t n = *p < 0x80 ? 1 : sk_ctl_utf8_len(p, strlen((const char *)p));
+        if (n < 2) {
+            fputc(*p++, out);
+            continue;
+        }
+        uint32_t cp = n == 2 ? (uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f)
+                    : n == 3 ? (uint32_t)(p[0] & 0x0f) << 12 | (uint32_t)(p[1] & 0x3f) << 6 |
+                               (p[2] & 0x3f)
+                    : 0x10000;
+        bool unsafe = (cp >= 0x80 && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
+                      (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200e || cp == 0x200f ||
+                      cp == 0x61c || cp == 0x2028 || cp == 0x2029;
+        if (unsafe)
+            fprintf(out, "\\u%04x", (unsigned)cp);
+        else
+            fwrite(p, 1, n, out);
+        p += n;
+    }
 }
 
 static void show_field(FILE *out, const char *name, const char *value)

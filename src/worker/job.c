@@ -591,6 +591,14 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
                         enum sk_metrics_reason reason, const char *why)
 {
     struct sk_err err = { 0 };
+    /* A body over max_body was never read (broker_consume.c): only the
+     * broker's own dead-lettering keeps it, so its row is only a note. */
+    const amqp_bytes_t *body = &j->delivery->message.body;
+    if (body->bytes == NULL && body->len > 0) {
+        j->dead_reason = reason;
+        sk_job_finish(p, j, SK_DEAD_LETTER, "dead-lettered by the broker, body unread");
+        return;
+    }
     bool copy = !recorded || p->queue->dead_letter_mirror;
     struct sk_broker *pub = copy ? sk_links_publisher(p->links, &err) : NULL;
     bool copied = pub != NULL &&

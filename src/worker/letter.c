@@ -108,9 +108,12 @@ static void fill(struct params *pr, const struct sk_letter *l, const amqp_envelo
     const char *error = l->malformed != NULL ? l->malformed : l->error;
     v[P_ERROR] = error != NULL
         ? sk_letter_text(pr->error, sizeof(pr->error), error, strlen(error)) : "";
+    /* A body over max_body was never read: its length is announced, its
+     * bytes are not there (broker_consume.c), so none are kept. */
     size_t body = delivery->message.body.len;
-    v[P_BODY] = delivery->message.body.bytes != NULL ? delivery->message.body.bytes : "";
-    pr->lengths[P_BODY] = (int)(body < l->body_max ? body : l->body_max);
+    bool read = delivery->message.body.bytes != NULL;
+    v[P_BODY] = read ? delivery->message.body.bytes : "";
+    pr->lengths[P_BODY] = !read ? 0 : (int)(body < l->body_max ? body : l->body_max);
     pr->formats[P_BODY] = 1;
     snprintf(pr->body_size, sizeof(pr->body_size), "%zu", body);
     v[P_BODY_SIZE] = pr->body_size;
