@@ -55,12 +55,14 @@ CREATE TABLE IF NOT EXISTS sekali.dead_letters (
                   CHECK (recorded_by IN ('sekali', 'broker', 'unverified', 'unknown')),
     origin        text                   -- where it came from, in words
 );
--- Keyset pages (list), one letter per failed key, groups, and retention.
+-- Keyset pages (list), one letter per failed key, groups and a group's
+-- pages (the console's), and retention.
 CREATE INDEX IF NOT EXISTS dead_letters_page ON sekali.dead_letters (queue, id);
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_key ON sekali.dead_letters (queue, key)
     WHERE key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS dead_letters_groups
-    ON sekali.dead_letters (queue, reason, fingerprint) INCLUDE (malformed, failed_at, first_failure);
+    ON sekali.dead_letters (queue, reason, fingerprint, id)
+    INCLUDE (malformed, failed_at, first_failure, key);
 CREATE INDEX IF NOT EXISTS dead_letters_age ON sekali.dead_letters (queue, failed_at);
 
 -- Which letter an audited replay or purge took.

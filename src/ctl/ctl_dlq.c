@@ -435,7 +435,7 @@ static void summary(const struct sk_dlq *d, char *out, size_t size)
     char of[160] = "";
     if (d->matched >= 0)
         snprintf(of, sizeof(of), " of the %ld selected", d->matched);
-    else
+    else if (r->after > 0)
         snprintf(of, sizeof(of), " after id %" PRIu64, r->after);
     if (strcmp(verb, "list") == 0 && (r->limit > 0 || r->after > 0 || r->offset > 0))
         snprintf(out, size, "a page of %ld%s dead letters of %s%s, %ld replayable", d->shown, of,

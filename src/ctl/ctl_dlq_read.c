@@ -143,8 +143,9 @@ static int count_letters(struct sk_dlq *d, const struct sk_dlq_where *w)
 }
 
 /* A page is chosen among the ids alone (the (queue, id) index: an offset
- * skips index entries, not rows and their joins), then read whole. A
- * keyset page (--after) is not counted: "more" says what follows. */
+ * skips index entries, not rows and their joins), then read whole. A page
+ * is not counted, which would cost a scan of every selected letter: "more"
+ * says what follows, and groups give the totals. */
 int sk_dlq_list(struct sk_dlq *d)
 {
     const struct sk_ctl_dlq_req *r = d->req;
@@ -152,7 +153,7 @@ int sk_dlq_list(struct sk_dlq *d)
     if (!sk_dlq_where(d, &w))
         return sk_err_set(&d->err, SK_ERR, "out of memory");
     int rc = SK_OK;
-    if (r->after > 0)
+    if (r->limit > 0)
         d->matched = d->depth = -1;
     else
         rc = count_letters(d, &w);
@@ -406,17 +407,14 @@ static void show_text(struct sk_dlq *d, const struct sk_dlq_letter *l, const cha
 int sk_dlq_groups(struct sk_dlq *d)
 {
     char sql[1600];
+    /* One index-only scan of (queue, reason, fingerprint, id), whose
+     * INCLUDE columns hold all the rest. */
     snprintf(sql, sizeof(sql),
-             "SELECT g.reason, g.fingerprint, g.n, g.replayable, " ISO("g.first") ", "
-             ISO("g.last") ", (SELECT e.key FROM sekali.dead_letters e WHERE e.queue = $1 AND "
-             "e.reason = g.reason AND e.fingerprint = g.fingerprint AND e.key IS NOT NULL "
-             "LIMIT 1), g.total "
-             "FROM (SELECT reason, fingerprint, count(*) AS n, "
-             "count(*) FILTER (WHERE malformed IS NULL) AS replayable, "
-             "min(coalesce(first_failure, failed_at)) AS first, max(failed_at) AS last, "
-             "sum(count(*)) OVER () AS total FROM sekali.dead_letters WHERE queue = $1 "
-             "GROUP BY reason, fingerprint ORDER BY count(*) DESC, reason, fingerprint "
-             "LIMIT %d) g ORDER BY g.n DESC, g.reason, g.fingerprint", SK_DLQ_GROUPS_MAX);
+             "SELECT reason, fingerprint, count(*), count(*) FILTER (WHERE malformed IS NULL), "
+             ISO("min(coalesce(first_failure, failed_at))") ", " ISO("max(failed_at)") ", "
+             "min(key), sum(count(*)) OVER () FROM sekali.dead_letters WHERE queue = $1 "
+             "GROUP BY reason, fingerprint ORDER BY count(*) DESC, reason, fingerprint LIMIT %d",
+             SK_DLQ_GROUPS_MAX);
     const char *values[] = { d->queue };
     const struct sk_pg_stmt st = { .sql = sql, .n_params = 1, .values = values,
                                    .what = "grouping dead letters" };

@@ -594,9 +594,12 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
     /* A body over max_body was never read (broker_consume.c): only the
      * broker's own dead-lettering keeps it, so its row is only a note. */
     const amqp_bytes_t *body = &j->delivery->message.body;
+    char text[1200];
     if (body->bytes == NULL && body->len > 0) {
+        snprintf(text, sizeof(text), "dead-lettered by the broker (body not read; %s: %s)",
+                 sk_metrics_reason_name(reason), why);
         j->dead_reason = reason;
-        sk_job_finish(p, j, SK_DEAD_LETTER, "dead-lettered by the broker, body unread");
+        sk_job_finish(p, j, SK_DEAD_LETTER, text);
         return;
     }
     bool copy = !recorded || p->queue->dead_letter_mirror;
@@ -623,7 +626,6 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
         j->acked = consumer != NULL && sk_broker_ack_one(consumer, j->delivery_tag, &err) == SK_OK;
         return;
     }
-    char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     /* Counted by the exit, once the broker took the reject. */
