@@ -25,6 +25,7 @@
 #include "ctl_out.h"
 #include "envelope.h"
 #include "pg.h"
+#include "text.h"
 
 #define MALFORMED_BODY_MAX (64 * 1024)
 #define HEADERS_MAX        (64 * 1024)
@@ -272,23 +273,10 @@ static bool recorded_by_broker(struct letter *l)
     return true;
 }
 
-/* b as text PostgreSQL takes: valid UTF-8 without NUL (U+FFFD for the
- * rest), cut on a character's boundary. */
+/* b as text PostgreSQL takes (sk_text_bound()). */
 static void text_of(char *out, size_t size, amqp_bytes_t b)
 {
-    const unsigned char *s = b.bytes;
-    size_t n = 0;
-    for (size_t i = 0; i < b.len;) {
-        size_t k = s[i] == 0 ? 0 : sk_ctl_utf8_len(s + i, b.len - i);
-        const char *src = k == 0 ? "\xef\xbf\xbd" : (const char *)s + i;
-        size_t w = k == 0 ? 3 : k;
-        if (n + w >= size)
-            break;
-        memcpy(out + n, src, w);
-        n += w;
-        i += k == 0 ? 1 : k;
-    }
-    out[n] = '\0';
+    sk_text_bound(out, size, b.bytes, b.len);
 }
 
 /* The headers as a JSON object (sk_ctl_put_field's), bounded; NULL: "{}". */

@@ -18,9 +18,10 @@
 #include "headers_json.h"
 #include "letter.h"
 #include "pg.h"
+#include "text.h"
 
 #define HEADERS_MAX (64 * 1024)  /* JSON bytes of headers kept */
-#define TEXT_MAX    4096          /* bytes of the error kept */
+#define TEXT_MAX    SK_TEXT_ERROR_MAX  /* bytes of the error kept, as everywhere (text.h) */
 
 /* P_EXTRA: the fence for sekali.fail_dead, why it is malformed for
  * sekali.dlq_record. */
@@ -37,7 +38,6 @@ struct params {
     size_t      headers_cap;
 };
 
-static size_t utf8_len(const unsigned char *s, size_t left);
 static void fill(struct params *pr, const struct sk_letter *l, const amqp_envelope_t *delivery);
 static const char *property(char *out, size_t size, const amqp_basic_properties_t *p,
                             amqp_flags_t flag, amqp_bytes_t value, const char *parsed);
@@ -161,33 +161,6 @@ static void headers(struct params *pr, const amqp_basic_properties_t *p)
 
 char *sk_letter_text(char *out, size_t size, const void *s, size_t len)
 {
-    const unsigned char *in = s;
-    size_t n = 0;
-    for (size_t i = 0; i < len;) {
-        size_t k = in[i] == 0 ? 0 : in[i] < 0x80 ? 1 : utf8_len(in + i, len - i);
-        const char *src = k == 0 ? "\xef\xbf\xbd" : (const char *)in + i;
-        size_t w = k == 0 ? 3 : k;
-        if (n + w >= size)
-            break;
-        memmove(out + n, src, w);
-        n += w;
-        i += k == 0 ? 1 : k;
-    }
-    out[n] = '\0';
+    sk_text_bound(out, size, s, len);
     return out;
-}
-
-/* The length of the valid UTF-8 sequence at s, or 0. */
-static size_t utf8_len(const unsigned char *s, size_t left)
-{
-    size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
-    if (n == 0 || n > left || s[0] > 0xf4)
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
-        (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
-        return 0;
-    return n;
 }
