@@ -42,6 +42,7 @@ struct qstat {
     bool     broker_ok, exists;
     uint32_t ready, consumers, dead, delayed, delay_queues;
     bool     dead_exists;
+    long long dead_letters;   /* rows of sekali.dead_letters: the record */
     bool     up_known;
     double   up;
     bool     pg_ok, oldest_known;
@@ -246,6 +247,14 @@ static void read_pg(struct status *s)
         q->outbox_lag_s = atof(PQgetvalue(res, 0, 5));
         PQclear(res);
         read_pause(pg, q);
+        const struct sk_pg_stmt dead = { .sql = "SELECT count(*) FROM sekali.dead_letters "
+                                                "WHERE queue = $1",
+                                         .n_params = 1, .values = params, .one_row = true,
+                                         .what = "counting dead letters" };
+        if (sk_pg_exec(pg, &dead, &res, NULL) == SK_OK) {
+            q->dead_letters = atoll(PQgetvalue(res, 0, 0));
+            PQclear(res);
+        }
     }
     PQfinish(pg);
 }
@@ -332,7 +341,7 @@ static void print_queue_text(const struct status *s, const struct qstat *q)
         fprintf(out, ", consuming unknown\n");
     if (q->broker_ok)
         fprintf(out, "  messages    %u ready, unacked unknown (AMQP does not report it), "
-               "%u delayed in %u delay queues, %u dead in %s.dead\n",
+               "%u delayed in %u delay queues, %u in the %s.dead mirror\n",
                q->ready, q->delayed, q->delay_queues, q->dead, q->conf->name);
     else
         fprintf(out, "  messages    unknown (broker unreachable)\n");
@@ -340,7 +349,7 @@ static void print_queue_text(const struct status *s, const struct qstat *q)
         fprintf(out, "  keys        %lld processing", q->processing);
         if (q->oldest_known)
             fprintf(out, " (oldest first claimed %.1fs ago)", q->oldest_s);
-        fprintf(out, ", %lld failed\n", q->failed);
+        fprintf(out, ", %lld failed, %lld dead letters\n", q->failed, q->dead_letters);
         fprintf(out, "  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
                q->outbox_pending, q->outbox_lag_s, q->outbox_refused);
     } else {
@@ -469,20 +478,21 @@ static void json_queue(FILE *out, const struct qstat *q)
         fprintf(out, "null");
     if (q->broker_ok)
         fprintf(out, ",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
-               "\"delay_queues\":%u,\"dead\":%u", q->consumers, q->ready, q->delayed,
+               "\"delay_queues\":%u,\"dead_mirror\":%u", q->consumers, q->ready, q->delayed,
                q->delay_queues, q->dead);
     else
         fprintf(out, ",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
-               "\"delay_queues\":null,\"dead\":null");
+               "\"delay_queues\":null,\"dead_mirror\":null");
     if (q->pg_ok) {
-        fprintf(out, ",\"processing\":%lld,\"failed\":%lld,\"oldest_processing_seconds\":",
-               q->processing, q->failed);
+        fprintf(out, ",\"processing\":%lld,\"failed\":%lld,\"dead\":%lld,"
+               "\"oldest_processing_seconds\":", q->processing, q->failed, q->dead_letters);
         put_num_or_null(out, q->oldest_known, q->oldest_s);
         fprintf(out, ",\"outbox_pending\":%lld,\"outbox_refused\":%lld,"
                "\"outbox_lag_seconds\":%.3f", q->outbox_pending, q->outbox_refused,
                q->outbox_lag_s);
     } else {
-        fprintf(out, ",\"processing\":null,\"failed\":null,\"oldest_processing_seconds\":null,"
+        fprintf(out, ",\"processing\":null,\"failed\":null,\"dead\":null,"
+               "\"oldest_processing_seconds\":null,"
                "\"outbox_pending\":null,\"outbox_refused\":null,\"outbox_lag_seconds\":null");
     }
     fprintf(out, "}");
