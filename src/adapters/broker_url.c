@@ -1,9 +1,9 @@
 /* broker_url.c - amqp.url: one AMQP URL per node of a RabbitMQ cluster,
  * read into struct sk_amqp_conf (broker.h).
  *
- * Here rather than in config.c because the URL's grammar and what a list
+ * Here rather than in the config loader because the URL's grammar and what a list
  * of nodes must agree on are the broker's knowledge, as conninfo's is
- * libpq's: config.c walks the YAML, hands each URL's text here and puts
+ * libpq's: config_servers.c walks the YAML, hands each URL's text here and puts
  * the node's file:line:column in front of the message. librabbitmq's
  * amqp_parse_url() does the splitting and the percent-decoding. */
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * it is valid, and a password in it moves out, so that the conninfo sekali
  * keeps can be logged and shown. No connection is made.
  *
- * In the pg adapter rather than config.c because it is libpq's grammar:
- * config.c only places the error at the key's line and column. */
+ * In the pg adapter rather than the config loader because it is libpq's grammar:
+ * config_servers.c only places the error at the key's line and column. */
 #ifndef SK_PG_CONNINFO_H
 #define SK_PG_CONNINFO_H
 

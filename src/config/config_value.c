@@ -3,7 +3,7 @@
  * listen on, passwords read from the environment or a file, and a handler's
  * `config:` section turned back into YAML text.
  *
- * It exists so that config.c is only the schema and its walker. Nothing here
+ * It exists so that config*.c are only the schema and its walker. Nothing here
  * knows which key it serves or where the node sits in the file: the caller
  * passes a label for messages and adds the file:line:column. Reading a file
  * whole lives here too, because a password file and the config file itself
@@ -437,7 +437,7 @@ static int copy_node(struct copy *C, int index, int depth)
     return d;
 }
 
-/* Like config.c's store(), without a node to blame. */
+/* Like config_walk.c's sk_walk_store(), without a node to blame. */
 static int replace(char **dst, const char *s, struct sk_err *err)
 {
     char *copy = strdup(s);

@@ -1,7 +1,7 @@
-/* config_value.h - private to config.c: config values that are parsed
+/* config_value.h - private to the config loader: config values that are parsed
  * without knowing where they sit in the schema.
  *
- * Messages carry no position: config.c knows the node and adds
+ * Messages carry no position: the walker knows the node and adds
  * "file:line:column: " in front. A message names its key through the label
  * argument ("<label>: <problem>"), except "out of memory", which reads the
  * same for every key. */
@@ -16,8 +16,8 @@
 #include "common.h"
 
 /* Units for durations (milliseconds) and sizes (bytes): config_value.c's
- * parsers and config.c's bounds and defaults. Short, since the schema
- * tables read best that way; only these two files include this header
+ * parsers and the schema's bounds and defaults. Short, since the schema
+ * tables read best that way; only src/config/config*.c include this header
  * (and the tests of them). */
 #define SEC  UINT64_C(1000)
 #define MIN  (60 * SEC)

@@ -2,7 +2,7 @@
  * the file:line:column of a byte of a value, followed through quotes,
  * escapes and block scalars, and the few queue settings a handler's
  * check() may read (host->config_where(), host->config_queue()). The
- * loader records the marks (config.c mark_config()); this file reads them,
+ * loader records the marks (config_queues.c mark_config()); this file reads them,
  * only while the plugin loader has named a snapshot. */
 #include <stdbool.h>
 #include <stdint.h>
