@@ -48,11 +48,11 @@ CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsyste
 CORE    = common config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
-          doctor doctor_broker doctor_servers doctor_schedules \
+DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
+          doctor doctor_report doctor_broker doctor_servers doctor_schedules \
           notify oom metrics metrics_text metrics_http relay janitor scheduler schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_pause ctl_cancel \
-          console console_auth console_api console_rates console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_broker doctor_servers doctor_schedules redis_link
+          console console_http console_auth console_api console_rates console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_report doctor_broker doctor_servers doctor_schedules redis_link
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))
@@ -136,6 +136,8 @@ $(B)/tests/check_backoff:  $(call obj,$(CORE))
 $(B)/tests/check_outage:   $(call obj,$(CORE))
 $(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
 $(B)/tests/check_docs:     $(call obj,$(CORE))
+# check_layers reads every object's symbols (nm): built first, not linked.
+$(B)/tests/check_layers: | $(call obj,$(sort $(DAEMON) $(CTL)))
 $(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
 $(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
 $(B)/tests/check_fingerprint: $(call obj,ctl_fingerprint ctl_out broker_wire)

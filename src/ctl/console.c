@@ -47,106 +47,6 @@ static void usage(FILE *out)
     fprintf(out, "usage: sekalictl serve [--listen HOST:PORT]\n");
 }
 
-const char *sk_console_arg(struct sk_console_call *c, const char *name)
-{
-    if (!c->post)
-        return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, name);
-    for (size_t i = 0; i < c->n_fields; i++)
-        if (strcmp(c->fields[i].name, name) == 0)
-            return c->fields[i].value;
-    return NULL;
-}
-
-size_t sk_console_args(struct sk_console_call *c, const char *name, const char **out, size_t max)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < c->n_fields && n < max; i++)
-        if (strcmp(c->fields[i].name, name) == 0)
-            out[n++] = c->fields[i].value;
-    return n;
-}
-
-const char *sk_console_header(struct sk_console_call *c, const char *name)
-{
-    return MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, name);
-}
-
-static void reply(struct sk_console_call *c, unsigned status, const char *type, char *out,
-                  size_t len)
-{
-    free(c->out);
-    c->status = status;
-    c->type = type;
-    c->out = out;
-    c->out_len = len;
-}
-
-void sk_console_json(struct sk_console_call *c, unsigned status, char *doc, size_t len)
-{
-    reply(c, status, "application/json; charset=utf-8", doc, len);
-}
-
-void sk_console_fail(struct sk_console_call *c, unsigned status, const char *why)
-{
-    char *doc = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&doc, &len);
-    if (f == NULL)
-        return sk_console_json(c, 500, NULL, 0);
-    fputs("{\"error\":", f);
-    sk_ctl_put_jstr(f, why);
-    fputs("}\n", f);
-    fclose(f);
-    sk_console_json(c, status, doc, len);
-}
-
-/* %XX and + of a form; a %00 stays in as a NUL, so the value ends there:
- * no key PostgreSQL holds has one. */
-static void form_decode(char *s)
-{
-    char *w = s;
-    for (char *r = s; *r != '\0'; r++) {
-        if (*r == '+') {
-            *w++ = ' ';
-        } else if (*r == '%' && r[1] != '\0' && r[2] != '\0') {
-            char hex[3] = { r[1], r[2], '\0' };
-            char *end;
-            long v = strtol(hex, &end, 16);
-            if (*end != '\0') {
-                *w++ = *r;
-                continue;
-            }
-            *w++ = (char)v;
-            r += 2;
-        } else {
-            *w++ = *r;
-        }
-    }
-    *w = '\0';
-}
-
-/* application/x-www-form-urlencoded, in place in the body. */
-static bool parse_form(struct sk_console_call *c)
-{
-    const char *type = sk_console_header(c, "Content-Type");
-    if (type == NULL || strncasecmp(type, "application/x-www-form-urlencoded", 33) != 0)
-        return false;
-    char *save = NULL;
-    for (char *pair = strtok_r(c->body, "&", &save); pair != NULL;
-         pair = strtok_r(NULL, "&", &save)) {
-        if (c->n_fields == SK_CONSOLE_FIELDS)
-            return false;
-        char *eq = strchr(pair, '=');
-        char *value = eq != NULL ? eq + 1 : pair + strlen(pair);
-        if (eq != NULL)
-            *eq = '\0';
-        form_decode(pair);
-        form_decode(value);
-        c->fields[c->n_fields++] = (struct sk_console_field){ pair, value };
-    }
-    return true;
-}
-
 static bool is_page(const char *path)
 {
     for (size_t i = 0; i < SK_ARRAY_LEN(pages); i++)
@@ -187,7 +87,7 @@ static void route(struct sk_console_call *c)
         return sk_console_fail(c, 405, "only GET and POST");
     if (c->post && c->too_big)
         return sk_console_fail(c, 413, "the request is too large");
-    if (c->post && !parse_form(c))
+    if (c->post && !sk_console_read_form(c))
         return sk_console_fail(c, 400, "a POST takes an application/x-www-form-urlencoded form "
                             "of at most 600 fields");
     if (strncmp(c->path, "/api/", 5) == 0) {
@@ -341,7 +241,11 @@ static bool listen_addr(const char *host, int port, struct sockaddr_storage *sa,
     return true;
 }
 
-int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
+/* --listen, or console.listen: *host and *port; *own_host, what --listen
+ * gave, is the caller's to free. Returns -1 to go on, or the exit code
+ * (SK_CTL_OK after --help). */
+static int where_to_listen(const struct sk_conf *conf, int argc, char **argv, char **own_host,
+                           char **host, int *port)
 {
     static const struct option options[] = { { "listen", required_argument, NULL, 'l' },
                                              { "help", no_argument, NULL, 'h' },
@@ -359,42 +263,85 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         usage(stderr);
         return SK_CTL_USAGE;
     }
-    char *host = conf->console.http.listen_host;
-    int port = conf->console.http.listen_port;
-    char *own_host = NULL;
+    *host = conf->console.http.listen_host;
+    *port = conf->console.http.listen_port;
     if (listen != NULL) {
         struct sk_err e = { 0 };
-        if (sk_conf_value_parse_listen("--listen", listen, &own_host, &port, &e) != SK_OK) {
+        if (sk_conf_value_parse_listen("--listen", listen, own_host, port, &e) != SK_OK) {
             fprintf(stderr, "sekalictl: serve: %s\n", e.msg);
             return SK_CTL_USAGE;
         }
-        host = own_host;
+        *host = *own_host;
     }
-    if (host == NULL) {
+    if (*host == NULL) {
         fprintf(stderr, "sekalictl: serve: no console.listen in %s (and no --listen)\n",
                 conf->path);
         return SK_CTL_USAGE;
     }
+    return -1;
+}
+
+/* console.tls_cert_file and tls_key_file, read into *cert and *key (both
+ * NULL without TLS). SK_CTL_OK, or the exit code with nothing kept. */
+static int tls_material(const struct sk_conf *conf, char **cert, char **key)
+{
+    const char *cert_file = conf->console.tls_cert_file, *key_file = conf->console.tls_key_file;
+    if ((cert_file == NULL) != (key_file == NULL)) {
+        fprintf(stderr, "sekalictl: serve: console.tls_cert_file and tls_key_file go "
+                        "together\n");
+        return SK_CTL_USAGE;
+    }
+    *cert = cert_file != NULL ? read_pem(cert_file) : NULL;
+    *key = key_file != NULL ? read_pem(key_file) : NULL;
+    if (cert_file != NULL && (*cert == NULL || *key == NULL)) {
+        free(*cert);
+        sk_conf_value_wipe(*key);
+        *cert = *key = NULL;
+        return SK_CTL_FAILED;
+    }
+    return SK_CTL_OK;
+}
+
+/* libmicrohttpd on sa, a thread per connection, over TLS when cert is
+ * given; NULL if it cannot listen. */
+static struct MHD_Daemon *start_daemon(struct sk_console *con, int port,
+                                       struct sockaddr_storage *sa, bool v6, char *cert,
+                                       char *key)
+{
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) | (cert ? MHD_USE_TLS : 0);
+    if (cert != NULL)
+        return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
+                                MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
+                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
+                                MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
+                                MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
+                                MHD_OPTION_END);
+    return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
+}
+
+int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
+{
+    char *own_host = NULL, *host, *cert = NULL, *key = NULL;
+    int port, code = where_to_listen(conf, argc, argv, &own_host, &host, &port);
+    if (code >= 0)
+        return code;
     struct sockaddr_storage sa;
     bool v6;
     if (!listen_addr(host, port, &sa, &v6)) {
         free(own_host);
         return SK_CTL_USAGE;
     }
-    const char *cert_file = conf->console.tls_cert_file, *key_file = conf->console.tls_key_file;
-    if ((cert_file == NULL) != (key_file == NULL)) {
-        fprintf(stderr, "sekalictl: serve: console.tls_cert_file and tls_key_file go "
-                        "together\n");
+    if ((code = tls_material(conf, &cert, &key)) != SK_CTL_OK) {
         free(own_host);
-        return SK_CTL_USAGE;
-    }
-    char *cert = cert_file != NULL ? read_pem(cert_file) : NULL;
-    char *key = key_file != NULL ? read_pem(key_file) : NULL;
-    if (cert_file != NULL && (cert == NULL || key == NULL)) {
-        free(cert);
-        sk_conf_value_wipe(key);
-        free(own_host);
-        return SK_CTL_FAILED;
+        return code;
     }
 
     struct sk_console con = { .conf = conf, .tls = cert != NULL };
@@ -414,30 +361,12 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     con.rates = sk_console_rates_start(conf);
 
-    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) | (cert ? MHD_USE_TLS : 0);
-    struct MHD_Daemon *d;
-    if (cert != NULL)
-        d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, &con,
-                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
-                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-                             MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
-                             MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
-                             MHD_OPTION_END);
-    else
-        d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, &con,
-                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
-                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-                             MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
-    int code = SK_CTL_OK;
+    struct MHD_Daemon *d = start_daemon(&con, port, &sa, v6, cert, key);
     if (d == NULL) {
         fprintf(stderr, "sekalictl: serve: cannot listen on %s:%d\n", host, port);
         code = SK_CTL_FAILED;
     } else {
+        code = SK_CTL_OK;
         printf("sekalictl: console on %s://%s%s%s:%d/ (%s)\n", cert ? "https" : "http",
                v6 ? "[" : "", host, v6 ? "]" : "", port,
                conf->console.http.token != NULL ? "actions need a login"

@@ -68,7 +68,7 @@ struct sk_console_call {
     char                    cookie[256]; /* Set-Cookie, or "" */
 };
 
-/* console.c */
+/* console_http.c */
 /* A query argument (GET) or a form field (POST), or NULL. */
 const char *sk_console_arg(struct sk_console_call *c, const char *name);
 /* Every form field called name, up to max; how many. */
@@ -79,6 +79,10 @@ const char *sk_console_header(struct sk_console_call *c, const char *name);
 void sk_console_fail(struct sk_console_call *c, unsigned status, const char *why);
 /* Answers with the JSON that write() printed to a memory stream. */
 void sk_console_json(struct sk_console_call *c, unsigned status, char *doc, size_t len);
+/* A POST's application/x-www-form-urlencoded body into c->fields, decoded
+ * in place; false if it is no such form or has more than
+ * SK_CONSOLE_FIELDS fields. */
+bool sk_console_read_form(struct sk_console_call *c);
 
 /* console_auth.c */
 struct sk_console_sessions *sk_console_sessions_new(void);

@@ -206,15 +206,6 @@ static void command_help(const struct command *c, FILE *out)
     fprintf(out, "usage: sekalictl [-c FILE] %s\n\n%s", c->synopsis, c->help);
 }
 
-void sk_ctl_usage_of(const char *command)
-{
-    const struct command *c = find_command(command);
-    if (c != NULL)
-        command_help(c, stderr);
-    else
-        usage(stderr);
-}
-
 /* sekalictl help [COMMAND] */
 static int cmd_help(int argc, char **argv)
 {
@@ -291,5 +282,9 @@ int main(int argc, char **argv)
     optind = 0;  /* 0, not 1: glibc then also forgets the "+" of the first scan */
     int code = c->run(conf, sub_argc, sub_argv);
     sk_conf_free(conf);
+    if (code == SK_CTL_SHOW_USAGE) {
+        command_help(c, stderr);
+        code = SK_CTL_USAGE;
+    }
     return code;
 }

@@ -1,7 +1,7 @@
 /* ctl_commands.h - sekalictl's commands, one file each, dispatched by ctl.c's
  * table. Each takes the loaded configuration and its own arguments
  * (argv[0] is the command's name; getopt is reset) and returns an exit code
- * of ctl_common.h. */
+ * of ctl_common.h, or SK_CTL_SHOW_USAGE. */
 #ifndef SK_CTL_COMMANDS_H
 #define SK_CTL_COMMANDS_H
 
@@ -20,7 +20,10 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv);     /* ctl_
 int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv);    /* ctl_pause.c */
 int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv);    /* ctl_cancel.c */
 
-/* ctl.c: the usage of command on stderr, for a command's usage error. */
-void sk_ctl_usage_of(const char *command);
+/* Returned by a command for a usage error: ctl.c prints the command's
+ * usage on stderr and exits with SK_CTL_USAGE. A command returns it rather
+ * than printing the usage itself, so that the commands never call back
+ * into their dispatcher. Never an exit code itself. */
+#define SK_CTL_SHOW_USAGE (-2)
 
 #endif

@@ -30,10 +30,8 @@ int sk_ctl_doctor(const struct sk_conf *conf, int argc, char **argv)
 {
     struct sk_doctor d = { .conf = conf };
     bool json = false;
-    if (!doctor_args(&d, argc, argv, &json)) {
-        sk_ctl_usage_of("doctor");
-        return SK_CTL_USAGE;
-    }
+    if (!doctor_args(&d, argc, argv, &json))
+        return SK_CTL_SHOW_USAGE;
     if (conf->metrics.listen_host != NULL) {
         char why[256];
         d.metrics = sk_ctl_http_get(conf->metrics.listen_host, conf->metrics.listen_port,

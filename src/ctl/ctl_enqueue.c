@@ -56,13 +56,11 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
             break;
         case 'D': direct = true; break;
         case 'j': json = true; break;
-        default: sk_ctl_usage_of("enqueue"); return SK_CTL_USAGE;
+        default: return SK_CTL_SHOW_USAGE;
         }
     }
-    if (argc - optind < 2 || argc - optind > 3) {
-        sk_ctl_usage_of("enqueue");
-        return SK_CTL_USAGE;
-    }
+    if (argc - optind < 2 || argc - optind > 3)
+        return SK_CTL_SHOW_USAGE;
     const char *queue = argv[optind];
     msg.type = argv[optind + 1];
     if (msg.message_id == NULL) {

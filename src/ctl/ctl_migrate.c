@@ -35,10 +35,8 @@ int sk_ctl_migrate(const struct sk_conf *conf, int argc, char **argv)
 {
     const char *dir = getenv("SEKALI_SQL_DIR") != NULL ? getenv("SEKALI_SQL_DIR") : SK_SQL_DIR;
     bool json = false, opened = false;
-    if (!migrate_args(argc, argv, &dir, &json)) {
-        sk_ctl_usage_of("migrate");
-        return SK_CTL_USAGE;
-    }
+    if (!migrate_args(argc, argv, &dir, &json))
+        return SK_CTL_SHOW_USAGE;
     struct dirent **files = NULL;
     int n = scandir(dir, &files, only_sql, alphasort);
     if (n < 0) {

@@ -59,13 +59,11 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
             }
             break;
         case 'j': json = true; break;
-        default: sk_ctl_usage_of("pause"); return SK_CTL_USAGE;
+        default: return SK_CTL_SHOW_USAGE;
         }
     }
-    if (argc - optind != 1) {
-        sk_ctl_usage_of("pause");
-        return SK_CTL_USAGE;
-    }
+    if (argc - optind != 1)
+        return SK_CTL_SHOW_USAGE;
     const char *queue = argv[optind];
     /* A pause of a name no worker consumes would be obeyed by nobody. */
     if (sk_conf_queue(conf, queue) == NULL) {
@@ -139,13 +137,11 @@ int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv)
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (opt) {
         case 'j': json = true; break;
-        default: sk_ctl_usage_of("resume"); return SK_CTL_USAGE;
+        default: return SK_CTL_SHOW_USAGE;
         }
     }
-    if (argc - optind != 1) {
-        sk_ctl_usage_of("resume");
-        return SK_CTL_USAGE;
-    }
+    if (argc - optind != 1)
+        return SK_CTL_SHOW_USAGE;
     return sk_ctl_resume_report(conf, argv[optind], json, stdout);
 }
 

@@ -73,6 +73,7 @@ static void read_pg(struct status *s);
 static void read_metrics(struct status *s);
 static void read_blocked_why(struct status *s);
 static void read_pause(PGconn *pg, struct qstat *q);
+static void print_queue_text(const struct status *s, const struct qstat *q);
 static void print_text(const struct status *s);
 static void print_json(const struct status *s, int code);
 static void json_queue(FILE *out, const struct qstat *q);
@@ -345,6 +346,54 @@ static void put_round_text(const struct status *s, const char *what, const char 
     }
 }
 
+/* One queue's lines of print_text(). */
+static void print_queue_text(const struct status *s, const struct qstat *q)
+{
+    FILE *out = s->out;
+    fprintf(out, "\nqueue ");
+    sk_ctl_put_text(out, q->conf->name, strlen(q->conf->name), 0);
+    fprintf(out, ": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
+                      : q->paused ? "paused" : "ok");
+    if (q->paused) {
+        /* Reason and name are the operator's text: printed escaped. */
+        fprintf(out, "  paused      for %.0fs", q->paused_s);
+        if (q->paused_by[0] != '\0') {
+            fprintf(out, " by ");
+            sk_ctl_put_tstr(out, q->paused_by);
+        }
+        if (q->pause_reason[0] != '\0') {
+            fprintf(out, ": ");
+            sk_ctl_put_tstr(out, q->pause_reason);
+        }
+        fprintf(out, " (sekalictl resume %s)\n", q->conf->name);
+    }
+    fprintf(out, "  workers     %d configured, ", q->conf->workers);
+    if (q->up_known)
+        fprintf(out, "%.0f up", q->up);
+    else
+        fprintf(out, "up unknown (%s)", s->metrics != NULL ? "not in /metrics" : s->metrics_why);
+    if (q->broker_ok)
+        fprintf(out, ", %u consuming\n", q->consumers);
+    else
+        fprintf(out, ", consuming unknown\n");
+    if (q->broker_ok)
+        fprintf(out, "  messages    %u ready, unacked unknown (AMQP does not report it), "
+               "%u delayed in %u delay queues, %u dead in %s.dead\n",
+               q->ready, q->delayed, q->delay_queues, q->dead, q->conf->name);
+    else
+        fprintf(out, "  messages    unknown (broker unreachable)\n");
+    if (q->pg_ok) {
+        fprintf(out, "  keys        %lld processing", q->processing);
+        if (q->oldest_known)
+            fprintf(out, " (oldest first claimed %.1fs ago)", q->oldest_s);
+        fprintf(out, ", %lld failed\n", q->failed);
+        fprintf(out, "  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
+               q->outbox_pending, q->outbox_lag_s, q->outbox_refused);
+    } else {
+        fprintf(out, "  keys        unknown (PostgreSQL unreachable)\n");
+    }
+}
+
 static void print_text(const struct status *s)
 {
     FILE *out = s->out;
@@ -372,51 +421,8 @@ static void print_text(const struct status *s)
         sk_ctl_put_tstr(out, s->pg_clear);
         fprintf(out, "\n");
     }
-    for (size_t i = 0; i < conf->n_queues; i++) {
-        const struct qstat *q = &s->q[i];
-        fprintf(out, "\nqueue ");
-        sk_ctl_put_text(out, q->conf->name, strlen(q->conf->name), 0);
-        fprintf(out, ": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
-                          : q->paused ? "paused" : "ok");
-        if (q->paused) {
-            /* Reason and name are the operator's text: printed escaped. */
-            fprintf(out, "  paused      for %.0fs", q->paused_s);
-            if (q->paused_by[0] != '\0') {
-                fprintf(out, " by ");
-                sk_ctl_put_tstr(out, q->paused_by);
-            }
-            if (q->pause_reason[0] != '\0') {
-                fprintf(out, ": ");
-                sk_ctl_put_tstr(out, q->pause_reason);
-            }
-            fprintf(out, " (sekalictl resume %s)\n", q->conf->name);
-        }
-        fprintf(out, "  workers     %d configured, ", q->conf->workers);
-        if (q->up_known)
-            fprintf(out, "%.0f up", q->up);
-        else
-            fprintf(out, "up unknown (%s)", s->metrics != NULL ? "not in /metrics" : s->metrics_why);
-        if (q->broker_ok)
-            fprintf(out, ", %u consuming\n", q->consumers);
-        else
-            fprintf(out, ", consuming unknown\n");
-        if (q->broker_ok)
-            fprintf(out, "  messages    %u ready, unacked unknown (AMQP does not report it), "
-                   "%u delayed in %u delay queues, %u dead in %s.dead\n",
-                   q->ready, q->delayed, q->delay_queues, q->dead, q->conf->name);
-        else
-            fprintf(out, "  messages    unknown (broker unreachable)\n");
-        if (q->pg_ok) {
-            fprintf(out, "  keys        %lld processing", q->processing);
-            if (q->oldest_known)
-                fprintf(out, " (oldest first claimed %.1fs ago)", q->oldest_s);
-            fprintf(out, ", %lld failed\n", q->failed);
-            fprintf(out, "  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
-                   q->outbox_pending, q->outbox_lag_s, q->outbox_refused);
-        } else {
-            fprintf(out, "  keys        unknown (PostgreSQL unreachable)\n");
-        }
-    }
+    for (size_t i = 0; i < conf->n_queues; i++)
+        print_queue_text(s, &s->q[i]);
     fprintf(out, "\n");
     if (conf->outbox.relays > 0) {
         char what[64];

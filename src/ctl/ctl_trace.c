@@ -198,6 +198,44 @@ static void dead_letter_event(struct trace *t, const char *queue, const amqp_mes
     t->dead_letters++;
 }
 
+/* Whether a dead letter is the traced key's: its x-idempotency-key, or,
+ * without one, its message id. */
+static bool is_mine(const struct trace *t, const amqp_message_t *m)
+{
+    size_t key_len = strlen(t->key);
+    const amqp_field_value_t *k = sk_ctl_header(m, "x-idempotency-key");
+    if (k != NULL && (k->kind == AMQP_FIELD_KIND_UTF8 || k->kind == AMQP_FIELD_KIND_BYTES))
+        return k->value.bytes.len == key_len &&
+               memcmp(k->value.bytes.bytes, t->key, key_len) == 0;
+    /* no key header: the message id is the key */
+    return m->properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG &&
+           m->properties.message_id.len == key_len &&
+           memcmp(m->properties.message_id.bytes, t->key, key_len) == 0;
+}
+
+/* The letters of one open scan of dead (queue's): an event for each of the
+ * key's. Returns true when reading failed (said, and t->failed set). */
+static bool read_scan(struct trace *t, struct sk_broker_scan *scan, const char *dead,
+                      const char *queue)
+{
+    struct sk_err err = { 0 };
+    for (;;) {
+        amqp_message_t m;
+        uint64_t tag;
+        int rc = sk_broker_scan_next(scan, &m, &tag, &err);
+        if (rc == SK_BUSY)
+            return false;
+        if (rc != SK_OK) {
+            fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
+            t->failed = true;
+            return true;
+        }
+        if (is_mine(t, &m))
+            dead_letter_event(t, queue, &m);
+        amqp_destroy_message(&m);
+    }
+}
+
 /* Scans each queue's .dead: every letter stays unacked until the scan
  * ends, then the broker puts them all back in their order. */
 static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
@@ -209,7 +247,6 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
         t->failed = true;
         return;
     }
-    size_t key_len = strlen(t->key);
     for (size_t i = 0; i < t->n_queues; i++) {
         char dead[600];
         if (sk_broker_dead_name(t->queues[i], dead, sizeof(dead), &err) != SK_OK) {
@@ -239,30 +276,8 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
             t->failed = true;
             break;
         }
-        while (scan != NULL) {
-            amqp_message_t m;
-            uint64_t tag;
-            int rc = sk_broker_scan_next(scan, &m, &tag, &err);
-            if (rc == SK_BUSY)
-                break;
-            if (rc != SK_OK) {
-                fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
-                t->failed = stop = true;
-                break;
-            }
-            const amqp_field_value_t *k = sk_ctl_header(&m, "x-idempotency-key");
-            bool mine;
-            if (k != NULL && (k->kind == AMQP_FIELD_KIND_UTF8 || k->kind == AMQP_FIELD_KIND_BYTES))
-                mine = k->value.bytes.len == key_len &&
-                       memcmp(k->value.bytes.bytes, t->key, key_len) == 0;
-            else  /* no key header: the message id is the key */
-                mine = m.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG &&
-                       m.properties.message_id.len == key_len &&
-                       memcmp(m.properties.message_id.bytes, t->key, key_len) == 0;
-            if (mine)
-                dead_letter_event(t, t->queues[i], &m);
-            amqp_destroy_message(&m);
-        }
+        if (scan != NULL)
+            stop = read_scan(t, scan, dead, t->queues[i]);
         if (sk_broker_scan_close(scan, &err) != SK_OK && !stop) {
             fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
             t->failed = stop = true;

@@ -85,10 +85,8 @@ int sk_ctl_verify(const struct sk_conf *conf, int argc, char **argv)
 {
     struct verify v = { .conf = conf };
     const char *only = NULL;
-    if (!verify_args(&v, argc, argv, &only)) {
-        sk_ctl_usage_of("verify");
-        return SK_CTL_USAGE;
-    }
+    if (!verify_args(&v, argc, argv, &only))
+        return SK_CTL_SHOW_USAGE;
     v.q = calloc(conf->n_queues, sizeof(*v.q));
     if (v.q == NULL) {
         fprintf(stderr, "sekalictl: out of memory\n");

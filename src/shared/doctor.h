@@ -6,9 +6,10 @@
  * once per generation and logs each failure (sk_doctor_at_start()).
  *
  * One report of verdicts, each a check's name, its object, its level, what
- * was found and the fix in one line. doctor.c keeps the report and runs the
- * families; doctor_broker.c checks the queues, doctor_servers.c PostgreSQL,
- * Redis, the clocks, the schema and retention. Each family dials its own
+ * was found and the fix in one line. doctor_report.c keeps the report,
+ * doctor.c runs the families; doctor_broker.c checks the queues,
+ * doctor_servers.c PostgreSQL, Redis, the clocks, the schema and retention,
+ * doctor_schedules.c the schedules' specs across hosts. Each family dials its own
  * short-lived connections with the daemon's configuration. */
 #ifndef SK_DOCTOR_H
 #define SK_DOCTOR_H

@@ -208,11 +208,4 @@ struct sk_metrics_schedrow sk_metrics_read_schedule(struct sk_metrics *m, size_t
 size_t sk_metrics_queues(const struct sk_metrics *m);
 size_t sk_metrics_schedules(const struct sk_metrics *m);
 
-/* metrics_text.c: renders every metric in Prometheus' text format 0.0.4,
- * with conf's queue names and limits, into a new buffer the caller frees
- * (malloc). Reads the area only, so it may run concurrently with the
- * counting. SK_OK, or SK_ERR when out of memory. */
-int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **out,
-                      size_t *len);
-
 #endif

@@ -1,6 +1,7 @@
 /* process.c - the after-fork set-up and the stop flag every child process
  * of sekalid shares (see process.h): one copy, where the worker, the
- * relays and the janitor each had their own. */
+ * relays and the janitor each had their own; and the supervisor's set-up
+ * before its first fork, which the children inherit. */
 #include "process.h"
 
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include "config_value.h"
 #include "log.h"
 #include "proctitle.h"
+#include "tls.h"
 
 static volatile sig_atomic_t stop_requested;
 
@@ -60,4 +62,9 @@ void sk_process_install_stop(void)
 bool sk_process_stopping(void)
 {
     return stop_requested != 0;
+}
+
+void sk_process_parent_init(void)
+{
+    sk_tls_init_before_fork();
 }

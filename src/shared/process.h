@@ -38,6 +38,13 @@ struct sk_child_init {
  * If the supervisor died before the child could ask, exits at once. */
 void sk_process_child_init(const struct sk_child_init *c);
 
+/* In the supervisor, once, before the first fork() and before any thread:
+ * what every child would otherwise do at its first connection, done once
+ * for all of them to inherit (OpenSSL's set-up: sk_tls_init_before_fork()).
+ * Here, in the shared layer, because the supervisor itself never uses an
+ * adapter (docs/internals.md, "The layers"; check_layers holds it). */
+void sk_process_parent_init(void);
+
 /* Installs the SIGTERM/SIGINT handler that sets the stop flag. Without
  * SA_RESTART, so a stop request interrupts sleeps and blocking waits.
  * sk_process_child_init() does; a test may call it alone. */

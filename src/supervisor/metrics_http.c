@@ -37,6 +37,7 @@
 
 #include "clock.h"
 #include "metrics_http.h"
+#include "metrics_text.h"
 
 #define BACKLOG            64
 #define MAX_CONNECTIONS    16  /* scrapers are few; anything more is a mistake or worse */

@@ -13,6 +13,7 @@
 #include <sekali/handler.h>
 
 #include "metrics.h"
+#include "metrics_text.h"
 
 #ifndef SK_VERSION
 #define SK_VERSION "unknown"

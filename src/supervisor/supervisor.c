@@ -50,6 +50,7 @@
 #include "backoff.h"
 #include "deaths.h"
 #include "failpoint.h"
+#include "generation.h"
 #include "host.h"
 #include "log.h"
 #include "metrics.h"
@@ -60,36 +61,8 @@
 #include "roles.h"
 #include "scoreboard.h"
 #include "supervisor.h"
-#include "tls.h"
 
 #define CRASH_LOOP_RESTARTS 5      /* this many deaths without progress in a row ... */
-
-struct slot {
-    const struct sk_role_ops *ops;
-    size_t            queue;       /* a worker's: index into conf->queues */
-    char              title[300];  /* for ps, the same for the slot's life */
-    pid_t             pid;         /* 0 while not running */
-    int64_t           started_ms;
-    int64_t           restart_at_ms;
-    struct sk_backoff backoff;
-    uint32_t          quick_deaths;  /* deaths without progress in a row */
-    bool              timed_out;     /* the supervisor SIGKILLed it for job_timeout */
-};
-
-/* One configuration and the workers it runs. Slot i's shared state is
- * scoreboard slot i. */
-struct generation {
-    struct sk_conf       *conf;
-    struct sk_plugin     *plugins;     /* plugins[q] serves conf->queues[q] */
-    struct slot          *slots;
-    size_t                n_slots;
-    struct sk_scoreboard *scoreboard;
-    struct sk_heir       *heirs;       /* slot i's scoreboard slot and queue, for deaths.c */
-    struct sk_metrics    *metrics;     /* counted by this generation's workers */
-    bool                  any_job_timeout;
-    int64_t               kill_at_ms;  /* retiring: SIGKILL what is left after this */
-    struct generation    *next;        /* in the list of retiring generations */
-};
 
 struct supervisor {
     struct generation *current;      /* NULL once stopping */
@@ -109,17 +82,16 @@ struct supervisor {
 static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins);
 static void turn(struct supervisor *s);
 static void take_signals(struct supervisor *s);
-static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
-                                         struct sk_err *err);
-static void generation_free(struct generation *g);
 static void retire(struct supervisor *s, struct generation *g, const char *why);
-static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
-                      size_t queue, unsigned number);
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot);
 static void fresh(struct sk_slot *shared);
 static void reap(struct supervisor *s);
 static void on_exit_status(struct supervisor *s, struct generation *g, struct slot *slot,
                            const struct sk_slot *shared, int status, const struct sk_death *d);
+static void cannot_run(struct supervisor *s, struct generation *g, const char *who, int code,
+                       const struct sk_log_job *job);
+static void log_death(const char *who, int status, int64_t lived, const char *whose,
+                      const char *what, const struct sk_log_job *job);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static void abandon(struct supervisor *s, const char *who, int code);
@@ -155,8 +127,8 @@ int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
 static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins)
 {
     struct sk_err err = { 0 };
-    sk_tls_init_before_fork();
-    s->current = generation_new(conf, plugins, &err);
+    sk_process_parent_init();
+    s->current = sk_generation_new(conf, plugins, &err);
     if (s->current == NULL) {
         sk_log_error("%s", err.msg);
         sk_conf_free(conf);
@@ -173,7 +145,7 @@ static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *p
     s->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (s->signal_fd < 0) {
         sk_log_error("signalfd failed: %s", strerror(errno));
-        generation_free(s->current);
+        sk_generation_free(s->current);
         return SK_EXIT_RUNTIME;
     }
     /* Before any worker: a port that cannot be had stops sekalid at once,
@@ -182,7 +154,7 @@ static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *p
     if (rc != SK_OK) {
         sk_log_error("%s", err.msg);
         close(s->signal_fd);
-        generation_free(s->current);
+        sk_generation_free(s->current);
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
     s->watchdog_ms = sk_notify_watchdog_ms();
@@ -254,71 +226,6 @@ static void take_signals(struct supervisor *s)
     }
 }
 
-static struct generation *generation_new(struct sk_conf *conf, struct sk_plugin *plugins,
-                                         struct sk_err *err)
-{
-    struct generation *g = calloc(1, sizeof(*g));
-    if (g == NULL) {
-        sk_err_errno(err, SK_ERR, "calloc(generation)");
-        return NULL;
-    }
-    g->conf = conf;
-    g->plugins = plugins;
-    /* A worker holds at most one lock per job of its batch, and those of
-     * the batch before whose release waits for this batch's acquire
-     * (span.c): twice the batch. */
-    size_t lock_cap = 1;
-    for (size_t q = 0; q < conf->n_queues; q++) {
-        g->n_slots += (size_t)conf->queues[q].workers;
-        g->any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
-        if ((size_t)conf->queues[q].batch > lock_cap)
-            lock_cap = (size_t)conf->queues[q].batch;
-    }
-    lock_cap *= 2;
-    g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0) +
-                  (conf->n_schedules > 0);
-    g->slots = calloc(g->n_slots, sizeof(*g->slots));
-    if (g->slots == NULL) {
-        sk_err_errno(err, SK_ERR, "calloc(slots)");
-        goto fail;
-    }
-    size_t i = 0;
-    for (size_t q = 0; q < conf->n_queues; q++)
-        for (int k = 0; k < conf->queues[q].workers; k++)
-            slot_init(g, &g->slots[i++], SK_ROLE_WORKER, q, (unsigned)k + 1);
-    for (int k = 0; k < conf->outbox.relays; k++)
-        slot_init(g, &g->slots[i++], SK_ROLE_RELAY, 0, (unsigned)k + 1);
-    if (conf->janitor.interval_ms > 0)
-        slot_init(g, &g->slots[i++], SK_ROLE_JANITOR, 0, 1);
-    if (conf->n_schedules > 0)
-        slot_init(g, &g->slots[i++], SK_ROLE_SCHEDULER, 0, 1);
-    if (sk_scoreboard_create(&g->scoreboard, g->n_slots, lock_cap, err) != SK_OK)
-        goto fail;
-    g->heirs = calloc(g->n_slots, sizeof(*g->heirs));
-    if (g->heirs == NULL) {
-        sk_err_errno(err, SK_ERR, "calloc(heirs)");
-        goto fail;
-    }
-    for (i = 0; i < g->n_slots; i++)
-        g->heirs[i] = (struct sk_heir){
-            .shared = sk_scoreboard_slot(g->scoreboard, i),
-            .queue = g->slots[i].ops->counts_as_worker ? conf->queues[g->slots[i].queue].name
-                                                       : NULL,
-        };
-    /* Counters start from zero with each generation, as after a restart;
-     * Prometheus's rate() and increase() take such resets in their stride. */
-    if (sk_metrics_create(&g->metrics, conf->n_queues, conf->n_schedules, err) != SK_OK)
-        goto fail;
-    return g;
-
-fail:
-    free(g->heirs);
-    sk_scoreboard_destroy(g->scoreboard);
-    free(g->slots);
-    free(g);
-    return NULL;
-}
-
 static void respawn_due(struct supervisor *s, struct generation *g, int64_t now)
 {
     for (size_t i = 0; i < g->n_slots; i++) {
@@ -326,21 +233,6 @@ static void respawn_due(struct supervisor *s, struct generation *g, int64_t now)
         if (slot->pid == 0 && now >= slot->restart_at_ms)
             spawn(s, g, slot);
     }
-}
-
-/* Frees the generation with its configuration. Its plugins stay loaded:
- * unloading code that may still be referenced is never worth the risk. */
-static void generation_free(struct generation *g)
-{
-    if (g == NULL)
-        return;
-    sk_scoreboard_destroy(g->scoreboard);
-    sk_metrics_destroy(g->metrics);
-    free(g->heirs);
-    free(g->slots);
-    sk_conf_free(g->conf);
-    free(g->plugins);
-    free(g);
 }
 
 /* Asks every worker of g to finish its job and exit, and gives them the
@@ -355,37 +247,6 @@ static void retire(struct supervisor *s, struct generation *g, const char *why)
             kill(g->slots[i].pid, SIGTERM);
     g->next = s->retiring;
     s->retiring = g;
-}
-
-/* Slots of one role are numbered from 1 in slot order (per queue for
- * workers), which restarts keep, so a title names the same slot for life. */
-static void slot_init(const struct generation *g, struct slot *slot, enum sk_role role,
-                      size_t queue, unsigned number)
-{
-    const struct sk_conf *conf = g->conf;
-    *slot = (struct slot){ .ops = &sk_roles[role], .queue = queue,
-                           .backoff = { .base_ms = conf->restart.initial_ms,
-                                        .cap_ms = conf->restart.max_ms } };
-    if (slot->ops->counts_as_worker)
-        snprintf(slot->title, sizeof(slot->title), "sekalid: %s %s#%u", slot->ops->name,
-                 conf->queues[queue].name, number);
-    else if (slot->ops->numbered)
-        snprintf(slot->title, sizeof(slot->title), "sekalid: %s #%u", slot->ops->name, number);
-    else
-        snprintf(slot->title, sizeof(slot->title), "sekalid: %s", slot->ops->name);
-}
-
-/* What a slot's process is called in the log: "worker for queue invoices",
- * "the outbox relay". */
-static const char *slot_name(const struct generation *g, const struct slot *slot, char *buf,
-                             size_t size)
-{
-    if (slot->ops->counts_as_worker)
-        snprintf(buf, size, "%s for queue %s", slot->ops->name,
-                 g->conf->queues[slot->queue].name);
-    else
-        snprintf(buf, size, "the %s", slot->ops->name);
-    return buf;
 }
 
 /* The child keeps none of the endpoint's sockets: a scrape must never be
@@ -425,7 +286,8 @@ static void spawn(struct supervisor *s, struct generation *g, struct slot *slot)
     slot->pid = pid;
     slot->started_ms = sk_now_ms();
     char name[300];
-    sk_log_debug("started process %ld: %s", (long)pid, slot_name(g, slot, name, sizeof(name)));
+    sk_log_debug("started process %ld: %s", (long)pid,
+                 sk_generation_slot_name(g, slot, name, sizeof(name)));
 }
 
 /* The new process's progress starts from nothing; written before the fork,
@@ -487,7 +349,7 @@ static void reap(struct supervisor *s)
         }
         *link = g->next;
         sk_log_debug("a retired generation has drained");
-        generation_free(g);
+        sk_generation_free(g);
     }
 }
 
@@ -497,7 +359,7 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
                            const struct sk_slot *shared, int status, const struct sk_death *d)
 {
     char name[300];
-    const char *who = slot_name(g, slot, name, sizeof(name));
+    const char *who = sk_generation_slot_name(g, slot, name, sizeof(name));
     int64_t lived = sk_now_ms() - slot->started_ms;
     bool retiring = g != s->current && g != s->previous;
     struct sk_log_job job = { 0 };
@@ -512,19 +374,8 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
         return;
     }
     if (!retiring && WIFEXITED(status) &&
-        (WEXITSTATUS(status) == SK_EXIT_CONFIG || WEXITSTATUS(status) == SK_EXIT_ABI)) {
-        if (g == s->current && s->previous != NULL) {
-            abandon(s, who, WEXITSTATUS(status));
-            return;
-        }
-        sk_log_event(SK_LOG_ERROR, SK_EVENT_WORKER_CANNOT_RUN, NULL, &job,
-                     "%s exited with status %d; not restarting it, since it "
-                     "would fail the same way", who, WEXITSTATUS(status));
-        if (s->exit_code == SK_EXIT_OK)
-            s->exit_code = WEXITSTATUS(status);
-        begin_stop(s, "a worker cannot run with this configuration");
-        return;
-    }
+        (WEXITSTATUS(status) == SK_EXIT_CONFIG || WEXITSTATUS(status) == SK_EXIT_ABI))
+        return cannot_run(s, g, who, WEXITSTATUS(status), &job);
     uint32_t delay = 0;
     if (!retiring && d->progress) {
         sk_backoff_reset(&slot->backoff);
@@ -536,16 +387,7 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
     if (!retiring)
         snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
                                                 : "; restarting in %u ms", delay);
-    if (WIFSIGNALED(status))
-        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, &job,
-                     "%s killed by signal %d after %lld ms%s%s", who,
-                     WTERMSIG(status), (long long)lived,
-                     d->job_caused ? " (its job's doing)" : "", what);
-    else
-        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, &job,
-                     "%s exited with status %d after %lld ms%s%s", who,
-                     WEXITSTATUS(status), (long long)lived,
-                     d->job_caused ? " (its job's doing)" : "", what);
+    log_death(who, status, lived, d->job_caused ? " (its job's doing)" : "", what, &job);
     if (retiring)
         return;
     if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
@@ -554,6 +396,38 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
                      "progress); restarts are backing off up to %u ms", who,
                      slot->quick_deaths, slot->backoff.cap_ms);
     slot->restart_at_ms = sk_now_ms() + delay;
+}
+
+/* A process of g exited with code (SK_EXIT_CONFIG or SK_EXIT_ABI): it
+ * would fail the same way again. A reload's new generation is abandoned;
+ * otherwise everything stops, and sekalid exits with that code. */
+static void cannot_run(struct supervisor *s, struct generation *g, const char *who, int code,
+                       const struct sk_log_job *job)
+{
+    if (g == s->current && s->previous != NULL) {
+        abandon(s, who, code);
+        return;
+    }
+    sk_log_event(SK_LOG_ERROR, SK_EVENT_WORKER_CANNOT_RUN, NULL, job,
+                 "%s exited with status %d; not restarting it, since it "
+                 "would fail the same way", who, code);
+    if (s->exit_code == SK_EXIT_OK)
+        s->exit_code = code;
+    begin_stop(s, "a worker cannot run with this configuration");
+}
+
+/* The death line: who, how, after how long, whose doing, what follows. */
+static void log_death(const char *who, int status, int64_t lived, const char *whose,
+                      const char *what, const struct sk_log_job *job)
+{
+    if (WIFSIGNALED(status))
+        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, job,
+                     "%s killed by signal %d after %lld ms%s%s", who,
+                     WTERMSIG(status), (long long)lived, whose, what);
+    else
+        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, job,
+                     "%s exited with status %d after %lld ms%s%s", who,
+                     WEXITSTATUS(status), (long long)lived, whose, what);
 }
 
 static void begin_stop(struct supervisor *s, const char *why)
@@ -591,7 +465,7 @@ static void reload(struct supervisor *s)
     struct generation *g = NULL;
     if (sk_conf_load(s->current->conf->path, &conf, &err) != SK_OK ||
         sk_plugin_load_queues(conf, sk_host(), &plugins, &err) != SK_OK ||
-        (g = generation_new(conf, plugins, &err)) == NULL) {
+        (g = sk_generation_new(conf, plugins, &err)) == NULL) {
         sk_log_event(SK_LOG_ERROR, SK_EVENT_RELOAD_FAILED, NULL, NULL,
                      "reload failed, still running the previous configuration: %s", err.msg);
         sk_notify_status("reload failed, running the previous configuration: %s", err.msg);

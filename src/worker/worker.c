@@ -32,6 +32,7 @@ static int  setup(struct sk_pipeline *p, bool first, struct sk_err *err);
 static void teardown(struct sk_pipeline *p);
 static bool prepare(struct sk_pipeline *p);
 static bool handler_ready(struct sk_pipeline *p);
+static void serve(struct sk_pipeline *p);
 static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery);
 static void record_crash(struct sk_pipeline *p, char *key, const char *who);
 static void free_dead_locks(struct sk_pipeline *p);
@@ -81,10 +82,23 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     if (doctor && first)
         sk_doctor_at_start(conf);
 
+    serve(p);
+    sk_log_info("worker for queue %s stopping", queue->name);
+
+out:
+    teardown(p);
+    free(p);
+    return exit_code;
+}
+
+/* The worker's loop: one delivery at a time until a stop is asked for. */
+static void serve(struct sk_pipeline *p)
+{
+    struct sk_err err = { 0 };
     while (!sk_process_stopping()) {
         /* Liveness for the supervisor's watchdog: the loop turns at least
          * every POLL_MS while idle; a job in hand is covered by its start. */
-        atomic_store(&slot->alive_ms, sk_now_ms());
+        atomic_store(&p->slot->alive_ms, sk_now_ms());
         if (!prepare(p))
             continue;
         /* Locks of settled jobs go with the next acquire; a worker about to
@@ -95,18 +109,12 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         if (sk_pause_hold(p->pause, p->links, POLL_MS))
             continue;
         amqp_envelope_t delivery;
-        rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
+        int rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
         if (rc == SK_OK)
             run_job(p, &delivery);
         else if (rc != SK_AGAIN)
             sk_links_drop(p->links, SK_LINK_CONSUMER, NULL, &err);
     }
-    sk_log_info("worker for queue %s stopping", queue->name);
-
-out:
-    teardown(p);
-    free(p);
-    return exit_code;
 }
 
 /* Returns SK_OK; SK_ERR when retrying cannot help (bad handler config,

@@ -661,6 +661,131 @@ START_TEST(test_sekalid_man_page_lists_exactly_the_log_event_names)
 }
 END_TEST
 
+/* Whether word occurs in text on its own: not inside a longer name
+ * (console* names console, not console_api). */
+static bool has_word(const char *text, const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = text; (p = strstr(p, word)) != NULL; p++) {
+        bool before = p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '_');
+        bool after = isalnum((unsigned char)p[n]) || p[n] == '_';
+        if (!before && !after)
+            return true;
+    }
+    return false;
+}
+
+/* internals.md's table of the layers (from its header row to the blank
+ * line after it), in a new string. */
+static char *layer_table(const char *internals)
+{
+    const char *from = strstr(internals, "\n| layer | folder |");
+    ck_assert_msg(from != NULL, "docs/internals.md has no \"| layer | folder |\" table");
+    const char *to = strstr(from + 1, "\n\n");
+    return strndup(from, to != NULL ? (size_t)(to - from) : strlen(from));
+}
+
+/* Writes into missing the modules of src/ (a .c or .h: a module's name is
+ * its file's) that table does not name, separated by spaces. */
+static void unmapped_modules(const char *table, char *missing, size_t size)
+{
+    glob_t g;
+    ck_assert_int_eq(glob("src/*/*.[ch]", 0, NULL, &g), 0);
+    missing[0] = '\0';
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        const char *base = strrchr(g.gl_pathv[i], '/') + 1;
+        char name[64];
+        snprintf(name, sizeof(name), "%.*s", (int)strcspn(base, "."), base);
+        if (!has_word(table, name) && !has_word(missing, name))
+            snprintf(missing + strlen(missing), size - strlen(missing), " %s", name);
+    }
+    globfree(&g);
+}
+
+/* The code map is held to the code: every module of src/ has a word in
+ * internals.md's layer table, so a new file cannot go unmapped. */
+START_TEST(test_internals_layer_table_names_every_module_of_src)
+{
+    char *internals = read_file("docs/internals.md");
+    char *table = layer_table(internals);
+    char missing[2048];
+    unmapped_modules(table, missing, sizeof(missing));
+    ck_assert_msg(missing[0] == '\0', "docs/internals.md's layer table does not name these "
+                  "modules of src/ (add each to its layer's row):%s", missing);
+    free(table);
+    free(internals);
+}
+END_TEST
+
+/* Every `file.c:function` internals.md names is a function defined in that
+ * file (a line that starts a definition: a type at column 0, then the
+ * name and its parenthesis), so a renamed or removed one is noticed. */
+static bool defines(const char *source, const char *function)
+{
+    char want[128];
+    snprintf(want, sizeof(want), "%s(", function);
+    for (const char *line = source; line != NULL && *line != '\0';) {
+        const char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        if (islower((unsigned char)*line)) {
+            char *copy = strndup(line, len);
+            bool found = false;
+            for (const char *p = copy; !found && (p = strstr(p, want)) != NULL; p++)
+                found = p == copy || !(isalnum((unsigned char)p[-1]) || p[-1] == '_');
+            free(copy);
+            if (found)
+                return true;
+        }
+        line = end != NULL ? end + 1 : NULL;
+    }
+    return false;
+}
+
+START_TEST(test_internals_names_only_functions_that_exist)
+{
+    char *internals = read_file("docs/internals.md");
+    int seen = 0;
+    for (const char *p = internals; (p = strchr(p, '`')) != NULL; p++) {
+        char file[64], function[64];
+        int n = 0;
+        if (sscanf(p + 1, "%63[a-z0-9_].c:%63[A-Za-z0-9_]%n", file, function, &n) != 2 ||
+            n == 0)
+            continue;
+        char pattern[128];
+        snprintf(pattern, sizeof(pattern), "src/*/%s.c", file);
+        glob_t g;
+        ck_assert_msg(glob(pattern, 0, NULL, &g) == 0, "docs/internals.md names %s.c:%s, but "
+                      "there is no src/*/%s.c", file, function, file);
+        char *source = read_file(g.gl_pathv[0]);
+        ck_assert_msg(defines(source, function), "docs/internals.md names %s.c:%s, which %s "
+                      "does not define", file, function, g.gl_pathv[0]);
+        free(source);
+        globfree(&g);
+        seen++;
+    }
+    ck_assert_int_gt(seen, 20);
+    free(internals);
+}
+END_TEST
+
+/* Both checks can fail: a table without a module, a module named only by
+ * a longer name or a glob, a function that is not there. */
+START_TEST(test_internals_checks_see_a_missing_module_and_function)
+{
+    char missing[2048];
+    unmapped_modules("| config | `src/config/` | `config`, `console*`, `config_walk_x` |",
+                     missing, sizeof(missing));
+    ck_assert_msg(strstr(missing, " config_walk") != NULL, "%s", missing);
+    ck_assert_msg(strstr(missing, " console_api") != NULL, "%s", missing);
+    ck_assert_msg(!has_word(missing, "config"), "%s", missing);
+    char *source = read_file("src/worker/span.c");
+    ck_assert(defines(source, "sk_span_commit"));
+    ck_assert(!defines(source, "sk_span_comm"));
+    ck_assert(!defines(source, "sk_job_run_transactional"));
+    free(source);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -675,6 +800,9 @@ int main(void)
         test_relative_links_of_the_markdown_documents_resolve,
         test_link_checker_sees_a_missing_file_and_a_missing_anchor,
         test_readme_is_short_and_links_every_doc_page,
+        test_internals_layer_table_names_every_module_of_src,
+        test_internals_names_only_functions_that_exist,
+        test_internals_checks_see_a_missing_module_and_function,
         NULL,
     };
     return h_run_suite(h_suite("docs", 120, tests));

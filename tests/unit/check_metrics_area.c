@@ -3,6 +3,7 @@
  * Prometheus reads. (The endpoint and the workers' counting are tested end
  * to end in tests/integration/check_metrics.c.) */
 #include "metrics.h"
+#include "metrics_text.h"
 #include "suite.h"
 
 #include <check.h>
