@@ -698,6 +698,8 @@ void h_run_start(struct h_run *r, const struct h_run_opts *o)
     env[n] = NULL;
     r->sekalid = h_start_sekalid(o->binary != NULL ? o->binary : "sekalid", r->config, r->dir,
                                  env);
+    if (o->held)
+        return;
     H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)o->workers, 20000,
            "%d workers should consume %s, have %u", o->workers, r->queue,
            h_consumers(r->b, r->queue));

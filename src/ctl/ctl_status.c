@@ -51,7 +51,9 @@ struct qstat {
     bool     paused;
     double   paused_s;
     char     pause_reason[1001], paused_by[256];
-    char     problem[256];  /* "" when healthy */
+    double   blocked;       /* workers whose handler cannot run (0 if unknown) */
+    char     blocked_why[512]; /* sekalid's /readyz line for the queue, or "" */
+    char     problem[640];  /* "" when healthy */
 };
 
 struct status {
@@ -70,6 +72,7 @@ struct status {
 static void read_broker(struct status *s);
 static void read_pg(struct status *s);
 static void read_metrics(struct status *s);
+static void read_blocked_why(struct status *s);
 static void read_pause(PGconn *pg, struct qstat *q);
 static void print_queue_text(const struct status *s, const struct qstat *q);
 static void print_text(const struct status *s);
@@ -156,12 +159,18 @@ static int judge(struct status *s)
             failed = true;
         else if (!q->exists)
             snprintf(q->problem, sizeof(q->problem), "the queue does not exist");
+        else if (q->blocked > 0 && q->blocked_why[0] != '\0')
+            snprintf(q->problem, sizeof(q->problem), "%s", q->blocked_why);
+        else if (q->blocked > 0)
+            snprintf(q->problem, sizeof(q->problem), "the handler cannot run on %.0f of %d "
+                     "workers (sekalid's log says why: event handler_not_ready)", q->blocked,
+                     q->conf->workers);
         else if (q->consumers == 0 && !q->paused)
             snprintf(q->problem, sizeof(q->problem), "no consumer");
         else if (q->up_known && q->up < q->conf->workers)
             snprintf(q->problem, sizeof(q->problem), "%.0f of %d workers up", q->up,
                      q->conf->workers);
-        if (q->problem[0] != '\0' && (!q->exists || q->consumers == 0))
+        if (q->problem[0] != '\0' && (!q->exists || q->consumers == 0 || q->blocked > 0))
             unhealthy = true;
         if (!q->pg_ok)
             failed = true;
@@ -183,9 +192,46 @@ static void read_metrics(struct status *s)
         snprintf(s->metrics_why, sizeof(s->metrics_why), "%s", why);
         return;
     }
-    for (size_t i = 0; i < s->conf->n_queues; i++)
+    bool any_blocked = false, found;
+    for (size_t i = 0; i < s->conf->n_queues; i++) {
         s->q[i].up = sk_ctl_metric(s->metrics, "sekali_workers_up", s->q[i].conf->name,
                                    &s->q[i].up_known);
+        s->q[i].blocked = sk_ctl_metric(s->metrics, "sekali_workers_blocked", s->q[i].conf->name,
+                                        &found);
+        if (!found || s->q[i].blocked < 0)
+            s->q[i].blocked = 0;
+        any_blocked |= s->q[i].blocked > 0;
+    }
+    if (any_blocked)
+        read_blocked_why(s);
+}
+
+/* Why a queue's handler cannot run is text, which /metrics does not carry:
+ * sekalid's /readyz line has it, one "; "-separated segment per queue
+ * ("<queue>: the handler cannot run (...): <why>"). */
+static void read_blocked_why(struct status *s)
+{
+    const struct sk_metrics_conf *m = &s->conf->metrics;
+    char why[256];
+    char *text = sk_ctl_http_get(m->listen_host, m->listen_port, "/readyz", m->token,
+                                 SCRAPE_TIMEOUT_MS, why, sizeof(why));
+    if (text == NULL)
+        return;
+    for (size_t i = 0; i < s->conf->n_queues; i++) {
+        struct qstat *q = &s->q[i];
+        char head[300];
+        snprintf(head, sizeof(head), "%s: the handler cannot run (", q->conf->name);
+        for (const char *at = strstr(text, head); at != NULL; at = strstr(at + 1, head)) {
+            if (at != text && !(at - text >= 2 && at[-2] == ';' && at[-1] == ' ') &&
+                !(at - text >= 2 && at[-2] == ':' && at[-1] == ' '))
+                continue;  /* the name is the tail of a longer queue's */
+            size_t n = strcspn(at + strlen(q->conf->name) + 2, ";\n");
+            snprintf(q->blocked_why, sizeof(q->blocked_why), "%.*s", (int)n,
+                     at + strlen(q->conf->name) + 2);
+            break;
+        }
+    }
+    free(text);
 }
 
 static void read_broker(struct status *s)

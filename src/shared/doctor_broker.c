@@ -28,6 +28,7 @@
 static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q);
 static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q);
 static void check_redelivery(struct sk_doctor *d, const struct sk_queue_conf *q);
+static void check_handler(struct sk_doctor *d, const struct sk_queue_conf *q);
 static bool observed_p99(const char *metrics, const char *queue, double *p99_s, double *top_s,
                          long *count);
 
@@ -44,6 +45,7 @@ void sk_doctor_broker(struct sk_doctor *d)
         check_queue(d, b, &d->conf->queues[i]);
         check_timeouts(d, &d->conf->queues[i]);
         check_redelivery(d, &d->conf->queues[i]);
+        check_handler(d, &d->conf->queues[i]);
     }
     sk_broker_close(b);
 }
@@ -257,4 +259,30 @@ static bool observed_p99(const char *metrics, const char *queue, double *p99_s, 
         if (n[b] >= 0.99 * total && le[b] < *p99_s)
             *p99_s = le[b];
     return true;
+}
+
+/* A worker whose handler cannot run (its ready() refused: the stock SQL
+ * handler's statement does not prepare) consumes nothing: the queue
+ * stalls while the servers look healthy. sekalid's /metrics counts them;
+ * the why is in /readyz, `sekalictl status` and the log. */
+static void check_handler(struct sk_doctor *d, const struct sk_queue_conf *q)
+{
+    if (d->cheap || d->metrics == NULL)
+        return;
+    char want[600];
+    int n = snprintf(want, sizeof(want), "sekali_workers_blocked{queue=\"%s\"} ", q->name);
+    const char *at = d->metrics;
+    while ((at = strstr(at, want)) != NULL && at != d->metrics && at[-1] != '\n')
+        at++;
+    double blocked = at != NULL ? atof(at + n) : 0;
+    if (blocked > 0)
+        sk_doctor_add(d, "queue.handler", q->name, SK_DOCTOR_FAIL,
+                      "make the handler's configuration work against the database (`sekalictl "
+                      "status` says why; e.g. create the function its statement calls): the "
+                      "workers retry by themselves",
+                      "%.0f of %d workers cannot run the handler and hold no job: the queue "
+                      "does not move", blocked, q->workers);
+    else if (at != NULL)
+        sk_doctor_add(d, "queue.handler", q->name, SK_DOCTOR_PASS, NULL,
+                      "every running worker can run the handler");
 }
