@@ -80,6 +80,7 @@ struct rewrite {
 };
 
 static int rewrite(const char *in, struct rewrite *out);
+static const char *second_statement(const char *start, const char *p, struct rewrite *out);
 
 static int ident_start(int c)
 {
@@ -162,6 +163,31 @@ static const char *skip_non_code(const char *start, const char *p, struct rewrit
     return NULL;
 }
 
+/* After a ';' at p - 1: where a second statement starts (out->error set),
+ * or NULL if only blanks, comments and semicolons follow. PostgreSQL
+ * refuses to prepare two statements (SQLSTATE 42601) whatever the
+ * database holds, so this is said by `sekalid -t`, at its position,
+ * instead of by a worker that could never take a job. */
+static const char *second_statement(const char *start, const char *p, struct rewrite *out)
+{
+    for (;;) {
+        while (isspace((unsigned char)*p) || *p == ';')
+            p++;
+        if (!((p[0] == '-' && p[1] == '-') || (p[0] == '/' && p[1] == '*')))
+            break;
+        const char *end = skip_non_code(start, p, out);
+        if (end == NULL)
+            return NULL;  /* an unterminated comment: the main loop says so */
+        p = end;
+    }
+    if (*p == '\0')
+        return NULL;
+    out->error_at = (size_t)(p - start);
+    snprintf(out->error, sizeof(out->error), "a second statement: the sql handler runs one "
+             "(put several steps in a function, and call that)");
+    return p;
+}
+
 /* Rewrites in's :name parameters to $n. Returns 0, or -1 with out->error
  * and out->error_at set. */
 static int rewrite(const char *in, struct rewrite *out)
@@ -196,6 +222,8 @@ static int rewrite(const char *in, struct rewrite *out)
             *w++ = *p++;
             continue;
         }
+        if (p[0] == ';' && second_statement(in, p + 1, out) != NULL)
+            goto fail;
         if (p[0] == '$' && isdigit((unsigned char)p[1])) {
             out->error_at = (size_t)(p - in);
             snprintf(out->error, sizeof(out->error), "positional parameter %.*s: name it "

@@ -190,6 +190,8 @@ struct h_run_opts {
     const char                  *heartbeat;   /* amqp.heartbeat, e.g. "1s"; NULL: 30s */
     const char *const           *env;         /* NAME=VALUE list for sekalid, NULL-terminated */
     const struct sk_queue_shape *shape;       /* the queue's declared shape; NULL: classic */
+    bool                         held;        /* its workers will not consume (a handler
+                                               * that cannot run): no wait for them */
 };
 
 /* h_init(), then names the run's queue after name, makes its directory and

@@ -41,6 +41,12 @@ static int republish(struct sk_broker *b, const char *routing_key,
 static bool leave_out(struct sk_broker *b, amqp_basic_properties_t *props, size_t n_original,
                       char *note, size_t size);
 static void append_name(char *list, size_t size, amqp_bytes_t name);
+static size_t merge_headers(const amqp_table_t *old, size_t n_old, const struct sk_header *extra,
+                            size_t n_extra, amqp_table_entry_t *entries, size_t *n_kept);
+static int read_return(struct sk_broker *b, amqp_channel_t channel, struct sk_publish *p,
+                       size_t n, struct sk_err *err);
+static int channel_closed(struct sk_broker *b, const amqp_channel_close_t *m,
+                          struct sk_err *err);
 static bool bytes_is(amqp_bytes_t b, const char *s);
 
 /* The header a fitted copy names what it left out in, its longest value,
@@ -211,6 +217,30 @@ int sk_broker_republish_fitted(struct sk_broker *b, const char *routing_key,
     return republish(b, routing_key, original, extra, n_extra, true, err);
 }
 
+/* The original's headers into entries, less those extra replaces, then
+ * extra's: returns how many; *n_kept, how many of them are the original's
+ * (they come first). */
+static size_t merge_headers(const amqp_table_t *old, size_t n_old, const struct sk_header *extra,
+                            size_t n_extra, amqp_table_entry_t *entries, size_t *n_kept)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < n_old; i++) {
+        bool replaced = false;
+        for (size_t k = 0; k < n_extra && !replaced; k++)
+            replaced = old->entries[i].key.len == strlen(extra[k].key) &&
+                       memcmp(old->entries[i].key.bytes, extra[k].key,
+                              old->entries[i].key.len) == 0;
+        if (!replaced)
+            entries[n++] = old->entries[i];
+    }
+    *n_kept = n;
+    for (size_t k = 0; k < n_extra; k++) {
+        entries[n++] = extra[k].text != NULL ? sk_broker_text_entry(extra[k].key, extra[k].text)
+                                             : sk_broker_int_entry(extra[k].key, extra[k].number);
+    }
+    return n;
+}
+
 static int republish(struct sk_broker *b, const char *routing_key,
                      const amqp_envelope_t *original, const struct sk_header *extra,
                      size_t n_extra, bool fit, struct sk_err *err)
@@ -228,21 +258,7 @@ static int republish(struct sk_broker *b, const char *routing_key,
     if (entries == NULL)
         return sk_err_errno(err, SK_AGAIN, "calloc(headers)");
 
-    size_t n = 0;
-    for (size_t i = 0; i < n_old; i++) {
-        bool replaced = false;
-        for (size_t k = 0; k < n_extra && !replaced; k++)
-            replaced = old->entries[i].key.len == strlen(extra[k].key) &&
-                       memcmp(old->entries[i].key.bytes, extra[k].key,
-                              old->entries[i].key.len) == 0;
-        if (!replaced)
-            entries[n++] = old->entries[i];
-    }
-    size_t n_kept = n;
-    for (size_t k = 0; k < n_extra; k++) {
-        entries[n++] = extra[k].text != NULL ? sk_broker_text_entry(extra[k].key, extra[k].text)
-                                             : sk_broker_int_entry(extra[k].key, extra[k].number);
-    }
+    size_t n_kept, n = merge_headers(old, n_old, extra, n_extra, entries, &n_kept);
     props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.headers.num_entries = (int)n;
     props.headers.entries = entries;
@@ -365,6 +381,39 @@ static int await_one(struct sk_broker *b, struct sk_publish *p, const char *rout
 /* A mandatory publish to a missing queue comes back as basic.return, sent
  * before the ack that confirms it (an ack may confirm many: `multiple`), so
  * a publish returned before it is settled is a failure. */
+/* A basic.return's message, which follows it on channel: marks the
+ * publish of p its id names as returned. SK_OK, or SK_AGAIN with the
+ * connection broken. */
+static int read_return(struct sk_broker *b, amqp_channel_t channel, struct sk_publish *p,
+                       size_t n, struct sk_err *err)
+{
+    amqp_message_t message;
+    amqp_rpc_reply_t reply = amqp_read_message(b->conn, channel, &message, 0);
+    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        b->broken = true;
+        return sk_err_set(err, SK_AGAIN, "reading a returned message failed");
+    }
+    struct sk_publish *returned = find_returned(p, n, &message.properties);
+    if (returned != NULL)
+        returned->returned = true;
+    amqp_destroy_message(&message);
+    return SK_OK;
+}
+
+/* 406 and 403: the broker refused something sent on this channel (over
+ * its max_message_size, not permitted). Any other code is taken as a
+ * failure of the broker, to retry. Returns SK_AGAIN. */
+static int channel_closed(struct sk_broker *b, const amqp_channel_close_t *m,
+                          struct sk_err *err)
+{
+    b->channel_closed = m->reply_code == AMQP_PRECONDITION_FAILED ||
+                        m->reply_code == AMQP_ACCESS_REFUSED;
+    b->broken = true;  /* its only channel is gone */
+    return sk_err_set(err, SK_AGAIN, "the broker closed the channel while publishing: "
+                      "%u %.*s", m->reply_code, (int)m->reply_text.len,
+                      (const char *)m->reply_text.bytes);
+}
+
 int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n,
                              struct sk_err *err)
 {
@@ -393,33 +442,12 @@ int sk_broker_await_confirms(struct sk_broker *b, struct sk_publish *p, size_t n
                                 "leader, or a full queue that rejects publishes)");
             continue;
         }
-        case AMQP_BASIC_RETURN_METHOD: {
-            /* The returned message's header and body follow; its id says
-             * which publish it was. */
-            amqp_message_t message;
-            amqp_rpc_reply_t reply = amqp_read_message(b->conn, frame.channel, &message, 0);
-            if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
-                b->broken = true;
-                return sk_err_set(err, SK_AGAIN, "reading a returned message failed");
-            }
-            struct sk_publish *returned = find_returned(p, n, &message.properties);
-            if (returned != NULL)
-                returned->returned = true;
-            amqp_destroy_message(&message);
+        case AMQP_BASIC_RETURN_METHOD:
+            if (read_return(b, frame.channel, p, n, err) != SK_OK)
+                return SK_AGAIN;
             continue;
-        }
-        case AMQP_CHANNEL_CLOSE_METHOD: {
-            /* 406 and 403: the broker refused something sent on this
-             * channel (over its max_message_size, not permitted). Any other
-             * code is taken as a failure of the broker, to retry. */
-            amqp_channel_close_t *m = frame.payload.method.decoded;
-            b->channel_closed = m->reply_code == AMQP_PRECONDITION_FAILED ||
-                                m->reply_code == AMQP_ACCESS_REFUSED;
-            b->broken = true;  /* its only channel is gone */
-            return sk_err_set(err, SK_AGAIN, "the broker closed the channel while publishing: "
-                              "%u %.*s", m->reply_code, (int)m->reply_text.len,
-                              (const char *)m->reply_text.bytes);
-        }
+        case AMQP_CHANNEL_CLOSE_METHOD:
+            return channel_closed(b, frame.payload.method.decoded, err);
         case AMQP_CONNECTION_CLOSE_METHOD:
             b->broken = true;
             return sk_err_set(err, SK_AGAIN, "broker closed the channel while publishing");

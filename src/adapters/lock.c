@@ -448,6 +448,8 @@ static int log_in(struct sk_redis_link *ctx, const char *user, const char *passw
                reply != NULL ? reply->str : sk_redis_link_errstr(ctx));
     if (reply != NULL && refused_login(reply->str))
         sk_err_mark_auth(err, SK_AGAIN);
+    else if (reply == NULL && sk_redis_link_setting(ctx) && err != NULL)
+        err->code = SK_SETTING;
     if (reply != NULL)
         freeReplyObject(reply);
     return SK_AGAIN;
@@ -493,12 +495,12 @@ static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *
     if (sk_redis_link_open(&ctx, s->host, s->port, &l->conf->tls, l->conf->timeout_ms,
                            &why) != SK_OK) {
         sk_err_set(err, SK_AGAIN, "sentinel: %s", why.msg);
-        goto done;
+        goto keep_code;
     }
     if (l->conf->sentinel_password != NULL &&
         log_in(ctx, l->conf->sentinel_username, l->conf->sentinel_password, &why) != SK_OK) {
         sk_err_set(err, SK_AGAIN, "sentinel: %s", why.msg);
-        goto done;
+        goto keep_code;
     }
     reply = sk_redis_link_command(ctx, "SENTINEL get-master-addr-by-name %s", name);
     if (reply == NULL) {
@@ -526,6 +528,10 @@ static int ask_sentinel(const struct sk_lock *l, const struct sk_addr *s, char *
             rc = SK_OK;
         }
     }
+    goto done;
+keep_code:  /* a refusal (SK_AUTH, SK_SETTING) says what to do about it */
+    if (err != NULL)
+        err->code = why.code;
 done:
     if (reply != NULL)
         freeReplyObject(reply);
@@ -643,6 +649,8 @@ static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
                    l->ctx == NULL                          ? "not connected"
                    : *sk_redis_link_errstr(l->ctx) != '\0' ? sk_redis_link_errstr(l->ctx)
                                                            : "out of memory for the command");
+        if (l->ctx != NULL && sk_redis_link_setting(l->ctx) && err != NULL)
+            err->code = SK_SETTING;
     } else if (reply->type == REDIS_REPLY_ERROR) {
         sk_err_set(err, SK_AGAIN, "redis %s failed: %s", what, reply->str);
         if (refused_login(reply->str))

@@ -43,11 +43,15 @@ struct sk_redis_link {
     char                host[256];
     int                 port;
     char                errstr[256];
+    bool                setting;   /* the last failure was a setting's (SK_SETTING) */
+    bool                heard;     /* the server has sent us a byte */
+    bool                closed;    /* ... and the last failure was its close */
     struct sk_tls_state tls;
 };
 
 static int dial(struct sk_redis_link *l, uint32_t timeout_ms, struct sk_err *err);
 static int handshake(struct sk_redis_link *l, const struct sk_tls_conf *tls, struct sk_err *err);
+static int probe_clear(struct sk_redis_link *l, struct sk_err *err);
 static int fail(struct sk_redis_link *l, const char *what);
 static BIO_METHOD *nosignal_method(void);
 
@@ -67,6 +71,8 @@ int sk_redis_link_open(struct sk_redis_link **out, const char *host, int port,
     int rc = dial(l, timeout_ms, err);
     if (rc == SK_OK && tls != NULL && tls->enabled)
         rc = handshake(l, tls, err);
+    else if (rc == SK_OK)
+        rc = probe_clear(l, err);
     if (rc != SK_OK) {
         sk_redis_link_close(l);
         return rc;
@@ -162,11 +168,39 @@ static int handshake(struct sk_redis_link *l, const struct sk_tls_conf *tls, str
     SSL_set_mode(l->ssl, SSL_MODE_AUTO_RETRY);
     if (SSL_connect(l->ssl) == 1)
         return SK_OK;
-    if (!sk_tls_explain(&l->tls, why, sizeof(why)))
+    enum sk_tls_cause cause = sk_tls_explain(&l->tls, why, sizeof(why));
+    if (cause == SK_TLS_UNEXPLAINED)
         snprintf(why, sizeof(why), "TLS: the handshake failed (%s)",
                  errno == EAGAIN ? "timed out" : errno != 0 ? strerror(errno) : "closed");
-    return sk_err_set(err, SK_AGAIN, "redis connect to %s:%d failed: %s", l->host, l->port,
-                      why);
+    sk_err_set(err, SK_AGAIN, "redis connect to %s:%d failed: %s", l->host, l->port, why);
+    if (cause == SK_TLS_SETTING && err != NULL)
+        err->code = SK_SETTING;
+    return SK_AGAIN;
+}
+
+/* In clear text, a harmless PING before anything else is sent: a port that
+ * speaks TLS (redis.tls left out by mistake) answers it with a TLS alert or
+ * by dropping the connection unheard, and is named so before AUTH could
+ * give it the password in clear. Any answer at all, an error (NOAUTH)
+ * included, is a Redis speaking RESP. */
+static int probe_clear(struct sk_redis_link *l, struct sk_err *err)
+{
+    redisReply *reply = sk_redis_link_command(l, "PING");
+    if (reply != NULL) {
+        freeReplyObject(reply);
+        return SK_OK;
+    }
+    /* A timeout, or a close after Redis spoke, is an outage like any. */
+    if (!l->setting && (l->heard || !l->closed))
+        return sk_err_set(err, SK_AGAIN, "redis PING at %s:%d failed: %s", l->host, l->port,
+                          l->errstr);
+    sk_err_set(err, SK_AGAIN, "redis at %s:%d %s: this port seems to speak TLS, which "
+               "redis.tls turns on (nothing secret was sent)", l->host, l->port,
+               l->setting ? "answered a clear-text PING in TLS"
+                          : "closed the connection at a clear-text PING, unanswered");
+    if (err != NULL)
+        err->code = SK_SETTING;
+    return SK_AGAIN;
 }
 
 int sk_redis_link_append(struct sk_redis_link *l, const char *cmd, size_t len)
@@ -189,6 +223,7 @@ int sk_redis_link_append(struct sk_redis_link *l, const char *cmd, size_t len)
 int sk_redis_link_reply(struct sk_redis_link *l, redisReply **reply)
 {
     *reply = NULL;
+    l->setting = false;
     for (size_t sent = 0; sent < l->out_len;) {
         ssize_t n = l->ssl != NULL ? SSL_write(l->ssl, l->out + sent, (int)(l->out_len - sent))
                                    : send(l->fd, l->out + sent, l->out_len - sent, MSG_NOSIGNAL);
@@ -216,6 +251,15 @@ int sk_redis_link_reply(struct sk_redis_link *l, redisReply **reply)
             continue;
         if (n <= 0)
             return fail(l, "read");
+        /* A TLS record (an alert, a handshake) where RESP was expected:
+         * 0x15 or 0x16, then the version's major 3. */
+        if (!l->heard && l->ssl == NULL && n >= 2 && (buf[0] == 0x15 || buf[0] == 0x16) &&
+            buf[1] == 0x03) {
+            l->heard = l->setting = true;
+            snprintf(l->errstr, sizeof(l->errstr), "the server answered in TLS");
+            return REDIS_ERR;
+        }
+        l->heard = true;
         if (redisReaderFeed(l->reader, buf, (size_t)n) != REDIS_OK) {
             snprintf(l->errstr, sizeof(l->errstr), "protocol error: %s", l->reader->errstr);
             return REDIS_ERR;
@@ -224,16 +268,24 @@ int sk_redis_link_reply(struct sk_redis_link *l, redisReply **reply)
 }
 
 /* Says why a read or write failed: TLS's words first (a certificate the
- * server refused shows at the first read in TLS 1.3), then errno's. */
+ * server refused shows at the first read in TLS 1.3), then errno's. Once
+ * the server has answered, the handshake's findings explain nothing: a
+ * connection killed later is not a certificate problem. */
 static int fail(struct sk_redis_link *l, const char *what)
 {
     int e = errno;
     char why[200];
-    if (l->ssl != NULL && sk_tls_explain(&l->tls, why, sizeof(why)))
+    l->closed = false;
+    enum sk_tls_cause cause = l->ssl != NULL ? sk_tls_explain(&l->tls, why, sizeof(why))
+                                             : SK_TLS_UNEXPLAINED;
+    if (l->heard)
+        cause = SK_TLS_UNEXPLAINED;
+    l->setting = cause == SK_TLS_SETTING;
+    if (cause != SK_TLS_UNEXPLAINED)
         snprintf(l->errstr, sizeof(l->errstr), "%s", why);
     else if (e == EAGAIN || e == EWOULDBLOCK)
         snprintf(l->errstr, sizeof(l->errstr), "%s timed out", what);
-    else if (e == 0 || e == EPIPE || e == ECONNRESET || !strcmp(what, "read"))
+    else if ((l->closed = e == 0 || e == EPIPE || e == ECONNRESET || !strcmp(what, "read")))
         snprintf(l->errstr, sizeof(l->errstr), "the server closed the connection");
     else
         snprintf(l->errstr, sizeof(l->errstr), "%s: %s", what, strerror(e));
@@ -275,6 +327,11 @@ const char *sk_redis_link_host(const struct sk_redis_link *l)
 int sk_redis_link_port(const struct sk_redis_link *l)
 {
     return l->port;
+}
+
+bool sk_redis_link_setting(const struct sk_redis_link *l)
+{
+    return l->setting;
 }
 
 bool sk_redis_link_tls(const struct sk_redis_link *l)

@@ -46,6 +46,9 @@ redisReply *sk_redis_link_command(struct sk_redis_link *l, const char *fmt, ...)
 const char *sk_redis_link_errstr(const struct sk_redis_link *l);
 const char *sk_redis_link_host(const struct sk_redis_link *l);
 int         sk_redis_link_port(const struct sk_redis_link *l);
+/* Whether the last call failed for a setting (SK_SETTING in common.h): in
+ * TLS 1.3 a server refuses our certificate only at the first read. */
+bool        sk_redis_link_setting(const struct sk_redis_link *l);
 /* Whether the link is TLS (for tests and status). */
 bool        sk_redis_link_tls(const struct sk_redis_link *l);
 

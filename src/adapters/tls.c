@@ -213,10 +213,11 @@ static int on_cert_request(SSL *ssl, X509 **cert, EVP_PKEY **key)
     return 0;  /* none to give: the handshake goes on without one */
 }
 
-bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size)
+enum sk_tls_cause sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size)
 {
     unsigned long e = ERR_peek_last_error();
     int reason = ERR_GET_REASON(e);
+    enum sk_tls_cause cause = SK_TLS_SETTING;
 
     buf[0] = '\0';
     if (st != NULL && (st->verify_error == X509_V_ERR_HOSTNAME_MISMATCH ||
@@ -247,14 +248,16 @@ bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size)
         else if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG)
             snprintf(buf, size, "TLS: the server does not speak TLS on this port (%s)",
                      ERR_reason_error_string(e));
-        else if (ERR_reason_error_string(e) != NULL)
+        else if (ERR_reason_error_string(e) != NULL) {
             snprintf(buf, size, "TLS: %s", ERR_reason_error_string(e));
+            cause = SK_TLS_TRANSIENT;
+        }
     } else if (st != NULL && st->cert_requested) {
         snprintf(buf, size, "TLS: the server requires a client certificate "
                  "(tls.cert_file, tls.key_file) (it asked for one, we have none)");
     }
     ERR_clear_error();
-    return buf[0] != '\0';
+    return buf[0] != '\0' ? cause : SK_TLS_UNEXPLAINED;
 }
 
 static const char *verify_words(int code)

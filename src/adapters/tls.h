@@ -64,12 +64,25 @@ int sk_tls_check_files(const struct sk_tls_conf *tls, const char *label, struct 
 int sk_tls_prepare(SSL_CTX *ctx, const struct sk_tls_conf *tls, const char *host,
                    struct sk_tls_state *st, struct sk_err *err);
 
+/* What sk_tls_explain() found. A setting is what an operator must change
+ * (trust, name, certificate, port): retrying as is cannot help, so a link
+ * that cares (the Redis locks) treats it as it treats a refused password,
+ * never as an outage. */
+enum sk_tls_cause {
+    SK_TLS_UNEXPLAINED = 0,  /* TLS does not explain the failure */
+    SK_TLS_TRANSIENT,        /* explained, and may pass by itself */
+    SK_TLS_SETTING,          /* the peer's certificate did not verify (CA, name,
+                              * dates), the server refused or wanted our
+                              * certificate, or the port does not speak TLS */
+};
+
 /* After a failed handshake or a connection that broke right after it:
  * writes into buf why, in words an operator can act on ("the server's
  * certificate has expired", "the server refused our client certificate"),
  * from st and the thread's OpenSSL error queue, which it then clears.
- * Returns false (buf "") when TLS does not explain the failure. */
-bool sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size);
+ * Returns SK_TLS_UNEXPLAINED (buf "") when TLS does not explain the
+ * failure. */
+enum sk_tls_cause sk_tls_explain(const struct sk_tls_state *st, char *buf, size_t size);
 
 /* Whether the connection of st holds bytes read from the socket that the
  * application has not taken yet (decrypted or still raw, read ahead): more

@@ -30,6 +30,16 @@ enum {
      *                                  WRONGPASS, returning SK_AGAIN.
      * Read err.code after those only; a new source must be added here. */
     SK_AUTH  = -5,
+    /* Never returned either, left like SK_AUTH: a link cannot work as it is
+     * configured, and retrying as is cannot help until someone changes a
+     * setting: the server's certificate does not verify (CA, name, dates),
+     * the server refused our certificate, a redis.tls port that does not
+     * speak TLS, or a TLS port spoken to in clear text. Unlike a refused
+     * password it does not stop a worker at its start (a certificate may
+     * be renewed, a file put in place, with no reload): callers hold their
+     * jobs and retry. Left by:
+     *   every sk_lock_*() call that (re)connects, returning SK_AGAIN. */
+    SK_SETTING = -6,
 };
 
 /* Process exit codes are an interface: the supervisor and systemd's
@@ -45,6 +55,9 @@ struct sk_err {
     int  code;
     int  sys_errno;
     char msg[256];
+    /* The SQLSTATE of a statement PostgreSQL refused (pg.c), else "": what
+     * the refusal means beyond the code, e.g. sk_pg_refused_data(). */
+    char sqlstate[6];
 };
 
 /* Fills err (which may be NULL) and returns code, so callers can write

@@ -56,6 +56,10 @@ static void put_text(struct line *l, const char *s, bool quoted);
 static bool needs_quotes(const char *s);
 static void put_field(struct line *l, const char *key, const char *value);
 static void put_job(struct line *l, const struct sk_log_job *job);
+static void put_json_line(struct line *l, enum sk_log_level level, const char *msg,
+                          const char *event, const char *server, const struct sk_log_job *job);
+static void put_text_line(struct line *l, enum sk_log_level level, const char *msg,
+                          const char *event, const char *server, const struct sk_log_job *job);
 static void put_number(struct line *l, const char *key, const char *num);
 static void send_to_journal(enum sk_log_level level, const char *msg, const char *event,
                             const char *server, const struct sk_log_job *job);
@@ -126,6 +130,43 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
     vlog(level, NULL, NULL, job, fmt, ap);
 }
 
+static void put_json_line(struct line *l, enum sk_log_level level, const char *msg,
+                          const char *event, const char *server, const struct sk_log_job *job)
+{
+    put_str(l, "{\"ts\":\"");
+    put_stamp(l);
+    put_str(l, "\",\"level\":\"");
+    put_str(l, level_names[level]);
+    put_str(l, "\",\"role\":");
+    put_json_string(l, role);
+    put_str(l, ",\"pid\":");
+    put_str(l, pid_text);
+    put_str(l, ",\"msg\":");
+    put_json_string(l, msg);
+    put_field(l, "event", event);
+    put_field(l, "server", server);
+    put_job(l, job);
+    put_raw(l, "}", 1);
+}
+
+static void put_text_line(struct line *l, enum sk_log_level level, const char *msg,
+                          const char *event, const char *server, const struct sk_log_job *job)
+{
+    put_stamp(l);
+    put_raw(l, " ", 1);
+    put_fmt(l, "%-5s ", level_names[level]);
+    put_str(l, role);
+    put_raw(l, "[", 1);
+    put_str(l, pid_text);
+    put_raw(l, "] ", 2);
+    /* Always quoted: a message echoes text (a key, a broker's or a
+     * handler's error) that could otherwise pose as key=value fields. */
+    put_text(l, msg, true);
+    put_field(l, "event", event);
+    put_field(l, "server", server);
+    put_job(l, job);
+}
+
 static void vlog(enum sk_log_level level, const char *event, const char *server,
                  const struct sk_log_job *job, const char *fmt, va_list ap)
 {
@@ -151,36 +192,10 @@ static void vlog(enum sk_log_level level, const char *event, const char *server,
         remember_pid();
 
     struct line l = { .len = 0 };
-    if (format == SK_LOG_FORMAT_JSON) {
-        put_str(&l, "{\"ts\":\"");
-        put_stamp(&l);
-        put_str(&l, "\",\"level\":\"");
-        put_str(&l, level_names[level]);
-        put_str(&l, "\",\"role\":");
-        put_json_string(&l, role);
-        put_str(&l, ",\"pid\":");
-        put_str(&l, pid_text);
-        put_str(&l, ",\"msg\":");
-        put_json_string(&l, msg);
-        put_field(&l, "event", event);
-        put_field(&l, "server", server);
-        put_job(&l, job);
-        put_raw(&l, "}", 1);
-    } else {
-        put_stamp(&l);
-        put_raw(&l, " ", 1);
-        put_fmt(&l, "%-5s ", level_names[level]);
-        put_str(&l, role);
-        put_raw(&l, "[", 1);
-        put_str(&l, pid_text);
-        put_raw(&l, "] ", 2);
-        /* Always quoted: a message echoes text (a key, a broker's or a
-         * handler's error) that could otherwise pose as key=value fields. */
-        put_text(&l, msg, true);
-        put_field(&l, "event", event);
-        put_field(&l, "server", server);
-        put_job(&l, job);
-    }
+    if (format == SK_LOG_FORMAT_JSON)
+        put_json_line(&l, level, msg, event, server, job);
+    else
+        put_text_line(&l, level, msg, event, server, job);
     /* Leave room for the newline even when the line was cut short. */
     if (l.len >= sizeof(l.buf))
         l.len = sizeof(l.buf) - 1;

@@ -68,6 +68,9 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_PAUSED         "paused"          /* a worker cancelled its consumer: paused */
 #define SK_EVENT_RESUMED        "resumed"         /* ... and consumes again */
 #define SK_EVENT_JOB_CANCELLED  "job_cancelled"   /* a running job's outcome refused: cancelled */
+#define SK_EVENT_LINK_REFUSED   "link_refused"    /* a login or TLS set-up refused: jobs held */
+#define SK_EVENT_HANDLER_NOT_READY "handler_not_ready" /* a handler cannot run: no consumer */
+#define SK_EVENT_HANDLER_READY  "handler_ready"   /* ... and can again: consuming */
 
 /* The servers an event's SERVER= names. */
 #define SK_SERVER_POSTGRES "postgres"

@@ -118,6 +118,7 @@ struct sk_queue_conf {
                                           SK_RETENTION_FOREVER: never */
     int                delivery_limit; /* quorum: the broker dead-letters past it; 0: none */
     int                max_priority;   /* classic: x-max-priority; 0: no priorities */
+    bool               dead_letter_mirror; /* also copy dead letters to <queue>.dead */
     int                max_crashes;    /* a job whose worker died this often is dead-lettered; 0: off */
     int                batch;          /* most deliveries per transaction; 1: one job per transaction */
     uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch; 0: never */

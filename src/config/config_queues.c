@@ -108,6 +108,7 @@ const struct key sk_conf_queue_keys[] = {
     INT("delivery_limit",   sk_queue_conf, delivery_limit, 0, 1000000),
     INT("max_priority",     sk_queue_conf, max_priority, 0, 255),
     INT("max_crashes",      sk_queue_conf, max_crashes, 0, 1000),
+    BOOL("dead_letter_mirror", sk_queue_conf, dead_letter_mirror),
     INT("batch",            sk_queue_conf, batch, 1, MAX_BATCH),
     DURATION("batch_wait",  sk_queue_conf, batch_wait_ms, 0, SEC),
     DURATION("batch_close_after", sk_queue_conf, batch_close_after_ms, 1, HOUR),

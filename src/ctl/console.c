@@ -241,7 +241,11 @@ static bool listen_addr(const char *host, int port, struct sockaddr_storage *sa,
     return true;
 }
 
-int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
+/* --listen, or console.listen: *host and *port; *own_host, what --listen
+ * gave, is the caller's to free. Returns -1 to go on, or the exit code
+ * (SK_CTL_OK after --help). */
+static int where_to_listen(const struct sk_conf *conf, int argc, char **argv, char **own_host,
+                           char **host, int *port)
 {
     static const struct option options[] = { { "listen", required_argument, NULL, 'l' },
                                              { "help", no_argument, NULL, 'h' },
@@ -259,42 +263,85 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         usage(stderr);
         return SK_CTL_USAGE;
     }
-    char *host = conf->console.http.listen_host;
-    int port = conf->console.http.listen_port;
-    char *own_host = NULL;
+    *host = conf->console.http.listen_host;
+    *port = conf->console.http.listen_port;
     if (listen != NULL) {
         struct sk_err e = { 0 };
-        if (sk_conf_value_parse_listen("--listen", listen, &own_host, &port, &e) != SK_OK) {
+        if (sk_conf_value_parse_listen("--listen", listen, own_host, port, &e) != SK_OK) {
             fprintf(stderr, "sekalictl: serve: %s\n", e.msg);
             return SK_CTL_USAGE;
         }
-        host = own_host;
+        *host = *own_host;
     }
-    if (host == NULL) {
+    if (*host == NULL) {
         fprintf(stderr, "sekalictl: serve: no console.listen in %s (and no --listen)\n",
                 conf->path);
         return SK_CTL_USAGE;
     }
+    return -1;
+}
+
+/* console.tls_cert_file and tls_key_file, read into *cert and *key (both
+ * NULL without TLS). SK_CTL_OK, or the exit code with nothing kept. */
+static int tls_material(const struct sk_conf *conf, char **cert, char **key)
+{
+    const char *cert_file = conf->console.tls_cert_file, *key_file = conf->console.tls_key_file;
+    if ((cert_file == NULL) != (key_file == NULL)) {
+        fprintf(stderr, "sekalictl: serve: console.tls_cert_file and tls_key_file go "
+                        "together\n");
+        return SK_CTL_USAGE;
+    }
+    *cert = cert_file != NULL ? read_pem(cert_file) : NULL;
+    *key = key_file != NULL ? read_pem(key_file) : NULL;
+    if (cert_file != NULL && (*cert == NULL || *key == NULL)) {
+        free(*cert);
+        sk_conf_value_wipe(*key);
+        *cert = *key = NULL;
+        return SK_CTL_FAILED;
+    }
+    return SK_CTL_OK;
+}
+
+/* libmicrohttpd on sa, a thread per connection, over TLS when cert is
+ * given; NULL if it cannot listen. */
+static struct MHD_Daemon *start_daemon(struct sk_console *con, int port,
+                                       struct sockaddr_storage *sa, bool v6, char *cert,
+                                       char *key)
+{
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) | (cert ? MHD_USE_TLS : 0);
+    if (cert != NULL)
+        return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
+                                MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
+                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
+                                MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
+                                MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
+                                MHD_OPTION_END);
+    return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
+}
+
+int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
+{
+    char *own_host = NULL, *host, *cert = NULL, *key = NULL;
+    int port, code = where_to_listen(conf, argc, argv, &own_host, &host, &port);
+    if (code >= 0)
+        return code;
     struct sockaddr_storage sa;
     bool v6;
     if (!listen_addr(host, port, &sa, &v6)) {
         free(own_host);
         return SK_CTL_USAGE;
     }
-    const char *cert_file = conf->console.tls_cert_file, *key_file = conf->console.tls_key_file;
-    if ((cert_file == NULL) != (key_file == NULL)) {
-        fprintf(stderr, "sekalictl: serve: console.tls_cert_file and tls_key_file go "
-                        "together\n");
+    if ((code = tls_material(conf, &cert, &key)) != SK_CTL_OK) {
         free(own_host);
-        return SK_CTL_USAGE;
-    }
-    char *cert = cert_file != NULL ? read_pem(cert_file) : NULL;
-    char *key = key_file != NULL ? read_pem(key_file) : NULL;
-    if (cert_file != NULL && (cert == NULL || key == NULL)) {
-        free(cert);
-        sk_conf_value_wipe(key);
-        free(own_host);
-        return SK_CTL_FAILED;
+        return code;
     }
 
     struct sk_console con = { .conf = conf, .tls = cert != NULL };
@@ -314,30 +361,12 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     con.rates = sk_console_rates_start(conf);
 
-    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) | (cert ? MHD_USE_TLS : 0);
-    struct MHD_Daemon *d;
-    if (cert != NULL)
-        d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, &con,
-                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
-                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-                             MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
-                             MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
-                             MHD_OPTION_END);
-    else
-        d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, &con,
-                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
-                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-                             MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
-    int code = SK_CTL_OK;
+    struct MHD_Daemon *d = start_daemon(&con, port, &sa, v6, cert, key);
     if (d == NULL) {
         fprintf(stderr, "sekalictl: serve: cannot listen on %s:%d\n", host, port);
         code = SK_CTL_FAILED;
     } else {
+        code = SK_CTL_OK;
         printf("sekalictl: console on %s://%s%s%s:%d/ (%s)\n", cert ? "https" : "http",
                v6 ? "[" : "", host, v6 ? "]" : "", port,
                conf->console.http.token != NULL ? "actions need a login"

@@ -36,9 +36,9 @@ struct sk_console_rates;
 struct sk_console {
     const struct sk_conf     *conf;
     bool                      tls;
-    /* One dead-letter scan at a time: a scan holds every letter it has
-     * read unacknowledged, so a second one at once would see only the
-     * rest (and a replay would miss what a page view holds). */
+    /* One dead-letter action (replay, purge) at a time, so that two
+     * operators' bulk actions do not interleave their reports; reads
+     * take no lock (they are SELECTs of sekali.dead_letters). */
     pthread_mutex_t           dlq_lock;
     struct sk_console_sessions  *sessions;
     struct sk_console_rates     *rates;

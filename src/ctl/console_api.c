@@ -2,13 +2,14 @@
  * reports of sekalictl (ctl_reports.h) run in this process, their JSON
  * written straight into the answer, so the console and `sekalictl --json`
  * cannot drift apart. Each request is bounded: a page of at most 100
- * letters, a scan of at most 100,000, a body preview of 64 KiB.
+ * letters, a body preview of 64 KiB. Dead letters are read from
+ * sekali.dead_letters, never from the broker, so no GET changes them.
  *
  *   GET  /api/status                      sekalictl status --json
  *   GET  /api/rates                       console_rates.c
  *   GET  /api/dlq/groups?queue=Q          sekalictl dlq groups Q --json
- *   GET  /api/dlq/list?queue=Q&...        sekalictl dlq list Q ... --json
- *   GET  /api/dlq/show?queue=Q&key=K      sekalictl dlq show Q K --json
+ *   GET  /api/dlq/list?queue=Q&...        sekalictl dlq list Q ... --json (offset|after, limit)
+ *   GET  /api/dlq/show?queue=Q&key=K|id=N sekalictl dlq show Q K|--id N --json
  *   GET  /api/trace?key=K[&queue=Q]       sekalictl trace K --json
  *   POST /api/dlq/replay, /api/dlq/purge  sekalictl dlq replay|purge ... --json
  *   GET  /api/schedules                   sekalictl schedules --json
@@ -26,11 +27,8 @@
 
 #define PAGE_DEFAULT   50
 #define PAGE_MAX       100
-#define SCAN_DEFAULT   10000
-#define SCAN_MAX       100000
+#define OFFSET_MAX     100000000
 #define PREVIEW        (64 * 1024)
-#define TRACE_SCAN     10000
-#define READ_WAIT_S    5     /* a page waits this long for a running scan */
 #define ACTION_WAIT_S  60
 /* A pause answers once the queue's consumers are gone, or after this long
  * with state "pausing" (a job still running): an HTTP thread should not
@@ -70,7 +68,7 @@ static bool lock_dlq(struct sk_console_call *c, int seconds)
     until.tv_sec += seconds;
     if (pthread_mutex_timedlock(&c->con->dlq_lock, &until) == 0)
         return true;
-    sk_console_fail(c, 503, "busy: another dead-letter scan or action is running; try again");
+    sk_console_fail(c, 503, "busy: another dead-letter action is running; try again");
     return false;
 }
 
@@ -148,10 +146,7 @@ static void api_trace(struct sk_console_call *c)
         queue = NULL;
     if (queue != NULL && sk_conf_queue(c->con->conf, queue) == NULL)
         return sk_console_fail(c, 400, "queue: not a queue of this configuration");
-    if (!lock_dlq(c, READ_WAIT_S))
-        return;
-    REPORT(c, sk_ctl_trace_report(c->con->conf, key, queue, true, TRACE_SCAN, out));
-    pthread_mutex_unlock(&c->con->dlq_lock);
+    REPORT(c, sk_ctl_trace_report(c->con->conf, key, queue, true, 0, out));
 }
 
 /* The selectors of list, replay and purge: reason, fingerprint, key(s), all. */
@@ -195,28 +190,31 @@ static void api_dlq(struct sk_console_call *c, const char *command)
     int operands = 0;
     if (strcmp(command, "list") == 0) {
         selectors(c, &req, keys);
-        if (!number(c, "offset", 0, SCAN_MAX, &req.offset) ||
+        size_t after = 0;
+        if (!number(c, "offset", 0, OFFSET_MAX, &req.offset) ||
             !number(c, "limit", PAGE_DEFAULT, PAGE_MAX, &req.limit) ||
-            !number(c, "scan", SCAN_DEFAULT, SCAN_MAX, &req.scan_max))
-            return sk_console_fail(c, 400, "offset, limit (at most 100) and scan (at most "
-                                "100000) are whole numbers");
+            !number(c, "after", 0, SIZE_MAX, &after) || (after > 0 && req.offset > 0))
+            return sk_console_fail(c, 400, "offset or after, and limit (at most 100), are "
+                                "whole numbers");
+        req.after = after;
         if (req.limit == 0)
             req.limit = PAGE_DEFAULT;
-        /* A page deep in the queue needs the letters before it read. */
-        if (sk_console_arg(c, "scan") == NULL && req.offset + req.limit > req.scan_max)
-            req.scan_max = req.offset + req.limit > SCAN_MAX ? SCAN_MAX : req.offset + req.limit;
     } else if (strcmp(command, "groups") == 0) {
-        if (!number(c, "scan", SCAN_DEFAULT, SCAN_MAX, &req.scan_max))
-            return sk_console_fail(c, 400, "scan: a whole number, at most 100000");
     } else if (strcmp(command, "show") == 0) {
+        /* By key, or by id: a malformed letter has no key. */
         const char *k = sk_console_arg(c, "key");
-        if (k == NULL || k[0] == '\0')
-            return sk_console_fail(c, 400, "key: which dead letter");
-        keys[0] = k;
-        req.keys = keys;
-        req.n_keys = 1;
-        operands = 1;
-        req.scan_max = SCAN_MAX;
+        size_t id = 0;
+        if (!number(c, "id", 0, SIZE_MAX, &id))
+            return sk_console_fail(c, 400, "id: a whole number");
+        req.id = id;
+        if (id == 0 && (k == NULL || k[0] == '\0'))
+            return sk_console_fail(c, 400, "key or id: which dead letter");
+        if (id == 0) {
+            keys[0] = k;
+            req.keys = keys;
+            req.n_keys = 1;
+            operands = 1;
+        }
     } else {
         selectors(c, &req, keys);
         const char *dry = sk_console_arg(c, "dry_run");
@@ -226,7 +224,11 @@ static void api_dlq(struct sk_console_call *c, const char *command)
     if (!sk_ctl_dlq_req_ok(&req, operands))
         return sk_console_fail(c, 400, writes ? "an action takes all=1 or selectors (reason, "
                             "fingerprint, key)" : "bad arguments");
-    if (!lock_dlq(c, writes ? ACTION_WAIT_S : READ_WAIT_S))
+    if (!writes) {
+        REPORT(c, sk_ctl_dlq_run(c->con->conf, &req, out));
+        return;
+    }
+    if (!lock_dlq(c, ACTION_WAIT_S))
         return;
     REPORT(c, sk_ctl_dlq_run(c->con->conf, &req, out));
     pthread_mutex_unlock(&c->con->dlq_lock);

@@ -115,23 +115,27 @@ static const struct command {
       "  --json   one JSON document\n",
       sk_ctl_schedules },
     { "dlq",
-      "dlq list QUEUE [SELECTORS] [--offset N] [--limit N] [--json]\n"
+      "dlq list QUEUE [SELECTORS] [--after ID | --offset N] [--limit N] [--json]\n"
       "  dlq groups QUEUE [--json]\n"
-      "  dlq show QUEUE KEY [--json]\n"
+      "  dlq show QUEUE (KEY | --id ID) [--json]\n"
       "  dlq replay QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] [--json]\n"
-      "  dlq purge QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] [--json]",
-      "The dead letters of QUEUE.dead: list, groups and show leave them in place;\n"
-      "groups counts them by reason and error fingerprint (numbers and ids masked);\n"
-      "replay re-arms each selected key and enqueues its job again through the\n"
-      "outbox (a relay must run); purge removes them (their keys stay failed).\n"
+      "  dlq purge QUEUE (SELECTORS | --all) [--dry-run] [--by NAME] [--json]\n"
+      "  dlq import QUEUE [--dry-run] [--scan-max N] [--json]",
+      "The dead letters of QUEUE, kept in PostgreSQL (sekali.dead_letters): list,\n"
+      "groups and show read them and change nothing; groups counts them by reason\n"
+      "and error fingerprint (numbers and ids masked); replay re-arms each selected\n"
+      "key and enqueues its job again through the outbox (a relay must run); purge\n"
+      "deletes them (their keys stay failed); import moves what QUEUE.dead holds\n"
+      "into the table.\n"
       "SELECTORS, all of which a letter must match:\n"
       "  --key K           the dead letters of key K (repeatable: any of them)\n"
+      "  --id ID           one dead letter, by the id list prints\n"
       "  --reason R        those dead-lettered for reason R\n"
       "  --fingerprint F   those whose error has fingerprint F (see groups)\n"
       "  --all             every dead letter (replay, purge; no selector with it)\n"
-      "  --dry-run         replay, purge: say what would be done, change nothing\n"
-      "  --offset N, --limit N   list: a page of the selected letters\n"
-      "  --scan-max N      read at most the first N letters of the queue\n"
+      "  --dry-run         replay, purge, import: say what would be done, change nothing\n"
+      "  --after ID | --offset N, --limit N   list: a page of the selected letters\n"
+      "  --scan-max N      import: read at most the first N letters of QUEUE.dead\n"
       "  --by NAME         who acts, for the audit row (default: the OS user)\n"
       "  --json            one JSON document\n"
       "Exits 3 when some dead letters were refused, 4 when nothing matched.\n",

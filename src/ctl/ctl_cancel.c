@@ -44,6 +44,9 @@ static const struct {
       "is known only once delivered; --force records the cancellation anyway)" },
 };
 
+static int check(const struct sk_conf *conf, const char *queue, const char *key,
+                 const char *reason, const char *by);
+static int tell(const char *queue, const char *key, const char *outcome, bool json);
 static bool bounded(const char *what, const char *value, size_t max);
 
 int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv)
@@ -70,19 +73,9 @@ int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv)
     if (argc - optind != 2)
         return SK_CTL_SHOW_USAGE;
     const char *queue = argv[optind], *key = argv[optind + 1];
-    if (sk_conf_queue(conf, queue) == NULL) {
-        fprintf(stderr, "sekalictl: cancel: no queue named ");
-        sk_ctl_put_tstr(stderr, queue);
-        fprintf(stderr, " in the configuration\n");
-        return SK_CTL_NOT_FOUND;  /* as pause and resume answer it */
-    }
-    if (key[0] == '\0') {
-        fprintf(stderr, "sekalictl: cancel: the key is empty\n");
-        return SK_CTL_USAGE;
-    }
-    if (!bounded("the key", key, SK_KEY_MAX) || !bounded("--reason", reason, REASON_MAX) ||
-        !bounded("--by", by, BY_MAX))
-        return SK_CTL_USAGE;
+    int code = check(conf, queue, key, reason, by);
+    if (code != SK_CTL_OK)
+        return code;
     char os_user[256];
     if (by == NULL) {
         struct passwd *pw = getpwuid(geteuid());
@@ -103,7 +96,38 @@ int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv)
         PQfinish(pg);
         return SK_CTL_FAILED;
     }
-    const char *outcome = PQgetvalue(res, 0, 0);
+    code = tell(queue, key, PQgetvalue(res, 0, 0), json);
+    PQclear(res);
+    PQfinish(pg);
+    return code;
+}
+
+/* The arguments a user gave, which are hostile: the queue must be
+ * configured, the key not empty, each value within its bound. SK_CTL_OK,
+ * or the exit code after saying why. */
+static int check(const struct sk_conf *conf, const char *queue, const char *key,
+                 const char *reason, const char *by)
+{
+    if (sk_conf_queue(conf, queue) == NULL) {
+        fprintf(stderr, "sekalictl: cancel: no queue named ");
+        sk_ctl_put_tstr(stderr, queue);
+        fprintf(stderr, " in the configuration\n");
+        return SK_CTL_NOT_FOUND;  /* as pause and resume answer it */
+    }
+    if (key[0] == '\0') {
+        fprintf(stderr, "sekalictl: cancel: the key is empty\n");
+        return SK_CTL_USAGE;
+    }
+    if (!bounded("the key", key, SK_KEY_MAX) || !bounded("--reason", reason, REASON_MAX) ||
+        !bounded("--by", by, BY_MAX))
+        return SK_CTL_USAGE;
+    return SK_CTL_OK;
+}
+
+/* Says what sekali.cancel() answered (outcome), as JSON or a line; returns
+ * the exit code the answer means. */
+static int tell(const char *queue, const char *key, const char *outcome, bool json)
+{
     int code = SK_CTL_FAILED;
     const char *says = "unexpected answer from sekali.cancel()";
     for (size_t i = 0; i < SK_ARRAY_LEN(outcomes); i++) {
@@ -128,8 +152,6 @@ int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv)
         sk_ctl_put_tstr(out, key);
         fprintf(out, ": %s\n", says);
     }
-    PQclear(res);
-    PQfinish(pg);
     return code;
 }
 

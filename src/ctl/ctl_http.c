@@ -19,7 +19,7 @@
 static bool send_all(int fd, const char *data, size_t n, int64_t deadline);
 static char *receive_all(int fd, int64_t deadline, int timeout_ms, size_t *len, char *why,
                          size_t why_size);
-static char *body_of(char *buf, size_t len, char *why, size_t why_size);
+static char *body_of(char *buf, size_t len, bool verdict, char *why, size_t why_size);
 
 static int64_t mono_ms(void)
 {
@@ -89,7 +89,8 @@ char *sk_ctl_http_get(const char *host, int port, const char *path, const char *
         snprintf(why, why_size, "sending the request failed");
     }
     close(fd);
-    return buf != NULL ? body_of(buf, len, why, why_size) : NULL;
+    /* /readyz's 503 carries its verdict too: why it is not ready. */
+    return buf != NULL ? body_of(buf, len, strcmp(path, "/readyz") == 0, why, why_size) : NULL;
 }
 
 static bool send_all(int fd, const char *data, size_t n, int64_t deadline)
@@ -149,13 +150,15 @@ static char *receive_all(int fd, int64_t deadline, int timeout_ms, size_t *len, 
     return NULL;
 }
 
-/* "HTTP/1.x 200 ...": anything else is not the metrics. Takes buf; returns
- * it holding only the body, or NULL. */
-static char *body_of(char *buf, size_t len, char *why, size_t why_size)
+/* "HTTP/1.x 200 ...": anything else is not the metrics (verdict: or 503, a
+ * health check's "not ready"). Takes buf; returns it holding only the
+ * body, or NULL. */
+static char *body_of(char *buf, size_t len, bool verdict, char *why, size_t why_size)
 {
     char *body = strstr(buf, "\r\n\r\n");
-    if (strncmp(buf, "HTTP/1.", 7) != 0 || len < 12 || strncmp(buf + 8, " 200", 4) != 0 ||
-        body == NULL) {
+    bool ok = len >= 12 && (strncmp(buf + 8, " 200", 4) == 0 ||
+                            (verdict && strncmp(buf + 8, " 503", 4) == 0));
+    if (strncmp(buf, "HTTP/1.", 7) != 0 || !ok || body == NULL) {
         char *eol = strpbrk(buf, "\r\n");
         snprintf(why, why_size, "answered %.*s", eol != NULL ? (int)(eol - buf) : 40, buf);
         free(buf);

@@ -8,7 +8,8 @@
 #include <stddef.h>
 
 /* GET http://host:port/path within timeout_ms, with "Authorization: Bearer
- * token" unless token is NULL. The body of a 200 answer (NUL-terminated;
+ * token" unless token is NULL. The body of a 200 answer (or of /readyz's 503,
+ * which says why it is not ready) (NUL-terminated;
  * the caller frees it), or NULL with why (which never holds the token). */
 char *sk_ctl_http_get(const char *host, int port, const char *path, const char *token,
                       int timeout_ms, char *why, size_t why_size);

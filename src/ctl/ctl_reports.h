@@ -3,8 +3,7 @@
  * whatever stream the caller gives (stdout for sekalictl, a memory stream
  * for an HTTP answer). Each returns the exit code sekalictl would
  * (ctl_common.h). They open their own connections, so threads may run
- * them at once; dead-letter scans of one queue should not overlap (a
- * letter another scan holds unacknowledged is not seen). */
+ * them at once. */
 #ifndef SK_CTL_REPORTS_H
 #define SK_CTL_REPORTS_H
 
@@ -36,19 +35,22 @@ int sk_ctl_resume_report(const struct sk_conf *conf, const char *queue, bool jso
 /* sekalictl schedules (ctl_schedules.c). */
 int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out);
 
-/* sekalictl dlq (ctl_dlq.c). */
+/* sekalictl dlq (ctl_dlq.c): reads and changes only sekali.dead_letters
+ * (sql/023), never the broker, but for import. */
 struct sk_ctl_dlq_req {
-    const char  *command;      /* list, groups, show, replay or purge */
+    const char  *command;      /* list, groups, show, replay, purge or import */
     const char  *queue;
     const char **keys;         /* selectors; a letter must match each one given */
     size_t       n_keys;       /* any of keys[] */
     const char  *reason;       /* as --reason: case and "_"/" " do not matter */
-    const char  *fingerprint;  /* sk_ctl_fingerprint() of the letter's error */
+    const char  *fingerprint;  /* the letter's error's fingerprint (sekali.dlq_fingerprint) */
+    uint64_t     id;           /* --id: one letter (0: any) */
     bool         all;          /* replay, purge: every letter (and no selector) */
-    bool         dry_run;      /* replay, purge: say what would be done, change nothing */
+    bool         dry_run;      /* replay, purge, import: say what would be done, change nothing */
     const char  *by;           /* the audit's operator; NULL: the OS user */
     size_t       offset, limit;/* list: a page of the selected letters (limit 0: all) */
-    size_t       scan_max;     /* letters read at most (0: the whole queue) */
+    uint64_t     after;        /* list: the letters after this id (keyset paging) */
+    size_t       scan_max;     /* import: letters read at most (0: the whole queue) */
     size_t       preview;      /* show: body bytes given (0: 256) */
     bool         json;
 };

@@ -59,32 +59,10 @@ int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv)
     return sk_ctl_schedules_report(conf, json, stdout);
 }
 
-int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
+/* A line for each configured schedule, then each stored one (a row of
+ * res) joined to its configured line or added: returns how many. */
+static size_t gather(const struct sk_conf *conf, PGresult *res, int rows, struct line *lines)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
-    if (pg == NULL)
-        return SK_CTL_FAILED;
-    const struct sk_pg_stmt st = {
-        .sql = "SELECT s.*, floor(extract(epoch FROM now()))::int8 FROM "
-               "(SELECT 1) one LEFT JOIN sekali.schedule_status() s ON true",
-        .what = "sekali.schedule_status()",
-    };
-    PGresult *res;
-    if (!sk_ctl_pg_exec(pg, &st, &res)) {
-        fprintf(stderr, "sekalictl: is the schema migrated (sekalictl migrate)?\n");
-        PQfinish(pg);
-        return SK_CTL_FAILED;
-    }
-    int rows = PQntuples(res);
-    /* One row with a NULL name stands for "no stored schedules" (the join). */
-    int64_t now = strtoll(PQgetvalue(res, 0, COL_CLOCK), NULL, 10);
-    struct line *lines = calloc(conf->n_schedules + (size_t)rows, sizeof(*lines));
-    if (lines == NULL) {
-        fprintf(stderr, "sekalictl: out of memory\n");
-        PQclear(res);
-        PQfinish(pg);
-        return SK_CTL_FAILED;
-    }
     size_t n = 0;
     for (size_t i = 0; i < conf->n_schedules; i++) {
         struct line *l = &lines[n++];
@@ -113,6 +91,36 @@ int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
         l->enqueued = strtoll(PQgetvalue(res, r, COL_ENQUEUED), NULL, 10);
         l->dropped = strtoll(PQgetvalue(res, r, COL_DROPPED), NULL, 10);
     }
+    return n;
+}
+
+int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
+{
+    PGconn *pg = sk_ctl_pg_connect(conf);
+    if (pg == NULL)
+        return SK_CTL_FAILED;
+    const struct sk_pg_stmt st = {
+        .sql = "SELECT s.*, floor(extract(epoch FROM now()))::int8 FROM "
+               "(SELECT 1) one LEFT JOIN sekali.schedule_status() s ON true",
+        .what = "sekali.schedule_status()",
+    };
+    PGresult *res;
+    if (!sk_ctl_pg_exec(pg, &st, &res)) {
+        fprintf(stderr, "sekalictl: is the schema migrated (sekalictl migrate)?\n");
+        PQfinish(pg);
+        return SK_CTL_FAILED;
+    }
+    int rows = PQntuples(res);
+    /* One row with a NULL name stands for "no stored schedules" (the join). */
+    int64_t now = strtoll(PQgetvalue(res, 0, COL_CLOCK), NULL, 10);
+    struct line *lines = calloc(conf->n_schedules + (size_t)rows, sizeof(*lines));
+    if (lines == NULL) {
+        fprintf(stderr, "sekalictl: out of memory\n");
+        PQclear(res);
+        PQfinish(pg);
+        return SK_CTL_FAILED;
+    }
+    size_t n = gather(conf, res, rows, lines);
     for (size_t i = 0; i < conf->n_schedules; i++)
         lines[i].next = sk_cron_next(&conf->schedules[i].when,
                                      lines[i].stored ? lines[i].last : now);

@@ -42,6 +42,7 @@ struct qstat {
     bool     broker_ok, exists;
     uint32_t ready, consumers, dead, delayed, delay_queues;
     bool     dead_exists;
+    long long dead_letters;   /* rows of sekali.dead_letters: the record */
     bool     up_known;
     double   up;
     bool     pg_ok, oldest_known;
@@ -50,7 +51,9 @@ struct qstat {
     bool     paused;
     double   paused_s;
     char     pause_reason[1001], paused_by[256];
-    char     problem[256];  /* "" when healthy */
+    double   blocked;       /* workers whose handler cannot run (0 if unknown) */
+    char     blocked_why[512]; /* sekalid's /readyz line for the queue, or "" */
+    char     problem[640];  /* "" when healthy */
 };
 
 struct status {
@@ -69,7 +72,9 @@ struct status {
 static void read_broker(struct status *s);
 static void read_pg(struct status *s);
 static void read_metrics(struct status *s);
+static void read_blocked_why(struct status *s);
 static void read_pause(PGconn *pg, struct qstat *q);
+static void print_queue_text(const struct status *s, const struct qstat *q);
 static void print_text(const struct status *s);
 static void print_json(const struct status *s, int code);
 static void json_queue(FILE *out, const struct qstat *q);
@@ -154,12 +159,18 @@ static int judge(struct status *s)
             failed = true;
         else if (!q->exists)
             snprintf(q->problem, sizeof(q->problem), "the queue does not exist");
+        else if (q->blocked > 0 && q->blocked_why[0] != '\0')
+            snprintf(q->problem, sizeof(q->problem), "%s", q->blocked_why);
+        else if (q->blocked > 0)
+            snprintf(q->problem, sizeof(q->problem), "the handler cannot run on %.0f of %d "
+                     "workers (sekalid's log says why: event handler_not_ready)", q->blocked,
+                     q->conf->workers);
         else if (q->consumers == 0 && !q->paused)
             snprintf(q->problem, sizeof(q->problem), "no consumer");
         else if (q->up_known && q->up < q->conf->workers)
             snprintf(q->problem, sizeof(q->problem), "%.0f of %d workers up", q->up,
                      q->conf->workers);
-        if (q->problem[0] != '\0' && (!q->exists || q->consumers == 0))
+        if (q->problem[0] != '\0' && (!q->exists || q->consumers == 0 || q->blocked > 0))
             unhealthy = true;
         if (!q->pg_ok)
             failed = true;
@@ -181,9 +192,46 @@ static void read_metrics(struct status *s)
         snprintf(s->metrics_why, sizeof(s->metrics_why), "%s", why);
         return;
     }
-    for (size_t i = 0; i < s->conf->n_queues; i++)
+    bool any_blocked = false, found;
+    for (size_t i = 0; i < s->conf->n_queues; i++) {
         s->q[i].up = sk_ctl_metric(s->metrics, "sekali_workers_up", s->q[i].conf->name,
                                    &s->q[i].up_known);
+        s->q[i].blocked = sk_ctl_metric(s->metrics, "sekali_workers_blocked", s->q[i].conf->name,
+                                        &found);
+        if (!found || s->q[i].blocked < 0)
+            s->q[i].blocked = 0;
+        any_blocked |= s->q[i].blocked > 0;
+    }
+    if (any_blocked)
+        read_blocked_why(s);
+}
+
+/* Why a queue's handler cannot run is text, which /metrics does not carry:
+ * sekalid's /readyz line has it, one "; "-separated segment per queue
+ * ("<queue>: the handler cannot run (...): <why>"). */
+static void read_blocked_why(struct status *s)
+{
+    const struct sk_metrics_conf *m = &s->conf->metrics;
+    char why[256];
+    char *text = sk_ctl_http_get(m->listen_host, m->listen_port, "/readyz", m->token,
+                                 SCRAPE_TIMEOUT_MS, why, sizeof(why));
+    if (text == NULL)
+        return;
+    for (size_t i = 0; i < s->conf->n_queues; i++) {
+        struct qstat *q = &s->q[i];
+        char head[300];
+        snprintf(head, sizeof(head), "%s: the handler cannot run (", q->conf->name);
+        for (const char *at = strstr(text, head); at != NULL; at = strstr(at + 1, head)) {
+            if (at != text && !(at - text >= 2 && at[-2] == ';' && at[-1] == ' ') &&
+                !(at - text >= 2 && at[-2] == ':' && at[-1] == ' '))
+                continue;  /* the name is the tail of a longer queue's */
+            size_t n = strcspn(at + strlen(q->conf->name) + 2, ";\n");
+            snprintf(q->blocked_why, sizeof(q->blocked_why), "%.*s", (int)n,
+                     at + strlen(q->conf->name) + 2);
+            break;
+        }
+    }
+    free(text);
 }
 
 static void read_broker(struct status *s)
@@ -245,6 +293,14 @@ static void read_pg(struct status *s)
         q->outbox_lag_s = atof(PQgetvalue(res, 0, 5));
         PQclear(res);
         read_pause(pg, q);
+        const struct sk_pg_stmt dead = { .sql = "SELECT count(*) FROM sekali.dead_letters "
+                                                "WHERE queue = $1",
+                                         .n_params = 1, .values = params, .one_row = true,
+                                         .what = "counting dead letters" };
+        if (sk_pg_exec(pg, &dead, &res, NULL) == SK_OK) {
+            q->dead_letters = atoll(PQgetvalue(res, 0, 0));
+            PQclear(res);
+        }
     }
     PQfinish(pg);
 }
@@ -299,6 +355,54 @@ static void put_round_text(const struct status *s, const char *what, const char 
     }
 }
 
+/* One queue's lines of print_text(). */
+static void print_queue_text(const struct status *s, const struct qstat *q)
+{
+    FILE *out = s->out;
+    fprintf(out, "\nqueue ");
+    sk_ctl_put_text(out, q->conf->name, strlen(q->conf->name), 0);
+    fprintf(out, ": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
+                      : q->paused ? "paused" : "ok");
+    if (q->paused) {
+        /* Reason and name are the operator's text: printed escaped. */
+        fprintf(out, "  paused      for %.0fs", q->paused_s);
+        if (q->paused_by[0] != '\0') {
+            fprintf(out, " by ");
+            sk_ctl_put_tstr(out, q->paused_by);
+        }
+        if (q->pause_reason[0] != '\0') {
+            fprintf(out, ": ");
+            sk_ctl_put_tstr(out, q->pause_reason);
+        }
+        fprintf(out, " (sekalictl resume %s)\n", q->conf->name);
+    }
+    fprintf(out, "  workers     %d configured, ", q->conf->workers);
+    if (q->up_known)
+        fprintf(out, "%.0f up", q->up);
+    else
+        fprintf(out, "up unknown (%s)", s->metrics != NULL ? "not in /metrics" : s->metrics_why);
+    if (q->broker_ok)
+        fprintf(out, ", %u consuming\n", q->consumers);
+    else
+        fprintf(out, ", consuming unknown\n");
+    if (q->broker_ok)
+        fprintf(out, "  messages    %u ready, unacked unknown (AMQP does not report it), "
+               "%u delayed in %u delay queues, %u in the %s.dead mirror\n",
+               q->ready, q->delayed, q->delay_queues, q->dead, q->conf->name);
+    else
+        fprintf(out, "  messages    unknown (broker unreachable)\n");
+    if (q->pg_ok) {
+        fprintf(out, "  keys        %lld processing", q->processing);
+        if (q->oldest_known)
+            fprintf(out, " (oldest first claimed %.1fs ago)", q->oldest_s);
+        fprintf(out, ", %lld failed, %lld dead letters\n", q->failed, q->dead_letters);
+        fprintf(out, "  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
+               q->outbox_pending, q->outbox_lag_s, q->outbox_refused);
+    } else {
+        fprintf(out, "  keys        unknown (PostgreSQL unreachable)\n");
+    }
+}
+
 static void print_text(const struct status *s)
 {
     FILE *out = s->out;
@@ -326,51 +430,8 @@ static void print_text(const struct status *s)
         sk_ctl_put_tstr(out, s->pg_clear);
         fprintf(out, "\n");
     }
-    for (size_t i = 0; i < conf->n_queues; i++) {
-        const struct qstat *q = &s->q[i];
-        fprintf(out, "\nqueue ");
-        sk_ctl_put_text(out, q->conf->name, strlen(q->conf->name), 0);
-        fprintf(out, ": %s\n", q->problem[0] != '\0' ? q->problem : !q->broker_ok ? "unknown"
-                          : q->paused ? "paused" : "ok");
-        if (q->paused) {
-            /* Reason and name are the operator's text: printed escaped. */
-            fprintf(out, "  paused      for %.0fs", q->paused_s);
-            if (q->paused_by[0] != '\0') {
-                fprintf(out, " by ");
-                sk_ctl_put_tstr(out, q->paused_by);
-            }
-            if (q->pause_reason[0] != '\0') {
-                fprintf(out, ": ");
-                sk_ctl_put_tstr(out, q->pause_reason);
-            }
-            fprintf(out, " (sekalictl resume %s)\n", q->conf->name);
-        }
-        fprintf(out, "  workers     %d configured, ", q->conf->workers);
-        if (q->up_known)
-            fprintf(out, "%.0f up", q->up);
-        else
-            fprintf(out, "up unknown (%s)", s->metrics != NULL ? "not in /metrics" : s->metrics_why);
-        if (q->broker_ok)
-            fprintf(out, ", %u consuming\n", q->consumers);
-        else
-            fprintf(out, ", consuming unknown\n");
-        if (q->broker_ok)
-            fprintf(out, "  messages    %u ready, unacked unknown (AMQP does not report it), "
-                   "%u delayed in %u delay queues, %u dead in %s.dead\n",
-                   q->ready, q->delayed, q->delay_queues, q->dead, q->conf->name);
-        else
-            fprintf(out, "  messages    unknown (broker unreachable)\n");
-        if (q->pg_ok) {
-            fprintf(out, "  keys        %lld processing", q->processing);
-            if (q->oldest_known)
-                fprintf(out, " (oldest first claimed %.1fs ago)", q->oldest_s);
-            fprintf(out, ", %lld failed\n", q->failed);
-            fprintf(out, "  outbox      %lld pending, lag %.1fs, %lld refused by the broker\n",
-                   q->outbox_pending, q->outbox_lag_s, q->outbox_refused);
-        } else {
-            fprintf(out, "  keys        unknown (PostgreSQL unreachable)\n");
-        }
-    }
+    for (size_t i = 0; i < conf->n_queues; i++)
+        print_queue_text(s, &s->q[i]);
     fprintf(out, "\n");
     if (conf->outbox.relays > 0) {
         char what[64];
@@ -463,20 +524,21 @@ static void json_queue(FILE *out, const struct qstat *q)
         fprintf(out, "null");
     if (q->broker_ok)
         fprintf(out, ",\"consumers\":%u,\"ready\":%u,\"unacked\":null,\"delayed\":%u,"
-               "\"delay_queues\":%u,\"dead\":%u", q->consumers, q->ready, q->delayed,
+               "\"delay_queues\":%u,\"dead_mirror\":%u", q->consumers, q->ready, q->delayed,
                q->delay_queues, q->dead);
     else
         fprintf(out, ",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
-               "\"delay_queues\":null,\"dead\":null");
+               "\"delay_queues\":null,\"dead_mirror\":null");
     if (q->pg_ok) {
-        fprintf(out, ",\"processing\":%lld,\"failed\":%lld,\"oldest_processing_seconds\":",
-               q->processing, q->failed);
+        fprintf(out, ",\"processing\":%lld,\"failed\":%lld,\"dead\":%lld,"
+               "\"oldest_processing_seconds\":", q->processing, q->failed, q->dead_letters);
         put_num_or_null(out, q->oldest_known, q->oldest_s);
         fprintf(out, ",\"outbox_pending\":%lld,\"outbox_refused\":%lld,"
                "\"outbox_lag_seconds\":%.3f", q->outbox_pending, q->outbox_refused,
                q->outbox_lag_s);
     } else {
-        fprintf(out, ",\"processing\":null,\"failed\":null,\"oldest_processing_seconds\":null,"
+        fprintf(out, ",\"processing\":null,\"failed\":null,\"dead\":null,"
+               "\"oldest_processing_seconds\":null,"
                "\"outbox_pending\":null,\"outbox_refused\":null,\"outbox_lag_seconds\":null");
     }
     fprintf(out, "}");

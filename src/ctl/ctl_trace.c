@@ -4,9 +4,7 @@
  *   PostgreSQL  its outbox rows, its idempotency row, its crash count and the
  *               dead-letter actions on it (sekali.trace(), sql/011_status.sql),
  *               its cancellation (sekali.trace_cancel(), sql/018_cancel.sql);
- *   the broker  its dead letters in <queue>.dead, read without consuming
- *               them (a broker scan: basic.consume without ack, handed
- *               back when the scan ends);
+ *               its dead letters (sekali.dead_letters, sql/023);
  *   journald    the log lines sekali wrote with IDEMPOTENCY_KEY=KEY.
  *
  * Without --queue, every configured queue and every queue PostgreSQL knows
@@ -22,7 +20,6 @@
 
 #include <systemd/sd-journal.h>
 
-#include "broker.h"
 #include "ctl_commands.h"
 #include "ctl_common.h"
 #include "ctl_http.h"
@@ -48,8 +45,8 @@ struct trace {
     const char   *only_queue;
     bool          json;
     FILE         *out;      /* where the report goes */
-    size_t        scan_max; /* dead letters read per queue at most; 0: all */
-    bool          partial;  /* a queue had more than scan_max */
+    size_t        scan_max; /* unused: dead letters are read from PostgreSQL, whole */
+    bool          partial;  /* always false, kept in the JSON for its readers */
     struct event *ev;
     size_t        n, cap;
     char        **queues;  /* where to look for dead letters */
@@ -144,133 +141,45 @@ static void read_pg(struct trace *t, const struct sk_conf *conf)
     PQfinish(pg);
 }
 
-/* "2026-01-31T12:00:00Z" as Unix microseconds, or INT64_MAX. */
-static int64_t iso_us(const char *s)
-{
-    struct tm tm = { 0 };
-    const char *end = strptime(s, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    if (end == NULL || *end != '\0')
-        return INT64_MAX;
-    return (int64_t)timegm(&tm) * 1000000;
-}
-
-/* When the letter died: sekali's x-sekali-last-failure, else the time of
- * the broker's latest x-death entry. */
-static int64_t death_us(const amqp_message_t *m)
-{
-    char text[64];
-    if (sk_ctl_header_text(m, "x-sekali-last-failure", text, sizeof(text)))
-        return iso_us(text);
-    const amqp_field_value_t *deaths = sk_ctl_header(m, "x-death");
-    if (deaths == NULL || deaths->kind != AMQP_FIELD_KIND_ARRAY ||
-        deaths->value.array.num_entries < 1 ||
-        deaths->value.array.entries[0].kind != AMQP_FIELD_KIND_TABLE)
-        return INT64_MAX;
-    const amqp_table_t *d = &deaths->value.array.entries[0].value.table;
-    for (int i = 0; i < d->num_entries; i++)
-        if (d->entries[i].key.len == 4 && memcmp(d->entries[i].key.bytes, "time", 4) == 0 &&
-            d->entries[i].value.kind == AMQP_FIELD_KIND_TIMESTAMP)
-            return (int64_t)d->entries[i].value.value.u64 * 1000000;
-    return INT64_MAX;
-}
-
-static void dead_letter_event(struct trace *t, const char *queue, const amqp_message_t *m)
-{
-    char reason[64], error[512], attempts[32] = "?";
-    if (!sk_ctl_header_text(m, "x-sekali-reason", reason, sizeof(reason)))
-        snprintf(reason, sizeof(reason), "rejected by the broker");
-    sk_ctl_header_text(m, "x-sekali-error", error, sizeof(error));
-    int64_t n = sk_broker_field_int(sk_ctl_header(m, "x-sekali-attempts"));
-    if (n >= 0)
-        snprintf(attempts, sizeof(attempts), "%lld", (long long)n);
-    char detail[800];
-    snprintf(detail, sizeof(detail), "in %s.dead now: reason %s after %s attempt(s)%s%s", queue,
-             reason, attempts, error[0] != '\0' ? ", error: " : "", error);
-    /* Dead letters carry whole seconds: within its second, the letter comes
-     * after what PostgreSQL dated (sekali dead-letters once it recorded the
-     * failure), so it sorts at the second's end and is shown as a second. */
-    int64_t us = death_us(m);
-    size_t before = t->n;
-    add_event(t, us == INT64_MAX ? us : us + 999999, 10, queue, "broker", "dead-lettered",
-              detail);
-    if (t->n > before)
-        t->ev[before].coarse = true;
-    t->dead_letters++;
-}
-
-/* Scans each queue's .dead: every letter stays unacked until the scan
- * ends, then the broker puts them all back in their order. */
+/* The key's dead letters in sekali.dead_letters, of the traced queues. A
+ * read of the table: the broker's <queue>.dead, which a read would hand
+ * back and a quorum queue's delivery limit would count, is never read. */
 static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
 {
-    struct sk_broker *b = NULL;
-    struct sk_err err = { 0 };
-    if (sk_broker_open(&b, &conf->amqp, &err) != SK_OK) {
-        fprintf(stderr, "sekalictl: broker: %s\n", err.msg);
+    PGconn *pg = sk_ctl_pg_connect(conf);
+    if (pg == NULL) {
         t->failed = true;
         return;
     }
-    size_t key_len = strlen(t->key);
     for (size_t i = 0; i < t->n_queues; i++) {
-        char dead[600];
-        if (sk_broker_dead_name(t->queues[i], dead, sizeof(dead), &err) != SK_OK) {
+        const char *values[] = { t->queues[i], t->key };
+        const struct sk_pg_stmt st = {
+            .sql = "SELECT reason, coalesce(attempts::text, '?'), error, "
+                   "(extract(epoch FROM failed_at) * 1000000)::bigint, id "
+                   "FROM sekali.dead_letters WHERE queue = $1 AND key = $2 ORDER BY id",
+            .n_params = 2, .values = values, .what = "reading dead letters",
+        };
+        PGresult *res;
+        struct sk_err err = { 0 };
+        if (sk_pg_exec(pg, &st, &res, &err) != SK_OK) {
             fprintf(stderr, "sekalictl: %s\n", err.msg);
             t->failed = true;
-            continue;
-        }
-        bool exists;
-        uint32_t messages, consumers;
-        if (sk_broker_queue_probe(b, dead, &exists, &messages, &consumers, &err) != SK_OK) {
-            fprintf(stderr, "sekalictl: %s: %s\n", dead, err.msg);
-            t->failed = true;
             break;
         }
-        if (t->scan_max > 0 && messages > t->scan_max) {
-            messages = (uint32_t)t->scan_max;
-            t->partial = true;
+        for (int r = 0; r < PQntuples(res); r++) {
+            char detail[1200];
+            const char *error = PQgetvalue(res, r, 2);
+            snprintf(detail, sizeof(detail), "dead letter %s (sekalictl dlq show %s --id %s): "
+                     "reason %s after %s attempt(s)%s%s", PQgetvalue(res, r, 4), t->queues[i],
+                     PQgetvalue(res, r, 4), PQgetvalue(res, r, 0), PQgetvalue(res, r, 1),
+                     error[0] != '\0' ? ", error: " : "", error);
+            add_event(t, strtoll(PQgetvalue(res, r, 3), NULL, 10), 10, t->queues[i], "postgres",
+                      "dead-lettered", detail);
+            t->dead_letters++;
         }
-        /* Each queue's scan ends, handing its letters back, before the
-         * next one's begins. */
-        struct sk_broker_scan *scan = NULL;
-        uint32_t depth;
-        bool stop = false;
-        if (exists && messages > 0 &&
-            sk_broker_scan_open(b, dead, messages, &scan, &depth, &err) != SK_OK) {
-            fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
-            t->failed = true;
-            break;
-        }
-        while (scan != NULL) {
-            amqp_message_t m;
-            uint64_t tag;
-            int rc = sk_broker_scan_next(scan, &m, &tag, &err);
-            if (rc == SK_BUSY)
-                break;
-            if (rc != SK_OK) {
-                fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
-                t->failed = stop = true;
-                break;
-            }
-            const amqp_field_value_t *k = sk_ctl_header(&m, "x-idempotency-key");
-            bool mine;
-            if (k != NULL && (k->kind == AMQP_FIELD_KIND_UTF8 || k->kind == AMQP_FIELD_KIND_BYTES))
-                mine = k->value.bytes.len == key_len &&
-                       memcmp(k->value.bytes.bytes, t->key, key_len) == 0;
-            else  /* no key header: the message id is the key */
-                mine = m.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG &&
-                       m.properties.message_id.len == key_len &&
-                       memcmp(m.properties.message_id.bytes, t->key, key_len) == 0;
-            if (mine)
-                dead_letter_event(t, t->queues[i], &m);
-            amqp_destroy_message(&m);
-        }
-        if (sk_broker_scan_close(scan, &err) != SK_OK && !stop) {
-            fprintf(stderr, "sekalictl: reading %s: %s\n", dead, err.msg);
-            t->failed = stop = true;
-        }
-        if (stop)
-            break;
+        PQclear(res);
     }
-    sk_broker_close(b);
+    PQfinish(pg);
 }
 
 static void read_journal(struct trace *t)

@@ -5,15 +5,16 @@
  *                   idempotency key: completed, failed, cancelled, processing, or no
  *                   key yet (waiting: in a queue, a delay queue, a
  *                   worker's hands, <queue>.dead, or lost);
- *   <queue>.dead    each dead letter's key (a broker scan, basic.consume
- *                   and no ack: all go back when the scan ends);
- *   the broker      what the work queue and its delay queues hold, and the
- *                   most its consumers can hold unacked (prefetch each);
+ *   dead letters    each dead letter's key (sekali.dead_letters, read and
+ *                   left as they are);
+ *   the broker      what the work queue, its delay queues and <queue>.dead
+ *                   hold (counted, never read), and the most its consumers
+ *                   can hold unacked (prefetch each);
  *   the keys        processing past their lease: no owner renews them
  *                   (a worker dead, frozen or cut off), so they are stuck
  *                   until a redelivery takes them over.
  *
- * lost = jobs without a key that neither <queue>.dead nor the broker can
+ * lost = jobs without a key that neither a dead letter nor the broker can
  * account for. The broker does not say which messages it holds (reading
  * a work queue would count as a delivery), so when it holds some the keys
  * listed as lost are the oldest candidates, and the count is a lower
@@ -56,7 +57,7 @@ struct vqueue {
     const struct sk_queue_conf *conf;
     long long enqueued, completed, failed, cancelled, processing, waiting, pending;
     long long dead, dead_without_key, inconsistent, stuck, lost;
-    long long ready, delayed, in_flight_max;
+    long long ready, delayed, in_flight_max, dead_queue;
     struct keylist waiting_keys, dead_keys, inconsistent_keys, stuck_keys, lost_keys;
 };
 
@@ -262,62 +263,60 @@ static bool read_stuck(struct verify *v, PGconn *pg)
     return true;
 }
 
-/* One dead letter: its key as a worker takes it, and that key's status. */
-static bool dead_letter(struct vqueue *q, PGconn *pg, const amqp_message_t *m)
+/* The queue's dead letters (sekali.dead_letters: a read of the table,
+ * which leaves them as they are): each keyed letter's key and that key's
+ * status. A malformed letter never had a key sekali could record. */
+static bool read_dead(struct vqueue *q, PGconn *pg)
 {
-    amqp_bytes_t key = { 0 };
-    const amqp_field_value_t *k = sk_ctl_header(m, "x-idempotency-key");
-    if (k != NULL && (k->kind == AMQP_FIELD_KIND_UTF8 || k->kind == AMQP_FIELD_KIND_BYTES))
-        key = k->value.bytes;
-    else if (k == NULL && (m->properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG))
-        key = m->properties.message_id;
-    char reason[64] = "";
-    sk_ctl_header_text(m, "x-sekali-reason", reason, sizeof(reason));
-    q->dead++;
-    /* A malformed message never had a key sekali could record, and a key
-     * PostgreSQL cannot hold (not UTF-8, a NUL) is never recorded either:
-     * neither is asked about. */
-    if (key.len == 0 || key.len > SK_KEY_MAX || strcmp(reason, "malformed") == 0)
-        return true;
-    for (size_t i = 0, n; i < key.len; i += n)
-        if ((n = sk_ctl_utf8_len((const unsigned char *)key.bytes + i, key.len - i)) == 0 ||
-            ((const char *)key.bytes)[i] == '\0')
-            return true;
-    char text[SK_KEY_MAX + 1];
-    snprintf(text, sizeof(text), "%.*s", (int)key.len, (const char *)key.bytes);
-    const char *params[] = { q->conf->name, text };
+    char max[16];
+    snprintf(max, sizeof(max), "%d", DEAD_MAX);
+    const char *params[] = { q->conf->name, max };
     const struct sk_pg_stmt st = {
-        .sql = "SELECT coalesce((SELECT status FROM sekali.idempotency_keys "
-               "WHERE queue = $1 AND key = $2), '')",
-        .n_params = 2, .values = params, .one_row = true, .what = "a dead letter's key",
+        .sql = "SELECT d.key, coalesce(k.status, '') "
+               "FROM sekali.dead_letters d LEFT JOIN sekali.idempotency_keys k "
+               "ON k.queue = d.queue AND k.key = d.key WHERE d.queue = $1 AND d.key IS NOT NULL "
+               "AND d.malformed IS NULL ORDER BY d.id LIMIT $2::integer",
+        .n_params = 2, .values = params, .what = "the dead letters' keys",
+    };
+    const struct sk_pg_stmt count = {
+        .sql = "SELECT count(*) FROM sekali.dead_letters WHERE queue = $1", .n_params = 1,
+        .values = params, .one_row = true, .what = "counting dead letters",
     };
     PGresult *res;
+    if (!sk_ctl_pg_exec(pg, &count, &res))
+        return false;
+    q->dead = atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
     if (!sk_ctl_pg_exec(pg, &st, &res))
         return false;
-    const char *status = PQgetvalue(res, 0, 0);
-    if (status[0] == '\0') {
-        q->dead_without_key++;
-        keep(&q->dead_keys, text, strlen(text));
-    }
-    if (strcmp(status, "failed") != 0) {
-        q->inconsistent++;
-        keep(&q->inconsistent_keys, text, strlen(text));
+    for (int r = 0; r < PQntuples(res); r++) {
+        const char *key = PQgetvalue(res, r, 0), *status = PQgetvalue(res, r, 1);
+        if (status[0] == '\0') {
+            q->dead_without_key++;
+            keep(&q->dead_keys, key, strlen(key));
+        }
+        if (strcmp(status, "failed") != 0) {
+            q->inconsistent++;
+            keep(&q->inconsistent_keys, key, strlen(key));
+        }
     }
     PQclear(res);
     return true;
 }
 
+/* What the broker holds: the work queue, its delay queues, its consumers'
+ * windows, and <queue>.dead (the broker's own dead letters not imported
+ * yet, and the mirror's copies), counted, never read. */
 static bool read_broker(struct verify *v, PGconn *pg)
 {
     struct sk_err err = { 0 };
+    struct sk_broker *b = NULL;
+    if (sk_broker_open(&b, &v->conf->amqp, &err) != SK_OK) {
+        fprintf(stderr, "sekalictl: %s\n", err.msg);
+        return false;
+    }
     for (size_t i = 0; i < v->n; i++) {
         struct vqueue *q = &v->q[i];
-        /* A connection a queue; the scan's end hands the dead letters back. */
-        struct sk_broker *b = NULL;
-        if (sk_broker_open(&b, &v->conf->amqp, &err) != SK_OK) {
-            fprintf(stderr, "sekalictl: %s\n", err.msg);
-            return false;
-        }
         bool exists;
         uint32_t ready = 0, consumers = 0, depth = 0, dc, delayed = 0, delay_queues;
         char dead[600];
@@ -328,30 +327,20 @@ static bool read_broker(struct verify *v, PGconn *pg)
                   sk_broker_queue_probe(b, dead, &exists, &depth, &dc, &err) == SK_OK;
         q->ready = ready;
         q->delayed = delayed;
+        q->dead_queue = depth;
         q->in_flight_max = (long long)consumers * q->conf->prefetch;
-        struct sk_broker_scan *scan = NULL;
-        uint32_t scanned;
-        if (ok && exists && depth > 0)
-            ok = sk_broker_scan_open(b, dead, DEAD_MAX, &scan, &scanned, &err) == SK_OK;
-        while (ok && scan != NULL) {
-            amqp_message_t m;
-            uint64_t tag;
-            int rc = sk_broker_scan_next(scan, &m, &tag, &err);
-            if (rc == SK_BUSY)
-                break;
-            ok = rc == SK_OK && dead_letter(q, pg, &m);
-            if (rc == SK_OK)
-                amqp_destroy_message(&m);
-        }
-        if (sk_broker_scan_close(scan, ok ? &err : NULL) != SK_OK)
-            ok = false;
-        sk_broker_close(b);
         if (!ok) {
             fprintf(stderr, "sekalictl: reading the broker for %s: %s\n", q->conf->name,
                     err.msg[0] != '\0' ? err.msg : "failed");
+            sk_broker_close(b);
+            return false;
+        }
+        if (!read_dead(q, pg)) {
+            sk_broker_close(b);
             return false;
         }
     }
+    sk_broker_close(b);
     return true;
 }
 
@@ -361,7 +350,7 @@ static void judge(struct verify *v)
 {
     for (size_t i = 0; i < v->n; i++) {
         struct vqueue *q = &v->q[i];
-        long long held = q->ready + q->delayed + q->in_flight_max;
+        long long held = q->ready + q->delayed + q->dead_queue + q->in_flight_max;
         long long lost = q->waiting - q->dead_without_key - held;
         q->lost = lost > 0 ? lost : 0;
         for (size_t k = 0; k < q->waiting_keys.n && q->lost_keys.n < (size_t)q->lost; k++)

@@ -2,14 +2,17 @@
  *
  * Every janitor.interval it deletes, per queue, idempotency keys finished
  * (completed or failed) longer ago than the queue's retention, with their
- * checkpoints; outbox rows published longer ago than outbox_retention;
+ * checkpoints, and then the dead letters (sql/023) whose failed key is gone
+ * and that are older than that retention too, so a dead letter lives as
+ * long as its failed key (a letter without a key, as long as one would);
+ * outbox rows published longer ago than outbox_retention;
  * dedupe keys released or expired more than an hour ago; and crash counts
  * (sql/006) a day old. A finished key protects against late
  * duplicates, so retention must be longer than any redelivery can be late.
  * A row still `processing`, an unpublished outbox row or a live dedupe key
  * is never touched.
  *
- * The deletes are functions of sql/012 (sekali.purge_*). Each call takes
+ * The deletes are functions of sql/012 and 023 (sekali.purge_*). Each call takes
  * at most janitor.batch rows and commits on its own, so it never holds many
  * row locks or a long transaction; a round repeats batches until one comes
  * back short. */
@@ -60,7 +63,9 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
         snprintf(ms, sizeof(ms), "%" PRIu64, q->retention_ms);
         const char *params[] = { q->name, ms, batch };
         if (drain(pg, "SELECT sekali.purge_keys($1, $2, $3)", params, 3, conf->janitor.batch,
-                  "idempotency keys") != SK_OK)
+                  "idempotency keys") != SK_OK ||
+            drain(pg, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
+                  conf->janitor.batch, "dead letters") != SK_OK)
             return SK_AGAIN;
     }
     snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.outbox_retention_ms);

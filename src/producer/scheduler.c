@@ -77,10 +77,13 @@ struct scheduler {
 
 static int round_once(struct scheduler *s, int64_t *sleep_ms);
 static void name_runner(struct scheduler *s);
+static void turn(struct scheduler *s);
 static int report(struct scheduler *s);
 static int peek(struct scheduler *s, struct entry *e, int64_t *now_ms, bool *exists);
 static int open_row(struct scheduler *s, struct entry *e);
 static int fire(struct scheduler *s, struct entry *e);
+static void tick_list(struct scheduler *s, const struct sk_ticks *t);
+static void log_fired(const struct sk_schedule_conf *c, const struct sk_ticks *t);
 static int rollback(struct scheduler *s, int rc);
 static void remember(struct entry *e, int64_t last);
 static void sleep_alive(struct scheduler *s, int64_t ms);
@@ -111,43 +114,50 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot,
     sk_log_info("scheduler started with %zu schedule%s", conf->n_schedules,
                 conf->n_schedules == 1 ? "" : "s");
 
-    while (!sk_process_stopping()) {
-        atomic_store(&slot->alive_ms, sk_now_ms());
-        struct sk_err err = { 0 };
-        if (s.pg == NULL && (s.pg = sk_pg_dial(&conf->postgres, "sekali scheduler", &err)) == NULL) {
-            atomic_store(&slot->consuming, 0);
-            if (sk_outage_failed(&s.outage))
-                sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
-                             "scheduler cannot reach PostgreSQL, retrying with backoff: %s",
-                             err.msg);
-            sleep_alive(&s, sk_outage_wait_ms(&s.outage));
-            continue;
-        }
-        atomic_store(&slot->consuming, 1);
-        int64_t sleep_ms = MAX_SLEEP_MS;
-        int rc = round_once(&s, &sleep_ms);
-        /* SK_AGAIN is the connection: lost, or a standby after a failover
-         * (read-only), where only a new dial finds the primary. */
-        if (rc == SK_AGAIN) {
-            if (sk_outage_failed(&s.outage))
-                sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
-                             "scheduler lost PostgreSQL, retrying with backoff");
-            PQfinish(s.pg);
-            s.pg = NULL;
-            sleep_alive(&s, sk_outage_wait_ms(&s.outage));
-            continue;
-        }
-        if (sk_outage_ok(&s.outage))
-            sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
-                         "scheduler reached PostgreSQL again");
-        sleep_alive(&s, sleep_ms);
-    }
+    while (!sk_process_stopping())
+        turn(&s);
     PQfinish(s.pg);
     free(s.entries);
     free(s.ticks);
     free(s.list);
     sk_log_info("scheduler stopping");
     return SK_EXIT_OK;
+}
+
+/* One turn of the scheduler's loop: a connection if it has none, a round,
+ * then a sleep until the next tick or the next try. */
+static void turn(struct scheduler *s)
+{
+    atomic_store(&s->slot->alive_ms, sk_now_ms());
+    struct sk_err err = { 0 };
+    if (s->pg == NULL &&
+        (s->pg = sk_pg_dial(&s->conf->postgres, "sekali scheduler", &err)) == NULL) {
+        atomic_store(&s->slot->consuming, 0);
+        if (sk_outage_failed(&s->outage))
+            sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                         "scheduler cannot reach PostgreSQL, retrying with backoff: %s",
+                         err.msg);
+        sleep_alive(s, sk_outage_wait_ms(&s->outage));
+        return;
+    }
+    atomic_store(&s->slot->consuming, 1);
+    int64_t sleep_ms = MAX_SLEEP_MS;
+    int rc = round_once(s, &sleep_ms);
+    /* SK_AGAIN is the connection: lost, or a standby after a failover
+     * (read-only), where only a new dial finds the primary. */
+    if (rc == SK_AGAIN) {
+        if (sk_outage_failed(&s->outage))
+            sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_POSTGRES, NULL,
+                         "scheduler lost PostgreSQL, retrying with backoff");
+        PQfinish(s->pg);
+        s->pg = NULL;
+        sleep_alive(s, sk_outage_wait_ms(&s->outage));
+        return;
+    }
+    if (sk_outage_ok(&s->outage))
+        sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
+                     "scheduler reached PostgreSQL again");
+    sleep_alive(s, sleep_ms);
 }
 
 /* One look at every schedule; fires those with a tick due. *sleep_ms is
@@ -335,11 +345,7 @@ static int fire(struct scheduler *s, struct entry *e)
     sk_ticks_due(&c->when, last, now, c->grace_ms / 1000, c->missed, &t);
     if (t.latest == last)  /* someone else was first */
         return rollback(s, SK_OK);
-    size_t used = (size_t)snprintf(s->list, s->list_size, "{");
-    for (size_t i = 0; i < t.n; i++)
-        used += (size_t)snprintf(s->list + used, s->list_size - used, "%s%" PRId64,
-                                 i > 0 ? "," : "", t.at[i]);
-    snprintf(s->list + used, s->list_size - used, "}");
+    tick_list(s, &t);
     char latest[24], dropped[24];
     snprintf(latest, sizeof(latest), "%" PRId64, t.latest);
     snprintf(dropped, sizeof(dropped), "%zu", t.dropped);
@@ -358,16 +364,31 @@ static int fire(struct scheduler *s, struct entry *e)
         return rc;
     }
     sk_metrics_schedule_fired(e->metrics, t.n, t.dropped);
-    char iso[32];
-    sk_ticks_iso(t.latest, iso, sizeof(iso));
-    if (t.dropped > 0)
-        sk_log_warn("scheduler: schedule %s: %zu due tick%s not enqueued (missed: %s), "
-                    "%zu enqueued, up to %s", c->name, t.dropped, t.dropped == 1 ? "" : "s",
-                    missed_names[c->missed], t.n, iso);
-    else
-        sk_log_debug("scheduler: schedule %s: %zu tick%s enqueued, up to %s", c->name, t.n,
-                     t.n == 1 ? "" : "s", iso);
+    log_fired(c, &t);
     return SK_OK;
+}
+
+/* The ticks of t as a PostgreSQL array literal, into s->list. */
+static void tick_list(struct scheduler *s, const struct sk_ticks *t)
+{
+    size_t used = (size_t)snprintf(s->list, s->list_size, "{");
+    for (size_t i = 0; i < t->n; i++)
+        used += (size_t)snprintf(s->list + used, s->list_size - used, "%s%" PRId64,
+                                 i > 0 ? "," : "", t->at[i]);
+    snprintf(s->list + used, s->list_size - used, "}");
+}
+
+static void log_fired(const struct sk_schedule_conf *c, const struct sk_ticks *t)
+{
+    char iso[32];
+    sk_ticks_iso(t->latest, iso, sizeof(iso));
+    if (t->dropped > 0)
+        sk_log_warn("scheduler: schedule %s: %zu due tick%s not enqueued (missed: %s), "
+                    "%zu enqueued, up to %s", c->name, t->dropped, t->dropped == 1 ? "" : "s",
+                    missed_names[c->missed], t->n, iso);
+    else
+        sk_log_debug("scheduler: schedule %s: %zu tick%s enqueued, up to %s", c->name, t->n,
+                     t->n == 1 ? "" : "s", iso);
 }
 
 /* Ends the open transaction without its changes; returns rc. */

@@ -27,7 +27,11 @@ static bool pg_value(struct sk_doctor *d, PGconn *pg, const char *sql, char *out
 static struct sk_redis_link *redis_dial(const struct sk_redis_conf *rc, bool master,
                                         const char *host, int port, char *why, size_t size);
 static bool info_field(const char *info, const char *name, char *out, size_t size);
-static void redis_version(struct sk_doctor *d, const char *object, const char *info);
+struct redis_facts;
+static void ask_sentinels(struct sk_doctor *d, char *host, size_t size, int *port);
+static void redis_facts(struct sk_redis_link *c, struct redis_facts *f);
+static void check_redis_facts(struct sk_doctor *d, const char *object,
+                              const struct redis_facts *f);
 
 void sk_doctor_postgres(struct sk_doctor *d)
 {
@@ -213,39 +217,20 @@ static bool pg_value(struct sk_doctor *d, PGconn *pg, const char *sql, char *out
     return true;
 }
 
+/* A Redis server's settings sekali depends on, as INFO tells them (ROLE
+ * when INFO is refused): each "" when unknown; refused says why. */
+struct redis_facts {
+    char policy[64], role[32], replicas[16], refused[160];
+    char server[8], version[64];   /* "Redis" or "Valkey"; "" if INFO was refused */
+};
+
 void sk_doctor_redis(struct sk_doctor *d)
 {
     const struct sk_redis_conf *rc = &d->conf->redis;
     char host[256], why[300];
     int port = rc->port;
     snprintf(host, sizeof(host), "%s", rc->host != NULL ? rc->host : "");
-    /* With Sentinel: each sentinel's quorum, and the master it names. */
-    for (size_t i = 0; i < rc->n_sentinels; i++) {
-        char object[300];
-        snprintf(object, sizeof(object), "%s:%d", rc->sentinels[i].host, rc->sentinels[i].port);
-        struct sk_redis_link *s = redis_dial(rc, false, rc->sentinels[i].host,
-                                             rc->sentinels[i].port, why, sizeof(why));
-        if (s == NULL) {
-            sk_doctor_add(d, "redis.sentinel", object, SK_DOCTOR_WARN,
-                          "start it, or remove it from redis.sentinels", "%s", why);
-            continue;
-        }
-        redisReply *r = sk_redis_link_command(s, "SENTINEL CKQUORUM %s", rc->master_name);
-        bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
-        sk_doctor_add(d, "redis.sentinel", object, ok ? SK_DOCTOR_PASS : SK_DOCTOR_FAIL,
-                      "give the master enough reachable sentinels for its quorum",
-                      "%s", r != NULL && r->str != NULL ? r->str : sk_redis_link_errstr(s));
-        freeReplyObject(r);
-        if (host[0] == '\0') {
-            r = sk_redis_link_command(s, "SENTINEL get-master-addr-by-name %s", rc->master_name);
-            if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
-                snprintf(host, sizeof(host), "%s", r->element[0]->str);
-                port = atoi(r->element[1]->str);
-            }
-            freeReplyObject(r);
-        }
-        sk_redis_link_close(s);
-    }
+    ask_sentinels(d, host, sizeof(host), &port);
     if (host[0] == '\0') {
         sk_doctor_add(d, "redis.reachable", rc->master_name, SK_DOCTOR_FAIL,
                       "check redis.sentinels and redis.master_name",
@@ -268,56 +253,107 @@ void sk_doctor_redis(struct sk_doctor *d)
                    atoll(r->element[0]->str) * 1000 + atoll(r->element[1]->str) / 1000 -
                        (t0 + t1) / 2);
     freeReplyObject(r);
+    struct redis_facts f = { .replicas = "0" };
+    redis_facts(c, &f);
+    check_redis_facts(d, object, &f);
+    if (!d->cheap && f.server[0] != '\0')
+        sk_doctor_redis_version(d, object, f.server, f.version);
+    sk_redis_link_close(c);
+}
 
-    char policy[64] = "", role[32] = "", replicas[16] = "0", refused[160] = "";
-    r = sk_redis_link_command(c, "INFO");
+/* With Sentinel: each sentinel's quorum, and, while host is "", the master
+ * it names (into host and *port). */
+static void ask_sentinels(struct sk_doctor *d, char *host, size_t size, int *port)
+{
+    const struct sk_redis_conf *rc = &d->conf->redis;
+    char why[300];
+    for (size_t i = 0; i < rc->n_sentinels; i++) {
+        char object[300];
+        snprintf(object, sizeof(object), "%s:%d", rc->sentinels[i].host, rc->sentinels[i].port);
+        struct sk_redis_link *s = redis_dial(rc, false, rc->sentinels[i].host,
+                                             rc->sentinels[i].port, why, sizeof(why));
+        if (s == NULL) {
+            sk_doctor_add(d, "redis.sentinel", object, SK_DOCTOR_WARN,
+                          "start it, or remove it from redis.sentinels", "%s", why);
+            continue;
+        }
+        redisReply *r = sk_redis_link_command(s, "SENTINEL CKQUORUM %s", rc->master_name);
+        bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+        sk_doctor_add(d, "redis.sentinel", object, ok ? SK_DOCTOR_PASS : SK_DOCTOR_FAIL,
+                      "give the master enough reachable sentinels for its quorum",
+                      "%s", r != NULL && r->str != NULL ? r->str : sk_redis_link_errstr(s));
+        freeReplyObject(r);
+        if (host[0] == '\0') {
+            r = sk_redis_link_command(s, "SENTINEL get-master-addr-by-name %s", rc->master_name);
+            if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+                snprintf(host, size, "%s", r->element[0]->str);
+                *port = atoi(r->element[1]->str);
+            }
+            freeReplyObject(r);
+        }
+        sk_redis_link_close(s);
+    }
+}
+
+static void redis_facts(struct sk_redis_link *c, struct redis_facts *f)
+{
+    redisReply *r = sk_redis_link_command(c, "INFO");
     if (r != NULL && r->type == REDIS_REPLY_STRING) {
-        info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
-        info_field(r->str, "role", role, sizeof(role));
-        info_field(r->str, "connected_slaves", replicas, sizeof(replicas));
-        if (!d->cheap)
-            redis_version(d, object, r->str);
+        info_field(r->str, "maxmemory_policy", f->policy, sizeof(f->policy));
+        info_field(r->str, "role", f->role, sizeof(f->role));
+        info_field(r->str, "connected_slaves", f->replicas, sizeof(f->replicas));
+        /* Valkey says valkey_version beside a redis_version it keeps at
+         * 7.2.4 for clients that look. */
+        bool valkey = info_field(r->str, "valkey_version", f->version, sizeof(f->version));
+        if (!valkey)
+            info_field(r->str, "redis_version", f->version, sizeof(f->version));
+        snprintf(f->server, sizeof(f->server), "%s", valkey ? "Valkey" : "Redis");
     } else if (r != NULL && r->type == REDIS_REPLY_ERROR) {
         /* An ACL user limited to sekali's own commands (docs/tls.md) may
          * not run INFO: then the server's settings are unknown, not bad. */
-        snprintf(refused, sizeof(refused), " (INFO refused: %.120s)", r->str);
+        snprintf(f->refused, sizeof(f->refused), " (INFO refused: %.120s)", r->str);
     }
     freeReplyObject(r);
-    if (role[0] == '\0') {
+    if (f->role[0] == '\0') {
         /* ROLE is one of the commands sekali needs anyway (the Sentinel
          * failover check), so its ACL user has it when INFO is refused. */
         r = sk_redis_link_command(c, "ROLE");
         if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
             r->element[0]->type == REDIS_REPLY_STRING)
-            snprintf(role, sizeof(role), "%s", r->element[0]->str);
-        if (strcmp(role, "master") == 0 && r->elements > 2 &&
+            snprintf(f->role, sizeof(f->role), "%s", r->element[0]->str);
+        if (strcmp(f->role, "master") == 0 && r->elements > 2 &&
             r->element[2]->type == REDIS_REPLY_ARRAY)
-            snprintf(replicas, sizeof(replicas), "%zu", r->element[2]->elements);
+            snprintf(f->replicas, sizeof(f->replicas), "%zu", r->element[2]->elements);
         freeReplyObject(r);
     }
+}
+
+static void check_redis_facts(struct sk_doctor *d, const char *object,
+                              const struct redis_facts *f)
+{
     /* Lock keys carry a TTL, so volatile-* policies evict them as readily
      * as allkeys-*: only noeviction keeps a held lock. */
-    if (policy[0] == '\0')
+    if (f->policy[0] == '\0')
         sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_WARN, NULL,
-                      "INFO did not tell the policy%s", refused);
-    else if (strcmp(policy, "noeviction") == 0)
+                      "INFO did not tell the policy%s", f->refused);
+    else if (strcmp(f->policy, "noeviction") == 0)
         sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_PASS, NULL, "noeviction");
     else
         sk_doctor_add(d, "redis.maxmemory_policy", object, SK_DOCTOR_FAIL,
                       "CONFIG SET maxmemory-policy noeviction (and in redis.conf)",
                       "%s: under memory pressure Redis may evict a held lock, and two "
-                      "workers then run one resource at once", policy);
-    if (strcmp(role, "master") == 0)
+                      "workers then run one resource at once", f->policy);
+    if (strcmp(f->role, "master") == 0)
         sk_doctor_add(d, "redis.role", object, SK_DOCTOR_PASS, NULL, "master, %s replicas",
-                      replicas);
-    else if (role[0] == '\0')
+                      f->replicas);
+    else if (f->role[0] == '\0')
         sk_doctor_add(d, "redis.role", object, SK_DOCTOR_WARN, NULL,
-                      "INFO did not tell the role%s", refused);
+                      "INFO did not tell the role%s", f->refused);
     else
         sk_doctor_add(d, "redis.role", object, SK_DOCTOR_FAIL,
                       "point redis at the master (or use redis.sentinels)",
-                      "%s: locks cannot be taken on a replica", role[0] ? role : "unknown");
-    sk_redis_link_close(c);
+                      "%s: locks cannot be taken on a replica",
+                      f->role[0] ? f->role : "unknown");
 }
 
 /* A connection within the configured timeout, over TLS when redis.tls
@@ -374,17 +410,4 @@ static bool info_field(const char *info, const char *name, char *out, size_t siz
         }
     }
     return false;
-}
-
-/* Valkey says valkey_version beside a redis_version it keeps at 7.2.4 for
- * clients that look. */
-static void redis_version(struct sk_doctor *d, const char *object, const char *info)
-{
-    char version[64] = "";
-    if (info_field(info, "valkey_version", version, sizeof(version)))
-        sk_doctor_redis_version(d, object, "Valkey", version);
-    else {
-        info_field(info, "redis_version", version, sizeof(version));
-        sk_doctor_redis_version(d, object, "Redis", version);
-    }
 }

@@ -49,6 +49,7 @@ static const char *const reasons[SK_METRICS_REASONS] = {
     [SK_METRICS_RETRIES_EXHAUSTED] = "retries_exhausted",
     [SK_METRICS_CRASHED] = "crashed",
     [SK_METRICS_BEYOND_RETENTION] = "beyond_retention",
+    [SK_METRICS_UNRECORDED] = "unrecorded",
 };
 
 enum { SLOT_FREE = 0, SLOT_CLAIMING, SLOT_READY };
@@ -72,6 +73,7 @@ struct sk_metrics_queue {
     _Atomic int64_t        workers_up;
     _Atomic uint64_t       locks_released_for_dead;
     _Atomic uint64_t       workers_paused;
+    _Atomic uint64_t       workers_blocked;
     /* Parallel arrays; the last entry is "other". */
     struct name_slot       type_names[SK_METRICS_TYPES + 1];
     struct sk_metrics_type types[SK_METRICS_TYPES + 1];
@@ -293,6 +295,11 @@ void sk_metrics_workers_paused(struct sk_metrics *m, size_t q, uint64_t n)
     atomic_store_explicit(&sk_metrics_queue(m, q)->workers_paused, n, memory_order_relaxed);
 }
 
+void sk_metrics_workers_blocked(struct sk_metrics *m, size_t q, uint64_t n)
+{
+    atomic_store_explicit(&sk_metrics_queue(m, q)->workers_blocked, n, memory_order_relaxed);
+}
+
 void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n)
 {
     atomic_fetch_add_explicit(&mq->locks_released_for_dead, n, memory_order_relaxed);
@@ -394,6 +401,7 @@ struct sk_metrics_procs sk_metrics_read_procs(struct sk_metrics *m, size_t q)
         .locks_released_for_dead =
             atomic_load_explicit(&mq->locks_released_for_dead, memory_order_relaxed),
         .workers_paused = atomic_load_explicit(&mq->workers_paused, memory_order_relaxed),
+        .workers_blocked = atomic_load_explicit(&mq->workers_blocked, memory_order_relaxed),
     };
 }
 

@@ -53,6 +53,7 @@ enum sk_metrics_reason {
     SK_METRICS_RETRIES_EXHAUSTED,  /* RETRY on the last allowed attempt */
     SK_METRICS_CRASHED,            /* its worker died running it max_crashes times */
     SK_METRICS_BEYOND_RETENTION,   /* published longer ago than its queue's retention */
+    SK_METRICS_UNRECORDED,         /* its outcome refused by PostgreSQL for its data */
     SK_METRICS_REASONS
 };
 
@@ -139,6 +140,9 @@ void sk_metrics_worker_exited(struct sk_metrics *m, size_t q);
 /* Supervisor: how many of queue q's workers say it is paused now (counted
  * from their slots at each report, so a dead worker never leaves one). */
 void sk_metrics_workers_paused(struct sk_metrics *m, size_t q, uint64_t n);
+/* Workers of queue q whose handler cannot run (ready() refused): they hold
+ * no delivery. Set by the supervisor from the scoreboard. */
+void sk_metrics_workers_blocked(struct sk_metrics *m, size_t q, uint64_t n);
 /* Worker: it deleted n Redis locks a dead worker of its slot still held. */
 void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n);
 
@@ -171,6 +175,7 @@ struct sk_metrics_procs {
     uint64_t workers_up;
     uint64_t locks_released_for_dead;
     uint64_t workers_paused;
+    uint64_t workers_blocked;
 };
 
 /* One outbox target queue's figures; lag_ms already grown by the time

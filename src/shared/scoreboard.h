@@ -44,6 +44,7 @@ enum sk_slot_phase {
 };
 
 #define SK_SLOT_LOCK_KEY_MAX SK_LOCK_KEY_MAX  /* see sk_lock_key() */
+#define SK_SLOT_WHY_MAX      256
 
 /* One Redis lock as a slot records it. */
 struct sk_slot_lock {
@@ -56,6 +57,13 @@ struct sk_slot {
     _Atomic int64_t alive_ms;        /* the worker's loop last turned; 0 before */
     _Atomic int     consuming;       /* 1 while subscribed to its queue */
     _Atomic int     paused;          /* 1 while its queue is paused (sekalictl pause) */
+    /* 1 while its handler cannot run (ready() refused): the worker holds no
+     * delivery, and blocked_why says why (for STATUS=, /readyz and
+     * sekalictl status). The worker writes the text, then the flag; the
+     * text's last byte stays NUL, so a read racing a rewrite is garbled at
+     * worst, never unbounded. */
+    _Atomic int     blocked;
+    char            blocked_why[SK_SLOT_WHY_MAX];
     _Atomic int     phase;           /* enum sk_slot_phase */
     /* Progress since this worker started, for the restart policy: it was
      * ready (consumed) once, and how many deliveries it saw to an end.

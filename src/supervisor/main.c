@@ -55,10 +55,10 @@ static void advise(const char *text, void *arg)
         sk_log_warn("%s", text);
 }
 
-int main(int argc, char **argv)
+/* -c, -t, -h, -V: -1 to go on, or the exit code (SK_EXIT_OK after -h or
+ * -V). */
+static int read_args(int argc, char **argv, const char **path, bool *test_only)
 {
-    const char *path = SK_CONF_PATH;
-    bool test_only = false;
     static const struct option options[] = {
         { "config", required_argument, NULL, 'c' },
         { "test", no_argument, NULL, 't' },
@@ -66,13 +66,11 @@ int main(int argc, char **argv)
         { "version", no_argument, NULL, 'V' },
         { NULL, 0, NULL, 0 },
     };
-    /* First: getopt's optarg and getenv must already point at the copies. */
-    sk_proctitle_init(argc, argv);
     int opt;
     while ((opt = getopt_long(argc, argv, "c:thV", options, NULL)) != -1) {
         switch (opt) {
-        case 'c': path = optarg; break;
-        case 't': test_only = true; break;
+        case 'c': *path = optarg; break;
+        case 't': *test_only = true; break;
         case 'V': printf("sekalid %s (handler ABI %d.%d)\n", SK_VERSION,
                          SEKALI_HANDLER_ABI_MAJOR, SEKALI_HANDLER_ABI_MINOR);
                   return SK_EXIT_OK;
@@ -84,6 +82,18 @@ int main(int argc, char **argv)
         usage(stderr);
         return SK_EXIT_CONFIG;
     }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = SK_CONF_PATH;
+    bool test_only = false;
+    /* First: getopt's optarg and getenv must already point at the copies. */
+    sk_proctitle_init(argc, argv);
+    int code = read_args(argc, argv, &path, &test_only);
+    if (code >= 0)
+        return code;
 
     struct sk_conf *conf = NULL;
     struct sk_err err = { 0 };

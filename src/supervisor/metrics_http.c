@@ -45,7 +45,7 @@
 #define HEADER_DEADLINE_MS 1000 /* from a connection's start or last answer to its request */
 #define FULL_CHECK_MS      50   /* while every slot is taken: how often the backlog is looked at */
 #define CONTENT_TYPE       "text/plain; version=0.0.4; charset=utf-8"
-#define STATUS_MAX         512
+#define STATUS_MAX         1024
 
 struct sk_metrics_http {
     struct MHD_Daemon    *daemon;

@@ -245,6 +245,9 @@ static void processes(struct scrape *s)
         { "sekali_workers_paused", "gauge",
           "Workers that found their queue paused and cancelled their consumer.",
           offsetof(struct sk_metrics_procs, workers_paused) },
+        { "sekali_workers_blocked", "gauge",
+          "Workers whose handler cannot run (its ready() refused), holding no job.",
+          offsetof(struct sk_metrics_procs, workers_blocked) },
     };
     for (size_t k = 0; k < SK_ARRAY_LEN(families); k++) {
         header(s->f, families[k].name, families[k].type, families[k].help);

@@ -74,7 +74,7 @@ struct supervisor {
     bool               ready_sent;   /* READY=1 for the current generation */
     uint32_t           watchdog_ms;  /* systemd's WatchdogSec, or 0 */
     int64_t            next_watchdog_ms;
-    char               status[512];  /* the last STATUS= sent */
+    char               status[1024]; /* the last STATUS= sent */
     struct sk_metrics_http *http;    /* serves the current generation; NULL if off */
     struct sk_deaths   deaths;       /* what judging a death remembers (the OOM counter) */
 };
@@ -104,6 +104,7 @@ static void kill_stragglers(struct supervisor *s);
 static void report(struct supervisor *s);
 static bool slot_up(const struct generation *g, size_t i);
 static bool slot_paused(const struct generation *g, size_t i);
+static bool slot_blocked(const struct generation *g, size_t i);
 static void describe(const struct generation *g, char *status, size_t size);
 
 int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
@@ -298,6 +299,7 @@ static void fresh(struct sk_slot *shared)
     atomic_store(&shared->phase, SK_PHASE_IDLE);
     atomic_store(&shared->ready, 0);
     atomic_store(&shared->finished, 0);
+    atomic_store(&shared->blocked, 0);
     sk_slot_forget_locks(shared);
 }
 
@@ -559,13 +561,16 @@ static void report(struct supervisor *s)
         healthy &= slot_alive(g, i, now, grace);
     }
     for (size_t q = 0; q < g->conf->n_queues; q++) {
-        uint64_t paused = 0;
-        for (size_t i = 0; i < g->n_slots; i++)
-            paused += g->slots[i].ops->counts_as_worker && g->slots[i].queue == q &&
-                      slot_paused(g, i);
+        uint64_t paused = 0, blocked = 0;
+        for (size_t i = 0; i < g->n_slots; i++) {
+            bool mine = g->slots[i].ops->counts_as_worker && g->slots[i].queue == q;
+            paused += mine && slot_paused(g, i);
+            blocked += mine && slot_blocked(g, i);
+        }
         sk_metrics_workers_paused(g->metrics, q, paused);
+        sk_metrics_workers_blocked(g->metrics, q, blocked);
     }
-    char status[512];
+    char status[1024];
     describe(g, status, sizeof(status));
     if (!s->ready_sent && consuming == g->n_slots) {
         s->ready_sent = true;
@@ -604,21 +609,49 @@ static bool slot_paused(const struct generation *g, size_t i)
     return g->slots[i].pid > 0 && atomic_load(&shared->paused);
 }
 
+/* Slot i's worker runs but its handler cannot: it consumes nothing, so it
+ * is not up, and the queue's line says why. */
+static bool slot_blocked(const struct generation *g, size_t i)
+{
+    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+    return g->slots[i].pid > 0 && atomic_load(&shared->blocked);
+}
+
+/* A blocked worker's reason, fit for one segment of the STATUS= line: its
+ * "; " separates queues, so a ';' in the handler's text becomes ','. */
+static void blocked_why(const struct generation *g, size_t i, char *out, size_t size)
+{
+    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+    size_t n = 0;
+    for (; n + 1 < size && n < sizeof(shared->blocked_why) && shared->blocked_why[n] != '\0'; n++) {
+        char c = shared->blocked_why[n];
+        out[n] = c == ';' ? ',' : (unsigned char)c < 0x20 ? ' ' : c;
+    }
+    out[n] = '\0';
+}
+
 /* The STATUS= line: "invoices: 1/2 workers consuming; outbox: 1/1 relays up". */
 static void describe(const struct generation *g, char *status, size_t size)
 {
     size_t len = 0, relays = 0, relays_up = 0;
     status[0] = '\0';
     for (size_t q = 0; q < g->conf->n_queues; q++) {
-        size_t up = 0, of = 0, paused = 0;
+        size_t up = 0, of = 0, paused = 0, blocked = 0;
+        char why[SK_SLOT_WHY_MAX] = "";
         for (size_t i = 0; i < g->n_slots; i++) {
             if (g->slots[i].ops->counts_as_worker && g->slots[i].queue == q) {
                 of++;
                 paused += slot_paused(g, i);
                 up += slot_up(g, i) && !slot_paused(g, i);
+                if (slot_blocked(g, i) && blocked++ == 0)
+                    blocked_why(g, i, why, sizeof(why));
             }
         }
-        int n = paused > 0
+        int n = blocked > 0
+            ? snprintf(status + len, size - len, "%s%s: the handler cannot run (%zu/%zu "
+                       "workers hold no job): %s", q > 0 ? "; " : "", g->conf->queues[q].name,
+                       blocked, of, why)
+            : paused > 0
             ? snprintf(status + len, size - len, "%s%s: paused (%zu/%zu workers paused)",
                        q > 0 ? "; " : "", g->conf->queues[q].name, paused, of)
             : snprintf(status + len, size - len, "%s%s: %zu/%zu workers consuming",

@@ -77,6 +77,11 @@ static void string(struct out *o, const void *bytes, size_t len)
             esc[1] = (char)c;
             put(o, esc, 2);
             i++;
+        } else if (c == 0) {
+            /* jsonb refuses \u0000 (text cannot hold NUL): the whole
+             * document would be refused for one byte. */
+            puts_(o, "\\ufffd");
+            i++;
         } else if (c < 0x20 || c == 0x7f) {
             snprintf(esc, sizeof(esc), "\\u%04x", c);
             put(o, esc, 6);

@@ -39,12 +39,14 @@
 #include "job.h"
 #include "job_steps.h"
 #include "lease.h"
+#include "letter.h"
 #include "links.h"
 #include "log.h"
 #include "metrics.h"
 #include "reschedule.h"
 #include "scoreboard.h"
 #include "store.h"
+#include "text.h"
 
 static const char *const state_names[SK_JOB_STATES] = {
     [SK_JOB_NEW] = "new",
@@ -65,6 +67,10 @@ static const char *const state_failpoints[SK_JOB_STATES] = {
     [SK_JOB_COMMITTED] = "after_commit",
     [SK_JOB_ACKED] = "after_ack",
 };
+
+/* Bytes of a malformed message's body its dead letter keeps: it can never
+ * be replayed, and may be as large as a frame. */
+#define LETTER_MALFORMED_BODY_MAX (64 * 1024)
 
 #define FROM(s) (1u << (s))
 /* Any state a job can be settled from: every one but the two exits. */
@@ -87,11 +93,18 @@ static const unsigned legal_from[SK_JOB_STATES] = {
 
 static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void run_external(struct sk_pipeline *p, struct sk_job *j);
+static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
 static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why);
 static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why);
+static struct sk_letter letter_of(struct sk_pipeline *p, struct sk_job *j, bool parsed,
+                                  enum sk_metrics_reason reason, const char *why);
+static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bool recorded,
+                        enum sk_metrics_reason reason, const char *why);
+static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
+                       const char *why, const struct sk_err *refusal);
 
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
 {
@@ -308,6 +321,8 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
     sk_heartbeat_watch_lease(p->heartbeat, p->queue->name, j->env.idempotency_key,
                              j->claim.fence, p->queue->lease_ms);
     j->leased = true;
+    if (claimed_too_often(p, j))
+        return;
 
     PGconn *pg = sk_store_conn(sk_links_store(p->links));
     struct sk_err err = { 0 };
@@ -336,10 +351,15 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
                          "completion fenced out: the lease was lost and "
                          "another worker took the job over; its outcome stands");
             sk_job_finish(p, j, SK_ACK, "fenced out");
+        } else if (sk_pg_refused_for_good(&err)) {
+            /* Handed back, it would run again at each lease's end, for
+             * ever: the effect is made, only its record is missing. */
+            unrecorded(p, j, "its completion", "the handler succeeded", &err);
         } else {
             sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
             sk_job_finish(p, j, SK_REQUEUE,
                           "completion outcome unknown, handed back to the broker");
+            j->pause_ms = (uint32_t)sk_jitter(100, 1000);
         }
         return;
     }
@@ -347,6 +367,26 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
         sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
+}
+
+/* The key's claims, counted by PostgreSQL, bound its runs whatever the
+ * copies say. A last failure PostgreSQL would not take for a while (a
+ * passing condition) leaves the key leased, its message goes back, and
+ * each copy that takes the lease over would run the handler again, at the
+ * same attempt, past max_attempts: an outside call made again every lease.
+ * A worker's death and a lost lease count a claim too, hence max_crashes
+ * of slack. Past that, the job is failed without running. */
+static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j)
+{
+    int most = p->queue->retry.max_attempts + p->queue->max_crashes;
+    if (j->claim.attempts <= most)
+        return false;
+    char why[200];
+    snprintf(why, sizeof(why), "its key was claimed %d times, past retry.max_attempts %d and "
+             "max_crashes %d: not run again", j->claim.attempts, p->queue->retry.max_attempts,
+             p->queue->max_crashes);
+    give_up(p, j, SK_METRICS_RETRIES_EXHAUSTED, why);
+    return true;
 }
 
 bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j)
@@ -502,18 +542,27 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, 
     give_up(p, j, SK_METRICS_FAILED, why);
 }
 
-/* Records the key as failed, then dead-letters the message. Without the
- * failed row a later copy would run again, so if it cannot be written the
- * message goes back to the broker instead. A leased job (external mode)
- * fails under its fence; any other in a transaction of its own. */
+/* Records the key as failed and its dead letter (sekali.dead_letters) in
+ * one transaction, then acks. Without the failed row a later copy would
+ * run again, so while PostgreSQL cannot take it (down, or a condition that
+ * passes) the message goes back to the broker, after a pause. A failure
+ * PostgreSQL refuses for good (its SQLSTATE, sk_pg_refused_for_good())
+ * would be refused at every copy: handed back, the job came straight back
+ * for ever, past max_attempts, ahead of the jobs behind it. It ends here
+ * instead: see unrecorded(). A leased job (external mode) fails under its
+ * fence. */
 static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why)
 {
     struct sk_err err = { 0 };
     struct sk_store *store = sk_links_store(p->links);
-    int rc = j->leased
-        ? sk_lease_finish(sk_store_conn(store), &j->ref, "failed", NULL, 0, why, &err)
-        : sk_store_fail(store, &j->ref, why, &err);
+    struct sk_letter l = letter_of(p, j, true, reason, why);
+    l.fence_text = j->leased ? j->ref.fence_text : NULL;
+    int rc = sk_letter_fail(sk_store_conn(store), &l, j->delivery, &err);
+    if (rc != SK_OK && rc != SK_BUSY && sk_pg_refused_for_good(&err)) {
+        unrecorded(p, j, "its failure", why, &err);
+        return;
+    }
     if (rc == SK_BUSY) {
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
@@ -528,23 +577,101 @@ static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_rea
         return;
     }
     sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
-    dead_letter(p, j, true, reason, why);
+    settle_dead(p, j, true, true, reason, why);
 }
 
-/* Sends a confirmed copy to `queue`.dead with the reason, then acks. If no
- * copy can be made, the broker's own dead-lettering (reject) still keeps the
- * message, without the reason headers, which the log line gives. Counted
- * once a copy exists: if the ack is lost, the redelivery makes a second one,
- * and counts it. */
+/* An outcome PostgreSQL refused for good: the job is dead-lettered with
+ * reason unrecorded, its error saying what could not be recorded and why,
+ * and its key is left as it stands for an operator (a replay runs the job
+ * again). The dead letter keeps the message where an operator looks;
+ * handed back, it would only come straight back. */
+static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
+                       const char *why, const struct sk_err *refusal)
+{
+    char text[SK_TEXT_ERROR_MAX];
+    snprintf(text, sizeof(text), "%s could not be recorded (%s); it was: %s", what,
+             refusal->msg, why);
+    sk_log_job(SK_LOG_ERROR, &j->log, "job %s: %s", sk_metrics_reason_name(SK_METRICS_UNRECORDED),
+               text);
+    dead_letter(p, j, true, SK_METRICS_UNRECORDED, text);
+}
+
+/* The letter of a job, as far as its delivery was understood. */
+static struct sk_letter letter_of(struct sk_pipeline *p, struct sk_job *j, bool parsed,
+                                  enum sk_metrics_reason reason, const char *why)
+{
+    const struct sk_envelope *e = &j->env;
+    bool own_resource = parsed && strcmp(e->resource_key, e->idempotency_key) != 0;
+    return (struct sk_letter){
+        .queue = p->queue->name,
+        .key = parsed ? e->idempotency_key : NULL,
+        .job_id = parsed ? e->job_id : NULL,
+        .job_type = parsed ? e->job_type : NULL,
+        .resource_key = own_resource ? e->resource_key : NULL,
+        .reason = sk_metrics_reason_name(reason),
+        .error = why,
+        .owner = p->owner,
+        .first_failure = parsed ? e->first_failure : NULL,
+        .attempts = (int)e->delivery_attempt,
+        /* A valid job's body is bounded by max_body already, and is kept
+         * whole so that a replay sends it as it was. */
+        .body_max = parsed ? SIZE_MAX : LETTER_MALFORMED_BODY_MAX,
+    };
+}
+
+/* A letter whose key is not recorded failed (malformed, beyond retention):
+ * its row, in a statement of its own, then the ack. A valid job (parsed)
+ * keeps its key, so that it can be replayed. */
 static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why)
 {
     struct sk_err err = { 0 };
-    struct sk_broker *pub = sk_links_publisher(p->links, &err);
-    bool connected = pub != NULL;
-    if (connected &&
+    struct sk_letter l = letter_of(p, j, parsed, reason, why);
+    if (!parsed)
+        l.malformed = why;
+    bool recorded = sk_letter_record(sk_store_conn(sk_links_store(p->links)), &l, j->delivery,
+                                     &err) == SK_OK;
+    if (!recorded)
+        sk_log_job(SK_LOG_ERROR, &j->log, "recording the dead letter failed, so it goes to "
+                   "the broker's dead-letter queue (sekalictl dlq import takes it): %s", err.msg);
+    settle_dead(p, j, parsed, recorded, reason, why);
+}
+
+/* Acks a dead letter whose row is written (recorded), after its copy to
+ * <queue>.dead when the queue mirrors (dead_letter_mirror); a lost copy
+ * loses nothing then. An unrecorded one (PostgreSQL unreachable) must
+ * reach <queue>.dead: a confirmed copy, else the broker's own
+ * dead-lettering (reject), without the reason headers, which the log line
+ * gives. Counted once recorded or copied. */
+static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bool recorded,
+                        enum sk_metrics_reason reason, const char *why)
+{
+    struct sk_err err = { 0 };
+    /* A body over max_body was never read (broker_consume.c): only the
+     * broker's own dead-lettering keeps it, so its row is only a note. */
+    const amqp_bytes_t *body = &j->delivery->message.body;
+    char text[1200];
+    if (body->bytes == NULL && body->len > 0) {
+        snprintf(text, sizeof(text), "dead-lettered by the broker (body not read; %s: %s)",
+                 sk_metrics_reason_name(reason), why);
+        j->dead_reason = reason;
+        sk_job_finish(p, j, SK_DEAD_LETTER, text);
+        return;
+    }
+    bool copy = !recorded || p->queue->dead_letter_mirror;
+    struct sk_broker *pub = copy ? sk_links_publisher(p->links, &err) : NULL;
+    bool copied = pub != NULL &&
         sk_reschedule_dead(pub, p->queue->name, j->delivery, parsed ? &j->env : NULL,
-                           sk_metrics_reason_name(reason), why, &err) == SK_OK) {
+                           sk_metrics_reason_name(reason), why, &err) == SK_OK;
+    if (copy && !copied) {
+        /* A copy refused for its own sake (too large) or nacked leaves the
+         * connection sound, and sk_links_drop() keeps it. */
+        sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
+        if (recorded)
+            sk_log_job(SK_LOG_WARN, &j->log, "dead letter recorded, its mirror copy to "
+                       "%s.dead failed: %s", p->queue->name, err.msg);
+    }
+    if (recorded || copied) {
         sk_metrics_dead_letter(j->metrics, reason);
         sk_job_finish(p, j, SK_ACK, "dead-lettered");
         /* Acked at once, alone, not with its span: a malformed message has
@@ -555,10 +682,6 @@ static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
         j->acked = consumer != NULL && sk_broker_ack_one(consumer, j->delivery_tag, &err) == SK_OK;
         return;
     }
-    /* A copy refused for its own sake (too large) or nacked leaves the
-     * connection sound, and sk_links_drop() keeps it. */
-    sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
-    char text[1200];
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     /* Counted by the exit, once the broker took the reject. */

@@ -34,7 +34,7 @@ struct sk_links {
     struct sk_outage            consumer_outage;
     struct sk_outage            lock_outage;
     struct sk_outage            store_outage;
-    bool                        lock_refused;  /* Redis refused our password */
+    bool                        lock_refused;  /* Redis refused our password or TLS */
     bool                        fresh;         /* subscribed since sk_links_fresh() asked */
     struct sk_queue_shape       shape;
 };
@@ -119,7 +119,7 @@ static int check_logins(struct sk_links *l, struct sk_err *err)
     return SK_OK;
 }
 
-bool sk_links_ready(struct sk_links *l)
+bool sk_links_store_ready(struct sk_links *l)
 {
     if (!ensure_store(l))
         return false;
@@ -127,6 +127,13 @@ bool sk_links_ready(struct sk_links *l)
     uint32_t pause = sk_outage_wait_ms(&l->store_outage);
     if (pause > 0)
         sk_sleep_ms(pause);
+    return true;
+}
+
+bool sk_links_ready(struct sk_links *l)
+{
+    if (!sk_links_store_ready(l))
+        return false;
     if (!ensure_consumer(l))
         return false;
     /* The publishing connection idles between retries and dead letters;
@@ -254,6 +261,18 @@ void sk_links_up(struct sk_links *l, enum sk_link which)
                      "redis reachable again, locking resumed");
     if (which == SK_LINK_LOCK)
         l->lock_refused = false;
+}
+
+void sk_links_stand_down(struct sk_links *l)
+{
+    if (l->consumer == NULL)
+        return;
+    /* Closing the channel is what gives every prefetched delivery back, at
+     * once and whole; the acks of finished jobs go first. Not an outage:
+     * sk_links_ready() subscribes again when asked. */
+    atomic_store(&l->slot->consuming, 0);
+    sk_broker_close_consumer(l->consumer);
+    l->consumer = NULL;
 }
 
 bool sk_links_fresh(struct sk_links *l)
@@ -384,11 +403,15 @@ static bool ensure_consumer(struct sk_links *l)
 static int lock_down(struct sk_links *l, const struct sk_err *why)
 {
     bool began = sk_outage_failed(&l->lock_outage);
-    if (why->code == SK_AUTH && !l->lock_refused)
-        sk_log_event(SK_LOG_ERROR, began ? SK_EVENT_OUTAGE_BEGIN : NULL, SK_SERVER_REDIS,
-                     NULL, "redis refused sekali's credentials: holding jobs back whatever "
-                     "on_redis_down says, until its password or ACL is fixed: %s", why->msg);
-    l->lock_refused = why->code == SK_AUTH;
+    bool refused = why->code == SK_AUTH || why->code == SK_SETTING;
+    if (refused && !l->lock_refused)
+        sk_log_event(SK_LOG_ERROR, SK_EVENT_LINK_REFUSED, SK_SERVER_REDIS, NULL,
+                     "%s: holding jobs back whatever on_redis_down says, until %s is "
+                     "fixed: %s", why->code == SK_AUTH ? "redis refused sekali's credentials"
+                     : "redis cannot be reached as configured",
+                     why->code == SK_AUTH ? "its password or ACL" : "redis.tls or the server's "
+                     "certificate", why->msg);
+    l->lock_refused = refused;
     return without_redis(l, began, why->msg);
 }
 
@@ -397,8 +420,9 @@ static int lock_down(struct sk_links *l, const struct sk_err *why)
  * `wait` keeps the work itself serialised. Logged when the outage began. */
 static int without_redis(struct sk_links *l, bool began, const char *why)
 {
-    /* A refused password is a configuration error, not an outage: going on
-     * without locks would hide it for as long as nobody reads the log. */
+    /* A refused password or TLS set-up is a configuration error, not an
+     * outage: going on without locks would hide it for as long as nobody
+     * reads the log, and run the jobs unlocked against docs/tls.md. */
     if (l->lock_refused)
         return SK_AGAIN;
     bool proceed = l->queue->on_redis_down == SK_REDIS_DOWN_PROCEED;

@@ -59,6 +59,15 @@ int sk_links_open(struct sk_links *l, bool first, struct sk_err *err);
  * a failed claim, and keeps the idle publisher alive. Blocks. */
 bool sk_links_ready(struct sk_links *l);
 
+/* The store's half of sk_links_ready(), for what must be settled before
+ * the worker subscribes (its handler's ready()). Blocks. */
+bool sk_links_store_ready(struct sk_links *l);
+
+/* Stops consuming, not for an outage: closes the consumer, which gives
+ * back every delivery it holds that no job has started (after flushing the
+ * acks of finished ones). The next sk_links_ready() subscribes again. */
+void sk_links_stand_down(struct sk_links *l);
+
 /* The consumer, or NULL once dropped (until the next sk_links_ready()). */
 struct sk_broker *sk_links_consumer(struct sk_links *l);
 

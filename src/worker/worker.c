@@ -32,6 +32,7 @@ static int  setup(struct sk_pipeline *p, bool first, struct sk_err *err);
 static void teardown(struct sk_pipeline *p);
 static bool prepare(struct sk_pipeline *p);
 static bool handler_ready(struct sk_pipeline *p);
+static void serve(struct sk_pipeline *p);
 static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery);
 static void record_crash(struct sk_pipeline *p, char *key, const char *who);
 static void free_dead_locks(struct sk_pipeline *p);
@@ -81,10 +82,23 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
     if (doctor && first)
         sk_doctor_at_start(conf);
 
+    serve(p);
+    sk_log_info("worker for queue %s stopping", queue->name);
+
+out:
+    teardown(p);
+    free(p);
+    return exit_code;
+}
+
+/* The worker's loop: one delivery at a time until a stop is asked for. */
+static void serve(struct sk_pipeline *p)
+{
+    struct sk_err err = { 0 };
     while (!sk_process_stopping()) {
         /* Liveness for the supervisor's watchdog: the loop turns at least
          * every POLL_MS while idle; a job in hand is covered by its start. */
-        atomic_store(&slot->alive_ms, sk_now_ms());
+        atomic_store(&p->slot->alive_ms, sk_now_ms());
         if (!prepare(p))
             continue;
         /* Locks of settled jobs go with the next acquire; a worker about to
@@ -95,18 +109,12 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         if (sk_pause_hold(p->pause, p->links, POLL_MS))
             continue;
         amqp_envelope_t delivery;
-        rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
+        int rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
         if (rc == SK_OK)
             run_job(p, &delivery);
         else if (rc != SK_AGAIN)
             sk_links_drop(p->links, SK_LINK_CONSUMER, NULL, &err);
     }
-    sk_log_info("worker for queue %s stopping", queue->name);
-
-out:
-    teardown(p);
-    free(p);
-    return exit_code;
 }
 
 /* Returns SK_OK; SK_ERR when retrying cannot help (bad handler config,
@@ -157,7 +165,7 @@ static bool prepare(struct sk_pipeline *p)
     bool crashes = atomic_load(&slot->died_in_job) || atomic_load(&slot->crash_handed);
     if (!crashes && orphans)
         free_dead_locks(p);
-    if (!sk_links_ready(p->links))
+    if (!sk_links_store_ready(p->links))
         return false;
     if (crashes) {
         if (atomic_load(&slot->died_in_job)) {
@@ -171,7 +179,9 @@ static bool prepare(struct sk_pipeline *p)
         if (atomic_load(&slot->n_orphans) > 0)
             free_dead_locks(p);
     }
-    return handler_ready(p);
+    /* Before subscribing: a worker whose handler cannot run holds none of
+     * the queue's deliveries, which other hosts' workers may take. */
+    return handler_ready(p) && sk_links_ready(p->links);
 }
 
 #define READY_FIRST_MS 1000
@@ -179,13 +189,16 @@ static bool prepare(struct sk_pipeline *p)
 
 /* A handler that depends on the database (ABI 1.4's ready(): the stock SQL
  * handler's statement) says whether jobs can run. Until it does, this
- * worker takes none and asks again after a backoff: a function not
- * deployed yet keeps the jobs in the broker, never dead-letters them, and
- * never turns into a crash loop. */
+ * worker holds no delivery (it gives back what it had and does not
+ * subscribe), says why in its slot, and asks again after a backoff: a
+ * function not deployed yet keeps the jobs in the broker, never
+ * dead-letters them, never turns into a crash loop, and fails /readyz,
+ * STATUS=, `sekalictl status` and doctor until it is fixed. */
 static bool handler_ready(struct sk_pipeline *p)
 {
     if (!sk_plugin_has_ready(p->handler))
         return true;
+    const struct sk_log_job job = { .queue = p->queue->name };
     int64_t now = sk_now_ms();
     if (now < p->ready_next_ms) {
         int64_t left = p->ready_next_ms - now;
@@ -197,18 +210,26 @@ static bool handler_ready(struct sk_pipeline *p)
                                    why, sizeof(why));
     if (status == SEKALI_OK) {
         if (p->ready_delay_ms > 0)
-            sk_log_info("queue %s: the handler is ready: taking jobs again", p->queue->name);
+            sk_log_event(SK_LOG_INFO, SK_EVENT_HANDLER_READY, NULL, &job,
+                         "queue %s: the handler is ready: taking jobs again", p->queue->name);
         p->ready_delay_ms = 0;
+        atomic_store(&p->slot->blocked, 0);
         return true;
     }
     why[sizeof(why) - 1] = '\0';
-    p->ready_delay_ms = p->ready_delay_ms == 0 ? READY_FIRST_MS
+    if (why[0] == '\0')
+        snprintf(why, sizeof(why), "(no reason given)");
+    bool began = p->ready_delay_ms == 0;
+    p->ready_delay_ms = began ? READY_FIRST_MS
                         : p->ready_delay_ms >= READY_MAX_MS / 2 ? READY_MAX_MS
                         : p->ready_delay_ms * 2;
     p->ready_next_ms = now + p->ready_delay_ms;
-    sk_log_error("queue %s: the handler is not ready, taking no jobs (next check in %u ms): %s",
-                 p->queue->name, (unsigned)p->ready_delay_ms,
-                 why[0] != '\0' ? why : "(no reason given)");
+    snprintf(p->slot->blocked_why, sizeof(p->slot->blocked_why), "%s", why);
+    atomic_store(&p->slot->blocked, 1);
+    sk_links_stand_down(p->links);
+    sk_log_event(SK_LOG_ERROR, began ? SK_EVENT_HANDLER_NOT_READY : NULL, NULL, &job,
+                 "queue %s: the handler is not ready, taking no jobs (next check in %u ms): %s",
+                 p->queue->name, (unsigned)p->ready_delay_ms, why);
     return false;
 }
 

@@ -1,9 +1,11 @@
-/* check_dlq.c - sekalictl dlq on real dead letters of every reason: list and
- * show leave them in place and in order; replay runs each job once more,
- * exactly once, refuses what would be malformed again and what completed
- * meanwhile; purge removes exactly what it selects; every action leaves an
- * audit row; every --json output parses. Jobs fail through
- * tests/plugins/flaky.c until the test creates <dir>/release. */
+/* check_dlq.c - sekalictl dlq on real dead letters of every reason, kept in
+ * sekali.dead_letters: list and show leave them as they were; replay runs
+ * each job once more, exactly once, refuses what would be malformed again
+ * and what completed meanwhile; purge removes exactly what it selects;
+ * every action leaves an audit row; every --json output parses; import
+ * moves what a broker's <queue>.dead holds into the table, in its order.
+ * Jobs fail through tests/plugins/flaky.c until the test creates
+ * <dir>/release. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -66,6 +68,17 @@ static void json_holds(struct h_run *r, const char *cond)
     ck_assert_msg(system(cmd) == 0, "JSON output should parse and satisfy %s", cond);
 }
 
+/* The number of letters `dlq list --json` reports, or -1. */
+static int listed(struct h_run *r)
+{
+    char *out;
+    int rc = CTL(r, &out, "list", r->queue, "--json");
+    const char *at = strstr(out, "\"selected\":");
+    int n = rc == 0 && at != NULL ? atoi(at + strlen("\"selected\":")) : -1;
+    free(out);
+    return n;
+}
+
 /* Before sekalid starts: a copy of `key` that the broker itself
  * dead-letters (rejected without requeue: sekali's fallback when it cannot
  * publish a dead letter with its reasons), so it carries x-death only. */
@@ -91,6 +104,7 @@ static void start(struct h_run *r)
     char queue_yaml[1500];
     snprintf(queue_yaml, sizeof(queue_yaml),
              H_FAST_RETRIES "    job_types: [test]\n    max_crashes: 1\n"
+             "    dead_letter_mirror: false\n"
              "    lock: false\n    config:\n      marker_dir: %s\n", r->dir);
     h_run_start(r, &(struct h_run_opts){ .handler = FLAKY, .workers = 1,
                                          .queue_yaml = queue_yaml, .top_yaml = H_RELAY });
@@ -111,11 +125,17 @@ static void every_reason(struct h_run *r, const char *name)
     h_publish(r->b, r->queue, "test", "m-crash", "k-crash", NULL, "crash");
     h_publish_raw(r->b, r->queue, NULL, "test", NULL, 0, "{}", 2);
     h_publish_raw(r->b, r->queue, "m-refund", "refund", NULL, 0, "{}", 2);
-    H_WAIT(h_queue_depth(r->b, r->dead) == 6, 60000, "expected 6 dead letters in %s, have %u",
-           r->dead, h_queue_depth(r->b, r->dead));
+    H_WAIT(listed(r) == 5, 60000, "expected 5 dead letters recorded, have %d", listed(r));
+    /* The broker's own copy is in <queue>.dead: import takes it. */
+    char *out;
+    ck_assert_int_eq(CTL(r, &out, "import", r->queue), 0);
+    ck_assert_msg(strstr(out, "imported 1 of the 1 letters") != NULL, "%s", out);
+    free(out);
+    ck_assert_uint_eq(h_queue_depth(r->b, r->dead), 0);
+    ck_assert_int_eq(listed(r), 6);
 }
 
-START_TEST(test_list_and_show_report_every_reason_and_leave_the_queue_as_it_was)
+START_TEST(test_list_and_show_report_every_reason_and_leave_the_letters_as_they_were)
 {
     struct h_run r;
     every_reason(&r, "dlqlist");
@@ -124,16 +144,14 @@ START_TEST(test_list_and_show_report_every_reason_and_leave_the_queue_as_it_was)
     static const char *const rows[] = {
         "k-rejected | rejected | ", "k-fail | failed | 1 | failed | ",
         "k-retry | retries_exhausted | 3 | failed | ", "k-crash | crashed | 2 | failed | ",
-        "(no key) | malformed | 1 | - | ", "m-refund | malformed | 1 | absent | ",
-        "6 dead letters in ",
+        "(no key) | malformed | 1 | - | ", "6 dead letters of ",
     };
     for (size_t i = 0; i < SK_ARRAY_LEN(rows); i++)
         ck_assert_msg(strstr(first, rows[i]) != NULL, "list should show \"%s\":\n%s", rows[i],
                       first);
     ck_assert_msg(strstr(first, ", 4 replayable") != NULL, "%s", first);
     ck_assert_msg(strstr(first, "unknown job type") != NULL, "%s", first);
-    /* Nothing consumed, nothing reordered. */
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 6);
+    /* Nothing changed by reading. */
     ck_assert_int_eq(CTL(&r, &second, "list", r.queue), 0);
     ck_assert_str_eq(first, second);
 
@@ -142,20 +160,21 @@ START_TEST(test_list_and_show_report_every_reason_and_leave_the_queue_as_it_was)
                    "sorted(x[\"reason\"] for x in d[\"dead_letters\"]) == [\"crashed\", "
                    "\"failed\", \"malformed\", \"malformed\", \"rejected\", "
                    "\"retries_exhausted\"] and [x[\"recorded_by\"] for x in d[\"dead_letters\"]"
-                   " if x[\"key\"] == \"k-rejected\"] == [\"broker\"]");
+                   " if x[\"key\"] == \"k-rejected\"] == [\"broker\"] and "
+                   "all(x[\"host\"] for x in d[\"dead_letters\"] if x[\"recorded_by\"] == "
+                   "\"sekali\")");
     free(out);
 
     ck_assert_int_eq(CTL(&r, &out, "show", r.queue, "k-fail"), 0);
     static const char *const lines[] = {
-        "reason:         failed (recorded by sekali)", "flaky: failing until released",
-        "key in PostgreSQL: failed", "x-sekali-queue = ", "body (4 bytes): fail",
-        "replayable:     yes",
+        "reason:         failed", "recorded by:    sekali", "flaky: failing until released",
+        "key in PostgreSQL: failed", "body (4 bytes): fail", "replayable:     yes",
     };
     for (size_t i = 0; i < SK_ARRAY_LEN(lines); i++)
         ck_assert_msg(strstr(out, lines[i]) != NULL, "show should say \"%s\":\n%s", lines[i], out);
     free(out);
     ck_assert_int_eq(CTL(&r, &out, "show", r.queue, "k-crash", "--json"), 0);
-    json_holds(&r, "d[\"dead_letters\"][0][\"headers\"][\"x-sekali-reason\"] == \"crashed\" and "
+    json_holds(&r, "d[\"dead_letters\"][0][\"reason\"] == \"crashed\" and "
                    "d[\"dead_letters\"][0][\"crashes\"] == 1 and "
                    "d[\"dead_letters\"][0][\"body_preview\"] == \"crash\"");
     free(out);
@@ -166,7 +185,8 @@ START_TEST(test_list_and_show_report_every_reason_and_leave_the_queue_as_it_was)
     ck_assert_int_eq(CTL(&r, &out, "show", r.queue, "no-such-key"), 4);
     free(out);
 
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 6);
+    ck_assert_int_eq(listed(&r), 6);
+    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
     h_run_stop(&r);
     free(first);
     free(second);
@@ -191,8 +211,8 @@ START_TEST(test_replay_runs_each_failed_job_exactly_once_and_refuses_malformed_o
     static const char *const keys[] = { "k-rejected", "k-fail", "k-retry", "k-crash" };
     for (size_t i = 0; i < SK_ARRAY_LEN(keys); i++)
         H_WAIT(h_effects(&r, keys[i]) == 1, 30000, "replayed %s should run once", keys[i]);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 2);
-    ck_assert_int_eq(audits(&r, "replay", "actor = 'tester'"), 4);
+    ck_assert_int_eq(listed(&r), 2);
+    ck_assert_int_eq(audits(&r, "replay", "actor = 'tester' AND letter_id IS NOT NULL"), 4);
     ck_assert_int_eq(audits(&r, "replay", "key = 'k-fail' AND old_status = 'failed' AND "
                                           "error = 'flaky: failing until released'"), 1);
     ck_assert_int_eq(audits(&r, "replay", "key = 'k-crash' AND old_crashes = 1"), 1);
@@ -209,8 +229,8 @@ START_TEST(test_replay_runs_each_failed_job_exactly_once_and_refuses_malformed_o
     ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--reason", "malformed"), 0);
     ck_assert_msg(strstr(out, "purged 2 of 2 selected") != NULL, "%s", out);
     free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
-    ck_assert_int_eq(audits(&r, "purge", "true"), 2);
+    ck_assert_int_eq(listed(&r), 0);
+    ck_assert_int_eq(audits(&r, "purge", "letter_id IS NOT NULL"), 2);
 
     h_run_stop(&r);
     for (size_t i = 0; i < SK_ARRAY_LEN(keys); i++)
@@ -220,85 +240,60 @@ START_TEST(test_replay_runs_each_failed_job_exactly_once_and_refuses_malformed_o
 }
 END_TEST
 
-/* Two dead letters of one key: the broker's copy and sekali's. The first
- * replay re-arms the key; the second copy is refused while that run is
- * pending, and once the key completed it is refused as completed meanwhile
- * and purged; the job ran once. */
+/* A letter whose key completed meanwhile (another copy of the job ran):
+ * its replay is refused, it is no longer replayable, and its purge keeps
+ * the key as it is. */
 START_TEST(test_replay_of_a_key_that_completed_meanwhile_is_refused)
 {
     struct h_run r;
     h_run_open(&r, "dlqdone");
-    broker_rejects(&r, "m-1", "k-twice", "fail");
     start(&r);
-    h_publish(r.b, r.queue, "test", "m-2", "k-twice", NULL, "fail");
-    H_WAIT(h_queue_depth(r.b, r.dead) == 2, 30000, "expected 2 dead letters, have %u",
-           h_queue_depth(r.b, r.dead));
-    char release[1100];
-    snprintf(release, sizeof(release), "%s/release", r.dir);
-    fclose(fopen(release, "w"));
-
-    /* With sekalid stopped the first replay's job cannot run before the
-     * second dead letter is looked at. */
+    h_publish(r.b, r.queue, "test", "m-2", "k-done", NULL, "fail");
+    H_WAIT(listed(&r) == 1, 30000, "k-done should be dead-lettered");
     h_run_stop(&r);
+    h_pg_exec(r.pg, "UPDATE sekali.idempotency_keys SET status = 'completed', "
+                    "completed_at = now() WHERE key = 'k-done'");
     char *out;
-    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-twice"), 3);
-    ck_assert_msg(strstr(out, "replayed 1, already replayed (removed) 0, refused 1") != NULL &&
-                  strstr(out, "pending: an earlier replay re-armed the key") != NULL, "%s", out);
-    free(out);
-    free(r.config);
-    start(&r);
-    H_WAIT(h_effects(&r, "k-twice") == 1, 30000, "the replayed job should run once");
-    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-twice", "--json"), 3);
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-done", "--json"), 3);
     json_holds(&r, "d[\"results\"][0][\"outcome\"] == \"refused\" and "
                    "d[\"results\"][0][\"detail\"].startswith(\"completed meanwhile\")");
     free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 1);
-    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-twice"), 0);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
+    json_holds(&r, "d[\"dead_letters\"][0][\"replayable\"] == False");
     free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
-    ck_assert_int_eq(audits(&r, "purge", "key = 'k-twice' AND old_status = 'completed'"), 1);
-    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-twice"), 4);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-done"), 0);
     free(out);
-    h_run_stop(&r);
-    ck_assert_int_eq(h_effects(&r, "k-twice"), 1);
+    ck_assert_int_eq(listed(&r), 0);
+    ck_assert_int_eq(audits(&r, "purge", "key = 'k-done' AND old_status = 'completed'"), 1);
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-done"), 4);
+    free(out);
     h_run_close(&r);
 }
 END_TEST
 
-/* sekalictl killed after the replay's COMMIT, before the ack: the dead
- * letter is back, the job enqueued once. The next replay only removes it. */
-START_TEST(test_replay_cut_between_commit_and_ack_stays_exactly_once)
+/* Two replays of one letter at once: the letter's row lock lets one
+ * through and the other finds it gone; the job is enqueued once. */
+START_TEST(test_two_replays_of_one_letter_at_once_enqueue_it_once)
 {
     struct h_run r;
-    h_run_open(&r, "dlqcut");
+    h_run_open(&r, "dlqrace");
     start(&r);
-    h_publish(r.b, r.queue, "test", "m-cut", "k-cut", NULL, "fail");
-    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 30000, "k-cut should be dead-lettered");
-    char release[1100], mark_env[1200];
-    snprintf(release, sizeof(release), "%s/release", r.dir);
-    fclose(fopen(release, "w"));
-    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", r.mark);
-    const char *env[] = { "SEKALI_FAILPOINT=dlq_after_commit:k-cut", mark_env, NULL };
-
-    char *out;
-    ck_assert_int_eq(ctl_as(&r, "fault/sekalictl", env, &out,
-                            (const char *const[]){ "replay", r.queue, "--key", "k-cut", NULL }),
-                     128 + SIGKILL);
-    free(out);
-    ck_assert_int_eq(h_count_lines(r.mark, "dlq_after_commit"), 1);
-    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 10000, "the unacked dead letter should be back");
-    H_WAIT(h_effects(&r, "k-cut") == 1, 30000, "the committed replay should run the job once");
-
-    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-cut"), 0);
-    ck_assert_msg(strstr(out, "already_replayed") != NULL &&
-                  strstr(out, "replayed 0, already replayed (removed) 1") != NULL, "%s", out);
-    free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
-                                      "AND idempotency_key = 'k-cut'", r.queue), 1);
-    ck_assert_int_eq(audits(&r, "replay", "key = 'k-cut'"), 1);
+    h_publish(r.b, r.queue, "test", "m-race", "k-race", NULL, "fail");
+    H_WAIT(listed(&r) == 1, 30000, "k-race should be dead-lettered");
     h_run_stop(&r);
-    ck_assert_int_eq(h_effects(&r, "k-cut"), 1);
+    char cmd[4000];
+    snprintf(cmd, sizeof(cmd), "cd '%s' && (for i in 1 2 3 4; do '%s/sekalictl' -c '%s' dlq "
+             "replay %s --key k-race > replay.$i 2>&1 & done; wait)", r.dir, h_build_dir(),
+             r.config, r.queue);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND idempotency_key = 'k-race'", r.queue), 1);
+    ck_assert_int_eq(audits(&r, "replay", "key = 'k-race'"), 1);
+    ck_assert_int_eq(listed(&r), 0);
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--key", "k-race"), 3);
+    ck_assert_msg(strstr(out, "replayed before as job") != NULL, "%s", out);
+    free(out);
     h_run_close(&r);
 }
 END_TEST
@@ -315,18 +310,17 @@ START_TEST(test_purge_removes_exactly_the_selected_dead_letters)
     h_publish(r.b, r.queue, "test", "m-b", "k-b", NULL, "retry");
     h_publish(r.b, r.queue, "test", "m-odd", odd, NULL, "fail");
     h_publish(r.b, r.queue, "test", "m-c", "k-c", NULL, "fail");
-    H_WAIT(h_queue_depth(r.b, r.dead) == 4, 30000, "expected 4 dead letters, have %u",
-           h_queue_depth(r.b, r.dead));
+    H_WAIT(listed(&r) == 4, 30000, "expected 4 dead letters, have %d", listed(&r));
     char *out;
     ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
     json_holds(&r, "\"k-\\\"odd\\\"\\\\key\\n\\t\\u00e9\" in [x[\"key\"] for x in "
                    "d[\"dead_letters\"]]");
     free(out);
 
-    /* The header's older spelling, with a space, still selects. */
+    /* The reason's spelling with a space and capitals still selects. */
     ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--reason", "Retries exhausted"), 0);
     free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 3);
+    ck_assert_int_eq(listed(&r), 3);
     ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-a", "--json"), 0);
     json_holds(&r, "d[\"summary\"][\"purged\"] == 1 and d[\"results\"][0][\"key\"] == \"k-a\"");
     free(out);
@@ -340,7 +334,7 @@ START_TEST(test_purge_removes_exactly_the_selected_dead_letters)
                                       "queue = '%s' AND status = 'failed'", r.queue), 4);
     ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--all"), 0);
     free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(listed(&r), 0);
     h_run_stop(&r);
     h_run_close(&r);
 }
@@ -358,6 +352,10 @@ START_TEST(test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints)
     free(out);
     ck_assert_int_eq(CTL(&r, &out, "frobnicate", r.queue), 2);
     free(out);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--after", "3", "--offset", "2"), 2);
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "import", r.queue, "--all"), 2);
+    free(out);
     char cmd[1024];
     snprintf(cmd, sizeof(cmd), "grep -q SEKALI_FAILPOINT %s/sekalictl", h_build_dir());
     ck_assert_msg(system(cmd) != 0, "build/sekalictl must not contain failpoints");
@@ -365,9 +363,9 @@ START_TEST(test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints)
 }
 END_TEST
 
-/* What the console builds on: groups, selectors that combine, pages, a
- * bounded scan and dry runs, none of which may move a letter or write an
- * audit row. */
+/* What the console builds on: groups, selectors that combine, pages by
+ * offset and by id, and dry runs, none of which may change a letter or
+ * write an audit row. */
 START_TEST(test_groups_pages_and_dry_runs_select_without_changing_anything)
 {
     struct h_run r;
@@ -389,12 +387,20 @@ START_TEST(test_groups_pages_and_dry_runs_select_without_changing_anything)
     ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--offset", "4", "--limit", "10", "--json"), 0);
     json_holds(&r, "len(d[\"dead_letters\"]) == 2 and not d[\"summary\"][\"more\"]");
     free(out);
+    /* Keyset pages: the next page starts after the last id of this one. */
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--limit", "4", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"next_after\"] == d[\"dead_letters\"][3][\"id\"]");
+    char after[32];
+    const char *at = strstr(out, "\"next_after\":");
+    ck_assert_ptr_nonnull(at);
+    snprintf(after, sizeof(after), "%ld", atol(at + strlen("\"next_after\":")));
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--after", after, "--limit", "4", "--json"), 0);
+    json_holds(&r, "len(d[\"dead_letters\"]) == 2 and not d[\"summary\"][\"more\"] and "
+                   "d[\"summary\"][\"next_after\"] == 0");
+    free(out);
     ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--reason", "malformed", "--json"), 0);
     json_holds(&r, "len(d[\"dead_letters\"]) == 2");
-    free(out);
-    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--scan-max", "3", "--json"), 0);
-    json_holds(&r, "d[\"summary\"][\"partial\"] and d[\"summary\"][\"scanned\"] == 3 and "
-                   "d[\"summary\"][\"depth\"] == 6");
     free(out);
 
     ck_assert_int_eq(CTL(&r, &out, "replay", r.queue, "--reason", "failed", "--fingerprint",
@@ -413,7 +419,7 @@ START_TEST(test_groups_pages_and_dry_runs_select_without_changing_anything)
     free(out);
     ck_assert_int_eq(CTL(&r, &out, "groups", r.queue, "--limit", "2"), 2);
     free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 6);
+    ck_assert_int_eq(listed(&r), 6);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dlq_audit WHERE queue = '%s'",
                                 r.queue), 0);
     h_run_stop(&r);
@@ -421,71 +427,17 @@ START_TEST(test_groups_pages_and_dry_runs_select_without_changing_anything)
 }
 END_TEST
 
-/* A scan longer than one prefetch window (1,000 letters, broker_scan.c):
- * every letter is read once and in the queue's order across the windows,
- * a page past the first window is the right page, and a purge takes
- * exactly the letters it names wherever they sit, leaving the rest in
- * order. No sekalid: the letters are published into the dead-letter queue. */
-#define MANY 2500
-START_TEST(test_scans_past_one_window_keep_order_and_take_exactly_the_selected)
-{
-    struct h_run r;
-    h_run_open(&r, "dlqmany");
-    r.config = h_write_config(r.dir, r.queue, FLAKY, 1, NULL);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    for (int i = 0; i < MANY; i++) {
-        char id[32], key[32];
-        snprintf(id, sizeof(id), "m-%04d", i);
-        snprintf(key, sizeof(key), "k-%04d", i);
-        h_publish(r.b, r.dead, "test", id, key, NULL, "fail");
-    }
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY);
-    char *out;
-    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
-    json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i in "
-                   "range(2500)] and d[\"summary\"][\"scanned\"] == 2500");
-    free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY);
-
-    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-0005", "--key", "k-1500",
-                         "--key", "k-2499", "--json"), 0);
-    json_holds(&r, "d[\"summary\"][\"purged\"] == 3 and sorted(x[\"key\"] for x in "
-                   "d[\"results\"]) == [\"k-0005\", \"k-1500\", \"k-2499\"]");
-    free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY - 3);
-    ck_assert_int_eq(audits(&r, "purge", "true"), 3);
-    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
-    json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i in "
-                   "range(2500) if i not in (5, 1500, 2499)]");
-    free(out);
-    /* Letters 1,201 to 1,210 of what is left (k-0005 is gone): k-1201 to
-     * k-1210, read across the first window's end. */
-    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--offset", "1200", "--limit", "10",
-                         "--json"), 0);
-    json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i in "
-                   "range(1201, 1211)] and d[\"summary\"][\"more\"]");
-    free(out);
-    ck_assert_int_eq(CTL(&r, &out, "groups", r.queue, "--json"), 0);
-    json_holds(&r, "sum(g[\"count\"] for g in d[\"groups\"]) == 2497");
-    free(out);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), MANY - 3);
-    h_run_close(&r);
-}
-END_TEST
-
-/* A quorum work queue's dead letters are a quorum queue, which hands back
- * what a scan leaves by its own rules: letters over two windows, scanned
- * three times, are all still there, in order, each time. A purge from the
- * first window takes exactly its letter and keeps every other one, but
- * not their order: the letter the broker sent into the freed place is
- * handed back to the end (docs/operations.md, dlq). */
+/* Letters a quorum <queue>.dead held before the upgrade (published there
+ * directly here, 1,500 of them, over two of the scan's windows): import
+ * takes every one, in the queue's order, and leaves the queue empty; the
+ * table then answers pages, groups and purges without the broker. */
 #define QUORUM_LETTERS 1500
-START_TEST(test_scans_of_a_quorum_dead_letter_queue_keep_every_letter_in_order)
+START_TEST(test_import_moves_every_letter_of_a_quorum_dead_letter_queue_in_order)
 {
     struct h_run r;
-    h_run_open(&r, "dlqquorum");
-    r.config = h_write_config(r.dir, r.queue, FLAKY, 1,
-                              "    queue_type: quorum\n    delivery_limit: 20\n");
+    h_run_open(&r, "dlqimport");
+    r.config = h_write_config(r.dir, r.queue, FLAKY, 1, "    queue_type: quorum\n"
+                              "    delivery_limit: 20\n    dead_letter_mirror: false\n");
     const struct sk_queue_shape quorum = { .quorum = true, .delivery_limit = 20 };
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, &quorum, NULL), SK_OK);
     for (int i = 0; i < QUORUM_LETTERS; i++) {
@@ -497,25 +449,35 @@ START_TEST(test_scans_of_a_quorum_dead_letter_queue_keep_every_letter_in_order)
     H_WAIT(h_queue_depth(r.b, r.dead) == QUORUM_LETTERS, 20000,
            "the quorum dead-letter queue should hold %d letters, has %u", QUORUM_LETTERS,
            h_queue_depth(r.b, r.dead));
+    char *out;
+    ck_assert_int_eq(CTL(&r, &out, "import", r.queue, "--dry-run", "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"imported\"] == 1500");
+    free(out);
+    ck_assert_int_eq(listed(&r), 0);
+    H_WAIT(h_queue_depth(r.b, r.dead) == QUORUM_LETTERS, 20000, "a dry run keeps every letter");
+    ck_assert_int_eq(CTL(&r, &out, "import", r.queue, "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"imported\"] == 1500 and all(x[\"outcome\"] == \"imported\" "
+                   "for x in d[\"results\"])");
+    free(out);
+    H_WAIT(h_queue_depth(r.b, r.dead) == 0, 20000, "imported letters leave the queue");
     for (int scan = 0; scan < 3; scan++) {
-        char *out;
         ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
         json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i "
-                       "in range(1500)]");
+                       "in range(1500)] and all(x[\"recorded_by\"] == \"unknown\" for x in "
+                       "d[\"dead_letters\"])");
         free(out);
-        H_WAIT(h_queue_depth(r.b, r.dead) == QUORUM_LETTERS, 20000,
-               "scan %d should hand every letter back: %u ready", scan + 1,
-               h_queue_depth(r.b, r.dead));
     }
-    char *out;
-    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-0700", "--json"), 0);
-    json_holds(&r, "d[\"summary\"][\"purged\"] == 1");
+    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--offset", "1200", "--limit", "10",
+                         "--json"), 0);
+    json_holds(&r, "[x[\"key\"] for x in d[\"dead_letters\"]] == [\"k-%04d\" % i for i in "
+                   "range(1200, 1210)] and d[\"summary\"][\"more\"]");
     free(out);
-    H_WAIT(h_queue_depth(r.b, r.dead) == QUORUM_LETTERS - 1, 20000,
-           "the purge should hand every other letter back: %u ready", h_queue_depth(r.b, r.dead));
-    ck_assert_int_eq(CTL(&r, &out, "list", r.queue, "--json"), 0);
-    json_holds(&r, "sorted(x[\"key\"] for x in d[\"dead_letters\"]) == [\"k-%04d\" % i for i "
-                   "in range(1500) if i != 700]");
+    ck_assert_int_eq(CTL(&r, &out, "purge", r.queue, "--key", "k-0005", "--key", "k-1499",
+                         "--json"), 0);
+    json_holds(&r, "d[\"summary\"][\"purged\"] == 2");
+    free(out);
+    ck_assert_int_eq(CTL(&r, &out, "groups", r.queue, "--json"), 0);
+    json_holds(&r, "sum(g[\"count\"] for g in d[\"groups\"]) == 1498");
     free(out);
     h_run_close(&r);
 }
@@ -524,15 +486,14 @@ END_TEST
 int main(void)
 {
     const TTest *tests[] = {
-        test_list_and_show_report_every_reason_and_leave_the_queue_as_it_was,
+        test_list_and_show_report_every_reason_and_leave_the_letters_as_they_were,
         test_replay_runs_each_failed_job_exactly_once_and_refuses_malformed_ones,
         test_replay_of_a_key_that_completed_meanwhile_is_refused,
-        test_replay_cut_between_commit_and_ack_stays_exactly_once,
+        test_two_replays_of_one_letter_at_once_enqueue_it_once,
         test_purge_removes_exactly_the_selected_dead_letters,
         test_bad_usage_exits_2_and_production_sekalictl_has_no_failpoints,
         test_groups_pages_and_dry_runs_select_without_changing_anything,
-        test_scans_past_one_window_keep_order_and_take_exactly_the_selected,
-        test_scans_of_a_quorum_dead_letter_queue_keep_every_letter_in_order,
+        test_import_moves_every_letter_of_a_quorum_dead_letter_queue_in_order,
         NULL,
     };
     Suite *s = suite_create("dlq");

@@ -67,7 +67,13 @@ START_TEST(test_janitor_removes_exactly_what_retention_says)
              /* Crash counts: a day old is history (go), an hour old may be a loop (stay). */
              "INSERT INTO sekali.job_crashes (queue, key, crashes, last_crash) VALUES "
              "('%1$s', 'crashed-long-ago', 3, now() - interval '2 days'),"
-             "('%1$s', 'crashed-lately', 2, now() - interval '1 hour')", r.queue, other);
+             "('%1$s', 'crashed-lately', 2, now() - interval '1 hour');"
+             /* Dead letters: of a failed key the janitor purges, and without a key
+              * two hours old (go); without a key, recent (stays). */
+             "INSERT INTO sekali.dead_letters (queue, key, reason, body, body_size, failed_at) "
+             "VALUES ('%1$s', 'old-failed', 'failed', '', 0, now() - interval '2 hours'),"
+             "('%1$s', NULL, 'malformed', '', 0, now() - interval '2 hours'),"
+             "('%1$s', NULL, 'malformed', 'new', 3, now())", r.queue, other);
     h_pg_exec(r.pg, sql);
     count_key_deletes(r.pg, r.queue);
     /* o3 is unpublished: keep the relay away from it. */
@@ -87,7 +93,11 @@ START_TEST(test_janitor_removes_exactly_what_retention_says)
                       r.queue) == 1, 20000, "the janitor should leave the live dedupe key only");
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = '%s'",
                       r.queue) == 1, 20000, "the janitor should forget the day-old crash count");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE queue = '%s'",
+                      r.queue) == 1, 20000, "the janitor should keep the recent dead letter only");
     h_stop_sekalid(r.sekalid, r.dir);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE queue = "
+                                      "'%s' AND body = 'new'", r.queue), 1);
     stop_counting_key_deletes(r.pg, r.queue);
 
     /* The 4 finished keys went 2 at a time (batch: 2), each batch in a

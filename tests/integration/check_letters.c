@@ -47,14 +47,20 @@ START_TEST(test_a_forged_dead_letter_is_escaped_unverified_and_not_replayed)
     H_WAIT(h_queue_depth(r.b, r.dead) == 1, 10000, "the forged letter should be in %s", r.dead);
     h_run_stop(&r);
 
+    /* sekali never reads <queue>.dead for its own state: the letter
+     * reaches the table only by import, which judges it. */
     char *out = NULL;
+    ck_assert_int_eq(DLQ(&r, &out, "import", r.queue), 0);
+    ck_assert_msg(raw_control(out) == NULL, "dlq import printed %s raw: %s", raw_control(out),
+                  out);
+    free(out);
     ck_assert_int_eq(DLQ(&r, &out, "list", r.queue), 0);
     ck_assert_msg(raw_control(out) == NULL, "dlq list printed %s raw: %s", raw_control(out), out);
     free(out);
     ck_assert_int_eq(DLQ(&r, &out, "show", r.queue, "k-victim"), 0);
     ck_assert_msg(raw_control(out) == NULL, "dlq show printed %s raw: %s", raw_control(out), out);
-    ck_assert_msg(strstr(out, "recorded by unverified") != NULL, "%s", out);
-    ck_assert_msg(strstr(out, "\\u202e") != NULL && strstr(out, "\\x1b") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "recorded by:    unverified") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "\\u202e") != NULL && strstr(out, "\\u001b") != NULL, "%s", out);
     free(out);
     ck_assert_int_eq(DLQ(&r, &out, "show", r.queue, "k-victim", "--json"), 0);
     ck_assert_msg(raw_control(out) == NULL, "dlq show --json printed %s raw: %s",
@@ -68,7 +74,8 @@ START_TEST(test_a_forged_dead_letter_is_escaped_unverified_and_not_replayed)
     free(out);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s'",
                                 r.queue), 0);
-    ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE queue = "
+                                      "'%s' AND recorded_by = 'unverified'", r.queue), 1);
     h_run_close(&r);
 }
 END_TEST

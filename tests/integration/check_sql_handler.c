@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "harness.h"
+#include "text.h"
 
 #define SQL_HANDLER "handlers/sql.so"
 #define FAST_RETRY  "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 20ms\n"
@@ -211,6 +212,55 @@ START_TEST(test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_t
 }
 END_TEST
 
+/* The issue's case: the server's error quotes the body, the handler cuts
+ * it at 400 bytes inside an é, and PostgreSQL refused the cut text in
+ * sekali.fail() (SQLSTATE 22021). The worker handed the message back, it
+ * came straight back, about twice a second, for ever, and the good job
+ * behind it (prefetch 1) never ran. Now the host makes the text valid
+ * (the cut character becomes U+FFFD): the job fails once, is recorded and
+ * dead-lettered, and the next one runs. */
+START_TEST(test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_runs)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlcut");
+    char *yaml = config_for(&r, "\"SELECT :body::int\"", "    prefetch: 1\n" FAST_RETRY);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    char body[400];
+    memset(body, 'x', 359);
+    body[359] = '\0';
+    for (int i = 0; i < 20; i++)
+        strcat(body, "\xc3\xa9");
+    h_publish(r.b, r.queue, "cast", "m-cut", "cut", NULL, body);
+    h_publish(r.b, r.queue, "cast", "m-good", "good", NULL, "42");
+
+    H_WAIT(h_completed(&r) == 1 && failed(&r) == 1, 30000,
+           "the job behind should complete and the cut one fail: %lld completed, %lld failed, "
+           "%d hand-backs of an unrecorded failure", h_completed(&r), failed(&r),
+           h_count_lines(r.log, "failure not recorded, handed back"));
+    ck_assert_int_eq(failed_with(&r, "cut", "%SQLSTATE 22P02: invalid input syntax for type "
+                                            "integer: \"xxx%"), 1);
+    /* The handler's 400 bytes end in the first é's first byte: that one
+     * is replaced, the text before it kept. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'cut' AND "
+                                      "right(error, 2) = U&'x\\FFFD'", r.queue), 1);
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "1 dead letter expected, %u in %s",
+           h_queue_depth(r.b, r.dead), r.dead);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char error[1024];
+    h_header_text(&msg, "x-sekali-error", error, sizeof(error));
+    ck_assert_msg(sk_text_valid(error, strlen(error)), "x-sekali-error is not UTF-8: %s", error);
+    ck_assert_msg(strstr(error, "SQLSTATE 22P02") != NULL, "x-sekali-error: %s", error);
+    amqp_destroy_message(&msg);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "recording failure failed"), 0);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
 START_TEST(test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed)
 {
     struct h_run r;
@@ -242,37 +292,84 @@ START_TEST(test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed)
 }
 END_TEST
 
+/* sekalid's /readyz on port: the HTTP status, and the body in body. */
+static int readyz(const struct h_run *r, int port, char *body, size_t size)
+{
+    char cmd[1400], file[1100];
+    snprintf(file, sizeof(file), "%s/readyz.txt", r->dir);
+    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s -w '%%{http_code}' "
+             "http://127.0.0.1:%d/readyz", file, port);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int status = 0;
+    if (fscanf(p, "%d", &status) != 1)
+        status = 0;
+    pclose(p);
+    char *text = h_read_file(file);
+    snprintf(body, size, "%s", text != NULL ? text : "");
+    free(text);
+    return status;
+}
+
 /* Deploy-order mistake: sekalid is up before the function. The worker
- * takes no job, says why (queue and position), asks again with backoff,
- * and once the function exists every job runs; none is dead-lettered. */
+ * subscribes to nothing and holds none of the queue's messages (another
+ * host's workers could take them), says why (queue, SQLSTATE, position),
+ * asks again with backoff; /readyz answers 503 with the reason, `sekalictl
+ * status` is unhealthy and says why, doctor fails; once the function
+ * exists every job runs, none dead-lettered, and all is well again. */
 START_TEST(test_missing_function_holds_jobs_until_it_is_created)
 {
     struct h_run r;
     h_run_open(&r, "sqllater");
     create_schema(r.pg);
-    char statement[512], *yaml = NULL;
+    char statement[512], *yaml = NULL, top[128];
     snprintf(statement, sizeof(statement),
              "'SELECT sekali_sqlh.\"later_%s\"(:body::jsonb, :idempotency_key)'", r.queue);
     for (char *c = statement; *c != '\0'; c++)
         if (*c == '-')
             *c = '_';
     yaml = config_for(&r, statement, NULL);
-    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
-                                          .queue_yaml = yaml });
+    int port = h_free_port();
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
     for (int i = 0; i < 5; i++) {
         char id[160], key[32];
         snprintf(id, sizeof(id), "%s-%d", r.queue, i);
         snprintf(key, sizeof(key), "l-%d", i);
         h_publish(r.b, r.queue, "book", id, key, NULL, "{\"amount\": 2}");
     }
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml, .top_yaml = top, .held = true });
     /* Twice: the second is the backoff's retry, not the first refusal. */
     H_WAIT(h_count_lines(r.log, "the handler is not ready, taking no jobs") >= 2, 20000,
            "the worker should refuse jobs twice while the function is missing (see %s)", r.log);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_HANDLER_NOT_READY, NULL), 1);
     ck_assert_int_ge(h_count_lines(r.log, r.queue), 2);
     ck_assert_int_ge(h_count_lines(r.log, "SQLSTATE 42883"), 2);
     ck_assert_int_ge(h_count_lines(r.log, "at character 8 of the statement"), 1);
     ck_assert_int_eq(h_completed(&r) + failed(&r), 0);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    /* Not held by the worker: all five ready in the queue, no consumer. */
+    ck_assert_int_eq(h_queue_depth(r.b, r.queue), 5);
+    ck_assert_int_eq(h_consumers(r.b, r.queue), 0);
+
+    char body[1200], want[300];
+    snprintf(want, sizeof(want), "%s: the handler cannot run (1/1 workers hold no job): "
+             "preparing the statement failed: SQLSTATE 42883", r.queue);
+    H_WAIT(readyz(&r, port, body, sizeof(body)) == 503 && strstr(body, want) != NULL, 20000,
+           "/readyz should answer 503 with \"%s\", answered \"%s\"", want, body);
+    char *out = NULL;
+    int rc = h_sekalictl(&r, &out, (const char *const[]){ "status", NULL });
+    snprintf(want, sizeof(want), "the handler cannot run (1/1 workers hold no job): preparing "
+             "the statement failed: SQLSTATE 42883");
+    ck_assert_msg(rc == 5 && strstr(out, want) != NULL, "sekalictl status should exit 5 saying "
+                  "\"%s\"; exit %d, said:\n%s", want, rc, out);
+    free(out);
+    rc = h_sekalictl(&r, &out, (const char *const[]){ "doctor", NULL });
+    ck_assert_msg(rc != 0 && strstr(out, "queue.handler") != NULL &&
+                  strstr(out, "cannot run the handler") != NULL,
+                  "sekalictl doctor should fail queue.handler; exit %d, said:\n%s", rc, out);
+    free(out);
 
     char fn[1024];
     snprintf(fn, sizeof(fn),
@@ -287,6 +384,13 @@ START_TEST(test_missing_function_holds_jobs_until_it_is_created)
     H_WAIT(h_completed(&r) == 5, 60000, "the 5 held jobs should run once the function exists: "
            "%lld completed", h_completed(&r));
     ck_assert_int_ge(h_count_lines(r.log, "the handler is ready: taking jobs again"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_HANDLER_READY, NULL), 1);
+    H_WAIT(readyz(&r, port, body, sizeof(body)) == 200, 20000,
+           "/readyz should answer 200 again, answered \"%s\"", body);
+    rc = h_sekalictl(&r, &out, (const char *const[]){ "status", NULL });
+    ck_assert_msg(rc == 0, "sekalictl status should be healthy again; exit %d, said:\n%s", rc,
+                  out);
+    free(out);
     h_run_stop(&r);
     ck_assert_int_eq(bookings(&r, NULL), 5);
     ck_assert_int_eq(failed(&r), 0);
@@ -387,6 +491,21 @@ START_TEST(test_sekalid_t_names_the_position_of_an_unknown_parameter)
     ck_assert_msg(strstr(out, want) != NULL, "sekalid -t should say \"%s\", said:\n%s", want, out);
     free(config);
 
+    /* Two statements never prepare, whatever the database holds: said
+     * offline, where the second starts; a trailing ';' and comments are
+     * one statement still. */
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+        "    config:\n      statement: \"SELECT app.f(:body::jsonb); /* ; */ DELETE FROM t\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+    position_of(config, "DELETE", where, sizeof(where));
+    snprintf(want, sizeof(want), "%s: statement: a second statement", where);
+    ck_assert_msg(strstr(out, want) != NULL, "sekalid -t should say \"%s\", said:\n%s", want, out);
+    free(config);
+    config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1,
+        "    config:\n      statement: \"SELECT :job_id::text; -- one\\n;\"\n");
+    ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 0);
+    free(config);
+
     config = h_write_config(dir, "sqlcheck", SQL_HANDLER, 1, "    config: {table: x}\n");
     ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
     ck_assert_msg(strstr(out, "`statement:` is missing") != NULL, "said:\n%s", out);
@@ -458,6 +577,7 @@ int main(void)
         test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed,
         test_missing_function_holds_jobs_until_it_is_created,
         test_headers_and_job_fields_reach_the_statement_as_text,
+        test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_runs,
         NULL,
     };
     return h_run_suite(h_suite("sql_handler", 120, tests));

@@ -455,6 +455,185 @@ START_TEST(test_each_tls_failure_is_named_retried_and_recovers_once_fixed)
 }
 END_TEST
 
+/* Redis's TLS set-up gone wrong, with the default on_redis_down: proceed.
+ * Each is a configuration error, not an outage: the jobs are held (never
+ * run without their locks, never dead-lettered), the log names the cause
+ * with the event link_refused, and once it is fixed they run, once. */
+enum redis_fault { REDIS_WRONG_CA, REDIS_WRONG_NAME, REDIS_EXPIRED, REDIS_CLEAR_TO_TLS };
+
+struct redis_failure {
+    const char      *name;
+    const char      *message;  /* in the worker's log; %d is the port */
+    enum redis_fault fault;
+};
+
+static const struct redis_failure redis_failures[] = {
+    { "tls-redis-ca", "redis connect to 127.0.0.1:%d failed: TLS: the server's certificate is "
+      "not signed by a CA we trust (tls.ca_file)", REDIS_WRONG_CA },
+    { "tls-redis-name", "redis connect to 127.0.0.1:%d failed: TLS: host name mismatch: the "
+      "server's certificate does not name redis.wrong.example", REDIS_WRONG_NAME },
+    { "tls-redis-expired", "redis connect to 127.0.0.1:%d failed: TLS: the server's "
+      "certificate has expired", REDIS_EXPIRED },
+    { "tls-redis-clear", "redis at 127.0.0.1:%d closed the connection at a clear-text PING, "
+      "unanswered: this port seems to speak TLS", REDIS_CLEAR_TO_TLS },
+};
+
+/* The redis: lines write_tls_config() wrote, and r's password file. */
+static void redis_block(const struct h_run *r, char *out, size_t size)
+{
+    snprintf(out, size, "  port: %s\n  username: sekali_acl\n  password_file: %s/redis.password\n"
+             "  tls:\n    ca_file: %s/ca.crt\n", getenv("SEKALI_REDIS_TLS_PORT"), r->dir,
+             tls_dir());
+}
+
+START_TEST(test_each_redis_tls_failure_holds_jobs_whatever_on_redis_down_says)
+{
+    const struct redis_failure *f = &redis_failures[_i];
+    struct h_run r;
+    h_run_open(&r, f->name);
+    write_tls_config(&r, &(struct tls_opts){ .server_name = "localhost",
+                                             .queue_yaml = "    on_redis_down: proceed\n" });
+    char good[2000], bad[2100], cmd[2400], ca[1100];
+    redis_block(&r, good, sizeof(good));
+    int port = atoi(getenv("SEKALI_REDIS_TLS_PORT"));
+    pid_t s_server = 0;
+    snprintf(ca, sizeof(ca), "%s/redis-ca.crt", r.dir);
+    switch (f->fault) {
+    case REDIS_WRONG_CA:  /* fixed by the file, with no reload */
+        snprintf(cmd, sizeof(cmd), "cp %s/other-ca.crt %s", tls_dir(), ca);
+        ck_assert_int_eq(system(cmd), 0);
+        snprintf(bad, sizeof(bad), "  port: %d\n  username: sekali_acl\n  password_file: "
+                 "%s/redis.password\n  tls:\n    ca_file: %s\n", port, r.dir, ca);
+        break;
+    case REDIS_WRONG_NAME:
+        snprintf(bad, sizeof(bad), "%s    server_name: redis.wrong.example\n", good);
+        break;
+    case REDIS_EXPIRED:
+        s_server = expired_server(&port);
+        snprintf(bad, sizeof(bad), "  port: %d\n  username: sekali_acl\n  password_file: "
+                 "%s/redis.password\n  tls:\n    ca_file: %s/ca.crt\n", port, r.dir, tls_dir());
+        break;
+    case REDIS_CLEAR_TO_TLS:
+        snprintf(bad, sizeof(bad), "  port: %d\n  username: sekali_acl\n  password_file: "
+                 "%s/redis.password\n", port, r.dir);
+        break;
+    }
+    h_config_replace(r.config, good, bad);
+    for (int i = 0; i < 3; i++) {
+        char id[32], key[32];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+
+    char message[400];
+    snprintf(message, sizeof(message), f->message, port);
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_LINK_REFUSED, SK_SERVER_REDIS) >= 1 &&
+           h_count_lines(r.log, message) >= 1, 30000, "the worker should refuse the link "
+           "(event link_refused) and say \"%s\" (see %s)", message, r.log);
+    /* Held, not run without locks; named as a setting, never as an outage. */
+    ck_assert_int_eq(kill(r.sekalid, 0), 0);
+    ck_assert_int_eq(h_effects(&r, NULL), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS), 0);
+    ck_assert_int_eq(h_count_lines(r.log, "going on without locks"), 0);
+
+    if (f->fault == REDIS_WRONG_CA) {
+        snprintf(cmd, sizeof(cmd), "cp %s/ca.crt %s", tls_dir(), ca);
+        ck_assert_int_eq(system(cmd), 0);
+    } else {
+        h_config_replace(r.config, bad, good);
+        ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
+    }
+    H_WAIT(h_effects(&r, NULL) == 3, 40000, "the 3 jobs should run once the fault is fixed, "
+           "%lld did (see %s)", h_effects(&r, NULL), r.log);
+    if (s_server > 0) {
+        kill(s_server, SIGTERM);
+        waitpid(s_server, NULL, 0);
+    }
+    h_run_stop(&r);
+    h_expect_once(&r, 3, 0);
+    ck_assert_int_eq(h_count_lines(r.log, "aclpass"), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A TLS port as any TLS server answers clear text: a fatal alert (unexpected
+ * message), then the close. Records every byte it was sent into path. */
+static pid_t tls_listener(int *port, const char *path)
+{
+    *port = h_free_port();
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)*port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(listen(fd, 16), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid > 0) {
+        close(fd);
+        return pid;
+    }
+    static const unsigned char alert[] = { 0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x0a };
+    for (;;) {
+        int c = accept(fd, NULL, NULL);
+        if (c < 0)
+            continue;
+        char buf[4096];
+        ssize_t n = read(c, buf, sizeof(buf));
+        FILE *out = fopen(path, "a");
+        if (out != NULL && n > 0)
+            fwrite(buf, 1, (size_t)n, out);
+        if (out != NULL)
+            fclose(out);
+        if (write(c, alert, sizeof(alert)) < 0) { /* the client went first */ }
+        close(c);
+    }
+}
+
+/* redis.tls left out for a port that speaks TLS: what sekali sends first
+ * is a harmless PING, never AUTH with the password in clear, and the log
+ * says the port speaks TLS. */
+START_TEST(test_a_tls_port_spoken_to_in_clear_text_never_gets_the_password)
+{
+    struct h_run r;
+    h_run_open(&r, "tls-redis-clear-alert");
+    write_tls_config(&r, &(struct tls_opts){ .server_name = "localhost",
+                                             .queue_yaml = "    on_redis_down: proceed\n" });
+    char good[2000], bad[2000], heard[1100];
+    redis_block(&r, good, sizeof(good));
+    snprintf(heard, sizeof(heard), "%s/heard.bin", r.dir);
+    int port;
+    pid_t listener = tls_listener(&port, heard);
+    snprintf(bad, sizeof(bad), "  port: %d\n  username: sekali_acl\n  password_file: "
+             "%s/redis.password\n", port, r.dir);
+    h_config_replace(r.config, good, bad);
+    h_publish(r.b, r.queue, "test", "m-0", "k-0", NULL, "ok");
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    char message[300];
+    snprintf(message, sizeof(message), "redis at 127.0.0.1:%d answered a clear-text PING in "
+             "TLS: this port seems to speak TLS", port);
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_LINK_REFUSED, SK_SERVER_REDIS) >= 1 &&
+           h_count_lines(r.log, message) >= 1, 30000, "the worker should say \"%s\" (see %s)",
+           message, r.log);
+    ck_assert_int_eq(h_effects(&r, NULL), 0);
+    h_run_stop(&r);
+    kill(listener, SIGKILL);
+    waitpid(listener, NULL, 0);
+    char *bytes = h_read_file(heard);
+    ck_assert_ptr_nonnull(bytes);
+    ck_assert_msg(strstr(bytes, "PING") != NULL, "the listener should have heard a PING");
+    ck_assert_msg(strstr(bytes, "AUTH") == NULL && strstr(bytes, "aclpass") == NULL,
+                  "no credential may reach a TLS port in clear text; it heard:\n%s", bytes);
+    free(bytes);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     if (tls_dir() == NULL || getenv("SEKALI_AMQP_TLS_PORT") == NULL ||
@@ -471,10 +650,13 @@ int main(void)
         test_the_client_certificate_logs_in_with_external,
         test_a_redis_password_changed_under_sekalid_holds_jobs_until_fixed,
         test_an_acl_user_lacking_a_command_holds_jobs_until_granted,
+        test_a_tls_port_spoken_to_in_clear_text_never_gets_the_password,
         NULL,
     };
     TCase *tc = h_tcase(s, "tls", 120, tests);
     tcase_add_loop_test(tc, test_each_tls_failure_is_named_retried_and_recovers_once_fixed, 0,
                         (int)SK_ARRAY_LEN(failures));
+    tcase_add_loop_test(tc, test_each_redis_tls_failure_holds_jobs_whatever_on_redis_down_says,
+                        0, (int)SK_ARRAY_LEN(redis_failures));
     return h_run_suite(s);
 }
