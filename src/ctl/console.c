@@ -7,8 +7,9 @@
  * (textContent), never as markup, so a value from a message cannot become
  * HTML or script; the Content-Security-Policy below allows only our own
  * script and style, and Trusted Types make any use of innerHTML throw.
- * Reading needs no login; every action is a POST with a session cookie and
- * its CSRF token (console_auth.c). */
+ * Every request must name this console in its Host; reading the API needs
+ * a session (or console.open_reads, on loopback), and every action is a
+ * POST with a session cookie and its CSRF token (console_auth.c). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
@@ -83,6 +84,9 @@ static void serve_asset(struct sk_console_call *c, const char *name)
 static void route(struct sk_console_call *c)
 {
     bool get = strcmp(c->method, "GET") == 0 || strcmp(c->method, "HEAD") == 0;
+    if (!sk_console_host_ok(c))
+        return sk_console_fail(c, 421, "refused: the Host header does not name this console "
+                            "(an address, localhost, or the name in console.listen)");
     if (!get && !c->post)
         return sk_console_fail(c, 405, "only GET and POST");
     if (c->post && c->too_big)
@@ -99,6 +103,8 @@ static void route(struct sk_console_call *c)
         }
         if (strcmp(api, "session") == 0)
             return get ? sk_console_session(c) : sk_console_fail(c, 405, "use GET");
+        if (get && !sk_console_may_read(c))
+            return;
         if (!sk_console_api(c))
             sk_console_fail(c, 404, "no such API route");
         return;
@@ -241,6 +247,15 @@ static bool listen_addr(const char *host, int port, struct sockaddr_storage *sa,
     return true;
 }
 
+/* 127.0.0.0/8 or ::1: only this machine's users reach it. */
+static bool loopback(const struct sockaddr_storage *sa)
+{
+    if (sa->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    return sa->ss_family == AF_INET6 &&
+           IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+}
+
 /* --listen, or console.listen: *host and *port; *own_host, what --listen
  * gave, is the caller's to free. Returns -1 to go on, or the exit code
  * (SK_CTL_OK after --help). */
@@ -344,7 +359,16 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         return code;
     }
 
-    struct sk_console con = { .conf = conf, .tls = cert != NULL };
+    if (conf->console.open_reads && !loopback(&sa)) {
+        fprintf(stderr, "sekalictl: serve: console.open_reads is for a loopback listener only, "
+                "and %s is not one: remove it (reading then needs a login)\n", host);
+        free(own_host);
+        free(cert);
+        sk_conf_value_wipe(key);
+        return SK_CTL_USAGE;
+    }
+    struct sk_console con = { .conf = conf, .tls = cert != NULL, .listen_host = host,
+                              .port = port, .open_reads = conf->console.open_reads };
     pthread_mutex_init(&con.dlq_lock, NULL);
     con.sessions = sk_console_sessions_new();
     if (con.sessions == NULL) {
@@ -369,8 +393,10 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         code = SK_CTL_OK;
         printf("sekalictl: console on %s://%s%s%s:%d/ (%s)\n", cert ? "https" : "http",
                v6 ? "[" : "", host, v6 ? "]" : "", port,
-               conf->console.http.token != NULL ? "actions need a login"
-                                                : "read-only: no console.token_file");
+               conf->console.http.token == NULL
+                   ? (con.open_reads ? "read-only: no console.token_file"
+                                     : "closed: no console.token_file, so no one can log in")
+                   : con.open_reads ? "actions need a login" : "reads and actions need a login");
         fflush(stdout);
         int sig;
         sigwait(&stop, &sig);

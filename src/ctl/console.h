@@ -42,6 +42,11 @@ struct sk_console {
     pthread_mutex_t           dlq_lock;
     struct sk_console_sessions  *sessions;
     struct sk_console_rates     *rates;
+    /* What a request's Host may name besides an address or localhost: the
+     * listen address as configured (a name, when it is one), and its port. */
+    const char                  *listen_host;
+    int                          port;
+    bool                         open_reads;  /* console.open_reads, on loopback */
 };
 
 struct sk_console_field {
@@ -91,6 +96,13 @@ void sk_console_sessions_free(struct sk_console_sessions *s);
 void sk_console_login(struct sk_console_call *c);
 void sk_console_logout(struct sk_console_call *c);
 void sk_console_session(struct sk_console_call *c);
+/* Whether the request's Host names this console: an address, localhost or
+ * the configured listen name, with the listening port. A page of another
+ * name that resolves here (DNS rebinding) sends its own name. */
+bool sk_console_host_ok(struct sk_console_call *c);
+/* Whether this GET may read the API: a live session, or console.open_reads
+ * (a loopback listener only). Otherwise the refusal is answered (401). */
+bool sk_console_may_read(struct sk_console_call *c);
 /* Whether this POST may act: same origin, a live session, its CSRF token.
  * Otherwise the refusal is answered (403 or 401) and false returned;
  * operator gets the session's name. */

@@ -2,7 +2,10 @@
  * tests/browser/check_console.c): every answer's security headers, the
  * refusals an action meets without a session, a CSRF token or the same
  * origin (a pause too, and one that has them all: its row in PostgreSQL
- * names the session's operator), and HTTPS with libmicrohttpd's TLS and a Secure cookie. Requests
+ * names the session's operator), HTTPS with libmicrohttpd's TLS and a
+ * Secure cookie; a Host of another name (DNS rebinding), reads without a
+ * login, a token too short to start with, and failed logins limited and
+ * logged. Requests
  * are made with curl, as a script would. */
 #include <signal.h>
 #include <stdio.h>
@@ -13,16 +16,19 @@
 
 #include "harness.h"
 
-#define TOKEN "integration-token-42"
+#define TOKEN "integration-token-42-0123456789abcdef"
 
 struct console {
     char  *dir, *config, url[160], queue[128];
     pid_t  pid;
 };
 
+static int curl(struct console *c, const char *path, const char *args, char **out);
+
 /* Writes a config whose console listens on a free port, with TLS when
  * tls_dir is set, and starts sekalictl serve on it. */
-static void start(struct console *c, const char *name, const char *tls_dir)
+static void start_with(struct console *c, const char *name, const char *tls_dir,
+                       const char *token_text, const char *extra)
 {
     h_init();
     c->dir = h_tmpdir(name);
@@ -31,14 +37,15 @@ static void start(struct console *c, const char *name, const char *tls_dir)
     snprintf(token, sizeof(token), "%s/console.token", c->dir);
     FILE *f = fopen(token, "w");
     ck_assert_ptr_nonnull(f);
-    fputs(TOKEN "\n", f);
+    fputs(token_text, f);
     fclose(f);
     int port = h_free_port();
     int n = snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n",
                      port, token);
     if (tls_dir != NULL)
-        snprintf(top + n, sizeof(top) - (size_t)n, "  tls_cert_file: %s/server.crt\n"
-                 "  tls_key_file: %s/server.key\n", tls_dir, tls_dir);
+        n += snprintf(top + n, sizeof(top) - (size_t)n, "  tls_cert_file: %s/server.crt\n"
+                      "  tls_key_file: %s/server.key\n", tls_dir, tls_dir);
+    snprintf(top + n, sizeof(top) - (size_t)n, "%s", extra);
     c->config = h_write_config_top(c->dir, c->queue, H_EFFECT, 1, NULL, top);
     snprintf(c->url, sizeof(c->url), "%s://127.0.0.1:%d", tls_dir ? "https" : "http", port);
     snprintf(log, sizeof(log), "%s/serve.log", c->dir);
@@ -54,6 +61,32 @@ static void start(struct console *c, const char *name, const char *tls_dir)
     }
     H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
            10000, "sekalictl serve should start (see %s)", log);
+}
+
+/* The token file as docs/console.md makes it: with a trailing newline. */
+static void start(struct console *c, const char *name, const char *tls_dir)
+{
+    start_with(c, name, tls_dir, TOKEN "\n", "");
+}
+
+static char *serve_log(struct console *c)
+{
+    char log[1100];
+    snprintf(log, sizeof(log), "%s/serve.log", c->dir);
+    char *t = h_read_file(log);
+    return t != NULL ? t : strdup("");
+}
+
+/* A session cookie in c->dir/jar; the CSRF token into csrf. */
+static void login(struct console *c, char csrf[80])
+{
+    char args[2000], *out;
+    snprintf(args, sizeof(args), "-c '%s/jar' -d operator=alice -d token=" TOKEN, c->dir);
+    ck_assert_int_eq(curl(c, "/api/login", args, &out), 200);
+    char *at = strstr(out, "\"csrf\":\"");
+    ck_assert_ptr_nonnull(at);
+    snprintf(csrf, 80, "%.64s", at + 8);
+    free(out);
 }
 
 static void stop(struct console *c)
@@ -110,7 +143,8 @@ START_TEST(test_every_answer_has_the_headers_and_actions_are_refused_without_wha
     const char *purge = "-d queue=x -d all=1";
     ck_assert_int_eq(curl(&c, "/api/dlq/purge", purge, &out), 401);
     free(out);
-    ck_assert_int_eq(curl(&c, "/api/dlq/purge?queue=x&all=1", "", &out), 405);
+    /* Without a session a GET reads nothing, an action's route included. */
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge?queue=x&all=1", "", &out), 401);
     free(out);
     ck_assert_int_eq(curl(&c, "/api/login", "-d operator=m -d token=wrong", &out), 401);
     ck_assert_msg(strstr(out, "wrong") != NULL && strstr(out, "Set-Cookie") == NULL, "%s", out);
@@ -178,7 +212,8 @@ START_TEST(test_every_answer_has_the_headers_and_actions_are_refused_without_wha
     free(out);
     ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.queue_pauses WHERE queue = "
                                     "'%s'", c.queue), 0);
-    ck_assert_int_eq(curl(&c, "/api/schedules", "", &out), 200);
+    snprintf(args, sizeof(args), "-b '%s'", jar);
+    ck_assert_int_eq(curl(&c, "/api/schedules", args, &out), 200);
     ck_assert_msg(strstr(out, "\"schedules\": [") != NULL, "%s", out);
     free(out);
     ck_assert_int_eq(curl(&c, "/api/schedules", "-d x=1", &out), 405);
@@ -222,11 +257,132 @@ START_TEST(test_over_tls_the_console_speaks_https_only_with_a_secure_cookie)
 }
 END_TEST
 
+/* DNS rebinding: a page at an attacker's name, resolved to 127.0.0.1, sends
+ * that name in Host; and without a session it reads nothing anyway. */
+START_TEST(test_another_name_in_host_and_reads_without_a_login_are_refused)
+{
+    struct console c;
+    start(&c, "consolehost", NULL);
+    const char *port = strrchr(c.url, ':') + 1;
+    char *out, args[2000], csrf[80];
+    snprintf(args, sizeof(args), "-H 'Host: rebind.evil.example:%s'", port);
+    ck_assert_int_eq(curl(&c, "/api/status", args, &out), 421);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/", args, &out), 421);
+    free(out);
+    snprintf(args, sizeof(args), "-H 'Host: rebind.evil.example:%s' -d operator=m -d token="
+             TOKEN, port);
+    ck_assert_int_eq(curl(&c, "/api/login", args, &out), 421);
+    ck_assert_msg(strstr(out, "Set-Cookie") == NULL, "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "-H 'Host: localhost:%s'", port);
+    ck_assert_int_eq(curl(&c, "/", args, &out), 200);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/", "-H 'Host: 127.0.0.1:1'", &out), 421);  /* another port */
+    free(out);
+
+    ck_assert_int_eq(curl(&c, "/api/rates", "", &out), 401);
+    free(out);
+    static const char *const reads[] = { "/api/status", "/api/schedules" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(reads); i++) {
+        ck_assert_int_eq(curl(&c, reads[i], "", &out), 401);
+        ck_assert_msg(strstr(out, "log in first") != NULL, "%s: %s", reads[i], out);
+        free(out);
+    }
+    ck_assert_int_eq(curl(&c, "/api/session", "", &out), 200);  /* the login page asks */
+    free(out);
+    /* The documented login: the token file sent as it is, newline and all. */
+    snprintf(args, sizeof(args), "-d operator=alice --data-urlencode 'token@%s/console.token'",
+             c.dir);
+    ck_assert_int_eq(curl(&c, "/api/login", args, &out), 200);
+    free(out);
+    login(&c, csrf);
+    snprintf(args, sizeof(args), "-b '%s/jar'", c.dir);
+    for (size_t i = 0; i < SK_ARRAY_LEN(reads); i++) {
+        ck_assert_int_eq(curl(&c, reads[i], args, &out), 200);
+        free(out);
+    }
+    stop(&c);
+}
+END_TEST
+
+START_TEST(test_open_reads_open_them_on_loopback)
+{
+    struct console c;
+    start_with(&c, "consoleopen", NULL, TOKEN "\n", "  open_reads: true\n");
+    char *out;
+    ck_assert_int_eq(curl(&c, "/api/status", "", &out), 200);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", "-d queue=x -d all=1", &out), 401);
+    free(out);
+    stop(&c);
+}
+END_TEST
+
+/* Guesses: a shared budget of failures a minute, each logged with the
+ * client's address and never with what was typed. */
+START_TEST(test_failed_logins_are_limited_and_logged_without_the_guess)
+{
+    struct console c;
+    start(&c, "consoleguess", NULL);
+    char *out, args[200];
+    for (int i = 0; i < 10; i++) {
+        snprintf(args, sizeof(args), "-d operator=m -d token=guess-%02d-xyzzy", i);
+        ck_assert_int_eq(curl(&c, "/api/login", args, &out), 401);
+        free(out);
+    }
+    ck_assert_int_eq(curl(&c, "/api/login", "-d operator=m -d token=guess-10-xyzzy", &out), 429);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/login", "-d operator=m -d token=" TOKEN, &out), 429);
+    ck_assert_msg(strstr(out, "Set-Cookie") == NULL, "%s", out);
+    free(out);
+    char *log = serve_log(&c);
+    ck_assert_msg(strstr(log, "failed login (wrong token) from 127.0.0.1, 10 of 10") != NULL,
+                  "%s", log);
+    ck_assert_msg(strstr(log, "xyzzy") == NULL, "a guess reached the log: %s", log);
+    free(log);
+    stop(&c);
+}
+END_TEST
+
+/* A one-character token was accepted: now the start refuses it, clearly. */
+START_TEST(test_a_token_shorter_than_32_bytes_is_refused_at_start)
+{
+    h_init();
+    char *dir = h_tmpdir("consoleshort"), queue[128], token[1100], top[2000], cmd[4000];
+    h_unique_name(queue, sizeof(queue), "consoleshort");
+    snprintf(token, sizeof(token), "%s/console.token", dir);
+    FILE *f = fopen(token, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("x\n", f);
+    fclose(f);
+    snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n",
+             h_free_port(), token);
+    char *config = h_write_config_top(dir, queue, H_EFFECT, 1, NULL, top);
+    snprintf(cmd, sizeof(cmd), "timeout 10 '%s/sekalictl' -c '%s' serve 2>&1; echo rc=$?",
+             h_build_dir(), config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char text[4096] = "";
+    size_t n = fread(text, 1, sizeof(text) - 1, p);
+    text[n] = '\0';
+    pclose(p);
+    ck_assert_msg(strstr(text, "at least 32 characters") != NULL, "%s", text);
+    ck_assert_msg(strstr(text, "rc=0") == NULL && strstr(text, "rc=124") == NULL, "%s", text);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_every_answer_has_the_headers_and_actions_are_refused_without_what_they_need,
         test_over_tls_the_console_speaks_https_only_with_a_secure_cookie,
+        test_another_name_in_host_and_reads_without_a_login_are_refused,
+        test_open_reads_open_them_on_loopback,
+        test_failed_logins_are_limited_and_logged_without_the_guess,
+        test_a_token_shorter_than_32_bytes_is_refused_at_start,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));
