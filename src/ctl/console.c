@@ -29,8 +29,7 @@
 #include "ctl_common.h"
 #include "ctl_out.h"
 
-#define CONNECTIONS_MAX 64
-#define IDLE_TIMEOUT_S  30
+#define IDLE_TIMEOUT_S  30  /* console_guard.c cuts a slow request sooner */
 
 /* On every answer. The page builds its DOM with textContent only; Trusted
  * Types turn a slip (an innerHTML assignment) into an exception. */
@@ -188,8 +187,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (c->body == NULL && (c->body = calloc(1, 1)) == NULL)
         return MHD_NO;
+    sk_console_guard_busy(c->con->guard, conn, true);
     route(c);
-    return send_answer(c);
+    enum MHD_Result rc = send_answer(c);
+    sk_console_guard_busy(c->con->guard, conn, false);
+    return rc;
 }
 
 static void on_done(void *cls, struct MHD_Connection *conn, void **state,
@@ -329,17 +331,20 @@ static struct MHD_Daemon *start_daemon(struct sk_console *con, int port,
         return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
                                 MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)SK_CONSOLE_SLOTS,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
                                 MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
+                                MHD_OPTION_NOTIFY_CONNECTION, sk_console_guard_track, con->guard,
                                 MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
                                 MHD_OPTION_END);
     return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)SK_CONSOLE_SLOTS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
+                            MHD_OPTION_NOTIFY_CONNECTION, sk_console_guard_track, con->guard,
+                            MHD_OPTION_END);
 }
 
 int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
@@ -371,7 +376,8 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
                               .port = port, .open_reads = conf->console.open_reads };
     pthread_mutex_init(&con.dlq_lock, NULL);
     con.sessions = sk_console_sessions_new();
-    if (con.sessions == NULL) {
+    con.guard = sk_console_guard_new();
+    if (con.sessions == NULL || con.guard == NULL) {
         fprintf(stderr, "sekalictl: serve: out of memory\n");
         return SK_CTL_FAILED;
     }
@@ -386,6 +392,10 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     con.rates = sk_console_rates_start(conf);
 
     struct MHD_Daemon *d = start_daemon(&con, port, &sa, v6, cert, key);
+    if (d != NULL && !sk_console_guard_start(con.guard)) {
+        MHD_stop_daemon(d);
+        d = NULL;
+    }
     if (d == NULL) {
         fprintf(stderr, "sekalictl: serve: cannot listen on %s:%d\n", host, port);
         code = SK_CTL_FAILED;
@@ -400,10 +410,12 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         fflush(stdout);
         int sig;
         sigwait(&stop, &sig);
+        sk_console_guard_stop(con.guard);
         MHD_stop_daemon(d);
     }
     sk_console_rates_stop(con.rates);
     sk_console_sessions_free(con.sessions);
+    sk_console_guard_free(con.guard);
     pthread_mutex_destroy(&con.dlq_lock);
     free(cert);
     sk_conf_value_wipe(key);

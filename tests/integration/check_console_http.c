@@ -7,7 +7,10 @@
  * login, a token too short to start with, and failed logins limited and
  * logged. Requests
  * are made with curl, as a script would. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,6 +377,32 @@ START_TEST(test_a_token_shorter_than_32_bytes_is_refused_at_start)
 }
 END_TEST
 
+/* 64 clients that send half a request and wait: every slot taken, and
+ * libmicrohttpd's idle timeout (30 s) never reached. The console must still
+ * answer someone else at once. */
+START_TEST(test_64_slow_clients_do_not_keep_the_console_from_answering)
+{
+    struct console c;
+    start(&c, "consoleslow", NULL);
+    int port = atoi(strrchr(c.url, ':') + 1), slow[64];
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    for (size_t i = 0; i < SK_ARRAY_LEN(slow); i++) {
+        slow[i] = socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_ge(slow[i], 0);
+        ck_assert_int_eq(connect(slow[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        static const char half[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+        ck_assert_int_eq(send(slow[i], half, sizeof(half) - 1, 0), (ssize_t)sizeof(half) - 1);
+    }
+    char *out;
+    ck_assert_int_eq(curl(&c, "/api/session", "--max-time 8", &out), 200);
+    free(out);
+    for (size_t i = 0; i < SK_ARRAY_LEN(slow); i++)
+        close(slow[i]);
+    stop(&c);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -383,6 +412,7 @@ int main(void)
         test_open_reads_open_them_on_loopback,
         test_failed_logins_are_limited_and_logged_without_the_guess,
         test_a_token_shorter_than_32_bytes_is_refused_at_start,
+        test_64_slow_clients_do_not_keep_the_console_from_answering,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));
