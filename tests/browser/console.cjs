@@ -242,7 +242,7 @@ async function main() {
     check(r.status === status, `${what}: refused with ${status} (got ${r.status} ${r.body.trim()})`);
     out.refused.push({ what, status: r.status, answer: r.body.trim() });
   }
-  await refused('purge without a login', 401, await request('POST', '/api/dlq/purge', { body: purgeAll }));
+  await refused('purge without a login', 401, await request('POST', '/api/dlq/purge', { body: purgeAll, anon: true }));
   await refused('purge by GET', 405, await request('GET', '/api/dlq/purge?' + purgeAll));
   await refused('replay by GET', 405, await request('GET', '/api/dlq/replay?' + purgeAll));
   await refused('login with a wrong token', 401,
@@ -360,7 +360,7 @@ async function main() {
   const pauseQ = 'queue=' + encodeURIComponent(Q) + '&reason=nope';
   const consumersBefore = await consumers(Q);
   check(consumersBefore > 0, `${Q} has consumers before any pause (${consumersBefore})`);
-  await refused('pause without a login', 401, await request('POST', '/api/pause', { body: pauseQ }));
+  await refused('pause without a login', 401, await request('POST', '/api/pause', { body: pauseQ, anon: true }));
   await refused('pause by GET', 405, await request('GET', '/api/pause?' + pauseQ));
   const login2 = await request('POST', '/api/login', { body: 'operator=bob&token=' + encodeURIComponent(E.CONSOLE_TOKEN) });
   check(login2.status === 200, 'a script logs in again');
