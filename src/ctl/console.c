@@ -12,6 +12,7 @@
  * POST with a session cookie and its CSRF token (console_auth.c). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config_value.h"
@@ -29,6 +31,8 @@
 #include "ctl_common.h"
 #include "ctl_out.h"
 
+/* GnuTLS (libmicrohttpd's TLS): its defaults, but TLS 1.2 and 1.3 only. */
+#define TLS_PRIORITIES  "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
 #define IDLE_TIMEOUT_S  30  /* console_guard.c cuts a slow request sooner */
 
 /* On every answer. The page builds its DOM with textContent only; Trusted
@@ -217,11 +221,27 @@ static void on_log(void *cls, const char *fmt, va_list ap)
     vfprintf(stderr, fmt, ap);
 }
 
-static char *read_pem(const char *path)
+/* A PEM file; a private key (secret) must be a regular file that only its
+ * owner may read: one that others can read has leaked already, and a FIFO
+ * would block the start. */
+static char *read_pem(const char *path, bool secret)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
         fprintf(stderr, "sekalictl: serve: cannot open %s: %s\n", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    const char *bad = !S_ISREG(st.st_mode) ? "is not a regular file"
+                      : secret && (st.st_mode & 077) ? "is readable or writable by group or "
+                                                       "others: chmod 600 it"
+                      : NULL;
+    FILE *f = bad == NULL ? fdopen(fd, "r") : NULL;
+    if (f == NULL) {
+        fprintf(stderr, "sekalictl: serve: %s %s\n", path, bad != NULL ? bad : strerror(errno));
+        close(fd);
         return NULL;
     }
     size_t len;
@@ -308,8 +328,8 @@ static int tls_material(const struct sk_conf *conf, char **cert, char **key)
                         "together\n");
         return SK_CTL_USAGE;
     }
-    *cert = cert_file != NULL ? read_pem(cert_file) : NULL;
-    *key = key_file != NULL ? read_pem(key_file) : NULL;
+    *cert = cert_file != NULL ? read_pem(cert_file, false) : NULL;
+    *key = key_file != NULL ? read_pem(key_file, true) : NULL;
     if (cert_file != NULL && (*cert == NULL || *key == NULL)) {
         free(*cert);
         sk_conf_value_wipe(*key);
@@ -336,6 +356,7 @@ static struct MHD_Daemon *start_daemon(struct sk_console *con, int port,
                                 MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
                                 MHD_OPTION_NOTIFY_CONNECTION, sk_console_guard_track, con->guard,
                                 MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
+                                MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
                                 MHD_OPTION_END);
     return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,

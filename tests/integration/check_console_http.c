@@ -252,6 +252,14 @@ START_TEST(test_over_tls_the_console_speaks_https_only_with_a_secure_cookie)
     ck_assert_int_eq(curl(&c, "/api/login", args, &out), 200);
     ck_assert_msg(strstr(out, "SameSite=Strict; Secure") != NULL, "%s", out);
     free(out);
+    /* TLS 1.1 is refused (the client's own floor lowered to offer it). */
+    snprintf(args, sizeof(args), "--cacert '%s/ca.crt' --tlsv1.1 --tls-max 1.1 "
+             "--ciphers 'DEFAULT@SECLEVEL=0'", tls);
+    ck_assert_int_eq(curl(&c, "/api/session", args, &out), 0);
+    free(out);
+    snprintf(args, sizeof(args), "--cacert '%s/ca.crt' --tlsv1.2 --tls-max 1.2", tls);
+    ck_assert_int_eq(curl(&c, "/api/session", args, &out), 200);
+    free(out);
     /* Plain HTTP to the TLS port gets no answer. */
     memmove(c.url + 4, c.url + 5, strlen(c.url + 5) + 1);  /* https:// -> http:// */
     ck_assert_int_eq(curl(&c, "/api/session", "--max-time 5", &out), 0);
@@ -403,6 +411,40 @@ START_TEST(test_64_slow_clients_do_not_keep_the_console_from_answering)
 }
 END_TEST
 
+/* A private key others may read has leaked already: the start refuses it. */
+START_TEST(test_a_key_file_readable_by_others_is_refused_at_start)
+{
+    const char *tls = getenv("SEKALI_TLS_DIR");
+    if (tls == NULL || access(tls, R_OK) != 0) {
+        ck_assert_msg(getenv("SEKALI_REQUIRE_TLS") == NULL, "no SEKALI_TLS_DIR");
+        return;
+    }
+    h_init();
+    char *dir = h_tmpdir("consolekey"), queue[128], path[1100], top[3000], cmd[5000];
+    h_unique_name(queue, sizeof(queue), "consolekey");
+    snprintf(cmd, sizeof(cmd), "cp '%s/server.key' '%s/' && chmod 640 '%s/server.key' && "
+             "echo " TOKEN " > '%s/token'", tls, dir, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/server.key", dir);
+    snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s/token\n"
+             "  tls_cert_file: %s/server.crt\n  tls_key_file: %s\n", h_free_port(), dir, tls,
+             path);
+    char *config = h_write_config_top(dir, queue, H_EFFECT, 1, NULL, top);
+    snprintf(cmd, sizeof(cmd), "timeout 10 '%s/sekalictl' -c '%s' serve 2>&1; echo rc=$?",
+             h_build_dir(), config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char text[4096] = "";
+    size_t n = fread(text, 1, sizeof(text) - 1, p);
+    text[n] = '\0';
+    pclose(p);
+    ck_assert_msg(strstr(text, "readable or writable by group or others") != NULL, "%s", text);
+    ck_assert_msg(strstr(text, "rc=0") == NULL && strstr(text, "rc=124") == NULL, "%s", text);
+    free(config);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -413,6 +455,7 @@ int main(void)
         test_failed_logins_are_limited_and_logged_without_the_guess,
         test_a_token_shorter_than_32_bytes_is_refused_at_start,
         test_64_slow_clients_do_not_keep_the_console_from_answering,
+        test_a_key_file_readable_by_others_is_refused_at_start,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));
