@@ -356,11 +356,30 @@ START_TEST(test_failed_logins_are_limited_and_logged_without_the_guess)
 }
 END_TEST
 
+/* Runs sekalictl serve on a config with top, which it must refuse at
+ * start: its output and exit code ("rc=N") into text. */
+static void serve_refused(const char *dir, const char *queue, const char *top, char *text,
+                          size_t size)
+{
+    char cmd[3000];
+    char *config = h_write_config_top(dir, queue, H_EFFECT, 1, NULL, top);
+    snprintf(cmd, sizeof(cmd), "timeout 10 '%s/sekalictl' -c '%s' serve 2>&1; echo rc=$?",
+             h_build_dir(), config);
+    free(config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(text, 1, size - 1, p);
+    text[n] = '\0';
+    pclose(p);
+    ck_assert_msg(strstr(text, "rc=0") == NULL && strstr(text, "rc=124") == NULL,
+                  "sekalictl serve should refuse to start: %s", text);
+}
+
 /* A one-character token was accepted: now the start refuses it, clearly. */
 START_TEST(test_a_token_shorter_than_32_bytes_is_refused_at_start)
 {
     h_init();
-    char *dir = h_tmpdir("consoleshort"), queue[128], token[1100], top[2000], cmd[4000];
+    char *dir = h_tmpdir("consoleshort"), queue[128], token[1100], top[2000];
     h_unique_name(queue, sizeof(queue), "consoleshort");
     snprintf(token, sizeof(token), "%s/console.token", dir);
     FILE *f = fopen(token, "w");
@@ -369,18 +388,10 @@ START_TEST(test_a_token_shorter_than_32_bytes_is_refused_at_start)
     fclose(f);
     snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n",
              h_free_port(), token);
-    char *config = h_write_config_top(dir, queue, H_EFFECT, 1, NULL, top);
-    snprintf(cmd, sizeof(cmd), "timeout 10 '%s/sekalictl' -c '%s' serve 2>&1; echo rc=$?",
-             h_build_dir(), config);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    char text[4096] = "";
-    size_t n = fread(text, 1, sizeof(text) - 1, p);
-    text[n] = '\0';
-    pclose(p);
+    char text[4096];
+    serve_refused(dir, queue, top, text, sizeof(text));
     ck_assert_msg(strstr(text, "at least 32 characters") != NULL, "%s", text);
-    ck_assert_msg(strstr(text, "rc=0") == NULL && strstr(text, "rc=124") == NULL, "%s", text);
-    free(config);
+
     free(dir);
 }
 END_TEST
@@ -429,18 +440,10 @@ START_TEST(test_a_key_file_readable_by_others_is_refused_at_start)
     snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s/token\n"
              "  tls_cert_file: %s/server.crt\n  tls_key_file: %s\n", h_free_port(), dir, tls,
              path);
-    char *config = h_write_config_top(dir, queue, H_EFFECT, 1, NULL, top);
-    snprintf(cmd, sizeof(cmd), "timeout 10 '%s/sekalictl' -c '%s' serve 2>&1; echo rc=$?",
-             h_build_dir(), config);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    char text[4096] = "";
-    size_t n = fread(text, 1, sizeof(text) - 1, p);
-    text[n] = '\0';
-    pclose(p);
+    char text[4096];
+    serve_refused(dir, queue, top, text, sizeof(text));
     ck_assert_msg(strstr(text, "readable or writable by group or others") != NULL, "%s", text);
-    ck_assert_msg(strstr(text, "rc=0") == NULL && strstr(text, "rc=124") == NULL, "%s", text);
-    free(config);
+
     free(dir);
 }
 END_TEST
