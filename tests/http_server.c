@@ -150,6 +150,15 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const cha
      * connection is dropped too, so sekali sees the failure. */
     if (strcmp(b, "drop") == 0 && q.attempt <= 1)
         return MHD_NO;
+    if (strcmp(b, "500always") == 0)
+        return answer(c, 500, "oops", NULL);
+    if (strcmp(b, "cut") == 0) {
+        /* "x" and 150 é: the handler's 200-byte excerpt ends inside one. */
+        strcpy(text, "x");
+        for (int i = 0; i < 150; i++)
+            strcat(text, "\xc3\xa9");
+        return answer(c, 500, text, NULL);
+    }
     if (earlier > 0 || strcmp(b, "ok") == 0)
         return answer(c, 200, text, NULL);
     if (strcmp(b, "429") == 0)

@@ -7,6 +7,9 @@
  *   ok      200 "done KEY fence=N"          (every time)
  *   429     429 with Retry-After: 1
  *   500     500 "oops"
+ *   500always  500 "oops" every time
+ *   cut     500 with "x" and 150 "é" (every time): an excerpt of 200 bytes
+ *           ends inside a character
  *   400     400 "bad request: <the Authorization header echoed>" (every time)
  *   401     401 "invalid token TOKEN (base64 .., header ..)": the token of
  *           "Bearer TOKEN", in base64, and the header URL-encoded

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "lease.h"
+#include "text.h"
 
 static int run(PGconn *pg, const struct sk_pg_stmt *st, PGresult **res, struct sk_err *err);
 static int answer(PGconn *pg, const struct sk_pg_stmt *st, struct sk_err *err);
@@ -52,7 +53,11 @@ int sk_lease_finish(PGconn *pg, const struct sk_keyref *ref, const char *status,
                     const void *result, size_t result_len, const char *error,
                     struct sk_err *err)
 {
-    const char *values[] = { ref->queue, ref->key, ref->fence_text, status, result, error };
+    char text[SK_TEXT_ERROR_MAX];
+    if (error != NULL)
+        sk_text_copy(text, sizeof(text), error);
+    const char *values[] = { ref->queue, ref->key, ref->fence_text, status, result,
+                             error != NULL ? text : NULL };
     const int lengths[] = { 0, 0, 0, 0, (int)result_len, 0 };
     const int formats[] = { 0, 0, 0, 0, 1, 0 };
     const struct sk_pg_stmt st = {

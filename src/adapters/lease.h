@@ -43,8 +43,9 @@ int sk_lease_claim(PGconn *pg, const struct sk_keyref *ref, uint32_t lease_ms,
 int sk_lease_renew(PGconn *pg, const struct sk_keyref *ref, uint32_t lease_ms,
                    struct sk_err *err);
 
-/* Records the outcome ("completed" with result, or "failed" with error).
- * SK_OK: recorded; SK_BUSY: fenced out, nothing changed but the count. */
+/* Records the outcome ("completed" with result, or "failed" with error,
+ * stored as sk_text_copy() makes it). SK_OK: recorded; SK_BUSY: fenced
+ * out, nothing changed but the count; SK_AGAIN, SK_ERR as sk_pg_exec(). */
 int sk_lease_finish(PGconn *pg, const struct sk_keyref *ref, const char *status,
                     const void *result, size_t result_len, const char *error,
                     struct sk_err *err);

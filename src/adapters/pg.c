@@ -239,7 +239,22 @@ static int failed(PGconn *pg, const PGresult *res, const char *what, struct sk_e
     if (msg[0] == '\0')
         msg = PQerrorMessage(pg);
     sk_err_set(err, rc, "%.60s failed: %s", what, msg);
+    if (err != NULL && state != NULL)
+        snprintf(err->sqlstate, sizeof(err->sqlstate), "%s", state);
     return trimmed(err, rc);
+}
+
+bool sk_pg_refused_for_good(const struct sk_err *err)
+{
+    /* The classes of a condition that passes: the server's, not the
+     * statement's. */
+    static const char passing[][3] = { "08", "40", "53", "55", "57", "58", "XX" };
+    if (err == NULL || err->code != SK_ERR || strlen(err->sqlstate) != 5)
+        return false;
+    for (size_t i = 0; i < SK_ARRAY_LEN(passing); i++)
+        if (strncmp(err->sqlstate, passing[i], 2) == 0)
+            return false;
+    return true;
 }
 
 static int lost(PGconn *pg, const char *what, struct sk_err *err)

@@ -71,6 +71,15 @@ PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_
  * the server's message for anything else. */
 int sk_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out, struct sk_err *err);
 
+/* Whether err is an SK_ERR for which PostgreSQL refused the statement
+ * itself, so that sending it again as it is would be refused again: any
+ * SQLSTATE but those of a condition that passes (class 08 connection, 40
+ * rollback: deadlock or serialization, 53 resources, 55 lock not
+ * available, 57 cancel or shutdown, 58 system error, XX internal error).
+ * E.g. 22021, text that is not UTF-8; 23514, a trigger's or a table's
+ * check. False for SK_AGAIN and SK_BUSY, and when no SQLSTATE came. Pure. */
+bool sk_pg_refused_for_good(const struct sk_err *err);
+
 /* sk_pg_exec() of SQL text without parameters. */
 int sk_pg_run(PGconn *pg, const char *sql, struct sk_err *err);
 

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "store.h"
+#include "text.h"
 
 struct sk_store {
     const struct sk_postgres_conf *conf;
@@ -338,8 +339,10 @@ int sk_store_rollback(struct sk_store *s, struct sk_err *err)
 int sk_store_fail(struct sk_store *s, const struct sk_keyref *ref, const char *error,
                   struct sk_err *err)
 {
+    char text[SK_TEXT_ERROR_MAX];
+    sk_text_copy(text, sizeof(text), error);
     const char *values[] = { ref->queue, ref->key, ref->owner, ref->job_id, ref->job_type,
-                             error };
+                             text };
     const struct sk_pg_stmt fail = { .prepared = "sk_fail", .n_params = 6, .values = values,
                                      .what = "sekali.fail" };
     int rc = sk_pg_exec(s->conn, &fail, NULL, err);

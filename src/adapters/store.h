@@ -134,7 +134,10 @@ int sk_store_commit_results(struct sk_store *s, const struct sk_keyref *const *r
 int sk_store_rollback(struct sk_store *s, struct sk_err *err);
 
 /* Records the key as failed with `error` in its own transaction (after a
- * rollback). A completed key stays completed. SK_OK, SK_AGAIN or SK_ERR. */
+ * rollback). A completed key stays completed. The error is stored as
+ * sk_text_copy() makes it (valid UTF-8, at most SK_TEXT_ERROR_MAX bytes).
+ * SK_OK, SK_AGAIN or SK_ERR (sk_pg_refused_for_good() tells whether sending
+ * it again could help). */
 int sk_store_fail(struct sk_store *s, const struct sk_keyref *ref, const char *error,
                   struct sk_err *err);
 

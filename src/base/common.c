@@ -18,6 +18,7 @@ int sk_err_set(struct sk_err *err, int code, const char *fmt, ...)
     va_end(ap);
     err->code = code;
     err->sys_errno = 0;
+    err->sqlstate[0] = '\0';
     return code;
 }
 
@@ -34,6 +35,7 @@ int sk_err_errno(struct sk_err *err, int code, const char *fmt, ...)
         snprintf(err->msg + n, sizeof(err->msg) - (size_t)n, ": %s", strerror(saved));
     err->code = code;
     err->sys_errno = saved;
+    err->sqlstate[0] = '\0';
     errno = saved;
     return code;
 }

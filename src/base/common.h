@@ -45,6 +45,9 @@ struct sk_err {
     int  code;
     int  sys_errno;
     char msg[256];
+    /* The SQLSTATE of a statement PostgreSQL refused (pg.c), else "": what
+     * the refusal means beyond the code, e.g. sk_pg_refused_data(). */
+    char sqlstate[6];
 };
 
 /* Fills err (which may be NULL) and returns code, so callers can write

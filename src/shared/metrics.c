@@ -49,6 +49,7 @@ static const char *const reasons[SK_METRICS_REASONS] = {
     [SK_METRICS_RETRIES_EXHAUSTED] = "retries_exhausted",
     [SK_METRICS_CRASHED] = "crashed",
     [SK_METRICS_BEYOND_RETENTION] = "beyond_retention",
+    [SK_METRICS_UNRECORDED] = "unrecorded",
 };
 
 enum { SLOT_FREE = 0, SLOT_CLAIMING, SLOT_READY };

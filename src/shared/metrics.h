@@ -53,6 +53,7 @@ enum sk_metrics_reason {
     SK_METRICS_RETRIES_EXHAUSTED,  /* RETRY on the last allowed attempt */
     SK_METRICS_CRASHED,            /* its worker died running it max_crashes times */
     SK_METRICS_BEYOND_RETENTION,   /* published longer ago than its queue's retention */
+    SK_METRICS_UNRECORDED,         /* its outcome refused by PostgreSQL for its data */
     SK_METRICS_REASONS
 };
 

@@ -12,6 +12,7 @@
 
 #include "broker.h"
 #include "envelope.h"
+#include "text.h"
 
 static int copy_key(char *dst, size_t dst_size, amqp_bytes_t src, const char *what,
                     struct sk_err *err);
@@ -20,7 +21,6 @@ static const amqp_field_value_t *find_header(const amqp_basic_properties_t *p,
 static int header_key(const amqp_basic_properties_t *p, const char *name, char *dst,
                       size_t dst_size, bool *present, struct sk_err *err);
 static int64_t header_int(const amqp_basic_properties_t *p, const char *name);
-static bool valid_utf8(const unsigned char *s, size_t len);
 static bool type_accepted(const struct sk_queue_conf *q, const char *type);
 static int check_sizes(const amqp_basic_properties_t *p, const struct sk_queue_conf *q,
                        const struct sk_envelope *out, struct sk_err *err);
@@ -193,7 +193,7 @@ static int copy_key(char *dst, size_t dst_size, amqp_bytes_t src, const char *wh
                           dst_size - 1);
     if (memchr(src.bytes, '\0', src.len) != NULL)
         return sk_err_set(err, SK_ERR, "%s contains a NUL byte", what);
-    if (!valid_utf8(src.bytes, src.len))
+    if (!sk_text_valid(src.bytes, src.len))
         return sk_err_set(err, SK_ERR, "%s is not valid UTF-8", what);
     memcpy(dst, src.bytes, src.len);
     dst[src.len] = '\0';
@@ -230,44 +230,6 @@ static int header_key(const amqp_basic_properties_t *p, const char *name, char *
 static int64_t header_int(const amqp_basic_properties_t *p, const char *name)
 {
     return sk_broker_field_int(find_header(p, name));
-}
-
-/* Rejects overlong forms, surrogates and code points past U+10FFFF. */
-static bool valid_utf8(const unsigned char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        size_t n;
-        uint32_t cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            n = 1;
-            cp = c & 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            n = 2;
-            cp = c & 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            n = 3;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (i + n >= len)
-            return false;
-        for (size_t k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                return false;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        static const uint32_t min_for_len[] = { 0, 0x80, 0x800, 0x10000 };
-        if (cp < min_for_len[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += n + 1;
-    }
-    return true;
 }
 
 static bool type_accepted(const struct sk_queue_conf *q, const char *type)

@@ -14,6 +14,7 @@
 #include "headers_json.h"
 #include "host.h"
 #include "pg.h"
+#include "text.h"
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -180,9 +181,13 @@ static int host_set_result(struct sekali_ctx *ctx, const void *data, size_t len)
     return 0;
 }
 
+/* A handler's text may be cut anywhere (its own buffer) or hold any bytes
+ * (a server's message quoting a hostile body): bounded here, on a
+ * character, with invalid bytes replaced, since it will be stored and sent
+ * as the job's error. */
 static void host_set_error(struct sekali_ctx *ctx, const char *message)
 {
-    snprintf(ctx->error, sizeof(ctx->error), "%s", message != NULL ? message : "");
+    sk_text_copy(ctx->error, sizeof(ctx->error), message);
 }
 
 static int host_checkpoint_save(struct sekali_ctx *ctx, const char *name, const char *value)

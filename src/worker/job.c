@@ -45,6 +45,7 @@
 #include "reschedule.h"
 #include "scoreboard.h"
 #include "store.h"
+#include "text.h"
 
 static const char *const state_names[SK_JOB_STATES] = {
     [SK_JOB_NEW] = "new",
@@ -87,11 +88,14 @@ static const unsigned legal_from[SK_JOB_STATES] = {
 
 static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void run_external(struct sk_pipeline *p, struct sk_job *j);
+static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
 static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why);
 static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
                         enum sk_metrics_reason reason, const char *why);
+static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
+                       const char *why, const struct sk_err *refusal);
 
 void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
 {
@@ -308,6 +312,8 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
     sk_heartbeat_watch_lease(p->heartbeat, p->queue->name, j->env.idempotency_key,
                              j->claim.fence, p->queue->lease_ms);
     j->leased = true;
+    if (claimed_too_often(p, j))
+        return;
 
     PGconn *pg = sk_store_conn(sk_links_store(p->links));
     struct sk_err err = { 0 };
@@ -336,10 +342,15 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
                          "completion fenced out: the lease was lost and "
                          "another worker took the job over; its outcome stands");
             sk_job_finish(p, j, SK_ACK, "fenced out");
+        } else if (sk_pg_refused_for_good(&err)) {
+            /* Handed back, it would run again at each lease's end, for
+             * ever: the effect is made, only its record is missing. */
+            unrecorded(p, j, "its completion", "the handler succeeded", &err);
         } else {
             sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
             sk_job_finish(p, j, SK_REQUEUE,
                           "completion outcome unknown, handed back to the broker");
+            j->pause_ms = (uint32_t)sk_jitter(100, 1000);
         }
         return;
     }
@@ -347,6 +358,26 @@ static void run_external(struct sk_pipeline *p, struct sk_job *j)
         sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
+}
+
+/* The key's claims, counted by PostgreSQL, bound its runs whatever the
+ * copies say. A last failure PostgreSQL would not take for a while (a
+ * passing condition) leaves the key leased, its message goes back, and
+ * each copy that takes the lease over would run the handler again, at the
+ * same attempt, past max_attempts: an outside call made again every lease.
+ * A worker's death and a lost lease count a claim too, hence max_crashes
+ * of slack. Past that, the job is failed without running. */
+static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j)
+{
+    int most = p->queue->retry.max_attempts + p->queue->max_crashes;
+    if (j->claim.attempts <= most)
+        return false;
+    char why[200];
+    snprintf(why, sizeof(why), "its key was claimed %d times, past retry.max_attempts %d and "
+             "max_crashes %d: not run again", j->claim.attempts, p->queue->retry.max_attempts,
+             p->queue->max_crashes);
+    give_up(p, j, SK_METRICS_RETRIES_EXHAUSTED, why);
+    return true;
 }
 
 bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j)
@@ -503,9 +534,15 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, 
 }
 
 /* Records the key as failed, then dead-letters the message. Without the
- * failed row a later copy would run again, so if it cannot be written the
- * message goes back to the broker instead. A leased job (external mode)
- * fails under its fence; any other in a transaction of its own. */
+ * failed row a later copy would run again, so while PostgreSQL cannot take
+ * it (down, or a condition that passes) the message goes back to the
+ * broker, after a pause. A failure PostgreSQL refuses for good (its
+ * SQLSTATE, sk_pg_refused_for_good()) would be refused at every copy:
+ * handed back, the job came straight back for ever, past max_attempts,
+ * ahead of the jobs behind it. It ends here instead: see unrecorded(). A
+ * leased job (external mode) fails under its fence; any other in a
+ * transaction of its own. The error is bounded and made valid UTF-8 by
+ * the store (sk_text_copy()). */
 static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why)
 {
@@ -514,6 +551,10 @@ static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_rea
     int rc = j->leased
         ? sk_lease_finish(sk_store_conn(store), &j->ref, "failed", NULL, 0, why, &err)
         : sk_store_fail(store, &j->ref, why, &err);
+    if (rc != SK_OK && sk_pg_refused_for_good(&err)) {
+        unrecorded(p, j, "its failure", why, &err);
+        return;
+    }
     if (rc == SK_BUSY) {
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
@@ -529,6 +570,22 @@ static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_rea
     }
     sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
     dead_letter(p, j, true, reason, why);
+}
+
+/* An outcome PostgreSQL refused for good: the job is dead-lettered with
+ * reason unrecorded, its error saying what could not be recorded and why,
+ * and its key is left as it stands for an operator (a replay runs the job
+ * again). The dead letter keeps the message where an operator looks;
+ * handed back, it would only come straight back. */
+static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
+                       const char *why, const struct sk_err *refusal)
+{
+    char text[SK_TEXT_ERROR_MAX];
+    snprintf(text, sizeof(text), "%s could not be recorded (%s); it was: %s", what,
+             refusal->msg, why);
+    sk_log_job(SK_LOG_ERROR, &j->log, "job %s: %s", sk_metrics_reason_name(SK_METRICS_UNRECORDED),
+               text);
+    dead_letter(p, j, true, SK_METRICS_UNRECORDED, text);
 }
 
 /* Sends a confirmed copy to `queue`.dead with the reason, then acks. If no

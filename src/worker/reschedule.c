@@ -6,6 +6,7 @@
 
 #include "backoff.h"
 #include "reschedule.h"
+#include "text.h"
 
 #define LADDER_START_MS 10
 
@@ -47,8 +48,10 @@ int sk_reschedule_later(struct sk_broker *pub, const struct sk_queue_conf *queue
         { .key = "x-sekali-attempt", .number = next_attempt },
     };
     size_t n = 1;
+    char text[SK_TEXT_ERROR_MAX];
     if (error != NULL) {
-        headers[n++] = (struct sk_header){ .key = "x-sekali-last-error", .text = error };
+        sk_text_copy(text, sizeof(text), error);
+        headers[n++] = (struct sk_header){ .key = "x-sekali-last-error", .text = text };
         headers[n++] = (struct sk_header){
             .key = "x-sekali-first-failure",
             .text = parsed->first_failure[0] != '\0' ? parsed->first_failure : now };
@@ -67,9 +70,12 @@ int sk_reschedule_dead(struct sk_broker *pub, const char *queue, const amqp_enve
     now_iso8601(now, sizeof(now));
     const char *first = parsed != NULL && parsed->first_failure[0] != '\0'
         ? parsed->first_failure : now;
+    char why[SK_TEXT_ERROR_MAX], text[SK_TEXT_ERROR_MAX];
+    sk_text_copy(why, sizeof(why), reason);
+    sk_text_copy(text, sizeof(text), error);
     struct sk_header headers[] = {
-        { .key = "x-sekali-reason", .text = reason },
-        { .key = "x-sekali-error", .text = error != NULL ? error : "" },
+        { .key = "x-sekali-reason", .text = why },
+        { .key = "x-sekali-error", .text = text },
         { .key = "x-sekali-attempts", .number = parsed != NULL ? parsed->delivery_attempt : 1 },
         { .key = "x-sekali-queue", .text = queue },
         { .key = "x-sekali-first-failure", .text = first },

@@ -27,7 +27,8 @@ uint32_t sk_reschedule_retry_delay(const struct sk_retry_conf *retry, uint32_t n
 /* Publishes a copy of env to come back to `queue` after delay_ms (through a
  * delay queue of the same type as the work queue), scheduled
  * as attempt `next_attempt`; `error` (NULL when this is not a failure, e.g. a
- * busy lock) is recorded with the first failure's time. SK_OK once the
+ * busy lock) is recorded with the first failure's time, as sk_text_copy()
+ * makes it (valid UTF-8, bounded). SK_OK once the
  * broker confirmed the copy; otherwise the caller must not ack: SK_AGAIN
  * when the broker could not be asked or could not take it yet (connection
  * lost, delay queue not declared, the copy nacked), SK_ERR when it refused
@@ -40,7 +41,8 @@ int sk_reschedule_later(struct sk_broker *pub, const struct sk_queue_conf *queue
 
 /* Publishes a copy of env to `queue`.dead with headers saying why:
  * x-sekali-reason, x-sekali-error, x-sekali-attempts, x-sekali-queue,
- * x-sekali-first-failure, x-sekali-last-failure. parsed may be NULL (a
+ * x-sekali-first-failure, x-sekali-last-failure; reason and error as
+ * sk_text_copy() makes them (valid UTF-8, bounded). parsed may be NULL (a
  * message too malformed to parse). SK_OK once confirmed. */
 int sk_reschedule_dead(struct sk_broker *pub, const char *queue, const amqp_envelope_t *env,
                        const struct sk_envelope *parsed, const char *reason, const char *error,

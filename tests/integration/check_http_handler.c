@@ -298,6 +298,91 @@ START_TEST(test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out)
 }
 END_TEST
 
+/* The service answers 500 with a body whose 200-byte excerpt ends inside
+ * an é. The failure on the last attempt could not be recorded (the cut
+ * text refused by finish_lease(), SQLSTATE 22021), the message went back,
+ * and at each lease's end another worker took the job over and POSTed it
+ * again, past max_attempts, for ever (12 POSTs against max_attempts 3 in
+ * the issue). Now it is POSTed max_attempts times, recorded failed with the
+ * cut character replaced, and dead-lettered. */
+START_TEST(test_error_cut_inside_a_character_ends_the_job_after_max_attempts_posts)
+{
+    struct h_run r;
+    h_run_open(&r, "httpcut");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "2s", "1s", "    prefetch: 1\n");
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 2,
+                                          .queue_yaml = yaml, .env = secret_env });
+    h_publish(r.b, r.queue, "charge", "m-cut", "pay-cut", NULL, "cut");
+    h_publish(r.b, r.queue, "charge", "m-next", "pay-next", NULL, "ok");
+    H_WAIT(failed(&r) == 1 && h_completed(&r) == 1, 30000,
+           "the cut job should fail after 4 POSTs and the next complete: %lld failed, "
+           "%lld completed, %zu POSTs of the cut job", failed(&r), h_completed(&r),
+           hs_count(s, "pay-cut"));
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "1 dead letter expected, %u in %s",
+           h_queue_depth(r.b, r.dead), r.dead);
+    h_run_stop(&r);
+    ck_assert_int_eq(hs_count(s, "pay-cut"), 4);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'pay-cut' AND error LIKE "
+                                      "'HTTP 500: x%%' AND right(error, 2) = U&'\\00E9\\FFFD'",
+                                r.queue), 1);
+    ck_assert_int_eq(h_count_lines(r.log, "recording failure failed"), 0);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The last failure cannot be recorded for a while (a condition that
+ * passes: here a trigger cancels the statement, SQLSTATE 57014), so the
+ * message goes back and the key stays leased. Each copy that took the
+ * lease over used to POST the job again, at the same attempt, every lease
+ * period. Now the key's claims, counted by PostgreSQL, stop it at
+ * max_attempts (with max_crashes 0): later copies only try to record the
+ * failure again, which succeeds once the condition is gone. */
+START_TEST(test_a_failure_recorded_late_is_not_posted_again_past_max_attempts)
+{
+    struct h_run r;
+    h_run_open(&r, "httplate");
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "CREATE FUNCTION sekali_test.\"late_%s\"() RETURNS trigger LANGUAGE plpgsql AS $$ "
+             "BEGIN RAISE EXCEPTION 'not now' USING ERRCODE = '57014'; END $$", r.queue);
+    h_pg_exec(r.pg, sql);
+    snprintf(sql, sizeof(sql),
+             "CREATE TRIGGER \"late_%s\" BEFORE UPDATE ON sekali.idempotency_keys FOR EACH ROW "
+             "WHEN (NEW.queue = '%s' AND NEW.status = 'failed') "
+             "EXECUTE FUNCTION sekali_test.\"late_%s\"()", r.queue, r.queue, r.queue);
+    h_pg_exec(r.pg, sql);
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "2s", "1s", "    prefetch: 1\n    max_crashes: 0\n");
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 2,
+                                          .queue_yaml = yaml, .env = secret_env });
+    h_publish(r.b, r.queue, "charge", "m-late", "pay-late", NULL, "500always");
+    /* The last attempt's failure refused, then two takeovers' too. */
+    H_WAIT(h_count_lines(r.log, "recording failure failed") >= 3, 40000,
+           "the failure should have been refused 3 times: %d so far, %zu POSTs",
+           h_count_lines(r.log, "recording failure failed"), hs_count(s, "pay-late"));
+    snprintf(sql, sizeof(sql), "DROP TRIGGER \"late_%s\" ON sekali.idempotency_keys", r.queue);
+    h_pg_exec(r.pg, sql);
+    snprintf(sql, sizeof(sql), "DROP FUNCTION sekali_test.\"late_%s\"()", r.queue);
+    h_pg_exec(r.pg, sql);
+    H_WAIT(failed(&r) == 1, 30000, "the job should be recorded failed");
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "1 dead letter expected, %u in %s",
+           h_queue_depth(r.b, r.dead), r.dead);
+    h_run_stop(&r);
+    ck_assert_int_eq(hs_count(s, "pay-late"), 4);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'pay-late' AND error LIKE "
+                                      "'%%past retry.max_attempts 4 and max_crashes 0%%'",
+                                r.queue), 1);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
 /* A test CA, a certificate for 127.0.0.1 signed by it, and a second CA
  * that signed nothing, in dir. */
 static void make_certificates(const char *dir)
@@ -418,6 +503,8 @@ int main(void)
         test_worker_killed_after_the_request_arrived_resends_same_key_higher_fence,
         test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out,
         test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused,
+        test_error_cut_inside_a_character_ends_the_job_after_max_attempts_posts,
+        test_a_failure_recorded_late_is_not_posted_again_past_max_attempts,
         NULL,
     };
     return h_run_suite(h_suite("http_handler", 150, tests));

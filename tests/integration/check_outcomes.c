@@ -603,6 +603,55 @@ START_TEST(test_a_message_older_than_the_retention_is_dead_lettered_not_run)
 }
 END_TEST
 
+/* A failure PostgreSQL refuses for good (here a check of the operator's,
+ * SQLSTATE 23514, on this one key; before, text cut inside a character,
+ * 22021) used to hand the message back: it came straight back, ran again
+ * about twice a second, and the job behind it never ran. Now it ends after
+ * its one run: dead-lettered, reason unrecorded, its key left as it stood,
+ * and the next job runs. */
+START_TEST(test_failure_postgresql_refuses_is_dead_lettered_unrecorded_and_the_next_job_runs)
+{
+    struct h_run r;
+    h_run_open(&r, "unrec");
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "CREATE FUNCTION sekali_test.\"refuse_%s\"() RETURNS trigger LANGUAGE plpgsql AS $$ "
+             "BEGIN RAISE EXCEPTION 'no failure for %%', NEW.key USING ERRCODE = '23514'; END $$",
+             r.queue);
+    h_pg_exec(r.pg, sql);
+    snprintf(sql, sizeof(sql),
+             "CREATE TRIGGER \"refuse_%s\" BEFORE INSERT OR UPDATE ON sekali.idempotency_keys "
+             "FOR EACH ROW WHEN (NEW.queue = '%s' AND NEW.key = 'k-refused' AND "
+             "NEW.status = 'failed') EXECUTE FUNCTION sekali_test.\"refuse_%s\"()",
+             r.queue, r.queue, r.queue);
+    h_pg_exec(r.pg, sql);
+    int port = h_free_port();
+    char top[128];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top,
+                                          .queue_yaml = "    prefetch: 1\n" H_FAST_RETRIES });
+    h_publish(r.b, r.queue, "test", "refused-1", "k-refused", NULL, "fail");
+    h_publish(r.b, r.queue, "test", "next-1", "k-next", NULL, "ok");
+
+    H_WAIT(h_effects(&r, "k-next") == 1, 20000,
+           "the job behind the unrecordable failure should run (%d lines of \"recording "
+           "failure failed\" so far)", h_count_lines(r.log, "recording failure failed"));
+    expect_dead(&r, "unrecorded", "its failure could not be recorded", 1);
+    H_WAIT(h_metric(port, "sekali_dead_letters_total{queue=\"%s\",job_type=\"test\","
+                          "reason=\"unrecorded\"}", r.queue) == 1, 10000,
+           "the dead letter should be counted with reason unrecorded");
+    h_run_stop(&r);
+    char status[32];
+    ck_assert_str_eq(key_status(&r, "k-refused", status, sizeof(status)), "absent");
+    ck_assert_int_eq(h_count_lines(r.log, "failure not recorded, handed back"), 0);
+    snprintf(sql, sizeof(sql), "DROP TRIGGER \"refuse_%s\" ON sekali.idempotency_keys", r.queue);
+    h_pg_exec(r.pg, sql);
+    snprintf(sql, sizeof(sql), "DROP FUNCTION sekali_test.\"refuse_%s\"()", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_run_close(&r);
+}
+END_TEST
+
 /* Every job sekali publishes is stamped with when: what the check above
  * reads. */
 START_TEST(test_published_jobs_carry_their_publish_time)
@@ -639,6 +688,7 @@ int main(void)
         test_poison_messages_are_dead_lettered_with_their_reason,
         test_busy_lock_reschedules_without_counting_an_attempt,
         test_reply_is_sent_once_per_key_with_the_saved_result,
+        test_failure_postgresql_refuses_is_dead_lettered_unrecorded_and_the_next_job_runs,
         NULL,
     };
     Suite *s = h_suite("outcomes", 300, tests);

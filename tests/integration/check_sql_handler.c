@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "harness.h"
+#include "text.h"
 
 #define SQL_HANDLER "handlers/sql.so"
 #define FAST_RETRY  "    retry:\n      max_attempts: 3\n      initial: 10ms\n      max: 20ms\n"
@@ -206,6 +207,55 @@ START_TEST(test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_t
     ck_assert_int_eq(worker_pid(&r), worker);
     h_run_stop(&r);
     free(huge);
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The issue's case: the server's error quotes the body, the handler cuts
+ * it at 400 bytes inside an é, and PostgreSQL refused the cut text in
+ * sekali.fail() (SQLSTATE 22021). The worker handed the message back, it
+ * came straight back, about twice a second, for ever, and the good job
+ * behind it (prefetch 1) never ran. Now the host makes the text valid
+ * (the cut character becomes U+FFFD): the job fails once, is recorded and
+ * dead-lettered, and the next one runs. */
+START_TEST(test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_runs)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlcut");
+    char *yaml = config_for(&r, "\"SELECT :body::int\"", "    prefetch: 1\n" FAST_RETRY);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    char body[400];
+    memset(body, 'x', 359);
+    body[359] = '\0';
+    for (int i = 0; i < 20; i++)
+        strcat(body, "\xc3\xa9");
+    h_publish(r.b, r.queue, "cast", "m-cut", "cut", NULL, body);
+    h_publish(r.b, r.queue, "cast", "m-good", "good", NULL, "42");
+
+    H_WAIT(h_completed(&r) == 1 && failed(&r) == 1, 30000,
+           "the job behind should complete and the cut one fail: %lld completed, %lld failed, "
+           "%d hand-backs of an unrecorded failure", h_completed(&r), failed(&r),
+           h_count_lines(r.log, "failure not recorded, handed back"));
+    ck_assert_int_eq(failed_with(&r, "cut", "%SQLSTATE 22P02: invalid input syntax for type "
+                                            "integer: \"xxx%"), 1);
+    /* The handler's 400 bytes end in the first é's first byte: that one
+     * is replaced, the text before it kept. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'cut' AND "
+                                      "right(error, 2) = U&'x\\FFFD'", r.queue), 1);
+    H_WAIT(h_queue_depth(r.b, r.dead) == 1, 20000, "1 dead letter expected, %u in %s",
+           h_queue_depth(r.b, r.dead), r.dead);
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, r.dead, &msg));
+    char error[1024];
+    h_header_text(&msg, "x-sekali-error", error, sizeof(error));
+    ck_assert_msg(sk_text_valid(error, strlen(error)), "x-sekali-error is not UTF-8: %s", error);
+    ck_assert_msg(strstr(error, "SQLSTATE 22P02") != NULL, "x-sekali-error: %s", error);
+    amqp_destroy_message(&msg);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_lines(r.log, "recording failure failed"), 0);
     free(yaml);
     h_run_close(&r);
 }
@@ -458,6 +508,7 @@ int main(void)
         test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed,
         test_missing_function_holds_jobs_until_it_is_created,
         test_headers_and_job_fields_reach_the_statement_as_text,
+        test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_runs,
         NULL,
     };
     return h_run_suite(h_suite("sql_handler", 120, tests));

@@ -284,11 +284,12 @@ START_TEST(test_dead_letter_reasons_have_one_name_for_header_and_label)
     ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_RETRIES_EXHAUSTED), "retries_exhausted");
     ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_CRASHED), "crashed");
     ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_BEYOND_RETENTION), "beyond_retention");
+    ck_assert_str_eq(sk_metrics_reason_name(SK_METRICS_UNRECORDED), "unrecorded");
     struct sk_metrics *m = area();
     char *text = render(m);
     has_line(text, "# HELP sekali_dead_letters_total Jobs sekali dead-lettered to "
                    "<queue>.dead, by reason: malformed, failed, retries_exhausted, crashed, "
-                   "beyond_retention.");
+                   "beyond_retention, unrecorded.");
     free(text);
     sk_metrics_destroy(m);
 }
