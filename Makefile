@@ -51,7 +51,7 @@ BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_w
 DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json failpoint reschedule scoreboard lease \
           doctor doctor_report doctor_broker doctor_servers doctor_schedules \
           notify oom metrics metrics_text metrics_http relay janitor scheduler schema
-CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_pause ctl_cancel \
+CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_migrate_online ctl_enqueue ctl_dlq ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_pause ctl_cancel \
           console console_http console_auth console_guard console_api console_rates console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_report doctor_broker doctor_servers doctor_schedules redis_link
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -70,7 +70,7 @@ BROWSER_TESTS = $(patsubst tests/browser/%.c,$(B)/tests/%,$(wildcard tests/brows
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit check-browser check-cluster deps servers demo bench bench-cluster chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit check-browser check-cluster deps servers demo bench bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -244,6 +244,13 @@ bench: deps
 	tests/bench/enqueue.sh $(B)
 	tests/bench/tls.sh $(B)
 
+# History at scale: jobs/s, the janitor and the operator's reads with 10 M
+# retained keys against an empty store (tests/bench/scale.sh; BENCH_SCALE_*).
+bench-scale: deps
+	$(MAKE) all
+	tests/servers.sh start
+	tests/bench/scale.sh $(B)
+
 # The scale figure: 1, 2 and 3 sekalid hosts in network namespaces, and a
 # quorum queue against a classic one (root; its own private servers).
 bench-cluster: deps
@@ -341,6 +348,7 @@ help:
 	@echo "          (HANDLER=sql: through the stock SQL handler instead of the C example)"
 	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
+	@echo "bench-scale  jobs/s, janitor and operator reads with 10 M retained keys vs none"
 	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"
 	@echo "          SIGKILLed every 100-200 ms, a worker SIGSTOPped past its lock, Redis,"

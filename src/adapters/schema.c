@@ -29,6 +29,8 @@ const char *const sk_schema_migrations[] = {
     "020_schedules.sql",
     "021_unclaim_many.sql",
     "022_schedule_runners.sql",
+    "027_history_indexes.sql",
+    "028_history_reads.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

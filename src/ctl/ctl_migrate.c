@@ -2,7 +2,9 @@
  *
  * Migrations are the files DIR/NNN_name.sql, applied in name order, each in
  * its own transaction together with its row in sekali.schema_migrations, under
- * an advisory lock so that two hosts migrating at once do not race. */
+ * an advisory lock so that two hosts migrating at once do not race; except
+ * the online ones (ctl_migrate_online.c), which build indexes on live tables
+ * outside a transaction. */
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
@@ -15,6 +17,7 @@
 
 #include "ctl_commands.h"
 #include "ctl_common.h"
+#include "ctl_migrate_online.h"
 #include "ctl_out.h"
 
 #ifndef SK_SQL_DIR
@@ -28,7 +31,8 @@ static bool migrate_args(int argc, char **argv, const char **dir, bool *json);
 static bool migrations_begin(PGconn *pg);
 static void print_applied(const char *name, bool json, int before);
 static bool migration_done(PGconn *pg, const char *name, bool *done);
-static bool migration_apply(PGconn *pg, const char *dir, const char *name);
+static bool migration_apply(PGconn *pg, const char *dir, const char *name, bool quiet);
+static bool migration_record(PGconn *pg, const char *name);
 static int only_sql(const struct dirent *d);
 
 int sk_ctl_migrate(const struct sk_conf *conf, int argc, char **argv)
@@ -60,7 +64,7 @@ int sk_ctl_migrate(const struct sk_conf *conf, int argc, char **argv)
             goto out;
         if (done)
             continue;
-        if (!migration_apply(pg, dir, name))
+        if (!migration_apply(pg, dir, name, json))
             goto out;
         print_applied(name, json, applied++);
     }
@@ -143,8 +147,10 @@ static bool migration_done(PGconn *pg, const char *name, bool *done)
 }
 
 /* Runs one file and records its version in the same transaction, so a
- * migration is applied and recorded, or neither. */
-static bool migration_apply(PGconn *pg, const char *dir, const char *name)
+ * migration is applied and recorded, or neither. An online file cannot be
+ * one transaction: its version is recorded once all of it ran, and a run
+ * cut short runs it again (its statements are idempotent). */
+static bool migration_apply(PGconn *pg, const char *dir, const char *name, bool quiet)
 {
     char file[4096];
     snprintf(file, sizeof(file), "%s/%s", dir, name);
@@ -160,20 +166,33 @@ static bool migration_apply(PGconn *pg, const char *dir, const char *name)
         fprintf(stderr, "sekalictl: cannot read %s\n", file);
         return false;
     }
+    if (sk_ctl_migration_is_online(sql)) {
+        bool ok = sk_ctl_migration_apply_online(pg, name, sql, quiet) && migration_record(pg, name);
+        free(sql);
+        if (!ok)
+            fprintf(stderr, "sekalictl: online migration %s stopped; run migrate again "
+                    "(it starts the file over)\n", name);
+        return ok;
+    }
     bool ok = sk_ctl_pg_run(pg, "BEGIN", "BEGIN") && sk_ctl_pg_run(pg, sql, file);
     free(sql);
-    const char *params[] = { name };
-    const struct sk_pg_stmt record = {
-        .sql = "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
-        .n_params = 1, .values = params, .what = "recording the migration",
-    };
-    ok = ok && sk_ctl_pg_exec(pg, &record, NULL);
+    ok = ok && migration_record(pg, name);
     if (!ok || !sk_ctl_pg_run(pg, "COMMIT", "COMMIT")) {
         sk_ctl_pg_run(pg, "ROLLBACK", "ROLLBACK");
         fprintf(stderr, "sekalictl: migration %s failed and was rolled back\n", name);
         return false;
     }
     return true;
+}
+
+static bool migration_record(PGconn *pg, const char *name)
+{
+    const char *params[] = { name };
+    const struct sk_pg_stmt record = {
+        .sql = "INSERT INTO sekali.schema_migrations (version) VALUES ($1)",
+        .n_params = 1, .values = params, .what = "recording the migration",
+    };
+    return sk_ctl_pg_exec(pg, &record, NULL);
 }
 
 static int only_sql(const struct dirent *d)

@@ -3,8 +3,9 @@
  * <queue>.dead, a quorum queue's at-least-once dead-lettering and delivery
  * limit), its dead-letter queue, and the time a delivery may stay unacked
  * (the broker's consumer_timeout) against job_timeout, the observed job
- * duration and the prefetch window, and the lock TTL against the observed
- * duration.
+ * duration and the prefetch window, the lock TTL against the observed
+ * duration, and the retention against the longest a job's redeliveries can
+ * take.
  *
  * AMQP tells a client neither a queue's arguments nor the broker's
  * consumer_timeout. The arguments are read by declaring the queue with
@@ -26,6 +27,7 @@
 
 static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q);
 static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q);
+static void check_redelivery(struct sk_doctor *d, const struct sk_queue_conf *q);
 static bool observed_p99(const char *metrics, const char *queue, double *p99_s, double *top_s,
                          long *count);
 
@@ -41,6 +43,7 @@ void sk_doctor_broker(struct sk_doctor *d)
     for (size_t i = 0; i < d->conf->n_queues; i++) {
         check_queue(d, b, &d->conf->queues[i]);
         check_timeouts(d, &d->conf->queues[i]);
+        check_redelivery(d, &d->conf->queues[i]);
     }
     sk_broker_close(b);
 }
@@ -159,6 +162,47 @@ static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q)
                   !q->lock ? "" : near_ttl ? "; at least half the lock_ttl " : "; below half "
                                                                                "the lock_ttl ",
                   q->lock ? ttl_text : "");
+}
+
+/* The longest a job's deliveries can spread over by the settings: each of
+ * its deliveries (max_attempts, or the quorum delivery_limit if larger:
+ * crashes count there too) held until job_timeout (else the broker's
+ * consumer_timeout) ends it, and the retry delays' ceilings between them.
+ * A copy arriving after the retention finds its key maybe purged; the
+ * worker quarantines it (beyond_retention) rather than run it twice, so a
+ * retention shorter than this path turns the late retries of a legitimate
+ * job into dead letters. Lock-busy reschedules are not bounded here. */
+static void check_redelivery(struct sk_doctor *d, const struct sk_queue_conf *q)
+{
+    if (q->retention_ms == SK_RETENTION_FOREVER) {
+        sk_doctor_add(d, "retention.redelivery", q->name, SK_DOCTOR_PASS, NULL,
+                      "keys are kept forever");
+        return;
+    }
+    uint64_t ct = d->consumer_timeout_ms > 0 ? d->consumer_timeout_ms
+                                             : BROKER_DEFAULT_CONSUMER_TIMEOUT_MS;
+    uint64_t hold = q->job_timeout_ms > 0 && q->job_timeout_ms < ct ? q->job_timeout_ms : ct;
+    int deliveries = q->retry.max_attempts > q->delivery_limit ? q->retry.max_attempts
+                                                               : q->delivery_limit;
+    uint64_t path = hold * (uint64_t)(deliveries > 0 ? deliveries : 1), delay = q->retry.initial_ms;
+    for (int k = 1; k < q->retry.max_attempts; k++) {
+        path += delay < q->retry.max_ms ? delay : q->retry.max_ms;
+        if (delay < q->retry.max_ms)
+            delay *= 2;
+    }
+    char keep[32], longest[32];
+    sk_conf_value_fmt_duration(q->retention_ms, keep, sizeof(keep));
+    sk_conf_value_fmt_duration(path, longest, sizeof(longest));
+    bool short_keep = q->retention_ms < path;
+    sk_doctor_add(d, "retention.redelivery", q->name, short_keep ? SK_DOCTOR_WARN : SK_DOCTOR_PASS,
+                  "raise the queue's retention above the longest redelivery path, or lower "
+                  "job_timeout, retry.max_attempts or retry.max",
+                  "%d deliveries held up to %s each, with their retry delays, can spread over "
+                  "%s; keys are kept %s%s", deliveries > 0 ? deliveries : 1,
+                  q->job_timeout_ms > 0 && q->job_timeout_ms < ct ? "job_timeout" : "consumer_timeout",
+                  longest, keep,
+                  short_keep ? ": a late redelivery is quarantined (beyond_retention) instead "
+                               "of run" : "");
 }
 
 /* The 99th percentile of queue's job durations from sekalid's histogram

@@ -10,6 +10,9 @@
  * Every job is what a producer would send: persistent, mandatory, message_id
  * and x-idempotency-key "QUEUE-i" (unique), type "bench", and as body the
  * publish time (CLOCK_REALTIME, microseconds) for tests/bench/bench_handler.c.
+ * With BENCH_RANDOM_KEYS set the keys are random UUIDs instead, what most
+ * producers send: scattered over the primary key's B-tree rather than
+ * appended to one corner of it (tests/bench/scale.sh).
  *
  * Publishing uses publisher confirms, but never waits for each one: up to
  * WINDOW messages are in flight, and the broker's acks (often "multiple")
@@ -51,6 +54,7 @@ struct publisher {
 };
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void random_uuid(char *out, size_t size);
 static void check_reply(amqp_rpc_reply_t reply, const char *what);
 static amqp_connection_state_t connect_url(const char *url);
 static void declare(amqp_connection_state_t conn, const char *queue);
@@ -252,10 +256,28 @@ static bool depth(amqp_connection_state_t conn, const char *queue, uint32_t *rea
     return true;
 }
 
+/* A version 4 UUID's shape from /dev/urandom: no two runs share a key. */
+static void random_uuid(char *out, size_t size)
+{
+    static FILE *urandom;
+    unsigned char b[16];
+    if ((urandom == NULL && (urandom = fopen("/dev/urandom", "rb")) == NULL) ||
+        fread(b, 1, sizeof(b), urandom) != sizeof(b))
+        die("reading /dev/urandom: %s", strerror(errno));
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    snprintf(out, size, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+             b[13], b[14], b[15]);
+}
+
 static void publish_one(struct publisher *p, uint64_t i)
 {
     char key[600], body[32];
-    snprintf(key, sizeof(key), "%s-%" PRIu64, p->queue, i);
+    if (getenv("BENCH_RANDOM_KEYS") != NULL)
+        random_uuid(key, sizeof(key));
+    else
+        snprintf(key, sizeof(key), "%s-%" PRIu64, p->queue, i);
     snprintf(body, sizeof(body), "%" PRId64, now_us(CLOCK_REALTIME));
 
     amqp_table_entry_t header = {

@@ -239,6 +239,26 @@ START_TEST(test_an_unmigrated_database_fails_and_sekalid_refuses_it)
 }
 END_TEST
 
+/* Five attempts of up to 30 minutes each (job_timeout) spread over more
+ * than the hour the queue keeps keys; ten-second ones do not. */
+START_TEST(test_a_retention_shorter_than_the_redelivery_path_warns)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-path");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1,
+                              "    job_timeout: 30m\n    retention: 1h\n");
+    char *report;
+    doctor(r.config, NULL, NULL, &report);
+    has_verdict(report, "retention.redelivery", r.queue, "warn");
+    ck_assert_msg(strstr(report, "a late redelivery is quarantined") != NULL, "%s", report);
+    free(r.config);
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT "    retention: 1h\n");
+    doctor(r.config, NULL, NULL, &report);
+    has_verdict(report, "retention.redelivery", r.queue, "pass");
+    h_run_close(&r);
+}
+END_TEST
+
 /* An outbox job published two hours ago and never claimed, on a queue
  * that keeps keys one hour. */
 START_TEST(test_a_job_waiting_longer_than_the_retention_fails)
@@ -436,6 +456,7 @@ int main(void)
         test_a_host_clock_a_minute_ahead_fails_the_skew_checks,
         test_an_unmigrated_database_fails_and_sekalid_refuses_it,
         test_a_job_waiting_longer_than_the_retention_fails,
+        test_a_retention_shorter_than_the_redelivery_path_warns,
         test_a_reload_onto_an_unmigrated_database_keeps_the_old_config,
         test_sekalid_logs_each_failed_start_check_once,
         test_a_schedule_run_with_two_specs_warns,

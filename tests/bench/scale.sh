@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# The benchmark behind `make bench-scale`: what a large history of retained
+# idempotency keys costs, against an empty store, in the same rounds.
+#   tests/bench/scale.sh BUILD_DIR    (servers from tests/servers.sh must be running)
+#
+# Settings (environment; defaults in brackets):
+#   BENCH_SCALE_N [10000000]     retained keys of the large store (the small
+#                                one holds none)
+#   BENCH_SCALE_BEFORE [unset]   another source tree, built (e.g. a clone at an
+#                                older commit): its sekalid and sekalictl run
+#                                on its own schema (its sql/), back to back with
+#                                this build's, in the same rounds
+#   BENCH_JOBS [20000]           jobs per throughput run
+#   BENCH_RUNS [3]               rounds
+#   BENCH_WORKERS [4]            sekalid workers
+#   BENCH_SCALE_EXPIRED_PCT [10] share of the retention the loaded keys reach
+#                                past it: about this percent of them is expired
+#   BENCH_SCALE_PURGE_ROWS [300000]  most keys one round's purge deletes
+#   BENCH_SCALE_PURGE_SECONDS [20]   longest one round's purge runs
+#   BENCH_TIMEOUT [300]          seconds one run may take
+#
+# The stores are databases of the test server, scale_NAME_N (NAME: before or
+# this), kept between invocations: the keys are loaded once
+# (tests/bench/scale_load.sql: random UUID keys in time order over the
+# retention of 720 h, by generate_series, about two minutes for 10 M), into
+# the first tree's schema, and the other tree's store is a copy of it
+# (CREATE DATABASE ... TEMPLATE) migrated forward with its own sekalictl, so
+# that both builds read the same rows and the migration's time at N is
+# measured (an online migration of this tree runs on the live table). Drop
+# them with `DROP DATABASE` when done: 10 M keys take about 3 GB each.
+#
+# Per round, for each N and each tree, back to back:
+#   1. throughput: BENCH_JOBS jobs with random UUID keys (BENCH_RANDOM_KEYS)
+#      into the queue the retained keys are in, sekalid at the defaults,
+#      timed until every effect committed (BENCH_EFFECTS: the effects are
+#      counted, since counting the queue's keys would read the history);
+#      PostgreSQL's CPU per job from its process tree; every run checked (one
+#      effect per job, each key completed) and its keys deleted after, so
+#      that N stays N;
+#   2. at N > 0, the same run while the janitor's statement
+#      (sekali.purge_keys with the default batch of 1000, one transaction a
+#      batch, on one session) deletes expired keys beside it, up to
+#      BENCH_SCALE_PURGE_ROWS or BENCH_SCALE_PURGE_SECONDS: its rate, and
+#      the workers' jobs/s against run 1's;
+#   3. the time of one janitor batch with nothing expired (what every round
+#      costs once the expired keys are gone), `sekalictl status --json` (the
+#      console's status page runs the same report), `verify` and
+#      `trace KEY` of a retained key.
+# Bytes per key are measured once, from the relations' sizes. The summary's
+# ratios are to N = 0 of the same tree, taken within a round, and their
+# median over the rounds.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export LC_ALL=C
+
+build=${1:-build}
+n_big=${BENCH_SCALE_N:-10000000}
+before_tree=${BENCH_SCALE_BEFORE:-}
+jobs=${BENCH_JOBS:-20000}
+runs=${BENCH_RUNS:-3}
+workers=${BENCH_WORKERS:-4}
+expired_pct=${BENCH_SCALE_EXPIRED_PCT:-10}
+purge_rows=${BENCH_SCALE_PURGE_ROWS:-300000}
+purge_seconds=${BENCH_SCALE_PURGE_SECONDS:-20}
+timeout=${BENCH_TIMEOUT:-300}
+for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
+done
+names=(this) trees=(.)
+if [ -n "$before_tree" ]; then
+    [ -x "$before_tree/build/sekalid" ] && [ -d "$before_tree/sql" ] ||
+        { echo "bench: BENCH_SCALE_BEFORE: no $before_tree/build/sekalid or sql/" >&2; exit 2; }
+    names=(before this) trees=("$before_tree" .)
+fi
+sizes=(0 "$n_big")
+
+# shellcheck source=tests/bench/lib.sh
+. tests/bench/lib.sh
+export BENCH_RANDOM_KEYS=1 BENCH_EFFECTS=1
+queue=scale retention_ms=$((720 * 3600 * 1000))
+
+bin_of() { if [ "${trees[$1]}" = . ]; then echo "$build"; else echo "${trees[$1]}/build"; fi; }
+sql_of() { echo "${trees[$1]}/sql"; }
+db_of() { echo "scale_${names[$1]}_$2"; }
+on() { local db=$1; shift; PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO dbname=$db" "$@"; }
+
+# conf DB: sekalid's configuration for the queue in store DB. Its janitor
+# keeps the keys (retention: forever): the purge is measured on its own
+# (purge_loop), and a janitor's first round at start would purge them all.
+conf() {
+    local c=$work/scale-$1.yaml
+    cat >"$c" <<YAML
+amqp:
+  url: "$SEKALI_AMQP_URL"
+redis:
+  host: 127.0.0.1
+  port: $SEKALI_REDIS_PORT
+postgres:
+  conninfo: "$SEKALI_PG_CONNINFO dbname=$1 sslmode=disable"
+log:
+  level: warn
+  format: json
+shutdown_timeout: 20s
+queues:
+  - name: $queue
+    handler: $out/bench_handler.so
+    workers: $workers
+    retention: forever
+YAML
+    printf '%s' "$c"
+}
+
+# store V N: the database of tree V with N keys, made if missing (a copy of
+# the first tree's, migrated forward with V's sekalictl, that migration timed).
+store() {
+    local v=$1 n=$2 db first t0
+    db=$(db_of "$v" "$n") first=$(db_of 0 "$n")
+    if [ "$(sql -c "SELECT count(*) FROM pg_database WHERE datname = '$db'")" = 0 ]; then
+        if [ "$v" = 0 ]; then
+            sql -c "CREATE DATABASE $db"
+            PGOPTIONS=$quiet_pg "$(bin_of 0)/sekalictl" -c "$(conf "$db")" migrate --sql-dir "$(sql_of 0)" >/dev/null
+            say "loading $n keys into $db"
+            [ "$n" = 0 ] || on "$db" -v n="$n" -v queue=$queue -v retention_h=720 \
+                -v expired_pct="$expired_pct" -f tests/bench/scale_load.sql \
+                -c 'VACUUM ANALYZE sekali.idempotency_keys' -c CHECKPOINT
+        else
+            sql -c "CREATE DATABASE $db TEMPLATE $first"
+            on "$db" -c 'DROP TABLE sekali_bench.scale_ready'
+            t0=$(date +%s.%N)
+            PGOPTIONS=$quiet_pg "$(bin_of "$v")/sekalictl" -c "$(conf "$db")" migrate --sql-dir "$(sql_of "$v")" \
+                >"$work/scale-$db.migrate"
+            say "$db: migrated from ${names[0]}'s schema in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s:"
+            sed 's/^/bench:   /' "$work/scale-$db.migrate"
+        fi
+        on "$db" -f tests/bench/bench.sql
+        on "$db" -c "CREATE TABLE sekali_bench.scale_ready (n bigint)" -c "INSERT INTO sekali_bench.scale_ready VALUES ($n)"
+    fi
+    [ "$(on "$db" -c 'SELECT n FROM sekali_bench.scale_ready' 2>/dev/null)" = "$n" ] ||
+        die "$db exists but was not made to the end: DROP DATABASE $db and run again"
+}
+
+# seconds COMMAND...: the wall time of COMMAND, whatever its exit status.
+seconds() {
+    local t0
+    t0=$(date +%s.%N)
+    "$@" >/dev/null 2>&1 || true
+    awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }'
+}
+
+# purge_loop DB: the janitor's statement, batch after batch on one
+# session as the janitor calls it (each batch its own transaction), until
+# none is left, purge_rows keys are gone or purge_seconds have passed;
+# prints "rows seconds".
+purge_loop() {
+    on "$1" -c "DO \$\$
+        DECLARE total bigint := 0; got bigint; t0 timestamptz := clock_timestamp();
+        BEGIN
+            LOOP
+                got := sekali.purge_keys('$queue', $retention_ms, 1000);
+                total := total + got;
+                COMMIT;
+                EXIT WHEN got < 1000 OR total >= $purge_rows
+                       OR clock_timestamp() > t0 + interval '$purge_seconds s';
+            END LOOP;
+            RAISE WARNING 'purged % %', total, extract(epoch FROM clock_timestamp() - t0);
+        END \$\$" 2>&1 | sed -n 's/.*purged \([0-9]*\) \([0-9.]*\).*/\1 \2/p'
+}
+
+# run V N PURGE: one throughput run; prints "jobs/s pg_ms_per_job [purged purge_s]".
+run() {
+    local v=$1 n=$2 purge=$3 db c result ppid=''
+    db=$(db_of "$v" "$n") c=$(conf "$db")
+    # No VACUUM of the keys: its index pass would read every index whole
+    # for the few thousand rows each run leaves dead.
+    on "$db" -c 'TRUNCATE sekali_bench.jobs' -c CHECKPOINT
+    quiesce "${names[$v]} N=$n" >&2
+    live_queue=$queue
+    "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >/dev/null
+    if [ "$purge" = 1 ]; then
+        purge_loop "$db" >"$work/scale.purge" &
+        ppid=$!
+    fi
+    server_cpu >"$work/scale.cpu0"
+    result=$work/scale.result
+    "$out/bench_sekalid" "$(bin_of "$v")/sekalid" "$c" "$work/scale-$db.log" \
+        "$SEKALI_PG_CONNINFO dbname=$db" "$queue" "$jobs" "$timeout" >"$result" ||
+        die "${names[$v]} N=$n (see $work/scale-$db.log)"
+    server_cpu >"$work/scale.cpu1"
+    [ -z "$ppid" ] || wait "$ppid"
+    "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
+    live_queue=''
+    local effects distinct done_keys
+    read -r effects distinct done_keys <<<"$(on "$db" -F ' ' -c "
+        SELECT count(*), count(DISTINCT j.key), count(k.key) FILTER (WHERE k.status = 'completed')
+          FROM sekali_bench.jobs j LEFT JOIN sekali.idempotency_keys k
+            ON k.queue = j.queue AND k.key = j.key")"
+    [ "$effects" = "$jobs" ] && [ "$distinct" = "$jobs" ] && [ "$done_keys" = "$jobs" ] ||
+        die "${names[$v]} N=$n: $effects effects, $distinct keys, $done_keys completed for $jobs jobs"
+    on "$db" -c "DELETE FROM sekali.idempotency_keys k USING sekali_bench.jobs j
+                  WHERE k.queue = j.queue AND k.key = j.key"
+    local pg
+    pg=$(awk -v n="$jobs" 'FNR == NR { b[$1] = $2; next } $1 == "postgres_ms" { printf "%.3f", ($2 - b[$1]) / n }' \
+        "$work/scale.cpu0" "$work/scale.cpu1")
+    echo "$(field jobs_per_s "$result") $pg $([ -z "$ppid" ] || cat "$work/scale.purge")"
+}
+
+# reads V N: "empty_purge_s status_s verify_s trace_s"
+reads() {
+    local v=$1 n=$2 db c bin key
+    db=$(db_of "$v" "$n") c=$(conf "$db") bin=$(bin_of "$v")
+    key=$(on "$db" -c "SELECT key FROM sekali.idempotency_keys WHERE queue = '$queue' LIMIT 1")
+    echo "$(seconds on "$db" -c "SELECT sekali.purge_keys('$queue', $((retention_ms * 4)), 1000)") \
+$(seconds "$bin/sekalictl" -c "$c" status --json) \
+$(seconds "$bin/sekalictl" -c "$c" verify) \
+$(seconds "$bin/sekalictl" -c "$c" trace "${key:-absent}")"
+}
+
+for n in "${sizes[@]}"; do
+    for v in "${!names[@]}"; do store "$v" "$n"; done
+done
+declare -A rate cpu prate purged purge_s reads_of
+for round in $(seq 1 "$runs"); do
+    for n in "${sizes[@]}"; do
+        for v in "${!names[@]}"; do
+            read -r r c <<<"$(run "$v" "$n" 0)"
+            rate[$v,$n]+="$r " cpu[$v,$n]+="$c "
+            line="round $round ${names[$v]} N=$n: $r jobs/s, PostgreSQL $c ms/job"
+            if [ "$n" != 0 ]; then
+                read -r r c p s <<<"$(run "$v" "$n" 1)"
+                prate[$v,$n]+="$r " purged[$v,$n]+="$p " purge_s[$v,$n]+="$s "
+                line+="; purging beside it: $r jobs/s, $p keys purged in $s s"
+            fi
+            last=$(reads "$v" "$n")
+            reads_of[$v,$n]+="$last;"
+            say "$line; empty purge batch, status, verify, trace: $last s"
+        done
+    done
+done
+
+# ratio A B: the median over the rounds of A[i] / B[i] (space-separated lists).
+ratio() {
+    # shellcheck disable=SC2046  # one value per word
+    median $(awk -v a="$1" -v b="$2" 'BEGIN {
+        n = split(a, x, " "); split(b, y, " ")
+        for (i = 1; i <= n; i++) printf "%.4f\n", (y[i] > 0 ? x[i] / y[i] : 0) }')
+}
+
+# column K of the ';'-separated reads: its median.
+read_median() {
+    # shellcheck disable=SC2046  # one value per word
+    median $(tr ';' '\n' <<<"$1" | awk -v k="$2" 'NF { print $k }')
+}
+bytes_per_key() {
+    on "$1" -c "SELECT CASE WHEN c.reltuples > 0
+                  THEN round(pg_total_relation_size(c.oid) / c.reltuples) ELSE 0 END
+                  || ' ' || round(pg_relation_size(c.oid) / greatest(c.reltuples, 1))
+             FROM pg_class c WHERE c.oid = 'sekali.idempotency_keys'::regclass"
+}
+
+say "== summary: $jobs jobs a run, W=$workers, medians of $runs rounds; ratios to N=0 of the same tree in the same round"
+printf '%-7s %10s %9s %6s %9s %9s %12s %9s %8s %8s %8s %8s %12s\n' \
+    tree N jobs/s x_N0 pg_ms/job x_N0 purge_keys/s x_nopurge purge0_s status_s verify_s trace_s bytes/key >"$work/scale-summary"
+for n in "${sizes[@]}"; do
+    for v in "${!names[@]}"; do
+        # shellcheck disable=SC2086  # lists of numbers
+        {
+            r=$(median ${rate[$v,$n]}) c=$(median ${cpu[$v,$n]})
+            pr=- px=-
+            if [ "$n" != 0 ]; then
+                pr=$(ratio "${purged[$v,$n]}" "${purge_s[$v,$n]}")
+                px=$(ratio "${prate[$v,$n]}" "${rate[$v,$n]}")
+            fi
+            printf '%-7s %10s %9s %6s %9s %9s %12s %9s %8s %8s %8s %8s %12s\n' "${names[$v]}" "$n" "$r" \
+                "$(ratio "${rate[$v,$n]}" "${rate[$v,0]}")" "$c" "$(ratio "${cpu[$v,$n]}" "${cpu[$v,0]}")" \
+                "$pr" "$px" "$(read_median "${reads_of[$v,$n]}" 1)" "$(read_median "${reads_of[$v,$n]}" 2)" \
+                "$(read_median "${reads_of[$v,$n]}" 3)" "$(read_median "${reads_of[$v,$n]}" 4)" \
+                "$(bytes_per_key "$(db_of "$v" "$n")" | tr ' ' /)"
+        } >>"$work/scale-summary"
+    done
+done
+sed 's/^/bench: /' "$work/scale-summary"
+say "bytes/key: the table with its indexes and TOAST / its heap alone, per retained key"
