@@ -20,7 +20,9 @@
  * http; redirects are not followed; proxies come from the config only,
  * never from the environment. Header values read from files or environment
  * variables are secrets: they never appear in an error, and are blanked
- * from a response excerpt that echoes them.
+ * from everything made of a response (its excerpt in an error, the result
+ * a producer's reply_to gets), whole, as their credentials part ("Bearer
+ * X": X), and in base64, URL-encoding and JSON's "\/" of each.
  *
  * Built like examples/: against sekali/handler.h, libcurl, libyaml (for
  * the nested `headers:` mapping) and libpq (for the mode check). HANDLER_CFLAGS
@@ -45,6 +47,8 @@
 #define MAX_RESPONSE  (64 * 1024)   /* a saved result's limit */
 #define EXCERPT       200           /* of a failed response's body, in the dead letter */
 #define DEFAULT_TIMEOUT_MS 10000
+#define MAX_REDACT    (MAX_HEADERS * 8)  /* forms of the secrets blanked from responses */
+#define REDACT_MIN    4             /* shorter forms would blank ordinary text */
 
 struct header {
     char *name;
@@ -67,6 +71,9 @@ struct http_state {
     size_t           response_len;
     bool             truncated;
     char             curl_error[CURL_ERROR_SIZE];
+    char            *redact[MAX_REDACT];  /* the secrets' forms, blanked from responses */
+    size_t           redact_len[MAX_REDACT];
+    int              n_redact;
 };
 
 static void conf_free(struct http_conf *c)
@@ -362,6 +369,106 @@ static size_t on_body(char *data, size_t size, size_t n, void *arg)
     return len;
 }
 
+static char *base64(const char *in, size_t len)
+{
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *out = malloc((len + 2) / 3 * 4 + 1), *w = out;
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < len; i += 3) {
+        unsigned v = (unsigned char)in[i] << 16;
+        v |= i + 1 < len ? (unsigned char)in[i + 1] << 8 : 0;
+        v |= i + 2 < len ? (unsigned char)in[i + 2] : 0;
+        *w++ = abc[v >> 18 & 63];
+        *w++ = abc[v >> 12 & 63];
+        *w++ = i + 1 < len ? abc[v >> 6 & 63] : '=';
+        *w++ = i + 2 < len ? abc[v & 63] : '=';
+    }
+    *w = '\0';
+    return out;
+}
+
+/* "/" as JSON may write it, "\/"; NULL when there is none. */
+static char *json_slashes(const char *in)
+{
+    if (strchr(in, '/') == NULL)
+        return NULL;
+    char *out = malloc(strlen(in) * 2 + 1), *w = out;
+    if (out == NULL)
+        return NULL;
+    for (const char *r = in; *r != '\0'; r++) {
+        if (*r == '/')
+            *w++ = '\\';
+        *w++ = *r;
+    }
+    *w = '\0';
+    return out;
+}
+
+/* Keeps form (owned) as a form to blank, unless too short or already kept. */
+static void keep_form(struct http_state *s, char *form)
+{
+    size_t len = form != NULL ? strlen(form) : 0;
+    bool known = false;
+    for (int i = 0; i < s->n_redact && !known; i++)
+        known = s->redact_len[i] == len && memcmp(s->redact[i], form, len) == 0;
+    if (len < REDACT_MIN || known || s->n_redact == MAX_REDACT) {
+        if (form != NULL)
+            memset(form, 0, len);
+        free(form);
+        return;
+    }
+    s->redact[s->n_redact] = form;
+    s->redact_len[s->n_redact++] = len;
+}
+
+static void keep_forms(struct http_state *s, const char *secret)
+{
+    char *url = curl_easy_escape(s->curl, secret, 0);
+    keep_form(s, url != NULL ? strdup(url) : NULL);
+    curl_free(url);
+    keep_form(s, base64(secret, strlen(secret)));
+    keep_form(s, json_slashes(secret));
+    keep_form(s, strdup(secret));
+}
+
+/* Every form of every secret header that a response may echo: the value,
+ * and the credentials of "Scheme credentials", each as it is, in base64,
+ * URL-encoded and with JSON's escaped slashes. */
+static void collect_secrets(struct http_state *s)
+{
+    for (int i = 0; i < s->conf.n_headers; i++) {
+        const struct header *h = &s->conf.headers[i];
+        if (!h->secret)
+            continue;
+        keep_forms(s, h->value);
+        const char *space = strrchr(h->value, ' ');
+        if (space != NULL)
+            keep_forms(s, space + 1);
+    }
+}
+
+/* Blanks every form of a secret in buf, and the start of one that buf's
+ * end cuts (an excerpt, a result cut at MAX_RESPONSE). A whole value's
+ * forms come before its credentials', so that no piece of one is left. */
+static void redact(const struct http_state *s, char *buf, size_t n)
+{
+    for (int i = 0; i < s->n_redact; i++) {
+        const char *f = s->redact[i];
+        size_t len = s->redact_len[i];
+        for (size_t at = 0; at + len <= n; at++)
+            if (buf[at] == f[0] && memcmp(buf + at, f, len) == 0) {
+                memset(buf + at, '*', len);
+                at += len - 1;
+            }
+        for (size_t k = len - 1 < n ? len - 1 : n; k >= REDACT_MIN; k--)
+            if (memcmp(buf + n - k, f, k) == 0) {
+                memset(buf + n - k, '*', k);
+                break;
+            }
+    }
+}
+
 static int http_init(const struct sekali_host *host, const char *config, void **state)
 {
     char why[512];
@@ -384,6 +491,7 @@ static int http_init(const struct sekali_host *host, const char *config, void **
         free(s);
         return SEKALI_RETRY;
     }
+    collect_secrets(s);
     CURL *c = s->curl;
     curl_easy_setopt(c, CURLOPT_URL, s->conf.url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -433,8 +541,8 @@ static bool add_header(struct curl_slist **list, const char *name, const char *v
     return true;
 }
 
-/* The first bytes of a failed response, for the dead letter: control
- * characters blanked, and any configured secret it echoes blanked too. */
+/* The first bytes of a failed response (already redacted), for the dead
+ * letter: control characters blanked, and a secret its end cuts too. */
 static void excerpt(struct http_state *s, char *out, size_t size)
 {
     size_t n = s->response_len < EXCERPT ? s->response_len : EXCERPT;
@@ -445,20 +553,7 @@ static void excerpt(struct http_state *s, char *out, size_t size)
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)out[i] < 0x20 || out[i] == 0x7f)
             out[i] = ' ';
-    for (int i = 0; i < s->conf.n_headers; i++) {
-        const struct header *h = &s->conf.headers[i];
-        size_t len = strlen(h->value);
-        if (!h->secret || len < 4)
-            continue;
-        for (char *hit; (hit = strstr(out, h->value)) != NULL;)
-            memset(hit, '*', len);
-        /* A secret cut by the excerpt's end is still a prefix of it. */
-        for (size_t k = len - 1; k >= 4; k--)
-            if (n >= k && memcmp(out + n - k, h->value, k) == 0) {
-                memset(out + n - k, '*', k);
-                break;
-            }
-    }
+    redact(s, out, n);
 }
 
 /* Retry-After in seconds or as an HTTP date; 0 if absent or unreadable. */
@@ -530,6 +625,10 @@ static int http_handle(void *state, const struct sekali_job *job, struct sekali_
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, NULL);
     curl_slist_free_all(headers);
     s->response[s->response_len] = '\0';
+    /* Whatever leaves the handler is made of these: a service may echo
+     * the request's headers in an error or in its answer. */
+    redact(s, s->response, s->response_len);
+    redact(s, s->curl_error, strlen(s->curl_error));
 
     if (rc != CURLE_OK) {
         /* Unreachable, refused, reset, timed out, a certificate not
@@ -565,6 +664,10 @@ static void http_fini(void *state)
     curl_easy_cleanup(s->curl);
     conf_free(&s->conf);
     free(s->response);
+    for (int i = 0; i < s->n_redact; i++) {
+        memset(s->redact[i], 0, s->redact_len[i]);
+        free(s->redact[i]);
+    }
     free(s);
 }
 

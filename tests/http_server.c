@@ -58,6 +58,38 @@ static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, const c
     return rc;
 }
 
+/* s in base64 into out (at least 4/3 of s, plus 4). */
+static char *b64(const char *s, char *out)
+{
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t len = strlen(s);
+    char *w = out;
+    for (size_t i = 0; i < len; i += 3) {
+        unsigned v = (unsigned char)s[i] << 16 | (i + 1 < len ? (unsigned char)s[i + 1] << 8 : 0) |
+                     (i + 2 < len ? (unsigned char)s[i + 2] : 0);
+        *w++ = abc[v >> 18 & 63];
+        *w++ = abc[v >> 12 & 63];
+        *w++ = i + 1 < len ? abc[v >> 6 & 63] : '=';
+        *w++ = i + 2 < len ? abc[v & 63] : '=';
+    }
+    *w = '\0';
+    return out;
+}
+
+/* A service's 401 that repeats what it got: the bare token of "Bearer
+ * TOKEN", the token in base64, and the whole header URL-encoded. */
+static const char *echo_token(const struct hs_request *q, char *text, size_t size)
+{
+    const char *space = strrchr(q->authorization, ' ');
+    const char *token = space != NULL ? space + 1 : q->authorization;
+    char enc[400] = "", *w = enc;
+    for (const char *r = q->authorization; *r != '\0' && w < enc + sizeof(enc) - 4; r++)
+        w += *r == ' ' ? snprintf(w, 4, "%%20") : snprintf(w, 2, "%c", *r);
+    snprintf(text, size, "invalid token %s (base64 %s, header %s)", token,
+             b64(token, (char[400]){ 0 }), enc);
+    return text;
+}
+
 static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *data, size_t *data_size, void **cls)
@@ -99,12 +131,20 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const cha
         s->requests[s->n++] = q;
     pthread_mutex_unlock(&s->lock);
 
-    char text[512];
+    char text[2048];
     snprintf(text, sizeof(text), "done %s fence=%lld", q.key, (long long)q.fence);
     const char *b = q.body;
     if (strcmp(b, "400") == 0) {
         snprintf(text, sizeof(text), "bad request: %s", q.authorization);
         return answer(c, 400, text, NULL);
+    }
+    if (strcmp(b, "401") == 0)
+        return answer(c, 401, echo_token(&q, text, sizeof(text)), NULL);
+    if (strcmp(b, "echo") == 0) {
+        snprintf(text, sizeof(text), "{\"headers\":{\"Authorization\":\"%s\",\"X-From-Env\":"
+                 "\"%s\"},\"auth_b64\":\"%s\"}", q.authorization, q.from_env,
+                 b64(q.authorization, (char[400]){ 0 }));
+        return answer(c, 200, text, NULL);
     }
     /* Dropped on every try of attempt 1: libcurl's own resend on a fresh
      * connection is dropped too, so sekali sees the failure. */

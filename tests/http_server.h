@@ -11,6 +11,9 @@
  *   cut     500 with "x" and 150 "é" (every time): an excerpt of 200 bytes
  *           ends inside a character
  *   400     400 "bad request: <the Authorization header echoed>" (every time)
+ *   401     401 "invalid token TOKEN (base64 .., header ..)": the token of
+ *           "Bearer TOKEN", in base64, and the header URL-encoded
+ *   echo    200 with the request's secret headers as JSON, and in base64
  *   drop    the connection closed without an answer, on every request of
  *           attempt 1 (libcurl's own resend included)
  *   slow    200 after 3 s

@@ -72,6 +72,7 @@ struct sk_console_conf {
     char *tls_cert_file;           /* PEM; both set: HTTPS, NULL: plain HTTP */
     char *tls_key_file;
     uint32_t session_ms;           /* a login's lifetime */
+    bool open_reads;               /* reads without a login (loopback listeners only) */
 };
 
 struct sk_outbox_conf {

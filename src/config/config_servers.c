@@ -98,6 +98,7 @@ const struct key sk_conf_console_keys[] = {
     PATH("tls_cert_file", sk_console_conf, tls_cert_file, false),
     PATH("tls_key_file",  sk_console_conf, tls_key_file, false),
     DURATION("session",   sk_console_conf, session_ms, MIN, DAY),
+    BOOL("open_reads",    sk_console_conf, open_reads),
     END
 };
 
@@ -280,9 +281,21 @@ static int console_listen(struct loader *L, yaml_node_t *v, void *base)
     return metrics_listen(L, v, &((struct sk_console_conf *)base)->http);
 }
 
+/* A login token short enough to guess is refused here, at start, rather
+ * than found out by whoever guesses it. */
+#define CONSOLE_TOKEN_MIN 32
+
 static int console_token(struct loader *L, yaml_node_t *v, void *base)
 {
-    return metrics_token(L, v, &((struct sk_console_conf *)base)->http);
+    struct sk_metrics_conf *m = &((struct sk_console_conf *)base)->http;
+    int rc = metrics_token(L, v, m);
+    if (rc != SK_OK)
+        return rc;
+    if (strlen(m->token) < CONSOLE_TOKEN_MIN)
+        return sk_walk_fail(L, v, "token_file: the console's token must be at least %d "
+                            "characters (make one with: openssl rand -hex 32)",
+                            CONSOLE_TOKEN_MIN);
+    return SK_OK;
 }
 
 /* The redis section, plus the one rule its table cannot say: sentinels and

@@ -7,10 +7,12 @@
  * (textContent), never as markup, so a value from a message cannot become
  * HTML or script; the Content-Security-Policy below allows only our own
  * script and style, and Trusted Types make any use of innerHTML throw.
- * Reading needs no login; every action is a POST with a session cookie and
- * its CSRF token (console_auth.c). */
+ * Every request must name this console in its Host; reading the API needs
+ * a session (or console.open_reads, on loopback), and every action is a
+ * POST with a session cookie and its CSRF token (console_auth.c). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config_value.h"
@@ -28,8 +31,9 @@
 #include "ctl_common.h"
 #include "ctl_out.h"
 
-#define CONNECTIONS_MAX 64
-#define IDLE_TIMEOUT_S  30
+/* GnuTLS (libmicrohttpd's TLS): its defaults, but TLS 1.2 and 1.3 only. */
+#define TLS_PRIORITIES  "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
+#define IDLE_TIMEOUT_S  30  /* console_guard.c cuts a slow request sooner */
 
 /* On every answer. The page builds its DOM with textContent only; Trusted
  * Types turn a slip (an innerHTML assignment) into an exception. */
@@ -83,6 +87,9 @@ static void serve_asset(struct sk_console_call *c, const char *name)
 static void route(struct sk_console_call *c)
 {
     bool get = strcmp(c->method, "GET") == 0 || strcmp(c->method, "HEAD") == 0;
+    if (!sk_console_host_ok(c))
+        return sk_console_fail(c, 421, "refused: the Host header does not name this console "
+                            "(an address, localhost, or the name in console.listen)");
     if (!get && !c->post)
         return sk_console_fail(c, 405, "only GET and POST");
     if (c->post && c->too_big)
@@ -99,6 +106,8 @@ static void route(struct sk_console_call *c)
         }
         if (strcmp(api, "session") == 0)
             return get ? sk_console_session(c) : sk_console_fail(c, 405, "use GET");
+        if (get && !sk_console_may_read(c))
+            return;
         if (!sk_console_api(c))
             sk_console_fail(c, 404, "no such API route");
         return;
@@ -182,8 +191,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (c->body == NULL && (c->body = calloc(1, 1)) == NULL)
         return MHD_NO;
+    sk_console_guard_busy(c->con->guard, conn, true);
     route(c);
-    return send_answer(c);
+    enum MHD_Result rc = send_answer(c);
+    sk_console_guard_busy(c->con->guard, conn, false);
+    return rc;
 }
 
 static void on_done(void *cls, struct MHD_Connection *conn, void **state,
@@ -209,11 +221,27 @@ static void on_log(void *cls, const char *fmt, va_list ap)
     vfprintf(stderr, fmt, ap);
 }
 
-static char *read_pem(const char *path)
+/* A PEM file; a private key (secret) must be a regular file that only its
+ * owner may read: one that others can read has leaked already, and a FIFO
+ * would block the start. */
+static char *read_pem(const char *path, bool secret)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
         fprintf(stderr, "sekalictl: serve: cannot open %s: %s\n", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    const char *bad = !S_ISREG(st.st_mode) ? "is not a regular file"
+                      : secret && (st.st_mode & 077) ? "is readable or writable by group or "
+                                                       "others: chmod 600 it"
+                      : NULL;
+    FILE *f = bad == NULL ? fdopen(fd, "r") : NULL;
+    if (f == NULL) {
+        fprintf(stderr, "sekalictl: serve: %s %s\n", path, bad != NULL ? bad : strerror(errno));
+        close(fd);
         return NULL;
     }
     size_t len;
@@ -239,6 +267,15 @@ static bool listen_addr(const char *host, int port, struct sockaddr_storage *sa,
     *v6 = res->ai_family == AF_INET6;
     freeaddrinfo(res);
     return true;
+}
+
+/* 127.0.0.0/8 or ::1: only this machine's users reach it. */
+static bool loopback(const struct sockaddr_storage *sa)
+{
+    if (sa->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    return sa->ss_family == AF_INET6 &&
+           IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
 }
 
 /* --listen, or console.listen: *host and *port; *own_host, what --listen
@@ -291,8 +328,8 @@ static int tls_material(const struct sk_conf *conf, char **cert, char **key)
                         "together\n");
         return SK_CTL_USAGE;
     }
-    *cert = cert_file != NULL ? read_pem(cert_file) : NULL;
-    *key = key_file != NULL ? read_pem(key_file) : NULL;
+    *cert = cert_file != NULL ? read_pem(cert_file, false) : NULL;
+    *key = key_file != NULL ? read_pem(key_file, true) : NULL;
     if (cert_file != NULL && (*cert == NULL || *key == NULL)) {
         free(*cert);
         sk_conf_value_wipe(*key);
@@ -314,17 +351,21 @@ static struct MHD_Daemon *start_daemon(struct sk_console *con, int port,
         return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
                                 MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)SK_CONSOLE_SLOTS,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
                                 MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
+                                MHD_OPTION_NOTIFY_CONNECTION, sk_console_guard_track, con->guard,
                                 MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
+                                MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
                                 MHD_OPTION_END);
     return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTIONS_MAX,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)SK_CONSOLE_SLOTS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
+                            MHD_OPTION_NOTIFY_CONNECTION, sk_console_guard_track, con->guard,
+                            MHD_OPTION_END);
 }
 
 int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
@@ -344,10 +385,20 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         return code;
     }
 
-    struct sk_console con = { .conf = conf, .tls = cert != NULL };
+    if (conf->console.open_reads && !loopback(&sa)) {
+        fprintf(stderr, "sekalictl: serve: console.open_reads is for a loopback listener only, "
+                "and %s is not one: remove it (reading then needs a login)\n", host);
+        free(own_host);
+        free(cert);
+        sk_conf_value_wipe(key);
+        return SK_CTL_USAGE;
+    }
+    struct sk_console con = { .conf = conf, .tls = cert != NULL, .listen_host = host,
+                              .port = port, .open_reads = conf->console.open_reads };
     pthread_mutex_init(&con.dlq_lock, NULL);
     con.sessions = sk_console_sessions_new();
-    if (con.sessions == NULL) {
+    con.guard = sk_console_guard_new();
+    if (con.sessions == NULL || con.guard == NULL) {
         fprintf(stderr, "sekalictl: serve: out of memory\n");
         return SK_CTL_FAILED;
     }
@@ -362,6 +413,10 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     con.rates = sk_console_rates_start(conf);
 
     struct MHD_Daemon *d = start_daemon(&con, port, &sa, v6, cert, key);
+    if (d != NULL && !sk_console_guard_start(con.guard)) {
+        MHD_stop_daemon(d);
+        d = NULL;
+    }
     if (d == NULL) {
         fprintf(stderr, "sekalictl: serve: cannot listen on %s:%d\n", host, port);
         code = SK_CTL_FAILED;
@@ -369,15 +424,19 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         code = SK_CTL_OK;
         printf("sekalictl: console on %s://%s%s%s:%d/ (%s)\n", cert ? "https" : "http",
                v6 ? "[" : "", host, v6 ? "]" : "", port,
-               conf->console.http.token != NULL ? "actions need a login"
-                                                : "read-only: no console.token_file");
+               conf->console.http.token == NULL
+                   ? (con.open_reads ? "read-only: no console.token_file"
+                                     : "closed: no console.token_file, so no one can log in")
+                   : con.open_reads ? "actions need a login" : "reads and actions need a login");
         fflush(stdout);
         int sig;
         sigwait(&stop, &sig);
+        sk_console_guard_stop(con.guard);
         MHD_stop_daemon(d);
     }
     sk_console_rates_stop(con.rates);
     sk_console_sessions_free(con.sessions);
+    sk_console_guard_free(con.guard);
     pthread_mutex_destroy(&con.dlq_lock);
     free(cert);
     sk_conf_value_wipe(key);

@@ -6,6 +6,8 @@
  *   console_auth.c    logins, sessions, CSRF tokens, the origin check;
  *   console_api.c     the JSON API under /api/, which runs the reports of
  *                     ctl_reports.h: the same queries and JSON as sekalictl;
+ *   console_guard.c   cuts slow clients, so that 64 of them cannot keep
+ *                     everyone else out;
  *   console_rates.c   jobs/s, duplicates/s and duration quantiles, sampled
  *                     from sekalid's /metrics;
  *   console_assets.c  the page, its script and style, embedded at build
@@ -29,9 +31,12 @@
 #define SK_CONSOLE_BODY_MAX  (512 * 1024)  /* a POST body, at most (500 keys) */
 #define SK_CONSOLE_FIELDS    600           /* form fields kept, at most */
 #define SK_CONSOLE_KEYS_MAX  500           /* keys one action may select */
+#define SK_CONSOLE_CONNECTIONS 64          /* open at once, at most, */
+#define SK_CONSOLE_SLOTS (SK_CONSOLE_CONNECTIONS + 1)  /* and one kept for a newcomer */
 
 struct sk_console_sessions;
 struct sk_console_rates;
+struct sk_console_guard;
 
 struct sk_console {
     const struct sk_conf     *conf;
@@ -42,6 +47,12 @@ struct sk_console {
     pthread_mutex_t           dlq_lock;
     struct sk_console_sessions  *sessions;
     struct sk_console_rates     *rates;
+    struct sk_console_guard     *guard;
+    /* What a request's Host may name besides an address or localhost: the
+     * listen address as configured (a name, when it is one), and its port. */
+    const char                  *listen_host;
+    int                          port;
+    bool                         open_reads;  /* console.open_reads, on loopback */
 };
 
 struct sk_console_field {
@@ -91,6 +102,13 @@ void sk_console_sessions_free(struct sk_console_sessions *s);
 void sk_console_login(struct sk_console_call *c);
 void sk_console_logout(struct sk_console_call *c);
 void sk_console_session(struct sk_console_call *c);
+/* Whether the request's Host names this console: an address, localhost or
+ * the configured listen name, with the listening port. A page of another
+ * name that resolves here (DNS rebinding) sends its own name. */
+bool sk_console_host_ok(struct sk_console_call *c);
+/* Whether this GET may read the API: a live session, or console.open_reads
+ * (a loopback listener only). Otherwise the refusal is answered (401). */
+bool sk_console_may_read(struct sk_console_call *c);
 /* Whether this POST may act: same origin, a live session, its CSRF token.
  * Otherwise the refusal is answered (403 or 401) and false returned;
  * operator gets the session's name. */
@@ -98,6 +116,18 @@ bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size);
 
 /* console_api.c: every /api/ route but the session's; false: no such route. */
 bool sk_console_api(struct sk_console_call *c);
+
+/* console_guard.c */
+struct sk_console_guard *sk_console_guard_new(void);
+/* libmicrohttpd's MHD_OPTION_NOTIFY_CONNECTION, cls the guard. */
+void sk_console_guard_track(void *cls, struct MHD_Connection *conn, void **socket_context,
+                            enum MHD_ConnectionNotificationCode code);
+/* A request is in and being answered (busy), or answered: its connection's
+ * deadline for the next request starts. */
+void sk_console_guard_busy(struct sk_console_guard *g, struct MHD_Connection *conn, bool busy);
+bool sk_console_guard_start(struct sk_console_guard *g);
+void sk_console_guard_stop(struct sk_console_guard *g);
+void sk_console_guard_free(struct sk_console_guard *g);
 
 /* console_rates.c */
 struct sk_console_rates *sk_console_rates_start(const struct sk_conf *conf);

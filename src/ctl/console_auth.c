@@ -1,6 +1,12 @@
-/* console_auth.c - who may act in the console. Reading is open (the
- * listener is loopback by default); acting needs a session, which a login
- * with console.token_file's token opens:
+/* console_auth.c - who may read and act in the console. Both need a
+ * session (reads may be opened by console.open_reads, on a loopback
+ * listener only), which a login with console.token_file's token opens:
+ *
+ *   - every request must name this console in its Host: a page of an
+ *     attacker's name that resolves to our address (DNS rebinding) is
+ *     refused before anything else;
+ *   - failed logins are logged with the client's address (never what was
+ *     typed) and limited in number per minute, for every client at once;
  *
  *   - the session id travels only in a cookie that is HttpOnly (no script
  *     reads it), SameSite=Strict (no other site's page sends it), Secure
@@ -12,10 +18,13 @@
  *     refused before anything else, the login's included.
  *
  * Sessions live in this process only: a restart logs everyone out. */
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +36,12 @@
 #define ID_BYTES     32
 #define OPERATOR_MAX 64
 #define COOKIE       "sekali_console"
+/* Failed logins allowed per window, from all clients together: one shared
+ * budget, since a guesser can come from many addresses (or from the very
+ * loopback address the operator uses). Past it, every login is refused,
+ * the right token's too, until the window ends. */
+#define LOGIN_FAILS_MAX   10
+#define LOGIN_WINDOW_S    60
 
 struct session {
     char   id[ID_BYTES * 2 + 1];    /* "" : a free slot */
@@ -38,6 +53,8 @@ struct session {
 struct sk_console_sessions {
     pthread_mutex_t lock;
     struct session  s[SESSIONS_MAX];
+    time_t          fail_window;    /* start of the window failed logins count in */
+    unsigned        fails;
 };
 
 struct sk_console_sessions *sk_console_sessions_new(void)
@@ -57,14 +74,28 @@ void sk_console_sessions_free(struct sk_console_sessions *s)
     free(s);
 }
 
-/* Equal strings, in a time that does not tell how much of them matched. */
-static bool same_secret(const char *a, const char *b)
+/* Equal bytes, in a time that does not tell how much of them matched. */
+static bool same_bytes(const char *a, size_t la, const char *b, size_t lb)
 {
-    size_t la = strlen(a), lb = strlen(b);
     unsigned char diff = la != lb;
     for (size_t i = 0; i < la && i < lb; i++)
         diff |= (unsigned char)(a[i] ^ b[i]);
     return diff == 0;
+}
+
+static bool same_secret(const char *a, const char *b)
+{
+    return same_bytes(a, strlen(a), b, strlen(b));
+}
+
+/* The token as typed or sent: one trailing newline dropped, as the token
+ * file's own is, so that `curl --data-urlencode token@file` logs in. */
+static bool right_token(const char *token, const char *want)
+{
+    size_t len = strlen(token);
+    if (len > 0 && token[len - 1] == '\n' && --len > 0 && token[len - 1] == '\r')
+        len--;
+    return same_bytes(token, len, want, strlen(want));
 }
 
 static bool random_hex(char *out)
@@ -97,6 +128,56 @@ static bool same_origin(struct sk_console_call *c)
     const char *scheme = c->con->tls ? "https://" : "http://";
     size_t n = strlen(scheme);
     return host != NULL && strncmp(origin, scheme, n) == 0 && strcmp(origin + n, host) == 0;
+}
+
+static bool is_address(const char *name)
+{
+    unsigned char buf[sizeof(struct in6_addr)];
+    return inet_pton(AF_INET, name, buf) == 1 || inet_pton(AF_INET6, name, buf) == 1;
+}
+
+/* "name", "name:port", "[v6]" or "[v6]:port" into name and *port (0: none). */
+static bool split_host(const char *host, char *name, size_t size, long *port)
+{
+    const char *end, *colon;
+    if (host[0] == '[') {
+        if ((end = strchr(host, ']')) == NULL)
+            return false;
+        host++;
+        colon = end[1] == ':' ? end + 1 : NULL;
+        if (colon == NULL && end[1] != '\0')
+            return false;
+    } else {
+        colon = strrchr(host, ':');
+        end = colon != NULL ? colon : host + strlen(host);
+    }
+    if ((size_t)(end - host) >= size || end == host)
+        return false;
+    memcpy(name, host, (size_t)(end - host));
+    name[end - host] = '\0';
+    *port = 0;
+    if (colon != NULL) {
+        char *stop;
+        *port = strtol(colon + 1, &stop, 10);
+        if (colon[1] == '\0' || *stop != '\0' || *port <= 0)
+            return false;
+    }
+    return true;
+}
+
+bool sk_console_host_ok(struct sk_console_call *c)
+{
+    const char *host = sk_console_header(c, "Host");
+    char name[256];
+    long port;
+    if (host == NULL || !split_host(host, name, sizeof(name), &port))
+        return false;
+    if (port == 0)
+        port = c->con->tls ? 443 : 80;
+    if (port != c->con->port)
+        return false;
+    return is_address(name) || strcasecmp(name, "localhost") == 0 ||
+           (c->con->listen_host != NULL && strcasecmp(name, c->con->listen_host) == 0);
 }
 
 /* The live session the cookie names, copied out; false if none. */
@@ -159,12 +240,60 @@ static void session_json(struct sk_console_call *c, const struct session *s, boo
     sk_console_json(c, 200, doc, len);
 }
 
+bool sk_console_may_read(struct sk_console_call *c)
+{
+    struct session s;
+    bool in = find_session(c, &s);
+    explicit_bzero(&s, sizeof(s));
+    if (in || c->con->open_reads)
+        return true;
+    sk_console_fail(c, 401, c->con->conf->console.http.token != NULL
+                    ? "log in first: reading needs a session (no session, or it expired)"
+                    : "this console has no console.token_file, so no one can log in to read; "
+                      "set it (or console.open_reads on a loopback listener)");
+    return false;
+}
+
 void sk_console_session(struct sk_console_call *c)
 {
     struct session s;
     bool in = find_session(c, &s);
     session_json(c, &s, in);
     explicit_bzero(&s, sizeof(s));
+}
+
+/* Whether the window's budget of failed logins has some left. */
+static bool login_allowed(struct sk_console_call *c)
+{
+    struct sk_console_sessions *all = c->con->sessions;
+    time_t now = time(NULL);
+    pthread_mutex_lock(&all->lock);
+    if (now - all->fail_window >= LOGIN_WINDOW_S) {
+        all->fail_window = now;
+        all->fails = 0;
+    }
+    bool ok = all->fails < LOGIN_FAILS_MAX;
+    pthread_mutex_unlock(&all->lock);
+    return ok;
+}
+
+static void login_failed(struct sk_console_call *c)
+{
+    struct sk_console_sessions *all = c->con->sessions;
+    pthread_mutex_lock(&all->lock);
+    unsigned n = ++all->fails;
+    pthread_mutex_unlock(&all->lock);
+    char addr[NI_MAXHOST] = "?";
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (info != NULL && info->client_addr != NULL)
+        getnameinfo(info->client_addr, info->client_addr->sa_family == AF_INET6
+                    ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in),
+                    addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
+    fprintf(stderr, "sekalictl: serve: failed login (wrong token) from %s, %u of %d allowed "
+            "in %d s\n", addr, n, LOGIN_FAILS_MAX, LOGIN_WINDOW_S);
+    fflush(stderr);
+    sk_console_fail(c, 401, "wrong token");
 }
 
 void sk_console_login(struct sk_console_call *c)
@@ -178,11 +307,10 @@ void sk_console_login(struct sk_console_call *c)
     if (token == NULL || name == NULL || !good_operator(name))
         return sk_console_fail(c, 400, "a login needs the token and your name (1 to 64 "
                             "printable characters) for the audit");
-    if (!same_secret(token, want)) {
-        /* One guess a second per connection; the answer never echoes it. */
-        sleep(1);
-        return sk_console_fail(c, 401, "wrong token");
-    }
+    if (!login_allowed(c))
+        return sk_console_fail(c, 429, "too many failed logins: try again in a minute");
+    if (!right_token(token, want))
+        return login_failed(c);  /* the answer and the log never echo the guess */
     struct session s = { 0 };
     if (!random_hex(s.id) || !random_hex(s.csrf))
         return sk_console_fail(c, 500, "no randomness for a session");

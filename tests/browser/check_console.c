@@ -45,7 +45,7 @@
 #define FLAKY       "tests/plugins/flaky.so"
 #define PUPPETEER   "puppeteer-core@23"
 #define CHROMIUM    "/usr/bin/chromium"
-#define TOKEN       "browser-test-token-7f3a9c"
+#define TOKEN       "browser-test-token-7f3a9c-0123456789abcdef"
 #define PAYMENTS    40
 #define RETRIES     3
 #define BIG         100000

@@ -29,12 +29,17 @@ function psql(sql) {
 }
 const lit = (s) => "'" + s.replace(/'/g, "''") + "'";
 
+// The session cookie of a script's login, sent with every request that
+// names no Cookie of its own (reading needs a session); anon: none.
+let readCookie = null;
+
 // A plain HTTP request outside the browser: what a script or an attacker sends.
-function request(method, p, { body, headers } = {}) {
+function request(method, p, { body, headers, anon } = {}) {
   return new Promise((resolve, reject) => {
     const u = new URL(p, base);
-    const req = http.request(u, { method, headers: Object.assign(
-      body ? { 'Content-Type': 'application/x-www-form-urlencoded' } : {}, headers || {}) }, (res) => {
+    const h = Object.assign(body ? { 'Content-Type': 'application/x-www-form-urlencoded' } : {},
+                            readCookie && !anon ? { Cookie: readCookie } : {}, headers || {});
+    const req = http.request(u, { method, headers: h }, (res) => {
       let data = '';
       res.setEncoding('utf8');
       res.on('data', (c) => { data += c; });
@@ -75,7 +80,9 @@ async function main() {
   fs.mkdirSync(E.ARTIFACTS, { recursive: true });
   const browser = await puppeteer.launch({
     executablePath: E.CHROMIUM, headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
+    // An attacker's name that resolves to the console (DNS rebinding).
+    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
+           '--host-resolver-rules=MAP rebind.evil.example 127.0.0.1'],
   });
   const page = await browser.newPage();
   await page.setViewport({ width: 1400, height: 900 });
@@ -121,14 +128,43 @@ async function main() {
     check(dialogs.length === 0, where + ': no dialog fired ' + dialogs);
   }
 
-  // ---- read-only, before any login ----------------------------------------
+  // ---- nothing is read without a login, nor from another name -------------
+  const anonRead = await request('GET', '/api/status', { anon: true });
+  check(anonRead.status === 401, 'a read without a session is refused: ' + anonRead.status);
+  const port = new URL(base).port;
+  const rebind = await browser.newPage();
+  await rebind.goto('http://rebind.evil.example:' + port + '/', { waitUntil: 'domcontentloaded' });
+  const rebound = await rebind.evaluate(async () => {
+    const r = await fetch('/api/status');
+    return r.status;
+  });
+  await rebind.close();
+  check(rebound === 421, 'a page at another name resolved to the console reads nothing: ' + rebound);
+  await page.goto(base + '/', { waitUntil: 'domcontentloaded' });
+  await page.waitForSelector('#login', { timeout: 60000 });
+  check(new URL(page.url()).pathname === '/login', 'a page read without a login goes to /login');
+  const first = await request('POST', '/api/login', { body: 'operator=reader&token=' + encodeURIComponent(E.CONSOLE_TOKEN) });
+  check(first.status === 200, 'a script logs in to read');
+  readCookie = String(first.headers['set-cookie']).split(';')[0];
+
+  // After a login, next= leads only to a path of this console.
+  await page.goto(base + '/login?' + new URLSearchParams({ next: '/\\evil.example/x' }),
+                  { waitUntil: 'domcontentloaded' });
+  await page.waitForSelector('#login');
+  await page.type('input[name=operator]', 'carol');
+  await page.type('input[name=token]', E.CONSOLE_TOKEN);
+  await Promise.all([page.waitForNavigation(), page.click('#login button[type=submit]')]);
+  const landed = new URL(page.url());
+  check(landed.origin === new URL(base).origin && landed.pathname === '/',
+        'next=/\\evil.example/x leads to this console\'s / after a login: ' + page.url());
+
+  // ---- reading, logged in ----------------------------------------------------
   await visit('overview (first)', '/', '#queues tbody tr');
   const rows = await page.$$eval('#queues tbody tr', (t) => t.map((r) => r.dataset.queue));
   check(rows.includes(Q) && rows.includes(BIG), 'the overview lists both queues');
   await inert('overview');
 
   await visit('dead-letter groups (53 letters)', '/dead?queue=' + encodeURIComponent(Q), '#groups');
-  check((await page.$$('button.replay')).length === 0, 'without a login there is no replay button');
   const gtext = await page.$eval('#groups', (t) => t.textContent);
   check(gtext.includes('payment gateway {n} for order {n} (req {id})'),
         'errors differing in figures fall into one fingerprint');
@@ -208,7 +244,7 @@ async function main() {
     check(r.status === status, `${what}: refused with ${status} (got ${r.status} ${r.body.trim()})`);
     out.refused.push({ what, status: r.status, answer: r.body.trim() });
   }
-  await refused('purge without a login', 401, await request('POST', '/api/dlq/purge', { body: purgeAll }));
+  await refused('purge without a login', 401, await request('POST', '/api/dlq/purge', { body: purgeAll, anon: true }));
   await refused('purge by GET', 405, await request('GET', '/api/dlq/purge?' + purgeAll));
   await refused('replay by GET', 405, await request('GET', '/api/dlq/replay?' + purgeAll));
   await refused('login with a wrong token', 401,
@@ -326,7 +362,7 @@ async function main() {
   const pauseQ = 'queue=' + encodeURIComponent(Q) + '&reason=nope';
   const consumersBefore = await consumers(Q);
   check(consumersBefore > 0, `${Q} has consumers before any pause (${consumersBefore})`);
-  await refused('pause without a login', 401, await request('POST', '/api/pause', { body: pauseQ }));
+  await refused('pause without a login', 401, await request('POST', '/api/pause', { body: pauseQ, anon: true }));
   await refused('pause by GET', 405, await request('GET', '/api/pause?' + pauseQ));
   const login2 = await request('POST', '/api/login', { body: 'operator=bob&token=' + encodeURIComponent(E.CONSOLE_TOKEN) });
   check(login2.status === 200, 'a script logs in again');

@@ -2,9 +2,15 @@
  * tests/browser/check_console.c): every answer's security headers, the
  * refusals an action meets without a session, a CSRF token or the same
  * origin (a pause too, and one that has them all: its row in PostgreSQL
- * names the session's operator), and HTTPS with libmicrohttpd's TLS and a Secure cookie. Requests
+ * names the session's operator), HTTPS with libmicrohttpd's TLS and a
+ * Secure cookie; a Host of another name (DNS rebinding), reads without a
+ * login, a token too short to start with, and failed logins limited and
+ * logged. Requests
  * are made with curl, as a script would. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,16 +19,19 @@
 
 #include "harness.h"
 
-#define TOKEN "integration-token-42"
+#define TOKEN "integration-token-42-0123456789abcdef"
 
 struct console {
     char  *dir, *config, url[160], queue[128];
     pid_t  pid;
 };
 
+static int curl(struct console *c, const char *path, const char *args, char **out);
+
 /* Writes a config whose console listens on a free port, with TLS when
  * tls_dir is set, and starts sekalictl serve on it. */
-static void start(struct console *c, const char *name, const char *tls_dir)
+static void start_with(struct console *c, const char *name, const char *tls_dir,
+                       const char *token_text, const char *extra)
 {
     h_init();
     c->dir = h_tmpdir(name);
@@ -31,14 +40,15 @@ static void start(struct console *c, const char *name, const char *tls_dir)
     snprintf(token, sizeof(token), "%s/console.token", c->dir);
     FILE *f = fopen(token, "w");
     ck_assert_ptr_nonnull(f);
-    fputs(TOKEN "\n", f);
+    fputs(token_text, f);
     fclose(f);
     int port = h_free_port();
     int n = snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n",
                      port, token);
     if (tls_dir != NULL)
-        snprintf(top + n, sizeof(top) - (size_t)n, "  tls_cert_file: %s/server.crt\n"
-                 "  tls_key_file: %s/server.key\n", tls_dir, tls_dir);
+        n += snprintf(top + n, sizeof(top) - (size_t)n, "  tls_cert_file: %s/server.crt\n"
+                      "  tls_key_file: %s/server.key\n", tls_dir, tls_dir);
+    snprintf(top + n, sizeof(top) - (size_t)n, "%s", extra);
     c->config = h_write_config_top(c->dir, c->queue, H_EFFECT, 1, NULL, top);
     snprintf(c->url, sizeof(c->url), "%s://127.0.0.1:%d", tls_dir ? "https" : "http", port);
     snprintf(log, sizeof(log), "%s/serve.log", c->dir);
@@ -54,6 +64,32 @@ static void start(struct console *c, const char *name, const char *tls_dir)
     }
     H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
            10000, "sekalictl serve should start (see %s)", log);
+}
+
+/* The token file as docs/console.md makes it: with a trailing newline. */
+static void start(struct console *c, const char *name, const char *tls_dir)
+{
+    start_with(c, name, tls_dir, TOKEN "\n", "");
+}
+
+static char *serve_log(struct console *c)
+{
+    char log[1100];
+    snprintf(log, sizeof(log), "%s/serve.log", c->dir);
+    char *t = h_read_file(log);
+    return t != NULL ? t : strdup("");
+}
+
+/* A session cookie in c->dir/jar; the CSRF token into csrf. */
+static void login(struct console *c, char csrf[80])
+{
+    char args[2000], *out;
+    snprintf(args, sizeof(args), "-c '%s/jar' -d operator=alice -d token=" TOKEN, c->dir);
+    ck_assert_int_eq(curl(c, "/api/login", args, &out), 200);
+    char *at = strstr(out, "\"csrf\":\"");
+    ck_assert_ptr_nonnull(at);
+    snprintf(csrf, 80, "%.64s", at + 8);
+    free(out);
 }
 
 static void stop(struct console *c)
@@ -110,7 +146,8 @@ START_TEST(test_every_answer_has_the_headers_and_actions_are_refused_without_wha
     const char *purge = "-d queue=x -d all=1";
     ck_assert_int_eq(curl(&c, "/api/dlq/purge", purge, &out), 401);
     free(out);
-    ck_assert_int_eq(curl(&c, "/api/dlq/purge?queue=x&all=1", "", &out), 405);
+    /* Without a session a GET reads nothing, an action's route included. */
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge?queue=x&all=1", "", &out), 401);
     free(out);
     ck_assert_int_eq(curl(&c, "/api/login", "-d operator=m -d token=wrong", &out), 401);
     ck_assert_msg(strstr(out, "wrong") != NULL && strstr(out, "Set-Cookie") == NULL, "%s", out);
@@ -178,7 +215,8 @@ START_TEST(test_every_answer_has_the_headers_and_actions_are_refused_without_wha
     free(out);
     ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.queue_pauses WHERE queue = "
                                     "'%s'", c.queue), 0);
-    ck_assert_int_eq(curl(&c, "/api/schedules", "", &out), 200);
+    snprintf(args, sizeof(args), "-b '%s'", jar);
+    ck_assert_int_eq(curl(&c, "/api/schedules", args, &out), 200);
     ck_assert_msg(strstr(out, "\"schedules\": [") != NULL, "%s", out);
     free(out);
     ck_assert_int_eq(curl(&c, "/api/schedules", "-d x=1", &out), 405);
@@ -214,6 +252,14 @@ START_TEST(test_over_tls_the_console_speaks_https_only_with_a_secure_cookie)
     ck_assert_int_eq(curl(&c, "/api/login", args, &out), 200);
     ck_assert_msg(strstr(out, "SameSite=Strict; Secure") != NULL, "%s", out);
     free(out);
+    /* TLS 1.1 is refused (the client's own floor lowered to offer it). */
+    snprintf(args, sizeof(args), "--cacert '%s/ca.crt' --tlsv1.1 --tls-max 1.1 "
+             "--ciphers 'DEFAULT@SECLEVEL=0'", tls);
+    ck_assert_int_eq(curl(&c, "/api/session", args, &out), 0);
+    free(out);
+    snprintf(args, sizeof(args), "--cacert '%s/ca.crt' --tlsv1.2 --tls-max 1.2", tls);
+    ck_assert_int_eq(curl(&c, "/api/session", args, &out), 200);
+    free(out);
     /* Plain HTTP to the TLS port gets no answer. */
     memmove(c.url + 4, c.url + 5, strlen(c.url + 5) + 1);  /* https:// -> http:// */
     ck_assert_int_eq(curl(&c, "/api/session", "--max-time 5", &out), 0);
@@ -222,11 +268,197 @@ START_TEST(test_over_tls_the_console_speaks_https_only_with_a_secure_cookie)
 }
 END_TEST
 
+/* DNS rebinding: a page at an attacker's name, resolved to 127.0.0.1, sends
+ * that name in Host; and without a session it reads nothing anyway. */
+START_TEST(test_another_name_in_host_and_reads_without_a_login_are_refused)
+{
+    struct console c;
+    start(&c, "consolehost", NULL);
+    const char *port = strrchr(c.url, ':') + 1;
+    char *out, args[2000], csrf[80];
+    snprintf(args, sizeof(args), "-H 'Host: rebind.evil.example:%s'", port);
+    ck_assert_int_eq(curl(&c, "/api/status", args, &out), 421);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/", args, &out), 421);
+    free(out);
+    snprintf(args, sizeof(args), "-H 'Host: rebind.evil.example:%s' -d operator=m -d token="
+             TOKEN, port);
+    ck_assert_int_eq(curl(&c, "/api/login", args, &out), 421);
+    ck_assert_msg(strstr(out, "Set-Cookie") == NULL, "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "-H 'Host: localhost:%s'", port);
+    ck_assert_int_eq(curl(&c, "/", args, &out), 200);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/", "-H 'Host: 127.0.0.1:1'", &out), 421);  /* another port */
+    free(out);
+
+    ck_assert_int_eq(curl(&c, "/api/rates", "", &out), 401);
+    free(out);
+    static const char *const reads[] = { "/api/status", "/api/schedules" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(reads); i++) {
+        ck_assert_int_eq(curl(&c, reads[i], "", &out), 401);
+        ck_assert_msg(strstr(out, "log in first") != NULL, "%s: %s", reads[i], out);
+        free(out);
+    }
+    ck_assert_int_eq(curl(&c, "/api/session", "", &out), 200);  /* the login page asks */
+    free(out);
+    /* The documented login: the token file sent as it is, newline and all. */
+    snprintf(args, sizeof(args), "-d operator=alice --data-urlencode 'token@%s/console.token'",
+             c.dir);
+    ck_assert_int_eq(curl(&c, "/api/login", args, &out), 200);
+    free(out);
+    login(&c, csrf);
+    snprintf(args, sizeof(args), "-b '%s/jar'", c.dir);
+    for (size_t i = 0; i < SK_ARRAY_LEN(reads); i++) {
+        ck_assert_int_eq(curl(&c, reads[i], args, &out), 200);
+        free(out);
+    }
+    stop(&c);
+}
+END_TEST
+
+START_TEST(test_open_reads_open_them_on_loopback)
+{
+    struct console c;
+    start_with(&c, "consoleopen", NULL, TOKEN "\n", "  open_reads: true\n");
+    char *out;
+    ck_assert_int_eq(curl(&c, "/api/status", "", &out), 200);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", "-d queue=x -d all=1", &out), 401);
+    free(out);
+    stop(&c);
+}
+END_TEST
+
+/* Guesses: a shared budget of failures a minute, each logged with the
+ * client's address and never with what was typed. */
+START_TEST(test_failed_logins_are_limited_and_logged_without_the_guess)
+{
+    struct console c;
+    start(&c, "consoleguess", NULL);
+    char *out, args[200];
+    for (int i = 0; i < 10; i++) {
+        snprintf(args, sizeof(args), "-d operator=m -d token=guess-%02d-xyzzy", i);
+        ck_assert_int_eq(curl(&c, "/api/login", args, &out), 401);
+        free(out);
+    }
+    ck_assert_int_eq(curl(&c, "/api/login", "-d operator=m -d token=guess-10-xyzzy", &out), 429);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/login", "-d operator=m -d token=" TOKEN, &out), 429);
+    ck_assert_msg(strstr(out, "Set-Cookie") == NULL, "%s", out);
+    free(out);
+    char *log = serve_log(&c);
+    ck_assert_msg(strstr(log, "failed login (wrong token) from 127.0.0.1, 10 of 10") != NULL,
+                  "%s", log);
+    ck_assert_msg(strstr(log, "xyzzy") == NULL, "a guess reached the log: %s", log);
+    free(log);
+    stop(&c);
+}
+END_TEST
+
+/* Runs sekalictl serve on a config with top, which it must refuse at
+ * start: its output and exit code ("rc=N") into text. */
+static void serve_refused(const char *dir, const char *queue, const char *top, char *text,
+                          size_t size)
+{
+    char cmd[3000];
+    char *config = h_write_config_top(dir, queue, H_EFFECT, 1, NULL, top);
+    snprintf(cmd, sizeof(cmd), "timeout 10 '%s/sekalictl' -c '%s' serve 2>&1; echo rc=$?",
+             h_build_dir(), config);
+    free(config);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(text, 1, size - 1, p);
+    text[n] = '\0';
+    pclose(p);
+    ck_assert_msg(strstr(text, "rc=0") == NULL && strstr(text, "rc=124") == NULL,
+                  "sekalictl serve should refuse to start: %s", text);
+}
+
+/* A one-character token was accepted: now the start refuses it, clearly. */
+START_TEST(test_a_token_shorter_than_32_bytes_is_refused_at_start)
+{
+    h_init();
+    char *dir = h_tmpdir("consoleshort"), queue[128], token[1100], top[2000];
+    h_unique_name(queue, sizeof(queue), "consoleshort");
+    snprintf(token, sizeof(token), "%s/console.token", dir);
+    FILE *f = fopen(token, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("x\n", f);
+    fclose(f);
+    snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n",
+             h_free_port(), token);
+    char text[4096];
+    serve_refused(dir, queue, top, text, sizeof(text));
+    ck_assert_msg(strstr(text, "at least 32 characters") != NULL, "%s", text);
+
+    free(dir);
+}
+END_TEST
+
+/* 64 clients that send half a request and wait: every slot taken, and
+ * libmicrohttpd's idle timeout (30 s) never reached. The console must still
+ * answer someone else at once. */
+START_TEST(test_64_slow_clients_do_not_keep_the_console_from_answering)
+{
+    struct console c;
+    start(&c, "consoleslow", NULL);
+    int port = atoi(strrchr(c.url, ':') + 1), slow[64];
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    for (size_t i = 0; i < SK_ARRAY_LEN(slow); i++) {
+        slow[i] = socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_ge(slow[i], 0);
+        ck_assert_int_eq(connect(slow[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        static const char half[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+        ck_assert_int_eq(send(slow[i], half, sizeof(half) - 1, 0), (ssize_t)sizeof(half) - 1);
+    }
+    char *out;
+    ck_assert_int_eq(curl(&c, "/api/session", "--max-time 8", &out), 200);
+    free(out);
+    for (size_t i = 0; i < SK_ARRAY_LEN(slow); i++)
+        close(slow[i]);
+    stop(&c);
+}
+END_TEST
+
+/* A private key others may read has leaked already: the start refuses it. */
+START_TEST(test_a_key_file_readable_by_others_is_refused_at_start)
+{
+    const char *tls = getenv("SEKALI_TLS_DIR");
+    if (tls == NULL || access(tls, R_OK) != 0) {
+        ck_assert_msg(getenv("SEKALI_REQUIRE_TLS") == NULL, "no SEKALI_TLS_DIR");
+        return;
+    }
+    h_init();
+    char *dir = h_tmpdir("consolekey"), queue[128], path[1100], top[3000], cmd[5000];
+    h_unique_name(queue, sizeof(queue), "consolekey");
+    snprintf(cmd, sizeof(cmd), "cp '%s/server.key' '%s/' && chmod 640 '%s/server.key' && "
+             "echo " TOKEN " > '%s/token'", tls, dir, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/server.key", dir);
+    snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s/token\n"
+             "  tls_cert_file: %s/server.crt\n  tls_key_file: %s\n", h_free_port(), dir, tls,
+             path);
+    char text[4096];
+    serve_refused(dir, queue, top, text, sizeof(text));
+    ck_assert_msg(strstr(text, "readable or writable by group or others") != NULL, "%s", text);
+
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_every_answer_has_the_headers_and_actions_are_refused_without_what_they_need,
         test_over_tls_the_console_speaks_https_only_with_a_secure_cookie,
+        test_another_name_in_host_and_reads_without_a_login_are_refused,
+        test_open_reads_open_them_on_loopback,
+        test_failed_logins_are_limited_and_logged_without_the_guess,
+        test_a_token_shorter_than_32_bytes_is_refused_at_start,
+        test_64_slow_clients_do_not_keep_the_console_from_answering,
+        test_a_key_file_readable_by_others_is_refused_at_start,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));

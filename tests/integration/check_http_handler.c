@@ -174,6 +174,49 @@ START_TEST(test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_le
 }
 END_TEST
 
+/* A service that repeats the token in its own words (a 401 naming the
+ * bare token, its base64, the header URL-encoded) or echoes the request's
+ * headers in a 2xx: no form of a secret reaches the error, the dead letter
+ * or the result that a producer's reply_to gets. */
+START_TEST(test_every_form_of_a_secret_a_response_echoes_is_blanked)
+{
+    struct h_run r;
+    h_run_open(&r, "httpecho");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "10s", "2s", NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml, .env = secret_env });
+    h_publish(r.b, r.queue, "charge", "m401", "k401", NULL, "401");
+    h_publish(r.b, r.queue, "charge", "mecho", "kecho", NULL, "echo");
+    H_WAIT(h_completed(&r) == 1 && failed(&r) == 1, 20000,
+           "the echo should complete and the 401 fail: %lld completed, %lld failed",
+           h_completed(&r), failed(&r));
+    h_run_stop(&r);
+    static const char *const forms[] = {
+        "s3cr3t", "czNjcjN0LXRva2VuLTQ0NzE", "QmVhcmVyIHMzY3IzdC10b2tlbi00NDcx",
+        "Bearer%20", ENV_SECRET, "ZW52c2VjcmV0LTc3ODE",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(forms); i++) {
+        ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                          "queue = '%s' AND (coalesce(error, '') LIKE '%%%s%%' OR "
+                                          "coalesce(convert_from(result, 'UTF8'), '') LIKE "
+                                          "'%%%s%%')", r.queue, forms[i], forms[i]), 0);
+        ck_assert_int_eq(h_count_lines(r.log, forms[i]), 0);
+    }
+    /* Blanked in place: the rest of what the service said is kept. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'k401' AND error LIKE "
+                                      "'HTTP 401: invalid token ****%%(base64 ****%%'", r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'kecho' AND convert_from(result, "
+                                      "'UTF8') LIKE '{\"headers\":{\"Authorization\":\"****%%'",
+                                r.queue), 1);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
 /* The worker dies after the server got its request, before any outcome
  * was recorded: once the lease runs out, the job is sent again with the
  * same Idempotency-Key and a higher fence, and completes once. */
@@ -456,6 +499,7 @@ int main(void)
         test_sekalid_t_refuses_transactional_mode_and_a_timeout_not_below_the_lease,
         test_job_is_posted_with_its_keys_and_secrets_and_the_response_is_its_result,
         test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_leaks,
+        test_every_form_of_a_secret_a_response_echoes_is_blanked,
         test_worker_killed_after_the_request_arrived_resends_same_key_higher_fence,
         test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out,
         test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused,

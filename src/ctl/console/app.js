@@ -41,9 +41,27 @@ const secs = (v) => (v === null || v === undefined ? '?' : v < 1 ? (v * 1000).to
                                                              : v.toFixed(1) + ' s');
 const args = () => new URLSearchParams(location.search);
 
+// Where to go after a login: a path of this console only. The URL parser
+// decides, as the browser will when it follows it: "/\evil.example" and
+// "//evil.example" are other sites although they start with a slash.
+function sameOriginPath(next) {
+  if (!next || !next.startsWith('/')) return '/';
+  let u;
+  try { u = new URL(next, location.origin); } catch (e) { return '/'; }
+  return u.origin === location.origin ? u.pathname + u.search + u.hash : '/';
+}
+
+function toLogin() {
+  location.href = '/login?' + new URLSearchParams({ next: location.pathname + location.search });
+}
+
 async function api(path) {
   const r = await fetch(path, { credentials: 'same-origin', headers: { Accept: 'application/json' } });
   const body = await r.json().catch(() => ({ error: 'the answer was not JSON (' + r.status + ')' }));
+  if (r.status === 401 && session.actions && location.pathname !== '/login' && path !== '/api/session') {
+    toLogin();  // reading needs a session: the login page brings the reader back
+    return new Promise(() => {});
+  }
   if (!r.ok) throw new Error(body.error || ('HTTP ' + r.status));
   return body;
 }
@@ -80,7 +98,7 @@ async function loadSession() {
         location.href = '/';
       } }, 'Log out'));
   else if (session.actions)
-    who.replaceChildren(link('/login', { next: location.pathname + location.search }, 'Log in to act'));
+    who.replaceChildren(link('/login', { next: location.pathname + location.search }, 'Log in'));
   else
     who.replaceChildren(el('span', { class: 'muted' }, 'read-only'));
 }
@@ -445,11 +463,10 @@ function loginPage() {
     try {
       session = await post('/api/login', { token: form.elements.token.value,
                                            operator: form.elements.operator.value });
-      const next = args().get('next');
-      location.href = next && next.startsWith('/') && !next.startsWith('//') ? next : '/';
+      location.href = sameOriginPath(args().get('next'));
     } catch (e) { msg.replaceChildren(failure(e)); }
   } },
-    el('p', {}, 'Actions (replay, purge, pause, resume) need the token of console.token_file and your name, which the audit records.'),
+    el('p', {}, 'Reading and acting (replay, purge, pause, resume) need the token of console.token_file and your name, which the audit records.'),
     el('p', {}, el('label', {}, 'Your name ', el('input', { name: 'operator', required: true, maxlength: 64,
                                                           autocomplete: 'username' }))),
     el('p', {}, el('label', {}, 'Token ', el('input', { name: 'token', type: 'password', required: true,
