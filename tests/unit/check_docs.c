@@ -630,6 +630,20 @@ START_TEST(test_readme_is_short_and_links_every_doc_page)
 }
 END_TEST
 
+/* STATUS.md says what is true now; history goes to NEWS.md and git, figures
+ * to the benchmark. A cap keeps it from becoming a diary again. */
+START_TEST(test_status_is_a_status_not_a_diary)
+{
+    char *status = read_file("docs/STATUS.md");
+    int lines = 0;
+    for (const char *p = status; *p != '\0'; p++)
+        lines += *p == '\n';
+    ck_assert_msg(lines <= 120, "docs/STATUS.md has %d lines: at most 120 (history to NEWS.md, "
+                  "figures to docs/benchmark.md)", lines);
+    free(status);
+}
+END_TEST
+
 /* The stable event names are an interface (log.h): each SK_EVENT_* is
  * described in sekalid(8)'s LOGGING list, and that list names no other. */
 START_TEST(test_sekalid_man_page_lists_exactly_the_log_event_names)
@@ -800,6 +814,7 @@ int main(void)
         test_relative_links_of_the_markdown_documents_resolve,
         test_link_checker_sees_a_missing_file_and_a_missing_anchor,
         test_readme_is_short_and_links_every_doc_page,
+        test_status_is_a_status_not_a_diary,
         test_internals_layer_table_names_every_module_of_src,
         test_internals_names_only_functions_that_exist,
         test_internals_checks_see_a_missing_module_and_function,
