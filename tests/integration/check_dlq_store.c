@@ -16,7 +16,7 @@
 #include "harness.h"
 
 #define FLAKY "tests/plugins/flaky.so"
-#define TOKEN "dlq-store-token-7"
+#define TOKEN "dlq-store-token-7-0123456789abcdef0123"
 
 static void rabbitmqctl(const char *args)
 {
@@ -99,8 +99,10 @@ static int start_quorum(struct h_run *r, const char *name)
     fputs(TOKEN "\n", f);
     fclose(f);
     int port = h_free_port();
-    snprintf(top, sizeof(top), H_RELAY "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n",
-             port, token);
+    /* Reads open on loopback (console.open_reads): the GETs below stand for
+     * any reader, logged in or not. */
+    snprintf(top, sizeof(top), H_RELAY "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n"
+             "  open_reads: true\n", port, token);
     snprintf(queue_yaml, sizeof(queue_yaml), H_FAST_RETRIES "    job_types: [test]\n"
              "    queue_type: quorum\n    delivery_limit: 20\n    lock: false\n"
              "    dead_letter_mirror: false\n"

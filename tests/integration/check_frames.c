@@ -66,15 +66,24 @@ static void expect_dead_lettered(struct h_run *r, const char *message_id, const 
     ck_assert_msg(rc == 0, "dlq list exited %d: %s", rc, out);
     ck_assert_msg(strstr(out, reason) != NULL, "dlq list should show reason %s: %s", reason, out);
     free(out);
-    rc = DLQ(r, &out, "show", r->queue, message_id);
+    /* A malformed letter has no key: it is shown by its row's id. */
+    char id[32];
+    snprintf(id, sizeof(id), "%lld", h_pg_count(r->pg, "SELECT id FROM sekali.dead_letters "
+                                                       "WHERE queue = '%s' AND job_id = '%s'",
+                                                r->queue, message_id));
+    rc = DLQ(r, &out, "show", r->queue, "--id", id);
     ck_assert_msg(rc == 0, "dlq show exited %d: %s", rc, out);
-    ck_assert_msg(strstr(out, "x-sekali-headers-dropped") != NULL,
-                  "dlq show should say which headers the copy left out: %s", out);
+    /* The row keeps the headers the copy could carry, or says they were
+     * left out. */
+    ck_assert_msg(strstr(out, "x-sekali-headers-dropped") != NULL ||
+                  strstr(out, "(omitted)") != NULL,
+                  "dlq show should say which headers the letter left out: %s", out);
     free(out);
     rc = DLQ(r, &out, "purge", r->queue, "--all");
     ck_assert_msg(rc == 0, "dlq purge exited %d: %s", rc, out);
     free(out);
-    ck_assert_uint_eq(h_queue_depth(r->b, r->dead), 0);
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM sekali.dead_letters "
+                                       "WHERE queue = '%s'", r->queue), 0);
 }
 
 /* Way in (a): a producer's forged x-death of about 130 KB. max_headers left
@@ -195,19 +204,30 @@ START_TEST(test_dlq_reads_a_dead_letter_over_frame_max)
     h_publish(r.b, r.dead, "test", "dead-small-1", "k-small", NULL, "ok");
     h_run_stop(&r);
 
+    /* Letters put into <queue>.dead by hand are the broker's: the import
+     * takes them into sekali.dead_letters, where every read is. */
     char *out = NULL;
-    int rc = DLQ(&r, &out, "list", r.queue);
+    int rc = DLQ(&r, &out, "import", r.queue);
+    ck_assert_msg(rc == 0, "dlq import exited %d: %s", rc, out);
+    free(out);
+    rc = DLQ(&r, &out, "list", r.queue);
     ck_assert_msg(rc == 0, "dlq list exited %d: %s", rc, out);
     ck_assert_msg(strstr(out, "dead-over-1") != NULL && strstr(out, "k-small") != NULL,
                   "dlq list should show both letters: %s", out);
     free(out);
-    rc = DLQ(&r, &out, "show", r.queue, "dead-over-1");
+    char id[32];
+    snprintf(id, sizeof(id), "%lld", h_pg_count(r.pg, "SELECT id FROM sekali.dead_letters "
+                                                      "WHERE queue = '%s' AND job_id = "
+                                                      "'dead-over-1'", r.queue));
+    rc = DLQ(&r, &out, "show", r.queue, "--id", id);
     ck_assert_msg(rc == 0, "dlq show exited %d: %s", rc, out);
     free(out);
     rc = DLQ(&r, &out, "purge", r.queue, "--all");
     ck_assert_msg(rc == 0, "dlq purge exited %d: %s", rc, out);
     free(out);
     ck_assert_uint_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters "
+                                      "WHERE queue = '%s'", r.queue), 0);
     h_run_close(&r);
 }
 END_TEST
