@@ -194,7 +194,9 @@ async function main() {
     check(got.key === h.key, 'key kept as text: ' + JSON.stringify(h.key));
     check(got.error === h.error, 'error kept as text: ' + JSON.stringify(h.error));
     check(got.body === h.body, 'body kept as text: ' + JSON.stringify(h.body));
-    if (h.note) check(got.headers.includes('x-note' + h.note), 'header kept as text: ' + JSON.stringify(h.note));
+    // A header's NUL is stored as U+FFFD (jsonb holds no NUL: headers_json.c).
+    if (h.note) check(got.headers.includes('x-note' + h.note.replace(/\u0000/g, '\ufffd')),
+                      'header kept as text: ' + JSON.stringify(h.note));
     await inert('letter ' + JSON.stringify(h.key));
     out.hostile.push({ input: h, shown: got.key === h.key && got.error === h.error && got.body === h.body
       ? 'as text, unchanged; no dialog, no element, no CSP violation' : got });
