@@ -179,15 +179,18 @@ int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
     return SK_OK;
 }
 
-/* RabbitMQ 3.x (Debian 12 ships 3.10) refuses x-max-priority on a quorum
- * queue ("invalid arg"): said here, at the line, rather than by every
- * worker's declaration failing at start. */
+/* RabbitMQ refuses x-max-priority on a quorum queue ("invalid arg"), 3.x
+ * (Debian 12 ships 3.10) and 4.0 alike: said here, at the line, rather than
+ * by every worker's declaration failing at start. 4's quorum queues have two
+ * fixed levels instead, which the message names so that a user of 4 knows
+ * the job priorities still count there. */
 static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
 {
     if (q->max_priority > 0 && q->queue_type == SK_QUEUE_QUORUM)
         return sk_walk_fail(L, sk_walk_lookup(L, item, "max_priority"),
-                            "max_priority needs queue_type: classic (RabbitMQ 3.x has no "
-                            "priorities on quorum queues and refuses x-max-priority)");
+                            "max_priority needs queue_type: classic (quorum queues refuse "
+                            "x-max-priority; on RabbitMQ 4 they have two fixed levels, "
+                            "priority 5 and above high)");
     return SK_OK;
 }
 

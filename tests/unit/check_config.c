@@ -143,8 +143,9 @@ static const struct bad_case bad_cases[] = {
       DATA "bad_batch_prefetch.yaml:8:15: prefetch 8 is smaller than batch 16: a worker could "
       "never fill its batch" },
     { "bad_priority_quorum.yaml", NULL,
-      DATA "bad_priority_quorum.yaml:9:19: max_priority needs queue_type: classic (RabbitMQ 3.x "
-      "has no priorities on quorum queues and refuses x-max-priority)" },
+      DATA "bad_priority_quorum.yaml:9:19: max_priority needs queue_type: classic (quorum "
+      "queues refuse x-max-priority; on RabbitMQ 4 they have two fixed levels, priority 5 "
+      "and above high)" },
     { "bad_priority_range.yaml", NULL,
       DATA "bad_priority_range.yaml:8:19: max_priority must be between 0 and 255, got 256" },
     { "bad_batch_range.yaml", NULL,
