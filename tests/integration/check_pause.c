@@ -344,6 +344,75 @@ START_TEST(test_a_resumed_queue_runs_its_jobs_highest_priority_first)
 }
 END_TEST
 
+/* The test broker's major version, as tests/servers.sh says it runs. */
+static int broker_major(void)
+{
+    const char *v = getenv("SEKALI_RABBITMQ");
+    return v != NULL && v[0] != '\0' ? atoi(v) : 3;
+}
+
+/* A quorum queue has no max_priority (RabbitMQ 4.0 refuses x-max-priority
+ * on it as 3.x does), but RabbitMQ 4 gives every quorum queue two levels of
+ * its own: priority 5 and above is high, below is normal, and a consumer is
+ * given two high deliveries for each normal one while both wait, each level
+ * in the order it was enqueued. So a job's priority still counts there,
+ * weighted rather than strict; RabbitMQ 3.x's quorum queues ignore it. */
+START_TEST(test_a_quorum_queue_on_rabbitmq_4_favours_high_priority_jobs)
+{
+    struct run r = { 0 };
+    const struct sk_queue_shape shape = { .quorum = true };
+    start(&r, "pause_qq_priority", 1, "    queue_type: quorum\n", H_RELAY, &shape);
+    pause_queue(&r, "quorum priorities");
+    int n = 30;
+    for (int i = 0; i < n; i++) {
+        int prio = (i * 7) % 10;
+        char sql[512];
+        snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'test', 'ok', 'p%d-%02d', "
+                 "p_priority => %d)", r.h.queue, prio, i, prio);
+        h_pg_exec(r.h.pg, sql);
+    }
+    H_WAIT(h_queue_depth(r.h.b, r.h.queue) == (uint32_t)n, 20000,
+           "the relay should publish all %d jobs to the paused queue, %u there", n,
+           h_queue_depth(r.h.b, r.h.queue));
+    resume_queue(&r);
+    H_WAIT(h_effects(&r.h, NULL) == n, 30000, "%d jobs should run, %lld did", n,
+           h_effects(&r.h, NULL));
+    PGresult *res = PQexecParams(r.h.pg, "SELECT idempotency_key FROM sekali_test.effects "
+                                 "WHERE queue = $1 ORDER BY id", 1, NULL,
+                                 (const char *const[]){ r.h.queue }, NULL, NULL, 0);
+    ck_assert_int_eq(PQresultStatus(res), PGRES_TUPLES_OK);
+    ck_assert_int_eq(PQntuples(res), n);
+    char order[30 * 8] = "";
+    int high_in_first_half = 0, last_high = -1, last_normal = -1;
+    for (int i = 0; i < n; i++) {
+        const char *key = PQgetvalue(res, i, 0);
+        int seq = atoi(strchr(key, '-') + 1);
+        bool high = key_priority(key) >= 5;
+        strncat(order, high ? "H" : "n", sizeof(order) - strlen(order) - 1);
+        if (broker_major() < 4) {
+            ck_assert_msg(seq == i, "RabbitMQ 3's quorum queue should keep the enqueue order, "
+                          "job %d was %s", i, key);
+            continue;
+        }
+        /* Each level keeps its own enqueue order. */
+        int *last = high ? &last_high : &last_normal;
+        ck_assert_msg(seq > *last, "job %s ran after a later one of its level", key);
+        *last = seq;
+        if (high && i < n / 2)
+            high_in_first_half++;
+    }
+    PQclear(res);
+    /* 2:1 while both wait: 10 of the first 15 (all 15 waited before the
+     * one worker subscribed). */
+    if (broker_major() >= 4)
+        ck_assert_msg(high_in_first_half >= 10, "RabbitMQ 4 should give high priority first "
+                      "two to one; ran %s", order);
+    h_run_stop(&r.h);
+    h_expect_once(&r.h, n, 0);
+    h_run_close(&r.h);
+}
+END_TEST
+
 /* A queue that exists without x-max-priority cannot get it: the workers
  * say what to do instead of retrying in silence. */
 START_TEST(test_max_priority_on_an_existing_queue_without_it_says_what_to_do)
@@ -413,6 +482,7 @@ int main(void)
         test_two_hosts_both_honour_a_pause,
         test_a_pause_without_its_notify_is_found_by_the_poll,
         test_a_resumed_queue_runs_its_jobs_highest_priority_first,
+        test_a_quorum_queue_on_rabbitmq_4_favours_high_priority_jobs,
         test_max_priority_on_an_existing_queue_without_it_says_what_to_do,
         test_bad_pause_and_priority_input_is_refused_clearly,
         NULL,
