@@ -9,9 +9,15 @@
 --                              the triggers is checked before any call):
 --                              the per-job path, which inserts keys
 --                              already completed, never does.
+--                              A row trigger, so that the per-job path
+--                              pays a WHEN and no call; a transaction
+--                              that fails or purges n keys updates one
+--                              row n times (the janitor's batch bounds n).
 --   sekali.dead_letter_counts  letters and replayable letters per group
 --                              (queue, reason, fingerprint), as
---                              sekalictl dlq groups shows them.
+--                              sekalictl dlq groups shows them: statement
+--                              triggers, one update per group a statement
+--                              touches, however many letters it writes.
 -- A failure storm writes both from every worker at once, so each is split
 -- in shards by the writing session (pg_backend_pid() % 16): two workers
 -- rarely wait on one row. A count is the sum of its shards; a shard may go
@@ -81,23 +87,46 @@ DROP TRIGGER IF EXISTS count_failed_delete ON sekali.idempotency_keys;
 CREATE TRIGGER count_failed_delete AFTER DELETE ON sekali.idempotency_keys
     FOR EACH ROW WHEN (OLD.status = 'failed') EXECUTE FUNCTION sekali.count_failed_key();
 
-CREATE OR REPLACE FUNCTION sekali.count_dead_letter() RETURNS trigger
+-- Per statement, from its transition tables: one statement that writes a
+-- million letters (an import, a bulk purge) updates each group's shard once.
+-- A row trigger would update it once per letter, and in one transaction
+-- every update of a row walks the versions the transaction left before it.
+CREATE OR REPLACE FUNCTION sekali.count_dead_letters() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    IF TG_OP = 'INSERT' THEN
         INSERT INTO sekali.dead_letter_counts AS c
                (queue, reason, fingerprint, shard, letters, replayable)
-        VALUES (OLD.queue, OLD.reason, OLD.fingerprint, (pg_backend_pid() % 16)::smallint, -1,
-                CASE WHEN OLD.malformed IS NULL THEN -1 ELSE 0 END)
+        SELECT n.queue, n.reason, n.fingerprint, (pg_backend_pid() % 16)::smallint, count(*),
+               count(*) FILTER (WHERE n.malformed IS NULL)
+          FROM new_letters n GROUP BY n.queue, n.reason, n.fingerprint
+         ORDER BY n.queue, n.reason, n.fingerprint
         ON CONFLICT (queue, reason, fingerprint, shard) DO UPDATE
            SET letters = c.letters + excluded.letters,
                replayable = c.replayable + excluded.replayable;
-    END IF;
-    IF TG_OP IN ('UPDATE', 'INSERT') THEN
+    ELSIF TG_OP = 'DELETE' THEN
         INSERT INTO sekali.dead_letter_counts AS c
                (queue, reason, fingerprint, shard, letters, replayable)
-        VALUES (NEW.queue, NEW.reason, NEW.fingerprint, (pg_backend_pid() % 16)::smallint, 1,
-                CASE WHEN NEW.malformed IS NULL THEN 1 ELSE 0 END)
+        SELECT o.queue, o.reason, o.fingerprint, (pg_backend_pid() % 16)::smallint, -count(*),
+               -count(*) FILTER (WHERE o.malformed IS NULL)
+          FROM old_letters o GROUP BY o.queue, o.reason, o.fingerprint
+         ORDER BY o.queue, o.reason, o.fingerprint
+        ON CONFLICT (queue, reason, fingerprint, shard) DO UPDATE
+           SET letters = c.letters + excluded.letters,
+               replayable = c.replayable + excluded.replayable;
+    ELSE
+        INSERT INTO sekali.dead_letter_counts AS c
+               (queue, reason, fingerprint, shard, letters, replayable)
+        SELECT d.queue, d.reason, d.fingerprint, (pg_backend_pid() % 16)::smallint,
+               sum(d.letters), sum(d.replayable)
+          FROM (SELECT n.queue, n.reason, n.fingerprint, 1 AS letters,
+                       (n.malformed IS NULL)::integer AS replayable FROM new_letters n
+                UNION ALL
+                SELECT o.queue, o.reason, o.fingerprint, -1,
+                       -(o.malformed IS NULL)::integer FROM old_letters o) d
+         GROUP BY d.queue, d.reason, d.fingerprint
+        HAVING sum(d.letters) <> 0 OR sum(d.replayable) <> 0
+         ORDER BY d.queue, d.reason, d.fingerprint
         ON CONFLICT (queue, reason, fingerprint, shard) DO UPDATE
            SET letters = c.letters + excluded.letters,
                replayable = c.replayable + excluded.replayable;
@@ -106,15 +135,18 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS count_dead_letter ON sekali.dead_letters;
-CREATE TRIGGER count_dead_letter AFTER INSERT OR DELETE ON sekali.dead_letters
-    FOR EACH ROW EXECUTE FUNCTION sekali.count_dead_letter();
-DROP TRIGGER IF EXISTS count_dead_letter_update ON sekali.dead_letters;
-CREATE TRIGGER count_dead_letter_update AFTER UPDATE ON sekali.dead_letters
-    FOR EACH ROW WHEN ((OLD.queue, OLD.reason, OLD.fingerprint, OLD.malformed IS NULL)
-                       IS DISTINCT FROM (NEW.queue, NEW.reason, NEW.fingerprint,
-                                         NEW.malformed IS NULL))
-    EXECUTE FUNCTION sekali.count_dead_letter();
+DROP TRIGGER IF EXISTS count_dead_letters_insert ON sekali.dead_letters;
+CREATE TRIGGER count_dead_letters_insert AFTER INSERT ON sekali.dead_letters
+    REFERENCING NEW TABLE AS new_letters
+    FOR EACH STATEMENT EXECUTE FUNCTION sekali.count_dead_letters();
+DROP TRIGGER IF EXISTS count_dead_letters_update ON sekali.dead_letters;
+CREATE TRIGGER count_dead_letters_update AFTER UPDATE ON sekali.dead_letters
+    REFERENCING OLD TABLE AS old_letters NEW TABLE AS new_letters
+    FOR EACH STATEMENT EXECUTE FUNCTION sekali.count_dead_letters();
+DROP TRIGGER IF EXISTS count_dead_letters_delete ON sekali.dead_letters;
+CREATE TRIGGER count_dead_letters_delete AFTER DELETE ON sekali.dead_letters
+    REFERENCING OLD TABLE AS old_letters
+    FOR EACH STATEMENT EXECUTE FUNCTION sekali.count_dead_letters();
 
 -- TRUNCATE fires no row trigger: it empties the counts with the table.
 CREATE OR REPLACE FUNCTION sekali.count_truncated() RETURNS trigger
