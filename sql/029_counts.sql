@@ -33,6 +33,13 @@
 -- shards, and then mark the count ready in sekali.count_bases; until then
 -- the readers count as before.
 
+-- Adding a trigger locks its table against writes until this migration
+-- commits, and first waits for the transactions writing it (a long
+-- transactional job), with every new writer queued behind: better to give
+-- up after a few seconds (rolled back; run migrate again) than to stall
+-- the workers behind a long job.
+SET LOCAL lock_timeout = '5s';
+
 CREATE TABLE IF NOT EXISTS sekali.count_bases (
     what     text        PRIMARY KEY,   -- failed_keys, dead_letters
     taken_at timestamptz NOT NULL DEFAULT now()

@@ -251,6 +251,21 @@ START_TEST(test_an_upgrade_counts_what_the_database_held_while_writers_commit)
     fail_many(pg, r.queue);
     letters(pg, r.queue);
     link_migrations(r.dir, "029");
+
+    /* A transaction writing the keys and left open (a long job): adding
+     * the triggers gives up after its lock_timeout instead of holding
+     * every other writer behind it, and changes nothing. */
+    h_pg_exec(writer, "BEGIN");
+    snprintf(sql, sizeof(sql), "SELECT sekali.fail('%s', 'long', 'test:1', 'j', 'test', 'x')",
+             r.queue);
+    h_pg_exec(writer, sql);
+    int64_t t0 = h_now_ms();
+    ck_assert_int_ne(migrate(config, r.dir), 0);
+    ck_assert_msg(h_now_ms() - t0 < h_ms(30000), "migrate should give up in seconds, took %lld ms",
+                  (long long)(h_now_ms() - t0));
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM pg_class WHERE oid = "
+                                    "to_regclass('sekali.key_counts')"), 0);
+    h_pg_exec(writer, "ROLLBACK");
     ck_assert_int_eq(migrate(config, r.dir), 0);
     ck_assert_int_eq(failed_status(pg, r.queue), MANY);    /* not counted yet: read */
 
