@@ -45,7 +45,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl) \
            -lm -lpthread $(HARDEN_LD)
 
-CORE    = common text config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
+CORE    = common text file config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \

@@ -447,7 +447,10 @@ static int test_config(const char *config, char *out, size_t size)
 {
     char cmd[3 * PATH_MAX], build[PATH_MAX];
     ck_assert_ptr_nonnull(realpath(h_build_dir(), build));
-    snprintf(cmd, sizeof(cmd), "SK_TEST_HTTP_TOKEN=x %s/sekalid -t -c %s 2>&1", build, config);
+    /* timeout: a check that hangs (on a FIFO) fails here instead of
+     * holding the suite until its own timeout. */
+    snprintf(cmd, sizeof(cmd), "SK_TEST_HTTP_TOKEN=x timeout 15 %s/sekalid -t -c %s 2>&1", build,
+             config);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     size_t n = fread(out, 1, size - 1, p);
@@ -482,6 +485,25 @@ START_TEST(test_sekalid_t_refuses_transactional_mode_and_a_timeout_not_below_the
     ck_assert_int_eq(test_config(config, out, sizeof(out)), 2);
     ck_assert_msg(strstr(out, "cannot read /nonexistent/token") != NULL, "said:\n%s", out);
     free(config);
+
+    /* A FIFO as a secret file or a TLS file: refused at once, not waited on. */
+    char fifo[PATH_MAX], yaml[PATH_MAX + 256];
+    snprintf(fifo, sizeof(fifo), "%s/token.fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    static const char *const uses[] = { "headers: {Authorization: {file: %s}}",
+                                        "ca_file: %s" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(uses); i++) {
+        char use[PATH_MAX + 64];
+        snprintf(use, sizeof(use), uses[i], fifo);
+        snprintf(yaml, sizeof(yaml), "    mode: external\n    config:\n"
+                 "      url: \"https://127.0.0.1:1/x\"\n      %s\n", use);
+        config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1, yaml);
+        ck_assert_int_eq(test_config(config, out, sizeof(out)), 2);
+        ck_assert_msg(strstr(out, "not a regular file (a FIFO, device or socket)") != NULL,
+                      "said:\n%s", out);
+        free(config);
+    }
+    unlink(fifo);
 
     config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1,
                             "    mode: external\n    config:\n"
