@@ -567,6 +567,57 @@ START_TEST(test_bare_handler_name_resolves_to_the_handler_directory)
 }
 END_TEST
 
+/* Rows are read one at a time, and a statement returning more than
+ * max_rows fails its job with a reason that says so (its dead letter
+ * too), its effect rolled back; a huge result is cut short, not loaded.
+ * At max_rows the job runs. `sekalid -t` refuses a max_rows out of range. */
+START_TEST(test_a_statement_returning_more_than_max_rows_fails_its_job_and_writes_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlrows");
+    create_schema(r.pg);
+    char *yaml = config_for(&r, "\"WITH b AS (INSERT INTO sekali_sqlh.bookings VALUES (:queue, "
+                            ":idempotency_key, 0, 1, 0) RETURNING 1) SELECT g FROM b, "
+                            "generate_series(1, :body::int) g\"\n      max_rows: 100", NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    h_publish(r.b, r.queue, "book", "m-100", "rows-100", NULL, "100");
+    h_publish(r.b, r.queue, "book", "m-101", "rows-101", NULL, "101");
+    h_publish(r.b, r.queue, "book", "m-huge", "rows-huge", NULL, "2000000");
+    H_WAIT(h_completed(&r) == 1 && failed(&r) == 2, 60000,
+           "1 job should complete and 2 fail: %lld completed, %lld failed", h_completed(&r),
+           failed(&r));
+    h_run_stop(&r);
+    ck_assert_int_eq(bookings(&r, "rows-100"), 1);
+    ck_assert_int_eq(bookings(&r, "rows-101"), 0);
+    ck_assert_int_eq(bookings(&r, "rows-huge"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'rows-100' AND "
+                                      "convert_from(result, 'UTF8') = '1'", r.queue), 1);
+    ck_assert_int_eq(failed_with(&r, "rows-101", "%more than 100 rows (max_rows)%"), 1);
+    ck_assert_int_eq(failed_with(&r, "rows-huge", "%more than 100 rows (max_rows)%"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE queue = "
+                                      "'%s' AND error LIKE '%%more than 100 rows (max_rows)%%'",
+                                r.queue), 2);
+    free(yaml);
+
+    char *dir = h_tmpdir("sqlrowscheck"), out[8192];
+    static const char *const bad[] = { "0", "-1", "ten", "100000001" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(bad); i++) {
+        char queue_yaml[256];
+        snprintf(queue_yaml, sizeof(queue_yaml), "    config:\n      statement: \"SELECT 1\"\n"
+                 "      max_rows: %s\n", bad[i]);
+        char *config = h_write_config(dir, "sqlrowscheck", SQL_HANDLER, 1, queue_yaml);
+        ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+        ck_assert_msg(strstr(out, "`max_rows:` must be a whole number from 1 to 100000000") !=
+                      NULL, "max_rows %s: said:\n%s", bad[i], out);
+        free(config);
+    }
+    free(dir);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -578,6 +629,7 @@ int main(void)
         test_missing_function_holds_jobs_until_it_is_created,
         test_headers_and_job_fields_reach_the_statement_as_text,
         test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_runs,
+        test_a_statement_returning_more_than_max_rows_fails_its_job_and_writes_nothing,
         NULL,
     };
     return h_run_suite(h_suite("sql_handler", 120, tests));
