@@ -107,11 +107,13 @@ $(B)/fault/%.o: %.c | $(B)/fault
 # that reaches for a private header fails here first. The caller's CFLAGS
 # (optimisation, sanitizers) still apply, but never the daemon's own flags.
 HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --cflags libpq)
+# The handlers sekali ships run inside sekalid: they get its hardening too.
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HARDEN_CFLAGS) -fPIC -shared -o $@ $< \
+	    $(shell pkg-config --libs libpq) $(HARDEN_LD)
 $(B)/handlers/%.so: handlers/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC -shared -o $@ $< \
-	    $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HARDEN_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC \
+	    -shared -o $@ $< $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS) $(HARDEN_LD)
 # The HTTP handler's own libraries: Debian's libcurl, and libyaml for its
 # nested `headers:` mapping.
 $(B)/handlers/http.so: HANDLER_PKGS_CFLAGS = $(shell pkg-config --cflags libcurl yaml-0.1)
