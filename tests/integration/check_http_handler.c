@@ -158,6 +158,10 @@ START_TEST(test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_le
     ck_assert(hs_get(s, "k429", 0, &a) && hs_get(s, "k429", 1, &b));
     ck_assert_msg(b.at_ms - a.at_ms >= 950, "the retry after a 429 with Retry-After: 1 came "
                   "after %lld ms", (long long)(b.at_ms - a.at_ms));
+    /* Each retry's log line gives its cause. */
+    ck_assert_int_ge(h_count_lines(r.log, "re-scheduled in"), 3);
+    ck_assert_int_ge(h_count_lines(r.log, "ms: HTTP 500: oops"), 1);
+    ck_assert_int_ge(h_count_lines(r.log, "ms: HTTP 429"), 1);
     /* A 400 is final: sent once, dead-lettered with the status and an
      * excerpt from which the echoed secret is blanked. */
     ck_assert_int_eq(hs_count(s, "k400"), 1);
