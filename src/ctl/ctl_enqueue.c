@@ -134,13 +134,14 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
     char priority[8];
     snprintf(priority, sizeof(priority), "%u", (unsigned)msg->priority);
     const char *values[] = { queue, msg->type, msg->body, msg->idempotency_key, dedupe,
-                             msg->resource_key, run_at, msg->priority > 0 ? priority : NULL };
-    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0 };
+                             msg->resource_key, run_at, msg->priority > 0 ? priority : NULL,
+                             msg->content_type };
+    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
         .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()), "
-               "p_priority => $8::int)",
-        .n_params = 8, .values = values, .lengths = lengths, .formats = formats,
+               "p_priority => $8::int, p_content_type => $9)",
+        .n_params = 9, .values = values, .lengths = lengths, .formats = formats,
         .one_row = true, .what = "sekali.enqueue",
     };
     PGresult *res;
