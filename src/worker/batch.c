@@ -68,7 +68,7 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
     struct sk_span *s = sk_span_of(p);
     if (s == NULL) {
         /* No memory for a batch: job.c hands the delivery back. */
-        sk_job_process(p, first);
+        sk_span_process(p, first);
         sk_broker_release(sk_links_consumer(p->links), first);
         return 1;
     }
@@ -127,7 +127,7 @@ static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t 
         int wait_ms = now >= until ? 0 : (int)((until - now + 999999u) / 1000000u);
         /* The previous batch's locks would wait with us. */
         if (wait_ms > 0 && s->n_releases > 0 && !sk_broker_waiting(sk_links_consumer(p->links)))
-            sk_job_release_locks(p);
+            sk_span_release_locks(p);
         int rc = sk_broker_next(sk_links_consumer(p->links), &s->deliveries[n], wait_ms, &err);
         if (rc == SK_OK) {
             n++;

@@ -10,10 +10,9 @@
  * two workers from doing the same work at once; it decides nothing.
  * External mode replaces the transaction by a lease and a fence.
  *
- * One delivery goes through the pipeline as a span of one
- * (sk_job_process()): the steps that take locks, claim, commit and settle
- * work on a span of n >= 1 jobs (span.c), and a batch (batch.c) is a span
- * of many over the same steps. This file holds what each step decides for
+ * One delivery goes through the pipeline as a span of one, a batch as a
+ * span of many: span.c drives the steps over a span of n >= 1 jobs, and
+ * calls this file for what each step decides for
  * one job: whether a delivery is valid, what a refused lock or a claim's
  * answer means, how a failed handler is retried or dead-lettered, the
  * job's states. A job carries everything about its delivery (envelope,
@@ -92,7 +91,6 @@ static const unsigned legal_from[SK_JOB_STATES] = {
 };
 
 static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j);
-static void run_external(struct sk_pipeline *p, struct sk_job *j);
 static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
 static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
@@ -105,85 +103,6 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
                         enum sk_metrics_reason reason, const char *why);
 static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
                        const char *why, const struct sk_err *refusal);
-
-void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
-{
-    struct sk_span *s = sk_span_of(p);
-    if (s == NULL) {
-        /* Not even one job fits: the broker keeps the delivery. */
-        sk_log_error("queue %s: out of memory for a job, handed back to the broker",
-                     p->queue->name);
-        sk_broker_reject(sk_links_consumer(p->links), delivery->delivery_tag, true, NULL);
-        sk_sleep_ms(sk_jitter(100, 1000));
-        return;
-    }
-    sk_span_add(s, delivery);
-    sk_span_start(p, s);
-    struct sk_job *j = &s->jobs[0];
-    if (sk_job_live(j)) {
-        if (p->queue->mode == SK_MODE_EXTERNAL) {
-            if (sk_span_claim(p, s, SK_WAY_ONE) == SK_OK)
-                run_external(p, j);
-        } else {
-            sk_span_alone(p, s, j);
-        }
-    }
-    sk_span_settle(p, s);
-}
-
-struct sk_span *sk_span_of(struct sk_pipeline *p)
-{
-    if (p->span != NULL)
-        return p->span;
-    size_t n = p->queue->batch > 1 ? (size_t)p->queue->batch : 1;
-    struct sk_span *s = calloc(1, sizeof(*s));
-    if (s == NULL)
-        return NULL;
-    s->cap = n;
-    s->jobs = calloc(n, sizeof(*s->jobs));
-    s->deliveries = calloc(n, sizeof(*s->deliveries));
-    s->releases = calloc(n, sizeof(*s->releases));
-    s->keys = calloc(2 * n, sizeof(*s->keys));
-    s->tokens = calloc(2 * n, sizeof(*s->tokens));
-    s->rcs = calloc(2 * n, sizeof(*s->rcs));
-    s->lost = calloc(n, sizeof(*s->lost));
-    s->refs = calloc(n, sizeof(*s->refs));
-    s->ref_ptrs = calloc(n, sizeof(*s->ref_ptrs));
-    s->results = calloc(n, sizeof(*s->results));
-    s->result_lens = calloc(n, sizeof(*s->result_lens));
-    s->claims = calloc(n, sizeof(*s->claims));
-    s->dups = calloc(n, sizeof(*s->dups));
-    s->index = calloc(n, sizeof(*s->index));
-    if (!s->jobs || !s->deliveries || !s->releases || !s->keys || !s->tokens || !s->rcs ||
-        !s->lost || !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims ||
-        !s->dups || !s->index) {
-        sk_span_free(s);
-        return NULL;
-    }
-    p->span = s;
-    return s;
-}
-
-void sk_span_free(struct sk_span *s)
-{
-    if (s == NULL)
-        return;
-    free(s->jobs);
-    free(s->deliveries);
-    free(s->releases);
-    free(s->keys);
-    free(s->tokens);
-    free(s->rcs);
-    free(s->lost);
-    free(s->refs);
-    free(s->ref_ptrs);
-    free(s->results);
-    free(s->result_lens);
-    free(s->claims);
-    free(s->dups);
-    free(s->index);
-    free(s);
-}
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
 bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
@@ -316,7 +235,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
  * under the fence this claim got. A worker that stalled past its lease and
  * comes back finds its completion fenced out: the newer owner's outcome
  * stands, and this copy is acked without touching it. */
-static void run_external(struct sk_pipeline *p, struct sk_job *j)
+void sk_job_run_external(struct sk_pipeline *p, struct sk_job *j)
 {
     sk_heartbeat_watch_lease(p->heartbeat, p->queue->name, j->env.idempotency_key,
                              j->claim.fence, p->queue->lease_ms);

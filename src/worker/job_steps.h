@@ -1,5 +1,5 @@
 /* job_steps.h - the steps of the pipeline, over a span of n >= 1 jobs: one
- * delivery is a span of one (sk_job_process(), job.c), a batch a span of
+ * delivery is a span of one (sk_span_process(), job.c), a batch a span of
  * many in one transaction (sk_batch_run(), batch.c, which adds only the
  * collecting and the fast/careful policy). Not an interface for anything
  * else: a step may assume the order in which the two callers call them.
@@ -106,7 +106,7 @@ enum sk_way {
  * span, valid only inside one step. */
 /* A settled job's lock, not released yet: it goes with the next acquire
  * (one script, one round trip for both) or when the worker would wait for
- * a delivery (sk_job_release_locks()). It stays in the scoreboard until
+ * a delivery (sk_span_release_locks()). It stays in the scoreboard until
  * then, so a worker dying meanwhile leaves it to its replacement to free,
  * as a lock held mid-job; and it is not renewed, so it lives at most its
  * TTL. What the job's log lines carried is copied for the line a lock
@@ -192,6 +192,10 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j);
 bool sk_job_survivable(struct sk_pipeline *p, struct sk_job *j);
 /* What a claim's answer means for the job: true when it owns its key. */
 bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struct sk_err *err);
+/* External mode, once the job's lease is claimed: the handler outside any
+ * transaction, its outcome recorded under the lease's fence; settles the
+ * job. */
+void sk_job_run_external(struct sk_pipeline *p, struct sk_job *j);
 /* Runs the handler on pg with p->ctx, reset by the caller. */
 int  sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg);
 /* RETRY, FAIL or an invalid status, with the handler's error text and

@@ -1,7 +1,7 @@
 /* span.c - the steps of the pipeline over a span of n >= 1 jobs: lock them
  * all, claim them all, run each handler, commit, settle.
  *
- * One job is a span of one (sk_job_process(), job.c) and a batch a span of
+ * One job is a span of one (sk_span_process()) and a batch a span of
  * many (sk_batch_run(), batch.c): so there is one way to take and release
  * locks, one claim, one commit and one settling, and a span of one costs
  * what one job costs, round trip for round trip. Each step costs one round
@@ -51,6 +51,85 @@ static void release_span(struct sk_pipeline *p, struct sk_span *s);
 static int  claim_round(struct sk_pipeline *p, struct sk_span *s, enum sk_way way, size_t m,
                         struct sk_err *err);
 static void exit_job(struct sk_pipeline *p, struct sk_job *j);
+
+void sk_span_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
+{
+    struct sk_span *s = sk_span_of(p);
+    if (s == NULL) {
+        /* Not even one job fits: the broker keeps the delivery. */
+        sk_log_error("queue %s: out of memory for a job, handed back to the broker",
+                     p->queue->name);
+        sk_broker_reject(sk_links_consumer(p->links), delivery->delivery_tag, true, NULL);
+        sk_sleep_ms(sk_jitter(100, 1000));
+        return;
+    }
+    sk_span_add(s, delivery);
+    sk_span_start(p, s);
+    struct sk_job *j = &s->jobs[0];
+    if (sk_job_live(j)) {
+        if (p->queue->mode == SK_MODE_EXTERNAL) {
+            if (sk_span_claim(p, s, SK_WAY_ONE) == SK_OK)
+                sk_job_run_external(p, j);
+        } else {
+            sk_span_alone(p, s, j);
+        }
+    }
+    sk_span_settle(p, s);
+}
+
+struct sk_span *sk_span_of(struct sk_pipeline *p)
+{
+    if (p->span != NULL)
+        return p->span;
+    size_t n = p->queue->batch > 1 ? (size_t)p->queue->batch : 1;
+    struct sk_span *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->cap = n;
+    s->jobs = calloc(n, sizeof(*s->jobs));
+    s->deliveries = calloc(n, sizeof(*s->deliveries));
+    s->releases = calloc(n, sizeof(*s->releases));
+    s->keys = calloc(2 * n, sizeof(*s->keys));
+    s->tokens = calloc(2 * n, sizeof(*s->tokens));
+    s->rcs = calloc(2 * n, sizeof(*s->rcs));
+    s->lost = calloc(n, sizeof(*s->lost));
+    s->refs = calloc(n, sizeof(*s->refs));
+    s->ref_ptrs = calloc(n, sizeof(*s->ref_ptrs));
+    s->results = calloc(n, sizeof(*s->results));
+    s->result_lens = calloc(n, sizeof(*s->result_lens));
+    s->claims = calloc(n, sizeof(*s->claims));
+    s->dups = calloc(n, sizeof(*s->dups));
+    s->index = calloc(n, sizeof(*s->index));
+    if (!s->jobs || !s->deliveries || !s->releases || !s->keys || !s->tokens || !s->rcs ||
+        !s->lost || !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims ||
+        !s->dups || !s->index) {
+        sk_span_free(s);
+        return NULL;
+    }
+    p->span = s;
+    return s;
+}
+
+void sk_span_free(struct sk_span *s)
+{
+    if (s == NULL)
+        return;
+    free(s->jobs);
+    free(s->deliveries);
+    free(s->releases);
+    free(s->keys);
+    free(s->tokens);
+    free(s->rcs);
+    free(s->lost);
+    free(s->refs);
+    free(s->ref_ptrs);
+    free(s->results);
+    free(s->result_lens);
+    free(s->claims);
+    free(s->dups);
+    free(s->index);
+    free(s);
+}
 
 void sk_span_add(struct sk_span *s, const amqp_envelope_t *delivery)
 {
@@ -304,7 +383,7 @@ static void waited_for_lock(struct sk_job *j)
 }
 
 /* The span's locks join the releases waiting, for the next acquire or the
- * worker's idling to carry (sk_job_release_locks()): a lock release costs
+ * worker's idling to carry (sk_span_release_locks()): a lock release costs
  * no round trip of its own while jobs keep coming. The scoreboard keeps
  * exactly those until then. */
 static void release_span(struct sk_pipeline *p, struct sk_span *s)
@@ -334,12 +413,12 @@ static void release_span(struct sk_pipeline *p, struct sk_span *s)
         sk_slot_forget_locks(p->slot);
 }
 
-bool sk_job_releases_waiting(const struct sk_pipeline *p)
+bool sk_span_releases_waiting(const struct sk_pipeline *p)
 {
     return p->span != NULL && p->span->n_releases > 0;
 }
 
-void sk_job_release_locks(struct sk_pipeline *p)
+void sk_span_release_locks(struct sk_pipeline *p)
 {
     struct sk_span *s = p->span;
     if (s == NULL || s->n_releases == 0)
@@ -625,7 +704,7 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
     s->n = 0;
     /* After the exits, so that no lock or delivery is held through it. */
     if (pause_ms > 0) {
-        sk_job_release_locks(p);
+        sk_span_release_locks(p);
         sk_sleep_ms(pause_ms);
     }
 }
