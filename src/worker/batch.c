@@ -1,48 +1,29 @@
 /* batch.c - many deliveries in one transaction (queues[].batch > 1).
  *
- *   collect -> validate each -> lock all -> claim all -> for each:
- *   savepoint, handler -> complete all + COMMIT -> settle each -> release all
+ * The guarantee is the single job's, unchanged: every effect commits in the
+ * same transaction as its key's completion, and no delivery is acked before
+ * that COMMIT. What a batch saves is the per-job round trips and COMMIT:
+ * the locks taken and released in one pipelined Redis round trip each, the
+ * keys claimed by one statement, the completions sent with the one COMMIT,
+ * the acks as one multiple-ack. A worker that dies mid-batch takes the
+ * uncommitted transaction with it and every job of it is redelivered; the
+ * scoreboard names only the job whose handler was running (the one counted
+ * as a crash) but records every lock, so the replacement frees them all.
  *
- * The guarantee is job.c's, unchanged: every effect commits in the same
- * transaction as its key's completion, and no delivery is acked before
- * that COMMIT. What a batch saves is the per-job round trips and the
- * per-job COMMIT: the locks are taken and released in one pipelined Redis
- * round trip each, the keys claimed by one statement (sekali.claim_many,
- * sql/015), the completions sent with the one COMMIT, and the acks leave
- * as one multiple-ack.
+ * A batch runs twice as carefully as it must, at most: first the fast way
+ * (keys claimed completed, sql/016, every handler straight in the
+ * transaction), and after a first failure the rest the careful way (keys
+ * claimed processing, sql/015, each handler in a savepoint), so a job's
+ * own failure stays its own at the price of its batch-mates' handlers
+ * perhaps running twice, the first run rolled back unseen. Batching is the
+ * default (batch 16, batch_wait 0): a batch is what the prefetch window
+ * already holds, so a quiet queue runs batches of one; and once its
+ * handlers have run for batch_close_after the rest of the batch goes to
+ * the next transaction, so one slow handler keeps no batch-mate waiting.
  *
- * A batch runs twice as carefully as it must, at most. First the fast
- * way: the keys are claimed as completed (sekali.claim_completing, sql/016)
- * and every handler runs straight in the one transaction, which commits
- * only if all of them succeed; a job then costs its handler's statements
- * and nothing else. The first handler to fail (RETRY, FAIL, an error, a
- * conflict) rolls the whole transaction back: that job is settled with its
- * outcome, and the rest of the batch is claimed again and run the careful
- * way, each handler inside a savepoint, where a failure rolls back only its
- * job and its claim (sekali.unclaim). So a job's own failure stays its own;
- * the price is that its batch-mates' handlers may run twice, the first run
- * rolled back unseen. A failed job's retry or dead-letter copy is made
- * outside the transaction, as job.c would make it. A worker that dies mid-batch
- * takes the whole uncommitted transaction with it, and every job of the
- * batch is redelivered; the scoreboard names only the job whose handler
- * was running, so only that one is counted as a crash, but it records
- * every lock of the batch, so the replacement frees them all at once.
- *
- * Batching is the default (config.c: batch 16, batch_wait 0): the batch
- * is what the prefetch window already holds, so a queue with little work
- * runs batches of one. A batch also never holds its transaction open for
- * longer than its handlers' batch_close_after: asked before each handler,
- * once that much time has gone the keys of the jobs not yet run are given
- * back (sekali.unclaim_many, sql/021) and the rest commits and is acked;
- * the jobs given back are claimed by the next transaction of the same
- * batch. So one slow
- * handler does not keep the rows of every later batch-mate locked, nor
- * their outcomes waiting.
- *
- * The steps are span.c's (job_steps.h), over the batch as one span, as
- * they run one job as a span of one, and the transaction is theirs: this
- * file adds only the collecting and the choice between the fast way and
- * the careful one. */
+ * The steps and the transaction are span.c's (its ways[] say fast and
+ * careful), over the batch as one span: this file adds only the collecting
+ * and the choice of the way. */
 #include <stdio.h>
 
 #include "batch.h"

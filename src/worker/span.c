@@ -109,6 +109,13 @@ void sk_span_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
     sk_span_settle(p, s);
 }
 
+/* The span's arrays and how many of each a span of n holds. Adding one?
+ * A line here is its allocation and its free. */
+#define SPAN_ARRAYS(X) \
+    X(jobs, n) X(deliveries, n) X(releases, n) X(keys, 2 * n) X(tokens, 2 * n) \
+    X(rcs, 2 * n) X(lost, n) X(refs, n) X(ref_ptrs, n) X(results, n) X(result_lens, n) \
+    X(claims, n) X(dups, n) X(index, n)
+
 struct sk_span *sk_span_of(struct sk_pipeline *p)
 {
     if (p->span != NULL)
@@ -118,23 +125,11 @@ struct sk_span *sk_span_of(struct sk_pipeline *p)
     if (s == NULL)
         return NULL;
     s->cap = n;
-    s->jobs = calloc(n, sizeof(*s->jobs));
-    s->deliveries = calloc(n, sizeof(*s->deliveries));
-    s->releases = calloc(n, sizeof(*s->releases));
-    s->keys = calloc(2 * n, sizeof(*s->keys));
-    s->tokens = calloc(2 * n, sizeof(*s->tokens));
-    s->rcs = calloc(2 * n, sizeof(*s->rcs));
-    s->lost = calloc(n, sizeof(*s->lost));
-    s->refs = calloc(n, sizeof(*s->refs));
-    s->ref_ptrs = calloc(n, sizeof(*s->ref_ptrs));
-    s->results = calloc(n, sizeof(*s->results));
-    s->result_lens = calloc(n, sizeof(*s->result_lens));
-    s->claims = calloc(n, sizeof(*s->claims));
-    s->dups = calloc(n, sizeof(*s->dups));
-    s->index = calloc(n, sizeof(*s->index));
-    if (!s->jobs || !s->deliveries || !s->releases || !s->keys || !s->tokens || !s->rcs ||
-        !s->lost || !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims ||
-        !s->dups || !s->index) {
+    bool ok = true;
+#define ALLOC(array, count) ok &= (s->array = calloc(count, sizeof(*s->array))) != NULL;
+    SPAN_ARRAYS(ALLOC)
+#undef ALLOC
+    if (!ok) {
         sk_span_free(s);
         return NULL;
     }
@@ -146,20 +141,9 @@ void sk_span_free(struct sk_span *s)
 {
     if (s == NULL)
         return;
-    free(s->jobs);
-    free(s->deliveries);
-    free(s->releases);
-    free(s->keys);
-    free(s->tokens);
-    free(s->rcs);
-    free(s->lost);
-    free(s->refs);
-    free(s->ref_ptrs);
-    free(s->results);
-    free(s->result_lens);
-    free(s->claims);
-    free(s->dups);
-    free(s->index);
+#define FREE(array, count) free(s->array);
+    SPAN_ARRAYS(FREE)
+#undef FREE
     free(s);
 }
 

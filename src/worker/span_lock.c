@@ -30,6 +30,7 @@ static bool asks_for_lock(const struct sk_job *j);
 static size_t lock_leader(const struct sk_span *s, size_t i);
 static void follow_leaders(struct sk_pipeline *p, struct sk_span *s);
 static void waited_for_lock(struct sk_job *j);
+static void watch_locks(struct sk_pipeline *p, struct sk_span *s);
 
 /* Every received job's lock, in one round trip a try; the first carries
  * the releases of the jobs settled before (put_releases()). Jobs of one
@@ -94,9 +95,14 @@ void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
         sk_sleep_ms(sk_jitter(5, 50));
     }
     follow_leaders(p, s);
-    if (locked == 0 || p->heartbeat == NULL)
-        return;
-    m = 0;
+    if (locked > 0 && p->heartbeat != NULL)
+        watch_locks(p, s);
+}
+
+/* The heartbeat renews every lock the span took until it settles. */
+static void watch_locks(struct sk_pipeline *p, struct sk_span *s)
+{
+    size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         if (!s->jobs[i].lock.held)
             continue;
