@@ -150,7 +150,7 @@ forget() {
 # builds measured so far (batch 1 at 150 ms runs about 10 jobs/s).
 first_jobs() {
     awk -v d="$1" -v s="$seconds" 'BEGIN { r = d < 1 ? 800 : d < 5 ? 500 : d < 50 ? 150 : 15
-                                            n = int(r * s); print n < 100 ? 100 : n }'
+                                            n = int(r * s); print (n < 100 ? 100 : n) }'
 }
 
 schema "$(write_conf "$run_id-check")"
@@ -169,7 +169,7 @@ for run in $(seq 1 "$runs"); do
                 label="${names[$v]} batch=$bench_batch delay=${d}ms"
                 jobs=${last_rate[$key]:-}
                 if [ -z "$jobs" ]; then jobs=$(first_jobs "$d")
-                else jobs=$(awk -v r="$jobs" -v s="$seconds" 'BEGIN { n = int(r * s); print n < 100 ? 100 : n > 30000 ? 30000 : n }'); fi
+                else jobs=$(awk -v r="$jobs" -v s="$seconds" 'BEGIN { n = int(r * s); print (n < 100 ? 100 : (n > 30000 ? 30000 : n)) }'); fi
                 queue=$run_id-${names[$v]}-b$bench_batch-d${d//./_}-$run
                 conf=$(far_conf "$queue")
                 "${binaries[$v]}" -t -c "$conf" >/dev/null 2>&1 || die "${names[$v]} refuses $conf"
