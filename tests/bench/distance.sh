@@ -79,19 +79,7 @@ rm -f "$work"/distance-*
 # lib.sh's quiesce waits up to 10 s for an idle machine; on a shared one that
 # stays busy, that is most of a distance run's time for no gain: the rounds
 # are interleaved, so what the load does falls on every configuration alike.
-quiesce() {
-    local a b i total idle
-    for _ in 1 2 3 4 5 6; do
-        read -r -a a < <(head -n 1 /proc/stat)
-        sleep 0.5
-        read -r -a b < <(head -n 1 /proc/stat)
-        total=0
-        for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
-        idle=$((b[4] - a[4] + b[5] - a[5]))
-        (( total > 0 && (total - idle) * 100 / total < 10 )) && return 0
-    done
-    return 0
-}
+quiesce_tries=6 quiesce_quiet=1
 run_id=bench-$(date +%s)-$$
 
 proxy_pid=''
@@ -212,16 +200,6 @@ for run in $(seq 1 "$runs"); do
 done
 proxy_stop
 
-ratios() {
-    local -a a b
-    read -r -a a <<<"$1"
-    read -r -a b <<<"$2"
-    local i q=()
-    for i in "${!a[@]}"; do
-        q+=("$(awk -v x="${a[$i]}" -v y="${b[$i]:-0}" 'BEGIN { printf "%.3f", (y > 0 ? x / y : 0) }')")
-    done
-    median "${q[@]}"
-}
 base=${delays%% *}
 echo
 printf '%-6s %-8s %-10s %9s %6s %9s %9s   %s\n' "delay" "batch" "build" "jobs/s" "x0" "p50 ms" "p99 ms" "jobs/s per round"
