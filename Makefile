@@ -70,7 +70,7 @@ BROWSER_TESTS = $(patsubst tests/browser/%.c,$(B)/tests/%,$(wildcard tests/brows
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-distance bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -259,6 +259,13 @@ bench: deps
 	tests/bench/enqueue.sh $(B)
 	tests/bench/tls.sh $(B)
 
+# Distance: jobs/s and p99 with 0, 2, 20 and 150 ms each way on every link,
+# through tests/bench/delay_proxy.c (tests/bench/distance.sh; BENCH_*).
+bench-distance: deps
+	$(MAKE) all
+	tests/servers.sh start
+	tests/bench/distance.sh $(B)
+
 # History at scale: jobs/s, the janitor and the operator's reads with 10 M
 # retained keys against an empty store (tests/bench/scale.sh; BENCH_SCALE_*).
 bench-scale: deps
@@ -363,6 +370,8 @@ help:
 	@echo "          (HANDLER=sql: through the stock SQL handler instead of the C example)"
 	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
+	@echo "bench-distance  jobs/s and p99 with 0, 2, 20, 150 ms each way to every server"
+	@echo "          (a delaying proxy), at the defaults and at batch 1"
 	@echo "bench-scale  jobs/s, janitor and operator reads with 10 M retained keys vs none"
 	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"
