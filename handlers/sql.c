@@ -28,6 +28,7 @@
  *
  * Built like examples/: against sekali/handler.h and libpq only. */
 #include <ctype.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -506,6 +507,58 @@ static int outcome(const struct sekali_host *host, struct sekali_ctx *ctx, PGres
     return sekali_sqlstate_transient(state) ? SEKALI_RETRY : SEKALI_FAIL;
 }
 
+/* The job's trace context for the rest of its transaction, as settings
+ * local to it: a statement reads current_setting('sekali.traceparent',
+ * true), and sekali.enqueue() writes it on the jobs the statement enqueues
+ * (sql/031), so they continue the trace. Settings rather than
+ * application_name: they end with the transaction (the next job cannot
+ * inherit them), hold the tracestate too, and are not cut at 63 bytes. */
+#define SET_TRACE "SELECT set_config('sekali.traceparent', $1, true), " \
+                  "set_config('sekali.tracestate', $2, true)"
+
+/* One result of a pipeline, with the NULL that ends it read. */
+static PGresult *pipeline_result(PGconn *pg)
+{
+    PGresult *r = PQgetResult(pg);
+    if (r != NULL) {
+        PGresult *end;
+        while ((end = PQgetResult(pg)) != NULL)
+            PQclear(end);
+    }
+    return r;
+}
+
+/* Runs the prepared statement with values; with the trace context set
+ * before it in the same round trip (libpq's pipeline mode) when the host
+ * gives one (ABI 1.7). Returns the statement's result, the setting's when
+ * that failed, or NULL when nothing came back (see PQerrorMessage()). */
+static PGresult *execute(const struct sql_state *s, PGconn *pg, const struct sekali_job *job,
+                         const char *const *values)
+{
+    bool traced = job->host->abi_minor >= 7 &&
+                  job->struct_size >= offsetof(struct sekali_job, tracestate) +
+                                          sizeof(job->tracestate) &&
+                  job->traceparent != NULL && job->tracestate != NULL;
+    if (!traced || PQenterPipelineMode(pg) != 1)
+        return PQexecPrepared(pg, STATEMENT_NAME, s->n_params, values, NULL, NULL, 0);
+    const char *trace[] = { job->traceparent, job->tracestate };
+    PGresult *set = NULL, *res = NULL;
+    if (PQsendQueryParams(pg, SET_TRACE, 2, NULL, trace, NULL, NULL, 0) == 1 &&
+        PQsendQueryPrepared(pg, STATEMENT_NAME, s->n_params, values, NULL, NULL, 0) == 1 &&
+        PQpipelineSync(pg) == 1) {
+        set = pipeline_result(pg);
+        res = pipeline_result(pg);
+        PQclear(PQgetResult(pg));  /* the sync's */
+    }
+    PQexitPipelineMode(pg);
+    if (set != NULL && PQresultStatus(set) != PGRES_TUPLES_OK) {
+        PQclear(res);
+        return set;
+    }
+    PQclear(set);
+    return res;
+}
+
 static int sql_handle(void *state, const struct sekali_job *job, struct sekali_ctx *ctx)
 {
     struct sql_state *s = state;
@@ -552,7 +605,7 @@ static int sql_handle(void *state, const struct sekali_job *job, struct sekali_c
         s->prepared_on = NULL;
         return SEKALI_RETRY;
     }
-    res = PQexecPrepared(pg, STATEMENT_NAME, s->n_params, values, NULL, NULL, 0);
+    res = execute(s, pg, job, values);
     ExecStatusType st = PQresultStatus(res);
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)
         return outcome(host, ctx, res, s);
