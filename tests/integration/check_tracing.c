@@ -4,7 +4,9 @@
  * per attempt), every log line of the job carries trace_id and span_id,
  * a retry keeps the trace, a dead letter keeps the headers, a broken
  * traceparent is dropped and counted while the job still runs, the SQL
- * handler's statement reads the job's traceparent from its transaction. */
+ * handler's statement reads the job's traceparent from its transaction,
+ * and sekali.enqueue() (a producer's, or a handler's follow-up) carries the
+ * trace through the outbox and the relay. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,6 +216,80 @@ START_TEST(test_the_sql_handlers_statement_reads_the_jobs_traceparent)
 }
 END_TEST
 
+/* A producer's traced transaction: sekali.enqueue() takes the settings
+ * sekali.traceparent and sekali.tracestate (sql/031), the relay publishes
+ * them as headers, and the job runs in that trace. A later transaction of
+ * the same connection, without them, enqueues an untraced job. */
+START_TEST(test_a_job_enqueued_in_a_traced_transaction_runs_in_its_trace)
+{
+    struct h_run r;
+    h_run_open(&r, "trout");
+    struct hs *s = hs_start();
+    char *yaml = http_yaml(s);
+    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
+                                          .queue_yaml = yaml,
+                                          .top_yaml = "outbox:\n  relays: 1\n"
+                                                      "  poll_interval: 200ms\n" });
+    h_pg_exec(r.pg, "BEGIN");
+    h_pg_exec(r.pg, "SELECT set_config('sekali.traceparent', '" TP "', true), "
+                    "set_config('sekali.tracestate', '" STATE "', true)");
+    char sql[600];
+    snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'charge', 'ok'::bytea, 'ob-1')",
+             r.queue);
+    h_pg_exec(r.pg, sql);
+    h_pg_exec(r.pg, "COMMIT");
+    snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'charge', 'ok'::bytea, 'ob-2')",
+             r.queue);
+    h_pg_exec(r.pg, sql);
+    H_WAIT(h_completed(&r) == 2, 20000, "both enqueued jobs should complete");
+    h_run_stop(&r);
+
+    struct hs_request q, plain;
+    ck_assert(hs_get(s, "ob-1", 0, &q));
+    ck_assert(hs_get(s, "ob-2", 0, &plain));
+    char span[17];
+    span_of(q.traceparent, span);
+    ck_assert(strncmp(q.traceparent, "00-" TRACE "-", 36) == 0);
+    ck_assert_str_ne(span, PARENT);
+    ck_assert_str_eq(q.tracestate, STATE);
+    span_of(plain.traceparent, span);
+    ck_assert(strncmp(plain.traceparent, "00-" TRACE "-", 36) != 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
+                                      "AND idempotency_key = 'ob-2' AND traceparent IS NULL",
+                                r.queue), 1);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A follow-up job the SQL handler's statement enqueues continues the job's
+ * trace, as a child of the job's span (not of the producer's). */
+START_TEST(test_a_job_the_sql_handler_enqueues_continues_the_jobs_trace)
+{
+    struct h_run r;
+    h_run_open(&r, "trnext");
+    char *yaml = NULL;
+    ck_assert(asprintf(&yaml,
+        "    config:\n"
+        "      statement: \"SELECT sekali.enqueue('%s-next', 'x', '{}'::bytea, "
+        "'next-' || :idempotency_key::text)\"\n", r.queue) > 0);
+    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/sql.so", .workers = 1,
+                                          .queue_yaml = yaml });
+    publish(&r, "job-next-1", "n-1", TP, STATE, "{}");
+    H_WAIT(h_completed(&r) == 1, 20000, "the job should complete");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = "
+                                      "'%s-next' AND idempotency_key = 'next-n-1' AND "
+                                      "traceparent ~ '^00-" TRACE "-[0-9a-f]{16}-01$' AND "
+                                      "substr(traceparent, 37, 16) <> '" PARENT "' AND "
+                                      "tracestate = '" STATE "'", r.queue), 1);
+    h_pg_exec(r.pg, "DELETE FROM sekali.outbox WHERE queue LIKE 'trnext-%-next'");
+    free(yaml);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -221,6 +297,8 @@ int main(void)
         test_a_broken_traceparent_is_dropped_and_counted_and_the_job_runs_in_a_new_trace,
         test_a_dead_letter_keeps_the_trace_context,
         test_the_sql_handlers_statement_reads_the_jobs_traceparent,
+        test_a_job_enqueued_in_a_traced_transaction_runs_in_its_trace,
+        test_a_job_the_sql_handler_enqueues_continues_the_jobs_trace,
         NULL,
     };
     return h_run_suite(h_suite("tracing", 120, tests));
