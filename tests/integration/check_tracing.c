@@ -290,6 +290,48 @@ START_TEST(test_a_job_the_sql_handler_enqueues_continues_the_jobs_trace)
 }
 END_TEST
 
+/* sekalictl enqueue --traceparent: through the outbox and --direct, the
+ * job runs in the given trace; a broken value is refused, exit 2, with
+ * nothing enqueued. */
+START_TEST(test_sekalictl_enqueue_sends_the_trace_it_is_given_and_refuses_a_broken_one)
+{
+    struct h_run r;
+    h_run_open(&r, "trctl");
+    struct hs *s = hs_start();
+    char *yaml = http_yaml(s);
+    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
+                                          .queue_yaml = yaml,
+                                          .top_yaml = "outbox:\n  relays: 1\n"
+                                                      "  poll_interval: 200ms\n" });
+    char *out = NULL;
+    const char *outbox[] = { "enqueue", r.queue, "charge", "--key", "ctl-1", "--traceparent", TP,
+                             "--tracestate", STATE, "ok", NULL };
+    ck_assert_int_eq(h_sekalictl(&r, &out, outbox), 0);
+    free(out);
+    const char *direct[] = { "enqueue", r.queue, "charge", "--key", "ctl-2", "--traceparent", TP,
+                             "--direct", "ok", NULL };
+    ck_assert_int_eq(h_sekalictl(&r, &out, direct), 0);
+    free(out);
+    const char *bad[] = { "enqueue", r.queue, "charge", "--key", "ctl-3", "--traceparent",
+                          "00-" TRACE "-0000000000000000-01", "ok", NULL };
+    ck_assert_int_eq(h_sekalictl(&r, &out, bad), 2);
+    free(out);
+    H_WAIT(h_completed(&r) == 2, 20000, "both enqueued jobs should complete");
+    h_run_stop(&r);
+    struct hs_request q;
+    ck_assert(hs_get(s, "ctl-1", 0, &q));
+    ck_assert(strncmp(q.traceparent, "00-" TRACE "-", 36) == 0);
+    ck_assert_str_eq(q.tracestate, STATE);
+    ck_assert(hs_get(s, "ctl-2", 0, &q));
+    ck_assert(strncmp(q.traceparent, "00-" TRACE "-", 36) == 0);
+    ck_assert_str_eq(q.tracestate, "");
+    ck_assert_int_eq(hs_count(s, "ctl-3"), 0);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -299,6 +341,7 @@ int main(void)
         test_the_sql_handlers_statement_reads_the_jobs_traceparent,
         test_a_job_enqueued_in_a_traced_transaction_runs_in_its_trace,
         test_a_job_the_sql_handler_enqueues_continues_the_jobs_trace,
+        test_sekalictl_enqueue_sends_the_trace_it_is_given_and_refuses_a_broken_one,
         NULL,
     };
     return h_run_suite(h_suite("tracing", 120, tests));
