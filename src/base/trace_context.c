@@ -7,8 +7,8 @@
  * grammar, because the value goes on into HTTP headers, PostgreSQL
  * settings and log lines: a value that passes holds only printable ASCII. */
 #include <string.h>
-#include <sys/random.h>
 
+#include "common.h"
 #include "trace_context.h"
 
 #define MEMBER_LONG 128  /* members cut first when tracestate is too long */
@@ -124,25 +124,10 @@ const char *sk_trace_begin(struct sk_trace *t, const char *parent, size_t parent
 
 void sk_trace_random_id(char *id, size_t n)
 {
-    static const char digits[] = "0123456789abcdef";
-    uint8_t raw[SK_TRACE_ID_LEN / 2];
-    size_t bytes = n / 2 <= sizeof(raw) ? n / 2 : sizeof(raw);
-    for (;;) {
-        size_t got = 0;
-        while (got < bytes) {
-            ssize_t r = getrandom(raw + got, bytes - got, 0);
-            if (r > 0)
-                got += (size_t)r;
-        }
-        for (size_t i = 0; i < bytes; i++) {
-            id[2 * i] = digits[raw[i] >> 4];
-            id[2 * i + 1] = digits[raw[i] & 15];
-        }
-        id[2 * bytes] = '\0';
-        /* All zero means "no id" to every reader: one in 2^64 at worst. */
-        if (!all_zero(id, 2 * bytes))
-            return;
-    }
+    /* All zero means "no id" to every reader: one in 2^64 at worst. */
+    do
+        sk_random_hex(id, n);
+    while (all_zero(id, n));
 }
 
 void sk_trace_format(char out[SK_TRACEPARENT_LEN + 1], const char *trace_id,

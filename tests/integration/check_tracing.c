@@ -31,6 +31,22 @@ static char *http_yaml(struct hs *s)
     return yaml;
 }
 
+#define OUTBOX "outbox:\n  relays: 1\n  poll_interval: 200ms\n"
+
+/* Opens run r named name and starts sekalid with one worker of the HTTP
+ * handler calling a new server, which it returns; top_yaml as
+ * h_run_opts'. */
+static struct hs *http_run(struct h_run *r, const char *name, const char *top_yaml)
+{
+    h_run_open(r, name);
+    struct hs *s = hs_start();
+    char *yaml = http_yaml(s);
+    h_run_start(r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
+                                         .queue_yaml = yaml, .top_yaml = top_yaml });
+    free(yaml);
+    return s;
+}
+
 static void publish(struct h_run *r, const char *id, const char *key, const char *traceparent,
                     const char *tracestate, const char *body)
 {
@@ -78,11 +94,7 @@ static void span_of(const char *traceparent, char span[17])
 START_TEST(test_the_service_gets_a_child_of_each_attempts_span_in_the_producers_trace)
 {
     struct h_run r;
-    h_run_open(&r, "trhttp");
-    struct hs *s = hs_start();
-    char *yaml = http_yaml(s);
-    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
-                                          .queue_yaml = yaml });
+    struct hs *s = http_run(&r, "trhttp", NULL);
     /* "500": the first attempt fails and is retried; the second gets 200. */
     publish(&r, "job-tr-1", "tr-1", TP, " " STATE " ,", "500");
     H_WAIT(h_completed(&r) == 1, 20000, "the job should complete on its second attempt");
@@ -114,7 +126,6 @@ START_TEST(test_the_service_gets_a_child_of_each_attempts_span_in_the_producers_
     ck_assert_int_ge(h_count_lines(r.log, needle), 1);
     /* At least the retry's line and the completion's. */
     ck_assert_int_ge(lines_of_job_carry_trace(r.log, "job-tr-1", TRACE), 2);
-    free(yaml);
     hs_stop(s);
     h_run_close(&r);
 }
@@ -123,14 +134,10 @@ END_TEST
 START_TEST(test_a_broken_traceparent_is_dropped_and_counted_and_the_job_runs_in_a_new_trace)
 {
     struct h_run r;
-    h_run_open(&r, "trbad");
-    struct hs *s = hs_start();
-    char *yaml = http_yaml(s);
     int port = h_free_port();
     char top[128];
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
-    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
-                                          .queue_yaml = yaml, .top_yaml = top });
+    struct hs *s = http_run(&r, "trbad", top);
     /* Uppercase hex: refused by the grammar. */
     const char *bad = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
     publish(&r, "job-bad-1", "bad-1", bad, STATE, "ok");
@@ -155,7 +162,6 @@ START_TEST(test_a_broken_traceparent_is_dropped_and_counted_and_the_job_runs_in_
     memcpy(trace, q.traceparent + 3, 32);
     trace[32] = '\0';
     ck_assert_int_ge(lines_of_job_carry_trace(r.log, "job-bad-1", trace), 0);
-    free(yaml);
     hs_stop(s);
     h_run_close(&r);
 }
@@ -166,11 +172,7 @@ END_TEST
 START_TEST(test_a_dead_letter_keeps_the_trace_context)
 {
     struct h_run r;
-    h_run_open(&r, "trdead");
-    struct hs *s = hs_start();
-    char *yaml = http_yaml(s);
-    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
-                                          .queue_yaml = yaml });
+    struct hs *s = http_run(&r, "trdead", NULL);
     publish(&r, "job-dead-1", "dead-1", TP, STATE, "400");
     char dead[300];
     snprintf(dead, sizeof(dead), "%s.dead", r.queue);
@@ -184,7 +186,6 @@ START_TEST(test_a_dead_letter_keeps_the_trace_context)
     amqp_destroy_message(&msg);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE queue = "
                                       "'%s' AND headers->>'traceparent' = '%s'", r.queue, TP), 1);
-    free(yaml);
     hs_stop(s);
     h_run_close(&r);
 }
@@ -223,13 +224,7 @@ END_TEST
 START_TEST(test_a_job_enqueued_in_a_traced_transaction_runs_in_its_trace)
 {
     struct h_run r;
-    h_run_open(&r, "trout");
-    struct hs *s = hs_start();
-    char *yaml = http_yaml(s);
-    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
-                                          .queue_yaml = yaml,
-                                          .top_yaml = "outbox:\n  relays: 1\n"
-                                                      "  poll_interval: 200ms\n" });
+    struct hs *s = http_run(&r, "trout", OUTBOX);
     h_pg_exec(r.pg, "BEGIN");
     h_pg_exec(r.pg, "SELECT set_config('sekali.traceparent', '" TP "', true), "
                     "set_config('sekali.tracestate', '" STATE "', true)");
@@ -257,7 +252,6 @@ START_TEST(test_a_job_enqueued_in_a_traced_transaction_runs_in_its_trace)
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
                                       "AND idempotency_key = 'ob-2' AND traceparent IS NULL",
                                 r.queue), 1);
-    free(yaml);
     hs_stop(s);
     h_run_close(&r);
 }
@@ -296,13 +290,7 @@ END_TEST
 START_TEST(test_sekalictl_enqueue_sends_the_trace_it_is_given_and_refuses_a_broken_one)
 {
     struct h_run r;
-    h_run_open(&r, "trctl");
-    struct hs *s = hs_start();
-    char *yaml = http_yaml(s);
-    h_run_start(&r, &(struct h_run_opts){ .handler = "handlers/http.so", .workers = 1,
-                                          .queue_yaml = yaml,
-                                          .top_yaml = "outbox:\n  relays: 1\n"
-                                                      "  poll_interval: 200ms\n" });
+    struct hs *s = http_run(&r, "trctl", OUTBOX);
     char *out = NULL;
     const char *outbox[] = { "enqueue", r.queue, "charge", "--key", "ctl-1", "--traceparent", TP,
                              "--tracestate", STATE, "ok", NULL };
@@ -326,7 +314,6 @@ START_TEST(test_sekalictl_enqueue_sends_the_trace_it_is_given_and_refuses_a_brok
     ck_assert(strncmp(q.traceparent, "00-" TRACE "-", 36) == 0);
     ck_assert_str_eq(q.tracestate, "");
     ck_assert_int_eq(hs_count(s, "ctl-3"), 0);
-    free(yaml);
     hs_stop(s);
     h_run_close(&r);
 }
