@@ -45,7 +45,7 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl) \
            -lm -lpthread $(HARDEN_LD)
 
-CORE    = common text trace_context config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
+CORE    = common text file trace_context config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span batch job_trace links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \
@@ -107,11 +107,13 @@ $(B)/fault/%.o: %.c | $(B)/fault
 # that reaches for a private header fails here first. The caller's CFLAGS
 # (optimisation, sanitizers) still apply, but never the daemon's own flags.
 HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --cflags libpq)
+# The handlers sekali ships run inside sekalid: they get its hardening too.
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HARDEN_CFLAGS) -fPIC -shared -o $@ $< \
+	    $(shell pkg-config --libs libpq) $(HARDEN_LD)
 $(B)/handlers/%.so: handlers/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC -shared -o $@ $< \
-	    $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HARDEN_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC \
+	    -shared -o $@ $< $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS) $(HARDEN_LD)
 # The HTTP handler's own libraries: Debian's libcurl, and libyaml for its
 # nested `headers:` mapping.
 $(B)/handlers/http.so: HANDLER_PKGS_CFLAGS = $(shell pkg-config --cflags libcurl yaml-0.1)

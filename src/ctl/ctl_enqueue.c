@@ -148,16 +148,17 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
      * first, by the materialised CTE. */
     const char *values[] = { queue, msg->type, msg->body, msg->idempotency_key, dedupe,
                              msg->resource_key, run_at, msg->priority > 0 ? priority : NULL,
+                             msg->content_type,
                              msg->traceparent != NULL ? msg->traceparent : "",
                              msg->tracestate != NULL ? msg->tracestate : "" };
-    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0, 0 };
+    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
-        .sql = "WITH t AS MATERIALIZED (SELECT set_config('sekali.traceparent', $9, true), "
-               "set_config('sekali.tracestate', $10, true)) "
+        .sql = "WITH t AS MATERIALIZED (SELECT set_config('sekali.traceparent', $10, true), "
+               "set_config('sekali.tracestate', $11, true)) "
                "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()), "
-               "p_priority => $8::int) FROM t",
-        .n_params = 10, .values = values, .lengths = lengths, .formats = formats,
+               "p_priority => $8::int, p_content_type => $9) FROM t",
+        .n_params = 11, .values = values, .lengths = lengths, .formats = formats,
         .one_row = true, .what = "sekali.enqueue",
     };
     PGresult *res;

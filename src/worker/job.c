@@ -710,8 +710,11 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
     if (connected &&
         sk_reschedule_later(pub, p->queue, j->delivery, &j->env, delay_ms,
                             next_attempt, error, &err) == SK_OK) {
-        char text[128];
-        snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);
+        /* With the cause: a retry's log line is all an operator sees of an
+         * attempt that failed and will be tried again. */
+        char text[sizeof(j->outcome)];
+        snprintf(text, sizeof(text), "%s: re-scheduled in %u ms%s%s", outcome, delay_ms,
+                 error != NULL && error[0] != '\0' ? ": " : "", error != NULL ? error : "");
         sk_job_finish(p, j, SK_ACK, text);
         return true;
     }
