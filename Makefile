@@ -45,10 +45,10 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl) \
            -lm -lpthread $(HARDEN_LD)
 
-CORE    = common text file config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
+CORE    = common text file trace_context config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span span_lock batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span span_lock batch job_trace links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \
           doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions \
           notify oom metrics metrics_text metrics_http relay janitor scheduler schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_migrate_online ctl_enqueue ctl_dlq ctl_dlq_read ctl_dlq_import ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_pause ctl_cancel \
@@ -145,6 +145,7 @@ $(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
 $(B)/tests/check_fingerprint: $(call obj,ctl_fingerprint ctl_out broker_wire)
 $(B)/tests/check_cron:     $(call obj,$(CORE))
 $(B)/tests/check_text:     $(call obj,$(CORE))
+$(B)/tests/check_trace_context: $(call obj,$(CORE))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
@@ -153,6 +154,7 @@ $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
 $(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
+$(B)/tests/check_tracing: tests/http_server.c tests/http_server.h
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 $(B)/tests/check_%: tests/browser/check_%.c $(HARNESS) | $(B)/tests
@@ -174,6 +176,7 @@ $(FUZZ_B)/fuzz_config:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope $(BROKER))
 $(FUZZ_B)/fuzz_values:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_text:     $(call zobj,$(CORE))
+$(FUZZ_B)/fuzz_trace_context: $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_ctl_out:  $(call zobj,ctl_out broker_wire)
 $(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c | $(FUZZ_B)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) $(LDLIBS)

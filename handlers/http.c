@@ -649,6 +649,16 @@ static int http_handle(void *state, const struct sekali_job *job, struct sekali_
               add_header(&headers, "X-Sekali-Fence", fence) &&
               add_header(&headers, "X-Sekali-Job-Type", job->job_type) &&
               add_header(&headers, "Expect", "");
+    /* Since ABI 1.7: the job's span as the parent of the service's, so the
+     * service's trace continues the producer's. The host checked both
+     * values against the W3C grammar (printable ASCII only). */
+    if (ok && host->abi_minor >= 7 &&
+        job->struct_size >= offsetof(struct sekali_job, tracestate) + sizeof(job->tracestate)) {
+        if (job->traceparent != NULL && job->traceparent[0] != '\0')
+            ok = add_header(&headers, "traceparent", job->traceparent);
+        if (ok && job->tracestate != NULL && job->tracestate[0] != '\0')
+            ok = add_header(&headers, "tracestate", job->tracestate);
+    }
     for (int i = 0; ok && i < s->conf.n_headers; i++)
         ok = add_header(&headers, s->conf.headers[i].name, s->conf.headers[i].value);
     if (!ok) {

@@ -30,6 +30,7 @@
  * Built like examples/: against sekali/handler.h and libpq only. */
 #include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -535,6 +536,34 @@ static int outcome(const struct sekali_host *host, struct sekali_ctx *ctx, PGres
     return sekali_sqlstate_transient(state) ? SEKALI_RETRY : SEKALI_FAIL;
 }
 
+/* The job's trace context for the rest of its transaction, as settings
+ * local to it: a statement reads current_setting('sekali.traceparent',
+ * true), and sekali.enqueue() writes it on the jobs the statement enqueues
+ * (sql/031), so they continue the trace. Settings rather than
+ * application_name: they end with the transaction (the next job cannot
+ * inherit them), hold the tracestate too, and are not cut at 63 bytes. One
+ * round trip before the statement, only when the host gives a trace (ABI
+ * 1.7). Returns SEKALI_OK, or the outcome of the failed setting. */
+#define SET_TRACE "SELECT set_config('sekali.traceparent', $1, true), " \
+                  "set_config('sekali.tracestate', $2, true)"
+
+static int set_trace(struct sql_state *s, const struct sekali_job *job, struct sekali_ctx *ctx,
+                     PGconn *pg)
+{
+    bool traced = job->host->abi_minor >= 7 &&
+                  job->struct_size >= offsetof(struct sekali_job, tracestate) +
+                                          sizeof(job->tracestate) &&
+                  job->traceparent != NULL && job->tracestate != NULL;
+    if (!traced)
+        return SEKALI_OK;
+    const char *trace[] = { job->traceparent, job->tracestate };
+    PGresult *res = PQexecParams(pg, SET_TRACE, 2, NULL, trace, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        return outcome(job->host, ctx, res, s);
+    PQclear(res);
+    return SEKALI_OK;
+}
+
 /* Asks the server to stop the statement; what it sent meanwhile is still
  * read (and dropped) by the caller. */
 static void cancel(PGconn *pg)
@@ -645,6 +674,9 @@ static int sql_handle(void *state, const struct sekali_job *job, struct sekali_c
         s->prepared_on = NULL;
         return SEKALI_RETRY;
     }
+    int traced = set_trace(s, job, ctx, pg);
+    if (traced != SEKALI_OK)
+        return traced;
     return run(s, host, ctx, pg, values);
 }
 

@@ -37,6 +37,7 @@
 #include "heartbeat.h"
 #include "job.h"
 #include "job_steps.h"
+#include "job_trace.h"
 #include "lease.h"
 #include "letter.h"
 #include "links.h"
@@ -115,6 +116,7 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
     int parsed = sk_envelope_parse(j->delivery, p->queue, &j->env, &err);
     /* Even a malformed delivery has a job_type here: "" unless validated. */
     j->metrics = sk_metrics_lookup(p->metrics, j->env.job_type);
+    sk_job_trace_admit(&j->log, &j->env, j->metrics);
     sk_metrics_inc(j->metrics, SK_METRIC_DELIVERIES);
     if (j->env.redelivered || j->env.delivery_attempt > 1)
         sk_metrics_inc(j->metrics, SK_METRIC_REDELIVERIES);
@@ -413,9 +415,12 @@ int sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
         .delivery_attempt = j->env.delivery_attempt,
         .fence = j->claim.fence,
         .host = sk_host(),
+        .traceparent = j->env.trace.traceparent,
+        .tracestate = j->env.trace.tracestate,
     };
     ctx->pg = pg;
     ctx->log = &j->log;
+    ctx->trace = &j->env.trace;
     ctx->headers_done = false;
     ctx->headers = j->delivery->message.properties._flags & AMQP_BASIC_HEADERS_FLAG
         ? &j->delivery->message.properties.headers : NULL;
