@@ -45,10 +45,10 @@ CHECK_LIBS = $(shell pkg-config --libs check)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl) \
            -lm -lpthread $(HARDEN_LD)
 
-CORE    = common text config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
+CORE    = common text file trace_context config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span batch links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job span span_lock batch job_trace links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \
           doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions \
           notify oom metrics metrics_text metrics_http relay janitor scheduler schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_migrate_online ctl_enqueue ctl_dlq ctl_dlq_read ctl_dlq_import ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_pause ctl_cancel \
@@ -70,7 +70,7 @@ BROWSER_TESTS = $(patsubst tests/browser/%.c,$(B)/tests/%,$(wildcard tests/brows
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-distance bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -107,11 +107,13 @@ $(B)/fault/%.o: %.c | $(B)/fault
 # that reaches for a private header fails here first. The caller's CFLAGS
 # (optimisation, sanitizers) still apply, but never the daemon's own flags.
 HANDLER_CFLAGS = -std=c11 -Wall -Wextra -Werror -Iinclude $(shell pkg-config --cflags libpq)
+# The handlers sekali ships run inside sekalid: they get its hardening too.
 $(B)/handlers/%.so: examples/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< $(shell pkg-config --libs libpq)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HARDEN_CFLAGS) -fPIC -shared -o $@ $< \
+	    $(shell pkg-config --libs libpq) $(HARDEN_LD)
 $(B)/handlers/%.so: handlers/%.c include/sekali/handler.h | $(B)/handlers
-	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC -shared -o $@ $< \
-	    $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS)
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HARDEN_CFLAGS) $(HANDLER_PKGS_CFLAGS) -fPIC \
+	    -shared -o $@ $< $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS) $(HARDEN_LD)
 # The HTTP handler's own libraries: Debian's libcurl, and libyaml for its
 # nested `headers:` mapping.
 $(B)/handlers/http.so: HANDLER_PKGS_CFLAGS = $(shell pkg-config --cflags libcurl yaml-0.1)
@@ -143,6 +145,7 @@ $(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
 $(B)/tests/check_fingerprint: $(call obj,ctl_fingerprint ctl_out broker_wire)
 $(B)/tests/check_cron:     $(call obj,$(CORE))
 $(B)/tests/check_text:     $(call obj,$(CORE))
+$(B)/tests/check_trace_context: $(call obj,$(CORE))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
@@ -151,6 +154,7 @@ $(B)/obj/harness.o: tests/harness.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
 $(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
+$(B)/tests/check_tracing: tests/http_server.c tests/http_server.h
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 $(B)/tests/check_%: tests/browser/check_%.c $(HARNESS) | $(B)/tests
@@ -172,6 +176,7 @@ $(FUZZ_B)/fuzz_config:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope $(BROKER))
 $(FUZZ_B)/fuzz_values:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_text:     $(call zobj,$(CORE))
+$(FUZZ_B)/fuzz_trace_context: $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_ctl_out:  $(call zobj,ctl_out broker_wire)
 $(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c | $(FUZZ_B)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) $(LDLIBS)
@@ -256,6 +261,13 @@ bench: deps
 	tests/bench/run.sh $(B)
 	tests/bench/enqueue.sh $(B)
 	tests/bench/tls.sh $(B)
+
+# Distance: jobs/s and p99 with 0, 2, 20 and 150 ms each way on every link,
+# through tests/bench/delay_proxy.c (tests/bench/distance.sh; BENCH_*).
+bench-distance: deps
+	$(MAKE) all
+	tests/servers.sh start
+	tests/bench/distance.sh $(B)
 
 # History at scale: jobs/s, the janitor and the operator's reads with 10 M
 # retained keys against an empty store (tests/bench/scale.sh; BENCH_SCALE_*).
@@ -361,6 +373,8 @@ help:
 	@echo "          (HANDLER=sql: through the stock SQL handler instead of the C example)"
 	@echo "bench     throughput and latency against pgbench on the same SQL; enqueue rate"
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
+	@echo "bench-distance  jobs/s and p99 with 0, 2, 20, 150 ms each way to every server"
+	@echo "          (a delaying proxy), at the defaults and at batch 1"
 	@echo "bench-scale  jobs/s, janitor and operator reads with 10 M retained keys vs none"
 	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"

@@ -30,12 +30,14 @@
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <curl/curl.h>
 #include <libpq-fe.h>
@@ -136,13 +138,46 @@ static bool header_value_ok(const char *s, size_t len)
     return s[len] == '\0' && memchr(s, 0x7f, len) == NULL;
 }
 
+/* path opened for reading if it is a regular file, else -1 with errno set
+ * (ENXIO for a FIFO, device or socket). Opened without blocking: a FIFO
+ * would wait for a writer, and hang `sekalid -t`, the start and a reload.
+ * (The daemon's own files go through src/base/file.c; a handler links
+ * nothing of the daemon's.) */
+static int open_regular(const char *path)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return -1;
+    int e = fstat(fd, &st) != 0 ? errno
+            : S_ISDIR(st.st_mode) ? EISDIR
+            : !S_ISREG(st.st_mode) ? ENXIO
+            : fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ? errno : 0;
+    if (e != 0) {
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* errno after open_regular() in words. */
+static const char *open_error(int e)
+{
+    return e == ENXIO ? "not a regular file (a FIFO, device or socket)" : strerror(e);
+}
+
 /* A secret from a file, its trailing newline dropped. Returns a new
  * string, or NULL with err naming the file (never the content). */
 static char *read_secret(const char *path, char *err, size_t err_size, const char *name)
 {
-    FILE *f = fopen(path, "re");
+    int fd = open_regular(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (f == NULL) {
-        snprintf(err, err_size, "headers: %s: cannot read %s: %s", name, path, strerror(errno));
+        snprintf(err, err_size, "headers: %s: cannot read %s: %s", name, path,
+                 open_error(errno));
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
     char *buf = calloc(1, MAX_SECRET + 2);
@@ -219,6 +254,20 @@ static int parse_header(yaml_document_t *doc, yaml_node_t *k, yaml_node_t *v,
     }
     free(how);
     return rc;
+}
+
+/* A TLS file libcurl will read at each request: a regular file we can
+ * read now (a FIFO would hang the worker's first request). NULL is fine. */
+static bool readable(const char *path, const char *key, char *err, size_t err_size)
+{
+    int fd = path != NULL ? open_regular(path) : -2;
+    if (fd == -1) {
+        snprintf(err, err_size, "`%s:` cannot read %s: %s", key, path, open_error(errno));
+        return false;
+    }
+    if (fd >= 0)
+        close(fd);
+    return true;
 }
 
 static int parse_conf(const char *config, struct http_conf *c, char *err, size_t err_size)
@@ -308,13 +357,10 @@ static int parse_conf(const char *config, struct http_conf *c, char *err, size_t
         snprintf(err, err_size, "`url:` holds a control character");
     else if ((c->cert_file == NULL) != (c->key_file == NULL))
         snprintf(err, err_size, "`cert_file:` and `key_file:` go together");
-    else if (c->ca_file != NULL && access(c->ca_file, R_OK) != 0)
-        snprintf(err, err_size, "`ca_file:` cannot read %s: %s", c->ca_file, strerror(errno));
-    else if (c->cert_file != NULL && access(c->cert_file, R_OK) != 0)
-        snprintf(err, err_size, "`cert_file:` cannot read %s: %s", c->cert_file,
-                 strerror(errno));
-    else if (c->key_file != NULL && access(c->key_file, R_OK) != 0)
-        snprintf(err, err_size, "`key_file:` cannot read %s: %s", c->key_file, strerror(errno));
+    else if (!readable(c->ca_file, "ca_file", err, err_size) ||
+             !readable(c->cert_file, "cert_file", err, err_size) ||
+             !readable(c->key_file, "key_file", err, err_size))
+        ;
     else
         rc = 0;
 out:
@@ -603,6 +649,16 @@ static int http_handle(void *state, const struct sekali_job *job, struct sekali_
               add_header(&headers, "X-Sekali-Fence", fence) &&
               add_header(&headers, "X-Sekali-Job-Type", job->job_type) &&
               add_header(&headers, "Expect", "");
+    /* Since ABI 1.7: the job's span as the parent of the service's, so the
+     * service's trace continues the producer's. The host checked both
+     * values against the W3C grammar (printable ASCII only). */
+    if (ok && host->abi_minor >= 7 &&
+        job->struct_size >= offsetof(struct sekali_job, tracestate) + sizeof(job->tracestate)) {
+        if (job->traceparent != NULL && job->traceparent[0] != '\0')
+            ok = add_header(&headers, "traceparent", job->traceparent);
+        if (ok && job->tracestate != NULL && job->tracestate[0] != '\0')
+            ok = add_header(&headers, "tracestate", job->tracestate);
+    }
     for (int i = 0; ok && i < s->conf.n_headers; i++)
         ok = add_header(&headers, s->conf.headers[i].name, s->conf.headers[i].value);
     if (!ok) {

@@ -15,7 +15,8 @@
  * The scanner that finds them skips what is not SQL code (quoted strings
  * and identifiers, comments, dollar-quoted bodies) and the `::` of a cast.
  * The statement is prepared once per connection; the first column of its
- * first row, if any, is the job's result.
+ * first row, if any, is the job's result. Rows are read one at a time, and
+ * more than `max_rows:` (10 000 unless configured) fail the job.
  *
  * Outcome by SQLSTATE: the transient classes of sekali_sqlstate_transient()
  * retry, and every other error fails the job with the server's message,
@@ -28,6 +29,8 @@
  *
  * Built like examples/: against sekali/handler.h and libpq only. */
 #include <ctype.h>
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +43,8 @@
 #define MAX_STATEMENT  (64 * 1024)
 #define MAX_SHIFTS     64         /* parameter uses whose positions are mapped back */
 #define MAX_MESSAGE    400        /* of the server's error, in the dead letter */
+#define DEFAULT_ROWS   10000      /* max_rows: rows a statement may return */
+#define LIMIT_ROWS     100000000
 
 /* What a parameter binds. Adding one: a line here and one in param_value(). */
 enum param {
@@ -67,6 +72,7 @@ struct sql_state {
     int         n_params;
     PGconn     *prepared_on;         /* the connection it is prepared on, and */
     int         prepared_pid;        /* its server process: a new one needs it again */
+    long        max_rows;            /* more rows than this fail the job */
 };
 
 struct rewrite {
@@ -308,6 +314,26 @@ static int load_statement(const struct sekali_host *host, const char *config,
     return rc;
 }
 
+/* `max_rows:`, 1 to 100 000 000; DEFAULT_ROWS when absent. */
+static int load_max_rows(const struct sekali_host *host, const char *config, long *out,
+                         char *err, size_t err_size)
+{
+    char text[32], *end;
+    int n = host->config_get(config, "max_rows", text, sizeof(text));
+    *out = DEFAULT_ROWS;
+    if (n < 0)
+        return 0;
+    errno = 0;
+    long v = n < (int)sizeof(text) ? strtol(text, &end, 10) : 0;
+    if (n >= (int)sizeof(text) || errno != 0 || end == text || *end != '\0' || v < 1 ||
+        v > LIMIT_ROWS) {
+        snprintf(err, err_size, "`max_rows:` must be a whole number from 1 to %d", LIMIT_ROWS);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 static int sql_check(const struct sekali_host *host, const char *config, char *err,
                      size_t err_size)
 {
@@ -323,17 +349,20 @@ static int sql_check(const struct sekali_host *host, const char *config, char *e
                  "statement must commit with the job's completion");
         return SEKALI_FAIL;
     }
+    long rows;
     if (load_statement(host, config, &r, err, err_size) != 0)
         return SEKALI_FAIL;
     free(r.sql);
-    return SEKALI_OK;
+    return load_max_rows(host, config, &rows, err, err_size) == 0 ? SEKALI_OK : SEKALI_FAIL;
 }
 
 static int sql_init(const struct sekali_host *host, const char *config, void **state)
 {
     struct rewrite r;
     char why[768];
-    if (load_statement(host, config, &r, why, sizeof(why)) != 0) {
+    long max_rows;
+    if (load_max_rows(host, config, &max_rows, why, sizeof(why)) != 0 ||
+        load_statement(host, config, &r, why, sizeof(why)) != 0) {
         host->log(NULL, SEKALI_LOG_ERROR, "sql handler: %s", why);
         return SEKALI_FAIL;
     }
@@ -355,6 +384,7 @@ static int sql_init(const struct sekali_host *host, const char *config, void **s
     s->n_params = r.n_params;
     memcpy(s->shifts, r.shifts, sizeof(s->shifts));
     s->n_shifts = r.n_shifts;
+    s->max_rows = max_rows;
     *state = s;
     return SEKALI_OK;
 }
@@ -506,6 +536,98 @@ static int outcome(const struct sekali_host *host, struct sekali_ctx *ctx, PGres
     return sekali_sqlstate_transient(state) ? SEKALI_RETRY : SEKALI_FAIL;
 }
 
+/* The job's trace context for the rest of its transaction, as settings
+ * local to it: a statement reads current_setting('sekali.traceparent',
+ * true), and sekali.enqueue() writes it on the jobs the statement enqueues
+ * (sql/031), so they continue the trace. Settings rather than
+ * application_name: they end with the transaction (the next job cannot
+ * inherit them), hold the tracestate too, and are not cut at 63 bytes. One
+ * round trip before the statement, only when the host gives a trace (ABI
+ * 1.7). Returns SEKALI_OK, or the outcome of the failed setting. */
+#define SET_TRACE "SELECT set_config('sekali.traceparent', $1, true), " \
+                  "set_config('sekali.tracestate', $2, true)"
+
+static int set_trace(struct sql_state *s, const struct sekali_job *job, struct sekali_ctx *ctx,
+                     PGconn *pg)
+{
+    bool traced = job->host->abi_minor >= 7 &&
+                  job->struct_size >= offsetof(struct sekali_job, tracestate) +
+                                          sizeof(job->tracestate) &&
+                  job->traceparent != NULL && job->tracestate != NULL;
+    if (!traced)
+        return SEKALI_OK;
+    const char *trace[] = { job->traceparent, job->tracestate };
+    PGresult *res = PQexecParams(pg, SET_TRACE, 2, NULL, trace, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        return outcome(job->host, ctx, res, s);
+    PQclear(res);
+    return SEKALI_OK;
+}
+
+/* Asks the server to stop the statement; what it sent meanwhile is still
+ * read (and dropped) by the caller. */
+static void cancel(PGconn *pg)
+{
+    char buf[256];
+    PGcancel *c = PQgetCancel(pg);
+    if (c != NULL)
+        PQcancel(c, buf, sizeof(buf));
+    PQfreeCancel(c);
+}
+
+/* Runs the prepared statement one row at a time (libpq's single-row mode):
+ * only the first row's first column is the job's result, and a statement
+ * that returns millions of rows would otherwise be held whole in the
+ * worker's memory. Past s->max_rows the statement is cancelled and the job
+ * fails, its effect rolled back with its transaction: a statement that
+ * returns more rows than anyone reads is a mistake to show, not to wait on. */
+static int run(struct sql_state *s, const struct sekali_host *host, struct sekali_ctx *ctx,
+               PGconn *pg, const char *const *values)
+{
+    char why[512];
+    if (!PQsendQueryPrepared(pg, STATEMENT_NAME, s->n_params, values, NULL, NULL, 0)) {
+        snprintf(why, sizeof(why), "sending the statement failed: %s", PQerrorMessage(pg));
+        host->set_error(ctx, why);
+        return SEKALI_RETRY;
+    }
+    PQsetSingleRowMode(pg);  /* if refused, rows come whole: still correct */
+    PGresult *res, *failed = NULL;
+    long rows = 0;
+    int too_large = -1;
+    while ((res = PQgetResult(pg)) != NULL) {
+        ExecStatusType st = PQresultStatus(res);
+        int n = st == PGRES_SINGLE_TUPLE || st == PGRES_TUPLES_OK ? PQntuples(res) : 0;
+        if (rows == 0 && n > 0 && PQnfields(res) > 0 && !PQgetisnull(res, 0, 0) &&
+            host->set_result(ctx, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0)) != 0)
+            too_large = PQgetlength(res, 0, 0);
+        if (rows <= s->max_rows && rows + n > s->max_rows)
+            cancel(pg);
+        rows += n;
+        if (st != PGRES_SINGLE_TUPLE && st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK &&
+            failed == NULL)
+            failed = res;
+        else
+            PQclear(res);
+    }
+    if (rows > s->max_rows) {
+        PQclear(failed);
+        snprintf(why, sizeof(why), "the statement returned more than %ld rows (max_rows), and "
+                 "only the first row's first column is the job's result: return one row (a "
+                 "LIMIT), or raise max_rows", s->max_rows);
+        host->set_error(ctx, why);
+        return SEKALI_FAIL;
+    }
+    if (failed != NULL)
+        return outcome(host, ctx, failed, s);
+    if (too_large >= 0) {
+        snprintf(why, sizeof(why), "the statement's result (%d bytes) is larger than a saved "
+                 "result may be", too_large);
+        host->set_error(ctx, why);
+        return SEKALI_FAIL;
+    }
+    return SEKALI_OK;
+}
+
 static int sql_handle(void *state, const struct sekali_job *job, struct sekali_ctx *ctx)
 {
     struct sql_state *s = state;
@@ -552,21 +674,10 @@ static int sql_handle(void *state, const struct sekali_job *job, struct sekali_c
         s->prepared_on = NULL;
         return SEKALI_RETRY;
     }
-    res = PQexecPrepared(pg, STATEMENT_NAME, s->n_params, values, NULL, NULL, 0);
-    ExecStatusType st = PQresultStatus(res);
-    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)
-        return outcome(host, ctx, res, s);
-    if (st == PGRES_TUPLES_OK && PQntuples(res) > 0 && PQnfields(res) > 0 &&
-        !PQgetisnull(res, 0, 0) &&
-        host->set_result(ctx, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0)) != 0) {
-        snprintf(why, sizeof(why), "the statement's result (%d bytes) is larger than a saved "
-                 "result may be", PQgetlength(res, 0, 0));
-        PQclear(res);
-        host->set_error(ctx, why);
-        return SEKALI_FAIL;
-    }
-    PQclear(res);
-    return SEKALI_OK;
+    int traced = set_trace(s, job, ctx, pg);
+    if (traced != SEKALI_OK)
+        return traced;
+    return run(s, host, ctx, pg, values);
 }
 
 static void sql_fini(void *state)

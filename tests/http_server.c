@@ -116,6 +116,8 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const cha
     header(c, "Content-Type", q.content_type, sizeof(q.content_type));
     header(c, "Authorization", q.authorization, sizeof(q.authorization));
     header(c, "X-From-Env", q.from_env, sizeof(q.from_env));
+    header(c, "traceparent", q.traceparent, sizeof(q.traceparent));
+    header(c, "tracestate", q.tracestate, sizeof(q.tracestate));
     char num[32];
     header(c, "X-Sekali-Fence", num, sizeof(num));
     q.fence = atoll(num);

@@ -32,6 +32,8 @@ struct hs_request {
     char    content_type[128];
     char    authorization[256];
     char    from_env[256];   /* X-From-Env */
+    char    traceparent[128];
+    char    tracestate[600];
     int64_t fence;           /* X-Sekali-Fence */
     int     attempt;         /* X-Sekali-Attempt */
     char    body[256];

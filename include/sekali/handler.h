@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 6  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 7  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -85,6 +85,18 @@ struct sekali_job {
     /* Since 1.3 (job->struct_size covers it when host->abi_minor >= 3): the
      * host, so that handle() needs no init() to reach it. */
     const struct sekali_host *host;
+
+    /* Since 1.7 (job->struct_size covers them when host->abi_minor >= 7):
+     * the job's W3C trace context. traceparent is this run's span, as
+     * "00-<trace id>-<span id>-<flags>": send it on as the traceparent of
+     * whatever the job calls, so the callee's spans are children of the
+     * job's. The trace is the producer's (the message's traceparent
+     * header, strictly checked), or a new one when the message had none
+     * or a broken one; each run (a retry too) has a span of its own.
+     * tracestate is the producer's, checked and at most 512 bytes, or "".
+     * host->log() lines carry trace_id and span_id already. */
+    const char *traceparent;
+    const char *tracestate;
     /* append here; never reorder, resize or remove */
 };
 

@@ -80,6 +80,8 @@ struct sk_message {
     const void    *body;
     size_t         body_len;
     uint8_t        priority;         /* AMQP priority; 0: none (the broker treats both alike) */
+    const char    *traceparent;      /* W3C trace context headers, sent when not NULL */
+    const char    *tracestate;
 };
 
 /* Connects, logs in and opens the channel. Blocks at most the configured

@@ -85,12 +85,16 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
     sk_assert(b->confirming);
     SK_BROKER_USABLE(b, err);
 
-    amqp_table_entry_t headers[2];
+    amqp_table_entry_t headers[4];
     int n_headers = 0;
     if (msg->idempotency_key != NULL)
         headers[n_headers++] = sk_broker_text_entry("x-idempotency-key", msg->idempotency_key);
     if (msg->resource_key != NULL)
         headers[n_headers++] = sk_broker_text_entry("x-resource-key", msg->resource_key);
+    if (msg->traceparent != NULL)
+        headers[n_headers++] = sk_broker_text_entry("traceparent", msg->traceparent);
+    if (msg->tracestate != NULL)
+        headers[n_headers++] = sk_broker_text_entry("tracestate", msg->tracestate);
 
     amqp_basic_properties_t props = message_properties(msg, headers, n_headers);
 

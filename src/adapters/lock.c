@@ -67,6 +67,7 @@ static const char swap_script[] =
 
 struct sk_lock {
     const struct sk_redis_conf *conf;
+    uint32_t                    timeout_ms; /* connect and command bound of this connection */
     struct sk_redis_link       *ctx;
     size_t                      sentinel;  /* the one to ask first: the last that answered */
     char                        renew_sha[41];
@@ -93,6 +94,8 @@ static int check_master(struct sk_lock *l, struct sk_err *err);
 static int log_in(struct sk_redis_link *ctx, const char *user, const char *password,
                   struct sk_err *err);
 static void disconnect(struct sk_lock *l);
+static int load_scripts(struct sk_lock *l, struct sk_err *err);
+static bool append_argv(struct sk_lock *l, int argc, const char **argv);
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err);
 static int script_many(struct sk_lock *l, const char *script, char sha[41], size_t n,
                        const char *const *keys, const char *const *tokens, const char *ttl,
@@ -106,10 +109,17 @@ static bool script_refused(const char *reply);
 
 int sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err)
 {
+    return sk_lock_open_bounded(out, conf, conf->timeout_ms, err);
+}
+
+int sk_lock_open_bounded(struct sk_lock **out, const struct sk_redis_conf *conf,
+                         uint32_t timeout_ms, struct sk_err *err)
+{
     struct sk_lock *l = calloc(1, sizeof(*l));
     if (l == NULL)
         return sk_err_errno(err, SK_ERR, "calloc(lock)");
     l->conf = conf;
+    l->timeout_ms = timeout_ms > 0 ? timeout_ms : conf->timeout_ms;
     int rc = ensure_connected(l, err);
     if (rc != SK_OK) {
         sk_lock_close(l);
@@ -408,7 +418,7 @@ static int ensure_connected(struct sk_lock *l, struct sk_err *err)
  * stuck holding a delivery. */
 static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err)
 {
-    int rc = sk_redis_link_open(&l->ctx, host, port, &l->conf->tls, l->conf->timeout_ms, err);
+    int rc = sk_redis_link_open(&l->ctx, host, port, &l->conf->tls, l->timeout_ms, err);
     if (rc != SK_OK)
         return rc;
     if (l->conf->password != NULL && (rc = log_in(l->ctx, l->conf->username,
@@ -416,19 +426,76 @@ static int connect_server(struct sk_lock *l, const char *host, int port, struct 
         disconnect(l);
         return rc;
     }
-    redisReply *reply;
-    if (l->conf->db != 0) {
-        reply = sk_redis_link_command(l->ctx, "SELECT %d", l->conf->db);
-        if (reply == NULL || reply->type == REDIS_REPLY_ERROR)
-            return reply_error(l, reply, "SELECT", err);
+    return load_scripts(l, err);
+}
+
+/* SELECT and the three SCRIPT LOADs, sent at once and answered in one round
+ * trip: a worker connecting to a far Redis (or its replacement after a
+ * crash) pays one round trip here, not four. Every reply is read, so the
+ * connection stays in step whichever failed; the first failure is the one
+ * reported. */
+static int load_scripts(struct sk_lock *l, struct sk_err *err)
+{
+    struct {
+        const char *script;
+        char       *sha;
+    } const loads[] = {
+        { renew_script, l->renew_sha },
+        { release_script, l->release_sha },
+        { swap_script, l->swap_sha },
+    };
+    bool select = l->conf->db != 0;
+    char db[16];
+    snprintf(db, sizeof(db), "%d", l->conf->db);
+    const char *select_argv[] = { "SELECT", db };
+    if (select && !append_argv(l, 2, select_argv))
+        return reply_error(l, NULL, "SELECT", err);
+    for (size_t i = 0; i < SK_ARRAY_LEN(loads); i++) {
+        const char *argv[] = { "SCRIPT", "LOAD", loads[i].script };
+        if (!append_argv(l, 3, argv))
+            return reply_error(l, NULL, "SCRIPT LOAD", err);
+    }
+    int rc = SK_OK;
+    const char *failed = NULL;
+    redisReply *bad = NULL;
+    size_t n = SK_ARRAY_LEN(loads) + (select ? 1 : 0);
+    for (size_t i = 0; i < n; i++) {
+        redisReply *reply = NULL;
+        if (sk_redis_link_reply(l->ctx, &reply) != REDIS_OK) {
+            if (bad != NULL)
+                freeReplyObject(bad);
+            return reply_error(l, NULL, "SCRIPT LOAD", err);
+        }
+        bool is_select = select && i == 0;
+        size_t k = i - (select ? 1 : 0);
+        bool ok = is_select ? reply->type != REDIS_REPLY_ERROR
+                            : reply->type == REDIS_REPLY_STRING && reply->len == 40;
+        if (ok && !is_select)
+            memcpy(loads[k].sha, reply->str, 41);
+        if (!ok && bad == NULL) {
+            bad = reply;
+            failed = is_select ? "SELECT" : "SCRIPT LOAD";
+            rc = SK_AGAIN;
+            continue;
+        }
         freeReplyObject(reply);
     }
-    rc = load_script(l, renew_script, l->renew_sha, err);
-    if (rc == SK_OK)
-        rc = load_script(l, release_script, l->release_sha, err);
-    if (rc == SK_OK)
-        rc = load_script(l, swap_script, l->swap_sha, err);
-    return rc;
+    if (rc != SK_OK)
+        return reply_error(l, bad, failed, err);
+    return SK_OK;
+}
+
+/* Queues one command of argc string arguments on the link, for a reply read
+ * later. False when out of memory. */
+static bool append_argv(struct sk_lock *l, int argc, const char **argv)
+{
+    char *cmd = NULL;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, NULL);
+    if (len < 0)
+        return false;
+    bool ok = sk_redis_link_append(l->ctx, cmd, (size_t)len) == REDIS_OK;
+    redisFreeCommand(cmd);
+    return ok;
 }
 
 /* AUTH [user] password. A refusal is marked SK_AUTH (a wrong password must

@@ -43,6 +43,11 @@ struct sk_redis_conf {
 /* Connects and loads the scripts. Returns SK_OK, or SK_AGAIN if Redis is
  * unreachable or refused AUTH/SELECT (transient from our side: back off). */
 int  sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err);
+/* sk_lock_open() with its own bound on connecting and on each command
+ * (timeout_ms; 0: conf->timeout_ms), kept across reconnects: the renewal
+ * thread's, sized from the lock's TTL rather than from redis.timeout. */
+int  sk_lock_open_bounded(struct sk_lock **out, const struct sk_redis_conf *conf,
+                          uint32_t timeout_ms, struct sk_err *err);
 void sk_lock_close(struct sk_lock *l);
 
 /* Writes the Redis key that locks `resource` in `queue` into out:

@@ -32,6 +32,10 @@ const char *const sk_schema_migrations[] = {
     "023_dead_letter_store.sql",
     "027_history_indexes.sql",
     "028_history_reads.sql",
+    "029_counts.sql",
+    "030_count_bases.sql",
+    "031_trace_context.sql",
+    "032_outbox_content_type.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

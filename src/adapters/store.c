@@ -40,6 +40,7 @@ static const struct {
 };
 
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err);
+static int prepare_all(PGconn *pg, struct sk_err *err);
 static int claim_array(struct sk_store *s, const char *function, const struct sk_keyref *refs,
                        size_t n, struct sk_claim *out, bool *dup, struct sk_err *err);
 static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
@@ -465,24 +466,54 @@ int sk_store_mark_replied(struct sk_store *s, const struct sk_keyref *ref, struc
     return rc == SK_BUSY ? SK_ERR : rc;
 }
 
+/* The statements are prepared in one pipeline: one round trip for all of
+ * them, not one each, which a worker starting (or replacing a dead one)
+ * against a far PostgreSQL pays before its first job. */
 static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
 {
     PQfinish(s->conn);
     s->conn = sk_pg_dial(s->conf, s->application_name, err);
     if (s->conn == NULL)
         return SK_AGAIN;
-    for (size_t i = 0; i < SK_ARRAY_LEN(statements); i++) {
-        PGresult *res = PQprepare(s->conn, statements[i].name, statements[i].sql, 0, NULL);
-        ExecStatusType status = PQresultStatus(res);
-        if (status != PGRES_COMMAND_OK) {
-            sk_err_set(err, SK_ERR, "PQprepare(%s) failed: %s(is the schema migrated? "
-                       "run sekalictl migrate)", statements[i].name, PQresultErrorMessage(res));
-            PQclear(res);
-            PQfinish(s->conn);
-            s->conn = NULL;
-            return SK_ERR;
-        }
-        PQclear(res);
+    int rc = prepare_all(s->conn, err);
+    if (rc != SK_OK) {
+        PQfinish(s->conn);
+        s->conn = NULL;
     }
-    return SK_OK;
+    return rc;
+}
+
+static int prepare_all(PGconn *pg, struct sk_err *err)
+{
+    bool sent = PQenterPipelineMode(pg) == 1;
+    for (size_t i = 0; sent && i < SK_ARRAY_LEN(statements); i++)
+        sent = PQsendPrepare(pg, statements[i].name, statements[i].sql, 0, NULL) == 1;
+    if (!sent || PQpipelineSync(pg) != 1)
+        return sk_err_set(err, SK_AGAIN, "PQsendPrepare failed: %s", PQerrorMessage(pg));
+    /* Each statement's result, then its NULL; the sync's result ends it. A
+     * failed statement aborts the ones after it (PGRES_PIPELINE_ABORTED):
+     * the first failure is the one reported. */
+    int rc = SK_OK;
+    for (size_t i = 0; i <= SK_ARRAY_LEN(statements); i++) {
+        PGresult *res = PQgetResult(pg);
+        if (res == NULL)
+            return sk_err_set(err, SK_AGAIN, "PQprepare: the connection failed: %s",
+                              PQerrorMessage(pg));
+        ExecStatusType status = PQresultStatus(res);
+        if (i == SK_ARRAY_LEN(statements)) {
+            PQclear(res);
+            if (status != PGRES_PIPELINE_SYNC)
+                return sk_err_set(err, SK_AGAIN, "PQprepare: no pipeline sync");
+            break;
+        }
+        if (status != PGRES_COMMAND_OK && rc == SK_OK)
+            rc = sk_err_set(err, SK_ERR, "PQprepare(%s) failed: %s(is the schema migrated? "
+                            "run sekalictl migrate)", statements[i].name,
+                            status == PGRES_PIPELINE_ABORTED ? "aborted " : PQresultErrorMessage(res));
+        PQclear(res);
+        PQclear(PQgetResult(pg));  /* the NULL that ends this statement's results */
+    }
+    if (PQexitPipelineMode(pg) != 1 && rc == SK_OK)
+        rc = sk_err_set(err, SK_AGAIN, "PQexitPipelineMode failed: %s", PQerrorMessage(pg));
+    return rc;
 }

@@ -14,6 +14,7 @@
  *     library set the host it connects to when it made the SSL object.
  * Key material never leaves OpenSSL: messages name files and causes only. */
 #include "tls.h"
+#include "file.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -89,21 +90,18 @@ static int check_file(const char *label, const char *key, const char *path, bool
                       struct sk_err *err)
 {
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    int fd, e = sk_file_open(path, secret ? S_IRWXO | S_IWGRP | S_IXGRP : 0, &fd, &st);
 
-    if (fd < 0)
-        return sk_err_errno(err, SK_ERR, "%s.%s: cannot open %s", label, key, path);
-    int rc = fstat(fd, &st);
-    close(fd);
-    if (rc != 0)
-        return sk_err_errno(err, SK_ERR, "%s.%s: cannot stat %s", label, key, path);
-    if (!S_ISREG(st.st_mode))
-        return sk_err_set(err, SK_ERR, "%s.%s: %s is not a regular file", label, key, path);
-    if (secret && (st.st_mode & (S_IRWXO | S_IWGRP | S_IXGRP)) != 0)
+    if (e == 0) {
+        close(fd);
+        return SK_OK;
+    }
+    if (e == SK_FILE_TOO_OPEN)
         return sk_err_set(err, SK_ERR, "%s.%s: %s has mode %04o: a private key must not be "
                           "open to others (chmod 600 or 640)", label, key, path,
                           (unsigned)(st.st_mode & 07777));
-    return SK_OK;
+    return sk_err_set(err, SK_ERR, "%s.%s: cannot open %s: %s", label, key, path,
+                      sk_file_error(e));
 }
 
 /* OpenSSL's reason ("no start line", "bad decrypt") names no key bytes. */

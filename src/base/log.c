@@ -335,6 +335,8 @@ static void put_job(struct line *l, const struct sk_log_job *job)
         num[sk_format_u64(num, job->delivery_attempt)] = '\0';
         put_number(l, "delivery_attempt", num);
     }
+    put_field(l, "trace_id", job->trace_id);
+    put_field(l, "span_id", job->span_id);
 }
 
 /* JSON numbers go unquoted; in text a number is a field like any other. */
@@ -355,8 +357,8 @@ static void send_to_journal(enum sk_log_level level, const char *msg, const char
                             const char *server, const struct sk_log_job *job)
 {
     static const int priorities[] = { 7, 6, 4, 3 };
-    char fields[12][640];  /* a key is at most 512 bytes */
-    struct iovec iov[12];
+    char fields[14][640];  /* a key is at most 512 bytes */
+    struct iovec iov[14];
     int n = 0;
 #define FIELD(...)                                                               \
     do {                                                                         \
@@ -388,6 +390,10 @@ static void send_to_journal(enum sk_log_level level, const char *msg, const char
             FIELD("FENCE=%lld", (long long)job->fence);
         if (job->delivery_attempt > 0)
             FIELD("DELIVERY_ATTEMPT=%u", job->delivery_attempt);
+        if (job->trace_id != NULL)
+            FIELD("TRACE_ID=%s", job->trace_id);
+        if (job->span_id != NULL)
+            FIELD("SPAN_ID=%s", job->span_id);
     }
 #undef FIELD
     sd_journal_sendv(iov, n);

@@ -23,6 +23,8 @@ struct sk_log_job {
     const char *lock_owner;
     int64_t     fence;
     uint32_t    delivery_attempt;
+    const char *trace_id;   /* W3C trace context (trace_context.h) */
+    const char *span_id;    /* this run's span */
 };
 
 /* Sets the level, the format and the process's role ("supervisor",
@@ -71,6 +73,7 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_LINK_REFUSED   "link_refused"    /* a login or TLS set-up refused: jobs held */
 #define SK_EVENT_HANDLER_NOT_READY "handler_not_ready" /* a handler cannot run: no consumer */
 #define SK_EVENT_HANDLER_READY  "handler_ready"   /* ... and can again: consuming */
+#define SK_EVENT_TRACE_DROPPED  "trace_context_dropped" /* a bad traceparent/tracestate dropped */
 
 /* The servers an event's SERVER= names. */
 #define SK_SERVER_POSTGRES "postgres"

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -278,25 +277,16 @@ int sk_conf_value_read_file(const char *path, size_t max, char **out, size_t *le
     struct stat st;
     FILE *f;
     char *buf;
-    int fd, e = 0;
+    int fd, e;
 
-    /* Opened without blocking and checked before reading: a FIFO would
-     * otherwise hang `sekalid -t` and a reload until someone writes to it. */
-    *op = "open";
-    if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)) < 0)
-        return errno;
-    *op = "read";
-    if (fstat(fd, &st) != 0)
-        e = errno;
-    else if (S_ISDIR(st.st_mode))
-        e = EISDIR;
-    else if (!S_ISREG(st.st_mode))
-        e = SK_NOT_REGULAR;
-    if (e != 0) {
-        close(fd);
+    /* Checked before reading: a FIFO would otherwise hang `sekalid -t` and
+     * a reload until someone writes to it. */
+    if ((e = sk_file_open(path, 0, &fd, &st)) != 0) {
+        *op = e == EISDIR || e == SK_FILE_NOT_REGULAR ? "read" : "open";
         return e;
     }
-    if (fcntl(fd, F_SETFL, 0) != 0 || (f = fdopen(fd, "r")) == NULL) {
+    *op = "read";
+    if ((f = fdopen(fd, "r")) == NULL) {
         e = errno;
         close(fd);
         return e;
@@ -324,7 +314,7 @@ int sk_conf_value_read_file(const char *path, size_t max, char **out, size_t *le
 
 const char *sk_conf_value_read_error(int e)
 {
-    return e == SK_NOT_REGULAR ? "not a regular file (a FIFO, device or socket)" : strerror(e);
+    return sk_file_error(e);
 }
 
 void sk_conf_value_wipe(char *s)

@@ -14,6 +14,7 @@
 #include <yaml.h>
 
 #include "common.h"
+#include "file.h"
 
 /* Units for durations (milliseconds) and sizes (bytes): config_value.c's
  * parsers and the schema's bounds and defaults. Short, since the schema
@@ -87,7 +88,7 @@ int sk_conf_value_emit(yaml_document_t *doc, const yaml_node_t *v, const char *l
 
 /* Returned by sk_conf_value_read_file() for a path that is not a regular
  * file or a directory; no errno value has this meaning. */
-#define SK_NOT_REGULAR (-1)
+#define SK_NOT_REGULAR SK_FILE_NOT_REGULAR
 
 /* Reads at most max bytes of the regular file path into a new NUL-terminated
  * buffer, which the caller frees; *len excludes the NUL. Never blocks on a

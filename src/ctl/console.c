@@ -27,6 +27,7 @@
 
 #include "config_value.h"
 #include "console.h"
+#include "file.h"
 #include "ctl_commands.h"
 #include "ctl_common.h"
 #include "ctl_out.h"
@@ -221,27 +222,19 @@ static void on_log(void *cls, const char *fmt, va_list ap)
     vfprintf(stderr, fmt, ap);
 }
 
-/* A PEM file; a private key (secret) must be a regular file that only its
- * owner may read: one that others can read has leaked already, and a FIFO
- * would block the start. */
+/* A PEM file; a private key (secret) must also be one that only its owner
+ * may read: one that others can read has leaked already. */
 static char *read_pem(const char *path, bool secret)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        fprintf(stderr, "sekalictl: serve: cannot open %s: %s\n", path, strerror(errno));
+    int fd, e = sk_file_open(path, secret ? S_IRWXG | S_IRWXO : 0, &fd, &st);
+    FILE *f = e == 0 ? fdopen(fd, "r") : NULL;
+    if (f == NULL) {
+        fprintf(stderr, "sekalictl: serve: cannot open %s: %s\n", path,
+                e == SK_FILE_TOO_OPEN ? "readable or writable by group or others: chmod 600 it"
+                : sk_file_error(e != 0 ? e : errno));
         if (fd >= 0)
             close(fd);
-        return NULL;
-    }
-    const char *bad = !S_ISREG(st.st_mode) ? "is not a regular file"
-                      : secret && (st.st_mode & 077) ? "is readable or writable by group or "
-                                                       "others: chmod 600 it"
-                      : NULL;
-    FILE *f = bad == NULL ? fdopen(fd, "r") : NULL;
-    if (f == NULL) {
-        fprintf(stderr, "sekalictl: serve: %s %s\n", path, bad != NULL ? bad : strerror(errno));
-        close(fd);
         return NULL;
     }
     size_t len;

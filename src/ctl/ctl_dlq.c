@@ -432,6 +432,14 @@ static void summary(const struct sk_dlq *d, char *out, size_t size)
     const struct sk_ctl_dlq_req *r = d->req;
     const char *verb = r->command, *dry = r->dry_run ? "dry run: would have " : "";
     const char *q = d->queue;
+    /* The key as typed may be one pasted from a hostile letter: escaped,
+     * as every other value sekalictl prints. */
+    char shown_key[1000] = "";
+    FILE *m = r->n_keys > 0 ? fmemopen(shown_key, sizeof(shown_key), "w") : NULL;
+    if (m != NULL) {
+        sk_ctl_put_text(m, r->keys[0], strlen(r->keys[0]), 160);
+        fclose(m);
+    }
     char of[160] = "";
     if (d->matched >= 0)
         snprintf(of, sizeof(of), " of the %ld selected", d->matched);
@@ -449,7 +457,7 @@ static void summary(const struct sk_dlq *d, char *out, size_t size)
                  d->done);
     else if (strcmp(verb, "show") == 0)
         snprintf(out, size, "%ld dead letter%s for %s in %s", d->matched,
-                 d->matched == 1 ? "" : "s", r->id > 0 ? "that id" : r->keys[0], q);
+                 d->matched == 1 ? "" : "s", r->id > 0 ? "that id" : shown_key, q);
     else if (strcmp(verb, "replay") == 0)
         snprintf(out, size, "%sreplayed %ld, already replayed (removed) %ld, refused %ld, of "
                  "%ld selected of %s%s", dry, d->done, d->already, d->refused, d->matched, q,

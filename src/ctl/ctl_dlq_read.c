@@ -3,9 +3,9 @@
  *
  * Reads are plain SELECTs: a letter read any number of times is the same
  * letter afterwards, whatever the broker and its queue types do. A page is
- * a keyset range of ids (--after) or an offset; groups are counted by
- * PostgreSQL over the (queue, reason, fingerprint) index, so a million
- * letters cost one scan of an index, never a million round trips. */
+ * a keyset range of ids (--after) or an offset; groups are counted as
+ * letters come and go (sql/029), so a million letters cost what their
+ * groups cost. */
 #include <ctype.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -406,14 +406,14 @@ static void show_text(struct sk_dlq *d, const struct sk_dlq_letter *l, const cha
  * groups, the rest are counted as "other". */
 int sk_dlq_groups(struct sk_dlq *d)
 {
-    char sql[1600];
-    /* One index-only scan of (queue, reason, fingerprint, id), whose
-     * INCLUDE columns hold all the rest. */
+    char sql[600];
+    /* sekali.dlq_groups() (sql/029): the groups' counts are kept as letters
+     * come and go, and each group shown costs two index probes, so a
+     * million letters cost what a few hundred groups cost. */
     snprintf(sql, sizeof(sql),
-             "SELECT reason, fingerprint, count(*), count(*) FILTER (WHERE malformed IS NULL), "
-             ISO("min(coalesce(first_failure, failed_at))") ", " ISO("max(failed_at)") ", "
-             "min(key), sum(count(*)) OVER () FROM sekali.dead_letters WHERE queue = $1 "
-             "GROUP BY reason, fingerprint ORDER BY count(*) DESC, reason, fingerprint LIMIT %d",
+             "SELECT reason, fingerprint, letters, replayable, " ISO("first_failure") ", "
+             ISO("last_failure") ", example_key, total FROM sekali.dlq_groups($1, %d) "
+             "ORDER BY letters DESC, reason, fingerprint",
              SK_DLQ_GROUPS_MAX);
     const char *values[] = { d->queue };
     const struct sk_pg_stmt st = { .sql = sql, .n_params = 1, .values = values,

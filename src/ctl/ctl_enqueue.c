@@ -13,6 +13,7 @@
 #include "ctl_commands.h"
 #include "ctl_common.h"
 #include "ctl_out.h"
+#include "trace_context.h"
 
 static bool read_body(const char *arg, struct sk_message *msg, char **body);
 static int enqueue_direct(const struct sk_conf *conf, const char *queue,
@@ -21,6 +22,7 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                           const struct sk_message *msg, const char *dedupe, const char *run_at,
                           bool json);
 static bool parse_priority(const char *text, uint8_t *out);
+static bool trace_ok(const struct sk_message *msg, char *state, size_t size);
 static void print_job_id(const char *id, bool json);
 
 int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
@@ -35,6 +37,8 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
         { "dedupe", required_argument, NULL, 'd' },
         { "at", required_argument, NULL, 'a' },
         { "priority", required_argument, NULL, 'p' },
+        { "traceparent", required_argument, NULL, 'T' },
+        { "tracestate", required_argument, NULL, 'S' },
         { "direct", no_argument, NULL, 'D' },
         { "json", no_argument, NULL, 'j' },
         { NULL, 0, NULL, 0 },
@@ -54,6 +58,8 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
             if (!parse_priority(optarg, &msg.priority))
                 return SK_CTL_USAGE;
             break;
+        case 'T': msg.traceparent = optarg; break;
+        case 'S': msg.tracestate = optarg; break;
         case 'D': direct = true; break;
         case 'j': json = true; break;
         default: return SK_CTL_SHOW_USAGE;
@@ -61,6 +67,11 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
     }
     if (argc - optind < 2 || argc - optind > 3)
         return SK_CTL_SHOW_USAGE;
+    char state[SK_TRACESTATE_MAX + 1];
+    if (!trace_ok(&msg, state, sizeof(state)))
+        return SK_CTL_USAGE;
+    if (msg.tracestate != NULL)
+        msg.tracestate = state;
     const char *queue = argv[optind];
     msg.type = argv[optind + 1];
     if (msg.message_id == NULL) {
@@ -133,14 +144,21 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
         return 1;
     char priority[8];
     snprintf(priority, sizeof(priority), "%u", (unsigned)msg->priority);
+    /* The trace, if given, as sekali.enqueue() takes it (sql/031): set
+     * first, by the materialised CTE. */
     const char *values[] = { queue, msg->type, msg->body, msg->idempotency_key, dedupe,
-                             msg->resource_key, run_at, msg->priority > 0 ? priority : NULL };
-    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0 };
+                             msg->resource_key, run_at, msg->priority > 0 ? priority : NULL,
+                             msg->content_type,
+                             msg->traceparent != NULL ? msg->traceparent : "",
+                             msg->tracestate != NULL ? msg->tracestate : "" };
+    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
-        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()), "
-               "p_priority => $8::int)",
-        .n_params = 8, .values = values, .lengths = lengths, .formats = formats,
+        .sql = "WITH t AS MATERIALIZED (SELECT set_config('sekali.traceparent', $10, true), "
+               "set_config('sekali.tracestate', $11, true)) "
+               "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()), "
+               "p_priority => $8::int, p_content_type => $9) FROM t",
+        .n_params = 11, .values = values, .lengths = lengths, .formats = formats,
         .one_row = true, .what = "sekali.enqueue",
     };
     PGresult *res;
@@ -179,4 +197,31 @@ static void print_job_id(const char *id, bool json)
     } else {
         printf("%s\n", id);
     }
+}
+
+/* --traceparent and --tracestate are checked as a worker checks them, but
+ * refused here rather than dropped: the operator can fix them. The
+ * tracestate is replaced by its checked form (blanks and empty members
+ * gone), kept in state. */
+static bool trace_ok(const struct sk_message *msg, char *state, size_t size)
+{
+    char trace_id[SK_TRACE_ID_LEN + 1], parent_id[SK_SPAN_ID_LEN + 1];
+    uint8_t flags;
+    const char *why = NULL;
+    bool cut = false;
+    if (msg->tracestate != NULL && msg->traceparent == NULL)
+        why = "--tracestate needs --traceparent";
+    else if (msg->traceparent != NULL &&
+             !sk_trace_parse_parent(msg->traceparent, strlen(msg->traceparent), trace_id,
+                                    parent_id, &flags, &why))
+        ;
+    else if (msg->tracestate != NULL &&
+             (!sk_trace_check_state(msg->tracestate, strlen(msg->tracestate), state, size, &cut,
+                                    &why) || cut))
+        why = why != NULL ? why : "tracestate is over 512 bytes";
+    if (why != NULL) {
+        fprintf(stderr, "sekalictl: enqueue: %s\n", why);
+        return false;
+    }
+    return true;
 }

@@ -79,6 +79,15 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
         drain(pg, "SELECT sekali.purge_crashes($1)", only_batch, 1, conf->janitor.batch,
               "crash counts") != SK_OK)
         return SK_AGAIN;
+    /* The dead letters' group counts (sql/029) gain a row per group and
+     * writing session: folded each round, whatever the retention; last, so
+     * that a database not yet migrated to 029 still loses its expired rows. */
+    for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
+        const char *fold[] = { conf->queues[i].name, batch };
+        if (drain(pg, "SELECT sekali.fold_dead_letter_counts($1, $2)", fold, 2,
+                  conf->janitor.batch, "the shards of dead letter counts") != SK_OK)
+            return SK_AGAIN;
+    }
     return SK_OK;
 }
 

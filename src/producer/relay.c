@@ -42,7 +42,7 @@
 /* Columns of sekali.claim_outbox()'s result (sql/012), and the row's
  * priority (sql/019) after them. */
 enum { COL_ID, COL_JOB_ID, COL_QUEUE, COL_JOB_TYPE, COL_BODY, COL_KEY, COL_RESOURCE,
-       COL_PRIORITY };
+       COL_PRIORITY, COL_CONTENT_TYPE, COL_TRACEPARENT, COL_TRACESTATE };
 
 /* How often one of the relays samples the backlog for the metrics. */
 #define SAMPLE_EVERY_MS 2000
@@ -221,11 +221,14 @@ static PGresult *claim_rows(struct relay *r)
     const char *params[] = { limit };
     const struct sk_pg_stmt steps[] = {
         { .sql = "BEGIN" },
-        /* The priority is read beside claim_outbox()'s columns rather than
-         * added to them: the function keeps its signature, and its rows
-         * their order (a projection of the function scan). Through a
-         * volatile function, not a subquery: see sql/019. */
-        { .sql = "SELECT c.*, sekali.outbox_priority(c.id) FROM sekali.claim_outbox($1) c",
+        /* The priority, content type and trace context are read beside
+         * claim_outbox()'s columns rather than added to them: the function
+         * keeps its signature, and its rows their order (a projection of
+         * the function scan). Through volatile functions, not subqueries:
+         * see sql/019. */
+        { .sql = "SELECT c.*, sekali.outbox_priority(c.id), sekali.outbox_content_type(c.id), "
+                 "sekali.outbox_traceparent(c.id), sekali.outbox_tracestate(c.id) "
+                 "FROM sekali.claim_outbox($1) c",
           .n_params = 1, .values = params,
           .binary = 1, .what = "sekali.claim_outbox" },
     };
@@ -249,13 +252,20 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
         struct sk_message msg = {
             .message_id = PQgetvalue(rows, i, COL_JOB_ID),
             .type = PQgetvalue(rows, i, COL_JOB_TYPE),
-            .content_type = "application/octet-stream",
+            /* NULL: what every row was published as before sql/032. */
+            .content_type = PQgetisnull(rows, i, COL_CONTENT_TYPE)
+                                ? "application/octet-stream"
+                                : PQgetvalue(rows, i, COL_CONTENT_TYPE),
             .idempotency_key = PQgetvalue(rows, i, COL_KEY),
             .resource_key = PQgetisnull(rows, i, COL_RESOURCE) ? NULL
                                                                 : PQgetvalue(rows, i, COL_RESOURCE),
             .body = PQgetvalue(rows, i, COL_BODY),
             .body_len = (size_t)PQgetlength(rows, i, COL_BODY),
             .priority = row_priority(rows, i),
+            .traceparent = PQgetisnull(rows, i, COL_TRACEPARENT)
+                ? NULL : PQgetvalue(rows, i, COL_TRACEPARENT),
+            .tracestate = PQgetisnull(rows, i, COL_TRACESTATE)
+                ? NULL : PQgetvalue(rows, i, COL_TRACESTATE),
         };
         /* A row AMQP cannot carry is refused, not retried: it would fail
          * the same way on every connection, and hold up every row after it. */

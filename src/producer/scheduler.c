@@ -40,6 +40,7 @@
 #include "process.h"
 #include "scheduler.h"
 #include "ticks.h"
+#include "trace_context.h"
 
 #define MAX_SLEEP_MS 1000     /* heartbeat, and a row another host moved, are seen this often */
 #define MIN_SLEEP_MS 5
@@ -83,7 +84,8 @@ static int peek(struct scheduler *s, struct entry *e, int64_t *now_ms, bool *exi
 static int open_row(struct scheduler *s, struct entry *e);
 static int fire(struct scheduler *s, struct entry *e);
 static void tick_list(struct scheduler *s, const struct sk_ticks *t);
-static void log_fired(const struct sk_schedule_conf *c, const struct sk_ticks *t);
+static void log_fired(const struct sk_schedule_conf *c, const struct sk_ticks *t,
+                      const char *trace_id);
 static int rollback(struct scheduler *s, int rc);
 static void remember(struct entry *e, int64_t last);
 static void sleep_alive(struct scheduler *s, int64_t ms);
@@ -349,11 +351,17 @@ static int fire(struct scheduler *s, struct entry *e)
     char latest[24], dropped[24];
     snprintf(latest, sizeof(latest), "%" PRId64, t.latest);
     snprintf(dropped, sizeof(dropped), "%zu", t.dropped);
+    /* Each firing begins a trace, which its jobs carry (sql/031): the
+     * setting is made first (the materialised CTE), for this transaction. */
+    struct sk_trace trace;
+    sk_trace_begin(&trace, NULL, 0, NULL, 0);
     const char *args[] = { c->name, e->spec, c->queue, c->job_type, c->body, s->list, latest,
-                           dropped };
+                           dropped, trace.traceparent };
     const struct sk_pg_stmt fire_st = {
-        .sql = "SELECT sekali.schedule_fire($1, $2, $3, $4, convert_to($5, 'UTF8'), $6, $7, $8)",
-        .n_params = 8, .values = args, .one_row = true, .what = "sekali.schedule_fire",
+        .sql = "WITH t AS MATERIALIZED (SELECT set_config('sekali.traceparent', $9, true)) "
+               "SELECT sekali.schedule_fire($1, $2, $3, $4, convert_to($5, 'UTF8'), $6, $7, $8) "
+               "FROM t",
+        .n_params = 9, .values = args, .one_row = true, .what = "sekali.schedule_fire",
     };
     if ((rc = sk_pg_exec(s->pg, &fire_st, NULL, &err)) != SK_OK) {
         sk_log_warn("scheduler: schedule %s: %s", c->name, err.msg);
@@ -364,7 +372,7 @@ static int fire(struct scheduler *s, struct entry *e)
         return rc;
     }
     sk_metrics_schedule_fired(e->metrics, t.n, t.dropped);
-    log_fired(c, &t);
+    log_fired(c, &t, trace.trace_id);
     return SK_OK;
 }
 
@@ -378,17 +386,18 @@ static void tick_list(struct scheduler *s, const struct sk_ticks *t)
     snprintf(s->list + used, s->list_size - used, "}");
 }
 
-static void log_fired(const struct sk_schedule_conf *c, const struct sk_ticks *t)
+static void log_fired(const struct sk_schedule_conf *c, const struct sk_ticks *t,
+                      const char *trace_id)
 {
     char iso[32];
     sk_ticks_iso(t->latest, iso, sizeof(iso));
     if (t->dropped > 0)
         sk_log_warn("scheduler: schedule %s: %zu due tick%s not enqueued (missed: %s), "
-                    "%zu enqueued, up to %s", c->name, t->dropped, t->dropped == 1 ? "" : "s",
-                    missed_names[c->missed], t->n, iso);
+                    "%zu enqueued, up to %s, in trace %s", c->name, t->dropped,
+                    t->dropped == 1 ? "" : "s", missed_names[c->missed], t->n, iso, trace_id);
     else
-        sk_log_debug("scheduler: schedule %s: %zu tick%s enqueued, up to %s", c->name, t->n,
-                     t->n == 1 ? "" : "s", iso);
+        sk_log_debug("scheduler: schedule %s: %zu tick%s enqueued, up to %s, in trace %s",
+                     c->name, t->n, t->n == 1 ? "" : "s", iso, trace_id);
 }
 
 /* Ends the open transaction without its changes; returns rc. */

@@ -42,6 +42,7 @@ enum sk_metric {
     SK_METRIC_CANCELLED,     /* deliveries acked unrun or rolled back: key cancelled */
     SK_METRIC_BATCH_RERUNS,  /* handler runs rolled back with a batch-mate's failure */
     SK_METRIC_BATCH_DEFERRED, /* jobs left unrun for the next transaction: batch closed early */
+    SK_METRIC_TRACE_DROPPED, /* deliveries whose traceparent/tracestate was dropped or cut */
     SK_METRIC_COUNT
 };
 

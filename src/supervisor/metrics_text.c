@@ -58,6 +58,9 @@ static const struct family counters[SK_METRIC_COUNT] = {
     [SK_METRIC_BATCH_DEFERRED] = { "sekali_batch_deferred_total",
         "Jobs whose batch closed early (batch_close_after) before their handler ran, left for "
         "the next transaction." },
+    [SK_METRIC_TRACE_DROPPED] = { "sekali_trace_context_dropped_total",
+        "Deliveries whose traceparent or tracestate broke the W3C grammar (dropped: the job ran "
+        "in a new trace) or whose tracestate was cut to 512 bytes." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */

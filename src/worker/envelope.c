@@ -34,6 +34,7 @@ static void read_attempts(const amqp_basic_properties_t *p, const struct sk_queu
                           struct sk_envelope *out);
 static int read_first_failure(const amqp_basic_properties_t *p, struct sk_envelope *out,
                               struct sk_err *err);
+static const char *read_trace(const amqp_basic_properties_t *p, struct sk_trace *t);
 static bool back_from_delay(const amqp_basic_properties_t *p, const char *queue);
 static size_t headers_size(const amqp_basic_properties_t *p);
 static bool bytes_eq(amqp_bytes_t b, const char *s);
@@ -53,6 +54,7 @@ int sk_envelope_parse(const amqp_envelope_t *env, const struct sk_queue_conf *q,
     out->job_type[0] = '\0';
     out->content_type[0] = '\0';
     out->published_s = p->_flags & AMQP_BASIC_TIMESTAMP_FLAG ? p->timestamp : 0;
+    out->trace_dropped = read_trace(p, &out->trace);
 
     if (check_sizes(p, q, out, err) != SK_OK || read_identity(p, q, out, err) != SK_OK ||
         read_reply(p, out, err) != SK_OK || read_keys(p, out, err) != SK_OK)
@@ -186,6 +188,25 @@ static int read_first_failure(const amqp_basic_properties_t *p, struct sk_envelo
                  "x-sekali-first-failure", err) != SK_OK)
         return SK_ERR;
     return SK_OK;
+}
+
+/* The trace context is the producer's business and never fails the job:
+ * a value that is not a string, or breaks the grammar, is dropped (the
+ * reason returned, for the caller to count) and a new trace begins. */
+static const char *read_trace(const amqp_basic_properties_t *p, struct sk_trace *t)
+{
+    const amqp_field_value_t *parent = find_header(p, "traceparent");
+    const amqp_field_value_t *state = find_header(p, "tracestate");
+    bool parent_text = parent != NULL && (parent->kind == AMQP_FIELD_KIND_UTF8 ||
+                                          parent->kind == AMQP_FIELD_KIND_BYTES);
+    bool state_text = state != NULL && (state->kind == AMQP_FIELD_KIND_UTF8 ||
+                                        state->kind == AMQP_FIELD_KIND_BYTES);
+    const char *why = sk_trace_begin(
+        t, parent_text ? parent->value.bytes.bytes : NULL, parent_text ? parent->value.bytes.len : 0,
+        state_text ? state->value.bytes.bytes : NULL, state_text ? state->value.bytes.len : 0);
+    if ((parent != NULL && !parent_text) || (state != NULL && !state_text))
+        return "traceparent or tracestate is not a string";
+    return why;
 }
 
 static int copy_key(char *dst, size_t dst_size, amqp_bytes_t src, const char *what,

@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "trace_context.h"
 
 struct sk_envelope {
     char        job_id[SK_KEY_MAX + 1];
@@ -31,6 +32,12 @@ struct sk_envelope {
     bool        redelivered;
     bool        rescheduled;       /* a copy back from one of the queue's delay queues */
     uint64_t    published_s;       /* AMQP timestamp (Unix s) of its first publish, or 0 */
+    /* This run's span in the trace of the headers traceparent/tracestate,
+     * or of a new trace; read first, so even a malformed delivery's lines
+     * carry it. trace_dropped: why something the producer sent was
+     * dropped (static text), or NULL. */
+    struct sk_trace trace;
+    const char *trace_dropped;
 };
 
 /* Fills out from env for queue q. Returns SK_OK, or SK_ERR with the

@@ -72,6 +72,7 @@ static void *run(void *arg);
 static bool grow_copy(struct sk_heartbeat *hb, size_t n);
 static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_t *lost_at);
 static int renew_lease(struct sk_heartbeat *hb, const struct watched *w);
+static uint32_t renew_timeout_ms(const struct sk_heartbeat *hb, uint32_t ttl_ms);
 static struct timespec deadline_after(uint32_t ms);
 
 uint32_t sk_heartbeat_tick(const struct sk_queue_conf *queue, const struct sk_amqp_conf *amqp)
@@ -308,7 +309,8 @@ static bool grow_copy(struct sk_heartbeat *hb, size_t n)
 static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_t *lost_at)
 {
     struct sk_err err = { 0 };
-    int rc = hb->redis != NULL ? SK_OK : sk_lock_open(&hb->redis, hb->redis_conf, &err);
+    int rc = hb->redis != NULL ? SK_OK
+             : sk_lock_open_bounded(&hb->redis, hb->redis_conf, renew_timeout_ms(hb, ttl_ms), &err);
     for (size_t i = 0; i < n; i++) {
         hb->keys[i] = hb->copy[i].key;
         hb->tokens[i] = hb->copy[i].token;
@@ -330,6 +332,23 @@ static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_
         }
     }
     return SK_OK;
+}
+
+/* How long a renewal may wait for Redis: half the lock's TTL (never less
+ * than redis.timeout). redis.timeout is sized for the job's path, where
+ * failing fast matters; a renewal that gives up on a Redis that is only
+ * stalled or far away drops its connection, and the reconnect costs round
+ * trips the lease no longer has. Half the TTL still gets the answer back
+ * while the lease it extends is alive (it is renewed every third), and
+ * holds this thread at most one and a half ticks, so the broker keepalives
+ * it sends are late by no more than that. */
+static uint32_t renew_timeout_ms(const struct sk_heartbeat *hb, uint32_t ttl_ms)
+{
+    uint32_t t = ttl_ms / 2;
+    uint64_t ticks = (uint64_t)hb->tick_ms * 3 / 2;
+    if (ticks < t)
+        t = (uint32_t)ticks;
+    return t > hb->redis_conf->timeout_ms ? t : hb->redis_conf->timeout_ms;
 }
 
 static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)

@@ -15,6 +15,7 @@
 #include "host.h"
 #include "pg.h"
 #include "text.h"
+#include "trace_context.h"
 
 static void host_log(struct sekali_ctx *ctx, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -271,16 +272,23 @@ static int host_enqueue_job(struct sekali_ctx *ctx, const struct sekali_enqueue 
     snprintf(priority, sizeof(priority), "%d", (int)e.priority);
     /* A priority out of range is sekali.enqueue()'s to refuse, with its
      * own message: one rule, wherever a job is enqueued from. */
+    /* The new job continues this one's trace, as a child of its span: the
+     * settings sekali.enqueue() takes it from (sql/031) are made first, by
+     * the materialised CTE, and last for the job's transaction. */
     const char *values[] = { e.queue, e.job_type, e.body, e.idempotency_key, e.dedupe_key,
-                             e.resource_key, run_at, ttl, e.priority != 0 ? priority : NULL };
-    const int lengths[] = { 0, 0, (int)e.body_len, 0, 0, 0, 0, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0 };
+                             e.resource_key, run_at, ttl, e.priority != 0 ? priority : NULL,
+                             ctx->trace != NULL ? ctx->trace->traceparent : "",
+                             ctx->trace != NULL ? ctx->trace->tracestate : "" };
+    const int lengths[] = { 0, 0, (int)e.body_len, 0, 0, 0, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
-        .sql = "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
+        .sql = "WITH t AS MATERIALIZED (SELECT set_config('sekali.traceparent', $10, true), "
+               "set_config('sekali.tracestate', $11, true)) "
+               "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, "
                "CASE WHEN $7::bigint = 0 THEN now() ELSE to_timestamp($7::bigint / 1000.0) END, "
                "CASE WHEN $8::bigint <= 0 THEN interval '1 day' "
-               "ELSE $8::bigint * interval '1 millisecond' END, $9::integer)",
-        .n_params = 9, .values = values, .lengths = lengths, .formats = formats,
+               "ELSE $8::bigint * interval '1 millisecond' END, $9::integer) FROM t",
+        .n_params = 11, .values = values, .lengths = lengths, .formats = formats,
         .one_row = true, .what = "sekali.enqueue",
     };
     struct sk_err err = { 0 };

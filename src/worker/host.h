@@ -16,6 +16,8 @@
 #define SK_RESULT_MAX (64 * 1024)  /* a saved result is a receipt, not a payload */
 
 /* Filled by the worker before handle() and read back after it. */
+struct sk_trace;
+
 struct sekali_ctx {
     struct pg_conn          *pg;
     const struct sk_log_job *log;
@@ -33,6 +35,7 @@ struct sekali_ctx {
     size_t                   headers_cap;
     bool                     headers_done; /* headers_buf holds this job's */
     uint32_t                 retry_after_ms; /* host->retry_after(), 0 if not called */
+    const struct sk_trace   *trace;       /* the job's run in its trace, or NULL */
 };
 
 /* The vtable handed to every handler's init(). Valid for the process's life. */

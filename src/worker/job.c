@@ -10,10 +10,9 @@
  * two workers from doing the same work at once; it decides nothing.
  * External mode replaces the transaction by a lease and a fence.
  *
- * One delivery goes through the pipeline as a span of one
- * (sk_job_process()): the steps that take locks, claim, commit and settle
- * work on a span of n >= 1 jobs (span.c), and a batch (batch.c) is a span
- * of many over the same steps. This file holds what each step decides for
+ * One delivery goes through the pipeline as a span of one, a batch as a
+ * span of many: span.c drives the steps over a span of n >= 1 jobs, and
+ * calls this file for what each step decides for
  * one job: whether a delivery is valid, what a refused lock or a claim's
  * answer means, how a failed handler is retried or dead-lettered, the
  * job's states. A job carries everything about its delivery (envelope,
@@ -38,6 +37,7 @@
 #include "heartbeat.h"
 #include "job.h"
 #include "job_steps.h"
+#include "job_trace.h"
 #include "lease.h"
 #include "letter.h"
 #include "links.h"
@@ -55,6 +55,7 @@ static const char *const state_names[SK_JOB_STATES] = {
     [SK_JOB_CLAIMED] = "claimed",
     [SK_JOB_HANDLED] = "handled",
     [SK_JOB_COMMITTED] = "committed",
+    [SK_JOB_SETTLED] = "settled",
     [SK_JOB_ACKED] = "acked",
     [SK_JOB_HANDED_BACK] = "handed back",
 };
@@ -73,13 +74,13 @@ static const char *const state_failpoints[SK_JOB_STATES] = {
 #define LETTER_MALFORMED_BODY_MAX (64 * 1024)
 
 #define FROM(s) (1u << (s))
-/* Any state a job can be settled from: every one but the two exits. */
+/* Any state a job can be settled from: every one before it. */
 #define LIVE (FROM(SK_JOB_NEW) | FROM(SK_JOB_RECEIVED) | FROM(SK_JOB_LOCKED) | \
               FROM(SK_JOB_CLAIMED) | FROM(SK_JOB_HANDLED) | FROM(SK_JOB_COMMITTED))
 
 /* The states each state may be entered from. The lock is optional (lock:
  * false, or Redis down under `proceed`); a job may be settled at any point
- * before its exit, but exits once. */
+ * before, and exits once, only once settled. */
 static const unsigned legal_from[SK_JOB_STATES] = {
     [SK_JOB_NEW] = 0,
     [SK_JOB_RECEIVED] = FROM(SK_JOB_NEW),
@@ -87,13 +88,14 @@ static const unsigned legal_from[SK_JOB_STATES] = {
     [SK_JOB_CLAIMED] = FROM(SK_JOB_RECEIVED) | FROM(SK_JOB_LOCKED),
     [SK_JOB_HANDLED] = FROM(SK_JOB_CLAIMED),
     [SK_JOB_COMMITTED] = FROM(SK_JOB_HANDLED),
-    [SK_JOB_ACKED] = LIVE,
-    [SK_JOB_HANDED_BACK] = LIVE,
+    [SK_JOB_SETTLED] = LIVE,
+    [SK_JOB_ACKED] = FROM(SK_JOB_SETTLED),
+    [SK_JOB_HANDED_BACK] = FROM(SK_JOB_SETTLED),
 };
 
 static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j);
-static void run_external(struct sk_pipeline *p, struct sk_job *j);
 static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j);
+static void completed_external(struct sk_pipeline *p, struct sk_job *j, PGconn *pg);
 static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
 static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
                     const char *why);
@@ -106,85 +108,6 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
 static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
                        const char *why, const struct sk_err *refusal);
 
-void sk_job_process(struct sk_pipeline *p, const amqp_envelope_t *delivery)
-{
-    struct sk_span *s = sk_span_of(p);
-    if (s == NULL) {
-        /* Not even one job fits: the broker keeps the delivery. */
-        sk_log_error("queue %s: out of memory for a job, handed back to the broker",
-                     p->queue->name);
-        sk_broker_reject(sk_links_consumer(p->links), delivery->delivery_tag, true, NULL);
-        sk_sleep_ms(sk_jitter(100, 1000));
-        return;
-    }
-    sk_span_add(s, delivery);
-    sk_span_start(p, s);
-    struct sk_job *j = &s->jobs[0];
-    if (sk_job_live(j)) {
-        if (p->queue->mode == SK_MODE_EXTERNAL) {
-            if (sk_span_claim(p, s, SK_WAY_ONE) == SK_OK)
-                run_external(p, j);
-        } else {
-            sk_span_alone(p, s, j);
-        }
-    }
-    sk_span_settle(p, s);
-}
-
-struct sk_span *sk_span_of(struct sk_pipeline *p)
-{
-    if (p->span != NULL)
-        return p->span;
-    size_t n = p->queue->batch > 1 ? (size_t)p->queue->batch : 1;
-    struct sk_span *s = calloc(1, sizeof(*s));
-    if (s == NULL)
-        return NULL;
-    s->cap = n;
-    s->jobs = calloc(n, sizeof(*s->jobs));
-    s->deliveries = calloc(n, sizeof(*s->deliveries));
-    s->releases = calloc(n, sizeof(*s->releases));
-    s->keys = calloc(2 * n, sizeof(*s->keys));
-    s->tokens = calloc(2 * n, sizeof(*s->tokens));
-    s->rcs = calloc(2 * n, sizeof(*s->rcs));
-    s->lost = calloc(n, sizeof(*s->lost));
-    s->refs = calloc(n, sizeof(*s->refs));
-    s->ref_ptrs = calloc(n, sizeof(*s->ref_ptrs));
-    s->results = calloc(n, sizeof(*s->results));
-    s->result_lens = calloc(n, sizeof(*s->result_lens));
-    s->claims = calloc(n, sizeof(*s->claims));
-    s->dups = calloc(n, sizeof(*s->dups));
-    s->index = calloc(n, sizeof(*s->index));
-    if (!s->jobs || !s->deliveries || !s->releases || !s->keys || !s->tokens || !s->rcs ||
-        !s->lost || !s->refs || !s->ref_ptrs || !s->results || !s->result_lens || !s->claims ||
-        !s->dups || !s->index) {
-        sk_span_free(s);
-        return NULL;
-    }
-    p->span = s;
-    return s;
-}
-
-void sk_span_free(struct sk_span *s)
-{
-    if (s == NULL)
-        return;
-    free(s->jobs);
-    free(s->deliveries);
-    free(s->releases);
-    free(s->keys);
-    free(s->tokens);
-    free(s->rcs);
-    free(s->lost);
-    free(s->refs);
-    free(s->ref_ptrs);
-    free(s->results);
-    free(s->result_lens);
-    free(s->claims);
-    free(s->dups);
-    free(s->index);
-    free(s);
-}
-
 /* Validates the delivery and counts it; dead-letters what can never run. */
 bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
 {
@@ -193,6 +116,7 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
     int parsed = sk_envelope_parse(j->delivery, p->queue, &j->env, &err);
     /* Even a malformed delivery has a job_type here: "" unless validated. */
     j->metrics = sk_metrics_lookup(p->metrics, j->env.job_type);
+    sk_job_trace_admit(&j->log, &j->env, j->metrics);
     sk_metrics_inc(j->metrics, SK_METRIC_DELIVERIES);
     if (j->env.redelivered || j->env.delivery_attempt > 1)
         sk_metrics_inc(j->metrics, SK_METRIC_REDELIVERIES);
@@ -283,12 +207,12 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
         if (j->claim.cancelled) {
             /* The tombstone (sql/018): the job must never run. */
             sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
-            sk_job_finish(p, j, SK_ACK, "cancelled, not run");
+            sk_job_finish(j, SK_ACK, "cancelled, not run");
             return false;
         }
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(p, j);
-        sk_job_finish(p, j, SK_ACK, "duplicate suppressed");
+        sk_job_finish(j, SK_ACK, "duplicate suppressed");
         return false;
     case SK_BUSY:
         /* A live worker holds the key (its row lock, or its lease): it is
@@ -306,7 +230,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
          * the lock is not held through the backoff (other jobs for the
          * resource would wait for nothing). */
         sk_links_drop(p->links, SK_LINK_STORE, &j->log, err);
-        sk_job_finish(p, j, SK_REQUEUE, "claim failed, handed back to the broker");
+        sk_job_finish(j, SK_REQUEUE, "claim failed, handed back to the broker");
         return false;
     }
 }
@@ -316,57 +240,69 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
  * under the fence this claim got. A worker that stalled past its lease and
  * comes back finds its completion fenced out: the newer owner's outcome
  * stands, and this copy is acked without touching it. */
-static void run_external(struct sk_pipeline *p, struct sk_job *j)
+void sk_job_run_external(struct sk_pipeline *p, struct sk_job *j)
 {
+    struct sk_err err = { 0 };
+    struct sk_store *store = sk_links_store(p->links);
+    int rc = sk_store_reconnect(store, &err);
+    if (rc == SK_OK)
+        rc = sk_lease_claim(sk_store_conn(store), &j->ref, p->queue->lease_ms, &j->claim, &err);
+    if (!sk_job_claimed(p, j, rc, &err))
+        return;
     sk_heartbeat_watch_lease(p->heartbeat, p->queue->name, j->env.idempotency_key,
                              j->claim.fence, p->queue->lease_ms);
     j->leased = true;
     if (claimed_too_often(p, j))
         return;
 
-    PGconn *pg = sk_store_conn(sk_links_store(p->links));
-    struct sk_err err = { 0 };
+    PGconn *pg = sk_store_conn(store);
     struct sekali_ctx *ctx = &p->ctx;
     sk_host_ctx_reset(ctx);
     ctx->external = true;
+    err = (struct sk_err){ 0 };
     if (j->claim.attempts > 1 &&
         sk_lease_load_checkpoints(pg, &j->ref, &ctx->checkpoints, &err) != SK_OK)
         sk_log_job(SK_LOG_WARN, &j->log, "checkpoints not loaded: %s", err.msg);
     int status = sk_job_call_handler(p, j, pg);
-
     if (status == SEKALI_OK) {
-        int rc = sk_lease_finish(pg, &j->ref, "completed",
-                                 ctx->result_len > 0 ? ctx->result : NULL, ctx->result_len,
-                                 NULL, &err);
-        if (rc == SK_OK) {
-            sk_job_transition(j, SK_JOB_COMMITTED);
-            sk_job_reply(p, j, ctx->result, ctx->result_len);
-            sk_job_finish(p, j, SK_ACK, "completed");
-        } else if (rc != SK_AGAIN && sk_job_refused_cancelled(p, j)) {
-            /* Fenced out (the cancel wrote the row cancelled), or refused
-             * at COMMIT (sql/018's trigger): no outcome is recorded. */
-        } else if (rc == SK_BUSY) {
-            sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
-            sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
-                         "completion fenced out: the lease was lost and "
-                         "another worker took the job over; its outcome stands");
-            sk_job_finish(p, j, SK_ACK, "fenced out");
-        } else if (sk_pg_refused_for_good(&err)) {
-            /* Handed back, it would run again at each lease's end, for
-             * ever: the effect is made, only its record is missing. */
-            unrecorded(p, j, "its completion", "the handler succeeded", &err);
-        } else {
-            sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
-            sk_job_finish(p, j, SK_REQUEUE,
-                          "completion outcome unknown, handed back to the broker");
-            j->pause_ms = (uint32_t)sk_jitter(100, 1000);
-        }
+        completed_external(p, j, pg);
         return;
     }
     if (status == SEKALI_RETRY &&
         sk_lease_release(pg, &j->ref, &err) == SK_AGAIN)
         sk_log_job(SK_LOG_WARN, &j->log, "lease not released (it will expire): %s", err.msg);
     sk_job_settle_failure(p, j, status, ctx->error, ctx->conflict);
+}
+
+/* An external handler's success, recorded under the job's fence. */
+static void completed_external(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
+{
+    struct sk_err err = { 0 };
+    struct sekali_ctx *ctx = &p->ctx;
+    int rc = sk_lease_finish(pg, &j->ref, "completed", ctx->result_len > 0 ? ctx->result : NULL,
+                             ctx->result_len, NULL, &err);
+    if (rc == SK_OK) {
+        sk_job_transition(j, SK_JOB_COMMITTED);
+        sk_job_reply(p, j, ctx->result, ctx->result_len);
+        sk_job_finish(j, SK_ACK, "completed");
+    } else if (rc != SK_AGAIN && sk_job_refused_cancelled(p, j)) {
+        /* Fenced out (the cancel wrote the row cancelled), or refused at
+         * COMMIT (sql/018's trigger): no outcome is recorded. */
+    } else if (rc == SK_BUSY) {
+        sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
+        sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
+                     "completion fenced out: the lease was lost and "
+                     "another worker took the job over; its outcome stands");
+        sk_job_finish(j, SK_ACK, "fenced out");
+    } else if (sk_pg_refused_for_good(&err)) {
+        /* Handed back, it would run again at each lease's end, for ever:
+         * the effect is made, only its record is missing. */
+        unrecorded(p, j, "its completion", "the handler succeeded", &err);
+    } else {
+        sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
+        sk_job_finish(j, SK_REQUEUE, "completion outcome unknown, handed back to the broker");
+        j->exit.pause_ms = (uint32_t)sk_jitter(100, 1000);
+    }
 }
 
 /* The key's claims, counted by PostgreSQL, bound its runs whatever the
@@ -403,7 +339,7 @@ bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j)
     sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
     sk_log_event(SK_LOG_WARN, SK_EVENT_JOB_CANCELLED, NULL, &j->log,
                  "cancelled while it ran: its outcome was refused and not recorded");
-    sk_job_finish(p, j, SK_ACK, "cancelled while running, outcome refused");
+    sk_job_finish(j, SK_ACK, "cancelled while running, outcome refused");
     return true;
 }
 
@@ -479,13 +415,16 @@ int sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
         .delivery_attempt = j->env.delivery_attempt,
         .fence = j->claim.fence,
         .host = sk_host(),
+        .traceparent = j->env.trace.traceparent,
+        .tracestate = j->env.trace.tracestate,
     };
     ctx->pg = pg;
     ctx->log = &j->log;
+    ctx->trace = &j->env.trace;
     ctx->headers_done = false;
     ctx->headers = j->delivery->message.properties._flags & AMQP_BASIC_HEADERS_FLAG
         ? &j->delivery->message.properties.headers : NULL;
-    ctx->lock_lost = p->heartbeat != NULL && (j->locked || j->lock_shared || ctx->external)
+    ctx->lock_lost = p->heartbeat != NULL && (j->lock.held || j->lock.shared || ctx->external)
         ? sk_heartbeat_lost(p->heartbeat) : NULL;
     /* Counted before the call: a handler that kills its worker still ran. */
     sk_metrics_inc(j->metrics, SK_METRIC_EXECUTIONS);
@@ -498,7 +437,7 @@ int sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg)
     sk_job_transition(j, SK_JOB_HANDLED);
     /* The job's own, since a batch-mate's handler resets ctx before the
      * job's outcome is settled. */
-    j->retry_after_ms = ctx->retry_after_ms;
+    j->out.retry_after_ms = ctx->retry_after_ms;
     return status;
 }
 
@@ -521,7 +460,7 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, 
             uint32_t next = j->env.delivery_attempt + 1;
             uint32_t delay = sk_reschedule_retry_delay(&p->queue->retry, next);
             /* host->retry_after(): the service's own word, within retry.max. */
-            uint32_t asked = j->retry_after_ms;
+            uint32_t asked = j->out.retry_after_ms;
             if (asked > p->queue->retry.max_ms)
                 asked = p->queue->retry.max_ms;
             if (asked > delay)
@@ -567,13 +506,13 @@ static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_rea
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
                      "failure fenced out: another worker owns the job");
-        sk_job_finish(p, j, SK_ACK, "fenced out");
+        sk_job_finish(j, SK_ACK, "fenced out");
         return;
     }
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
-        sk_job_finish(p, j, SK_REQUEUE, "failure not recorded, handed back to the broker");
-        j->pause_ms = (uint32_t)sk_jitter(100, 1000);
+        sk_job_finish(j, SK_REQUEUE, "failure not recorded, handed back to the broker");
+        j->exit.pause_ms = (uint32_t)sk_jitter(100, 1000);
         return;
     }
     sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
@@ -654,8 +593,8 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
     if (body->bytes == NULL && body->len > 0) {
         snprintf(text, sizeof(text), "dead-lettered by the broker (body not read; %s: %s)",
                  sk_metrics_reason_name(reason), why);
-        j->dead_reason = reason;
-        sk_job_finish(p, j, SK_DEAD_LETTER, text);
+        j->exit.dead_reason = reason;
+        sk_job_finish(j, SK_DEAD_LETTER, text);
         return;
     }
     bool copy = !recorded || p->queue->dead_letter_mirror;
@@ -673,20 +612,22 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
     }
     if (recorded || copied) {
         sk_metrics_dead_letter(j->metrics, reason);
-        sk_job_finish(p, j, SK_ACK, "dead-lettered");
+        sk_job_finish(j, SK_ACK, "dead-lettered");
         /* Acked at once, alone, not with its span: a malformed message has
          * no key whose row would make its redelivery a duplicate, so a
          * worker dying before the span's ack (a batch-mate's handler may
          * kill it) would dead-letter it a second time. */
         struct sk_broker *consumer = sk_links_consumer(p->links);
-        j->acked = consumer != NULL && sk_broker_ack_one(consumer, j->delivery_tag, &err) == SK_OK;
+        if (consumer != NULL &&
+            sk_broker_ack_one(consumer, j->delivery->delivery_tag, &err) == SK_OK)
+            j->exit.how = SK_ACKED;
         return;
     }
     snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     /* Counted by the exit, once the broker took the reject. */
-    j->dead_reason = reason;
-    sk_job_finish(p, j, SK_DEAD_LETTER, text);
+    j->exit.dead_reason = reason;
+    sk_job_finish(j, SK_DEAD_LETTER, text);
 }
 
 /* Sends a confirmed copy that comes back after delay_ms, then acks, and
@@ -705,9 +646,12 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
     if (connected &&
         sk_reschedule_later(pub, p->queue, j->delivery, &j->env, delay_ms,
                             next_attempt, error, &err) == SK_OK) {
-        char text[128];
-        snprintf(text, sizeof(text), "%s: re-scheduled in %u ms", outcome, delay_ms);
-        sk_job_finish(p, j, SK_ACK, text);
+        /* With the cause: a retry's log line is all an operator sees of an
+         * attempt that failed and will be tried again. */
+        char text[sizeof(j->exit.text)];
+        snprintf(text, sizeof(text), "%s: re-scheduled in %u ms%s%s", outcome, delay_ms,
+                 error != NULL && error[0] != '\0' ? ": " : "", error != NULL ? error : "");
+        sk_job_finish(j, SK_ACK, text);
         return true;
     }
     if (connected && err.code == SK_ERR) {
@@ -721,8 +665,8 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
      * connection sound: sk_links_drop() keeps it, so the hand-back costs
      * no reconnect. */
     sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
-    sk_job_finish(p, j, SK_REQUEUE, "could not re-schedule, handed back to the broker");
-    j->pause_ms = (uint32_t)sk_jitter(100, 1000);
+    sk_job_finish(j, SK_REQUEUE, "could not re-schedule, handed back to the broker");
+    j->exit.pause_ms = (uint32_t)sk_jitter(100, 1000);
     return false;
 }
 
@@ -750,15 +694,9 @@ void sk_job_transition(struct sk_job *j, enum sk_job_state to)
 void sk_job_rewind(struct sk_job *j)
 {
     sk_assert(j->state == SK_JOB_CLAIMED || j->state == SK_JOB_HANDLED);
-    sk_assert(sk_job_live(j));
-    j->state = j->locked || j->lock_shared ? SK_JOB_LOCKED : SK_JOB_RECEIVED;
-    free(j->result);
-    j->result = NULL;
-    j->result_len = 0;
-    j->status = SEKALI_OK;
-    j->conflict = false;
-    j->retry_after_ms = 0;
-    j->error[0] = '\0';
+    j->state = j->lock.held || j->lock.shared ? SK_JOB_LOCKED : SK_JOB_RECEIVED;
+    free(j->out.result);
+    j->out = (struct sk_outcome){ .status = SEKALI_OK };
     sk_log_job(SK_LOG_DEBUG, &j->log, "claim rolled back with its batch");
 }
 
@@ -769,14 +707,9 @@ void sk_job_rewind(struct sk_job *j)
  * sk_broker_ack()): by then the outcome is already durable, so releasing
  * the lock first is safe, and a redelivery of an unsent ack finds a
  * completed key. */
-int sk_job_finish(struct sk_pipeline *p, struct sk_job *j, enum sk_disposition d,
-                  const char *outcome)
+void sk_job_finish(struct sk_job *j, enum sk_disposition d, const char *text)
 {
-    (void)p;
-    sk_assert(sk_job_live(j));
-    j->settled = true;
-    j->exit = d;
-    snprintf(j->outcome, sizeof(j->outcome), "%s", outcome);
-    return SK_OK;
+    sk_job_transition(j, SK_JOB_SETTLED);
+    j->exit.how = d;
+    snprintf(j->exit.text, sizeof(j->exit.text), "%s", text);
 }
-

@@ -1,8 +1,10 @@
 /* job_steps.h - the steps of the pipeline, over a span of n >= 1 jobs: one
- * delivery is a span of one (sk_job_process(), job.c), a batch a span of
- * many in one transaction (sk_batch_run(), batch.c, which adds only the
- * collecting and the fast/careful policy). Not an interface for anything
- * else: a step may assume the order in which the two callers call them.
+ * delivery is a span of one (sk_span_process()), a batch a span of many in
+ * one transaction (sk_batch_run(), batch.c, which adds only the collecting
+ * and the choice of the fast or careful way). span.c drives the steps;
+ * job.c decides what each means for one job. Not an interface for
+ * anything else: a step may assume the order in which the callers call
+ * them.
  *
  * Each step either passes a job on or settles it through sk_job_finish(),
  * which only decides the job's exit; sk_span_settle() carries every exit
@@ -25,17 +27,19 @@
 struct sk_metrics_type;
 struct sk_pipeline;
 
-/* A job's states, in order. sk_job_transition() is the only way between
- * them: it asserts the move is legal, logs it and, in a fault build, is
- * where a test can kill the worker. Adding a state? Give it a name, a
- * failpoint (or NULL) and its legal predecessors in job.c. */
+/* A job's states, in order: the job is in exactly one. sk_job_transition()
+ * is the only way between them: it asserts the move is legal, logs it and,
+ * in a fault build, is where a test can kill the worker. Adding a state?
+ * Give it a name, a failpoint (or NULL) and its legal predecessors in
+ * job.c. */
 enum sk_job_state {
     SK_JOB_NEW,          /* delivered, not yet validated */
     SK_JOB_RECEIVED,     /* validated: its key is known */
-    SK_JOB_LOCKED,       /* holds the resource's Redis lock */
+    SK_JOB_LOCKED,       /* holds the resource's Redis lock, or runs under its leader's */
     SK_JOB_CLAIMED,      /* owns the key: row lock (transactional) or lease (external) */
     SK_JOB_HANDLED,      /* the handler returned */
     SK_JOB_COMMITTED,    /* the outcome is durable */
+    SK_JOB_SETTLED,      /* its exit decided (sk_job_finish()), not carried out yet */
     SK_JOB_ACKED,        /* the broker has our ack: the delivery is done with */
     SK_JOB_HANDED_BACK,  /* requeued, rejected, or its ack lost: the broker decides */
     SK_JOB_STATES
@@ -46,67 +50,66 @@ enum sk_disposition {
     SK_ACK,          /* done with it: effect committed, duplicate, or a copy confirmed */
     SK_REQUEUE,      /* back to the queue unchanged */
     SK_DEAD_LETTER,  /* the broker moves it to <queue>.dead */
+    SK_ACKED,        /* acked already, at once and alone (a dead letter's copy) */
 };
 
 struct sk_job {
-    enum sk_job_state         state;
-    const amqp_envelope_t *delivery;
-    struct sk_envelope env;
-    uint64_t           delivery_tag;
-    char               lock_key[SK_LOCK_KEY_MAX];
-    char               lock_token[SK_LOCK_TOKEN_LEN + 1];
-    bool               locked;
-    /* An earlier job of the span locks the same resource (1 + its index;
-     * 0: none): this one runs under that lock, after it, in this worker,
-     * instead of finding it busy and being re-scheduled. */
-    size_t             lock_leader;
-    bool               lock_shared;  /* runs under its leader's lock */
-    bool               lock_lost;    /* the heartbeat found the lock lost (settling) */
-    int                lock_refusal; /* why the lock was refused (lock_refused()) */
-    struct sk_lock    *redis;       /* the connection that took the lock */
-    uint64_t           busy_since;  /* CLOCK_MONOTONIC at the lock's first refusal; 0: none */
-    bool               leased;      /* external mode: the heartbeat renews our lease */
+    enum sk_job_state      state;
+    const amqp_envelope_t *delivery;  /* borrowed until sk_span_settle() */
+    struct sk_envelope     env;
+    struct sk_metrics_type *metrics;
+    struct sk_log_job      log;
+    struct {
+        char     key[SK_LOCK_KEY_MAX];
+        char     token[SK_LOCK_TOKEN_LEN + 1];
+        bool     held;        /* this job took it, and releases it */
+        /* An earlier job of the span locks the same resource (1 + its
+         * index; 0: none): this one runs under that lock, after it, in
+         * this worker, instead of finding it busy and being re-scheduled. */
+        size_t   leader;
+        bool     shared;      /* runs under its leader's lock */
+        bool     lost;        /* the heartbeat found it lost (settling) */
+        int      refusal;     /* why it was refused (lock_refused()) */
+        uint64_t busy_since;  /* CLOCK_MONOTONIC at its first refusal; 0: none */
+    } lock;
     struct sk_claim    claim;
     struct sk_keyref   ref;         /* the key, for the store and the lease */
     uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
     bool               same_key;    /* an earlier job of the span has the same key */
-    struct sk_metrics_type *metrics;
-    struct sk_log_job  log;
+    bool               leased;      /* external mode: the heartbeat renews our lease */
     /* The handler's outcome, kept until the span's COMMIT says what
-     * becomes of it (sk_span_handle(), sk_span_commit()). */
-    int                status;      /* the handler's, or RETRY when the step around it failed */
-    bool               conflict;
-    uint32_t           retry_after_ms;  /* host->retry_after(), with a RETRY */
-    char               error[512];
-    void              *result;      /* a copy of ctx->result, for the completion and the reply */
-    size_t             result_len;
+     * becomes of it. */
+    struct sk_outcome {
+        int      status;          /* the handler's, or RETRY when the step around it failed */
+        bool     conflict;
+        uint32_t retry_after_ms;  /* host->retry_after(), with a RETRY */
+        char     error[512];
+        void    *result;          /* a copy of ctx->result, for the completion and the reply */
+        size_t   result_len;
+    } out;
     /* The exit is only decided by sk_job_finish(), and carried out by
      * sk_span_settle() once the whole span is settled, in delivery order:
      * an ack covers every earlier delivery (a multiple-ack), so no ack may
      * leave before every job ahead of it is settled. */
-    bool               settled;
-    bool               acked;       /* acked at once, alone (a dead letter's copy) */
-    bool               exited;      /* its exit carried out before the span's end */
-    enum sk_disposition   exit;
-    int                dead_reason; /* an enum sk_metrics_reason, for a SK_DEAD_LETTER exit */
-    char               outcome[1300];  /* the exit's log line: dead_letter()'s is the longest */
-    uint32_t           pause_ms;    /* a server is failing: wait this long after the exit */
+    struct {
+        enum sk_disposition how;
+        int      dead_reason;  /* an enum sk_metrics_reason, for SK_DEAD_LETTER */
+        char     text[1300];   /* the exit's log line: dead_letter()'s is the longest */
+        uint32_t pause_ms;     /* a server is failing: wait this long after the exit */
+    } exit;
 };
 
-/* How a span's keys are claimed, and so how its handlers run. */
+/* How a span's keys are claimed, and so how its handlers run and commit:
+ * each a row of span.c's table of ways. */
 enum sk_way {
     SK_WAY_ONE,      /* one job in its own transaction: claimed completed, the row locked */
     SK_WAY_FAST,     /* claimed completed, handlers straight in the transaction */
     SK_WAY_CAREFUL,  /* claimed processing, each handler in a savepoint */
 };
 
-/* n >= 1 deliveries going through the pipeline together: one job is a span
- * of one. Kept by the pipeline between spans (sk_span_of()), so that a span
- * costs no allocation; the scratch arrays are the round trips' over the
- * span, valid only inside one step. */
 /* A settled job's lock, not released yet: it goes with the next acquire
  * (one script, one round trip for both) or when the worker would wait for
- * a delivery (sk_job_release_locks()). It stays in the scoreboard until
+ * a delivery (sk_span_release_locks()). It stays in the scoreboard until
  * then, so a worker dying meanwhile leaves it to its replacement to free,
  * as a lock held mid-job; and it is not renewed, so it lives at most its
  * TTL. What the job's log lines carried is copied for the line a lock
@@ -121,6 +124,12 @@ struct sk_release {
     uint32_t delivery_attempt;
 };
 
+/* n >= 1 deliveries going through the pipeline together: one job is a span
+ * of one. Kept by the pipeline between spans (sk_span_of()), so that a span
+ * costs no allocation. The scratch arrays (keys to index) are the round
+ * trips' over the span: a step fills and reads them within one call, and
+ * keeps nothing in them across another step (a job run alone uses them
+ * too). */
 struct sk_span {
     size_t           cap, n;
     struct sk_release *releases;    /* up to cap locks of settled jobs, to release */
@@ -149,40 +158,31 @@ void sk_span_add(struct sk_span *s, const amqp_envelope_t *delivery);
  * none is held) and watches them, and dead-letters the jobs that killed
  * too many workers. */
 void sk_span_start(struct sk_pipeline *p, struct sk_span *s);
-/* Claims every live job's key (a later job with an earlier one's key is
- * left out, marked same_key) in one round trip, the way says how. SK_OK
- * with the transaction open and the claimed jobs in it (several: perhaps
- * none, all duplicates, and the COMMIT still to come); SK_BUSY when a key
- * was held past lock_timeout and nothing was claimed (run each job alone
- * then); otherwise nothing is left to run. */
-int  sk_span_claim(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
-/* Runs one claimed job's handler in the span's transaction and keeps its
- * outcome in the job. False when the transaction is lost around it (or no
- * memory to keep its result): then nothing of the span can commit. */
-bool sk_span_handle(struct sk_pipeline *p, struct sk_job *j, enum sk_way way);
-/* The handled jobs' completions and the COMMIT in one round trip; then each
- * is settled: completed, or its failure re-scheduled or dead-lettered.
- * True when a COMMIT refused for a batch-mate's cancelled key left jobs
- * unsettled, to be claimed again (a span of many only). */
-bool sk_span_commit(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
-/* The transaction is lost before any COMMIT: every job still in it is
- * handed back unchanged. */
-void sk_span_abandon(struct sk_pipeline *p, struct sk_span *s, const char *why);
-/* A job of s claimed, run and committed on its own, in its own transaction. */
-void sk_span_alone(struct sk_pipeline *p, struct sk_span *s, struct sk_job *j);
+/* One transaction over the span's live jobs, the way given (fast or
+ * careful): every key claimed in one round trip (a later job with an
+ * earlier one's key is left out, marked same_key), each handler run, the
+ * completions and the COMMIT in one round trip, each job settled. A key
+ * held by another worker sends each job alone. True when jobs are left for
+ * another transaction (closed early, or a COMMIT refused for a batch-mate's
+ * cancelled key); the exits of the jobs settled ahead of them are then
+ * sent. */
+bool sk_span_transaction(struct sk_pipeline *p, struct sk_span *s, enum sk_way way);
+/* Each job left out for an earlier job's key, alone, once that one is
+ * settled: it finds the leader's outcome as any later copy would. */
+void sk_span_followers(struct sk_pipeline *p, struct sk_span *s);
+/* span_lock.c: takes the locks of the span's received jobs, one round trip
+ * a try, and has the heartbeat watch them (sk_span_start()). */
+void sk_span_lock(struct sk_pipeline *p, struct sk_span *s);
+/* span_lock.c: the span's locks join the releases waiting (settling). */
+void sk_span_unlock(struct sk_pipeline *p, struct sk_span *s);
 /* Every job's exit, in delivery order, after the span's locks went in one
  * round trip; then the pause a failing server asked for. */
 void sk_span_settle(struct sk_pipeline *p, struct sk_span *s);
-/* Between two transactions of one span: the exits of the settled jobs
- * ahead of the first live one, sent now, so that a job committed early
- * in a long batch is not redelivered as a duplicate should the worker die
- * before the batch ends. */
-void sk_span_settle_done(struct sk_pipeline *p, struct sk_span *s);
 
 /* Not settled yet: still on its way through the steps. */
 static inline bool sk_job_live(const struct sk_job *j)
 {
-    return !j->settled;
+    return j->state < SK_JOB_SETTLED;
 }
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
@@ -192,6 +192,10 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j);
 bool sk_job_survivable(struct sk_pipeline *p, struct sk_job *j);
 /* What a claim's answer means for the job: true when it owns its key. */
 bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struct sk_err *err);
+/* External mode: claims the job's lease, runs the handler outside any
+ * transaction and records its outcome under the lease's fence; settles
+ * the job. */
+void sk_job_run_external(struct sk_pipeline *p, struct sk_job *j);
 /* Runs the handler on pg with p->ctx, reset by the caller. */
 int  sk_job_call_handler(struct sk_pipeline *p, struct sk_job *j, PGconn *pg);
 /* RETRY, FAIL or an invalid status, with the handler's error text and
@@ -209,8 +213,8 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms,
 void sk_job_transition(struct sk_job *j, enum sk_job_state to);
 /* Back to before the claim, whose transaction was rolled back unseen. */
 void sk_job_rewind(struct sk_job *j);
-/* Decides the job's exit (carried out by sk_span_settle()); SK_OK. */
-int  sk_job_finish(struct sk_pipeline *p, struct sk_job *j, enum sk_disposition d,
-                   const char *outcome);
+/* Decides the job's exit (carried out by sk_span_settle()): the job is
+ * settled. */
+void sk_job_finish(struct sk_job *j, enum sk_disposition d, const char *text);
 
 #endif

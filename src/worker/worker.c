@@ -104,8 +104,8 @@ static void serve(struct sk_pipeline *p)
             continue;
         /* Locks of settled jobs go with the next acquire; a worker about to
          * wait for its next delivery (or to hold in a pause) sends them now. */
-        if (sk_job_releases_waiting(p) && !sk_broker_waiting(sk_links_consumer(p->links)))
-            sk_job_release_locks(p);
+        if (sk_span_releases_waiting(p) && !sk_broker_waiting(sk_links_consumer(p->links)))
+            sk_span_release_locks(p);
         /* Between jobs only: a pause never interrupts the job in hand. */
         if (sk_pause_hold(p->pause, p->links, POLL_MS))
             continue;
@@ -247,7 +247,7 @@ static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
     if (p->queue->batch > 1) {
         n = sk_batch_run(p, delivery);  /* settles and releases the whole batch */
     } else {
-        sk_job_process(p, delivery);
+        sk_span_process(p, delivery);
         sk_broker_release(sk_links_consumer(p->links), delivery);
     }
     atomic_store(&slot->job_started_ms, 0);
@@ -259,7 +259,7 @@ static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
 static void teardown(struct sk_pipeline *p)
 {
     if (p->links != NULL)
-        sk_job_release_locks(p);
+        sk_span_release_locks(p);
     sk_heartbeat_stop(p->heartbeat);
     sk_host_ctx_free(&p->ctx);
     sk_span_free(p->span);

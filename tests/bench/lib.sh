@@ -165,13 +165,14 @@ schema() {
 }
 
 # quiesce RUN: the servers and the test suites share this machine with us.
+# (quiesce_tries: half-second looks, 20 unless set; quiesce_quiet=1: no note.)
 # Waits (at most 10 s) until the CPUs were less than 10% busy for half a
 # second, so that a compile or a test suite that is just finishing, or the
 # previous run's autovacuum, does not land in this run; if the machine stays
 # busy, the run goes ahead and says so, since its figures then include that.
 quiesce() {
-    local a b total idle busy=0 i try
-    for try in $(seq 1 20); do
+    local a b total idle busy=0 i try tries=${quiesce_tries:-20}
+    for try in $(seq 1 "$tries"); do
         read -r -a a < <(head -n 1 /proc/stat)
         sleep 0.5
         read -r -a b < <(head -n 1 /proc/stat)
@@ -181,9 +182,10 @@ quiesce() {
         idle=$((b[4] - a[4] + b[5] - a[5]))
         busy=$(( total > 0 ? (total - idle) * 100 / total : 0 ))
         (( busy < 10 )) && return 0
-        [ "$try" -lt 20 ] || break
+        [ "$try" -lt "$tries" ] || break
     done
-    say "note: the machine was still $busy% busy after 10 s of waiting before $1;" \
+    [ "${quiesce_quiet:-0}" = 1 ] && return 0
+    say "note: the machine was still $busy% busy after $((tries / 2)) s of waiting before $1;" \
         "its figures include that load"
 }
 
@@ -252,6 +254,19 @@ field() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
 median() {
     printf '%s\n' "$@" | sort -g |
         awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# ratios A B: the median of A[i] / B[i], for two space-separated lists of
+# numbers of the same length (one per round).
+ratios() {
+    local -a a b
+    read -r -a a <<<"$1"
+    read -r -a b <<<"$2"
+    local i quotients=()
+    for i in "${!a[@]}"; do
+        quotients+=("$(awk -v x="${a[$i]}" -v y="${b[$i]:-0}" 'BEGIN { printf "%.4f", (y > 0 ? x / y : 0) }')")
+    done
+    median "${quotients[@]}"
 }
 
 # start_http_service TLS: tests/bench/bench_http.c on a free loopback port,

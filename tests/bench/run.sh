@@ -192,19 +192,6 @@ cpu_split() {
         }' "$1" "$2"
 }
 
-# ratios A B: the median of A[i] / B[i], for two space-separated lists of
-# numbers of the same length (one per round).
-ratios() {
-    local -a a b
-    read -r -a a <<<"$1"
-    read -r -a b <<<"$2"
-    local i quotients=()
-    for i in "${!a[@]}"; do
-        quotients+=("$(awk -v x="${a[$i]}" -v y="${b[$i]:-0}" 'BEGIN { printf "%.4f", (y > 0 ? x / y : 0) }')")
-    done
-    median "${quotients[@]}"
-}
-
 # build_name: the summary's name of binary v, with "+sql" or "+http" for
 # those handlers and "+tls" when bench_tls is 1.
 build_name() {

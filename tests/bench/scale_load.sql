@@ -15,7 +15,9 @@
 -- off for the load (session_replication_role): sql/018's deferred check
 -- that a completed key has no tombstone would queue one event per row
 -- and take an advisory lock for each at COMMIT, and these keys never had
--- one. VACUUM ANALYZE the table after (scale.sh does).
+-- one; so the failed keys are counted after (sql/029's
+-- sekali.recount_failed_keys(), where it exists). VACUUM ANALYZE the table
+-- after (scale.sh does).
 \set ON_ERROR_STOP 1
 BEGIN;
 SET LOCAL synchronous_commit = off;
@@ -47,3 +49,7 @@ ALTER TABLE sekali.idempotency_keys ADD CONSTRAINT idempotency_keys_pkey PRIMARY
 SELECT def FROM scale_indexes WHERE NOT primary_key \gexec
 \endif
 COMMIT;
+SELECT to_regproc('sekali.recount_failed_keys') IS NOT NULL AS counted \gset
+\if :counted
+SELECT sekali.recount_failed_keys();
+\endif

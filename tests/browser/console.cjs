@@ -488,6 +488,13 @@ async function main() {
   check(big.startsWith('100000 dead letters in 4 groups'), 'all 100,000 grouped: ' + big);
   await visit('last page of 100,000 letters', '/letters?' + new URLSearchParams({ queue: BIG, offset: '99950' }), '#letters');
   check((await page.$$('#letters tbody tr')).length === 50, 'the last page holds 50 letters');
+  await visit('first page of 100,000 letters', '/letters?' + new URLSearchParams({ queue: BIG }), '#letters');
+  const page1 = await page.$$eval('#letters tbody td.key', (c) => c.map((x) => x.textContent));
+  const next = await page.$eval('.pager a:last-child', (a) => a.getAttribute('href'));
+  check(/[?&]after=[0-9]+/.test(next) && !/offset=/.test(next), 'next goes by the last id, not an offset: ' + next);
+  await visit('next page by id', next, '#letters');
+  const page2 = await page.$$eval('#letters tbody td.key', (c) => c.map((x) => x.textContent));
+  check(page2.length === 50 && !page2.some((k) => page1.includes(k)), 'the next page holds the next 50 letters');
   const ping = Date.now();
   const st = await request('GET', '/api/session');
   out.timings_ms['an API call while idle'] = Date.now() - ping;

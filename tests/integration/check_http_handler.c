@@ -158,6 +158,10 @@ START_TEST(test_status_codes_and_transport_errors_retry_or_fail_and_no_secret_le
     ck_assert(hs_get(s, "k429", 0, &a) && hs_get(s, "k429", 1, &b));
     ck_assert_msg(b.at_ms - a.at_ms >= 950, "the retry after a 429 with Retry-After: 1 came "
                   "after %lld ms", (long long)(b.at_ms - a.at_ms));
+    /* Each retry's log line gives its cause. */
+    ck_assert_int_ge(h_count_lines(r.log, "re-scheduled in"), 3);
+    ck_assert_int_ge(h_count_lines(r.log, "ms: HTTP 500: oops"), 1);
+    ck_assert_int_ge(h_count_lines(r.log, "ms: HTTP 429"), 1);
     /* A 400 is final: sent once, dead-lettered with the status and an
      * excerpt from which the echoed secret is blanked. */
     ck_assert_int_eq(hs_count(s, "k400"), 1);
@@ -447,7 +451,10 @@ static int test_config(const char *config, char *out, size_t size)
 {
     char cmd[3 * PATH_MAX], build[PATH_MAX];
     ck_assert_ptr_nonnull(realpath(h_build_dir(), build));
-    snprintf(cmd, sizeof(cmd), "SK_TEST_HTTP_TOKEN=x %s/sekalid -t -c %s 2>&1", build, config);
+    /* timeout: a check that hangs (on a FIFO) fails here instead of
+     * holding the suite until its own timeout. */
+    snprintf(cmd, sizeof(cmd), "SK_TEST_HTTP_TOKEN=x timeout 15 %s/sekalid -t -c %s 2>&1", build,
+             config);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     size_t n = fread(out, 1, size - 1, p);
@@ -483,6 +490,25 @@ START_TEST(test_sekalid_t_refuses_transactional_mode_and_a_timeout_not_below_the
     ck_assert_msg(strstr(out, "cannot read /nonexistent/token") != NULL, "said:\n%s", out);
     free(config);
 
+    /* A FIFO as a secret file or a TLS file: refused at once, not waited on. */
+    char fifo[PATH_MAX], yaml[PATH_MAX + 256];
+    snprintf(fifo, sizeof(fifo), "%s/token.fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    static const char *const uses[] = { "headers: {Authorization: {file: %s}}",
+                                        "ca_file: %s" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(uses); i++) {
+        char use[PATH_MAX + 64];
+        snprintf(use, sizeof(use), uses[i], fifo);
+        snprintf(yaml, sizeof(yaml), "    mode: external\n    config:\n"
+                 "      url: \"https://127.0.0.1:1/x\"\n      %s\n", use);
+        config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1, yaml);
+        ck_assert_int_eq(test_config(config, out, sizeof(out)), 2);
+        ck_assert_msg(strstr(out, "not a regular file (a FIFO, device or socket)") != NULL,
+                      "said:\n%s", out);
+        free(config);
+    }
+    unlink(fifo);
+
     config = h_write_config(dir, "httpcheck", HTTP_HANDLER, 1,
                             "    mode: external\n    config:\n"
                             "      url: \"http://127.0.0.1:1/x\"\n      timeout: 2s\n"
@@ -490,6 +516,73 @@ START_TEST(test_sekalid_t_refuses_transactional_mode_and_a_timeout_not_below_the
     ck_assert_msg(test_config(config, out, sizeof(out)) == 0, "said:\n%s", out);
     free(config);
     free(dir);
+}
+END_TEST
+
+/* A job enqueued through the outbox reaches the service with the content
+ * type it was enqueued with: from sekali.enqueue(p_content_type), from
+ * sekalictl enqueue --content-type (and its default, application/json),
+ * and again when its dead letter is replayed. A job enqueued without one
+ * goes as application/octet-stream, as before. */
+START_TEST(test_a_job_keeps_its_content_type_through_the_outbox_and_a_replay)
+{
+    struct h_run r;
+    h_run_open(&r, "httpctype");
+    struct hs *s = hs_start();
+    char *yaml = queue_yaml(&r, s, "5s", "2s", NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml, .env = secret_env,
+                                          .top_yaml = H_RELAY });
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "SELECT sekali.enqueue('%s', 'charge', 'ok', 'ct-json', "
+             "p_content_type => 'application/json; charset=utf-8'), "
+             "sekali.enqueue('%s', 'charge', 'ok', 'ct-none'), "
+             "sekali.enqueue('%s', 'charge', '400', 'ct-xml', p_content_type => 'application/xml')",
+             r.queue, r.queue, r.queue);
+    h_pg_exec(r.pg, sql);
+    const char *csv[] = { "enqueue", r.queue, "charge", "--key", "ct-csv", "--content-type",
+                          "text/csv", "ok", NULL };
+    const char *dflt[] = { "enqueue", r.queue, "charge", "--key", "ct-default", "ok", NULL };
+    char *out = NULL;
+    ck_assert_msg(h_sekalictl(&r, &out, csv) == 0, "enqueue said: %s", out);
+    free(out);
+    ck_assert_msg(h_sekalictl(&r, &out, dflt) == 0, "enqueue said: %s", out);
+    free(out);
+    H_WAIT(h_completed(&r) == 4 && failed(&r) == 1, 20000,
+           "4 jobs should complete and 1 fail: %lld completed, %lld failed", h_completed(&r),
+           failed(&r));
+    static const struct { const char *key, *type; } want[] = {
+        { "ct-json", "application/json; charset=utf-8" },
+        { "ct-none", "application/octet-stream" },
+        { "ct-xml", "application/xml" },
+        { "ct-csv", "text/csv" },
+        { "ct-default", "application/json" },
+    };
+    struct hs_request q;
+    for (size_t i = 0; i < SK_ARRAY_LEN(want); i++) {
+        ck_assert_msg(hs_get(s, want[i].key, 0, &q), "no request for %s", want[i].key);
+        ck_assert_msg(strcmp(q.content_type, want[i].type) == 0,
+                      "%s reached the service as \"%s\", not \"%s\"", want[i].key,
+                      q.content_type, want[i].type);
+    }
+
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE queue = '%s' AND "
+                            "key = 'ct-xml'", r.queue) == 1, 20000,
+           "ct-xml should have its dead letter");
+    const char *replay[] = { "dlq", "replay", r.queue, "--key", "ct-xml", NULL };
+    ck_assert_msg(h_sekalictl(&r, &out, replay) == 0, "replay said: %s", out);
+    free(out);
+    H_WAIT(hs_count(s, "ct-xml") == 2, 20000, "the replayed ct-xml should reach the service");
+    ck_assert(hs_get(s, "ct-xml", 1, &q));
+    ck_assert_str_eq(q.content_type, "application/xml");
+    H_WAIT(failed(&r) == 1 && h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE "
+                                               "queue = '%s'", r.queue) == 1, 20000,
+           "the replayed ct-xml should fail again");
+    h_run_stop(&r);
+    free(yaml);
+    hs_stop(s);
+    h_run_close(&r);
 }
 END_TEST
 
@@ -505,6 +598,7 @@ int main(void)
         test_tls_is_verified_against_ca_file_and_a_wrong_ca_is_refused,
         test_error_cut_inside_a_character_ends_the_job_after_max_attempts_posts,
         test_a_failure_recorded_late_is_not_posted_again_past_max_attempts,
+        test_a_job_keeps_its_content_type_through_the_outbox_and_a_replay,
         NULL,
     };
     return h_run_suite(h_suite("http_handler", 150, tests));

@@ -67,6 +67,14 @@ START_TEST(test_a_forged_dead_letter_is_escaped_unverified_and_not_replayed)
                   raw_control(out), out);
     ck_assert_msg(strstr(out, "\\u009b") != NULL && strstr(out, "\\u202e") != NULL, "%s", out);
     free(out);
+    /* A key pasted from such a letter, as show's argument: its summary
+     * line escapes it too. */
+    ck_assert_int_eq(DLQ(&r, &out, "show", r.queue, "k-\x1b]52;c;ZXZpbA==\x07\xc2\x9b"), 4);
+    ck_assert_msg(raw_control(out) == NULL, "dlq show's summary printed %s raw: %s",
+                  raw_control(out), out);
+    ck_assert_msg(strstr(out, "0 dead letters for k-\\x1b]52;c;ZXZpbA==\\x07") != NULL, "%s",
+                  out);
+    free(out);
     DLQ(&r, &out, "replay", r.queue, "--all");
     ck_assert_msg(raw_control(out) == NULL, "dlq replay printed %s raw: %s", raw_control(out),
                   out);

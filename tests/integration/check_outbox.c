@@ -432,6 +432,19 @@ START_TEST(test_enqueue_refuses_what_could_never_be_published_and_enqueues_nothi
                                    sizeof(msg)), "");
     ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
                                     "AND octet_length(job_type) = 255", queue255), 1);
+    /* A content type AMQP cannot carry, or no header could hold. */
+    const char *ctypes[] = { "", "text/csv\r\nX-Evil: 1", type256 }, *codes[] = { "22023",
+                             "22023", "22001" };
+    for (size_t i = 0; i < 3; i++) {
+        const char *v[] = { base, ctypes[i] };
+        PGresult *res = PQexecParams(pg, "SELECT sekali.enqueue($1, 'test', 'ok', "
+                                         "p_content_type => $2)", 2, NULL, v, NULL, NULL, 0);
+        const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        ck_assert_msg(code != NULL && strcmp(code, codes[i]) == 0 &&
+                      strstr(PQresultErrorMessage(res), "content type is") != NULL,
+                      "content type %zu: %s", i, PQresultErrorMessage(res));
+        PQclear(res);
+    }
     h_pg_exec(pg, "DELETE FROM sekali.outbox WHERE queue = '' OR queue LIKE 'enqueue-limits%'");
     PQfinish(pg);
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "text.h"
@@ -567,6 +568,150 @@ START_TEST(test_bare_handler_name_resolves_to_the_handler_directory)
 }
 END_TEST
 
+/* Rows are read one at a time, and a statement returning more than
+ * max_rows fails its job with a reason that says so (its dead letter
+ * too), its effect rolled back; a huge result is cut short, not loaded.
+ * At max_rows the job runs. `sekalid -t` refuses a max_rows out of range. */
+START_TEST(test_a_statement_returning_more_than_max_rows_fails_its_job_and_writes_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "sqlrows");
+    create_schema(r.pg);
+    char *yaml = config_for(&r, "\"WITH b AS (INSERT INTO sekali_sqlh.bookings VALUES (:queue, "
+                            ":idempotency_key, 0, 1, 0) RETURNING 1) SELECT g FROM b, "
+                            "generate_series(1, :body::int) g\"\n      max_rows: 100", NULL);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = yaml });
+    h_publish(r.b, r.queue, "book", "m-100", "rows-100", NULL, "100");
+    h_publish(r.b, r.queue, "book", "m-101", "rows-101", NULL, "101");
+    h_publish(r.b, r.queue, "book", "m-huge", "rows-huge", NULL, "2000000");
+    H_WAIT(h_completed(&r) == 1 && failed(&r) == 2, 60000,
+           "1 job should complete and 2 fail: %lld completed, %lld failed", h_completed(&r),
+           failed(&r));
+    h_run_stop(&r);
+    ck_assert_int_eq(bookings(&r, "rows-100"), 1);
+    ck_assert_int_eq(bookings(&r, "rows-101"), 0);
+    ck_assert_int_eq(bookings(&r, "rows-huge"), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'rows-100' AND "
+                                      "convert_from(result, 'UTF8') = '1'", r.queue), 1);
+    ck_assert_int_eq(failed_with(&r, "rows-101", "%more than 100 rows (max_rows)%"), 1);
+    ck_assert_int_eq(failed_with(&r, "rows-huge", "%more than 100 rows (max_rows)%"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letters WHERE queue = "
+                                      "'%s' AND error LIKE '%%more than 100 rows (max_rows)%%'",
+                                r.queue), 2);
+    free(yaml);
+
+    char *dir = h_tmpdir("sqlrowscheck"), out[8192];
+    static const char *const bad[] = { "0", "-1", "ten", "100000001" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(bad); i++) {
+        char queue_yaml[256];
+        snprintf(queue_yaml, sizeof(queue_yaml), "    config:\n      statement: \"SELECT 1\"\n"
+                 "      max_rows: %s\n", bad[i]);
+        char *config = h_write_config(dir, "sqlrowscheck", SQL_HANDLER, 1, queue_yaml);
+        ck_assert_int_eq(test_config(config, NULL, out, sizeof(out)), 2);
+        ck_assert_msg(strstr(out, "`max_rows:` must be a whole number from 1 to 100000000") !=
+                      NULL, "max_rows %s: said:\n%s", bad[i], out);
+        free(config);
+    }
+    free(dir);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The n-th (from 0) ```lang block of the file at path, or NULL; the
+ * caller frees it. */
+static char *doc_block(const char *path, const char *lang, int n)
+{
+    char *text = h_read_file(path), fence[32];
+    ck_assert_msg(text != NULL, "%s not found: run from the repository root", path);
+    snprintf(fence, sizeof(fence), "```%s\n", lang);
+    char *start = NULL, *end = text;
+    for (int i = 0; i <= n && end != NULL; i++) {
+        start = strstr(end, fence);
+        end = start != NULL ? strstr(start + strlen(fence), "\n```") : NULL;
+        if (end != NULL && i < n)
+            end += 4;
+    }
+    char *block = end != NULL ? strndup(start + strlen(fence),
+                                        (size_t)(end + 1 - start) - strlen(fence)) : NULL;
+    free(text);
+    return block;
+}
+
+/* s with every `from` replaced by `to`; s is freed. */
+static char *replaced(char *s, const char *from, const char *to)
+{
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    ck_assert_ptr_nonnull(f);
+    const char *p = s;
+    for (const char *hit; (hit = strstr(p, from)) != NULL; p = hit + strlen(from)) {
+        fwrite(p, 1, (size_t)(hit - p), f);
+        fputs(to, f);
+    }
+    fputs(p, f);
+    fclose(f);
+    free(s);
+    return out;
+}
+
+/* docs/handlers.md's SQL handler example, run as written (its schema
+ * `app` and queue `invoices` renamed for this run): the function and tables,
+ * the statement of its YAML, and the application's transaction enqueueing
+ * an order's job. The invoice is made once, with the function's result. */
+START_TEST(test_the_sql_example_of_docs_handlers_md_runs_as_written)
+{
+    struct h_run r;
+    h_run_open(&r, "sqldoc");
+    char schema[64], app_dot[80], schema_line[96];
+    snprintf(schema, sizeof(schema), "sk_doc_%ld", (long)getpid());
+    snprintf(app_dot, sizeof(app_dot), "%s.", schema);
+    snprintf(schema_line, sizeof(schema_line), "EXISTS %s;", schema);
+    char drop[128];
+    snprintf(drop, sizeof(drop), "DROP SCHEMA IF EXISTS %s CASCADE", schema);
+    h_pg_exec(r.pg, drop);
+
+    char *ddl = doc_block("docs/handlers.md", "sql", 0);
+    ck_assert_msg(ddl != NULL, "docs/handlers.md has no ```sql block");
+    ddl = replaced(replaced(ddl, "app.", app_dot), "EXISTS app;", schema_line);
+    h_pg_exec(r.pg, ddl);
+    char *yaml = doc_block("docs/handlers.md", "yaml", 0);
+    ck_assert_msg(yaml != NULL, "docs/handlers.md has no ```yaml block");
+    yaml = replaced(yaml, "app.", app_dot);
+    char *statement = strstr(yaml, "statement: ");
+    ck_assert_msg(statement != NULL, "the yaml block has no statement:\n%s", yaml);
+    *strchr(statement, '\n') = '\0';
+    char queue_yaml[1024];
+    snprintf(queue_yaml, sizeof(queue_yaml), "    config:\n      %s\n", statement);
+    h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
+                                          .queue_yaml = queue_yaml, .top_yaml = H_RELAY });
+
+    char *sql = doc_block("docs/handlers.md", "sql", 1);
+    ck_assert_msg(sql != NULL, "docs/handlers.md has no second ```sql block");
+    char quoted[160];
+    snprintf(quoted, sizeof(quoted), "'%s'", r.queue);
+    ck_assert_msg(strstr(sql, "'invoices'") != NULL, "the block enqueues to no 'invoices'");
+    sql = replaced(replaced(sql, "app.", app_dot), "'invoices'", quoted);
+    h_pg_exec(r.pg, sql);
+    H_WAIT(h_completed(&r) == 1, 30000, "the example's job should complete");
+    h_run_stop(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM %s.invoices WHERE order_id = 'A-7' "
+                                      "AND amount_cents = 1250 AND job_key = 'invoice-A-7'",
+                                schema), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
+                                      "queue = '%s' AND key = 'invoice-A-7' AND "
+                                      "convert_from(result, 'UTF8') LIKE 'invoice %%'", r.queue),
+                     1);
+    h_pg_exec(r.pg, drop);
+    free(sql);
+    free(yaml);
+    free(ddl);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -578,6 +723,8 @@ int main(void)
         test_missing_function_holds_jobs_until_it_is_created,
         test_headers_and_job_fields_reach_the_statement_as_text,
         test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_runs,
+        test_a_statement_returning_more_than_max_rows_fails_its_job_and_writes_nothing,
+        test_the_sql_example_of_docs_handlers_md_runs_as_written,
         NULL,
     };
     return h_run_suite(h_suite("sql_handler", 120, tests));

@@ -976,6 +976,42 @@ START_TEST(test_password_file_that_is_a_fifo_is_refused_without_blocking)
 }
 END_TEST
 
+/* The TLS files of every server (here redis.tls's ca_file and amqp.tls's
+ * key_file) are checked at load: a FIFO among them must not hang
+ * `sekalid -t` or a reload waiting for a writer. */
+START_TEST(test_tls_file_that_is_a_fifo_is_refused_without_blocking)
+{
+    char dir[] = "/tmp/sekali-fifo-XXXXXX", fifo[64], cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+    char text[1024], want[256];
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/ca.pem", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    static const char *const sections[] = {
+        "redis:\n  tls:\n    ca_file: %s\n",
+        "amqp:\n  url: amqps://mq.example/\n  tls:\n    cert_file: %s\n    key_file: %s\n",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(sections); i++) {
+        char section[256];
+        snprintf(section, sizeof(section), sections[i], fifo, fifo);
+        snprintf(text, sizeof(text), "%s%spostgres: {conninfo: \"dbname=sekali\"}\n"
+                 "queues: [{name: q, handler: h.so}]\n",
+                 i == 0 ? "amqp: {url: \"amqp://127.0.0.1/\"}\n" : "", section);
+        write_temp(cfg, 5, text);
+        alarm(10);
+        const char *msg = load_error(cfg);
+        alarm(0);
+        snprintf(want, sizeof(want), "%s: cannot open %s: not a regular file (a FIFO, device "
+                 "or socket)", i == 0 ? "redis.tls.ca_file" : "amqp.tls.cert_file", fifo);
+        ck_assert_msg(strstr(msg, want) != NULL, "said \"%s\", not \"%s\"", msg, want);
+        unlink(cfg);
+        memcpy(cfg + strlen(cfg) - 11, "XXXXXX", 6);
+    }
+    unlink(fifo);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_config_file_that_is_a_fifo_is_refused_without_blocking)
 {
     char dir[] = "/tmp/sekali-fifo-XXXXXX", fifo[64], want[256];
@@ -1394,6 +1430,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_password_file_with_a_nul_byte_is_refused_without_showing_it);
     tcase_add_test(tc, test_password_file_that_is_a_fifo_is_refused_without_blocking);
     tcase_add_test(tc, test_config_file_that_is_a_fifo_is_refused_without_blocking);
+    tcase_add_test(tc, test_tls_file_that_is_a_fifo_is_refused_without_blocking);
     tcase_add_test(tc, test_relative_password_file_follows_config_directory);
     suite_add_tcase(s, tc);
 

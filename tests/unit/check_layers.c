@@ -35,16 +35,6 @@ static const struct never {
       "a crashing handler takes down one worker, never the parent" },
 };
 
-/* Modules that still call each other and count as one in the call-cycle
- * test. job.c holds the single-job driver and the span's allocation, which
- * call into span.c, and span.c calls back into job.c for every step: the
- * pipeline step of issue 40 ends this, and then this line must go. No
- * other pair may be added here: split the dispatcher from its helpers
- * instead (doctor_report.c, console_http.c). */
-static const char *const one_module[][2] = {
-    { "job", "span" },
-};
-
 struct graph {
     size_t n;
     char   name[MODULES][NAME];
@@ -317,21 +307,6 @@ static bool any_cycle(const struct graph *g, const edges e, char *path, size_t s
     return false;
 }
 
-/* g->call with each pair of one_module[] as one module: the second's
- * edges become the first's, and the calls between them vanish. */
-static void merge_one_modules(struct graph *g)
-{
-    for (size_t i = 0; i < sizeof(one_module) / sizeof(one_module[0]); i++) {
-        size_t a = module(g, one_module[i][0]), b = module(g, one_module[i][1]);
-        for (size_t m = 0; m < g->n; m++) {
-            g->call[a][m] |= g->call[b][m];
-            g->call[m][a] |= g->call[m][b];
-            g->call[b][m] = g->call[m][b] = false;
-        }
-        g->call[a][a] = false;
-    }
-}
-
 START_TEST(test_no_include_cycle)
 {
     static struct graph g;
@@ -346,7 +321,6 @@ START_TEST(test_no_call_cycle)
     static struct graph g;
     load(&g);
     load_calls(&g);
-    merge_one_modules(&g);
     char path[1024];
     ck_assert_msg(!any_cycle(&g, g.call, path, sizeof(path)), "modules calling each other:%s "
                   "(split the helpers both call from the dispatcher that calls them)", path);
@@ -371,8 +345,7 @@ START_TEST(test_the_checks_see_an_upward_include_and_a_cycle)
 END_TEST
 
 /* The call checks can fail too: a made-up upward call, a call the nevers
- * forbid, a loop, and a loop through the one pair that counts as one
- * module are each seen; the pair's own calls are not. */
+ * forbid and a loop are each seen. */
 START_TEST(test_the_call_checks_see_upward_calls_nevers_and_cycles)
 {
     static struct graph g;
@@ -380,7 +353,7 @@ START_TEST(test_the_call_checks_see_upward_calls_nevers_and_cycles)
     load_calls(&g);
     char what[1024];
     size_t pg = module(&g, "pg"), job = module(&g, "job"), span = module(&g, "span");
-    size_t links = module(&g, "links"), supervisor = module(&g, "supervisor");
+    size_t supervisor = module(&g, "supervisor");
     ck_assert(!upward(&g, g.call, "calls", what, sizeof(what)));
     g.call[pg][job] = true;   /* an adapter calling into the pipeline */
     ck_assert(upward(&g, g.call, "calls", what, sizeof(what)));
@@ -395,18 +368,10 @@ START_TEST(test_the_call_checks_see_upward_calls_nevers_and_cycles)
                   "%s", what);
     g.call[supervisor][pg] = false;
 
-    /* The pair of one_module[] counts as one: its own loop is not seen (made
-     * up here, so that this holds whatever the pair calls today), a loop
-     * through it is. These lines go with one_module[]. */
-    g.call[job][span] = g.call[span][job] = true;
-    merge_one_modules(&g);
-    ck_assert_msg(!any_cycle(&g, g.call, what, sizeof(what)), "%s", what);
-    static struct graph h;
-    load(&h);
-    load_calls(&h);
-    h.call[span][links] = h.call[links][job] = true;   /* span -> links -> job */
-    merge_one_modules(&h);
-    ck_assert(any_cycle(&h, h.call, what, sizeof(what)));
+    /* job.c decides and span.c drives: a call back from job.c into the
+     * driver is a loop. */
+    g.call[job][span] = true;
+    ck_assert(any_cycle(&g, g.call, what, sizeof(what)));
 }
 END_TEST
 

@@ -45,6 +45,7 @@ START_TEST(test_json_job_line_carries_every_field)
     struct sk_log_job job = {
         .queue = "invoices", .job_id = "m-1", .idempotency_key = "order \"7\"",
         .resource_key = "account-7", .lock_owner = "ab12", .fence = 3, .delivery_attempt = 2,
+        .trace_id = "4bf92f3577b34da6a3ce929d0e0e4736", .span_id = "00f067aa0ba902b7",
     };
     sk_log_job(SK_LOG_INFO, &job, "completed");
     const char *line = slurp(path);
@@ -53,6 +54,7 @@ START_TEST(test_json_job_line_carries_every_field)
         "\"queue\":\"invoices\"", "\"job_id\":\"m-1\"",
         "\"idempotency_key\":\"order \\\"7\\\"\"", "\"resource_key\":\"account-7\"",
         "\"lock_owner\":\"ab12\"", "\"fence\":3", "\"delivery_attempt\":2",
+        "\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\"", "\"span_id\":\"00f067aa0ba902b7\"",
     };
     for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
         ck_assert_msg(strstr(line, expected[i]) != NULL, "missing %s in %s", expected[i], line);

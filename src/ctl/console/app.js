@@ -309,9 +309,13 @@ async function deadGroups(notice) {
 async function letters(notice) {
   const a = args();
   const queue = a.get('queue') || '', reason = a.get('reason'), fingerprint = a.get('fingerprint');
-  const offset = Number(a.get('offset') || 0), limit = 50;
+  // Next pages go by the last letter's id (after=), which costs the same
+  // at the millionth letter as at the first; an offset skips index entries.
+  const after = Number(a.get('after') || 0), offset = after > 0 ? 0 : Number(a.get('offset') || 0);
+  const limit = 50;
   const t0 = performance.now();
-  const q = { queue, offset: String(offset), limit: String(limit) };
+  const q = after > 0 ? { queue, after: String(after), limit: String(limit) }
+    : { queue, offset: String(offset), limit: String(limit) };
   if (reason) q.reason = reason;
   if (fingerprint) q.fingerprint = fingerprint;
   let l;
@@ -334,9 +338,10 @@ async function letters(notice) {
   });
   const picked = () => boxes.filter((b) => b.checked).map((b) => b.dataset.key);
   const pager = el('div', { class: 'pager' },
-    offset > 0 ? link('/letters', Object.assign({}, q, { offset: String(Math.max(0, offset - limit)), limit: null }), '« previous') : null,
+    after > 0 ? link('/letters', Object.assign({}, q, { after: null, limit: null }), '« first')
+      : offset > 0 ? link('/letters', Object.assign({}, q, { offset: String(Math.max(0, offset - limit)), limit: null }), '« previous') : null,
     el('span', {}, l.summary.text),
-    l.summary.more ? link('/letters', Object.assign({}, q, { offset: String(offset + limit), limit: null }), 'next »') : null);
+    l.summary.more ? link('/letters', Object.assign({}, q, { offset: null, after: String(l.summary.next_after), limit: null }), 'next »') : null);
   show(el('h1', {}, 'Dead letters of ', queue),
     reason || fingerprint ? el('p', {}, 'Group: ', el('b', {}, reason || 'any reason'), ' · ',
                                 el('code', {}, fingerprint || 'any error')) : null,

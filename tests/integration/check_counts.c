@@ -1,0 +1,319 @@
+/* check_counts.c - status and dlq groups read counts kept as keys and
+ * letters change (sql/029), not the keys and letters themselves: what they
+ * read does not grow with the failed keys or the dead letters a queue
+ * retains, and the counts stay exact through every change (fail, re-arm,
+ * purge, a second failure of a key, letters replayed and purged), through
+ * the janitor's folding of their shards, and through an upgrade of a
+ * database that already holds failed keys and letters, with a writer
+ * committing while the migration counts them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define MANY 400
+
+/* Rows of sekali.idempotency_keys (or dead_letters) this transaction has
+ * read so far, by any scan: the table's and its indexes' statistics. */
+static long long rows_read(PGconn *pg, const char *table)
+{
+    return h_pg_count(pg,
+        "SELECT coalesce((SELECT seq_tup_read FROM pg_stat_xact_user_tables "
+        "                  WHERE schemaname = 'sekali' AND relname = '%s'), 0) "
+        "     + coalesce((SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index "
+        "                  WHERE indrelid = 'sekali.%s'::regclass), 0)", table, table);
+}
+
+static long long failed_status(PGconn *pg, const char *queue)
+{
+    return h_pg_count(pg, "SELECT failed FROM sekali.queue_status('%s')", queue);
+}
+
+static long long failed_keys(PGconn *pg, const char *queue)
+{
+    return h_pg_count(pg, "SELECT count(*) FROM sekali.idempotency_keys "
+                          "WHERE queue = '%s' AND status = 'failed'", queue);
+}
+
+/* MANY failed keys, and completed ones beside them, for queue. */
+static void fail_many(PGconn *pg, const char *queue)
+{
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "SELECT sekali.fail('%s', 'f-' || i, 'test:1', 'job-' || i, 'test', 'boom ' || i) "
+             "  FROM generate_series(1, %d) i;"
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, completed_at) "
+             "SELECT '%s', 'c-' || i, 'completed', 1, now() FROM generate_series(1, %d) i;"
+             "ANALYZE sekali.idempotency_keys", queue, MANY, queue, 4 * MANY);
+    h_pg_exec(pg, sql);
+}
+
+START_TEST(test_status_counts_failed_keys_without_reading_them)
+{
+    struct h_run r;
+    h_run_open(&r, "status");
+    fail_many(r.pg, r.queue);
+
+    h_pg_exec(r.pg, "BEGIN");
+    long long before = rows_read(r.pg, "idempotency_keys");
+    long long failed = failed_status(r.pg, r.queue);
+    long long read = rows_read(r.pg, "idempotency_keys") - before;
+    h_pg_exec(r.pg, "COMMIT");
+    ck_assert_int_eq(failed, MANY);
+    ck_assert_msg(read < MANY / 4, "status read %lld rows of idempotency_keys to count %d "
+                  "failed keys: it should read their count", read, MANY);
+
+    /* Exact through each change a key's state goes through. */
+    char sql[512];
+    snprintf(sql, sizeof(sql), "UPDATE sekali.idempotency_keys SET status = 'processing' "
+                               "WHERE queue = '%s' AND key IN ('f-1', 'f-2', 'f-3')", r.queue);
+    h_pg_exec(r.pg, sql);                              /* re-armed, as a replay does */
+    ck_assert_int_eq(failed_status(r.pg, r.queue), MANY - 3);
+    snprintf(sql, sizeof(sql), "SELECT sekali.fail('%s', 'f-1', 'test:1', 'j', 'test', 'again'), "
+                               "sekali.fail('%s', 'f-4', 'test:1', 'j', 'test', 'twice')",
+             r.queue, r.queue);
+    h_pg_exec(r.pg, sql);                              /* failed again; a second failure */
+    ck_assert_int_eq(failed_status(r.pg, r.queue), MANY - 2);
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.idempotency_keys WHERE queue = '%s' "
+                               "AND key IN ('f-5', 'f-6', 'c-1')", r.queue);
+    h_pg_exec(r.pg, sql);                              /* purged */
+    ck_assert_int_eq(failed_status(r.pg, r.queue), MANY - 4);
+    snprintf(sql, sizeof(sql), "BEGIN; SELECT sekali.fail('%s', 'f-gone', 't:1', 'j', 't', 'x'); "
+                               "ROLLBACK", r.queue);
+    h_pg_exec(r.pg, sql);                              /* rolled back: never counted */
+    ck_assert_int_eq(failed_status(r.pg, r.queue), failed_keys(r.pg, r.queue));
+    ck_assert_int_eq(failed_keys(r.pg, r.queue), MANY - 4);
+
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.idempotency_keys WHERE queue = '%s'", r.queue);
+    h_pg_exec(r.pg, sql);
+    ck_assert_int_eq(failed_status(r.pg, r.queue), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+/* MANY letters of queue in three groups: two with keys, one malformed. */
+static void letters(PGconn *pg, const char *queue)
+{
+    char sql[1400];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.dead_letters (queue, key, job_id, job_type, reason, error, "
+             "malformed, body, body_size, first_failure, failed_at) "
+             "SELECT '%s', CASE WHEN i %% 4 = 0 THEN NULL ELSE 'k-' || i END, 'job-' || i, "
+             "'test', CASE WHEN i %% 4 = 0 THEN 'malformed' ELSE 'failed' END, "
+             "CASE WHEN i %% 2 = 0 THEN 'gateway ' || i ELSE 'timeout after ' || i || ' ms' END, "
+             "CASE WHEN i %% 4 = 0 THEN 'no key' END, '\\x00', 1, "
+             "timestamptz '2026-01-01' + i * interval '1 minute', "
+             "timestamptz '2026-02-01' + i * interval '1 minute' "
+             "FROM generate_series(1, %d) i; ANALYZE sekali.dead_letters", queue, MANY);
+    h_pg_exec(pg, sql);
+}
+
+/* The backends sekalictl left behind: once gone, they have written their
+ * statistics (a backend reports them before it leaves pg_stat_activity). */
+static long long ctl_backends(PGconn *pg)
+{
+    return h_pg_count(pg, "SELECT count(*) FROM pg_stat_activity "
+                          "WHERE application_name = 'sekalictl'");
+}
+
+static long long letters_read(PGconn *pg)
+{
+    h_pg_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    return h_pg_count(pg,
+        "SELECT coalesce((SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) "
+        "                  FROM pg_stat_user_tables "
+        "                  WHERE schemaname = 'sekali' AND relname = 'dead_letters'), 0) "
+        "     + coalesce((SELECT sum(idx_tup_read) FROM pg_stat_user_indexes "
+        "                  WHERE schemaname = 'sekali' AND relname = 'dead_letters'), 0)");
+}
+
+START_TEST(test_dlq_groups_count_letters_without_reading_them)
+{
+    struct h_run r;
+    h_run_open(&r, "groups");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    letters(r.pg, r.queue);
+
+    H_WAIT(ctl_backends(r.pg) == 0, 10000, "no sekalictl should be connected");
+    long long before = letters_read(r.pg);
+    char *out = NULL;
+    int rc = h_sekalictl(&r, &out, (const char *const[]){ "dlq", "groups", r.queue, "--json",
+                                                          NULL });
+    ck_assert_msg(rc == 0, "dlq groups should succeed: %s", out);
+    H_WAIT(ctl_backends(r.pg) == 0, 10000, "sekalictl's session should end");
+    long long read = letters_read(r.pg) - before;
+    ck_assert_msg(read < MANY / 4, "dlq groups read %lld dead letters' rows for 3 groups of "
+                  "%d letters: it should read their counts", read, MANY);
+
+    /* The groups as the letters give them: counts, bounds, an example. */
+    ck_assert_msg(strstr(out, "{\"reason\":\"failed\",\"fingerprint\":\"timeout after {n} ms\","
+                              "\"count\":200,\"replayable\":200,"
+                              "\"first_failure\":\"2026-01-01T00:01:00Z\","
+                              "\"last_failure\":\"2026-02-01T06:39:00Z\","
+                              "\"example_key\":\"k-399\"}") != NULL, "groups: %s", out);
+    ck_assert_msg(strstr(out, "{\"reason\":\"failed\",\"fingerprint\":\"gateway {n}\","
+                              "\"count\":100,\"replayable\":100,") != NULL, "groups: %s", out);
+    ck_assert_msg(strstr(out, "{\"reason\":\"malformed\",\"fingerprint\":\"gateway {n}\","
+                              "\"count\":100,\"replayable\":0,") != NULL &&
+                  strstr(out, "\"example_key\":null") != NULL, "groups: %s", out);
+    free(out);
+
+    /* Replayed, purged and replaced letters change the counts, and the
+     * janitor's folding of their shards does not. */
+    char sql[600];
+    snprintf(sql, sizeof(sql),
+             "DELETE FROM sekali.dead_letters WHERE queue = '%s' AND key IN ('k-1', 'k-3', 'k-2');"
+             "UPDATE sekali.dead_letters SET error = 'gateway 7', malformed = NULL "
+             " WHERE queue = '%s' AND key = 'k-5'", r.queue, r.queue);
+    h_pg_exec(r.pg, sql);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT sum(letters) FROM sekali.dlq_groups('%s', 10) "
+                                      "WHERE fingerprint = 'timeout after {n} ms'", r.queue), 197);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT sum(letters) FROM sekali.dlq_groups('%s', 10) "
+                                      "WHERE reason = 'failed' AND fingerprint = 'gateway {n}'",
+                                r.queue), 100);
+    ck_assert_int_ge(h_pg_count(r.pg, "SELECT sekali.fold_dead_letter_counts('%s', 1000)",
+                                r.queue), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letter_counts "
+                                      "WHERE queue = '%s'", r.queue), 3);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT sekali.dead_letter_count('%s')", r.queue),
+                     MANY - 3);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM (SELECT reason, fingerprint, "
+                                      "count(*) n, count(*) FILTER (WHERE malformed IS NULL) m "
+                                      "FROM sekali.dead_letters WHERE queue = '%s' GROUP BY 1, 2 "
+                                      "EXCEPT SELECT reason, fingerprint, letters, replayable "
+                                      "FROM sekali.dlq_groups('%s', 10)) x", r.queue, r.queue), 0);
+
+    /* An emptied group leaves no row behind once folded. */
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.dead_letters WHERE queue = '%s'", r.queue);
+    h_pg_exec(r.pg, sql);
+    h_pg_count(r.pg, "SELECT sekali.fold_dead_letter_counts('%s', 1000)", r.queue);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dead_letter_counts "
+                                      "WHERE queue = '%s'", r.queue), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.dlq_groups('%s', 10)",
+                                r.queue), 0);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Links the migrations up to `last` (a file name prefix, e.g. "028") from
+ * the source tree into dir, for sekalictl migrate --sql-dir dir. */
+static void link_migrations(const char *dir, const char *last)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "for f in \"$PWD\"/sql/0*.sql; do n=$(basename \"$f\"); "
+             "[ \"${n%%%%_*}\" \\> '%s' ] || ln -sf \"$f\" '%s/'; done", last, dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static int migrate(const char *config, const char *dir)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "'%s/sekalictl' -c '%s' migrate --sql-dir '%s' >>'%s/migrate.log' 2>&1",
+             h_build_dir(), config, dir, dir);
+    return system(cmd);
+}
+
+START_TEST(test_an_upgrade_counts_what_the_database_held_while_writers_commit)
+{
+    struct h_run r;
+    h_run_open(&r, "upgrade");
+    char db[160], sql[1400], conninfo[1024], *config;
+    snprintf(db, sizeof(db), "counts_%s", r.queue);
+    for (char *c = db; *c != '\0'; c++)
+        if (*c == '-')
+            *c = '_';
+    snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s", db);
+    h_pg_exec(r.pg, sql);
+    snprintf(sql, sizeof(sql), "CREATE DATABASE %s", db);
+    h_pg_exec(r.pg, sql);
+    /* The test database's name in the conninfo, and the new one's. */
+    char from[160], to[200];
+    snprintf(conninfo, sizeof(conninfo), "%s", h_pg_conninfo());
+    char *at = strstr(conninfo, "dbname=");
+    ck_assert_ptr_nonnull(at);
+    size_t len = strcspn(at, " ");
+    snprintf(from, sizeof(from), "%.*s", (int)len, at);
+    snprintf(to, sizeof(to), "dbname=%s", db);
+    config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    h_config_replace(config, from, to);
+    snprintf(sql, sizeof(sql), "%.*s%s%s", (int)(at - conninfo), conninfo, to, at + len);
+    PGconn *pg = PQconnectdb(sql), *writer = PQconnectdb(sql);
+    ck_assert_msg(PQstatus(pg) == CONNECTION_OK && PQstatus(writer) == CONNECTION_OK,
+                  "connecting to %s: %s", db, PQerrorMessage(pg));
+
+    /* A database of the release before, holding failed keys and letters. */
+    link_migrations(r.dir, "028");
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+    fail_many(pg, r.queue);
+    letters(pg, r.queue);
+    link_migrations(r.dir, "029");
+
+    /* A transaction writing the keys and left open (a long job): adding
+     * the triggers gives up after its lock_timeout instead of holding
+     * every other writer behind it, and changes nothing. */
+    h_pg_exec(writer, "BEGIN");
+    snprintf(sql, sizeof(sql), "SELECT sekali.fail('%s', 'long', 'test:1', 'j', 'test', 'x')",
+             r.queue);
+    h_pg_exec(writer, sql);
+    int64_t t0 = h_now_ms();
+    ck_assert_int_ne(migrate(config, r.dir), 0);
+    ck_assert_msg(h_now_ms() - t0 < h_ms(30000), "migrate should give up in seconds, took %lld ms",
+                  (long long)(h_now_ms() - t0));
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM pg_class WHERE oid = "
+                                    "to_regclass('sekali.key_counts')"), 0);
+    h_pg_exec(writer, "ROLLBACK");
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+    ck_assert_int_eq(failed_status(pg, r.queue), MANY);    /* not counted yet: read */
+
+    /* A key fails in a transaction still open while the counts are taken:
+     * it must count once, after its COMMIT, neither twice nor never. */
+    h_pg_exec(writer, "BEGIN");
+    snprintf(sql, sizeof(sql), "SELECT sekali.fail('%s', 'during', 'test:1', 'j', 'test', 'x'),"
+                               " sekali.fail('%s', 'f-1', 'test:1', 'j', 'test', 'again')",
+             r.queue, r.queue);
+    h_pg_exec(writer, sql);
+    link_migrations(r.dir, "030");
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.count_bases"), 2);
+    ck_assert_int_eq(failed_status(pg, r.queue), MANY);
+    h_pg_exec(writer, "COMMIT");
+    ck_assert_int_eq(failed_status(pg, r.queue), MANY + 1);
+    ck_assert_int_eq(failed_keys(pg, r.queue), MANY + 1);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT sekali.dead_letter_count('%s')", r.queue), MANY);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM (SELECT reason, fingerprint, "
+                                    "count(*) n, count(*) FILTER (WHERE malformed IS NULL) m "
+                                    "FROM sekali.dead_letters WHERE queue = '%s' GROUP BY 1, 2 "
+                                    "EXCEPT SELECT reason, fingerprint, letters, replayable "
+                                    "FROM sekali.dlq_groups('%s', 10)) x", r.queue, r.queue), 0);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.dlq_groups('%s', 10)", r.queue),
+                     3);
+    /* Run again, the counts come out the same. */
+    h_pg_exec(pg, "SELECT sekali.recount_failed_keys(), sekali.recount_dead_letters()");
+    ck_assert_int_eq(failed_status(pg, r.queue), MANY + 1);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT sekali.dead_letter_count('%s')", r.queue), MANY);
+
+    PQfinish(writer);
+    PQfinish(pg);
+    snprintf(sql, sizeof(sql), "DROP DATABASE %s", db);
+    h_pg_exec(r.pg, sql);
+    free(config);
+    h_run_close(&r);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *tests[] = {
+        test_status_counts_failed_keys_without_reading_them,
+        test_dlq_groups_count_letters_without_reading_them,
+        test_an_upgrade_counts_what_the_database_held_while_writers_commit,
+        NULL,
+    };
+    Suite *s = suite_create("counts");
+    h_tcase(s, "counts", 120, tests);
+    return h_run_suite(s);
+}
