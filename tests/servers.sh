@@ -25,7 +25,7 @@
 #   SEKALI_EPMD_PORT [54369]               private epmd
 #   SEKALI_RABBIT_NODE [sekali-test@localhost]
 #   SEKALI_AMQP_CONSUMER_TIMEOUT [3600000] ms
-#   SEKALI_WAIT [30] / SEKALI_WAIT_RABBIT [60]  seconds to wait for a server
+#   SEKALI_WAIT [30] / SEKALI_WAIT_RABBIT [240]  seconds to wait for a server
 #   SEKALI_TLS [0]     1: also make a test CA (openssl, in the scratch dir's tls/)
 #                       and serve TLS: RabbitMQ on SEKALI_AMQP_TLS_PORT
 #                       [AMQP distribution port + 11] (client certificates
@@ -108,7 +108,10 @@ if [ -n "$LISTEN_EXTRA" ]; then
     EXTRA_NET=$((extra_bits >> 24)).$((extra_bits >> 16 & 255)).$((extra_bits >> 8 & 255)).$((extra_bits & 255))/${BASH_REMATCH[5]}
 fi
 WAIT=${SEKALI_WAIT:-30}
-WAIT_RABBIT=${SEKALI_WAIT_RABBIT:-60}
+# A broker recovering hundreds of test queues after an unclean stop, on a
+# loaded 2-core machine, took over 60 s to boot; rabbit_wait stops waiting
+# as soon as the VM dies, so the bound only ends a hung start.
+WAIT_RABBIT=${SEKALI_WAIT_RABBIT:-240}
 
 for p in PG_PORT REDIS_PORT AMQP_PORT AMQP_DIST_PORT EPMD_PORT AMQP_TLS_PORT REDIS_TLS_PORT; do
     [[ ${!p} =~ ^[0-9]+$ ]] && [ "${!p}" -ge 1 ] && [ "${!p}" -le 65535 ] ||

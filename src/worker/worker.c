@@ -24,6 +24,7 @@
 #include "plugin.h"
 #include "process.h"
 #include "store.h"
+#include "text.h"
 #include "worker.h"
 
 #define POLL_MS 250  /* longest a stop request waits for an idle worker */
@@ -232,7 +233,8 @@ static bool handler_ready(struct sk_pipeline *p)
                         : p->ready_delay_ms >= READY_MAX_MS / 2 ? READY_MAX_MS
                         : p->ready_delay_ms * 2;
     p->ready_next_ms = now + p->ready_delay_ms;
-    snprintf(p->slot->blocked_why, sizeof(p->slot->blocked_why), "%s", why);
+    /* The slot is shown by status and the console: cut on a character. */
+    sk_text_copy(p->slot->blocked_why, sizeof(p->slot->blocked_why), why);
     atomic_store(&p->slot->blocked, 1);
     sk_links_stand_down(p->links);
     sk_log_event(SK_LOG_ERROR, began ? SK_EVENT_HANDLER_NOT_READY : NULL, NULL, &job,
