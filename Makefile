@@ -122,30 +122,19 @@ $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< \
 	    $(shell pkg-config --libs libpq)
 
-# Each unit suite links only the module it tests (plus the core).
-$(B)/tests/check_config:   $(call obj,$(CORE))
-$(B)/tests/check_pg_conninfo: $(call obj,common pg_conninfo)
-$(B)/tests/check_broker_url: $(call obj,$(CORE))
-$(B)/tests/check_pg_addr:  $(call obj,$(CORE) pg)
-$(B)/tests/check_envelope: $(call obj,$(CORE) envelope $(BROKER))
-$(B)/tests/check_plugin:   $(call obj,$(CORE) plugin pg)
-$(B)/tests/check_host:     $(call obj,$(CORE) host headers_json lease pg store)
-$(B)/tests/check_log:      $(call obj,$(CORE))
-$(B)/tests/check_metrics_area: $(call obj,$(CORE) metrics metrics_text)
-$(B)/tests/check_proctitle: $(call obj,$(CORE) proctitle)
-$(B)/tests/check_process:   $(call obj,$(CORE) process proctitle metrics_http metrics metrics_text)
-$(B)/tests/check_backoff:  $(call obj,$(CORE))
-$(B)/tests/check_outage:   $(call obj,$(CORE))
-$(B)/tests/check_deaths:   $(call obj,$(CORE) deaths oom scoreboard)
-$(B)/tests/check_docs:     $(call obj,$(CORE))
+# Each unit suite links only the module it tests, plus the core: by default
+# the core and the module its name gives (check_cron: $(CORE) and cron, if
+# src/ has one). A suite that needs other modules names them all in a
+# comment line of its own, `/* links: core deaths oom scoreboard */`, where
+# "core" and "broker" stand for those lists and "none" for nothing; so a new
+# suite needs no line here.
+UNIT_LINKS = $(shell sed -n 's|^/\* links: \(.*\) \*/$$|\1|p' tests/unit/$(1).c)
+unit_default = core $(if $(wildcard $(addsuffix /$(1:check_%=%).c,$(SRC_DIRS))),$(1:check_%=%))
+unit_mods = $(sort $(patsubst core,$(CORE),$(patsubst broker,$(BROKER),$(filter-out none,$(or \
+            $(call UNIT_LINKS,$(1)),$(call unit_default,$(1)))))))
+$(foreach t,$(UNIT_TESTS:$(B)/tests/%=%),$(eval $(B)/tests/$(t): $(call obj,$(call unit_mods,$(t)))))
 # check_layers reads every object's symbols (nm): built first, not linked.
 $(B)/tests/check_layers: | $(call obj,$(sort $(DAEMON) $(CTL)))
-$(B)/tests/check_reschedule: $(call obj,$(CORE) reschedule $(BROKER))
-$(B)/tests/check_schema:   $(call obj,$(CORE) schema pg)
-$(B)/tests/check_fingerprint: $(call obj,ctl_fingerprint ctl_out broker_wire)
-$(B)/tests/check_cron:     $(call obj,$(CORE))
-$(B)/tests/check_text:     $(call obj,$(CORE))
-$(B)/tests/check_trace_context: $(call obj,$(CORE))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 

@@ -488,6 +488,54 @@ int h_count_events(const char *path, const char *role, const char *event, const 
     return n;
 }
 
+/* Whether line has the field key with value: a string ("key":"value") or a
+ * number ("key":value, then ',' or '}'), after a comma as h_count_events()
+ * relies on. */
+static bool has_field(const char *line, const char *key, const char *value)
+{
+    char quoted[600], bare[600];
+    snprintf(quoted, sizeof(quoted), ",\"%s\":\"%s\"", key, value);
+    if (strstr(line, quoted) != NULL)
+        return true;
+    int n = snprintf(bare, sizeof(bare), ",\"%s\":%s", key, value);
+    for (const char *p = line; (p = strstr(p, bare)) != NULL; p++)
+        if (p[n] == ',' || p[n] == '}')
+            return true;
+    return false;
+}
+
+int h_count_event_where(const char *path, const char *event, ...)
+{
+    const char *pairs[2 * 8];
+    size_t n = 0;
+    va_list ap;
+    va_start(ap, event);
+    for (const char *key; (key = va_arg(ap, const char *)) != NULL;) {
+        ck_assert_msg(n < sizeof(pairs) / sizeof(pairs[0]), "h_count_event_where: too many fields");
+        pairs[n++] = key;
+        pairs[n++] = va_arg(ap, const char *);
+    }
+    va_end(ap);
+    char *text = h_read_file(path);
+    if (text == NULL)
+        return 0;
+    int count = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        bool all = has_field(line, "event", event);
+        for (size_t i = 0; all && i < n; i += 2)
+            all = has_field(line, pairs[i], pairs[i + 1]);
+        count += all;
+    }
+    free(text);
+    return count;
+}
+
+int h_count_deaths(const char *path, const char *key, const char *value)
+{
+    return h_count_event_where(path, SK_EVENT_WORKER_DIED, "role", "supervisor", key, value,
+                               NULL);
+}
+
 void h_publish_raw(struct sk_broker *b, const char *queue, const char *message_id,
                    const char *type, const struct sk_header *headers, size_t n_headers,
                    const void *body, size_t body_len)
@@ -564,6 +612,15 @@ bool h_redis_exists(const char *key)
     freeReplyObject(reply);
     redisFree(redis);
     return exists;
+}
+
+pid_t h_publish_stalled(struct h_run *r, const char *message_id, const char *key,
+                        const char *body)
+{
+    h_publish(r->b, r->queue, "test", message_id, key, NULL, body);
+    H_WAIT(h_stalled_pid(r->dir) != 0, 20000, "the handler never reached its stall point (%s)",
+           message_id);
+    return h_stalled_pid(r->dir);
 }
 
 pid_t h_stalled_pid(const char *dir)
@@ -840,13 +897,21 @@ size_t h_children(pid_t parent, pid_t *out, size_t max)
 
 int h_sekalictl(struct h_run *r, char **out, const char *const *args)
 {
+    return h_sekalictl_as(r, "sekalictl", NULL, out, args);
+}
+
+int h_sekalictl_as(struct h_run *r, const char *binary, const char *const *env, char **out,
+                   const char *const *args)
+{
     char path[1100], exe[1100];
     snprintf(path, sizeof(path), "%s/ctl.out", r->dir);
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    const char *argv[16] = { exe, "-c", r->config };
+    snprintf(exe, sizeof(exe), "%s/%s", h_build_dir(), binary);
+    const char *argv[32] = { exe, "-c", r->config };
     size_t n = 3;
-    for (; *args != NULL && n < 15; args++)
+    for (; *args != NULL; args++) {
+        ck_assert_msg(n < 31, "h_sekalictl_as: too many arguments");
         argv[n++] = *args;
+    }
     argv[n] = NULL;
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
@@ -854,10 +919,12 @@ int h_sekalictl(struct h_run *r, char **out, const char *const *args)
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0 || dup2(fd, 1) < 0)
             _exit(127);
+        for (; env != NULL && *env != NULL; env++)
+            putenv((char *)*env);
         execv(exe, (char **)argv);
         _exit(127);
     }
-    int status = h_wait_exit(pid, 60000, "sekalictl");
+    int status = h_wait_exit(pid, 60000, binary);
     *out = h_read_file(path);
     ck_assert_ptr_nonnull(*out);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -164,6 +164,19 @@ int h_count_lines(const char *path, const char *needle);
  * prose, which may change. */
 int h_count_events(const char *path, const char *role, const char *event, const char *server);
 
+/* Number of sekalid's JSON log lines in path with the event name `event`
+ * whose fields have the given values: a NULL-terminated list of key and
+ * value pairs, e.g. h_count_event_where(r.log, SK_EVENT_WORKER_DIED,
+ * "signal", "9", "queue", r.queue, NULL). Role, server, the job's fields
+ * and the event's own (sekalid(8), LOGGING) are all fields; a number
+ * matches as written ("3"). Values are compared as written in the log, so
+ * give them without quotes or backslashes. */
+int h_count_event_where(const char *path, const char *event, ...)
+    __attribute__((sentinel));
+/* The supervisor's worker_died lines of path whose field key has value:
+ * ("signal", "9"), ("job_caused", "yes"), ("restart_ms", "0"). */
+int h_count_deaths(const char *path, const char *key, const char *value);
+
 /* One test's sekalid on a queue of its own, with the connections the test
  * checks it through. Fields are for the test to read; a test that restarts
  * a server may replace pg or b with a new connection (h_pg(), h_broker()). */
@@ -261,10 +274,21 @@ double h_metric(int port, const char *series_fmt, ...) __attribute__((format(pri
 int64_t h_now_ms(void);
 void    h_nap(void);
 
-/* Runs `sekalictl -c r->config ARGS...` (args NULL-terminated, at most 12);
- * its stdout into *out (the caller frees). Returns its exit code, or 128 +
- * the signal that ended it. */
+/* Runs `sekalictl -c r->config ARGS...` (args NULL-terminated, at most 28);
+ * its stdout into *out (the caller frees; also in r->dir/ctl.out). Returns
+ * its exit code, or 128 + the signal that ended it. */
 int h_sekalictl(struct h_run *r, char **out, const char *const *args);
+/* Publishes a test job (message_id, key, body: "stall" or "pay" make the
+ * test handler stall, tests/plugins/effect.c) and waits until a worker's
+ * handler stalls in it; returns that worker's pid. The queue's config must
+ * set marker_dir to r->dir. */
+pid_t h_publish_stalled(struct h_run *r, const char *message_id, const char *key,
+                        const char *body);
+
+/* The same with the binary under the build dir ("fault/sekalictl") and a
+ * NULL-terminated NAME=VALUE list added to its environment, or NULL. */
+int h_sekalictl_as(struct h_run *r, const char *binary, const char *const *env, char **out,
+                   const char *const *args);
 
 /* The frame size sekalid and the harness ask for, and RabbitMQ's default. */
 #define H_FRAME_MAX 131072

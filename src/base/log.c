@@ -13,6 +13,7 @@
  * A worker writes a line per job, so a line is built without printf where
  * it can be: the pid is kept from sk_log_init() (and a fork), the date part
  * of the time stamp is made once a second, and text is copied in runs. */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -46,6 +47,16 @@ struct line {
     size_t len;
 };
 
+/* What a line says beyond its message: the event's name, server and own
+ * fields (all may be absent) and the job's fields. */
+struct about {
+    const char                *event;
+    const char                *server;
+    const struct sk_log_job   *job;
+    const struct sk_log_field *fields;
+    size_t                     n_fields;
+};
+
 static void put_raw(struct line *l, const char *s, size_t n);
 static void put_str(struct line *l, const char *s);
 static void put_stamp(struct line *l);
@@ -56,16 +67,15 @@ static void put_text(struct line *l, const char *s, bool quoted);
 static bool needs_quotes(const char *s);
 static void put_field(struct line *l, const char *key, const char *value);
 static void put_job(struct line *l, const struct sk_log_job *job);
+static void put_about(struct line *l, const struct about *a);
 static void put_json_line(struct line *l, enum sk_log_level level, const char *msg,
-                          const char *event, const char *server, const struct sk_log_job *job);
+                          const struct about *a);
 static void put_text_line(struct line *l, enum sk_log_level level, const char *msg,
-                          const char *event, const char *server, const struct sk_log_job *job);
+                          const struct about *a);
 static void put_number(struct line *l, const char *key, const char *num);
-static void send_to_journal(enum sk_log_level level, const char *msg, const char *event,
-                            const char *server, const struct sk_log_job *job);
-static void vlog(enum sk_log_level level, const char *event, const char *server,
-                 const struct sk_log_job *job, const char *fmt, va_list ap)
-    __attribute__((format(printf, 5, 0)));
+static void send_to_journal(enum sk_log_level level, const char *msg, const struct about *a);
+static void vlog(enum sk_log_level level, const struct about *a, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 bool sk_log_stderr_is_journal(void)
 {
@@ -120,18 +130,30 @@ void sk_log_event(enum sk_log_level level, const char *event, const char *server
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(level, event, server, job, fmt, ap);
+    vlog(level, &(struct about){ .event = event, .server = server, .job = job }, fmt, ap);
+    va_end(ap);
+}
+
+void sk_log_event_fields(enum sk_log_level level, const char *event, const char *server,
+                         const struct sk_log_job *job, const struct sk_log_field *fields,
+                         size_t n, const char *fmt, ...)
+{
+    sk_assert(n <= SK_LOG_MAX_FIELDS);
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, &(struct about){ .event = event, .server = server, .job = job,
+                                 .fields = fields, .n_fields = n }, fmt, ap);
     va_end(ap);
 }
 
 void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const char *fmt,
                  va_list ap)
 {
-    vlog(level, NULL, NULL, job, fmt, ap);
+    vlog(level, &(struct about){ .job = job }, fmt, ap);
 }
 
 static void put_json_line(struct line *l, enum sk_log_level level, const char *msg,
-                          const char *event, const char *server, const struct sk_log_job *job)
+                          const struct about *a)
 {
     put_str(l, "{\"ts\":\"");
     put_stamp(l);
@@ -143,14 +165,12 @@ static void put_json_line(struct line *l, enum sk_log_level level, const char *m
     put_str(l, pid_text);
     put_str(l, ",\"msg\":");
     put_json_string(l, msg);
-    put_field(l, "event", event);
-    put_field(l, "server", server);
-    put_job(l, job);
+    put_about(l, a);
     put_raw(l, "}", 1);
 }
 
 static void put_text_line(struct line *l, enum sk_log_level level, const char *msg,
-                          const char *event, const char *server, const struct sk_log_job *job)
+                          const struct about *a)
 {
     put_stamp(l);
     put_raw(l, " ", 1);
@@ -162,13 +182,21 @@ static void put_text_line(struct line *l, enum sk_log_level level, const char *m
     /* Always quoted: a message echoes text (a key, a broker's or a
      * handler's error) that could otherwise pose as key=value fields. */
     put_text(l, msg, true);
-    put_field(l, "event", event);
-    put_field(l, "server", server);
-    put_job(l, job);
+    put_about(l, a);
 }
 
-static void vlog(enum sk_log_level level, const char *event, const char *server,
-                 const struct sk_log_job *job, const char *fmt, va_list ap)
+/* The event's own fields come after the job's, so that every line's job
+ * fields stand in one place whatever the event adds. */
+static void put_about(struct line *l, const struct about *a)
+{
+    put_field(l, "event", a->event);
+    put_field(l, "server", a->server);
+    put_job(l, a->job);
+    for (size_t i = 0; i < a->n_fields; i++)
+        put_field(l, a->fields[i].key, a->fields[i].value);
+}
+
+static void vlog(enum sk_log_level level, const struct about *a, const char *fmt, va_list ap)
 {
     if (level < min_level)
         return;
@@ -185,7 +213,7 @@ static void vlog(enum sk_log_level level, const char *event, const char *server,
         vsnprintf(buf, sizeof(buf), fmt, ap);
     }
     if (to_journal) {
-        send_to_journal(level, msg, event, server, job);
+        send_to_journal(level, msg, a);
         return;
     }
     if (pid_text[0] == '\0')
@@ -193,9 +221,9 @@ static void vlog(enum sk_log_level level, const char *event, const char *server,
 
     struct line l = { .len = 0 };
     if (format == SK_LOG_FORMAT_JSON)
-        put_json_line(&l, level, msg, event, server, job);
+        put_json_line(&l, level, msg, a);
     else
-        put_text_line(&l, level, msg, event, server, job);
+        put_text_line(&l, level, msg, a);
     /* Leave room for the newline even when the line was cut short. */
     if (l.len >= sizeof(l.buf))
         l.len = sizeof(l.buf) - 1;
@@ -353,12 +381,13 @@ static void put_number(struct line *l, const char *key, const char *num)
 }
 
 /* journald's own fields: PRIORITY is syslog's (error 3 .. debug 7). */
-static void send_to_journal(enum sk_log_level level, const char *msg, const char *event,
-                            const char *server, const struct sk_log_job *job)
+static void send_to_journal(enum sk_log_level level, const char *msg, const struct about *a)
 {
     static const int priorities[] = { 7, 6, 4, 3 };
-    char fields[14][640];  /* a key is at most 512 bytes */
-    struct iovec iov[14];
+    const char *event = a->event, *server = a->server;
+    const struct sk_log_job *job = a->job;
+    char fields[14 + SK_LOG_MAX_FIELDS][640];  /* a key is at most 512 bytes */
+    struct iovec iov[14 + SK_LOG_MAX_FIELDS];
     int n = 0;
 #define FIELD(...)                                                               \
     do {                                                                         \
@@ -394,6 +423,16 @@ static void send_to_journal(enum sk_log_level level, const char *msg, const char
             FIELD("TRACE_ID=%s", job->trace_id);
         if (job->span_id != NULL)
             FIELD("SPAN_ID=%s", job->span_id);
+    }
+    for (size_t i = 0; i < a->n_fields; i++) {
+        if (a->fields[i].value == NULL || a->fields[i].value[0] == '\0')
+            continue;
+        char key[32];
+        size_t k = 0;
+        for (; a->fields[i].key[k] != '\0' && k < sizeof(key) - 1; k++)
+            key[k] = (char)toupper((unsigned char)a->fields[i].key[k]);
+        key[k] = '\0';
+        FIELD("%s=%s", key, a->fields[i].value);
     }
 #undef FIELD
     sd_journal_sendv(iov, n);

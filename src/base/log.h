@@ -9,6 +9,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum sk_log_level { SK_LOG_DEBUG = 0, SK_LOG_INFO, SK_LOG_WARN, SK_LOG_ERROR };
@@ -47,7 +48,8 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
  * line logged with sk_log_event() carries its name as EVENT= in the journal,
  * "event" in JSON and event= in text, and the server it concerns (if any) as
  * SERVER=, "server", server=. The prose around them may change; these may
- * not. Adding one? Name it in sekalid(8) under LOGGING. */
+ * not, nor the keys of their fields (sk_log_event_fields()). Adding one, or
+ * a field? Name it in sekalid(8) under LOGGING. */
 #define SK_EVENT_OUTAGE_BEGIN   "outage_begin"    /* a server went away (once per outage) */
 #define SK_EVENT_OUTAGE_END     "outage_end"      /* ... and came back (once) */
 #define SK_EVENT_CRASH_RECORDED "crash_recorded"  /* a dead worker's job counted a crash */
@@ -74,6 +76,12 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_HANDLER_NOT_READY "handler_not_ready" /* a handler cannot run: no consumer */
 #define SK_EVENT_HANDLER_READY  "handler_ready"   /* ... and can again: consuming */
 #define SK_EVENT_TRACE_DROPPED  "trace_context_dropped" /* a bad traceparent/tracestate dropped */
+#define SK_EVENT_STARTED        "started"         /* a child is set up and runs (its role) */
+#define SK_EVENT_STOPPING       "stopping"        /* ... and, asked to, leaves its loop */
+#define SK_EVENT_GENERATION_RETIRED "generation_retired" /* its workers finish and go */
+#define SK_EVENT_LOCKS_FREED    "locks_freed"     /* a dead worker's locks deleted */
+#define SK_EVENT_LOCKS_HANDED   "locks_handed"    /* a retired worker's locks handed on */
+#define SK_EVENT_DOCTOR_PASSED  "doctor_passed"   /* every start check passed or warned */
 
 /* The servers an event's SERVER= names. */
 #define SK_SERVER_POSTGRES "postgres"
@@ -85,6 +93,22 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 void sk_log_event(enum sk_log_level level, const char *event, const char *server,
                   const struct sk_log_job *job, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+
+/* A field of an event's own beside the job's (a signal, a count): `key` in
+ * lower case as JSON and text show it (the journal upper-cases it), `value`
+ * as text; a NULL or empty value is left out. Its key is as stable as the
+ * event's name: sekalid(8) lists both. */
+struct sk_log_field {
+    const char *key;
+    const char *value;
+};
+#define SK_LOG_MAX_FIELDS 4
+
+/* As sk_log_event(), with n (at most SK_LOG_MAX_FIELDS) fields of its own
+ * after the job's; fields may be NULL when n is 0. Any thread may call it. */
+void sk_log_event_fields(enum sk_log_level level, const char *event, const char *server,
+                         const struct sk_log_job *job, const struct sk_log_field *fields,
+                         size_t n, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 
 #define sk_log_debug(...) sk_log(SK_LOG_DEBUG, __VA_ARGS__)
 #define sk_log_info(...)  sk_log(SK_LOG_INFO, __VA_ARGS__)

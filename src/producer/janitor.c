@@ -93,7 +93,7 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
 
 int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
 {
-    sk_log_info("janitor started");
+    sk_log_event(SK_LOG_INFO, SK_EVENT_STARTED, NULL, NULL, "janitor started");
 
     struct sk_outage outage = SK_OUTAGE_INIT(500, 30000);
     PGconn *pg = NULL;
@@ -135,6 +135,6 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         }
     }
     PQfinish(pg);
-    sk_log_info("janitor stopping");
+    sk_log_event(SK_LOG_INFO, SK_EVENT_STOPPING, NULL, NULL, "janitor stopping");
     return SK_EXIT_OK;
 }

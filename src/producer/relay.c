@@ -86,7 +86,7 @@ int sk_relay_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_met
         sk_log_error("outbox relay: out of memory for a batch of %d", conf->outbox.batch);
         return SK_EXIT_RUNTIME;
     }
-    sk_log_info("outbox relay started");
+    sk_log_event(SK_LOG_INFO, SK_EVENT_STARTED, NULL, NULL, "outbox relay started");
     while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         if (!connect_all(&r))
@@ -111,7 +111,7 @@ int sk_relay_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_met
     }
     disconnect(&r, NULL, NULL);
     free(r.publishes);
-    sk_log_info("outbox relay stopping");
+    sk_log_event(SK_LOG_INFO, SK_EVENT_STOPPING, NULL, NULL, "outbox relay stopping");
     return SK_EXIT_OK;
 }
 

@@ -113,8 +113,8 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot,
         sk_conf_schedule_spec(&conf->schedules[i], s.entries[i].spec, sizeof(s.entries[i].spec));
     }
     name_runner(&s);
-    sk_log_info("scheduler started with %zu schedule%s", conf->n_schedules,
-                conf->n_schedules == 1 ? "" : "s");
+    sk_log_event(SK_LOG_INFO, SK_EVENT_STARTED, NULL, NULL, "scheduler started with %zu "
+                 "schedule%s", conf->n_schedules, conf->n_schedules == 1 ? "" : "s");
 
     while (!sk_process_stopping())
         turn(&s);
@@ -122,7 +122,7 @@ int sk_scheduler_run(const struct sk_conf *conf, struct sk_slot *slot,
     free(s.entries);
     free(s.ticks);
     free(s.list);
-    sk_log_info("scheduler stopping");
+    sk_log_event(SK_LOG_INFO, SK_EVENT_STOPPING, NULL, NULL, "scheduler stopping");
     return SK_EXIT_OK;
 }
 

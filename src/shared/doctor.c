@@ -29,15 +29,19 @@ size_t sk_doctor_at_start(const struct sk_conf *conf)
         if (v->level != SK_DOCTOR_FAIL)
             continue;
         failed++;
-        sk_log_event(SK_LOG_WARN, SK_EVENT_DOCTOR_FAILED, NULL, NULL,
-                     "doctor: %s%s%s failed: %s%s%s", v->check, v->object[0] ? " " : "",
-                     v->object, v->found, v->fix[0] ? "; fix: " : "", v->fix);
+        sk_log_event_fields(SK_LOG_WARN, SK_EVENT_DOCTOR_FAILED, NULL, NULL,
+                            (const struct sk_log_field[]){ { "check", v->check },
+                                                           { "object", v->object } }, 2,
+                            "doctor: %s%s%s failed: %s%s%s", v->check,
+                            v->object[0] ? " " : "", v->object, v->found,
+                            v->fix[0] ? "; fix: " : "", v->fix);
     }
     if (failed > 0)
         sk_log_warn("doctor: %zu of %zu start checks failed; `sekalictl doctor` tells more",
                     failed, d.n);
     else
-        sk_log_info("doctor: %zu start checks passed or warned", d.n);
+        sk_log_event(SK_LOG_INFO, SK_EVENT_DOCTOR_PASSED, NULL, NULL,
+                     "doctor: %zu start checks passed or warned", d.n);
     sk_doctor_free(&d);
     return failed;
 }

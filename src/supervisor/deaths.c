@@ -126,9 +126,15 @@ void sk_deaths_hand_down(struct sk_slot *dead, const char *queue, const struct s
                              "handed to a current worker to count", queue,
                              heir->handed_crash_key);
             size_t handed = n > 0 ? sk_slot_hand_orphans(dead, heir) : 0;
+            char count[24];
+            snprintf(count, sizeof(count), "%zu", handed);
             if (handed > 0)
-                sk_log_info("queue %s: %zu lock%s of a retired worker handed to a current one "
-                            "to free", queue, handed, handed == 1 ? "" : "s");
+                sk_log_event_fields(SK_LOG_INFO, SK_EVENT_LOCKS_HANDED, NULL,
+                                    &(struct sk_log_job){ .queue = queue },
+                                    (const struct sk_log_field[]){ { "count", count } }, 1,
+                                    "queue %s: %zu lock%s of a retired worker handed to a "
+                                    "current one to free", queue, handed,
+                                    handed == 1 ? "" : "s");
             return;
         }
     }

@@ -82,7 +82,8 @@ struct supervisor {
 static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins);
 static void turn(struct supervisor *s);
 static void take_signals(struct supervisor *s);
-static void retire(struct supervisor *s, struct generation *g, const char *why);
+static void retire(struct supervisor *s, struct generation *g, const char *reason,
+                   const char *why);
 static void spawn(struct supervisor *s, struct generation *g, struct slot *slot);
 static void fresh(struct sk_slot *shared);
 static void reap(struct supervisor *s);
@@ -90,8 +91,8 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
                            const struct sk_slot *shared, int status, const struct sk_death *d);
 static void cannot_run(struct supervisor *s, struct generation *g, const char *who, int code,
                        const struct sk_log_job *job);
-static void log_death(const char *who, int status, int64_t lived, const char *whose,
-                      const char *what, const struct sk_log_job *job);
+static void log_death(const char *who, int status, int64_t lived, bool job_caused,
+                      int64_t delay, const struct sk_log_job *job);
 static void begin_stop(struct supervisor *s, const char *why);
 static void reload(struct supervisor *s);
 static void abandon(struct supervisor *s, const char *who, int code);
@@ -237,11 +238,16 @@ static void respawn_due(struct supervisor *s, struct generation *g, int64_t now)
 
 /* Asks every worker of g to finish its job and exit, and gives them the
  * generation's shutdown_timeout before SIGKILL. */
-static void retire(struct supervisor *s, struct generation *g, const char *why)
+/* reason is the event's field (sekalid(8)): "reload", "superseded",
+ * "abandoned" or "stop"; why is the prose. */
+static void retire(struct supervisor *s, struct generation *g, const char *reason,
+                   const char *why)
 {
     g->kill_at_ms = sk_now_ms() + g->conf->shutdown_timeout_ms;
-    sk_log_info("%s: waiting up to %u ms for %zu workers to finish their jobs", why,
-                g->conf->shutdown_timeout_ms, running(g));
+    sk_log_event_fields(SK_LOG_INFO, SK_EVENT_GENERATION_RETIRED, NULL, NULL,
+                        (const struct sk_log_field[]){ { "reason", reason } }, 1,
+                        "%s: waiting up to %u ms for %zu workers to finish their jobs", why,
+                        g->conf->shutdown_timeout_ms, running(g));
     for (size_t i = 0; i < g->n_slots; i++)
         if (g->slots[i].pid > 0)
             kill(g->slots[i].pid, SIGTERM);
@@ -383,18 +389,20 @@ static void on_exit_status(struct supervisor *s, struct generation *g, struct sl
     } else if (!retiring && !d->outside) {
         delay = sk_backoff_next(&slot->backoff);
     }
-    char what[64] = "";
-    if (!retiring)
-        snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
-                                                : "; restarting in %u ms", delay);
-    log_death(who, status, lived, d->job_caused ? " (its job's doing)" : "", what, &job);
+    log_death(who, status, lived, d->job_caused, retiring ? -1 : (int64_t)delay, &job);
     if (retiring)
         return;
-    if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS)
-        sk_log_event(SK_LOG_ERROR, SK_EVENT_CRASH_LOOP, NULL, &job,
-                     "%s is crash-looping (%u deaths in a row without "
-                     "progress); restarts are backing off up to %u ms", who,
-                     slot->quick_deaths, slot->backoff.cap_ms);
+    if (!d->progress && !d->outside && ++slot->quick_deaths == CRASH_LOOP_RESTARTS) {
+        char deaths[16], cap[16];
+        snprintf(deaths, sizeof(deaths), "%u", slot->quick_deaths);
+        snprintf(cap, sizeof(cap), "%u", slot->backoff.cap_ms);
+        sk_log_event_fields(SK_LOG_ERROR, SK_EVENT_CRASH_LOOP, NULL, &job,
+                            (const struct sk_log_field[]){ { "deaths", deaths },
+                                                           { "cap_ms", cap } }, 2,
+                            "%s is crash-looping (%u deaths in a row without "
+                            "progress); restarts are backing off up to %u ms", who,
+                            slot->quick_deaths, slot->backoff.cap_ms);
+    }
     slot->restart_at_ms = sk_now_ms() + delay;
 }
 
@@ -416,18 +424,29 @@ static void cannot_run(struct supervisor *s, struct generation *g, const char *w
     begin_stop(s, "a worker cannot run with this configuration");
 }
 
-/* The death line: who, how, after how long, whose doing, what follows. */
-static void log_death(const char *who, int status, int64_t lived, const char *whose,
-                      const char *what, const struct sk_log_job *job)
+/* The death line: who, how, after how long, whose doing, what follows
+ * (delay: the restart's, or -1 for a retired worker, which is not
+ * restarted). How, whose and what are fields too (sekalid(8), LOGGING). */
+static void log_death(const char *who, int status, int64_t lived, bool job_caused,
+                      int64_t delay, const struct sk_log_job *job)
 {
-    if (WIFSIGNALED(status))
-        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, job,
-                     "%s killed by signal %d after %lld ms%s%s", who,
-                     WTERMSIG(status), (long long)lived, whose, what);
-    else
-        sk_log_event(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, job,
-                     "%s exited with status %d after %lld ms%s%s", who,
-                     WEXITSTATUS(status), (long long)lived, whose, what);
+    bool signalled = WIFSIGNALED(status);
+    char how[16], restart[24] = "", what[64] = "";
+    snprintf(how, sizeof(how), "%d", signalled ? WTERMSIG(status) : WEXITSTATUS(status));
+    if (delay >= 0) {
+        snprintf(restart, sizeof(restart), "%lld", (long long)delay);
+        snprintf(what, sizeof(what), delay == 0 ? "; restarting at once"
+                                                : "; restarting in %lld ms", (long long)delay);
+    }
+    const struct sk_log_field fields[] = {
+        { signalled ? "signal" : "status", how },
+        { "job_caused", job_caused ? "yes" : NULL },
+        { "restart_ms", restart },
+    };
+    sk_log_event_fields(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, job, fields, 3,
+                        "%s %s %s after %lld ms%s%s", who,
+                        signalled ? "killed by signal" : "exited with status", how,
+                        (long long)lived, job_caused ? " (its job's doing)" : "", what);
 }
 
 static void begin_stop(struct supervisor *s, const char *why)
@@ -444,9 +463,9 @@ static void begin_stop(struct supervisor *s, const char *why)
     sk_metrics_http_stop(s->http);
     s->http = NULL;
     if (s->previous != NULL)
-        retire(s, s->previous, what);
+        retire(s, s->previous, "stop", what);
     s->previous = NULL;
-    retire(s, s->current, what);
+    retire(s, s->current, "stop", what);
     s->current = NULL;
 }
 
@@ -486,15 +505,21 @@ static void reload(struct supervisor *s)
      * so that a new one that cannot start costs nothing. A generation that
      * a further reload replaces before it was ready is simply superseded. */
     if (s->previous != NULL)
-        retire(s, s->current, "reload: retiring the generation that never got ready");
+        retire(s, s->current, "superseded",
+               "reload: retiring the generation that never got ready");
     else
         s->previous = s->current;
     s->current = g;
     s->ready_sent = false;
     for (size_t i = 0; i < g->n_slots; i++)
         spawn(s, g, &g->slots[i]);
-    sk_log_event(SK_LOG_INFO, SK_EVENT_RELOADED, NULL, NULL,
-                 "reloaded: %zu workers for %zu queues", workers(g), conf->n_queues);
+    char n_workers[24], n_queues[24];
+    snprintf(n_workers, sizeof(n_workers), "%zu", workers(g));
+    snprintf(n_queues, sizeof(n_queues), "%zu", conf->n_queues);
+    sk_log_event_fields(SK_LOG_INFO, SK_EVENT_RELOADED, NULL, NULL,
+                        (const struct sk_log_field[]){ { "workers", n_workers },
+                                                       { "queues", n_queues } }, 2,
+                        "reloaded: %s workers for %s queues", n_workers, n_queues);
 }
 
 /* A worker of a reload's new generation exited 2 or 3 before that
@@ -512,7 +537,7 @@ static void abandon(struct supervisor *s, const char *who, int code)
     s->current = s->previous;
     s->previous = NULL;
     sk_metrics_http_switch(s->http, s->current->conf, s->current->metrics);
-    retire(s, g, "reload: abandoning the new generation");
+    retire(s, g, "abandoned", "reload: abandoning the new generation");
     s->ready_sent = true;
     sk_notify_ready();
 }
@@ -577,7 +602,7 @@ static void report(struct supervisor *s)
         sk_notify_ready();
         sk_log_event(SK_LOG_INFO, SK_EVENT_READY, NULL, NULL, "ready: every worker is consuming");
         if (s->previous != NULL) {
-            retire(s, s->previous, "reload: retiring the previous generation");
+            retire(s, s->previous, "reload", "reload: retiring the previous generation");
             s->previous = NULL;
         }
     }
@@ -684,12 +709,15 @@ static void kill_overdue_jobs(struct generation *g)
         struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
         if (!sk_deaths_overdue(shared, queue->job_timeout_ms, now))
             continue;
-        sk_log_event(SK_LOG_WARN, SK_EVENT_JOB_TIMEOUT, NULL,
-                     &(struct sk_log_job){ .queue = queue->name },
-                     "worker %ld of queue %s has run one job for %lld ms, over its "
-                     "job_timeout of %u ms: killing it", (long)g->slots[i].pid, queue->name,
-                     (long long)(now - atomic_load(&shared->job_started_ms)),
-                     queue->job_timeout_ms);
+        char timeout[16];
+        snprintf(timeout, sizeof(timeout), "%u", queue->job_timeout_ms);
+        sk_log_event_fields(SK_LOG_WARN, SK_EVENT_JOB_TIMEOUT, NULL,
+                            &(struct sk_log_job){ .queue = queue->name },
+                            (const struct sk_log_field[]){ { "timeout_ms", timeout } }, 1,
+                            "worker %ld of queue %s has run one job for %lld ms, over its "
+                            "job_timeout of %s ms: killing it", (long)g->slots[i].pid,
+                            queue->name,
+                            (long long)(now - atomic_load(&shared->job_started_ms)), timeout);
         kill(g->slots[i].pid, SIGKILL);
         g->slots[i].timed_out = true;
         atomic_store(&shared->job_started_ms, 0);

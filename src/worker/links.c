@@ -427,10 +427,12 @@ static int without_redis(struct sk_links *l, bool began, const char *why)
         return SK_AGAIN;
     bool proceed = l->queue->on_redis_down == SK_REDIS_DOWN_PROCEED;
     if (began)
-        sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS, NULL,
-                     "redis unavailable, %s: %s",
-                     proceed ? "going on without locks" : "holding jobs back",
-                     why != NULL ? why : "");
+        sk_log_event_fields(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS, NULL,
+                            (const struct sk_log_field[]){
+                                { "on_redis_down", proceed ? "proceed" : "wait" } }, 1,
+                            "redis unavailable, %s: %s",
+                            proceed ? "going on without locks" : "holding jobs back",
+                            why != NULL ? why : "");
     return proceed ? SK_OK : SK_AGAIN;
 }
 

@@ -35,7 +35,7 @@ static bool prepare(struct sk_pipeline *p);
 static bool handler_ready(struct sk_pipeline *p);
 static void serve(struct sk_pipeline *p);
 static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery);
-static void record_crash(struct sk_pipeline *p, char *key, const char *who);
+static void record_crash(struct sk_pipeline *p, char *key, const char *who, const char *whose);
 static void free_dead_locks(struct sk_pipeline *p);
 
 int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
@@ -73,9 +73,15 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
      * again: given back now, so that a worker's resident memory is what its
      * jobs use. */
     malloc_trim(0);
-    sk_log_info("worker for queue %s started (handler %s %s from %s)", queue->name,
-                p->handler->name != NULL ? p->handler->name : "?",
-                p->handler->version != NULL ? p->handler->version : "?", plugin->path);
+    const char *handler = p->handler->name != NULL ? p->handler->name : "?";
+    const char *version = p->handler->version != NULL ? p->handler->version : "?";
+    sk_log_event_fields(SK_LOG_INFO, SK_EVENT_STARTED, NULL,
+                        &(struct sk_log_job){ .queue = queue->name },
+                        (const struct sk_log_field[]){ { "handler", handler },
+                                                       { "handler_version", version },
+                                                       { "handler_path", plugin->path } }, 3,
+                        "worker for queue %s started (handler %s %s from %s)", queue->name,
+                        handler, version, plugin->path);
     /* Once a generation (at start, and after each reload): this worker is
      * its first, and only its first process asks; a restart after a crash
      * does not repeat what was logged. The schema, which refuses, was
@@ -84,7 +90,9 @@ int sk_worker_run(const struct sk_conf *conf, const struct sk_queue_conf *queue,
         sk_doctor_at_start(conf);
 
     serve(p);
-    sk_log_info("worker for queue %s stopping", queue->name);
+    sk_log_event(SK_LOG_INFO, SK_EVENT_STOPPING, NULL,
+                 &(struct sk_log_job){ .queue = queue->name }, "worker for queue %s stopping",
+                 queue->name);
 
 out:
     teardown(p);
@@ -170,11 +178,11 @@ static bool prepare(struct sk_pipeline *p)
         return false;
     if (crashes) {
         if (atomic_load(&slot->died_in_job)) {
-            record_crash(p, slot->job_key, "the previous worker");
+            record_crash(p, slot->job_key, "the previous worker", "replaced");
             atomic_store(&slot->died_in_job, 0);
         }
         if (atomic_load(&slot->crash_handed)) {
-            record_crash(p, slot->handed_crash_key, "a retired worker");
+            record_crash(p, slot->handed_crash_key, "a retired worker", "retired");
             atomic_store(&slot->crash_handed, 0);
         }
         if (atomic_load(&slot->n_orphans) > 0)
@@ -275,19 +283,25 @@ static void teardown(struct sk_pipeline *p)
  * dead-lettered when it comes back (job.c). Before this worker takes a job
  * of its own, which would overwrite job_key; tried once, since a count
  * lost is one crash more before the job is stopped, never a wrong outcome. */
-static void record_crash(struct sk_pipeline *p, char *key, const char *who)
+/* whose is the event's field: "replaced" (this slot's previous worker) or
+ * "retired" (a crash handed down). */
+static void record_crash(struct sk_pipeline *p, char *key, const char *who, const char *whose)
 {
     int crashes = 0;
     struct sk_err err = { 0 };
     const struct sk_log_job job = { .queue = p->queue->name, .idempotency_key = key };
+    char count[16];
     if (sk_store_record_crash(sk_links_store(p->links), p->queue->name, key, &crashes,
-                              &err) == SK_OK)
-        sk_log_event(SK_LOG_WARN, SK_EVENT_CRASH_RECORDED, NULL, &job,
-                     "%s died running the job with key %s: crash %d of it%s", who, key,
-                     crashes,
-                     p->queue->max_crashes > 0 && crashes >= p->queue->max_crashes
-                         ? ", so it will be dead-lettered when it comes back" : "");
-    else
+                              &err) == SK_OK) {
+        snprintf(count, sizeof(count), "%d", crashes);
+        sk_log_event_fields(SK_LOG_WARN, SK_EVENT_CRASH_RECORDED, NULL, &job,
+                            (const struct sk_log_field[]){ { "crashes", count },
+                                                           { "worker", whose } }, 2,
+                            "%s died running the job with key %s: crash %d of it%s", who, key,
+                            crashes,
+                            p->queue->max_crashes > 0 && crashes >= p->queue->max_crashes
+                                ? ", so it will be dead-lettered when it comes back" : "");
+    } else
         sk_log_job(SK_LOG_WARN, &job, "%s died running the job with key %s; the crash is not "
                    "counted: %s", who, key, err.msg);
     key[0] = '\0';
@@ -310,8 +324,13 @@ static void free_dead_locks(struct sk_pipeline *p)
         return;
     if (freed > 0) {
         sk_metrics_locks_released_for_dead(p->metrics, freed);
-        sk_log_info("freed %zu of the %zu locks that a dead worker held (the first %s)", freed,
-                    n, orphans[0].key);
+        char count[24];
+        snprintf(count, sizeof(count), "%zu", freed);
+        sk_log_event_fields(SK_LOG_INFO, SK_EVENT_LOCKS_FREED, NULL,
+                            &(struct sk_log_job){ .queue = p->queue->name },
+                            (const struct sk_log_field[]){ { "count", count } }, 1,
+                            "freed %zu of the %zu locks that a dead worker held (the first %s)",
+                            freed, n, orphans[0].key);
     }
     if (freed < n)
         sk_log_debug("%zu of the %zu locks that a dead worker held had already expired or "

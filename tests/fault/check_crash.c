@@ -121,7 +121,7 @@ START_TEST(test_worker_killed_after_ack_leaves_no_lock_to_wait_for)
 
     ck_assert_msg(waited < 30000, "order-b waited %lld ms: the dead worker's lock was left to "
                   "its TTL", (long long)waited);
-    ck_assert_int_eq(h_count_lines(r.log, "locks that a dead worker held"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_LOCKS_FREED, NULL), 1);
     ck_assert_int_eq(h_effects(&r, "order-a"), 1);
     ck_assert_int_eq(h_effects(&r, "order-b"), 1);
     h_run_close(&r);
@@ -136,9 +136,7 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
     snprintf(extra, sizeof(extra), "    job_timeout: 1s\n    lock_ttl: 2s\n    config:\n"
              "      marker_dir: %s\n", r.dir);
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra });
-    h_publish(r.b, r.queue, "test", "slow-1", "order-slow", NULL, "stall");
-    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
-    pid_t victim = h_stalled_pid(r.dir);
+    pid_t victim = h_publish_stalled(&r, "slow-1", "order-slow", "stall");
 
     /* Nobody but the supervisor kills it: the stall lasts two minutes. */
     H_WAIT(h_process_gone(victim), 10000, "the supervisor should kill the overdue worker %ld",
@@ -147,7 +145,8 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
            "the job should run again after the kill and commit once");
     h_run_stop(&r);
 
-    ck_assert_int_eq(h_count_lines(r.log, "over its job_timeout of 1000 ms: killing it"), 1);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_JOB_TIMEOUT, "timeout_ms", "1000",
+                                         NULL), 1);
     ck_assert_int_eq(h_effects(&r, "order-slow"), 1);
     /* A job_timeout kill in the handler is the job's doing: counted. */
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
@@ -272,9 +271,9 @@ START_TEST(test_classic_queue_dead_letters_a_job_that_keeps_killing_its_worker)
         H_WAIT(h_effects(&r, key) == 1, 30000, "batch-mate %s should complete once", key);
     }
     /* The worker really died twice of the abort, and not a third time. */
-    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 6"), 2);
-    ck_assert_int_eq(h_count_lines(r.log, "killed by signal"), 2);
-    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 2);
+    ck_assert_int_eq(h_count_deaths(r.log, "signal", "6"), 2);
+    ck_assert_int_eq(h_count_events(r.log, NULL, SK_EVENT_WORKER_DIED, NULL), 2);
+    ck_assert_int_eq(h_count_deaths(r.log, "job_caused", "yes"), 2);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
                                       "'%s' AND key = 'order-poison'", r.queue), 2);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
@@ -422,12 +421,11 @@ START_TEST(test_a_worker_that_keeps_crashing_backs_off_and_is_reported_crash_loo
                                           .top_yaml = "restart:\n  initial: 100ms\n"
                                                       "  max: 800ms\n" });
     h_publish(r.b, r.queue, "test", "loop-1", "order-loop", NULL, "abort");
-    H_WAIT(h_count_lines(r.log, "killed by signal 6") >= 8, 60000,
+    H_WAIT(h_count_deaths(r.log, "signal", "6") >= 8, 60000,
            "the worker should die again and again; it died %d times",
-           h_count_lines(r.log, "killed by signal 6"));
-    ck_assert_int_eq(h_count_lines(r.log, "is crash-looping (5 deaths in a row without "
-                                          "progress); restarts are backing off up to 800 ms"),
-                     1);
+           h_count_deaths(r.log, "signal", "6"));
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_CRASH_LOOP, "deaths", "5", "cap_ms",
+                                         "800", NULL), 1);
     /* Each death's line says when the restart comes: full jitter under a
      * ceiling that doubles from 100 ms to 800 ms. All within the cap, and
      * some past the first ceiling, or nothing backed off. */
@@ -435,12 +433,12 @@ START_TEST(test_a_worker_that_keeps_crashing_backs_off_and_is_reported_crash_loo
     ck_assert_ptr_nonnull(log);
     int deaths = 0;
     unsigned longest = 0;
-    for (const char *at = log; (at = strstr(at, "killed by signal 6")) != NULL; at++) {
+    for (const char *at = log; (at = strstr(at, ",\"signal\":\"6\"")) != NULL; at++) {
         const char *end = strchr(at, '\n');
-        const char *in = strstr(at, "restarting in ");
+        const char *in = strstr(at, ",\"restart_ms\":\"");
         unsigned ms = 0;
         if (in != NULL && (end == NULL || in < end))
-            ck_assert_int_eq(sscanf(in, "restarting in %u ms", &ms), 1);
+            ck_assert_int_eq(sscanf(in, ",\"restart_ms\":\"%u\"", &ms), 1);
         ck_assert_msg(ms <= 800, "a restart delay of %u ms is past restart.max", ms);
         longest = ms > longest ? ms : longest;
         deaths++;

@@ -50,9 +50,7 @@ START_TEST(test_stalled_worker_is_fenced_out_after_a_takeover)
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
     h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = extra, .top_yaml = top });
 
-    h_publish(r.b, r.queue, "test", "pay-1-a", "pay-1", NULL, "pay");
-    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "worker A never reached its handler");
-    pid_t a = h_stalled_pid(r.dir);
+    pid_t a = h_publish_stalled(&r, "pay-1-a", "pay-1", "pay");
     ck_assert_int_eq(kill(a, SIGSTOP), 0);
     H_WAIT(process_state(a) == 'T', 5000, "worker %ld should be stopped", (long)a);
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "

@@ -77,7 +77,8 @@ START_TEST(test_redis_stopped_mid_run_with_wait_policy)
            "the workers should hold jobs back while Redis is gone");
     /* Redis is provably down here, and no job may run without its lock. */
     ck_assert_int_eq(h_completed(&r), 0);
-    ck_assert_int_ge(h_count_lines(r.log, "holding jobs back"), 1);
+    ck_assert_int_ge(h_count_event_where(r.log, SK_EVENT_OUTAGE_BEGIN, "server", SK_SERVER_REDIS,
+                                         "on_redis_down", "wait", NULL), 1);
     servers("start-redis");
     expect_exactly_once(&r);
 }

@@ -236,7 +236,8 @@ START_TEST(test_reloads_neither_double_nor_skip_a_tick)
         snprintf(to, sizeof(to), "body: ok-%d", i);
         h_config_replace(r.config, from, to);
         ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
-        H_WAIT(h_count_lines(r.log, "reloaded:") == i, 20000, "reload %d should be done", i);
+        H_WAIT(h_count_events(r.log, "supervisor", SK_EVENT_RELOADED, NULL) == i, 20000,
+               "reload %d should be done", i);
         int64_t t = h_now_ms();
         H_WAIT(h_now_ms() - t >= 1500, 5000, "a tick or two after reload %d", i);
     }

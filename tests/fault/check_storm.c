@@ -79,7 +79,7 @@ START_TEST(test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_a
     h_run_stop(&r);
 
     ck_assert_int_eq(h_effects(&r, "order-chain"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 0);
+    ck_assert_int_eq(h_count_deaths(r.log, "job_caused", "yes"), 0);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT coalesce(sum(crashes), 0) FROM sekali.job_crashes "
                                       "WHERE queue = '%s'", r.queue), 0);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE "
@@ -129,7 +129,7 @@ START_TEST(test_deaths_while_waiting_for_the_lock_cost_the_job_nothing)
     H_WAIT(h_effects(&r, "order-wait") == 1, 30000, "the job should run once");
     h_run_stop(&r);
     ck_assert_int_eq(h_effects(&r, "order-wait"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), 2);
+    ck_assert_int_eq(h_count_deaths(r.log, "signal", "9"), 2);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
                                       "'%s'", r.queue), 0);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
@@ -163,10 +163,10 @@ START_TEST(test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_i
 
     ck_assert_int_eq(h_count_lines(r.mark, "after_claim"), 1);
     /* SIGSEGV, or SIGABRT where ASan catches the fault and aborts. */
-    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 11") +
-                     h_count_lines(r.log, "killed by signal 6"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 1);
+    ck_assert_int_eq(h_count_deaths(r.log, "signal", "11") +
+                     h_count_deaths(r.log, "signal", "6"), 1);
+    ck_assert_int_eq(h_count_deaths(r.log, "signal", "9"), 1);
+    ck_assert_int_eq(h_count_deaths(r.log, "job_caused", "yes"), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
                                       "'%s' AND key = 'order-killed'", r.queue), 0);
     amqp_message_t msg;
@@ -270,8 +270,8 @@ START_TEST(test_kill_storm_restarts_every_slot_promptly_and_loses_nothing)
            h_effect_keys(&r));
     h_run_stop(&r);
 
-    ck_assert_int_eq(h_count_lines(r.log, "crash-looping"), 0);
-    ck_assert_int_eq(h_count_lines(r.log, "restarting at once"), kills);
+    ck_assert_int_eq(h_count_events(r.log, NULL, SK_EVENT_CRASH_LOOP, NULL), 0);
+    ck_assert_int_eq(h_count_deaths(r.log, "restart_ms", "0"), kills);
     long longest = longest_restart_delay(r.log);
     ck_assert_msg(longest == 0, "a restart waited %ld ms: the storm pushed a slot into backoff",
                   longest);
@@ -326,8 +326,8 @@ START_TEST(test_kills_during_a_broker_outage_never_back_off)
     h_publish(r.b, r.queue, "test", "after-1", "after-outage", NULL, "ok");
     H_WAIT(h_effects(&r, "after-outage") == 1, 30000, "a job after the outage should run");
     h_run_stop(&r);
-    ck_assert_int_eq(h_count_lines(r.log, "killed by signal 9"), kills);
-    ck_assert_int_eq(h_count_lines(r.log, "crash-looping"), 0);
+    ck_assert_int_eq(h_count_deaths(r.log, "signal", "9"), kills);
+    ck_assert_int_eq(h_count_events(r.log, NULL, SK_EVENT_CRASH_LOOP, NULL), 0);
     ck_assert_int_eq(longest_restart_delay(r.log), 0);
     h_run_close(&r);
 }
@@ -437,15 +437,14 @@ START_TEST(test_death_in_a_retired_generation_frees_its_lock_at_once)
     snprintf(extra, sizeof(extra), "    lock_ttl: 60s\n    config:\n      marker_dir: %s\n",
              r.dir);
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra, .top_yaml = top });
-    h_publish(r.b, r.queue, "test", "stall-1", "order-retired", NULL, "stall");
-    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
-    pid_t victim = h_stalled_pid(r.dir);
+    pid_t victim = h_publish_stalled(&r, "stall-1", "order-retired", "stall");
     ck_assert_int_eq(lock_count(redis, &r), 1);
 
     /* The same queue with two workers: a new generation, the old retired. */
     free(h_write_config_top(r.dir, r.queue, H_EFFECT, 2, extra, top));
     ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
-    H_WAIT(h_count_lines(r.log, "reload: retiring the previous generation") == 1, 20000,
+    H_WAIT(h_count_event_where(r.log, SK_EVENT_GENERATION_RETIRED, "reason", "reload",
+                               NULL) == 1, 20000,
            "the new generation should get ready and the old one be retired");
     ck_assert(!h_process_gone(victim));
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
@@ -456,7 +455,7 @@ START_TEST(test_death_in_a_retired_generation_frees_its_lock_at_once)
            "60 s lock_ttl (%lld locks still held)", lock_count(redis, &r));
     fprintf(stderr, "retiredlock: the job committed %lld ms after the kill\n",
             (long long)(h_now_ms() - killed));
-    ck_assert_int_eq(h_count_lines(r.log, "lock of a retired worker handed to a current one"), 1);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_LOCKS_HANDED, "count", "1", NULL), 1);
     ck_assert_int_eq(h_metric(port, "sekali_locks_released_for_dead_total{queue=\"%s\"}",
                               r.queue), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
@@ -482,13 +481,12 @@ START_TEST(test_a_job_that_kills_a_retired_worker_still_meets_max_crashes)
     snprintf(extra, sizeof(extra), "    lock_ttl: 60s\n    max_crashes: 1\n    config:\n"
              "      marker_dir: %s\n", r.dir);
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra });
-    h_publish(r.b, r.queue, "test", "stall-1", "order-retiredcrash", NULL, "stall");
-    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
-    pid_t victim = h_stalled_pid(r.dir);
+    pid_t victim = h_publish_stalled(&r, "stall-1", "order-retiredcrash", "stall");
 
     free(h_write_config(r.dir, r.queue, H_EFFECT, 2, extra));
     ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
-    H_WAIT(h_count_lines(r.log, "reload: retiring the previous generation") == 1, 20000,
+    H_WAIT(h_count_event_where(r.log, SK_EVENT_GENERATION_RETIRED, "reason", "reload",
+                               NULL) == 1, 20000,
            "the new generation should get ready and the old one be retired");
     ck_assert(!h_process_gone(victim));
     ck_assert_int_eq(kill(victim, SIGSEGV), 0);
@@ -499,10 +497,11 @@ START_TEST(test_a_job_that_kills_a_retired_worker_still_meets_max_crashes)
            h_pg_count(r.pg, "SELECT coalesce(sum(crashes), 0) FROM sekali.job_crashes "
                             "WHERE queue = '%s'", r.queue));
     h_run_stop(&r);
-    ck_assert_int_eq(h_count_lines(r.log, "its job's doing"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "crash of a retired worker"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "a retired worker died running the job with key "
-                                          "order-retiredcrash: crash 1"), 1);
+    ck_assert_int_eq(h_count_deaths(r.log, "job_caused", "yes"), 1);
+    ck_assert_int_eq(h_count_events(r.log, NULL, SK_EVENT_CRASH_HANDED, NULL), 1);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_CRASH_RECORDED, "worker", "retired",
+                                         "idempotency_key", "order-retiredcrash",
+                                         "crashes", "1", NULL), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
                                       "'%s' AND key = 'order-retiredcrash'", r.queue), 1);
     amqp_message_t msg;

@@ -25,35 +25,16 @@ static long long audits(struct h_run *r, const char *action, const char *where)
                              "action = '%s' AND %s", r->queue, action, where);
 }
 
-/* Runs `sekalictl -c CONFIG dlq ARGS...` (binary under the build dir) with
- * extra environment; its stdout goes to dir/ctl.out, which *out gets (the
- * caller frees). Returns the exit code, or 128 + the signal that ended it. */
+/* Runs `sekalictl -c CONFIG dlq ARGS...` as h_sekalictl_as() does. */
 static int ctl_as(struct h_run *r, const char *binary, const char *const *env, char **out,
                   const char *const *args)
 {
-    char path[1100], exe[1100];
-    snprintf(path, sizeof(path), "%s/ctl.out", r->dir);
-    snprintf(exe, sizeof(exe), "%s/%s", h_build_dir(), binary);
-    const char *argv[32] = { exe, "-c", r->config, "dlq" };
-    size_t n = 4;
-    for (; *args != NULL; args++)
+    const char *argv[32] = { "dlq" };
+    size_t n = 1;
+    for (; *args != NULL && n < 31; args++)
         argv[n++] = *args;
     argv[n] = NULL;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0 || dup2(fd, 1) < 0)
-            _exit(127);
-        for (; env != NULL && *env != NULL; env++)
-            putenv((char *)*env);
-        execv(exe, (char **)argv);
-        _exit(127);
-    }
-    int status = h_wait_exit(pid, 60000, "sekalictl dlq");
-    *out = h_read_file(path);
-    ck_assert_ptr_nonnull(*out);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return h_sekalictl_as(r, binary, env, out, argv);
 }
 
 #define CTL(r, out, ...) ctl_as((r), "sekalictl", NULL, (out), (const char *const[]){ __VA_ARGS__, NULL })

@@ -121,7 +121,7 @@ START_TEST(test_the_healthy_test_servers_pass_every_check)
     has_verdict(report, "redis.maxmemory_policy", "", "pass");
     has_verdict(report, "clock.skew", "host-postgres", "pass");
     /* sekalid's own start checks found nothing to log either. */
-    H_WAIT(h_count_lines(r.log, "start checks passed") == 1, 20000,
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_DOCTOR_PASSED, NULL) == 1, 20000,
            "sekalid should have run its start checks");
     ck_assert_int_eq(h_count_events(r.log, NULL, "doctor_failed", NULL), 0);
     h_run_stop(&r);
@@ -368,9 +368,12 @@ START_TEST(test_sekalid_logs_each_failed_start_check_once)
     h_stop_sekalid(r.sekalid, r.dir);
 
     ck_assert_msg(at_start == 3, "%d doctor_failed lines at start, expected 3", at_start);
-    ck_assert_int_eq(h_count_lines(r.log, "redis.maxmemory_policy"), 2);
-    ck_assert_int_eq(h_count_lines(r.log, "queue.arguments"), 2);
-    ck_assert_int_eq(h_count_lines(r.log, "queue.consumer_timeout"), 2);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_DOCTOR_FAILED, "check",
+                                         "redis.maxmemory_policy", NULL), 2);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_DOCTOR_FAILED, "check",
+                                         "queue.arguments", NULL), 2);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_DOCTOR_FAILED, "check",
+                                         "queue.consumer_timeout", NULL), 2);
     ck_assert_int_ge(h_count_lines(r.log, "allkeys-lru"), 1);
     ck_assert_msg(refused >= 1, "the worker should have gone on to declare the queue");
     ck_assert_msg(worker > 0 && died == 1 && refused_again >= 2,
@@ -395,7 +398,8 @@ START_TEST(test_a_reload_onto_an_unmigrated_database_keeps_the_old_config)
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = JOB_TIMEOUT });
     h_config_replace(r.config, "dbname=sekali ", "dbname=sekali_doctor_bare2 ");
     ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
-    H_WAIT(h_count_lines(r.log, "reload failed") == 1, 20000, "the reload should fail");
+    H_WAIT(h_count_events(r.log, "supervisor", SK_EVENT_RELOAD_FAILED, NULL) == 1, 20000,
+           "the reload should fail");
     ck_assert_int_eq(h_count_lines(r.log, "run sekalictl migrate"), 1);
     h_publish(r.b, r.queue, "test", "after-reload", "k-after", NULL, "ok");
     H_WAIT(h_effects(&r, "k-after") == 1, 20000, "the old generation should still run jobs");

@@ -58,7 +58,7 @@ static void expect_dead_lettered(struct h_run *r, const char *message_id, const 
         snprintf(key, sizeof(key), "k-behind-%d", i);
         ck_assert_int_eq(h_effects(r, key), 1);
     }
-    ck_assert_int_eq(h_count_lines(r->log, "killed by signal"), 0);
+    ck_assert_int_eq(h_count_events(r->log, NULL, SK_EVENT_WORKER_DIED, NULL), 0);
     ck_assert_int_eq(h_count_lines(r->log, "dead-lettered by the broker"), 0);
 
     char *out = NULL;

@@ -178,7 +178,8 @@ START_TEST(test_readyz_says_503_after_a_reload_until_the_new_workers_consume)
     allow_consuming(false);
     ck_assert_int_eq(consumers(r.h.queue), 2);  /* the old workers' channels stay open */
     ck_assert_int_eq(kill(r.h.sekalid, SIGHUP), 0);
-    H_WAIT(h_count_lines(r.h.log, "reloaded: ") == 1, 30000, "the reload should be logged");
+    H_WAIT(h_count_events(r.h.log, "supervisor", SK_EVENT_RELOADED, NULL) == 1, 30000,
+           "the reload should be logged");
     H_WAIT(h_count_lines(r.h.log, "ACCESS_REFUSED") >= 1, 30000,
            "the new workers should be refused their queue (see %s)", r.h.log);
     char want[256];
@@ -186,11 +187,13 @@ START_TEST(test_readyz_says_503_after_a_reload_until_the_new_workers_consume)
     H_WAIT(answers(&r, "/readyz", 503, want), 30000, "/readyz should answer 503 \"%s\", "
            "answered \"%s\"", want, r.body);
     ck_assert_int_eq(consumers(r.h.queue), 2);
-    ck_assert_int_eq(h_count_lines(r.h.log, "retiring the previous generation"), 0);
+    ck_assert_int_eq(h_count_event_where(r.h.log, SK_EVENT_GENERATION_RETIRED, "reason",
+                                         "reload", NULL), 0);
 
     allow_consuming(true);
     expect_ready(&r, "once the new generation consumes");
-    H_WAIT(h_count_lines(r.h.log, "retiring the previous generation") == 1, 30000,
+    H_WAIT(h_count_event_where(r.h.log, SK_EVENT_GENERATION_RETIRED, "reason", "reload",
+                               NULL) == 1, 30000,
            "the old generation should be retired once the new one consumes");
     H_WAIT(consumers(r.h.queue) == 2, 30000, "only the new generation's 2 workers should "
            "consume, %d do", consumers(r.h.queue));

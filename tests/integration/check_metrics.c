@@ -651,7 +651,8 @@ START_TEST(test_16_idle_connections_timed_out_leave_metrics_answering)
     for (int i = 0; i < 16; i++)
         close(fds[i]);
     ck_assert_int_eq(kill(r.h.sekalid, SIGHUP), 0);
-    H_WAIT(h_count_lines(r.h.log, "reloaded: ") == 1, 10000, "the reload should be logged");
+    H_WAIT(h_count_events(r.h.log, "supervisor", SK_EVENT_RELOADED, NULL) == 1, 10000,
+           "the reload should be logged");
     expect_prompt_scrape(&r, "a reload");
     finish(&r, scrape(&r));
 }
@@ -753,7 +754,7 @@ START_TEST(test_taken_port_stops_sekalid_with_exit_2)
     snprintf(want, sizeof(want), "metrics.listen 127.0.0.1:%d: cannot listen there: bind: "
              "Address already in use", port);
     ck_assert_msg(h_count_lines(log, want) == 1, "%s should say \"%s\"", log, want);
-    ck_assert_int_eq(h_count_lines(log, "worker for queue"), 0);
+    ck_assert_int_eq(h_count_events(log, "worker", SK_EVENT_STARTED, NULL), 0);
     free(config);
     free(dir);
 }

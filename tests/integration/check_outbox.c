@@ -631,7 +631,7 @@ START_TEST(test_two_relays_publish_five_thousand_rows_once_each)
            h_completed(&r));
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
                                       "AND published_at IS NULL", r.queue), 0);
-    ck_assert_int_eq(h_count_lines(r.log, "outbox relay started"), 2);
+    ck_assert_int_eq(h_count_events(r.log, "relay", SK_EVENT_STARTED, NULL), 2);
     h_run_stop(&r);
     h_expect_once(&r, 5000, 0);
     h_run_close(&r);

@@ -188,8 +188,7 @@ START_TEST(test_sighup_with_a_broken_config_keeps_the_old_one)
     snprintf(expected, sizeof(expected), "STATUS=reload failed, running the previous "
              "configuration: %s:%d:", r.config, last);
     ck_assert_msg(strstr(heard, expected) != NULL, "expected \"%s\" in:\n%s", expected, heard);
-    ck_assert_int_eq(h_count_lines(r.log, "reload failed, still running the previous "
-                                          "configuration"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "supervisor", SK_EVENT_RELOAD_FAILED, NULL), 1);
 
     /* Still running on the old configuration. */
     h_publish(r.b, r.queue, "test", "after-1", NULL, NULL, "ok");
@@ -211,7 +210,7 @@ START_TEST(test_sighup_with_a_handler_config_its_check_rejects_keeps_the_old_gen
     h_run_open(&r, "checkreload");
     static char heard[65536];
     int fd = start_notified(&r, heard, sizeof(heard));
-    ck_assert_int_eq(h_count_lines(r.log, "worker for queue"), 2);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_STARTED, NULL), 2);
 
     reload_appending(&r, "    config:\n      check_fail: table 1x is not a table\n", fd, heard,
                      sizeof(heard), 10000);
@@ -219,15 +218,15 @@ START_TEST(test_sighup_with_a_handler_config_its_check_rejects_keeps_the_old_gen
                                 "queue ") != NULL &&
                   strstr(heard, "rejects its config: check_fail: table 1x is not a table") != NULL,
                   "the status should carry the handler's message; heard:\n%s", heard);
-    ck_assert_int_eq(h_count_lines(r.log, "reload failed, still running the previous "
-                                          "configuration"), 1);
+    ck_assert_int_eq(h_count_events(r.log, "supervisor", SK_EVENT_RELOAD_FAILED, NULL), 1);
 
     h_publish(r.b, r.queue, "test", "after-1", NULL, NULL, "ok");
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = '%s'",
                       r.queue) == 1, 20000, "a job after the refused reload should still run");
     ck_assert_int_eq(h_consumers(r.b, r.queue), 2);
     /* No new worker was started, and none stopped. */
-    ck_assert_int_eq(h_count_lines(r.log, "worker for queue"), 2);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_STARTED, NULL), 2);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_STOPPING, NULL), 0);
     ck_assert(!h_process_gone(r.sekalid));
     h_stop_sekalid(r.sekalid, r.dir);
     close(fd);
@@ -249,9 +248,8 @@ START_TEST(test_sighup_whose_new_workers_exit_2_at_start_keeps_the_old_generatio
 
     reload_appending(&r, "    config:\n      fail_init: yes\n", fd, heard, sizeof(heard), 20000);
     /* The fault happened: a new worker's init() failed and it exited 2. */
-    ck_assert_int_ge(h_count_lines(r.log, "handler init() failed"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "reload failed, still running the previous "
-                                          "configuration: worker for queue"), 1);
+    ck_assert_int_ge(h_count_events(r.log, "worker", SK_EVENT_WORKER_CANNOT_START, NULL), 1);
+    ck_assert_int_eq(h_count_events(r.log, "supervisor", SK_EVENT_RELOAD_FAILED, NULL), 1);
     ck_assert_msg(strstr(heard, "STATUS=reload failed, running the previous configuration: "
                                 "worker for queue") != NULL,
                   "the status should say the reload failed; heard:\n%s", heard);
@@ -261,7 +259,7 @@ START_TEST(test_sighup_whose_new_workers_exit_2_at_start_keeps_the_old_generatio
                       r.queue) == 1, 20000, "a job after the abandoned reload should still run");
     H_WAIT(h_consumers(r.b, r.queue) == 2, 20000, "the old generation's 2 workers should "
            "consume, and only they (consumers now %u)", h_consumers(r.b, r.queue));
-    ck_assert_int_eq(h_count_lines(r.log, "not restarting it"), 0);
+    ck_assert_int_eq(h_count_events(r.log, NULL, SK_EVENT_WORKER_CANNOT_RUN, NULL), 0);
     ck_assert(!h_process_gone(r.sekalid));
     h_stop_sekalid(r.sekalid, r.dir);
     close(fd);
@@ -301,15 +299,15 @@ START_TEST(test_sighup_applies_new_workers_and_handler_under_load_exactly_once)
     free(tmp);
     ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
 
-    H_WAIT(h_count_lines(r.log, "reloaded: 3 workers for 1 queues") == 1, 20000,
+    H_WAIT(h_count_event_where(r.log, SK_EVENT_RELOADED, "workers", "3", "queues", "1",
+                               NULL) == 1, 20000,
            "the new configuration should be applied");
     H_WAIT(h_consumers(r.b, r.queue) == 3, 30000, "the new generation's 3 workers should "
            "consume and the old 2 drain away (consumers now %u)", h_consumers(r.b, r.queue));
     H_WAIT(h_effects(&r, NULL) == 300, 60000, "all jobs should complete");
     h_run_stop(&r);
-    char loaded[1200];
-    snprintf(loaded, sizeof(loaded), "from %s)", handler);
-    ck_assert_int_eq(h_count_lines(r.log, loaded), 3);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_STARTED, "role", "worker",
+                                         "handler_path", handler, NULL), 3);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT job_id) FROM sekali_test.effects "
                                       "WHERE queue = '%s'", r.queue), 300);
     ck_assert_int_eq(h_effects(&r, NULL), 300);
@@ -351,7 +349,7 @@ static void assert_refused_at_start(const char *dir, const char *config, const c
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2,
                   "expected exit 2, got status 0x%x (see %s)", status, log);
     ck_assert_msg(h_count_lines(log, expected) == 1, "%s should say \"%s\" once", log, expected);
-    ck_assert_int_ge(h_count_lines(log, "not restarting it"), 1);
+    ck_assert_int_ge(h_count_events(log, NULL, SK_EVENT_WORKER_CANNOT_RUN, NULL), 1);
     if (secret != NULL)
         ck_assert_msg(h_count_lines(log, secret) == 0, "%s shows the password", log);
 }
@@ -485,23 +483,24 @@ START_TEST(test_redis_refusing_the_password_at_run_time_holds_jobs_back_under_pr
     pid_t worker = first_child(r.sekalid);
     ck_assert_int_gt(worker, 0);
     ck_assert_int_eq(kill(worker, SIGKILL), 0);
-    char started[256];
-    snprintf(started, sizeof(started), "worker for queue %s started", r.queue);
-    H_WAIT(h_count_lines(r.log, started) == 2, 20000, "the killed worker should be replaced");
+    H_WAIT(h_count_event_where(r.log, SK_EVENT_STARTED, "role", "worker", "queue", r.queue,
+                               NULL) == 2, 20000, "the killed worker should be replaced");
 
     h_publish(r.b, r.queue, "test", "held-1", NULL, NULL, "ok");
-    H_WAIT(h_count_lines(r.log, "redis refused sekali's credentials") == 1, 20000,
+    H_WAIT(h_count_events(r.log, "worker", SK_EVENT_LINK_REFUSED, SK_SERVER_REDIS) == 1, 20000,
            "the refusal should be logged (see %s)", r.log);
     ck_assert_int_eq(h_pg_count(r.pg, effects, r.queue, "held-1"), 0);
-    ck_assert_int_eq(h_count_lines(r.log, "going on without locks"), 0);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_OUTAGE_BEGIN, "on_redis_down", "proceed",
+                                         NULL), 0);
 
     redis_require_password("");
     H_WAIT(h_pg_count(r.pg, effects, r.queue, "held-1") == 1, 30000,
            "held-1 should run once the password matches");
     h_run_stop(&r);
     ck_assert_int_eq(h_pg_count(r.pg, effects, r.queue, "held-1"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "redis refused sekali's credentials"), 1);
-    ck_assert_int_eq(h_count_lines(r.log, "going on without locks"), 0);
+    ck_assert_int_eq(h_count_events(r.log, "worker", SK_EVENT_LINK_REFUSED, SK_SERVER_REDIS), 1);
+    ck_assert_int_eq(h_count_event_where(r.log, SK_EVENT_OUTAGE_BEGIN, "on_redis_down", "proceed",
+                                         NULL), 0);
     h_run_close(&r);
 }
 END_TEST

@@ -108,9 +108,7 @@ START_TEST(test_a_worker_frozen_past_its_lease_leaves_its_key_stuck)
     snprintf(extra, sizeof(extra), "    mode: external\n    lease: 1s\n    lock: false\n"
              "    config:\n      marker_dir: %s\n", r.dir);
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra });
-    h_publish(r.b, r.queue, "test", "pay-1-a", "pay-1", NULL, "pay");
-    H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the worker never reached its handler");
-    pid_t a = h_stalled_pid(r.dir);
+    pid_t a = h_publish_stalled(&r, "pay-1-a", "pay-1", "pay");
     ck_assert_int_eq(kill(a, SIGSTOP), 0);
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
                             "AND key = 'pay-1' AND lease_until < now()", r.queue) == 1, 10000,

@@ -4,6 +4,7 @@
  * charged, and what the replacement inherits. The same rules run end to
  * end in check_crash and check_storm (tests/fault); here each case is
  * one line, without forking. */
+/* links: core deaths oom scoreboard */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,5 @@
 /* check_envelope.c - key extraction and validation of deliveries. */
+/* links: core envelope broker */
 #include <stdlib.h>
 #include <string.h>
 

@@ -3,6 +3,7 @@
  * (dpkg-buildflags): full RELRO and immediate binding, the stack protector
  * and _FORTIFY_SOURCE, read off the ELF files with readelf and nm
  * (binutils). HARDEN=0 builds are not tested here. */
+/* links: none */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

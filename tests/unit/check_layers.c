@@ -9,6 +9,7 @@
  * back into the process that runs it, fails here before it reaches a
  * review. Run from the repository root after `make`, as tests/run.sh does;
  * the objects are read from $SEKALI_BUILD/obj (build/obj by default). */
+/* links: none */
 #include <glob.h>
 #include <stdbool.h>
 #include <stdio.h>

@@ -95,6 +95,32 @@ START_TEST(test_an_event_line_carries_its_name_and_server_as_fields)
 }
 END_TEST
 
+/* An event's own fields come after the job's, escaped like them; an empty
+ * or NULL value is left out, so a test can tell "no such field" apart. */
+START_TEST(test_an_event_line_carries_its_own_fields_after_the_jobs)
+{
+    const char *path = capture_stderr();
+    unsetenv("JOURNAL_STREAM");
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_JSON, "supervisor");
+    const struct sk_log_field fields[] = {
+        { "signal", "9" }, { "job_caused", NULL }, { "restart_ms", "" }, { "why", "a \"b\"" },
+    };
+    sk_log_event_fields(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL,
+                        &(struct sk_log_job){ .queue = "q" }, fields, 4, "died");
+    const char *json = slurp(path);
+    ck_assert_msg(strstr(json, ",\"event\":\"worker_died\",\"queue\":\"q\",\"signal\":\"9\","
+                               "\"why\":\"a \\\"b\\\"\"}") != NULL, "%s", json);
+    ck_assert_msg(strstr(json, "job_caused") == NULL && strstr(json, "restart_ms") == NULL,
+                  "%s", json);
+
+    path = capture_stderr();
+    sk_log_init(SK_LOG_INFO, SK_LOG_FORMAT_TEXT, "supervisor");
+    sk_log_event_fields(SK_LOG_WARN, SK_EVENT_WORKER_DIED, NULL, NULL, fields, 1, "died");
+    const char *text = slurp(path);
+    ck_assert_msg(strstr(text, "] \"died\" event=worker_died signal=9\n") != NULL, "%s", text);
+}
+END_TEST
+
 START_TEST(test_lines_below_the_level_are_dropped)
 {
     const char *path = capture_stderr();
@@ -227,6 +253,7 @@ int main(void)
     const TTest *tests[] = {
         test_json_job_line_carries_every_field,
         test_an_event_line_carries_its_name_and_server_as_fields,
+        test_an_event_line_carries_its_own_fields_after_the_jobs,
         test_lines_below_the_level_are_dropped,
         test_journal_stream_is_recognised_only_for_our_stderr,
         test_text_line_escapes_control_characters_in_keys_and_message,

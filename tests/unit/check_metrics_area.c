@@ -2,6 +2,7 @@
  * names claimed without a lock, counts that cross fork(), and the text that
  * Prometheus reads. (The endpoint and the workers' counting are tested end
  * to end in tests/integration/check_metrics.c.) */
+/* links: core metrics metrics_text */
 #include "metrics.h"
 #include "metrics_text.h"
 #include "suite.h"

@@ -1,6 +1,7 @@
 /* check_pg_addr.c - which PostgreSQL connections pg.c calls local, and so
  * exempt from the warning about a server reached without TLS. The warning
  * itself needs a server on another machine; this is its rule. */
+/* links: core pg */
 #include "pg.h"
 #include "suite.h"
 

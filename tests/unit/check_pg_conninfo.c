@@ -1,6 +1,7 @@
 /* check_pg_conninfo.c - postgres.conninfo through libpq's parser
  * (src/adapters/pg_conninfo.c): a password moves out of it, and no error
  * ever quotes the password, whatever way the string is mistyped. */
+/* links: common pg_conninfo */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>

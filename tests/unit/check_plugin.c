@@ -1,4 +1,5 @@
 /* check_plugin.c - the handler ABI checks, on descriptors built in place. */
+/* links: core plugin pg */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>

@@ -5,6 +5,7 @@
  * SIGHUP ignored; SIGTERM asked for when the supervisor dies; and an exit at
  * once when it already has. Each test forks the "child" and reads what it
  * found from its exit status. */
+/* links: core process proctitle metrics_http metrics metrics_text */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>

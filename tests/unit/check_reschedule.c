@@ -2,6 +2,7 @@
  * are rounded up to (one delay queue per step), and the retry delay drawn
  * under a ceiling that doubles per attempt. Publishing the copies is
  * tested end to end (check_outcomes, check_dlq). */
+/* links: core reschedule broker */
 #include <stdint.h>
 
 #include <check.h>

@@ -2,6 +2,7 @@
  * the list of files in sql/: a migration added to one and not the other
  * would make sekalid refuse a migrated database, or run on a schema that
  * lacks what it calls. Run from the repository root, as tests/run.sh does. */
+/* links: core schema pg */
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
