@@ -143,8 +143,9 @@ START_TEST(test_sql_handler_sends_its_trace_with_its_statement)
     }
     start_far(&r, &px, "handlers/sql.so",
               "    batch: 1\n    lock: false\n    config:\n      statement: \"INSERT INTO "
-              "sekali_test.statement_gaps VALUES (:queue, :idempotency_key, extract(epoch FROM "
-              "clock_timestamp() - now()) * 1000, current_setting('sekali.traceparent', true))\"\n");
+              "sekali_test.statement_gaps VALUES (:queue, :idempotency_key, "
+              "extract(epoch FROM clock_timestamp() - now()) * 1000, "
+              "current_setting('sekali.traceparent', true))\"\n");
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.statement_gaps WHERE queue = '%s'",
                       r.queue) == 4, 60000, "the 4 jobs should commit");
     h_run_stop(&r);
