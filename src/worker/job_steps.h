@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 #include <libpq-fe.h>
 
 #include "envelope.h"
