@@ -229,8 +229,10 @@ check-cluster: deps
 # Today's servers: RabbitMQ 4, Valkey and PostgreSQL 17 from a Debian 13 root
 # (tests/debian13-root.sh: debootstrap, minutes the first time), for the
 # suites where the servers' behaviour matters: integration, fault and the
-# RabbitMQ leader loss. The Debian 12 servers of the other targets are
-# restarted as these by servers.sh, and back again by the next `make check`.
+# RabbitMQ leader loss; then sekali built there too, with Debian 13's gcc,
+# OpenSSL and librabbitmq 0.15, and its unit and AMQP-path suites run. The
+# Debian 12 servers of the other targets are restarted as these by
+# servers.sh, and back again by the next `make check`.
 check-today: deps
 	$(MAKE) tests
 	SEKALI_RABBITMQ=4 SEKALI_REDIS=valkey SEKALI_PG=17 tests/debian13-root.sh ensure
@@ -238,6 +240,8 @@ check-today: deps
 	SEKALI_RABBITMQ=4 SEKALI_REDIS=valkey SEKALI_PG=17 SEKALI_REQUIRE_TLS=1 \
 	    tests/run.sh $(B) integration fault
 	SEKALI_RABBITMQ=4 SEKALI_REDIS=valkey SEKALI_PG=17 tests/cluster/run.sh $(B) test_rabbitmq_leader
+	SEKALI_RABBITMQ=4 SEKALI_REDIS=valkey SEKALI_PG=17 SEKALI_TLS=1 tests/servers.sh start
+	SEKALI_RABBITMQ=4 SEKALI_REDIS=valkey SEKALI_PG=17 tests/trixie-suites.sh $(B)/trixie
 
 demo: deps
 	$(MAKE) all
