@@ -179,7 +179,8 @@ void sk_span_followers(struct sk_pipeline *p, struct sk_span *s);
  * ready for another transaction. */
 bool sk_span_deferred(struct sk_pipeline *p, struct sk_span *s);
 /* span_lock.c: takes the locks of the span's received jobs, one round trip
- * a try, and has the heartbeat watch them (sk_span_start()). */
+ * a try, defers or re-schedules the busy ones, and has the heartbeat watch
+ * those taken (sk_span_start(), sk_span_deferred()). */
 void sk_span_lock(struct sk_pipeline *p, struct sk_span *s);
 /* span_lock.c: the span's locks join the releases waiting (settling). */
 void sk_span_unlock(struct sk_pipeline *p, struct sk_span *s);
