@@ -43,12 +43,11 @@ static void watch_locks(struct sk_pipeline *p, struct sk_span *s);
  * locks and asks again (sk_span_deferred()). Holding none (a span of one
  * always), it asks again until lock.busy_wait, counted from the job's first
  * refusal, and only a lock still busy then is re-scheduled through a delay
- * queue. Each lock is recorded in
- * the scoreboard before Redis is asked, not after it said yes: a worker
- * that dies between the SET and the record would otherwise leave a lock its
- * replacement knows nothing of, and the redelivery would wait out the TTL;
- * deleting by a token that never took the lock deletes nothing. They stay
- * recorded until they are released. */
+ * queue. Each lock is recorded in the scoreboard before Redis is asked,
+ * not after it said yes: a worker that dies between the SET and the record
+ * would otherwise leave a lock its replacement knows nothing of, and the
+ * redelivery would wait out the TTL; deleting by a token that never took
+ * the lock deletes nothing. They stay recorded until they are released. */
 void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
 {
     size_t r = put_releases(s), m = r;
