@@ -118,6 +118,15 @@ $(B)/handlers/%.so: handlers/%.c include/sekali/handler.h | $(B)/handlers
 # nested `headers:` mapping.
 $(B)/handlers/http.so: HANDLER_PKGS_CFLAGS = $(shell pkg-config --cflags libcurl yaml-0.1)
 $(B)/handlers/http.so: HANDLER_PKGS_LIBS = $(shell pkg-config --libs libcurl yaml-0.1)
+# It opens its secret and TLS files with src/base/file.c compiled in, all
+# but its one exported symbol hidden: the daemon's check of a configured
+# file, never a daemon symbol.
+$(B)/handlers/http.so: handlers/http.c src/base/file.c src/base/file.h include/sekali/handler.h \
+                       | $(B)/handlers
+	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) $(HARDEN_CFLAGS) $(HANDLER_PKGS_CFLAGS) \
+	    -D_POSIX_C_SOURCE=200809L -iquote src/base -fvisibility=hidden -fPIC -shared -o $@ \
+	    handlers/http.c src/base/file.c $(shell pkg-config --libs libpq) $(HANDLER_PKGS_LIBS) \
+	    $(HARDEN_LD)
 $(B)/tests/plugins/%.so: tests/plugins/%.c include/sekali/handler.h | $(B)/tests/plugins
 	$(CC) $(USER_CFLAGS) $(HANDLER_CFLAGS) -fPIC -shared -o $@ $< \
 	    $(shell pkg-config --libs libpq)
