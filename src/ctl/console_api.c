@@ -113,8 +113,7 @@ static void api_schedules(struct sk_console_call *c)
  * `sekalictl pause --by` records it. */
 static void api_pause(struct sk_console_call *c, bool pause)
 {
-    char operator[128];
-    if (!sk_console_may_act(c, operator, sizeof(operator)))
+    if (!sk_console_may_act(c))
         return;
     const char *queue = queue_arg(c);
     if (queue == NULL)
@@ -128,8 +127,8 @@ static void api_pause(struct sk_console_call *c, bool pause)
         reason = NULL;
     if (reason != NULL && strlen(reason) > REASON_MAX)
         return sk_console_fail(c, 400, "reason: at most 200 bytes");
-    ACTION(c, sk_ctl_pause_report(c->con->conf, queue, reason, operator, PAUSE_WAIT_MS, true,
-                                  out));
+    ACTION(c, sk_ctl_pause_report(c->con->conf, queue, reason, c->operator, PAUSE_WAIT_MS,
+                                  true, out));
 }
 
 static void api_status(struct sk_console_call *c)
@@ -180,8 +179,7 @@ static void api_dlq(struct sk_console_call *c, const char *command)
     struct sk_ctl_dlq_req req = { .command = command, .json = true, .preview = PREVIEW,
                                   .keys = none };
     bool writes = strcmp(command, "replay") == 0 || strcmp(command, "purge") == 0;
-    char operator[128];
-    if (writes && !sk_console_may_act(c, operator, sizeof(operator)))
+    if (writes && !sk_console_may_act(c))
         return;
     if (!writes && c->post)
         return sk_console_fail(c, 405, "use GET");
@@ -219,7 +217,7 @@ static void api_dlq(struct sk_console_call *c, const char *command)
         selectors(c, &req, keys);
         const char *dry = sk_console_arg(c, "dry_run");
         req.dry_run = dry != NULL && strcmp(dry, "1") == 0;
-        req.by = operator;
+        req.by = c->operator;
     }
     if (!sk_ctl_dlq_req_ok(&req, operands))
         return sk_console_fail(c, 400, writes ? "an action takes all=1 or selectors (reason, "
