@@ -4,7 +4,8 @@
 // did. Exits 0 when every check held. Screenshots, render times and what
 // each hostile input showed go to $ARTIFACTS.
 //
-// Environment (set by check_console.c): CONSOLE_URL, CONSOLE_TOKEN, QUEUE,
+// Environment (set by check_console.c): CONSOLE_URL, CONSOLE_TOKEN,
+// OPERATOR_TOKEN (an operator's own, whose name is hostile markup), QUEUE,
 // BIG_QUEUE, PG (conninfo), ARTIFACTS, CHROMIUM, PAYMENTS, BIG, SCHEDULE.
 'use strict';
 const puppeteer = require('puppeteer-core');
@@ -500,11 +501,39 @@ async function main() {
   out.timings_ms['an API call while idle'] = Date.now() - ping;
   check(st.status === 200, 'the console still answers');
 
+  // ---- an operator's own token names them; the name stays text ----------------------------
+  const opName = '<img src=x onerror=alert(15)>"dora&amp;';
+  const ctx = await browser.createBrowserContext();
+  const opPage = await ctx.newPage();
+  await opPage.setViewport({ width: 1400, height: 900 });
+  opPage.on('dialog', async (d) => { dialogs.push('operator ' + d.message()); await d.dismiss(); });
+  await opPage.goto(base + '/login', { waitUntil: 'domcontentloaded' });
+  await opPage.waitForSelector('#login');
+  check(!(await opPage.$eval('input[name=operator]', (i) => i.required)),
+        'with console.operators the login form needs no name');
+  await opPage.type('input[name=token]', E.OPERATOR_TOKEN);
+  await Promise.all([opPage.waitForNavigation(), opPage.click('#login button[type=submit]')]);
+  await opPage.waitForSelector('#logout');
+  const who = await opPage.$eval('#who b', (b) => b.textContent);
+  check(who === opName, 'the operator is named by the token, as text: ' + who);
+  const opMarkup = await opPage.evaluate(() => ({
+    images: document.querySelectorAll('img').length,
+    handlers: [...document.querySelectorAll('*')].filter((e) =>
+      [...e.attributes].some((a) => a.name.startsWith('on'))).length }));
+  check(opMarkup.images === 0 && opMarkup.handlers === 0, 'the operator\'s name made no element');
+  await opPage.waitForSelector(`#queues tr[data-queue="${Q}"] button.pause`, { timeout: 60000 });
+  await opPage.screenshot({ path: path.join(E.ARTIFACTS, 'operator.png'), fullPage: true });
+  await ctx.close();
+
   // ---- the overview, once the sampler has seen the replay -----------------------------------
   await new Promise((r) => setTimeout(r, 11000));
   await visit('overview', '/', '#queues tbody tr');
   await shot('overview');
   await inert('overview (after)');
+  const limits = await page.$eval(`#queues tr[data-queue="${Q}"]`, (tr) => tr.cells[tr.cells.length - 2].textContent);
+  check(/ \/ none$/.test(limits), 'a queue without a job timeout says "none": ' + limits);
+  const health = await page.$eval(`#queues tr[data-queue="${Q}"] td.health`, (td) => td.textContent);
+  check(health === 'healthy', 'a queue whose replayed jobs completed is healthy: ' + health);
   check(pageErrors.length === 0, 'no script error on any page ' + pageErrors);
   check(dialogs.length === 0, 'no dialog fired on any page');
   await browser.close();

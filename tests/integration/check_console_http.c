@@ -611,6 +611,69 @@ START_TEST(test_operators_alike_or_malformed_are_refused_at_start)
 }
 END_TEST
 
+/* A queue whose consumers are up but whose every job fails was shown
+ * "healthy": the rates now give the window's completed and failed counts,
+ * from which the page says "failing". A real sekalid, its real /metrics. */
+START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
+{
+    struct h_run r;
+    h_run_open(&r, "consolefail");
+    char token[1100], top[2000];
+    snprintf(token, sizeof(token), "%s/console.token", r.dir);
+    FILE *f = fopen(token, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(TOKEN "\n", f);
+    fclose(f);
+    int metrics = h_free_port(), port = h_free_port();
+    snprintf(top, sizeof(top), "metrics:\n  listen: \"127.0.0.1:%d\"\nconsole:\n  listen: "
+             "\"127.0.0.1:%d\"\n  token_file: %s\n", metrics, port, token);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES,
+                                          .top_yaml = top });
+    struct console c = { .dir = strdup(r.dir), .config = strdup(r.config) };
+    snprintf(c.queue, sizeof(c.queue), "%s", r.queue);
+    snprintf(c.url, sizeof(c.url), "http://127.0.0.1:%d", port);
+    char log[1100], exe[1100];
+    snprintf(log, sizeof(log), "%s/serve.log", c.dir);
+    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
+    c.pid = fork();
+    ck_assert_int_ge(c.pid, 0);
+    if (c.pid == 0) {
+        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
+            _exit(127);
+        execl(exe, exe, "-c", c.config, "serve", (char *)NULL);
+        _exit(127);
+    }
+    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
+           10000, "sekalictl serve should start (see %s)", log);
+    char csrf[80], args[1200], *out = NULL;
+    login(&c, csrf);
+    snprintf(args, sizeof(args), "-b '%s/jar'", c.dir);
+    /* The sampler's first scrape, before any job: the window starts there. */
+    H_WAIT((free(out), curl(&c, "/api/rates", args, &out) == 200 &&
+            strstr(out, "\"completed_in_window\":0") != NULL), 30000,
+           "the rates should have two samples: %s", out);
+    char key[64], id[64];
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof(key), "fails-%d", i);
+        snprintf(id, sizeof(id), "m-fails-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "fail");
+    }
+    H_WAIT(h_queue_depth(r.b, r.dead) + (unsigned)h_pg_count(r.pg, "SELECT count(*) FROM "
+           "sekali.dead_letters WHERE queue = '%s'", r.queue) >= 5, 60000,
+           "the five jobs should fail");
+    H_WAIT((free(out), curl(&c, "/api/rates", args, &out) == 200 &&
+            strstr(out, "\"failed_in_window\":5") != NULL), 30000,
+           "the window should count the five failures: %s", out);
+    ck_assert_msg(strstr(out, "\"completed_in_window\":0") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "\"job_timeout_seconds\":0") != NULL, "%s", out);
+    free(out);
+    stop(&c);
+    h_stop_sekalid(r.sekalid, r.dir);
+    r.sekalid = -1;
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -624,6 +687,7 @@ int main(void)
         test_a_key_file_readable_by_others_is_refused_at_start,
         test_each_operator_logs_in_with_a_token_that_names_them_in_the_audit,
         test_operators_alike_or_malformed_are_refused_at_start,
+        test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));
