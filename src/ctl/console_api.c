@@ -13,6 +13,7 @@
  *   GET  /api/trace?key=K[&queue=Q]       sekalictl trace K --json
  *   POST /api/dlq/replay, /api/dlq/purge  sekalictl dlq replay|purge ... --json
  *   GET  /api/schedules                   sekalictl schedules --json
+ *   GET  /api/scheduled[?queue=Q&limit=N]  sekalictl scheduled --json
  *   POST /api/pause (queue, reason)       sekalictl pause Q --reason R --by OPERATOR --json
  *   POST /api/resume (queue)              sekalictl resume Q --json */
 #include <errno.h>
@@ -107,6 +108,19 @@ static bool lock_dlq(struct sk_console_call *c, int seconds)
 static void api_schedules(struct sk_console_call *c)
 {
     ACTION(c, sk_ctl_schedules_report(c->con->conf, true, out));
+}
+
+static void api_scheduled(struct sk_console_call *c)
+{
+    const char *queue = sk_console_arg(c, "queue");
+    size_t limit;
+    if (queue != NULL && queue[0] == '\0')
+        queue = NULL;
+    if (queue != NULL && sk_conf_queue(c->con->conf, queue) == NULL)
+        return sk_console_fail(c, 400, "queue: not a queue of this configuration");
+    if (!number(c, "limit", PAGE_DEFAULT, SK_CTL_SCHEDULED_MAX, &limit) || limit == 0)
+        return sk_console_fail(c, 400, "limit: 1 to 1000");
+    ACTION(c, sk_ctl_scheduled_report(c->con->conf, queue, limit, true, out));
 }
 
 /* POST /api/pause, /api/resume: the operator of the session is recorded as
@@ -246,7 +260,7 @@ bool sk_console_api(struct sk_console_call *c)
     }
     if (!get && (strcmp(api, "status") == 0 || strcmp(api, "rates") == 0 ||
                  strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0 ||
-                 strcmp(api, "schedules") == 0)) {
+                 strcmp(api, "schedules") == 0 || strcmp(api, "scheduled") == 0)) {
         sk_console_fail(c, 405, "use GET");
         return true;
     }
@@ -258,6 +272,8 @@ bool sk_console_api(struct sk_console_call *c)
         api_trace(c);
     else if (strcmp(api, "schedules") == 0)
         api_schedules(c);
+    else if (strcmp(api, "scheduled") == 0)
+        api_scheduled(c);
     else if (strcmp(api, "dlq/groups") == 0 || strcmp(api, "dlq/list") == 0 ||
              strcmp(api, "dlq/show") == 0)
         api_dlq(c, api + 4);

@@ -501,6 +501,19 @@ async function main() {
   out.timings_ms['an API call while idle'] = Date.now() - ping;
   check(st.status === 200, 'the console still answers');
 
+  // ---- jobs scheduled for later, hostile keys included ---------------------------------------
+  const laterKeys = ['later-<script>alert(16)</script>', 'later-"><img src=x onerror=alert(17)>'];
+  psql(`SELECT sekali.enqueue(${lit(Q)}, 'test', 'ok'::bytea, p_idempotency_key => k, ` +
+       `p_run_at => now() + d) FROM (VALUES (${lit(laterKeys[0])}, interval '2 hours'), ` +
+       `(${lit(laterKeys[1])}, interval '1 hour')) v(k, d)`);
+  await visit('scheduled jobs', '/scheduled?queue=' + encodeURIComponent(Q), '#scheduled tbody tr');
+  const laterShown = await page.$$eval('#scheduled tbody td.key', (c) => c.map((x) => x.textContent));
+  check(laterShown.length === 2 && laterShown[0] === laterKeys[1] && laterShown[1] === laterKeys[0],
+        'the scheduled jobs, soonest first, keys as text: ' + JSON.stringify(laterShown));
+  await inert('scheduled jobs');
+  await shot('scheduled');
+  psql(`DELETE FROM sekali.outbox WHERE queue = ${lit(Q)} AND published_at IS NULL AND run_at > now()`);
+
   // ---- an operator's own token names them; the name stays text ----------------------------
   const opName = '<img src=x onerror=alert(15)>"dora&amp;';
   const ctx = await browser.createBrowserContext();

@@ -674,6 +674,64 @@ START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
 }
 END_TEST
 
+/* Jobs enqueued for later: /api/scheduled lists them soonest first, from
+ * the outbox, their hostile keys escaped as JSON; it takes a login, a
+ * configured queue and a bounded limit. */
+START_TEST(test_jobs_scheduled_for_later_are_listed_soonest_first_with_keys_escaped)
+{
+    struct console c;
+    start(&c, "consolesched", NULL);
+    PGconn *pg = h_pg();
+    char sql[1000];
+    snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'test', 'x'::bytea, "
+             "p_idempotency_key => k, p_run_at => now() + d) FROM (VALUES "
+             "(E'later-\"<script>alert(1)</script>\\x01', interval '2 hours'), "
+             "('sooner', interval '1 hour'), ('now', interval '0')) v(k, d)", c.queue);
+    h_pg_exec(pg, sql);
+    char *out, args[1200], csrf[80];
+    ck_assert_int_eq(curl(&c, "/api/scheduled", "", &out), 401);
+    free(out);
+    login(&c, csrf);
+    snprintf(args, sizeof(args), "-b '%s/jar' -G -d queue=%s", c.dir, c.queue);
+    ck_assert_int_eq(curl(&c, "/api/scheduled", args, &out), 200);
+    char *sooner = strstr(out, "\"key\":\"sooner\""),
+         *later = strstr(out, "\"key\":\"later-\\\"<script>alert(1)</script>\\u0001\"");
+    ck_assert_msg(sooner != NULL && later != NULL && sooner < later, "%s", out);
+    ck_assert_msg(strstr(out, "\"key\":\"now\"") == NULL, "a job due now is no later: %s", out);
+    ck_assert_msg(strstr(out, "\"in_seconds\":3600") != NULL ||
+                  strstr(out, "\"in_seconds\":3599") != NULL, "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s/jar' -G -d queue=%s -d limit=1", c.dir, c.queue);
+    ck_assert_int_eq(curl(&c, "/api/scheduled", args, &out), 200);
+    ck_assert_msg(strstr(out, "sooner") != NULL && strstr(out, "later-") == NULL, "%s", out);
+    free(out);
+    static const char *const bad[] = { "-d queue=elsewhere", "-d limit=0", "-d limit=1001",
+                                       "-d limit=x" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(bad); i++) {
+        snprintf(args, sizeof(args), "-b '%s/jar' -G %s", c.dir, bad[i]);
+        ck_assert_int_eq(curl(&c, "/api/scheduled", args, &out), 400);
+        free(out);
+    }
+    /* The terminal's form of the same report escapes the key too. */
+    char cmd[3000];
+    snprintf(cmd, sizeof(cmd), "'%s/sekalictl' -c '%s' scheduled --queue %s 2>&1",
+             h_build_dir(), c.config, c.queue);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof(text) - 1, p);
+    text[n] = '\0';
+    ck_assert_int_eq(pclose(p), 0);
+    ck_assert_msg(strstr(text, "later-\"<script>alert(1)</script>\\x01") != NULL &&
+                  strchr(text, '\x01') == NULL && strstr(text, "sooner") < strstr(text, "later-"),
+                  "%s", text);
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.outbox WHERE queue = '%s'", c.queue);
+    h_pg_exec(pg, sql);
+    PQfinish(pg);
+    stop(&c);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -688,6 +746,7 @@ int main(void)
         test_each_operator_logs_in_with_a_token_that_names_them_in_the_audit,
         test_operators_alike_or_malformed_are_refused_at_start,
         test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates,
+        test_jobs_scheduled_for_later_are_listed_soonest_first_with_keys_escaped,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));

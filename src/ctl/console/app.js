@@ -460,6 +460,35 @@ async function schedulesPage() {
     el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
 }
 
+// ---- scheduled jobs --------------------------------------------------------------
+
+// sekalictl scheduled --json: jobs enqueued for a later run_at, waiting in
+// the outbox. Keys and job types come from producers: text only.
+async function scheduledPage() {
+  const t0 = performance.now();
+  const queue = args().get('queue') || '';
+  let s;
+  try { s = await api('/api/scheduled?' + new URLSearchParams(queue ? { queue } : {})); } catch (e) {
+    return show(el('h1', {}, 'Scheduled jobs'), failure(e));
+  }
+  const list = s.scheduled || [];
+  const rows = list.map((x) => el('tr', { 'data-id': String(x.id) },
+    el('td', { class: 'mono' }, x.run_at),
+    el('td', { class: 'num' }, secs(x.in_seconds)),
+    el('td', {}, link('/scheduled', { queue: x.queue }, x.queue)),
+    el('td', { class: 'mono cut key' }, link('/key', { key: x.key }, x.key)),
+    el('td', { class: 'job-type' }, x.job_type)));
+  show(el('h1', {}, 'Scheduled jobs', queue ? ' of ' + queue : ''),
+    el('p', { id: 'summary' }, String(list.length), list.length === s.limit ? '+' : '',
+       ' job(s) waiting in the outbox for a later run_at, soonest first, by PostgreSQL\'s clock at ',
+       s.now || '?', '. Retries waiting in delay queues are counted on the overview (delayed).'),
+    el('table', { id: 'scheduled' },
+      el('thead', {}, el('tr', {}, ['runs at (UTC)', 'in', 'queue', 'key', 'job type']
+        .map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
 // A queue's health: its consumers (status), and whether its jobs succeed:
 // consumers that fail every job are not healthy (rates' window totals).
 function health(q, r, window) {
@@ -501,7 +530,8 @@ function loginPage() {
 // ---- routing -------------------------------------------------------------------
 
 const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
-                 '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage };
+                 '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage,
+                 '/scheduled': scheduledPage };
 
 document.addEventListener('DOMContentLoaded', async () => {
   await loadSession();
