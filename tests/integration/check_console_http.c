@@ -29,6 +29,25 @@ struct console {
 
 static int curl(struct console *c, const char *path, const char *args, char **out);
 
+/* Starts sekalictl serve on c->config, its output in c->dir/serve.log,
+ * and waits until it listens. */
+static void spawn(struct console *c)
+{
+    char log[1100], exe[1100];
+    snprintf(log, sizeof(log), "%s/serve.log", c->dir);
+    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
+    c->pid = fork();
+    ck_assert_int_ge(c->pid, 0);
+    if (c->pid == 0) {
+        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
+            _exit(127);
+        execl(exe, exe, "-c", c->config, "serve", (char *)NULL);
+        _exit(127);
+    }
+    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
+           10000, "sekalictl serve should start (see %s)", log);
+}
+
 /* Writes a config whose console listens on a free port, with TLS when
  * tls_dir is set, and starts sekalictl serve on it. */
 static void start_with(struct console *c, const char *name, const char *tls_dir,
@@ -36,7 +55,7 @@ static void start_with(struct console *c, const char *name, const char *tls_dir,
 {
     h_init();
     c->dir = h_tmpdir(name);
-    char token[1100], top[3000], log[1100];
+    char token[1100], top[3000];
     h_unique_name(c->queue, sizeof(c->queue), name);
     snprintf(token, sizeof(token), "%s/console.token", c->dir);
     FILE *f = fopen(token, "w");
@@ -52,19 +71,7 @@ static void start_with(struct console *c, const char *name, const char *tls_dir,
     snprintf(top + n, sizeof(top) - (size_t)n, "%s", extra);
     c->config = h_write_config_top(c->dir, c->queue, H_EFFECT, 1, NULL, top);
     snprintf(c->url, sizeof(c->url), "%s://127.0.0.1:%d", tls_dir ? "https" : "http", port);
-    snprintf(log, sizeof(log), "%s/serve.log", c->dir);
-    char exe[1100];
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    c->pid = fork();
-    ck_assert_int_ge(c->pid, 0);
-    if (c->pid == 0) {
-        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
-            _exit(127);
-        execl(exe, exe, "-c", c->config, "serve", (char *)NULL);
-        _exit(127);
-    }
-    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
-           10000, "sekalictl serve should start (see %s)", log);
+    spawn(c);
 }
 
 /* The token file as docs/console.md makes it: with a trailing newline. */
@@ -632,19 +639,7 @@ START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
     struct console c = { .dir = strdup(r.dir), .config = strdup(r.config) };
     snprintf(c.queue, sizeof(c.queue), "%s", r.queue);
     snprintf(c.url, sizeof(c.url), "http://127.0.0.1:%d", port);
-    char log[1100], exe[1100];
-    snprintf(log, sizeof(log), "%s/serve.log", c.dir);
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    c.pid = fork();
-    ck_assert_int_ge(c.pid, 0);
-    if (c.pid == 0) {
-        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
-            _exit(127);
-        execl(exe, exe, "-c", c.config, "serve", (char *)NULL);
-        _exit(127);
-    }
-    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
-           10000, "sekalictl serve should start (see %s)", log);
+    spawn(&c);
     char csrf[80], args[1200], *out = NULL;
     login(&c, csrf);
     snprintf(args, sizeof(args), "-b '%s/jar'", c.dir);
