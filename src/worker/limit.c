@@ -36,7 +36,7 @@ static struct scratch scratch;
 static bool grow(size_t n);
 static size_t gather(struct sk_pipeline *p, struct sk_span *s);
 static void refuse(struct sk_pipeline *p, struct sk_span *s, uint32_t delay_ms,
-                   const struct sk_err *err);
+                   const char *why);
 static void delay(struct sk_pipeline *p, struct sk_job *j, uint32_t wait_ms, const char *why);
 
 void sk_limit_admit(struct sk_pipeline *p, struct sk_span *s)
@@ -45,25 +45,27 @@ void sk_limit_admit(struct sk_pipeline *p, struct sk_span *s)
     if (c->count == 0)
         return;
     if (!grow(s->n)) {
-        refuse(p, s, sk_jitter(100, 1000), NULL);
+        sk_log_warn("queue %s: out of memory for the rate limit's round trip", p->queue->name);
+        refuse(p, s, sk_jitter(100, 1000), "rate limit unknown (out of memory)");
         return;
     }
     size_t m = gather(p, s);
     if (m == 0)
         return;
+    /* Redis's outage is logged once, by the links; each job's exit line
+     * says why it waits. */
     struct sk_lock *redis;
     struct sk_err err = { 0 };
     sk_links_lock(p->links, &redis);
     if (redis == NULL) {
-        sk_err_set(&err, SK_AGAIN, "redis unavailable");
-        refuse(p, s, sk_jitter(1000, 5000), &err);
+        refuse(p, s, sk_jitter(1000, 5000), "rate limit unknown (redis down)");
         return;
     }
     const struct sk_rate rate = sk_rate_of(c->count, c->period_ms, c->burst);
     if (sk_rate_take(redis, &rate, m, scratch.keys, scratch.counts, scratch.waits, &err) !=
         SK_OK) {
         sk_links_drop(p->links, SK_LINK_LOCK, NULL, &err);
-        refuse(p, s, sk_jitter(1000, 5000), &err);
+        refuse(p, s, sk_jitter(1000, 5000), "rate limit unknown (redis down)");
         return;
     }
     sk_links_up(p->links, SK_LINK_LOCK);
@@ -123,17 +125,11 @@ static size_t gather(struct sk_pipeline *p, struct sk_span *s)
 
 /* Every received job waits: the limit could not be asked. */
 static void refuse(struct sk_pipeline *p, struct sk_span *s, uint32_t delay_ms,
-                   const struct sk_err *err)
+                   const char *why)
 {
-    size_t n = 0;
     for (size_t i = 0; i < s->n; i++)
-        if (s->jobs[i].state == SK_JOB_RECEIVED) {
-            delay(p, &s->jobs[i], delay_ms, "rate limit unknown (redis down)");
-            n++;
-        }
-    if (n > 0)
-        sk_log_warn("queue %s: %zu jobs re-scheduled, their rate limit could not be asked: %s",
-                    p->queue->name, n, err != NULL ? err->msg : "out of memory");
+        if (s->jobs[i].state == SK_JOB_RECEIVED)
+            delay(p, &s->jobs[i], delay_ms, why);
 }
 
 /* A copy comes back after the wait, at the same attempt: waiting for a slot
