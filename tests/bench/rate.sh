@@ -21,7 +21,9 @@
 # job, every key completed, the queue empty, sekalid exiting 0). At the
 # default limit no job can wait: its burst is a million starts. The
 # summary's ratio is
-# the median over the rounds of limited / unlimited, same round.
+# the median over the rounds of limited / unlimited, same round; the same
+# for sekalid's CPU time per job (bench_sekalid's sekali_cpu_ms), which a
+# loaded machine disturbs far less than it does jobs/s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export LC_ALL=C
@@ -48,7 +50,7 @@ schema "$(write_conf "$run_id-check")"
 sql -c "DELETE FROM sekali.idempotency_keys WHERE queue LIKE 'bench-%'" -c 'TRUNCATE sekali_bench.jobs'
 summary=$work/rate-summary
 : >"$summary"
-declare -A rate_of
+declare -A rate_of cpu_of
 say "W=$workers, $jobs jobs a run, limit $limit against none, batch ${batch_list// /, }," \
     "$runs rounds; files in $work"
 for run in $(seq 1 "$runs"); do
@@ -74,20 +76,26 @@ for run in $(seq 1 "$runs"); do
             "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
             live_queue=''
             forget "$queue"
-            rate_of[$key]+="$rate "
-            say "round $run: $label: $rate jobs/s"
+            cpu=$(awk -v n="$jobs" '$1 == "sekali_cpu_ms" { printf "%.1f", $2 * 1000 / n }' \
+                "$work/$queue.result")
+            rate_of[$key]+="$rate " cpu_of[$key]+="$cpu "
+            say "round $run: $label: $rate jobs/s, $cpu us of sekalid CPU a job"
         done
     done
 done
 
 echo
-printf '%-8s %11s %11s %7s   %s\n' "batch" "none jobs/s" "limit jobs/s" "ratio" "limit/none per round"
+printf '%-8s %-8s %11s %11s %7s   %s\n' "batch" "figure" "none" "limit" "ratio" \
+    "limit/none per round"
 for bench_batch in $batch_list; do
-    n="${rate_of[$bench_batch none]}" l="${rate_of[$bench_batch limit]}"
-    per_round=$(paste -d/ <(tr ' ' '\n' <<<"${l% }") <(tr ' ' '\n' <<<"${n% }") | tr '\n' ' ')
-    # shellcheck disable=SC2086  # lists of numbers
-    printf '%-8s %11.1f %11.1f %7.3f   %s\n' "$bench_batch" "$(median $n)" "$(median $l)" \
-        "$(ratios "$l" "$n")" "$per_round" | tee -a "$summary"
+    for figure in jobs/s cpu_us/job; do
+        if [ "$figure" = jobs/s ]; then n="${rate_of[$bench_batch none]}" l="${rate_of[$bench_batch limit]}"
+        else n="${cpu_of[$bench_batch none]}" l="${cpu_of[$bench_batch limit]}"; fi
+        per_round=$(paste -d/ <(tr ' ' '\n' <<<"${l% }") <(tr ' ' '\n' <<<"${n% }") | tr '\n' ' ')
+        # shellcheck disable=SC2086  # lists of numbers
+        printf '%-8s %-8s %11.1f %11.1f %7.3f   %s\n' "$bench_batch" "$figure" "$(median $n)" \
+            "$(median $l)" "$(ratios "$l" "$n")" "$per_round" | tee -a "$summary"
+    done
 done
-echo "(W=$workers; $jobs jobs a run; jobs/s: steady state, median of $runs rounds;" \
-     "ratio: median of the per-round limited/unlimited, $limit never reached)"
+echo "(W=$workers; $jobs jobs a run; jobs/s: steady state; cpu_us/job: sekalid's CPU time a job;" \
+     "medians of $runs rounds; ratio: median of the per-round limit/none, $limit never reached)"
