@@ -3,7 +3,9 @@
  * every worker of two sekalids shares one limit, a limit per resource
  * holds for each resource apart, workers killed in the middle run nothing
  * twice, and with Redis down the limit holds every job back (fails
- * closed) and loses none.
+ * closed) and loses none. A fault suite, since two of its tests kill
+ * workers and stop Redis (tests/README.md: never beside another suite on
+ * one server set).
  *
  * No test asserts a time that load could break. A limit of R a second with
  * a burst of B admits the N-th job no sooner than (N - B) / R seconds after
@@ -209,13 +211,6 @@ START_TEST(test_workers_killed_under_a_limit_run_nothing_twice)
 }
 END_TEST
 
-static void servers(const char *command)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
-    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
-}
-
 /* Redis stopped under a limited queue whose lock would proceed without it
  * (on_redis_down: proceed): the limit fails closed. No job runs while
  * Redis is provably down (the workers logged the outage and re-scheduled
@@ -224,16 +219,16 @@ static void servers(const char *command)
 START_TEST(test_a_limit_fails_closed_while_redis_is_down)
 {
     struct h_run r;
-    servers("start");
+    h_servers("start");
     int port = start(&r, "ratedown", 2,
                      "    on_redis_down: proceed\n    rate_limit: 1000/s\n");
-    servers("stop-redis");
+    h_servers("stop-redis");
     publish(&r, "d", 20, NULL);
     H_WAIT(h_count_lines(r.log, "rate limit unknown (redis down): re-scheduled") >= 4, 60000,
            "the workers should hold jobs back while Redis is gone");
     ck_assert_int_ge(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS), 1);
     ck_assert_int_eq(h_completed(&r), 0);
-    servers("start-redis");
+    h_servers("start-redis");
     H_WAIT(h_completed(&r) == 20, 120000, "all 20 jobs should complete once Redis is back, "
            "%lld did", h_completed(&r));
     ck_assert_int_ge(h_metric(port, "sekali_rate_limited_total{queue=\"%s\",job_type=\"test\"}",
