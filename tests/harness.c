@@ -413,6 +413,31 @@ uint32_t h_queue_depth(struct sk_broker *b, const char *queue)
     return messages;
 }
 
+long long h_in_flight(const char *queue)
+{
+    char cmd[600], line[1024], delay[300];
+    snprintf(cmd, sizeof(cmd), "\"%s\" -q list_queues name messages 2>&1",
+             require_env("SEKALI_RABBITMQCTL"));
+    snprintf(delay, sizeof(delay), "%s.delay.", queue);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    long long n = 0;
+    bool seen = false;
+    while (fgets(line, sizeof(line), p) != NULL) {
+        char *tab = strchr(line, '\t');
+        if (tab == NULL)
+            continue;
+        *tab = '\0';
+        if (strcmp(line, queue) == 0 || strncmp(line, delay, strlen(delay)) == 0) {
+            n += strtoll(tab + 1, NULL, 10);
+            seen = true;
+        }
+    }
+    int status = pclose(p);
+    ck_assert_msg(status == 0 && seen, "rabbitmqctl list_queues failed or lists no %s", queue);
+    return n;
+}
+
 uint32_t h_consumers(struct sk_broker *b, const char *queue)
 {
     uint32_t consumers = 0;

@@ -120,6 +120,11 @@ void h_publish(struct sk_broker *b, const char *queue, const char *type, const c
                const char *idempotency_key, const char *resource_key, const char *body);
 uint32_t h_queue_depth(struct sk_broker *b, const char *queue);
 
+/* The messages of queue and of its delay queues (<queue>.delay.*), ready
+ * or delivered and not yet acked, as RabbitMQ counts them (rabbitmqctl,
+ * ~1 s): 0 once every copy is settled. Its dead letters do not count. */
+long long h_in_flight(const char *queue);
+
 /* Publishes a message built field by field, for malformed input: absent
  * strings are left out, headers are added as given. */
 void h_publish_raw(struct sk_broker *b, const char *queue, const char *message_id,

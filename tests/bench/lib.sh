@@ -42,12 +42,12 @@ cflags=(-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-pr
 {
     "$cc" "${cflags[@]}" -fPIC -shared -Iinclude $(pkg-config --cflags libpq) \
         -o "$out/bench_handler.so" tests/bench/bench_handler.c $(pkg-config --libs libpq)
-    "$cc" "${cflags[@]}" $(pkg-config --cflags librabbitmq) \
+    "$cc" "${cflags[@]}" -iquote src/adapters $(pkg-config --cflags librabbitmq) \
         -o "$out/bench_amqp" tests/bench/bench_amqp.c $(pkg-config --libs librabbitmq)
     "$cc" "${cflags[@]}" $(pkg-config --cflags libpq) \
         -o "$out/bench_sekalid" tests/bench/bench_sekalid.c $(pkg-config --libs libpq)
     "$cc" "${cflags[@]}" -o "$out/bench_cpu" tests/bench/bench_cpu.c
-    "$cc" "${cflags[@]}" $(pkg-config --cflags librabbitmq hiredis libpq) \
+    "$cc" "${cflags[@]}" -iquote src/adapters $(pkg-config --cflags librabbitmq hiredis libpq) \
         -o "$out/bench_loop" tests/bench/bench_loop.c $(pkg-config --libs librabbitmq hiredis libpq)
     "$cc" "${cflags[@]}" $(pkg-config --cflags libpq libmicrohttpd gnutls) -pthread \
         -o "$out/bench_http" tests/bench/bench_http.c $(pkg-config --libs libpq libmicrohttpd gnutls)

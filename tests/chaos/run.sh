@@ -289,52 +289,64 @@ locks() {
 }
 
 # A worker SIGSTOPped while it holds a job's lock, for lock.ttl + 1 s, then
-# SIGCONTed. A held lock is one that has the same token half a second
-# apart and was not taken by a worker that took another lock meanwhile
-# (the token's first half is its process's: lock.c), so a live worker's
-# slow batch, on a loaded machine, is not mistaken for the stopped one.
-# Tried until it is caught or the run is over: on a loaded machine the
-# tries take longer, and so does the run.
+# SIGCONTed. The stop waits for its event rather than guessing: Redis's
+# MONITOR shows a worker's connection taking a lock (the client's port and
+# the token, whose first half is its process's: lock.c), the port names the
+# worker, and that worker is stopped. Its lock is then known by its token,
+# so neither a worker still connecting (the kill storm keeps most of them
+# starting on a loaded machine) nor a live worker's slow batch is taken for
+# the stopped one. Tried until it is caught or the run is over.
 stop_worker() {
     local attempt=0
-    # A lock still held after lock.ttl proves only that another worker
-    # held it, and the stop is tried again.
+    asked_ms=$(now_ms)
     while run_going; do
         attempt=$((attempt + 1))
         stop_worker_once && return 0
     done
-    echo "unverified stop: the run ended first ($attempt stops caught only other workers' locks)" >>"$faults"
+    echo "unverified stop: the run ended first ($attempt stops tried, none caught a held lock)" >>"$faults"
 }
 
 # Whether the storm run still has keys to do (one_run writes the count).
 run_going() { (( $(cat "$work/progress" 2>/dev/null || echo 0) < keys )); }
 
-# held_lock BEFORE AFTER: a "key token" line held all along by a process that
-# took no new lock in between (the stopped one), if any.
-held_lock() {
-    local live
-    live=$(comm -13 <(sort <<<"$1") <(sort <<<"$2") | awk 'NF == 2 { print substr($2, 1, 16) }')
-    comm -12 <(sort <<<"$1") <(sort <<<"$2") |
-        awk -v live="$live" 'NF == 2 && index(live, substr($2, 1, 16)) == 0' | head -n 1 || true
+# lock_taker: "PID PREFIX" of a worker of sekalid seen taking a lock of
+# $queue within 5 s, or nothing: a SET NX of a lock key, sent by the client
+# (sk_lock_acquire) or by its script (sk_lock_swap_many), whose commands
+# follow its EVALSHA in MONITOR's output as "lua" lines. A SET carries a
+# token of the taker's own (a release may carry a dead worker's).
+lock_taker() {
+    local seen port pid
+    seen=$(timeout 5 redis-cli -h 127.0.0.1 -p "$SEKALI_REDIS_PORT" monitor 2>/dev/null |
+        awk -v q="\"sekali:lock:$queue:" '
+            $3 != "lua]" { port = $3; if (!sub(/^127\.0\.0\.1:/, "", port) || !sub(/\]$/, "", port)) port = "" }
+            toupper($4) == "\"SET\"" && index($5, q) == 1 && toupper($7) == "\"NX\"" && port != "" {
+                t = $6; gsub(/"/, "", t); print port, substr(t, 1, 16); exit }') || true
+    [ -n "$seen" ] || return 0
+    port=${seen%% *}
+    pid=$(ss -Htnp state established "( sport = :$port and dport = :$SEKALI_REDIS_PORT )" 2>/dev/null |
+          grep -o 'pid=[0-9]*' | head -n 1) || true
+    pid=${pid#pid=}
+    [ -n "$pid" ] && [[ " $(workers_of "$sekalid") " == *" $pid "* ]] && printf '%s %s' "$pid" "${seen#* }"
+    return 0
 }
 
-# One stop; false when the lock it watched was another worker's.
+# One stop; false when the lock it caught did not expire (then another is tried).
 stop_worker_once() {
-    local try=0 victim before after held='' t0 stopped_ms
+    local try=0 victim='' prefix taker held='' t0 stopped_ms
     while [ -z "$held" ] && run_going; do
         try=$((try + 1))
-        read -r -a pids <<<"$(workers_of "$sekalid")"
-        [ ${#pids[@]} -gt 0 ] || { sleep 0.2; continue; }
-        victim=${pids[RANDOM % ${#pids[@]}]}
+        taker=$(lock_taker)
+        [ -n "$taker" ] || continue
+        victim=${taker%% *} prefix=${taker#* }
         echo "$victim" >"$stopped_file"
         kill -STOP "$victim" 2>/dev/null || { : >"$stopped_file"; continue; }
         t0=$(now_ms)
-        wait_until 1000 stopped "$victim" || { : >"$stopped_file"; continue; }
-        before=$(locks); sleep 0.5; after=$(locks)
-        held=$(held_lock "$before" "$after")
+        wait_until 1000 stopped "$victim" || { kill -CONT "$victim" 2>/dev/null; : >"$stopped_file"; continue; }
+        # Stopped: its locks are the ones with its token, held as they were.
+        held=$(locks | awk -v p="$prefix" 'NF == 2 && substr($2, 1, 16) == p' | head -n 1) || true
         [ -n "$held" ] && break
+        say "stop $victim: it held no lock once stopped (between jobs); trying again"
         kill -CONT "$victim" 2>/dev/null; : >"$stopped_file"
-        sleep 0.1
     done
     if [ -z "$held" ]; then
         echo "unverified stop: no worker caught holding a lock in $try tries before the run ended" >>"$faults"
@@ -351,12 +363,13 @@ stop_worker_once() {
     if [ "$still" != T ]; then
         echo "unverified stop $victim: state '$still' after ${stopped_ms} ms, not T" >>"$faults"
     elif [ "$expired_lock" = "$token" ]; then
-        say "stop $victim: lock $key still held after ${stopped_ms} ms: another worker's, stopping another"
+        say "stop $victim: lock $key still held by its token after ${stopped_ms} ms; stopping another"
         return 1
     elif ! wait_until 2000 resumed "$victim"; then
         echo "unverified stop $victim: still stopped after SIGCONT" >>"$faults"
     else
-        echo "stop $victim ${stopped_ms}ms lock $key expired $(since)" >>"$faults"
+        echo "stop $victim ${stopped_ms}ms lock $key expired, caught on try $try" \
+             "$(( t0 - asked_ms ))ms after asked $(since)" >>"$faults"
     fi
 }
 
