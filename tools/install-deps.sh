@@ -10,6 +10,7 @@ packages=(
     libcurl4-openssl-dev  # the stock HTTP handler (handlers/http.c)
     postgresql postgresql-client redis-server redis-sentinel rabbitmq-server  # sentinel: tests/cluster
     valgrind procps libfaketime systemd
+    iproute2          # ip netns for the network faults, ss for the chaos soak's stop
     curl prometheus   # the metrics test scrapes with curl and checks with promtool
     mandoc man-db     # check_docs lints the man pages; check_handler_build finds them
     python3 python3-psycopg  # the README's Python producer is run by a test
