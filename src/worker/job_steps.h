@@ -31,7 +31,7 @@ struct sk_pipeline;
  * is the only way between them: it asserts the move is legal, logs it and,
  * in a fault build, is where a test can kill the worker. Adding a state?
  * Give it a name, a failpoint (or NULL) and its legal predecessors in
- * job.c. */
+ * job_state.c. */
 enum sk_job_state {
     SK_JOB_NEW,          /* delivered, not yet validated */
     SK_JOB_RECEIVED,     /* validated: its key is known */
@@ -216,5 +216,8 @@ void sk_job_rewind(struct sk_job *j);
 /* Decides the job's exit (carried out by sk_span_settle()): the job is
  * settled. */
 void sk_job_finish(struct sk_job *j, enum sk_disposition d, const char *text);
+/* sk_job_finish() with SK_REQUEUE, and a pause of 0.1-1 s after the exit:
+ * a server failed the job on its way. */
+void sk_job_hand_back(struct sk_job *j, const char *text);
 
 #endif
