@@ -530,6 +530,14 @@ int h_count_event_where(const char *path, const char *event, ...)
     return count;
 }
 
+int h_count_outcomes(const char *path, const char *outcome, const char *reason)
+{
+    return reason == NULL
+        ? h_count_event_where(path, SK_EVENT_OUTCOME, "outcome", outcome, NULL)
+        : h_count_event_where(path, SK_EVENT_OUTCOME, "outcome", outcome, "reason", reason,
+                              NULL);
+}
+
 int h_count_deaths(const char *path, const char *key, const char *value)
 {
     return h_count_event_where(path, SK_EVENT_WORKER_DIED, "role", "supervisor", key, value,
@@ -807,6 +815,22 @@ long long h_duplicates(const struct h_run *r)
 {
     return h_pg_count(r->pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
                              "WHERE queue = '%s'", r->queue);
+}
+
+long long h_failed(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
+                             "AND status = 'failed'", r->queue);
+}
+
+const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size)
+{
+    PGresult *res = PQexecParams(r->pg, "SELECT status FROM sekali.idempotency_keys "
+                                        "WHERE queue = $1 AND key = $2", 2, NULL,
+                                 (const char *[]){ r->queue, key }, NULL, NULL, 0);
+    snprintf(buf, size, "%s", PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "absent");
+    PQclear(res);
+    return buf;
 }
 
 void h_expect_once(struct h_run *r, long long keys, long long dups)

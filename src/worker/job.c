@@ -31,6 +31,7 @@
 
 #include "backoff.h"
 #include "broker.h"
+#include "clock.h"
 #include "envelope.h"
 #include "heartbeat.h"
 #include "job.h"
@@ -54,6 +55,7 @@ static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
 bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
 {
     struct sk_err err = { 0 };
+    j->admitted_ns = sk_now_ns();
     j->log.queue = p->queue->name;
     int parsed = sk_envelope_parse(j->delivery, p->queue, &j->env, &err);
     /* Even a malformed delivery has a job_type here: "" unless validated. */
@@ -149,12 +151,12 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
         if (j->claim.cancelled) {
             /* The tombstone (sql/018): the job must never run. */
             sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
-            sk_job_finish(j, SK_ACK, "cancelled, not run");
+            sk_job_finish(j, SK_ACK, SK_OUTCOME_CANCELLED, "before_run", "cancelled, not run");
             return false;
         }
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(p, j);
-        sk_job_finish(j, SK_ACK, "duplicate suppressed");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_DUPLICATE, NULL, "duplicate suppressed");
         return false;
     case SK_BUSY:
         /* A live worker holds the key (its row lock, or its lease): it is
@@ -164,7 +166,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
                   ? sk_jitter(p->queue->lease_ms / 4, p->queue->lease_ms)
                   : sk_jitter(100, 1000)),
               j->env.delivery_attempt, NULL,
-              external ? "key leased by a live worker" : "key busy in PostgreSQL");
+              external ? "key leased" : "key busy");
         return false;
     default:
         /* Handed back unchanged: an outage is not the job's failure. The
@@ -172,7 +174,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
          * the lock is not held through the backoff (other jobs for the
          * resource would wait for nothing). */
         sk_links_drop(p->links, SK_LINK_STORE, &j->log, err);
-        sk_job_finish(j, SK_REQUEUE, "claim failed, handed back to the broker");
+        sk_job_hand_back(j, "claim_failed", "claim failed, handed back to the broker");
         return false;
     }
 }
@@ -226,7 +228,7 @@ static void completed_external(struct sk_pipeline *p, struct sk_job *j, PGconn *
     if (rc == SK_OK) {
         sk_job_transition(j, SK_JOB_COMMITTED);
         sk_job_reply(p, j, ctx->result, ctx->result_len);
-        sk_job_finish(j, SK_ACK, "completed");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_COMPLETED, NULL, "completed");
     } else if (rc != SK_AGAIN && sk_job_refused_cancelled(p, j)) {
         /* Fenced out (the cancel wrote the row cancelled), or refused at
          * COMMIT (sql/018's trigger): no outcome is recorded. */
@@ -235,14 +237,15 @@ static void completed_external(struct sk_pipeline *p, struct sk_job *j, PGconn *
         sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
                      "completion fenced out: the lease was lost and "
                      "another worker took the job over; its outcome stands");
-        sk_job_finish(j, SK_ACK, "fenced out");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_FENCED_OUT, "completion", "fenced out");
     } else if (sk_pg_refused_for_good(&err)) {
         /* Handed back, it would run again at each lease's end, for ever:
          * the effect is made, only its record is missing. */
         sk_letter_unrecorded(p, j, "its completion", "the handler succeeded", &err);
     } else {
         sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
-        sk_job_hand_back(j, "completion outcome unknown, handed back to the broker");
+        sk_job_hand_back(j, "completion_unknown",
+                         "completion outcome unknown, handed back to the broker");
     }
 }
 
@@ -280,7 +283,8 @@ bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j)
     sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
     sk_log_event(SK_LOG_WARN, SK_EVENT_JOB_CANCELLED, NULL, &j->log,
                  "cancelled while it ran: its outcome was refused and not recorded");
-    sk_job_finish(j, SK_ACK, "cancelled while running, outcome refused");
+    sk_job_finish(j, SK_ACK, SK_OUTCOME_CANCELLED, "while_running",
+                  "cancelled while running, outcome refused");
     return true;
 }
 
@@ -443,7 +447,13 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
         char text[sizeof(j->exit.text)];
         snprintf(text, sizeof(text), "%s: re-scheduled in %u ms%s%s", outcome, delay_ms,
                  error != NULL && error[0] != '\0' ? ": " : "", error != NULL ? error : "");
-        sk_job_finish(j, SK_ACK, text);
+        /* The cause in prose ("lock busy") is the event's reason word. */
+        char reason[sizeof(j->exit.reason)];
+        snprintf(reason, sizeof(reason), "%s", outcome);
+        for (char *c = strchr(reason, ' '); c != NULL; c = strchr(c, ' '))
+            *c = '_';
+        sk_job_finish(j, SK_ACK, next_attempt > j->env.delivery_attempt
+                      ? SK_OUTCOME_RETRY : SK_OUTCOME_RESCHEDULED, reason, text);
         return true;
     }
     if (connected && err.code == SK_ERR) {
@@ -457,6 +467,6 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
      * connection sound: sk_links_drop() keeps it, so the hand-back costs
      * no reconnect. */
     sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
-    sk_job_hand_back(j, "could not re-schedule, handed back to the broker");
+    sk_job_hand_back(j, "reschedule_failed", "could not re-schedule, handed back to the broker");
     return false;
 }

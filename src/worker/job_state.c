@@ -3,9 +3,11 @@
  * A job is in exactly one state (job_steps.h); sk_job_transition() asserts
  * each move is legal, logs it and, in a fault build, is where a test kills
  * the worker. sk_job_finish() decides the job's exit, which span.c carries
- * out. Every file of the pipeline moves a job through here, and this file
- * calls none of them, so the steps (job.c, span.c) and the ways out
- * (letter.c) can each settle a job without calling one another. */
+ * out; sk_job_exited() then logs what became of the job. Every file of the
+ * pipeline moves a job through here, and this file calls none of them, so
+ * the steps (job.c, span.c) and the ways out (letter.c) can each settle a
+ * job without calling one another. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -28,6 +30,17 @@ static const char *const state_names[SK_JOB_STATES] = {
     [SK_JOB_SETTLED] = "settled",
     [SK_JOB_ACKED] = "acked",
     [SK_JOB_HANDED_BACK] = "handed back",
+};
+
+static const char *const outcome_names[] = {
+    [SK_OUTCOME_COMPLETED] = "completed",
+    [SK_OUTCOME_DUPLICATE] = "duplicate",
+    [SK_OUTCOME_CANCELLED] = "cancelled",
+    [SK_OUTCOME_FENCED_OUT] = "fenced_out",
+    [SK_OUTCOME_RETRY] = "retry",
+    [SK_OUTCOME_RESCHEDULED] = "rescheduled",
+    [SK_OUTCOME_DEAD] = "dead",
+    [SK_OUTCOME_HANDED_BACK] = "handed_back",
 };
 
 static const char *const state_failpoints[SK_JOB_STATES] = {
@@ -96,17 +109,43 @@ void sk_job_rewind(struct sk_job *j)
  * sk_broker_ack()): by then the outcome is already durable, so releasing
  * the lock first is safe, and a redelivery of an unsent ack finds a
  * completed key. */
-void sk_job_finish(struct sk_job *j, enum sk_disposition d, const char *text)
+void sk_job_finish(struct sk_job *j, enum sk_disposition d, enum sk_job_outcome outcome,
+                   const char *reason, const char *text)
 {
     sk_job_transition(j, SK_JOB_SETTLED);
     j->exit.how = d;
+    j->exit.outcome = outcome;
+    snprintf(j->exit.reason, sizeof(j->exit.reason), "%s", reason != NULL ? reason : "");
     snprintf(j->exit.text, sizeof(j->exit.text), "%s", text);
 }
 
-/* A server failed the job on its way: back to the queue unchanged, and the
- * worker waits a moment before its next delivery. */
-void sk_job_hand_back(struct sk_job *j, const char *text)
+/* The worker waits a moment before its next delivery, so that a failing
+ * server is not asked again at once. */
+void sk_job_hand_back(struct sk_job *j, const char *reason, const char *text)
 {
-    sk_job_finish(j, SK_REQUEUE, text);
+    sk_job_finish(j, SK_REQUEUE, SK_OUTCOME_HANDED_BACK, reason, text);
     j->exit.pause_ms = (uint32_t)sk_jitter(100, 1000);
+}
+
+/* One line per delivery, whatever became of it, with stable fields: what
+ * tests, alerts and scripts count rather than the prose. */
+void sk_job_exited(struct sk_job *j, bool sent)
+{
+    static const char *const exits[] = {
+        [SK_ACK] = "ack", [SK_REQUEUE] = "requeue", [SK_DEAD_LETTER] = "reject",
+        [SK_ACKED] = "ack",
+    };
+    bool acked = sent && (j->exit.how == SK_ACK || j->exit.how == SK_ACKED);
+    sk_job_transition(j, acked ? SK_JOB_ACKED : SK_JOB_HANDED_BACK);
+    char ms[24];
+    snprintf(ms, sizeof(ms), "%" PRIu64, (sk_now_ns() - j->admitted_ns) / 1000000);
+    struct sk_log_field f[SK_LOG_MAX_FIELDS] = {
+        { "outcome", outcome_names[j->exit.outcome] },
+        { "exit", sent ? exits[j->exit.how] : "lost" },
+        { "ms", ms },
+        { "reason", j->exit.reason },
+    };
+    sk_log_event_fields(SK_LOG_INFO, SK_EVENT_OUTCOME, NULL, &j->log, f,
+                        j->exit.reason[0] != '\0' ? 4 : 3, "%s%s", j->exit.text,
+                        sent ? "" : "; not acked: the consumer was lost");
 }

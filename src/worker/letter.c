@@ -207,12 +207,13 @@ void sk_letter_give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_
         sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
         sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
                      "failure fenced out: another worker owns the job");
-        sk_job_finish(j, SK_ACK, "fenced out");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_FENCED_OUT, "failure", "fenced out");
         return;
     }
     if (rc != SK_OK) {
         sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
-        sk_job_hand_back(j, "failure not recorded, handed back to the broker");
+        sk_job_hand_back(j, "failure_not_recorded",
+                         "failure not recorded, handed back to the broker");
         return;
     }
     sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
@@ -294,7 +295,7 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
         snprintf(text, sizeof(text), "dead-lettered by the broker (body not read; %s: %s)",
                  sk_metrics_reason_name(reason), why);
         j->exit.dead_reason = reason;
-        sk_job_finish(j, SK_DEAD_LETTER, text);
+        sk_job_finish(j, SK_DEAD_LETTER, SK_OUTCOME_DEAD, sk_metrics_reason_name(reason), text);
         return;
     }
     bool copy = !recorded || p->queue->dead_letter_mirror;
@@ -312,7 +313,7 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
     }
     if (recorded || copied) {
         sk_metrics_dead_letter(j->metrics, reason);
-        sk_job_finish(j, SK_ACK, "dead-lettered");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_DEAD, sk_metrics_reason_name(reason), "dead-lettered");
         /* Acked at once, alone, not with its span: a malformed message has
          * no key whose row would make its redelivery a duplicate, so a
          * worker dying before the span's ack (a batch-mate's handler may
@@ -327,5 +328,5 @@ static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bo
              "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
     /* Counted by the exit, once the broker took the reject. */
     j->exit.dead_reason = reason;
-    sk_job_finish(j, SK_DEAD_LETTER, text);
+    sk_job_finish(j, SK_DEAD_LETTER, SK_OUTCOME_DEAD, sk_metrics_reason_name(reason), text);
 }
