@@ -805,10 +805,16 @@ long long h_effect_keys(const struct h_run *r)
                              "WHERE queue = '%s'", r->queue);
 }
 
-long long h_completed(const struct h_run *r)
+/* Keys of r's queue in that status. */
+static long long keys_in(const struct h_run *r, const char *status)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
-                             "AND status = 'completed'", r->queue);
+                             "AND status = '%s'", r->queue, status);
+}
+
+long long h_completed(const struct h_run *r)
+{
+    return keys_in(r, "completed");
 }
 
 long long h_duplicates(const struct h_run *r)
@@ -819,8 +825,7 @@ long long h_duplicates(const struct h_run *r)
 
 long long h_failed(const struct h_run *r)
 {
-    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
-                             "AND status = 'failed'", r->queue);
+    return keys_in(r, "failed");
 }
 
 const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size)

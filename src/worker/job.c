@@ -64,19 +64,14 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
     sk_metrics_inc(j->metrics, SK_METRIC_DELIVERIES);
     if (j->env.redelivered || j->env.delivery_attempt > 1)
         sk_metrics_inc(j->metrics, SK_METRIC_REDELIVERIES);
-    if (parsed != SK_OK) {
-        sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
-                     err.msg);
-        sk_letter_dead(p, j, false, SK_METRICS_MALFORMED, err.msg);
-        return false;
-    }
-    const char *refused = j->env.reply_to[0] != '\0'
+    const char *refused = parsed == SK_OK && j->env.reply_to[0] != '\0'
         ? sk_envelope_reply_refused(j->env.reply_to, p->conf) : NULL;
-    if (refused != NULL) {
-        /* Refused before anything runs: a job whose reply cannot be sent
-         * would leave its caller waiting with the effect already made. */
-        char why[400];
-        snprintf(why, sizeof(why), "%s: %s", refused, j->env.reply_to);
+    if (parsed != SK_OK || refused != NULL) {
+        /* A reply_to is refused before anything runs: a job whose reply
+         * cannot be sent would leave its caller waiting, the effect made. */
+        char why[700];
+        snprintf(why, sizeof(why), "%s%s%s", refused != NULL ? refused : err.msg,
+                 refused != NULL ? ": " : "", refused != NULL ? j->env.reply_to : "");
         sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
                      why);
         sk_letter_dead(p, j, false, SK_METRICS_MALFORMED, why);
