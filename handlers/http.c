@@ -44,6 +44,10 @@
 #include <sekali/handler.h>
 #include <yaml.h>
 
+/* src/base/file.c, compiled into this handler with hidden visibility (the
+ * Makefile): the daemon's one check of a configured file, not its symbol. */
+#include "file.h"
+
 #define MAX_HEADERS   32
 #define MAX_SECRET    8192
 #define MAX_RESPONSE  (64 * 1024)   /* a saved result's limit */
@@ -138,44 +142,16 @@ static bool header_value_ok(const char *s, size_t len)
     return s[len] == '\0' && memchr(s, 0x7f, len) == NULL;
 }
 
-/* path opened for reading if it is a regular file, else -1 with errno set
- * (ENXIO for a FIFO, device or socket). Opened without blocking: a FIFO
- * would wait for a writer, and hang `sekalid -t`, the start and a reload.
- * (The daemon's own files go through src/base/file.c; a handler links
- * nothing of the daemon's.) */
-static int open_regular(const char *path)
-{
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0)
-        return -1;
-    int e = fstat(fd, &st) != 0 ? errno
-            : S_ISDIR(st.st_mode) ? EISDIR
-            : !S_ISREG(st.st_mode) ? ENXIO
-            : fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ? errno : 0;
-    if (e != 0) {
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    return fd;
-}
-
-/* errno after open_regular() in words. */
-static const char *open_error(int e)
-{
-    return e == ENXIO ? "not a regular file (a FIFO, device or socket)" : strerror(e);
-}
-
 /* A secret from a file, its trailing newline dropped. Returns a new
  * string, or NULL with err naming the file (never the content). */
 static char *read_secret(const char *path, char *err, size_t err_size, const char *name)
 {
-    int fd = open_regular(path);
-    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    struct stat st;
+    int fd, e = sk_file_open(path, 0, &fd, &st);
+    FILE *f = e == 0 ? fdopen(fd, "r") : NULL;
     if (f == NULL) {
         snprintf(err, err_size, "headers: %s: cannot read %s: %s", name, path,
-                 open_error(errno));
+                 sk_file_error(e != 0 ? e : errno));
         if (fd >= 0)
             close(fd);
         return NULL;
@@ -260,13 +236,15 @@ static int parse_header(yaml_document_t *doc, yaml_node_t *k, yaml_node_t *v,
  * read now (a FIFO would hang the worker's first request). NULL is fine. */
 static bool readable(const char *path, const char *key, char *err, size_t err_size)
 {
-    int fd = path != NULL ? open_regular(path) : -2;
-    if (fd == -1) {
-        snprintf(err, err_size, "`%s:` cannot read %s: %s", key, path, open_error(errno));
+    struct stat st;
+    int fd, e;
+    if (path == NULL)
+        return true;
+    if ((e = sk_file_open(path, 0, &fd, &st)) != 0) {
+        snprintf(err, err_size, "`%s:` cannot read %s: %s", key, path, sk_file_error(e));
         return false;
     }
-    if (fd >= 0)
-        close(fd);
+    close(fd);
     return true;
 }
 

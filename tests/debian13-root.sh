@@ -12,7 +12,7 @@
 #   ensure      make the root if it is missing or incomplete (idempotent)
 #   path        print the root's directory
 #   run CMD...  run CMD inside the root (root only; see in_root below);
-#               SEKALI_ROOT_BIND=DIR also shows host DIR at DIR inside,
+#               SEKALI_ROOT_BIND=DIR[:DIR...] also shows each host DIR at DIR inside,
 #               SEKALI_ROOT_CWD=DIR runs CMD in DIR
 #
 # Settings: SEKALI_DEBIAN13_ROOT [/var/cache/sekali/debian13]
@@ -32,26 +32,31 @@ SUITE=trixie
 # here makes `ensure` install it into an existing root.
 PACKAGES='rabbitmq-server valkey-server valkey-tools postgresql-17 postgresql-client-17
 librabbitmq-dev gcc make pkg-config libpq-dev libhiredis-dev libyaml-dev check
-libssl-dev libcurl4-openssl-dev'
+libssl-dev libcurl4-openssl-dev libsystemd-dev libmicrohttpd-dev valgrind curl'
 STAMP=$ROOT/.sekali-root
 
 stamp_text() { printf 'suite=%s\npackages=%s\n' "$SUITE" "$(echo $PACKAGES)"; }
 
 # Run CMD inside the root: a private mount namespace (the mounts vanish
 # with its last process, so nothing is left mounted on the host) with the
-# host's /dev and a /proc, and, when SEKALI_ROOT_BIND is set, that host
-# directory at the same path inside, so a server's files have one path for
-# the tools outside and the daemon inside.
+# host's /dev and a /proc, and, when SEKALI_ROOT_BIND is set, each of its
+# host directories (colon-separated) at the same path inside, so a server's
+# files have one path for the tools outside and the daemon inside.
 in_root() {
     [ "$(id -u)" = 0 ] || die "running servers from $ROOT needs root (chroot)"
     local bind=${SEKALI_ROOT_BIND:-} cwd=${SEKALI_ROOT_CWD:-/}
-    if [ -n "$bind" ]; then mkdir -p "$ROOT$bind"; fi
+    local dir
+    local IFS=:
+    for dir in $bind; do mkdir -p "$ROOT$dir"; done
+    unset IFS
     exec unshare --mount --propagation private -- /bin/sh -c '
         root=$1 bind=$2 cwd=$3; shift 3
         mount --rbind /dev "$root/dev" &&
         mount -t proc proc "$root/proc" &&
         mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm" || exit 111
-        if [ -n "$bind" ]; then mount --bind "$bind" "$root$bind" || exit 111; fi
+        IFS=:
+        for dir in $bind; do mount --bind "$dir" "$root$dir" || exit 111; done
+        unset IFS
         exec chroot "$root" /usr/bin/env -C "$cwd" "$@"' sh "$ROOT" "$bind" "$cwd" "$@"
 }
 

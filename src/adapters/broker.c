@@ -20,9 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
-#include <amqp_ssl_socket.h>
-#include <amqp_tcp_socket.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "broker_conn.h"

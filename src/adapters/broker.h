@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "common.h"
 #include "tls.h"

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <sys/time.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "common.h"
 #include "tls.h"

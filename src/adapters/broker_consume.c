@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "broker_conn.h"

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "broker_conn.h"

@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "broker_conn.h"

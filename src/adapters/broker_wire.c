@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "broker_conn.h"

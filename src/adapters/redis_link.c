@@ -22,6 +22,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,17 +340,56 @@ bool sk_redis_link_tls(const struct sk_redis_link *l)
     return l->ssl != NULL;
 }
 
-/* OpenSSL's socket BIO writes with write(): ours is the same but for
- * send(MSG_NOSIGNAL). Made once per process, never freed. */
+/* OpenSSL's socket BIO writes with write(): ours is a socket BIO of its
+ * own that sends with send(MSG_NOSIGNAL). Whole rather than borrowing the
+ * stock BIO's other methods, as OpenSSL 3.5 deprecates reading them. The
+ * descriptor is the BIO's data; the caller keeps ownership of it. Made
+ * once per process, never freed. */
+static int nosignal_fd(BIO *b)
+{
+    return (int)(intptr_t)BIO_get_data(b);
+}
+
 static int nosignal_write(BIO *b, const char *data, int len)
 {
-    int fd = -1;
-    BIO_get_fd(b, &fd);
     BIO_clear_retry_flags(b);
-    ssize_t n = send(fd, data, (size_t)len, MSG_NOSIGNAL);
+    ssize_t n = send(nosignal_fd(b), data, (size_t)len, MSG_NOSIGNAL);
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
         BIO_set_retry_write(b);
     return (int)n;
+}
+
+/* A timeout (SO_RCVTIMEO) is EAGAIN: a retry, as for the stock BIO. */
+static int nosignal_read(BIO *b, char *data, int len)
+{
+    BIO_clear_retry_flags(b);
+    ssize_t n = recv(nosignal_fd(b), data, (size_t)len, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        BIO_set_retry_read(b);
+    return (int)n;
+}
+
+/* Only what the TLS layer asks of a transport BIO: its descriptor (set
+ * and read), and a flush, which for a socket has nothing to do. */
+static long nosignal_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+    (void)num;
+    switch (cmd) {
+    case BIO_C_SET_FD:
+        BIO_set_data(b, (void *)(intptr_t)*(int *)ptr);
+        BIO_set_init(b, 1);
+        return 1;
+    case BIO_C_GET_FD:
+        if (!BIO_get_init(b))
+            return -1;
+        if (ptr != NULL)
+            *(int *)ptr = nosignal_fd(b);
+        return nosignal_fd(b);
+    case BIO_CTRL_FLUSH:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 static BIO_METHOD    *nosignal;
@@ -357,18 +397,12 @@ static pthread_once_t nosignal_once = PTHREAD_ONCE_INIT;
 
 static void make_nosignal(void)
 {
-    const BIO_METHOD *base = BIO_s_socket();
     BIO_METHOD *m = BIO_meth_new(BIO_TYPE_SOCKET, "sekali socket");
     if (m == NULL)
         return;
     BIO_meth_set_write(m, nosignal_write);
-    BIO_meth_set_read(m, BIO_meth_get_read(base));
-    BIO_meth_set_puts(m, BIO_meth_get_puts(base));
-    BIO_meth_set_gets(m, BIO_meth_get_gets(base));
-    BIO_meth_set_ctrl(m, BIO_meth_get_ctrl(base));
-    BIO_meth_set_create(m, BIO_meth_get_create(base));
-    BIO_meth_set_destroy(m, BIO_meth_get_destroy(base));
-    BIO_meth_set_callback_ctrl(m, BIO_meth_get_callback_ctrl(base));
+    BIO_meth_set_read(m, nosignal_read);
+    BIO_meth_set_ctrl(m, nosignal_ctrl);
     nosignal = m;
 }
 

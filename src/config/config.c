@@ -187,6 +187,11 @@ void sk_conf_free(struct sk_conf *c)
     sk_conf_value_wipe(c->metrics.token);
     free(c->console.http.listen_host);
     sk_conf_value_wipe(c->console.http.token);
+    for (size_t i = 0; i < c->console.n_operators; i++) {
+        free(c->console.operators[i].name);
+        sk_conf_value_wipe(c->console.operators[i].token);
+    }
+    free(c->console.operators);
     free(c->console.tls_cert_file);
     free(c->console.tls_key_file);
     for (size_t i = 0; i < c->n_queues; i++) {

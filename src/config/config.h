@@ -65,10 +65,20 @@ struct sk_metrics_conf {
     char *token;                   /* metrics.token_file's bearer token; NULL: none asked */
 };
 
+/* One operator of the console: a login with this token is this name in
+ * the audit of everything the session does. */
+struct sk_console_operator {
+    char *name;                    /* 1 to 64 bytes of UTF-8, no control characters */
+    char *token;                   /* token_file's token, at least 32 characters */
+};
+
 /* The operator's console, served by `sekalictl serve` (src/ctl/console.c). */
 struct sk_console_conf {
-    struct sk_metrics_conf http;   /* listen and token_file, read as metrics' are; no
+    struct sk_metrics_conf http;   /* listen and token_file (one token shared by all,
+                                    * each typing a name), read as metrics' are; no
                                     * listen: no console (the default) */
+    struct sk_console_operator *operators;  /* console.operators: a token per name */
+    size_t n_operators;
     char *tls_cert_file;           /* PEM; both set: HTTPS, NULL: plain HTTP */
     char *tls_key_file;
     uint32_t session_ms;           /* a login's lifetime */

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text.h"
+
 #include "config_walk.h"
 
 #include "pg_conninfo.h"
@@ -30,6 +32,7 @@ static int metrics_listen(struct loader *L, yaml_node_t *v, void *base);
 static int metrics_token(struct loader *L, yaml_node_t *v, void *base);
 static int console_listen(struct loader *L, yaml_node_t *v, void *base);
 static int console_token(struct loader *L, yaml_node_t *v, void *base);
+static int console_operators(struct loader *L, yaml_node_t *v, void *base);
 static int redis_tls(struct loader *L, yaml_node_t *v, void *base);
 static int sentinel_password_env(struct loader *L, yaml_node_t *v, void *base);
 static int sentinel_password_file(struct loader *L, yaml_node_t *v, void *base);
@@ -95,6 +98,7 @@ const struct key sk_conf_metrics_keys[] = {
 const struct key sk_conf_console_keys[] = {
     CUSTOM("listen", console_listen, false),
     CUSTOM("token_file", console_token, false),
+    CUSTOM("operators", console_operators, false),
     PATH("tls_cert_file", sk_console_conf, tls_cert_file, false),
     PATH("tls_key_file",  sk_console_conf, tls_key_file, false),
     DURATION("session",   sk_console_conf, session_ms, MIN, DAY),
@@ -259,19 +263,23 @@ static int metrics_listen(struct loader *L, yaml_node_t *v, void *base)
  * then require (they show queue names and rates). Read at load, so a
  * reload rotates it. It goes into an HTTP header, so only RFC 6750's
  * token characters; the message never shows it. */
-static int metrics_token(struct loader *L, yaml_node_t *v, void *base)
+static int bearer_token(struct loader *L, yaml_node_t *v, char **dst)
 {
     static const struct key k = { .name = "token_file", .type = T_PASSWORD_FILE };
     static const char ok[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=";
-    struct sk_metrics_conf *m = base;
     int rc;
 
-    if ((rc = sk_walk_password(L, &k, v, &m->token)) != SK_OK)
+    if ((rc = sk_walk_password(L, &k, v, dst)) != SK_OK)
         return rc;
-    if (strlen(m->token) > 512 || m->token[strspn(m->token, ok)] != '\0')
+    if (strlen(*dst) > 512 || (*dst)[strspn(*dst, ok)] != '\0')
         return sk_walk_fail(L, v, "token_file: the token must be at most 512 characters of "
                             "A-Z a-z 0-9 - . _ ~ + / = (a bearer token, RFC 6750)");
     return SK_OK;
+}
+
+static int metrics_token(struct loader *L, yaml_node_t *v, void *base)
+{
+    return bearer_token(L, v, &((struct sk_metrics_conf *)base)->token);
 }
 
 /* The console's section: its first member is read exactly as the metrics
@@ -284,17 +292,89 @@ static int console_listen(struct loader *L, yaml_node_t *v, void *base)
 /* A login token short enough to guess is refused here, at start, rather
  * than found out by whoever guesses it. */
 #define CONSOLE_TOKEN_MIN 32
+#define OPERATORS_MAX     64
+#define OPERATOR_NAME_MAX 64   /* console_auth.c's OPERATOR_MAX */
 
-static int console_token(struct loader *L, yaml_node_t *v, void *base)
+static int console_secret(struct loader *L, yaml_node_t *v, char **dst)
 {
-    struct sk_metrics_conf *m = &((struct sk_console_conf *)base)->http;
-    int rc = metrics_token(L, v, m);
+    int rc = bearer_token(L, v, dst);
     if (rc != SK_OK)
         return rc;
-    if (strlen(m->token) < CONSOLE_TOKEN_MIN)
+    if (strlen(*dst) < CONSOLE_TOKEN_MIN)
         return sk_walk_fail(L, v, "token_file: the console's token must be at least %d "
                             "characters (make one with: openssl rand -hex 32)",
                             CONSOLE_TOKEN_MIN);
+    return SK_OK;
+}
+
+static int console_token(struct loader *L, yaml_node_t *v, void *base)
+{
+    return console_secret(L, v, &((struct sk_console_conf *)base)->http.token);
+}
+
+/* An operator's name goes into the audit, the log and the page: UTF-8,
+ * no control characters, so that it reads as it was written. */
+static int operator_name(struct loader *L, yaml_node_t *v, void *base)
+{
+    const char *s;
+    int rc = sk_walk_scalar(L, v, "name", "a scalar", &s);
+    if (rc != SK_OK)
+        return rc;
+    size_t len = strlen(s);
+    bool plain = len > 0 && len <= OPERATOR_NAME_MAX && sk_text_valid(s, len);
+    for (size_t i = 0; plain && i < len; i++)
+        plain = (unsigned char)s[i] >= 0x20 && s[i] != 0x7f;
+    if (!plain)
+        return sk_walk_fail(L, v, "name: 1 to %d bytes of UTF-8 without control characters",
+                            OPERATOR_NAME_MAX);
+    return sk_walk_store(L, v, &((struct sk_console_operator *)base)->name, s);
+}
+
+static int operator_token(struct loader *L, yaml_node_t *v, void *base)
+{
+    return console_secret(L, v, &((struct sk_console_operator *)base)->token);
+}
+
+static const struct key operator_keys[] = {
+    CUSTOM("name", operator_name, true),
+    CUSTOM("token_file", operator_token, true),
+    END
+};
+
+/* console.operators: [{name, token_file}, ...], a token per operator, so
+ * that the audit names who did a thing rather than whom they said they
+ * were. Two names or two tokens alike would make a login ambiguous. */
+static int console_operators(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_console_conf *c = base;
+    char label[32];
+    int rc;
+
+    if (sk_walk_is_null(v))
+        return SK_OK;
+    if (v->type != YAML_SEQUENCE_NODE)
+        return sk_walk_fail(L, v, "operators: expected a sequence of {name, token_file}, "
+                            "got %s", sk_walk_kind(v));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n > OPERATORS_MAX)
+        return sk_walk_fail(L, v, "operators: %zu listed, at most %d", n, OPERATORS_MAX);
+    if (n > 0 && (c->operators = calloc(n, sizeof(*c->operators))) == NULL)
+        return sk_walk_fail(L, v, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        snprintf(label, sizeof(label), "operators[%zu]", i);
+        c->n_operators = i + 1;  /* what sk_conf_free() frees, even if this item fails */
+        if ((rc = sk_walk_map(L, item, label, operator_keys, &c->operators[i])) != SK_OK)
+            return rc;
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(c->operators[j].name, c->operators[i].name) == 0)
+                return sk_walk_fail(L, item, "%s: the name \"%s\" is given twice", label,
+                                    c->operators[i].name);
+            if (strcmp(c->operators[j].token, c->operators[i].token) == 0)
+                return sk_walk_fail(L, item, "%s: the same token as operators[%zu]: each "
+                                    "operator needs a token of their own", label, j);
+        }
+    }
     return SK_OK;
 }
 

@@ -45,7 +45,7 @@ static const char CSP[] =
 
 /* The pages: all the same shell, the script picks what to show by path. */
 static const char *const pages[] = { "/", "/dead", "/letters", "/letter", "/key", "/login",
-                                      "/schedules" };
+                                      "/schedules", "/scheduled" };
 
 static void usage(FILE *out)
 {
@@ -111,6 +111,7 @@ static void route(struct sk_console_call *c)
             return;
         if (!sk_console_api(c))
             sk_console_fail(c, 404, "no such API route");
+        sk_console_audit(c);
         return;
     }
     if (c->post)
@@ -417,9 +418,10 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
         code = SK_CTL_OK;
         printf("sekalictl: console on %s://%s%s%s:%d/ (%s)\n", cert ? "https" : "http",
                v6 ? "[" : "", host, v6 ? "]" : "", port,
-               conf->console.http.token == NULL
-                   ? (con.open_reads ? "read-only: no console.token_file"
-                                     : "closed: no console.token_file, so no one can log in")
+               !sk_console_logins(conf)
+                   ? (con.open_reads ? "read-only: no console.token_file or operators"
+                                     : "closed: no console.token_file or operators, so no one "
+                                       "can log in")
                    : con.open_reads ? "actions need a login" : "reads and actions need a login");
         fflush(stdout);
         int sig;

@@ -33,6 +33,7 @@
 #define SK_CONSOLE_KEYS_MAX  500           /* keys one action may select */
 #define SK_CONSOLE_CONNECTIONS 64          /* open at once, at most, */
 #define SK_CONSOLE_SLOTS (SK_CONSOLE_CONNECTIONS + 1)  /* and one kept for a newcomer */
+#define SK_CONSOLE_OPERATOR_MAX 64         /* bytes of an operator's name */
 
 struct sk_console_sessions;
 struct sk_console_rates;
@@ -77,6 +78,10 @@ struct sk_console_call {
     size_t                  out_len;
     const void             *static_out;  /* an embedded asset: not freed */
     char                    cookie[256]; /* Set-Cookie, or "" */
+    /* Who acts, once sk_console_may_act() let an action through: the
+     * audit line of the answer names them ("" : no action). */
+    char                    operator[SK_CONSOLE_OPERATOR_MAX + 1];
+    bool                    shared_token;   /* their login used console.token_file */
 };
 
 /* console_http.c */
@@ -111,8 +116,14 @@ bool sk_console_host_ok(struct sk_console_call *c);
 bool sk_console_may_read(struct sk_console_call *c);
 /* Whether this POST may act: same origin, a live session, its CSRF token.
  * Otherwise the refusal is answered (403 or 401) and false returned;
- * operator gets the session's name. */
-bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size);
+ * c->operator gets the session's name. */
+bool sk_console_may_act(struct sk_console_call *c);
+/* Whether anyone can log in: console.token_file or console.operators. */
+bool sk_console_logins(const struct sk_conf *conf);
+/* The audit line of an action that was let through (c->operator set), on
+ * stderr once it is answered: who, what, on which queue, and the answer's
+ * status; every value JSON-escaped. Nothing when no one acted. */
+void sk_console_audit(struct sk_console_call *c);
 
 /* console_api.c: every /api/ route but the session's; false: no such route. */
 bool sk_console_api(struct sk_console_call *c);

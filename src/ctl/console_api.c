@@ -13,6 +13,7 @@
  *   GET  /api/trace?key=K[&queue=Q]       sekalictl trace K --json
  *   POST /api/dlq/replay, /api/dlq/purge  sekalictl dlq replay|purge ... --json
  *   GET  /api/schedules                   sekalictl schedules --json
+ *   GET  /api/scheduled[?queue=Q&limit=N]  sekalictl scheduled --json
  *   POST /api/pause (queue, reason)       sekalictl pause Q --reason R --by OPERATOR --json
  *   POST /api/resume (queue)              sekalictl resume Q --json */
 #include <errno.h>
@@ -109,12 +110,24 @@ static void api_schedules(struct sk_console_call *c)
     ACTION(c, sk_ctl_schedules_report(c->con->conf, true, out));
 }
 
+static void api_scheduled(struct sk_console_call *c)
+{
+    const char *queue = sk_console_arg(c, "queue");
+    size_t limit;
+    if (queue != NULL && queue[0] == '\0')
+        queue = NULL;
+    if (queue != NULL && sk_conf_queue(c->con->conf, queue) == NULL)
+        return sk_console_fail(c, 400, "queue: not a queue of this configuration");
+    if (!number(c, "limit", PAGE_DEFAULT, SK_CTL_SCHEDULED_MAX, &limit) || limit == 0)
+        return sk_console_fail(c, 400, "limit: 1 to 1000");
+    ACTION(c, sk_ctl_scheduled_report(c->con->conf, queue, limit, true, out));
+}
+
 /* POST /api/pause, /api/resume: the operator of the session is recorded as
  * `sekalictl pause --by` records it. */
 static void api_pause(struct sk_console_call *c, bool pause)
 {
-    char operator[128];
-    if (!sk_console_may_act(c, operator, sizeof(operator)))
+    if (!sk_console_may_act(c))
         return;
     const char *queue = queue_arg(c);
     if (queue == NULL)
@@ -128,8 +141,8 @@ static void api_pause(struct sk_console_call *c, bool pause)
         reason = NULL;
     if (reason != NULL && strlen(reason) > REASON_MAX)
         return sk_console_fail(c, 400, "reason: at most 200 bytes");
-    ACTION(c, sk_ctl_pause_report(c->con->conf, queue, reason, operator, PAUSE_WAIT_MS, true,
-                                  out));
+    ACTION(c, sk_ctl_pause_report(c->con->conf, queue, reason, c->operator, PAUSE_WAIT_MS,
+                                  true, out));
 }
 
 static void api_status(struct sk_console_call *c)
@@ -180,8 +193,7 @@ static void api_dlq(struct sk_console_call *c, const char *command)
     struct sk_ctl_dlq_req req = { .command = command, .json = true, .preview = PREVIEW,
                                   .keys = none };
     bool writes = strcmp(command, "replay") == 0 || strcmp(command, "purge") == 0;
-    char operator[128];
-    if (writes && !sk_console_may_act(c, operator, sizeof(operator)))
+    if (writes && !sk_console_may_act(c))
         return;
     if (!writes && c->post)
         return sk_console_fail(c, 405, "use GET");
@@ -219,7 +231,7 @@ static void api_dlq(struct sk_console_call *c, const char *command)
         selectors(c, &req, keys);
         const char *dry = sk_console_arg(c, "dry_run");
         req.dry_run = dry != NULL && strcmp(dry, "1") == 0;
-        req.by = operator;
+        req.by = c->operator;
     }
     if (!sk_ctl_dlq_req_ok(&req, operands))
         return sk_console_fail(c, 400, writes ? "an action takes all=1 or selectors (reason, "
@@ -248,7 +260,7 @@ bool sk_console_api(struct sk_console_call *c)
     }
     if (!get && (strcmp(api, "status") == 0 || strcmp(api, "rates") == 0 ||
                  strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0 ||
-                 strcmp(api, "schedules") == 0)) {
+                 strcmp(api, "schedules") == 0 || strcmp(api, "scheduled") == 0)) {
         sk_console_fail(c, 405, "use GET");
         return true;
     }
@@ -260,6 +272,8 @@ bool sk_console_api(struct sk_console_call *c)
         api_trace(c);
     else if (strcmp(api, "schedules") == 0)
         api_schedules(c);
+    else if (strcmp(api, "scheduled") == 0)
+        api_scheduled(c);
     else if (strcmp(api, "dlq/groups") == 0 || strcmp(api, "dlq/list") == 0 ||
              strcmp(api, "dlq/show") == 0)
         api_dlq(c, api + 4);

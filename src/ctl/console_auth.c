@@ -1,6 +1,9 @@
 /* console_auth.c - who may read and act in the console. Both need a
  * session (reads may be opened by console.open_reads, on a loopback
- * listener only), which a login with console.token_file's token opens:
+ * listener only), which a login opens: with an operator's own token
+ * (console.operators), which names them, or with the shared one
+ * (console.token_file, from before there were names), whose holder types
+ * the name the audit records;
  *
  *   - every request must name this console in its Host: a page of an
  *     attacker's name that resolves to our address (DNS rebinding) is
@@ -34,7 +37,7 @@
 
 #define SESSIONS_MAX 64
 #define ID_BYTES     32
-#define OPERATOR_MAX 64
+#define OPERATOR_MAX SK_CONSOLE_OPERATOR_MAX
 #define COOKIE       "sekali_console"
 /* Failed logins allowed per window, from all clients together: one shared
  * budget, since a guesser can come from many addresses (or from the very
@@ -47,6 +50,7 @@ struct session {
     char   id[ID_BYTES * 2 + 1];    /* "" : a free slot */
     char   csrf[ID_BYTES * 2 + 1];
     char   operator[OPERATOR_MAX + 1];
+    bool   shared;                  /* logged in with console.token_file's token */
     time_t expires;
 };
 
@@ -227,8 +231,13 @@ static void session_json(struct sk_console_call *c, const struct session *s, boo
     FILE *f = open_memstream(&doc, &len);
     if (f == NULL)
         return sk_console_fail(c, 500, "out of memory");
-    fprintf(f, "{\"logged_in\":%s,\"actions\":%s", logged_in ? "true" : "false",
-            c->con->conf->console.http.token != NULL ? "true" : "false");
+    const struct sk_conf *conf = c->con->conf;
+    /* named_tokens: a token names its operator, so the form needs no name
+     * (unless the shared token is still accepted too). */
+    fprintf(f, "{\"logged_in\":%s,\"actions\":%s,\"named_tokens\":%s,\"shared_token\":%s",
+            logged_in ? "true" : "false", sk_console_logins(conf) ? "true" : "false",
+            conf->console.n_operators > 0 ? "true" : "false",
+            conf->console.http.token != NULL ? "true" : "false");
     if (logged_in) {
         fputs(",\"operator\":", f);
         sk_ctl_put_jstr(f, s->operator);
@@ -247,10 +256,11 @@ bool sk_console_may_read(struct sk_console_call *c)
     explicit_bzero(&s, sizeof(s));
     if (in || c->con->open_reads)
         return true;
-    sk_console_fail(c, 401, c->con->conf->console.http.token != NULL
+    sk_console_fail(c, 401, sk_console_logins(c->con->conf)
                     ? "log in first: reading needs a session (no session, or it expired)"
-                    : "this console has no console.token_file, so no one can log in to read; "
-                      "set it (or console.open_reads on a loopback listener)");
+                    : "this console has no console.operators or token_file, so no one can "
+                      "log in to read; set them (or console.open_reads on a loopback "
+                      "listener)");
     return false;
 }
 
@@ -277,44 +287,91 @@ static bool login_allowed(struct sk_console_call *c)
     return ok;
 }
 
+/* The client's address, numeric, into addr ("?" if unknown). */
+static void client_address(struct sk_console_call *c, char addr[NI_MAXHOST])
+{
+    snprintf(addr, NI_MAXHOST, "?");
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (info != NULL && info->client_addr != NULL)
+        getnameinfo(info->client_addr, info->client_addr->sa_family == AF_INET6
+                    ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in),
+                    addr, NI_MAXHOST, NULL, 0, NI_NUMERICHOST);
+}
+
 static void login_failed(struct sk_console_call *c)
 {
     struct sk_console_sessions *all = c->con->sessions;
     pthread_mutex_lock(&all->lock);
     unsigned n = ++all->fails;
     pthread_mutex_unlock(&all->lock);
-    char addr[NI_MAXHOST] = "?";
-    const union MHD_ConnectionInfo *info =
-        MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (info != NULL && info->client_addr != NULL)
-        getnameinfo(info->client_addr, info->client_addr->sa_family == AF_INET6
-                    ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in),
-                    addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
+    char addr[NI_MAXHOST];
+    client_address(c, addr);
     fprintf(stderr, "sekalictl: serve: failed login (wrong token) from %s, %u of %d allowed "
             "in %d s\n", addr, n, LOGIN_FAILS_MAX, LOGIN_WINDOW_S);
     fflush(stderr);
     sk_console_fail(c, 401, "wrong token");
 }
 
+bool sk_console_logins(const struct sk_conf *conf)
+{
+    return conf->console.http.token != NULL || conf->console.n_operators > 0;
+}
+
+/* The operator whose own token this is, or NULL. Every token is compared,
+ * whichever matches, so the time taken does not tell which one came close. */
+static const struct sk_console_operator *token_owner(const struct sk_conf *conf,
+                                                      const char *token)
+{
+    const struct sk_console_operator *who = NULL;
+    for (size_t i = 0; i < conf->console.n_operators; i++)
+        if (right_token(token, conf->console.operators[i].token))
+            who = &conf->console.operators[i];
+    return who;
+}
+
+/* One line on stderr: what the audit says of a login or a logout. */
+static void audit_session(struct sk_console_call *c, const char *action, const char *name,
+                          bool shared)
+{
+    char addr[NI_MAXHOST];
+    client_address(c, addr);
+    fprintf(stderr, "sekalictl: serve: audit {\"operator\":");
+    sk_ctl_put_jstr(stderr, name);
+    fprintf(stderr, ",\"token\":\"%s\",\"action\":\"%s\",\"client\":", shared ? "shared" : "own",
+            action);
+    sk_ctl_put_jstr(stderr, addr);
+    fputs("}\n", stderr);
+    fflush(stderr);
+}
+
 void sk_console_login(struct sk_console_call *c)
 {
-    const char *want = c->con->conf->console.http.token;
+    const struct sk_conf *conf = c->con->conf;
     const char *token = sk_console_arg(c, "token"), *name = sk_console_arg(c, "operator");
     if (!same_origin(c))
         return sk_console_fail(c, 403, "refused: the request comes from another origin");
-    if (want == NULL)
-        return sk_console_fail(c, 403, "this console is read-only: no console.token_file");
-    if (token == NULL || name == NULL || !good_operator(name))
-        return sk_console_fail(c, 400, "a login needs the token and your name (1 to 64 "
-                            "printable characters) for the audit");
+    if (!sk_console_logins(conf))
+        return sk_console_fail(c, 403, "this console is read-only: no console.operators or "
+                               "token_file");
+    if (token == NULL)
+        return sk_console_fail(c, 400, "a login needs the token");
     if (!login_allowed(c))
         return sk_console_fail(c, 429, "too many failed logins: try again in a minute");
-    if (!right_token(token, want))
+    const struct sk_console_operator *who = token_owner(conf, token);
+    bool shared = who == NULL && conf->console.http.token != NULL &&
+                  right_token(token, conf->console.http.token);
+    /* The shared token proves no name: its holder gives one, as before. */
+    if (shared && (name == NULL || !good_operator(name)))
+        return sk_console_fail(c, 400, "a login with the shared token needs your name (1 to "
+                               "64 printable characters) for the audit");
+    if (who == NULL && !shared)
         return login_failed(c);  /* the answer and the log never echo the guess */
     struct session s = { 0 };
     if (!random_hex(s.id) || !random_hex(s.csrf))
         return sk_console_fail(c, 500, "no randomness for a session");
-    snprintf(s.operator, sizeof(s.operator), "%s", name);
+    snprintf(s.operator, sizeof(s.operator), "%s", who != NULL ? who->name : name);
+    s.shared = shared;
     time_t now = time(NULL);
     long ttl = (long)(c->con->conf->console.session_ms / 1000);
     s.expires = now + ttl;
@@ -334,14 +391,14 @@ void sk_console_login(struct sk_console_call *c)
     pthread_mutex_unlock(&all->lock);
     snprintf(c->cookie, sizeof(c->cookie), COOKIE "=%s; Path=/; Max-Age=%ld; HttpOnly; "
              "SameSite=Strict%s", s.id, ttl, c->con->tls ? "; Secure" : "");
+    audit_session(c, "login", s.operator, s.shared);
     session_json(c, &s, true);
     explicit_bzero(&s, sizeof(s));
 }
 
 void sk_console_logout(struct sk_console_call *c)
 {
-    char who[OPERATOR_MAX + 1];
-    if (!sk_console_may_act(c, who, sizeof(who)))
+    if (!sk_console_may_act(c))
         return;
     const char *id = MHD_lookup_connection_value(c->conn, MHD_COOKIE_KIND, COOKIE);
     struct sk_console_sessions *all = c->con->sessions;
@@ -352,11 +409,13 @@ void sk_console_logout(struct sk_console_call *c)
     pthread_mutex_unlock(&all->lock);
     snprintf(c->cookie, sizeof(c->cookie), COOKIE "=; Path=/; Max-Age=0; HttpOnly; "
              "SameSite=Strict%s", c->con->tls ? "; Secure" : "");
+    audit_session(c, "logout", c->operator, c->shared_token);
+    c->operator[0] = '\0';  /* audited here, not again as an API action */
     struct session none = { 0 };
     session_json(c, &none, false);
 }
 
-bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size)
+bool sk_console_may_act(struct sk_console_call *c)
 {
     struct session s;
     if (!c->post) {
@@ -367,8 +426,9 @@ bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size)
         sk_console_fail(c, 403, "refused: the request comes from another origin");
         return false;
     }
-    if (c->con->conf->console.http.token == NULL) {
-        sk_console_fail(c, 403, "this console is read-only: no console.token_file");
+    if (!sk_console_logins(c->con->conf)) {
+        sk_console_fail(c, 403, "this console is read-only: no console.operators or "
+                        "token_file");
         return false;
     }
     if (!find_session(c, &s)) {
@@ -377,10 +437,32 @@ bool sk_console_may_act(struct sk_console_call *c, char *operator, size_t size)
     }
     const char *csrf = sk_console_arg(c, "csrf");
     bool ok = csrf != NULL && same_secret(csrf, s.csrf);
-    if (ok)
-        snprintf(operator, size, "%s", s.operator);
+    if (ok) {
+        snprintf(c->operator, sizeof(c->operator), "%s", s.operator);
+        c->shared_token = s.shared;
+    }
     explicit_bzero(&s, sizeof(s));
     if (!ok)
         sk_console_fail(c, 403, "refused: missing or wrong CSRF token");
     return ok;
+}
+
+void sk_console_audit(struct sk_console_call *c)
+{
+    if (c->operator[0] == '\0')
+        return;
+    const char *queue = sk_console_arg(c, "queue");
+    fprintf(stderr, "sekalictl: serve: audit {\"operator\":");
+    sk_ctl_put_jstr(stderr, c->operator);
+    fprintf(stderr, ",\"token\":\"%s\",\"action\":", c->shared_token ? "shared" : "own");
+    sk_ctl_put_jstr(stderr, c->path + strlen("/api/"));
+    fputs(",\"queue\":", stderr);
+    if (queue != NULL)
+        sk_ctl_put_jstr(stderr, queue);
+    else
+        fputs("null", stderr);
+    const char *dry = sk_console_arg(c, "dry_run");
+    fprintf(stderr, ",\"dry_run\":%s,\"status\":%u}\n",
+            dry != NULL && strcmp(dry, "1") == 0 ? "true" : "false", c->status);
+    fflush(stderr);
 }

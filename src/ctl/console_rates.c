@@ -1,6 +1,7 @@
 /* console_rates.c - the overview's charts: jobs completed and duplicates
- * absorbed per second, and the duration p50/p99, per queue over the last
- * five minutes. sekalid keeps only running totals (its /metrics), so a
+ * absorbed per second, the duration p50/p99, and how many jobs completed
+ * and failed (retried or dead-lettered), per queue over the last five
+ * minutes. sekalid keeps only running totals (its /metrics), so a
  * thread of the console scrapes them every few seconds and keeps a ring of
  * samples; rates are differences of neighbours, quantiles come from the
  * difference of the histogram's buckets across the window. Nothing is
@@ -26,6 +27,7 @@ struct sample {
     double t;                        /* 0: none yet */
     bool   ok;
     double completions, duplicates;
+    double failures;                 /* retries and dead letters */
     int    n_le;
     double le[BUCKETS], cumulative[BUCKETS];
 };
@@ -96,6 +98,9 @@ static void read_queue(const char *text, const char *name, struct sample *s, dou
             s->completions += v;
         else if (len == 23 && strncmp(line, "sekali_duplicates_total", len) == 0)
             s->duplicates += v;
+        else if ((len == 20 && strncmp(line, "sekali_retries_total", len) == 0) ||
+                 (len == 25 && strncmp(line, "sekali_dead_letters_total", len) == 0))
+            s->failures += v;
         else if (len == 23 && strncmp(line, "sekali_lock_ttl_seconds", len) == 0)
             *ttl = v;
         else if (len == 26 && strncmp(line, "sekali_job_timeout_seconds", len) == 0)
@@ -257,6 +262,14 @@ static void queue_json(FILE *f, struct sk_console_rates *r, size_t qi)
     put_num(f, ring->lock_ttl);
     fputs(",\"job_timeout_seconds\":", f);
     put_num(f, ring->job_timeout);
+    /* The window's totals, so that a queue where every job fails is not
+     * called healthy because its consumers are up. */
+    bool whole = first != NULL && last != first && last->completions >= first->completions &&
+                 last->failures >= first->failures;
+    fputs(",\"completed_in_window\":", f);
+    put_num(f, whole ? last->completions - first->completions : NAN);
+    fputs(",\"failed_in_window\":", f);
+    put_num(f, whole ? last->failures - first->failures : NAN);
     fputc('}', f);
 }
 

@@ -11,6 +11,7 @@
  *                                                              shared/doctor*.c)
  *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
  *   sekalictl [-c FILE] schedules [--json]                     (ctl_schedules.c)
+ *   sekalictl [-c FILE] scheduled [--queue Q] [--limit N] [--json]  (ctl_scheduled.c)
  *   sekalictl [-c FILE] pause QUEUE [...] | resume QUEUE      (ctl_pause.c)
  *   sekalictl [-c FILE] cancel QUEUE KEY [--reason R] [--by N] (ctl_cancel.c)
  *   sekalictl help [COMMAND] | --help | --version
@@ -116,6 +117,14 @@ static const struct command {
       "were missed and left out (missed: skip or once).\n"
       "  --json   one JSON document\n",
       sk_ctl_schedules },
+    { "scheduled", "scheduled [--queue QUEUE] [--limit N] [--json]",
+      "The jobs enqueued for later (sekali.enqueue's run_at) that wait in the outbox,\n"
+      "soonest first: when each runs (UTC, PostgreSQL's clock) and in how many\n"
+      "seconds, its queue, idempotency key and job type.\n"
+      "  --queue QUEUE   only QUEUE's\n"
+      "  --limit N       at most N of them, 1 to 1000 (default 50)\n"
+      "  --json          one JSON document\n",
+      sk_ctl_scheduled },
     { "dlq",
       "dlq list QUEUE [SELECTORS] [--after ID | --offset N] [--limit N] [--json]\n"
       "  dlq groups QUEUE [--json]\n"

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "ctl_common.h"

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 /* The header `name` of m, or NULL. Borrowed from m. */
 const amqp_field_value_t *sk_ctl_header(const amqp_message_t *m, const char *name);

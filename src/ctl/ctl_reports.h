@@ -35,6 +35,12 @@ int sk_ctl_resume_report(const struct sk_conf *conf, const char *queue, bool jso
 /* sekalictl schedules (ctl_schedules.c). */
 int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out);
 
+/* sekalictl scheduled (ctl_scheduled.c): at most limit jobs that wait in
+ * the outbox for a later run_at, soonest first; queue NULL: every queue. */
+#define SK_CTL_SCHEDULED_MAX 1000
+int sk_ctl_scheduled_report(const struct sk_conf *conf, const char *queue, size_t limit,
+                            bool json, FILE *out);
+
 /* sekalictl dlq (ctl_dlq.c): reads and changes only sekali.dead_letters
  * (sql/023), never the broker, but for import. */
 struct sk_ctl_dlq_req {

@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "config_value.h"

@@ -50,10 +50,14 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
     for (size_t i = 0; i < n; i++)
         sk_span_add(s, &s->deliveries[i]);
     sk_span_start(p, s);
-    /* A batch closed early leaves its unrun jobs to the next transaction. */
-    while (sk_span_transaction(p, s, fast_is_safe(s) ? SK_WAY_FAST : SK_WAY_CAREFUL))
-        ;
-    sk_span_followers(p, s);
+    /* A batch closed early leaves its unrun jobs to the next transaction,
+     * and the rest of a batch leaves the jobs whose locks were busy to the
+     * next pass. */
+    do {
+        while (sk_span_transaction(p, s, fast_is_safe(s) ? SK_WAY_FAST : SK_WAY_CAREFUL))
+            ;
+        sk_span_followers(p, s);
+    } while (sk_span_deferred(p, s));
     sk_span_settle(p, s);
     for (size_t i = 0; i < n; i++)
         sk_broker_release(sk_links_consumer(p->links), &s->deliveries[i]);

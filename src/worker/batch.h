@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 struct sk_pipeline;
 

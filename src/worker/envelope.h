@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "common.h"
 #include "config.h"

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 /* Writes headers as a JSON object into *buf (grown with realloc, *cap
  * bytes; kept by the caller for the next message), NUL-terminated.

@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include <sekali/handler.h>
 

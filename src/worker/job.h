@@ -8,7 +8,7 @@
 #ifndef SK_JOB_H
 #define SK_JOB_H
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "pipeline.h"
 

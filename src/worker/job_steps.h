@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 #include <libpq-fe.h>
 
 #include "envelope.h"
@@ -85,6 +85,9 @@ struct sk_job {
         bool     lost;        /* the heartbeat found it lost (settling) */
         int      refusal;     /* why it was refused (lock_refused()) */
         uint64_t busy_since;  /* CLOCK_MONOTONIC at its first refusal; 0: none */
+        /* Refused while the span held other locks: it waits, unclaimed,
+         * until they are committed and released (sk_span_deferred()). */
+        bool     deferred;
     } lock;
     struct sk_claim    claim;
     struct sk_keyref   ref;         /* the key, for the store and the lease */
@@ -172,8 +175,8 @@ struct sk_span *sk_span_of(struct sk_pipeline *p);
 void sk_span_add(struct sk_span *s, const amqp_envelope_t *delivery);
 /* Validates and counts each delivery, takes every lock of the span (one
  * round trip a try, waiting out busy ones up to lock.busy_wait only while
- * none is held) and watches them, and dead-letters the jobs that killed
- * too many workers. */
+ * none is held; a busy one is deferred while others are held) and watches
+ * them, and dead-letters the jobs that killed too many workers. */
 void sk_span_start(struct sk_pipeline *p, struct sk_span *s);
 /* One transaction over the span's live jobs, the way given (fast or
  * careful): every key claimed in one round trip (a later job with an
@@ -187,8 +190,14 @@ bool sk_span_transaction(struct sk_pipeline *p, struct sk_span *s, enum sk_way w
 /* Each job left out for an earlier job's key, alone, once that one is
  * settled: it finds the leader's outcome as any later copy would. */
 void sk_span_followers(struct sk_pipeline *p, struct sk_span *s);
+/* Once every other job of the span is settled: the jobs deferred for a
+ * busy lock ask for it again, holding nothing (the span's other locks
+ * released with that acquire), as sk_span_start() asks. True when some are
+ * ready for another transaction. */
+bool sk_span_deferred(struct sk_pipeline *p, struct sk_span *s);
 /* span_lock.c: takes the locks of the span's received jobs, one round trip
- * a try, and has the heartbeat watch them (sk_span_start()). */
+ * a try, defers or re-schedules the busy ones, and has the heartbeat watch
+ * those taken (sk_span_start(), sk_span_deferred()). */
 void sk_span_lock(struct sk_pipeline *p, struct sk_span *s);
 /* span_lock.c: the span's locks join the releases waiting (settling). */
 void sk_span_unlock(struct sk_pipeline *p, struct sk_span *s);

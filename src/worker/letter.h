@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 #include <libpq-fe.h>
 
 #include "common.h"

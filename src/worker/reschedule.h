@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "broker.h"
 #include "config.h"

@@ -84,6 +84,8 @@ static bool settle_outcomes(struct sk_pipeline *p, struct sk_span *s, const stru
 static void abandon(struct sk_pipeline *p, struct sk_span *s, const char *why);
 static void alone(struct sk_pipeline *p, struct sk_span *s, struct sk_job *j);
 static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key);
+static bool ready(const struct sk_job *j);
+static void survivable(struct sk_pipeline *p, struct sk_span *s);
 static void count_lost_locks(struct sk_pipeline *p, struct sk_span *s);
 static void settle_done(struct sk_pipeline *p, struct sk_span *s);
 static void exit_job(struct sk_pipeline *p, struct sk_job *j);
@@ -160,8 +162,39 @@ void sk_span_start(struct sk_pipeline *p, struct sk_span *s)
         sk_job_admit(p, &s->jobs[i]);
     if (p->queue->lock)
         sk_span_lock(p, s);
+    survivable(p, s);
+}
+
+bool sk_span_deferred(struct sk_pipeline *p, struct sk_span *s)
+{
+    bool any = false;
+    for (size_t i = 0; i < s->n && !any; i++)
+        any = sk_job_live(&s->jobs[i]) && s->jobs[i].lock.deferred;
+    if (!any)
+        return false;
+    /* The committed jobs' acks need not wait for the deferred ones, nor
+     * their locks: a span never waits for a lock while it holds one. */
+    settle_done(p, s);
+    if (p->heartbeat != NULL)
+        count_lost_locks(p, s);
+    sk_span_unlock(p, s);
+    sk_span_lock(p, s);
+    survivable(p, s);
+    return true;
+}
+
+/* A live job that may be claimed: not waiting for a deferred lock. */
+static bool ready(const struct sk_job *j)
+{
+    return sk_job_live(j) && !j->lock.deferred;
+}
+
+/* Read after the lock, so that a copy that waited for a dead worker's lock
+ * sees its crash: a deferred job is asked once it has its lock. */
+static void survivable(struct sk_pipeline *p, struct sk_span *s)
+{
     for (size_t i = 0; i < s->n; i++)
-        if (sk_job_live(&s->jobs[i]))
+        if (ready(&s->jobs[i]))
             sk_job_survivable(p, &s->jobs[i]);
 }
 
@@ -204,7 +237,7 @@ static int claim(struct sk_pipeline *p, struct sk_span *s, const struct way *w)
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
-        if (!sk_job_live(j))
+        if (!ready(j))
             continue;
         for (size_t k = 0; k < m && !j->same_key; k++)
             j->same_key = strcmp(s->refs[k].key, j->env.idempotency_key) == 0;
@@ -539,7 +572,7 @@ static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key)
 {
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
-        if (sk_job_live(j) && j->same_key == same_key)
+        if (ready(j) && j->same_key == same_key)
             alone(p, s, j);
     }
 }

@@ -30,19 +30,24 @@ static bool asks_for_lock(const struct sk_job *j);
 static size_t lock_leader(const struct sk_span *s, size_t i);
 static void follow_leaders(struct sk_pipeline *p, struct sk_span *s);
 static void waited_for_lock(struct sk_job *j);
+static size_t refuse_or_defer(struct sk_pipeline *p, struct sk_span *s, size_t asked,
+                              size_t locked);
 static void watch_locks(struct sk_pipeline *p, struct sk_span *s);
 
 /* Every received job's lock, in one round trip a try; the first carries
  * the releases of the jobs settled before (put_releases()). Jobs of one
- * resource share the first one's lock (lock_leader()). A busy one is
- * re-scheduled, as a lock still busy after lock.busy_wait is; the span does
- * not wait for it, unless it is all the span has to do (a span of one
- * always): then it is asked again until busy_wait. Each lock is recorded in
- * the scoreboard before Redis is asked, not after it said yes: a worker
- * that dies between the SET and the record would otherwise leave a lock its
- * replacement knows nothing of, and the redelivery would wait out the TTL;
- * deleting by a token that never took the lock deletes nothing. They stay
- * recorded until they are released. */
+ * resource share the first one's lock (lock_leader()). A span never waits
+ * for a lock while it holds another (two spans each holding what the other
+ * waits for would wait out busy_wait both), so a busy one is deferred while
+ * others were taken: the span runs and commits the rest, releases their
+ * locks and asks again (sk_span_deferred()). Holding none (a span of one
+ * always), it asks again until lock.busy_wait, counted from the job's first
+ * refusal, and only a lock still busy then is re-scheduled through a delay
+ * queue. Each lock is recorded in the scoreboard before Redis is asked,
+ * not after it said yes: a worker that dies between the SET and the record
+ * would otherwise leave a lock its replacement knows nothing of, and the
+ * redelivery would wait out the TTL; deleting by a token that never took
+ * the lock deletes nothing. They stay recorded until they are released. */
 void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
 {
     size_t r = put_releases(s), m = r;
@@ -50,6 +55,9 @@ void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
         struct sk_job *j = &s->jobs[i];
         if (j->state != SK_JOB_RECEIVED)
             continue;
+        if (j->lock.deferred)  /* dying while it waits, its batch-mates committed */
+            sk_failpoint("lock_deferred", j->env.idempotency_key);
+        j->lock.deferred = false;
         sk_lock_key(j->lock.key, sizeof(j->lock.key), p->queue->name, j->env.resource_key);
         j->lock.leader = lock_leader(s, i);
         if (j->lock.leader != 0)
@@ -72,31 +80,44 @@ void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
     }
     sk_slot_record_locks(p->slot, m, s->keys, s->tokens);
 
-    int64_t give_up_at = sk_now_ms() + p->conf->lock.busy_wait_ms;
     size_t locked = 0, asked;
     for (;;) {
         size_t busy = lock_round(p, s, redis, r, &asked, &locked);
         r = 0;
-        if (busy == 0)
+        if (busy == 0 || refuse_or_defer(p, s, asked, locked) == 0)
             break;
-        if (locked > 0 || sk_now_ms() >= give_up_at || sk_process_stopping()) {
-            if (locked == 0)
-                sk_slot_forget_locks(p->slot);
-            for (size_t k = 0; k < asked; k++) {
-                if (s->rcs[k] != SK_BUSY)
-                    continue;
-                struct sk_job *j = &s->jobs[s->index[k]];
-                waited_for_lock(j);
-                sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
-                lock_refused(p, j, SK_BUSY);
-            }
-            break;
-        }
         sk_sleep_ms(sk_jitter(5, 50));
     }
+    if (locked == 0)
+        sk_slot_forget_locks(p->slot);
     follow_leaders(p, s);
     if (locked > 0 && p->heartbeat != NULL)
         watch_locks(p, s);
+}
+
+/* The busy ones of a round's asked: re-scheduled once busy for
+ * lock.busy_wait (or the worker stops), deferred while the span holds
+ * locks, else left to ask again. Returns how many are left to ask. */
+static size_t refuse_or_defer(struct sk_pipeline *p, struct sk_span *s, size_t asked,
+                              size_t locked)
+{
+    uint64_t now = sk_now_ns(), wait_ns = (uint64_t)p->conf->lock.busy_wait_ms * 1000000u;
+    size_t again = 0;
+    for (size_t k = 0; k < asked; k++) {
+        if (s->rcs[k] != SK_BUSY)
+            continue;
+        struct sk_job *j = &s->jobs[s->index[k]];
+        if (now - j->lock.busy_since >= wait_ns || sk_process_stopping()) {
+            waited_for_lock(j);
+            sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
+            lock_refused(p, j, SK_BUSY);
+        } else if (locked > 0) {
+            j->lock.deferred = true;
+        } else {
+            again++;
+        }
+    }
+    return again;
 }
 
 /* The heartbeat renews every lock the span took until it settles. */
@@ -112,10 +133,10 @@ static void watch_locks(struct sk_pipeline *p, struct sk_span *s)
     sk_heartbeat_watch_locks(p->heartbeat, m, s->keys, s->tokens, p->queue->lock_ttl_ms);
 }
 
-/* A job still to ask Redis for its own lock. */
+/* A job still to ask Redis for its own lock in this pass. */
 static bool asks_for_lock(const struct sk_job *j)
 {
-    return j->state == SK_JOB_RECEIVED && j->lock.leader == 0;
+    return j->state == SK_JOB_RECEIVED && j->lock.leader == 0 && !j->lock.deferred;
 }
 
 /* 1 + the index of the first earlier job of the span asking for the same
@@ -134,7 +155,8 @@ static size_t lock_leader(const struct sk_span *s, size_t i)
 }
 
 /* Each follower of a lock leader ends as its leader did: locked (under the
- * leader's lock), sent on unlocked, or re-scheduled for the same reason. */
+ * leader's lock), deferred, sent on unlocked, or re-scheduled for the same
+ * reason. */
 static void follow_leaders(struct sk_pipeline *p, struct sk_span *s)
 {
     for (size_t i = 0; i < s->n; i++) {
@@ -146,6 +168,8 @@ static void follow_leaders(struct sk_pipeline *p, struct sk_span *s)
             j->lock.shared = true;
             j->log.lock_owner = leader->lock.token;
             sk_job_transition(j, SK_JOB_LOCKED);
+        } else if (leader->lock.deferred) {
+            j->lock.deferred = true;
         } else if (!sk_job_live(leader)) {
             lock_refused(p, j, leader->lock.refusal);
         }

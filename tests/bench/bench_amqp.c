@@ -37,8 +37,7 @@
 #include <string.h>
 #include <time.h>
 
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
+#include "amqp_lib.h"
 
 #define CHANNEL 1
 #define WINDOW  1000  /* unconfirmed messages in flight, at most */

@@ -44,8 +44,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
+#include "amqp_lib.h"
 #include <hiredis.h>
 #include <libpq-fe.h>
 

@@ -46,6 +46,10 @@
 #define PUPPETEER   "puppeteer-core@23"
 #define CHROMIUM    "/usr/bin/chromium"
 #define TOKEN       "browser-test-token-7f3a9c-0123456789abcdef"
+/* An operator of console.operators, whose name is as hostile as a name
+ * can be written in YAML: the page must show it as text. */
+#define OP_TOKEN    "browser-operator-token-5d2b8e-0123456789abcdef"
+#define OP_NAME     "<img src=x onerror=alert(15)>\"dora&amp;"
 #define PAYMENTS    40
 #define RETRIES     3
 #define BIG         100000
@@ -168,16 +172,24 @@ START_TEST(test_the_console_in_a_browser_replays_once_purges_and_keeps_hostile_d
     ck_assert_ptr_nonnull(t);
     fputs(TOKEN "\n", t);
     ck_assert_int_eq(fclose(t), 0);
+    char op_token_file[1100];
+    snprintf(op_token_file, sizeof(op_token_file), "%s/console.dora.token", r.dir);
+    t = fopen(op_token_file, "w");
+    ck_assert_ptr_nonnull(t);
+    fputs(OP_TOKEN "\n", t);
+    ck_assert_int_eq(fclose(t), 0);
+    ck_assert_int_eq(chmod(op_token_file, 0600), 0);
     int metrics = h_free_port(), console = h_free_port();
 
-    char top[2000], queue_yaml[2000];
+    char top[4000], queue_yaml[2000];
     /* A schedule on the second queue: its jobs succeed (any body but
      * fail/retry/crash), so they change no count the script compares. */
     snprintf(top, sizeof(top), H_RELAY "metrics:\n  listen: \"127.0.0.1:%d\"\n"
              "console:\n  listen: \"127.0.0.1:%d\"\n  token_file: %s\n  session: 10m\n"
+             "  operators:\n    - name: '" OP_NAME "'\n      token_file: %s\n"
              "schedules:\n  - name: " SCHEDULE "\n    every: 5s\n    queue: %s\n"
              "    job_type: test\n    body: ok\n",
-             metrics, console, token_file, big);
+             metrics, console, token_file, op_token_file, big);
     snprintf(queue_yaml, sizeof(queue_yaml),
              H_FAST_RETRIES "    job_types: [test]\n    lock: false\n    config:\n"
              "      marker_dir: %s\n"
@@ -285,7 +297,7 @@ START_TEST(test_the_console_in_a_browser_replays_once_purges_and_keeps_hostile_d
     ck_assert_ptr_nonnull(realpath("tests/browser/console.cjs", script));
     snprintf(cmd, sizeof(cmd),
              "cd '%s' && NODE_PATH='%s/node_modules' CONSOLE_URL='http://127.0.0.1:%d' "
-             "CONSOLE_TOKEN='" TOKEN "' QUEUE='%s' BIG_QUEUE='%s' PG='%s' ARTIFACTS='%s' "
+             "CONSOLE_TOKEN='" TOKEN "' OPERATOR_TOKEN='" OP_TOKEN "' QUEUE='%s' BIG_QUEUE='%s' PG='%s' ARTIFACTS='%s' "
              "CHROMIUM='" CHROMIUM "' PAYMENTS=%d BIG=%d SCHEDULE='" SCHEDULE "' "
              "timeout 900 node '%s' "
              ">'%s/browser.log' 2>&1",

@@ -4,7 +4,8 @@
 // did. Exits 0 when every check held. Screenshots, render times and what
 // each hostile input showed go to $ARTIFACTS.
 //
-// Environment (set by check_console.c): CONSOLE_URL, CONSOLE_TOKEN, QUEUE,
+// Environment (set by check_console.c): CONSOLE_URL, CONSOLE_TOKEN,
+// OPERATOR_TOKEN (an operator's own, whose name is hostile markup), QUEUE,
 // BIG_QUEUE, PG (conninfo), ARTIFACTS, CHROMIUM, PAYMENTS, BIG, SCHEDULE.
 'use strict';
 const puppeteer = require('puppeteer-core');
@@ -500,11 +501,52 @@ async function main() {
   out.timings_ms['an API call while idle'] = Date.now() - ping;
   check(st.status === 200, 'the console still answers');
 
+  // ---- jobs scheduled for later, hostile keys included ---------------------------------------
+  const laterKeys = ['later-<script>alert(16)</script>', 'later-"><img src=x onerror=alert(17)>'];
+  psql(`SELECT sekali.enqueue(${lit(Q)}, 'test', 'ok'::bytea, p_idempotency_key => k, ` +
+       `p_run_at => now() + d) FROM (VALUES (${lit(laterKeys[0])}, interval '2 hours'), ` +
+       `(${lit(laterKeys[1])}, interval '1 hour')) v(k, d)`);
+  await visit('scheduled jobs', '/scheduled?queue=' + encodeURIComponent(Q), '#scheduled tbody tr');
+  const laterShown = await page.$$eval('#scheduled tbody td.key', (c) => c.map((x) => x.textContent));
+  check(laterShown.length === 2 && laterShown[0] === laterKeys[1] && laterShown[1] === laterKeys[0],
+        'the scheduled jobs, soonest first, keys as text: ' + JSON.stringify(laterShown));
+  await inert('scheduled jobs');
+  await shot('scheduled');
+  psql(`DELETE FROM sekali.outbox WHERE queue = ${lit(Q)} AND published_at IS NULL AND run_at > now()`);
+
+  // ---- an operator's own token names them; the name stays text ----------------------------
+  const opName = '<img src=x onerror=alert(15)>"dora&amp;';
+  const ctx = await browser.createBrowserContext();
+  const opPage = await ctx.newPage();
+  await opPage.setViewport({ width: 1400, height: 900 });
+  opPage.on('dialog', async (d) => { dialogs.push('operator ' + d.message()); await d.dismiss(); });
+  await opPage.goto(base + '/login', { waitUntil: 'domcontentloaded' });
+  await opPage.waitForSelector('#login');
+  check(!(await opPage.$eval('input[name=operator]', (i) => i.required)),
+        'with console.operators the login form needs no name');
+  await opPage.type('input[name=token]', E.OPERATOR_TOKEN);
+  await Promise.all([opPage.waitForNavigation(), opPage.click('#login button[type=submit]')]);
+  await opPage.waitForSelector('#logout');
+  const who = await opPage.$eval('#who b', (b) => b.textContent);
+  check(who === opName, 'the operator is named by the token, as text: ' + who);
+  const opMarkup = await opPage.evaluate(() => ({
+    images: document.querySelectorAll('img').length,
+    handlers: [...document.querySelectorAll('*')].filter((e) =>
+      [...e.attributes].some((a) => a.name.startsWith('on'))).length }));
+  check(opMarkup.images === 0 && opMarkup.handlers === 0, 'the operator\'s name made no element');
+  await opPage.waitForSelector(`#queues tr[data-queue="${Q}"] button.pause`, { timeout: 60000 });
+  await opPage.screenshot({ path: path.join(E.ARTIFACTS, 'operator.png'), fullPage: true });
+  await ctx.close();
+
   // ---- the overview, once the sampler has seen the replay -----------------------------------
   await new Promise((r) => setTimeout(r, 11000));
   await visit('overview', '/', '#queues tbody tr');
   await shot('overview');
   await inert('overview (after)');
+  const limits = await page.$eval(`#queues tr[data-queue="${Q}"]`, (tr) => tr.cells[tr.cells.length - 2].textContent);
+  check(/ \/ none$/.test(limits), 'a queue without a job timeout says "none": ' + limits);
+  const health = await page.$eval(`#queues tr[data-queue="${Q}"] td.health`, (td) => td.textContent);
+  check(health === 'healthy', 'a queue whose replayed jobs completed is healthy: ' + health);
   check(pageErrors.length === 0, 'no script error on any page ' + pageErrors);
   check(dialogs.length === 0, 'no dialog fired on any page');
   await browser.close();

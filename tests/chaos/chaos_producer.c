@@ -23,8 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
+#include "amqp_lib.h"
 
 #define CHANNEL 1
 #define WINDOW  1000  /* unconfirmed messages in flight, at most */

@@ -419,6 +419,70 @@ START_TEST(test_death_mid_batch_frees_every_batch_mates_lock_at_once)
 }
 END_TEST
 
+/* Issue 42: a batch defers a job whose lock another owner holds, commits
+ * its batch-mates, and only then waits for that lock, holding nothing. A
+ * worker killed right there (the failpoint lock_deferred, before it asks
+ * again) leaves the batch-mates committed, the deferred job unacked and no
+ * crash against it: its redelivery runs it once the lock is free, and the
+ * batch-mates' redeliveries are duplicates. PostgreSQL decides, not the
+ * lock. */
+START_TEST(test_death_while_a_deferred_job_waits_leaves_its_batch_mates_committed)
+{
+    enum { MATES = 3 };
+    struct h_run r;
+    h_run_open(&r, "deferdeath");
+    char top[256];
+    int port;
+    redisContext *redis = lock_counting(top, sizeof(top), &port);
+    char lock_key[256];
+    snprintf(lock_key, sizeof(lock_key), "sekali:lock:%s:order-deferred", r.queue);
+    freeReplyObject(redisCommand(redis, "SET %s test-owner PX 60000", lock_key));
+    /* Published before sekalid starts: one batch, the busy job second. */
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    char key[32], id[32];
+    for (int i = 0; i <= MATES; i++) {
+        if (i == 1) {
+            h_publish(r.b, r.queue, "test", "deferred-1", "order-deferred", NULL, "ok");
+            continue;
+        }
+        snprintf(key, sizeof(key), "dmate-%d", i);
+        snprintf(id, sizeof(id), "dmate-msg-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    const char *env[] = { "SEKALI_FAILPOINT=lock_deferred:order-deferred",
+                          "SEKALI_FAILPOINT_TIMES=1", NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
+                                          .queue_yaml = "    batch: 16\n    prefetch: 32\n"
+                                                        "    batch_wait: 1s\n",
+                                          .top_yaml = top });
+    H_WAIT(h_count_lines(r.mark, "lock_deferred") == 1, 20000,
+           "the worker should have died with the job deferred (mark has %d)",
+           h_count_lines(r.mark, "lock_deferred"));
+    char *marks = h_read_file(r.mark);
+    pid_t victim = (pid_t)atol(marks);
+    free(marks);
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    /* The fault's setting: the batch-mates committed before the death, the
+     * deferred job did not run. */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
+                                      "'%s' AND pid = %ld", r.queue, (long)victim), MATES);
+    ck_assert_int_eq(h_effects(&r, "order-deferred"), 0);
+    freeReplyObject(redisCommand(redis, "DEL %s", lock_key));
+
+    H_WAIT(h_effects(&r, "order-deferred") == 1, 30000, "the deferred job should run once");
+    ck_assert_int_eq(h_metric(port, "sekali_worker_restarts_total{queue=\"%s\"}", r.queue), 1);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_deaths(r.log, "signal", "9"), 1);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                      "'%s'", r.queue), 0);
+    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    ck_assert_int_eq(lock_count(redis, &r), 0);
+    h_expect_once(&r, MATES + 1, H_ANY_DUPS);
+    redisFree(redis);
+    h_run_close(&r);
+}
+END_TEST
+
 /* A reload retires the old generation while one of its workers is stuck in
  * a job holding its lock (60 s lock_ttl); that worker is then killed, as
  * shutdown_timeout would kill it. Its generation starts no replacement, so
@@ -524,6 +588,7 @@ int main(void)
         test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
         test_kills_during_a_broker_outage_never_back_off,
         test_death_mid_batch_frees_every_batch_mates_lock_at_once,
+        test_death_while_a_deferred_job_waits_leaves_its_batch_mates_committed,
         test_death_in_a_retired_generation_frees_its_lock_at_once,
         test_a_job_that_kills_a_retired_worker_still_meets_max_crashes,
         NULL,

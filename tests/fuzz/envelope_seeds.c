@@ -14,8 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
-#include <amqp_framing.h>
+#include "amqp_lib.h"
 
 struct seed {
     const char *name;

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
+#include "amqp_lib.h"
 
 #include "ctl_out.h"
 

@@ -23,8 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
-#include <amqp_framing.h>
+#include "amqp_lib.h"
 
 #include "envelope.h"
 

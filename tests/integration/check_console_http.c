@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +29,25 @@ struct console {
 
 static int curl(struct console *c, const char *path, const char *args, char **out);
 
+/* Starts sekalictl serve on c->config, its output in c->dir/serve.log,
+ * and waits until it listens. */
+static void spawn(struct console *c)
+{
+    char log[1100], exe[1100];
+    snprintf(log, sizeof(log), "%s/serve.log", c->dir);
+    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
+    c->pid = fork();
+    ck_assert_int_ge(c->pid, 0);
+    if (c->pid == 0) {
+        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
+            _exit(127);
+        execl(exe, exe, "-c", c->config, "serve", (char *)NULL);
+        _exit(127);
+    }
+    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
+           10000, "sekalictl serve should start (see %s)", log);
+}
+
 /* Writes a config whose console listens on a free port, with TLS when
  * tls_dir is set, and starts sekalictl serve on it. */
 static void start_with(struct console *c, const char *name, const char *tls_dir,
@@ -35,7 +55,7 @@ static void start_with(struct console *c, const char *name, const char *tls_dir,
 {
     h_init();
     c->dir = h_tmpdir(name);
-    char token[1100], top[3000], log[1100];
+    char token[1100], top[3000];
     h_unique_name(c->queue, sizeof(c->queue), name);
     snprintf(token, sizeof(token), "%s/console.token", c->dir);
     FILE *f = fopen(token, "w");
@@ -51,19 +71,7 @@ static void start_with(struct console *c, const char *name, const char *tls_dir,
     snprintf(top + n, sizeof(top) - (size_t)n, "%s", extra);
     c->config = h_write_config_top(c->dir, c->queue, H_EFFECT, 1, NULL, top);
     snprintf(c->url, sizeof(c->url), "%s://127.0.0.1:%d", tls_dir ? "https" : "http", port);
-    snprintf(log, sizeof(log), "%s/serve.log", c->dir);
-    char exe[1100];
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    c->pid = fork();
-    ck_assert_int_ge(c->pid, 0);
-    if (c->pid == 0) {
-        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
-            _exit(127);
-        execl(exe, exe, "-c", c->config, "serve", (char *)NULL);
-        _exit(127);
-    }
-    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
-           10000, "sekalictl serve should start (see %s)", log);
+    spawn(c);
 }
 
 /* The token file as docs/console.md makes it: with a trailing newline. */
@@ -448,6 +456,277 @@ START_TEST(test_a_key_file_readable_by_others_is_refused_at_start)
 }
 END_TEST
 
+#define BOB_TOKEN  "bob-own-token-0123456789abcdef-0123"
+#define EVE_TOKEN  "hostile-name-token-0123456789abcdef"
+/* An operator's name as hostile as YAML lets an operator write it: markup,
+ * a quote, a backslash and a non-ASCII letter. */
+#define EVE_NAME   "<img src=x onerror=alert(1)>\"\\é"
+#define EVE_JSON   "\"<img src=x onerror=alert(1)>\\\"\\\\é\""
+
+/* A token file of its own, mode 0600, in dir; its path into path. */
+static void token_file(const char *dir, const char *name, const char *token, char *path,
+                       size_t size)
+{
+    snprintf(path, size, "%s/%s.token", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s\n", token);
+    fclose(f);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+}
+
+/* Logs in with args; the session's JSON into *out, the CSRF token into csrf. */
+static void login_as(struct console *c, const char *args, char **out, char csrf[80])
+{
+    ck_assert_int_eq(curl(c, "/api/login", args, out), 200);
+    char *at = strstr(*out, "\"csrf\":\"");
+    ck_assert_ptr_nonnull(at);
+    snprintf(csrf, 80, "%.64s", at + 8);
+}
+
+/* console.operators: each token names its operator, whatever name the
+ * login sends; the audit (a line on stderr per action, and the rows the
+ * action writes) names them; the old shared token still logs in with a
+ * typed name; no token reaches the log. */
+START_TEST(test_each_operator_logs_in_with_a_token_that_names_them_in_the_audit)
+{
+    h_init();
+    char *tokens = h_tmpdir("consoleopstok"), bob[1100], eve[1100], extra[3000];
+    token_file(tokens, "bob", BOB_TOKEN, bob, sizeof(bob));
+    token_file(tokens, "eve", EVE_TOKEN, eve, sizeof(eve));
+    snprintf(extra, sizeof(extra), "  operators:\n    - name: bob\n      token_file: %s\n"
+             "    - name: '%s'\n      token_file: %s\n", bob, EVE_NAME, eve);
+    struct console c;
+    start_with(&c, "consoleops", NULL, TOKEN "\n", extra);
+    char *out, args[2000], csrf[80];
+
+    ck_assert_int_eq(curl(&c, "/api/session", "", &out), 200);
+    ck_assert_msg(strstr(out, "\"named_tokens\":true") != NULL, "%s", out);
+    free(out);
+    /* Bob's token, sent with another name: the session is bob's. */
+    snprintf(args, sizeof(args), "-c '%s/jar' -d operator=mallory -d token=" BOB_TOKEN, c.dir);
+    login_as(&c, args, &out, csrf);
+    ck_assert_msg(strstr(out, "\"operator\":\"bob\"") != NULL, "%s", out);
+    free(out);
+    PGconn *pg = h_pg();
+    snprintf(args, sizeof(args), "-b '%s/jar' -d queue=%s -d reason=deploy -d csrf=%s", c.dir,
+             c.queue, csrf);
+    ck_assert_int_eq(curl(&c, "/api/pause", args, &out), 200);
+    free(out);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.queue_pauses WHERE queue = "
+                                    "'%s' AND paused_by = 'bob'", c.queue), 1);
+    snprintf(args, sizeof(args), "-b '%s/jar' -d queue=%s -d csrf=%s", c.dir, c.queue, csrf);
+    ck_assert_int_eq(curl(&c, "/api/resume", args, &out), 200);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s/jar' -d queue=%s -d all=1 -d dry_run=1 -d csrf=%s",
+             c.dir, c.queue, csrf);
+    ck_assert_int_eq(curl(&c, "/api/dlq/purge", args, &out), 200);
+    free(out);
+
+    /* The hostile name: no name sent, the token's is used, escaped as JSON. */
+    snprintf(args, sizeof(args), "-c '%s/jar2' -d token=" EVE_TOKEN, c.dir);
+    login_as(&c, args, &out, csrf);
+    ck_assert_msg(strstr(out, "\"operator\":" EVE_JSON) != NULL, "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s/jar2' -d queue=%s -d reason=x -d csrf=%s", c.dir,
+             c.queue, csrf);
+    ck_assert_int_eq(curl(&c, "/api/pause", args, &out), 200);
+    free(out);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM sekali.queue_pauses WHERE queue = "
+                                    "'%s' AND paused_by = E'<img src=x onerror=alert(1)>\"\\\\é'",
+                                c.queue), 1);
+    snprintf(args, sizeof(args), "-b '%s/jar2' -d queue=%s -d csrf=%s", c.dir, c.queue, csrf);
+    ck_assert_int_eq(curl(&c, "/api/resume", args, &out), 200);
+    free(out);
+    PQfinish(pg);
+
+    /* The shared token of before: a typed name, needed, and recorded as shared. */
+    ck_assert_int_eq(curl(&c, "/api/login", "-d token=" TOKEN, &out), 400);
+    free(out);
+    snprintf(args, sizeof(args), "-c '%s/jar3' -d operator=alice -d token=" TOKEN, c.dir);
+    login_as(&c, args, &out, csrf);
+    ck_assert_msg(strstr(out, "\"operator\":\"alice\"") != NULL, "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s/jar3' -d csrf=%s", c.dir, csrf);
+    ck_assert_int_eq(curl(&c, "/api/logout", args, &out), 200);
+    free(out);
+    ck_assert_int_eq(curl(&c, "/api/login", "-d operator=bob -d token=" BOB_TOKEN "x", &out),
+                     401);
+    free(out);
+
+    char *log = serve_log(&c), want[1000];
+    static const char *const lines[] = {
+        "audit {\"operator\":\"bob\",\"token\":\"own\",\"action\":\"login\",\"client\":\"127.0.0.1\"}",
+        "audit {\"operator\":\"bob\",\"token\":\"own\",\"action\":\"pause\",\"queue\":\"%s\","
+            "\"dry_run\":false,\"status\":200}",
+        "audit {\"operator\":\"bob\",\"token\":\"own\",\"action\":\"resume\",\"queue\":\"%s\","
+            "\"dry_run\":false,\"status\":200}",
+        "audit {\"operator\":\"bob\",\"token\":\"own\",\"action\":\"dlq/purge\",\"queue\":\"%s\","
+            "\"dry_run\":true,\"status\":200}",
+        "audit {\"operator\":" EVE_JSON ",\"token\":\"own\",\"action\":\"pause\",\"queue\":\"%s\"",
+        "audit {\"operator\":\"alice\",\"token\":\"shared\",\"action\":\"login\"",
+        "audit {\"operator\":\"alice\",\"token\":\"shared\",\"action\":\"logout\"",
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(lines); i++) {
+        snprintf(want, sizeof(want), lines[i], c.queue);
+        ck_assert_msg(strstr(log, want) != NULL, "no line %s in:\n%s", want, log);
+    }
+    ck_assert_msg(strstr(log, "mallory") == NULL, "a name the token did not prove: %s", log);
+    static const char *const secrets[] = { TOKEN, BOB_TOKEN, EVE_TOKEN, "-0123" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(secrets); i++)
+        ck_assert_msg(strstr(log, secrets[i]) == NULL, "a token reached the log: %s", log);
+    free(log);
+    stop(&c);
+    free(tokens);
+}
+END_TEST
+
+/* Two operators with one name or one token, a short token and a name with
+ * a control character are refused at start, naming the entry and never
+ * the token. */
+START_TEST(test_operators_alike_or_malformed_are_refused_at_start)
+{
+    h_init();
+    char *dir = h_tmpdir("consoleopsbad"), queue[128], bob[1100], eve[1100], shrt[1100];
+    h_unique_name(queue, sizeof(queue), "consoleopsbad");
+    token_file(dir, "bob", BOB_TOKEN, bob, sizeof(bob));
+    token_file(dir, "eve", EVE_TOKEN, eve, sizeof(eve));
+    token_file(dir, "short", "abc", shrt, sizeof(shrt));
+    char top[4000], text[4096];
+    int port = h_free_port();
+    struct { const char *ops, *says; } cases[] = {
+        { "    - {name: bob, token_file: %1$s}\n    - {name: bob, token_file: %2$s}\n",
+          "operators[1]: the name \"bob\" is given twice" },
+        { "    - {name: bob, token_file: %1$s}\n    - {name: eve, token_file: %1$s}\n",
+          "operators[1]: the same token as operators[0]" },
+        { "%1$.0s%2$.0s    - {name: bob, token_file: %3$s}\n", "at least 32 characters" },
+        { "    - {name: \"b\\to\", token_file: %1$s}\n",
+          "name: 1 to 64 bytes of UTF-8 without control characters" },
+        { "    - {name: bob}\n", "missing required key \"token_file\" in operators[0]" },
+        { "    - {name: bob, token_file: %1$s, role: admin}\n", "unknown key \"role\"" },
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(cases); i++) {
+        char ops[3000];
+        snprintf(ops, sizeof(ops), cases[i].ops, bob, eve, shrt);
+        snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  operators:\n%s",
+                 port, ops);
+        serve_refused(dir, queue, top, text, sizeof(text));
+        ck_assert_msg(strstr(text, cases[i].says) != NULL, "case %zu: %s", i, text);
+        ck_assert_msg(strstr(text, "0123456789abcdef") == NULL, "a token shown: %s", text);
+    }
+    free(dir);
+}
+END_TEST
+
+/* A queue whose consumers are up but whose every job fails was shown
+ * "healthy": the rates now give the window's completed and failed counts,
+ * from which the page says "failing". A real sekalid, its real /metrics. */
+START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
+{
+    struct h_run r;
+    h_run_open(&r, "consolefail");
+    char token[1100], top[2000];
+    snprintf(token, sizeof(token), "%s/console.token", r.dir);
+    FILE *f = fopen(token, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(TOKEN "\n", f);
+    fclose(f);
+    int metrics = h_free_port(), port = h_free_port();
+    snprintf(top, sizeof(top), "metrics:\n  listen: \"127.0.0.1:%d\"\nconsole:\n  listen: "
+             "\"127.0.0.1:%d\"\n  token_file: %s\n", metrics, port, token);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES,
+                                          .top_yaml = top });
+    struct console c = { .dir = strdup(r.dir), .config = strdup(r.config) };
+    snprintf(c.queue, sizeof(c.queue), "%s", r.queue);
+    snprintf(c.url, sizeof(c.url), "http://127.0.0.1:%d", port);
+    spawn(&c);
+    char csrf[80], args[1200], *out = NULL;
+    login(&c, csrf);
+    snprintf(args, sizeof(args), "-b '%s/jar'", c.dir);
+    /* The sampler's first scrape, before any job: the window starts there. */
+    H_WAIT((free(out), curl(&c, "/api/rates", args, &out) == 200 &&
+            strstr(out, "\"completed_in_window\":0") != NULL), 30000,
+           "the rates should have two samples: %s", out);
+    char key[64], id[64];
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof(key), "fails-%d", i);
+        snprintf(id, sizeof(id), "m-fails-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "fail");
+    }
+    H_WAIT(h_queue_depth(r.b, r.dead) + (unsigned)h_pg_count(r.pg, "SELECT count(*) FROM "
+           "sekali.dead_letters WHERE queue = '%s'", r.queue) >= 5, 60000,
+           "the five jobs should fail");
+    H_WAIT((free(out), curl(&c, "/api/rates", args, &out) == 200 &&
+            strstr(out, "\"failed_in_window\":5") != NULL), 30000,
+           "the window should count the five failures: %s", out);
+    ck_assert_msg(strstr(out, "\"completed_in_window\":0") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "\"job_timeout_seconds\":0") != NULL, "%s", out);
+    free(out);
+    stop(&c);
+    h_stop_sekalid(r.sekalid, r.dir);
+    r.sekalid = -1;
+    h_run_close(&r);
+}
+END_TEST
+
+/* Jobs enqueued for later: /api/scheduled lists them soonest first, from
+ * the outbox, their hostile keys escaped as JSON; it takes a login, a
+ * configured queue and a bounded limit. */
+START_TEST(test_jobs_scheduled_for_later_are_listed_soonest_first_with_keys_escaped)
+{
+    struct console c;
+    start(&c, "consolesched", NULL);
+    PGconn *pg = h_pg();
+    char sql[1000];
+    snprintf(sql, sizeof(sql), "SELECT sekali.enqueue('%s', 'test', 'x'::bytea, "
+             "p_idempotency_key => k, p_run_at => now() + d) FROM (VALUES "
+             "(E'later-\"<script>alert(1)</script>\\x01', interval '2 hours'), "
+             "('sooner', interval '1 hour'), ('now', interval '0')) v(k, d)", c.queue);
+    h_pg_exec(pg, sql);
+    char *out, args[1200], csrf[80];
+    ck_assert_int_eq(curl(&c, "/api/scheduled", "", &out), 401);
+    free(out);
+    login(&c, csrf);
+    snprintf(args, sizeof(args), "-b '%s/jar' -G -d queue=%s", c.dir, c.queue);
+    ck_assert_int_eq(curl(&c, "/api/scheduled", args, &out), 200);
+    char *sooner = strstr(out, "\"key\":\"sooner\""),
+         *later = strstr(out, "\"key\":\"later-\\\"<script>alert(1)</script>\\u0001\"");
+    ck_assert_msg(sooner != NULL && later != NULL && sooner < later, "%s", out);
+    ck_assert_msg(strstr(out, "\"key\":\"now\"") == NULL, "a job due now is no later: %s", out);
+    ck_assert_msg(strstr(out, "\"in_seconds\":3600") != NULL ||
+                  strstr(out, "\"in_seconds\":3599") != NULL, "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "-b '%s/jar' -G -d queue=%s -d limit=1", c.dir, c.queue);
+    ck_assert_int_eq(curl(&c, "/api/scheduled", args, &out), 200);
+    ck_assert_msg(strstr(out, "sooner") != NULL && strstr(out, "later-") == NULL, "%s", out);
+    free(out);
+    static const char *const bad[] = { "-d queue=elsewhere", "-d limit=0", "-d limit=1001",
+                                       "-d limit=x" };
+    for (size_t i = 0; i < SK_ARRAY_LEN(bad); i++) {
+        snprintf(args, sizeof(args), "-b '%s/jar' -G %s", c.dir, bad[i]);
+        ck_assert_int_eq(curl(&c, "/api/scheduled", args, &out), 400);
+        free(out);
+    }
+    /* The terminal's form of the same report escapes the key too. */
+    char cmd[3000];
+    snprintf(cmd, sizeof(cmd), "'%s/sekalictl' -c '%s' scheduled --queue %s 2>&1",
+             h_build_dir(), c.config, c.queue);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof(text) - 1, p);
+    text[n] = '\0';
+    ck_assert_int_eq(pclose(p), 0);
+    ck_assert_msg(strstr(text, "later-\"<script>alert(1)</script>\\x01") != NULL &&
+                  strchr(text, '\x01') == NULL && strstr(text, "sooner") < strstr(text, "later-"),
+                  "%s", text);
+    snprintf(sql, sizeof(sql), "DELETE FROM sekali.outbox WHERE queue = '%s'", c.queue);
+    h_pg_exec(pg, sql);
+    PQfinish(pg);
+    stop(&c);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -459,6 +738,10 @@ int main(void)
         test_a_token_shorter_than_32_bytes_is_refused_at_start,
         test_64_slow_clients_do_not_keep_the_console_from_answering,
         test_a_key_file_readable_by_others_is_refused_at_start,
+        test_each_operator_logs_in_with_a_token_that_names_them_in_the_audit,
+        test_operators_alike_or_malformed_are_refused_at_start,
+        test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates,
+        test_jobs_scheduled_for_later_are_listed_soonest_first_with_keys_escaped,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));

@@ -7,8 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
+#include "amqp_lib.h"
 
 #include "harness.h"
 

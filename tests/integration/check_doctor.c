@@ -14,8 +14,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
+#include "amqp_lib.h"
 
 #include "harness.h"
 

@@ -148,7 +148,7 @@ async function overview() {
     const last = r.points.length ? r.points[r.points.length - 1] : {};
     return el('tr', { 'data-queue': q.name },
       el('td', {}, el('b', {}, q.name)),
-      el('td', { class: q.healthy ? 'ok' : 'bad' }, q.healthy ? 'healthy' : (q.problem || 'unknown')),
+      health(q, r, rates.window_seconds),
       el('td', { class: 'state' }, state),
       el('td', { class: 'num' }, num(q.workers_up), ' / ', num(q.workers_configured)),
       el('td', { class: 'num' }, num(q.ready)),
@@ -161,7 +161,8 @@ async function overview() {
       el('td', {}, sparkline(r.points, 'duplicates_per_second', 'dup'), ' ',
          typeof last.duplicates_per_second === 'number' ? last.duplicates_per_second.toFixed(2) : '?', '/s'),
       el('td', { class: 'num' }, secs(r.p50_seconds), ' / ', secs(r.p99_seconds)),
-      el('td', { class: 'num' }, secs(r.lock_ttl_seconds), ' / ', secs(r.job_timeout_seconds)),
+      el('td', { class: 'num' }, secs(r.lock_ttl_seconds), ' / ',
+         r.job_timeout_seconds === 0 ? 'none' : secs(r.job_timeout_seconds)),
       session.logged_in ? el('td', {}, q.paused
         ? el('button', { class: 'resume', onclick: () => resumeQueue(q.name) }, 'Resume')
         : el('button', { class: 'pause danger', onclick: () => pausePanel(q.name) }, 'Pause…')) : null);
@@ -459,21 +460,67 @@ async function schedulesPage() {
     el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
 }
 
+// ---- scheduled jobs --------------------------------------------------------------
+
+// sekalictl scheduled --json: jobs enqueued for a later run_at, waiting in
+// the outbox. Keys and job types come from producers: text only.
+async function scheduledPage() {
+  const t0 = performance.now();
+  const queue = args().get('queue') || '';
+  let s;
+  try { s = await api('/api/scheduled?' + new URLSearchParams(queue ? { queue } : {})); } catch (e) {
+    return show(el('h1', {}, 'Scheduled jobs'), failure(e));
+  }
+  const list = s.scheduled || [];
+  const rows = list.map((x) => el('tr', { 'data-id': String(x.id) },
+    el('td', { class: 'mono' }, x.run_at),
+    el('td', { class: 'num' }, secs(x.in_seconds)),
+    el('td', {}, link('/scheduled', { queue: x.queue }, x.queue)),
+    el('td', { class: 'mono cut key' }, link('/key', { key: x.key }, x.key)),
+    el('td', { class: 'job-type' }, x.job_type)));
+  show(el('h1', {}, 'Scheduled jobs', queue ? ' of ' + queue : ''),
+    el('p', { id: 'summary' }, String(list.length), list.length === s.limit ? '+' : '',
+       ' job(s) waiting in the outbox for a later run_at, soonest first, by PostgreSQL\'s clock at ',
+       s.now || '?', '. Retries waiting in delay queues are counted on the overview (delayed).'),
+    el('table', { id: 'scheduled' },
+      el('thead', {}, el('tr', {}, ['runs at (UTC)', 'in', 'queue', 'key', 'job type']
+        .map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// A queue's health: its consumers (status), and whether its jobs succeed:
+// consumers that fail every job are not healthy (rates' window totals).
+function health(q, r, window) {
+  const failing = r.failed_in_window > 0 && r.completed_in_window === 0;
+  if (q.healthy && !failing) return el('td', { class: 'ok health' }, 'healthy');
+  const why = failing ? 'failing: ' + r.failed_in_window + ' failed, none completed in ' +
+                        Math.round((window || 300) / 60) + ' min' : '';
+  return el('td', { class: 'bad health' }, [q.problem, why].filter(Boolean).join('; ') ||
+            (q.healthy ? why : 'unknown'));
+}
+
 // ---- login -------------------------------------------------------------------
 
 function loginPage() {
   const msg = el('div', { id: 'login-message' });
+  // With console.operators a token names its operator; the name field is
+  // then only for the shared token of console.token_file, if one is kept.
+  const named = session.named_tokens === true;
   const form = el('form', { class: 'panel', id: 'login', onsubmit: async (ev) => {
     ev.preventDefault();
     try {
-      session = await post('/api/login', { token: form.elements.token.value,
-                                           operator: form.elements.operator.value });
+      const fields = { token: form.elements.token.value };
+      if (form.elements.operator.value !== '') fields.operator = form.elements.operator.value;
+      session = await post('/api/login', fields);
       location.href = sameOriginPath(args().get('next'));
     } catch (e) { msg.replaceChildren(failure(e)); }
   } },
-    el('p', {}, 'Reading and acting (replay, purge, pause, resume) need the token of console.token_file and your name, which the audit records.'),
-    el('p', {}, el('label', {}, 'Your name ', el('input', { name: 'operator', required: true, maxlength: 64,
-                                                          autocomplete: 'username' }))),
+    el('p', {}, named
+      ? 'Reading and acting (replay, purge, pause, resume) need your token (console.operators): it names you in the audit.'
+      : 'Reading and acting (replay, purge, pause, resume) need the token of console.token_file and your name, which the audit records.'),
+    el('p', {}, el('label', {}, named ? 'Your name (only with the shared token) ' : 'Your name ',
+                   el('input', { name: 'operator', required: !named, maxlength: 64, autocomplete: 'username' }))),
     el('p', {}, el('label', {}, 'Token ', el('input', { name: 'token', type: 'password', required: true,
                                                        autocomplete: 'current-password' }))),
     el('button', { type: 'submit', class: 'primary' }, 'Log in'));
@@ -483,7 +530,8 @@ function loginPage() {
 // ---- routing -------------------------------------------------------------------
 
 const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
-                 '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage };
+                 '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage,
+                 '/scheduled': scheduledPage };
 
 document.addEventListener('DOMContentLoaded', async () => {
   await loadSession();
