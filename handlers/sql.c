@@ -541,27 +541,24 @@ static int outcome(const struct sekali_host *host, struct sekali_ctx *ctx, PGres
  * true), and sekali.enqueue() writes it on the jobs the statement enqueues
  * (sql/031), so they continue the trace. Settings rather than
  * application_name: they end with the transaction (the next job cannot
- * inherit them), hold the tracestate too, and are not cut at 63 bytes. One
- * round trip before the statement, only when the host gives a trace (ABI
- * 1.7). Returns SEKALI_OK, or the outcome of the failed setting. */
+ * inherit them), hold the tracestate too, and are not cut at 63 bytes. Set
+ * only when the host gives a trace (ABI 1.7), and sent ahead of the
+ * statement in the same round trip (run()). */
 #define SET_TRACE "SELECT set_config('sekali.traceparent', $1, true), " \
                   "set_config('sekali.tracestate', $2, true)"
 
-static int set_trace(struct sql_state *s, const struct sekali_job *job, struct sekali_ctx *ctx,
-                     PGconn *pg)
+/* Whether the job has a trace context; then trace[] holds it. */
+static bool trace_of(const struct sekali_job *job, const char *trace[2])
 {
     bool traced = job->host->abi_minor >= 7 &&
                   job->struct_size >= offsetof(struct sekali_job, tracestate) +
                                           sizeof(job->tracestate) &&
                   job->traceparent != NULL && job->tracestate != NULL;
-    if (!traced)
-        return SEKALI_OK;
-    const char *trace[] = { job->traceparent, job->tracestate };
-    PGresult *res = PQexecParams(pg, SET_TRACE, 2, NULL, trace, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK)
-        return outcome(job->host, ctx, res, s);
-    PQclear(res);
-    return SEKALI_OK;
+    if (traced) {
+        trace[0] = job->traceparent;
+        trace[1] = job->tracestate;
+    }
+    return traced;
 }
 
 /* Asks the server to stop the statement; what it sent meanwhile is still
@@ -575,23 +572,60 @@ static void cancel(PGconn *pg)
     PQfreeCancel(c);
 }
 
-/* Runs the prepared statement one row at a time (libpq's single-row mode):
- * only the first row's first column is the job's result, and a statement
- * that returns millions of rows would otherwise be held whole in the
- * worker's memory. Past s->max_rows the statement is cancelled and the job
- * fails, its effect rolled back with its transaction: a statement that
- * returns more rows than anyone reads is a mistake to show, not to wait on. */
+/* Sends the trace settings (when traced) and the prepared statement in one
+ * round trip: libpq's pipeline mode, neither waiting for the other's
+ * answer, in the job's transaction (the pipeline's sync ends no
+ * transaction block). A setting the server refuses aborts the statement
+ * unrun. 0, or -1 with the error set. */
+static int send_statement(struct sql_state *s, const struct sekali_host *host,
+                          struct sekali_ctx *ctx, PGconn *pg, const char *const *values,
+                          const char *const *trace)
+{
+    bool sent = PQenterPipelineMode(pg) == 1 &&
+                (trace == NULL ||
+                 PQsendQueryParams(pg, SET_TRACE, 2, NULL, trace, NULL, NULL, 0) == 1) &&
+                PQsendQueryPrepared(pg, STATEMENT_NAME, s->n_params, values, NULL, NULL, 0) == 1 &&
+                PQpipelineSync(pg) == 1;
+    if (sent)
+        return 0;
+    char why[512];
+    snprintf(why, sizeof(why), "sending the statement failed: %s", PQerrorMessage(pg));
+    host->set_error(ctx, why);
+    PQexitPipelineMode(pg);
+    return -1;
+}
+
+/* The trace settings' answer: NULL when they were set, else the failed
+ * result (the caller's to clear). */
+static PGresult *trace_answer(PGconn *pg)
+{
+    PGresult *res = PQgetResult(pg);
+    if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
+        PQclear(res);
+        res = NULL;
+    }
+    PGresult *end;
+    while ((end = PQgetResult(pg)) != NULL)
+        PQclear(end);
+    return res;
+}
+
+/* Runs the statement one row at a time (libpq's single-row mode, asked
+ * for the statement once the settings' answer is read): only the first
+ * row's first column is the job's result, and a statement that returns
+ * millions of rows would otherwise be held whole in the worker's memory.
+ * Past s->max_rows the statement is cancelled and the job fails, its
+ * effect rolled back with its transaction: a statement that returns more
+ * rows than anyone reads is a mistake to show, not to wait on. */
 static int run(struct sql_state *s, const struct sekali_host *host, struct sekali_ctx *ctx,
-               PGconn *pg, const char *const *values)
+               PGconn *pg, const char *const *values, const char *const *trace)
 {
     char why[512];
-    if (!PQsendQueryPrepared(pg, STATEMENT_NAME, s->n_params, values, NULL, NULL, 0)) {
-        snprintf(why, sizeof(why), "sending the statement failed: %s", PQerrorMessage(pg));
-        host->set_error(ctx, why);
+    if (send_statement(s, host, ctx, pg, values, trace) != 0)
         return SEKALI_RETRY;
-    }
+    PGresult *res, *failed = trace != NULL ? trace_answer(pg) : NULL;
+    bool trace_failed = failed != NULL;
     PQsetSingleRowMode(pg);  /* if refused, rows come whole: still correct */
-    PGresult *res, *failed = NULL;
     long rows = 0;
     int too_large = -1;
     while ((res = PQgetResult(pg)) != NULL) {
@@ -609,7 +643,14 @@ static int run(struct sql_state *s, const struct sekali_host *host, struct sekal
         else
             PQclear(res);
     }
-    if (rows > s->max_rows) {
+    /* The sync's answer; none if the connection went (the host then finds
+     * it broken, and dials again). */
+    res = PQgetResult(pg);
+    bool synced = res != NULL && PQresultStatus(res) == PGRES_PIPELINE_SYNC;
+    PQclear(res);
+    if (synced)
+        PQexitPipelineMode(pg);
+    if (!trace_failed && rows > s->max_rows) {
         PQclear(failed);
         snprintf(why, sizeof(why), "the statement returned more than %ld rows (max_rows), and "
                  "only the first row's first column is the job's result: return one row (a "
@@ -619,6 +660,11 @@ static int run(struct sql_state *s, const struct sekali_host *host, struct sekal
     }
     if (failed != NULL)
         return outcome(host, ctx, failed, s);
+    if (!synced) {
+        snprintf(why, sizeof(why), "the statement's answer was cut off: %s", PQerrorMessage(pg));
+        host->set_error(ctx, why);
+        return SEKALI_RETRY;
+    }
     if (too_large >= 0) {
         snprintf(why, sizeof(why), "the statement's result (%d bytes) is larger than a saved "
                  "result may be", too_large);
@@ -674,10 +720,8 @@ static int sql_handle(void *state, const struct sekali_job *job, struct sekali_c
         s->prepared_on = NULL;
         return SEKALI_RETRY;
     }
-    int traced = set_trace(s, job, ctx, pg);
-    if (traced != SEKALI_OK)
-        return traced;
-    return run(s, host, ctx, pg, values);
+    const char *trace[2];
+    return run(s, host, ctx, pg, values, trace_of(job, trace) ? trace : NULL);
 }
 
 static void sql_fini(void *state)

@@ -20,13 +20,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "store.h"
 #include "text.h"
+
+/* Round trips remembered: their least is the estimate. A claim that waited
+ * for a row lock, or one slow COMMIT, is one sample of many; only a server
+ * that stays far (or slow) for RTT_SAMPLES round trips raises it. */
+#define RTT_SAMPLES 8
 
 struct sk_store {
     const struct sk_postgres_conf *conf;
     char                           application_name[64];  /* copied: reconnects need it */
     PGconn                        *conn;
+    uint64_t                       rtt_ns[RTT_SAMPLES];   /* 0: no sample yet */
+    unsigned                       rtt_next;
 };
 
 static const struct {
@@ -45,9 +53,12 @@ static int claim_array(struct sk_store *s, const char *function, const struct sk
                        size_t n, struct sk_claim *out, bool *dup, struct sk_err *err);
 static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
                         const struct sk_keyref *const *refs, const void *const *results,
-                        const size_t *result_lens, size_t n, struct sk_err *err);
+                        const size_t *result_lens, size_t n, const struct sk_keyref *back,
+                        size_t n_back, struct sk_err *err);
 static int count_query(struct sk_store *s, const char *what, const char *sql, const char *queue,
                        const char *key, int *out, struct sk_err *err);
+static int timed_pipeline(struct sk_store *s, const struct sk_pg_stmt *steps, int n,
+                          PGresult **last, struct sk_err *err);
 
 void sk_keyref_set_fence(struct sk_keyref *ref, int64_t fence)
 {
@@ -106,7 +117,7 @@ int sk_store_claim(struct sk_store *s, const struct sk_keyref *ref, struct sk_cl
           .n_params = 5, .values = values },
     };
     PGresult *res = NULL;
-    rc = sk_pg_pipeline(s->conn, steps, 2, &res, err);
+    rc = timed_pipeline(s, steps, 2, &res, err);
     if (rc == SK_BUSY || rc == SK_ERR)
         sk_store_rollback(s, NULL);
     if (rc == SK_AGAIN && PQstatus(s->conn) == CONNECTION_OK) {
@@ -143,9 +154,10 @@ int sk_store_complete(struct sk_store *s, const struct sk_keyref *ref, const voi
                       size_t result_len, struct sk_err *err)
 {
     if (sk_keyref_may_hold_dedupe(ref))
-        return sk_store_complete_many(s, &ref, &result, &result_len, 1, err);
+        return sk_store_complete_many(s, &ref, &result, &result_len, 1, NULL, 0, err);
     /* Claimed completed: the COMMIT alone, or the result and the COMMIT. */
-    return sk_store_commit_results(s, &ref, &result, &result_len, result_len > 0 ? 1 : 0, err);
+    return sk_store_commit_results(s, &ref, &result, &result_len, result_len > 0 ? 1 : 0, NULL,
+                                   0, err);
 }
 
 /* A job id sekali.enqueue() makes, the only kind a dedupe key can hold: a
@@ -202,7 +214,7 @@ static int claim_array(struct sk_store *s, const char *function, const struct sk
         { .sql = sql, .n_params = 5, .values = values, .what = function },
     };
     PGresult *res = NULL;
-    rc = sk_pg_pipeline(s->conn, steps, 2, &res, err);
+    rc = timed_pipeline(s, steps, 2, &res, err);
     free(keys);
     free(ids);
     free(types);
@@ -231,27 +243,6 @@ static int claim_array(struct sk_store *s, const char *function, const struct sk
 
 static const char *ref_fence(const void *refs, size_t i) { return ref(refs, i)->fence_text; }
 
-int sk_store_unclaim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
-                          struct sk_err *err)
-{
-    char *keys = sk_pg_text_array(n, ref_key, refs);
-    char *fences = sk_pg_text_array(n, ref_fence, refs);
-    int rc;
-    if (keys == NULL || fences == NULL) {
-        rc = sk_err_set(err, SK_ERR, "out of memory for a batch's unclaim");
-    } else {
-        const char *values[] = { refs[0].queue, keys, fences };
-        const struct sk_pg_stmt unclaim = {
-            .sql = "SELECT sekali.unclaim_many($1, $2::text[], $3::bigint[])", .n_params = 3,
-            .values = values, .what = "sekali.unclaim_many",
-        };
-        rc = sk_pg_pipeline(s->conn, &unclaim, 1, NULL, err);
-    }
-    free(keys);
-    free(fences);
-    return rc == SK_BUSY ? SK_ERR : rc;
-}
-
 int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err)
 {
     int rc = sk_pg_run(s->conn, first ? "SAVEPOINT sk_job"
@@ -273,40 +264,59 @@ int sk_store_rollback_job(struct sk_store *s, const struct sk_keyref *ref, struc
 
 int sk_store_complete_many(struct sk_store *s, const struct sk_keyref *const *refs,
                            const void *const *results, const size_t *result_lens, size_t n,
-                           struct sk_err *err)
+                           const struct sk_keyref *back, size_t n_back, struct sk_err *err)
 {
     const struct sk_pg_stmt complete = { .prepared = "sk_complete" };
-    return finish_array(s, &complete, refs, results, result_lens, n, err);
+    return finish_array(s, &complete, refs, results, result_lens, n, back, n_back, err);
 }
 
 int sk_store_commit_results(struct sk_store *s, const struct sk_keyref *const *refs,
                             const void *const *results, const size_t *result_lens, size_t n,
-                            struct sk_err *err)
+                            const struct sk_keyref *back, size_t n_back, struct sk_err *err)
 {
     const struct sk_pg_stmt set_result = { .prepared = "sk_set_result",
                                            .what = "sekali.set_result" };
-    return finish_array(s, &set_result, refs, results, result_lens, n, err);
+    return finish_array(s, &set_result, refs, results, result_lens, n, back, n_back, err);
 }
 
-/* SHAPE(queue, key, fence, result) for each of n keys, then COMMIT, in one
- * round trip; the transaction is rolled back if any of it failed. */
+/* sekali.unclaim_many() of the n_back keys given back (if any), SHAPE(queue,
+ * key, fence, result) for each of n keys, then COMMIT, in one round trip;
+ * the transaction is rolled back if any of it failed. */
 static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
                         const struct sk_keyref *const *refs, const void *const *results,
-                        const size_t *result_lens, size_t n, struct sk_err *err)
+                        const size_t *result_lens, size_t n, const struct sk_keyref *back,
+                        size_t n_back, struct sk_err *err)
 {
     /* Per step: its 4 values, lengths and formats, kept alive for the call. */
     struct step_args {
         const char *values[4];
         int lengths[4], formats[4];
-    } *args = calloc(n + 1, sizeof(*args));
-    struct sk_pg_stmt *steps = calloc(n + 1, sizeof(*steps));
-    if (args == NULL || steps == NULL) {
+    } *args = calloc(n + 2, sizeof(*args));
+    struct sk_pg_stmt *steps = calloc(n + 2, sizeof(*steps));
+    char *keys = n_back > 0 ? sk_pg_text_array(n_back, ref_key, back) : NULL;
+    char *fences = n_back > 0 ? sk_pg_text_array(n_back, ref_fence, back) : NULL;
+    if (args == NULL || steps == NULL || (n_back > 0 && (keys == NULL || fences == NULL))) {
         free(args);
         free(steps);
+        free(keys);
+        free(fences);
         sk_store_rollback(s, NULL);
         return sk_err_set(err, SK_ERR, "out of memory for a batch's completion");
     }
-    for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    if (n_back > 0) {
+        /* The keys of the jobs a batch closed early did not run: given
+         * back (sql/021) before the COMMIT makes the others true. */
+        struct step_args *a = &args[n + 1];
+        a->values[0] = back[0].queue;
+        a->values[1] = keys;
+        a->values[2] = fences;
+        steps[k++] = (struct sk_pg_stmt){
+            .sql = "SELECT sekali.unclaim_many($1, $2::text[], $3::bigint[])", .n_params = 3,
+            .values = a->values, .what = "sekali.unclaim_many",
+        };
+    }
+    for (size_t i = 0; i < n; i++, k++) {
         struct step_args *a = &args[i];
         a->values[0] = refs[i]->queue;
         a->values[1] = refs[i]->key;
@@ -314,16 +324,18 @@ static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
         a->values[3] = results[i];
         a->lengths[3] = (int)result_lens[i];
         a->formats[3] = 1;  /* the result is bytea: sent raw */
-        steps[i] = *shape;
-        steps[i].n_params = 4;
-        steps[i].values = a->values;
-        steps[i].lengths = a->lengths;
-        steps[i].formats = a->formats;
+        steps[k] = *shape;
+        steps[k].n_params = 4;
+        steps[k].values = a->values;
+        steps[k].lengths = a->lengths;
+        steps[k].formats = a->formats;
     }
-    steps[n] = (struct sk_pg_stmt){ .sql = "COMMIT" };
-    int rc = sk_pg_pipeline(s->conn, steps, (int)n + 1, NULL, err);
+    steps[k++] = (struct sk_pg_stmt){ .sql = "COMMIT" };
+    int rc = timed_pipeline(s, steps, (int)k, NULL, err);
     free(args);
     free(steps);
+    free(keys);
+    free(fences);
     if (rc == SK_ERR || rc == SK_BUSY)
         sk_store_rollback(s, NULL);
     return rc == SK_BUSY ? SK_ERR : rc;
@@ -466,6 +478,34 @@ int sk_store_mark_replied(struct sk_store *s, const struct sk_keyref *ref, struc
     return rc == SK_BUSY ? SK_ERR : rc;
 }
 
+uint64_t sk_store_rtt_ns(const struct sk_store *s)
+{
+    uint64_t least = 0;
+    for (size_t i = 0; i < RTT_SAMPLES; i++)
+        if (s->rtt_ns[i] != 0 && (least == 0 || s->rtt_ns[i] < least))
+            least = s->rtt_ns[i];
+    return least;
+}
+
+static void rtt_sample(struct sk_store *s, uint64_t started_ns)
+{
+    uint64_t took = sk_now_ns() - started_ns;
+    s->rtt_ns[s->rtt_next++ % RTT_SAMPLES] = took > 0 ? took : 1;
+}
+
+/* sk_pg_pipeline() of the span's own statements, each call one round trip:
+ * what it took is a sample of the server's round trip (a failed one too:
+ * an error answers as late as a result). */
+static int timed_pipeline(struct sk_store *s, const struct sk_pg_stmt *steps, int n,
+                          PGresult **last, struct sk_err *err)
+{
+    uint64_t started = sk_now_ns();
+    int rc = sk_pg_pipeline(s->conn, steps, n, last, err);
+    if (rc != SK_AGAIN)
+        rtt_sample(s, started);
+    return rc;
+}
+
 /* The statements are prepared in one pipeline: one round trip for all of
  * them, not one each, which a worker starting (or replacing a dead one)
  * against a far PostgreSQL pays before its first job. */
@@ -475,7 +515,13 @@ static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
     s->conn = sk_pg_dial(s->conf, s->application_name, err);
     if (s->conn == NULL)
         return SK_AGAIN;
+    /* A new connection may reach another server (a failover): its round
+     * trips are measured afresh, the first from the preparing. */
+    memset(s->rtt_ns, 0, sizeof(s->rtt_ns));
+    uint64_t started = sk_now_ns();
     int rc = prepare_all(s->conn, err);
+    if (rc == SK_OK)
+        rtt_sample(s, started);
     if (rc != SK_OK) {
         PQfinish(s->conn);
         s->conn = NULL;

@@ -101,13 +101,6 @@ int sk_store_claim_many(struct sk_store *s, const struct sk_keyref *refs, size_t
 int sk_store_claim_completing(struct sk_store *s, const struct sk_keyref *refs, size_t n,
                               struct sk_claim *out, bool *dup, struct sk_err *err);
 
-/* A batch closed early (batch.c): gives back the n keys claimed in this
- * transaction, by either claim above, whose handlers did not run
- * (sekali.unclaim_many, sql/021), so that the COMMIT to come makes only the
- * others true. The transaction stays open. SK_OK, SK_AGAIN or SK_ERR. */
-int sk_store_unclaim_many(struct sk_store *s, const struct sk_keyref *refs, size_t n,
-                          struct sk_err *err);
-
 /* Opens the savepoint one job's handler runs in; first: the batch's first
  * (otherwise the previous job's is released in the same round trip). */
 int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err);
@@ -117,17 +110,28 @@ int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err);
 int sk_store_rollback_job(struct sk_store *s, const struct sk_keyref *ref, struct sk_err *err);
 
 /* Marks the n keys completed, each with its result, and COMMITs, in one
- * round trip: sk_store_complete() for a batch, with its codes. */
+ * round trip: sk_store_complete() for a batch, with its codes. A batch
+ * closed early (span.c) first gives back the n_back keys (back[0..n_back),
+ * claimed in this transaction by either claim above) whose handlers did not
+ * run, in the same round trip (sekali.unclaim_many, sql/021), so that the
+ * COMMIT makes only the others true; back may be NULL when n_back is 0. */
 int sk_store_complete_many(struct sk_store *s, const struct sk_keyref *const *refs,
                            const void *const *results, const size_t *result_lens, size_t n,
-                           struct sk_err *err);
+                           const struct sk_keyref *back, size_t n_back, struct sk_err *err);
 
 /* After sk_store_claim_completing(): sets the n results (only jobs that
- * have one) and COMMITs, in one round trip, with sk_store_complete()'s
- * codes. */
+ * have one), gives back the n_back keys as sk_store_complete_many() does,
+ * and COMMITs, in one round trip, with sk_store_complete()'s codes. */
 int sk_store_commit_results(struct sk_store *s, const struct sk_keyref *const *refs,
                             const void *const *results, const size_t *result_lens, size_t n,
-                            struct sk_err *err);
+                            const struct sk_keyref *back, size_t n_back, struct sk_err *err);
+
+/* The least of the connection's last round trips (the claims, the COMMITs,
+ * the preparing at connect), in ns: what one more round trip to this
+ * PostgreSQL costs now; 0 before the first. A lock wait or a slow COMMIT
+ * among them does not raise it; a server that stays slow does, within a
+ * few transactions. The store's thread only; does not block. */
+uint64_t sk_store_rtt_ns(const struct sk_store *s);
 
 /* Rolls back the job's transaction. SK_OK, SK_AGAIN (connection lost: the
  * server rolled it back) or SK_ERR. */

@@ -20,6 +20,9 @@
  * already holds, so a quiet queue runs batches of one; and once its
  * handlers have run for batch_close_after the rest of the batch goes to
  * the next transaction, so one slow handler keeps no batch-mate waiting.
+ * That time is never less than 16 of PostgreSQL's round trips as the span
+ * measures them (span.c's time_to_close()): a far server, whose every
+ * statement is slow, makes a batch larger, not one job a transaction.
  *
  * The steps and the transaction are span.c's (its ways[] say fast and
  * careful), over the batch as one span: this file adds only the collecting

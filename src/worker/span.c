@@ -43,7 +43,8 @@
 struct way {
     int  (*claim)(struct sk_store *st, const struct sk_keyref *refs, size_t m,
                   struct sk_claim *out, bool *dups, struct sk_err *err);
-    int  (*commit)(struct sk_pipeline *p, struct sk_span *s, size_t m, struct sk_err *err);
+    int  (*commit)(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
+                   struct sk_err *err);
     bool alone;         /* one job: the claim's answers and the transaction are its own */
     bool results_only;  /* the claim wrote the keys completed: the COMMIT adds results */
     enum {
@@ -56,9 +57,11 @@ struct way {
 
 static int  claim_one(struct sk_store *st, const struct sk_keyref *refs, size_t m,
                       struct sk_claim *out, bool *dups, struct sk_err *err);
-static int  commit_one(struct sk_pipeline *p, struct sk_span *s, size_t m, struct sk_err *err);
-static int  commit_fast(struct sk_pipeline *p, struct sk_span *s, size_t m, struct sk_err *err);
-static int  commit_careful(struct sk_pipeline *p, struct sk_span *s, size_t m,
+static int  commit_one(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
+                       struct sk_err *err);
+static int  commit_fast(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
+                        struct sk_err *err);
+static int  commit_careful(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
                            struct sk_err *err);
 
 static const struct way ways[] = {
@@ -77,8 +80,8 @@ static bool run_handler(struct sk_pipeline *p, struct sk_job *j, const struct wa
 static bool handle(struct sk_pipeline *p, struct sk_job *j, const struct way *w);
 static bool again_careful(struct sk_pipeline *p, struct sk_span *s, struct sk_job *failed);
 static bool time_to_close(const struct sk_pipeline *p, uint64_t *close_at);
-static bool close_early(struct sk_pipeline *p, struct sk_span *s, size_t from);
-static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w);
+static size_t close_early(struct sk_span *s, size_t from);
+static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w, size_t back);
 static bool settle_outcomes(struct sk_pipeline *p, struct sk_span *s, const struct way *w,
                             int rc, const struct sk_err *err);
 static void abandon(struct sk_pipeline *p, struct sk_span *s, const char *why);
@@ -282,8 +285,9 @@ static int claim_one(struct sk_store *st, const struct sk_keyref *refs, size_t m
 }
 
 /* Each claimed job's handler, then the one COMMIT. Once the handlers have
- * run for batch_close_after the keys of the jobs not yet run are given
- * back and the rest commits. True when jobs are left for another
+ * run for batch_close_after (or, from a far server, for CLOSE_ROUND_TRIPS
+ * round trips: time_to_close()) the keys of the jobs not yet run are given
+ * back with the COMMIT of the rest. True when jobs are left for another
  * transaction (closed early, or a COMMIT refused for a batch-mate's
  * cancelled key). */
 static bool run(struct sk_pipeline *p, struct sk_span *s, const struct way *w)
@@ -295,9 +299,7 @@ static bool run(struct sk_pipeline *p, struct sk_span *s, const struct way *w)
         if (j->state != SK_JOB_CLAIMED)
             continue;
         if (time_to_close(p, &close_at)) {
-            if (!close_early(p, s, i))
-                return false;
-            commit(p, s, w);
+            commit(p, s, w, close_early(s, i));
             return true;
         }
         if (!run_handler(p, j, w, first)) {
@@ -308,7 +310,7 @@ static bool run(struct sk_pipeline *p, struct sk_span *s, const struct way *w)
         if (j->out.status != SEKALI_OK && w->failure == ALL_AGAIN)
             return again_careful(p, s, j);
     }
-    return commit(p, s, w);
+    return commit(p, s, w, 0);
 }
 
 /* One handler, in its savepoint when the way undoes a failure there. False
@@ -402,53 +404,58 @@ static bool again_careful(struct sk_pipeline *p, struct sk_span *s, struct sk_jo
     return transaction(p, s, &ways[SK_WAY_CAREFUL]);
 }
 
-/* Whether the handlers of this transaction have run for batch_close_after,
- * asked before each one: *close_at is 0 until the first starts, so the
- * first always runs (and a job alone is never closed early). */
+/* Closing a batch early costs the jobs left another transaction: the
+ * round trips of its claim and its COMMIT (the keys given back travel with
+ * this COMMIT). So a transaction's handlers run for batch_close_after and
+ * for at least CLOSE_ROUND_TRIPS of PostgreSQL's round trips, measured as
+ * the span runs (sk_store_rtt_ns()): closing then costs the worker at most
+ * 2/CLOSE_ROUND_TRIPS of its time however far the server is, and a far
+ * server makes batches larger, not smaller. On loopback (a round trip well
+ * under a millisecond) batch_close_after alone decides, as before. */
+#define CLOSE_ROUND_TRIPS 16
+
+/* Whether the handlers of this transaction have run for as long as the
+ * above allows, asked before each one: *close_at is 0 until the first
+ * starts, so the first always runs (and a job alone is never closed
+ * early). */
 static bool time_to_close(const struct sk_pipeline *p, uint64_t *close_at)
 {
     uint64_t now = sk_now_ns();
     if (*close_at == 0) {
-        *close_at = now + (uint64_t)p->queue->batch_close_after_ms * 1000000u;
+        uint64_t budget = (uint64_t)p->queue->batch_close_after_ms * 1000000u;
+        uint64_t trips = CLOSE_ROUND_TRIPS * sk_store_rtt_ns(sk_links_store(p->links));
+        *close_at = now + (trips > budget ? trips : budget);
         return false;
     }
     return now >= *close_at;
 }
 
-/* Gives back the keys of the claimed jobs from the from-th on, whose
- * handlers have not run (sekali.unclaim_many, sql/021), so that the COMMIT
- * to come covers only the jobs that ran; the jobs given back stand where
- * they stood before their claim. False when the transaction is lost (then
- * every job in it is handed back). */
-static bool close_early(struct sk_pipeline *p, struct sk_span *s, size_t from)
+/* The claimed jobs from the from-th on, whose handlers have not run, are
+ * rewound to where they stood before their claim, and their keys put in
+ * s->refs for the COMMIT to give back (sekali.unclaim_many, sql/021), so
+ * that it covers only the jobs that ran. Returns how many. Should that
+ * COMMIT fail, the transaction goes with their claims in it. */
+static size_t close_early(struct sk_span *s, size_t from)
 {
     size_t m = 0;
-    for (size_t i = from; i < s->n; i++)
-        if (s->jobs[i].state == SK_JOB_CLAIMED)
-            s->refs[m++] = s->jobs[i].ref;
-    struct sk_err err = { 0 };
-    if (m > 0 && sk_store_unclaim_many(sk_links_store(p->links), s->refs, m, &err) != SK_OK) {
-        sk_log_warn("queue %s: giving back the %zu keys of a batch closed early failed: %s",
-                    p->queue->name, m, err.msg);
-        abandon(p, s, "the batch's transaction failed closing it early");
-        return false;
-    }
     for (size_t i = from; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
-        if (j->state == SK_JOB_CLAIMED) {
-            sk_job_rewind(j);
-            sk_metrics_inc(j->metrics, SK_METRIC_BATCH_DEFERRED);
-        }
+        if (j->state != SK_JOB_CLAIMED)
+            continue;
+        s->refs[m++] = j->ref;
+        sk_job_rewind(j);
+        sk_metrics_inc(j->metrics, SK_METRIC_BATCH_DEFERRED);
     }
-    sk_log_debug("queue %s: batch closed after %u ms of handlers, %zu jobs left for the next "
-                 "transaction", p->queue->name, p->queue->batch_close_after_ms, m);
-    return true;
+    sk_log_debug("batch closed after its handlers' time, %zu jobs left for the next "
+                 "transaction", m);
+    return m;
 }
 
-/* The handled jobs' completions and the COMMIT in one round trip; then
- * each is settled: completed, or its failure re-scheduled or dead-lettered.
- * True as run(). */
-static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w)
+/* The handled jobs' completions and the COMMIT in one round trip (with the
+ * back keys in s->refs given back, of a batch closed early); then each is
+ * settled: completed, or its failure re-scheduled or dead-lettered. True as
+ * run(). */
+static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w, size_t back)
 {
     struct sk_err err = { 0 };
     size_t m = 0;
@@ -463,7 +470,7 @@ static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w
         s->results[m] = j->out.result;
         s->result_lens[m++] = j->out.result_len;
     }
-    int rc = w->commit(p, s, m, &err);
+    int rc = w->commit(p, s, m, back, &err);
     if (rc == SK_AGAIN) {
         /* The COMMIT may or may not have happened; only a redelivery's
          * claim can tell, so the messages must go back unchanged. */
@@ -474,22 +481,26 @@ static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w
     return settle_outcomes(p, s, w, rc, &err);
 }
 
-static int commit_fast(struct sk_pipeline *p, struct sk_span *s, size_t m, struct sk_err *err)
+static int commit_fast(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
+                       struct sk_err *err)
 {
     return sk_store_commit_results(sk_links_store(p->links), s->ref_ptrs, s->results,
-                                   s->result_lens, m, err);
+                                   s->result_lens, m, s->refs, back, err);
 }
 
-static int commit_careful(struct sk_pipeline *p, struct sk_span *s, size_t m, struct sk_err *err)
+static int commit_careful(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
+                          struct sk_err *err)
 {
     return sk_store_complete_many(sk_links_store(p->links), s->ref_ptrs, s->results,
-                                  s->result_lens, m, err);
+                                  s->result_lens, m, s->refs, back, err);
 }
 
 /* One job: its completion and COMMIT; failed, its transaction goes, and
  * its failure is settled outside any. */
-static int commit_one(struct sk_pipeline *p, struct sk_span *s, size_t m, struct sk_err *err)
+static int commit_one(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
+                      struct sk_err *err)
 {
+    sk_assert(back == 0);  /* a job alone never closes early */
     struct sk_store *store = sk_links_store(p->links);
     if (m == 1)
         return sk_store_complete(store, s->ref_ptrs[0], s->results[0], s->result_lens[0], err);

@@ -1,0 +1,184 @@
+/* check_distance.c - a far PostgreSQL makes batches larger, not smaller.
+ *
+ * sekalid's PostgreSQL link goes through tests/bench/delay_proxy.c (built
+ * as build/tests/delay_proxy), which holds every byte DELAY_MS in each
+ * direction, so each of the handler's statements costs a round trip of
+ * 2 x DELAY_MS, longer than the queue's batch_close_after. A batch must
+ * still commit its jobs together: it closes on PostgreSQL's round trips as
+ * the span measures them, not on milliseconds (span.c, time_to_close()).
+ * Which transaction committed each key is told by its row's xmin; how many
+ * round trips came between a job's BEGIN and its statement, by
+ * PostgreSQL's own clock (clock_timestamp() - now()), which the proxy's
+ * delay makes a multiple of 2 x DELAY_MS. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define DELAY_MS       40   /* each way: a statement's round trip is 80 ms */
+#define TRACE_DELAY_MS 100  /* the SQL handler's test: its margin is one delay */
+#define JOBS           8
+
+struct proxy {
+    pid_t pid;
+    int   port;
+};
+
+/* A delay_proxy in front of the test PostgreSQL, delay_ms each way; its
+ * listening port is read from its "ready PORT" line. */
+static void proxy_start(struct proxy *px, int delay_ms)
+{
+    char path[1100], map[128];
+    snprintf(path, sizeof(path), "%s/tests/delay_proxy", h_build_dir());
+    snprintf(map, sizeof(map), "0:127.0.0.1:%s:%d", getenv("SEKALI_PG_PORT"), delay_ms);
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    px->pid = fork();
+    ck_assert_int_ge(px->pid, 0);
+    if (px->pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execl(path, path, map, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *out = fdopen(fds[0], "r");
+    ck_assert_ptr_nonnull(out);
+    char line[128] = "";
+    bool ready = fgets(line, sizeof(line), out) != NULL &&
+                 sscanf(line, "ready %d", &px->port) == 1;
+    fclose(out);
+    ck_assert_msg(ready, "%s did not start (is it built? make tests): \"%s\"", path, line);
+}
+
+static void proxy_stop(struct proxy *px)
+{
+    kill(px->pid, SIGTERM);
+    h_wait_exit(px->pid, 10000, "delay_proxy");
+}
+
+/* h_run_start(), with the configuration's PostgreSQL port the proxy's. */
+static void start_far(struct h_run *r, const struct proxy *px, const char *handler,
+                      const char *queue_yaml)
+{
+    r->config = h_write_config_top(r->dir, r->queue, handler, 1, queue_yaml, NULL);
+    char from[64], to[64];
+    snprintf(from, sizeof(from), "port=%s ", getenv("SEKALI_PG_PORT"));
+    snprintf(to, sizeof(to), "port=%d ", px->port);
+    h_config_replace(r->config, from, to);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    char mark_env[1100];
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", r->mark);
+    const char *env[] = { mark_env, NULL };
+    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, env);
+    H_WAIT(h_consumers(r->b, r->queue) == 1, 30000, "the worker should consume %s", r->queue);
+}
+
+/* Eight jobs waiting before the worker starts, batch 8, batch_close_after
+ * 50 ms against a statement's 80 ms round trip: before, every handler
+ * outlasted batch_close_after and each transaction committed one job
+ * (eight transactions); now the batch runs on, since its handlers have
+ * run for far less than 16 round trips. Three transactions at most leave
+ * room for a slow machine; the old code cannot commit fewer than eight. */
+START_TEST(test_far_postgres_commits_a_batch_together)
+{
+    struct h_run r;
+    h_run_open(&r, "farbatch");
+    struct proxy px;
+    proxy_start(&px, DELAY_MS);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 1; i <= JOBS; i++) {
+        char id[16], key[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    start_far(&r, &px, H_EFFECT, "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
+                       "    batch_close_after: 50ms\n    lock: false\n");
+    H_WAIT(h_effect_keys(&r) == JOBS, 60000, "the %d jobs should commit, have %lld", JOBS,
+           h_effect_keys(&r));
+    h_run_stop(&r);
+    proxy_stop(&px);
+    h_expect_once(&r, JOBS, 0);
+    long long transactions = h_pg_count(r.pg, "SELECT count(DISTINCT xmin::text) FROM "
+                                              "sekali.idempotency_keys WHERE queue = '%s'",
+                                        r.queue);
+    printf("check_distance: %d jobs at %d ms each way committed in %lld transactions\n", JOBS,
+           DELAY_MS, transactions);
+    ck_assert_msg(transactions <= 3, "%d jobs of one batch at %d ms each way should commit in "
+                  "at most 3 transactions, took %lld", JOBS, DELAY_MS, transactions);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The stock SQL handler sets the job's trace context and runs its
+ * statement in one round trip (pipeline mode), so the statement starts one
+ * round trip after the claim's BEGIN (its answer, then the statement's
+ * way there: 2 x TRACE_DELAY_MS), not two (the settings' round trip
+ * between: 4 x TRACE_DELAY_MS, as before). Jobs one a transaction (batch:
+ * 1); the first job also prepares the statement, so the least gap of the
+ * four is compared, against 3 x TRACE_DELAY_MS: the old code cannot start
+ * a statement sooner than 4 x TRACE_DELAY_MS. The statement also reads
+ * the trace. */
+START_TEST(test_sql_handler_sends_its_trace_with_its_statement)
+{
+    struct h_run r;
+    h_run_open(&r, "fartrace");
+    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.statement_gaps "
+                    "(queue text, key text, gap_ms float8, traceparent text)");
+    struct proxy px;
+    proxy_start(&px, TRACE_DELAY_MS);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 1; i <= 4; i++) {
+        char id[16], key[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "{}");
+    }
+    start_far(&r, &px, "handlers/sql.so",
+              "    batch: 1\n    lock: false\n    config:\n      statement: \"INSERT INTO "
+              "sekali_test.statement_gaps VALUES (:queue, :idempotency_key, "
+              "extract(epoch FROM clock_timestamp() - now()) * 1000, "
+              "current_setting('sekali.traceparent', true))\"\n");
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.statement_gaps WHERE queue = '%s'",
+                      r.queue) == 4, 60000, "the 4 jobs should commit");
+    h_run_stop(&r);
+    proxy_stop(&px);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.statement_gaps WHERE "
+                                      "queue = '%s' AND traceparent LIKE '00-%%'", r.queue), 4);
+    long long gap = h_pg_count(r.pg, "SELECT min(gap_ms)::bigint FROM "
+                                     "sekali_test.statement_gaps WHERE queue = '%s'", r.queue);
+    printf("check_distance: at %d ms each way the SQL handler's statement started %lld ms "
+           "after its BEGIN\n", TRACE_DELAY_MS, gap);
+    ck_assert_msg(gap < 3 * TRACE_DELAY_MS, "the statement should start one round trip (%d ms) "
+                  "after the claim's BEGIN, not two (%d ms): it started %lld ms after",
+                  2 * TRACE_DELAY_MS, 4 * TRACE_DELAY_MS, gap);
+    h_run_close(&r);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("distance");
+    TCase *tc = tcase_create("far");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_far_postgres_commits_a_batch_together);
+    tcase_add_test(tc, test_sql_handler_sends_its_trace_with_its_statement);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
