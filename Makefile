@@ -48,7 +48,7 @@ CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsyste
 CORE    = common text file trace_context config config_walk config_servers config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job job_state span span_lock batch job_trace links pause $(BROKER) envelope lock redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job job_state span span_lock limit batch job_trace links pause $(BROKER) envelope lock rate redis_link heartbeat pg store plugin host headers_json letter failpoint reschedule scoreboard lease \
           doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions \
           notify oom metrics metrics_text metrics_http relay janitor scheduler schema
 CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_migrate_online ctl_enqueue ctl_dlq ctl_dlq_read ctl_dlq_import ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_scheduled ctl_pause ctl_cancel \
@@ -70,7 +70,7 @@ BROWSER_TESTS = $(patsubst tests/browser/%.c,$(B)/tests/%,$(wildcard tests/brows
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-distance bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-distance bench-rate bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -275,6 +275,13 @@ bench-distance: deps
 	tests/servers.sh start
 	tests/bench/distance.sh $(B)
 
+# The cost of a rate limit per job, far above the rate (tests/bench/rate.sh;
+# BENCH_*).
+bench-rate: deps
+	$(MAKE) all
+	tests/servers.sh start
+	tests/bench/rate.sh $(B)
+
 # History at scale: jobs/s, the janitor and the operator's reads with 10 M
 # retained keys against an empty store (tests/bench/scale.sh; BENCH_SCALE_*).
 bench-scale: deps
@@ -381,6 +388,7 @@ help:
 	@echo "          against a raw INSERT, outbox-to-effect latency against direct publish"
 	@echo "bench-distance  jobs/s and p99 with 0, 2, 20, 150 ms each way to every server"
 	@echo "          (a delaying proxy), at the defaults and at batch 1"
+	@echo "bench-rate  jobs/s with a rate limit far above the rate against none (its cost)"
 	@echo "bench-scale  jobs/s, janitor and operator reads with 10 M retained keys vs none"
 	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"

@@ -339,6 +339,13 @@ pid_t h_start_sekalid(const char *binary, const char *config, const char *dir,
     return pid;
 }
 
+void h_servers(const char *command)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
+    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
+}
+
 int h_wait_exit(pid_t pid, int timeout_ms, const char *what)
 {
     int64_t deadline = h_now_ms() + h_ms(timeout_ms);

@@ -102,6 +102,10 @@ pid_t h_start_sekalid(const char *binary, const char *config, const char *dir,
  * when it is not installed. */
 void h_faketime_preload(char *buf, size_t size);
 
+/* Runs `tests/servers.sh COMMAND` (start, stop-redis, start-redis, ...)
+ * quietly, failing the test if it fails: a fault test's server outage. */
+void h_servers(const char *command);
+
 /* Waits up to timeout_ms for pid to exit and returns its wait status, or
  * fails the test. */
 int h_wait_exit(pid_t pid, int timeout_ms, const char *what);

@@ -106,6 +106,8 @@ static int reply_error(struct sk_lock *l, redisReply *reply, const char *what,
                        struct sk_err *err);
 static bool refused_login(const char *reply);
 static bool script_refused(const char *reply);
+static int script_trouble(struct sk_lock *l, redisReply *reply, int attempt, const char *script,
+                          char sha[41], const char *what, const char *runs, struct sk_err *err);
 
 int sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct sk_err *err)
 {
@@ -243,24 +245,12 @@ int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char 
                 cmd_arg(l, tokens[i], strlen(tokens[i]));
             reply = cmd_send(l);
         }
-        if (reply != NULL && reply->type == REDIS_REPLY_ERROR && attempt == 0 &&
-            strncmp(reply->str, "NOSCRIPT", 8) == 0) {
-            freeReplyObject(reply);
-            status = load_script(l, swap_script, l->swap_sha, err);
-            if (status != SK_OK)
-                return status;
+        status = script_trouble(l, reply, attempt, swap_script, l->swap_sha, "SET NX PX",
+                                "the lock script runs (SET, GET, DEL)", err);
+        if (status == SK_BUSY)
             continue;
-        }
-        if (reply != NULL && reply->type == REDIS_REPLY_ERROR && script_refused(reply->str)) {
-            /* Redis 7 words an ACL refusal inside a script as ERR, not
-             * NOPERM: said as what it is, a password-like refusal. */
-            sk_err_set(err, SK_AGAIN, "redis SET NX PX failed: NOPERM: the ACL user may not run "
-                       "what the lock script runs (SET, GET, DEL): %s", reply->str);
-            sk_err_mark_auth(err, SK_AGAIN);
-            freeReplyObject(reply);
-            disconnect(l);
-            return SK_AGAIN;
-        }
+        if (status != SK_OK)
+            return status;
         if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != n)
             return reply_error(l, reply, "EVALSHA (lock)", err);
         for (size_t i = 0; i < n; i++) {
@@ -633,6 +623,52 @@ static void disconnect(struct sk_lock *l)
     l->ctx = NULL;
 }
 
+int sk_lock_eval(struct sk_lock *l, const char *script, char sha[41], size_t n_keys,
+                 const char *const *keys, size_t n_args, const char *const *args,
+                 long long *out, size_t n_out, struct sk_err *err)
+{
+    int rc = ensure_connected(l, err);
+    if (rc == SK_OK && sha[0] == '\0')
+        rc = load_script(l, script, sha, err);
+    if (rc != SK_OK)
+        return rc;
+    char count[24];
+    snprintf(count, sizeof(count), "%zu", n_keys);
+    size_t need = 64;
+    for (size_t i = 0; i < n_keys; i++)
+        need += strlen(keys[i]);
+    for (size_t i = 0; i < n_args; i++)
+        need += strlen(args[i]);
+    for (int attempt = 0;; attempt++) {
+        redisReply *reply = NULL;
+        if (cmd_start(l, 3 + (int)(n_keys + n_args), need)) {
+            cmd_arg(l, "EVALSHA", 7);
+            cmd_arg(l, sha, 40);
+            cmd_arg(l, count, strlen(count));
+            for (size_t i = 0; i < n_keys; i++)
+                cmd_arg(l, keys[i], strlen(keys[i]));
+            for (size_t i = 0; i < n_args; i++)
+                cmd_arg(l, args[i], strlen(args[i]));
+            reply = cmd_send(l);
+        }
+        rc = script_trouble(l, reply, attempt, script, sha, "EVALSHA", "the script runs", err);
+        if (rc == SK_BUSY)
+            continue;
+        if (rc != SK_OK)
+            return rc;
+        if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != n_out)
+            return reply_error(l, reply, "EVALSHA", err);
+        for (size_t i = 0; i < n_out; i++) {
+            const redisReply *e = reply->element[i];
+            if (e->type != REDIS_REPLY_INTEGER)
+                return reply_error(l, reply, "EVALSHA (not an integer)", err);
+            out[i] = e->integer;
+        }
+        freeReplyObject(reply);
+        return SK_OK;
+    }
+}
+
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err)
 {
     redisReply *reply = sk_redis_link_command(l->ctx, "SCRIPT LOAD %s", script);
@@ -703,6 +739,32 @@ static bool script_refused(const char *reply)
     return strstr(reply, "NOPERM") != NULL ||
            strstr(reply, "user executing the script can't run") != NULL ||
            strstr(reply, "ACL failure in script") != NULL;
+}
+
+/* What a script's reply may say before its answer: NOSCRIPT on the first
+ * attempt (Redis lost the script and ran nothing: loaded again, SK_BUSY
+ * asks the caller to send it again), or an ACL refusal inside the script
+ * (SK_AGAIN, marked as a login's: Redis 7 words it as ERR, not NOPERM).
+ * SK_OK: neither, the reply is the caller's to read. Else the reply is
+ * freed. */
+static int script_trouble(struct sk_lock *l, redisReply *reply, int attempt, const char *script,
+                          char sha[41], const char *what, const char *runs, struct sk_err *err)
+{
+    if (reply == NULL || reply->type != REDIS_REPLY_ERROR)
+        return SK_OK;
+    if (attempt == 0 && strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+        freeReplyObject(reply);
+        int rc = load_script(l, script, sha, err);
+        return rc == SK_OK ? SK_BUSY : rc;
+    }
+    if (!script_refused(reply->str))
+        return SK_OK;
+    sk_err_set(err, SK_AGAIN, "redis %s failed: NOPERM: the ACL user may not run what %s: %s",
+               what, runs, reply->str);
+    sk_err_mark_auth(err, SK_AGAIN);
+    freeReplyObject(reply);
+    disconnect(l);
+    return SK_AGAIN;
 }
 
 /* Any failure drops the connection: after a timeout hiredis may still have a

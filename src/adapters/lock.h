@@ -104,4 +104,15 @@ int sk_lock_renew(struct sk_lock *l, const char *key, const char *token, uint32_
  * SK_AGAIN. */
 int sk_lock_release(struct sk_lock *l, const char *key, const char *token, struct sk_err *err);
 
+/* Runs `script` (whose SHA1 the caller keeps in sha, "" until known: the
+ * script is loaded then, and again if Redis lost it) over n_keys keys and
+ * n_args arguments, on this connection, in one round trip; for another
+ * module's script (rate.c), so that it shares the lock's connection and its
+ * failover. The reply must be an array of n_out integers, into out[].
+ * SK_OK, or SK_AGAIN (Redis failed or refused: nothing in out[] to trust;
+ * an ACL refusal is marked as a login's). Main thread only, as the lock. */
+int sk_lock_eval(struct sk_lock *l, const char *script, char sha[41], size_t n_keys,
+                 const char *const *keys, size_t n_args, const char *const *args,
+                 long long *out, size_t n_out, struct sk_err *err);
+
 #endif

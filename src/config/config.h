@@ -57,6 +57,20 @@ struct sk_retry_conf {
     uint32_t max_ms;               /* the ceiling's cap */
 };
 
+/* Whose jobs one rate limit counts: the whole queue's, or each resource
+ * key's apart. */
+enum sk_rate_per { SK_RATE_PER_QUEUE = 0, SK_RATE_PER_RESOURCE };
+
+/* A queue's rate limit (queues[].rate_limit): `count` jobs per `period_ms`
+ * on average, up to `burst` at once after a quiet spell; count 0: none.
+ * Counted in Redis, shared by every worker of every host. */
+struct sk_rate_conf {
+    uint32_t         count;
+    uint32_t         period_ms;
+    uint32_t         burst;
+    enum sk_rate_per per;
+};
+
 /* The Prometheus endpoint of the supervisor. */
 struct sk_metrics_conf {
     char *listen_host;             /* NULL: no endpoint (the section, or listen, is absent
@@ -134,6 +148,7 @@ struct sk_queue_conf {
     int                batch;          /* most deliveries per transaction; 1: one job per transaction */
     uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch; 0: never */
     uint32_t           batch_close_after_ms; /* handlers' run time after which a batch commits */
+    struct sk_rate_conf rate;          /* rate_limit: how fast jobs may start; count 0: no limit */
     struct sk_conf_mark *config_marks; /* where config:'s top-level scalars were written */
     size_t             n_config_marks;
 };

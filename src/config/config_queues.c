@@ -19,17 +19,28 @@ static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf
 static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
 static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q);
+static int rate_limit(struct loader *L, yaml_node_t *v, void *base);
+static int rate_value(struct loader *L, yaml_node_t *v, void *base);
 
 /* Indexed by enum value: keep them in config.h's order. */
 static const char *const modes[]   = { "transactional", "external", NULL };
 static const char *const redis_down[] = { "proceed", "wait", NULL };
 static const char *const queue_types[] = { "classic", "quorum", NULL };
 static const char *const declares[] = { "auto", "passive", NULL };
+static const char *const rate_pers[] = { "queue", "resource", NULL };
 
 static const struct key retry_keys[] = {
     INT("max_attempts",  sk_retry_conf, max_attempts, 1, 1000),
     DURATION("initial",  sk_retry_conf, initial_ms, 1, HOUR),
     DURATION("max",      sk_retry_conf, max_ms, 1, DAY),
+    END
+};
+
+/* rate_limit: either the rate alone ("100/s") or this mapping. */
+static const struct key rate_keys[] = {
+    { .name = "rate", .type = T_CUSTOM, .fn = rate_value, .required = true },
+    INT("burst",        sk_rate_conf, burst, 1, 1000000),
+    ENUM("per",         sk_rate_conf, per, rate_pers),
     END
 };
 
@@ -114,6 +125,7 @@ const struct key sk_conf_queue_keys[] = {
     DURATION("batch_close_after", sk_queue_conf, batch_close_after_ms, 1, HOUR),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
     RETENTION("retention",  sk_queue_conf, retention_ms),
+    CUSTOM_SECTION("rate_limit", rate_limit, rate_keys, false),
     CUSTOM("config", queue_config, false),
     END
 };
@@ -217,6 +229,51 @@ static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf
                             "could never fill its batch", q->prefetch, q->batch);
     if (prefetch == NULL && q->prefetch < 2 * q->batch)
         q->prefetch = 2 * q->batch;
+    return SK_OK;
+}
+
+/* rate_limit: "100/s", or {rate: 100/s, burst: 20, per: resource}. The
+ * burst defaults to the rate's count (100/s: up to 100 at once after a
+ * quiet second), so that a rate written alone admits a period's worth
+ * together, as a bucket of that size would. A burst whose tolerance passes
+ * 30 days would outgrow the limiter's arithmetic and mean nothing. */
+static int rate_limit(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_queue_conf *q = base;
+    struct sk_rate_conf *r = &q->rate;
+    int rc;
+
+    *r = (struct sk_rate_conf){ 0 };
+    if (sk_walk_is_null(v))
+        return SK_OK;
+    if (v->type == YAML_SCALAR_NODE)
+        rc = rate_value(L, v, r);
+    else if (v->type == YAML_MAPPING_NODE)
+        rc = sk_walk_map(L, v, "rate_limit", rate_keys, r);
+    else
+        return sk_walk_fail(L, v, "rate_limit: expected a rate (e.g. 100/s) or a mapping "
+                            "with rate, burst and per, got %s", sk_walk_kind(v));
+    if (rc != SK_OK)
+        return rc;
+    if (r->burst == 0)
+        r->burst = r->count;
+    if ((uint64_t)r->burst * r->period_ms / r->count > 30 * DAY)
+        return sk_walk_fail(L, v->type == YAML_MAPPING_NODE ? sk_walk_find(L, v, "burst") : v,
+                            "rate_limit: a burst of %u at this rate is more than 30 days' "
+                            "worth of jobs", r->burst);
+    return SK_OK;
+}
+
+static int rate_value(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_rate_conf *r = base;
+    const char *text;
+    struct sk_err e;
+
+    if (sk_walk_scalar(L, v, "rate_limit", "a rate such as 100/s", &text) != SK_OK)
+        return SK_ERR;
+    if (sk_conf_value_parse_rate(text, &r->count, &r->period_ms, &e) != SK_OK)
+        return sk_walk_fail(L, v, "rate_limit: %s", e.msg);
     return SK_OK;
 }
 

@@ -62,6 +62,38 @@ int sk_conf_value_parse_duration(const char *text, uint64_t *ms, struct sk_err *
     return SK_OK;
 }
 
+int sk_conf_value_parse_rate(const char *text, uint32_t *count, uint32_t *period_ms,
+                             struct sk_err *err)
+{
+    const char *slash = strchr(text, '/');
+    char digits[24];
+    int64_t n = 0;
+    uint64_t ms = 0;
+    size_t len = slash != NULL ? (size_t)(slash - text) : 0;
+    if (slash == NULL || len == 0 || len >= sizeof(digits))
+        return sk_err_set(err, SK_ERR, "invalid rate \"%.64s\": expected <count>/<period>, "
+                          "e.g. 100/s, 5/m or 10/2s", text);
+    memcpy(digits, text, len);
+    digits[len] = '\0';
+    if (sk_conf_value_parse_int(digits, &n) != SK_OK || n < 1 || n > 1000000)
+        return sk_err_set(err, SK_ERR, "invalid rate \"%.64s\": the count must be a whole "
+                          "number from 1 to 1000000", text);
+    /* "s" alone means "1s": the usual way to write a rate. */
+    char period[40];
+    const char *p = slash + 1;
+    snprintf(period, sizeof(period), "%s%s", *p >= '0' && *p <= '9' ? "" : "1", p);
+    if (strlen(p) > 30 || sk_conf_value_parse_duration(period, &ms, NULL) != SK_OK ||
+        ms < 1 || ms > DAY)
+        return sk_err_set(err, SK_ERR, "invalid rate \"%.64s\": the period must be a "
+                          "duration from 1ms to 24h (ms, s, m or h), e.g. 100/s", text);
+    if ((uint64_t)n > ms * 1000)
+        return sk_err_set(err, SK_ERR, "rate \"%.64s\" is too high: at most 1000000 a second",
+                          text);
+    *count = (uint32_t)n;
+    *period_ms = (uint32_t)ms;
+    return SK_OK;
+}
+
 int sk_conf_value_parse_size(const char *text, uint64_t *bytes, struct sk_err *err)
 {
     int r = parse_unit(text, size_units, bytes);

@@ -31,6 +31,14 @@
  * part of the meaning). Returns SK_OK or SK_ERR with a message in err. */
 int sk_conf_value_parse_duration(const char *text, uint64_t *ms, struct sk_err *err);
 
+/* A rate limit: "<count>/<period>", the period a duration ("100/s",
+ * "5/2m", "1/500ms"; a bare unit means one of it). count is 1 to
+ * 1,000,000 and the period 1ms to 1d, and together at most 1,000,000 a
+ * second (an interval of 1 microsecond, what the limiter counts in).
+ * Returns SK_OK or SK_ERR with a message in err. */
+int sk_conf_value_parse_rate(const char *text, uint32_t *count, uint32_t *period_ms,
+                             struct sk_err *err);
+
 /* "512", "64KiB", "1MiB", "1GiB" (also kB/MB/GB as powers of 1000). */
 int sk_conf_value_parse_size(const char *text, uint64_t *bytes, struct sk_err *err);
 

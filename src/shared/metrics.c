@@ -58,6 +58,7 @@ struct sk_metrics_type {
     _Atomic uint64_t counter[SK_METRIC_COUNT];
     _Atomic uint64_t dead[SK_METRICS_REASONS];
     _Atomic uint64_t lock_wait_ns;
+    _Atomic uint64_t rate_delay_ns;
     _Atomic uint64_t duration[BUCKETS];  /* per bucket, not cumulative */
     _Atomic uint64_t duration_ns;
 };
@@ -219,6 +220,11 @@ void sk_metrics_dead_letter(struct sk_metrics_type *t, enum sk_metrics_reason re
 void sk_metrics_lock_wait(struct sk_metrics_type *t, uint64_t ns)
 {
     atomic_fetch_add_explicit(&t->lock_wait_ns, ns, memory_order_relaxed);
+}
+
+void sk_metrics_rate_delay(struct sk_metrics_type *t, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&t->rate_delay_ns, ns, memory_order_relaxed);
 }
 
 void sk_metrics_duration(struct sk_metrics_type *t, uint64_t ns)
@@ -386,6 +392,7 @@ static void add_slot(struct sk_metrics_row *r, struct sk_metrics_type *t)
     for (int why = 0; why < SK_METRICS_REASONS; why++)
         r->dead[why] += atomic_load_explicit(&t->dead[why], memory_order_relaxed);
     r->lock_wait_ns += atomic_load_explicit(&t->lock_wait_ns, memory_order_relaxed);
+    r->rate_delay_ns += atomic_load_explicit(&t->rate_delay_ns, memory_order_relaxed);
     for (int b = 0; b < BUCKETS; b++)
         r->duration[b] += atomic_load_explicit(&t->duration[b], memory_order_relaxed);
     r->duration_ns += atomic_load_explicit(&t->duration_ns, memory_order_relaxed);

@@ -43,6 +43,7 @@ enum sk_metric {
     SK_METRIC_BATCH_RERUNS,  /* handler runs rolled back with a batch-mate's failure */
     SK_METRIC_BATCH_DEFERRED, /* jobs left unrun for the next transaction: batch closed early */
     SK_METRIC_TRACE_DROPPED, /* deliveries whose traceparent/tracestate was dropped or cut */
+    SK_METRIC_RATE_LIMITED,  /* deliveries re-scheduled to wait for a slot of the rate limit */
     SK_METRIC_COUNT
 };
 
@@ -85,6 +86,8 @@ void sk_metrics_inc(struct sk_metrics_type *t, enum sk_metric c);
 void sk_metrics_dead_letter(struct sk_metrics_type *t, enum sk_metrics_reason reason);
 /* Adds ns of waiting for a busy lock. */
 void sk_metrics_lock_wait(struct sk_metrics_type *t, uint64_t ns);
+/* Adds ns of delay given to a job over its queue's rate limit. */
+void sk_metrics_rate_delay(struct sk_metrics_type *t, uint64_t ns);
 /* Observes one job's duration, claim to commit, in the histogram. */
 void sk_metrics_duration(struct sk_metrics_type *t, uint64_t ns);
 
@@ -165,6 +168,7 @@ struct sk_metrics_row {
     uint64_t    counter[SK_METRIC_COUNT];
     uint64_t    dead[SK_METRICS_REASONS];
     uint64_t    lock_wait_ns;
+    uint64_t    rate_delay_ns;
     uint64_t    duration[SK_METRICS_BUCKETS];  /* per bucket, not cumulative */
     uint64_t    duration_ns;
 };

@@ -61,6 +61,9 @@ static const struct family counters[SK_METRIC_COUNT] = {
     [SK_METRIC_TRACE_DROPPED] = { "sekali_trace_context_dropped_total",
         "Deliveries whose traceparent or tracestate broke the W3C grammar (dropped: the job ran "
         "in a new trace) or whose tracestate was cut to 512 bytes." },
+    [SK_METRIC_RATE_LIMITED] = { "sekali_rate_limited_total",
+        "Deliveries over their queue's rate_limit, re-scheduled through a delay queue to wait "
+        "for a slot (not a failed attempt)." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */
@@ -82,6 +85,7 @@ struct scrape {
 static void job_counters(struct scrape *s);
 static void dead_letters(struct scrape *s);
 static void lock_wait(struct scrape *s);
+static void rate_delay(struct scrape *s);
 static void durations(struct scrape *s);
 static void processes(struct scrape *s);
 static void limits(struct scrape *s);
@@ -113,6 +117,7 @@ int sk_metrics_render(struct sk_metrics *m, const struct sk_conf *conf, char **o
         job_counters(&s);
         dead_letters(&s);
         lock_wait(&s);
+        rate_delay(&s);
         durations(&s);
         processes(&s);
         limits(&s);
@@ -174,6 +179,19 @@ static void lock_wait(struct scrape *s)
         labels(s->f, s->conf->queues[q].name, r->name);
         fputs("} ", s->f);
         seconds(s->f, r->lock_wait_ns);
+        fputc('\n', s->f);
+    }
+}
+
+static void rate_delay(struct scrape *s)
+{
+    header(s->f, "sekali_rate_limit_delay_seconds_total", "counter",
+           "Delay given to deliveries over their queue's rate_limit, summed.");
+    EACH_ROW(s, q, r) {
+        fputs("sekali_rate_limit_delay_seconds_total", s->f);
+        labels(s->f, s->conf->queues[q].name, r->name);
+        fputs("} ", s->f);
+        seconds(s->f, r->rate_delay_ns);
         fputc('\n', s->f);
     }
 }

@@ -29,6 +29,7 @@
 #include "heartbeat.h"
 #include "job.h"
 #include "job_steps.h"
+#include "limit.h"
 #include "links.h"
 #include "lock.h"
 #include "log.h"
@@ -163,6 +164,7 @@ void sk_span_start(struct sk_pipeline *p, struct sk_span *s)
 {
     for (size_t i = 0; i < s->n; i++)
         sk_job_admit(p, &s->jobs[i]);
+    sk_limit_admit(p, s);
     if (p->queue->lock)
         sk_span_lock(p, s);
     survivable(p, s);

@@ -118,22 +118,6 @@ far_conf() {
     printf '%s' "$conf"
 }
 
-# steady_rate QUEUE: jobs/s between the 10th and 90th percentile of the
-# effects' commit times.
-steady_rate() {
-    sql -c "
-        WITH t AS (SELECT extract(epoch FROM committed) AS s FROM sekali_bench.jobs WHERE queue = '$1'),
-             p AS (SELECT percentile_cont(0.1) WITHIN GROUP (ORDER BY s) AS lo,
-                          percentile_cont(0.9) WITHIN GROUP (ORDER BY s) AS hi FROM t)
-        SELECT round(((SELECT count(*) FROM t, p WHERE s BETWEEN lo AND hi)
-                      / greatest(hi - lo, 0.001))::numeric, 1) FROM p"
-}
-
-forget() {
-    sql -c "DELETE FROM sekali.idempotency_keys WHERE queue = '$1'" \
-        -c "DELETE FROM sekali_bench.jobs WHERE queue = '$1'"
-}
-
 # The first round's job counts: enough for a few seconds on the slowest
 # builds measured so far (batch 1 at 150 ms runs about 10 jobs/s).
 first_jobs() {

@@ -247,6 +247,23 @@ log_problems() {
     fi
 }
 
+# steady_rate QUEUE: jobs/s between the 10th and 90th percentile of the
+# effects' commit times (distance.sh, rate.sh).
+steady_rate() {
+    sql -c "
+        WITH t AS (SELECT extract(epoch FROM committed) AS s FROM sekali_bench.jobs WHERE queue = '$1'),
+             p AS (SELECT percentile_cont(0.1) WITHIN GROUP (ORDER BY s) AS lo,
+                          percentile_cont(0.9) WITHIN GROUP (ORDER BY s) AS hi FROM t)
+        SELECT round(((SELECT count(*) FROM t, p WHERE s BETWEEN lo AND hi)
+                      / greatest(hi - lo, 0.001))::numeric, 1) FROM p"
+}
+
+# forget QUEUE: a finished run's keys and effects, so the next starts alike.
+forget() {
+    sql -c "DELETE FROM sekali.idempotency_keys WHERE queue = '$1'" \
+        -c "DELETE FROM sekali_bench.jobs WHERE queue = '$1'"
+}
+
 # field NAME FILE: the value of a "name value" line written by bench_sekalid.
 field() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
 

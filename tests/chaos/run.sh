@@ -50,6 +50,9 @@
 #   CHAOS_BATCH        queues[].batch: jobs per transaction; default: no
 #                      key, sekali's own (16 within the window) [default]
 #   CHAOS_LOCK_TTL     lock.ttl in ms [2000]
+#   CHAOS_RATE_LIMIT   queues[].rate_limit, e.g. 100000/s (a limit the soak
+#                      never reaches: its check and its Redis outages only);
+#                      default: none
 #   CHAOS_KILL_MIN_MS, CHAOS_KILL_MAX_MS   pause between kills [100, 200]
 #   CHAOS_TIMEOUT      seconds each run may take [600] {45}
 #   CHAOS_FAULTS       the faults to inject, for diagnosis: some of
@@ -69,6 +72,9 @@ build=${1:-build}
 short=${CHAOS_SHORT:-0}
 workers=${CHAOS_WORKERS:-4}
 batch=${CHAOS_BATCH:-default}
+rate_limit=${CHAOS_RATE_LIMIT:-}
+[ -z "$rate_limit" ] || [[ $rate_limit =~ ^[0-9]+/[0-9a-z]+$ ]] ||
+    { echo "chaos: CHAOS_RATE_LIMIT must be a rate such as 100000/s, got '$rate_limit'" >&2; exit 2; }
 keys=${CHAOS_KEYS:-$([ "$short" = 1 ] && echo 2000 || echo 20000)}
 dup_percent=${CHAOS_DUP_PERCENT:-30}
 job_ms=${CHAOS_JOB_MS:-10}
@@ -189,6 +195,7 @@ queues:
     workers: $workers
 YAML
     [ "$batch" = default ] || printf '    batch: %s\n' "$batch" >>"$work/$1.yaml"
+    [ -z "$rate_limit" ] || printf '    rate_limit: %s\n' "$rate_limit" >>"$work/$1.yaml"
     printf '%s' "$work/$1.yaml"
 }
 
@@ -546,7 +553,7 @@ conf=$(write_conf chaos-check)
 schema "$conf"
 sql -f tests/data/effects.sql
 say "seed $seed: $keys keys, $dup_percent% published twice, ${job_ms}ms jobs," \
-    "$workers workers, lock.ttl ${lock_ttl}ms"
+    "$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}"
 
 one_run calm
 [ "$done" = 1 ] || die "the fault-free run ended with keys missing (log: $work/calm.sekalid.log)"

@@ -1140,20 +1140,31 @@ START_TEST(test_metrics_listen_refuses_what_cannot_be_an_address)
 }
 END_TEST
 
+static const char *load_text(const char *text, struct sk_conf **out);
+
 /* Loads a minimal config whose fourth line is `redis: <section>`; returns
  * the error message without the file name ("line:column: ..."), or "" with
  * the loaded config in *out, which the caller frees. */
 static const char *load_redis(const char *section, struct sk_conf **out)
 {
-    static char msg[256];
-    char cfg[] = "/tmp/sekali-redis-XXXXXX.yaml", text[512];
-    struct sk_err err = { 0 };
+    char text[512];
 
     snprintf(text, sizeof(text),
              "amqp: {url: \"amqp://127.0.0.1/\"}\n"
              "postgres: {conninfo: \"dbname=sekali\"}\n"
              "queues: [{name: q, handler: h.so}]\n"
              "redis: %s\n", section);
+    return load_text(text, out);
+}
+
+/* Loads text as a config file: "" with the config in *out (the caller
+ * frees), or the error without the file name ("line:column: ..."). */
+static const char *load_text(const char *text, struct sk_conf **out)
+{
+    static char msg[256];
+    char cfg[] = "/tmp/sekali-conf-XXXXXX.yaml";
+    struct sk_err err = { 0 };
+
     write_temp(cfg, 5, text);
     *out = NULL;
     int rc = sk_conf_load(cfg, out, &err);
@@ -1165,6 +1176,82 @@ static const char *load_redis(const char *section, struct sk_conf **out)
     snprintf(msg, sizeof(msg), "%s", err.msg + strlen(cfg) + 1);
     return msg;
 }
+
+/* Loads a minimal config whose queue has `rate_limit: <value>` on line 5,
+ * at column 17; returns the error without the file name, or "" with the
+ * config in *out (the caller frees). */
+static const char *load_rate(const char *value, struct sk_conf **out)
+{
+    char text[512];
+
+    snprintf(text, sizeof(text),
+             "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "queues:\n"
+             "  - {name: q, handler: h.so,\n"
+             "     rate_limit: %s}\n", value);
+    return load_text(text, out);
+}
+
+START_TEST(test_rate_limit_takes_a_rate_or_a_mapping)
+{
+    static const struct {
+        const char *value;
+        uint32_t    count, period_ms, burst;
+        int         per;
+    } cases[] = {
+        { "100/s", 100, 1000, 100, SK_RATE_PER_QUEUE },
+        { "5/m", 5, 60000, 5, SK_RATE_PER_QUEUE },
+        { "10/2s", 10, 2000, 10, SK_RATE_PER_QUEUE },
+        { "1/500ms", 1, 500, 1, SK_RATE_PER_QUEUE },
+        { "{rate: 100/s, burst: 20}", 100, 1000, 20, SK_RATE_PER_QUEUE },
+        { "{rate: 3/h, per: resource}", 3, 3600000, 3, SK_RATE_PER_RESOURCE },
+        { "~", 0, 0, 0, SK_RATE_PER_QUEUE },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sk_conf *c;
+        ck_assert_str_eq(load_rate(cases[i].value, &c), "");
+        const struct sk_rate_conf *r = &c->queues[0].rate;
+        ck_assert_msg(r->count == cases[i].count && r->period_ms == cases[i].period_ms &&
+                      r->burst == cases[i].burst && (int)r->per == cases[i].per,
+                      "%s: count %u period %u burst %u per %d", cases[i].value, r->count,
+                      r->period_ms, r->burst, (int)r->per);
+        sk_conf_free(c);
+    }
+}
+END_TEST
+
+/* Each refused with the value's line and column, and why. */
+START_TEST(test_rate_limit_refuses_a_bad_rate_at_its_position)
+{
+    static const struct { const char *value, *message; } cases[] = {
+        { "100", "5:18: rate_limit: invalid rate \"100\": expected <count>/<period>, e.g. "
+          "100/s, 5/m or 10/2s" },
+        { "100/x", "5:18: rate_limit: invalid rate \"100/x\": the period must be a duration "
+          "from 1ms to 24h (ms, s, m or h), e.g. 100/s" },
+        { "0/s", "5:18: rate_limit: invalid rate \"0/s\": the count must be a whole number "
+          "from 1 to 1000000" },
+        { "-5/s", "5:18: rate_limit: invalid rate \"-5/s\": the count must be a whole number "
+          "from 1 to 1000000" },
+        { "1/2d", "5:18: rate_limit: invalid rate \"1/2d\": the period must be a duration "
+          "from 1ms to 24h (ms, s, m or h), e.g. 100/s" },
+        { "2000/ms", "5:18: rate_limit: rate \"2000/ms\" is too high: at most 1000000 a "
+          "second" },
+        { "{rate: 10/s, burst: 0}", "5:38: burst must be between 1 and 1000000, got 0" },
+        { "{burst: 5}", "5:18: missing required key \"rate\" in rate_limit" },
+        { "{rate: 10/s, per: tenant}", "5:36: unknown per \"tenant\": expected queue or "
+          "resource" },
+        { "{rate: 1/24h, burst: 1000000}", "5:39: rate_limit: a burst of 1000000 at this rate "
+          "is more than 30 days' worth of jobs" },
+        { "[100/s]", "5:18: rate_limit: expected a rate (e.g. 100/s) or a mapping with rate, "
+          "burst and per, got a sequence" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sk_conf *c;
+        ck_assert_str_eq(load_rate(cases[i].value, &c), cases[i].message);
+    }
+}
+END_TEST
 
 START_TEST(test_redis_sentinels_take_a_list_of_host_port_and_a_master_name)
 {
@@ -1438,6 +1525,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_retention_takes_years_or_forever);
     tcase_add_test(tc, test_duration_accepts_each_unit);
     tcase_add_test(tc, test_redis_sentinels_take_a_list_of_host_port_and_a_master_name);
+    tcase_add_test(tc, test_rate_limit_takes_a_rate_or_a_mapping);
+    tcase_add_test(tc, test_rate_limit_refuses_a_bad_rate_at_its_position);
     tcase_add_test(tc, test_redis_sentinels_refuse_what_cannot_name_a_master);
     tcase_add_test(tc, test_duration_rejects_malformed_text);
     tcase_add_test(tc, test_duration_detects_overflow);
