@@ -562,6 +562,14 @@ int h_count_event_where(const char *path, const char *event, ...)
     return count;
 }
 
+int h_count_outcomes(const char *path, const char *outcome, const char *reason)
+{
+    return reason == NULL
+        ? h_count_event_where(path, SK_EVENT_OUTCOME, "outcome", outcome, NULL)
+        : h_count_event_where(path, SK_EVENT_OUTCOME, "outcome", outcome, "reason", reason,
+                              NULL);
+}
+
 int h_count_deaths(const char *path, const char *key, const char *value)
 {
     return h_count_event_where(path, SK_EVENT_WORKER_DIED, "role", "supervisor", key, value,
@@ -829,16 +837,37 @@ long long h_effect_keys(const struct h_run *r)
                              "WHERE queue = '%s'", r->queue);
 }
 
-long long h_completed(const struct h_run *r)
+/* Keys of r's queue in that status. */
+static long long keys_in(const struct h_run *r, const char *status)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
-                             "AND status = 'completed'", r->queue);
+                             "AND status = '%s'", r->queue, status);
+}
+
+long long h_completed(const struct h_run *r)
+{
+    return keys_in(r, "completed");
 }
 
 long long h_duplicates(const struct h_run *r)
 {
     return h_pg_count(r->pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
                              "WHERE queue = '%s'", r->queue);
+}
+
+long long h_failed(const struct h_run *r)
+{
+    return keys_in(r, "failed");
+}
+
+const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size)
+{
+    PGresult *res = PQexecParams(r->pg, "SELECT status FROM sekali.idempotency_keys "
+                                        "WHERE queue = $1 AND key = $2", 2, NULL,
+                                 (const char *[]){ r->queue, key }, NULL, NULL, 0);
+    snprintf(buf, size, "%s", PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "absent");
+    PQclear(res);
+    return buf;
 }
 
 void h_expect_once(struct h_run *r, long long keys, long long dups)

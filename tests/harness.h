@@ -182,6 +182,10 @@ int h_count_events(const char *path, const char *role, const char *event, const 
  * give them without quotes or backslashes. */
 int h_count_event_where(const char *path, const char *event, ...)
     __attribute__((sentinel));
+/* The outcome lines of path (SK_EVENT_OUTCOME: what became of each
+ * delivery) with that outcome and, unless NULL, that reason: ("dead",
+ * "beyond_retention"), ("rescheduled", "lock_busy"), ("retry", NULL). */
+int h_count_outcomes(const char *path, const char *outcome, const char *reason);
 /* The supervisor's worker_died lines of path whose field key has value:
  * ("signal", "9"), ("job_caused", "yes"), ("restart_ms", "0"). */
 int h_count_deaths(const char *path, const char *key, const char *value);
@@ -248,6 +252,10 @@ long long h_effect_keys(const struct h_run *r);
 long long h_completed(const struct h_run *r);
 /* Duplicate deliveries absorbed, summed over the queue's keys. */
 long long h_duplicates(const struct h_run *r);
+/* Keys recorded failed (status 'failed'). */
+long long h_failed(const struct h_run *r);
+/* The key's status in sekali.idempotency_keys, or "absent", in buf. */
+const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size);
 
 /* For h_expect_once()'s dups: the test does not know how many copies
  * became duplicates (a crash may or may not have left one). */

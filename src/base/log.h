@@ -82,6 +82,7 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_LOCKS_FREED    "locks_freed"     /* a dead worker's locks deleted */
 #define SK_EVENT_LOCKS_HANDED   "locks_handed"    /* a retired worker's locks handed on */
 #define SK_EVENT_DOCTOR_PASSED  "doctor_passed"   /* every start check passed or warned */
+#define SK_EVENT_OUTCOME        "outcome"         /* what became of a job: its exit */
 #define SK_EVENT_RATE_LIMITED   "rate_limited"    /* a span's jobs over the rate limit delayed */
 
 /* The servers an event's SERVER= names. */

@@ -12,10 +12,10 @@
  *
  * One delivery goes through the pipeline as a span of one, a batch as a
  * span of many: span.c drives the steps over a span of n >= 1 jobs, and
- * calls this file for what each step decides for
- * one job: whether a delivery is valid, what a refused lock or a claim's
- * answer means, how a failed handler is retried or dead-lettered, the
- * job's states. A job carries everything about its delivery (envelope,
+ * calls this file for what each step decides for one job: whether a
+ * delivery is valid, what a refused lock or a claim's answer means, how a
+ * failed handler is retried or dead-lettered. The job's states are
+ * job_state.c's, its dead letters letter.c's. A job carries everything about its delivery (envelope,
  * lock, claim, state, outcome), and the struct sk_pipeline only what the
  * process shares between jobs. The servers are reached through the links
  * (links.c), which keep the outages; this file decides only what an outage
@@ -33,7 +33,6 @@
 #include "broker.h"
 #include "clock.h"
 #include "envelope.h"
-#include "failpoint.h"
 #include "heartbeat.h"
 #include "job.h"
 #include "job_steps.h"
@@ -46,72 +45,17 @@
 #include "reschedule.h"
 #include "scoreboard.h"
 #include "store.h"
-#include "text.h"
-
-static const char *const state_names[SK_JOB_STATES] = {
-    [SK_JOB_NEW] = "new",
-    [SK_JOB_RECEIVED] = "received",
-    [SK_JOB_LOCKED] = "locked",
-    [SK_JOB_CLAIMED] = "claimed",
-    [SK_JOB_HANDLED] = "handled",
-    [SK_JOB_COMMITTED] = "committed",
-    [SK_JOB_SETTLED] = "settled",
-    [SK_JOB_ACKED] = "acked",
-    [SK_JOB_HANDED_BACK] = "handed back",
-};
-
-static const char *const state_failpoints[SK_JOB_STATES] = {
-    [SK_JOB_RECEIVED] = "after_receive",
-    [SK_JOB_LOCKED] = "after_lock",
-    [SK_JOB_CLAIMED] = "after_claim",
-    [SK_JOB_HANDLED] = "after_handler",
-    [SK_JOB_COMMITTED] = "after_commit",
-    [SK_JOB_ACKED] = "after_ack",
-};
-
-/* Bytes of a malformed message's body its dead letter keeps: it can never
- * be replayed, and may be as large as a frame. */
-#define LETTER_MALFORMED_BODY_MAX (64 * 1024)
-
-#define FROM(s) (1u << (s))
-/* Any state a job can be settled from: every one before it. */
-#define LIVE (FROM(SK_JOB_NEW) | FROM(SK_JOB_RECEIVED) | FROM(SK_JOB_LOCKED) | \
-              FROM(SK_JOB_CLAIMED) | FROM(SK_JOB_HANDLED) | FROM(SK_JOB_COMMITTED))
-
-/* The states each state may be entered from. The lock is optional (lock:
- * false, or Redis down under `proceed`); a job may be settled at any point
- * before, and exits once, only once settled. */
-static const unsigned legal_from[SK_JOB_STATES] = {
-    [SK_JOB_NEW] = 0,
-    [SK_JOB_RECEIVED] = FROM(SK_JOB_NEW),
-    [SK_JOB_LOCKED] = FROM(SK_JOB_RECEIVED),
-    [SK_JOB_CLAIMED] = FROM(SK_JOB_RECEIVED) | FROM(SK_JOB_LOCKED),
-    [SK_JOB_HANDLED] = FROM(SK_JOB_CLAIMED),
-    [SK_JOB_COMMITTED] = FROM(SK_JOB_HANDLED),
-    [SK_JOB_SETTLED] = LIVE,
-    [SK_JOB_ACKED] = FROM(SK_JOB_SETTLED),
-    [SK_JOB_HANDED_BACK] = FROM(SK_JOB_SETTLED),
-};
 
 static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j);
 static void completed_external(struct sk_pipeline *p, struct sk_job *j, PGconn *pg);
 static void reply_saved(struct sk_pipeline *p, struct sk_job *j);
-static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
-                    const char *why);
-static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
-                        enum sk_metrics_reason reason, const char *why);
-static struct sk_letter letter_of(struct sk_pipeline *p, struct sk_job *j, bool parsed,
-                                  enum sk_metrics_reason reason, const char *why);
-static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bool recorded,
-                        enum sk_metrics_reason reason, const char *why);
-static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
-                       const char *why, const struct sk_err *refusal);
 
 /* Validates the delivery and counts it; dead-letters what can never run. */
 bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
 {
     struct sk_err err = { 0 };
+    j->admitted_ns = sk_now_ns();
     j->log.queue = p->queue->name;
     int parsed = sk_envelope_parse(j->delivery, p->queue, &j->env, &err);
     /* Even a malformed delivery has a job_type here: "" unless validated. */
@@ -120,22 +64,17 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
     sk_metrics_inc(j->metrics, SK_METRIC_DELIVERIES);
     if (j->env.redelivered || j->env.delivery_attempt > 1)
         sk_metrics_inc(j->metrics, SK_METRIC_REDELIVERIES);
-    if (parsed != SK_OK) {
-        sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
-                     err.msg);
-        dead_letter(p, j, false, SK_METRICS_MALFORMED, err.msg);
-        return false;
-    }
-    const char *refused = j->env.reply_to[0] != '\0'
+    const char *refused = parsed == SK_OK && j->env.reply_to[0] != '\0'
         ? sk_envelope_reply_refused(j->env.reply_to, p->conf) : NULL;
-    if (refused != NULL) {
-        /* Refused before anything runs: a job whose reply cannot be sent
-         * would leave its caller waiting with the effect already made. */
-        char why[400];
-        snprintf(why, sizeof(why), "%s: %s", refused, j->env.reply_to);
+    if (parsed != SK_OK || refused != NULL) {
+        /* A reply_to is refused before anything runs: a job whose reply
+         * cannot be sent would leave its caller waiting, the effect made. */
+        char why[700];
+        snprintf(why, sizeof(why), "%s%s%s", refused != NULL ? refused : err.msg,
+                 refused != NULL ? ": " : "", refused != NULL ? j->env.reply_to : "");
         sk_log_event(SK_LOG_WARN, SK_EVENT_MALFORMED, NULL, &j->log, "malformed message: %s",
                      why);
-        dead_letter(p, j, false, SK_METRICS_MALFORMED, why);
+        sk_letter_dead(p, j, false, SK_METRICS_MALFORMED, why);
         return false;
     }
     j->log.job_id = j->env.job_id;
@@ -146,7 +85,7 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
         const char *why = "published longer ago than the queue's retention: its key may be "
                           "purged, so a duplicate could not be recognised";
         sk_log_job(SK_LOG_WARN, &j->log, "job beyond retention, not run: %s", why);
-        dead_letter(p, j, true, SK_METRICS_BEYOND_RETENTION, why);
+        sk_letter_dead(p, j, true, SK_METRICS_BEYOND_RETENTION, why);
         return false;
     }
     j->ref = (struct sk_keyref){ .queue = p->queue->name, .key = j->env.idempotency_key,
@@ -186,7 +125,7 @@ static bool crashed_too_often(struct sk_pipeline *p, struct sk_job *j)
         return false;
     char why[128];
     snprintf(why, sizeof(why), "its worker died %d times while running it", crashes);
-    give_up(p, j, SK_METRICS_CRASHED, why);
+    sk_letter_give_up(p, j, SK_METRICS_CRASHED, why);
     return true;
 }
 
@@ -207,12 +146,12 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
         if (j->claim.cancelled) {
             /* The tombstone (sql/018): the job must never run. */
             sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
-            sk_job_finish(j, SK_ACK, "cancelled, not run");
+            sk_job_finish(j, SK_ACK, SK_OUTCOME_CANCELLED, "before_run", "cancelled, not run");
             return false;
         }
         sk_metrics_inc(j->metrics, SK_METRIC_DUPLICATES);
         reply_saved(p, j);
-        sk_job_finish(j, SK_ACK, "duplicate suppressed");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_DUPLICATE, NULL, "duplicate suppressed");
         return false;
     case SK_BUSY:
         /* A live worker holds the key (its row lock, or its lease): it is
@@ -222,7 +161,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
                   ? sk_jitter(p->queue->lease_ms / 4, p->queue->lease_ms)
                   : sk_jitter(100, 1000)),
               j->env.delivery_attempt, NULL,
-              external ? "key leased by a live worker" : "key busy in PostgreSQL");
+              external ? "key leased" : "key busy");
         return false;
     default:
         /* Handed back unchanged: an outage is not the job's failure. The
@@ -230,7 +169,7 @@ bool sk_job_claimed(struct sk_pipeline *p, struct sk_job *j, int rc, const struc
          * the lock is not held through the backoff (other jobs for the
          * resource would wait for nothing). */
         sk_links_drop(p->links, SK_LINK_STORE, &j->log, err);
-        sk_job_finish(j, SK_REQUEUE, "claim failed, handed back to the broker");
+        sk_job_hand_back(j, "claim_failed", "claim failed, handed back to the broker");
         return false;
     }
 }
@@ -284,7 +223,7 @@ static void completed_external(struct sk_pipeline *p, struct sk_job *j, PGconn *
     if (rc == SK_OK) {
         sk_job_transition(j, SK_JOB_COMMITTED);
         sk_job_reply(p, j, ctx->result, ctx->result_len);
-        sk_job_finish(j, SK_ACK, "completed");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_COMPLETED, NULL, "completed");
     } else if (rc != SK_AGAIN && sk_job_refused_cancelled(p, j)) {
         /* Fenced out (the cancel wrote the row cancelled), or refused at
          * COMMIT (sql/018's trigger): no outcome is recorded. */
@@ -293,15 +232,15 @@ static void completed_external(struct sk_pipeline *p, struct sk_job *j, PGconn *
         sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
                      "completion fenced out: the lease was lost and "
                      "another worker took the job over; its outcome stands");
-        sk_job_finish(j, SK_ACK, "fenced out");
+        sk_job_finish(j, SK_ACK, SK_OUTCOME_FENCED_OUT, "completion", "fenced out");
     } else if (sk_pg_refused_for_good(&err)) {
         /* Handed back, it would run again at each lease's end, for ever:
          * the effect is made, only its record is missing. */
-        unrecorded(p, j, "its completion", "the handler succeeded", &err);
+        sk_letter_unrecorded(p, j, "its completion", "the handler succeeded", &err);
     } else {
         sk_log_job(SK_LOG_ERROR, &j->log, "completion outcome unknown: %s", err.msg);
-        sk_job_finish(j, SK_REQUEUE, "completion outcome unknown, handed back to the broker");
-        j->exit.pause_ms = (uint32_t)sk_jitter(100, 1000);
+        sk_job_hand_back(j, "completion_unknown",
+                         "completion outcome unknown, handed back to the broker");
     }
 }
 
@@ -321,7 +260,7 @@ static bool claimed_too_often(struct sk_pipeline *p, struct sk_job *j)
     snprintf(why, sizeof(why), "its key was claimed %d times, past retry.max_attempts %d and "
              "max_crashes %d: not run again", j->claim.attempts, p->queue->retry.max_attempts,
              p->queue->max_crashes);
-    give_up(p, j, SK_METRICS_RETRIES_EXHAUSTED, why);
+    sk_letter_give_up(p, j, SK_METRICS_RETRIES_EXHAUSTED, why);
     return true;
 }
 
@@ -339,7 +278,8 @@ bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j)
     sk_metrics_inc(j->metrics, SK_METRIC_CANCELLED);
     sk_log_event(SK_LOG_WARN, SK_EVENT_JOB_CANCELLED, NULL, &j->log,
                  "cancelled while it ran: its outcome was refused and not recorded");
-    sk_job_finish(j, SK_ACK, "cancelled while running, outcome refused");
+    sk_job_finish(j, SK_ACK, SK_OUTCOME_CANCELLED, "while_running",
+                  "cancelled while running, outcome refused");
     return true;
 }
 
@@ -470,7 +410,7 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, 
                 sk_metrics_inc(j->metrics, SK_METRIC_RETRIES);
             return;
         }
-        give_up(p, j, SK_METRICS_RETRIES_EXHAUSTED, why);
+        sk_letter_give_up(p, j, SK_METRICS_RETRIES_EXHAUSTED, why);
         return;
     }
     char why[600];
@@ -478,156 +418,7 @@ void sk_job_settle_failure(struct sk_pipeline *p, struct sk_job *j, int status, 
         snprintf(why, sizeof(why), "%s", error[0] != '\0' ? error : "handler failed");
     else
         snprintf(why, sizeof(why), "handler returned invalid status %d", status);
-    give_up(p, j, SK_METRICS_FAILED, why);
-}
-
-/* Records the key as failed and its dead letter (sekali.dead_letters) in
- * one transaction, then acks. Without the failed row a later copy would
- * run again, so while PostgreSQL cannot take it (down, or a condition that
- * passes) the message goes back to the broker, after a pause. A failure
- * PostgreSQL refuses for good (its SQLSTATE, sk_pg_refused_for_good())
- * would be refused at every copy: handed back, the job came straight back
- * for ever, past max_attempts, ahead of the jobs behind it. It ends here
- * instead: see unrecorded(). A leased job (external mode) fails under its
- * fence. */
-static void give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
-                    const char *why)
-{
-    struct sk_err err = { 0 };
-    struct sk_store *store = sk_links_store(p->links);
-    struct sk_letter l = letter_of(p, j, true, reason, why);
-    l.fence_text = j->leased ? j->ref.fence_text : NULL;
-    int rc = sk_letter_fail(sk_store_conn(store), &l, j->delivery, &err);
-    if (rc != SK_OK && rc != SK_BUSY && sk_pg_refused_for_good(&err)) {
-        unrecorded(p, j, "its failure", why, &err);
-        return;
-    }
-    if (rc == SK_BUSY) {
-        sk_metrics_inc(j->metrics, SK_METRIC_FENCED_OUT);
-        sk_log_event(SK_LOG_WARN, SK_EVENT_FENCED_OUT, NULL, &j->log,
-                     "failure fenced out: another worker owns the job");
-        sk_job_finish(j, SK_ACK, "fenced out");
-        return;
-    }
-    if (rc != SK_OK) {
-        sk_log_job(SK_LOG_ERROR, &j->log, "recording failure failed: %s", err.msg);
-        sk_job_finish(j, SK_REQUEUE, "failure not recorded, handed back to the broker");
-        j->exit.pause_ms = (uint32_t)sk_jitter(100, 1000);
-        return;
-    }
-    sk_log_job(SK_LOG_WARN, &j->log, "job %s: %s", sk_metrics_reason_name(reason), why);
-    settle_dead(p, j, true, true, reason, why);
-}
-
-/* An outcome PostgreSQL refused for good: the job is dead-lettered with
- * reason unrecorded, its error saying what could not be recorded and why,
- * and its key is left as it stands for an operator (a replay runs the job
- * again). The dead letter keeps the message where an operator looks;
- * handed back, it would only come straight back. */
-static void unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
-                       const char *why, const struct sk_err *refusal)
-{
-    char text[SK_TEXT_ERROR_MAX];
-    snprintf(text, sizeof(text), "%s could not be recorded (%s); it was: %s", what,
-             refusal->msg, why);
-    sk_log_job(SK_LOG_ERROR, &j->log, "job %s: %s", sk_metrics_reason_name(SK_METRICS_UNRECORDED),
-               text);
-    dead_letter(p, j, true, SK_METRICS_UNRECORDED, text);
-}
-
-/* The letter of a job, as far as its delivery was understood. */
-static struct sk_letter letter_of(struct sk_pipeline *p, struct sk_job *j, bool parsed,
-                                  enum sk_metrics_reason reason, const char *why)
-{
-    const struct sk_envelope *e = &j->env;
-    bool own_resource = parsed && strcmp(e->resource_key, e->idempotency_key) != 0;
-    return (struct sk_letter){
-        .queue = p->queue->name,
-        .key = parsed ? e->idempotency_key : NULL,
-        .job_id = parsed ? e->job_id : NULL,
-        .job_type = parsed ? e->job_type : NULL,
-        .resource_key = own_resource ? e->resource_key : NULL,
-        .reason = sk_metrics_reason_name(reason),
-        .error = why,
-        .owner = p->owner,
-        .first_failure = parsed ? e->first_failure : NULL,
-        .attempts = (int)e->delivery_attempt,
-        /* A valid job's body is bounded by max_body already, and is kept
-         * whole so that a replay sends it as it was. */
-        .body_max = parsed ? SIZE_MAX : LETTER_MALFORMED_BODY_MAX,
-    };
-}
-
-/* A letter whose key is not recorded failed (malformed, beyond retention):
- * its row, in a statement of its own, then the ack. A valid job (parsed)
- * keeps its key, so that it can be replayed. */
-static void dead_letter(struct sk_pipeline *p, struct sk_job *j, bool parsed,
-                        enum sk_metrics_reason reason, const char *why)
-{
-    struct sk_err err = { 0 };
-    struct sk_letter l = letter_of(p, j, parsed, reason, why);
-    if (!parsed)
-        l.malformed = why;
-    bool recorded = sk_letter_record(sk_store_conn(sk_links_store(p->links)), &l, j->delivery,
-                                     &err) == SK_OK;
-    if (!recorded)
-        sk_log_job(SK_LOG_ERROR, &j->log, "recording the dead letter failed, so it goes to "
-                   "the broker's dead-letter queue (sekalictl dlq import takes it): %s", err.msg);
-    settle_dead(p, j, parsed, recorded, reason, why);
-}
-
-/* Acks a dead letter whose row is written (recorded), after its copy to
- * <queue>.dead when the queue mirrors (dead_letter_mirror); a lost copy
- * loses nothing then. An unrecorded one (PostgreSQL unreachable) must
- * reach <queue>.dead: a confirmed copy, else the broker's own
- * dead-lettering (reject), without the reason headers, which the log line
- * gives. Counted once recorded or copied. */
-static void settle_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed, bool recorded,
-                        enum sk_metrics_reason reason, const char *why)
-{
-    struct sk_err err = { 0 };
-    /* A body over max_body was never read (broker_consume.c): only the
-     * broker's own dead-lettering keeps it, so its row is only a note. */
-    const amqp_bytes_t *body = &j->delivery->message.body;
-    char text[1200];
-    if (body->bytes == NULL && body->len > 0) {
-        snprintf(text, sizeof(text), "dead-lettered by the broker (body not read; %s: %s)",
-                 sk_metrics_reason_name(reason), why);
-        j->exit.dead_reason = reason;
-        sk_job_finish(j, SK_DEAD_LETTER, text);
-        return;
-    }
-    bool copy = !recorded || p->queue->dead_letter_mirror;
-    struct sk_broker *pub = copy ? sk_links_publisher(p->links, &err) : NULL;
-    bool copied = pub != NULL &&
-        sk_reschedule_dead(pub, p->queue->name, j->delivery, parsed ? &j->env : NULL,
-                           sk_metrics_reason_name(reason), why, &err) == SK_OK;
-    if (copy && !copied) {
-        /* A copy refused for its own sake (too large) or nacked leaves the
-         * connection sound, and sk_links_drop() keeps it. */
-        sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
-        if (recorded)
-            sk_log_job(SK_LOG_WARN, &j->log, "dead letter recorded, its mirror copy to "
-                       "%s.dead failed: %s", p->queue->name, err.msg);
-    }
-    if (recorded || copied) {
-        sk_metrics_dead_letter(j->metrics, reason);
-        sk_job_finish(j, SK_ACK, "dead-lettered");
-        /* Acked at once, alone, not with its span: a malformed message has
-         * no key whose row would make its redelivery a duplicate, so a
-         * worker dying before the span's ack (a batch-mate's handler may
-         * kill it) would dead-letter it a second time. */
-        struct sk_broker *consumer = sk_links_consumer(p->links);
-        if (consumer != NULL &&
-            sk_broker_ack_one(consumer, j->delivery->delivery_tag, &err) == SK_OK)
-            j->exit.how = SK_ACKED;
-        return;
-    }
-    snprintf(text, sizeof(text), "dead-lettered by the broker (no reason headers; %s: %s; "
-             "no copy: %s)", sk_metrics_reason_name(reason), why, err.msg);
-    /* Counted by the exit, once the broker took the reject. */
-    j->exit.dead_reason = reason;
-    sk_job_finish(j, SK_DEAD_LETTER, text);
+    sk_letter_give_up(p, j, SK_METRICS_FAILED, why);
 }
 
 /* Sends a confirmed copy that comes back after delay_ms, then acks, and
@@ -651,65 +442,26 @@ bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms, ui
         char text[sizeof(j->exit.text)];
         snprintf(text, sizeof(text), "%s: re-scheduled in %u ms%s%s", outcome, delay_ms,
                  error != NULL && error[0] != '\0' ? ": " : "", error != NULL ? error : "");
-        sk_job_finish(j, SK_ACK, text);
+        /* The cause in prose ("lock busy") is the event's reason word. */
+        char reason[sizeof(j->exit.reason)];
+        snprintf(reason, sizeof(reason), "%s", outcome);
+        for (char *c = strchr(reason, ' '); c != NULL; c = strchr(c, ' '))
+            *c = '_';
+        sk_job_finish(j, SK_ACK, next_attempt > j->env.delivery_attempt
+                      ? SK_OUTCOME_RETRY : SK_OUTCOME_RESCHEDULED, reason, text);
         return true;
     }
     if (connected && err.code == SK_ERR) {
         char why[700];
         snprintf(why, sizeof(why), "cannot be re-scheduled (%s): %s", outcome, err.msg);
         sk_log_job(SK_LOG_WARN, &j->log, "job malformed: %s", why);
-        dead_letter(p, j, true, SK_METRICS_MALFORMED, why);
+        sk_letter_dead(p, j, true, SK_METRICS_MALFORMED, why);
         return false;
     }
     /* A nacked copy (a delay queue electing its leader) leaves the
      * connection sound: sk_links_drop() keeps it, so the hand-back costs
      * no reconnect. */
     sk_links_drop(p->links, SK_LINK_PUBLISHER, &j->log, &err);
-    sk_job_finish(j, SK_REQUEUE, "could not re-schedule, handed back to the broker");
-    j->exit.pause_ms = (uint32_t)sk_jitter(100, 1000);
+    sk_job_hand_back(j, "reschedule_failed", "could not re-schedule, handed back to the broker");
     return false;
-}
-
-/* Counts before the failpoint: a worker killed right after COMMIT has
- * committed, and a later copy will be a duplicate of a counted completion. */
-void sk_job_transition(struct sk_job *j, enum sk_job_state to)
-{
-    sk_assert(legal_from[to] & FROM(j->state));
-    j->state = to;
-    if (to == SK_JOB_CLAIMED) {
-        j->claimed_ns = sk_now_ns();
-    } else if (to == SK_JOB_COMMITTED) {
-        sk_metrics_inc(j->metrics, SK_METRIC_COMPLETIONS);
-        sk_metrics_duration(j->metrics, sk_now_ns() - j->claimed_ns);
-    }
-    sk_log_job(SK_LOG_DEBUG, &j->log, "%s", state_names[to]);
-    if (state_failpoints[to] != NULL)
-        sk_failpoint(state_failpoints[to], j->env.idempotency_key);
-}
-
-/* A batch's fast path rolled its whole transaction back (batch.c): the
- * job's claim went with it, so it stands where it stood before its claim,
- * and is claimed again. The one way back in the states, and only from a
- * claim that no COMMIT made true. */
-void sk_job_rewind(struct sk_job *j)
-{
-    sk_assert(j->state == SK_JOB_CLAIMED || j->state == SK_JOB_HANDLED);
-    j->state = j->lock.held || j->lock.shared ? SK_JOB_LOCKED : SK_JOB_RECEIVED;
-    free(j->out.result);
-    j->out = (struct sk_outcome){ .status = SEKALI_OK };
-    sk_log_job(SK_LOG_DEBUG, &j->log, "claim rolled back with its batch");
-}
-
-/* The only exit of a delivered job: ack it (effect durable, duplicate, or a
- * confirmed copy made), requeue it, or let the broker dead-letter it. Only
- * decided here, once; sk_span_settle() drops the span's locks and then
- * carries the exits out in delivery order. The ack may leave later (see
- * sk_broker_ack()): by then the outcome is already durable, so releasing
- * the lock first is safe, and a redelivery of an unsent ack finds a
- * completed key. */
-void sk_job_finish(struct sk_job *j, enum sk_disposition d, const char *text)
-{
-    sk_job_transition(j, SK_JOB_SETTLED);
-    j->exit.how = d;
-    snprintf(j->exit.text, sizeof(j->exit.text), "%s", text);
 }

@@ -1,43 +1,16 @@
-/* job.h - the pipeline of a delivery (span.c drives, job.c decides), and
- * what it runs on.
+/* job.h - the pipeline of a delivery (span.c drives, job.c decides), as
+ * the worker process calls it.
  *
- * The worker process (worker.c) assembles a struct sk_pipeline once and
- * hands it each delivery; the pipeline never calls back into the worker.
- * Everything it needs from the process is in this struct, and everything it
- * needs from the servers goes through the links. */
+ * The worker process (worker.c) assembles a struct sk_pipeline (pipeline.h)
+ * once and hands it each delivery; the pipeline never calls back into the
+ * worker. Everything it needs from the process is in that struct, and
+ * everything it needs from the servers goes through the links. */
 #ifndef SK_JOB_H
 #define SK_JOB_H
 
 #include "amqp_lib.h"
 
-#include "config.h"
-#include "host.h"
-
-struct sk_heartbeat;
-struct sk_links;
-struct sk_pause;
-struct sk_metrics_queue;
-struct sk_slot;
-struct sk_span;
-
-/* Owned by the worker process for its whole life; sk_span_process() reads
- * it and uses its parts, and writes only ctx and its scoreboard slot. */
-struct sk_pipeline {
-    const struct sk_conf        *conf;
-    const struct sk_queue_conf  *queue;
-    const struct sekali_handler *handler;
-    void                        *handler_state;  /* what handler->init() gave */
-    struct sk_links             *links;          /* the servers, and their outages */
-    struct sk_pause             *pause;          /* the queue's pause, obeyed between jobs */
-    struct sk_heartbeat         *heartbeat;      /* NULL when nothing needs renewing */
-    struct sk_metrics_queue     *metrics;        /* our queue's shared counters */
-    struct sk_slot              *slot;           /* ours in the supervisor's scoreboard */
-    char                         owner[128];     /* host:pid, recorded with each claim */
-    struct sekali_ctx            ctx;            /* reused for every job */
-    struct sk_span              *span;           /* jobs in flight: span.c's, made on first use */
-    uint32_t                     ready_delay_ms; /* handler->ready() refused: the backoff */
-    int64_t                      ready_next_ms;  /* ... and when to ask it again */
-};
+#include "pipeline.h"
 
 /* Runs one delivery through the pipeline, as a span of one, to its ack,
  * requeue or dead letter. The delivery stays owned by the caller. Blocks

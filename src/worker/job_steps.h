@@ -31,7 +31,7 @@ struct sk_pipeline;
  * is the only way between them: it asserts the move is legal, logs it and,
  * in a fault build, is where a test can kill the worker. Adding a state?
  * Give it a name, a failpoint (or NULL) and its legal predecessors in
- * job.c. */
+ * job_state.c. */
 enum sk_job_state {
     SK_JOB_NEW,          /* delivered, not yet validated */
     SK_JOB_RECEIVED,     /* validated: its key is known */
@@ -43,6 +43,20 @@ enum sk_job_state {
     SK_JOB_ACKED,        /* the broker has our ack: the delivery is done with */
     SK_JOB_HANDED_BACK,  /* requeued, rejected, or its ack lost: the broker decides */
     SK_JOB_STATES
+};
+
+/* What became of a job: its outcome event's `outcome` (log.h's
+ * SK_EVENT_OUTCOME, sekalid(8) LOGGING). Adding one? Name it in
+ * outcome_names[] (job_state.c) and in the man page. */
+enum sk_job_outcome {
+    SK_OUTCOME_COMPLETED,    /* its effect is committed (external: recorded) */
+    SK_OUTCOME_DUPLICATE,    /* its key was done already: not run */
+    SK_OUTCOME_CANCELLED,    /* its key was cancelled: not run, or its outcome refused */
+    SK_OUTCOME_FENCED_OUT,   /* another worker owns the job: that one's outcome stands */
+    SK_OUTCOME_RETRY,        /* a copy comes back later as the next attempt */
+    SK_OUTCOME_RESCHEDULED,  /* a copy comes back later as the same attempt */
+    SK_OUTCOME_DEAD,         /* dead-lettered */
+    SK_OUTCOME_HANDED_BACK,  /* back to the queue unchanged: a server failed it */
 };
 
 /* What happens to the delivery itself once the job's outcome is settled. */
@@ -78,6 +92,7 @@ struct sk_job {
     struct sk_claim    claim;
     struct sk_keyref   ref;         /* the key, for the store and the lease */
     uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
+    uint64_t           admitted_ns; /* CLOCK_MONOTONIC at admission, for the outcome's ms */
     bool               same_key;    /* an earlier job of the span has the same key */
     bool               leased;      /* external mode: the heartbeat renews our lease */
     /* The handler's outcome, kept until the span's COMMIT says what
@@ -96,6 +111,8 @@ struct sk_job {
      * leave before every job ahead of it is settled. */
     struct {
         enum sk_disposition how;
+        enum sk_job_outcome outcome;
+        char     reason[32];   /* the outcome's reason, a word; "": none */
         int      dead_reason;  /* an enum sk_metrics_reason, for SK_DEAD_LETTER */
         char     text[1300];   /* the exit's log line: dead_letter()'s is the longest */
         uint32_t pause_ms;     /* a server is failing: wait this long after the exit */
@@ -217,13 +234,24 @@ void sk_job_reply(struct sk_pipeline *p, struct sk_job *j, const void *result, s
  * its key was cancelled while it ran; false otherwise, the job untouched.
  * Outside any job transaction. */
 bool sk_job_refused_cancelled(struct sk_pipeline *p, struct sk_job *j);
+/* A confirmed copy for later (job.c): `outcome` is the cause in a word or
+ * two ("lock busy", "retry"), the outcome event's reason with _ for spaces;
+ * the next attempt past the job's own makes it a retry. */
 bool sk_job_later(struct sk_pipeline *p, struct sk_job *j, uint32_t delay_ms,
                   uint32_t next_attempt, const char *error, const char *outcome);
 void sk_job_transition(struct sk_job *j, enum sk_job_state to);
 /* Back to before the claim, whose transaction was rolled back unseen. */
 void sk_job_rewind(struct sk_job *j);
 /* Decides the job's exit (carried out by sk_span_settle()): the job is
- * settled. */
-void sk_job_finish(struct sk_job *j, enum sk_disposition d, const char *text);
+ * settled. outcome and reason (a word, or NULL) are what its outcome event
+ * will say, text its prose. */
+void sk_job_finish(struct sk_job *j, enum sk_disposition d, enum sk_job_outcome outcome,
+                   const char *reason, const char *text);
+/* SK_OUTCOME_HANDED_BACK (SK_REQUEUE) with a pause of 0.1-1 s after the
+ * exit: a server failed the job on its way. */
+void sk_job_hand_back(struct sk_job *j, const char *reason, const char *text);
+/* The exit carried out (sent: the broker took the ack or reject; false:
+ * the consumer was lost): the job's last state, and its outcome event. */
+void sk_job_exited(struct sk_job *j, bool sent);
 
 #endif

@@ -10,6 +10,10 @@
 #include <libpq-fe.h>
 
 #include "common.h"
+#include "metrics.h"
+
+struct sk_job;
+struct sk_pipeline;
 
 /* What the worker knows of a dead letter beyond its message. Borrowed
  * strings; NULL where unknown. */
@@ -45,5 +49,23 @@ int sk_letter_record(PGconn *pg, const struct sk_letter *l, const amqp_envelope_
  * invalid bytes and NUL become U+FFFD, and a cut falls on a character's
  * boundary. Returns out. */
 char *sk_letter_text(char *out, size_t size, const void *s, size_t len);
+
+/* How a job becomes a dead letter. Each settles the job (sk_job_finish());
+ * a round trip to PostgreSQL, and one to the broker for a copy. The worker
+ * process's main thread only, outside any job transaction. */
+
+/* Records the job's key failed with its letter, then acks; a PostgreSQL
+ * down hands the job back, a refusal for good makes it unrecorded. */
+void sk_letter_give_up(struct sk_pipeline *p, struct sk_job *j, enum sk_metrics_reason reason,
+                       const char *why);
+/* A letter whose key stays as it is (malformed when !parsed, beyond
+ * retention, unrecorded): its row, else a copy to <queue>.dead, else the
+ * broker's own dead-lettering. */
+void sk_letter_dead(struct sk_pipeline *p, struct sk_job *j, bool parsed,
+                    enum sk_metrics_reason reason, const char *why);
+/* An outcome (`what`: "its completion", "its failure") that PostgreSQL
+ * refused for good: dead-lettered as unrecorded, saying why. */
+void sk_letter_unrecorded(struct sk_pipeline *p, struct sk_job *j, const char *what,
+                          const char *why, const struct sk_err *refusal);
 
 #endif

@@ -534,7 +534,7 @@ static bool settle_outcomes(struct sk_pipeline *p, struct sk_span *s, const stru
         if (j->out.status == SEKALI_OK && rc == SK_OK) {
             sk_job_transition(j, SK_JOB_COMMITTED);
             sk_job_reply(p, j, j->out.result, j->out.result_len);
-            sk_job_finish(j, SK_ACK, "completed");
+            sk_job_finish(j, SK_ACK, SK_OUTCOME_COMPLETED, NULL, "completed");
             continue;
         }
         if (j->out.status == SEKALI_OK && refused && !w->alone) {
@@ -565,7 +565,7 @@ static void abandon(struct sk_pipeline *p, struct sk_span *s, const char *why)
             continue;
         char text[200];
         snprintf(text, sizeof(text), "%s, handed back to the broker", why);
-        sk_job_finish(j, SK_REQUEUE, text);
+        sk_job_finish(j, SK_REQUEUE, SK_OUTCOME_HANDED_BACK, "transaction_lost", text);
     }
 }
 
@@ -607,9 +607,7 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         } else {
             /* An earlier exit found the consumer gone: the broker puts this
              * delivery back itself, and its redelivery finds what we did. */
-            sk_job_transition(j, SK_JOB_HANDED_BACK);
-            sk_log_job(SK_LOG_INFO, &j->log, "%s; not acked: the consumer was lost",
-                       j->exit.text);
+            sk_job_exited(j, false);
         }
         free(j->out.result);
         j->out.result = NULL;
@@ -680,11 +678,9 @@ static void exit_job(struct sk_pipeline *p, struct sk_job *j)
     int rc = how == SK_ACKED ? SK_OK
            : how == SK_ACK   ? sk_broker_ack(consumer, tag, &err)
                              : sk_broker_reject(consumer, tag, how == SK_REQUEUE, &err);
-    bool acked = (how == SK_ACK || how == SK_ACKED) && rc == SK_OK;
-    sk_job_transition(j, acked ? SK_JOB_ACKED : SK_JOB_HANDED_BACK);
+    sk_job_exited(j, rc == SK_OK);
     if (how == SK_DEAD_LETTER && rc == SK_OK)
         sk_metrics_dead_letter(j->metrics, j->exit.dead_reason);
-    sk_log_job(SK_LOG_INFO, &j->log, "%s", j->exit.text);
     if (rc != SK_OK)
         sk_links_drop(p->links, SK_LINK_CONSUMER, &j->log, &err);
 }

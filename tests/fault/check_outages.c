@@ -73,7 +73,7 @@ START_TEST(test_redis_stopped_mid_run_with_wait_policy)
     start(&r, "redis-wait", "    on_redis_down: wait\n");
     servers("stop-redis");
     publish_jobs(&r, 0, JOBS, "ok");
-    H_WAIT(h_count_lines(r.log, "redis down: re-scheduled") >= 4, 30000,
+    H_WAIT(h_count_outcomes(r.log, "rescheduled", "redis_down") >= 4, 30000,
            "the workers should hold jobs back while Redis is gone");
     /* Redis is provably down here, and no job may run without its lock. */
     ck_assert_int_eq(h_completed(&r), 0);

@@ -114,8 +114,7 @@ static int start_quorum(struct h_run *r, const char *name)
     h_publish(r->b, r->queue, "test", "m-2", "k-2", NULL, "fail");
     h_publish(r->b, r->queue, "test", "m-3", "k-3", NULL, "retry");
     h_publish_raw(r->b, r->queue, NULL, "test", NULL, 0, "{}", 2);
-    H_WAIT(h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
-                             "AND status = 'failed'", r->queue) == 3, 60000,
+    H_WAIT(h_failed(r) == 3, 60000,
            "three keys should be recorded failed");
     H_WAIT(listed(r) == 4, 30000, "dlq list should show 4 dead letters, shows %d", listed(r));
     return port;

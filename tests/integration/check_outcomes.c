@@ -13,16 +13,6 @@
 
 #include "harness.h"
 
-static const char *key_status(struct h_run *r, const char *key, char *buf, size_t size)
-{
-    PGresult *res = PQexecParams(r->pg, "SELECT status FROM sekali.idempotency_keys "
-                                        "WHERE queue = $1 AND key = $2", 2, NULL,
-                                 (const char *[]){ r->queue, key }, NULL, NULL, 0);
-    snprintf(buf, size, "%s", PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "absent");
-    PQclear(res);
-    return buf;
-}
-
 /* Takes the one dead letter and checks its reason and error headers. */
 static void expect_dead(struct h_run *r, const char *reason, const char *error_part,
                         int64_t attempts)
@@ -97,7 +87,7 @@ START_TEST(test_failure_in_the_middle_of_a_batch_leaves_the_others_committed)
     h_run_stop(&r);
     h_expect_once(&r, 6, 1);
     char status[32];
-    ck_assert_str_eq(key_status(&r, "k-fail", status, sizeof(status)), "failed");
+    ck_assert_str_eq(h_key_status(&r, "k-fail", status, sizeof(status)), "failed");
     ck_assert_int_eq(h_effects(&r, "k-fail"), 0);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
                                       "'%s' AND idempotency_key = 'k-retry'", r.queue), 2);
@@ -138,7 +128,7 @@ START_TEST(test_jobs_on_one_resource_share_their_batchs_lock)
     H_WAIT(!h_redis_exists(lock), 20000, "the resource's lock %s should be released", lock);
     h_run_stop(&r);
     h_expect_once(&r, 4, 1);
-    ck_assert_int_eq(h_count_lines(r.log, "lock busy"), 0);
+    ck_assert_int_eq(h_count_outcomes(r.log, "rescheduled", "lock_busy"), 0);
     /* One transaction: one now() (the copy's duplicate count has since
      * rewritten k-1's row, so its xmin cannot tell). */
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(DISTINCT completed_at) FROM "
@@ -349,7 +339,7 @@ START_TEST(test_exhausted_retries_dead_letter_with_headers)
     h_publish(r.b, r.queue, "test", "exhaust-1", "k-exhaust", NULL, "retry_always");
     expect_dead(&r, "retries_exhausted", "always asks to be retried", 3);
     char status[32];
-    ck_assert_str_eq(key_status(&r, "k-exhaust", status, sizeof(status)), "failed");
+    ck_assert_str_eq(h_key_status(&r, "k-exhaust", status, sizeof(status)), "failed");
     ck_assert_int_eq(h_effects(&r, "k-exhaust"), 0);
     h_run_stop(&r);
     h_run_close(&r);
@@ -364,7 +354,7 @@ START_TEST(test_failed_job_is_dead_lettered_and_recorded)
     h_publish(r.b, r.queue, "test", "fail-1", "k-fail", NULL, "fail");
     expect_dead(&r, "failed", "the job asked to fail", 1);
     char status[32];
-    ck_assert_str_eq(key_status(&r, "k-fail", status, sizeof(status)), "failed");
+    ck_assert_str_eq(h_key_status(&r, "k-fail", status, sizeof(status)), "failed");
     /* A later copy of a failed key is a duplicate, not a second attempt. */
     h_publish(r.b, r.queue, "test", "fail-2", "k-fail", NULL, "ok");
     H_WAIT(h_duplicates(&r) == 1, 20000, "the copy of a failed key should be a duplicate");
@@ -500,7 +490,7 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
     ck_assert_msg(busy >= 1, "sekali_lock_busy_total should count the busy lock, is %g", busy);
     h_run_stop(&r);
 
-    ck_assert_msg(h_count_lines(r.log, "lock busy: re-scheduled") >= 1,
+    ck_assert_msg(h_count_outcomes(r.log, "rescheduled", "lock_busy") >= 1,
                   "the second job should have been re-scheduled for the busy lock");
     /* Not a failed attempt: it ran as attempt 1. */
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT attempt FROM sekali_test.effects WHERE queue = "
@@ -634,16 +624,16 @@ START_TEST(test_failure_postgresql_refuses_is_dead_lettered_unrecorded_and_the_n
     h_publish(r.b, r.queue, "test", "next-1", "k-next", NULL, "ok");
 
     H_WAIT(h_effects(&r, "k-next") == 1, 20000,
-           "the job behind the unrecordable failure should run (%d lines of \"recording "
-           "failure failed\" so far)", h_count_lines(r.log, "recording failure failed"));
+           "the job behind the unrecordable failure should run (%d hand-backs so far)",
+           h_count_outcomes(r.log, "handed_back", NULL));
     expect_dead(&r, "unrecorded", "its failure could not be recorded", 1);
     H_WAIT(h_metric(port, "sekali_dead_letters_total{queue=\"%s\",job_type=\"test\","
                           "reason=\"unrecorded\"}", r.queue) == 1, 10000,
            "the dead letter should be counted with reason unrecorded");
     h_run_stop(&r);
     char status[32];
-    ck_assert_str_eq(key_status(&r, "k-refused", status, sizeof(status)), "absent");
-    ck_assert_int_eq(h_count_lines(r.log, "failure not recorded, handed back"), 0);
+    ck_assert_str_eq(h_key_status(&r, "k-refused", status, sizeof(status)), "absent");
+    ck_assert_int_eq(h_count_outcomes(r.log, "handed_back", "failure_not_recorded"), 0);
     snprintf(sql, sizeof(sql), "DROP TRIGGER \"refuse_%s\" ON sekali.idempotency_keys", r.queue);
     h_pg_exec(r.pg, sql);
     snprintf(sql, sizeof(sql), "DROP FUNCTION sekali_test.\"refuse_%s\"()", r.queue);

@@ -46,7 +46,7 @@ START_TEST(test_a_job_older_than_the_retention_is_dead_lettered_not_run)
     H_WAIT(h_metric(port, "sekali_dead_letters_total{queue=\"%s\",job_type=\"test\","
                           "reason=\"beyond_retention\"}", r.queue) == 1, 10000,
            "the quarantine should be counted");
-    ck_assert_int_eq(h_count_lines(r.log, "job beyond retention"), 1);
+    ck_assert_int_eq(h_count_outcomes(r.log, "dead", "beyond_retention"), 1);
     h_run_stop(&r);
     h_run_close(&r);
 }

@@ -61,12 +61,6 @@ static long long bookings(const struct h_run *r, const char *key)
                              "key = '%s'", r->queue, key);
 }
 
-static long long failed(const struct h_run *r)
-{
-    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
-                             "AND status = 'failed'", r->queue);
-}
-
 /* 1 when key failed with an error matching the LIKE pattern. */
 static long long failed_with(const struct h_run *r, const char *key, const char *like)
 {
@@ -168,9 +162,9 @@ START_TEST(test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_t
     h_publish(r.b, r.queue, "book", "m-huge", "huge", NULL, huge);
     h_publish(r.b, r.queue, "book", "m-ok", "ok", NULL, "{\"amount\": 5}");
 
-    H_WAIT(h_completed(&r) == 3 && failed(&r) == 5, 60000,
+    H_WAIT(h_completed(&r) == 3 && h_failed(&r) == 5, 60000,
            "3 jobs should complete and 5 fail: %lld completed, %lld failed", h_completed(&r),
-           failed(&r));
+           h_failed(&r));
     /* Transient class 40 and the function's own SKRTY: retried, then done. */
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_sqlh.bookings WHERE queue = "
                                       "'%s' AND key IN ('transient', 'retry') AND attempt = 2",
@@ -235,10 +229,10 @@ START_TEST(test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_r
     h_publish(r.b, r.queue, "cast", "m-cut", "cut", NULL, body);
     h_publish(r.b, r.queue, "cast", "m-good", "good", NULL, "42");
 
-    H_WAIT(h_completed(&r) == 1 && failed(&r) == 1, 30000,
+    H_WAIT(h_completed(&r) == 1 && h_failed(&r) == 1, 30000,
            "the job behind should complete and the cut one fail: %lld completed, %lld failed, "
-           "%d hand-backs of an unrecorded failure", h_completed(&r), failed(&r),
-           h_count_lines(r.log, "failure not recorded, handed back"));
+           "%d hand-backs of an unrecorded failure", h_completed(&r), h_failed(&r),
+           h_count_outcomes(r.log, "handed_back", "failure_not_recorded"));
     ck_assert_int_eq(failed_with(&r, "cut", "%SQLSTATE 22P02: invalid input syntax for type "
                                             "integer: \"xxx%"), 1);
     /* The handler's 400 bytes end in the first é's first byte: that one
@@ -256,7 +250,7 @@ START_TEST(test_error_cut_inside_a_character_is_recorded_and_the_job_behind_it_r
     ck_assert_msg(strstr(error, "SQLSTATE 22P02") != NULL, "x-sekali-error: %s", error);
     amqp_destroy_message(&msg);
     h_run_stop(&r);
-    ck_assert_int_eq(h_count_lines(r.log, "recording failure failed"), 0);
+    ck_assert_int_eq(h_count_outcomes(r.log, "handed_back", "failure_not_recorded"), 0);
     free(yaml);
     h_run_close(&r);
 }
@@ -281,9 +275,9 @@ START_TEST(test_failing_job_in_a_batch_of_16_leaves_its_batch_mates_committed)
         h_publish(r.b, r.queue, "book", id, key, NULL, i == 7 ? "{\"do\": \"unique\"}"
                                                               : "{\"amount\": 1}");
     }
-    H_WAIT(h_completed(&r) == 15 && failed(&r) == 1, 30000,
+    H_WAIT(h_completed(&r) == 15 && h_failed(&r) == 1, 30000,
            "15 batch-mates should commit and 1 fail: %lld completed, %lld failed",
-           h_completed(&r), failed(&r));
+           h_completed(&r), h_failed(&r));
     h_run_stop(&r);
     ck_assert_int_eq(bookings(&r, NULL), 15);
     ck_assert_int_eq(bookings(&r, "b-7"), 0);
@@ -348,7 +342,7 @@ START_TEST(test_missing_function_holds_jobs_until_it_is_created)
     ck_assert_int_ge(h_count_lines(r.log, r.queue), 2);
     ck_assert_int_ge(h_count_lines(r.log, "SQLSTATE 42883"), 2);
     ck_assert_int_ge(h_count_lines(r.log, "at character 8 of the statement"), 1);
-    ck_assert_int_eq(h_completed(&r) + failed(&r), 0);
+    ck_assert_int_eq(h_completed(&r) + h_failed(&r), 0);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
     /* Not held by the worker: all five ready in the queue, no consumer. */
     ck_assert_int_eq(h_queue_depth(r.b, r.queue), 5);
@@ -393,7 +387,7 @@ START_TEST(test_missing_function_holds_jobs_until_it_is_created)
     free(out);
     h_run_stop(&r);
     ck_assert_int_eq(bookings(&r, NULL), 5);
-    ck_assert_int_eq(failed(&r), 0);
+    ck_assert_int_eq(h_failed(&r), 0);
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
     free(yaml);
     h_run_close(&r);
@@ -584,9 +578,9 @@ START_TEST(test_a_statement_returning_more_than_max_rows_fails_its_job_and_write
     h_publish(r.b, r.queue, "book", "m-100", "rows-100", NULL, "100");
     h_publish(r.b, r.queue, "book", "m-101", "rows-101", NULL, "101");
     h_publish(r.b, r.queue, "book", "m-huge", "rows-huge", NULL, "2000000");
-    H_WAIT(h_completed(&r) == 1 && failed(&r) == 2, 60000,
+    H_WAIT(h_completed(&r) == 1 && h_failed(&r) == 2, 60000,
            "1 job should complete and 2 fail: %lld completed, %lld failed", h_completed(&r),
-           failed(&r));
+           h_failed(&r));
     h_run_stop(&r);
     ck_assert_int_eq(bookings(&r, "rows-100"), 1);
     ck_assert_int_eq(bookings(&r, "rows-101"), 0);
