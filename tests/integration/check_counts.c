@@ -137,16 +137,27 @@ START_TEST(test_dlq_groups_count_letters_without_reading_them)
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
     letters(r.pg, r.queue);
 
-    H_WAIT(ctl_backends(r.pg) == 0, 10000, "no sekalictl should be connected");
-    long long before = letters_read(r.pg);
+    /* The table's read counters are the whole server's: another session's
+     * statistics arriving in the window (a test's sekalid just gone) add to
+     * one try, never to every try, while groups that read the letters read
+     * them each time. So the least of three tries is what groups read. */
     char *out = NULL;
-    int rc = h_sekalictl(&r, &out, (const char *const[]){ "dlq", "groups", r.queue, "--json",
-                                                          NULL });
-    ck_assert_msg(rc == 0, "dlq groups should succeed: %s", out);
-    H_WAIT(ctl_backends(r.pg) == 0, 10000, "sekalictl's session should end");
-    long long read = letters_read(r.pg) - before;
-    ck_assert_msg(read < MANY / 4, "dlq groups read %lld dead letters' rows for 3 groups of "
-                  "%d letters: it should read their counts", read, MANY);
+    long long read = -1;
+    for (int try = 0; try < 3 && (read < 0 || read >= MANY / 4); try++) {
+        free(out);
+        out = NULL;
+        H_WAIT(ctl_backends(r.pg) == 0, 10000, "no sekalictl should be connected");
+        long long before = letters_read(r.pg);
+        int rc = h_sekalictl(&r, &out, (const char *const[]){ "dlq", "groups", r.queue,
+                                                              "--json", NULL });
+        ck_assert_msg(rc == 0, "dlq groups should succeed: %s", out);
+        H_WAIT(ctl_backends(r.pg) == 0, 10000, "sekalictl's session should end");
+        long long this_try = letters_read(r.pg) - before;
+        read = read < 0 || this_try < read ? this_try : read;
+    }
+    ck_assert_msg(read < MANY / 4, "dlq groups read at least %lld dead letters' rows (the "
+                  "least of 3 tries) for 3 groups of %d letters: it should read their counts",
+                  read, MANY);
 
     /* The groups as the letters give them: counts, bounds, an example. */
     ck_assert_msg(strstr(out, "{\"reason\":\"failed\",\"fingerprint\":\"timeout after {n} ms\","
