@@ -23,13 +23,6 @@
 
 #define RUN_MS 30000   /* the window */
 
-static void servers(const char *command)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
-    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
-}
-
 static char *config_for(struct h_run *r, const char *dir, const char *schedule)
 {
     char top[1024];
@@ -124,7 +117,7 @@ START_TEST(test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_r
     pg_text(r.pg, "SELECT pg_postmaster_start_time()::text", started_before,
             sizeof(started_before));
     PQfinish(r.pg);
-    servers("restart-postgres");
+    h_servers("restart-postgres");
     r.pg = h_pg();
     pg_text(r.pg, "SELECT pg_postmaster_start_time()::text", started_after,
             sizeof(started_after));
