@@ -32,6 +32,16 @@ static void publish_jobs(struct h_run *r, int from, int to, const char *body)
     }
 }
 
+/* Starts the run and publishes the first half of the jobs; returns once 50
+ * are done, so that the fault (before what) comes mid-run. */
+static void start_mid_run(struct h_run *r, const char *name, const char *queue_yaml,
+                          const char *what)
+{
+    start(r, name, queue_yaml);
+    publish_jobs(r, 0, JOBS / 2, "sleep:5");
+    H_WAIT(h_completed(r) >= 50, 30000, "50 jobs should complete before %s", what);
+}
+
 /* Exactly once: JOBS keys completed, JOBS effects, none doubled, queue
  * empty. Copies that an outage had redelivered may be duplicates. */
 static void expect_exactly_once(struct h_run *r)
@@ -46,9 +56,7 @@ static void expect_exactly_once(struct h_run *r)
 START_TEST(test_redis_stopped_mid_run_with_proceed_policy)
 {
     struct h_run r;
-    start(&r, "redis-proceed", "    on_redis_down: proceed\n");
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the outage");
+    start_mid_run(&r, "redis-proceed", "    on_redis_down: proceed\n", "the outage");
     h_servers("stop-redis");
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
     H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS) >= 1, 30000,
@@ -80,9 +88,7 @@ END_TEST
 START_TEST(test_postgres_restarted_mid_run)
 {
     struct h_run r;
-    start(&r, "pg-restart", NULL);
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
+    start_mid_run(&r, "pg-restart", NULL, "the restart");
     PQfinish(r.pg);
     h_servers("restart-postgres");
     r.pg = h_pg();
@@ -103,9 +109,7 @@ END_TEST
 START_TEST(test_rabbitmq_connections_closed_mid_run)
 {
     struct h_run r;
-    start(&r, "amqp-close", NULL);
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the connections close");
+    start_mid_run(&r, "amqp-close", NULL, "the connections close");
     sk_broker_close(r.b);
     ck_assert_int_eq(system("\"$SEKALI_RABBITMQCTL\" close_all_connections test "
                             ">/dev/null 2>&1"), 0);
@@ -121,9 +125,7 @@ END_TEST
 START_TEST(test_rabbitmq_restarted_mid_run)
 {
     struct h_run r;
-    start(&r, "amqp-restart", NULL);
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
+    start_mid_run(&r, "amqp-restart", NULL, "the restart");
     sk_broker_close(r.b);
     h_servers("restart-rabbitmq");
     r.b = h_broker();
