@@ -153,15 +153,15 @@ int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
 
     if (v->type != YAML_SEQUENCE_NODE && !sk_walk_is_null(v))
         return sk_walk_fail(L, v, "queues: expected a sequence, got %s", sk_walk_kind(v));
-    if (sk_walk_is_null(v) || v->data.sequence.items.top == v->data.sequence.items.start)
+    if (sk_walk_is_null(v) || sk_walk_items(v) == 0)
         return sk_walk_fail(L, v, "queues must list at least one queue");
-    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    size_t n = sk_walk_items(v);
     if ((c->queues = calloc(n, sizeof(*c->queues))) == NULL)
         return sk_walk_fail(L, v, "out of memory");
     c->n_queues = n;
 
     for (size_t i = 0; i < n; i++) {
-        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        yaml_node_t *item = sk_walk_item(L, v, i);
 
         c->queues[i] = queue_defaults;
         snprintf(label, sizeof(label), "queues[%zu]", i);
@@ -170,7 +170,7 @@ int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
             (rc = check_priority(L, item, &c->queues[i])) != SK_OK)
             return rc;
         for (size_t j = 0; j < i; j++) {
-            yaml_node_t *first = sk_walk_node(L, v->data.sequence.items.start[j]);
+            yaml_node_t *first = sk_walk_item(L, v, j);
             size_t line = sk_walk_find(L, first, "name")->start_mark.line + 1;
             if (strcmp(c->queues[j].name, c->queues[i].name) == 0)
                 return sk_walk_fail(L, sk_walk_find(L, item, "name"),
