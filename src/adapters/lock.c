@@ -51,14 +51,16 @@
  * release look at the key's type, so either works on both, and a queue's
  * concurrency changed under a held key leaves it busy until it expires. */
 #define SEM_NOW "local tm = redis.call('time') local now = tm[1] * 1000 + math.floor(tm[2] / 1000) "
-#define SEM_KEEP(k) "redis.call('pexpireat', " k ", redis.call('zrange', " k ", -1, -1, 'withscores')[2]) "
+/* The key outlives every holder: its expiry only ever moves later. */
+#define SEM_KEEP(k, ttl) "if redis.call('pttl', " k ") < tonumber(" ttl ") then " \
+    "redis.call('pexpire', " k ", " ttl ") end "
 
 /* KEYS[1] = lock key, ARGV[1] = owner token, ARGV[2] = ttl in ms. */
 static const char renew_script[] =
     "if redis.call('type', KEYS[1]).ok == 'zset' then " SEM_NOW
     "local s = redis.call('zscore', KEYS[1], ARGV[1]) "
     "if not s or tonumber(s) <= now then return 0 end "
-    "redis.call('zadd', KEYS[1], 'XX', now + ARGV[2], ARGV[1]) " SEM_KEEP("KEYS[1]")
+    "redis.call('zadd', KEYS[1], 'XX', now + ARGV[2], ARGV[1]) " SEM_KEEP("KEYS[1]", "ARGV[2]")
     "return 1 end "
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
@@ -89,7 +91,7 @@ static const char swap_script[] =
     "now = tm[1] * 1000 + math.floor(tm[2] / 1000) end "
     "redis.call('zremrangebyscore', k, '-inf', now) "
     "if redis.call('zcard', k) < lim then "
-    "redis.call('zadd', k, now + ARGV[2], t) " SEM_KEEP("k") "out[i] = 1 "
+    "redis.call('zadd', k, now + ARGV[2], t) " SEM_KEEP("k", "ARGV[2]") "out[i] = 1 "
     "else out[i] = 0 end "
     "end "
     "end "
