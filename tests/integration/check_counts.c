@@ -96,14 +96,18 @@ START_TEST(test_status_counts_failed_keys_without_reading_them)
 END_TEST
 
 /* What a purge (the janitor's round, sql/012, 023, 028, 034) reads of
- * table beyond the rows it deletes, with batch larger than any table here:
- * a purge that finds expired rows by a time index reads about what it
- * deletes, one that scans reads every retained row too. */
+ * table in a round with nothing expired, with batch larger than any table
+ * here: one that finds expired rows by a time index reads next to nothing,
+ * one that scans reads every retained row. A first call takes what
+ * earlier tests left expired (each row it deletes is read once by the
+ * index and once by its ctid, so that round's count says nothing). */
 static long long purge_reads(PGconn *pg, const char *table, const char *call)
 {
+    h_pg_count(pg, "SELECT %s", call);
     long long before = rows_read(pg, table);
     long long deleted = h_pg_count(pg, "SELECT %s", call);
-    return rows_read(pg, table) - before - deleted;
+    ck_assert_msg(deleted == 0, "%s deleted %lld rows on its second call", call, deleted);
+    return rows_read(pg, table) - before;
 }
 
 START_TEST(test_purges_read_what_expired_not_what_is_retained)
@@ -140,8 +144,8 @@ START_TEST(test_purges_read_what_expired_not_what_is_retained)
         char call[200];
         snprintf(call, sizeof(call), purges[i].call, r.queue);
         long long read = purge_reads(r.pg, purges[i].table, call);
-        ck_assert_msg(read < MANY / 4, "%s read %lld rows of %s beyond those it deleted, with "
-                      "%d retained: it should read only the expired ones", call, read,
+        ck_assert_msg(read < MANY / 4, "%s read %lld rows of %s with nothing expired and %d "
+                      "retained: it should read only the expired ones", call, read,
                       purges[i].table, 4 * MANY);
     }
     h_pg_exec(r.pg, "ROLLBACK");
