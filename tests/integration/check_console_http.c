@@ -741,14 +741,19 @@ static long marked_pid(const char *dir, const char *prefix)
     return pid;
 }
 
-/* sekalictl inflight [--json]'s output, or "" when it failed. */
+/* sekalictl inflight [--json]'s output, or why it failed (no list in it). */
 static char *inflight(struct h_run *r, bool json)
 {
     const char *args[] = { "inflight", json ? "--json" : NULL, NULL };
     char *out = NULL;
-    if (h_sekalictl(r, &out, args) != 0) {
+    int code = h_sekalictl(r, &out, args);
+    if (code != 0) {
+        char *why = NULL;
+        if (asprintf(&why, "sekalictl inflight failed (exit %d): %s", code,
+                     out != NULL ? out : "") < 0)
+            why = NULL;
         free(out);
-        return strdup("");
+        return why != NULL ? why : strdup("");
     }
     return out;
 }
