@@ -110,22 +110,37 @@ static void put_entry(FILE *f, const struct entry *e, int64_t now_ms, int64_t wa
     fprintf(f, ",\"age_ms\":%lld}", (long long)age);
 }
 
-/* A JSON string whose text may be passed on into a page whole: control
- * characters, '"', '\\', '<', '>' and '&' as \u escapes; a string that is
- * not UTF-8 keeps its ASCII and shows U+FFFD for every other byte. */
+/* A JSON string whose text may be passed on whole, into a page or onto a
+ * terminal (as sekalictl's own JSON is): control characters, C0 and C1,
+ * '"', '\\', '<', '>', '&', and the characters that reorder text (bidi
+ * controls and marks, the line and paragraph separators) as \u escapes. A
+ * string that is not UTF-8 keeps its ASCII and shows U+FFFD for every
+ * other byte. */
 static void put_str(FILE *f, const char *s)
 {
     size_t len = strlen(s);
     bool utf8 = sk_text_valid(s, len);
     fputc('"', f);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x80 && !utf8)
+    for (size_t i = 0; i < len;) {
+        const unsigned char *p = (const unsigned char *)s + i;
+        if (*p >= 0x80 && !utf8) {
             fputs("\\ufffd", f);
-        else if (c < 0x20 || c == 0x7f || strchr("\"\\<>&", c) != NULL)
-            fprintf(f, "\\u%04x", c);
+            i++;
+            continue;
+        }
+        size_t n = *p < 0x80 ? 1 : *p < 0xe0 ? 2 : *p < 0xf0 ? 3 : 4;
+        uint32_t cp = n == 1 ? *p
+                    : n == 2 ? ((uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f))
+                    : n == 3 ? ((uint32_t)(p[0] & 0x0f) << 12 | (uint32_t)(p[1] & 0x3f) << 6 |
+                                (p[2] & 0x3f))
+                    : 0x10000;  /* above every character escaped here */
+        if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
+            (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200e || cp == 0x200f || cp == 0x061c ||
+            cp == 0x2028 || cp == 0x2029 || (cp < 0x80 && strchr("\"\\<>&", (int)cp) != NULL))
+            fprintf(f, "\\u%04x", (unsigned)cp);
         else
-            fputc(c, f);
+            fwrite(p, 1, n, f);
+        i += n;
     }
     fputc('"', f);
 }

@@ -19,8 +19,9 @@
 /* The document for the n generations gens (NULLs skipped), oldest job
  * first: {"now": ..., "inflight": [{"queue", "pid", "phase", "key",
  * "job_type", "attempt", "trace_id", "started_at", "age_ms"}, ...]}.
- * Strings escape '<', '>' and '&' as well, so that the text is safe to
- * pass on whole, and bytes that are not UTF-8 become U+FFFD. Malloc'ed,
+ * Strings escape '<', '>', '&', C1 and bidi controls as well, so that the
+ * text is safe to pass on whole into a page or onto a terminal, and bytes
+ * that are not UTF-8 become U+FFFD. Malloc'ed,
  * *len set; NULL when out of memory. */
 char *sk_inflight_json(const struct generation *const *gens, size_t n, size_t *len);
 

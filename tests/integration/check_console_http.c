@@ -773,7 +773,7 @@ START_TEST(test_jobs_in_flight_are_listed_with_escaped_keys_until_they_end_or_di
 {
     static const char key[] = "k-\"<img src=x onerror=alert(1)>\x1b[31m\xe2\x80\xae-end";
     static const char key_json[] =
-        "\"key\":\"k-\\u0022\\u003cimg src=x onerror=alert(1)\\u003e\\u001b[31m\xe2\x80\xae-end\"";
+        "\"key\":\"k-\\u0022\\u003cimg src=x onerror=alert(1)\\u003e\\u001b[31m\\u202e-end\"";
     struct h_run r;
     h_run_open(&r, "inflight");
     char token[1100], top[2000], yaml[1600];
