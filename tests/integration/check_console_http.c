@@ -619,15 +619,12 @@ START_TEST(test_operators_alike_or_malformed_are_refused_at_start)
 }
 END_TEST
 
-/* A queue whose consumers are up but whose every job fails was shown
- * "healthy": the rates now give the window's completed and failed counts,
- * from which the page says "failing". A real sekalid, its real /metrics. */
-START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
+/* Starts a real sekalid on r (opened) with o, its metrics endpoint on and a
+ * console configured beside it (not started); returns the console's port. */
+static int start_with_console(struct h_run *r, struct h_run_opts *o)
 {
-    struct h_run r;
-    h_run_open(&r, "consolefail");
     char token[1100], top[2000];
-    snprintf(token, sizeof(token), "%s/console.token", r.dir);
+    snprintf(token, sizeof(token), "%s/console.token", r->dir);
     FILE *f = fopen(token, "w");
     ck_assert_ptr_nonnull(f);
     fputs(TOKEN "\n", f);
@@ -635,8 +632,20 @@ START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
     int metrics = h_free_port(), port = h_free_port();
     snprintf(top, sizeof(top), "metrics:\n  listen: \"127.0.0.1:%d\"\nconsole:\n  listen: "
              "\"127.0.0.1:%d\"\n  token_file: %s\n", metrics, port, token);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES,
-                                          .top_yaml = top });
+    o->top_yaml = top;
+    h_run_start(r, o);
+    return port;
+}
+
+/* A queue whose consumers are up but whose every job fails was shown
+ * "healthy": the rates now give the window's completed and failed counts,
+ * from which the page says "failing". A real sekalid, its real /metrics. */
+START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
+{
+    struct h_run r;
+    h_run_open(&r, "consolefail");
+    int port = start_with_console(&r, &(struct h_run_opts){ .workers = 1,
+                                                            .queue_yaml = H_FAST_RETRIES });
     struct console c = { .dir = strdup(r.dir), .config = strdup(r.config) };
     snprintf(c.queue, sizeof(c.queue), "%s", r.queue);
     snprintf(c.url, sizeof(c.url), "http://127.0.0.1:%d", port);
@@ -776,17 +785,9 @@ START_TEST(test_jobs_in_flight_are_listed_with_escaped_keys_until_they_end_or_di
         "\"key\":\"k-\\u0022\\u003cimg src=x onerror=alert(1)\\u003e\\u001b[31m\\u202e-end\"";
     struct h_run r;
     h_run_open(&r, "inflight");
-    char token[1100], top[2000], yaml[1600];
-    snprintf(token, sizeof(token), "%s/console.token", r.dir);
-    FILE *f = fopen(token, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(TOKEN "\n", f);
-    fclose(f);
-    int metrics = h_free_port(), port = h_free_port();
-    snprintf(top, sizeof(top), "metrics:\n  listen: \"127.0.0.1:%d\"\nconsole:\n  listen: "
-             "\"127.0.0.1:%d\"\n  token_file: %s\n", metrics, port, token);
+    char yaml[1600];
     snprintf(yaml, sizeof(yaml), "%s    config:\n      marker_dir: %s\n", H_FAST_RETRIES, r.dir);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = yaml, .top_yaml = top });
+    int port = start_with_console(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = yaml });
     char *out = inflight(&r, false);
     ck_assert_msg(strstr(out, "no job is in flight") != NULL, "%s", out);
     free(out);
@@ -833,7 +834,7 @@ START_TEST(test_jobs_in_flight_are_listed_with_escaped_keys_until_they_end_or_di
 
     char path[1200];
     snprintf(path, sizeof(path), "%s/release", r.dir);
-    f = fopen(path, "w");
+    FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
     fclose(f);
     H_WAIT(h_effects(&r, key) == 1, 30000, "the held job should complete");
