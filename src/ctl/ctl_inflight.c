@@ -9,6 +9,7 @@
  * reads it back (a reader of that one flat shape, not of JSON at large)
  * and prints keys and types through sk_ctl_put_text(), as every value that
  * came from a producer. */
+#include <ctype.h>
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -70,9 +71,10 @@ static bool value(const char **p, char *out, size_t size)
         if (*s == '\0')
             return false;
         if (*s == '\\') {
-            unsigned cp;
-            if (s[1] != 'u' || sscanf(s + 2, "%4x", &cp) != 1)
-                return false;
+            if (s[1] != 'u' || !isxdigit((unsigned char)s[2]) || !isxdigit((unsigned char)s[3]) ||
+                !isxdigit((unsigned char)s[4]) || !isxdigit((unsigned char)s[5]))
+                return false;  /* four digits, checked before any is skipped */
+            unsigned cp = (unsigned)strtoul((char[]){ s[2], s[3], s[4], s[5], '\0' }, NULL, 16);
             s += 5;
             if (cp >= 0xd800 && cp < 0xe000)
                 cp = 0xfffd;
