@@ -14,6 +14,7 @@
  *   POST /api/dlq/replay, /api/dlq/purge  sekalictl dlq replay|purge ... --json
  *   GET  /api/schedules                   sekalictl schedules --json
  *   GET  /api/scheduled[?queue=Q&limit=N]  sekalictl scheduled --json
+ *   GET  /api/inflight                    sekalictl inflight --json
  *   POST /api/pause (queue, reason)       sekalictl pause Q --reason R --by OPERATOR --json
  *   POST /api/resume (queue)              sekalictl resume Q --json */
 #include <errno.h>
@@ -121,6 +122,24 @@ static void api_scheduled(struct sk_console_call *c)
     if (!number(c, "limit", PAGE_DEFAULT, SK_CTL_SCHEDULED_MAX, &limit) || limit == 0)
         return sk_console_fail(c, 400, "limit: 1 to 1000");
     ACTION(c, sk_ctl_scheduled_report(c->con->conf, queue, limit, true, out));
+}
+
+/* Not ACTION(): what fails here is sekalid's metrics endpoint, and the
+ * answer should say so. */
+static void api_inflight(struct sk_console_call *c)
+{
+    char *doc = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&doc, &len);
+    if (out == NULL)
+        return sk_console_fail(c, 500, "out of memory");
+    int code = sk_ctl_inflight_report(c->con->conf, true, out);
+    if (fclose(out) != 0 || code != SK_CTL_OK || len == 0) {
+        free(doc);
+        return sk_console_fail(c, 502, "sekalid's metrics endpoint (metrics.listen) could not "
+                               "be reached: it alone knows the jobs in flight");
+    }
+    sk_console_json(c, 200, doc, len);
 }
 
 /* POST /api/pause, /api/resume: the operator of the session is recorded as
@@ -260,7 +279,8 @@ bool sk_console_api(struct sk_console_call *c)
     }
     if (!get && (strcmp(api, "status") == 0 || strcmp(api, "rates") == 0 ||
                  strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0 ||
-                 strcmp(api, "schedules") == 0 || strcmp(api, "scheduled") == 0)) {
+                 strcmp(api, "schedules") == 0 || strcmp(api, "scheduled") == 0 ||
+                 strcmp(api, "inflight") == 0)) {
         sk_console_fail(c, 405, "use GET");
         return true;
     }
@@ -274,6 +294,8 @@ bool sk_console_api(struct sk_console_call *c)
         api_schedules(c);
     else if (strcmp(api, "scheduled") == 0)
         api_scheduled(c);
+    else if (strcmp(api, "inflight") == 0)
+        api_inflight(c);
     else if (strcmp(api, "dlq/groups") == 0 || strcmp(api, "dlq/list") == 0 ||
              strcmp(api, "dlq/show") == 0)
         api_dlq(c, api + 4);

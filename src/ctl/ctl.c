@@ -12,6 +12,7 @@
  *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
  *   sekalictl [-c FILE] schedules [--json]                     (ctl_schedules.c)
  *   sekalictl [-c FILE] scheduled [--queue Q] [--limit N] [--json]  (ctl_scheduled.c)
+ *   sekalictl [-c FILE] inflight [--json]                          (ctl_inflight.c)
  *   sekalictl [-c FILE] pause QUEUE [...] | resume QUEUE      (ctl_pause.c)
  *   sekalictl [-c FILE] cancel QUEUE KEY [--reason R] [--by N] (ctl_cancel.c)
  *   sekalictl help [COMMAND] | --help | --version
@@ -125,6 +126,15 @@ static const struct command {
       "  --limit N       at most N of them, 1 to 1000 (default 50)\n"
       "  --json          one JSON document\n",
       sk_ctl_scheduled },
+    { "inflight", "inflight [--json]",
+      "The jobs running now, oldest first: for how long, the queue, the worker's pid,\n"
+      "whether the handler runs (handler) or sekali's own steps do (job), the attempt,\n"
+      "idempotency key, job type, start (UTC) and trace id. Read from sekalid's\n"
+      "metrics endpoint (metrics.listen), since an uncommitted claim is not in\n"
+      "PostgreSQL; it fails when sekalid does not run.\n"
+      "  --json   one JSON document: {\"now\", \"inflight\": [{\"queue\", \"pid\", \"phase\",\n"
+      "           \"key\", \"job_type\", \"attempt\", \"trace_id\", \"started_at\", \"age_ms\"}]}\n",
+      sk_ctl_inflight },
     { "dlq",
       "dlq list QUEUE [SELECTORS] [--after ID | --offset N] [--limit N] [--json]\n"
       "  dlq groups QUEUE [--json]\n"

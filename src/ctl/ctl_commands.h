@@ -17,6 +17,7 @@ int sk_ctl_verify(const struct sk_conf *conf, int argc, char **argv);    /* ctl_
 int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv);     /* console.c */
 int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv); /* ctl_schedules.c */
 int sk_ctl_scheduled(const struct sk_conf *conf, int argc, char **argv); /* ctl_scheduled.c */
+int sk_ctl_inflight(const struct sk_conf *conf, int argc, char **argv);  /* ctl_inflight.c */
 int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv);     /* ctl_pause.c */
 int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv);    /* ctl_pause.c */
 int sk_ctl_cancel(const struct sk_conf *conf, int argc, char **argv);    /* ctl_cancel.c */

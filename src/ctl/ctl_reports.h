@@ -41,6 +41,11 @@ int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out);
 int sk_ctl_scheduled_report(const struct sk_conf *conf, const char *queue, size_t limit,
                             bool json, FILE *out);
 
+/* sekalictl inflight (ctl_inflight.c): the jobs running now, from sekalid's
+ * GET /inflight; SK_CTL_FAILED, with why on stderr, when it cannot be
+ * reached (or metrics.listen is off). */
+int sk_ctl_inflight_report(const struct sk_conf *conf, bool json, FILE *out);
+
 /* sekalictl dlq (ctl_dlq.c): reads and changes only sekali.dead_letters
  * (sql/023), never the broker, but for import. */
 struct sk_ctl_dlq_req {

@@ -44,6 +44,7 @@ int sk_scoreboard_create(struct sk_scoreboard **out, size_t n, size_t lock_cap,
         atomic_init(&s->ready, 0);
         atomic_init(&s->finished, 0);
         atomic_init(&s->died_in_job, 0);
+        atomic_init(&s->job_seq, 0);
         s->lock_cap = (uint32_t)lock_cap;
         atomic_init(&s->n_locks, 0);
         atomic_init(&s->n_orphans, 0);
@@ -111,6 +112,55 @@ void sk_slot_orphan_locks(struct sk_slot *s)
         pending = 0;
     memcpy(s->locks + s->lock_cap + pending, s->locks, held * sizeof(s->locks[0]));
     atomic_store(&s->n_orphans, (uint32_t)(pending + held));
+}
+
+/* Copies at most size - 1 bytes and ends the copy: the fields are fixed
+ * arrays a reader scans, so each must stay terminated. */
+static void put(char *dst, size_t size, const char *src)
+{
+    size_t n = strnlen(src, size - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* A worker killed mid-write leaves the count odd: the next write starts
+ * from that odd value rather than adding one, so odd always means "being
+ * written". The fences order the field stores between the two counts. */
+void sk_slot_publish_job(struct sk_slot *s, const char *key, const char *type,
+                         uint32_t attempt, const char *trace_id)
+{
+    uint32_t seq = atomic_load_explicit(&s->job_seq, memory_order_relaxed) | 1u;
+    atomic_store_explicit(&s->job_seq, seq, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    put(s->job_key, sizeof(s->job_key), key);
+    put(s->job_type, sizeof(s->job_type), type);
+    put(s->job_trace, sizeof(s->job_trace), trace_id);
+    s->job_attempt = attempt;
+    atomic_store_explicit(&s->job_seq, seq + 1, memory_order_release);
+}
+
+/* A reader copies, then checks that the count neither was odd nor moved;
+ * a worker writes once per job, so a few tries are plenty. */
+bool sk_slot_read_job(const struct sk_slot *s, struct sk_slot_job *out)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        uint32_t before = atomic_load_explicit(&s->job_seq, memory_order_acquire);
+        if (before & 1u)
+            continue;
+        memcpy(out->key, s->job_key, sizeof(out->key));
+        memcpy(out->type, s->job_type, sizeof(out->type));
+        memcpy(out->trace_id, s->job_trace, sizeof(out->trace_id));
+        out->attempt = s->job_attempt;
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&s->job_seq, memory_order_relaxed) == before) {
+            out->key[sizeof(out->key) - 1] = '\0';
+            out->type[sizeof(out->type) - 1] = '\0';
+            out->trace_id[sizeof(out->trace_id) - 1] = '\0';
+            return true;
+        }
+    }
+    *out = (struct sk_slot_job){ .attempt = 0 };
+    return false;
 }
 
 bool sk_slot_hand_crash(struct sk_slot *from, struct sk_slot *to)

@@ -33,6 +33,7 @@
 
 #include "common.h"
 #include "lock.h"
+#include "trace_context.h"
 
 /* Where a worker is with its job: at reap time the supervisor counts a
  * death against the job only if it came while the handler ran (see
@@ -70,9 +71,17 @@ struct sk_slot {
      * Zeroed by the supervisor before each fork. */
     _Atomic int      ready;
     _Atomic uint64_t finished;
-    /* The idempotency key of the job in hand ("" before its claim). Read by
-     * no one while its worker lives, so a plain array. */
+    /* The job in hand, for its replacement and for the jobs in flight
+     * (sekalictl inflight): its idempotency key ("" before it is parsed),
+     * type, attempt and trace. Written only by sk_slot_publish_job(), under
+     * job_seq (a sequence count, odd while a write is under way), so that a
+     * reader gets one job's fields or none and no lock is ever held; the
+     * key outlives the worker for the crash count. */
+    _Atomic uint32_t job_seq;
     char            job_key[SK_KEY_MAX + 1];
+    char            job_type[256];
+    char            job_trace[SK_TRACE_ID_LEN + 1];
+    uint32_t        job_attempt;
     /* Set by the supervisor when the worker died of its job (its key stays
      * in job_key); cleared by the replacement once it has recorded the
      * crash in PostgreSQL. */
@@ -111,6 +120,24 @@ void sk_slot_forget_locks(struct sk_slot *s);
  * sk_slot_forget_orphans(). */
 const struct sk_slot_lock *sk_slot_orphans(const struct sk_slot *s, size_t *n);
 void sk_slot_forget_orphans(struct sk_slot *s);
+
+/* The worker's side: names the job in hand (key "" for none yet). A few
+ * stores and copies, no syscall: it runs for every job. */
+void sk_slot_publish_job(struct sk_slot *s, const char *key, const char *type,
+                         uint32_t attempt, const char *trace_id);
+
+/* A copy of a slot's job, as one write left it. */
+struct sk_slot_job {
+    char     key[SK_KEY_MAX + 1];
+    char     type[256];
+    char     trace_id[SK_TRACE_ID_LEN + 1];
+    uint32_t attempt;
+};
+
+/* Any process's side, while the worker may be writing: copies the job
+ * fields; false if every try raced a write (the caller shows the job
+ * without them). Never waits. */
+bool sk_slot_read_job(const struct sk_slot *s, struct sk_slot_job *out);
 
 /* The supervisor's side, once the slot's worker is reaped: its held locks
  * become the slot's orphans, for the replacement to free. */

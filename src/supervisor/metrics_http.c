@@ -56,6 +56,8 @@ struct sk_metrics_http {
     unsigned long         closed;      /* connections closed so far, for run() */
     const struct sk_conf *conf;
     struct sk_metrics    *metrics;
+    sk_metrics_http_render_fn inflight;  /* /inflight's document, the supervisor's */
+    void                 *inflight_arg;
     bool                  ready;       /* /readyz's verdict, */
     char                  status[STATUS_MAX];  /* and its text */
 };
@@ -73,6 +75,8 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
                              const char *text);
 static enum MHD_Result readyz(struct sk_metrics_http *h, struct MHD_Connection *conn);
+static enum MHD_Result document(struct MHD_Connection *conn, char *text, size_t len,
+                                const char *type);
 static bool authorized(const struct sk_metrics_http *h, struct MHD_Connection *conn);
 static enum MHD_Result send_response(struct MHD_Connection *conn, unsigned int status,
                                      struct MHD_Response *resp);
@@ -140,6 +144,15 @@ void sk_metrics_http_health(struct sk_metrics_http *h, bool ready, const char *s
         return;
     h->ready = ready;
     snprintf(h->status, sizeof(h->status), "%s", status);
+}
+
+void sk_metrics_http_inflight(struct sk_metrics_http *h, sk_metrics_http_render_fn render,
+                              void *arg)
+{
+    if (h == NULL)
+        return;
+    h->inflight = render;
+    h->inflight_arg = arg;
 }
 
 void sk_metrics_http_poll(struct sk_metrics_http *h, struct pollfd *pfd, int *timeout)
@@ -340,8 +353,10 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         h->since[slot] = sk_now_ms();
 
     bool health = strcmp(url, "/livez") == 0 || strcmp(url, "/readyz") == 0;
-    if (strcmp(url, "/metrics") != 0 && !health)
-        return reply(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics, /livez or /readyz\n");
+    bool inflight = strcmp(url, "/inflight") == 0;
+    if (strcmp(url, "/metrics") != 0 && !health && !inflight)
+        return reply(conn, MHD_HTTP_NOT_FOUND,
+                     "not found: try /metrics, /inflight, /livez or /readyz\n");
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     if (!authorized(h, conn))
@@ -349,9 +364,22 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
                      "(metrics.token_file)\n");
     if (health)
         return url[1] == 'l' ? reply(conn, MHD_HTTP_OK, "live\n") : readyz(h, conn);
-    char *text;
-    size_t len;
+    char *text = NULL;
+    size_t len = 0;
+    if (inflight) {
+        text = h->inflight != NULL ? h->inflight(h->inflight_arg, &len) : NULL;
+        return document(conn, text, len, "application/json");
+    }
     if (sk_metrics_render(h->metrics, h->conf, &text, &len) != SK_OK)
+        text = NULL;
+    return document(conn, text, len, CONTENT_TYPE);
+}
+
+/* A rendered document, taken over (NULL: rendering ran out of memory). */
+static enum MHD_Result document(struct MHD_Connection *conn, char *text, size_t len,
+                                const char *type)
+{
+    if (text == NULL)
         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, text,
                                                                 MHD_RESPMEM_MUST_FREE);
@@ -359,7 +387,8 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         free(text);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, CONTENT_TYPE);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     return send_response(conn, MHD_HTTP_OK, resp);
 }
 

@@ -1,5 +1,5 @@
 /* metrics_http.h - the supervisor's HTTP endpoint: GET /metrics (Prometheus),
- * /livez and /readyz (health).
+ * /livez and /readyz (health), and GET /inflight (the jobs in flight).
  *
  * Served from the supervisor's own poll() loop, no thread: each turn the
  * loop adds the endpoint's descriptor and timeout with sk_metrics_http_poll()
@@ -47,6 +47,13 @@ void sk_metrics_http_close_in_child(struct sk_metrics_http *h);
  * takes a restart. */
 void sk_metrics_http_switch(struct sk_metrics_http *h, const struct sk_conf *conf,
                             struct sk_metrics *m);
+
+/* GET /inflight: render returns a malloc'ed document (the jobs in flight,
+ * inflight.h) and sets *len, or NULL when out of memory. Until this is
+ * called, /inflight answers 500. Accepts NULL. */
+typedef char *(*sk_metrics_http_render_fn)(void *arg, size_t *len);
+void sk_metrics_http_inflight(struct sk_metrics_http *h, sk_metrics_http_render_fn render,
+                              void *arg);
 
 /* Each turn of the supervisor's loop, before poll(): sets *pfd to the
  * descriptor to watch for input (fd -1 when h is NULL, which poll()

@@ -59,6 +59,7 @@
 #include "process.h"
 #include "proctitle.h"
 #include "roles.h"
+#include "inflight.h"
 #include "scoreboard.h"
 #include "supervisor.h"
 
@@ -80,6 +81,7 @@ struct supervisor {
 };
 
 static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *plugins);
+static char *inflight(void *arg, size_t *len);
 static void turn(struct supervisor *s);
 static void take_signals(struct supervisor *s);
 static void retire(struct supervisor *s, struct generation *g, const char *reason,
@@ -158,6 +160,7 @@ static int start(struct supervisor *s, struct sk_conf *conf, struct sk_plugin *p
         sk_generation_free(s->current);
         return rc == SK_ERR ? SK_EXIT_CONFIG : SK_EXIT_RUNTIME;
     }
+    sk_metrics_http_inflight(s->http, inflight, s);
     s->watchdog_ms = sk_notify_watchdog_ms();
     sk_deaths_warn_unwatched(conf, s->watchdog_ms);
     sk_deaths_init(&s->deaths);
@@ -615,6 +618,28 @@ static void report(struct supervisor *s)
         sk_notify_watchdog();
         s->next_watchdog_ms = now + s->watchdog_ms / 2;
     }
+}
+
+/* GET /inflight: every generation still running workers has jobs in
+ * flight, a retiring one's draining ones included. Called from the loop's
+ * own turn, so the list cannot change under it. */
+static char *inflight(void *arg, size_t *len)
+{
+    const struct supervisor *s = arg;
+    size_t n = 2;
+    for (const struct generation *r = s->retiring; r != NULL; r = r->next)
+        n++;
+    const struct generation **gens = calloc(n, sizeof(*gens));
+    if (gens == NULL)
+        return NULL;
+    gens[0] = s->current;
+    gens[1] = s->previous;
+    size_t i = 2;
+    for (const struct generation *r = s->retiring; r != NULL; r = r->next)
+        gens[i++] = r;
+    char *text = sk_inflight_json(gens, n, len);
+    free(gens);
+    return text;
 }
 
 /* Slot i's process runs and says it consumes (a relay or the janitor: that

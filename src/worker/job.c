@@ -93,7 +93,8 @@ bool sk_job_admit(struct sk_pipeline *p, struct sk_job *j)
                                  .job_type = j->env.job_type };
     sk_job_transition(j, SK_JOB_RECEIVED);
     /* Should this worker die now, its replacement counts the crash. */
-    snprintf(p->slot->job_key, sizeof(p->slot->job_key), "%s", j->env.idempotency_key);
+    sk_slot_publish_job(p->slot, j->env.idempotency_key, j->env.job_type,
+                        j->env.delivery_attempt, j->env.trace.trace_id);
     return true;
 }
 

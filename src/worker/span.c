@@ -346,7 +346,8 @@ static bool handle(struct sk_pipeline *p, struct sk_job *j, const struct way *w)
      * the worker die now, this is the job its replacement counts. In a span
      * of many, the job timeout is this job's alone. */
     struct sk_slot *slot = p->slot;
-    snprintf(slot->job_key, sizeof(slot->job_key), "%s", j->env.idempotency_key);
+    sk_slot_publish_job(slot, j->env.idempotency_key, j->env.job_type, j->env.delivery_attempt,
+                        j->env.trace.trace_id);
     if (!w->alone)
         atomic_store(&slot->job_started_ms, sk_now_ms());
     struct sekali_ctx *ctx = &p->ctx;

@@ -248,7 +248,7 @@ static void run_job(struct sk_pipeline *p, amqp_envelope_t *delivery)
     struct sk_slot *slot = p->slot;
     /* The supervisor kills us if this outlives queue.job_timeout. The
      * key is the job's once parsed: never the previous job's. */
-    slot->job_key[0] = '\0';
+    sk_slot_publish_job(slot, "", "", 0, "");
     atomic_store(&slot->phase, SK_PHASE_JOB);
     atomic_store(&slot->job_started_ms, sk_now_ms());
     size_t n = 1;

@@ -514,6 +514,13 @@ async function main() {
   await shot('scheduled');
   psql(`DELETE FROM sekali.outbox WHERE queue = ${lit(Q)} AND published_at IS NULL AND run_at > now()`);
 
+  // ---- jobs in flight: read from sekalid's supervisor, since a claim is uncommitted ---------
+  await visit('jobs in flight', '/inflight', '#inflight');
+  const running = await page.$eval('#summary', (e) => e.textContent);
+  check(/job\(s\) running now/.test(running), 'the jobs in flight, from sekalid: ' + running);
+  await inert('jobs in flight');
+  await shot('inflight');
+
   // ---- an operator's own token names them; the name stays text ----------------------------
   const opName = '<img src=x onerror=alert(15)>"dora&amp;';
   const ctx = await browser.createBrowserContext();

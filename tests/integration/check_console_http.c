@@ -8,6 +8,7 @@
  * logged. Requests
  * are made with curl, as a script would. */
 #include <arpa/inet.h>
+#include <glob.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -618,15 +619,12 @@ START_TEST(test_operators_alike_or_malformed_are_refused_at_start)
 }
 END_TEST
 
-/* A queue whose consumers are up but whose every job fails was shown
- * "healthy": the rates now give the window's completed and failed counts,
- * from which the page says "failing". A real sekalid, its real /metrics. */
-START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
+/* Starts a real sekalid on r (opened) with o, its metrics endpoint on and a
+ * console configured beside it (not started); returns the console's port. */
+static int start_with_console(struct h_run *r, struct h_run_opts *o)
 {
-    struct h_run r;
-    h_run_open(&r, "consolefail");
     char token[1100], top[2000];
-    snprintf(token, sizeof(token), "%s/console.token", r.dir);
+    snprintf(token, sizeof(token), "%s/console.token", r->dir);
     FILE *f = fopen(token, "w");
     ck_assert_ptr_nonnull(f);
     fputs(TOKEN "\n", f);
@@ -634,8 +632,20 @@ START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
     int metrics = h_free_port(), port = h_free_port();
     snprintf(top, sizeof(top), "metrics:\n  listen: \"127.0.0.1:%d\"\nconsole:\n  listen: "
              "\"127.0.0.1:%d\"\n  token_file: %s\n", metrics, port, token);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = H_FAST_RETRIES,
-                                          .top_yaml = top });
+    o->top_yaml = top;
+    h_run_start(r, o);
+    return port;
+}
+
+/* A queue whose consumers are up but whose every job fails was shown
+ * "healthy": the rates now give the window's completed and failed counts,
+ * from which the page says "failing". A real sekalid, its real /metrics. */
+START_TEST(test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates)
+{
+    struct h_run r;
+    h_run_open(&r, "consolefail");
+    int port = start_with_console(&r, &(struct h_run_opts){ .workers = 1,
+                                                            .queue_yaml = H_FAST_RETRIES });
     struct console c = { .dir = strdup(r.dir), .config = strdup(r.config) };
     snprintf(c.queue, sizeof(c.queue), "%s", r.queue);
     snprintf(c.url, sizeof(c.url), "http://127.0.0.1:%d", port);
@@ -727,6 +737,135 @@ START_TEST(test_jobs_scheduled_for_later_are_listed_soonest_first_with_keys_esca
 }
 END_TEST
 
+/* The pid in the name of the test handler's mark DIR/PREFIX.<pid>, or 0. */
+static long marked_pid(const char *dir, const char *prefix)
+{
+    char pattern[1200];
+    snprintf(pattern, sizeof(pattern), "%s/%s.*", dir, prefix);
+    glob_t g;
+    long pid = 0;
+    if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0)
+        pid = strtol(strrchr(g.gl_pathv[0], '.') + 1, NULL, 10);
+    globfree(&g);
+    return pid;
+}
+
+/* sekalictl inflight [--json]'s output, or why it failed (no list in it). */
+static char *inflight(struct h_run *r, bool json)
+{
+    const char *args[] = { "inflight", json ? "--json" : NULL, NULL };
+    char *out = NULL;
+    int code = h_sekalictl(r, &out, args);
+    if (code != 0) {
+        char *why = NULL;
+        if (asprintf(&why, "sekalictl inflight failed (exit %d): %s", code,
+                     out != NULL ? out : "") < 0)
+            why = NULL;
+        free(out);
+        return why != NULL ? why : strdup("");
+    }
+    return out;
+}
+
+static long long age_of(const char *json)
+{
+    const char *at = json != NULL ? strstr(json, "\"age_ms\":") : NULL;
+    return at != NULL ? strtoll(at + 9, NULL, 10) : -1;
+}
+
+/* A claim is uncommitted while its job runs, so only the supervisor's
+ * scoreboard can show it: a job whose handler waits is listed by
+ * `sekalictl inflight` (text and JSON) and /api/inflight with its key,
+ * escaped for a terminal, for JSON and for a page, and an age that grows;
+ * it is gone once it ends, and a SIGKILLed worker's job goes with it. */
+START_TEST(test_jobs_in_flight_are_listed_with_escaped_keys_until_they_end_or_die)
+{
+    static const char key[] = "k-\"<img src=x onerror=alert(1)>\x1b[31m\xe2\x80\xae-end";
+    static const char key_json[] =
+        "\"key\":\"k-\\u0022\\u003cimg src=x onerror=alert(1)\\u003e\\u001b[31m\\u202e-end\"";
+    struct h_run r;
+    h_run_open(&r, "inflight");
+    char yaml[1600];
+    snprintf(yaml, sizeof(yaml), "%s    config:\n      marker_dir: %s\n", H_FAST_RETRIES, r.dir);
+    int port = start_with_console(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = yaml });
+    char *out = inflight(&r, false);
+    ck_assert_msg(strstr(out, "no job is in flight") != NULL, "%s", out);
+    free(out);
+    out = NULL;
+
+    h_publish(r.b, r.queue, "test", "m-held", key, NULL, "hold");
+    H_WAIT(marked_pid(r.dir, "hold") > 0, 30000, "the handler should be running");
+    long holder = marked_pid(r.dir, "hold");
+    char *first = inflight(&r, true);
+    ck_assert_msg(strstr(first, key_json) != NULL && strstr(first, "\"phase\":\"handler\"") &&
+                  strstr(first, "\"job_type\":\"test\"") && strstr(first, "\"attempt\":1") &&
+                  strstr(first, "<img") == NULL, "%s", first);
+    char pid_json[40];
+    snprintf(pid_json, sizeof(pid_json), "\"pid\":%ld,", holder);
+    ck_assert_msg(strstr(first, pid_json) != NULL, "pid %ld: %s", holder, first);
+    H_WAIT((free(out), out = inflight(&r, true), age_of(out) > age_of(first)), 10000,
+           "the age should grow: %s, then %s", first, out);
+    free(out);
+    out = NULL;
+    out = inflight(&r, false);
+    ck_assert_msg(strstr(out, "k-\"<img src=x onerror=alert(1)>\\x1b[31m\\u202e-end") != NULL &&
+                  strchr(out, '\x1b') == NULL && strstr(out, "\xe2\x80\xae") == NULL &&
+                  strstr(out, r.queue) != NULL && strstr(out, "handler") != NULL, "%s", out);
+    free(out);
+    out = NULL;
+
+    /* The console passes the document on, escaped as it is. */
+    struct console c = { .dir = strdup(r.dir), .config = strdup(r.config) };
+    snprintf(c.url, sizeof(c.url), "http://127.0.0.1:%d", port);
+    spawn(&c);
+    char csrf[80], args[1200];
+    ck_assert_int_eq(curl(&c, "/api/inflight", "", &out), 401);
+    free(out);
+    out = NULL;
+    login(&c, csrf);
+    snprintf(args, sizeof(args), "-b '%s/jar'", c.dir);
+    ck_assert_int_eq(curl(&c, "/api/inflight", args, &out), 200);
+    ck_assert_msg(strstr(out, key_json) != NULL && strstr(out, "<img") == NULL, "%s", out);
+    free(out);
+    out = NULL;
+    ck_assert_int_eq(curl(&c, "/inflight", args, &out), 200);  /* the page */
+    free(out);
+    out = NULL;
+
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/release", r.dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    H_WAIT(h_effects(&r, key) == 1, 30000, "the held job should complete");
+    H_WAIT((free(out), out = inflight(&r, true), strstr(out, "\"inflight\":[]") != NULL), 10000,
+           "nothing should be in flight once it ended: %s", out);
+    free(out);
+    out = NULL;
+
+    /* A worker killed in its job: its entry goes with it. */
+    h_publish(r.b, r.queue, "test", "m-stall", "k-stall", NULL, "stall");
+    H_WAIT(marked_pid(r.dir, "stall") > 0, 30000, "the stalling handler should run");
+    long staller = marked_pid(r.dir, "stall");
+    snprintf(pid_json, sizeof(pid_json), "\"pid\":%ld,", staller);
+    out = inflight(&r, true);
+    ck_assert_msg(strstr(out, pid_json) != NULL && strstr(out, "\"key\":\"k-stall\""), "%s", out);
+    free(out);
+    out = NULL;
+    ck_assert_int_eq(kill((pid_t)staller, SIGKILL), 0);
+    H_WAIT((free(out), out = inflight(&r, true), strstr(out, "\"inflight\":[") != NULL &&
+            strstr(out, pid_json) == NULL), 10000, "the dead worker's job should go: %s", out);
+    free(out);
+    out = NULL;
+    H_WAIT(h_effects(&r, "k-stall") == 1, 30000, "the stalled job should run again and end");
+    free(first);
+    stop(&c);
+    h_stop_sekalid(r.sekalid, r.dir);
+    r.sekalid = -1;
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -742,6 +881,7 @@ int main(void)
         test_operators_alike_or_malformed_are_refused_at_start,
         test_a_queue_where_every_job_fails_is_counted_failing_in_the_rates,
         test_jobs_scheduled_for_later_are_listed_soonest_first_with_keys_escaped,
+        test_jobs_in_flight_are_listed_with_escaped_keys_until_they_end_or_die,
         NULL,
     };
     return h_run_suite(h_suite("console_http", 120, tests));

@@ -489,6 +489,39 @@ async function scheduledPage() {
     el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
 }
 
+// ---- jobs in flight ----------------------------------------------------------------
+
+// sekalictl inflight --json: what each worker runs now and for how long,
+// from sekalid's supervisor (an uncommitted claim is not in PostgreSQL).
+// Keys and job types come from producers: text only.
+async function inflightPage() {
+  const t0 = performance.now();
+  let s;
+  try { s = await api('/api/inflight'); } catch (e) {
+    return show(el('h1', {}, 'Jobs in flight'), failure(e));
+  }
+  const list = s.inflight || [];
+  const rows = list.map((x) => el('tr', { 'data-pid': String(x.pid) },
+    el('td', { class: 'num age' }, secs(x.age_ms / 1000)),
+    el('td', {}, x.queue),
+    el('td', { class: 'num' }, String(x.pid)),
+    el('td', {}, x.phase),
+    el('td', { class: 'num' }, String(x.attempt)),
+    el('td', { class: 'mono cut key' }, x.key ? link('/key', { key: x.key }, x.key) : '(being read)'),
+    el('td', { class: 'job-type' }, x.job_type),
+    el('td', { class: 'mono' }, x.started_at),
+    el('td', { class: 'mono cut' }, x.trace_id)));
+  show(el('h1', {}, 'Jobs in flight'),
+    el('p', { id: 'summary' }, String(list.length), ' job(s) running now, the longest first, as sekalid\'s ',
+       'workers report them at ', s.now || '?', '. "handler": the handler runs; "job": sekali\'s own steps ',
+       '(claim, lock, commit).'),
+    el('table', { id: 'inflight' },
+      el('thead', {}, el('tr', {}, ['for', 'queue', 'pid', 'in', 'attempt', 'key', 'job type',
+        'since (UTC)', 'trace'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
 // A queue's health: its consumers (status), and whether its jobs succeed:
 // consumers that fail every job are not healthy (rates' window totals).
 function health(q, r, window) {
@@ -531,7 +564,7 @@ function loginPage() {
 
 const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
                  '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage,
-                 '/scheduled': scheduledPage };
+                 '/scheduled': scheduledPage, '/inflight': inflightPage };
 
 document.addEventListener('DOMContentLoaded', async () => {
   await loadSession();
