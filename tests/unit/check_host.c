@@ -1,6 +1,6 @@
 /* check_host.c - the host functions a handler calls that need no server:
  * the config accessor, the body copy, enqueue_job()'s size check, conflict(). */
-/* links: core host headers_json lease pg store */
+/* links: core host sqlq headers_json lease pg store */
 #include <stdio.h>
 #include <string.h>
 
