@@ -346,6 +346,31 @@ void h_servers(const char *command)
     ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
 }
 
+pid_t h_wait_marked_deaths(const struct h_run *r, const char *point, int n, int timeout_ms)
+{
+    H_WAIT(h_count_lines(r->mark, point) == n, timeout_ms,
+           "failpoint %s should have killed %d workers (mark has %d)", point, n,
+           h_count_lines(r->mark, point));
+    char *marks = h_read_file(r->mark);
+    ck_assert_ptr_nonnull(marks);
+    pid_t victim = 0;
+    for (const char *p = marks; *p != '\0'; p = strchr(p, '\n') + 1) {
+        victim = (pid_t)atol(p);
+        H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    }
+    free(marks);
+    return victim;
+}
+
+void h_expect_dead_reason(struct h_run *r, const char *reason)
+{
+    amqp_message_t msg;
+    ck_assert_msg(h_get(r->b, r->dead, &msg), "%s should hold a dead letter", r->dead);
+    char text[64];
+    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), reason);
+    amqp_destroy_message(&msg);
+}
+
 int h_wait_exit(pid_t pid, int timeout_ms, const char *what)
 {
     int64_t deadline = h_now_ms() + h_ms(timeout_ms);

@@ -240,6 +240,14 @@ void h_run_stop(struct h_run *r);
  * took; it does not stop sekalid. */
 void h_run_close(struct h_run *r);
 
+/* Waits up to timeout_ms for the failpoint point to have fired n times
+ * (n lines in r->mark), then for each process it marked to be gone.
+ * Returns the last marked pid. */
+pid_t h_wait_marked_deaths(const struct h_run *r, const char *point, int n, int timeout_ms);
+/* Takes a dead letter from r->dead, which must hold one, and checks that
+ * its x-sekali-reason is reason. */
+void h_expect_dead_reason(struct h_run *r, const char *reason);
+
 /* What a run's jobs did, counted in PostgreSQL: the effects the test
  * handler (tests/plugins/effect.c) recorded in sekali_test.effects, and
  * sekali's idempotency keys, both on r's queue only. */

@@ -222,6 +222,16 @@ int sk_broker_major(const struct sk_broker *b)
     return b->version[0] >= '0' && b->version[0] <= '9' ? atoi(b->version) : 0;
 }
 
+bool sk_broker_quorum_priorities(const struct sk_broker *b)
+{
+    int major = sk_broker_major(b);
+    if (major == 0)
+        return true;
+    const char *dot = strchr(b->version, '.');
+    int minor = dot != NULL ? atoi(dot + 1) : 0;
+    return major > 4 || (major == 4 && minor >= 3);
+}
+
 static int log_in(struct sk_broker *b, const struct sk_amqp_conf *conf,
                   const struct sk_amqp_node *node, struct sk_err *err)
 {

@@ -107,14 +107,23 @@ struct sk_queue_shape {
     bool     quorum;          /* a replicated quorum queue instead of a classic one */
     uint32_t delivery_limit;  /* quorum only: dead-letter past this many deliveries; 0: none
                                * (on RabbitMQ 4, whose own default is 20, declared as -1) */
-    uint8_t  max_priority;    /* classic only: x-max-priority; 0: none */
+    uint8_t  max_priority;    /* x-max-priority (quorum: RabbitMQ 4.3 and later, at most
+                               * SK_QUORUM_MAX_PRIORITY); 0: none */
     bool     passive;         /* declared by someone else: only check that it exists */
 };
+
+/* RabbitMQ 4.3 gives quorum queues strict priorities, levels 0 to 31. */
+#define SK_QUORUM_MAX_PRIORITY 31
 
 /* The broker's version as it gave it at login ("4.0.5"; "" if it gave
  * none), and its major number (0 if unknown). */
 const char *sk_broker_version(const struct sk_broker *b);
 int         sk_broker_major(const struct sk_broker *b);
+
+/* Whether a quorum queue on this broker takes x-max-priority: RabbitMQ
+ * 4.3 and later; 3.x and 4.0-4.2 refuse the argument. True when the broker
+ * gave no version: its own answer to the declaration then decides. */
+bool sk_broker_quorum_priorities(const struct sk_broker *b);
 
 /* Writes the name of queue's dead-letter queue, `queue.dead`, into out:
  * the one place that spells it. SK_ERR if it does not fit in size. */

@@ -142,9 +142,24 @@ static amqp_rpc_reply_t declare_as_sekali(struct sk_broker *b, const char *name,
     return amqp_get_rpc_reply(b->conn);
 }
 
+/* Said before declaring, so that the worker names the broker's version
+ * rather than passing on a bare "invalid arg". */
+static int quorum_priorities_refused(const struct sk_broker *b, const char *name,
+                                     struct sk_err *err)
+{
+    return sk_err_set(err, SK_ERR, "queue %s: max_priority on a quorum queue needs RabbitMQ "
+                      "4.3 or later, and this broker is %s: use queue_type: classic for "
+                      "strict priorities, or drop max_priority (RabbitMQ 4's quorum queues "
+                      "then have two fixed levels, priority 5 and above high)", name,
+                      b->version[0] != '\0' ? b->version : "older");
+}
+
 static int declare_work(struct sk_broker *b, const char *name, const char *dead,
                         const struct sk_queue_shape *shape, struct sk_err *err)
 {
+    bool quorum_priorities = shape != NULL && shape->quorum && shape->max_priority > 0;
+    if (quorum_priorities && !sk_broker_quorum_priorities(b))
+        return quorum_priorities_refused(b, name, err);
     amqp_rpc_reply_t reply = declare_as_sekali(b, name, dead, shape);
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED) && shape != NULL &&
         unlimited_by_default(b, shape) && said(reply, "'x-delivery-limit'") &&
@@ -162,6 +177,8 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
     }
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
         amqp_channel_close_t *m = reply.reply.decoded;
+        if (quorum_priorities && said(reply, "invalid arg"))
+            return quorum_priorities_refused(b, name, err);  /* a broker that gave no version */
         /* The usual way to meet this: max_priority set (or changed) on a
          * queue that already exists. RabbitMQ cannot change a queue's
          * arguments, so only a new queue (or the old one drained and

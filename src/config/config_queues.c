@@ -153,15 +153,15 @@ int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
 
     if (v->type != YAML_SEQUENCE_NODE && !sk_walk_is_null(v))
         return sk_walk_fail(L, v, "queues: expected a sequence, got %s", sk_walk_kind(v));
-    if (sk_walk_is_null(v) || v->data.sequence.items.top == v->data.sequence.items.start)
+    if (sk_walk_is_null(v) || sk_walk_items(v) == 0)
         return sk_walk_fail(L, v, "queues must list at least one queue");
-    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    size_t n = sk_walk_items(v);
     if ((c->queues = calloc(n, sizeof(*c->queues))) == NULL)
         return sk_walk_fail(L, v, "out of memory");
     c->n_queues = n;
 
     for (size_t i = 0; i < n; i++) {
-        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        yaml_node_t *item = sk_walk_item(L, v, i);
 
         c->queues[i] = queue_defaults;
         snprintf(label, sizeof(label), "queues[%zu]", i);
@@ -170,7 +170,7 @@ int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
             (rc = check_priority(L, item, &c->queues[i])) != SK_OK)
             return rc;
         for (size_t j = 0; j < i; j++) {
-            yaml_node_t *first = sk_walk_node(L, v->data.sequence.items.start[j]);
+            yaml_node_t *first = sk_walk_item(L, v, j);
             size_t line = sk_walk_find(L, first, "name")->start_mark.line + 1;
             if (strcmp(c->queues[j].name, c->queues[i].name) == 0)
                 return sk_walk_fail(L, sk_walk_find(L, item, "name"),
@@ -191,18 +191,18 @@ int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
     return SK_OK;
 }
 
-/* RabbitMQ refuses x-max-priority on a quorum queue ("invalid arg"), 3.x
- * (Debian 12 ships 3.10) and 4.0 alike: said here, at the line, rather than
- * by every worker's declaration failing at start. 4's quorum queues have two
- * fixed levels instead, which the message names so that a user of 4 knows
- * the job priorities still count there. */
+/* RabbitMQ 4.3 gives quorum queues strict priorities, levels 0-31; 3.x
+ * and 4.0-4.2 refuse x-max-priority on them ("invalid arg"). Which broker
+ * is behind amqp.url is only known at the declaration, which says so by
+ * name (broker_queue.c), as `sekalictl doctor` does before a start; the
+ * range is said here, at the line. */
 static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
 {
-    if (q->max_priority > 0 && q->queue_type == SK_QUEUE_QUORUM)
+    if (q->max_priority > SK_QUORUM_MAX_PRIORITY && q->queue_type == SK_QUEUE_QUORUM)
         return sk_walk_fail(L, sk_walk_lookup(L, item, "max_priority"),
-                            "max_priority needs queue_type: classic (quorum queues refuse "
-                            "x-max-priority; on RabbitMQ 4 they have two fixed levels, "
-                            "priority 5 and above high)");
+                            "max_priority on a quorum queue must be at most %d (RabbitMQ "
+                            "4.3's 32 levels; queue_type: classic takes up to 255), got %d",
+                            SK_QUORUM_MAX_PRIORITY, q->max_priority);
     return SK_OK;
 }
 

@@ -57,13 +57,13 @@ int sk_conf_schedules_load(struct loader *L, yaml_node_t *v, void *base)
         return SK_OK;
     if (v->type != YAML_SEQUENCE_NODE)
         return sk_walk_fail(L, v, "schedules: expected a sequence, got %s", sk_walk_kind(v));
-    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    size_t n = sk_walk_items(v);
     if (n > MAX_SCHEDULES)
         return sk_walk_fail(L, v, "schedules lists %zu schedules, more than %d", n, MAX_SCHEDULES);
     if (n > 0 && (c->schedules = calloc(n, sizeof(*c->schedules))) == NULL)
         return sk_walk_fail(L, v, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        yaml_node_t *item = sk_walk_item(L, v, i);
         struct sk_schedule_conf *s = &c->schedules[i];
         *s = schedule_defaults;
         c->n_schedules = i + 1;
@@ -74,7 +74,7 @@ int sk_conf_schedules_load(struct loader *L, yaml_node_t *v, void *base)
         for (size_t j = 0; j < i; j++) {
             if (strcmp(c->schedules[j].name, s->name) != 0)
                 continue;
-            yaml_node_t *first = sk_walk_node(L, v->data.sequence.items.start[j]);
+            yaml_node_t *first = sk_walk_item(L, v, j);
             return sk_walk_fail(L, sk_walk_find(L, item, "name"),
                                 "duplicate schedule name \"%s\" (first defined at line %zu)",
                                 s->name, sk_walk_find(L, first, "name")->start_mark.line + 1);

@@ -121,14 +121,14 @@ static int amqp_url(struct loader *L, yaml_node_t *v, void *base)
     if (v->type != YAML_SEQUENCE_NODE)
         return sk_walk_fail(L, v, "url: expected an amqp:// URL or a list of them, got %s",
                             sk_walk_kind(v));
-    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    size_t n = sk_walk_items(v);
     if (n == 0)
         return sk_walk_fail(L, v, "url: the list of nodes is empty");
     if (n > SK_AMQP_MAX_NODES)
         return sk_walk_fail(L, v, "url: %zu nodes listed, at most %d", n, SK_AMQP_MAX_NODES);
     for (size_t i = 0; i < n; i++) {
         snprintf(label, sizeof(label), "url[%zu]", i);
-        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        yaml_node_t *item = sk_walk_item(L, v, i);
         if ((rc = amqp_node(L, item, label, a)) != SK_OK)
             return rc;
     }
@@ -355,13 +355,13 @@ static int console_operators(struct loader *L, yaml_node_t *v, void *base)
     if (v->type != YAML_SEQUENCE_NODE)
         return sk_walk_fail(L, v, "operators: expected a sequence of {name, token_file}, "
                             "got %s", sk_walk_kind(v));
-    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    size_t n = sk_walk_items(v);
     if (n > OPERATORS_MAX)
         return sk_walk_fail(L, v, "operators: %zu listed, at most %d", n, OPERATORS_MAX);
     if (n > 0 && (c->operators = calloc(n, sizeof(*c->operators))) == NULL)
         return sk_walk_fail(L, v, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        yaml_node_t *item = sk_walk_item(L, v, i);
         snprintf(label, sizeof(label), "operators[%zu]", i);
         c->n_operators = i + 1;  /* what sk_conf_free() frees, even if this item fails */
         if ((rc = sk_walk_map(L, item, label, operator_keys, &c->operators[i])) != SK_OK)
@@ -447,11 +447,11 @@ static int redis_sentinels(struct loader *L, yaml_node_t *v, void *base)
     if (v->type != YAML_SEQUENCE_NODE)
         return sk_walk_fail(L, v, "sentinels: expected a sequence of host:port, got %s",
                             sk_walk_kind(v));
-    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    size_t n = sk_walk_items(v);
     if (n > 0 && (r->sentinels = calloc(n, sizeof(*r->sentinels))) == NULL)
         return sk_walk_fail(L, v, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        yaml_node_t *item = sk_walk_item(L, v, i);
         snprintf(label, sizeof(label), "sentinels[%zu]", i);
         if ((rc = sk_walk_scalar(L, item, label, "host:port", &s)) != SK_OK)
             return rc;

@@ -263,12 +263,12 @@ static int load_list(struct loader *L, const struct key *k, yaml_node_t *v, void
         return SK_OK;
     if (v->type != YAML_SEQUENCE_NODE)
         return sk_walk_fail(L, v, "%s: expected a sequence, got %s", k->name, sk_walk_kind(v));
-    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    size_t n = sk_walk_items(v);
     if (n > 0 && (*items = calloc(n, sizeof(**items))) == NULL)
         return sk_walk_fail(L, v, "out of memory");
     *count = n;
     for (size_t i = 0; i < n; i++) {
-        yaml_node_t *item = sk_walk_node(L, v->data.sequence.items.start[i]);
+        yaml_node_t *item = sk_walk_item(L, v, i);
         snprintf(label, sizeof(label), "%s[%zu]", k->name, i);
         if ((rc = sk_walk_scalar(L, item, label, "a scalar", &s)) != SK_OK)
             return rc;
@@ -354,6 +354,16 @@ yaml_node_t *sk_walk_node(struct loader *L, int index)
 
     sk_assert(n != NULL);
     return n;
+}
+
+size_t sk_walk_items(const yaml_node_t *v)
+{
+    return (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+}
+
+yaml_node_t *sk_walk_item(struct loader *L, const yaml_node_t *v, size_t i)
+{
+    return sk_walk_node(L, v->data.sequence.items.start[i]);
 }
 
 /* The value of the first pair named key; the caller knows there is one. */

@@ -129,6 +129,9 @@ int sk_walk_fail(struct loader *L, const yaml_node_t *n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The document's node of that index; it exists. */
 yaml_node_t *sk_walk_node(struct loader *L, int index);
+/* How many items the sequence v holds, and its item i (i below that). */
+size_t sk_walk_items(const yaml_node_t *v);
+yaml_node_t *sk_walk_item(struct loader *L, const yaml_node_t *v, size_t i);
 /* The value of the first pair named key; the caller knows there is one. */
 yaml_node_t *sk_walk_find(struct loader *L, yaml_node_t *map, const char *key);
 /* As sk_walk_find(), but the key may be absent: NULL then. */

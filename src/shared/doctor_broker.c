@@ -27,6 +27,8 @@
 
 static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q);
 static void check_limits(struct sk_doctor *d, const struct sk_queue_conf *q, int major);
+static void check_priorities(struct sk_doctor *d, const struct sk_queue_conf *q,
+                             const struct sk_broker *b);
 static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q);
 static void check_redelivery(struct sk_doctor *d, const struct sk_queue_conf *q);
 static void check_handler(struct sk_doctor *d, const struct sk_queue_conf *q);
@@ -47,6 +49,7 @@ void sk_doctor_broker(struct sk_doctor *d)
     for (size_t i = 0; i < d->conf->n_queues; i++) {
         check_queue(d, b, &d->conf->queues[i]);
         check_limits(d, &d->conf->queues[i], sk_broker_major(b));
+        check_priorities(d, &d->conf->queues[i], b);
         check_timeouts(d, &d->conf->queues[i]);
         check_redelivery(d, &d->conf->queues[i]);
         check_handler(d, &d->conf->queues[i]);
@@ -131,6 +134,25 @@ static void check_limits(struct sk_doctor *d, const struct sk_queue_conf *q, int
                       "delivery_limit %d is not above sekali's own attempts (max_crashes %d, "
                       "retry.max_attempts %d): the broker dead-letters a job before sekali "
                       "would", limit, q->max_crashes, q->retry.max_attempts);
+}
+
+/* A quorum queue's max_priority is a config sekalid accepts (RabbitMQ 4.3
+ * takes it) and a broker before 4.3 refuses at every worker's declaration:
+ * said here before a start that would not consume. */
+static void check_priorities(struct sk_doctor *d, const struct sk_queue_conf *q,
+                             const struct sk_broker *b)
+{
+    if (q->queue_type != SK_QUEUE_QUORUM || q->max_priority == 0)
+        return;
+    if (sk_broker_quorum_priorities(b))
+        sk_doctor_add(d, "queue.priorities", q->name, SK_DOCTOR_PASS, NULL,
+                      "strict priorities 0-%d on a quorum queue (RabbitMQ %s)", q->max_priority,
+                      sk_broker_version(b));
+    else
+        sk_doctor_add(d, "queue.priorities", q->name, SK_DOCTOR_FAIL,
+                      "use queue_type: classic, or drop max_priority, or upgrade to 4.3",
+                      "max_priority on a quorum queue needs RabbitMQ 4.3 or later; this broker "
+                      "is %s and refuses it: no worker will consume", sk_broker_version(b));
 }
 
 /* A delivery stays unacked for its job's run, and the acks of a window are

@@ -145,14 +145,7 @@ for run in $(seq 1 "$runs"); do
                 queue=$run_id-${names[$v]}-b$bench_batch-d${d//./_}-$run
                 conf=$(far_conf "$queue")
                 "${binaries[$v]}" -t -c "$conf" >/dev/null 2>&1 || die "${names[$v]} refuses $conf"
-                quiesce "$label round $run"
-                live_queue=$queue
-                "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
-                "$out/bench_sekalid" "${binaries[$v]}" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
-                    "$queue" "$jobs" "$timeout" >"$work/$queue.result" ||
-                    die "$label round $run (see $work/$queue.log)"
-                verify "$queue" "$jobs" amqp
-                log_problems "$work/$queue.log"
+                drain_round "${binaries[$v]}" "$conf" "$queue" "$jobs" "$label round $run"
                 rate=$(steady_rate "$queue")
                 last_rate[$key]=$rate
                 forget "$queue"

@@ -189,6 +189,22 @@ quiesce() {
         "its figures include that load"
 }
 
+# drain_round BINARY CONF QUEUE JOBS LABEL: one closed-loop round, once the
+# machine is quiet: JOBS jobs published to QUEUE in bulk, BINARY run on
+# CONF until they are done (files $work/QUEUE.*), each checked to have run
+# once. The caller reads the rate (steady_rate) and forgets the queue.
+drain_round() {
+    local binary=$1 conf=$2 queue=$3 jobs=$4 label=$5
+    quiesce "$label"
+    live_queue=$queue
+    "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
+    "$out/bench_sekalid" "$binary" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
+        "$queue" "$jobs" "$timeout" >"$work/$queue.result" ||
+        die "$label (see $work/$queue.log)"
+    verify "$queue" "$jobs" amqp
+    log_problems "$work/$queue.log"
+}
+
 # verify QUEUE EXPECTED [amqp]: every key completed once, one effect per key,
 # and (with amqp) nothing left in the queue or its dead letters.
 verify() {

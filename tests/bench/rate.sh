@@ -64,14 +64,7 @@ for run in $(seq 1 "$runs"); do
             conf=$(write_conf "$queue")
             [ "$mode" = none ] || printf '    rate_limit: %s\n' "$limit" >>"$conf"
             "$build/sekalid" -t -c "$conf" >/dev/null 2>&1 || die "sekalid refuses $conf"
-            quiesce "$label round $run"
-            live_queue=$queue
-            "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >"$work/$queue.publish"
-            "$out/bench_sekalid" "$build/sekalid" "$conf" "$work/$queue.log" "$SEKALI_PG_CONNINFO" \
-                "$queue" "$jobs" "$timeout" >"$work/$queue.result" ||
-                die "$label round $run (see $work/$queue.log)"
-            verify "$queue" "$jobs" amqp
-            log_problems "$work/$queue.log"
+            drain_round "$build/sekalid" "$conf" "$queue" "$jobs" "$label round $run"
             rate=$(steady_rate "$queue")
             "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
             live_queue=''

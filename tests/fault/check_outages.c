@@ -14,16 +14,9 @@
 
 #define JOBS   300
 
-static void servers(const char *command)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
-    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
-}
-
 static void start(struct h_run *r, const char *name, const char *queue_yaml)
 {
-    servers("start");
+    h_servers("start");
     h_run_open(r, name);
     h_run_start(r, &(struct h_run_opts){ .workers = 4, .queue_yaml = queue_yaml });
 }
@@ -37,6 +30,16 @@ static void publish_jobs(struct h_run *r, int from, int to, const char *body)
         snprintf(id, sizeof(id), "job-%d", i);
         h_publish(r->b, r->queue, "test", id, NULL, NULL, body);
     }
+}
+
+/* Starts the run and publishes the first half of the jobs; returns once 50
+ * are done, so that the fault (before what) comes mid-run. */
+static void start_mid_run(struct h_run *r, const char *name, const char *queue_yaml,
+                          const char *what)
+{
+    start(r, name, queue_yaml);
+    publish_jobs(r, 0, JOBS / 2, "sleep:5");
+    H_WAIT(h_completed(r) >= 50, 30000, "50 jobs should complete before %s", what);
 }
 
 /* Exactly once: JOBS keys completed, JOBS effects, none doubled, queue
@@ -53,16 +56,14 @@ static void expect_exactly_once(struct h_run *r)
 START_TEST(test_redis_stopped_mid_run_with_proceed_policy)
 {
     struct h_run r;
-    start(&r, "redis-proceed", "    on_redis_down: proceed\n");
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the outage");
-    servers("stop-redis");
+    start_mid_run(&r, "redis-proceed", "    on_redis_down: proceed\n", "the outage");
+    h_servers("stop-redis");
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
     H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS) >= 1, 30000,
            "the workers should notice that Redis is gone");
     H_WAIT(h_completed(&r) == JOBS, 60000, "every job should complete without Redis, %lld did",
            h_completed(&r));
-    servers("start-redis");
+    h_servers("start-redis");
     expect_exactly_once(&r);
 }
 END_TEST
@@ -71,7 +72,7 @@ START_TEST(test_redis_stopped_mid_run_with_wait_policy)
 {
     struct h_run r;
     start(&r, "redis-wait", "    on_redis_down: wait\n");
-    servers("stop-redis");
+    h_servers("stop-redis");
     publish_jobs(&r, 0, JOBS, "ok");
     H_WAIT(h_count_outcomes(r.log, "rescheduled", "redis_down") >= 4, 30000,
            "the workers should hold jobs back while Redis is gone");
@@ -79,7 +80,7 @@ START_TEST(test_redis_stopped_mid_run_with_wait_policy)
     ck_assert_int_eq(h_completed(&r), 0);
     ck_assert_int_ge(h_count_event_where(r.log, SK_EVENT_OUTAGE_BEGIN, "server", SK_SERVER_REDIS,
                                          "on_redis_down", "wait", NULL), 1);
-    servers("start-redis");
+    h_servers("start-redis");
     expect_exactly_once(&r);
 }
 END_TEST
@@ -87,11 +88,9 @@ END_TEST
 START_TEST(test_postgres_restarted_mid_run)
 {
     struct h_run r;
-    start(&r, "pg-restart", NULL);
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
+    start_mid_run(&r, "pg-restart", NULL, "the restart");
     PQfinish(r.pg);
-    servers("restart-postgres");
+    h_servers("restart-postgres");
     r.pg = h_pg();
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
     /* A worker busy when PostgreSQL stopped finds it gone (a failed claim
@@ -110,9 +109,7 @@ END_TEST
 START_TEST(test_rabbitmq_connections_closed_mid_run)
 {
     struct h_run r;
-    start(&r, "amqp-close", NULL);
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the connections close");
+    start_mid_run(&r, "amqp-close", NULL, "the connections close");
     sk_broker_close(r.b);
     ck_assert_int_eq(system("\"$SEKALI_RABBITMQCTL\" close_all_connections test "
                             ">/dev/null 2>&1"), 0);
@@ -128,11 +125,9 @@ END_TEST
 START_TEST(test_rabbitmq_restarted_mid_run)
 {
     struct h_run r;
-    start(&r, "amqp-restart", NULL);
-    publish_jobs(&r, 0, JOBS / 2, "sleep:5");
-    H_WAIT(h_completed(&r) >= 50, 30000, "50 jobs should complete before the restart");
+    start_mid_run(&r, "amqp-restart", NULL, "the restart");
     sk_broker_close(r.b);
-    servers("restart-rabbitmq");
+    h_servers("restart-rabbitmq");
     r.b = h_broker();
     publish_jobs(&r, JOBS / 2, JOBS, "sleep:5");
     H_WAIT(h_count_events(r.log, "worker", SK_EVENT_OUTAGE_BEGIN, SK_SERVER_RABBITMQ) >= 4,
@@ -160,7 +155,7 @@ static void broker_env(const char *key, long value)
 START_TEST(test_job_outliving_consumer_timeout_runs_once)
 {
     h_init();
-    servers("start");
+    h_servers("start");
     broker_env("consumer_timeout", 2000);
     broker_env("channel_tick_interval", 500);
     struct h_run r;
@@ -183,7 +178,7 @@ END_TEST
  * and runs once. */
 START_TEST(test_outbox_rows_wait_for_rabbitmq_and_all_run_once)
 {
-    servers("start");
+    h_servers("start");
     struct h_run r;
     h_run_open(&r, "outbox-down");
     /* Ready by sekalid's own word: the test's broker connection goes before
@@ -196,7 +191,7 @@ START_TEST(test_outbox_rows_wait_for_rabbitmq_and_all_run_once)
     H_WAIT(h_count_events(r.log, "supervisor", SK_EVENT_READY, NULL) == 1, 20000,
            "sekalid should become ready");
 
-    servers("stop-rabbitmq");
+    h_servers("stop-rabbitmq");
     char sql[512];
     snprintf(sql, sizeof(sql), "SELECT count(sekali.enqueue('%s', 'test', 'ok'::bytea, "
              "'k-' || i)) FROM generate_series(1, 100) AS i", r.queue);
@@ -207,7 +202,7 @@ START_TEST(test_outbox_rows_wait_for_rabbitmq_and_all_run_once)
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.outbox WHERE queue = '%s' "
                                       "AND published_at IS NOT NULL", r.queue), 0);
 
-    servers("start-rabbitmq");
+    h_servers("start-rabbitmq");
     H_WAIT(h_completed(&r) == 100, 90000,
            "every waiting job should run once RabbitMQ is back, %lld did", h_completed(&r));
     h_stop_sekalid(r.sekalid, r.dir);

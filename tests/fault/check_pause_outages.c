@@ -10,13 +10,6 @@
 
 #include "harness.h"
 
-static void servers(const char *command)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
-    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
-}
-
 static void ctl_ok(struct h_run *r, const char *command)
 {
     char *out = NULL;
@@ -53,7 +46,7 @@ static int raw_lines(const char *log)
 START_TEST(test_a_paused_queue_stays_paused_when_its_broker_connections_close)
 {
     struct h_run r = { 0 };
-    servers("start");
+    h_servers("start");
     h_run_open(&r, "pause_amqp");
     h_run_start(&r, &(struct h_run_opts){ .workers = 2 });
     ctl_ok(&r, "pause");
@@ -85,14 +78,14 @@ END_TEST
 START_TEST(test_a_queue_paused_across_a_postgresql_restart_still_resumes)
 {
     struct h_run r = { 0 };
-    servers("start");
+    h_servers("start");
     h_run_open(&r, "pause_pg");
     h_run_start(&r, &(struct h_run_opts){ .workers = 2 });
     ctl_ok(&r, "pause");
     H_WAIT(h_count_events(r.log, "worker", SK_EVENT_PAUSED, NULL) == 2, 10000,
            "both workers should pause");
     PQfinish(r.pg);
-    servers("restart-postgres");
+    h_servers("restart-postgres");
     r.pg = h_pg();
     publish_jobs(&r, 10);
     /* The workers' LISTEN went with their old sessions: the resume is

@@ -23,12 +23,7 @@
 
 #define RUN_MS 30000   /* the window */
 
-static void servers(const char *command)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
-    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
-}
+#define TICK_TEXT 64  /* a timestamptz as text */
 
 static char *config_for(struct h_run *r, const char *dir, const char *schedule)
 {
@@ -75,6 +70,24 @@ static void pg_text(PGconn *pg, const char *sql, char *out, size_t size)
                   !PQgetisnull(res, 0, 0), "%s: %s", sql, PQerrorMessage(pg));
     snprintf(out, size, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
+}
+
+/* The schedule's last tick by PostgreSQL's clock, and its first effect on
+ * r's queue (first and last: TICK_TEXT bytes each); waits until every tick between
+ * them has exactly one effect. */
+static void expect_each_tick_once(struct h_run *r, const char *schedule, char *first, char *last)
+{
+    char query[512];
+    snprintf(query, sizeof(query), "SELECT last_tick::text FROM sekali.schedules WHERE name = '%s'",
+             schedule);
+    pg_text(r->pg, query, last, TICK_TEXT);
+    snprintf(query, sizeof(query),
+             "SELECT min(substr(idempotency_key, length('schedule:%s:') + 1))::timestamptz::text "
+             "FROM sekali_test.effects WHERE queue = '%s'", schedule, r->queue);
+    pg_text(r->pg, query, first, TICK_TEXT);
+    H_WAIT(ticks_not_once(r, schedule, first, last) == 0, 30000,
+           "every tick from %s to %s should have exactly one effect; %lld do not", first, last,
+           ticks_not_once(r, schedule, first, last));
 }
 
 START_TEST(test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_restart)
@@ -124,7 +137,7 @@ START_TEST(test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_r
     pg_text(r.pg, "SELECT pg_postmaster_start_time()::text", started_before,
             sizeof(started_before));
     PQfinish(r.pg);
-    servers("restart-postgres");
+    h_servers("restart-postgres");
     r.pg = h_pg();
     pg_text(r.pg, "SELECT pg_postmaster_start_time()::text", started_after,
             sizeof(started_after));
@@ -134,17 +147,8 @@ START_TEST(test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_r
     H_WAIT(h_now_ms() - began >= RUN_MS, RUN_MS + 30000, "the end of the window");
     /* The window's last tick, by PostgreSQL's clock; then wait for every
      * tick up to it to have run before anything is counted. */
-    char first[64], last[64], query[512];
-    snprintf(query, sizeof(query), "SELECT last_tick::text FROM sekali.schedules WHERE name = '%s'",
-             schedule);
-    pg_text(r.pg, query, last, sizeof(last));
-    snprintf(query, sizeof(query),
-             "SELECT min(substr(idempotency_key, length('schedule:%s:') + 1))::timestamptz::text "
-             "FROM sekali_test.effects WHERE queue = '%s'", schedule, r.queue);
-    pg_text(r.pg, query, first, sizeof(first));
-    H_WAIT(ticks_not_once(&r, schedule, first, last) == 0, 30000,
-           "every tick from %s to %s should have exactly one effect; %lld do not", first, last,
-           ticks_not_once(&r, schedule, first, last));
+    char first[TICK_TEXT], last[TICK_TEXT];
+    expect_each_tick_once(&r, schedule, first, last);
 
     /* Both faults left their mark in the schedulers' own log lines. */
     int outages = 0;
@@ -183,7 +187,7 @@ START_TEST(test_three_skewed_hosts_enqueue_each_tick_once_through_a_kill_and_a_r
      * stops the schedulers ran on, and on a loaded machine took a tick or
      * more past it. */
     r.config = strdup(configs[0]);
-    char *out, want[512];
+    char *out, want[512], query[512];
     const char *const args[] = { "schedules", "--json", NULL };
     ck_assert_int_eq(h_sekalictl(&r, &out, args), 0);
     snprintf(query, sizeof(query), "SELECT to_char(last_tick AT TIME ZONE 'UTC', "
@@ -267,17 +271,8 @@ START_TEST(test_reloads_neither_double_nor_skip_a_tick)
                                 "body = 'ok-%d'", r.queue, i) >= 2, 30000,
                "two ticks should carry reload %d's body", i);
     }
-    char first[64], last[64], query[512];
-    snprintf(query, sizeof(query), "SELECT last_tick::text FROM sekali.schedules WHERE name = '%s'",
-             schedule);
-    pg_text(r.pg, query, last, sizeof(last));
-    snprintf(query, sizeof(query),
-             "SELECT min(substr(idempotency_key, length('schedule:%s:') + 1))::timestamptz::text "
-             "FROM sekali_test.effects WHERE queue = '%s'", schedule, r.queue);
-    pg_text(r.pg, query, first, sizeof(first));
-    H_WAIT(ticks_not_once(&r, schedule, first, last) == 0, 30000,
-           "every tick from %s to %s should have exactly one effect; %lld do not", first, last,
-           ticks_not_once(&r, schedule, first, last));
+    char first[TICK_TEXT], last[TICK_TEXT];
+    expect_each_tick_once(&r, schedule, first, last);
     stop_ticking(&r, schedule);
     h_run_stop(&r);
     long long doubled = h_pg_count(r.pg, "SELECT count(*) FROM (SELECT idempotency_key FROM "

@@ -31,6 +31,14 @@ static long longest_restart_delay(const char *log)
     return longest;
 }
 
+/* No job's death was counted, and none was dead-lettered. */
+static void expect_no_crash_recorded(struct h_run *r)
+{
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
+                                       "'%s'", r->queue), 0);
+    ck_assert_int_eq(h_queue_depth(r->b, r->dead), 0);
+}
+
 /* The chain of issue 9: a worker dies holding the lock on the job's
  * resource, and so do its next two replacements, each right after it took
  * the lock again (SIGKILL from the fault build's failpoint, as from
@@ -55,16 +63,7 @@ START_TEST(test_deaths_holding_the_lock_cost_the_job_nothing_and_free_the_lock_a
     int64_t published = h_now_ms();
     h_publish(r.b, r.queue, "test", "chain-1", "order-chain", NULL, "ok");
 
-    H_WAIT(h_count_lines(r.mark, "after_lock") == 3, 20000,
-           "three workers should have died holding the lock (mark has %d)",
-           h_count_lines(r.mark, "after_lock"));
-    char *marks = h_read_file(r.mark);
-    ck_assert_ptr_nonnull(marks);
-    for (const char *p = marks; *p != '\0'; p = strchr(p, '\n') + 1) {
-        pid_t victim = (pid_t)atol(p);
-        H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
-    }
-    free(marks);
+    h_wait_marked_deaths(&r, "after_lock", 3, 20000);
 
     H_WAIT(h_effects(&r, "order-chain") == 1, 15000,
            "the job should complete once, without waiting out the 30 s lock_ttl");
@@ -112,16 +111,7 @@ START_TEST(test_deaths_while_waiting_for_the_lock_cost_the_job_nothing)
     h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .env = env, .workers = 1,
                                           .queue_yaml = "    max_crashes: 2\n" });
     h_publish(r.b, r.queue, "test", "wait-1", "order-wait", NULL, "ok");
-    H_WAIT(h_count_lines(r.mark, "lock_busy") == 2, 20000,
-           "two workers should have died waiting for the lock (mark has %d)",
-           h_count_lines(r.mark, "lock_busy"));
-    char *marks = h_read_file(r.mark);
-    ck_assert_ptr_nonnull(marks);
-    for (const char *p = marks; *p != '\0'; p = strchr(p, '\n') + 1) {
-        pid_t victim = (pid_t)atol(p);
-        H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
-    }
-    free(marks);
+    h_wait_marked_deaths(&r, "lock_busy", 2, 20000);
     reply = redisCommand(redis, "DEL %s", lock_key);
     ck_assert_ptr_nonnull(reply);
     freeReplyObject(reply);
@@ -130,9 +120,7 @@ START_TEST(test_deaths_while_waiting_for_the_lock_cost_the_job_nothing)
     h_run_stop(&r);
     ck_assert_int_eq(h_effects(&r, "order-wait"), 1);
     ck_assert_int_eq(h_count_deaths(r.log, "signal", "9"), 2);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
-                                      "'%s'", r.queue), 0);
-    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    expect_no_crash_recorded(&r);
     redisFree(redis);
     h_run_close(&r);
 }
@@ -169,11 +157,7 @@ START_TEST(test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_i
     ck_assert_int_eq(h_count_deaths(r.log, "job_caused", "yes"), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
                                       "'%s' AND key = 'order-killed'", r.queue), 0);
-    amqp_message_t msg;
-    ck_assert(h_get(r.b, r.dead, &msg));
-    char text[64];
-    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
-    amqp_destroy_message(&msg);
+    h_expect_dead_reason(&r, "crashed");
     ck_assert_int_eq(h_effects(&r, "order-segv"), 0);
     h_run_close(&r);
 }
@@ -206,11 +190,7 @@ START_TEST(test_crashing_job_back_from_a_delay_queue_still_meets_max_crashes)
     H_WAIT(h_queue_depth(r.b, r.dead) == 1, 30000,
            "the copy of a job that crashed its worker should be dead-lettered");
     h_run_stop(&r);
-    amqp_message_t msg;
-    ck_assert(h_get(r.b, r.dead, &msg));
-    char text[64];
-    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
-    amqp_destroy_message(&msg);
+    h_expect_dead_reason(&r, "crashed");
     ck_assert_int_eq(h_effects(&r, "order-copy"), 0);
     h_run_close(&r);
 }
@@ -287,19 +267,10 @@ START_TEST(test_kill_storm_restarts_every_slot_promptly_and_loses_nothing)
     ck_assert_msg(longest == 0, "a restart waited %ld ms: the storm pushed a slot into backoff",
                   longest);
     h_expect_once(&r, STORM_KEYS, H_ANY_DUPS);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
-                                      "'%s'", r.queue), 0);
-    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    expect_no_crash_recorded(&r);
     h_run_close(&r);
 }
 END_TEST
-
-static void servers(const char *command)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "tests/servers.sh %s >/dev/null 2>&1", command);
-    ck_assert_msg(system(cmd) == 0, "tests/servers.sh %s failed", command);
-}
 
 /* Workers killed from outside while RabbitMQ is down never become ready,
  * through no fault of theirs: each still comes back at once, no crash loop
@@ -312,7 +283,7 @@ START_TEST(test_kills_during_a_broker_outage_never_back_off)
     h_run_open(&r, "outagekill");
     h_run_start(&r, &(struct h_run_opts){ .workers = 2,
                                           .top_yaml = "restart:\n  initial: 5s\n" });
-    servers("stop-rabbitmq");
+    h_servers("stop-rabbitmq");
     int kills = 0;
     int64_t end = h_now_ms() + 3000;
     while (h_now_ms() < end) {
@@ -328,7 +299,7 @@ START_TEST(test_kills_during_a_broker_outage_never_back_off)
         nanosleep(&t, NULL);
     }
     ck_assert_int_ge(kills, 12);  /* six or more deaths per slot, none of them ready */
-    servers("start-rabbitmq");
+    h_servers("start-rabbitmq");
     sk_broker_close(r.b);
     r.b = h_broker();
     H_WAIT(h_consumers(r.b, r.queue) == 2, 30000,
@@ -466,13 +437,7 @@ START_TEST(test_death_while_a_deferred_job_waits_leaves_its_batch_mates_committe
                                           .queue_yaml = "    batch: 16\n    prefetch: 32\n"
                                                         "    batch_wait: 1s\n",
                                           .top_yaml = top });
-    H_WAIT(h_count_lines(r.mark, "lock_deferred") == 1, 20000,
-           "the worker should have died with the job deferred (mark has %d)",
-           h_count_lines(r.mark, "lock_deferred"));
-    char *marks = h_read_file(r.mark);
-    pid_t victim = (pid_t)atol(marks);
-    free(marks);
-    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    pid_t victim = h_wait_marked_deaths(&r, "lock_deferred", 1, 20000);
     /* The fault's setting: the batch-mates committed before the death, the
      * deferred job did not run. */
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.effects WHERE queue = "
@@ -484,9 +449,7 @@ START_TEST(test_death_while_a_deferred_job_waits_leaves_its_batch_mates_committe
     ck_assert_int_eq(h_metric(port, "sekali_worker_restarts_total{queue=\"%s\"}", r.queue), 1);
     h_run_stop(&r);
     ck_assert_int_eq(h_count_deaths(r.log, "signal", "9"), 1);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.job_crashes WHERE queue = "
-                                      "'%s'", r.queue), 0);
-    ck_assert_int_eq(h_queue_depth(r.b, r.dead), 0);
+    expect_no_crash_recorded(&r);
     ck_assert_int_eq(lock_count(redis, &r), 0);
     h_expect_once(&r, MATES + 1, H_ANY_DUPS);
     redisFree(redis);
@@ -579,11 +542,7 @@ START_TEST(test_a_job_that_kills_a_retired_worker_still_meets_max_crashes)
                                          "crashes", "1", NULL), 1);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT crashes FROM sekali.job_crashes WHERE queue = "
                                       "'%s' AND key = 'order-retiredcrash'", r.queue), 1);
-    amqp_message_t msg;
-    ck_assert(h_get(r.b, r.dead, &msg));
-    char text[64];
-    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", text, sizeof(text)), "crashed");
-    amqp_destroy_message(&msg);
+    h_expect_dead_reason(&r, "crashed");
     ck_assert_int_eq(h_effects(&r, "order-retiredcrash"), 0);
     h_run_close(&r);
 }

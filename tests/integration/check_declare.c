@@ -81,11 +81,7 @@ static void run_each_outcome_once(struct h_run *r)
                                        "'%s' AND idempotency_key = 'k-retry'", r->queue), 2);
     H_WAIT(h_queue_depth(r->b, r->dead) == 1, 20000, "the failed job should be in %s, has %u",
            r->dead, h_queue_depth(r->b, r->dead));
-    amqp_message_t msg;
-    ck_assert(h_get(r->b, r->dead, &msg));
-    char buf[200];
-    ck_assert_str_eq(h_header_text(&msg, "x-sekali-reason", buf, sizeof buf), "failed");
-    amqp_destroy_message(&msg);
+    h_expect_dead_reason(r, "failed");
     h_run_stop(r);
     ck_assert_int_eq(h_effects(r, "k-ok"), 1);
     ck_assert_int_eq(h_effects(r, "k-retry"), 1);

@@ -494,6 +494,38 @@ START_TEST(test_versions_are_reported_and_a_low_delivery_limit_warns)
 }
 END_TEST
 
+/* RabbitMQ 4.3 gives quorum queues strict priorities (x-max-priority up
+ * to 31); 3.x and 4.0-4.2 refuse the argument. On the test brokers (3.10,
+ * and 4.0 under SEKALI_RABBITMQ=4) doctor fails it before a start, and a
+ * worker names the broker's version instead of passing on "invalid arg".
+ * 4.3 itself is not run here: Debian 13 ships 4.0. */
+START_TEST(test_priorities_on_a_quorum_queue_need_rabbitmq_4_3)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-qq-prio");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1,
+                              JOB_TIMEOUT "    queue_type: quorum\n    delivery_limit: 30\n"
+                              "    max_priority: 9\n");
+    char *report;
+    int code = doctor(r.config, NULL, NULL, &report);
+    ck_assert_msg(code == 7, "doctor exited %d: %s", code, report);
+    has_verdict(report, "queue.priorities", r.queue, "fail");
+    ck_assert_msg(strstr(report, "needs RabbitMQ 4.3 or later") != NULL, "%s", report);
+
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_count_lines(r.log, "needs RabbitMQ 4.3 or later, and this broker is") > 0, 20000,
+           "the worker should say why it cannot declare %s", r.queue);
+    bool exists = true;
+    uint32_t messages, consumers;
+    struct sk_err err = { 0 };
+    ck_assert_int_eq(sk_broker_queue_probe(r.b, r.queue, &exists, &messages, &consumers, &err),
+                     SK_OK);
+    ck_assert_msg(!exists, "%s should not have been declared without its priorities", r.queue);
+    h_stop_sekalid(r.sekalid, r.dir);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -510,6 +542,7 @@ int main(void)
         test_sekalid_logs_each_failed_start_check_once,
         test_a_schedule_run_with_two_specs_warns,
         test_versions_are_reported_and_a_low_delivery_limit_warns,
+        test_priorities_on_a_quorum_queue_need_rabbitmq_4_3,
         NULL,
     };
     return h_run_suite(h_suite("doctor", 60, tests));

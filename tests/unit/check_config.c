@@ -143,9 +143,8 @@ static const struct bad_case bad_cases[] = {
       DATA "bad_batch_prefetch.yaml:8:15: prefetch 8 is smaller than batch 16: a worker could "
       "never fill its batch" },
     { "bad_priority_quorum.yaml", NULL,
-      DATA "bad_priority_quorum.yaml:9:19: max_priority needs queue_type: classic (quorum "
-      "queues refuse x-max-priority; on RabbitMQ 4 they have two fixed levels, priority 5 "
-      "and above high)" },
+      DATA "bad_priority_quorum.yaml:9:19: max_priority on a quorum queue must be at most 31 "
+      "(RabbitMQ 4.3's 32 levels; queue_type: classic takes up to 255), got 32" },
     { "bad_priority_range.yaml", NULL,
       DATA "bad_priority_range.yaml:8:19: max_priority must be between 0 and 255, got 256" },
     { "bad_batch_range.yaml", NULL,
@@ -499,6 +498,20 @@ START_TEST(test_batch_raises_an_unset_prefetch_to_two_batches)
     ck_assert_int_eq(c->queues[0].prefetch, 32);
     ck_assert_uint_eq(c->queues[0].batch_wait_ms, 5);
     ck_assert_int_eq(c->queues[1].prefetch, 20);
+    sk_conf_free(c);
+}
+END_TEST
+
+/* RabbitMQ 4.3's quorum queues take x-max-priority up to 31: the config
+ * accepts it (whether the broker does is said at the declaration). */
+START_TEST(test_quorum_queue_takes_max_priority_up_to_31)
+{
+    struct sk_conf *c = load_queues(
+        "  - name: a\n    handler: /h.so\n    queue_type: quorum\n    max_priority: 31\n");
+    ck_assert_int_eq(c->queues[0].max_priority, 31);
+    struct sk_queue_shape shape = sk_conf_queue_shape(&c->queues[0]);
+    ck_assert(shape.quorum);
+    ck_assert_uint_eq(shape.max_priority, 31);
     sk_conf_free(c);
 }
 END_TEST
@@ -1486,6 +1499,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
     tcase_add_test(tc, test_batch_raises_an_unset_prefetch_to_two_batches);
     tcase_add_test(tc, test_batch_defaults_to_16_within_the_prefetch_window);
+    tcase_add_test(tc, test_quorum_queue_takes_max_priority_up_to_31);
     tcase_add_test(tc, test_restart_section_sets_the_backoff);
     tcase_add_test(tc, test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later);
     tcase_add_test(tc, test_null_sections_keep_their_defaults);

@@ -7,9 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <check.h>
 
+#include "common.h"
 #include "suite.h"
 #include "trace_context.h"
 
@@ -290,6 +293,35 @@ START_TEST(test_random_input_never_passes_as_something_the_grammar_refuses)
 }
 END_TEST
 
+/* Span ids come from a pool of random bytes drawn ahead: a worker forked
+ * from the supervisor must not hand out the supervisor's pooled bytes, or
+ * two workers would give the same span ids (and lock-token prefixes). */
+START_TEST(test_a_forked_child_draws_other_ids_than_its_parent)
+{
+    char before[SK_SPAN_ID_LEN + 1], parent[65], child[65] = "";
+    sk_trace_random_id(before, SK_SPAN_ID_LEN);  /* the pool now holds bytes */
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char id[65];
+        sk_random_hex(id, 64);
+        _exit(write(fds[1], id, 64) == 64 ? 0 : 1);
+    }
+    close(fds[1]);
+    sk_random_hex(parent, 64);
+    ck_assert_int_eq(read(fds[0], child, 64), 64);
+    child[64] = '\0';
+    close(fds[0]);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ck_assert_msg(strcmp(parent, child) != 0, "parent and child drew the same bytes: %s", child);
+    ck_assert_str_ne(parent, before);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -302,6 +334,7 @@ int main(void)
         test_begin_starts_a_new_trace_when_what_came_is_dropped,
         test_every_one_byte_change_of_a_traceparent_passes_only_if_valid,
         test_random_input_never_passes_as_something_the_grammar_refuses,
+        test_a_forked_child_draws_other_ids_than_its_parent,
         NULL,
     };
     return h_run_suite(h_suite("trace_context", 0, tests));
