@@ -64,6 +64,17 @@ static void proxy_stop(struct proxy *px)
     h_wait_exit(px->pid, 10000, "delay_proxy");
 }
 
+/* JOBS jobs, keys k-1.. k-JOBS, body "ok"; the bad-th's body "dup" (0: none). */
+static void publish_jobs(struct h_run *r, int bad)
+{
+    for (int i = 1; i <= JOBS; i++) {
+        char id[16], key[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r->b, r->queue, "test", id, key, NULL, i == bad ? "dup" : "ok");
+    }
+}
+
 /* h_run_start(), with the configuration's PostgreSQL port the proxy's. */
 static void start_far(struct h_run *r, const struct proxy *px, const char *handler,
                       const char *queue_yaml)
@@ -94,12 +105,7 @@ START_TEST(test_far_postgres_commits_a_batch_together)
     struct proxy px;
     proxy_start(&px, DELAY_MS);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    for (int i = 1; i <= JOBS; i++) {
-        char id[16], key[16];
-        snprintf(id, sizeof(id), "m-%d", i);
-        snprintf(key, sizeof(key), "k-%d", i);
-        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
-    }
+    publish_jobs(&r, 0);
     start_far(&r, &px, H_EFFECT, "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
                        "    batch_close_after: 50ms\n    lock: false\n");
     H_WAIT(h_effect_keys(&r) == JOBS, 60000, "the %d jobs should commit, have %lld", JOBS,
@@ -179,12 +185,7 @@ START_TEST(test_far_postgres_queued_statements_ride_the_commit)
     struct proxy px;
     proxy_start(&px, DELAY_MS);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    for (int i = 1; i <= JOBS; i++) {
-        char id[16], key[16];
-        snprintf(id, sizeof(id), "m-%d", i);
-        snprintf(key, sizeof(key), "k-%d", i);
-        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
-    }
+    publish_jobs(&r, 0);
     start_far(&r, &px, H_QUEUED, "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
                        "    batch_close_after: 50ms\n    lock: false\n");
     H_WAIT(h_completed(&r) == JOBS, 60000, "the %d jobs should complete, have %lld", JOBS,
@@ -223,12 +224,7 @@ START_TEST(test_queued_statement_failing_charges_its_job_alone)
              r.queue);
     h_pg_exec(r.pg, sql);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    for (int i = 1; i <= JOBS; i++) {
-        char id[16], key[16];
-        snprintf(id, sizeof(id), "m-%d", i);
-        snprintf(key, sizeof(key), "k-%d", i);
-        h_publish(r.b, r.queue, "test", id, key, NULL, i == 4 ? "dup" : "ok");
-    }
+    publish_jobs(&r, 4);
     h_run_start(&r, &(struct h_run_opts){
                         .handler = H_QUEUED, .workers = 1,
                         .queue_yaml = "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
