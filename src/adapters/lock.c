@@ -42,26 +42,58 @@
 #include "lock.h"
 #include "redis_link.h"
 
+/* A key is either a plain lock (a string holding its owner's token) or,
+ * for a queue with `concurrency` above 1, a semaphore: a sorted set of the
+ * holders' tokens, each scored with its own expiry in ms on Redis's clock
+ * (TIME, never ours), the key itself kept alive as long as its last holder.
+ * A holder past its expiry counts for nothing: it is dropped before every
+ * admission and may not renew, so no permit outlives its lease. Renewal and
+ * release look at the key's type, so either works on both, and a queue's
+ * concurrency changed under a held key leaves it busy until it expires. */
+#define SEM_NOW "local tm = redis.call('time') local now = tm[1] * 1000 + math.floor(tm[2] / 1000) "
+/* The key outlives every holder: its expiry only ever moves later. */
+#define SEM_KEEP(k, ttl) "if redis.call('pttl', " k ") < tonumber(" ttl ") then " \
+    "redis.call('pexpire', " k ", " ttl ") end "
+
 /* KEYS[1] = lock key, ARGV[1] = owner token, ARGV[2] = ttl in ms. */
 static const char renew_script[] =
+    "if redis.call('type', KEYS[1]).ok == 'zset' then " SEM_NOW
+    "local s = redis.call('zscore', KEYS[1], ARGV[1]) "
+    "if not s or tonumber(s) <= now then return 0 end "
+    "redis.call('zadd', KEYS[1], 'XX', now + ARGV[2], ARGV[1]) " SEM_KEEP("KEYS[1]", "ARGV[2]")
+    "return 1 end "
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 static const char release_script[] =
+    "if redis.call('type', KEYS[1]).ok == 'zset' then "
+    "return redis.call('zrem', KEYS[1], ARGV[1]) end "
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('del', KEYS[1]) else return 0 end";
 /* KEYS = the r locks to release, then those to take; ARGV[1] = r, ARGV[2] =
- * ttl in ms, ARGV[2 + i] = KEYS[i]'s token. One integer a key: 1 released
- * or taken, 0 not ours any more or held by another. Releases come first,
+ * ttl in ms, ARGV[3] = the holders a key admits, ARGV[3 + i] = KEYS[i]'s
+ * token. One integer a key: 1 released or taken, 0 not ours any more or
+ * held by another (by as many others as it admits). Releases come first,
  * so a job may take back the lock its predecessor on the resource left. */
 static const char swap_script[] =
-    "local r, out = tonumber(ARGV[1]), {} "
+    "local r, lim, now, out = tonumber(ARGV[1]), tonumber(ARGV[3]), nil, {} "
     "for i = 1, #KEYS do "
-    "local t = ARGV[i + 2] "
-    "if i <= r then "
-    "if redis.call('get', KEYS[i]) == t then out[i] = redis.call('del', KEYS[i]) "
+    "local k, t = KEYS[i], ARGV[i + 3] "
+    "local ty = (i <= r or lim > 1) and redis.call('type', k).ok "
+    "if i <= r and ty == 'zset' then out[i] = redis.call('zrem', k, t) "
+    "elseif i <= r then "
+    "if redis.call('get', k) == t then out[i] = redis.call('del', k) "
     "else out[i] = 0 end "
-    "elseif redis.call('set', KEYS[i], t, 'NX', 'PX', ARGV[2]) then out[i] = 1 "
+    "elseif lim <= 1 then "
+    "if redis.call('set', k, t, 'NX', 'PX', ARGV[2]) then out[i] = 1 else out[i] = 0 end "
+    "elseif ty ~= 'zset' and ty ~= 'none' then out[i] = 0 "
+    "else "
+    "if not now then local tm = redis.call('time') "
+    "now = tm[1] * 1000 + math.floor(tm[2] / 1000) end "
+    "redis.call('zremrangebyscore', k, '-inf', now) "
+    "if redis.call('zcard', k) < lim then "
+    "redis.call('zadd', k, now + ARGV[2], t) " SEM_KEEP("k", "ARGV[2]") "out[i] = 1 "
     "else out[i] = 0 end "
+    "end "
     "end "
     "return out";
 
@@ -211,29 +243,31 @@ int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
                          const char *const *tokens, uint32_t ttl_ms, int *rc,
                          struct sk_err *err)
 {
-    return sk_lock_swap_many(l, 0, n, keys, tokens, ttl_ms, rc, err);
+    return sk_lock_swap_many(l, 0, n, keys, tokens, ttl_ms, 1, rc, err);
 }
 
 /* One EVALSHA of swap_script over every key: one command, one round trip,
  * whatever the count. A script Redis lost (NOSCRIPT: it ran nothing) is
  * loaded again and the call repeated once. */
 int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char *const *keys,
-                      const char *const *tokens, uint32_t ttl_ms, int *rc, struct sk_err *err)
+                      const char *const *tokens, uint32_t ttl_ms, int limit, int *rc,
+                      struct sk_err *err)
 {
-    sk_assert(n_release <= n);
+    sk_assert(n_release <= n && limit >= 1);
     int status = ensure_connected(l, err);
     if (status != SK_OK || n == 0)
         return status;
     const char *ttl = ttl_text(l, ttl_ms);
-    char n_keys[24], n_rel[24];
+    char n_keys[24], n_rel[24], lim[24];
     snprintf(n_keys, sizeof(n_keys), "%zu", n);
     snprintf(n_rel, sizeof(n_rel), "%zu", n_release);
-    size_t need = 40 + strlen(n_keys) + strlen(n_rel) + strlen(ttl) + 16;
+    snprintf(lim, sizeof(lim), "%d", limit);
+    size_t need = 40 + strlen(n_keys) + strlen(n_rel) + strlen(ttl) + strlen(lim) + 32;
     for (size_t i = 0; i < n; i++)
         need += strlen(keys[i]) + strlen(tokens[i]);
     for (int attempt = 0;; attempt++) {
         redisReply *reply = NULL;
-        if (cmd_start(l, 5 + 2 * (int)n, need)) {
+        if (cmd_start(l, 6 + 2 * (int)n, need)) {
             cmd_arg(l, "EVALSHA", 7);
             cmd_arg(l, l->swap_sha, 40);
             cmd_arg(l, n_keys, strlen(n_keys));
@@ -241,6 +275,7 @@ int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char 
                 cmd_arg(l, keys[i], strlen(keys[i]));
             cmd_arg(l, n_rel, strlen(n_rel));
             cmd_arg(l, ttl, strlen(ttl));
+            cmd_arg(l, lim, strlen(lim));
             for (size_t i = 0; i < n; i++)
                 cmd_arg(l, tokens[i], strlen(tokens[i]));
             reply = cmd_send(l);

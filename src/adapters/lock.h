@@ -4,7 +4,8 @@
  * whether a job's effect happens (PostgreSQL does). Expiry is Redis's: we pass
  * a TTL and never compare clocks. Renewal and release are compare-by-token
  * scripts, so a worker whose lease expired cannot extend or delete the lock a
- * newer owner holds. One struct sk_lock is one connection, owned by one thread. */
+ * newer owner holds. A key may also be a semaphore (a queue's concurrency):
+ * renewal and release work on either kind. One struct sk_lock is one connection, owned by one thread. */
 #ifndef SK_LOCK_H
 #define SK_LOCK_H
 
@@ -75,14 +76,17 @@ int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
                          struct sk_err *err);
 
 /* Releases the first n_release of keys (if tokens[i] still owns keys[i])
- * and then takes the others (SET NX PX ttl_ms), in one script: one command
+ * and then takes the others (SET NX PX ttl_ms; with limit above 1, a
+ * permit of a semaphore admitting that many holders, each with its own
+ * ttl_ms on Redis's clock), in one script: one command
  * and one round trip for both, so that a worker's releases travel with its
  * next acquire. rc[i] is SK_OK (released, or ours now) or SK_BUSY (not ours
  * any more, or another owner's). Returns SK_OK, or SK_AGAIN when Redis
  * failed (no rc[i] to be trusted: a release may not have happened, and the
  * lock expires; a lock may have been taken, and expires too). */
 int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char *const *keys,
-                      const char *const *tokens, uint32_t ttl_ms, int *rc, struct sk_err *err);
+                      const char *const *tokens, uint32_t ttl_ms, int limit, int *rc,
+                      struct sk_err *err);
 
 /* sk_lock_release() of n keys in one round trip. Returns SK_OK when each
  * was answered (rc[i]: SK_OK, or SK_BUSY: not ours any more), or SK_AGAIN. */

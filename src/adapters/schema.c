@@ -36,6 +36,8 @@ const char *const sk_schema_migrations[] = {
     "030_count_bases.sql",
     "031_trace_context.sql",
     "032_outbox_content_type.sql",
+    "033_purge_indexes.sql",
+    "034_purge_by_index.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

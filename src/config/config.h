@@ -129,6 +129,7 @@ struct sk_queue_conf {
     enum sk_queue_mode mode;
     bool               lock;           /* take a Redis lock on the resource key */
     uint32_t           lock_ttl_ms;    /* this queue's lease (defaults to lock.ttl) */
+    int                concurrency;    /* jobs a resource admits at once; 1: the plain lock */
     size_t             max_body;       /* larger messages are dead-lettered */
     size_t             max_headers;    /* so are messages whose headers table is larger */
     char             **job_types;      /* accepted AMQP `type` values; none means any */

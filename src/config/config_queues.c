@@ -108,6 +108,7 @@ const struct key sk_conf_queue_keys[] = {
     ENUM("mode",            sk_queue_conf, mode, modes),
     BOOL("lock",            sk_queue_conf, lock),
     DURATION("lock_ttl",    sk_queue_conf, lock_ttl_ms, MIN_LOCK_TTL, DAY),
+    INT("concurrency",      sk_queue_conf, concurrency, 1, 10000),
     SIZE("max_body",        sk_queue_conf, max_body, 1, 128 * MIB),
     SIZE("max_headers",     sk_queue_conf, max_headers, 1, MAX_HEADERS_CAP),
     LIST("job_types",       sk_queue_conf, job_types),
@@ -135,7 +136,8 @@ const struct key sk_conf_queue_keys[] = {
 
 /* lock_ttl_ms 0 means "lock.ttl", filled in once the whole file is read. */
 static const struct sk_queue_conf queue_defaults = {
-    .workers = 1, .prefetch = 10, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .max_body = MIB,
+    .workers = 1, .prefetch = 10, .mode = SK_MODE_TRANSACTIONAL, .lock = true, .concurrency = 1,
+    .max_body = MIB,
     .max_headers = MAX_HEADERS_DEFAULT,
     .retry = { .max_attempts = 5, .initial_ms = SEC, .max_ms = 5 * 60 * SEC },
     .on_redis_down = SK_REDIS_DOWN_PROCEED,

@@ -215,8 +215,9 @@ static void check_timeouts(struct sk_doctor *d, const struct sk_queue_conf *q)
 }
 
 /* The longest a job's deliveries can spread over by the settings: each of
- * its deliveries (max_attempts, or the quorum delivery_limit if larger:
- * crashes count there too) held until job_timeout (else the broker's
+ * its deliveries (max_attempts, plus the max_crashes deliveries a worker
+ * dying under it may take (job.c claims that many more), or the quorum
+ * delivery_limit if larger: crashes count there too) held until job_timeout (else the broker's
  * consumer_timeout) ends it, and the retry delays' ceilings between them.
  * A copy arriving after the retention finds its key maybe purged; the
  * worker quarantines it (beyond_retention) rather than run it twice, so a
@@ -232,8 +233,8 @@ static void check_redelivery(struct sk_doctor *d, const struct sk_queue_conf *q)
     uint64_t ct = d->consumer_timeout_ms > 0 ? d->consumer_timeout_ms
                                              : BROKER_DEFAULT_CONSUMER_TIMEOUT_MS;
     uint64_t hold = q->job_timeout_ms > 0 && q->job_timeout_ms < ct ? q->job_timeout_ms : ct;
-    int deliveries = q->retry.max_attempts > q->delivery_limit ? q->retry.max_attempts
-                                                               : q->delivery_limit;
+    int own = q->retry.max_attempts + q->max_crashes;
+    int deliveries = own > q->delivery_limit ? own : q->delivery_limit;
     uint64_t path = hold * (uint64_t)(deliveries > 0 ? deliveries : 1), delay = q->retry.initial_ms;
     for (int k = 1; k < q->retry.max_attempts; k++) {
         path += delay < q->retry.max_ms ? delay : q->retry.max_ms;
@@ -246,7 +247,7 @@ static void check_redelivery(struct sk_doctor *d, const struct sk_queue_conf *q)
     bool short_keep = q->retention_ms < path;
     sk_doctor_add(d, "retention.redelivery", q->name, short_keep ? SK_DOCTOR_WARN : SK_DOCTOR_PASS,
                   "raise the queue's retention above the longest redelivery path, or lower "
-                  "job_timeout, retry.max_attempts or retry.max",
+                  "job_timeout, retry.max_attempts, max_crashes or retry.max",
                   "%d deliveries held up to %s each, with their retry delays, can spread over "
                   "%s; keys are kept %s%s", deliveries > 0 ? deliveries : 1,
                   q->job_timeout_ms > 0 && q->job_timeout_ms < ct ? "job_timeout" : "consumer_timeout",

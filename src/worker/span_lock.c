@@ -232,7 +232,7 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
         return 0;
     struct sk_err err = { 0 };
     int rc = sk_lock_swap_many(redis, r, r + m, s->keys, s->tokens, p->queue->lock_ttl_ms,
-                               s->rcs, &err);
+                               p->queue->concurrency, s->rcs, &err);
     if (r > 0)
         released(p, s, rc, &err);
     if (rc != SK_OK) {
@@ -341,8 +341,8 @@ void sk_span_release_locks(struct sk_pipeline *p)
     if (redis == NULL)
         sk_err_set(&err, SK_AGAIN, "redis unavailable");
     else
-        rc = sk_lock_swap_many(redis, r, r, s->keys, s->tokens, p->queue->lock_ttl_ms, s->rcs,
-                               &err);
+        rc = sk_lock_swap_many(redis, r, r, s->keys, s->tokens, p->queue->lock_ttl_ms,
+                               p->queue->concurrency, s->rcs, &err);
     released(p, s, rc, &err);
     sk_slot_forget_locks(p->slot);
     if (redis != NULL && rc != SK_OK)

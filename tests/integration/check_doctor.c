@@ -269,6 +269,20 @@ START_TEST(test_a_retention_shorter_than_the_redelivery_path_warns)
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT "    retention: 1h\n");
     doctor(r.config, NULL, NULL, &report);
     has_verdict(report, "retention.redelivery", r.queue, "pass");
+
+    /* Five attempts of ten minutes fit in the hour, but a worker dying
+     * under the job earns it up to max_crashes (3) more deliveries. */
+    free(r.config);
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1,
+                              "    job_timeout: 10m\n    retention: 1h\n");
+    doctor(r.config, NULL, NULL, &report);
+    has_verdict(report, "retention.redelivery", r.queue, "warn");
+    ck_assert_msg(strstr(report, "8 deliveries") != NULL, "%s", report);
+    free(r.config);
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1,
+                              "    job_timeout: 10m\n    retention: 1h\n    max_crashes: 0\n");
+    doctor(r.config, NULL, NULL, &report);
+    has_verdict(report, "retention.redelivery", r.queue, "pass");
     h_run_close(&r);
 }
 END_TEST

@@ -222,7 +222,7 @@ START_TEST(test_swap_releases_ours_before_it_takes_the_next)
     redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
     ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
     freeReplyObject(redisCommand(redis, "SCRIPT FLUSH"));
-    ck_assert_msg(sk_lock_swap_many(a, 2, 4, k, tok, 60000, rc, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(sk_lock_swap_many(a, 2, 4, k, tok, 60000, 1, rc, &err) == SK_OK, "%s", err.msg);
     ck_assert_int_eq(rc[0], SK_OK);    /* released ... */
     ck_assert_int_eq(rc[1], SK_BUSY);  /* not ours any more: spared */
     ck_assert_int_eq(rc[2], SK_OK);    /* ... and taken by the next job */
@@ -240,7 +240,7 @@ START_TEST(test_swap_releases_ours_before_it_takes_the_next)
     /* Releasing only, as an idle worker does. */
     const char *mine[2] = { keys[0], keys[2] };
     const char *mine_tok[2] = { next0, t.token_list[2] };
-    ck_assert_msg(sk_lock_swap_many(a, 2, 2, mine, mine_tok, 60000, rc, &err) == SK_OK, "%s",
+    ck_assert_msg(sk_lock_swap_many(a, 2, 2, mine, mine_tok, 60000, 1, rc, &err) == SK_OK, "%s",
                   err.msg);
     ck_assert_int_eq(rc[0], SK_OK);
     ck_assert_int_eq(rc[1], SK_OK);
@@ -298,6 +298,68 @@ START_TEST(test_pipelined_renewal_extends_ours_and_spares_the_taken_one)
 }
 END_TEST
 
+/* A semaphore (limit above 1): up to limit tokens hold one key at once,
+ * the next is refused; renewal extends only a holder's own entry and
+ * release removes only its own; a holder that stops renewing (a worker
+ * SIGKILLed) counts for nothing past its expiry, on Redis's clock: a new
+ * token is admitted then, and the dead one may not renew any more. */
+START_TEST(test_semaphore_admits_up_to_its_limit_and_drops_the_expired)
+{
+    struct sk_redis_conf conf = redis_conf();
+    struct sk_lock *a;
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_lock_open(&a, &conf, &err) == SK_OK, "%s", err.msg);
+    char key[64], tok[5][SK_LOCK_TOKEN_LEN + 1];
+    snprintf(key, sizeof(key), "sekali:lock:sem-%d:r", (int)getpid());
+    const char *k[1] = { key }, *t[1];
+    int rc[1];
+    for (int i = 0; i < 5; i++)
+        sk_lock_new_token(tok[i]);
+    /* Three long holders, then one that stops renewing: full at 3. */
+    for (int i = 0; i < 3; i++) {
+        t[0] = tok[i];
+        uint32_t ttl = i == 2 ? 500 : 60000;
+        ck_assert_msg(sk_lock_swap_many(a, 0, 1, k, t, ttl, 3, rc, &err) == SK_OK, "%s",
+                      err.msg);
+        ck_assert_msg(rc[0] == SK_OK, "holder %d of 3 should be admitted", i + 1);
+    }
+    t[0] = tok[3];
+    ck_assert_int_eq(sk_lock_swap_many(a, 0, 1, k, t, 60000, 3, rc, &err), SK_OK);
+    ck_assert_msg(rc[0] == SK_BUSY, "a fourth holder of a semaphore of 3 was admitted");
+    ck_assert_int_eq(sk_lock_renew(a, key, tok[3], 60000, &err), SK_BUSY);
+    ck_assert_int_eq(sk_lock_release(a, key, tok[3], &err), SK_BUSY);
+    ck_assert_int_eq(sk_lock_renew(a, key, tok[0], 60000, &err), SK_OK);
+    long long ttl = redis_pttl(key);
+    ck_assert_msg(ttl > 50000, "the key should live as long as its last holder: pttl %lld", ttl);
+    /* The short holder is gone by its expiry: the fourth gets its permit. */
+    H_WAIT(sk_lock_swap_many(a, 0, 1, k, t, 60000, 3, rc, &err) == SK_OK && rc[0] == SK_OK,
+           10000, "the expired holder's permit should be free after its 500 ms");
+    ck_assert_int_eq(sk_lock_renew(a, key, tok[2], 60000, &err), SK_BUSY);
+    ck_assert_int_eq(sk_lock_release(a, key, tok[2], &err), SK_BUSY);
+    /* A release frees one permit, the releaser's own, with the next take. */
+    const char *k2[2] = { key, key }, *t2[2] = { tok[0], tok[4] };
+    int rc2[2];
+    ck_assert_int_eq(sk_lock_swap_many(a, 1, 2, k2, t2, 60000, 3, rc2, &err), SK_OK);
+    ck_assert_msg(rc2[0] == SK_OK && rc2[1] == SK_OK, "release then take: %d %d", rc2[0],
+                  rc2[1]);
+    int renewed[3];
+    const char *holders[3] = { tok[1], tok[3], tok[4] }, *keys3[3] = { key, key, key };
+    ck_assert_int_eq(sk_lock_renew_many(a, 3, keys3, holders, 60000, renewed, &err), SK_OK);
+    ck_assert(renewed[0] == SK_OK && renewed[1] == SK_OK && renewed[2] == SK_OK);
+    ck_assert_int_eq(sk_lock_release_many(a, 3, keys3, holders, renewed, &err), SK_OK);
+    ck_assert(!h_redis_exists(key));
+    /* Limit 1 is the plain lock, and a plain lock held is busy to a semaphore. */
+    t[0] = tok[0];
+    ck_assert_int_eq(sk_lock_swap_many(a, 0, 1, k, t, 60000, 1, rc, &err), SK_OK);
+    ck_assert_int_eq(rc[0], SK_OK);
+    t[0] = tok[1];
+    ck_assert_int_eq(sk_lock_swap_many(a, 0, 1, k, t, 60000, 3, rc, &err), SK_OK);
+    ck_assert_int_eq(rc[0], SK_BUSY);
+    ck_assert_int_eq(sk_lock_release(a, key, tok[0], &err), SK_OK);
+    sk_lock_close(a);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -307,6 +369,7 @@ int main(void)
         test_pipelined_acquire_and_release_answer_for_each_key,
         test_pipelined_renewal_extends_ours_and_spares_the_taken_one,
         test_swap_releases_ours_before_it_takes_the_next,
+        test_semaphore_admits_up_to_its_limit_and_drops_the_expired,
         NULL,
     };
     Suite *s = suite_create("lock");

@@ -1266,6 +1266,35 @@ START_TEST(test_rate_limit_refuses_a_bad_rate_at_its_position)
 }
 END_TEST
 
+/* queues[].concurrency: 1 unless given, 1..10000, refused at its position. */
+START_TEST(test_concurrency_defaults_to_one_and_refuses_out_of_range_at_its_position)
+{
+    char text[512];
+    struct sk_conf *c;
+    static const char fmt[] = "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+                              "postgres: {conninfo: \"dbname=sekali\"}\n"
+                              "queues:\n"
+                              "  - {name: q, handler: h.so%s}\n";
+    snprintf(text, sizeof(text), fmt, "");
+    ck_assert_str_eq(load_text(text, &c), "");
+    ck_assert_int_eq(c->queues[0].concurrency, 1);
+    sk_conf_free(c);
+    snprintf(text, sizeof(text), fmt, ", concurrency: 10000");
+    ck_assert_str_eq(load_text(text, &c), "");
+    ck_assert_int_eq(c->queues[0].concurrency, 10000);
+    sk_conf_free(c);
+    static const struct { const char *value, *message; } cases[] = {
+        { ", concurrency: 0", "4:43: concurrency must be between 1 and 10000, got 0" },
+        { ", concurrency: 10001", "4:43: concurrency must be between 1 and 10000, got 10001" },
+        { ", concurrency: three", "4:43: concurrency: expected an integer, got \"three\"" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(text, sizeof(text), fmt, cases[i].value);
+        ck_assert_str_eq(load_text(text, &c), cases[i].message);
+    }
+}
+END_TEST
+
 START_TEST(test_redis_sentinels_take_a_list_of_host_port_and_a_master_name)
 {
     struct sk_conf *c;
@@ -1541,6 +1570,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_redis_sentinels_take_a_list_of_host_port_and_a_master_name);
     tcase_add_test(tc, test_rate_limit_takes_a_rate_or_a_mapping);
     tcase_add_test(tc, test_rate_limit_refuses_a_bad_rate_at_its_position);
+    tcase_add_test(tc, test_concurrency_defaults_to_one_and_refuses_out_of_range_at_its_position);
     tcase_add_test(tc, test_redis_sentinels_refuse_what_cannot_name_a_master);
     tcase_add_test(tc, test_duration_rejects_malformed_text);
     tcase_add_test(tc, test_duration_detects_overflow);
