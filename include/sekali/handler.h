@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define SEKALI_HANDLER_ABI_MAJOR 1  /* bump: every plugin must be rebuilt */
-#define SEKALI_HANDLER_ABI_MINOR 7  /* bump: a member was appended below */
+#define SEKALI_HANDLER_ABI_MINOR 8  /* bump: a member was appended below */
 
 /* What handle() returns. */
 enum sekali_status {
@@ -251,6 +251,25 @@ struct sekali_host {
      * a failing query leaves the job's transaction failed (its COMMIT
      * fails and the job is retried). */
     int (*cancelled)(struct sekali_ctx *ctx);
+
+    /* Since 1.8 (check host->abi_minor >= 8). Transactional mode: queues
+     * one SQL statement that needs no answer (an INSERT, an UPDATE) to be
+     * sent in the transaction's COMMIT pipeline, not now: a batch of N
+     * jobs then costs one round trip to PostgreSQL for all their writes
+     * instead of one per statement, which matters when the server is far.
+     * sql (one statement, $1..$n placeholders) and the n_params text
+     * values (NULL: SQL NULL) are copied. The statements run in the order
+     * queued, after every handler of the batch has returned, so a handler
+     * cannot read what it queued. They commit or roll back with the job's
+     * completion. When one fails, the transaction is rolled back and each
+     * of its jobs runs again alone in a transaction of its own, spending
+     * no attempt; the job whose own statement then fails is retried or
+     * dead-lettered like any failed COMMIT. At most 64 statements and
+     * 256 KiB per job, 64 parameters per statement. Returns 0, or -1 with
+     * the reason set as the job's error (external mode, a bound passed,
+     * no memory): return SEKALI_RETRY then, or run the statement now. */
+    int (*queue_sql)(struct sekali_ctx *ctx, const char *sql, int n_params,
+                     const char *const *values);
 
     /* append here; never reorder, resize or remove */
 };

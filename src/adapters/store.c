@@ -35,6 +35,8 @@ struct sk_store {
     PGconn                        *conn;
     uint64_t                       rtt_ns[RTT_SAMPLES];   /* 0: no sample yet */
     unsigned                       rtt_next;
+    const struct sk_pg_stmt       *first;    /* sk_store_send_first()'s, for the next finish */
+    size_t                         n_first;
 };
 
 static const struct {
@@ -292,7 +294,11 @@ static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
         const char *values[4];
         int lengths[4], formats[4];
     } *args = calloc(n + 2, sizeof(*args));
-    struct sk_pg_stmt *steps = calloc(n + 2, sizeof(*steps));
+    size_t n_first = s->n_first;
+    const struct sk_pg_stmt *first = s->first;
+    s->first = NULL;
+    s->n_first = 0;
+    struct sk_pg_stmt *steps = calloc(n + n_first + 2, sizeof(*steps));
     char *keys = n_back > 0 ? sk_pg_text_array(n_back, ref_key, back) : NULL;
     char *fences = n_back > 0 ? sk_pg_text_array(n_back, ref_fence, back) : NULL;
     if (args == NULL || steps == NULL || (n_back > 0 && (keys == NULL || fences == NULL))) {
@@ -316,6 +322,10 @@ static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
             .values = a->values, .what = "sekali.unclaim_many",
         };
     }
+    /* The handlers' queued statements, before the completions: a failing
+     * one aborts the pipeline, and the COMMIT with it. */
+    for (size_t i = 0; i < n_first; i++)
+        steps[k++] = first[i];
     for (size_t i = 0; i < n; i++, k++) {
         struct step_args *a = &args[i];
         a->values[0] = refs[i]->queue;
@@ -341,8 +351,16 @@ static int finish_array(struct sk_store *s, const struct sk_pg_stmt *shape,
     return rc == SK_BUSY ? SK_ERR : rc;
 }
 
+void sk_store_send_first(struct sk_store *s, const struct sk_pg_stmt *steps, size_t n)
+{
+    s->first = steps;
+    s->n_first = n;
+}
+
 int sk_store_rollback(struct sk_store *s, struct sk_err *err)
 {
+    s->first = NULL;
+    s->n_first = 0;
     /* An explicit ROLLBACK is also what leaves an aborted pipeline's
      * transaction block; outside a transaction it only warns. */
     int rc = sk_pg_run(s->conn, "ROLLBACK", err);

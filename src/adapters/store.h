@@ -109,6 +109,13 @@ int sk_store_savepoint(struct sk_store *s, bool first, struct sk_err *err);
  * in one round trip; the rest of the batch stays. SK_OK, SK_AGAIN, SK_ERR. */
 int sk_store_rollback_job(struct sk_store *s, const struct sk_keyref *ref, struct sk_err *err);
 
+/* The next sk_store_complete(), sk_store_complete_many() or
+ * sk_store_commit_results() sends these n statements (their results
+ * unread) before its completions, in the same pipeline and round trip; a
+ * failing one rolls the transaction back (SK_ERR). Borrowed until that
+ * call returns; forgotten by it or by sk_store_rollback(). */
+void sk_store_send_first(struct sk_store *s, const struct sk_pg_stmt *steps, size_t n);
+
 /* Marks the n keys completed, each with its result, and COMMITs, in one
  * round trip: sk_store_complete() for a batch, with its codes. A batch
  * closed early (span.c) first gives back the n_back keys (back[0..n_back),

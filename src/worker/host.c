@@ -34,6 +34,8 @@ static int host_conflict(struct sekali_ctx *ctx, const char *message);
 static const char *host_headers_json(struct sekali_ctx *ctx);
 static void host_retry_after(struct sekali_ctx *ctx, uint32_t delay_ms);
 static int host_cancelled(struct sekali_ctx *ctx);
+static int host_queue_sql(struct sekali_ctx *ctx, const char *sql, int n_params,
+                          const char *const *values);
 
 /* The size of the 1.3 enqueue struct: the first one, so the least a caller
  * may pass. */
@@ -60,6 +62,7 @@ static const struct sekali_host host = {
     .config_queue = sk_conf_queue_setting,
     .retry_after = host_retry_after,
     .cancelled = host_cancelled,
+    .queue_sql = host_queue_sql,
 };
 
 const struct sekali_host *sk_host(void)
@@ -77,6 +80,7 @@ void sk_host_ctx_reset(struct sekali_ctx *ctx)
     ctx->headers_done = false;
     ctx->retry_after_ms = 0;
     sk_lease_checkpoints_clear(&ctx->checkpoints);
+    sk_sqlq_clear(&ctx->queued);
 }
 
 const char *sk_host_ctx_body(struct sekali_ctx *ctx, const void *body, size_t len)
@@ -101,6 +105,7 @@ const char *sk_host_ctx_body(struct sekali_ctx *ctx, const void *body, size_t le
 
 void sk_host_ctx_free(struct sekali_ctx *ctx)
 {
+    sk_sqlq_clear(&ctx->queued);
     sk_lease_checkpoints_clear(&ctx->checkpoints);
     free(ctx->body);
     ctx->body = NULL;
@@ -350,4 +355,18 @@ static int host_cancelled(struct sekali_ctx *ctx)
         return 0;
     }
     return cancelled ? 1 : 0;
+}
+
+/* Queued on the job's context; handle() (span.c) hands them to the job,
+ * whose COMMIT sends them. External mode has no transaction to send them
+ * in. */
+static int host_queue_sql(struct sekali_ctx *ctx, const char *sql, int n_params,
+                          const char *const *values)
+{
+    if (ctx->external) {
+        snprintf(ctx->error, sizeof(ctx->error),
+                 "queue_sql(): external mode has no transaction to queue in");
+        return -1;
+    }
+    return sk_sqlq_add(&ctx->queued, sql, n_params, values, ctx->error, sizeof(ctx->error));
 }

@@ -12,6 +12,7 @@
 
 #include "lease.h"
 #include "log.h"
+#include "sqlq.h"
 
 #define SK_RESULT_MAX (64 * 1024)  /* a saved result is a receipt, not a payload */
 
@@ -36,6 +37,7 @@ struct sekali_ctx {
     bool                     headers_done; /* headers_buf holds this job's */
     uint32_t                 retry_after_ms; /* host->retry_after(), 0 if not called */
     const struct sk_trace   *trace;       /* the job's run in its trace, or NULL */
+    struct sk_sqlq           queued;      /* host->queue_sql()'s, taken by the job after */
 };
 
 /* The vtable handed to every handler's init(). Valid for the process's life. */

@@ -98,6 +98,7 @@ void sk_job_rewind(struct sk_job *j)
     sk_assert(j->state == SK_JOB_CLAIMED || j->state == SK_JOB_HANDLED);
     j->state = j->lock.held || j->lock.shared ? SK_JOB_LOCKED : SK_JOB_RECEIVED;
     free(j->out.result);
+    sk_sqlq_clear(&j->out.queued);
     j->out = (struct sk_outcome){ .status = SEKALI_OK };
     sk_log_job(SK_LOG_DEBUG, &j->log, "claim rolled back with its batch");
 }

@@ -22,6 +22,7 @@
 #include "envelope.h"
 #include "lock.h"
 #include "log.h"
+#include "sqlq.h"
 #include "store.h"
 
 struct sk_metrics_type;
@@ -104,6 +105,7 @@ struct sk_job {
         char     error[512];
         void    *result;          /* a copy of ctx->result, for the completion and the reply */
         size_t   result_len;
+        struct sk_sqlq queued;    /* host->queue_sql()'s, for the COMMIT's pipeline */
     } out;
     /* The exit is only decided by sk_job_finish(), and carried out by
      * sk_span_settle() once the whole span is settled, in delivery order:

@@ -86,6 +86,8 @@ static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w
 static bool settle_outcomes(struct sk_pipeline *p, struct sk_span *s, const struct way *w,
                             int rc, const struct sk_err *err);
 static void abandon(struct sk_pipeline *p, struct sk_span *s, const char *why);
+static size_t queued_steps(struct sk_pipeline *p, struct sk_span *s, struct sk_pg_stmt **out);
+static bool blame_alone(struct sk_pipeline *p, struct sk_span *s);
 static void alone(struct sk_pipeline *p, struct sk_span *s, struct sk_job *j);
 static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key);
 static bool ready(const struct sk_job *j);
@@ -363,6 +365,13 @@ static bool handle(struct sk_pipeline *p, struct sk_job *j, const struct way *w)
     }
     j->out.conflict = ctx->conflict;
     snprintf(j->out.error, sizeof(j->out.error), "%s", ctx->error);
+    /* The job owns what its handler queued: sent by its COMMIT, or dropped
+     * with its failure. */
+    sk_sqlq_clear(&j->out.queued);
+    if (j->out.status == SEKALI_OK) {
+        j->out.queued = ctx->queued;
+        ctx->queued = (struct sk_sqlq){ .n = 0 };
+    }
     free(j->out.result);
     j->out.result = NULL;
     j->out.result_len = 0;
@@ -462,6 +471,12 @@ static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w
 {
     struct sk_err err = { 0 };
     size_t m = 0;
+    struct sk_pg_stmt *queued = NULL;
+    size_t n_queued = queued_steps(p, s, &queued);
+    if (n_queued == SIZE_MAX) {
+        abandon(p, s, "no memory for the handlers' queued statements");
+        return false;
+    }
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
         /* Settled in an earlier transaction of the span: not in this one. */
@@ -474,6 +489,9 @@ static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w
         s->result_lens[m++] = j->out.result_len;
     }
     int rc = w->commit(p, s, m, back, &err);
+    free(queued);
+    if (rc == SK_ERR && n_queued > 0 && !w->alone)
+        return blame_alone(p, s);
     if (rc == SK_AGAIN) {
         /* The COMMIT may or may not have happened; only a redelivery's
          * claim can tell, so the messages must go back unchanged. */
@@ -482,6 +500,69 @@ static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w
         return false;
     }
     return settle_outcomes(p, s, w, rc, &err);
+}
+
+/* The statements the handled jobs queued (host->queue_sql()), in the
+ * jobs' order, handed to the store for this COMMIT's pipeline; *out is
+ * the caller's to free after it. Returns how many, or SIZE_MAX when out
+ * of memory. */
+static size_t queued_steps(struct sk_pipeline *p, struct sk_span *s, struct sk_pg_stmt **out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->jobs[i].state == SK_JOB_HANDLED && s->jobs[i].out.status == SEKALI_OK)
+            n += s->jobs[i].out.queued.n;
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    struct sk_pg_stmt *steps = malloc(n * sizeof(*steps));
+    if (steps == NULL)
+        return SIZE_MAX;
+    size_t k = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_HANDLED || j->out.status != SEKALI_OK)
+            continue;
+        sk_sqlq_steps(&j->out.queued, steps + k);
+        k += j->out.queued.n;
+    }
+    sk_store_send_first(sk_links_store(p->links), steps, n);
+    *out = steps;
+    return n;
+}
+
+/* The blame rule for queued statements: a COMMIT of several jobs that
+ * failed with statements queued cannot say whose statement it was, so no
+ * job is charged: the ones whose handlers succeeded are rewound and each
+ * runs again alone, in a transaction of its own, where a failure is its
+ * own (retried or dead-lettered as any failed COMMIT). A job whose handler
+ * failed is settled with its own outcome as before. A COMMIT refused for a
+ * cancelled key settles that job; the others then run again together, as
+ * settle_outcomes() does. True as run(). */
+static bool blame_alone(struct sk_pipeline *p, struct sk_span *s)
+{
+    bool refused = false;
+    for (size_t i = 0; i < s->n; i++) {
+        struct sk_job *j = &s->jobs[i];
+        if (j->state == SK_JOB_HANDLED && j->out.status == SEKALI_OK)
+            refused |= sk_job_refused_cancelled(p, j);
+    }
+    for (size_t i = 0; i < s->n; i++) {
+        struct sk_job *j = &s->jobs[i];
+        if (j->state != SK_JOB_HANDLED)
+            continue;
+        if (j->out.status == SEKALI_OK) {
+            sk_metrics_inc(j->metrics, SK_METRIC_BATCH_RERUNS);
+            sk_job_rewind(j);
+        } else {
+            sk_job_settle_failure(p, j, j->out.status, j->out.error, j->out.conflict);
+        }
+    }
+    if (refused)
+        return true;
+    sk_log_debug("a batch's queued statement failed: its jobs run again, each alone");
+    each_alone(p, s, false);
+    return false;
 }
 
 static int commit_fast(struct sk_pipeline *p, struct sk_span *s, size_t m, size_t back,
@@ -612,6 +693,7 @@ void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
         }
         free(j->out.result);
         j->out.result = NULL;
+        sk_sqlq_clear(&j->out.queued);
     }
     s->n = 0;
     /* After the exits, so that no lock or delivery is held through it. */

@@ -23,6 +23,7 @@
 #define DELAY_MS       40   /* each way: a statement's round trip is 80 ms */
 #define TRACE_DELAY_MS 100  /* the SQL handler's test: its margin is one delay */
 #define JOBS           8
+#define H_QUEUED       "tests/plugins/queued.so"
 
 struct proxy {
     pid_t pid;
@@ -63,6 +64,17 @@ static void proxy_stop(struct proxy *px)
     h_wait_exit(px->pid, 10000, "delay_proxy");
 }
 
+/* JOBS jobs, keys k-1.. k-JOBS, body "ok"; the bad-th's body "dup" (0: none). */
+static void publish_jobs(struct h_run *r, int bad)
+{
+    for (int i = 1; i <= JOBS; i++) {
+        char id[16], key[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r->b, r->queue, "test", id, key, NULL, i == bad ? "dup" : "ok");
+    }
+}
+
 /* h_run_start(), with the configuration's PostgreSQL port the proxy's. */
 static void start_far(struct h_run *r, const struct proxy *px, const char *handler,
                       const char *queue_yaml)
@@ -93,12 +105,7 @@ START_TEST(test_far_postgres_commits_a_batch_together)
     struct proxy px;
     proxy_start(&px, DELAY_MS);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    for (int i = 1; i <= JOBS; i++) {
-        char id[16], key[16];
-        snprintf(id, sizeof(id), "m-%d", i);
-        snprintf(key, sizeof(key), "k-%d", i);
-        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
-    }
+    publish_jobs(&r, 0);
     start_far(&r, &px, H_EFFECT, "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
                        "    batch_close_after: 50ms\n    lock: false\n");
     H_WAIT(h_effect_keys(&r) == JOBS, 60000, "the %d jobs should commit, have %lld", JOBS,
@@ -163,6 +170,81 @@ START_TEST(test_sql_handler_sends_its_trace_with_its_statement)
 }
 END_TEST
 
+/* A handler that queues its INSERT (host->queue_sql(), ABI 1.8) has it
+ * sent with the COMMIT: every job's statement of the batch runs one round
+ * trip after the claim's BEGIN (the claim's answer back, the COMMIT's
+ * pipeline out: 2 x DELAY_MS), on PostgreSQL's clock. The old way, each
+ * statement its own round trip, runs the batch's last one JOBS round trips
+ * after it. 3 x DELAY_MS leaves room for a slow machine. */
+START_TEST(test_far_postgres_queued_statements_ride_the_commit)
+{
+    struct h_run r;
+    h_run_open(&r, "farqueued");
+    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
+                    "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
+    struct proxy px;
+    proxy_start(&px, DELAY_MS);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    publish_jobs(&r, 0);
+    start_far(&r, &px, H_QUEUED, "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
+                       "    batch_close_after: 50ms\n    lock: false\n");
+    H_WAIT(h_completed(&r) == JOBS, 60000, "the %d jobs should complete, have %lld", JOBS,
+           h_completed(&r));
+    h_run_stop(&r);
+    proxy_stop(&px);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.queued_effects WHERE "
+                                      "queue = '%s'", r.queue), JOBS);
+    long long gap = h_pg_count(r.pg, "SELECT max(gap_ms)::bigint FROM "
+                                     "sekali_test.queued_effects WHERE queue = '%s'", r.queue);
+    long long transactions = h_pg_count(r.pg, "SELECT count(DISTINCT xmin::text) FROM "
+                                              "sekali_test.queued_effects WHERE queue = '%s'",
+                                        r.queue);
+    printf("check_distance: %d queued INSERTs at %d ms each way in %lld transactions, the "
+           "last %lld ms after its BEGIN (%.1f round trips)\n", JOBS, DELAY_MS, transactions,
+           gap, (double)gap / (2 * DELAY_MS));
+    ck_assert_msg(gap < 3 * DELAY_MS, "a batch's queued statements should run one round trip "
+                  "(%d ms) after its BEGIN: the last ran %lld ms after", 2 * DELAY_MS, gap);
+    h_run_close(&r);
+}
+END_TEST
+
+/* The blame rule: one job's queued INSERT breaks a unique key at the
+ * COMMIT of a batch of JOBS. With retry.max_attempts 1, a job charged for
+ * it is dead-lettered at once: so only that job may end failed, and every
+ * other job's row is there exactly once (they ran again, each alone,
+ * spending no attempt). */
+START_TEST(test_queued_statement_failing_charges_its_job_alone)
+{
+    struct h_run r;
+    h_run_open(&r, "queuedblame");
+    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
+                    "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
+    char sql[256];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali_test.queued_effects VALUES ('%s', 'taken', 0)",
+             r.queue);
+    h_pg_exec(r.pg, sql);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    publish_jobs(&r, 4);
+    h_run_start(&r, &(struct h_run_opts){
+                        .handler = H_QUEUED, .workers = 1,
+                        .queue_yaml = "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
+                                      "    lock: false\n    retry:\n      max_attempts: 1\n" });
+    H_WAIT(h_completed(&r) + h_failed(&r) == JOBS, 60000, "the %d jobs should settle, have "
+           "%lld completed, %lld failed", JOBS, h_completed(&r), h_failed(&r));
+    long long completed = h_completed(&r), failed = h_failed(&r);
+    h_stop_sekalid(r.sekalid, r.dir);
+    char status[32];
+    printf("check_distance: a queued statement failing in a batch of %d: %lld completed, %lld "
+           "failed (k-4: %s)\n", JOBS, completed, failed,
+           h_key_status(&r, "k-4", status, sizeof(status)));
+    ck_assert_int_eq(completed, JOBS - 1);
+    ck_assert_str_eq(h_key_status(&r, "k-4", status, sizeof(status)), "failed");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.queued_effects WHERE "
+                                      "queue = '%s' AND key LIKE 'k-%%'", r.queue), JOBS - 1);
+    h_run_close(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("distance");
@@ -170,6 +252,8 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_far_postgres_commits_a_batch_together);
     tcase_add_test(tc, test_sql_handler_sends_its_trace_with_its_statement);
+    tcase_add_test(tc, test_far_postgres_queued_statements_ride_the_commit);
+    tcase_add_test(tc, test_queued_statement_failing_charges_its_job_alone);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,6 @@
 /* check_host.c - the host functions a handler calls that need no server:
  * the config accessor, the body copy, enqueue_job()'s size check, conflict(). */
-/* links: core host headers_json lease pg store */
+/* links: core host sqlq headers_json lease pg store */
 #include <stdio.h>
 #include <string.h>
 
@@ -85,6 +85,44 @@ START_TEST(test_conflict_marks_the_job_and_asks_for_a_retry)
 }
 END_TEST
 
+/* queue_sql() copies what it is given (the caller's buffers may change
+ * after it returns), keeps NULL as SQL NULL, refuses past its bounds with
+ * the reason as the job's error, and refuses in external mode. */
+START_TEST(test_queue_sql_copies_and_bounds_the_statements)
+{
+    static struct sekali_ctx ctx;
+    const struct sekali_host *h = sk_host();
+    ck_assert_uint_ge(h->abi_minor, 8);
+    char sql[] = "INSERT INTO t VALUES ($1, $2)", v1[] = "one";
+    const char *values[] = { v1, NULL };
+    ck_assert_int_eq(h->queue_sql(&ctx, sql, 2, values), 0);
+    sql[0] = 'X';
+    v1[0] = 'X';
+    ck_assert_uint_eq(ctx.queued.n, 1);
+    ck_assert_str_eq(ctx.queued.st[0]->sql, "INSERT INTO t VALUES ($1, $2)");
+    ck_assert_str_eq(ctx.queued.st[0]->values[0], "one");
+    ck_assert_ptr_null(ctx.queued.st[0]->values[1]);
+    ck_assert_int_eq(h->queue_sql(&ctx, "SELECT 1", -1, NULL), -1);
+    ck_assert_int_eq(h->queue_sql(&ctx, "SELECT $1", 1, NULL), -1);
+    for (int i = 1; i < SK_SQLQ_MAX_STATEMENTS; i++)
+        ck_assert_int_eq(h->queue_sql(&ctx, "SELECT 1", 0, NULL), 0);
+    ck_assert_int_eq(h->queue_sql(&ctx, "SELECT 1", 0, NULL), -1);
+    ck_assert_ptr_nonnull(strstr(ctx.error, "more than 64 statements"));
+    sk_host_ctx_reset(&ctx);
+    ck_assert_uint_eq(ctx.queued.n, 0);
+    static char big[SK_SQLQ_MAX_BYTES];
+    memset(big, 'a', sizeof(big) - 1);
+    const char *bv[] = { big };
+    ck_assert_int_eq(h->queue_sql(&ctx, "SELECT $1", 1, bv), -1);
+    ck_assert_ptr_nonnull(strstr(ctx.error, "bytes"));
+    ck_assert_uint_eq(ctx.queued.n, 0);
+    ctx.external = true;
+    ck_assert_int_eq(h->queue_sql(&ctx, "SELECT 1", 0, NULL), -1);
+    ck_assert_uint_eq(ctx.queued.n, 0);
+    sk_host_ctx_free(&ctx);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -94,6 +132,7 @@ int main(void)
         test_body_copy_is_nul_terminated_and_keeps_embedded_nuls,
         test_enqueue_job_refuses_a_struct_without_its_size,
         test_conflict_marks_the_job_and_asks_for_a_retry,
+        test_queue_sql_copies_and_bounds_the_statements,
         NULL,
     };
     return h_run_suite(h_suite("host", 0, tests));
