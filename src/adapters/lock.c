@@ -48,26 +48,35 @@
  * (TIME, never ours), the key itself kept alive as long as its last holder.
  * A holder past its expiry counts for nothing: it is dropped before every
  * admission and may not renew, so no permit outlives its lease. Renewal and
- * release look at the key's type, so either works on both, and a queue's
- * concurrency changed under a held key leaves it busy until it expires. */
+ * release work on both, and a queue's concurrency changed under a held key
+ * leaves it busy until it expires. They tell the two apart by GET's
+ * WRONGTYPE rather than by TYPE, so that a plain lock's ACL stays the
+ * commands it always was (docs/tls.md); only a semaphore needs more. */
 #define SEM_NOW "local tm = redis.call('time') local now = tm[1] * 1000 + math.floor(tm[2] / 1000) "
 /* The key outlives every holder: its expiry only ever moves later. */
 #define SEM_KEEP(k, ttl) "if redis.call('pttl', " k ") < tonumber(" ttl ") then " \
     "redis.call('pexpire', " k ", " ttl ") end "
+/* v = GET k, and is_set whether k is a semaphore; any other error is the
+ * script's (a refused command says so). */
+#define GET_OR_SET(k) "local v, is_set = redis.pcall('get', " k "), false " \
+    "if type(v) == 'table' and v.err then " \
+    "if not string.find(v.err, 'WRONGTYPE', 1, true) then return redis.error_reply(v.err) end " \
+    "is_set = true end "
 
 /* KEYS[1] = lock key, ARGV[1] = owner token, ARGV[2] = ttl in ms. */
 static const char renew_script[] =
-    "if redis.call('type', KEYS[1]).ok == 'zset' then " SEM_NOW
+    GET_OR_SET("KEYS[1]")
+    "if is_set then " SEM_NOW
     "local s = redis.call('zscore', KEYS[1], ARGV[1]) "
     "if not s or tonumber(s) <= now then return 0 end "
     "redis.call('zadd', KEYS[1], 'XX', now + ARGV[2], ARGV[1]) " SEM_KEEP("KEYS[1]", "ARGV[2]")
     "return 1 end "
-    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "if v == ARGV[1] then "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 static const char release_script[] =
-    "if redis.call('type', KEYS[1]).ok == 'zset' then "
-    "return redis.call('zrem', KEYS[1], ARGV[1]) end "
-    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    GET_OR_SET("KEYS[1]")
+    "if is_set then return redis.call('zrem', KEYS[1], ARGV[1]) end "
+    "if v == ARGV[1] then "
     "return redis.call('del', KEYS[1]) else return 0 end";
 /* KEYS = the r locks to release, then those to take; ARGV[1] = r, ARGV[2] =
  * ttl in ms, ARGV[3] = the holders a key admits, ARGV[3 + i] = KEYS[i]'s
@@ -78,14 +87,15 @@ static const char swap_script[] =
     "local r, lim, now, out = tonumber(ARGV[1]), tonumber(ARGV[3]), nil, {} "
     "for i = 1, #KEYS do "
     "local k, t = KEYS[i], ARGV[i + 3] "
-    "local ty = (i <= r or lim > 1) and redis.call('type', k).ok "
-    "if i <= r and ty == 'zset' then out[i] = redis.call('zrem', k, t) "
-    "elseif i <= r then "
-    "if redis.call('get', k) == t then out[i] = redis.call('del', k) "
+    "if i <= r then " GET_OR_SET("k")
+    "if is_set then out[i] = redis.call('zrem', k, t) "
+    "elseif v == t then out[i] = redis.call('del', k) "
     "else out[i] = 0 end "
     "elseif lim <= 1 then "
     "if redis.call('set', k, t, 'NX', 'PX', ARGV[2]) then out[i] = 1 else out[i] = 0 end "
-    "elseif ty ~= 'zset' and ty ~= 'none' then out[i] = 0 "
+    "else "
+    "local ty = redis.call('type', k).ok "
+    "if ty ~= 'zset' and ty ~= 'none' then out[i] = 0 "
     "else "
     "if not now then local tm = redis.call('time') "
     "now = tm[1] * 1000 + math.floor(tm[2] / 1000) end "
@@ -93,6 +103,7 @@ static const char swap_script[] =
     "if redis.call('zcard', k) < lim then "
     "redis.call('zadd', k, now + ARGV[2], t) " SEM_KEEP("k", "ARGV[2]") "out[i] = 1 "
     "else out[i] = 0 end "
+    "end "
     "end "
     "end "
     "return out";
