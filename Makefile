@@ -179,7 +179,7 @@ $(FUZZ_B)/fuzz_envelope: $(call zobj,$(CORE) envelope $(BROKER))
 $(FUZZ_B)/fuzz_values:   $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_text:     $(call zobj,$(CORE))
 $(FUZZ_B)/fuzz_trace_context: $(call zobj,$(CORE))
-$(FUZZ_B)/fuzz_ctl_out:  $(call zobj,ctl_out broker_wire)
+$(FUZZ_B)/fuzz_ctl_out:  $(call zobj,ctl_out broker_wire text)
 $(FUZZ_B)/fuzz_%: tests/fuzz/fuzz_%.c | $(FUZZ_B)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 $(FUZZ_B)/obj/%.o: %.c | $(FUZZ_B)/obj

@@ -85,3 +85,19 @@ size_t sk_text_copy(char *out, size_t size, const char *in)
 {
     return sk_text_bound(out, size, in, in != NULL ? strlen(in) : 0);
 }
+
+uint32_t sk_text_disguising(const unsigned char *s, size_t n)
+{
+    uint32_t cp;
+    if (n == 2)
+        cp = ((uint32_t)(s[0] & 0x1f) << 6) | (s[1] & 0x3f);
+    else if (n == 3)
+        cp = ((uint32_t)(s[0] & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) | (s[2] & 0x3f);
+    else
+        return 0;
+    if ((cp >= 0x80 && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
+        (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200e || cp == 0x200f || cp == 0x061c ||
+        cp == 0x2028 || cp == 0x2029)
+        return cp;
+    return 0;
+}

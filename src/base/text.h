@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* The most bytes, NUL included, of an error or a reason sekali stores
  * (sekali.fail(), finish_lease()) or sends (x-sekali-* headers): about a
@@ -26,6 +27,15 @@
  * overlong forms, no surrogates, nothing past U+10FFFF) and holds no NUL.
  * Pure. */
 bool sk_text_valid(const char *s, size_t len);
+
+/* The code point of the valid n-byte UTF-8 sequence at s if it is one a
+ * terminal or a text viewer would act on rather than show: C1 controls
+ * (U+0080-U+009F; U+009B alone starts a CSI sequence), the bidi embeddings,
+ * overrides and isolates (U+202A-U+202E, U+2066-U+2069) and marks (U+200E,
+ * U+200F, U+061C), which reorder what follows them, and the line and
+ * paragraph separators (U+2028, U+2029). Else 0. Every writer of text a
+ * person may read (sekalictl, the console, /inflight) escapes these. */
+uint32_t sk_text_disguising(const unsigned char *s, size_t n);
 
 /* Copies in[0..len) (in may be NULL: the empty text) to out, a buffer of
  * size > 0 bytes, as valid UTF-8 ending in a NUL: each maximal invalid

@@ -15,6 +15,7 @@
 #include "ctl_dlq.h"
 #include "ctl_out.h"
 #include "pg.h"
+#include "text.h"
 
 #define TEXT_ERROR_MAX 60   /* longest error shown in list's table */
 #define PREVIEW_MAX    256  /* body bytes shown by show */
@@ -341,14 +342,8 @@ static void put_jsonb(FILE *out, const char *s)
             fputc(*p++, out);
             continue;
         }
-        uint32_t cp = n == 2 ? (uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f)
-                    : n == 3 ? (uint32_t)(p[0] & 0x0f) << 12 | (uint32_t)(p[1] & 0x3f) << 6 |
-                               (p[2] & 0x3f)
-                    : 0x10000;
-        bool unsafe = (cp >= 0x80 && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
-                      (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200e || cp == 0x200f ||
-                      cp == 0x61c || cp == 0x2028 || cp == 0x2029;
-        if (unsafe)
+        uint32_t cp = sk_text_disguising(p, n);
+        if (cp != 0)
             fprintf(out, "\\u%04x", (unsigned)cp);
         else
             fwrite(p, 1, n, out);

@@ -7,6 +7,7 @@
 
 #include "broker.h"
 #include "ctl_out.h"
+#include "text.h"
 
 const amqp_field_value_t *sk_ctl_header(const amqp_message_t *m, const char *name)
 {
@@ -64,28 +65,6 @@ size_t sk_ctl_utf8_len(const unsigned char *s, size_t left)
     return n;
 }
 
-/* The code point of the valid n-byte UTF-8 sequence at s, if it is one a
- * terminal or a text viewer would act on rather than show: C1 controls
- * (U+0080-U+009F; U+009B alone starts a CSI sequence), the bidi embeddings,
- * overrides and isolates (U+202A-U+202E, U+2066-U+2069) and marks (U+200E,
- * U+200F, U+061C), which reorder what follows them, and the line and
- * paragraph separators (U+2028, U+2029). Else 0. */
-static uint32_t disguising(const unsigned char *s, size_t n)
-{
-    uint32_t cp;
-    if (n == 2)
-        cp = ((uint32_t)(s[0] & 0x1f) << 6) | (s[1] & 0x3f);
-    else if (n == 3)
-        cp = ((uint32_t)(s[0] & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) | (s[2] & 0x3f);
-    else
-        return 0;
-    if ((cp >= 0x80 && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
-        (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200e || cp == 0x200f || cp == 0x061c ||
-        cp == 0x2028 || cp == 0x2029)
-        return cp;
-    return 0;
-}
-
 /* A JSON string; bytes that are not UTF-8 become U+FFFD, so the document
  * always parses; every control character, C0 or C1, and the characters that
  * reorder text are \u escapes, so the document is safe on a terminal too
@@ -110,8 +89,8 @@ void sk_ctl_put_json(FILE *f, const void *s, size_t len)
             fputs("\\t", f);
         else if (c < 0x20 || c == 0x7f)
             fprintf(f, "\\u%04x", c);
-        else if (disguising(p + i, n) != 0)
-            fprintf(f, "\\u%04x", (unsigned)disguising(p + i, n));
+        else if (sk_text_disguising(p + i, n) != 0)
+            fprintf(f, "\\u%04x", (unsigned)sk_text_disguising(p + i, n));
         else
             fwrite(p + i, 1, n, f);
         i += n;
@@ -149,7 +128,7 @@ void sk_ctl_put_text(FILE *f, const void *s, size_t len, size_t max)
             i++;
             continue;
         }
-        uint32_t cp = disguising(p + i, n);
+        uint32_t cp = sk_text_disguising(p + i, n);
         if (cp != 0)
             fprintf(f, "\\u%04x", (unsigned)cp);
         else

@@ -129,14 +129,9 @@ static void put_str(FILE *f, const char *s)
             continue;
         }
         size_t n = *p < 0x80 ? 1 : *p < 0xe0 ? 2 : *p < 0xf0 ? 3 : 4;
-        uint32_t cp = n == 1 ? *p
-                    : n == 2 ? ((uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f))
-                    : n == 3 ? ((uint32_t)(p[0] & 0x0f) << 12 | (uint32_t)(p[1] & 0x3f) << 6 |
-                                (p[2] & 0x3f))
-                    : 0x10000;  /* above every character escaped here */
-        if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
-            (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200e || cp == 0x200f || cp == 0x061c ||
-            cp == 0x2028 || cp == 0x2029 || (cp < 0x80 && strchr("\"\\<>&", (int)cp) != NULL))
+        uint32_t cp = n == 1 ? *p : sk_text_disguising(p, n);
+        if ((n == 1 && (cp < 0x20 || cp == 0x7f || strchr("\"\\<>&", (int)cp) != NULL)) ||
+            (n > 1 && cp != 0))
             fprintf(f, "\\u%04x", (unsigned)cp);
         else
             fwrite(p, 1, n, f);

@@ -2,7 +2,7 @@
  * (src/ctl/ctl_fingerprint.c): the same failure with other figures falls
  * into one group, different failures do not, and the result is always
  * valid UTF-8 within its size, whatever bytes the error held. */
-/* links: ctl_fingerprint ctl_out broker_wire */
+/* links: ctl_fingerprint ctl_out broker_wire text */
 #include <stdio.h>
 #include <string.h>
 
