@@ -12,7 +12,7 @@
  * A row still `processing`, an unpublished outbox row or a live dedupe key
  * is never touched.
  *
- * The deletes are functions of sql/012, 023, 028 and 034 (sekali.purge_*), each
+ * The deletes are functions of sql/012, 023, 028, 034 and 035 (sekali.purge_*), each
  * reading a time index so that a round costs what expired. Each call takes
  * at most janitor.batch rows and commits on its own, so it never holds many
  * row locks or a long transaction; a round repeats batches until one comes

@@ -6,7 +6,7 @@
  * the janitor's folding of their shards, and through an upgrade of a
  * database that already holds failed keys and letters, with a writer
  * committing while the migration counts them. And the janitor's purges
- * read what has expired, not what is retained (sql/033, 034). */
+ * read what has expired, not what is retained (sql/033-035). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,73 +95,145 @@ START_TEST(test_status_counts_failed_keys_without_reading_them)
 }
 END_TEST
 
-/* What a purge (the janitor's round, sql/012, 023, 028, 034) reads of
- * table in a round with nothing expired, at the janitor's default batch
- * of 1,000: one that finds expired rows by a time index reads next to
- * nothing, one that scans reads every retained row. A first call, with a
- * batch larger than any table here, takes what earlier tests left expired
- * (each row it deletes is read by the index and again by its ctid, so that
- * call's count says nothing). The batch matters to the plan: the purges'
- * time bound is a parameter, which the planner guesses matches a third
- * of the table, so a LIMIT of a million on these small tables is cheaper
- * as a scan; the janitor's batch is what it runs with. */
-static long long purge_reads(PGconn *pg, const char *table, const char *call_before_batch,
-                             char *call, size_t call_size)
+/* A database of this test's own, empty, named after its queue: its name
+ * in db, its conninfo in url, a configuration naming it in config.
+ * Returns a connection to it. */
+static PGconn *own_database(struct h_run *r, char *db, size_t db_size, char *url,
+                            size_t url_size, char **config)
 {
-    h_pg_count(pg, "SELECT %s1000000)", call_before_batch);
-    snprintf(call, call_size, "%s1000)", call_before_batch);
+    char sql[400], conninfo[1024];
+    snprintf(db, db_size, "counts_%s", r->queue);
+    for (char *c = db; *c != '\0'; c++)
+        if (*c == '-')
+            *c = '_';
+    snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s", db);
+    h_pg_exec(r->pg, sql);
+    snprintf(sql, sizeof(sql), "CREATE DATABASE %s", db);
+    h_pg_exec(r->pg, sql);
+    /* The test database's name in the conninfo, and the new one's. */
+    char from[160], to[200];
+    snprintf(conninfo, sizeof(conninfo), "%s", h_pg_conninfo());
+    char *at = strstr(conninfo, "dbname=");
+    ck_assert_ptr_nonnull(at);
+    size_t len = strcspn(at, " ");
+    snprintf(from, sizeof(from), "%.*s", (int)len, at);
+    snprintf(to, sizeof(to), "dbname=%s", db);
+    *config = h_write_config(r->dir, r->queue, H_EFFECT, 1, NULL);
+    h_config_replace(*config, from, to);
+    snprintf(url, url_size, "%.*s%s%s", (int)(at - conninfo), conninfo, to, at + len);
+    PGconn *pg = PQconnectdb(url);
+    ck_assert_msg(PQstatus(pg) == CONNECTION_OK, "connecting to %s: %s", db,
+                  PQerrorMessage(pg));
+    return pg;
+}
+
+static void drop_own_database(struct h_run *r, PGconn *pg, const char *db, char *config)
+{
+    char sql[200];
+    PQfinish(pg);
+    snprintf(sql, sizeof(sql), "DROP DATABASE %s", db);
+    h_pg_exec(r->pg, sql);
+    free(config);
+}
+
+/* Links the migrations up to `last` (a file name prefix, e.g. "028") from
+ * the source tree into dir, for sekalictl migrate --sql-dir dir. */
+static void link_migrations(const char *dir, const char *last)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "for f in \"$PWD\"/sql/0*.sql; do n=$(basename \"$f\"); "
+             "[ \"${n%%%%_*}\" \\> '%s' ] || ln -sf \"$f\" '%s/'; done", last, dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static int migrate(const char *config, const char *dir)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "'%s/sekalictl' -c '%s' migrate --sql-dir '%s' >>'%s/migrate.log' 2>&1",
+             h_build_dir(), config, dir, dir);
+    return system(cmd);
+}
+
+/* What a purge (the janitor's round: sql/012, 023, 028, 034, 035) reads
+ * of its table, at the janitor's default batch and at a batch larger than
+ * the table: one that finds expired rows by a time index reads what it
+ * deletes, one that scans reads every retained row. In a database of the
+ * test's own: the shared one holds what earlier tests left expired, and
+ * the index entries of rows a measuring transaction deletes are read
+ * again by the next call, so that no count there could say "nothing". */
+static long long purge_reads(PGconn *pg, const char *table, const char *call,
+                             long long *deleted)
+{
+    h_pg_exec(pg, "BEGIN");
     long long before = rows_read(pg, table);
-    long long deleted = h_pg_count(pg, "SELECT %s", call);
-    ck_assert_msg(deleted == 0, "%s deleted %lld rows on its second call", call, deleted);
-    return rows_read(pg, table) - before;
+    *deleted = h_pg_count(pg, "SELECT %s", call);
+    long long read = rows_read(pg, table) - before;
+    h_pg_exec(pg, "ROLLBACK");
+    return read;
 }
 
 START_TEST(test_purges_read_what_expired_not_what_is_retained)
 {
     struct h_run r;
     h_run_open(&r, "purges");
-    fail_many(r.pg, r.queue);
-    char sql[1600];
+    char db[160], url[1024], *config;
+    PGconn *pg = own_database(&r, db, sizeof(db), url, sizeof(url), &config);
+    link_migrations(r.dir, "999");
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+
+    /* RETAINED rows kept in each table (as many as make an index cheaper
+     * than a scan to the planner), EXPIRED rows expired. */
+    enum { RETAINED = 20000, EXPIRED = 50 };
+    char sql[2400];
     snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, completed_at, "
+             "updated_at) SELECT '%s', 'k-' || i, 'completed', 1, t, t FROM generate_series(1, %d) "
+             "i, LATERAL (SELECT CASE WHEN i <= %d THEN now() - interval '2 hours' ELSE now() "
+             "END t) x;"
              "INSERT INTO sekali.outbox (job_id, queue, job_type, body, idempotency_key, "
-             "published_at) SELECT '%s-o-' || i, '%s', 'test', '\\x00', 'k-' || i, now() "
+             "published_at) SELECT '%s-o-' || i, '%s', 'test', '\\x00', 'k-' || i, "
+             "CASE WHEN i <= %d THEN now() - interval '2 hours' ELSE now() END "
              "FROM generate_series(1, %d) i;"
              "INSERT INTO sekali.job_dedupe (dedupe_key, queue, job_id, expires_at, released_at) "
-             "SELECT '%s-d-' || i, '%s', 'job-' || i, now() + interval '1 day', "
+             "SELECT '%s-d-' || i, '%s', 'job-' || i, CASE WHEN i <= %d THEN now() - "
+             "interval '2 hours' ELSE now() + interval '1 day' END, "
              "CASE WHEN i %% 2 = 0 THEN now() END FROM generate_series(1, %d) i;"
-             "INSERT INTO sekali.job_crashes (queue, key, crashes) "
-             "SELECT '%s', 'c-' || i, 1 FROM generate_series(1, %d) i;"
-             "ANALYZE sekali.outbox; ANALYZE sekali.job_dedupe; ANALYZE sekali.job_crashes",
-             r.queue, r.queue, 4 * MANY, r.queue, r.queue, 4 * MANY, r.queue, 4 * MANY);
-    h_pg_exec(r.pg, sql);
+             "INSERT INTO sekali.job_crashes (queue, key, crashes, last_crash) "
+             "SELECT '%s', 'c-' || i, 1, CASE WHEN i <= %d THEN now() - interval '2 days' "
+             "ELSE now() END FROM generate_series(1, %d) i;"
+             "ANALYZE sekali.idempotency_keys; ANALYZE sekali.outbox; "
+             "ANALYZE sekali.job_dedupe; ANALYZE sekali.job_crashes",
+             r.queue, RETAINED + EXPIRED, EXPIRED, r.queue, r.queue, EXPIRED,
+             RETAINED + EXPIRED, r.queue, r.queue, EXPIRED, RETAINED + EXPIRED, r.queue,
+             EXPIRED, RETAINED + EXPIRED);
+    h_pg_exec(pg, sql);
 
-    /* Whatever earlier tests left expired goes in this transaction, and
-     * comes back with its ROLLBACK; none of this test's rows has expired.
-     * (The dead letters' purge reads (queue, failed_at), sql/023; a test
-     * database holds too few letters for the planner to prefer it.) */
+    /* Each call rolls back, so each batch size finds the same rows. A
+     * deleted row is read twice (its index entry, then its ctid). */
     const struct { const char *table, *call; } purges[] = {
-        { "idempotency_keys", "sekali.purge_keys('%s', 3600000, " },
-        { "outbox", "sekali.purge_outbox(3600000, " },
-        { "job_dedupe", "sekali.purge_dedupe(" },
-        { "job_crashes", "sekali.purge_crashes(" },
+        { "idempotency_keys", "sekali.purge_keys('%s', 3600000, %d)" },
+        { "outbox", "sekali.purge_outbox(3600000, %d)" },
+        { "job_dedupe", "sekali.purge_dedupe(%d)" },
+        { "job_crashes", "sekali.purge_crashes(%d)" },
     };
-    h_pg_exec(r.pg, "BEGIN");
-    for (size_t i = 0; i < sizeof(purges) / sizeof(purges[0]); i++) {
-        char before_batch[200], call[220];
-        snprintf(before_batch, sizeof(before_batch), purges[i].call, r.queue);
-        long long read = purge_reads(r.pg, purges[i].table, before_batch, call, sizeof(call));
-        ck_assert_msg(read < MANY / 4, "%s read %lld rows of %s with nothing expired and %d "
-                      "retained: it should read only the expired ones", call, read,
-                      purges[i].table, 4 * MANY);
-    }
-    h_pg_exec(r.pg, "ROLLBACK");
-    snprintf(sql, sizeof(sql),
-             "DELETE FROM sekali.outbox WHERE queue = '%s'; "
-             "DELETE FROM sekali.job_dedupe WHERE queue = '%s'; "
-             "DELETE FROM sekali.job_crashes WHERE queue = '%s'; "
-             "DELETE FROM sekali.idempotency_keys WHERE queue = '%s'",
-             r.queue, r.queue, r.queue, r.queue);
-    h_pg_exec(r.pg, sql);
+    const int batches[] = { 1000, 1000000 };
+    for (size_t i = 0; i < sizeof(purges) / sizeof(purges[0]); i++)
+        for (size_t b = 0; b < sizeof(batches) / sizeof(batches[0]); b++) {
+            char call[200];
+            if (strstr(purges[i].call, "%s") != NULL)
+                snprintf(call, sizeof(call), purges[i].call, r.queue, batches[b]);
+            else
+                snprintf(call, sizeof(call), purges[i].call, batches[b]);
+            long long deleted;
+            long long read = purge_reads(pg, purges[i].table, call, &deleted);
+            ck_assert_msg(deleted == EXPIRED, "%s deleted %lld rows of %s, not the %d expired",
+                          call, deleted, purges[i].table, EXPIRED);
+            ck_assert_msg(read <= 3 * EXPIRED, "%s read %lld rows of %s to delete %d "
+                          "expired of %d: it should read only the expired ones", call, read,
+                          purges[i].table, EXPIRED, RETAINED + EXPIRED);
+        }
+    drop_own_database(&r, pg, db, config);
     h_run_close(&r);
 }
 END_TEST
@@ -281,52 +353,15 @@ START_TEST(test_dlq_groups_count_letters_without_reading_them)
 }
 END_TEST
 
-/* Links the migrations up to `last` (a file name prefix, e.g. "028") from
- * the source tree into dir, for sekalictl migrate --sql-dir dir. */
-static void link_migrations(const char *dir, const char *last)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd),
-             "for f in \"$PWD\"/sql/0*.sql; do n=$(basename \"$f\"); "
-             "[ \"${n%%%%_*}\" \\> '%s' ] || ln -sf \"$f\" '%s/'; done", last, dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static int migrate(const char *config, const char *dir)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "'%s/sekalictl' -c '%s' migrate --sql-dir '%s' >>'%s/migrate.log' 2>&1",
-             h_build_dir(), config, dir, dir);
-    return system(cmd);
-}
-
 START_TEST(test_an_upgrade_counts_what_the_database_held_while_writers_commit)
 {
     struct h_run r;
     h_run_open(&r, "upgrade");
-    char db[160], sql[1400], conninfo[1024], *config;
-    snprintf(db, sizeof(db), "counts_%s", r.queue);
-    for (char *c = db; *c != '\0'; c++)
-        if (*c == '-')
-            *c = '_';
-    snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s", db);
-    h_pg_exec(r.pg, sql);
-    snprintf(sql, sizeof(sql), "CREATE DATABASE %s", db);
-    h_pg_exec(r.pg, sql);
-    /* The test database's name in the conninfo, and the new one's. */
-    char from[160], to[200];
-    snprintf(conninfo, sizeof(conninfo), "%s", h_pg_conninfo());
-    char *at = strstr(conninfo, "dbname=");
-    ck_assert_ptr_nonnull(at);
-    size_t len = strcspn(at, " ");
-    snprintf(from, sizeof(from), "%.*s", (int)len, at);
-    snprintf(to, sizeof(to), "dbname=%s", db);
-    config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
-    h_config_replace(config, from, to);
-    snprintf(sql, sizeof(sql), "%.*s%s%s", (int)(at - conninfo), conninfo, to, at + len);
-    PGconn *pg = PQconnectdb(sql), *writer = PQconnectdb(sql);
-    ck_assert_msg(PQstatus(pg) == CONNECTION_OK && PQstatus(writer) == CONNECTION_OK,
-                  "connecting to %s: %s", db, PQerrorMessage(pg));
+    char db[160], sql[1400], url[1024], *config;
+    PGconn *pg = own_database(&r, db, sizeof(db), url, sizeof(url), &config);
+    PGconn *writer = PQconnectdb(url);
+    ck_assert_msg(PQstatus(writer) == CONNECTION_OK, "connecting to %s: %s", db,
+                  PQerrorMessage(writer));
 
     /* A database of the release before, holding failed keys and letters. */
     link_migrations(r.dir, "028");
@@ -380,10 +415,7 @@ START_TEST(test_an_upgrade_counts_what_the_database_held_while_writers_commit)
     ck_assert_int_eq(h_pg_count(pg, "SELECT sekali.dead_letter_count('%s')", r.queue), MANY);
 
     PQfinish(writer);
-    PQfinish(pg);
-    snprintf(sql, sizeof(sql), "DROP DATABASE %s", db);
-    h_pg_exec(r.pg, sql);
-    free(config);
+    drop_own_database(&r, pg, db, config);
     h_run_close(&r);
 }
 END_TEST
