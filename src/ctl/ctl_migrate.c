@@ -77,11 +77,11 @@ static int migrate_run(PGconn *pg, struct dirent **files, int n, const struct mi
     if (pending == NULL || (!o->plan_only && !migrations_begin(pg)) ||
         !pending_list(pg, files, n, o->plan_only, pending, &n_pending))
         goto out;
-    if (o->json) {
+    if (o->json)
         printf("{\"plan\":");
-        tail = "[],";
-    }
-    if (!sk_ctl_migrate_plan(pg, o->dir, pending, n_pending, o->json))
+    bool planned = sk_ctl_migrate_plan(pg, o->dir, pending, n_pending, o->json);
+    tail = o->json ? "," : NULL;  /* the plan's list is closed, whole or not */
+    if (!planned)
         goto out;
     if (o->json) {
         printf(o->plan_only ? ",\"pending\":%zu" : ",\"applied\":[", n_pending);

@@ -337,6 +337,30 @@ START_TEST(test_the_plan_escapes_a_hostile_file_name)
 }
 END_TEST
 
+/* A migration that fails rolls back, and the JSON document still parses:
+ * the plan, nothing applied, and the failure. */
+START_TEST(test_a_failed_migration_still_closes_its_json_document)
+{
+    struct h_run r;
+    h_run_open(&r, "failed");
+    char name[256], cmd[1024];
+    snprintf(name, sizeof(name), "906_%s.sql", r.queue);
+    write_migration(r.dir, name, "SELECT sekali.no_such_function();\n");
+    char *config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    const char *json[] = { "--json", NULL };
+    ck_assert_int_eq(migrate_with(config, r.dir, json), 1);
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c 'import json,sys; d = json.load(open(sys.argv[1])); "
+             "sys.exit(0 if d[\"failed\"] and d[\"applied\"] == [] and len(d[\"plan\"]) == 1 and "
+             "d[\"plan\"][0][\"unknown_statements\"] == 1 else 1)' %s/migrate.out", r.dir);
+    ck_assert_msg(system(cmd) == 0, "the document should parse:\n%s", file_of(r.dir, "migrate.out"));
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations "
+                                      "WHERE version = '%s'", name), 0);
+    free(config);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -344,6 +368,7 @@ int main(void)
         test_an_interrupted_online_build_is_built_again_not_taken_for_done,
         test_the_plan_lists_the_pending_files_and_plan_changes_nothing,
         test_the_plan_escapes_a_hostile_file_name,
+        test_a_failed_migration_still_closes_its_json_document,
         NULL,
     };
     Suite *s = suite_create("migrate");
