@@ -28,6 +28,7 @@ struct table_plan {
     enum sk_mig_lock lock;  /* the strongest of its statements' */
     int scans, writes;      /* statements that read the whole table, that write rows */
     bool exists;
+    char index_of[128];     /* name is an index (DROP INDEX): its table; else "" */
     long long rows;         /* pg_class.reltuples: -1 until first analyzed */
     long long heap, total;  /* bytes: the table alone, with its indexes and TOAST */
     double seconds;
@@ -145,15 +146,18 @@ static void add_statement(struct file_plan *fp, const struct sk_mig_stmt *st)
     tp->writes += st->work == SK_MIG_WORK_ROWS;
 }
 
-/* The table's size, or for an index (DROP INDEX names one) its table's;
- * t->exists false when neither is there (yet). A name PostgreSQL cannot
- * read is a table that is not there: the plan goes on without its size. */
+/* The table's size, or for an index (DROP INDEX names one) its table's
+ * size and name; t->exists false when neither is there (yet). A name
+ * PostgreSQL cannot read is a table that is not there: the plan goes on
+ * without its size. */
 static void look_up(PGconn *pg, struct table_plan *t)
 {
     const char *params[] = { t->name };
     PGresult *res = PQexecParams(
-        pg, "SELECT c.reltuples::bigint, pg_relation_size(c.oid), pg_total_relation_size(c.oid) "
-            "FROM pg_class c WHERE c.oid = coalesce((SELECT i.indrelid FROM pg_index i "
+        pg, "SELECT c.reltuples::bigint, pg_relation_size(c.oid), pg_total_relation_size(c.oid), "
+            "CASE WHEN c.oid <> to_regclass($1) THEN format('%I.%I', n.nspname, c.relname) "
+            "ELSE '' END FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = coalesce((SELECT i.indrelid FROM pg_index i "
             "WHERE i.indexrelid = to_regclass($1)), to_regclass($1))",
         1, NULL, params, NULL, NULL, 0);
     t->exists = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1;
@@ -161,6 +165,7 @@ static void look_up(PGconn *pg, struct table_plan *t)
         t->rows = atoll(PQgetvalue(res, 0, 0));
         t->heap = atoll(PQgetvalue(res, 0, 1));
         t->total = atoll(PQgetvalue(res, 0, 2));
+        snprintf(t->index_of, sizeof(t->index_of), "%s", PQgetvalue(res, 0, 3));
     }
     PQclear(res);
 }
@@ -189,6 +194,11 @@ static void print_table_text(const struct table_plan *t, bool online)
 {
     printf("    ");
     sk_ctl_put_tstr(stdout, t->name);
+    if (t->index_of[0] != '\0') {
+        printf(" (an index of ");
+        sk_ctl_put_tstr(stdout, t->index_of);
+        printf(")");
+    }
     if (!t->exists)
         printf(": not there yet");
     else if (t->rows < 0)
@@ -224,6 +234,10 @@ static void print_json(const char *name, const struct file_plan *fp)
         const struct table_plan *t = &fp->tables[i];
         printf("%s{\"table\":", i > 0 ? "," : "");
         sk_ctl_put_jstr(stdout, t->name);
+        if (t->index_of[0] != '\0') {
+            printf(",\"index_of\":");
+            sk_ctl_put_jstr(stdout, t->index_of);
+        }
         if (t->exists && t->rows >= 0)
             printf(",\"exists\":true,\"rows\":%lld", t->rows);
         else
