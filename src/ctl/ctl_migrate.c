@@ -4,7 +4,8 @@
  * its own transaction together with its row in sekali.schema_migrations, under
  * an advisory lock so that two hosts migrating at once do not race; except
  * the online ones (ctl_migrate_online.c), which build indexes on live tables
- * outside a transaction. */
+ * outside a transaction. What will run is said first (ctl_migrate_plan.c);
+ * --plan says only that. */
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
