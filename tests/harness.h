@@ -3,7 +3,11 @@
  *
  * Nothing here fakes a server. Every wait polls a real observable (a row
  * count, a queue depth, a file, a process) and fails the test with a message
- * when its deadline passes; under valgrind or ASan deadlines stretch. */
+ * when its deadline passes; under valgrind or ASan deadlines stretch.
+ *
+ * The one header the suites include. Its definitions are in one file per
+ * responsibility, tests/harness_*.c (tests/README.md lists them); what
+ * those files share with each other only is in harness_private.h. */
 #ifndef SK_HARNESS_H
 #define SK_HARNESS_H
 
