@@ -100,17 +100,7 @@ const char *h_header_text(const amqp_message_t *msg, const char *key, char *buf,
 
 int64_t h_header_int(const amqp_message_t *msg, const char *key)
 {
-    const amqp_field_value_t *v = header(msg, key);
-    if (v == NULL)
-        return -1;
-    switch (v->kind) {
-    case AMQP_FIELD_KIND_I64: return v->value.i64;
-    case AMQP_FIELD_KIND_I32: return v->value.i32;
-    case AMQP_FIELD_KIND_U32: return v->value.u32;
-    case AMQP_FIELD_KIND_I16: return v->value.i16;
-    case AMQP_FIELD_KIND_U8:  return v->value.u8;
-    default: return -1;
-    }
+    return sk_broker_field_int(header(msg, key));
 }
 
 char *h_header_filling(const char *message_id, const char *key, size_t frame)
