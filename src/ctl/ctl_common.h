@@ -37,6 +37,25 @@
  * owns it. */
 PGconn *sk_ctl_pg_connect(const struct sk_conf *conf);
 
+/* The connection a report uses (ctl_pool.c): with no pool started, a new
+ * one (sk_ctl_pg_connect()) that sk_ctl_pg_give() closes; with a pool, a
+ * session of it, dialled with application_name "sekalictl serve", waiting
+ * up to the pool's wait_s while all of them are lent (then NULL, why on
+ * stderr). Each take is paired with one give, from the same thread, before
+ * that thread takes again. Any thread may call them. */
+PGconn *sk_ctl_pg_take(const struct sk_conf *conf);
+/* Gives pg back (NULL: nothing): reset for the next taker (sk_pg_reset()),
+ * or closed when it cannot be, or when no pool runs. */
+void sk_ctl_pg_give(PGconn *pg);
+/* Starts the process's pool (sekalictl serve): at most size sessions open
+ * (1 to 16), an idle one closed by sk_ctl_pool_sweep() after
+ * idle_s. conf is borrowed until sk_ctl_pool_stop(), which closes the idle
+ * sessions; those lent then are closed when given back. */
+void sk_ctl_pool_start(const struct sk_conf *conf, size_t size, unsigned idle_s,
+                       unsigned wait_s);
+void sk_ctl_pool_sweep(void);
+void sk_ctl_pool_stop(void);
+
 /* Runs st (sk_pg_exec()); false after printing why on stderr. *out, when out
  * is not NULL, is the caller's to PQclear(). */
 bool sk_ctl_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);

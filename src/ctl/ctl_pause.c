@@ -79,11 +79,11 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
                                stdout);
 }
 
-/* Runs sekali.pause() or sekali.resume() on a connection of its own; both
+/* Runs sekali.pause() or sekali.resume() on a connection taken for it; both
  * answer whether they changed the queue's state. */
 static bool call_changed(const struct sk_conf *conf, const struct sk_pg_stmt *st, bool *changed)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_take(conf);
     if (pg == NULL)
         return false;
     PGresult *res;
@@ -91,7 +91,7 @@ static bool call_changed(const struct sk_conf *conf, const struct sk_pg_stmt *st
     *changed = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
     if (ok)
         PQclear(res);
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
     return ok;
 }
 

@@ -262,7 +262,7 @@ static void read_broker(struct status *s)
 
 static void read_pg(struct status *s)
 {
-    PGconn *pg = sk_ctl_pg_connect(s->conf);
+    PGconn *pg = sk_ctl_pg_take(s->conf);
     if (pg == NULL) {
         snprintf(s->pg_why, sizeof(s->pg_why), "PostgreSQL connection failed");
         return;
@@ -305,7 +305,7 @@ static void read_pg(struct status *s)
             PQclear(res);
         }
     }
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
 }
 
 /* Best effort: a database from before sql/019 has no pauses to show. */
