@@ -167,7 +167,7 @@ static int wait_for_consumers(const struct sk_conf *conf, const char *queue, uin
                               uint32_t *left, struct sk_err *err)
 {
     struct sk_broker *b = NULL;
-    int rc = sk_broker_open(&b, &conf->amqp, err);
+    int rc = sk_ctl_broker_take(conf, &b, err);
     int64_t until = sk_now_ms() + (int64_t)wait_ms;
     while (rc == SK_OK) {
         bool exists;
@@ -177,7 +177,7 @@ static int wait_for_consumers(const struct sk_conf *conf, const char *queue, uin
             break;
         sk_sleep_ms(WAIT_STEP_MS);
     }
-    sk_broker_close(b);
+    sk_ctl_broker_give(b);
     return rc;
 }
 

@@ -238,7 +238,7 @@ static void read_broker(struct status *s)
 {
     struct sk_broker *b = NULL;
     struct sk_err err = { 0 };
-    if (sk_broker_open(&b, &s->conf->amqp, &err) != SK_OK) {
+    if (sk_ctl_broker_take(s->conf, &b, &err) != SK_OK) {
         snprintf(s->broker_why, sizeof(s->broker_why), "%s", err.msg);
         return;
     }
@@ -257,7 +257,7 @@ static void read_broker(struct status *s)
         }
         q->broker_ok = true;
     }
-    sk_broker_close(b);
+    sk_ctl_broker_give(b);
 }
 
 static void read_pg(struct status *s)
