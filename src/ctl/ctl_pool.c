@@ -52,7 +52,9 @@ static void amqp_close(void *conn);
 
 static struct {
     pthread_mutex_t       lock;
-    pthread_cond_t        given;      /* a connection came back, or an open one closed */
+    /* A connection of either kind came back, or an open one closed: a
+     * broadcast, since the waiters of the other kind share it. */
+    pthread_cond_t        given;
     const struct sk_conf *conf;       /* NULL: no pool, each take dials */
     size_t                size;       /* connections of each kind open at most */
     unsigned              idle_s, wait_s;
@@ -219,7 +221,7 @@ static void give(struct shelf *s, void *conn)
         if (s->open > 0)
             s->open--;
     }
-    pthread_cond_signal(&pool.given);
+    pthread_cond_broadcast(&pool.given);
     pthread_mutex_unlock(&pool.lock);
     if (!keep)
         s->close(conn);
@@ -231,7 +233,7 @@ static void drop(struct shelf *s)
     pthread_mutex_lock(&pool.lock);
     if (pool.conf != NULL && s->open > 0)
         s->open--;
-    pthread_cond_signal(&pool.given);
+    pthread_cond_broadcast(&pool.given);
     pthread_mutex_unlock(&pool.lock);
 }
 
