@@ -171,8 +171,9 @@ static enum got take(struct shelf *s, void **conn)
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += pool.wait_s;
     for (;;) {
-        /* The one given back last: the others age out when few are needed. */
-        while (s->n_idle > 0 && got != GOT) {
+        /* The one given back last: the others age out when few are needed.
+         * (Those found unfit while this waits can outnumber the shelf.) */
+        while (s->n_idle > 0 && got != GOT && n_unfit < POOL_MAX) {
             struct idle *i = &s->idle[--s->n_idle];
             if (s->fit(i->conn, sk_now_ms() - i->since)) {
                 *conn = i->conn;
