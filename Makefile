@@ -147,8 +147,13 @@ $(B)/tests/check_layers: | $(call obj,$(sort $(DAEMON) $(CTL)))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
-HARNESS = $(call obj,$(CORE) $(BROKER) lock redis_link) $(B)/obj/harness.o
-$(B)/obj/harness.o: tests/harness.c | $(B)/obj
+# The harness of the integration and fault suites: harness.h over one file
+# per responsibility (tests/harness_*.c). A static pattern rule, so that its
+# objects are explicit targets, which make keeps (an implicit rule's would be
+# intermediate: deleted after the link and built again by the next make).
+HARNESS_OBJ = $(patsubst tests/%.c,$(B)/obj/%.o,$(wildcard tests/harness_*.c))
+HARNESS = $(call obj,$(CORE) $(BROKER) lock redis_link) $(HARNESS_OBJ)
+$(HARNESS_OBJ): $(B)/obj/%.o: tests/%.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
 $(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
