@@ -16,6 +16,7 @@
  * (sekalictl's dead letters), broker_publish.c publishes with confirms, and
  * broker_wire.c does the connection-free AMQP arithmetic. broker_conn.h is
  * what they share, and only they include it. */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,6 +333,15 @@ int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err)
         return sk_broker_lost(b, status, "sending an AMQP heartbeat", err);
     b->keepalive_ms = now;
     return SK_OK;
+}
+
+bool sk_broker_idle_ok(const struct sk_broker *b)
+{
+    if (b == NULL || b->broken || b->channel_closed || b->scanning || b->consumer_tag[0] != '\0' ||
+        amqp_data_in_buffer(b->conn) || amqp_frames_enqueued(b->conn))
+        return false;
+    struct pollfd p = { .fd = amqp_get_sockfd(b->conn), .events = POLLIN };
+    return p.fd >= 0 && poll(&p, 1, 0) == 0;
 }
 
 uint32_t sk_broker_keepalive_period_ms(const struct sk_amqp_conf *conf)

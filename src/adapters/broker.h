@@ -283,6 +283,13 @@ int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err);
  * 0 when heartbeats are off. */
 uint32_t sk_broker_keepalive_period_ms(const struct sk_amqp_conf *conf);
 
+/* Whether a connection that neither consumes nor scans, and that nobody
+ * uses now, may be used again: not broken, its channel open, and nothing
+ * from the broker waiting to be read (a connection.close, a heartbeat, the
+ * socket's end), which a pool then need not risk a request on. Never
+ * reads or blocks. */
+bool sk_broker_idle_ok(const struct sk_broker *b);
+
 /* Puts the channel in confirm mode; needed once before sk_broker_publish(). */
 int sk_broker_confirm_select(struct sk_broker *b, struct sk_err *err);
 

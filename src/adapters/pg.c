@@ -87,6 +87,18 @@ PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_
     return pg;
 }
 
+int sk_pg_reset(PGconn *pg, struct sk_err *err)
+{
+    if (PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_IDLE)
+        return sk_err_set(err, SK_AGAIN, "sk_pg_reset: the connection is lost or inside a "
+                          "transaction");
+    /* RESET ALL (in DISCARD ALL) returns every setting to the value the
+     * session started with, the dial's options included; only what
+     * durable_commits() SET afterwards needs setting again. */
+    int rc = sk_pg_run(pg, "DISCARD ALL", err);
+    return rc != SK_OK ? rc : durable_commits(pg, err);
+}
+
 char *sk_pg_text_array(size_t n, const char *(*at)(const void *items, size_t i),
                        const void *items)
 {

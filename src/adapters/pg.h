@@ -62,6 +62,14 @@ bool sk_pg_is_local(const char *host, const char *hostaddr);
 PGconn *sk_pg_dial(const struct sk_postgres_conf *conf, const char *application_name,
                    struct sk_err *err);
 
+/* Returns a session sk_pg_dial() made to the state it was dialled in, for
+ * a pool to lend it again: DISCARD ALL (settings, prepared statements,
+ * temporary tables, advisory locks, LISTENs) and sk_pg_dial()'s own SETs
+ * again. SK_OK, or a code of sk_pg_exec(), and SK_AGAIN for a connection
+ * lost or left inside a transaction: then it must not be lent again.
+ * Blocks for a round trip or two. */
+int sk_pg_reset(PGconn *pg, struct sk_err *err);
+
 /* Runs one statement. SK_OK when it succeeded (and, with one_row, returned
  * exactly one row); then *out, if out is not NULL, holds the result, which
  * the caller PQclear()s. Otherwise *out is NULL and the code says what to

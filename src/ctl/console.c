@@ -405,6 +405,7 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
     con.rates = sk_console_rates_start(conf);
+    sk_ctl_pool_start(conf, SK_CONSOLE_PG_POOL, SK_CONSOLE_PG_IDLE_S, SK_CONSOLE_PG_WAIT_S);
 
     struct MHD_Daemon *d = start_daemon(&con, port, &sa, v6, cert, key);
     if (d != NULL && !sk_console_guard_start(con.guard)) {
@@ -424,12 +425,16 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
                                        "can log in")
                    : con.open_reads ? "actions need a login" : "reads and actions need a login");
         fflush(stdout);
-        int sig;
-        sigwait(&stop, &sig);
+        /* The main thread has nothing else to do: it closes idle sessions
+         * while it waits for the signal to stop. */
+        const struct timespec tick = { .tv_sec = 1 };
+        while (sigtimedwait(&stop, NULL, &tick) < 0)
+            sk_ctl_pool_sweep();
         sk_console_guard_stop(con.guard);
         MHD_stop_daemon(d);
     }
     sk_console_rates_stop(con.rates);
+    sk_ctl_pool_stop();
     sk_console_sessions_free(con.sessions);
     sk_console_guard_free(con.guard);
     pthread_mutex_destroy(&con.dlq_lock);

@@ -37,6 +37,32 @@
  * owns it. */
 PGconn *sk_ctl_pg_connect(const struct sk_conf *conf);
 
+/* The connection a report uses (ctl_pool.c): with no pool started, a new
+ * one (sk_ctl_pg_connect()) that sk_ctl_pg_give() closes; with a pool, a
+ * session of it, dialled with application_name "sekalictl serve", waiting
+ * up to the pool's wait_s while all of them are lent (then NULL, why on
+ * stderr). Each take is paired with one give, from the same thread, before
+ * that thread takes again. Any thread may call them. */
+PGconn *sk_ctl_pg_take(const struct sk_conf *conf);
+/* Gives pg back (NULL: nothing): reset for the next taker (sk_pg_reset()),
+ * or closed when it cannot be, or when no pool runs. */
+void sk_ctl_pg_give(PGconn *pg);
+/* The same for an AMQP connection (sk_broker_open()): SK_OK with *b set,
+ * or sk_broker_open()'s code; with a pool, SK_AGAIN also when all were lent
+ * for the whole wait. Only for connections that neither consume nor scan:
+ * give back one that was left so and it is closed. */
+int sk_ctl_broker_take(const struct sk_conf *conf, struct sk_broker **b, struct sk_err *err);
+void sk_ctl_broker_give(struct sk_broker *b);
+/* Starts the process's pool (sekalictl serve): of each kind, at most size
+ * connections open (1 to 16), an idle one closed by sk_ctl_pool_sweep()
+ * after idle_s (an AMQP one sooner: after half amqp.heartbeat). conf is
+ * borrowed until sk_ctl_pool_stop(), which closes the idle ones; those
+ * lent then are closed when given back. */
+void sk_ctl_pool_start(const struct sk_conf *conf, size_t size, unsigned idle_s,
+                       unsigned wait_s);
+void sk_ctl_pool_sweep(void);
+void sk_ctl_pool_stop(void);
+
 /* Runs st (sk_pg_exec()); false after printing why on stderr. *out, when out
  * is not NULL, is the caller's to PQclear(). */
 bool sk_ctl_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);

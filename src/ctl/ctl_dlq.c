@@ -183,7 +183,7 @@ int sk_ctl_dlq_run(const struct sk_conf *conf, const struct sk_ctl_dlq_req *req,
     snprintf(d.os_user, sizeof(d.os_user), "%s", found != NULL ? found->pw_name : "uid?");
     snprintf(d.actor, sizeof(d.actor), "%s", req->by != NULL ? req->by : d.os_user);
     int rc = sk_broker_dead_name(req->queue, d.dead, sizeof(d.dead), &d.err);
-    if (rc == SK_OK && (d.pg = sk_ctl_pg_connect(conf)) == NULL)
+    if (rc == SK_OK && (d.pg = sk_ctl_pg_take(conf)) == NULL)
         rc = sk_err_set(&d.err, SK_AGAIN, "PostgreSQL unreachable: the dead letters are "
                         "kept there (sekali.dead_letters)");
     /* A worker's transaction holds a key's row while its handler runs:
@@ -209,7 +209,7 @@ int sk_ctl_dlq_run(const struct sk_conf *conf, const struct sk_ctl_dlq_req *req,
             rc = act(&d, replay);
     }
     int code = finish(&d, rc);
-    PQfinish(d.pg);
+    sk_ctl_pg_give(d.pg);
     free(d.key_seen);
     return code;
 }

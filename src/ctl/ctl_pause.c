@@ -79,11 +79,11 @@ int sk_ctl_pause(const struct sk_conf *conf, int argc, char **argv)
                                stdout);
 }
 
-/* Runs sekali.pause() or sekali.resume() on a connection of its own; both
+/* Runs sekali.pause() or sekali.resume() on a connection taken for it; both
  * answer whether they changed the queue's state. */
 static bool call_changed(const struct sk_conf *conf, const struct sk_pg_stmt *st, bool *changed)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_take(conf);
     if (pg == NULL)
         return false;
     PGresult *res;
@@ -91,7 +91,7 @@ static bool call_changed(const struct sk_conf *conf, const struct sk_pg_stmt *st
     *changed = ok && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
     if (ok)
         PQclear(res);
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
     return ok;
 }
 
@@ -167,7 +167,7 @@ static int wait_for_consumers(const struct sk_conf *conf, const char *queue, uin
                               uint32_t *left, struct sk_err *err)
 {
     struct sk_broker *b = NULL;
-    int rc = sk_broker_open(&b, &conf->amqp, err);
+    int rc = sk_ctl_broker_take(conf, &b, err);
     int64_t until = sk_now_ms() + (int64_t)wait_ms;
     while (rc == SK_OK) {
         bool exists;
@@ -177,7 +177,7 @@ static int wait_for_consumers(const struct sk_conf *conf, const char *queue, uin
             break;
         sk_sleep_ms(WAIT_STEP_MS);
     }
-    sk_broker_close(b);
+    sk_ctl_broker_give(b);
     return rc;
 }
 

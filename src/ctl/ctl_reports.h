@@ -2,8 +2,9 @@
  * serves too: one implementation of each query and of its JSON, written to
  * whatever stream the caller gives (stdout for sekalictl, a memory stream
  * for an HTTP answer). Each returns the exit code sekalictl would
- * (ctl_common.h). They open their own connections, so threads may run
- * them at once. */
+ * (ctl_common.h). Each takes its PostgreSQL connection with
+ * sk_ctl_pg_take() (from the console's pool, in sekalictl serve) and gives
+ * it back before it returns, so threads may run them at once. */
 #ifndef SK_CTL_REPORTS_H
 #define SK_CTL_REPORTS_H
 

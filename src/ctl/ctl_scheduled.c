@@ -110,7 +110,7 @@ static void print_text(FILE *out, PGresult *res)
 int sk_ctl_scheduled_report(const struct sk_conf *conf, const char *queue, size_t limit,
                             bool json, FILE *out)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_take(conf);
     if (pg == NULL)
         return SK_CTL_FAILED;
     char limit_text[24];
@@ -134,7 +134,7 @@ int sk_ctl_scheduled_report(const struct sk_conf *conf, const char *queue, size_
     };
     PGresult *res;
     if (!sk_ctl_pg_exec(pg, &st, &res)) {
-        PQfinish(pg);
+        sk_ctl_pg_give(pg);
         return SK_CTL_FAILED;
     }
     if (json)
@@ -142,6 +142,6 @@ int sk_ctl_scheduled_report(const struct sk_conf *conf, const char *queue, size_
     else
         print_text(out, res);
     PQclear(res);
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
     return SK_CTL_OK;
 }

@@ -96,7 +96,7 @@ static size_t gather(const struct sk_conf *conf, PGresult *res, int rows, struct
 
 int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_take(conf);
     if (pg == NULL)
         return SK_CTL_FAILED;
     const struct sk_pg_stmt st = {
@@ -107,7 +107,7 @@ int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
     PGresult *res;
     if (!sk_ctl_pg_exec(pg, &st, &res)) {
         fprintf(stderr, "sekalictl: is the schema migrated (sekalictl migrate)?\n");
-        PQfinish(pg);
+        sk_ctl_pg_give(pg);
         return SK_CTL_FAILED;
     }
     int rows = PQntuples(res);
@@ -117,7 +117,7 @@ int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
     if (lines == NULL) {
         fprintf(stderr, "sekalictl: out of memory\n");
         PQclear(res);
-        PQfinish(pg);
+        sk_ctl_pg_give(pg);
         return SK_CTL_FAILED;
     }
     size_t n = gather(conf, res, rows, lines);
@@ -130,7 +130,7 @@ int sk_ctl_schedules_report(const struct sk_conf *conf, bool json, FILE *out)
         print_text(out, lines, n);
     free(lines);
     PQclear(res);
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
     return SK_CTL_OK;
 }
 

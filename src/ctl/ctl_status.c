@@ -238,7 +238,7 @@ static void read_broker(struct status *s)
 {
     struct sk_broker *b = NULL;
     struct sk_err err = { 0 };
-    if (sk_broker_open(&b, &s->conf->amqp, &err) != SK_OK) {
+    if (sk_ctl_broker_take(s->conf, &b, &err) != SK_OK) {
         snprintf(s->broker_why, sizeof(s->broker_why), "%s", err.msg);
         return;
     }
@@ -257,12 +257,12 @@ static void read_broker(struct status *s)
         }
         q->broker_ok = true;
     }
-    sk_broker_close(b);
+    sk_ctl_broker_give(b);
 }
 
 static void read_pg(struct status *s)
 {
-    PGconn *pg = sk_ctl_pg_connect(s->conf);
+    PGconn *pg = sk_ctl_pg_take(s->conf);
     if (pg == NULL) {
         snprintf(s->pg_why, sizeof(s->pg_why), "PostgreSQL connection failed");
         return;
@@ -305,7 +305,7 @@ static void read_pg(struct status *s)
             PQclear(res);
         }
     }
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
 }
 
 /* Best effort: a database from before sql/019 has no pauses to show. */

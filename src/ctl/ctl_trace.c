@@ -112,7 +112,7 @@ static int by_time(const void *a, const void *b)
 
 static void read_pg(struct trace *t, const struct sk_conf *conf)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_take(conf);
     if (pg == NULL) {
         t->failed = true;
         return;
@@ -138,7 +138,7 @@ static void read_pg(struct trace *t, const struct sk_conf *conf)
         }
     }
     PQclear(res);
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
 }
 
 /* The key's dead letters in sekali.dead_letters, of the traced queues. A
@@ -146,7 +146,7 @@ static void read_pg(struct trace *t, const struct sk_conf *conf)
  * back and a quorum queue's delivery limit would count, is never read. */
 static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
 {
-    PGconn *pg = sk_ctl_pg_connect(conf);
+    PGconn *pg = sk_ctl_pg_take(conf);
     if (pg == NULL) {
         t->failed = true;
         return;
@@ -179,7 +179,7 @@ static void read_dead_letters(struct trace *t, const struct sk_conf *conf)
         }
         PQclear(res);
     }
-    PQfinish(pg);
+    sk_ctl_pg_give(pg);
 }
 
 static void read_journal(struct trace *t)

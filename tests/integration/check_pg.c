@@ -1,6 +1,7 @@
 /* check_pg.c - the libpq seam (src/adapters/pg.c) against a real PostgreSQL: every
- * outcome of a statement reads as one SK_* code, and the dial gives each
- * session sekali's settings without losing the user's. */
+ * outcome of a statement reads as one SK_* code, the dial gives each
+ * session sekali's settings without losing the user's, and a reset (for a
+ * pool) returns a session to them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +210,36 @@ START_TEST(test_pipeline_returns_the_last_rows_and_leaves_the_connection_idle)
 }
 END_TEST
 
+/* What a pool relies on before it lends a session again (src/ctl/ctl_pool.c):
+ * what one request set is gone, what the dial set is back. */
+START_TEST(test_reset_returns_a_session_to_what_the_dial_made)
+{
+    struct sk_err err = { 0 };
+    PGconn *pg = dial(" options='-c statement_timeout=4321'", &err);
+    ck_assert_msg(pg != NULL, "dial failed: %s", err.msg);
+    h_pg_exec(pg, "SET lock_timeout = '10s'");
+    h_pg_exec(pg, "SET statement_timeout = '1s'");
+    h_pg_exec(pg, "SELECT pg_advisory_lock(4242)");
+    h_pg_exec(pg, "PREPARE left_behind AS SELECT 1");
+    h_pg_exec(pg, "CREATE TEMP TABLE left_behind (x int)");
+    ck_assert_int_eq(sk_pg_reset(pg, &err), SK_OK);
+    ck_assert_str_eq(show(pg, "lock_timeout"), "300ms");
+    ck_assert_str_eq(show(pg, "statement_timeout"), "4321ms");
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                    "AND pid = pg_backend_pid()"), 0);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM pg_prepared_statements"), 0);
+    ck_assert_int_eq(h_pg_count(pg, "SELECT count(*) FROM pg_class WHERE relname = "
+                                    "'left_behind' AND relpersistence = 't'"), 0);
+
+    /* A session inside a transaction is not reset (its work is not the
+     * pool's to end): SK_AGAIN, and it is closed instead. */
+    h_pg_exec(pg, "BEGIN");
+    ck_assert_int_eq(sk_pg_reset(pg, &err), SK_AGAIN);
+    ck_assert_int_eq(PQtransactionStatus(pg), PQTRANS_INTRANS);
+    PQfinish(pg);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -221,6 +252,7 @@ int main(void)
         test_read_only_server_is_again,
         test_lost_connection_is_again,
         test_pipeline_returns_the_last_rows_and_leaves_the_connection_idle,
+        test_reset_returns_a_session_to_what_the_dial_made,
         NULL,
     };
     Suite *s = suite_create("pg");
