@@ -60,8 +60,8 @@ static long long victims(const struct h_run *r, pid_t pid)
                       (long)pid);
 }
 
-/* Of those, the ones whose copy has not come back as a duplicate yet. */
-static long long victims_undelivered(const struct h_run *r, pid_t pid)
+/* Of those, the ones whose copy has not been counted a duplicate yet. */
+static long long victims_uncounted(const struct h_run *r, pid_t pid)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
                              "AND status = 'completed' AND owner LIKE '%%:%ld' AND "
@@ -110,12 +110,13 @@ static long long kill_once(const char *name, const char *failpoint, const char *
                                           .workers = 1, .env = env, .queue_yaml = BATCH });
     pid_t victim = h_wait_marked_deaths(&r, point, 1, 30000);
     /* Done when every job completed and every job the victim's COMMIT
-     * made true was redelivered and found so (the key's owner names the
-     * worker that completed it): the rest were acked by its replacement. */
-    H_WAIT(h_completed(&r) == JOBS && victims_undelivered(&r, victim) == 0, 60000,
+     * made true was redelivered and counted a duplicate (the key's owner
+     * names the worker that completed it): the rest were acked by its
+     * replacement. */
+    H_WAIT(h_completed(&r) == JOBS && victims_uncounted(&r, victim) == 0, 60000,
            "the %d jobs should complete after the kill, have %lld completed, %lld failed, "
-           "%lld of the dead worker's not redelivered", JOBS, h_completed(&r), h_failed(&r),
-           victims_undelivered(&r, victim));
+           "%lld of the dead worker's keys without their duplicate", JOBS, h_completed(&r),
+           h_failed(&r), victims_uncounted(&r, victim));
     h_run_stop(&r);
     long long dups = h_duplicates(&r);
     long long theirs = victims(&r, victim);
@@ -157,26 +158,26 @@ START_TEST(test_killed_just_after_the_commit)
 END_TEST
 
 /* The blame rule under a kill: k-4's queued INSERT breaks the unique key
- * at the batch's COMMIT, so the batch's jobs run again each alone; the
- * worker dies during those reruns (with the first alone claim on the wire:
- * a one-job claim comes only in a rerun here, and the reruns were counted
- * before the death). After the redeliveries, k-4 alone is charged (failed
- * at max_attempts 1) and every other job's row is there once. */
-START_TEST(test_killed_during_the_reruns_of_a_failed_batch)
+ * at the batch's COMMIT, so the batch's jobs run again each alone, and the
+ * failpoint kills the worker during those reruns (the reruns are counted
+ * before it dies). After the redeliveries, k-4 alone is charged (failed at
+ * max_attempts 1, dead-lettered) and every other job's row is there once;
+ * the reruns the dead worker committed came back as duplicates. */
+static void kill_in_reruns(const char *name, const char *failpoint, const char *point)
 {
     struct h_run r;
-    h_run_open(&r, "queuedrerun");
+    h_run_open(&r, name);
     effects_table(&r);
     publish_jobs(&r, 4);
     int port = h_free_port();
-    char top[64];
+    char top[64], armed[128];
     snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
-    const char *env[] = { "SEKALI_FAILPOINT=pipeline_sent:sk_claim_completed",
-                          "SEKALI_FAILPOINT_ONCE=1", NULL };
+    snprintf(armed, sizeof(armed), "SEKALI_FAILPOINT=%s", failpoint);
+    const char *env[] = { armed, "SEKALI_FAILPOINT_ONCE=1", NULL };
     h_run_start(&r, &(struct h_run_opts){
         .binary = "fault/sekalid", .handler = H_QUEUED, .workers = 1, .env = env,
         .top_yaml = top, .queue_yaml = BATCH "    retry:\n      max_attempts: 1\n" });
-    pid_t victim = h_wait_marked_deaths(&r, "pipeline_sent", 1, 30000);
+    pid_t victim = h_wait_marked_deaths(&r, point, 1, 30000);
     char series[200];
     snprintf(series, sizeof(series), "sekali_batch_reruns_total{queue=\"%s\",job_type=\"test\"}",
              r.queue);
@@ -184,17 +185,38 @@ START_TEST(test_killed_during_the_reruns_of_a_failed_batch)
     H_WAIT((reruns = h_metric(port, "%s", series)) >= 0, 10000, "no %s in the metrics", series);
     ck_assert_msg(reruns >= 1, "the worker should have died in a rerun, after the batch's "
                   "COMMIT failed: %s is %.0f", series, reruns);
-    H_WAIT(h_completed(&r) + h_failed(&r) == JOBS, 60000, "the %d jobs should settle, have "
-           "%lld completed, %lld failed", JOBS, h_completed(&r), h_failed(&r));
+    H_WAIT(h_completed(&r) + h_failed(&r) == JOBS && victims_uncounted(&r, victim) == 0,
+           60000, "the %d jobs should settle, have %lld completed, %lld failed, %lld of the dead "
+           "worker's keys without their duplicate", JOBS, h_completed(&r), h_failed(&r),
+           victims_uncounted(&r, victim));
     h_run_stop(&r);
     char status[32];
-    printf("check_queued_crash: worker %ld killed in the reruns (%.0f reruns counted); %lld "
-           "rows, %lld completed, %lld failed (k-4: %s)\n", (long)victim, reruns, rows(&r),
-           h_completed(&r), h_failed(&r), h_key_status(&r, "k-4", status, sizeof(status)));
+    long long dups = h_duplicates(&r), theirs = victims(&r, victim);
+    printf("check_queued_crash: worker %ld killed in the reruns at %s (%.0f reruns counted); "
+           "%lld rows, %lld completed, %lld by the dead worker, %lld duplicates, %lld failed "
+           "(k-4: %s)\n", (long)victim, failpoint, reruns, rows(&r), h_completed(&r), theirs,
+           dups, h_failed(&r), h_key_status(&r, "k-4", status, sizeof(status)));
     ck_assert_str_eq(h_key_status(&r, "k-4", status, sizeof(status)), "failed");
     ck_assert_int_eq(h_queue_depth(r.b, r.dead), 1);
     expect_each_once(&r, 4);
+    ck_assert_int_eq(dups, theirs);
     h_run_close(&r);
+}
+
+/* With the first rerun's claim on the wire: a one-job claim (its statement
+ * sk_claim_completed) comes only in a rerun on a batch queue of distinct
+ * keys, and nothing of the reruns is committed yet. */
+START_TEST(test_killed_in_the_first_rerun)
+{
+    kill_in_reruns("queuedrerun", "pipeline_sent:sk_claim_completed", "pipeline_sent");
+}
+END_TEST
+
+/* Just after k-3's rerun committed (its batch COMMIT had failed, so this is
+ * its first): k-1 .. k-3 committed and unacked, k-4 .. k-8 not yet run. */
+START_TEST(test_killed_after_three_reruns_committed)
+{
+    kill_in_reruns("queuedrerun3", "after_commit:k-3", "after_commit");
 }
 END_TEST
 
@@ -204,7 +226,8 @@ int main(void)
         test_killed_before_the_commit_is_sent,
         test_killed_with_the_commit_on_the_wire,
         test_killed_just_after_the_commit,
-        test_killed_during_the_reruns_of_a_failed_batch,
+        test_killed_in_the_first_rerun,
+        test_killed_after_three_reruns_committed,
         NULL,
     };
     return h_run_suite(h_suite("queued_crash", 180, tests));
