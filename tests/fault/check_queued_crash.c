@@ -22,11 +22,9 @@
 #define H_QUEUED "tests/plugins/queued.so"
 #define BATCH    "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n    lock_ttl: 2s\n"
 
-/* The queued handler's table; the "taken" row makes a body "dup" fail. */
-static void effects_table(struct h_run *r)
+/* The row "taken" (tests/data/effects.sql) that a body "dup" collides with. */
+static void taken_row(struct h_run *r)
 {
-    h_pg_exec(r->pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
-                     "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
     char sql[256];
     snprintf(sql, sizeof(sql), "INSERT INTO sekali_test.queued_effects VALUES ('%s', 'taken', 0)",
              r->queue);
@@ -101,7 +99,7 @@ static long long kill_once(const char *name, const char *failpoint, const char *
 {
     struct h_run r;
     h_run_open(&r, name);
-    effects_table(&r);
+    taken_row(&r);
     publish_jobs(&r, 0);
     char armed[128];
     snprintf(armed, sizeof(armed), "SEKALI_FAILPOINT=%s", failpoint);
@@ -167,7 +165,7 @@ static void kill_in_reruns(const char *name, const char *failpoint, const char *
 {
     struct h_run r;
     h_run_open(&r, name);
-    effects_table(&r);
+    taken_row(&r);
     publish_jobs(&r, 4);
     int port = h_free_port();
     char top[64], armed[128];

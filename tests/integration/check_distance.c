@@ -24,6 +24,9 @@
 #define TRACE_DELAY_MS 100  /* the SQL handler's test: its margin is one delay */
 #define JOBS           8
 #define H_QUEUED       "tests/plugins/queued.so"
+/* One batch of the JOBS, the job charged for a failed COMMIT dead at once. */
+#define BLAME_YAML     "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n    lock: false\n" \
+                       "    retry:\n      max_attempts: 1\n"
 
 struct proxy {
     pid_t pid;
@@ -180,8 +183,6 @@ START_TEST(test_far_postgres_queued_statements_ride_the_commit)
 {
     struct h_run r;
     h_run_open(&r, "farqueued");
-    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
-                    "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
     struct proxy px;
     proxy_start(&px, DELAY_MS);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
@@ -208,6 +209,17 @@ START_TEST(test_far_postgres_queued_statements_ride_the_commit)
 }
 END_TEST
 
+/* The row "taken" (tests/data/effects.sql), which a job whose body is
+ * "dup" breaks the unique key on; and r's queue declared. */
+static void taken_row(struct h_run *r)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali_test.queued_effects VALUES ('%s', 'taken', 0)",
+             r->queue);
+    h_pg_exec(r->pg, sql);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+}
+
 /* The blame rule: one job's queued INSERT breaks a unique key at the
  * COMMIT of a batch of JOBS. With retry.max_attempts 1, a job charged for
  * it is dead-lettered at once: so only that job may end failed, and every
@@ -217,18 +229,10 @@ START_TEST(test_queued_statement_failing_charges_its_job_alone)
 {
     struct h_run r;
     h_run_open(&r, "queuedblame");
-    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
-                    "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
-    char sql[256];
-    snprintf(sql, sizeof(sql), "INSERT INTO sekali_test.queued_effects VALUES ('%s', 'taken', 0)",
-             r.queue);
-    h_pg_exec(r.pg, sql);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    taken_row(&r);
     publish_jobs(&r, 4);
-    h_run_start(&r, &(struct h_run_opts){
-                        .handler = H_QUEUED, .workers = 1,
-                        .queue_yaml = "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
-                                      "    lock: false\n    retry:\n      max_attempts: 1\n" });
+    h_run_start(&r, &(struct h_run_opts){ .handler = H_QUEUED, .workers = 1,
+                                          .queue_yaml = BLAME_YAML });
     H_WAIT(h_completed(&r) + h_failed(&r) == JOBS, 60000, "the %d jobs should settle, have "
            "%lld completed, %lld failed", JOBS, h_completed(&r), h_failed(&r));
     long long completed = h_completed(&r), failed = h_failed(&r);
@@ -256,18 +260,10 @@ START_TEST(test_queued_statement_failing_keeps_the_batch_duplicates_count)
 {
     struct h_run r;
     h_run_open(&r, "queueddups");
-    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
-                    "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
-    char sql[256];
-    snprintf(sql, sizeof(sql), "INSERT INTO sekali_test.queued_effects VALUES ('%s', 'taken', 0)",
-             r.queue);
-    h_pg_exec(r.pg, sql);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    taken_row(&r);
     h_publish(r.b, r.queue, "test", "m-2", "k-2", NULL, "ok");
-    h_run_start(&r, &(struct h_run_opts){
-                        .handler = H_QUEUED, .workers = 1,
-                        .queue_yaml = "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
-                                      "    lock: false\n    retry:\n      max_attempts: 1\n" });
+    h_run_start(&r, &(struct h_run_opts){ .handler = H_QUEUED, .workers = 1,
+                                          .queue_yaml = BLAME_YAML });
     H_WAIT(h_completed(&r) == 1, 30000, "k-2 should complete first");
     h_stop_sekalid(r.sekalid, r.dir);
     publish_jobs(&r, 4);
