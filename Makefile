@@ -51,7 +51,7 @@ BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_w
 DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job job_state span span_lock limit batch job_trace links pause $(BROKER) envelope lock rate redis_link heartbeat pg store plugin host sqlq headers_json letter failpoint reschedule scoreboard lease \
           doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions \
           notify oom metrics metrics_text metrics_http inflight relay janitor scheduler schema
-CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_migrate_online ctl_enqueue ctl_dlq ctl_dlq_read ctl_dlq_import ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_scheduled ctl_inflight ctl_pause ctl_cancel \
+CTL     = $(CORE) ctl ctl_common ctl_migrate ctl_migrate_online ctl_migrate_plan ctl_migrate_scan ctl_enqueue ctl_dlq ctl_dlq_read ctl_dlq_import ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_scheduled ctl_inflight ctl_pause ctl_cancel \
           console console_http console_auth console_guard console_api console_rates console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions redis_link
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
@@ -147,8 +147,13 @@ $(B)/tests/check_layers: | $(call obj,$(sort $(DAEMON) $(CTL)))
 $(B)/tests/check_%: tests/unit/check_%.c | $(B)/tests
 	$(CC) $(CFLAGS) -iquote tests -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CHECK_LIBS)
 
-HARNESS = $(call obj,$(CORE) $(BROKER) lock redis_link) $(B)/obj/harness.o
-$(B)/obj/harness.o: tests/harness.c | $(B)/obj
+# The harness of the integration and fault suites: harness.h over one file
+# per responsibility (tests/harness_*.c). A static pattern rule, so that its
+# objects are explicit targets, which make keeps (an implicit rule's would be
+# intermediate: deleted after the link and built again by the next make).
+HARNESS_OBJ = $(patsubst tests/%.c,$(B)/obj/%.o,$(wildcard tests/harness_*.c))
+HARNESS = $(call obj,$(CORE) $(BROKER) lock redis_link) $(HARNESS_OBJ)
+$(HARNESS_OBJ): $(B)/obj/%.o: tests/%.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
 $(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h

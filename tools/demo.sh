@@ -51,7 +51,9 @@ YAML
 say() { printf 'demo: %s\n' "$*"; }
 sql() { psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" -c "$1"; }
 
-"$build/sekalictl" -c "$conf" migrate --sql-dir sql | sed 's/^/demo: migrate: /'
+# The applied files only: the plan migrate says first is for operators.
+"$build/sekalictl" -c "$conf" migrate --sql-dir sql |
+    sed -n 's/^\(applied \|schema is up to date\)/demo: migrate: \1/p'
 psql -X -q -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" -f examples/invoice.sql
 [ "$handler" = sql ] && psql -X -q -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO" -f examples/invoice_function.sql
 say "handler: $handler"

@@ -1,7 +1,7 @@
 /* ctl.c - sekalictl, the operator's tool: its options, its commands' help,
  * and the dispatch to the file of each command (ctl_commands.h).
  *
- *   sekalictl [-c FILE] migrate [--sql-dir DIR]                (ctl_migrate.c)
+ *   sekalictl [-c FILE] migrate [--sql-dir DIR] [--plan]       (ctl_migrate.c)
  *   sekalictl [-c FILE] enqueue QUEUE TYPE [...] [BODY | -]   (ctl_enqueue.c)
  *   sekalictl [-c FILE] dlq (list|groups|show|replay|purge) QUEUE ... (ctl_dlq.c)
  *   sekalictl [-c FILE] serve [--listen ADDR]                  (console.c)
@@ -44,11 +44,15 @@ static const struct command {
     const char *help;
     int (*run)(const struct sk_conf *conf, int argc, char **argv);  /* NULL: help */
 } commands[] = {
-    { "migrate", "migrate [--sql-dir DIR] [--json]",
+    { "migrate", "migrate [--sql-dir DIR] [--plan] [--json]",
       "Apply the schema migrations (DIR/NNN_name.sql, default " SK_SQL_DIR ") not yet\n"
-      "applied, each once, in name order, under an advisory lock.\n"
+      "applied, each once, in name order, under an advisory lock. First prints the\n"
+      "plan: each pending file, online or in one transaction, the tables it touches\n"
+      "with their size, the lock it takes on each and an estimate of its time.\n"
       "  --sql-dir DIR   read the migrations from DIR (also $SEKALI_SQL_DIR)\n"
-      "  --json          print {\"applied\": [names], \"migrations\": N}\n",
+      "  --plan          print the plan only; change nothing\n"
+      "  --json          print {\"plan\": [...], \"applied\": [names], \"migrations\": N}\n"
+      "                  (with --plan, \"pending\": N instead of \"applied\")\n",
       sk_ctl_migrate },
     { "enqueue",
       "enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D] [--at TIME]\n"

@@ -4,8 +4,12 @@
  * keys in the same table, and a build cut short is built again, not taken
  * for done.
  *
- * Each test migrates from a directory of its own holding one migration, so
- * that only it is applied, and removes its index and its version after. */
+ * Before it applies anything, migrate says its plan (ctl_migrate_plan.c),
+ * and `migrate --plan` says only that: the pending files, how each runs,
+ * the tables, their locks and sizes, and nothing changed.
+ *
+ * Each test migrates from a directory of its own holding its migrations, so
+ * that only they are applied, and removes what they made after. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +19,18 @@
 
 #include "harness.h"
 
-/* Starts `sekalictl -c config migrate --sql-dir dir`, its output in
- * dir/migrate.out and dir/migrate.err. */
-static pid_t migrate_start(const char *config, const char *dir)
+/* Starts `sekalictl -c config migrate --sql-dir dir [extra...]` (extra
+ * NULL-terminated, or NULL), its output in dir/migrate.out and
+ * dir/migrate.err. */
+static pid_t migrate_start_with(const char *config, const char *dir, const char *const *extra)
 {
     char exe[1024], out[1024], err[1024];
     snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
     snprintf(out, sizeof(out), "%s/migrate.out", dir);
     snprintf(err, sizeof(err), "%s/migrate.err", dir);
+    const char *argv[16] = { exe, "-c", config, "migrate", "--sql-dir", dir };
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && i + 7 < 16; i++)
+        argv[6 + i] = extra[i];
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -30,17 +38,27 @@ static pid_t migrate_start(const char *config, const char *dir)
         int fd_err = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd_out < 0 || fd_err < 0 || dup2(fd_out, 1) < 0 || dup2(fd_err, 2) < 0)
             _exit(127);
-        execl(exe, exe, "-c", config, "migrate", "--sql-dir", dir, (char *)NULL);
+        execv(exe, (char *const *)argv);
         _exit(127);
     }
     return pid;
 }
 
+static pid_t migrate_start(const char *config, const char *dir)
+{
+    return migrate_start_with(config, dir, NULL);
+}
+
 /* Runs migrate to its end; returns its exit code. */
+static int migrate_with(const char *config, const char *dir, const char *const *extra)
+{
+    int status = h_wait_exit(migrate_start_with(config, dir, extra), 60000, "sekalictl migrate");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 static int migrate(const char *config, const char *dir)
 {
-    int status = h_wait_exit(migrate_start(config, dir), 60000, "sekalictl migrate");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return migrate_with(config, dir, NULL);
 }
 
 static void write_migration(const char *dir, const char *name, const char *sql)
@@ -108,6 +126,14 @@ START_TEST(test_an_online_migration_builds_its_index_while_jobs_complete)
     ck_assert_msg(strstr(out, "concurrently, outside a transaction: writes go on meanwhile") != NULL &&
                   strstr(out, "on sekali.idempotency_keys (about ") != NULL,
                   "migrate should say what it does:\n%s", out);
+    /* Its plan came first, and said the table stays writable. */
+    const char *plan = strstr(out, "plan: 1 migration to apply");
+    ck_assert_msg(plan != NULL && plan < strstr(out, "concurrently, outside") &&
+                  strstr(out, ": online, statement by statement outside a transaction") != NULL &&
+                  strstr(out, "    sekali.idempotency_keys: ") != NULL &&
+                  strstr(out, "ShareUpdateExclusive while each statement runs: writes go on; "
+                              "1 index build or scan") != NULL,
+                  "migrate should say its plan first:\n%s", out);
     free(out);
     ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM pg_index WHERE indisvalid "
                                       "AND indexrelid = to_regclass('sekali.%s')", index), 1);
@@ -171,11 +197,184 @@ START_TEST(test_an_interrupted_online_build_is_built_again_not_taken_for_done)
 }
 END_TEST
 
+/* A table of its own with n analysed rows, named after the run (sekali.plan_<queue>). */
+static void plan_table(struct h_run *r, char *table, size_t size, int n)
+{
+    snprintf(table, size, "plan_%s", r->queue);
+    for (char *c = table; *c != '\0'; c++)
+        if (*c == '-')
+            *c = '_';
+    char sql[1024];
+    snprintf(sql, sizeof(sql), "CREATE TABLE sekali.%s (v integer); "
+                               "INSERT INTO sekali.%s SELECT generate_series(1, %d); "
+                               "ANALYZE sekali.%s", table, table, n, table);
+    h_pg_exec(r->pg, sql);
+}
+
+START_TEST(test_the_plan_lists_the_pending_files_and_plan_changes_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "plan");
+    char table[160], sql[1024], name[3][224];
+    plan_table(&r, table, sizeof(table), 1000);
+    for (int i = 0; i < 3; i++)
+        snprintf(name[i], sizeof(name[i]), "90%d_%s.sql", i, table);
+    /* Applied already: no plan lists it. */
+    write_migration(r.dir, name[0], "CREATE TABLE sekali.never_applied (v integer);\n");
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.schema_migrations (version) VALUES ('%s')",
+             name[0]);
+    h_pg_exec(r.pg, sql);
+    snprintf(sql, sizeof(sql), "-- sekali: online\n"
+                               "CREATE INDEX CONCURRENTLY IF NOT EXISTS %s_v ON sekali.%s (v);\n",
+             table, table);
+    write_migration(r.dir, name[1], sql);
+    /* A function body's statements run when it is called: not in the plan. */
+    snprintf(sql, sizeof(sql),
+             "CREATE OR REPLACE FUNCTION sekali.%s_f() RETURNS void LANGUAGE sql AS $$\n"
+             "    DELETE FROM sekali.idempotency_keys WHERE false $$;\n"
+             "ALTER TABLE sekali.%s ADD COLUMN IF NOT EXISTS w integer;\n"
+             "DROP INDEX IF EXISTS sekali.%s_old;\n", table, table, table);
+    write_migration(r.dir, name[2], sql);
+    snprintf(sql, sizeof(sql), "CREATE INDEX %s_old ON sekali.%s (v)", table, table);
+    h_pg_exec(r.pg, sql);
+    char *config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    long long versions = h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations");
+
+    const char *plan_only[] = { "--plan", NULL };
+    ck_assert_int_eq(migrate_with(config, r.dir, plan_only), 0);
+    char *out = file_of(r.dir, "migrate.out");
+    char want[3][512];
+    snprintf(want[0], sizeof(want[0]), "  %s: online, statement by statement outside a "
+             "transaction\n    sekali.%s: about 1000 rows, ", name[1], table);
+    snprintf(want[1], sizeof(want[1]), "  %s: in one transaction, which holds its locks until "
+             "COMMIT\n    sekali.%s: about 1000 rows, ", name[2], table);
+    snprintf(want[2], sizeof(want[2]), "AccessExclusive until COMMIT: reads and writes wait; "
+             "catalog only\n    sekali.%s_old (an index of sekali.%s): about 1000 rows, ", table,
+             table);
+    const char *online = strstr(out, want[0]), *tx = strstr(out, want[1]);
+    ck_assert_msg(strncmp(out, "plan: 2 migrations to apply, in this order\n", 43) == 0 &&
+                  online != NULL && tx != NULL && online < tx && strstr(out, want[2]) != NULL &&
+                  strstr(out, "ShareUpdateExclusive while each statement runs: writes go on; "
+                              "1 index build or scan, under 1 s") != NULL &&
+                  strstr(out, "catalog only\n    1 statement on no table") != NULL,
+                  "the plan should list %s online, then %s in a transaction:\n%s\n%s", name[1],
+                  name[2], out, file_of(r.dir, "migrate.err"));
+    ck_assert_msg(strstr(out, name[0]) == NULL && strstr(out, "idempotency_keys") == NULL,
+                  "the plan lists an applied file, or a function body's table:\n%s", out);
+    free(out);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations"), versions);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM pg_class WHERE relname = '%s_v'",
+                                table), 0);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM pg_attribute WHERE attname = 'w' "
+                                      "AND attrelid = 'sekali.%s'::regclass", table), 0);
+
+    const char *plan_json[] = { "--plan", "--json", NULL };
+    ck_assert_int_eq(migrate_with(config, r.dir, plan_json), 0);
+    out = file_of(r.dir, "migrate.out");
+    snprintf(want[0], sizeof(want[0]), "{\"plan\":[{\"name\":\"%s\",\"online\":true,"
+             "\"tables\":[{\"table\":\"sekali.%s\",\"exists\":true,\"rows\":1000,", name[1], table);
+    ck_assert_msg(strncmp(out, want[0], strlen(want[0])) == 0 &&
+                  strstr(out, "\"lock\":\"AccessExclusive\",\"held\":\"transaction\"") != NULL &&
+                  strstr(out, "],\"pending\":2,\"migrations\":3}\n") != NULL,
+                  "--plan --json:\n%s", out);
+    free(out);
+    snprintf(sql, sizeof(sql),
+             "python3 -c 'import json,sys; d = json.load(open(sys.argv[1])); p = d[\"plan\"]; "
+             "sys.exit(0 if len(p) == 2 and p[0][\"online\"] and not p[1][\"online\"] and "
+             "p[1][\"tables\"][0][\"writes\"] == 0 and p[1][\"other_statements\"] == 1 and "
+             "p[1][\"tables\"][1][\"index_of\"] == \"sekali.%s\" and "
+             "d[\"pending\"] == 2 else 1)' %s/migrate.out", table, r.dir);
+    ck_assert_msg(system(sql) == 0, "--plan --json should parse and hold the two files");
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations"), versions);
+
+    /* Applying says the same plan first, then applies it. */
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+    out = file_of(r.dir, "migrate.out");
+    snprintf(want[0], sizeof(want[0]), "applied %s\napplied %s\n", name[1], name[2]);
+    ck_assert_msg(strncmp(out, "plan: 2 migrations to apply", 27) == 0 &&
+                  strstr(out, want[0]) != NULL, "migrate:\n%s", out);
+    free(out);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations"),
+                     versions + 2);
+
+    /* Nothing pending: both say so, and neither changes anything. */
+    ck_assert_int_eq(migrate_with(config, r.dir, plan_only), 0);
+    out = file_of(r.dir, "migrate.out");
+    ck_assert_str_eq(out, "schema is up to date (3 migrations)\n");
+    free(out);
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+    out = file_of(r.dir, "migrate.out");
+    ck_assert_str_eq(out, "schema is up to date (3 migrations)\n");
+    free(out);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations"),
+                     versions + 2);
+
+    snprintf(sql, sizeof(sql), "DROP TABLE sekali.%s; DROP FUNCTION sekali.%s_f(); "
+                               "DELETE FROM sekali.schema_migrations WHERE version LIKE '90%%_%s.sql'",
+             table, table, table);
+    h_pg_exec(r.pg, sql);
+    free(config);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A file name is an operator's input too: a terminal's control sequences
+ * in one reach the screen escaped. */
+START_TEST(test_the_plan_escapes_a_hostile_file_name)
+{
+    struct h_run r;
+    h_run_open(&r, "hostile");
+    char name[256];
+    snprintf(name, sizeof(name), "905_\x1b]0;owned\x07_%s.sql", r.queue);
+    write_migration(r.dir, name, "SELECT 1;\n");
+    char *config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    const char *plan_only[] = { "--plan", NULL };
+    ck_assert_int_eq(migrate_with(config, r.dir, plan_only), 0);
+    char *out = file_of(r.dir, "migrate.out");
+    ck_assert_msg(strchr(out, '\x1b') == NULL && strchr(out, '\x07') == NULL &&
+                  strstr(out, "  905_\\x1b]0;owned\\x07_") != NULL &&
+                  strstr(out, "1 query or call whose work cannot be read beforehand") != NULL,
+                  "the plan should escape the name:\n%s", out);
+    free(out);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations "
+                                      "WHERE version LIKE '905_%%'"), 0);
+    free(config);
+    h_run_close(&r);
+}
+END_TEST
+
+/* A migration that fails rolls back, and the JSON document still parses:
+ * the plan, nothing applied, and the failure. */
+START_TEST(test_a_failed_migration_still_closes_its_json_document)
+{
+    struct h_run r;
+    h_run_open(&r, "failed");
+    char name[256], cmd[1024];
+    snprintf(name, sizeof(name), "906_%s.sql", r.queue);
+    write_migration(r.dir, name, "SELECT sekali.no_such_function();\n");
+    char *config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    const char *json[] = { "--json", NULL };
+    ck_assert_int_eq(migrate_with(config, r.dir, json), 1);
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c 'import json,sys; d = json.load(open(sys.argv[1])); "
+             "sys.exit(0 if d[\"failed\"] and d[\"applied\"] == [] and len(d[\"plan\"]) == 1 and "
+             "d[\"plan\"][0][\"unknown_statements\"] == 1 else 1)' %s/migrate.out", r.dir);
+    ck_assert_msg(system(cmd) == 0, "the document should parse:\n%s", file_of(r.dir, "migrate.out"));
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali.schema_migrations "
+                                      "WHERE version = '%s'", name), 0);
+    free(config);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_an_online_migration_builds_its_index_while_jobs_complete,
         test_an_interrupted_online_build_is_built_again_not_taken_for_done,
+        test_the_plan_lists_the_pending_files_and_plan_changes_nothing,
+        test_the_plan_escapes_a_hostile_file_name,
+        test_a_failed_migration_still_closes_its_json_document,
         NULL,
     };
     Suite *s = suite_create("migrate");
