@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "failpoint.h"
 #include "log.h"
 #include "pg.h"
 
@@ -184,6 +185,11 @@ int sk_pg_pipeline(PGconn *pg, const struct sk_pg_stmt *st, int n, PGresult **la
         PQexitPipelineMode(pg);
         return lost(pg, "PQpipelineSync", err);
     }
+    /* Flushed (a blocking connection's PQpipelineSync() sends it all), no
+     * answer read: the fault build dies here, named by the last statement,
+     * so "pipeline_sent:COMMIT" kills a worker with its COMMIT on the wire
+     * and its outcome unknown to it. */
+    sk_failpoint("pipeline_sent", name_of(&st[n - 1]));
 
     int rc = SK_OK;
     int step = 0;

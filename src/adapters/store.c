@@ -496,6 +496,28 @@ int sk_store_mark_replied(struct sk_store *s, const struct sk_keyref *ref, struc
     return rc == SK_BUSY ? SK_ERR : rc;
 }
 
+static const char *ref_ptr_key(const void *refs, size_t i)
+{
+    return ((const struct sk_keyref *const *)refs)[i]->key;
+}
+
+int sk_store_count_duplicates(struct sk_store *s, const struct sk_keyref *const *refs, size_t n,
+                              struct sk_err *err)
+{
+    char *keys = sk_pg_text_array(n, ref_ptr_key, refs);
+    if (keys == NULL)
+        return sk_err_set(err, SK_ERR, "out of memory for a batch's duplicate count");
+    const char *values[] = { refs[0]->queue, keys };
+    const struct sk_pg_stmt st = {
+        .sql = "UPDATE sekali.idempotency_keys SET duplicates = duplicates + 1, "
+               "updated_at = now() WHERE queue = $1 AND key = ANY ($2::text[])",
+        .n_params = 2, .values = values, .what = "count duplicates",
+    };
+    int rc = sk_pg_exec(s->conn, &st, NULL, err);
+    free(keys);
+    return rc == SK_BUSY ? SK_ERR : rc;
+}
+
 uint64_t sk_store_rtt_ns(const struct sk_store *s)
 {
     uint64_t least = 0;

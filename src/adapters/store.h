@@ -187,4 +187,11 @@ int sk_store_is_cancelled(PGconn *pg, const char *queue, const char *key, bool *
 /* Records that the reply went out (after the broker confirmed it). */
 int sk_store_mark_replied(struct sk_store *s, const struct sk_keyref *ref, struct sk_err *err);
 
+/* Counts one more duplicate delivery of each of the n keys (of one queue)
+ * in a transaction of its own, as a batch's claim counts them: for the
+ * duplicates whose count a rolled-back batch took with it. Outside any
+ * transaction; blocks one round trip. */
+int sk_store_count_duplicates(struct sk_store *s, const struct sk_keyref *const *refs, size_t n,
+                              struct sk_err *err);
+
 #endif

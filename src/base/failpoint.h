@@ -10,7 +10,9 @@
  * the file named by SEKALI_FAILPOINT_MARK (if set), so the test can prove the
  * fault happened, then kills itself with SIGKILL. With SEKALI_FAILPOINT_ONCE
  * set too, a point whose mark file exists no longer fires; with
- * SEKALI_FAILPOINT_TIMES=N, it fires for the first N processes only. */
+ * SEKALI_FAILPOINT_TIMES=N, it fires for the first N processes only.
+ * One point is keyed otherwise: "pipeline_sent" (pg.c) by the name of the
+ * pipeline's last statement, e.g. pipeline_sent:COMMIT. */
 #ifndef SK_FAILPOINT_H
 #define SK_FAILPOINT_H
 

@@ -95,6 +95,9 @@ struct sk_job {
     uint64_t           claimed_ns;  /* CLOCK_MONOTONIC at the claim, for the duration */
     uint64_t           admitted_ns; /* CLOCK_MONOTONIC at admission, for the outcome's ms */
     bool               same_key;    /* an earlier job of the span has the same key */
+    /* A duplicate whose count (written by its batch's claim) only the
+     * batch's COMMIT makes true: still set once that rolled back. */
+    bool               dup_uncounted;
     bool               leased;      /* external mode: the heartbeat renews our lease */
     /* The handler's outcome, kept until the span's COMMIT says what
      * becomes of it. */

@@ -91,6 +91,7 @@ static bool blame_alone(struct sk_pipeline *p, struct sk_span *s);
 static void alone(struct sk_pipeline *p, struct sk_span *s, struct sk_job *j);
 static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key);
 static bool ready(const struct sk_job *j);
+static void recount_duplicates(struct sk_pipeline *p, struct sk_span *s);
 static void survivable(struct sk_pipeline *p, struct sk_span *s);
 static void count_lost_locks(struct sk_pipeline *p, struct sk_span *s);
 static void settle_done(struct sk_pipeline *p, struct sk_span *s);
@@ -241,6 +242,7 @@ static bool transaction(struct sk_pipeline *p, struct sk_span *s, const struct w
  * nothing is left to run. */
 static int claim(struct sk_pipeline *p, struct sk_span *s, const struct way *w)
 {
+    recount_duplicates(p, s);
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
@@ -265,6 +267,7 @@ static int claim(struct sk_pipeline *p, struct sk_span *s, const struct way *w)
     for (size_t k = 0; k < m; k++) {
         struct sk_job *j = &s->jobs[s->index[k]];
         j->claim = s->claims[k];
+        j->dup_uncounted = !w->alone && rc == SK_OK && s->dups[k];
         any |= sk_job_claimed(p, j, rc == SK_OK && s->dups[k] ? SK_DUP : rc, &err);
     }
     if (w->alone)
@@ -490,6 +493,10 @@ static bool commit(struct sk_pipeline *p, struct sk_span *s, const struct way *w
     }
     int rc = w->commit(p, s, m, back, &err);
     free(queued);
+    /* Committed, the duplicates' counts are true; of an unknown outcome
+     * they are left as they are, lest one be counted twice. */
+    for (size_t i = 0; (rc == SK_OK || rc == SK_AGAIN) && i < s->n; i++)
+        s->jobs[i].dup_uncounted = false;
     if (rc == SK_ERR && n_queued > 0 && !w->alone)
         return blame_alone(p, s);
     if (rc == SK_AGAIN) {
@@ -672,8 +679,27 @@ static void each_alone(struct sk_pipeline *p, struct sk_span *s, bool same_key)
     }
 }
 
+/* The duplicates a rolled-back transaction of the span claimed took their
+ * count with it, and are settled, so no later claim counts them: written
+ * again on their own, before the next transaction or the span's exits. A
+ * counter, not an outcome: if that fails, it is logged and let go. */
+static void recount_duplicates(struct sk_pipeline *p, struct sk_span *s)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->jobs[i].dup_uncounted)
+            s->ref_ptrs[m++] = &s->jobs[i].ref;
+        s->jobs[i].dup_uncounted = false;
+    }
+    struct sk_err err = { 0 };
+    if (m > 0 && sk_store_count_duplicates(sk_links_store(p->links), s->ref_ptrs, m, &err) != SK_OK)
+        sk_log_warn("queue %s: %zu duplicate deliveries left uncounted: %s", p->queue->name, m,
+                    err.msg);
+}
+
 void sk_span_settle(struct sk_pipeline *p, struct sk_span *s)
 {
+    recount_duplicates(p, s);
     if (p->heartbeat != NULL)
         count_lost_locks(p, s);
     sk_span_unlock(p, s);

@@ -33,3 +33,13 @@ CREATE TABLE IF NOT EXISTS sekali_test.occ_rows (
     total   bigint NOT NULL DEFAULT 0,
     version bigint NOT NULL DEFAULT 0
 );
+
+-- The queued handler's rows (tests/plugins/queued.c): one per job, its
+-- INSERT sent with the COMMIT; gap_ms is how long after the transaction's
+-- BEGIN it ran. The primary key makes a second INSERT of a key fail.
+CREATE TABLE IF NOT EXISTS sekali_test.queued_effects (
+    queue  text   NOT NULL,
+    key    text   NOT NULL,
+    gap_ms float8 NOT NULL,
+    PRIMARY KEY (queue, key)
+);

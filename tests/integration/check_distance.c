@@ -24,6 +24,9 @@
 #define TRACE_DELAY_MS 100  /* the SQL handler's test: its margin is one delay */
 #define JOBS           8
 #define H_QUEUED       "tests/plugins/queued.so"
+/* One batch of the JOBS, the job charged for a failed COMMIT dead at once. */
+#define BLAME_YAML     "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n    lock: false\n" \
+                       "    retry:\n      max_attempts: 1\n"
 
 struct proxy {
     pid_t pid;
@@ -182,8 +185,6 @@ START_TEST(test_far_postgres_queued_statements_ride_the_commit)
 {
     struct h_run r;
     h_run_open(&r, "farqueued");
-    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
-                    "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
     struct proxy px;
     proxy_start(&px, DELAY_MS);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
@@ -211,6 +212,17 @@ START_TEST(test_far_postgres_queued_statements_ride_the_commit)
 }
 END_TEST
 
+/* The row "taken" (tests/data/effects.sql), which a job whose body is
+ * "dup" breaks the unique key on; and r's queue declared. */
+static void taken_row(struct h_run *r)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali_test.queued_effects VALUES ('%s', 'taken', 0)",
+             r->queue);
+    h_pg_exec(r->pg, sql);
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+}
+
 /* The blame rule: one job's queued INSERT breaks a unique key at the
  * COMMIT of a batch of JOBS. With retry.max_attempts 1, a job charged for
  * it is dead-lettered at once: so only that job may end failed, and every
@@ -220,18 +232,10 @@ START_TEST(test_queued_statement_failing_charges_its_job_alone)
 {
     struct h_run r;
     h_run_open(&r, "queuedblame");
-    h_pg_exec(r.pg, "CREATE TABLE IF NOT EXISTS sekali_test.queued_effects "
-                    "(queue text, key text, gap_ms float8, PRIMARY KEY (queue, key))");
-    char sql[256];
-    snprintf(sql, sizeof(sql), "INSERT INTO sekali_test.queued_effects VALUES ('%s', 'taken', 0)",
-             r.queue);
-    h_pg_exec(r.pg, sql);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    taken_row(&r);
     publish_jobs(&r, 4);
-    h_run_start(&r, &(struct h_run_opts){
-                        .handler = H_QUEUED, .workers = 1,
-                        .queue_yaml = "    batch: 8\n    prefetch: 8\n    batch_wait: 500ms\n"
-                                      "    lock: false\n    retry:\n      max_attempts: 1\n" });
+    h_run_start(&r, &(struct h_run_opts){ .handler = H_QUEUED, .workers = 1,
+                                          .queue_yaml = BLAME_YAML });
     H_WAIT(h_completed(&r) + h_failed(&r) == JOBS, 60000, "the %d jobs should settle, have "
            "%lld completed, %lld failed", JOBS, h_completed(&r), h_failed(&r));
     long long completed = h_completed(&r), failed = h_failed(&r);
@@ -248,6 +252,38 @@ START_TEST(test_queued_statement_failing_charges_its_job_alone)
 }
 END_TEST
 
+/* A batch's claim counts its duplicates, and only its COMMIT makes that
+ * count true. When a queued statement fails that COMMIT, the batch-mates
+ * run again alone, but a duplicate was settled at its claim and is not
+ * claimed again: its count must be written anyway. k-2 completes first;
+ * then JOBS jobs wait, k-2 among them again and k-4's INSERT failing, and
+ * run as one batch: k-2's key counts one duplicate delivery. Before, the
+ * count went with the rolled-back batch (found by check_queued_crash). */
+START_TEST(test_queued_statement_failing_keeps_the_batch_duplicates_count)
+{
+    struct h_run r;
+    h_run_open(&r, "queueddups");
+    taken_row(&r);
+    h_publish(r.b, r.queue, "test", "m-2", "k-2", NULL, "ok");
+    h_run_start(&r, &(struct h_run_opts){ .handler = H_QUEUED, .workers = 1,
+                                          .queue_yaml = BLAME_YAML });
+    H_WAIT(h_completed(&r) == 1, 30000, "k-2 should complete first");
+    h_stop_sekalid(r.sekalid, r.dir);
+    publish_jobs(&r, 4);
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_completed(&r) + h_failed(&r) == JOBS && h_queue_depth(r.b, r.queue) == 0, 60000,
+           "the %d jobs should settle, have %lld completed, %lld failed", JOBS, h_completed(&r),
+           h_failed(&r));
+    h_run_stop(&r);
+    long long dups = h_duplicates(&r);
+    printf("check_distance: a duplicate in a batch whose queued statement failed: %lld "
+           "duplicates counted, %lld completed\n", dups, h_completed(&r));
+    ck_assert_int_eq(dups, 1);
+    ck_assert_int_eq(h_completed(&r), JOBS - 1);
+    h_run_close(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("distance");
@@ -257,6 +293,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_sql_handler_sends_its_trace_with_its_statement);
     tcase_add_test(tc, test_far_postgres_queued_statements_ride_the_commit);
     tcase_add_test(tc, test_queued_statement_failing_charges_its_job_alone);
+    tcase_add_test(tc, test_queued_statement_failing_keeps_the_batch_duplicates_count);
     suite_add_tcase(s, tc);
     return s;
 }
