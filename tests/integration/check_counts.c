@@ -508,6 +508,58 @@ START_TEST(test_a_deep_dlq_page_reads_its_own_letters_only)
 }
 END_TEST
 
+/* verify counts a queue's dead letters as they are kept (sql/029), and
+ * checks the keys of a bounded number of them, saying so: what it reads
+ * does not grow with the letters a queue retains. */
+START_TEST(test_verify_reads_a_bounded_sample_of_dead_letters)
+{
+    struct h_run r;
+    h_run_open(&r, "verify");
+    char db[160], url[1024], sql[800];
+    PGconn *pg = own_database(&r, db, sizeof(db), url, sizeof(url), &r.config);
+    link_migrations(r.dir, "999");
+    ck_assert_int_eq(migrate(r.config, r.dir), 0);
+    enum { LETTERS = 40000, CHECKED = 10000 };  /* ctl_verify.c's DEAD_MAX */
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.dead_letters (queue, key, reason, error, body, body_size) "
+             "SELECT '%s', 'k-' || i, 'failed', 'gateway ' || i, '\\x00', 1 "
+             "FROM generate_series(1, %d) i", r.queue, LETTERS);
+    h_pg_exec(pg, sql);
+    H_WAIT((h_pg_exec(pg, "VACUUM ANALYZE sekali.dead_letters"),
+            h_pg_count(pg, "SELECT relpages - relallvisible FROM pg_class "
+                           "WHERE oid = 'sekali.dead_letters'::regclass") == 0),
+           30000, "vacuum should leave every page of the letters all-visible");
+
+    char *out = NULL;
+    long long read = -1;
+    for (int try = 0; try < 3 && (read < 0 || read > 5 * CHECKED / 2); try++) {
+        free(out);
+        out = NULL;
+        H_WAIT(ctl_backends(pg) == 0, 10000, "no sekalictl should be connected");
+        long long before = letters_read(pg);
+        int rc = h_sekalictl(&r, &out, (const char *const[]){ "verify", NULL });
+        ck_assert_msg(rc == 0, "verify should find nothing lost: %s", out);
+        H_WAIT(ctl_backends(pg) == 0, 10000, "sekalictl's session should end");
+        long long this_try = letters_read(pg) - before;
+        read = read < 0 || this_try < read ? this_try : read;
+    }
+    /* The sample: its index entries and its rows. */
+    ck_assert_msg(read <= 5 * CHECKED / 2, "verify read %lld dead letters' rows and index "
+                  "entries (the least of 3 tries) of %d: it should read its sample of %d",
+                  read, LETTERS, CHECKED);
+    char want[200];
+    snprintf(want, sizeof(want), "dead %d\n", LETTERS);
+    ck_assert_msg(strstr(out, want) != NULL &&
+                  strstr(out, "inconsistent 10000:") != NULL &&
+                  strstr(out, "inconsistent: the oldest 10000 keyed dead letters checked, of "
+                              "40000\n") != NULL, "verify should say its sample: %s", out);
+    free(out);
+    drop_own_database(&r, pg, db, r.config);
+    r.config = NULL;
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -516,6 +568,7 @@ int main(void)
         test_an_upgrade_counts_what_the_database_held_while_writers_commit,
         test_purges_read_what_expired_not_what_is_retained,
         test_a_deep_dlq_page_reads_its_own_letters_only,
+        test_verify_reads_a_bounded_sample_of_dead_letters,
         NULL,
     };
     Suite *s = suite_create("counts");
