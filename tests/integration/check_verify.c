@@ -94,6 +94,21 @@ START_TEST(test_a_message_gone_from_its_queue_after_publishing_is_lost)
     code = verify(&r, &report);
     ck_assert_msg(code == 8, "verify exited %d: %s", code, report);
     has(report, "\"lost\":1,\"lost_keys\":[\"k-gone\"]");
+
+    /* Another job's dead letter accounts for that job, not for this one;
+     * its own letter (dead-lettered before it had a key) does. */
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.dead_letters (queue, key, reason, body, "
+             "body_size) VALUES ('%s', 'k-elsewhere', 'failed', '\\x00', 1)", r.queue);
+    h_pg_exec(r.pg, sql);
+    code = verify(&r, &report);
+    ck_assert_msg(code == 8, "another job's letter hid the loss: %d %s", code, report);
+    has(report, "\"lost\":1,\"lost_keys\":[\"k-gone\"]");
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.dead_letters (queue, key, reason, body, "
+             "body_size) VALUES ('%s', 'k-gone', 'failed', '\\x00', 1)", r.queue);
+    h_pg_exec(r.pg, sql);
+    code = verify(&r, &report);
+    ck_assert_msg(code == 0, "a job with its dead letter is not lost: %d %s", code, report);
+    has(report, "\"lost\":0,");
     h_run_close(&r);
 }
 END_TEST
