@@ -302,7 +302,7 @@ bench-cluster: deps
 
 # The long chaos soak (the short one runs in `make check`, check_chaos).
 chaos: deps
-	$(MAKE) all $(CHAOS) $(TEST_PLUGINS)
+	$(MAKE) all $(CHAOS) $(TEST_PLUGINS) $(B)/tests/delay_proxy
 	tests/servers.sh start
 	tests/chaos/run.sh $(B)
 
@@ -399,7 +399,9 @@ help:
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"
 	@echo "          SIGKILLed every 100-200 ms, a worker SIGSTOPped past its lock, Redis,"
 	@echo "          RabbitMQ and PostgreSQL restarted; fails on any doubled or lost key"
-	@echo "          (CHAOS_* settings: see tests/chaos/run.sh)"
+	@echo "          (CHAOS_* settings: see tests/chaos/run.sh); CHAOS_LATENCY=150:900: ms each"
+	@echo "          way to PostgreSQL:Redis for a window of the storm, through a delay proxy;"
+	@echo "          CHAOS_CONCURRENCY=N: a queue concurrency, checked (<= N of a resource at once)"
 	@echo "check-browser  the console (sekalictl serve) in Debian's chromium via puppeteer-core:"
 	@echo "          replay, purge, key search, hostile data, refused requests; screenshots"
 	@echo "          and render times in $(B)/artifacts/console"

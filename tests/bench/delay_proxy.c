@@ -3,12 +3,27 @@
  * passed on. The distance benchmark (tests/bench/distance.sh) puts one in
  * front of PostgreSQL, Redis and RabbitMQ.
  *
- *   delay_proxy LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS] ...
+ *   delay_proxy [-v] LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS[:FAULT_MS]] ...
  *
  * Listens on 127.0.0.1:LPORT for each mapping (0: a free port) and relays
- * each accepted connection to THOST:TPORT. Once every listener is bound it
- * prints "ready" and the listening ports, in the order of the mappings, on
- * one line of stdout; SIGTERM or SIGINT stop it.
+ * each accepted connection to THOST:TPORT, dialled anew for each one (so a
+ * server restarted behind it is found again). Once every listener is bound
+ * it prints "ready" and the listening ports, in the order of the mappings,
+ * on one line of stdout; SIGTERM or SIGINT stop it.
+ *
+ * A fault can be switched on while it runs: SIGUSR1 makes every mapping
+ * hold what it reads from then on FAULT_MS (default: DELAY_MS) instead of
+ * DELAY_MS, SIGUSR2 switches back; each switch is acknowledged on stderr.
+ * The chaos soak (tests/chaos/run.sh, CHAOS_LATENCY) injects its latency
+ * window so, without cutting a connection the way a restart would. What was
+ * read before a switch keeps the delay it was read with, and a chunk is
+ * still never due before the one read ahead of it: after a switch back, new
+ * bytes queue behind the slow ones, as on a path that just got fast again.
+ *
+ * -v: for each accepted connection, one line "conn LPORT CLIENT_PORT
+ * UPSTREAM_PORT" on stdout (the client's port and the proxy's own port
+ * towards the server), so that a test can tell which client a server sees
+ * on a connection (the chaos soak finds the worker holding a Redis lock).
  *
  * Why a proxy of our own: the kernel of the machines this runs on has no
  * sch_netem (tc netem on a veth pair in a namespace of ours was the first
@@ -47,7 +62,8 @@ struct map {
     int                     listen_fd;
     struct sockaddr_storage target;
     socklen_t               target_len;
-    int64_t                 delay_us, jitter_us;
+    int64_t                 delay_us, jitter_us, fault_us;
+    unsigned                lport;
 };
 
 struct chunk {
@@ -85,9 +101,18 @@ static struct map   maps[MAX_MAPS];
 static struct tag   map_tags[MAX_MAPS];
 static int          n_maps, ep;
 static struct conn *conns;
-static volatile sig_atomic_t stopping;
+static bool         verbose;
+static volatile sig_atomic_t stopping, faulty, switched;
 
 static void on_signal(int sig) { (void)sig; stopping = 1; }
+
+/* The flag is read once per chunk held (hold()), so a switch applies from
+ * the next read on; `switched` only asks the loop to say so. */
+static void on_fault(int sig)
+{
+    faulty = sig == SIGUSR1;
+    switched = 1;
+}
 
 static int64_t now_us(void)
 {
@@ -106,16 +131,19 @@ static void parse_map(const char *arg, struct map *m)
 {
     char host[256];
     unsigned lport, tport;
-    double delay, jitter = 0;
-    int n = sscanf(arg, "%u:%255[^:]:%u:%lf:%lf", &lport, host, &tport, &delay, &jitter);
+    double delay, jitter = 0, fault = -1;
+    int n = sscanf(arg, "%u:%255[^:]:%u:%lf:%lf:%lf", &lport, host, &tport, &delay, &jitter,
+                   &fault);
     if (n < 4 || lport > 65535 || tport == 0 || tport > 65535 || delay < 0 ||
-        jitter < 0) {
-        fprintf(stderr, "delay_proxy: bad mapping '%s': want LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS]\n",
+        jitter < 0 || (n == 6 && fault < 0)) {
+        fprintf(stderr, "delay_proxy: bad mapping '%s': want "
+                        "LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS[:FAULT_MS]]\n",
                 arg);
         exit(2);
     }
     m->delay_us = (int64_t)(delay * 1000);
     m->jitter_us = (int64_t)(jitter * 1000);
+    m->fault_us = n == 6 ? (int64_t)(fault * 1000) : m->delay_us;
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai;
     char port[16];
     snprintf(port, sizeof(port), "%u", tport);
@@ -139,6 +167,25 @@ static void parse_map(const char *arg, struct map *m)
         die("bind");
     if (listen(m->listen_fd, 512) < 0)
         die("listen");
+    socklen_t len = sizeof(sa);
+    if (getsockname(m->listen_fd, (struct sockaddr *)&sa, &len) < 0)
+        die("getsockname");
+    m->lport = ntohs(sa.sin_port);
+}
+
+/* The -v line: which client port a connection came from, and which port
+ * of ours the server sees it on. */
+static void say_conn(const struct map *m, int cfd, int sfd)
+{
+    struct sockaddr_storage a, b;
+    socklen_t la = sizeof(a), lb = sizeof(b);
+    if (getpeername(cfd, (struct sockaddr *)&a, &la) < 0 ||
+        getsockname(sfd, (struct sockaddr *)&b, &lb) < 0)
+        return;
+    /* Both are IPv4 or IPv6; the port sits at the same place in either. */
+    printf("conn %u %u %u\n", m->lport, ntohs(((struct sockaddr_in *)&a)->sin_port),
+           ntohs(((struct sockaddr_in *)&b)->sin_port));
+    fflush(stdout);
 }
 
 static struct tag *side_tag(struct conn *c, int side);
@@ -213,6 +260,8 @@ static void accept_one(struct map *m)
     }
     nodelay(cfd);
     nodelay(sfd);
+    if (verbose)
+        say_conn(m, cfd, sfd);
     struct conn *c = calloc(1, sizeof(*c) + 2 * sizeof(struct tag));
     if (c == NULL) {
         close(cfd);
@@ -244,7 +293,7 @@ static void hold(struct conn *c, struct dir *d, const char *buf, size_t len)
         conn_kill(c);
         return;
     }
-    int64_t due = now_us() + c->map->delay_us;
+    int64_t due = now_us() + (faulty ? c->map->fault_us : c->map->delay_us);
     if (c->map->jitter_us > 0)
         due += (int64_t)(drand48() * (double)c->map->jitter_us);
     /* In order: never due before what was read ahead of it. */
@@ -343,8 +392,14 @@ static int next_timeout_ms(int64_t now)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || argc - 1 > MAX_MAPS) {
-        fprintf(stderr, "usage: delay_proxy LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS] ... (at most %d)\n",
+    int first = 1;
+    if (argc > 1 && strcmp(argv[1], "-v") == 0) {
+        verbose = true;
+        first = 2;
+    }
+    if (argc - first < 1 || argc - first > MAX_MAPS) {
+        fprintf(stderr, "usage: delay_proxy [-v] LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS[:FAULT_MS]] "
+                        "... (at most %d)\n",
                 MAX_MAPS);
         return 2;
     }
@@ -352,11 +407,14 @@ int main(int argc, char **argv)
     struct sigaction sa = { .sa_handler = on_signal };
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    struct sigaction fa = { .sa_handler = on_fault };
+    sigaction(SIGUSR1, &fa, NULL);
+    sigaction(SIGUSR2, &fa, NULL);
     srand48((long)getpid());
     ep = epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0)
         die("epoll_create1");
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         parse_map(argv[i], &maps[n_maps]);
         map_tags[n_maps] = (struct tag){ .kind = 0, .p = &maps[n_maps] };
         struct epoll_event e = { .events = EPOLLIN, .data.ptr = &map_tags[n_maps] };
@@ -365,18 +423,17 @@ int main(int argc, char **argv)
         n_maps++;
     }
     printf("ready");
-    for (int i = 0; i < n_maps; i++) {
-        struct sockaddr_in bound;
-        socklen_t len = sizeof(bound);
-        if (getsockname(maps[i].listen_fd, (struct sockaddr *)&bound, &len) < 0)
-            die("getsockname");
-        printf(" %u", ntohs(bound.sin_port));
-    }
+    for (int i = 0; i < n_maps; i++)
+        printf(" %u", maps[i].lport);
     printf("\n");
     fflush(stdout);
 
     struct epoll_event evs[64];
     while (!stopping) {
+        if (switched) {
+            switched = 0;
+            fprintf(stderr, "delay_proxy: %s delay\n", faulty ? "fault" : "normal");
+        }
         int n = epoll_wait(ep, evs, 64, next_timeout_ms(now_us()));
         if (n < 0 && errno != EINTR)
             die("epoll_wait");

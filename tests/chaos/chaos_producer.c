@@ -1,6 +1,6 @@
 /* chaos_producer.c - the chaos soak's producer: every key once, some twice.
  *
- *   chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY [quorum[:LIMIT]]
+ *   chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY [quorum[:LIMIT]] [resources:R]
  *
  * Declares QUEUE as sekalid does (with `quorum`, as sekalid declares a queue
  * of queue_type quorum and delivery_limit LIMIT) and publishes keys QUEUE-1 .. QUEUE-KEYS,
@@ -9,6 +9,9 @@
  * come before or long after its original. Each message is what a producer
  * sends: persistent, its own message_id, the key in x-idempotency-key, and
  * BODY (for tests/plugins/effect.c, "sleep:MS": a job that takes MS).
+ * With `resources:R`, key K also carries x-resource-key QUEUE-rK%R: R
+ * resources shared by every key, so that a queue's `concurrency` (or its
+ * plain resource lock) really has jobs to hold back.
  *
  * A separate process from the one that injects faults, so that publishing
  * is never held up by them. Publishing uses confirms with a window (as
@@ -43,13 +46,21 @@ static void wait_confirms(amqp_connection_state_t conn, unsigned char *acked, ui
                           uint64_t published, uint64_t below);
 static uint64_t parse_u32(const char *s, const char *what, uint64_t max);
 static uint64_t next_random(uint64_t *state);
+static uint64_t resources;  /* 0: no x-resource-key */
 
 int main(int argc, char **argv)
 {
-    if (argc != 7 && argc != 8) {
+    if (argc < 7 || argc > 9) {
         fprintf(stderr, "usage: chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY "
-                        "[quorum[:LIMIT]]\n");
+                        "[quorum[:LIMIT]] [resources:R]\n");
         return 2;
+    }
+    const char *type = NULL;
+    for (int i = 7; i < argc; i++) {
+        if (strncmp(argv[i], "resources:", 10) == 0)
+            resources = parse_u32(argv[i] + 10, "resources:R", 1000000);
+        else
+            type = argv[i];
     }
     const char *queue = argv[2];
     uint64_t keys = parse_u32(argv[3], "KEYS", 10000000);
@@ -79,7 +90,7 @@ int main(int argc, char **argv)
     }
 
     amqp_connection_state_t conn = connect_url(argv[1]);
-    declare(conn, queue, argc == 8 ? argv[7] : NULL);
+    declare(conn, queue, type);
     amqp_confirm_select(conn, CHANNEL);
     check_reply(amqp_get_rpc_reply(conn), "confirm.select");
     uint64_t confirmed = 0;
@@ -205,12 +216,16 @@ static void declare(amqp_connection_state_t conn, const char *queue, const char 
 static void publish(amqp_connection_state_t conn, const char *queue, const struct job *job,
                     const char *body)
 {
-    char key[300], id[320];
+    char key[300], id[320], resource[320];
     snprintf(key, sizeof(key), "%s-%" PRIu32, queue, job->key);
     snprintf(id, sizeof(id), "%s/%" PRIu32, key, job->copy);
-    amqp_table_entry_t header = {
-        .key = amqp_cstring_bytes("x-idempotency-key"),
-        .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(key) },
+    snprintf(resource, sizeof(resource), "%s-r%" PRIu64, queue,
+             resources > 0 ? job->key % resources : 0);
+    amqp_table_entry_t headers[2] = {
+        { .key = amqp_cstring_bytes("x-idempotency-key"),
+          .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(key) } },
+        { .key = amqp_cstring_bytes("x-resource-key"),
+          .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(resource) } },
     };
     amqp_basic_properties_t props = {
         ._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
@@ -219,7 +234,7 @@ static void publish(amqp_connection_state_t conn, const char *queue, const struc
         .message_id = amqp_cstring_bytes(id),
         .type = amqp_cstring_bytes("chaos"),
         .content_type = amqp_cstring_bytes("text/plain"),
-        .headers = { .num_entries = 1, .entries = &header },
+        .headers = { .num_entries = resources > 0 ? 2 : 1, .entries = headers },
     };
     int status = amqp_basic_publish(conn, CHANNEL, amqp_empty_bytes, amqp_cstring_bytes(queue),
                                     1, 0, &props, amqp_cstring_bytes(body));

@@ -22,10 +22,25 @@
 #      SIGSTOPped for lock.ttl + 1 s then SIGCONTed, Redis is restarted,
 #      RabbitMQ is restarted, PostgreSQL is stopped in immediate mode
 #      (SIGQUIT to the postmaster, as pg_ctl -m immediate) and started.
+# With CHAOS_LATENCY=PG_MS:REDIS_MS, sekalid reaches PostgreSQL and Redis
+# through tests/bench/delay_proxy.c (0 ms in the calm run and outside the
+# window), and after the stop, a fifth fault in the sequence holds every
+# byte to PostgreSQL PG_MS and to Redis REDIS_MS each way for
+# CHAOS_LATENCY_SECONDS (the proxy's SIGUSR1, then SIGUSR2).
 # Every fault is verified: a killed pid is gone or a zombie within 2 s, the
 # stopped one was in state T past lock.ttl and its lock expired meanwhile, a
 # restarted server has a new pid (PostgreSQL: a new
-# pg_postmaster_start_time()). The faults are listed in faults.log.
+# pg_postmaster_start_time()), a round trip through the proxy (redis-cli
+# PING, psql's \timing of SELECT 1) takes at least twice the injected delay
+# in the latency window and less after it. The faults are listed in
+# faults.log.
+#
+# With CHAOS_CONCURRENCY=N the queue gets `concurrency: N` and every key one
+# of CHAOS_RESOURCES resource keys; each job (effect.c's "span:MS") records
+# when its handler ran, and the soak counts the most jobs of one resource
+# that ran at once: at most N in the calm run, and in the storm run outside
+# what the faults allow (the stopped worker runs on past its permit; a Redis
+# restart forgets every permit: rows within lock.ttl of it are left out).
 #
 # Prints ONE line on stdout (progress and diagnosis go to stderr):
 #   chaos: keys=K published=N effects=E doubled=D lost=L ... faults: kills=...
@@ -53,15 +68,24 @@
 #   CHAOS_RATE_LIMIT   queues[].rate_limit, e.g. 100000/s (a limit the soak
 #                      never reaches: its check and its Redis outages only);
 #                      default: none
+#   CHAOS_CONCURRENCY  queues[].concurrency: jobs of one resource at once;
+#                      default: none (no resource keys, the key is the lock)
+#   CHAOS_RESOURCES    resource keys shared by the keys, with
+#                      CHAOS_CONCURRENCY [1: the limit bites all along]
+#   CHAOS_LATENCY      PG_MS:REDIS_MS injected each way in the storm run,
+#                      e.g. 150:900; default: none (no proxy)
+#   CHAOS_LATENCY_SECONDS  how long the latency window lasts [12]
 #   CHAOS_KILL_MIN_MS, CHAOS_KILL_MAX_MS   pause between kills [100, 200]
 #   CHAOS_TIMEOUT      seconds each run may take [600] {45}
 #   CHAOS_FAULTS       the faults to inject, for diagnosis: some of
-#                      kill stop redis rabbitmq postgres [all of them]
+#                      kill stop redis rabbitmq postgres latency [all of
+#                      them; latency only with CHAOS_LATENCY]
 #   CHAOS_LOG_LEVEL    sekalid's log level [warn] (info logs every job)
 #   CHAOS_MIN_RATIO    fail if the storm/calm throughput ratio is below [0]
 #   CHAOS_SEED         the producer's duplicates and shuffle [random, printed]
 # Files, kept for diagnosis: $SEKALI_SCRATCH/chaos/ (calm.sekalid.log and
-# storm.sekalid.log at log level warn, faults.log, servers.log).
+# storm.sekalid.log at log level warn, faults.log, servers.log, and with
+# CHAOS_LATENCY proxy.out and proxy.log).
 
 # The whole script is one compound command, read before it runs: editing
 # the file while a soak runs cannot change what the running soak does.
@@ -81,20 +105,31 @@ job_ms=${CHAOS_JOB_MS:-10}
 lock_ttl=${CHAOS_LOCK_TTL:-2000}
 kill_min=${CHAOS_KILL_MIN_MS:-100}
 kill_max=${CHAOS_KILL_MAX_MS:-200}
-fault_kinds=" ${CHAOS_FAULTS:-kill stop redis rabbitmq postgres} "
+latency=${CHAOS_LATENCY:-}
+latency_s=${CHAOS_LATENCY_SECONDS:-12}
+[ -z "$latency" ] || { [[ $latency =~ ^[0-9]+:[0-9]+$ ]] && [ "$latency" != 0:0 ]; } ||
+    { echo "chaos: CHAOS_LATENCY must be PG_MS:REDIS_MS such as 150:900, got '$latency'" >&2; exit 2; }
+lat_pg=${latency%%:*} lat_redis=${latency##*:}
+concurrency=${CHAOS_CONCURRENCY:-}
+resources=${CHAOS_RESOURCES:-$([ -n "$concurrency" ] && echo 1 || echo 0)}
+[ -z "$concurrency" ] || [[ $concurrency =~ ^[1-9][0-9]*$ ]] ||
+    { echo "chaos: CHAOS_CONCURRENCY must be a positive whole number, got '$concurrency'" >&2; exit 2; }
+fault_kinds=" ${CHAOS_FAULTS:-kill stop redis rabbitmq postgres${latency:+ latency}} "
 log_level=${CHAOS_LOG_LEVEL:-warn}
 for f in $fault_kinds; do
-    case $f in kill|stop|redis|rabbitmq|postgres) ;; *)
-        echo "chaos: CHAOS_FAULTS: unknown fault '$f' (kill stop redis rabbitmq postgres)" >&2; exit 2 ;;
+    case $f in kill|stop|redis|rabbitmq|postgres|latency) ;; *)
+        echo "chaos: CHAOS_FAULTS: unknown fault '$f' (kill stop redis rabbitmq postgres latency)" >&2; exit 2 ;;
     esac
 done
+[[ $fault_kinds != *" latency "* ]] || [ -n "$latency" ] ||
+    { echo "chaos: CHAOS_FAULTS: latency needs CHAOS_LATENCY" >&2; exit 2; }
 case $log_level in debug|info|warn|error) ;; *) echo "chaos: CHAOS_LOG_LEVEL: debug, info, warn or error" >&2; exit 2 ;; esac
 timeout=${CHAOS_TIMEOUT:-$([ "$short" = 1 ] && echo 45 || echo 600)}
 min_ratio=${CHAOS_MIN_RATIO:-0}
 seed=${CHAOS_SEED:-$((RANDOM * 32768 + RANDOM))}
 [ "$batch" = default ] || [[ $batch =~ ^[1-9][0-9]*$ ]] ||
     { echo "chaos: CHAOS_BATCH must be default or a positive whole number, got '$batch'" >&2; exit 2; }
-for v in workers keys dup_percent job_ms lock_ttl kill_min kill_max timeout seed; do
+for v in workers keys dup_percent job_ms lock_ttl kill_min kill_max timeout seed latency_s resources; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "chaos: $v must be a whole number, got '${!v}'" >&2; exit 2; }
 done
 (( kill_min > 0 && kill_max >= kill_min && keys >= 10 && workers > 0 &&
@@ -115,6 +150,8 @@ die() { printf 'chaos: FAILED: %s\n' "$*" >&2; exit 1; }
 producer=$build/chaos/chaos_producer
 handler=$(cd "$build" 2>/dev/null && pwd)/tests/plugins/effect.so   # the config needs it absolute
 [ -x "$producer" ] && [ -f "$handler" ] || die "no $producer or $handler: make tests"
+proxy=$build/tests/delay_proxy
+[ -z "$latency" ] || [ -x "$proxy" ] || die "no $proxy: make tests"
 work=$SEKALI_SCRATCH/chaos
 rm -rf "$work"
 mkdir -p "$work"
@@ -126,7 +163,7 @@ now_ms() { local t=${EPOCHREALTIME/./}; printf '%s' $((t / 1000)); }
 # ---------------------------------------------------------------------------
 # Processes: sekalid, its workers, and whether a pid really died.
 # ---------------------------------------------------------------------------
-sekalid='' storm_pid='' driver_pid='' stopped_file=$work/stopped
+sekalid='' storm_pid='' driver_pid='' stopped_file=$work/stopped proxy_pid='' proxy_pg='' proxy_redis=''
 
 # The supervisor's children: with no outbox relay and no janitor, its
 # workers (the kernel's list, so a worker being restarted is not in it).
@@ -165,6 +202,28 @@ wait_until() {
     done
 }
 
+# With CHAOS_LATENCY: one delay proxy for the whole soak, in front of
+# PostgreSQL and Redis, at 0 ms until the latency fault switches it. -v: it
+# names each connection's ports, which lock_taker needs to find a worker
+# behind it. The broker is reached directly (issue 42 asked for these two).
+proxy_start() {
+    local ready
+    "$proxy" -v "0:127.0.0.1:$SEKALI_PG_PORT:0:0:$lat_pg" "0:127.0.0.1:$SEKALI_REDIS_PORT:0:0:$lat_redis" \
+        >"$work/proxy.out" 2>"$work/proxy.log" &
+    proxy_pid=$!
+    wait_until 5000 test -s "$work/proxy.out" || die "delay_proxy did not start (see $work/proxy.log)"
+    read -r ready proxy_pg proxy_redis <"$work/proxy.out" && [ "$ready" = ready ] ||
+        die "delay_proxy did not start (see $work/proxy.log)"
+}
+
+# far_conninfo: sekalid's PostgreSQL conninfo, through the proxy if there is one.
+far_conninfo() {
+    local c=$SEKALI_PG_CONNINFO
+    [ -z "$proxy_pg" ] || c=${c/port=$SEKALI_PG_PORT /port=$proxy_pg }
+    [ -z "$proxy_pg" ] || [[ $c == *"port=$proxy_pg "* ]] || die "cannot point '$c' at the proxy"
+    printf '%s' "$c"
+}
+
 # The test servers run PostgreSQL with synchronous_commit off (speed), with
 # which an immediate shutdown loses the last commits that were already
 # reported done. sekalid raises its own sessions to `on` (src/adapters/store.c), so
@@ -176,9 +235,9 @@ amqp:
   url: "$SEKALI_AMQP_URL"
 redis:
   host: 127.0.0.1
-  port: $SEKALI_REDIS_PORT
+  port: ${proxy_redis:-$SEKALI_REDIS_PORT}
 postgres:
-  conninfo: "$SEKALI_PG_CONNINFO"
+  conninfo: "$(far_conninfo)"
 lock:
   ttl: ${lock_ttl}ms
 log:
@@ -196,6 +255,7 @@ queues:
 YAML
     [ "$batch" = default ] || printf '    batch: %s\n' "$batch" >>"$work/$1.yaml"
     [ -z "$rate_limit" ] || printf '    rate_limit: %s\n' "$rate_limit" >>"$work/$1.yaml"
+    [ -z "$concurrency" ] || printf '    concurrency: %s\n' "$concurrency" >>"$work/$1.yaml"
     printf '%s' "$work/$1.yaml"
 }
 
@@ -231,6 +291,7 @@ chaos_cleanup() {
     [ -n "$driver_pid" ] && wait "$driver_pid" 2>/dev/null
     [ -s "$stopped_file" ] && kill -CONT "$(<"$stopped_file")" 2>/dev/null
     stop_sekalid
+    if [ -n "$proxy_pid" ]; then kill -TERM "$proxy_pid" 2>/dev/null; wait "$proxy_pid" 2>/dev/null; fi
     # Whatever happened (an interruption, a restart that failed), the suites
     # after the soak need every server up: start starts only what is down.
     tests/servers.sh start >>"$work/servers.log" 2>&1 || say "tests/servers.sh start failed: see $work/servers.log"
@@ -280,12 +341,29 @@ storm() {
 # one script: a snapshot at one instant, and one process. (A redis-cli per
 # key took seconds on a loaded machine, longer than lock.ttl, so the
 # stopped worker's locks expired between two snapshots and were never seen
-# held.)
+# held.) With `concurrency` above 1 a key is a semaphore, a sorted set of
+# its holders' tokens scored with their expiry on Redis's clock (lock.c):
+# its holders are the tokens not yet past it.
+sem_now="local tm = redis.call('TIME') local now = tm[1] * 1000 + math.floor(tm[2] / 1000)"
 locks() {
     redis-cli -h 127.0.0.1 -p "$SEKALI_REDIS_PORT" eval \
-        "local r = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-             local t = redis.call('GET', k) if t then r[#r + 1] = k .. ' ' .. t end
+        "$sem_now local r = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+             if redis.call('TYPE', k).ok == 'zset' then
+                 for _, t in ipairs(redis.call('ZRANGEBYSCORE', k, '(' .. now, '+inf')) do
+                     r[#r + 1] = k .. ' ' .. t end
+             else
+                 local t = redis.call('GET', k) if t then r[#r + 1] = k .. ' ' .. t end
+             end
          end return r" 0 "sekali:lock:$queue:*" 2>/dev/null || true
+}
+
+# still_held KEY TOKEN: 1 if TOKEN still holds the lock or a permit of KEY.
+still_held() {
+    redis-cli -h 127.0.0.1 -p "$SEKALI_REDIS_PORT" eval \
+        "$sem_now if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+             local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+             if s and tonumber(s) > now then return 1 end return 0 end
+         if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end return 0" 1 "$1" "$2" 2>/dev/null
 }
 
 # A worker SIGSTOPped while it holds a job's lock, for lock.ttl + 1 s, then
@@ -310,8 +388,9 @@ stop_worker() {
 run_going() { (( $(cat "$work/progress" 2>/dev/null || echo 0) < keys )); }
 
 # lock_taker: "PID PREFIX" of a worker of sekalid seen taking a lock of
-# $queue within 5 s, or nothing: a SET NX of a lock key, sent by the client
-# (sk_lock_acquire) or by its script (sk_lock_swap_many), whose commands
+# $queue within 5 s, or nothing: a SET NX of a lock key (or, with
+# `concurrency` above 1, the ZADD that admits a holder to its semaphore),
+# sent by the client (sk_lock_acquire) or by its script (sk_lock_swap_many), whose commands
 # follow its EVALSHA in MONITOR's output as "lua" lines. A SET carries a
 # token of the taker's own (a release may carry a dead worker's).
 lock_taker() {
@@ -320,10 +399,20 @@ lock_taker() {
         awk -v q="\"sekali:lock:$queue:" '
             $3 != "lua]" { port = $3; if (!sub(/^127\.0\.0\.1:/, "", port) || !sub(/\]$/, "", port)) port = "" }
             toupper($4) == "\"SET\"" && index($5, q) == 1 && toupper($7) == "\"NX\"" && port != "" {
-                t = $6; gsub(/"/, "", t); print port, substr(t, 1, 16); exit }') || true
+                t = $6; gsub(/"/, "", t); print port, substr(t, 1, 16); exit }
+            toupper($4) == "\"ZADD\"" && index($5, q) == 1 && toupper($6) != "\"XX\"" && port != "" {
+                t = $7; gsub(/"/, "", t); print port, substr(t, 1, 16); exit }') || true
     [ -n "$seen" ] || return 0
     port=${seen%% *}
-    pid=$(ss -Htnp state established "( sport = :$port and dport = :$SEKALI_REDIS_PORT )" 2>/dev/null |
+    local dport=$SEKALI_REDIS_PORT
+    if [ -n "$proxy_redis" ]; then
+        # Redis sees the proxy's port: the proxy says whose connection it is.
+        port=$(awk -v l="$proxy_redis" -v u="$port" '$1 == "conn" && $2 == l && $4 == u { c = $3 }
+                                                     END { print c }' "$work/proxy.out")
+        dport=$proxy_redis
+        [ -n "$port" ] || return 0
+    fi
+    pid=$(ss -Htnp state established "( sport = :$port and dport = :$dport )" 2>/dev/null |
           grep -o 'pid=[0-9]*' | head -n 1) || true
     pid=${pid#pid=}
     [ -n "$pid" ] && [[ " $(workers_of "$sekalid") " == *" $pid "* ]] && printf '%s %s' "$pid" "${seen#* }"
@@ -354,15 +443,15 @@ stop_worker_once() {
     fi
     local rest=$(( lock_ttl + 1000 - ($(now_ms) - t0) ))
     (( rest <= 0 )) || nap "$rest"
-    local still expired_lock key=${held%% *} token=${held#* }
+    local still held_on key=${held%% *} token=${held#* }
     still=$(state "$victim")
-    expired_lock=$(redis-cli -h 127.0.0.1 -p "$SEKALI_REDIS_PORT" get "$key" 2>/dev/null)
+    held_on=$(still_held "$key" "$token")
     stopped_ms=$(( $(now_ms) - t0 ))
     kill -CONT "$victim" 2>/dev/null || true
     : >"$stopped_file"
     if [ "$still" != T ]; then
         echo "unverified stop $victim: state '$still' after ${stopped_ms} ms, not T" >>"$faults"
-    elif [ "$expired_lock" = "$token" ]; then
+    elif [ "$held_on" = 1 ]; then
         say "stop $victim: lock $key still held by its token after ${stopped_ms} ms; stopping another"
         return 1
     elif ! wait_until 2000 resumed "$victim"; then
@@ -376,12 +465,13 @@ stop_worker_once() {
 pid_file() { tr -dc '0-9' <"$1" 2>/dev/null || true; }
 
 restart_redis() {
-    local before after
+    local before after began
+    began=$(since)
     before=$(pid_file "$SEKALI_SCRATCH/redis/redis.pid")
     tests/servers.sh restart-redis >>"$work/servers.log" 2>&1 || true
     after=$(pid_file "$SEKALI_SCRATCH/redis/redis.pid")
     if [ -n "$before" ] && [ -n "$after" ] && [ "$before" != "$after" ] && dead "$before" && ! dead "$after"; then
-        echo "restart redis pid $before->$after $(since)" >>"$faults"
+        echo "restart redis pid $before->$after from $began $(since)" >>"$faults"
     else
         echo "unverified restart redis (pid '$before' -> '$after')" >>"$faults"
     fi
@@ -420,6 +510,63 @@ restart_postgres() {
     fi
 }
 
+# round_trip_pg, round_trip_redis: one round trip through the proxy, in ms
+# (psql's \timing of SELECT 1, after connecting; redis-cli's whole PING, a
+# process start included), or 999999 if it failed.
+round_trip_pg() {
+    local t
+    t=$(timeout 30 psql -X -q -At "$(far_conninfo)" -c '\timing on' -c 'SELECT 1' 2>/dev/null |
+        awk '/^Time:/ { printf "%d", $2 }') || true
+    printf '%s' "${t:-999999}"
+}
+round_trip_redis() {
+    local t0
+    t0=$(now_ms)
+    if timeout 30 redis-cli -h 127.0.0.1 -p "$proxy_redis" ping 2>/dev/null | grep -q PONG; then
+        printf '%s' $(( $(now_ms) - t0 ))
+    else
+        printf '999999'
+    fi
+}
+
+# slow_enough MS PG_RT REDIS_RT: both round trips at least twice the delay
+# each way that was injected (a link given 0 ms is not looked at).
+slow_enough() {
+    { (( lat_pg == 0 )) || (( $2 >= 2 * lat_pg )); } && { (( lat_redis == 0 )) || (( $3 >= 2 * lat_redis )); }
+}
+fast_again() {
+    { (( lat_pg == 0 )) || (( $2 < 2 * lat_pg )); } && { (( lat_redis == 0 )) || (( $3 < 2 * lat_redis )); }
+}
+
+# The latency window: the proxy holds every byte read from now on lat_pg ms
+# (PostgreSQL) and lat_redis ms (Redis) each way, for latency_s seconds.
+# Verified by a round trip through the proxy to each, once inside the
+# window (at least the injected round trip) and after it (less, tried a
+# few times: the machine is loaded).
+inject_latency() {
+    local t0 in_pg in_redis out_pg=999999 out_redis=999999 rest _
+    t0=$(now_ms)
+    kill -USR1 "$proxy_pid" || { echo "unverified latency: no proxy to switch" >>"$faults"; return 0; }
+    in_pg=$(round_trip_pg) in_redis=$(round_trip_redis)
+    rest=$(( latency_s * 1000 - ($(now_ms) - t0) ))
+    (( rest <= 0 )) || nap "$rest"
+    kill -USR2 "$proxy_pid"
+    local window=$(( $(now_ms) - t0 ))
+    for _ in 1 2 3 4 5; do
+        out_pg=$(round_trip_pg) out_redis=$(round_trip_redis)
+        fast_again 0 "$out_pg" "$out_redis" && break
+    done
+    local what="latency pg ${lat_pg}ms redis ${lat_redis}ms for ${window}ms: round trip pg ${in_pg}->${out_pg}ms"
+    what+=" redis ${in_redis}->${out_redis}ms"
+    if ! slow_enough 0 "$in_pg" "$in_redis"; then
+        echo "unverified $what (not slow inside the window)" >>"$faults"
+    elif ! fast_again 0 "$out_pg" "$out_redis"; then
+        echo "unverified $what (still slow after it)" >>"$faults"
+    else
+        echo "$what $(since)" >>"$faults"
+    fi
+}
+
 # The sequence: each fault once the storm run has done its share of the
 # keys (or, if it stalls, once its share of CHAOS_TIMEOUT has passed), each
 # after the one before has finished. $work/sequence marks the end of the
@@ -427,8 +574,8 @@ restart_postgres() {
 fault_sequence() {
     trap 'exit 0' TERM
     local t0=$1 step pct n
-    for step in "$window_pct stop_worker stop" "50 restart_redis redis" "55 restart_rabbitmq rabbitmq" \
-                "60 restart_postgres postgres"; do
+    for step in "$window_pct stop_worker stop" "45 inject_latency latency" "50 restart_redis redis" \
+                "55 restart_rabbitmq rabbitmq" "60 restart_postgres postgres"; do
         [[ $fault_kinds == *" ${step##* } "* ]] || continue
         pct=${step%% *}
         while :; do
@@ -473,7 +620,10 @@ one_run() {
     "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
     sql -c "DELETE FROM sekali_test.effects WHERE queue = '$queue';
             DELETE FROM sekali.idempotency_keys WHERE queue = '$queue'"
-    published=$("$producer" "$SEKALI_AMQP_URL" "$queue" "$keys" "$dup_percent" "$seed" "sleep:$job_ms") ||
+    local body=sleep:$job_ms extra=()
+    (( resources == 0 )) || { body=span:$job_ms extra=("resources:$resources"); }
+    published=$("$producer" "$SEKALI_AMQP_URL" "$queue" "$keys" "$dup_percent" "$seed" "$body" \
+                "${extra[@]}") ||
         die "$kind: the producer failed"
     say "$kind: $published ($workers workers, batch $batch)"
     published=${published#published=}; published=${published%% *}
@@ -556,22 +706,41 @@ doubled_keys() {
                                    GROUP BY idempotency_key HAVING count(*) > 1) d"
 }
 
+# at_once [EXCLUDE]: the most jobs of one resource of $queue whose handlers
+# ran at the same time (effect.c's "span:MS" rows), leaving out the rows
+# EXCLUDE (an SQL condition) names.
+at_once() {
+    sql <<SQL
+WITH runs AS (SELECT * FROM sekali_test.effects
+              WHERE queue = '$queue' AND started_us IS NOT NULL AND NOT (${1:-false}))
+SELECT coalesce(max(n), 0) FROM (
+    SELECT sum(d) OVER (PARTITION BY resource ORDER BY t, d) AS n FROM (
+        SELECT resource, started_us AS t, 1 AS d FROM runs
+        UNION ALL SELECT resource, ended_us, -1 FROM runs) e) r;
+SQL
+}
+
 seconds() { awk -v ms="$1" 'BEGIN { printf "%.1f", ms / 1000 }'; }
 rate() { awk -v k="$1" -v ms="$2" 'BEGIN { printf "%.1f", (ms > 0) ? k * 1000 / ms : 0 }'; }
 
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
+[ -z "$latency" ] || proxy_start
 conf=$(write_conf chaos-check)
 schema "$conf"
 sql -f tests/data/effects.sql
-say "seed $seed: $keys keys, $dup_percent% published twice, ${job_ms}ms jobs," \
-    "$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}"
+settings="$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}"
+(( resources == 0 )) || settings+=", concurrency ${concurrency:-1} over $resources resource key(s)"
+[ -z "$latency" ] || settings+=", ${lat_pg}ms to PostgreSQL and ${lat_redis}ms to Redis for ${latency_s} s"
+say "seed $seed: $keys keys, $dup_percent% published twice, ${job_ms}ms jobs, $settings"
 
 one_run calm
 [ "$done" = 1 ] || die "the fault-free run ended with keys missing (log: $work/calm.sekalid.log)"
 calm_ms=$run_ms calm_window_ms=$window_ms calm_window_keys=$window_keys
 calm_doubled=$(doubled_keys)
+calm_at_once=0
+(( resources == 0 )) || calm_at_once=$(at_once)
 "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
 say "calm: $keys keys in $(seconds "$calm_ms") s, doubled $calm_doubled"
 
@@ -597,9 +766,28 @@ r_rabbit=$(grep -c '^restart rabbitmq' "$faults" || true)
 r_pg=$(grep -c '^restart postgres' "$faults" || true)
 unverified=$(grep -c '^unverified' "$faults" || true)
 # Stops and restarts that came after the last key's effect hit an idle queue.
-late=$(awk -v end="$storm_ms" '/^(stop|restart) / { t = $NF; sub(/^@/, "", t); if (t + 0 > end) n++ }
+late=$(awk -v end="$storm_ms" '/^(stop|restart|latency) / { t = $NF; sub(/^@/, "", t); if (t + 0 > end) n++ }
                                END { print n + 0 }' "$faults")
 crash_loops=$(grep -c 'crash-looping' "$work/storm.sekalid.log" || true)
+latencies=$(grep -c '^latency ' "$faults" || true)
+
+# The storm's jobs of one resource at once, leaving out what the faults
+# allow: the stopped worker's (it ran on past its permit's expiry) and those
+# that ran between a Redis restart's start and lock.ttl after its end
+# (Redis keeps no data across a restart here: every permit was forgotten
+# while their holders still ran, as docs/rate-limits.md says of a failover).
+storm_at_once=0 storm_at_once_all=0
+if (( resources > 0 )); then
+    exclude=false
+    for p in $(awk '/^stop / { print $2 }' "$faults"); do exclude+=" OR pid = $p"; done
+    while read -r from to; do
+        exclude+=" OR (ended_us >= $(( (run_t0 + from) * 1000 )) AND"
+        exclude+=" started_us <= $(( (run_t0 + to + lock_ttl) * 1000 )))"
+    done < <(awk '/^restart redis .* from @/ { f = $(NF - 1); t = $NF; sub(/^@/, "", f); sub(/^@/, "", t)
+                                               print f, t }' "$faults")
+    storm_at_once=$(at_once "$exclude")
+    storm_at_once_all=$(at_once)
+fi
 
 calm_rate=$(rate "$calm_window_keys" "$calm_window_ms")
 storm_rate=$(rate "$window_keys" "$window_ms")
@@ -607,8 +795,13 @@ ratio=$(awk -v a="$storm_rate" -v b="$calm_rate" 'BEGIN { printf "%.2f", (b > 0)
 
 printf 'chaos: keys=%s published=%s effects=%s doubled=%s lost=%s failed=%s dead=%s left=%s' \
     "$keys" "$published" "$effects" "$doubled" "$lost" "$failed_keys" "$dead_letters" "$left"
-printf ' faults: kills=%s misses=%s stops=%s restarts=redis:%s,rabbitmq:%s,postgres:%s late=%s unverified=%s' \
-    "$kills" "$misses" "$stops" "$r_redis" "$r_rabbit" "$r_pg" "$late" "$unverified"
+printf ' faults: kills=%s misses=%s stops=%s restarts=redis:%s,rabbitmq:%s,postgres:%s' \
+    "$kills" "$misses" "$stops" "$r_redis" "$r_rabbit" "$r_pg"
+[ -z "$latency" ] || printf ' latency=%s@%sms' "$latencies" "$latency"
+printf ' late=%s unverified=%s' "$late" "$unverified"
+(( resources == 0 )) ||
+    printf ' at-once: limit=%s resources=%s calm=%s storm=%s storm-all=%s' "${concurrency:-1}" \
+        "$resources" "$calm_at_once" "$storm_at_once" "$storm_at_once_all"
 printf ' crash-loop-logs=%s throughput: fault-free=%s/s storm=%s/s ratio=%s whole=%s/s' \
     "$crash_loops" "$calm_rate" "$storm_rate" "$ratio" "$(rate "$distinct" "$storm_ms")"
 printf ' seconds: calm=%s storm=%s end=%s seed=%s\n' "$(seconds "$calm_ms")" "$(seconds "$storm_ms")" \
@@ -624,7 +817,15 @@ if [ "$unverified" -gt 0 ]; then
 fi
 # want KIND COUNT: COUNT is right for KIND (once if chosen, else none).
 want() { if [[ $fault_kinds == *" $1 "* ]]; then [ "$2" -eq 1 ]; else [ "$2" -eq 0 ]; fi; }
+if (( resources > 0 )); then
+    limit=${concurrency:-1}
+    (( calm_at_once <= limit && storm_at_once <= limit )) ||
+        { say "more than $limit jobs of one resource ran at once (calm $calm_at_once, storm $storm_at_once)"; status=1; }
+    (( calm_at_once == limit )) ||
+        say "note: the calm run never had $limit jobs of one resource at once: the limit did not bite"
+fi
 if ! want stop "$stops" || ! want redis "$r_redis" || ! want rabbitmq "$r_rabbit" || ! want postgres "$r_pg" ||
+   ! want latency "$latencies" ||
    ! { [[ $fault_kinds != *" kill "* ]] || [ "$kills" -gt 0 ]; }; then
     say "not every fault happened (see $faults)"; status=1
 fi

@@ -12,6 +12,10 @@ CREATE TABLE IF NOT EXISTS sekali_test.effects (
     created_at      timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS effects_by_key ON sekali_test.effects (queue, idempotency_key);
+-- Filled by "span:MS" jobs only: the resource key and when the handler ran
+-- (microseconds since the epoch), to count the jobs of a resource running at once.
+ALTER TABLE sekali_test.effects ADD COLUMN IF NOT EXISTS resource text,
+    ADD COLUMN IF NOT EXISTS started_us bigint, ADD COLUMN IF NOT EXISTS ended_us bigint;
 
 -- A stand-in for an outside service in external mode: like a payment API
 -- given an idempotency key, it keeps the first request per key and ignores

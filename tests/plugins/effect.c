@@ -9,6 +9,10 @@
  *   "retry"    return SEKALI_RETRY on the first delivery
  *   "retry_always"  return SEKALI_RETRY on every delivery
  *   "sleep:MS" sleep MS milliseconds, then record the effect
+ *   "span:MS"  the same, and record with it the job's resource key and when
+ *              the handler started and ended (microseconds since the epoch), so that
+ *              a test can count how many jobs of one resource ran at once
+ *              (the chaos soak's CHAOS_CONCURRENCY check)
  *   "abort"    abort(): the handler kills its own worker (SIGABRT), every time
  *   "segv"     the same with SIGSEGV
  *   "settings" record the effect, and save as the result the session's
@@ -130,6 +134,43 @@ static void mark(struct state *s, const char *name)
         close(fd);
 }
 
+static int64_t wall_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+}
+
+/* "span:MS": the times are taken here, around the handler's own work, so
+ * that the interval lies inside the time the job held its resource's
+ * permit (taken before handle(), given back after the commit). */
+static int span(struct state *s, const struct sekali_job *job, struct sekali_ctx *ctx)
+{
+    char ms[16] = "", pid[16], fence[24], attempt[16], started[24], ended[24];
+    memcpy(ms, (const char *)job->body + 5, job->body_len - 5 < 15 ? job->body_len - 5 : 15);
+    long n = atol(ms);
+    snprintf(started, sizeof(started), "%lld", (long long)wall_us());
+    struct timespec t = { .tv_sec = n / 1000, .tv_nsec = (n % 1000) * 1000000L };
+    nanosleep(&t, NULL);
+    snprintf(ended, sizeof(ended), "%lld", (long long)wall_us());
+    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    snprintf(fence, sizeof(fence), "%lld", (long long)job->fence);
+    snprintf(attempt, sizeof(attempt), "%u", job->delivery_attempt);
+    const char *values[] = { job->queue, job->idempotency_key, job->job_id, pid,  fence,
+                             attempt,    job->resource_key,    started,     ended };
+    PGresult *res = PQexecParams(s->host->pg(ctx),
+                                 "INSERT INTO sekali_test.effects "
+                                 "(queue, idempotency_key, job_id, pid, fence, attempt, "
+                                 "resource, started_us, ended_us) "
+                                 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                                 9, NULL, values, NULL, NULL, 0);
+    int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    if (!ok)
+        s->host->set_error(ctx, PQresultErrorMessage(res));
+    PQclear(res);
+    return ok ? SEKALI_OK : SEKALI_RETRY;
+}
+
 static int pay(struct state *s, const struct sekali_job *job, struct sekali_ctx *ctx)
 {
     const char *charged = s->host->checkpoint(ctx, "charged");
@@ -222,6 +263,8 @@ static int effect_handle(void *state, const struct sekali_job *job, struct sekal
     }
     if (body_is(job, "pay"))
         return pay(s, job, ctx);
+    if (job->body_len > 5 && memcmp(job->body, "span:", 5) == 0)
+        return span(s, job, ctx);
     if ((body_is(job, "hold") || body_is(job, "hold_ask")) && s->marker_dir[0] != '\0') {
         mark(s, "hold");
         wait_for_release(s);
