@@ -197,6 +197,32 @@ int h_wait_exit(pid_t pid, int timeout_ms, const char *what);
  * also asserts that no process reported an error. */
 void h_stop_sekalid(pid_t pid, const char *dir);
 
+/* A program a suite runs and reads (h_spawn()): build/<binary> ("sekalictl",
+ * "fault/sekalictl") with args after argv[0] (NULL-terminated, at most
+ * H_SPAWN_ARGS) and env's NAME=VALUE (NULL-terminated, or NULL) added, its
+ * stdin /dev/null. stdout goes to the file out and stderr to err (each
+ * truncated; the same path: both in one file; NULL: the test's own). */
+struct h_spawn {
+    const char        *binary;
+    const char *const *args;
+    const char *const *env;
+    const char        *out, *err;
+};
+enum { H_SPAWN_ARGS = 30, H_SPAWN_READ_MAX = 4 << 20 };
+
+/* Starts it and returns its pid, for h_wait_exit() (or h_spawn_wait()). */
+pid_t h_spawn_start(const struct h_spawn *sp);
+
+/* Waits for pid, started by h_spawn_start(sp), up to timeout_ms (or fails
+ * the test naming sp->binary and where its output is); then *out and *err,
+ * each NULL or not asked for, get the first H_SPAWN_READ_MAX bytes of the
+ * files sp->out and sp->err (the caller frees). Returns the exit code, or
+ * 128 + the signal that ended it. */
+int h_spawn_wait(const struct h_spawn *sp, pid_t pid, int timeout_ms, char **out, char **err);
+
+/* h_spawn_start() and h_spawn_wait() in one: runs it to its end. */
+int h_spawn(const struct h_spawn *sp, int timeout_ms, char **out, char **err);
+
 /* Runs `sekalictl -c r->config ARGS...` (args NULL-terminated, at most 28);
  * its stdout into *out (the caller frees; also in r->dir/ctl.out). Returns
  * its exit code, or 128 + the signal that ended it. */

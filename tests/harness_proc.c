@@ -26,6 +26,37 @@ static bool child_output(const char *path, int flags, bool both, const char *con
     return true;
 }
 
+/* In a forked child before exec: stdin from /dev/null, stdout and stderr
+ * to sp's files (truncated), one file for both when they are one path. */
+static bool child_stdio(const struct h_spawn *sp)
+{
+    bool both = sp->out != NULL && sp->err != NULL && strcmp(sp->out, sp->err) == 0;
+    int in = open("/dev/null", O_RDONLY);
+    if (in < 0 || dup2(in, STDIN_FILENO) < 0)
+        return false;
+    if (sp->out != NULL && !child_output(sp->out, O_TRUNC, both, NULL))
+        return false;
+    int fd = sp->err == NULL || both ? STDERR_FILENO
+           : open(sp->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    return fd >= 0 && (fd == STDERR_FILENO || dup2(fd, STDERR_FILENO) >= 0);
+}
+
+/* The first H_SPAWN_READ_MAX bytes of the file at path, NUL-terminated, or
+ * NULL if it cannot be read; the caller frees. A child that writes without
+ * end costs the test no more than that. */
+static char *read_bounded(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return NULL;
+    char *buf = malloc((size_t)H_SPAWN_READ_MAX + 1);
+    ck_assert_ptr_nonnull(buf);
+    size_t len = fread(buf, 1, H_SPAWN_READ_MAX, f);
+    fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
 pid_t h_start_sekalid(const char *binary, const char *config, const char *dir,
                       const char *const *extra_env)
 {
@@ -104,27 +135,61 @@ int h_sekalictl(struct h_run *r, char **out, const char *const *args)
 int h_sekalictl_as(struct h_run *r, const char *binary, const char *const *env, char **out,
                    const char *const *args)
 {
-    char path[1100], exe[1100];
+    char path[1100];
     snprintf(path, sizeof(path), "%s/ctl.out", r->dir);
-    snprintf(exe, sizeof(exe), "%s/%s", h_build_dir(), binary);
-    const char *argv[32] = { exe, "-c", r->config };
-    size_t n = 3;
+    const char *argv[H_SPAWN_ARGS + 1] = { "-c", r->config };
+    size_t n = 2;
     for (; *args != NULL; args++) {
-        ck_assert_msg(n < 31, "h_sekalictl_as: too many arguments");
+        ck_assert_msg(n < H_SPAWN_ARGS, "h_sekalictl_as: too many arguments");
         argv[n++] = *args;
     }
     argv[n] = NULL;
+    struct h_spawn sp = { .binary = binary, .args = argv, .env = env, .out = path };
+    int code = h_spawn(&sp, 60000, out, NULL);
+    ck_assert_ptr_nonnull(*out);
+    return code;
+}
+
+pid_t h_spawn_start(const struct h_spawn *sp)
+{
+    char exe[1100];
+    snprintf(exe, sizeof(exe), "%s/%s", h_build_dir(), sp->binary);
+    const char *argv[H_SPAWN_ARGS + 2] = { exe };
+    size_t n = 1;
+    for (const char *const *a = sp->args; a != NULL && *a != NULL; a++) {
+        ck_assert_msg(n <= H_SPAWN_ARGS, "h_spawn: %s: more than %d arguments", sp->binary,
+                      H_SPAWN_ARGS);
+        argv[n++] = *a;
+    }
+    fflush(NULL);
     pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    ck_assert_msg(pid >= 0, "h_spawn: fork for %s: %s", sp->binary, strerror(errno));
     if (pid == 0) {
-        if (child_output(path, O_TRUNC, false, env))
+        for (const char *const *e = sp->env; e != NULL && *e != NULL; e++)
+            putenv((char *)*e);
+        if (child_stdio(sp))
             execv(exe, (char **)argv);
         _exit(127);
     }
-    int status = h_wait_exit(pid, 60000, binary);
-    *out = h_read_file(path);
-    ck_assert_ptr_nonnull(*out);
+    return pid;
+}
+
+int h_spawn_wait(const struct h_spawn *sp, pid_t pid, int timeout_ms, char **out, char **err)
+{
+    char what[1200];
+    snprintf(what, sizeof(what), "%s (its output in %s)", sp->binary,
+             sp->out != NULL ? sp->out : sp->err != NULL ? sp->err : "the test's log");
+    int status = h_wait_exit(pid, timeout_ms, what);
+    if (out != NULL)
+        *out = sp->out != NULL ? read_bounded(sp->out) : NULL;
+    if (err != NULL)
+        *err = sp->err != NULL ? read_bounded(sp->err) : NULL;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int h_spawn(const struct h_spawn *sp, int timeout_ms, char **out, char **err)
+{
+    return h_spawn_wait(sp, h_spawn_start(sp), timeout_ms, out, err);
 }
 
 pid_t h_stalled_pid(const char *dir)

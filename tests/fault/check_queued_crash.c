@@ -2,8 +2,8 @@
  * (host->queue_sql(), ABI 1.8) wait for their COMMIT, or ride it.
  *
  * A queued statement lives in the worker's memory until the COMMIT's
- * pipeline carries it (span.c, queued_steps()): a worker killed before then
- * takes it to its grave, and one killed with the pipeline on the wire cannot
+ * pipeline carries it (span_commit.c, queued_steps()): a worker killed before
+ * then takes it to its grave, and one killed with the pipeline on the wire cannot
  * know whether PostgreSQL committed it. Either way the redeliveries must
  * leave each job's row once. The handler is tests/plugins/queued.c, whose
  * INSERT into sekali_test.queued_effects is queued; that table's primary

@@ -35,24 +35,18 @@ static void start(struct console *c, const char *name)
     c->dir = h_tmpdir(name);
     h_unique_name(c->queue, sizeof(c->queue), name);
     c->port = h_free_port();
-    char top[200], exe[1100];
+    char top[200];
     snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  open_reads: true\n",
              c->port);
     c->config = h_write_config_top(c->dir, c->queue, H_EFFECT, 1, NULL, top);
     snprintf(c->log, sizeof(c->log), "%s/serve.log", c->dir);
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
     PGconn *pg = h_pg();
     H_WAIT(h_pg_count(pg, "SELECT count(*) FROM pg_stat_activity WHERE " SESSIONS) == 0, 10000,
            "an earlier test's console sessions should be gone");
     PQfinish(pg);
-    c->pid = fork();
-    ck_assert_int_ge(c->pid, 0);
-    if (c->pid == 0) {
-        if (freopen(c->log, "w", stdout) == NULL || dup2(1, 2) < 0)
-            _exit(127);
-        execl(exe, exe, "-c", c->config, "serve", (char *)NULL);
-        _exit(127);
-    }
+    c->pid = h_spawn_start(&(struct h_spawn){
+        .binary = "sekalictl", .args = (const char *const[]){ "-c", c->config, "serve", NULL },
+        .out = c->log, .err = c->log });
     H_WAIT(({ char *t = h_read_file(c->log); bool up = t && strstr(t, "console on"); free(t); up; }),
            10000, "sekalictl serve should start (see %s)", c->log);
 }

@@ -6,13 +6,11 @@
  * output is parsed by python3. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -23,35 +21,14 @@
 static int run(const char *dir, const char *binary, char **out, char **err,
                const char *const *args)
 {
-    char exe[1100], out_path[1100], err_path[1100];
-    snprintf(exe, sizeof(exe), "%s/%s", h_build_dir(), binary);
+    char out_path[1100], err_path[1100];
     snprintf(out_path, sizeof(out_path), "%s/out.txt", dir);
     snprintf(err_path, sizeof(err_path), "%s/err.txt", dir);
-    const char *argv[32] = { exe };
-    size_t n = 1;
-    for (; *args != NULL && n < 31; args++)
-        argv[n++] = *args;
-    argv[n] = NULL;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int fd_out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fd_err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fd_in = open("/dev/null", O_RDONLY);
-        if (fd_out < 0 || fd_err < 0 || fd_in < 0 || dup2(fd_out, 1) < 0 || dup2(fd_err, 2) < 0 ||
-            dup2(fd_in, 0) < 0)
-            _exit(127);
-        execv(exe, (char **)argv);
-        _exit(127);
-    }
-    int status = h_wait_exit(pid, 60000, binary);
-    *out = h_read_file(out_path);
+    struct h_spawn sp = { .binary = binary, .args = args, .out = out_path, .err = err_path };
+    int code = h_spawn(&sp, 60000, out, err);
     ck_assert_ptr_nonnull(*out);
-    if (err != NULL) {
-        *err = h_read_file(err_path);
-        ck_assert_ptr_nonnull(*err);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    ck_assert(err == NULL || *err != NULL);
+    return code;
 }
 
 #define RUN(dir, binary, out, err, ...) \

@@ -10,7 +10,6 @@
  *
  * Each test migrates from a directory of its own holding its migrations, so
  * that only they are applied, and removes what they made after. */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,41 +18,39 @@
 
 #include "harness.h"
 
-/* Starts `sekalictl -c config migrate --sql-dir dir [extra...]` (extra
+/* `sekalictl -c config migrate --sql-dir dir [extra...]` (extra
  * NULL-terminated, or NULL), its output in dir/migrate.out and
- * dir/migrate.err. */
-static pid_t migrate_start_with(const char *config, const char *dir, const char *const *extra)
+ * dir/migrate.err: an h_spawn over m, which holds its strings. */
+struct migrate_run {
+    const char *argv[16];
+    char out[1024], err[1024];
+    struct h_spawn sp;
+};
+
+static struct h_spawn *migrate_spawn(struct migrate_run *m, const char *config, const char *dir,
+                                     const char *const *extra)
 {
-    char exe[1024], out[1024], err[1024];
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    snprintf(out, sizeof(out), "%s/migrate.out", dir);
-    snprintf(err, sizeof(err), "%s/migrate.err", dir);
-    const char *argv[16] = { exe, "-c", config, "migrate", "--sql-dir", dir };
-    for (size_t i = 0; extra != NULL && extra[i] != NULL && i + 7 < 16; i++)
-        argv[6 + i] = extra[i];
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int fd_out = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fd_err = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd_out < 0 || fd_err < 0 || dup2(fd_out, 1) < 0 || dup2(fd_err, 2) < 0)
-            _exit(127);
-        execv(exe, (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
+    *m = (struct migrate_run){ .argv = { "-c", config, "migrate", "--sql-dir", dir } };
+    snprintf(m->out, sizeof(m->out), "%s/migrate.out", dir);
+    snprintf(m->err, sizeof(m->err), "%s/migrate.err", dir);
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && i + 6 < 16; i++)
+        m->argv[5 + i] = extra[i];
+    m->sp = (struct h_spawn){ .binary = "sekalictl", .args = m->argv, .out = m->out,
+                              .err = m->err };
+    return &m->sp;
 }
 
 static pid_t migrate_start(const char *config, const char *dir)
 {
-    return migrate_start_with(config, dir, NULL);
+    struct migrate_run m;
+    return h_spawn_start(migrate_spawn(&m, config, dir, NULL));
 }
 
 /* Runs migrate to its end; returns its exit code. */
 static int migrate_with(const char *config, const char *dir, const char *const *extra)
 {
-    int status = h_wait_exit(migrate_start_with(config, dir, extra), 60000, "sekalictl migrate");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    struct migrate_run m;
+    return h_spawn(migrate_spawn(&m, config, dir, extra), 60000, NULL, NULL);
 }
 
 static int migrate(const char *config, const char *dir)

@@ -793,8 +793,8 @@ START_TEST(test_internals_checks_see_a_missing_module_and_function)
     ck_assert_msg(strstr(missing, " console_api") != NULL, "%s", missing);
     ck_assert_msg(!has_word(missing, "config"), "%s", missing);
     char *source = read_file("src/worker/span.c");
-    ck_assert(defines(source, "sk_span_settle"));
-    ck_assert(!defines(source, "sk_span_sett"));
+    ck_assert(defines(source, "sk_span_process"));
+    ck_assert(!defines(source, "sk_span_proc"));
     ck_assert(!defines(source, "sk_job_run_transactional"));
     free(source);
 }
