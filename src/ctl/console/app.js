@@ -481,7 +481,7 @@ async function scheduledPage() {
   show(el('h1', {}, 'Scheduled jobs', queue ? ' of ' + queue : ''),
     el('p', { id: 'summary' }, String(list.length), list.length === s.limit ? '+' : '',
        ' job(s) waiting in the outbox for a later run_at, soonest first, by PostgreSQL\'s clock at ',
-       s.now || '?', '. Retries waiting in delay queues are counted on the overview (delayed).'),
+       s.now || '?', '. Retries waiting in delay queues: ', link('/retries', {}, 'Retries'), '.'),
     el('table', { id: 'scheduled' },
       el('thead', {}, el('tr', {}, ['runs at (UTC)', 'in', 'queue', 'key', 'job type']
         .map((h) => el('th', {}, h)))),
@@ -518,6 +518,41 @@ async function inflightPage() {
     el('table', { id: 'inflight' },
       el('thead', {}, el('tr', {}, ['for', 'queue', 'pid', 'in', 'attempt', 'key', 'job type',
         'since (UTC)', 'trace'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// ---- retries waiting in delay queues ------------------------------------------
+
+// /api/retries: per queue, the delay queues that exist and what waits in
+// each; a message there comes back to its queue within the bucket's delay.
+async function retriesPage() {
+  const t0 = performance.now();
+  let s;
+  try { s = await api('/api/retries'); } catch (e) {
+    return show(el('h1', {}, 'Retries waiting'), failure(e));
+  }
+  const queues = s.queues || [];
+  const rows = [];
+  for (const q of queues) {
+    const buckets = q.buckets || [];
+    if (buckets.length === 0)
+      rows.push(el('tr', { 'data-queue': q.name }, el('td', {}, q.name),
+        el('td', { class: 'muted', colspan: 2 }, q.buckets === null ? 'unknown (broker)' : 'no delay queue')));
+    for (const b of buckets)
+      rows.push(el('tr', { 'data-queue': q.name, 'data-delay': String(b.delay_ms) },
+        el('td', {}, q.name),
+        el('td', { class: 'num' }, secs(b.delay_ms / 1000)),
+        el('td', { class: 'num waiting' }, num(b.messages))));
+  }
+  const total = queues.reduce((n, q) => n + (q.delayed || 0), 0);
+  show(el('h1', {}, 'Retries waiting'),
+    el('p', { id: 'summary' }, num(total), ' message(s) wait in delay queues (retries, and jobs whose ',
+       'lock was busy); each comes back to its queue within its delay queue\'s delay. Read from ',
+       'the broker at most ', secs((s.cached_ms || 0) / 1000), ' ago.'),
+    s.broker_error ? el('p', { class: 'bad' }, 'Broker: ', s.broker_error) : null,
+    el('table', { id: 'retries' },
+      el('thead', {}, el('tr', {}, ['queue', 'back within', 'waiting'].map((h) => el('th', {}, h)))),
       el('tbody', {}, rows)),
     el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
 }
@@ -564,7 +599,8 @@ function loginPage() {
 
 const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
                  '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage,
-                 '/scheduled': scheduledPage, '/inflight': inflightPage };
+                 '/scheduled': scheduledPage, '/inflight': inflightPage,
+                 '/retries': retriesPage };
 
 document.addEventListener('DOMContentLoaded', async () => {
   await loadSession();
