@@ -47,7 +47,7 @@ static const char CSP[] =
 /* The pages: all the same shell, the script picks what to show by path. */
 static const char *const pages[] = { "/", "/dead", "/letters", "/letter", "/key", "/login",
                                       "/schedules", "/scheduled", "/inflight",
-                                      "/retries" };
+                                      "/retries", "/history" };
 
 static void usage(FILE *out)
 {

@@ -133,8 +133,8 @@ END_TEST
 
 static long long history_sum(struct h_run *r, const char *column)
 {
-    return h_pg_count(r->pg, "SELECT coalesce(sum(%s), 0) FROM sekali.history WHERE queue = '%s'",
-                      column, r->queue);
+    return h_pg_count(r->pg, "SELECT coalesce(sum(%s), 0) FROM sekali.history WHERE queue = '%s' "
+                      "AND minute > now() - interval '1 day'", column, r->queue);
 }
 
 START_TEST(test_history_holds_the_minutes_of_jobs_run_and_the_api_returns_them)

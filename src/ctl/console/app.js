@@ -147,12 +147,12 @@ async function overview() {
       : q.consumers === null ? '?' : q.consumers > 0 ? 'consuming' : 'no consumer';
     const last = r.points.length ? r.points[r.points.length - 1] : {};
     return el('tr', { 'data-queue': q.name },
-      el('td', {}, el('b', {}, q.name)),
+      el('td', {}, el('b', {}, link('/history', { queue: q.name }, q.name))),
       health(q, r, rates.window_seconds),
       el('td', { class: 'state' }, state),
       el('td', { class: 'num' }, num(q.workers_up), ' / ', num(q.workers_configured)),
       el('td', { class: 'num' }, num(q.ready)),
-      el('td', { class: 'num' }, num(q.delayed)),
+      el('td', { class: 'num' }, q.delayed ? link('/retries', {}, num(q.delayed)) : num(q.delayed)),
       el('td', { class: 'num' }, q.dead ? link('/dead', { queue: q.name }, num(q.dead)) : num(q.dead)),
       el('td', { class: 'num' }, num(q.processing), ' / ', num(q.failed)),
       el('td', { class: 'num' }, num(q.outbox_pending), ' · ', secs(q.outbox_lag_seconds)),
@@ -557,6 +557,43 @@ async function retriesPage() {
     el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
 }
 
+// ---- history beyond five minutes -------------------------------------------------
+
+// /api/history: a queue's outcomes per step of minutes, from sekali.history
+// (the janitor's rows), over the last 1 hour, 24 hours or 7 days.
+async function historyPage() {
+  const t0 = performance.now();
+  const queue = args().get('queue') || '';
+  const hours = args().get('hours') || '24';
+  let s;
+  try { s = await api('/api/history?' + new URLSearchParams({ queue, hours })); } catch (e) {
+    return show(el('h1', {}, 'History'), failure(e));
+  }
+  const points = s.points || [];
+  const sum = (f) => points.reduce((n, p) => n + p[f], 0);
+  const rows = points.slice().reverse().map((p) => el('tr', { 'data-t': p.t },
+    el('td', { class: 'mono' }, p.t),
+    el('td', { class: 'num completed' }, String(p.completed)),
+    el('td', { class: 'num' }, String(p.retried)),
+    el('td', { class: 'num dead-lettered' }, String(p.dead_lettered)),
+    el('td', { class: 'num' }, String(p.duplicates))));
+  const spans = [['1', '1 hour'], ['24', '24 hours'], ['168', '7 days']];
+  show(el('h1', {}, 'History of ', s.queue),
+    el('p', {}, spans.map(([h, label]) => h === String(s.hours) ? el('b', {}, label, ' ')
+                                          : el('span', {}, link('/history', { queue, hours: h }, label), ' '))),
+    el('p', { id: 'summary' }, 'Last ', String(s.hours), ' h to ', s.now, ', in steps of ',
+       String(s.step_minutes), ' min: ', String(sum('completed')), ' completed, ', String(sum('retried')),
+       ' retried, ', String(sum('dead_lettered')), ' dead-lettered, ', String(sum('duplicates')),
+       ' duplicates. Written by sekalid\'s janitor each round (janitor.interval); steps without a job are left out.'),
+    el('p', {}, 'completed ', sparkline(points, 'completed'), ' dead-lettered ',
+       sparkline(points, 'dead_lettered', 'dup')),
+    el('table', { id: 'history' },
+      el('thead', {}, el('tr', {}, ['from (UTC)', 'completed', 'retried', 'dead-lettered', 'duplicates']
+        .map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
 // A queue's health: its consumers (status), and whether its jobs succeed:
 // consumers that fail every job are not healthy (rates' window totals).
 function health(q, r, window) {
@@ -600,7 +637,7 @@ function loginPage() {
 const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
                  '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage,
                  '/scheduled': scheduledPage, '/inflight': inflightPage,
-                 '/retries': retriesPage };
+                 '/retries': retriesPage, '/history': historyPage };
 
 document.addEventListener('DOMContentLoaded', async () => {
   await loadSession();
