@@ -27,6 +27,8 @@ struct table_plan {
     char name[128];         /* as the file writes it */
     enum sk_mig_lock lock;  /* the strongest of its statements' */
     int scans, writes;      /* statements that read the whole table, that write rows */
+    int rewrites;           /* statements that write the whole table anew */
+    int may_rewrites;       /* ...or may: a default whose volatility the text hides */
     bool exists;
     char index_of[128];     /* name is an index (DROP INDEX): its table; else "" */
     long long rows;         /* pg_class.reltuples: -1 until first analyzed */
@@ -45,6 +47,8 @@ struct file_plan {
 
 static bool plan_file(PGconn *pg, const char *dir, const char *name, struct file_plan *fp);
 static void add_statement(struct file_plan *fp, const struct sk_mig_stmt *st);
+static void add_work(struct file_plan *fp, const char *table, enum sk_mig_lock lock,
+                     enum sk_mig_work work);
 static void look_up(PGconn *pg, struct table_plan *t);
 static void print_text(const char *name, const struct file_plan *fp);
 static void print_table_text(const struct table_plan *t, bool online);
@@ -112,7 +116,12 @@ static bool plan_file(PGconn *pg, const char *dir, const char *name, struct file
     for (size_t t = 0; t < fp->n_tables; t++) {
         struct table_plan *tp = &fp->tables[t];
         look_up(pg, tp);
-        tp->seconds = (tp->scans + tp->writes) * (double)tp->heap / SK_MIG_SCAN_BYTES_PER_S;
+        /* A rewrite reads the heap, writes it anew and builds every index
+         * again: about twice the table with its indexes. One that may
+         * happen is estimated as if it does. */
+        tp->seconds = ((tp->scans + tp->writes) * (double)tp->heap +
+                       (tp->rewrites + tp->may_rewrites) * 2.0 * (double)tp->total) /
+                      SK_MIG_SCAN_BYTES_PER_S;
         fp->seconds += tp->seconds;
     }
     return true;
@@ -128,8 +137,22 @@ static void add_statement(struct file_plan *fp, const struct sk_mig_stmt *st)
         fp->other++;
         return;
     }
+    add_work(fp, st->table, st->lock, st->work);
+    if (st->other[0] != '\0')
+        add_work(fp, st->other, st->other_lock, st->other_work);
+}
+
+/* The scanner's names fit the plan's as they are (gcc 14 cannot see that
+ * through snprintf, and -Werror stops the Debian 13 build). */
+_Static_assert(sizeof((struct table_plan *)0)->name == sizeof((struct sk_mig_stmt *)0)->table &&
+               sizeof((struct sk_mig_stmt *)0)->other == sizeof((struct sk_mig_stmt *)0)->table,
+               "table name sizes");
+
+static void add_work(struct file_plan *fp, const char *table, enum sk_mig_lock lock,
+                     enum sk_mig_work work)
+{
     size_t t = 0;
-    while (t < fp->n_tables && strcmp(fp->tables[t].name, st->table) != 0)
+    while (t < fp->n_tables && strcmp(fp->tables[t].name, table) != 0)
         t++;
     if (t == fp->n_tables) {
         if (t == MAX_TABLES) {
@@ -137,16 +160,15 @@ static void add_statement(struct file_plan *fp, const struct sk_mig_stmt *st)
             return;
         }
         fp->n_tables++;
-        /* The scanner's name fits as it is (gcc 14 cannot see that through
-         * snprintf, and -Werror stops the Debian 13 build). */
-        _Static_assert(sizeof fp->tables[t].name == sizeof st->table, "table name sizes");
-        memcpy(fp->tables[t].name, st->table, sizeof fp->tables[t].name);
+        memcpy(fp->tables[t].name, table, sizeof fp->tables[t].name);
     }
     struct table_plan *tp = &fp->tables[t];
-    if (st->lock > tp->lock)
-        tp->lock = st->lock;
-    tp->scans += st->work == SK_MIG_WORK_SCAN;
-    tp->writes += st->work == SK_MIG_WORK_ROWS;
+    if (lock > tp->lock)
+        tp->lock = lock;
+    tp->scans += work == SK_MIG_WORK_SCAN;
+    tp->writes += work == SK_MIG_WORK_ROWS;
+    tp->rewrites += work == SK_MIG_WORK_REWRITE;
+    tp->may_rewrites += work == SK_MIG_WORK_MAY_REWRITE;
 }
 
 /* The table's size, or for an index (DROP INDEX names one) its table's
@@ -219,7 +241,14 @@ static void print_table_text(const struct table_plan *t, bool online)
                t->scans == 1 ? "" : "s");
     if (t->writes > 0)
         printf("; %d statement%s writing rows", t->writes, t->writes == 1 ? "" : "s");
-    if (t->scans + t->writes > 0) {
+    if (t->rewrites > 0)
+        printf("; %d rewrite%s of the whole table (a volatile default, a type change)",
+               t->rewrites, t->rewrites == 1 ? "" : "s");
+    if (t->may_rewrites > 0)
+        printf("; %d statement%s that may rewrite the whole table (a default calling a "
+               "function whose volatility is not known here)", t->may_rewrites,
+               t->may_rewrites == 1 ? "" : "s");
+    if (t->scans + t->writes + t->rewrites + t->may_rewrites > 0) {
         printf(", ");
         put_seconds(t->seconds);
     } else {
@@ -246,9 +275,11 @@ static void print_json(const char *name, const struct file_plan *fp)
         else
             printf(",\"exists\":%s,\"rows\":null", t->exists ? "true" : "false");
         printf(",\"bytes\":%lld,\"lock\":\"%s\",\"held\":\"%s\",\"effect\":\"%s\","
-               "\"scans\":%d,\"writes\":%d,\"estimate_s\":%.1f}",
+               "\"scans\":%d,\"writes\":%d,\"rewrites\":%d,\"may_rewrites\":%d,"
+               "\"estimate_s\":%.1f}",
                t->total, sk_ctl_mig_lock_name(t->lock), fp->online ? "statement" : "transaction",
-               sk_ctl_mig_lock_effect(t->lock), t->scans, t->writes, t->seconds);
+               sk_ctl_mig_lock_effect(t->lock), t->scans, t->writes, t->rewrites,
+               t->may_rewrites, t->seconds);
     }
     printf("],\"other_statements\":%d,\"unknown_statements\":%d,\"estimate_s\":%.1f}",
            fp->other, fp->unknown, fp->seconds);

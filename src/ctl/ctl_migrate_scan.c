@@ -31,10 +31,18 @@ static void classify_create(const struct words *ws, struct sk_mig_stmt *st);
 static void classify_alter(const struct words *ws, struct sk_mig_stmt *st);
 static void classify_drop(const struct words *ws, struct sk_mig_stmt *st);
 static void classify_lock(const struct words *ws, struct sk_mig_stmt *st);
+static bool only_constraints(const struct words *ws);
+static bool changes_type(const struct words *ws);
+static enum sk_mig_work added_columns(const struct words *ws);
+static enum sk_mig_work added_column(const struct words *ws, size_t from, size_t end);
+static enum sk_mig_work default_work(const struct words *ws, size_t from, size_t end);
 static bool is(const struct words *ws, size_t i, const char *word);
+static bool is_one_of(const struct words *ws, size_t i, const char *const *list);
+static bool in_list(const char *word, const char *const *list);
 static size_t find(const struct words *ws, size_t from, const char *word);
 static size_t skip_opt(const struct words *ws, size_t i);
 static void name_at(const struct words *ws, size_t i, struct sk_mig_stmt *st);
+static void name_of(const struct words *ws, size_t i, char *name, size_t size);
 
 size_t sk_ctl_migration_scan(const char *sql, struct sk_mig_stmt *out, size_t max)
 {
@@ -175,17 +183,128 @@ static void classify_alter(const struct words *ws, struct sk_mig_stmt *st)
     name_at(ws, skip_opt(ws, 2), st);
     st->lock = SK_MIG_LOCK_ACCESS_EXCLUSIVE;
     bool not_valid = find(ws, 2, "VALID") < ws->n && is(ws, find(ws, 2, "VALID") - 1, "NOT");
+    size_t refs = find(ws, 2, "REFERENCES");
     if (find(ws, 2, "VALIDATE") < ws->n) {
         st->lock = SK_MIG_LOCK_SHARE_UPDATE_EXCLUSIVE;
         st->work = SK_MIG_WORK_SCAN;
-    } else if (find(ws, 2, "FOREIGN") < ws->n || find(ws, 2, "REFERENCES") < ws->n) {
-        st->lock = SK_MIG_LOCK_SHARE_ROW_EXCLUSIVE;
-        st->work = not_valid ? SK_MIG_WORK_CATALOG : SK_MIG_WORK_SCAN;
-    } else if ((find(ws, 2, "CHECK") < ws->n && !not_valid) || find(ws, 2, "TYPE") < ws->n ||
+    } else if (refs < ws->n) {
+        /* The referenced table gets triggers, and until the key is valid
+         * the check joins every row against it. */
+        name_of(ws, refs + 1, st->other, sizeof(st->other));
+        st->other_lock = SK_MIG_LOCK_SHARE_ROW_EXCLUSIVE;
+        st->other_work = st->work = not_valid ? SK_MIG_WORK_CATALOG : SK_MIG_WORK_SCAN;
+        if (only_constraints(ws))
+            st->lock = SK_MIG_LOCK_SHARE_ROW_EXCLUSIVE;
+    } else if (changes_type(ws)) {
+        st->work = SK_MIG_WORK_REWRITE;
+    } else if ((find(ws, 2, "CHECK") < ws->n && !not_valid) ||
                (find(ws, 2, "SET") < ws->n && find(ws, 2, "NULL") < ws->n &&
                 find(ws, 2, "DROP") == ws->n)) {
-        st->work = SK_MIG_WORK_SCAN;  /* checks (or rewrites) every row, locked */
+        st->work = SK_MIG_WORK_SCAN;  /* checks every row, locked */
     }
+    enum sk_mig_work added = added_columns(ws);
+    if (added > st->work)
+        st->work = added;
+}
+
+/* Whether every ADD of the statement adds a table constraint (a column
+ * with REFERENCES is an ADD COLUMN, which locks its table exclusively). */
+static bool only_constraints(const struct words *ws)
+{
+    for (size_t i = 2; i < ws->n; i++)
+        if ((is(ws, i, "ADD") && !is(ws, i + 1, "CONSTRAINT") && !is(ws, i + 1, "FOREIGN")) ||
+            is(ws, i, "COLUMN"))
+            return false;
+    return true;
+}
+
+/* ALTER [COLUMN] c [SET DATA] TYPE t: PostgreSQL rewrites the table and its
+ * indexes unless the old type converts to the new one as it is (varchar(n)
+ * widened), which the text does not tell: said as a rewrite. */
+static bool changes_type(const struct words *ws)
+{
+    for (size_t i = 3; i < ws->n; i++)
+        if (is(ws, i, "TYPE") && (is(ws, i - 1, "DATA") || is(ws, i - 2, "ALTER") ||
+                                  (i >= 4 && is(ws, i - 2, "COLUMN") && is(ws, i - 3, "ALTER"))))
+            return true;
+    return false;
+}
+
+/* The work of the columns the statement adds. PostgreSQL (11 and later)
+ * keeps a non-volatile default in the catalog, evaluated once, but must
+ * write a volatile default, an identity, a serial or a stored generated
+ * column into every row: a rewrite under AccessExclusive. */
+static enum sk_mig_work added_columns(const struct words *ws)
+{
+    enum sk_mig_work work = SK_MIG_WORK_CATALOG;
+    for (size_t i = 2; i < ws->n; i++) {
+        if (!is(ws, i, "ADD") || is(ws, i + 1, "CONSTRAINT") || is(ws, i + 1, "FOREIGN") ||
+            is(ws, i + 1, "PRIMARY") || is(ws, i + 1, "UNIQUE") || is(ws, i + 1, "CHECK") ||
+            is(ws, i + 1, "EXCLUDE"))
+            continue;
+        size_t end = i + 1;
+        for (int depth = 0; end < ws->n && (depth > 0 || !is(ws, end, ","));  end++)
+            depth += is(ws, end, "(") ? 1 : is(ws, end, ")") ? -1 : 0;
+        enum sk_mig_work w = added_column(ws, i + 1, end);
+        if (w > work)
+            work = w;
+        i = end;
+    }
+    return work;
+}
+
+static enum sk_mig_work added_column(const struct words *ws, size_t from, size_t end)
+{
+    static const char *const serials[] = { "serial", "serial2", "serial4", "serial8",
+                                           "smallserial", "bigserial", NULL };
+    for (size_t i = from; i < end; i++) {
+        if (is_one_of(ws, i, serials) ||
+            (is(ws, i, "GENERATED") && find(ws, i, "VIRTUAL") >= end))
+            return SK_MIG_WORK_REWRITE;
+        if (is(ws, i, "DEFAULT") && !is(ws, i - 1, "SET"))
+            return default_work(ws, i + 1, end);
+    }
+    return SK_MIG_WORK_CATALOG;
+}
+
+/* A default's expression, from `from` to the next column constraint: its
+ * constants, operators and casts cost nothing per row; a call of a
+ * function known to be volatile rewrites, of one known not to be does not,
+ * and of any other may (its volatility is in pg_proc, not in the text). */
+static enum sk_mig_work default_work(const struct words *ws, size_t from, size_t end)
+{
+    static const char *const volatile_fns[] = {
+        "random", "random_normal", "gen_random_uuid", "uuidv4", "uuidv7", "uuid_generate_v1",
+        "uuid_generate_v1mc", "uuid_generate_v4", "gen_random_bytes", "clock_timestamp",
+        "timeofday", "nextval", "setval", "txid_current", "pg_current_xact_id", NULL };
+    static const char *const steady_fns[] = {
+        "now", "transaction_timestamp", "statement_timestamp", "current_setting", "coalesce",
+        "nullif", "greatest", "least", "cast", "lower", "upper", "md5", "concat", "array",
+        "jsonb_build_object", "json_build_object", "jsonb_build_array", "json_build_array",
+        "make_interval", "date_trunc", "to_jsonb", "to_json", NULL };
+    static const char *const constraints[] = { "NOT", "CONSTRAINT", "CHECK", "REFERENCES",
+                                               "PRIMARY", "UNIQUE", "GENERATED", "COLLATE",
+                                               NULL };
+    enum sk_mig_work work = SK_MIG_WORK_CATALOG;
+    int depth = 0;
+    for (size_t i = from; i < end; i++) {
+        depth += is(ws, i, "(") ? 1 : is(ws, i, ")") ? -1 : 0;
+        /* A string literal leaves no word: DEFAULT 'x' NULL reads as DEFAULT NULL. */
+        if (depth == 0 && (is_one_of(ws, i, constraints) || (i > from && is(ws, i, "NULL"))))
+            break;
+        /* A call, not a type's modifier (x::numeric(10, 2), CAST(x AS t(n))). */
+        if (!is(ws, i + 1, "(") || is(ws, i - 1, ":") || is(ws, i - 1, "AS") ||
+            !(isalpha((unsigned char)ws->w[i][0]) || ws->w[i][0] == '_' || ws->w[i][0] == '"'))
+            continue;
+        const char *fn = ws->w[i];
+        if (strncasecmp(fn, "pg_catalog.", 11) == 0)
+            fn += 11;
+        if (in_list(fn, volatile_fns))
+            return SK_MIG_WORK_REWRITE;
+        if (!in_list(fn, steady_fns))
+            work = SK_MIG_WORK_MAY_REWRITE;
+    }
+    return work;
 }
 
 static void classify_drop(const struct words *ws, struct sk_mig_stmt *st)
@@ -229,6 +348,19 @@ static bool is(const struct words *ws, size_t i, const char *word)
     return i < ws->n && strcasecmp(ws->w[i], word) == 0;
 }
 
+static bool is_one_of(const struct words *ws, size_t i, const char *const *list)
+{
+    return i < ws->n && in_list(ws->w[i], list);
+}
+
+static bool in_list(const char *word, const char *const *list)
+{
+    for (; *list != NULL; list++)
+        if (strcasecmp(word, *list) == 0)
+            return true;
+    return false;
+}
+
 /* The index of word at or after from, or ws->n. */
 static size_t find(const struct words *ws, size_t from, const char *word)
 {
@@ -248,9 +380,14 @@ static size_t skip_opt(const struct words *ws, size_t i)
 
 static void name_at(const struct words *ws, size_t i, struct sk_mig_stmt *st)
 {
+    name_of(ws, i, st->table, sizeof(st->table));
+}
+
+static void name_of(const struct words *ws, size_t i, char *name, size_t size)
+{
     if (i < ws->n && (isalpha((unsigned char)ws->w[i][0]) || ws->w[i][0] == '_' ||
                       ws->w[i][0] == '"'))
-        snprintf(st->table, sizeof(st->table), "%s", ws->w[i]);
+        snprintf(name, size, "%s", ws->w[i]);
 }
 
 const char *sk_ctl_mig_lock_name(enum sk_mig_lock lock)

@@ -24,6 +24,8 @@ enum sk_mig_work {
     SK_MIG_WORK_SCAN,     /* reads the whole table: an index build, a validation */
     SK_MIG_WORK_ROWS,     /* writes rows of the table: at most about a scan */
     SK_MIG_WORK_UNKNOWN,  /* a query, a call or a DO block: cannot be read beforehand */
+    SK_MIG_WORK_MAY_REWRITE,  /* a default whose volatility the text does not tell */
+    SK_MIG_WORK_REWRITE,  /* writes the whole table anew, locked: a volatile default, a type */
 };
 
 /* One top-level statement of a migration file. */
@@ -31,6 +33,11 @@ struct sk_mig_stmt {
     char table[128];        /* the table as written (for DROP INDEX, the index); "" if none */
     enum sk_mig_lock lock;  /* the strongest lock it takes on table */
     enum sk_mig_work work;
+    /* A foreign key's referenced table ("" if none): it is locked too, and
+     * read by the validation unless the key is NOT VALID. */
+    char other[128];
+    enum sk_mig_lock other_lock;
+    enum sk_mig_work other_work;
 };
 
 /* Reads the top-level statements of sql (a migration file's text): comments,

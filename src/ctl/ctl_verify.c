@@ -5,8 +5,9 @@
  *                   idempotency key: completed, failed, cancelled, processing, or no
  *                   key yet (waiting: in a queue, a delay queue, a
  *                   worker's hands, <queue>.dead, or lost);
- *   dead letters    each dead letter's key (sekali.dead_letters, read and
- *                   left as they are);
+ *   dead letters    the letter of a window's job without a key, found by
+ *                   its key; the key of each of the oldest 10,000 letters
+ *                   (sekali.dead_letters, read and left as they are);
  *   the broker      what the work queue, its delay queues and <queue>.dead
  *                   hold (counted, never read), and the most its consumers
  *                   can hold unacked (prefetch each);
@@ -57,6 +58,7 @@ struct vqueue {
     const struct sk_queue_conf *conf;
     long long enqueued, completed, failed, cancelled, processing, waiting, pending;
     long long dead, dead_without_key, inconsistent, stuck, lost;
+    long long dead_checked;  /* keyed letters whose key read_dead() checked */
     long long ready, delayed, in_flight_max, dead_queue;
     struct keylist waiting_keys, dead_keys, inconsistent_keys, stuck_keys, lost_keys;
 };
@@ -197,8 +199,13 @@ static bool read_outbox(struct verify *v, PGconn *pg)
     for (;;) {
         const char *params[] = { last, v->since };
         const struct sk_pg_stmt st = {
+            /* A job without a key may have been dead-lettered before it had
+             * one: its letter is found by its key (dead_letters_key), so the
+             * cost is the window's, never the letters'. */
             .sql = "SELECT o.id, o.queue, o.idempotency_key, o.published_at IS NOT NULL, "
-                   "o.run_at > now(), coalesce(k.status, '') "
+                   "o.run_at > now(), coalesce(k.status, ''), k.status IS NULL AND EXISTS ("
+                   "SELECT 1 FROM sekali.dead_letters d WHERE d.queue = o.queue "
+                   "AND d.key = o.idempotency_key AND d.malformed IS NULL) "
                    "FROM sekali.outbox o LEFT JOIN sekali.idempotency_keys k "
                    "ON k.queue = o.queue AND k.key = o.idempotency_key "
                    "WHERE o.id > $1::bigint AND o.created_at >= $2::timestamptz "
@@ -229,6 +236,10 @@ static bool read_outbox(struct verify *v, PGconn *pg)
             } else {
                 q->waiting++;
                 keep(&q->waiting_keys, key, strlen(key));
+                if (PQgetvalue(res, r, 6)[0] == 't') {
+                    q->dead_without_key++;
+                    keep(&q->dead_keys, key, strlen(key));
+                }
             }
         }
         if (rows > 0)
@@ -263,9 +274,13 @@ static bool read_stuck(struct verify *v, PGconn *pg)
     return true;
 }
 
-/* The queue's dead letters (sekali.dead_letters: a read of the table,
- * which leaves them as they are): each keyed letter's key and that key's
- * status. A malformed letter never had a key sekali could record. */
+/* The queue's dead letters: their number as sql/029 keeps it, and the
+ * status of the keys of the oldest DEAD_MAX keyed letters (a read of the
+ * table, which leaves them as they are), each of which should be failed.
+ * A bound, said in the output, because a check of every letter would cost
+ * what the queue has ever dead-lettered; the window's jobs without a key
+ * are matched to their letters by key (read_outbox). A malformed letter
+ * never had a key sekali could record. */
 static bool read_dead(struct vqueue *q, PGconn *pg)
 {
     char max[16];
@@ -279,7 +294,7 @@ static bool read_dead(struct vqueue *q, PGconn *pg)
         .n_params = 2, .values = params, .what = "the dead letters' keys",
     };
     const struct sk_pg_stmt count = {
-        .sql = "SELECT count(*) FROM sekali.dead_letters WHERE queue = $1", .n_params = 1,
+        .sql = "SELECT sekali.dead_letter_count($1)", .n_params = 1,
         .values = params, .one_row = true, .what = "counting dead letters",
     };
     PGresult *res;
@@ -289,12 +304,9 @@ static bool read_dead(struct vqueue *q, PGconn *pg)
     PQclear(res);
     if (!sk_ctl_pg_exec(pg, &st, &res))
         return false;
+    q->dead_checked = PQntuples(res);
     for (int r = 0; r < PQntuples(res); r++) {
         const char *key = PQgetvalue(res, r, 0), *status = PQgetvalue(res, r, 1);
-        if (status[0] == '\0') {
-            q->dead_without_key++;
-            keep(&q->dead_keys, key, strlen(key));
-        }
         if (strcmp(status, "failed") != 0) {
             q->inconsistent++;
             keep(&q->inconsistent_keys, key, strlen(key));
@@ -385,6 +397,9 @@ static void print_text(const struct verify *v)
         text_keys("inconsistent", q->inconsistent, &q->inconsistent_keys);
         if (q->lost == 0 && q->stuck == 0 && q->inconsistent == 0)
             printf("  nothing lost, stuck or inconsistent\n");
+        if (q->dead_checked == DEAD_MAX)
+            printf("  inconsistent: the oldest %d keyed dead letters checked, of %lld\n",
+                   DEAD_MAX, q->dead);
     }
 }
 
@@ -415,7 +430,7 @@ static void print_json(const struct verify *v, int code)
         json_keys("lost", q->lost, &q->lost_keys);
         json_keys("stuck", q->stuck, &q->stuck_keys);
         json_keys("inconsistent", q->inconsistent, &q->inconsistent_keys);
-        printf("}");
+        printf(",\"dead_letters_checked\":%lld}", q->dead_checked);
     }
     printf("],\"exit\":%d}\n", code);
 }

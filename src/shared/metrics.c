@@ -75,6 +75,7 @@ struct sk_metrics_queue {
     _Atomic uint64_t       locks_released_for_dead;
     _Atomic uint64_t       workers_paused;
     _Atomic uint64_t       workers_blocked;
+    _Atomic uint64_t       locks_held;
     /* Parallel arrays; the last entry is "other". */
     struct name_slot       type_names[SK_METRICS_TYPES + 1];
     struct sk_metrics_type types[SK_METRICS_TYPES + 1];
@@ -306,6 +307,11 @@ void sk_metrics_workers_blocked(struct sk_metrics *m, size_t q, uint64_t n)
     atomic_store_explicit(&sk_metrics_queue(m, q)->workers_blocked, n, memory_order_relaxed);
 }
 
+void sk_metrics_locks_held(struct sk_metrics *m, size_t q, uint64_t n)
+{
+    atomic_store_explicit(&sk_metrics_queue(m, q)->locks_held, n, memory_order_relaxed);
+}
+
 void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n)
 {
     atomic_fetch_add_explicit(&mq->locks_released_for_dead, n, memory_order_relaxed);
@@ -409,6 +415,7 @@ struct sk_metrics_procs sk_metrics_read_procs(struct sk_metrics *m, size_t q)
             atomic_load_explicit(&mq->locks_released_for_dead, memory_order_relaxed),
         .workers_paused = atomic_load_explicit(&mq->workers_paused, memory_order_relaxed),
         .workers_blocked = atomic_load_explicit(&mq->workers_blocked, memory_order_relaxed),
+        .locks_held = atomic_load_explicit(&mq->locks_held, memory_order_relaxed),
     };
 }
 

@@ -147,6 +147,10 @@ void sk_metrics_workers_paused(struct sk_metrics *m, size_t q, uint64_t n);
 /* Workers of queue q whose handler cannot run (ready() refused): they hold
  * no delivery. Set by the supervisor from the scoreboard. */
 void sk_metrics_workers_blocked(struct sk_metrics *m, size_t q, uint64_t n);
+/* Resource locks (or concurrency permits) the running workers of queue q
+ * hold in Redis now, their releases not yet sent included. Set by the
+ * supervisor from the scoreboard. */
+void sk_metrics_locks_held(struct sk_metrics *m, size_t q, uint64_t n);
 /* Worker: it deleted n Redis locks a dead worker of its slot still held. */
 void sk_metrics_locks_released_for_dead(struct sk_metrics_queue *mq, uint64_t n);
 
@@ -181,6 +185,7 @@ struct sk_metrics_procs {
     uint64_t locks_released_for_dead;
     uint64_t workers_paused;
     uint64_t workers_blocked;
+    uint64_t locks_held;
 };
 
 /* One outbox target queue's figures; lag_ms already grown by the time

@@ -48,6 +48,7 @@ int sk_scoreboard_create(struct sk_scoreboard **out, size_t n, size_t lock_cap,
         s->lock_cap = (uint32_t)lock_cap;
         atomic_init(&s->n_locks, 0);
         atomic_init(&s->n_orphans, 0);
+        atomic_init(&s->n_held, 0);
     }
     *out = sb;
     return SK_OK;
@@ -85,6 +86,12 @@ void sk_slot_record_locks(struct sk_slot *s, size_t n, const char *const *keys,
 void sk_slot_forget_locks(struct sk_slot *s)
 {
     atomic_store(&s->n_locks, 0);
+    atomic_store(&s->n_held, 0);
+}
+
+void sk_slot_set_held(struct sk_slot *s, size_t n)
+{
+    atomic_store_explicit(&s->n_held, (uint32_t)n, memory_order_relaxed);
 }
 
 const struct sk_slot_lock *sk_slot_orphans(const struct sk_slot *s, size_t *n)
@@ -105,6 +112,7 @@ void sk_slot_forget_orphans(struct sk_slot *s)
 void sk_slot_orphan_locks(struct sk_slot *s)
 {
     size_t held = atomic_exchange(&s->n_locks, 0);
+    atomic_store(&s->n_held, 0);
     if (held == 0)
         return;
     size_t pending = atomic_load(&s->n_orphans);

@@ -97,6 +97,11 @@ struct sk_slot {
     uint32_t         lock_cap;
     _Atomic uint32_t n_locks;
     _Atomic uint32_t n_orphans;
+    /* Of the recorded locks, those Redis granted and no release has
+     * answered for yet (a deferred release included): what the worker
+     * holds, not what it asks for, for sekali_locks_held. Zeroed with the
+     * held list when the worker is reaped. */
+    _Atomic uint32_t n_held;
     struct sk_slot_lock locks[];  /* 2 * lock_cap: held, then orphans */
 };
 
@@ -116,6 +121,8 @@ void sk_slot_record_locks(struct sk_slot *s, size_t n, const char *const *keys,
                           const char *const *tokens);
 /* The recorded locks were released (or refused, or given up on). */
 void sk_slot_forget_locks(struct sk_slot *s);
+/* How many of the recorded locks Redis granted and are not released yet. */
+void sk_slot_set_held(struct sk_slot *s, size_t n);
 /* The orphans a predecessor left: *n entries, valid until
  * sk_slot_forget_orphans(). */
 const struct sk_slot_lock *sk_slot_orphans(const struct sk_slot *s, size_t *n);

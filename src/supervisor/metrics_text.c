@@ -269,6 +269,9 @@ static void processes(struct scrape *s)
         { "sekali_workers_blocked", "gauge",
           "Workers whose handler cannot run (its ready() refused), holding no job.",
           offsetof(struct sk_metrics_procs, workers_blocked) },
+        { "sekali_locks_held", "gauge",
+          "Resource locks or concurrency permits this host's workers hold in Redis now.",
+          offsetof(struct sk_metrics_procs, locks_held) },
     };
     for (size_t k = 0; k < SK_ARRAY_LEN(families); k++) {
         header(s->f, families[k].name, families[k].type, families[k].help);

@@ -108,6 +108,7 @@ static void report(struct supervisor *s);
 static bool slot_up(const struct generation *g, size_t i);
 static bool slot_paused(const struct generation *g, size_t i);
 static bool slot_blocked(const struct generation *g, size_t i);
+static uint32_t slot_locks_held(const struct generation *g, size_t i);
 static void describe(const struct generation *g, char *status, size_t size);
 
 int sk_supervisor_run(struct sk_conf *conf, struct sk_plugin *plugins)
@@ -589,14 +590,16 @@ static void report(struct supervisor *s)
         healthy &= slot_alive(g, i, now, grace);
     }
     for (size_t q = 0; q < g->conf->n_queues; q++) {
-        uint64_t paused = 0, blocked = 0;
+        uint64_t paused = 0, blocked = 0, held = 0;
         for (size_t i = 0; i < g->n_slots; i++) {
             bool mine = g->slots[i].ops->counts_as_worker && g->slots[i].queue == q;
             paused += mine && slot_paused(g, i);
             blocked += mine && slot_blocked(g, i);
+            held += mine ? slot_locks_held(g, i) : 0;
         }
         sk_metrics_workers_paused(g->metrics, q, paused);
         sk_metrics_workers_blocked(g->metrics, q, blocked);
+        sk_metrics_locks_held(g->metrics, q, held);
     }
     char status[1024];
     describe(g, status, sizeof(status));
@@ -665,6 +668,13 @@ static bool slot_blocked(const struct generation *g, size_t i)
 {
     const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
     return g->slots[i].pid > 0 && atomic_load(&shared->blocked);
+}
+
+/* What slot i's running worker holds in Redis; a dead one's are orphans. */
+static uint32_t slot_locks_held(const struct generation *g, size_t i)
+{
+    const struct sk_slot *shared = sk_scoreboard_slot(g->scoreboard, i);
+    return g->slots[i].pid > 0 ? atomic_load(&shared->n_held) : 0;
 }
 
 /* A blocked worker's reason, fit for one segment of the STATUS= line: its

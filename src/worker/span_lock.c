@@ -90,6 +90,8 @@ void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
     }
     if (locked == 0)
         sk_slot_forget_locks(p->slot);
+    else
+        sk_slot_set_held(p->slot, locked);  /* the round that took them carried the releases */
     follow_leaders(p, s);
     if (locked > 0 && p->heartbeat != NULL)
         watch_locks(p, s);
@@ -317,10 +319,12 @@ void sk_span_unlock(struct sk_pipeline *p, struct sk_span *s)
         x->delivery_attempt = j->log.delivery_attempt;
     }
     size_t r = put_releases(s);
-    if (r > 0)
+    if (r > 0) {
         sk_slot_record_locks(p->slot, r, s->keys, s->tokens);
-    else
+        sk_slot_set_held(p->slot, r);  /* still held in Redis until the release goes */
+    } else {
         sk_slot_forget_locks(p->slot);
+    }
 }
 
 bool sk_span_releases_waiting(const struct sk_pipeline *p)

@@ -67,16 +67,27 @@ static const char queue_yaml[] = "    concurrency: 3\n    batch: 1\n    lock_ttl
 
 /* JOBS jobs of one resource, WORKERS workers, concurrency 3: at most 3
  * ran at once, and at least 2 did (a semaphore that admits one, as the
- * plain lock does, fails it), every effect once. */
+ * plain lock does, fails it), every effect once. sekali_locks_held shows
+ * the 3 permits held while the other workers wait for one (a count of the
+ * locks asked for would show up to 6), and none once the queue is idle. */
 START_TEST(test_a_resource_admits_up_to_its_concurrency_at_once)
 {
     struct h_run r;
     h_run_open(&r, "concurrency");
     stamp_effects(&r);
-    h_run_start(&r, &(struct h_run_opts){ .workers = WORKERS, .queue_yaml = queue_yaml });
+    int port = h_free_port();
+    char top[64], held[192];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    snprintf(held, sizeof(held), "sekali_locks_held{queue=\"%s\"}", r.queue);
+    h_run_start(&r, &(struct h_run_opts){ .workers = WORKERS, .queue_yaml = queue_yaml,
+                                          .top_yaml = top });
     publish(&r, "c", JOBS);
+    H_WAIT(h_metric(port, "%s", held) == LIMIT, 60000, "%s should reach %d while jobs wait "
+           "for a permit, last %g", held, LIMIT, h_metric(port, "%s", held));
     H_WAIT(h_completed(&r) == JOBS, 180000, "all %d jobs should complete, %lld did", JOBS,
            h_completed(&r));
+    H_WAIT(h_metric(port, "%s", held) == 0, 20000, "%s should drop to 0 once the queue is "
+           "idle, last %g", held, h_metric(port, "%s", held));
     long long most = most_at_once(&r);
     unstamp_effects(&r);
     ck_assert_msg(most <= LIMIT, "%lld jobs of one resource ran at once, concurrency %d", most,

@@ -274,6 +274,32 @@ static long long letters_read(PGconn *pg)
         "                  WHERE schemaname = 'sekali' AND relname = 'dead_letters'), 0)");
 }
 
+/* What one sekalictl command (argv after the config) reads, by `count`:
+ * the least of three tries, each with no other sekalictl connected. The
+ * table's read counters are the whole server's: another session's
+ * statistics arriving in the window (a test's sekalid just gone) add to
+ * one try, never to every try, while a command that reads the letters
+ * reads them each time. Stops early once a try reads at most `enough`.
+ * *out: the last try's output (the caller frees it). */
+static long long least_read(struct h_run *r, PGconn *pg, long long (*count)(PGconn *),
+                            const char *const *argv, long long enough, char **out)
+{
+    long long read = -1;
+    *out = NULL;
+    for (int try = 0; try < 3 && (read < 0 || read > enough); try++) {
+        free(*out);
+        *out = NULL;
+        H_WAIT(ctl_backends(pg) == 0, 10000, "no sekalictl should be connected");
+        long long before = count(pg);
+        int rc = h_sekalictl(r, out, argv);
+        ck_assert_msg(rc == 0, "sekalictl %s should succeed: %s", argv[0], *out);
+        H_WAIT(ctl_backends(pg) == 0, 10000, "sekalictl's session should end");
+        long long this_try = count(pg) - before;
+        read = read < 0 || this_try < read ? this_try : read;
+    }
+    return read;
+}
+
 START_TEST(test_dlq_groups_count_letters_without_reading_them)
 {
     struct h_run r;
@@ -289,24 +315,9 @@ START_TEST(test_dlq_groups_count_letters_without_reading_them)
     letters(pg, r.queue);
     h_pg_exec(pg, "VACUUM ANALYZE sekali.dead_letters");
 
-    /* The table's read counters are the whole server's: another session's
-     * statistics arriving in the window (a test's sekalid just gone) add to
-     * one try, never to every try, while groups that read the letters read
-     * them each time. So the least of three tries is what groups read. */
-    char *out = NULL;
-    long long read = -1;
-    for (int try = 0; try < 3 && (read < 0 || read >= MANY / 4); try++) {
-        free(out);
-        out = NULL;
-        H_WAIT(ctl_backends(pg) == 0, 10000, "no sekalictl should be connected");
-        long long before = letters_read(pg);
-        int rc = h_sekalictl(&r, &out, (const char *const[]){ "dlq", "groups", r.queue,
-                                                              "--json", NULL });
-        ck_assert_msg(rc == 0, "dlq groups should succeed: %s", out);
-        H_WAIT(ctl_backends(pg) == 0, 10000, "sekalictl's session should end");
-        long long this_try = letters_read(pg) - before;
-        read = read < 0 || this_try < read ? this_try : read;
-    }
+    char *out;
+    long long read = least_read(&r, pg, letters_read, (const char *const[]){
+        "dlq", "groups", r.queue, "--json", NULL }, MANY / 4 - 1, &out);
     ck_assert_msg(read < MANY / 4, "dlq groups read at least %lld dead letters' rows (the "
                   "least of 3 tries) for 3 groups of %d letters: it should read their counts",
                   read, MANY);
@@ -430,6 +441,124 @@ START_TEST(test_an_upgrade_counts_what_the_database_held_while_writers_commit)
 }
 END_TEST
 
+/* own_database(), its config in r->config, with every migration of sql/. */
+static PGconn *own_migrated_database(struct h_run *r, char *db, size_t db_size)
+{
+    char url[1024];
+    PGconn *pg = own_database(r, db, db_size, url, sizeof(url), &r->config);
+    link_migrations(r->dir, "999");
+    ck_assert_int_eq(migrate(r->config, r->dir), 0);
+    return pg;
+}
+
+/* The letters as autovacuum leaves a table at rest: analyzed, and every
+ * page all-visible (one VACUUM right after a load may leave pages that a
+ * second marks), so that an index-only scan reads no row. */
+static void at_rest(PGconn *pg)
+{
+    H_WAIT((h_pg_exec(pg, "VACUUM ANALYZE sekali.dead_letters"),
+            h_pg_count(pg, "SELECT relpages - relallvisible FROM pg_class "
+                           "WHERE oid = 'sekali.dead_letters'::regclass") == 0),
+           30000, "vacuum should leave every page of the letters all-visible");
+}
+
+/* Rows of sekali.dead_letters read whole (the heap's tuples, by a scan
+ * or through an index), not index entries alone, by the sessions that
+ * have left since the statistics' last snapshot. */
+static long long letter_rows_read(PGconn *pg)
+{
+    h_pg_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    return h_pg_count(pg, "SELECT coalesce((SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) "
+                          "FROM pg_stat_user_tables WHERE schemaname = 'sekali' "
+                          "AND relname = 'dead_letters'), 0)");
+}
+
+/* A deep page of a reason's letters skips index entries, not the wide rows
+ * of every letter before it (sql/036): the page reads its own rows. */
+START_TEST(test_a_deep_dlq_page_reads_its_own_letters_only)
+{
+    struct h_run r;
+    h_run_open(&r, "deep");
+    char db[160], sql[800];
+    PGconn *pg = own_migrated_database(&r, db, sizeof(db));
+    /* As many letters as make an index cheaper than a scan to the planner,
+     * as wide as letters are (a body of 1 kB) and beside another queue's,
+     * at rest as autovacuum leaves them (every page all-visible). */
+    enum { LETTERS = 20000, PAGE = 5 };
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.dead_letters (queue, key, reason, error, body, body_size) "
+             "SELECT CASE WHEN i %% 2 = 0 THEN '%s' ELSE 'other' END, 'k-' || i, "
+             "CASE WHEN i %% 4 = 0 THEN 'failed' ELSE 'timeout' END, 'gateway ' || i, "
+             "convert_to(repeat('x', 1000), 'UTF8'), 1000 FROM generate_series(1, %d) i",
+             r.queue, 2 * LETTERS);
+    h_pg_exec(pg, sql);
+    at_rest(pg);
+
+    char offset[16], limit[16];
+    snprintf(offset, sizeof(offset), "%d", LETTERS / 4);
+    snprintf(limit, sizeof(limit), "%d", PAGE);
+    const char *const selectors[][2] = { { "--reason", "failed" },
+                                         { "--fingerprint", "gateway {n}" } };
+    for (size_t s = 0; s < 2; s++) {
+        char *out;
+        long long read = least_read(&r, pg, letter_rows_read, (const char *const[]){
+            "dlq", "list", r.queue, selectors[s][0], selectors[s][1], "--offset", offset,
+            "--limit", limit, "--json", NULL }, 4 * PAGE, &out);
+        ck_assert_msg(read <= 4 * PAGE, "dlq list %s '%s' --offset %s --limit %d read %lld "
+                      "dead letters' rows (the least of 3 tries): it should read the page's "
+                      "%d, skipping index entries", selectors[s][0], selectors[s][1], offset,
+                      PAGE, read, PAGE);
+        /* The page is the right one: the 5,001st matching letter onwards. */
+        char first[40];
+        snprintf(first, sizeof(first), "\"key\":\"k-%d\"", s == 0 ? 4 * (LETTERS / 4 + 1)
+                                                                  : 2 * (LETTERS / 4 + 1));
+        ck_assert_msg(strstr(out, first) != NULL && strstr(out, "\"more\":true") != NULL,
+                      "the page should start at %s: %s", first, out);
+        free(out);
+    }
+    drop_own_database(&r, pg, db, r.config);
+    r.config = NULL;
+    h_run_close(&r);
+}
+END_TEST
+
+/* verify counts a queue's dead letters as they are kept (sql/029), and
+ * checks the keys of a bounded number of them, saying so: what it reads
+ * does not grow with the letters a queue retains. */
+START_TEST(test_verify_reads_a_bounded_sample_of_dead_letters)
+{
+    struct h_run r;
+    h_run_open(&r, "verify");
+    char db[160], sql[800];
+    PGconn *pg = own_migrated_database(&r, db, sizeof(db));
+    enum { LETTERS = 40000, CHECKED = 10000 };  /* ctl_verify.c's DEAD_MAX */
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.dead_letters (queue, key, reason, error, body, body_size) "
+             "SELECT '%s', 'k-' || i, 'failed', 'gateway ' || i, '\\x00', 1 "
+             "FROM generate_series(1, %d) i", r.queue, LETTERS);
+    h_pg_exec(pg, sql);
+    at_rest(pg);
+
+    char *out;
+    long long read = least_read(&r, pg, letters_read, (const char *const[]){ "verify", NULL },
+                                5 * CHECKED / 2, &out);
+    /* The sample: its index entries and its rows. */
+    ck_assert_msg(read <= 5 * CHECKED / 2, "verify read %lld dead letters' rows and index "
+                  "entries (the least of 3 tries) of %d: it should read its sample of %d",
+                  read, LETTERS, CHECKED);
+    char want[200];
+    snprintf(want, sizeof(want), "dead %d\n", LETTERS);
+    ck_assert_msg(strstr(out, want) != NULL &&
+                  strstr(out, "inconsistent 10000:") != NULL &&
+                  strstr(out, "inconsistent: the oldest 10000 keyed dead letters checked, of "
+                              "40000\n") != NULL, "verify should say its sample: %s", out);
+    free(out);
+    drop_own_database(&r, pg, db, r.config);
+    r.config = NULL;
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -437,6 +566,8 @@ int main(void)
         test_dlq_groups_count_letters_without_reading_them,
         test_an_upgrade_counts_what_the_database_held_while_writers_commit,
         test_purges_read_what_expired_not_what_is_retained,
+        test_a_deep_dlq_page_reads_its_own_letters_only,
+        test_verify_reads_a_bounded_sample_of_dead_letters,
         NULL,
     };
     Suite *s = suite_create("counts");

@@ -318,6 +318,54 @@ START_TEST(test_the_plan_lists_the_pending_files_and_plan_changes_nothing)
 }
 END_TEST
 
+/* A volatile default rewrites the table under AccessExclusive, and a
+ * foreign key holds the table it references too: the plan says both, and
+ * estimates the rewrite, before anything runs. */
+START_TEST(test_the_plan_says_a_rewrite_and_the_referenced_table)
+{
+    struct h_run r;
+    h_run_open(&r, "rewrite");
+    char table[160], sql[1024], name[224];
+    plan_table(&r, table, sizeof(table), 1000);
+    snprintf(sql, sizeof(sql), "CREATE TABLE sekali.%s_ref (id integer PRIMARY KEY); "
+                               "INSERT INTO sekali.%s_ref SELECT generate_series(1, 500); "
+                               "ANALYZE sekali.%s_ref", table, table, table);
+    h_pg_exec(r.pg, sql);
+    snprintf(name, sizeof(name), "907_%s.sql", table);
+    snprintf(sql, sizeof(sql),
+             "ALTER TABLE sekali.%s ADD COLUMN r double precision DEFAULT random();\n"
+             "ALTER TABLE sekali.%s ADD CONSTRAINT %s_fk FOREIGN KEY (v) "
+             "REFERENCES sekali.%s_ref (id) NOT VALID;\n", table, table, table, table);
+    write_migration(r.dir, name, sql);
+    char *config = h_write_config(r.dir, r.queue, H_EFFECT, 1, NULL);
+    const char *plan_only[] = { "--plan", NULL };
+    ck_assert_int_eq(migrate_with(config, r.dir, plan_only), 0);
+    char *out = file_of(r.dir, "migrate.out");
+    char want[2][512];
+    snprintf(want[0], sizeof(want[0]), "    sekali.%s: about 1000 rows, ", table);
+    snprintf(want[1], sizeof(want[1]), "    sekali.%s_ref: about 500 rows, ", table);
+    /* Each table's line alone: the two must not borrow each other's words. */
+    char line[2][1024] = { "", "" };
+    for (int i = 0; i < 2; i++) {
+        const char *at = strstr(out, want[i]);
+        if (at != NULL)
+            snprintf(line[i], sizeof(line[i]), "%.*s", (int)strcspn(at, "\n"), at);
+    }
+    ck_assert_msg(strstr(line[0], "AccessExclusive until COMMIT: reads and writes wait; 1 rewrite "
+                                  "of the whole table") != NULL &&
+                  strstr(line[1], "ShareRowExclusive until COMMIT: writes wait, reads go on; "
+                                  "catalog only") != NULL,
+                  "the plan should say the rewrite and the referenced table's lock:\n%s", out);
+    free(out);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM pg_attribute WHERE attname = 'r' "
+                                      "AND attrelid = 'sekali.%s'::regclass", table), 0);
+    snprintf(sql, sizeof(sql), "DROP TABLE sekali.%s; DROP TABLE sekali.%s_ref", table, table);
+    h_pg_exec(r.pg, sql);
+    free(config);
+    h_run_close(&r);
+}
+END_TEST
+
 /* A file name is an operator's input too: a terminal's control sequences
  * in one reach the screen escaped. */
 START_TEST(test_the_plan_escapes_a_hostile_file_name)
@@ -373,6 +421,7 @@ int main(void)
         test_an_online_migration_builds_its_index_while_jobs_complete,
         test_an_interrupted_online_build_is_built_again_not_taken_for_done,
         test_the_plan_lists_the_pending_files_and_plan_changes_nothing,
+        test_the_plan_says_a_rewrite_and_the_referenced_table,
         test_the_plan_escapes_a_hostile_file_name,
         test_a_failed_migration_still_closes_its_json_document,
         NULL,

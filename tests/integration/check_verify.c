@@ -94,6 +94,19 @@ START_TEST(test_a_message_gone_from_its_queue_after_publishing_is_lost)
     code = verify(&r, &report);
     ck_assert_msg(code == 8, "verify exited %d: %s", code, report);
     has(report, "\"lost\":1,\"lost_keys\":[\"k-gone\"]");
+
+    /* Another job's dead letter accounts for that job, not for this one;
+     * its own letter (dead-lettered before it had a key) does. */
+    const char *const letters[] = { "k-elsewhere", "k-gone" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(sql, sizeof(sql), "INSERT INTO sekali.dead_letters (queue, key, reason, body, "
+                 "body_size) VALUES ('%s', '%s', 'failed', '\\x00', 1)", r.queue, letters[i]);
+        h_pg_exec(r.pg, sql);
+        code = verify(&r, &report);
+        ck_assert_msg(code == (i == 0 ? 8 : 0), "with a dead letter of %s, verify exited %d: %s",
+                      letters[i], code, report);
+        has(report, i == 0 ? "\"lost\":1,\"lost_keys\":[\"k-gone\"]" : "\"lost\":0,");
+    }
     h_run_close(&r);
 }
 END_TEST

@@ -396,9 +396,9 @@ START_TEST(test_dashboard_has_a_panel_for_each_operator_question)
     assert_panel(q, "Retries", (const char *[]){ "sekali_retries_total", NULL });
     assert_panel(q, "Dead letters by reason",
                  (const char *[]){ "sekali_dead_letters_total", "by (queue, reason)", NULL });
-    assert_panel(q, "Lock waits and losses",
+    assert_panel(q, "Lock waits, holders and losses",
                  (const char *[]){ "sekali_lock_wait_seconds_total", "sekali_lock_busy_total",
-                                   "sekali_locks_lost_total", NULL });
+                                   "sekali_locks_held", "sekali_locks_lost_total", NULL });
     assert_panel(q, "Job duration against lock TTL",
                  (const char *[]){ "sekali_job_duration_seconds_bucket",
                                    "sekali_lock_ttl_seconds", NULL });

@@ -33,7 +33,11 @@ static void check_binary(const char *name)
     ck_assert_msg(lines_with(cmd, "BIND_NOW") >= 1, "%s: not linked with -z now", name);
     snprintf(cmd, sizeof(cmd), "nm -D %s/%s", build, name);
     ck_assert_msg(lines_with(cmd, "__stack_chk_fail") == 1, "%s: no stack protector", name);
-    ck_assert_msg(lines_with(cmd, "_chk@") >= 1, "%s: no _FORTIFY_SOURCE checks", name);
+    /* `make asan` builds at -O1, where a small handler may have no call
+     * whose size gcc can prove, so no _chk call; AddressSanitizer checks
+     * those accesses itself there. */
+    if (lines_with(cmd, "__asan_init") == 0)
+        ck_assert_msg(lines_with(cmd, "_chk@") >= 1, "%s: no _FORTIFY_SOURCE checks", name);
 }
 
 START_TEST(test_sekalid_and_sekalictl_are_hardened)
