@@ -40,6 +40,7 @@ const char *const sk_schema_migrations[] = {
     "034_purge_by_index.sql",
     "035_purge_custom_plans.sql",
     "036_dead_letter_pages.sql",
+    "037_history.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

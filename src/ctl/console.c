@@ -27,6 +27,7 @@
 
 #include "config_value.h"
 #include "console.h"
+#include "ctl_delays.h"
 #include "file.h"
 #include "ctl_commands.h"
 #include "ctl_common.h"
@@ -45,7 +46,8 @@ static const char CSP[] =
 
 /* The pages: all the same shell, the script picks what to show by path. */
 static const char *const pages[] = { "/", "/dead", "/letters", "/letter", "/key", "/login",
-                                      "/schedules", "/scheduled", "/inflight" };
+                                      "/schedules", "/scheduled", "/inflight",
+                                      "/retries", "/history" };
 
 static void usage(FILE *out)
 {
@@ -406,6 +408,7 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     con.rates = sk_console_rates_start(conf);
     sk_ctl_pool_start(conf, SK_CONSOLE_PG_POOL, SK_CONSOLE_PG_IDLE_S, SK_CONSOLE_PG_WAIT_S);
+    sk_ctl_delays_cache(SK_CONSOLE_DELAYS_MS);
 
     struct MHD_Daemon *d = start_daemon(&con, port, &sa, v6, cert, key);
     if (d != NULL && !sk_console_guard_start(con.guard)) {

@@ -10,6 +10,8 @@
  *                     everyone else out;
  *   console_rates.c   jobs/s, duplicates/s and duration quantiles, sampled
  *                     from sekalid's /metrics;
+ *   console_history.c a queue's outcomes per minute beyond those five
+ *                     minutes, from sekali.history;
  *   console_assets.c  the page, its script and style, embedded at build
  *                     time from src/ctl/console/ (generated).
  *
@@ -43,6 +45,12 @@
 #define SK_CONSOLE_PG_POOL   4
 #define SK_CONSOLE_PG_IDLE_S 30
 #define SK_CONSOLE_PG_WAIT_S 15
+
+/* How long the depths of the delay queues, read for the overview and
+ * /api/retries, are kept (ctl_delays.c): one probe of a queue's ladder is
+ * about fifty passive declares, and the overview refreshes every 5 s for
+ * each operator; a retry shows up at most this late. */
+#define SK_CONSOLE_DELAYS_MS 5000
 
 struct sk_console_sessions;
 struct sk_console_rates;
@@ -148,6 +156,9 @@ void sk_console_guard_busy(struct sk_console_guard *g, struct MHD_Connection *co
 bool sk_console_guard_start(struct sk_console_guard *g);
 void sk_console_guard_stop(struct sk_console_guard *g);
 void sk_console_guard_free(struct sk_console_guard *g);
+
+/* console_history.c: GET /api/history */
+void sk_console_history(struct sk_console_call *c);
 
 /* console_rates.c */
 struct sk_console_rates *sk_console_rates_start(const struct sk_conf *conf);

@@ -15,6 +15,8 @@
  *   GET  /api/schedules                   sekalictl schedules --json
  *   GET  /api/scheduled[?queue=Q&limit=N]  sekalictl scheduled --json
  *   GET  /api/inflight                    sekalictl inflight --json
+ *   GET  /api/retries                     retries in delay queues, per bucket (ctl_delays.c)
+ *   GET  /api/history?queue=Q&hours=H     outcomes per minute (console_history.c)
  *   POST /api/pause (queue, reason)       sekalictl pause Q --reason R --by OPERATOR --json
  *   POST /api/resume (queue)              sekalictl resume Q --json */
 #include <errno.h>
@@ -25,6 +27,7 @@
 
 #include "console.h"
 #include "ctl_common.h"
+#include "ctl_delays.h"
 #include "ctl_reports.h"
 
 #define PAGE_DEFAULT   50
@@ -164,6 +167,20 @@ static void api_pause(struct sk_console_call *c, bool pause)
                                   true, out));
 }
 
+/* What the broker could not tell is null in the document, which is still
+ * sent (with 502): the page shows the error beside the queues' names. */
+static void api_retries(struct sk_console_call *c)
+{
+    char *doc = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&doc, &len);
+    if (out == NULL)
+        return sk_console_fail(c, 500, "out of memory");
+    int code = sk_ctl_retries_report(c->con->conf, out);
+    fclose(out);
+    sk_console_json(c, code == SK_CTL_OK ? 200 : 502, doc, len);
+}
+
 static void api_status(struct sk_console_call *c)
 {
     REPORT(c, sk_ctl_status_report(c->con->conf, true, out));
@@ -280,7 +297,8 @@ bool sk_console_api(struct sk_console_call *c)
     if (!get && (strcmp(api, "status") == 0 || strcmp(api, "rates") == 0 ||
                  strncmp(api, "dlq/", 4) == 0 || strcmp(api, "trace") == 0 ||
                  strcmp(api, "schedules") == 0 || strcmp(api, "scheduled") == 0 ||
-                 strcmp(api, "inflight") == 0)) {
+                 strcmp(api, "inflight") == 0 || strcmp(api, "retries") == 0 ||
+                 strcmp(api, "history") == 0)) {
         sk_console_fail(c, 405, "use GET");
         return true;
     }
@@ -296,6 +314,10 @@ bool sk_console_api(struct sk_console_call *c)
         api_scheduled(c);
     else if (strcmp(api, "inflight") == 0)
         api_inflight(c);
+    else if (strcmp(api, "retries") == 0)
+        api_retries(c);
+    else if (strcmp(api, "history") == 0)
+        sk_console_history(c);
     else if (strcmp(api, "dlq/groups") == 0 || strcmp(api, "dlq/list") == 0 ||
              strcmp(api, "dlq/show") == 0)
         api_dlq(c, api + 4);

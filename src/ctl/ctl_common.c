@@ -3,9 +3,6 @@
 #include <stdlib.h>
 
 #include "ctl_common.h"
-#include "reschedule.h"
-
-#define BUSY_DELAY_MAX_MS 5000  /* the longest busy-lock re-schedule (src/worker/job.c) */
 
 PGconn *sk_ctl_pg_connect(const struct sk_conf *conf)
 {
@@ -57,30 +54,4 @@ char *sk_ctl_read_all(FILE *f, size_t *len)
     buf[n] = '\0';
     *len = n;
     return buf;
-}
-
-int sk_ctl_delayed(struct sk_broker *b, const struct sk_queue_conf *q, uint32_t *messages,
-                   uint32_t *queues, struct sk_err *err)
-{
-    *messages = *queues = 0;
-    uint32_t top = q->retry.max_ms;
-    if (top < BUSY_DELAY_MAX_MS)
-        top = BUSY_DELAY_MAX_MS;
-    if (top < q->lease_ms)
-        top = q->lease_ms;
-    top = sk_reschedule_bucket(top);
-    for (uint32_t step = sk_reschedule_bucket(0);; step = sk_reschedule_bucket(step + 1)) {
-        char name[600];
-        snprintf(name, sizeof(name), "%s.delay.%u", q->name, step);
-        bool exists;
-        uint32_t depth, consumers;
-        if (sk_broker_queue_probe(b, name, &exists, &depth, &consumers, err) != SK_OK)
-            return SK_ERR;
-        if (exists) {
-            (*queues)++;
-            *messages += depth;
-        }
-        if (step >= top)
-            return SK_OK;
-    }
 }

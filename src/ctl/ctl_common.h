@@ -69,10 +69,8 @@ bool sk_ctl_pg_exec(PGconn *pg, const struct sk_pg_stmt *st, PGresult **out);
 /* SQL text without parameters (a migration file may hold many statements). */
 bool sk_ctl_pg_run(PGconn *pg, const char *sql, const char *what);
 
-/* The messages waiting in the delay queues sekali may have declared for q
- * (the bucket ladder of src/worker/reschedule.c up to the longest delay it
- * schedules), and how many of those queues exist: a delay queue deletes
- * itself once unused. Passive probes: nothing is created. */
+/* The messages waiting in q's delay queues, and how many of those queues
+ * exist (sk_ctl_delays_read(), summed). */
 int sk_ctl_delayed(struct sk_broker *b, const struct sk_queue_conf *q, uint32_t *messages,
                    uint32_t *queues, struct sk_err *err);
 

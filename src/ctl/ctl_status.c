@@ -30,6 +30,7 @@
 #include "ctl_commands.h"
 #include "ctl_reports.h"
 #include "ctl_common.h"
+#include "ctl_delays.h"
 #include "ctl_http.h"
 #include "ctl_out.h"
 #include "pg.h"
@@ -41,6 +42,7 @@ struct qstat {
     const struct sk_queue_conf *conf;
     bool     broker_ok, exists;
     uint32_t ready, consumers, dead, delayed, delay_queues;
+    struct sk_ctl_delays delays;  /* per bucket; delayed and delay_queues sum it */
     bool     dead_exists;
     long long dead_letters;   /* rows of sekali.dead_letters: the record */
     bool     up_known;
@@ -251,10 +253,12 @@ static void read_broker(struct status *s)
                                   &err) != SK_OK ||
             sk_broker_queue_probe(b, dead, &q->dead_exists, &q->dead, &dead_consumers, &err) !=
                 SK_OK ||
-            sk_ctl_delayed(b, q->conf, &q->delayed, &q->delay_queues, &err) != SK_OK) {
+            sk_ctl_delays_read(b, q->conf, &q->delays, &err) != SK_OK) {
             snprintf(s->broker_why, sizeof(s->broker_why), "%s", err.msg);
             break;
         }
+        q->delayed = q->delays.messages;
+        q->delay_queues = q->delays.n;
         q->broker_ok = true;
     }
     sk_ctl_broker_give(b);
@@ -532,6 +536,11 @@ static void json_queue(FILE *out, const struct qstat *q)
     else
         fprintf(out, ",\"consumers\":null,\"ready\":null,\"unacked\":null,\"delayed\":null,"
                "\"delay_queues\":null,\"dead_mirror\":null");
+    fprintf(out, ",\"delay_buckets\":");
+    if (q->broker_ok)
+        sk_ctl_delays_json(out, &q->delays);
+    else
+        fprintf(out, "null");
     if (q->pg_ok) {
         fprintf(out, ",\"processing\":%lld,\"failed\":%lld,\"dead\":%lld,"
                "\"oldest_processing_seconds\":", q->processing, q->failed, q->dead_letters);

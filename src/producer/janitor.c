@@ -7,7 +7,9 @@
  * long as its failed key (a letter without a key, as long as one would);
  * outbox rows published longer ago than outbox_retention;
  * dedupe keys released or expired more than an hour ago; and crash counts
- * (sql/006) a day old. A finished key protects against late
+ * (sql/006) a day old; and the minutes of sekali.history older than
+ * history_retention, after adding this round's to it (history.c). A
+ * finished key protects against late
  * duplicates, so retention must be longer than any redelivery can be late.
  * A row still `processing`, an unpublished outbox row or a live dedupe key
  * is never touched.
@@ -24,6 +26,7 @@
 
 #include <libpq-fe.h>
 
+#include "history.h"
 #include "janitor.h"
 #include "log.h"
 #include "outage.h"
@@ -53,10 +56,16 @@ static int drain(PGconn *pg, const char *sql, const char *const *params, int n_p
     }
 }
 
-static int round_once(const struct sk_conf *conf, PGconn *pg)
+static int round_once(const struct sk_conf *conf, PGconn *pg, struct sk_history *history)
 {
     char batch[16], ms[24];
     snprintf(batch, sizeof(batch), "%d", conf->janitor.batch);
+    /* First, so that the counts land in the minute they happened in even
+     * when the purges take long; a database not yet migrated to sql/037
+     * (logged) still has its rows deleted. */
+    if (history != NULL && sk_history_write(history, pg) != SK_OK &&
+        PQstatus(pg) != CONNECTION_OK)
+        return SK_AGAIN;
     for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
         const struct sk_queue_conf *q = &conf->queues[i];
         if (q->retention_ms == SK_RETENTION_FOREVER)
@@ -80,6 +89,7 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
         drain(pg, "SELECT sekali.purge_crashes($1)", only_batch, 1, conf->janitor.batch,
               "crash counts") != SK_OK)
         return SK_AGAIN;
+
     /* The dead letters' group counts (sql/029) gain a row per group and
      * writing session: folded each round, whatever the retention; last, so
      * that a database not yet migrated to 029 still loses its expired rows. */
@@ -89,6 +99,12 @@ static int round_once(const struct sk_conf *conf, PGconn *pg)
                   conf->janitor.batch, "the shards of dead letter counts") != SK_OK)
             return SK_AGAIN;
     }
+    snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.history_retention_ms);
+    const char *history_args[] = { ms, batch };
+    if (conf->janitor.history_retention_ms != SK_RETENTION_FOREVER &&
+        drain(pg, "SELECT sekali.purge_history($1, $2)", history_args, 2, conf->janitor.batch,
+              "history minutes") != SK_OK)
+        return SK_AGAIN;
     return SK_OK;
 }
 
@@ -98,6 +114,9 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
 
     struct sk_outage outage = SK_OUTAGE_INIT(500, 30000);
     PGconn *pg = NULL;
+    /* Without it (out of memory) the retention still runs. */
+    struct sk_history *history =
+        sk_history_new(conf, metrics, sk_metrics_read_janitor_round(metrics) == 0);
     while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         struct sk_err err = { 0 };
@@ -113,7 +132,7 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         atomic_store(&slot->consuming, 1);
         /* The failed delete was logged; a lost connection also begins an
          * outage, a statement that failed on a live server only backs off. */
-        if (round_once(conf, pg) != SK_OK) {
+        if (round_once(conf, pg, history) != SK_OK) {
             if (PQstatus(pg) == CONNECTION_OK)
                 sk_outage_pause(&outage);
             else if (sk_outage_failed(&outage))
@@ -136,6 +155,7 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         }
     }
     PQfinish(pg);
+    sk_history_free(history);
     sk_log_event(SK_LOG_INFO, SK_EVENT_STOPPING, NULL, NULL, "janitor stopping");
     return SK_EXIT_OK;
 }

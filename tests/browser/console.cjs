@@ -521,6 +521,23 @@ async function main() {
   await inert('jobs in flight');
   await shot('inflight');
 
+  // ---- retries waiting in delay queues, and history beyond five minutes --------------------
+  await visit('retries waiting', '/retries', '#retries tbody tr');
+  const retryRows = await page.$$eval(`#retries tbody tr[data-queue="${Q}"]`, (r) => r.length);
+  check(retryRows > 0, 'the queue\'s delay queues are listed: ' + retryRows + ' row(s)');
+  await inert('retries waiting');
+  await shot('retries');
+  // Two hours ago: no minute the janitor writes meanwhile.
+  psql(`INSERT INTO sekali.history (queue, minute, completed, retried, dead_lettered, duplicates) ` +
+       `VALUES (${lit(Q)}, date_trunc('minute', now()) - interval '2 hours', 7, 3, 2, 1)`);
+  await visit('history', '/history?' + new URLSearchParams({ queue: Q, hours: '24' }), '#history tbody tr');
+  const old = await page.$$eval('#history tbody tr', (rs) => rs.map((r) => r.cells[1].textContent + '/' +
+    r.cells[3].textContent));
+  check(old.includes('7/2'), 'the minute two hours ago is in the 24 hours of history: ' + JSON.stringify(old));
+  await inert('history');
+  await shot('history');
+  psql(`DELETE FROM sekali.history WHERE queue = ${lit(Q)} AND minute < now() - interval '1 hour'`);
+
   // ---- an operator's own token names them; the name stays text ----------------------------
   const opName = '<img src=x onerror=alert(15)>"dora&amp;';
   const ctx = await browser.createBrowserContext();

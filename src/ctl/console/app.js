@@ -147,12 +147,12 @@ async function overview() {
       : q.consumers === null ? '?' : q.consumers > 0 ? 'consuming' : 'no consumer';
     const last = r.points.length ? r.points[r.points.length - 1] : {};
     return el('tr', { 'data-queue': q.name },
-      el('td', {}, el('b', {}, q.name)),
+      el('td', {}, el('b', {}, link('/history', { queue: q.name }, q.name))),
       health(q, r, rates.window_seconds),
       el('td', { class: 'state' }, state),
       el('td', { class: 'num' }, num(q.workers_up), ' / ', num(q.workers_configured)),
       el('td', { class: 'num' }, num(q.ready)),
-      el('td', { class: 'num' }, num(q.delayed)),
+      el('td', { class: 'num' }, q.delayed ? link('/retries', {}, num(q.delayed)) : num(q.delayed)),
       el('td', { class: 'num' }, q.dead ? link('/dead', { queue: q.name }, num(q.dead)) : num(q.dead)),
       el('td', { class: 'num' }, num(q.processing), ' / ', num(q.failed)),
       el('td', { class: 'num' }, num(q.outbox_pending), ' · ', secs(q.outbox_lag_seconds)),
@@ -481,7 +481,7 @@ async function scheduledPage() {
   show(el('h1', {}, 'Scheduled jobs', queue ? ' of ' + queue : ''),
     el('p', { id: 'summary' }, String(list.length), list.length === s.limit ? '+' : '',
        ' job(s) waiting in the outbox for a later run_at, soonest first, by PostgreSQL\'s clock at ',
-       s.now || '?', '. Retries waiting in delay queues are counted on the overview (delayed).'),
+       s.now || '?', '. Retries waiting in delay queues: ', link('/retries', {}, 'Retries'), '.'),
     el('table', { id: 'scheduled' },
       el('thead', {}, el('tr', {}, ['runs at (UTC)', 'in', 'queue', 'key', 'job type']
         .map((h) => el('th', {}, h)))),
@@ -518,6 +518,78 @@ async function inflightPage() {
     el('table', { id: 'inflight' },
       el('thead', {}, el('tr', {}, ['for', 'queue', 'pid', 'in', 'attempt', 'key', 'job type',
         'since (UTC)', 'trace'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// ---- retries waiting in delay queues ------------------------------------------
+
+// /api/retries: per queue, the delay queues that exist and what waits in
+// each; a message there comes back to its queue within the bucket's delay.
+async function retriesPage() {
+  const t0 = performance.now();
+  let s;
+  try { s = await api('/api/retries'); } catch (e) {
+    return show(el('h1', {}, 'Retries waiting'), failure(e));
+  }
+  const queues = s.queues || [];
+  const rows = [];
+  for (const q of queues) {
+    const buckets = q.buckets || [];
+    if (buckets.length === 0)
+      rows.push(el('tr', { 'data-queue': q.name }, el('td', {}, q.name),
+        el('td', { class: 'muted', colspan: 2 }, q.buckets === null ? 'unknown (broker)' : 'no delay queue')));
+    for (const b of buckets)
+      rows.push(el('tr', { 'data-queue': q.name, 'data-delay': String(b.delay_ms) },
+        el('td', {}, q.name),
+        el('td', { class: 'num' }, secs(b.delay_ms / 1000)),
+        el('td', { class: 'num waiting' }, num(b.messages))));
+  }
+  const total = queues.reduce((n, q) => n + (q.delayed || 0), 0);
+  show(el('h1', {}, 'Retries waiting'),
+    el('p', { id: 'summary' }, num(total), ' message(s) wait in delay queues (retries, and jobs whose ',
+       'lock was busy); each comes back to its queue within its delay queue\'s delay. Read from ',
+       'the broker at most ', secs((s.cached_ms || 0) / 1000), ' ago.'),
+    s.broker_error ? el('p', { class: 'bad' }, 'Broker: ', s.broker_error) : null,
+    el('table', { id: 'retries' },
+      el('thead', {}, el('tr', {}, ['queue', 'back within', 'waiting'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows)),
+    el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
+}
+
+// ---- history beyond five minutes -------------------------------------------------
+
+// /api/history: a queue's outcomes per step of minutes, from sekali.history
+// (the janitor's rows), over the last 1 hour, 24 hours or 7 days.
+async function historyPage() {
+  const t0 = performance.now();
+  const queue = args().get('queue') || '';
+  const hours = args().get('hours') || '24';
+  let s;
+  try { s = await api('/api/history?' + new URLSearchParams({ queue, hours })); } catch (e) {
+    return show(el('h1', {}, 'History'), failure(e));
+  }
+  const points = s.points || [];
+  const sum = (f) => points.reduce((n, p) => n + p[f], 0);
+  const rows = points.slice().reverse().map((p) => el('tr', { 'data-t': p.t },
+    el('td', { class: 'mono' }, p.t),
+    el('td', { class: 'num completed' }, String(p.completed)),
+    el('td', { class: 'num' }, String(p.retried)),
+    el('td', { class: 'num dead-lettered' }, String(p.dead_lettered)),
+    el('td', { class: 'num' }, String(p.duplicates))));
+  const spans = [['1', '1 hour'], ['24', '24 hours'], ['168', '7 days']];
+  show(el('h1', {}, 'History of ', s.queue),
+    el('p', {}, spans.map(([h, label]) => h === String(s.hours) ? el('b', {}, label, ' ')
+                                          : el('span', {}, link('/history', { queue, hours: h }, label), ' '))),
+    el('p', { id: 'summary' }, 'Last ', String(s.hours), ' h to ', s.now, ', in steps of ',
+       String(s.step_minutes), ' min: ', String(sum('completed')), ' completed, ', String(sum('retried')),
+       ' retried, ', String(sum('dead_lettered')), ' dead-lettered, ', String(sum('duplicates')),
+       ' duplicates. Written by sekalid\'s janitor each round (janitor.interval); steps without a job are left out.'),
+    el('p', {}, 'completed ', sparkline(points, 'completed'), ' dead-lettered ',
+       sparkline(points, 'dead_lettered', 'dup')),
+    el('table', { id: 'history' },
+      el('thead', {}, el('tr', {}, ['from (UTC)', 'completed', 'retried', 'dead-lettered', 'duplicates']
+        .map((h) => el('th', {}, h)))),
       el('tbody', {}, rows)),
     el('p', { class: 'muted' }, 'Rendered in ', String(Math.round(performance.now() - t0)), ' ms.'));
 }
@@ -564,7 +636,8 @@ function loginPage() {
 
 const routes = { '/': overview, '/dead': deadGroups, '/letters': letters, '/letter': letter,
                  '/key': keyPage, '/login': loginPage, '/schedules': schedulesPage,
-                 '/scheduled': scheduledPage, '/inflight': inflightPage };
+                 '/scheduled': scheduledPage, '/inflight': inflightPage,
+                 '/retries': retriesPage, '/history': historyPage };
 
 document.addEventListener('DOMContentLoaded', async () => {
   await loadSession();
