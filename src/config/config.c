@@ -88,7 +88,7 @@ static const struct sk_conf conf_defaults = {
     .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .outbox_retention_ms = 7 * DAY,
                  .history_retention_ms = 7 * DAY },
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
-    .console = { .session_ms = 15 * MIN },
+    .console = { .session_ms = 15 * MIN, .pool = 4 },
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */

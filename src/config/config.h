@@ -97,6 +97,7 @@ struct sk_console_conf {
     char *tls_key_file;
     uint32_t session_ms;           /* a login's lifetime */
     bool open_reads;               /* reads without a login (loopback listeners only) */
+    int pool;                      /* PostgreSQL sessions, and AMQP connections, its reads share */
 };
 
 struct sk_outbox_conf {

@@ -103,6 +103,7 @@ const struct key sk_conf_console_keys[] = {
     PATH("tls_key_file",  sk_console_conf, tls_key_file, false),
     DURATION("session",   sk_console_conf, session_ms, MIN, DAY),
     BOOL("open_reads",    sk_console_conf, open_reads),
+    INT("pool",           sk_console_conf, pool, 1, 16),
     END
 };
 

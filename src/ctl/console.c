@@ -407,7 +407,7 @@ int sk_ctl_serve(const struct sk_conf *conf, int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
     con.rates = sk_console_rates_start(conf);
-    sk_ctl_pool_start(conf, SK_CONSOLE_PG_POOL, SK_CONSOLE_PG_IDLE_S, SK_CONSOLE_PG_WAIT_S);
+    sk_ctl_pool_start(conf, (size_t)conf->console.pool, SK_CONSOLE_PG_IDLE_S, SK_CONSOLE_PG_WAIT_S);
     sk_ctl_delays_cache(SK_CONSOLE_DELAYS_MS);
 
     struct MHD_Daemon *d = start_daemon(&con, port, &sa, v6, cert, key);

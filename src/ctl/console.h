@@ -37,12 +37,12 @@
 #define SK_CONSOLE_SLOTS (SK_CONSOLE_CONNECTIONS + 1)  /* and one kept for a newcomer */
 #define SK_CONSOLE_OPERATOR_MAX 64         /* bytes of an operator's name */
 /* The PostgreSQL sessions (and as many AMQP connections) the console's
- * requests share (ctl_pool.c): a page reads one or two reports at a time,
- * so four serve a few operators and leave PostgreSQL's max_connections to
- * the workers; a request waits for one at most SK_CONSOLE_PG_WAIT_S, and a
+ * requests share (ctl_pool.c; console.pool of them, 4 unless set): a page
+ * reads one or two reports at a time, so four serve a few operators and
+ * leave PostgreSQL's max_connections to the workers; a request waits for
+ * one at most SK_CONSOLE_PG_WAIT_S, and a
  * session idle for SK_CONSOLE_PG_IDLE_S (six refreshes of the overview) is
  * closed. */
-#define SK_CONSOLE_PG_POOL   4
 #define SK_CONSOLE_PG_IDLE_S 30
 #define SK_CONSOLE_PG_WAIT_S 15
 

@@ -1,6 +1,6 @@
 /* check_console_pool.c - the console's reads share a few PostgreSQL
  * sessions and AMQP connections (src/ctl/ctl_pool.c): reads in a row reuse
- * them, reads at once open at most SK_CONSOLE_PG_POOL, a session the server
+ * them, reads at once open at most console.pool (2 here), a session the server
  * ended is replaced without failing a read, and idle ones close. Sessions
  * are counted in pg_stat_activity by the pool's application_name, AMQP
  * connections in the kernel's table of TCP connections (the local ports of
@@ -20,7 +20,7 @@
 
 #include "harness.h"
 
-#define POOL      4   /* SK_CONSOLE_PG_POOL */
+#define SMALL     2   /* the burst's console.pool: the setting decides */
 #define SESSIONS  "application_name = 'sekalictl serve'"
 
 struct console {
@@ -29,15 +29,19 @@ struct console {
     pid_t  pid;
 };
 
-static void start(struct console *c, const char *name)
+/* A console on a loopback port with open reads; pool > 0 writes
+ * console.pool. */
+static void start_pool(struct console *c, const char *name, int pool)
 {
     h_init();
     c->dir = h_tmpdir(name);
     h_unique_name(c->queue, sizeof(c->queue), name);
     c->port = h_free_port();
-    char top[200];
-    snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  open_reads: true\n",
-             c->port);
+    char top[200], size[32] = "";
+    if (pool > 0)
+        snprintf(size, sizeof(size), "  pool: %d\n", pool);
+    snprintf(top, sizeof(top), "console:\n  listen: \"127.0.0.1:%d\"\n  open_reads: true\n%s",
+             c->port, size);
     c->config = h_write_config_top(c->dir, c->queue, H_EFFECT, 1, NULL, top);
     snprintf(c->log, sizeof(c->log), "%s/serve.log", c->dir);
     PGconn *pg = h_pg();
@@ -49,6 +53,11 @@ static void start(struct console *c, const char *name)
         .out = c->log, .err = c->log });
     H_WAIT(({ char *t = h_read_file(c->log); bool up = t && strstr(t, "console on"); free(t); up; }),
            10000, "sekalictl serve should start (see %s)", c->log);
+}
+
+static void start(struct console *c, const char *name)
+{
+    start_pool(c, name, 0);
 }
 
 static long long n_sessions(PGconn *pg);
@@ -214,7 +223,7 @@ static void *reader(void *arg)
 START_TEST(test_reads_at_once_open_at_most_the_pool_size)
 {
     struct console c;
-    start(&c, "poolburst");
+    start_pool(&c, "poolburst", SMALL);
     PGconn *pg = h_pg();
     enum { THREADS = 12 };
     pthread_t t[THREADS];
@@ -244,11 +253,11 @@ START_TEST(test_reads_at_once_open_at_most_the_pool_size)
     for (int i = 0; i < THREADS; i++)
         failed += r[i].failed;
     ck_assert_msg(failed == 0, "%d of 60 reads at once failed (see %s)", failed, c.log);
-    ck_assert_msg(most <= POOL, "60 reads from 12 clients at once held %lld PostgreSQL "
-                  "sessions at a time; the pool allows %d", most, POOL);
-    ck_assert_msg(most_amqp <= POOL, "60 reads from 12 clients at once held %lld AMQP "
-                  "connections at a time; the pool allows %d", most_amqp, POOL);
-    ck_assert_int_le(n_sessions(pg), POOL);
+    ck_assert_msg(most <= SMALL, "60 reads from 12 clients at once held %lld PostgreSQL "
+                  "sessions at a time; console.pool allows %d", most, SMALL);
+    ck_assert_msg(most_amqp <= SMALL, "60 reads from 12 clients at once held %lld AMQP "
+                  "connections at a time; console.pool allows %d", most_amqp, SMALL);
+    ck_assert_int_le(n_sessions(pg), SMALL);
     stop(&c, pg);
 }
 END_TEST
