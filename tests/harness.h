@@ -360,7 +360,7 @@ int h_count_outcomes(const char *path, const char *outcome, const char *reason);
  * ("signal", "9"), ("job_caused", "yes"), ("restart_ms", "0"). */
 int h_count_deaths(const char *path, const char *key, const char *value);
 
-/* harness_metrics.c: sekalid's /metrics. */
+/* harness_metrics.c: sekalid's /metrics, and a plain GET. */
 
 /* The text of sekalid's /metrics on port, or NULL if nothing answered; the
  * caller frees it. */
@@ -371,5 +371,9 @@ double h_metric_value(const char *text, const char *series);
 /* Scrapes port and returns the series (printf format), or -1 if absent or
  * nothing answered: a test can H_WAIT on it. */
 double h_metric(int port, const char *series_fmt, ...) __attribute__((format(printf, 2, 3)));
+/* GET path of a plain HTTP listener on 127.0.0.1:port, one connection
+ * (Connection: close); the status (0: no HTTP answer), and the body into
+ * *body (the caller frees) unless body is NULL. */
+int h_http_get(int port, const char *path, char **body);
 
 #endif

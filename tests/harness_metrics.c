@@ -1,9 +1,14 @@
-/* harness_metrics.c - sekalid's /metrics as a test reads it: a scrape, and
- * one series' value in it. */
+/* harness_metrics.c - HTTP as a test reads it: sekalid's /metrics (a
+ * scrape, and one series' value in it) and one plain GET of a loopback
+ * listener (the console's pages and API). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "harness_private.h"
 
@@ -43,4 +48,34 @@ double h_metric(int port, const char *series_fmt, ...)
     double v = h_metric_value(text, series);
     free(text);
     return v;
+}
+
+int h_http_get(int port, const char *path, char **body)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    char req[1200];
+    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                     "Connection: close\r\n\r\n", path, port);
+    ck_assert_int_lt(n, (int)sizeof(req));
+    ck_assert_int_eq(write(fd, req, (size_t)n), n);
+    size_t len = 0, cap = 65536;
+    char *all = malloc(cap);
+    ssize_t got;
+    while (all != NULL && (got = read(fd, all + len, cap - len - 1)) > 0)
+        if ((len += (size_t)got) == cap - 1)
+            all = realloc(all, cap *= 2);
+    close(fd);
+    ck_assert_ptr_nonnull(all);
+    all[len] = '\0';
+    int status = strncmp(all, "HTTP/1.1 ", 9) == 0 ? atoi(all + 9) : 0;
+    if (body != NULL) {
+        char *at = strstr(all, "\r\n\r\n");
+        *body = strdup(at != NULL ? at + 4 : "");
+    }
+    free(all);
+    return status;
 }

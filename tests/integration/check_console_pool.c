@@ -7,14 +7,11 @@
  * those established to the broker's port: no other client of this server
  * set runs meanwhile); the console runs with console.open_reads (loopback),
  * so a read is one plain GET. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,37 +75,6 @@ static void stop(struct console *c, PGconn *pg)
     free(c->config);
 }
 
-/* GET path over one HTTP/1.1 connection; the status, and the body into
- * *body (the caller frees) when body is not NULL. */
-static int get(int port, const char *path, char **body)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    char req[300];
-    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-                     "Connection: close\r\n\r\n", path, port);
-    ck_assert_int_eq(write(fd, req, (size_t)n), n);
-    size_t len = 0, cap = 65536;
-    char *all = malloc(cap);
-    ssize_t got;
-    while (all != NULL && (got = read(fd, all + len, cap - len - 1)) > 0)
-        if ((len += (size_t)got) == cap - 1)
-            all = realloc(all, cap *= 2);
-    close(fd);
-    ck_assert_ptr_nonnull(all);
-    all[len] = '\0';
-    int status = strncmp(all, "HTTP/1.1 ", 9) == 0 ? atoi(all + 9) : 0;
-    if (body != NULL) {
-        char *at = strstr(all, "\r\n\r\n");
-        *body = strdup(at != NULL ? at + 4 : "");
-    }
-    free(all);
-    return status;
-}
-
 /* The console's sessions, as "pid pid ..." in pid order. */
 static char *sessions(PGconn *pg)
 {
@@ -165,7 +131,7 @@ static bool no_amqp(void)
 static void read_status(struct console *c)
 {
     char *body;
-    int status = get(c->port, "/api/status", &body);
+    int status = h_http_get(c->port, "/api/status", &body);
     ck_assert_msg(status == 200 && strstr(body, "\"postgresql_error\":null") != NULL &&
                   strstr(body, "\"broker_error\":null") != NULL,
                   "a status read should reach PostgreSQL and RabbitMQ: %d %s (see %s)", status,
@@ -186,7 +152,7 @@ START_TEST(test_reads_in_a_row_reuse_the_pooled_sessions)
     snprintf(path, sizeof(path), "/api/dlq/list?queue=%s", c.queue);
     for (int i = 0; i < 20; i++) {
         read_status(&c);
-        ck_assert_int_eq(get(c.port, path, NULL), 200);
+        ck_assert_int_eq(h_http_get(c.port, path, NULL), 200);
     }
     char *after = sessions(pg), *broker_after = amqp_conns();
     ck_assert_msg(strcmp(first, after) == 0, "40 reads in a row should open no session: "
@@ -211,7 +177,7 @@ static void *reader(void *arg)
     struct reader *r = arg;
     for (int i = 0; i < r->reads; i++) {
         char *body;
-        if (get(r->port, "/api/status", &body) != 200 ||
+        if (h_http_get(r->port, "/api/status", &body) != 200 ||
             strstr(body, "\"postgresql_error\":null") == NULL)
             r->failed++;
         free(body);

@@ -5,14 +5,11 @@
  * (/api/history, sekali.history written by the janitor). A real sekalid
  * runs tests/plugins/flaky.so; the console runs with console.open_reads
  * (loopback), so a read is one plain GET. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,40 +62,12 @@ static void stop(struct h_run *r, struct console *c)
     h_run_close(r);
 }
 
-/* GET path; the status, and the body into *body (the caller frees). */
-static int get(int port, const char *path, char **body)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    char req[1200];
-    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-                     "Connection: close\r\n\r\n", path, port);
-    ck_assert_int_eq(write(fd, req, (size_t)n), n);
-    size_t len = 0, cap = 65536;
-    char *all = malloc(cap);
-    ssize_t got;
-    while (all != NULL && (got = read(fd, all + len, cap - len - 1)) > 0)
-        if ((len += (size_t)got) == cap - 1)
-            all = realloc(all, cap *= 2);
-    close(fd);
-    ck_assert_ptr_nonnull(all);
-    all[len] = '\0';
-    int status = strncmp(all, "HTTP/1.1 ", 9) == 0 ? atoi(all + 9) : 0;
-    char *at = strstr(all, "\r\n\r\n");
-    *body = strdup(at != NULL ? at + 4 : "");
-    free(all);
-    return status;
-}
-
 /* Whether GET path answers 200 with every one of the NULL-terminated
  * needles in its body; the body is kept in last (the caller frees). */
 static bool answers(int port, const char *path, char **last, ...)
 {
     free(*last);
-    int status = get(port, path, last);
+    int status = h_http_get(port, path, last);
     if (status != 200)
         return false;
     va_list ap;
@@ -161,7 +130,7 @@ START_TEST(test_history_holds_the_minutes_of_jobs_run_and_the_api_returns_them)
            history_sum(&r, "retried"));
     char path[400], *body = NULL;
     snprintf(path, sizeof(path), "/api/history?queue=%s&hours=1", r.queue);
-    ck_assert_int_eq(get(c.port, path, &body), 200);
+    ck_assert_int_eq(h_http_get(c.port, path, &body), 200);
     ck_assert_msg(strstr(body, "\"step_minutes\" : 1") != NULL, "%s", body);
     /* The jobs ran within a second: one minute, unless one just began. */
     if (h_pg_count(r.pg, "SELECT count(*) FROM sekali.history WHERE queue = '%s' AND "
@@ -174,7 +143,7 @@ START_TEST(test_history_holds_the_minutes_of_jobs_run_and_the_api_returns_them)
     /* A week asks for 28-minute steps, and the row 8 days old is gone. */
     snprintf(path, sizeof(path), "/api/history?queue=%s&hours=168", r.queue);
     free(body);
-    ck_assert_int_eq(get(c.port, path, &body), 200);
+    ck_assert_int_eq(h_http_get(c.port, path, &body), 200);
     ck_assert_msg(strstr(body, "\"step_minutes\" : 28") != NULL && strstr(body, ": 99") == NULL,
                   "%s", body);
     free(body);
@@ -191,7 +160,7 @@ START_TEST(test_history_refuses_an_unknown_queue_and_bad_hours_with_400)
     static const char *const bad_hours[] = { "0", "169", "-1", "1x", "99999999999999999999" };
     for (size_t i = 0; i < sizeof(bad_hours) / sizeof(*bad_hours); i++) {
         snprintf(path, sizeof(path), "/api/history?queue=%s&hours=%s", r.queue, bad_hours[i]);
-        ck_assert_int_eq(get(c.port, path, &body), 400);
+        ck_assert_int_eq(h_http_get(c.port, path, &body), 400);
         ck_assert_msg(strstr(body, "hours: a whole number from 1 to 168") != NULL, "%s", body);
         free(body);
     }
@@ -199,7 +168,7 @@ START_TEST(test_history_refuses_an_unknown_queue_and_bad_hours_with_400)
                                              "/api/history?queue=no-such-queue&hours=1",
                                              "/api/history?queue=%27%3B%20DROP&hours=1" };
     for (size_t i = 0; i < sizeof(bad_queues) / sizeof(*bad_queues); i++) {
-        ck_assert_int_eq(get(c.port, bad_queues[i], &body), 400);
+        ck_assert_int_eq(h_http_get(c.port, bad_queues[i], &body), 400);
         ck_assert_msg(strstr(body, "queue: not a queue of this configuration") != NULL, "%s",
                       body);
         free(body);
