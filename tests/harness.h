@@ -285,6 +285,11 @@ void h_publish(struct sk_broker *b, const char *queue, const char *type, const c
                const char *idempotency_key, const char *resource_key, const char *body);
 uint32_t h_queue_depth(struct sk_broker *b, const char *queue);
 
+/* Declares the durable queue name with exactly args (amqp_empty_table for
+ * none), as another tool would, over a connection of its own: sk_broker
+ * always adds sekali's arguments. */
+void h_declare_as_foreign(const char *name, amqp_table_t args);
+
 /* Publishes a message built field by field, for malformed input: absent
  * strings are left out, headers are added as given. */
 void h_publish_raw(struct sk_broker *b, const char *queue, const char *message_id,

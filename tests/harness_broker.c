@@ -7,6 +7,27 @@
 
 #include "harness_private.h"
 
+void h_declare_as_foreign(const char *name, amqp_table_t args)
+{
+    char *url = strdup(h_amqp_url());
+    struct amqp_connection_info info;
+    ck_assert_int_eq(amqp_parse_url(url, &info), AMQP_STATUS_OK);
+    amqp_connection_state_t conn = amqp_new_connection();
+    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
+    ck_assert_int_eq(amqp_socket_open(socket, info.host, info.port), AMQP_STATUS_OK);
+    ck_assert_int_eq(amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+                                info.user, info.password).reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_channel_open(conn, 1);
+    ck_assert_int_eq(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_queue_declare(conn, 1, amqp_cstring_bytes(name), 0, 1, 0, 0, args);
+    ck_assert_msg(amqp_get_rpc_reply(conn).reply_type == AMQP_RESPONSE_NORMAL,
+                  "declaring %s failed", name);
+    amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
+    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(conn);
+    free(url);
+}
+
 struct sk_broker *h_broker(void)
 {
     struct sk_broker *b = NULL;

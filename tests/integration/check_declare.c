@@ -13,29 +13,6 @@
 
 #define PASSIVE "    declare: passive\n" H_FAST_RETRIES
 
-/* Declares the durable queue `name` with exactly args, over a connection of
- * its own, as sk_broker always adds sekali's arguments. */
-static void declare_with(const char *name, amqp_table_t table)
-{
-    char *url = strdup(h_amqp_url());
-    struct amqp_connection_info info;
-    ck_assert_int_eq(amqp_parse_url(url, &info), AMQP_STATUS_OK);
-    amqp_connection_state_t conn = amqp_new_connection();
-    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
-    ck_assert_int_eq(amqp_socket_open(socket, info.host, info.port), AMQP_STATUS_OK);
-    ck_assert_int_eq(amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
-                                info.user, info.password).reply_type, AMQP_RESPONSE_NORMAL);
-    amqp_channel_open(conn, 1);
-    ck_assert_int_eq(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
-    amqp_queue_declare(conn, 1, amqp_cstring_bytes(name), 0, 1, 0, 0, table);
-    ck_assert_msg(amqp_get_rpc_reply(conn).reply_type == AMQP_RESPONSE_NORMAL,
-                  "declaring %s failed", name);
-    amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
-    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(conn);
-    free(url);
-}
-
 static amqp_table_entry_t text_arg(const char *key, const char *value)
 {
     return (amqp_table_entry_t){ .key = amqp_cstring_bytes(key),
@@ -53,7 +30,7 @@ static void declare_foreign(const char *name, bool with_arguments)
     args[0].value.kind = AMQP_FIELD_KIND_I64;
     args[0].value.value.i64 = 10000;
     args[1] = text_arg("x-dead-letter-exchange", "amq.fanout");
-    declare_with(name, (amqp_table_t){ .num_entries = with_arguments ? 2 : 0, .entries = args });
+    h_declare_as_foreign(name, (amqp_table_t){ .num_entries = with_arguments ? 2 : 0, .entries = args });
 }
 
 static void rabbitmqctl(const char *args)
@@ -241,7 +218,7 @@ START_TEST(test_a_quorum_queue_made_without_a_delivery_limit_is_used_as_it_is)
         text_arg("x-queue-type", "quorum"), text_arg("x-dead-letter-strategy", "at-least-once"),
         text_arg("x-overflow", "reject-publish"),
     };
-    declare_with(r.queue, (amqp_table_t){ .num_entries = 5, .entries = args });
+    h_declare_as_foreign(r.queue, (amqp_table_t){ .num_entries = 5, .entries = args });
     retry_once_on_quorum(&r);
     const char *v = getenv("SEKALI_RABBITMQ");
     bool four = v != NULL && atoi(v) >= 4;

@@ -77,26 +77,6 @@ static int broker_major(void)
     return v != NULL && v[0] != '\0' ? atoi(v) : 3;
 }
 
-/* Declares queue as another tool would: durable, with no arguments at all. */
-static void declare_bare(const char *name)
-{
-    char *url = strdup(h_amqp_url());
-    struct amqp_connection_info info;
-    ck_assert_int_eq(amqp_parse_url(url, &info), AMQP_STATUS_OK);
-    amqp_connection_state_t conn = amqp_new_connection();
-    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
-    ck_assert_int_eq(amqp_socket_open(socket, info.host, info.port), AMQP_STATUS_OK);
-    ck_assert_int_eq(amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
-                                info.user, info.password).reply_type, AMQP_RESPONSE_NORMAL);
-    amqp_channel_open(conn, 1);
-    amqp_queue_declare(conn, 1, amqp_cstring_bytes(name), 0, 1, 0, 0, amqp_empty_table);
-    ck_assert_int_eq(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
-    amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
-    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(conn);
-    free(url);
-}
-
 START_TEST(test_the_healthy_test_servers_pass_every_check)
 {
     struct h_run r;
@@ -149,7 +129,7 @@ START_TEST(test_a_queue_without_the_dead_letter_arguments_fails)
     struct h_run r;
     h_run_open(&r, "doc-nodlx");
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT);
-    declare_bare(r.queue);
+    h_declare_as_foreign(r.queue, amqp_empty_table);
     char *report;
     int code = doctor(r.config, NULL, NULL, &report);
     ck_assert_int_eq(code, 7);
@@ -358,7 +338,7 @@ START_TEST(test_sekalid_logs_each_failed_start_check_once)
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, "    job_timeout: 2h\n");
     h_config_replace(r.config, "  heartbeat: 30s\n", "  heartbeat: 30s\n"
                                                       "  consumer_timeout: 1h\n");
-    declare_bare(r.queue);
+    h_declare_as_foreign(r.queue, amqp_empty_table);
     redis_cli("CONFIG SET maxmemory-policy allkeys-lru");
     r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
 
