@@ -220,6 +220,10 @@ pid_t h_spawn_start(const struct h_spawn *sp);
  * 128 + the signal that ended it. */
 int h_spawn_wait(const struct h_spawn *sp, pid_t pid, int timeout_ms, char **out, char **err);
 
+/* Starts `sekalictl -c config serve`, its output into the file log, and
+ * waits until its console listens; returns its pid (the test stops it). */
+pid_t h_serve_console(const char *config, const char *log);
+
 /* h_spawn_start() and h_spawn_wait() in one: runs it to its end. */
 int h_spawn(const struct h_spawn *sp, int timeout_ms, char **out, char **err);
 
@@ -240,6 +244,10 @@ pid_t h_stalled_pid(const char *dir);
 /* The pids of parent's live children (sekalid's workers, relay and
  * janitor), up to max; returns how many. */
 size_t h_children(pid_t parent, pid_t *out, size_t max);
+
+/* A live worker child of sekalid (its comm is "sk-worker") other than not
+ * (0 for any), or 0 if there is none. */
+pid_t h_worker_pid(pid_t sekalid, pid_t not);
 
 /* True once pid no longer exists (killed and reaped by its parent). */
 bool h_process_gone(pid_t pid);

@@ -241,6 +241,34 @@ size_t h_children(pid_t parent, pid_t *out, size_t max)
     return n;
 }
 
+pid_t h_serve_console(const char *config, const char *log)
+{
+    pid_t pid = h_spawn_start(&(struct h_spawn){
+        .binary = "sekalictl", .args = (const char *const[]){ "-c", config, "serve", NULL },
+        .out = log, .err = log });
+    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
+           10000, "sekalictl serve should start (see %s)", log);
+    return pid;
+}
+
+pid_t h_worker_pid(pid_t sekalid, pid_t not)
+{
+    pid_t pids[16];
+    size_t n = h_children(sekalid, pids, 16);
+    for (size_t i = 0; i < n; i++) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)pids[i]);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        bool worker = fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, "sk-worker", 9) == 0;
+        fclose(f);
+        if (worker && pids[i] != not)
+            return pids[i];
+    }
+    return 0;
+}
+
 bool h_process_gone(pid_t pid)
 {
     return kill(pid, 0) != 0 && errno == ESRCH;

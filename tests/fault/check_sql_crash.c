@@ -8,25 +8,6 @@
 
 #include "harness.h"
 
-/* The one live worker of sekalid (its comm is "sk-worker"), or 0. */
-static pid_t worker_pid(pid_t sekalid)
-{
-    pid_t pids[16];
-    size_t n = h_children(sekalid, pids, 16);
-    for (size_t i = 0; i < n; i++) {
-        char path[64], comm[32] = "";
-        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)pids[i]);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        bool worker = fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, "sk-worker", 9) == 0;
-        fclose(f);
-        if (worker)
-            return pids[i];
-    }
-    return 0;
-}
-
 START_TEST(test_worker_killed_mid_statement_rolls_back_and_the_job_runs_once)
 {
     struct h_run r;
@@ -53,7 +34,7 @@ START_TEST(test_worker_killed_mid_statement_rolls_back_and_the_job_runs_once)
         .handler = "handlers/sql.so", .workers = 1,
         .queue_yaml = "    lock_ttl: 2s\n    config:\n      statement: \"SELECT "
                       "sekali_sqlh.slow_once(:body::jsonb, :idempotency_key, :queue)\"\n" });
-    pid_t victim = worker_pid(r.sekalid);
+    pid_t victim = h_worker_pid(r.sekalid, 0);
     ck_assert_msg(victim > 0, "sekalid should have a worker");
     h_publish(r.b, r.queue, "slow", "kill-1", "order-kill", NULL, body);
 

@@ -34,19 +34,9 @@ static int curl(struct console *c, const char *path, const char *args, char **ou
  * and waits until it listens. */
 static void spawn(struct console *c)
 {
-    char log[1100], exe[1100];
+    char log[1100];
     snprintf(log, sizeof(log), "%s/serve.log", c->dir);
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    c->pid = fork();
-    ck_assert_int_ge(c->pid, 0);
-    if (c->pid == 0) {
-        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
-            _exit(127);
-        execl(exe, exe, "-c", c->config, "serve", (char *)NULL);
-        _exit(127);
-    }
-    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
-           10000, "sekalictl serve should start (see %s)", log);
+    c->pid = h_serve_console(c->config, log);
 }
 
 /* Writes a config whose console listens on a free port, with TLS when

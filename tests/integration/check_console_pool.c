@@ -45,11 +45,7 @@ static void start_pool(struct console *c, const char *name, int pool)
     H_WAIT(h_pg_count(pg, "SELECT count(*) FROM pg_stat_activity WHERE " SESSIONS) == 0, 10000,
            "an earlier test's console sessions should be gone");
     PQfinish(pg);
-    c->pid = h_spawn_start(&(struct h_spawn){
-        .binary = "sekalictl", .args = (const char *const[]){ "-c", c->config, "serve", NULL },
-        .out = c->log, .err = c->log });
-    H_WAIT(({ char *t = h_read_file(c->log); bool up = t && strstr(t, "console on"); free(t); up; }),
-           10000, "sekalictl serve should start (see %s)", c->log);
+    c->pid = h_serve_console(c->config, c->log);
 }
 
 static void start(struct console *c, const char *name)

@@ -40,18 +40,7 @@ static void start(struct h_run *r, struct console *c, const char *name)
     h_run_start(r, &(struct h_run_opts){ .handler = FLAKY, .workers = 1,
                                          .queue_yaml = queue_yaml, .top_yaml = top });
     snprintf(c->log, sizeof(c->log), "%s/serve.log", r->dir);
-    char exe[1100];
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    c->pid = fork();
-    ck_assert_int_ge(c->pid, 0);
-    if (c->pid == 0) {
-        if (freopen(c->log, "w", stdout) == NULL || dup2(1, 2) < 0)
-            _exit(127);
-        execl(exe, exe, "-c", r->config, "serve", (char *)NULL);
-        _exit(127);
-    }
-    H_WAIT(({ char *t = h_read_file(c->log); bool up = t && strstr(t, "console on"); free(t); up; }),
-           10000, "sekalictl serve should start (see %s)", c->log);
+    c->pid = h_serve_console(r->config, c->log);
 }
 
 static void stop(struct h_run *r, struct console *c)

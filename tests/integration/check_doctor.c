@@ -303,27 +303,6 @@ static int wait_events(const char *log, const char *role, const char *event, con
     return seen;
 }
 
-/* The one child of sekalid whose command name is sk-worker (a run of one
- * worker), or 0. */
-static pid_t the_worker(pid_t sekalid)
-{
-    pid_t kids[16];
-    size_t n = h_children(sekalid, kids, 16);
-    for (size_t i = 0; i < n; i++) {
-        char path[64], comm[32] = "";
-        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)kids[i]);
-        FILE *f = fopen(path, "r");
-        if (f != NULL) {
-            if (fgets(comm, sizeof(comm), f) == NULL)
-                comm[0] = '\0';
-            fclose(f);
-        }
-        if (strncmp(comm, "sk-worker", 9) == 0)
-            return kids[i];
-    }
-    return 0;
-}
-
 /* sekalid's own start checks, against three real misconfigurations at once:
  * Redis evicting, the queue declared without the dead-letter arguments, and
  * a job_timeout of 2h past the consumer_timeout of 1h that amqp.
@@ -346,7 +325,7 @@ START_TEST(test_sekalid_logs_each_failed_start_check_once)
      * from the queue's, is refused, and it retries as in an outage. */
     int at_start = wait_events(r.log, "worker", "doctor_failed", NULL, 3, 20000);
     int refused = wait_events(r.log, "worker", "outage_begin", "rabbitmq", 1, 20000);
-    pid_t worker = the_worker(r.sekalid);
+    pid_t worker = h_worker_pid(r.sekalid, 0);
     int died = 0, refused_again = 0;
     if (worker > 0 && kill(worker, SIGKILL) == 0) {
         died = wait_events(r.log, "supervisor", "worker_died", NULL, 1, 20000);

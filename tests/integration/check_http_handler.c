@@ -62,24 +62,6 @@ static void expect_no_secret(struct h_run *r)
                                        "LIKE '%%s3cr3t%%')", r->queue), 0);
 }
 
-static pid_t worker_pid(pid_t sekalid, pid_t not)
-{
-    pid_t pids[16];
-    size_t n = h_children(sekalid, pids, 16);
-    for (size_t i = 0; i < n; i++) {
-        char path[64], comm[32] = "";
-        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)pids[i]);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        bool worker = fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, "sk-worker", 9) == 0;
-        fclose(f);
-        if (worker && pids[i] != not)
-            return pids[i];
-    }
-    return 0;
-}
-
 START_TEST(test_job_is_posted_with_its_keys_and_secrets_and_the_response_is_its_result)
 {
     struct h_run r;
@@ -226,7 +208,7 @@ START_TEST(test_worker_killed_after_the_request_arrived_resends_same_key_higher_
     char *yaml = queue_yaml(&r, s, "2s", "1500ms", "    lock_ttl: 2s\n");
     h_run_start(&r, &(struct h_run_opts){ .handler = HTTP_HANDLER, .workers = 1,
                                           .queue_yaml = yaml, .env = secret_env });
-    pid_t victim = worker_pid(r.sekalid, 0);
+    pid_t victim = h_worker_pid(r.sekalid, 0);
     ck_assert(victim > 0);
     h_publish(r.b, r.queue, "charge", "m-kill", "pay-kill", NULL, "hang");
     H_WAIT(hs_count(s, "pay-kill") == 1, 20000, "the request never reached the server");
@@ -265,7 +247,7 @@ START_TEST(test_worker_frozen_past_its_lease_has_its_late_outcome_fenced_out)
     pid_t frozen = (pid_t)h_pg_count(r.pg, "SELECT split_part(owner, ':', 2)::bigint FROM "
                                            "sekali.idempotency_keys WHERE queue = '%s' AND "
                                            "key = 'pay-freeze'", r.queue);
-    pid_t one = worker_pid(r.sekalid, 0), two = worker_pid(r.sekalid, one);
+    pid_t one = h_worker_pid(r.sekalid, 0), two = h_worker_pid(r.sekalid, one);
     ck_assert_msg(frozen == one || frozen == two, "the claim's owner %ld is neither worker "
                   "(%ld, %ld)", (long)frozen, (long)one, (long)two);
     ck_assert_int_eq(kill(frozen, SIGSTOP), 0);

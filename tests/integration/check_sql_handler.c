@@ -78,26 +78,6 @@ static char *config_for(const struct h_run *r, const char *statement_yaml, const
     return yaml;
 }
 
-/* The one live worker of r's sekalid (its comm is "sk-worker"), or 0. */
-static pid_t worker_pid(const struct h_run *r)
-{
-    pid_t pids[16];
-    size_t n = h_children(r->sekalid, pids, 16);
-    for (size_t i = 0; i < n; i++) {
-        char path[64], comm[32] = "";
-        snprintf(path, sizeof(path), "/proc/%ld/comm", (long)pids[i]);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        if (fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, "sk-worker", 9) == 0) {
-            fclose(f);
-            return pids[i];
-        }
-        fclose(f);
-    }
-    return 0;
-}
-
 START_TEST(test_function_runs_once_per_key_when_each_job_comes_three_times)
 {
     struct h_run r;
@@ -142,7 +122,7 @@ START_TEST(test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_t
     char *yaml = config_for(&r, "\"" BOOK "\"", FAST_RETRY "    max_body: 2MiB\n");
     h_run_start(&r, &(struct h_run_opts){ .handler = SQL_HANDLER, .workers = 1,
                                           .queue_yaml = yaml });
-    pid_t worker = worker_pid(&r);
+    pid_t worker = h_worker_pid(r.sekalid, 0);
     ck_assert_msg(worker > 0, "sekalid should have a worker");
 
     h_publish(r.b, r.queue, "book", "m-transient", "transient", NULL, "{\"do\": \"transient\"}");
@@ -199,7 +179,7 @@ START_TEST(test_sqlstates_decide_retry_or_dead_letter_and_hostile_bodies_leave_t
 
     ck_assert_msg(!h_process_gone(worker), "worker %ld should have survived the hostile bodies",
                   (long)worker);
-    ck_assert_int_eq(worker_pid(&r), worker);
+    ck_assert_int_eq(h_worker_pid(r.sekalid, 0), worker);
     h_run_stop(&r);
     free(huge);
     free(yaml);
