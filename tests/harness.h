@@ -110,6 +110,8 @@ struct h_run_opts {
     const struct sk_queue_shape *shape;       /* the queue's declared shape; NULL: classic */
     bool                         held;        /* its workers will not consume (a handler
                                                * that cannot run): no wait for them */
+    bool                         markers;     /* queue_yaml gets the test handler's
+                                               * marker_dir: r->dir (h_publish_stalled) */
 };
 
 /* h_init(), then names the run's queue after name, makes its directory and
@@ -135,7 +137,7 @@ void h_run_close(struct h_run *r);
 /* Publishes a test job (message_id, key, body: "stall" or "pay" make the
  * test handler stall, tests/plugins/effect.c) and waits until a worker's
  * handler stalls in it; returns that worker's pid. The queue's config must
- * set marker_dir to r->dir. */
+ * set marker_dir to r->dir (h_run_opts.markers). */
 pid_t h_publish_stalled(struct h_run *r, const char *message_id, const char *key,
                         const char *body);
 
@@ -375,6 +377,13 @@ int h_count_deaths(const char *path, const char *key, const char *value);
 
 /* harness_metrics.c: sekalid's /metrics, and a plain GET. */
 
+/* Writes into top (size bytes) the top-level YAML that opens sekalid's
+ * /metrics on a free loopback port; returns that port. */
+int h_metrics_top(char *top, size_t size);
+/* GET path of 127.0.0.1:port with curl (at most 10 s), sending header
+ * unless it is NULL, the body into the file body_path; the HTTP status, or
+ * 0 if nothing answered (no listener yet, or a held one). */
+int h_curl_status(int port, const char *path, const char *header, const char *body_path);
 /* The text of sekalid's /metrics on port, or NULL if nothing answered; the
  * caller frees it. */
 char *h_scrape(int port);

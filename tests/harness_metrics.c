@@ -12,6 +12,30 @@
 
 #include "harness_private.h"
 
+int h_metrics_top(char *top, size_t size)
+{
+    int port = h_free_port();
+    int n = snprintf(top, size, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    ck_assert_msg(n > 0 && (size_t)n < size, "h_metrics_top: %zu bytes are too few", size);
+    return port;
+}
+
+int h_curl_status(int port, const char *path, const char *header, const char *body_path)
+{
+    char cmd[2400];
+    int n = snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o '%s' -w '%%{http_code}' %s%s%s "
+                     "'http://127.0.0.1:%d%s'", body_path, header != NULL ? "-H '" : "",
+                     header != NULL ? header : "", header != NULL ? "'" : "", port, path);
+    ck_assert_msg(n > 0 && (size_t)n < sizeof(cmd), "h_curl_status: %s is too long", path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int status = 0;
+    if (fscanf(p, "%d", &status) != 1)
+        status = 0;
+    pclose(p);
+    return status;
+}
+
 char *h_scrape(int port)
 {
     char cmd[256];

@@ -23,8 +23,16 @@ void h_run_open(struct h_run *r, const char *name)
 void h_run_start(struct h_run *r, const struct h_run_opts *o)
 {
     ck_assert_msg(o->workers >= 1, "h_run_start: %d workers", o->workers);
+    const char *queue_yaml = o->queue_yaml;
+    char marked[2400];
+    if (o->markers) {
+        int n = snprintf(marked, sizeof(marked), "%s    config:\n      marker_dir: %s\n",
+                         queue_yaml != NULL ? queue_yaml : "", r->dir);
+        ck_assert_msg(n > 0 && (size_t)n < sizeof(marked), "h_run_start: queue_yaml too long");
+        queue_yaml = marked;
+    }
     r->config = h_write_config_top(r->dir, r->queue, o->handler != NULL ? o->handler : H_EFFECT,
-                                   o->workers, o->queue_yaml, o->top_yaml);
+                                   o->workers, queue_yaml, o->top_yaml);
     if (o->heartbeat != NULL) {
         char line[64];
         snprintf(line, sizeof(line), "heartbeat: %s", o->heartbeat);
@@ -49,7 +57,7 @@ void h_run_start(struct h_run *r, const struct h_run_opts *o)
     H_WAIT(h_consumers(r->b, r->queue) == (uint32_t)o->workers, 20000,
            "%d workers should consume %s, have %u", o->workers, r->queue,
            h_consumers(r->b, r->queue));
-    bool locks = o->queue_yaml == NULL || strstr(o->queue_yaml, "lock: false") == NULL;
+    bool locks = queue_yaml == NULL || strstr(queue_yaml, "lock: false") == NULL;
     h_expect_tls_links(r, o->workers, o->workers, locks ? o->workers : 0);
 }
 

@@ -75,9 +75,8 @@ START_TEST(test_a_resource_admits_up_to_its_concurrency_at_once)
     struct h_run r;
     h_run_open(&r, "concurrency");
     stamp_effects(&r);
-    int port = h_free_port();
     char top[64], held[192];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     snprintf(held, sizeof(held), "sekali_locks_held{queue=\"%s\"}", r.queue);
     h_run_start(&r, &(struct h_run_opts){ .workers = WORKERS, .queue_yaml = queue_yaml,
                                           .top_yaml = top });

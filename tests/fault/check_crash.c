@@ -25,15 +25,12 @@ START_TEST(test_worker_killed_mid_handler_job_runs_again_once)
 {
     struct h_run r;
     h_run_open(&r, "midkill");
-    char extra[1200];
+    char top[64];
+    int port = h_metrics_top(top, sizeof(top));
     /* A short lease: the dead worker's lock must expire before the job can
      * run again, and the test should not wait the default 30 s for it. */
-    snprintf(extra, sizeof(extra), "    lock_ttl: 2s\n    config:\n      marker_dir: %s\n",
-             r.dir);
-    int port = h_free_port();
-    char top[64];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = extra, .top_yaml = top });
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = "    lock_ttl: 2s\n",
+                                          .markers = true, .top_yaml = top });
     h_publish(r.b, r.queue, "test", "stall-1", "order-stall", NULL, "stall");
 
     H_WAIT(h_stalled_pid(r.dir) != 0, 20000, "the handler never reached its stall point");
@@ -132,10 +129,8 @@ START_TEST(test_job_over_its_timeout_is_killed_and_runs_again_once)
 {
     struct h_run r;
     h_run_open(&r, "timeout");
-    char extra[1200];
-    snprintf(extra, sizeof(extra), "    job_timeout: 1s\n    lock_ttl: 2s\n    config:\n"
-             "      marker_dir: %s\n", r.dir);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra });
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .markers = true,
+                                          .queue_yaml = "    job_timeout: 1s\n    lock_ttl: 2s\n" });
     pid_t victim = h_publish_stalled(&r, "slow-1", "order-slow", "stall");
 
     /* Nobody but the supervisor kills it: the stall lasts two minutes. */

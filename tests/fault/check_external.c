@@ -41,14 +41,12 @@ START_TEST(test_stalled_worker_is_fenced_out_after_a_takeover)
 {
     struct h_run r;
     h_run_open(&r, "external");
-    char extra[1200];
-    /* No Redis lock: the lease alone must keep the outcome single. */
-    snprintf(extra, sizeof(extra), "    mode: external\n    lease: 1s\n    lock: false\n"
-             "    config:\n      marker_dir: %s\n", r.dir);
-    int port = h_free_port();
     char top[64];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = extra, .top_yaml = top });
+    int port = h_metrics_top(top, sizeof(top));
+    /* No Redis lock: the lease alone must keep the outcome single. */
+    h_run_start(&r, &(struct h_run_opts){
+        .workers = 2, .markers = true, .top_yaml = top,
+        .queue_yaml = "    mode: external\n    lease: 1s\n    lock: false\n" });
 
     pid_t a = h_publish_stalled(&r, "pay-1-a", "pay-1", "pay");
     ck_assert_int_eq(kill(a, SIGSTOP), 0);

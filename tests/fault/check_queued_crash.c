@@ -167,9 +167,8 @@ static void kill_in_reruns(const char *name, const char *failpoint, const char *
     h_run_open(&r, name);
     taken_row(&r);
     publish_jobs(&r, 4);
-    int port = h_free_port();
     char top[64], armed[128];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     snprintf(armed, sizeof(armed), "SEKALI_FAILPOINT=%s", failpoint);
     const char *env[] = { armed, "SEKALI_FAILPOINT_ONCE=1", NULL };
     h_run_start(&r, &(struct h_run_opts){

@@ -471,15 +471,13 @@ START_TEST(test_death_in_a_retired_generation_frees_its_lock_at_once)
     char top[256];
     int port;
     redisContext *redis = lock_counting(top, sizeof(top), &port);
-    char extra[1200];
-    snprintf(extra, sizeof(extra), "    lock_ttl: 60s\n    config:\n      marker_dir: %s\n",
-             r.dir);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra, .top_yaml = top });
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    lock_ttl: 60s\n",
+                                          .markers = true, .top_yaml = top });
     pid_t victim = h_publish_stalled(&r, "stall-1", "order-retired", "stall");
     ck_assert_int_eq(lock_count(redis, &r), 1);
 
     /* The same queue with two workers: a new generation, the old retired. */
-    free(h_write_config_top(r.dir, r.queue, H_EFFECT, 2, extra, top));
+    h_config_replace(r.config, "    workers: 1\n", "    workers: 2\n");
     ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
     H_WAIT(h_count_event_where(r.log, SK_EVENT_GENERATION_RETIRED, "reason", "reload",
                                NULL) == 1, 20000,
@@ -515,13 +513,11 @@ START_TEST(test_a_job_that_kills_a_retired_worker_still_meets_max_crashes)
 {
     struct h_run r;
     h_run_open(&r, "retiredcrash");
-    char extra[1200];
-    snprintf(extra, sizeof(extra), "    lock_ttl: 60s\n    max_crashes: 1\n    config:\n"
-             "      marker_dir: %s\n", r.dir);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra });
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .markers = true,
+                                          .queue_yaml = "    lock_ttl: 60s\n    max_crashes: 1\n" });
     pid_t victim = h_publish_stalled(&r, "stall-1", "order-retiredcrash", "stall");
 
-    free(h_write_config(r.dir, r.queue, H_EFFECT, 2, extra));
+    h_config_replace(r.config, "    workers: 1\n", "    workers: 2\n");
     ck_assert_int_eq(kill(r.sekalid, SIGHUP), 0);
     H_WAIT(h_count_event_where(r.log, SK_EVENT_GENERATION_RETIRED, "reason", "reload",
                                NULL) == 1, 20000,

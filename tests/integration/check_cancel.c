@@ -15,14 +15,6 @@
 
 #include "harness.h"
 
-/* The run's metrics port goes into top (its size: 128). */
-static int with_metrics(char *top, size_t size)
-{
-    int port = h_free_port();
-    snprintf(top, size, "metrics:\n  listen: 127.0.0.1:%d\n", port);
-    return port;
-}
-
 static double cancelled_total(int port, const struct h_run *r)
 {
     return h_metric(port, "sekali_cancelled_total{queue=\"%s\",job_type=\"test\"}", r->queue);
@@ -79,7 +71,7 @@ START_TEST(test_cancel_in_the_producers_transaction_before_delivery)
     h_pg_exec(r.pg, sql);
 
     char top[128];
-    int port = with_metrics(top, sizeof(top));
+    int port = h_metrics_top(top, sizeof(top));
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
     H_WAIT(h_effects(&r, "k-kept") == 1, 20000, "the job whose cancel rolled back should run");
     H_WAIT(cancelled_total(port, &r) == 1, 20000,
@@ -199,7 +191,7 @@ START_TEST(test_cancel_while_running_refuses_the_commit)
     struct h_run r;
     h_run_open(&r, "cxrun");
     char top[128], yaml[1400];
-    int port = with_metrics(top, sizeof(top));
+    int port = h_metrics_top(top, sizeof(top));
     snprintf(yaml, sizeof(yaml), "%s    config:\n      marker_dir: %s\n", H_FAST_RETRIES, r.dir);
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = yaml, .top_yaml = top });
     h_publish(r.b, r.queue, "test", "m-run", "k-run", NULL, "hold");
@@ -228,7 +220,7 @@ START_TEST(test_cancel_while_running_in_a_batch_reruns_its_batch_mates)
     struct h_run r;
     h_run_open(&r, "cxbatch");
     char top[128], yaml[1400];
-    int port = with_metrics(top, sizeof(top));
+    int port = h_metrics_top(top, sizeof(top));
     snprintf(yaml, sizeof(yaml), "%s    batch: 4\n    prefetch: 4\n    batch_wait: 500ms\n"
              "    lock: false\n    config:\n      marker_dir: %s\n", H_FAST_RETRIES, r.dir);
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
@@ -263,7 +255,7 @@ START_TEST(test_cancel_while_running_in_external_mode)
     struct h_run r;
     h_run_open(&r, "cxext");
     char top[128], yaml[1400];
-    int port = with_metrics(top, sizeof(top));
+    int port = h_metrics_top(top, sizeof(top));
     snprintf(yaml, sizeof(yaml), "    mode: external\n    lease: 10s\n%s"
              "    config:\n      marker_dir: %s\n", H_FAST_RETRIES, r.dir);
     h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = yaml, .top_yaml = top });
@@ -299,7 +291,7 @@ START_TEST(test_cancel_after_completion_reports_it_already_ran)
     struct h_run r;
     h_run_open(&r, "cxdone");
     char top[128];
-    int port = with_metrics(top, sizeof(top));
+    int port = h_metrics_top(top, sizeof(top));
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
     h_publish(r.b, r.queue, "test", "m-done", "k-done", NULL, "ok");
     H_WAIT(h_completed(&r) == 1, 20000, "the job should complete");

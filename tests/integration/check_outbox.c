@@ -162,10 +162,9 @@ START_TEST(test_worker_killed_mid_job_leaves_no_dedupe_key_once_the_rerun_comple
 {
     struct h_run r;
     h_run_open(&r, "dedupekill");
-    char yaml[1200];
     /* The dead worker's lock must expire before the rerun can take it. */
-    snprintf(yaml, sizeof(yaml), "    lock_ttl: 2s\n    config:\n      marker_dir: %s\n", r.dir);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = yaml, .top_yaml = H_RELAY });
+    h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = "    lock_ttl: 2s\n",
+                                          .markers = true, .top_yaml = H_RELAY });
     char dedupe_key[160], job_id[128];
     snprintf(dedupe_key, sizeof(dedupe_key), "dedupe-%s", r.queue);
     snprintf(job_id, sizeof(job_id), "%s", h_enqueue_body(r.pg, r.queue, "stall", NULL,

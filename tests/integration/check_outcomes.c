@@ -154,9 +154,8 @@ static void run_slow_batch(struct h_run *r, const char *name, int slow, bool fai
         h_publish(r->b, r->queue, "test", id, key, NULL,
                   i == slow ? "sleep:200" : fail && i == 2 ? "fail" : "ok");
     }
-    int port = h_free_port();
     char top[128];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     h_run_start(r, &(struct h_run_opts){ .workers = 1, .top_yaml = top,
                                          .queue_yaml = H_FAST_RETRIES
                                          "    batch: 8\n    prefetch: 8\n"
@@ -472,9 +471,8 @@ START_TEST(test_busy_lock_reschedules_without_counting_an_attempt)
     /* Two jobs for one resource, two workers: the second finds the lock
      * held for longer than busy_wait and must come back later. */
     h_run_open(&r, "busy");
-    int port = h_free_port();
     char top[128];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     h_run_start(&r, &(struct h_run_opts){ .workers = 2, .queue_yaml = H_FAST_RETRIES,
                                           .top_yaml = top });
     h_publish(r.b, r.queue, "test", "busy-1", "k-busy-1", "account-7", "sleep:3000");
@@ -547,9 +545,8 @@ START_TEST(test_a_message_older_than_the_retention_is_dead_lettered_not_run)
 {
     struct h_run r;
     h_run_open(&r, "retention");
-    int port = h_free_port();
     char top[128];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    retention: 1h\n",
                                           .top_yaml = top });
     amqp_envelope_t old;
@@ -615,9 +612,8 @@ START_TEST(test_failure_postgresql_refuses_is_dead_lettered_unrecorded_and_the_n
              "NEW.status = 'failed') EXECUTE FUNCTION sekali_test.\"refuse_%s\"()",
              r.queue, r.queue, r.queue);
     h_pg_exec(r.pg, sql);
-    int port = h_free_port();
     char top[128];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top,
                                           .queue_yaml = "    prefetch: 1\n" H_FAST_RETRIES });
     h_publish(r.b, r.queue, "test", "refused-1", "k-refused", NULL, "fail");

@@ -13,9 +13,8 @@ START_TEST(test_a_job_older_than_the_retention_is_dead_lettered_not_run)
 {
     struct h_run r;
     h_run_open(&r, "beyond");
-    int port = h_free_port();
     char top[64];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    retention: 1h\n",
                                           .top_yaml = top });
     /* As a producer (or a copy kept two hours somewhere) would send it. */

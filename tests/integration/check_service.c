@@ -515,12 +515,15 @@ static void note_watchdog(int fd, char *heard, size_t size, int64_t *last_ms)
         *last_ms = h_now_ms();
 }
 
-/* sekalid with a 1 s watchdog, one worker and queue_yaml, its handler
- * stalled in a job; returns the notify socket and the stalled worker. */
+/* sekalid with a 1 s watchdog, one worker and queue_yaml (marker_dir
+ * added), its handler stalled in a job; returns the notify socket and the
+ * stalled worker. */
 static int start_stalled(struct h_run *r, const char *queue_yaml, char *heard, size_t size,
                          pid_t *victim)
 {
-    r->config = h_write_config(r->dir, r->queue, H_EFFECT, 1, queue_yaml);
+    char yaml[1200];
+    snprintf(yaml, sizeof(yaml), "%s    config:\n      marker_dir: %s\n", queue_yaml, r->dir);
+    r->config = h_write_config(r->dir, r->queue, H_EFFECT, 1, yaml);
     ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
     char sock_env[1100];
     int fd = notify_socket(r->dir, sock_env, sizeof(sock_env));
@@ -538,11 +541,9 @@ START_TEST(test_a_wedged_handler_without_job_timeout_withholds_the_watchdog)
 {
     struct h_run r;
     h_run_open(&r, "wedged");
-    char extra[1200];
-    snprintf(extra, sizeof(extra), "    config:\n      marker_dir: %s\n", r.dir);
     static char heard[65536];
     pid_t victim;
-    int fd = start_stalled(&r, extra, heard, sizeof(heard), &victim);
+    int fd = start_stalled(&r, "", heard, sizeof(heard), &victim);
 
     /* job_timeout: 0s, so nothing will end this job: once the worker's loop
      * has not turned for the watchdog's 1 s, WATCHDOG=1 stops (it is sent
@@ -570,12 +571,10 @@ START_TEST(test_a_long_job_that_job_timeout_watches_keeps_the_watchdog_fed)
 {
     struct h_run r;
     h_run_open(&r, "watched");
-    char extra[1200];
-    snprintf(extra, sizeof(extra), "    job_timeout: 5s\n    lock_ttl: 2s\n    config:\n"
-             "      marker_dir: %s\n", r.dir);
     static char heard[65536];
     pid_t victim;
-    int fd = start_stalled(&r, extra, heard, sizeof(heard), &victim);
+    int fd = start_stalled(&r, "    job_timeout: 5s\n    lock_ttl: 2s\n", heard, sizeof(heard),
+                           &victim);
     int64_t stalled = h_now_ms();
 
     /* The supervisor will kill this job at 5 s, so until then it counts as

@@ -304,8 +304,7 @@ START_TEST(test_missing_function_holds_jobs_until_it_is_created)
         if (*c == '-')
             *c = '_';
     yaml = config_for(&r, statement, NULL);
-    int port = h_free_port();
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
     for (int i = 0; i < 5; i++) {
         char id[160], key[32];

@@ -134,9 +134,8 @@ END_TEST
 START_TEST(test_a_broken_traceparent_is_dropped_and_counted_and_the_job_runs_in_a_new_trace)
 {
     struct h_run r;
-    int port = h_free_port();
     char top[128];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    int port = h_metrics_top(top, sizeof(top));
     struct hs *s = http_run(&r, "trbad", top);
     /* Uppercase hex: refused by the grammar. */
     const char *bad = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";

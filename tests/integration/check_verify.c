@@ -117,10 +117,9 @@ START_TEST(test_a_worker_frozen_past_its_lease_leaves_its_key_stuck)
 {
     struct h_run r;
     h_run_open(&r, "verify-stuck");
-    char extra[1200];
-    snprintf(extra, sizeof(extra), "    mode: external\n    lease: 1s\n    lock: false\n"
-             "    config:\n      marker_dir: %s\n", r.dir);
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = extra });
+    h_run_start(&r, &(struct h_run_opts){
+        .workers = 1, .markers = true,
+        .queue_yaml = "    mode: external\n    lease: 1s\n    lock: false\n" });
     pid_t a = h_publish_stalled(&r, "pay-1-a", "pay-1", "pay");
     ck_assert_int_eq(kill(a, SIGSTOP), 0);
     H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
