@@ -53,34 +53,9 @@ static int listed(struct h_run *r)
  * into dir/serve.log. */
 static pid_t serve(struct h_run *r)
 {
-    char log[1100], exe[1100];
+    char log[1100];
     snprintf(log, sizeof(log), "%s/serve.log", r->dir);
-    snprintf(exe, sizeof(exe), "%s/sekalictl", h_build_dir());
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        if (freopen(log, "w", stdout) == NULL || dup2(1, 2) < 0)
-            _exit(127);
-        execl(exe, exe, "-c", r->config, "serve", (char *)NULL);
-        _exit(127);
-    }
-    H_WAIT(({ char *t = h_read_file(log); bool up = t && strstr(t, "console on"); free(t); up; }),
-           10000, "sekalictl serve should start (see %s)", log);
-    return pid;
-}
-
-/* GET url: the HTTP status. */
-static int get(const char *url)
-{
-    char cmd[1400];
-    snprintf(cmd, sizeof(cmd), "curl -s -o /dev/null -w '%%{http_code}' '%s'", url);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    char code[16] = "";
-    if (fgets(code, sizeof(code), p) == NULL)
-        code[0] = '\0';
-    pclose(p);
-    return atoi(code);
+    return h_serve_console(r->config, log);
 }
 
 /* A quorum queue whose dead-letter queue a policy limits to 1 delivery,
@@ -132,13 +107,13 @@ START_TEST(test_a_hundred_reads_under_a_delivery_limit_of_1_lose_no_dead_letter)
     struct h_run r;
     int port = start_quorum(&r, "dlqreads");
     pid_t console = serve(&r);
-    char url[600];
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/api/dlq/list?queue=%s", port, r.queue);
+    char path[300];
+    snprintf(path, sizeof(path), "/api/dlq/list?queue=%s", r.queue);
     for (int i = 0; i < 50; i++) {
         char *out;
         ck_assert_int_eq(DLQ(&r, &out, "list", r.queue), 0);
         free(out);
-        ck_assert_int_eq(get(url), 200);
+        ck_assert_int_eq(h_curl_status(port, path, NULL, "/dev/null"), 200);
     }
     kill(console, SIGTERM);
     h_wait_exit(console, 10000, "sekalictl serve");

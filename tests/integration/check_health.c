@@ -28,17 +28,9 @@ struct run {
  * status (0 if none), the body in r->body. */
 static int get_with(struct run *r, const char *path, const char *header)
 {
-    char cmd[2048], file[1100];
+    char file[1100];
     snprintf(file, sizeof(file), "%s/response.txt", r->h.dir);
-    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s -w '%%{http_code}' %s%s%s "
-             "http://127.0.0.1:%d%s", file, header != NULL ? "-H '" : "",
-             header != NULL ? header : "", header != NULL ? "'" : "", r->port, path);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    int status = 0;
-    if (fscanf(p, "%d", &status) != 1)
-        status = 0;
-    pclose(p);
+    int status = h_curl_status(r->port, path, header, file);
     char *text = h_read_file(file);
     snprintf(r->body, sizeof(r->body), "%s", text != NULL ? text : "");
     free(text);

@@ -59,20 +59,13 @@ static void start(struct run *r, const char *name, int workers)
     start_with(r, name, workers, NULL);
 }
 
-/* GET path with curl; returns the HTTP status, 0 if none. The body goes to
+/* GET path; returns the HTTP status, 0 if none. The body goes to
  * dir/response.txt, leaving the last scrape in place to read. */
 static int get(struct run *r, const char *path)
 {
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s/response.txt -w '%%{http_code}' "
-             "http://127.0.0.1:%d%s", r->h.dir, r->port, path);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    int status = 0;
-    if (fscanf(p, "%d", &status) != 1)
-        status = 0;
-    pclose(p);
-    return status;
+    char file[1100];
+    snprintf(file, sizeof(file), "%s/response.txt", r->h.dir);
+    return h_curl_status(r->port, path, NULL, file);
 }
 
 /* Scrapes /metrics as Prometheus would (curl -f: an HTTP error fails) and

@@ -270,16 +270,9 @@ END_TEST
 /* sekalid's /readyz on port: the HTTP status, and the body in body. */
 static int readyz(const struct h_run *r, int port, char *body, size_t size)
 {
-    char cmd[1400], file[1100];
+    char file[1100];
     snprintf(file, sizeof(file), "%s/readyz.txt", r->dir);
-    snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o %s -w '%%{http_code}' "
-             "http://127.0.0.1:%d/readyz", file, port);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    int status = 0;
-    if (fscanf(p, "%d", &status) != 1)
-        status = 0;
-    pclose(p);
+    int status = h_curl_status(port, "/readyz", NULL, file);
     char *text = h_read_file(file);
     snprintf(body, size, "%s", text != NULL ? text : "");
     free(text);
