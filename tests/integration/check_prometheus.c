@@ -75,6 +75,22 @@ static pid_t start_prometheus(const char *dir, int port)
     return pid;
 }
 
+/* All of what the command cmd prints (the caller frees) and its length in
+ * *len; the status pclose() gave in *status. */
+static char *command_output(const char *cmd, size_t *len, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char *out = NULL;
+    FILE *mem = open_memstream(&out, len);
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;)
+        fwrite(buf, 1, n, mem);
+    fclose(mem);
+    *status = pclose(p);
+    return out;
+}
+
 /* GET path of Prometheus' API, with query (no single quotes) URL-encoded
  * as the query parameter, or none if NULL. Returns the body (caller
  * frees), or NULL if there was no answer. */
@@ -88,16 +104,9 @@ static char *api(int port, const char *path, const char *query)
     } else {
         ck_assert(asprintf(&cmd, "curl -s --max-time 5 http://127.0.0.1:%d%s", port, path) > 0);
     }
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    char *body = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&body, &len);
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;)
-        fwrite(buf, 1, n, mem);
-    fclose(mem);
-    int status = pclose(p);
+    size_t len;
+    int status;
+    char *body = command_output(cmd, &len, &status);
     free(cmd);
     if (status != 0 || len == 0) {
         free(body);
@@ -163,20 +172,16 @@ static long long rule_rounds(int port)
  * values Prometheus takes. The caller frees. */
 static char *dashboard_queries(void)
 {
-    FILE *p = popen("python3 -c 'import json\n"
-                    "for p in json.load(open(\"contrib/grafana/sekali.json\"))[\"panels\"]:\n"
-                    "    for t in p[\"targets\"]:\n"
-                    "        print(t[\"expr\"].replace(\"$__rate_interval\", \"1m\")"
-                    ".replace(\"$queue\", \".*\").replace(\"$instance\", \".*\"))\n'", "r");
-    ck_assert_ptr_nonnull(p);
-    char *out = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&out, &len);
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;)
-        fwrite(buf, 1, n, mem);
-    fclose(mem);
-    ck_assert_msg(pclose(p) == 0 && len > 0, "cannot read the dashboard's queries");
+    size_t len;
+    int status;
+    char *out = command_output("python3 -c 'import json\n"
+                               "for p in json.load(open(\"contrib/grafana/sekali.json\"))"
+                               "[\"panels\"]:\n"
+                               "    for t in p[\"targets\"]:\n"
+                               "        print(t[\"expr\"].replace(\"$__rate_interval\", \"1m\")"
+                               ".replace(\"$queue\", \".*\").replace(\"$instance\", \".*\"))\n'",
+                               &len, &status);
+    ck_assert_msg(status == 0 && len > 0, "cannot read the dashboard's queries");
     return out;
 }
 

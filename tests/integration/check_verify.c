@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "harness.h"
 
@@ -15,20 +14,16 @@
 
 /* sekalictl verify --json --queue QUEUE; its exit code, its output in out
  * (a static buffer). */
-static int verify(const struct h_run *r, char **out)
+static int verify(struct h_run *r, char **out)
 {
     static char text[65536];
-    char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "%s/sekalictl -c '%s' verify --json --queue '%s' --since 1h "
-             "2>/dev/null", h_build_dir(), r->config, r->queue);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(text, 1, sizeof(text) - 1, p);
-    text[n] = '\0';
-    int status = pclose(p);
-    ck_assert_msg(WIFEXITED(status), "sekalictl verify died: 0x%x", status);
+    char *got;
+    int code = h_sekalictl(r, &got, (const char *const[]){ "verify", "--json", "--queue", r->queue,
+                                                           "--since", "1h", NULL });
+    snprintf(text, sizeof(text), "%s", got);
+    free(got);
     *out = text;
-    return WEXITSTATUS(status);
+    return code;
 }
 
 static void has(const char *report, const char *part)
