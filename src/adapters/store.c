@@ -434,9 +434,11 @@ int sk_store_crashes(struct sk_store *s, const struct sk_keyref *ref, int *crash
                        crashes, err);
 }
 
-/* Runs sql with (queue, key) and reads the one integer it returns. */
-static int count_query(struct sk_store *s, const char *what, const char *sql, const char *queue,
-                       const char *key, int *out, struct sk_err *err)
+/* Runs sql with (queue, key) and copies the one value it returns into
+ * out (size bytes, cut); SK_BUSY is SK_ERR here, as for every statement
+ * but the claim. */
+static int ask_one(struct sk_store *s, const char *what, const char *sql, const char *queue,
+                   const char *key, char *out, size_t size, struct sk_err *err)
 {
     const char *values[] = { queue, key };
     const struct sk_pg_stmt st = { .sql = sql, .n_params = 2, .values = values,
@@ -445,26 +447,30 @@ static int count_query(struct sk_store *s, const char *what, const char *sql, co
     int rc = sk_pg_exec(s->conn, &st, &res, err);
     if (rc != SK_OK)
         return rc == SK_BUSY ? SK_ERR : rc;
-    *out = atoi(PQgetvalue(res, 0, 0));
+    snprintf(out, size, "%s", PQgetvalue(res, 0, 0));
     PQclear(res);
     return SK_OK;
+}
+
+/* ask_one() of a statement that returns one integer. */
+static int count_query(struct sk_store *s, const char *what, const char *sql, const char *queue,
+                       const char *key, int *out, struct sk_err *err)
+{
+    char text[24];
+    int rc = ask_one(s, what, sql, queue, key, text, sizeof(text), err);
+    if (rc == SK_OK)
+        *out = atoi(text);
+    return rc;
 }
 
 int sk_store_settle_cancelled(struct sk_store *s, const struct sk_keyref *ref, bool *cancelled,
                               struct sk_err *err)
 {
-    *cancelled = false;
-    const char *values[] = { ref->queue, ref->key };
-    const struct sk_pg_stmt st = { .sql = "SELECT sekali.settle_cancelled($1, $2)",
-                                   .n_params = 2, .values = values, .one_row = true,
-                                   .what = "sekali.settle_cancelled" };
-    PGresult *res;
-    int rc = sk_pg_exec(s->conn, &st, &res, err);
-    if (rc != SK_OK)
-        return rc == SK_BUSY ? SK_ERR : rc;
-    *cancelled = PQgetvalue(res, 0, 0)[0] == 't';
-    PQclear(res);
-    return SK_OK;
+    char answer[8] = "";
+    int rc = ask_one(s, "sekali.settle_cancelled", "SELECT sekali.settle_cancelled($1, $2)",
+                     ref->queue, ref->key, answer, sizeof(answer), err);
+    *cancelled = rc == SK_OK && answer[0] == 't';
+    return rc;
 }
 
 int sk_store_is_cancelled(PGconn *pg, const char *queue, const char *key, bool *cancelled,

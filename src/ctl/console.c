@@ -343,17 +343,8 @@ static struct MHD_Daemon *start_daemon(struct sk_console *con, int port,
 {
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) | (cert ? MHD_USE_TLS : 0);
-    if (cert != NULL)
-        return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
-                                MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
-                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)SK_CONSOLE_SLOTS,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-                                MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
-                                MHD_OPTION_NOTIFY_CONNECTION, sk_console_guard_track, con->guard,
-                                MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
-                                MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
-                                MHD_OPTION_END);
+    /* Without a certificate the TLS options' place holds MHD_OPTION_END,
+     * where libmicrohttpd stops reading them. */
     return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, con,
                             MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)sa,
@@ -361,6 +352,9 @@ static struct MHD_Daemon *start_daemon(struct sk_console *con, int port,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
                             MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
                             MHD_OPTION_NOTIFY_CONNECTION, sk_console_guard_track, con->guard,
+                            cert != NULL ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cert,
+                            MHD_OPTION_HTTPS_MEM_KEY, key,
+                            MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
                             MHD_OPTION_END);
 }
 

@@ -77,16 +77,21 @@ static bool lock_dlq(struct sk_console_call *c, int seconds)
     return false;
 }
 
-/* Runs a report into the answer. */
-#define REPORT(c, call)                                                  \
-    do {                                                                 \
+/* Runs call, a report writing to `out`, into doc_ (len_ bytes) and its
+ * code into code_: the start of REPORT() and ACTION(). */
+#define RUN_INTO_DOC(c, call)                                            \
         char *doc_ = NULL;                                               \
         size_t len_ = 0;                                                 \
         FILE *out = open_memstream(&doc_, &len_);                        \
         if (out == NULL)                                                 \
-            return sk_console_fail(c, 500, "out of memory");                \
+            return sk_console_fail(c, 500, "out of memory");             \
         int code_ = (call);                                              \
-        fclose(out);                                                     \
+        fclose(out)
+
+/* Runs a report into the answer. */
+#define REPORT(c, call)                                                  \
+    do {                                                                 \
+        RUN_INTO_DOC(c, call);                                           \
         sk_console_json(c, code_ == SK_CTL_USAGE ? 400 : 200, doc_, len_);  \
     } while (0)
 
@@ -94,13 +99,7 @@ static bool lock_dlq(struct sk_console_call *c, int seconds)
  * error went to the console's log), so the answer says so instead. */
 #define ACTION(c, call)                                                  \
     do {                                                                 \
-        char *doc_ = NULL;                                               \
-        size_t len_ = 0;                                                 \
-        FILE *out = open_memstream(&doc_, &len_);                        \
-        if (out == NULL)                                                 \
-            return sk_console_fail(c, 500, "out of memory");             \
-        int code_ = (call);                                              \
-        fclose(out);                                                     \
+        RUN_INTO_DOC(c, call);                                           \
         if (code_ == SK_CTL_FAILED || len_ == 0) {                       \
             free(doc_);                                                  \
             return sk_console_fail(c, 502, "PostgreSQL or RabbitMQ could not be reached or " \

@@ -1,4 +1,5 @@
 /* ctl_common.c - what every sekalictl command shares (ctl_common.h). */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -54,4 +55,20 @@ char *sk_ctl_read_all(FILE *f, size_t *len)
     buf[n] = '\0';
     *len = n;
     return buf;
+}
+
+bool sk_ctl_json_option(int argc, char **argv, bool *json)
+{
+    static const struct option options[] = {
+        { "json", no_argument, NULL, 'j' },
+        { NULL, 0, NULL, 0 },
+    };
+    *json = false;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (opt != 'j')
+            return false;
+        *json = true;
+    }
+    return true;
 }

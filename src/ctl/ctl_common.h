@@ -77,4 +77,8 @@ int sk_ctl_delayed(struct sk_broker *b, const struct sk_queue_conf *q, uint32_t 
 /* The rest of f, NUL-terminated (the caller frees it), or NULL. */
 char *sk_ctl_read_all(FILE *f, size_t *len);
 
+/* A command whose only option is --json: sets *json from it; false on any
+ * other option (getopt has said which). Its operands then start at optind. */
+bool sk_ctl_json_option(int argc, char **argv, bool *json);
+
 #endif

@@ -28,18 +28,10 @@
 
 int sk_ctl_inflight(const struct sk_conf *conf, int argc, char **argv)
 {
-    static const struct option options[] = {
-        { "json", no_argument, NULL, 'j' },
-        { NULL, 0, NULL, 0 },
-    };
-    bool json = false;
-    int opt;
+    bool json;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        if (opt != 'j')
-            return SK_CTL_USAGE;
-        json = true;
-    }
+    if (!sk_ctl_json_option(argc, argv, &json))
+        return SK_CTL_USAGE;
     if (optind != argc) {
         fprintf(stderr, "usage: sekalictl inflight [--json]\n");
         return SK_CTL_USAGE;

@@ -128,19 +128,8 @@ int sk_ctl_pause_report(const struct sk_conf *conf, const char *queue, const cha
 
 int sk_ctl_resume(const struct sk_conf *conf, int argc, char **argv)
 {
-    static const struct option options[] = {
-        { "json", no_argument, NULL, 'j' },
-        { NULL, 0, NULL, 0 },
-    };
-    bool json = false;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        switch (opt) {
-        case 'j': json = true; break;
-        default: return SK_CTL_SHOW_USAGE;
-        }
-    }
-    if (argc - optind != 1)
+    bool json;
+    if (!sk_ctl_json_option(argc, argv, &json) || argc - optind != 1)
         return SK_CTL_SHOW_USAGE;
     return sk_ctl_resume_report(conf, argv[optind], json, stdout);
 }

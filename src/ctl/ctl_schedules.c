@@ -43,17 +43,9 @@ static void print_json(FILE *out, const struct line *l, size_t n, int64_t now);
 
 int sk_ctl_schedules(const struct sk_conf *conf, int argc, char **argv)
 {
-    static const struct option options[] = {
-        { "json", no_argument, NULL, 'j' },
-        { NULL, 0, NULL, 0 },
-    };
-    bool json = false;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-        if (opt != 'j')
-            return SK_CTL_SHOW_USAGE;
-        json = true;
-    }
+    bool json;
+    if (!sk_ctl_json_option(argc, argv, &json))
+        return SK_CTL_SHOW_USAGE;
     if (optind != argc)
         return SK_CTL_SHOW_USAGE;
     return sk_ctl_schedules_report(conf, json, stdout);
