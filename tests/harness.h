@@ -380,10 +380,11 @@ int h_count_deaths(const char *path, const char *key, const char *value);
 /* Writes into top (size bytes) the top-level YAML that opens sekalid's
  * /metrics on a free loopback port; returns that port. */
 int h_metrics_top(char *top, size_t size);
-/* GET path of 127.0.0.1:port with curl (at most 10 s), sending header
- * unless it is NULL, the body into the file body_path; the HTTP status, or
- * 0 if nothing answered (no listener yet, or a held one). */
-int h_curl_status(int port, const char *path, const char *header, const char *body_path);
+/* GET path of 127.0.0.1:port with curl (at most max_s seconds), sending
+ * header unless it is NULL, the body into the file body_path; the HTTP
+ * status, or 0 if nothing answered in time (no listener yet, a held one). */
+int h_curl_status(int port, const char *path, const char *header, const char *body_path,
+                  int max_s);
 /* The text of sekalid's /metrics on port, or NULL if nothing answered; the
  * caller frees it. */
 char *h_scrape(int port);

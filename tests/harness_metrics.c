@@ -20,11 +20,12 @@ int h_metrics_top(char *top, size_t size)
     return port;
 }
 
-int h_curl_status(int port, const char *path, const char *header, const char *body_path)
+int h_curl_status(int port, const char *path, const char *header, const char *body_path,
+                  int max_s)
 {
     char cmd[2400];
-    int n = snprintf(cmd, sizeof(cmd), "curl -s --max-time 10 -o '%s' -w '%%{http_code}' %s%s%s "
-                     "'http://127.0.0.1:%d%s'", body_path, header != NULL ? "-H '" : "",
+    int n = snprintf(cmd, sizeof(cmd), "curl -s --max-time %d -o '%s' -w '%%{http_code}' %s%s%s "
+                     "'http://127.0.0.1:%d%s'", max_s, body_path, header != NULL ? "-H '" : "",
                      header != NULL ? header : "", header != NULL ? "'" : "", port, path);
     ck_assert_msg(n > 0 && (size_t)n < sizeof(cmd), "h_curl_status: %s is too long", path);
     FILE *p = popen(cmd, "r");

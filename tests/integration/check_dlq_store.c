@@ -113,7 +113,7 @@ START_TEST(test_a_hundred_reads_under_a_delivery_limit_of_1_lose_no_dead_letter)
         char *out;
         ck_assert_int_eq(DLQ(&r, &out, "list", r.queue), 0);
         free(out);
-        ck_assert_int_eq(h_curl_status(port, path, NULL, "/dev/null"), 200);
+        ck_assert_int_eq(h_curl_status(port, path, NULL, "/dev/null", 10), 200);
     }
     kill(console, SIGTERM);
     h_wait_exit(console, 10000, "sekalictl serve");

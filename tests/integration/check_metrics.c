@@ -65,7 +65,7 @@ static int get(struct run *r, const char *path)
 {
     char file[1100];
     snprintf(file, sizeof(file), "%s/response.txt", r->h.dir);
-    return h_curl_status(r->port, path, NULL, file);
+    return h_curl_status(r->port, path, NULL, file, 10);
 }
 
 /* Scrapes /metrics as Prometheus would (curl -f: an HTTP error fails) and

@@ -272,7 +272,7 @@ static int readyz(const struct h_run *r, int port, char *body, size_t size)
 {
     char file[1100];
     snprintf(file, sizeof(file), "%s/readyz.txt", r->dir);
-    int status = h_curl_status(port, "/readyz", NULL, file);
+    int status = h_curl_status(port, "/readyz", NULL, file, 10);
     char *text = h_read_file(file);
     snprintf(body, size, "%s", text != NULL ? text : "");
     free(text);
