@@ -78,7 +78,7 @@ static bool lock_dlq(struct sk_console_call *c, int seconds)
 }
 
 /* Runs call, a report writing to `out`, into doc_ (len_ bytes) and its
- * code into code_: the start of REPORT() and ACTION(). */
+ * code into code_: how every report of this file begins. */
 #define RUN_INTO_DOC(c, call)                                            \
         char *doc_ = NULL;                                               \
         size_t len_ = 0;                                                 \
@@ -130,18 +130,13 @@ static void api_scheduled(struct sk_console_call *c)
  * answer should say so. */
 static void api_inflight(struct sk_console_call *c)
 {
-    char *doc = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&doc, &len);
-    if (out == NULL)
-        return sk_console_fail(c, 500, "out of memory");
-    int code = sk_ctl_inflight_report(c->con->conf, true, out);
-    if (fclose(out) != 0 || code != SK_CTL_OK || len == 0) {
-        free(doc);
+    RUN_INTO_DOC(c, sk_ctl_inflight_report(c->con->conf, true, out));
+    if (code_ != SK_CTL_OK || len_ == 0) {
+        free(doc_);
         return sk_console_fail(c, 502, "sekalid's metrics endpoint (metrics.listen) could not "
                                "be reached: it alone knows the jobs in flight");
     }
-    sk_console_json(c, 200, doc, len);
+    sk_console_json(c, 200, doc_, len_);
 }
 
 /* POST /api/pause, /api/resume: the operator of the session is recorded as
@@ -170,14 +165,8 @@ static void api_pause(struct sk_console_call *c, bool pause)
  * sent (with 502): the page shows the error beside the queues' names. */
 static void api_retries(struct sk_console_call *c)
 {
-    char *doc = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&doc, &len);
-    if (out == NULL)
-        return sk_console_fail(c, 500, "out of memory");
-    int code = sk_ctl_retries_report(c->con->conf, out);
-    fclose(out);
-    sk_console_json(c, code == SK_CTL_OK ? 200 : 502, doc, len);
+    RUN_INTO_DOC(c, sk_ctl_retries_report(c->con->conf, out));
+    sk_console_json(c, code_ == SK_CTL_OK ? 200 : 502, doc_, len_);
 }
 
 static void api_status(struct sk_console_call *c)
