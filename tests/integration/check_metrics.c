@@ -477,6 +477,33 @@ static int held_connections(int port)
     return n;
 }
 
+/* The connections the endpoint serves: of those it holds, the ones it has
+ * not begun to close (ESTABLISHED, or CLOSE_WAIT once the client closed).
+ * One it cut or timed out was shutdown(): FIN_WAIT1 or later, its
+ * descriptor open until libmicrohttpd's step ends, while the step may
+ * already have taken the next in its place (20 held at a limit of 16 under
+ * ASan). Exact only while sekalid is stopped: a cut and an accept may fall
+ * between the reads of one sample. */
+static int served_connections(int port)
+{
+    char *text = h_read_file("/proc/net/tcp");
+    ck_assert_ptr_nonnull(text);
+    char want[32];
+    snprintf(want, sizeof(want), "0100007F:%04X", port);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char local[64];
+        unsigned state;
+        unsigned long inode;
+        if (sscanf(line, " %*s %63s %*s %x %*s %*s %*s %*s %*s %lu", local, &state,
+                   &inode) == 3 && strcmp(local, want) == 0 && inode != 0 &&
+            (state == 0x01 || state == 0x08))
+            n++;
+    }
+    free(text);
+    return n;
+}
+
 /* How many connections wait in the accept queue of the socket listening on
  * port (a listening socket's rx_queue), or -1 if none listens. */
 static int accept_queue(int port)
@@ -575,14 +602,21 @@ static void idle_connections_closed_by_client(int n)
         open_idle(r.port, fds, n);
         /* Idle connections are cut after the 1 s header deadline, and at
          * the limit the longest-waiting one makes room for the next, so the
-         * endpoint holds up to its 16 only for a moment; never more. */
+         * endpoint serves up to its 16 only for a moment; never more.
+         * Counted once it has filled its slots or emptied its backlog, and
+         * while it is stopped, so that the count is exact. */
         H_WAIT(held_connections(r.port) > 0, 10000, "the endpoint should take connections");
-        ck_assert_int_le(held_connections(r.port), 16);
+        H_WAIT(served_connections(r.port) >= 16 || accept_queue(r.port) == 0, 10000,
+               "the endpoint should fill its slots or take every connection (serves %d, "
+               "%d queued)", served_connections(r.port), accept_queue(r.port));
         /* All at once, as the endpoint sees them when it was busy: the
          * supervisor is stopped while the clients close. */
         ck_assert_int_eq(kill(r.h.sekalid, SIGSTOP), 0);
         H_WAIT(process_state(r.h.sekalid) == 'T', 5000, "sekalid should stop, is in state %c",
                process_state(r.h.sekalid));
+        ck_assert_msg(served_connections(r.port) <= 16,
+                      "the endpoint serves %d connections at once (%d held), above its 16",
+                      served_connections(r.port), held_connections(r.port));
         for (int i = 0; i < n; i++)
             close(fds[i]);
         ck_assert_int_eq(kill(r.h.sekalid, SIGCONT), 0);
