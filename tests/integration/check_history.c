@@ -140,6 +140,10 @@ START_TEST(test_hosts_adding_a_minute_in_opposite_orders_both_finish)
     h_pg_exec(a, "SET statement_timeout = '60s'");
     h_pg_exec(b, "SET statement_timeout = '60s'");
 
+    /* Both rounds must add to one minute (PostgreSQL's, at each
+     * transaction's start): not begun in its last seconds. */
+    H_WAIT(h_pg_count(watch, "SELECT (extract(second FROM clock_timestamp()) < 50)::int") == 1,
+           15000, "PostgreSQL's minute should be young");
     h_pg_exec(a, "BEGIN");
     add_sql(sql, sizeof(sql), qa, NULL);
     h_pg_exec(a, sql);
