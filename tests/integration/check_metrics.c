@@ -455,15 +455,15 @@ START_TEST(test_outbox_publishes_refusals_and_lag_are_measured)
 }
 END_TEST
 
-/* The server's ends of the loopback connections to port that have
- * a descriptor (in the accept queue, a connection has none: inode 0), from
+/* The server's ends of the loopback connections to port that have a
+ * descriptor (in the accept queue, a connection has none: inode 0), from
  * /proc/net/tcp: all of them (held), or only those the endpoint serves,
  * not having begun to close them (ESTABLISHED, or CLOSE_WAIT once the
- * client closed). One it cut or timed out was shutdown(): FIN_WAIT1 or
- * later, its descriptor open until libmicrohttpd's step ends, while the
- * step may already have taken the next in its place (20 held at a limit
- * of 16 under ASan). A sample is exact only while sekalid is stopped: a
- * cut and an accept may fall between two reads of one sample. */
+ * client closed; one it cut is shutdown(), FIN_WAIT1 or later, until
+ * libmicrohttpd closes it). A sample is exact only while sekalid is
+ * stopped: the kernel walks the table a bucket at a time, over several
+ * read()s, so a connection closed and the one accepted in its place
+ * meanwhile may both be counted (a loaded ASan run saw 20 at 16). */
 static int server_ends(int port, bool served_only)
 {
     char *text = h_read_file("/proc/net/tcp");
