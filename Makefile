@@ -156,6 +156,8 @@ HARNESS = $(call obj,$(CORE) $(BROKER) lock redis_link) $(HARNESS_OBJ)
 $(HARNESS_OBJ): $(B)/obj/%.o: tests/%.c | $(B)/obj
 	$(CC) $(CFLAGS) -iquote tests -c -o $@ $<
 $(B)/tests/check_pg: $(call obj,pg)
+# The janitor's history writer, run in the suite's process.
+$(B)/tests/check_history: $(call obj,history metrics pg)
 $(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
 $(B)/tests/check_tracing: tests/http_server.c tests/http_server.h
 # The far PostgreSQL of check_distance: the benchmark's delay proxy.
