@@ -68,6 +68,7 @@ static const struct key top_keys[] = {
     SECTION("janitor",  janitor,  janitor_keys,  false),
     SECTION("metrics",  metrics,  sk_conf_metrics_keys,  false),
     SECTION("console",  console,  sk_conf_console_keys,  false),
+    SECTION("tracing",  tracing,  sk_conf_tracing_keys,  false),
     SECTION("restart",  restart,  restart_keys,  false),
     DURATION("shutdown_timeout", sk_conf, shutdown_timeout_ms, 0, DAY),
     CUSTOM_SECTION("queues", sk_conf_queues_load, sk_conf_queue_keys, true),
@@ -89,6 +90,7 @@ static const struct sk_conf conf_defaults = {
                  .history_retention_ms = 7 * DAY },
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
     .console = { .session_ms = 15 * MIN, .pool = 4 },
+    .tracing = { .otlp_timeout_ms = 2 * SEC },
 };
 
 /* T_ENUM writes through an int; T_LIST finds its count right after the array. */
@@ -130,8 +132,9 @@ int sk_conf_load(const char *path, struct sk_conf **out, struct sk_err *err)
         c->path = strdup(path);
         c->redis.host = strdup("127.0.0.1");
         c->amqp.password = strdup("guest");  /* the broker's default, as in amqp_parse_url() */
+        c->tracing.service_name = strdup("sekali");
     }
-    if (c == NULL || !c->path || !c->redis.host || !c->amqp.password || !yaml_parser_initialize(&parser)) {
+    if (c == NULL || !c->path || !c->redis.host || !c->amqp.password || !c->tracing.service_name || !yaml_parser_initialize(&parser)) {
         sk_err_set(err, SK_ERR, "%s: out of memory", path);
         goto fail;
     }
@@ -196,6 +199,8 @@ void sk_conf_free(struct sk_conf *c)
     free(c->console.operators);
     free(c->console.tls_cert_file);
     free(c->console.tls_key_file);
+    free(c->tracing.otlp_endpoint);
+    free(c->tracing.service_name);
     for (size_t i = 0; i < c->n_queues; i++) {
         struct sk_queue_conf *q = &c->queues[i];
         free(q->name);

@@ -100,6 +100,13 @@ struct sk_console_conf {
     int pool;                      /* PostgreSQL sessions, and AMQP connections, its reads share */
 };
 
+/* Spans exported to an OpenTelemetry collector (tracing:, span_export.c). */
+struct sk_tracing_conf {
+    char    *otlp_endpoint;        /* http(s) URL of an OTLP/HTTP traces endpoint; NULL: none */
+    char    *service_name;         /* the resource's service.name */
+    uint32_t otlp_timeout_ms;      /* one POST's limit, and the flush's at a worker's stop */
+};
+
 struct sk_outbox_conf {
     int      relays;               /* relay processes; 0: none (the default) */
     int      batch;                /* rows claimed and published per transaction */
@@ -194,6 +201,7 @@ struct sk_conf {
     struct sk_log_conf      log;
     struct sk_metrics_conf  metrics;
     struct sk_console_conf  console;
+    struct sk_tracing_conf  tracing;
     struct sk_outbox_conf   outbox;
     struct sk_janitor_conf  janitor;
     struct sk_restart_conf  restart;

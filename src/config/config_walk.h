@@ -143,7 +143,8 @@ bool sk_walk_is_null(const yaml_node_t *n);
 
 /* The sections' tables and checks, which config.c's top table names. */
 extern const struct key sk_conf_amqp_keys[], sk_conf_redis_keys[], sk_conf_postgres_keys[],
-                        sk_conf_metrics_keys[], sk_conf_console_keys[];
+                        sk_conf_metrics_keys[], sk_conf_console_keys[],
+                        sk_conf_tracing_keys[];
 int sk_conf_amqp_section(struct loader *L, yaml_node_t *v, void *base);
 int sk_conf_redis_section(struct loader *L, yaml_node_t *v, void *base);
 

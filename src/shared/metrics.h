@@ -44,6 +44,8 @@ enum sk_metric {
     SK_METRIC_BATCH_DEFERRED, /* jobs left unrun for the next transaction: batch closed early */
     SK_METRIC_TRACE_DROPPED, /* deliveries whose traceparent/tracestate was dropped or cut */
     SK_METRIC_RATE_LIMITED,  /* deliveries re-scheduled to wait for a slot of the rate limit */
+    SK_METRIC_SPANS_EXPORTED, /* job runs' spans a collector accepted (span_export.c) */
+    SK_METRIC_SPANS_DROPPED, /* ... and those given up: queue full, collector down or refusing */
     SK_METRIC_COUNT
 };
 

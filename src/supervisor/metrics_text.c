@@ -64,6 +64,11 @@ static const struct family counters[SK_METRIC_COUNT] = {
     [SK_METRIC_RATE_LIMITED] = { "sekali_rate_limited_total",
         "Deliveries over their queue's rate_limit, re-scheduled through a delay queue to wait "
         "for a slot (not a failed attempt)." },
+    [SK_METRIC_SPANS_EXPORTED] = { "sekali_spans_exported_total",
+        "Spans of job runs sent to tracing.otlp_endpoint and accepted by the collector." },
+    [SK_METRIC_SPANS_DROPPED] = { "sekali_spans_dropped_total",
+        "Spans of job runs not exported: the worker's span queue was full, or the collector "
+        "stayed unreachable or refused them." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */

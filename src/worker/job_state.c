@@ -19,6 +19,7 @@
 #include "job_steps.h"
 #include "log.h"
 #include "metrics.h"
+#include "span_export.h"
 
 static const char *const state_names[SK_JOB_STATES] = {
     [SK_JOB_NEW] = "new",
@@ -149,4 +150,6 @@ void sk_job_exited(struct sk_job *j, bool sent)
     sk_log_event_fields(SK_LOG_INFO, SK_EVENT_OUTCOME, NULL, &j->log, f,
                         j->exit.reason[0] != '\0' ? 4 : 3, "%s%s", j->exit.text,
                         sent ? "" : "; not acked: the consumer was lost");
+    sk_span_export_job(j, outcome_names[j->exit.outcome],
+                       j->exit.outcome == SK_OUTCOME_RETRY || j->exit.outcome == SK_OUTCOME_DEAD);
 }

@@ -23,6 +23,7 @@
 #include "pause.h"
 #include "plugin.h"
 #include "process.h"
+#include "span_export.h"
 #include "store.h"
 #include "text.h"
 #include "worker.h"
@@ -155,6 +156,10 @@ static int setup(struct sk_pipeline *p, bool first, struct sk_err *err)
     if (tick != UINT32_MAX &&
         sk_heartbeat_start(&p->heartbeat, &p->conf->redis, &p->conf->postgres, tick, err) != SK_OK)
         return SK_AGAIN;
+    /* Spans are an extra: a worker that cannot export still runs its jobs. */
+    struct sk_err span_err = { 0 };
+    if (sk_span_export_start(&p->conf->tracing, p->queue->name, &span_err) != SK_OK)
+        sk_log_warn("queue %s: spans will not be exported: %s", p->queue->name, span_err.msg);
     return SK_OK;
 }
 
@@ -269,6 +274,7 @@ static void teardown(struct sk_pipeline *p)
     if (p->links != NULL)
         sk_span_release_locks(p);
     sk_heartbeat_stop(p->heartbeat);
+    sk_span_export_stop();
     sk_host_ctx_free(&p->ctx);
     sk_span_free(p->span);
     sk_links_free(p->links);

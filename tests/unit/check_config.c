@@ -709,6 +709,57 @@ START_TEST(test_metrics_token_file_is_read_at_load_and_must_be_a_bearer_token)
 }
 END_TEST
 
+/* tracing: off by default; an endpoint must be an http(s) URL with a
+ * host and no credentials, blamed at its value's position. */
+START_TEST(test_tracing_endpoint_is_an_http_url_without_credentials)
+{
+    static const char base[] =
+        "amqp:\n  url: amqp://127.0.0.1/\npostgres:\n  conninfo: \"host=127.0.0.1\"\n"
+        "queues:\n  - name: invoices\n    handler: /x.so\n";
+    char path[] = "/tmp/sk-tracing-XXXXXX.yaml";
+    write_temp(path, 5, base);
+    struct sk_conf *c = load_ok(path);
+    ck_assert_ptr_null(c->tracing.otlp_endpoint);
+    ck_assert_str_eq(c->tracing.service_name, "sekali");
+    ck_assert_uint_eq(c->tracing.otlp_timeout_ms, 2000);
+    sk_conf_free(c);
+    unlink(path);
+
+    static const struct { const char *value, *error; } cases[] = {
+        { "https://otel.example:4318/v1/traces", NULL },
+        { "\"\"", NULL },
+        { "ftp://otel.example/v1/traces", "expected an http:// or https:// URL" },
+        { "http:///v1/traces", "the URL has no host" },
+        { "\"http://a b/v1/traces\"", "a blank or control character at byte 9" },
+        { "https://user:Sup3rS3cret@otel.example/v1/traces", "no user or password in the URL" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[1024], p2[] = "/tmp/sk-tracing-XXXXXX.yaml";
+        snprintf(text, sizeof(text), "%stracing:\n  otlp_endpoint: %s\n  service_name: billing\n"
+                 "  otlp_timeout: 500ms\n", base, cases[i].value);
+        write_temp(p2, 5, text);
+        if (cases[i].error == NULL) {
+            c = load_ok(p2);
+            ck_assert_str_eq(c->tracing.service_name, "billing");
+            ck_assert_uint_eq(c->tracing.otlp_timeout_ms, 500);
+            if (cases[i].value[0] == '"')
+                ck_assert_ptr_null(c->tracing.otlp_endpoint);
+            else
+                ck_assert_str_eq(c->tracing.otlp_endpoint, cases[i].value);
+            sk_conf_free(c);
+        } else {
+            const char *msg = load_error(p2);
+            char where[64];
+            snprintf(where, sizeof(where), ":9:18: otlp_endpoint: ");
+            ck_assert_msg(strstr(msg, where) != NULL && strstr(msg, cases[i].error) != NULL,
+                          "%s: got \"%s\"", cases[i].value, msg);
+            ck_assert_msg(strstr(msg, "Sup3rS3cret") == NULL, "the password in \"%s\"", msg);
+        }
+        unlink(p2);
+    }
+}
+END_TEST
+
 START_TEST(test_full_config_sets_every_key)
 {
     struct sk_conf *c = load_ok(DATA "good_full.yaml");
@@ -1552,6 +1603,7 @@ static Suite *config_suite(void)
     tcase_add_loop_test(tc, test_each_broken_fixture_is_reported_with_its_position,
                         0, sizeof(bad_cases) / sizeof(bad_cases[0]));
     tcase_add_test(tc, test_missing_file_is_reported_without_position);
+    tcase_add_test(tc, test_tracing_endpoint_is_an_http_url_without_credentials);
     tcase_add_test(tc, test_directory_is_reported_as_unreadable);
     tcase_add_test(tc, test_failed_load_leaves_the_old_snapshot_in_place);
     tcase_add_test(tc, test_schedules_load_with_their_defaults);
