@@ -254,15 +254,19 @@ static void *run(void *arg)
     struct sk_heartbeat *hb = arg;
     pthread_setname_np(pthread_self(), "sk-heartbeat");
 
-    bool retry = false;  /* this wake-up retries the locks' renewal */
+    bool again = false;  /* the next wake-up retries the locks' renewal */
     pthread_mutex_lock(&hb->mutex);
     for (;;) {
-        struct timespec deadline = deadline_after(retry ? RETRY_PAUSE_MS : hb->tick_ms);
+        struct timespec deadline = deadline_after(again ? RETRY_PAUSE_MS : hb->tick_ms);
         while (!hb->stopping &&
                pthread_cond_timedwait(&hb->cond, &hb->mutex, &deadline) == 0)
             ;
         if (hb->stopping)
             break;
+        /* Only a failed renewal of the same span asks for another retry:
+         * every way out of this turn below leaves the tick's pace. */
+        bool retry = again;
+        again = false;
         /* A failed send is not ours to handle: the worker finds the
          * connection broken at its next use, and reconnects. */
         for (size_t i = 0; i < SK_ARRAY_LEN(hb->lent); i++)
@@ -301,12 +305,13 @@ static void *run(void *arg)
         bool lock_lost = lock_rc == SK_BUSY;
         /* A retry is the locks' alone: the lease was renewed at the tick. */
         bool lease_lost = w.lease && !retry && renew_lease(hb, &w) == SK_BUSY;
-        retry = lock_rc == SK_AGAIN &&
-                lease_left_ms(hb, &w, generation, mono_ms()) > RETRY_PAUSE_MS + RETRY_FLOOR_MS;
+        bool time_left =
+            lease_left_ms(hb, &w, generation, mono_ms()) > RETRY_PAUSE_MS + RETRY_FLOOR_MS;
 
         pthread_mutex_lock(&hb->mutex);
         if (hb->generation != generation)
             continue;  /* the span ended meanwhile: not its loss */
+        again = lock_rc == SK_AGAIN && time_left;
         for (size_t i = 0; lock_lost && i < n; i++)
             hb->locks_lost[i] |= hb->rcs[i] == SK_BUSY;
         /* Logged once per span: the flag stays up until the next watch. */
