@@ -329,6 +329,9 @@ char *h_header_filling(const char *message_id, const char *key, size_t frame);
  * quietly, failing the test if it fails: a fault test's server outage. */
 void h_servers(const char *command);
 
+/* The prefetch_count RabbitMQ has for queue's consumer (the last listed
+ * when there are several), or -1 while it has none. */
+int h_consumer_prefetch(const char *queue);
 /* The messages of queue and of its delay queues (<queue>.delay.*), ready
  * or delivered and not yet acked, as RabbitMQ counts them (rabbitmqctl,
  * ~1 s): 0 once every copy is settled. Its dead letters do not count. */

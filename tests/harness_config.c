@@ -64,8 +64,9 @@ static void queue_lines(const char *extra, char *out, size_t size)
                           strstr(extra, "batch:") != NULL))
         batch = 0;
     char queue_shape[64] = "    prefetch: 4\n";
-    /* A test that sizes its own window (a batch larger than 4) says so. */
-    if (extra != NULL && strstr(extra, "prefetch:") != NULL)
+    /* A test that sizes its own window (a batch larger than 4), or lets
+     * sekali grow it (batch_max), says so. */
+    if (extra != NULL && (strstr(extra, "prefetch:") != NULL || strstr(extra, "batch_max:") != NULL))
         queue_shape[0] = '\0';
     else if (batch > 0)
         snprintf(queue_shape, sizeof(queue_shape), "    prefetch: %d\n    batch: %d\n",

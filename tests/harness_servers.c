@@ -46,6 +46,20 @@ long long h_in_flight(const char *queue)
     return n;
 }
 
+int h_consumer_prefetch(const char *queue)
+{
+    FILE *p = h_rabbitmqctl("list_consumers queue_name prefetch_count");
+    char line[1024];
+    int prefetch = -1;
+    size_t len = strlen(queue);
+    while (fgets(line, sizeof(line), p) != NULL)
+        if (strncmp(line, queue, len) == 0 && line[len] == '\t')
+            prefetch = atoi(line + len + 1);
+    int status = pclose(p);
+    ck_assert_msg(status == 0, "rabbitmqctl list_consumers failed");
+    return prefetch;
+}
+
 redisContext *h_redis_connect(void)
 {
     redisContext *redis = redisConnect("127.0.0.1", h_redis_port());

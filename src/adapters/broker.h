@@ -157,6 +157,12 @@ int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
 int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
                           uint32_t *messages, uint32_t *consumers, struct sk_err *err);
 
+/* A new prefetch window: the channel's basic.qos, and a consumer
+ * subscribed anew if one was (the deliveries the old one was sent stay
+ * ours, unacked, returned by sk_broker_next()). Without a consumer (a
+ * paused queue) the next sk_broker_resubscribe() has it. */
+int sk_broker_set_prefetch(struct sk_broker *b, uint16_t prefetch, struct sk_err *err);
+
 /* Starts consuming `queue` with manual acks and at most `prefetch` unacked.
  * A delivery whose body is over max_body bytes (0: no limit) is not read
  * into memory: see sk_broker_next(). */

@@ -62,6 +62,31 @@ static int subscribe(struct sk_broker *b, struct sk_err *err)
     return SK_OK;
 }
 
+/* RabbitMQ fixes a consumer's prefetch when it subscribes (basic.qos
+ * applies to the consumers that start after it), so a new window is a new
+ * consumer on the same channel. The deliveries sent to the old one before
+ * its cancel-ok are still ours, unacked on the channel: librabbitmq queued
+ * them while it waited for the answer, and sk_broker_next() returns them
+ * like any others, to be acked by their tags. None goes back to the queue,
+ * where a requeue would count against a quorum queue's delivery limit. */
+int sk_broker_set_prefetch(struct sk_broker *b, uint16_t prefetch, struct sk_err *err)
+{
+    SK_BROKER_USABLE(b, err);
+    bool subscribed = b->consumer_tag[0] != '\0';
+    if (subscribed) {
+        amqp_basic_cancel(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(b->consumer_tag));
+        int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.cancel", err);
+        if (rc != SK_OK)
+            return rc;
+        b->consumer_tag[0] = '\0';
+    }
+    amqp_basic_qos(b->conn, SK_BROKER_CHANNEL, 0, prefetch, 0);
+    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.qos", err);
+    if (rc != SK_OK || !subscribed)
+        return rc;
+    return subscribe(b, err);
+}
+
 bool sk_broker_subscribed(const struct sk_broker *b)
 {
     return b != NULL && b->consumer_tag[0] != '\0';

@@ -41,6 +41,7 @@ const char *const sk_schema_migrations[] = {
     "035_purge_custom_plans.sql",
     "036_dead_letter_pages.sql",
     "037_history.sql",
+    "038_history_order.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

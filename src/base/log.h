@@ -84,6 +84,7 @@ void sk_vlog_job(enum sk_log_level level, const struct sk_log_job *job, const ch
 #define SK_EVENT_DOCTOR_PASSED  "doctor_passed"   /* every start check passed or warned */
 #define SK_EVENT_OUTCOME        "outcome"         /* what became of a job: its exit */
 #define SK_EVENT_RATE_LIMITED   "rate_limited"    /* a span's jobs over the rate limit delayed */
+#define SK_EVENT_BATCH_RESIZED  "batch_resized"   /* a worker's batch grew or shrank (distance) */
 
 /* The servers an event's SERVER= names. */
 #define SK_SERVER_POSTGRES "postgres"

@@ -122,6 +122,7 @@ const struct key sk_conf_queue_keys[] = {
     INT("max_crashes",      sk_queue_conf, max_crashes, 0, 1000),
     BOOL("dead_letter_mirror", sk_queue_conf, dead_letter_mirror),
     INT("batch",            sk_queue_conf, batch, 1, MAX_BATCH),
+    INT("batch_max",        sk_queue_conf, batch_max, 1, MAX_BATCH),
     DURATION("batch_wait",  sk_queue_conf, batch_wait_ms, 0, SEC),
     DURATION("batch_close_after", sk_queue_conf, batch_close_after_ms, 1, HOUR),
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
@@ -213,24 +214,47 @@ static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_c
  * (a window that small is the user's choice, priorities' for one), and 1
  * in external mode. An unset prefetch grows to two batches, so that the
  * next batch is already arriving while this one runs; one set too small
- * for a set batch is the user's to fix. */
+ * for a set batch is the user's to fix.
+ *
+ * A far PostgreSQL grows a worker's batch up to batch_max (batch_size.c),
+ * and an unset prefetch with it, to two of those; a set prefetch stays as
+ * set and caps the growth. A queue of batch 1 does not grow: its jobs are
+ * one a transaction on purpose. */
 static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
 {
     yaml_node_t *batch = sk_walk_lookup(L, item, "batch");
+    yaml_node_t *batch_max = sk_walk_lookup(L, item, "batch_max");
     yaml_node_t *prefetch = sk_walk_lookup(L, item, "prefetch");
     if (batch == NULL)
         q->batch = q->mode == SK_MODE_EXTERNAL ? 1
                  : prefetch != NULL && q->prefetch < DEFAULT_BATCH ? q->prefetch : DEFAULT_BATCH;
-    if (q->batch == 1)
+    q->prefetch_max = q->prefetch;
+    if (batch_max != NULL && q->batch_max < q->batch)
+        return sk_walk_fail(L, batch_max, "batch_max %d is smaller than batch %d", q->batch_max,
+                            q->batch);
+    if (q->batch == 1) {
+        if (batch_max != NULL && q->batch_max > 1)
+            return sk_walk_fail(L, batch_max, "batch_max %d needs a batch above 1 (batch 1 "
+                                "runs each job in a transaction of its own)", q->batch_max);
+        q->batch_max = 1;
         return SK_OK;
+    }
     if (q->mode == SK_MODE_EXTERNAL)
         return sk_walk_fail(L, batch, "batch %d needs mode: transactional (an external job "
                             "records its own outcome under its own lease)", q->batch);
     if (prefetch != NULL && q->prefetch < q->batch)
         return sk_walk_fail(L, prefetch, "prefetch %d is smaller than batch %d: a worker "
                             "could never fill its batch", q->prefetch, q->batch);
+    if (prefetch != NULL && batch_max != NULL && q->prefetch < q->batch_max)
+        return sk_walk_fail(L, prefetch, "prefetch %d is smaller than batch_max %d: a worker "
+                            "could never fill its batch", q->prefetch, q->batch_max);
+    if (batch_max == NULL)
+        q->batch_max = prefetch != NULL && q->prefetch < MAX_BATCH ? q->prefetch : MAX_BATCH;
+    if (q->batch_max < q->batch)
+        q->batch_max = q->batch;
     if (prefetch == NULL && q->prefetch < 2 * q->batch)
         q->prefetch = 2 * q->batch;
+    q->prefetch_max = prefetch != NULL ? q->prefetch : 2 * q->batch_max;
     return SK_OK;
 }
 

@@ -10,7 +10,7 @@
  *                   (sekali.dead_letters, read and left as they are);
  *   the broker      what the work queue, its delay queues and <queue>.dead
  *                   hold (counted, never read), and the most its consumers
- *                   can hold unacked (prefetch each);
+ *                   can hold unacked (prefetch_max each);
  *   the keys        processing past their lease: no owner renews them
  *                   (a worker dead, frozen or cut off), so they are stuck
  *                   until a redelivery takes them over.
@@ -340,7 +340,7 @@ static bool read_broker(struct verify *v, PGconn *pg)
         q->ready = ready;
         q->delayed = delayed;
         q->dead_queue = depth;
-        q->in_flight_max = (long long)consumers * q->conf->prefetch;
+        q->in_flight_max = (long long)consumers * q->conf->prefetch_max;
         if (!ok) {
             fprintf(stderr, "sekalictl: reading the broker for %s: %s\n", q->conf->name,
                     err.msg[0] != '\0' ? err.msg : "failed");

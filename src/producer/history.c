@@ -28,6 +28,7 @@ struct sk_history {
 };
 
 static void totals(struct sk_history *h, size_t q, uint64_t *out);
+static bool fell(const uint64_t *now, const uint64_t *last);
 static void put_array(FILE *f, struct sk_history *h, uint64_t (*now)[FIGURES], int figure);
 
 struct sk_history *sk_history_new(const struct sk_conf *conf, struct sk_metrics *m, bool fresh)
@@ -66,6 +67,15 @@ int sk_history_write(struct sk_history *h, PGconn *pg)
     bool any = false;
     for (size_t q = 0; q < h->n; q++) {
         totals(h, q, now[q]);
+        /* Cannot happen today: counters only rise, and the area is this
+         * janitor's generation's for the janitor's whole life (a reload
+         * brings a new area and a new janitor, `fresh`). Should a later
+         * change lower a total, the queue counts from zero again: its
+         * totals are written whole, not as differences wrapped around
+         * 2^64, which bigint refuses in this round and every later one.
+         * Kept when the write fails, as the counts are. */
+        if (fell(now[q], h->last[q]))
+            memset(h->last[q], 0, sizeof(h->last[q]));
         for (int f = 0; f < FIGURES; f++)
             any |= now[q][f] != h->last[q][f];
     }
@@ -105,9 +115,7 @@ done:
     return rc;
 }
 
-/* A queue's totals over its job types; the area counts up from the
- * supervisor's start, so a total below the last one written means a new
- * area, whose whole total is new. */
+/* A queue's totals over its job types, as the area holds them now. */
 static void totals(struct sk_history *h, size_t q, uint64_t *out)
 {
     memset(out, 0, FIGURES * sizeof(*out));
@@ -120,9 +128,15 @@ static void totals(struct sk_history *h, size_t q, uint64_t *out)
         for (int d = 0; d < SK_METRICS_REASONS; d++)
             out[DEAD] += r->dead[d];
     }
+}
+
+/* Whether any of a queue's totals is below the one last written. */
+static bool fell(const uint64_t *now, const uint64_t *last)
+{
     for (int f = 0; f < FIGURES; f++)
-        if (out[f] < h->last[q][f])
-            h->last[q][f] = 0;
+        if (now[f] < last[f])
+            return true;
+    return false;
 }
 
 /* One array literal: the queues' names (figure -1) or one figure's

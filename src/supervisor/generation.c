@@ -107,8 +107,8 @@ static int lay_out(struct generation *g, size_t *lock_cap, struct sk_err *err)
     for (size_t q = 0; q < conf->n_queues; q++) {
         g->n_slots += (size_t)conf->queues[q].workers;
         g->any_job_timeout |= conf->queues[q].job_timeout_ms > 0;
-        if ((size_t)conf->queues[q].batch > *lock_cap)
-            *lock_cap = (size_t)conf->queues[q].batch;
+        if ((size_t)conf->queues[q].batch_max > *lock_cap)
+            *lock_cap = (size_t)conf->queues[q].batch_max;
     }
     *lock_cap *= 2;
     g->n_slots += (size_t)conf->outbox.relays + (conf->janitor.interval_ms > 0) +

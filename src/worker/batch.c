@@ -30,6 +30,7 @@
 #include <stdio.h>
 
 #include "batch.h"
+#include "batch_size.h"
 #include "broker.h"
 #include "clock.h"
 #include "job.h"
@@ -49,6 +50,7 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
         sk_broker_release(sk_links_consumer(p->links), first);
         return 1;
     }
+    s->ran_before_close = 0;
     size_t n = collect(p, s, first);
     for (size_t i = 0; i < n; i++)
         sk_span_add(s, &s->deliveries[i]);
@@ -64,6 +66,9 @@ size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
     sk_span_settle(p, s);
     for (size_t i = 0; i < n; i++)
         sk_broker_release(sk_links_consumer(p->links), &s->deliveries[i]);
+    /* With nothing in hand: the next batch's size, and perhaps a new
+     * prefetch window (batch_size.c). */
+    sk_batch_size_update(p, s->ran_before_close);
     return n;
 }
 
@@ -88,9 +93,12 @@ static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t 
 {
     s->deliveries[0] = *first;
     size_t n = 1;
+    size_t most = p->batch.now > 0 ? (size_t)p->batch.now : (size_t)p->queue->batch;
+    if (most > s->cap)
+        most = s->cap;
     uint64_t until = sk_now_ns() + (uint64_t)p->queue->batch_wait_ms * 1000000u;
     struct sk_err err = { 0 };
-    while (n < s->cap) {
+    while (n < most) {
         uint64_t now = sk_now_ns();
         int wait_ms = now >= until ? 0 : (int)((until - now + 999999u) / 1000000u);
         /* The previous batch's locks would wait with us. */

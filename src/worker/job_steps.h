@@ -157,6 +157,7 @@ struct sk_release {
  * too). */
 struct sk_span {
     size_t           cap, n;
+    size_t           ran_before_close;  /* handlers a transaction ran before it closed early */
     struct sk_release *releases;    /* up to cap locks of settled jobs, to release */
     size_t           n_releases;
     struct sk_job      *jobs;
@@ -173,7 +174,7 @@ struct sk_span {
     size_t          *index;         /* which job each scratch entry is */
 };
 
-/* The pipeline's span, made on first use for up to max(queue->batch, 1)
+/* The pipeline's span, made on first use for up to max(queue->batch_max, 1)
  * jobs; NULL when there is no memory for it. */
 struct sk_span *sk_span_of(struct sk_pipeline *p);
 /* Appends a new job for delivery (borrowed until sk_span_settle()). */

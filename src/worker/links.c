@@ -36,6 +36,7 @@ struct sk_links {
     struct sk_outage            store_outage;
     bool                        lock_refused;  /* Redis refused our password or TLS */
     bool                        fresh;         /* subscribed since sk_links_fresh() asked */
+    int                         prefetch;      /* the consumer's window: 0, the queue's */
     struct sk_queue_shape       shape;
 };
 
@@ -282,6 +283,18 @@ bool sk_links_fresh(struct sk_links *l)
     return fresh;
 }
 
+void sk_links_set_prefetch(struct sk_links *l, int prefetch)
+{
+    if (prefetch == (l->prefetch > 0 ? l->prefetch : l->queue->prefetch))
+        return;
+    l->prefetch = prefetch;
+    if (l->consumer == NULL)
+        return;
+    struct sk_err err = { 0 };
+    if (sk_broker_set_prefetch(l->consumer, (uint16_t)prefetch, &err) != SK_OK)
+        sk_links_drop(l, SK_LINK_CONSUMER, NULL, &err);
+}
+
 int sk_links_pause(struct sk_links *l, bool paused, size_t *returned, struct sk_err *err)
 {
     *returned = 0;
@@ -372,7 +385,8 @@ static bool ensure_consumer(struct sk_links *l)
     if (rc == SK_OK)
         rc = sk_broker_declare(l->consumer, l->queue->name, &l->shape, &err);
     if (rc == SK_OK)
-        rc = sk_broker_consume(l->consumer, l->queue->name, (uint16_t)l->queue->prefetch,
+        rc = sk_broker_consume(l->consumer, l->queue->name,
+                               (uint16_t)(l->prefetch > 0 ? l->prefetch : l->queue->prefetch),
                                l->queue->max_body, &err);
     if (rc == SK_OK) {
         if (sk_outage_ok(o))

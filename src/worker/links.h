@@ -128,6 +128,12 @@ void sk_links_up(struct sk_links *l, enum sk_link which);
  * consumer before it takes a delivery. */
 bool sk_links_fresh(struct sk_links *l);
 
+/* The consumer's prefetch window from now on, reopenings included: a new
+ * consumer with it at once if one is subscribed (sk_broker_set_prefetch()).
+ * Between batches only: should the broker fail the change, the consumer
+ * is dropped, and sk_links_ready() reopens it with the new window. */
+void sk_links_set_prefetch(struct sk_links *l, int prefetch);
+
 /* Pausing: cancels the consumer (the prefetched deliveries not yet taken go
  * back to the queue, *returned of them); resuming: subscribes it again. Also
  * the slot's paused and consuming flags. SK_OK; SK_AGAIN when the consumer

@@ -17,6 +17,13 @@ struct sk_span;
 
 /* Owned by the worker process for its whole life; sk_span_process() reads
  * it and uses its parts, and writes only ctx and its scoreboard slot. */
+/* A worker's batch as it goes (batch_size.c; zeroed: not started yet). */
+struct sk_batch_size {
+    int      now;      /* the batch this worker runs now */
+    int      ceiling;  /* what it may grow to: batch_max, less after an early close */
+    unsigned calm;     /* batches since the ceiling last moved */
+};
+
 struct sk_pipeline {
     const struct sk_conf        *conf;
     const struct sk_queue_conf  *queue;
@@ -30,6 +37,7 @@ struct sk_pipeline {
     char                         owner[128];     /* host:pid, recorded with each claim */
     struct sekali_ctx            ctx;            /* reused for every job */
     struct sk_span              *span;           /* jobs in flight: span.c's, made on first use */
+    struct sk_batch_size         batch;          /* how many a batch takes now (batch_size.c) */
     uint32_t                     ready_delay_ms; /* handler->ready() refused: the backoff */
     int64_t                      ready_next_ms;  /* ... and when to ask it again */
 };

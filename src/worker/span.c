@@ -96,7 +96,7 @@ struct sk_span *sk_span_of(struct sk_pipeline *p)
 {
     if (p->span != NULL)
         return p->span;
-    size_t n = p->queue->batch > 1 ? (size_t)p->queue->batch : 1;
+    size_t n = p->queue->batch_max > 1 ? (size_t)p->queue->batch_max : 1;
     struct sk_span *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
@@ -249,21 +249,23 @@ static int claim(struct sk_pipeline *p, struct sk_span *s, const struct sk_span_
  * cancelled key). */
 static bool run(struct sk_pipeline *p, struct sk_span *s, const struct sk_span_way *w)
 {
-    bool first = true;
+    size_t ran = 0;
     uint64_t close_at = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
         if (j->state != SK_JOB_CLAIMED)
             continue;
         if (time_to_close(p, &close_at)) {
+            if (s->ran_before_close == 0 || ran < s->ran_before_close)
+                s->ran_before_close = ran;
             commit(p, s, w, close_early(s, i));
             return true;
         }
-        if (!run_handler(p, j, w, first)) {
+        if (!run_handler(p, j, w, ran == 0)) {
             sk_span_abandon(p, s, w->lost);
             return false;
         }
-        first = false;
+        ran++;
         if (j->out.status != SEKALI_OK && w->failure == ALL_AGAIN)
             return sk_span_blame_handler(p, s, j) && transaction(p, s, &ways[SK_WAY_CAREFUL]);
     }

@@ -22,6 +22,9 @@
 #   BENCH_SECONDS [8]           about how long a throughput run should last:
 #                               its job count is its rate in the previous
 #                               round times this (a guess by delay in the first)
+#   BENCH_JOBS [unset]          every throughput run's job count instead: a far
+#                               run's steady state needs more jobs than a
+#                               first-round guess gives a fast build
 #   BENCH_LATENCY_SECONDS [4]   length of the fixed-rate latency run
 #   BENCH_TIMEOUT [240]         seconds one run may take before it fails
 #
@@ -52,6 +55,9 @@ runs=${BENCH_RUNS:-3}
 seconds=${BENCH_SECONDS:-8}
 latency_seconds=${BENCH_LATENCY_SECONDS:-4}
 timeout=${BENCH_TIMEOUT:-240}
+fixed_jobs=${BENCH_JOBS:-}
+[ -z "$fixed_jobs" ] || [[ $fixed_jobs =~ ^[1-9][0-9]*$ ]] ||
+    { echo "bench: BENCH_JOBS must be a positive integer, got '$fixed_jobs'" >&2; exit 2; }
 for v in workers runs seconds latency_seconds timeout; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "bench: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
@@ -140,7 +146,8 @@ for run in $(seq 1 "$runs"); do
                 key="$d ${bench_batch} ${names[$v]}"
                 label="${names[$v]} batch=$bench_batch delay=${d}ms"
                 jobs=${last_rate[$key]:-}
-                if [ -z "$jobs" ]; then jobs=$(first_jobs "$d")
+                if [ -n "$fixed_jobs" ]; then jobs=$fixed_jobs
+                elif [ -z "$jobs" ]; then jobs=$(first_jobs "$d")
                 else jobs=$(awk -v r="$jobs" -v s="$seconds" 'BEGIN { n = int(r * s); print (n < 100 ? 100 : (n > 30000 ? 30000 : n)) }'); fi
                 queue=$run_id-${names[$v]}-b$bench_batch-d${d//./_}-$run
                 conf=$(far_conf "$queue")

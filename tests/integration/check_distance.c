@@ -22,6 +22,8 @@
 
 #define DELAY_MS       40   /* each way: a statement's round trip is 80 ms */
 #define TRACE_DELAY_MS 100  /* the SQL handler's test: its margin is one delay */
+#define GROW_DELAY_MS  5    /* a round trip of 10 ms: past batch_size.c's 8 ms step */
+#define GROW_JOBS      160
 #define JOBS           8
 #define H_QUEUED       "tests/plugins/queued.so"
 /* One batch of the JOBS, the job charged for a failed COMMIT dead at once. */
@@ -212,6 +214,50 @@ START_TEST(test_far_postgres_queued_statements_ride_the_commit)
 }
 END_TEST
 
+/* A far PostgreSQL (GROW_DELAY_MS each way: a round trip past 8 ms) grows
+ * a worker's batch from 4 to its batch_max of 32, and its unset prefetch
+ * from 8 to 64, a new consumer the broker counts (batch_size.c). With a
+ * handler that queues its statement no transaction closes early, so
+ * transactions commit more jobs than the first window held: the old code
+ * could not commit more than 4 together. Every job once. */
+START_TEST(test_far_postgres_grows_the_batch_and_the_prefetch)
+{
+    struct h_run r;
+    h_run_open(&r, "fargrow");
+    struct proxy px;
+    proxy_start(&px, GROW_DELAY_MS);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 1; i <= GROW_JOBS; i++) {
+        char id[16], key[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
+    }
+    start_far(&r, &px, H_QUEUED, "    batch: 4\n    batch_max: 32\n    lock: false\n");
+    H_WAIT(h_completed(&r) == GROW_JOBS, 90000, "the %d jobs should complete, have %lld",
+           GROW_JOBS, h_completed(&r));
+    H_WAIT(h_consumer_prefetch(r.queue) == 64, 10000, "the consumer's prefetch should grow to "
+           "64, is %d", h_consumer_prefetch(r.queue));
+    h_run_stop(&r);
+    proxy_stop(&px);
+    /* Once each: the effects' primary key is (queue, key). */
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.queued_effects WHERE "
+                                      "queue = '%s'", r.queue), GROW_JOBS);
+    ck_assert_int_eq(h_completed(&r), GROW_JOBS);
+    long long largest = h_pg_count(r.pg, "SELECT max(n) FROM (SELECT count(*) AS n FROM "
+                                         "sekali_test.queued_effects WHERE queue = '%s' "
+                                         "GROUP BY xmin::text) t", r.queue);
+    int resized = h_count_event_where(r.log, SK_EVENT_BATCH_RESIZED, "queue", r.queue, "batch",
+                                      "32", "prefetch", "64", NULL);
+    printf("check_distance: %d jobs at %d ms each way, batch 4 grown to 32 (%d events), at "
+           "most %lld jobs a transaction\n", GROW_JOBS, GROW_DELAY_MS, resized, largest);
+    ck_assert_msg(resized >= 1, "the worker should log its batch grown to 32");
+    ck_assert_msg(largest > 8, "a grown batch should commit more than the first window's 8 "
+                  "jobs together, at most %lld did", largest);
+    h_run_close(&r);
+}
+END_TEST
+
 /* The row "taken" (tests/data/effects.sql), which a job whose body is
  * "dup" breaks the unique key on; and r's queue declared. */
 static void taken_row(struct h_run *r)
@@ -292,6 +338,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_far_postgres_commits_a_batch_together);
     tcase_add_test(tc, test_sql_handler_sends_its_trace_with_its_statement);
     tcase_add_test(tc, test_far_postgres_queued_statements_ride_the_commit);
+    tcase_add_test(tc, test_far_postgres_grows_the_batch_and_the_prefetch);
     tcase_add_test(tc, test_queued_statement_failing_charges_its_job_alone);
     tcase_add_test(tc, test_queued_statement_failing_keeps_the_batch_duplicates_count);
     suite_add_tcase(s, tc);

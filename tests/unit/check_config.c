@@ -142,6 +142,14 @@ static const struct bad_case bad_cases[] = {
     { "bad_batch_prefetch.yaml", NULL,
       DATA "bad_batch_prefetch.yaml:8:15: prefetch 8 is smaller than batch 16: a worker could "
       "never fill its batch" },
+    { "bad_batch_max.yaml", NULL,
+      DATA "bad_batch_max.yaml:9:16: batch_max 16 is smaller than batch 32" },
+    { "bad_batch_max_one.yaml", NULL,
+      DATA "bad_batch_max_one.yaml:9:16: batch_max 64 needs a batch above 1 (batch 1 runs each "
+      "job in a transaction of its own)" },
+    { "bad_batch_max_prefetch.yaml", NULL,
+      DATA "bad_batch_max_prefetch.yaml:8:15: prefetch 32 is smaller than batch_max 64: a "
+      "worker could never fill its batch" },
     { "bad_priority_quorum.yaml", NULL,
       DATA "bad_priority_quorum.yaml:9:19: max_priority on a quorum queue must be at most 31 "
       "(RabbitMQ 4.3's 32 levels; queue_type: classic takes up to 255), got 32" },
@@ -548,6 +556,37 @@ START_TEST(test_batch_defaults_to_16_within_the_prefetch_window)
                                            sizeof(buf)), 1);
     ck_assert_str_eq(buf, "1");
     sk_conf_where_begin(NULL);
+    sk_conf_free(c);
+}
+END_TEST
+
+/* What a far PostgreSQL may grow a worker's batch and prefetch to
+ * (batch_size.c): batch_max, 256 unless set, at most a set prefetch, which
+ * stays as set; an unset prefetch may grow to two of batch_max. A batch of
+ * 1 (external mode's too) does not grow. */
+START_TEST(test_batch_max_and_the_prefetch_it_may_grow_to)
+{
+    struct sk_conf *c = load_queues(
+        "  - name: a\n    handler: /h.so\n"
+        "  - name: b\n    handler: /h.so\n    prefetch: 4\n"
+        "  - name: c\n    handler: /h.so\n    prefetch: 20\n"
+        "  - name: d\n    handler: /h.so\n    mode: external\n"
+        "  - name: e\n    handler: /h.so\n    batch: 1\n"
+        "  - name: f\n    handler: /h.so\n    batch: 8\n    batch_max: 64\n"
+        "  - name: g\n    handler: /h.so\n    batch_max: 16\n"
+        "  - name: h\n    handler: /h.so\n    batch: 8\n    batch_max: 32\n    prefetch: 40\n");
+    static const struct { int batch, batch_max, prefetch, prefetch_max; } want[] = {
+        { 16, 256, 32, 512 }, { 4, 4, 4, 4 }, { 16, 20, 20, 20 }, { 1, 1, 10, 10 },
+        { 1, 1, 10, 10 }, { 8, 64, 16, 128 }, { 16, 16, 32, 32 }, { 8, 32, 40, 40 },
+    };
+    for (size_t i = 0; i < SK_ARRAY_LEN(want); i++) {
+        const struct sk_queue_conf *q = &c->queues[i];
+        ck_assert_msg(q->batch == want[i].batch && q->batch_max == want[i].batch_max &&
+                      q->prefetch == want[i].prefetch && q->prefetch_max == want[i].prefetch_max,
+                      "queue %s: batch %d/%d prefetch %d/%d, want %d/%d %d/%d", q->name,
+                      q->batch, q->batch_max, q->prefetch, q->prefetch_max, want[i].batch,
+                      want[i].batch_max, want[i].prefetch, want[i].prefetch_max);
+    }
     sk_conf_free(c);
 }
 END_TEST
@@ -1528,6 +1567,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_restart_backoff_defaults_to_200ms_up_to_30s);
     tcase_add_test(tc, test_batch_raises_an_unset_prefetch_to_two_batches);
     tcase_add_test(tc, test_batch_defaults_to_16_within_the_prefetch_window);
+    tcase_add_test(tc, test_batch_max_and_the_prefetch_it_may_grow_to);
     tcase_add_test(tc, test_quorum_queue_takes_max_priority_up_to_31);
     tcase_add_test(tc, test_restart_section_sets_the_backoff);
     tcase_add_test(tc, test_lock_ttl_defaults_to_lock_section_even_when_it_comes_later);

@@ -1,0 +1,101 @@
+/* batch_size.c - how many jobs a worker's batch takes.
+ *
+ * What a batch pays once, whatever its size, is a few round trips: the
+ * lock, the claim and the COMMIT (the broker's refill overlaps them while
+ * the window holds two batches). Near PostgreSQL those cost well under a
+ * millisecond, and the queue's batch, small, keeps each job's wait for its
+ * batch-mates short. Far away they are most of a job's cost, and only more
+ * jobs a batch spread them: at 20 ms each way batch 64 ran 2.3 times batch
+ * 16 (docs/benchmark.md). So each worker measures its own round trip (the
+ * least of its last claims and COMMITs, store.c) and doubles its batch for
+ * each doubling past SK_BATCH_NEAR_RTT_NS, up to the queue's batch_max;
+ * its prefetch window, when sekali chooses it, follows at two batches, so
+ * that the next batch is arriving while one runs.
+ *
+ * A larger batch helps only while its transaction does not close early:
+ * a handler that waits for its own statement spends a round trip a job,
+ * the transaction closes after 16 round trips of handlers (span.c), and
+ * the keys it gives back are claimed again by the next one. So a batch
+ * never grows past the handlers a transaction last ran before closing, and
+ * tries a larger one again only SK_BATCH_RETRY_AFTER batches later (the
+ * mix of jobs may have changed).
+ *
+ * RabbitMQ fixes a consumer's prefetch when it subscribes, so a new window
+ * is a new consumer on the same channel (sk_broker_set_prefetch()); the
+ * deliveries the old one was sent stay ours and are run and acked as
+ * usual. It changes between batches, with no delivery in hand. */
+#include <stdio.h>
+
+#include "batch_size.h"
+#include "config.h"
+#include "links.h"
+#include "log.h"
+#include "pipeline.h"
+#include "store.h"
+
+static int grown(const struct sk_queue_conf *q, int ceiling, uint64_t rtt_ns);
+
+int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, uint64_t rtt_ns,
+                       size_t ran)
+{
+    if (bs->now == 0)
+        *bs = (struct sk_batch_size){ .now = q->batch, .ceiling = q->batch_max };
+    if (ran > 0) {
+        bs->ceiling = ran > (size_t)q->batch ? (ran < (size_t)q->batch_max ? (int)ran
+                                                                          : q->batch_max)
+                                             : q->batch;
+        bs->calm = 0;
+    } else if (bs->ceiling < q->batch_max && ++bs->calm >= SK_BATCH_RETRY_AFTER) {
+        bs->ceiling = 2 * bs->ceiling < q->batch_max ? 2 * bs->ceiling : q->batch_max;
+        bs->calm = 0;
+    }
+    int want = grown(q, bs->ceiling, rtt_ns);
+    if (want < bs->now && bs->now <= bs->ceiling && grown(q, bs->ceiling, 2 * rtt_ns) >= bs->now)
+        want = bs->now;
+    bs->now = want;
+    return want;
+}
+
+/* The queue's batch, doubled while the round trip is more than the near
+ * one times the doublings so far, up to ceiling. */
+static int grown(const struct sk_queue_conf *q, int ceiling, uint64_t rtt_ns)
+{
+    int size = q->batch;
+    for (uint64_t near = SK_BATCH_NEAR_RTT_NS; rtt_ns > near && size < ceiling; near *= 2)
+        size = 2 * size < ceiling ? 2 * size : ceiling;
+    return size;
+}
+
+void sk_batch_size_update(struct sk_pipeline *p, size_t ran_before_close)
+{
+    const struct sk_queue_conf *q = p->queue;
+    if (q->batch_max <= q->batch)
+        return;
+    int was = p->batch.now;
+    uint64_t rtt = sk_store_rtt_ns(sk_links_store(p->links));
+    int now = sk_batch_size_next(&p->batch, q, rtt, ran_before_close);
+    if (now == was || (was == 0 && now == q->batch))
+        return;
+    int prefetch = 2 * now;
+    if (prefetch < q->prefetch)
+        prefetch = q->prefetch;
+    if (prefetch > q->prefetch_max)
+        prefetch = q->prefetch_max;
+    if (was == 0)
+        was = q->batch;
+    char batch[16], window[16], rtt_ms[24];
+    snprintf(batch, sizeof(batch), "%d", now);
+    snprintf(window, sizeof(window), "%d", prefetch);
+    snprintf(rtt_ms, sizeof(rtt_ms), "%.1f", (double)rtt / 1e6);
+    const struct sk_log_field fields[] = {
+        { "batch", batch }, { "prefetch", window }, { "rtt_ms", rtt_ms },
+        { "closed_early", ran_before_close > 0 ? "1" : "0" },
+    };
+    sk_log_event_fields(SK_LOG_INFO, SK_EVENT_BATCH_RESIZED, SK_SERVER_POSTGRES,
+                        &(struct sk_log_job){ .queue = q->name }, fields, SK_ARRAY_LEN(fields),
+                        "queue %s: PostgreSQL's round trip is %s ms%s: batches of up to %d "
+                        "(were %d), prefetch %d", q->name, rtt_ms,
+                        ran_before_close > 0 ? " and a transaction closed early" : "", now, was,
+                        prefetch);
+    sk_links_set_prefetch(p->links, prefetch);
+}
