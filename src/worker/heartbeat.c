@@ -23,6 +23,7 @@
 
 #include <libpq-fe.h>
 
+#include "clock.h"
 #include "failpoint.h"
 #include "heartbeat.h"
 #include "lease.h"
@@ -85,7 +86,6 @@ static int renew_lease(struct sk_heartbeat *hb, const struct watched *w);
 static uint32_t renew_timeout_ms(const struct sk_heartbeat *hb, uint32_t ttl_ms);
 static int64_t lease_left_ms(const struct sk_heartbeat *hb, const struct watched *w,
                              uint64_t generation, int64_t now);
-static int64_t mono_ms(void);
 static struct timespec deadline_after(uint32_t ms);
 
 /* Between a renewal Redis did not answer and its retry: not a busy loop
@@ -189,7 +189,7 @@ void sk_heartbeat_watch_locks(struct sk_heartbeat *hb, size_t n, const char *con
         hb->locks_lost[i] = false;
     }
     hb->watched.ttl_ms = ttl_ms;
-    hb->watched.since_ms = mono_ms();
+    hb->watched.since_ms = sk_now_ms();
     hb->generation++;
     atomic_store(&hb->lost, false);
     pthread_mutex_unlock(&hb->mutex);
@@ -290,7 +290,7 @@ static void *run(void *arg)
         pthread_mutex_unlock(&hb->mutex);
 
         size_t lost_at = n;
-        int64_t sent = mono_ms();
+        int64_t sent = sk_now_ms();
         int64_t left = lease_left_ms(hb, &w, generation, sent);
         /* Never waits past the lease it would extend, unless that is
          * already spent (then the answer says whether it lived). */
@@ -306,7 +306,7 @@ static void *run(void *arg)
         /* A retry is the locks' alone: the lease was renewed at the tick. */
         bool lease_lost = w.lease && !retry && renew_lease(hb, &w) == SK_BUSY;
         bool time_left =
-            lease_left_ms(hb, &w, generation, mono_ms()) > RETRY_PAUSE_MS + RETRY_FLOOR_MS;
+            lease_left_ms(hb, &w, generation, sk_now_ms()) > RETRY_PAUSE_MS + RETRY_FLOOR_MS;
 
         pthread_mutex_lock(&hb->mutex);
         if (hb->generation != generation)
@@ -400,7 +400,9 @@ static uint32_t renew_timeout_ms(const struct sk_heartbeat *hb, uint32_t ttl_ms)
 
 /* What is left of the watched locks' lease at now, as far as this thread
  * knows: from the send of their last answered renewal (Redis extended it
- * after that), or from their watch (taken just before). Less than 0: spent. */
+ * after that), or from their watch (just after they were taken: late by the
+ * acquire's answer, so a retry may come too late, and then finds the lock
+ * gone and says so). Less than 0: spent. */
 static int64_t lease_left_ms(const struct sk_heartbeat *hb, const struct watched *w,
                              uint64_t generation, int64_t now)
 {
@@ -430,13 +432,6 @@ static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)
         sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
                      "lease renewal reaches PostgreSQL again");
     return rc;
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 static struct timespec deadline_after(uint32_t ms)
