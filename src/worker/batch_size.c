@@ -16,10 +16,12 @@
  * whose cores are all busy a loopback round trip waits for a core too, and
  * there a larger batch, fewer round trips a job, is what raises the rate
  * (make bench-distance's 0 ms runs, 16 workers on 2 cores). Such a round
- * trip moves by several times from one batch to the next, so a batch keeps
- * its size for a few batches, and the window only grows: a new window is a
- * new consumer, three round trips, while a window larger than the batch
- * costs nothing but deliveries held (handed back if the worker dies).
+ * trip moves by several times from one batch to the next, so a batch
+ * shrinks only a few batches after it changed (it grows at once: a far
+ * server's first seconds are the ones a small batch wastes), and the
+ * window only grows: a new window is a new consumer, three round trips,
+ * while a window larger than the batch costs nothing but deliveries held
+ * (handed back if the worker dies).
  *
  * A larger batch helps only while its transaction does not close early:
  * a handler that waits for its own statement spends a round trip a job,
@@ -60,11 +62,10 @@ int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, 
         bs->calm = 0;
     }
     int want = bs->now;
-    if (rtt_ns != 0 && bs->kept >= SK_BATCH_KEEP) {
-        want = grown(q, bs->ceiling, rtt_ns);
-        if (want < bs->now && grown(q, bs->ceiling, 2 * rtt_ns) >= bs->now)
-            want = bs->now;
-    }
+    int fits = rtt_ns != 0 ? grown(q, bs->ceiling, rtt_ns) : bs->now;
+    if (fits > bs->now ||
+        (bs->kept >= SK_BATCH_KEEP && grown(q, bs->ceiling, 2 * rtt_ns) < bs->now))
+        want = fits;
     if (want > bs->ceiling)
         want = bs->ceiling;
     if (want != bs->now)

@@ -15,11 +15,12 @@ struct sk_batch_size;  /* pipeline.h: a worker's batch as it goes */
  * yet: the batch stays), ran handlers having run in a transaction that
  * closed early (0: none closed early): the queue's batch doubled for each
  * doubling of the round trip past SK_BATCH_NEAR_RTT_NS, up to the
- * ceiling. An early close lowers the ceiling to what ran at once;
- * SK_BATCH_RETRY_AFTER calm batches later it doubles again. Otherwise a
- * batch keeps its size for SK_BATCH_KEEP batches, and shrinks only once
- * the round trip has fallen below half of what its size calls for: the
- * round trip of a busy machine moves by more than that between batches. */
+ * ceiling, as soon as the round trip calls for more. An early close
+ * lowers the ceiling to what ran, at once; SK_BATCH_RETRY_AFTER calm
+ * batches later it doubles again. A batch shrinks only SK_BATCH_KEEP
+ * batches or more after its last change, and only once the round trip
+ * has fallen below half of what its size calls for: the round trip of a
+ * busy machine moves by more than that between batches. */
 int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, uint64_t rtt_ns,
                        size_t ran);
 
