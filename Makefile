@@ -164,6 +164,7 @@ $(B)/tests/check_http_handler: tests/http_server.c tests/http_server.h
 $(B)/tests/check_tracing: tests/http_server.c tests/http_server.h
 # The far PostgreSQL of check_distance: the benchmark's delay proxy.
 $(B)/tests/check_distance: | $(B)/tests/delay_proxy
+$(B)/tests/check_redis_stall: | $(B)/tests/delay_proxy
 $(B)/tests/delay_proxy: tests/bench/delay_proxy.c | $(B)/tests
 	$(CC) $(CFLAGS) -o $@ $<
 $(B)/tests/check_%: tests/integration/check_%.c $(HARNESS) | $(B)/tests

@@ -663,6 +663,13 @@ static int check_master(struct sk_lock *l, struct sk_err *err)
     return SK_OK;
 }
 
+void sk_lock_set_timeout(struct sk_lock *l, uint32_t timeout_ms)
+{
+    l->timeout_ms = timeout_ms > 0 ? timeout_ms : l->conf->timeout_ms;
+    if (l->ctx != NULL && sk_redis_link_set_timeout(l->ctx, l->timeout_ms) != SK_OK)
+        disconnect(l);  /* its old bound may be too long: the next call reconnects */
+}
+
 static void disconnect(struct sk_lock *l)
 {
     sk_redis_link_close(l->ctx);

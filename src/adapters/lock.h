@@ -50,6 +50,10 @@ int  sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct
 int  sk_lock_open_bounded(struct sk_lock **out, const struct sk_redis_conf *conf,
                           uint32_t timeout_ms, struct sk_err *err);
 void sk_lock_close(struct sk_lock *l);
+/* Changes the bound sk_lock_open_bounded() gave: the live connection's
+ * reads and writes at once, a reconnect's connect too. The renewal thread
+ * narrows it to what is left of the lease it is saving. */
+void sk_lock_set_timeout(struct sk_lock *l, uint32_t timeout_ms);
 
 /* Writes the Redis key that locks `resource` in `queue` into out:
  * "sekali:lock:<queue>:<resource>". The namespace is an interface: the

@@ -137,15 +137,22 @@ static int dial(struct sk_redis_link *l, uint32_t timeout_ms, struct sk_err *err
     if (l->fd < 0)
         return sk_err_set(err, SK_AGAIN, "redis connect to %s:%d failed: %s", l->host, l->port,
                           strerror(e));
-    struct timeval tv = { .tv_sec = timeout_ms / 1000,
-                          .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000 };
     int one = 1;
     if (fcntl(l->fd, F_SETFL, fcntl(l->fd, F_GETFL) & ~O_NONBLOCK) != 0 ||
-        setsockopt(l->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
-        setsockopt(l->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
+        sk_redis_link_set_timeout(l, timeout_ms) != SK_OK ||
         setsockopt(l->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
         return sk_err_errno(err, SK_AGAIN, "redis connect to %s:%d: setting up the socket",
                             l->host, l->port);
+    return SK_OK;
+}
+
+int sk_redis_link_set_timeout(struct sk_redis_link *l, uint32_t timeout_ms)
+{
+    struct timeval tv = { .tv_sec = timeout_ms / 1000,
+                          .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000 };
+    if (setsockopt(l->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+        setsockopt(l->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0)
+        return SK_AGAIN;
     return SK_OK;
 }
 

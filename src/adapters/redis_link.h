@@ -27,6 +27,10 @@ struct sk_redis_link;
 int  sk_redis_link_open(struct sk_redis_link **out, const char *host, int port,
                         const struct sk_tls_conf *tls, uint32_t timeout_ms, struct sk_err *err);
 void sk_redis_link_close(struct sk_redis_link *l);
+/* Bounds each later read and write at timeout_ms (a call may take several):
+ * the renewal thread narrows it to what is left of a lease. SK_OK or
+ * SK_AGAIN (setsockopt failed: the old bound stays). */
+int  sk_redis_link_set_timeout(struct sk_redis_link *l, uint32_t timeout_ms);
 
 /* Queues an already formatted command (RESP); sent by the next
  * sk_redis_link_reply(). Returns REDIS_OK, or REDIS_ERR out of memory. */

@@ -12,6 +12,17 @@
  * its prefetch window, when sekali chooses it, follows at two batches, so
  * that the next batch is arriving while one runs.
  *
+ * "Far" is what a round trip costs, not where the server is: on a machine
+ * whose cores are all busy a loopback round trip waits for a core too, and
+ * there a larger batch, fewer round trips a job, is what raises the rate
+ * (make bench-distance's 0 ms runs, 16 workers on 2 cores). Such a round
+ * trip moves by several times from one batch to the next, so a batch
+ * shrinks only a few batches after it changed (it grows at once: a far
+ * server's first seconds are the ones a small batch wastes), and the
+ * window only grows: a new window is a new consumer, three round trips,
+ * while a window larger than the batch costs nothing but deliveries held
+ * (handed back if the worker dies).
+ *
  * A larger batch helps only while its transaction does not close early:
  * a handler that waits for its own statement spends a round trip a job,
  * the transaction closes after 16 round trips of handlers (span.c), and
@@ -40,6 +51,7 @@ int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, 
 {
     if (bs->now == 0)
         *bs = (struct sk_batch_size){ .now = q->batch, .ceiling = q->batch_max };
+    bs->kept++;
     if (ran > 0) {
         bs->ceiling = ran > (size_t)q->batch ? (ran < (size_t)q->batch_max ? (int)ran
                                                                           : q->batch_max)
@@ -49,9 +61,15 @@ int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, 
         bs->ceiling = 2 * bs->ceiling < q->batch_max ? 2 * bs->ceiling : q->batch_max;
         bs->calm = 0;
     }
-    int want = grown(q, bs->ceiling, rtt_ns);
-    if (want < bs->now && bs->now <= bs->ceiling && grown(q, bs->ceiling, 2 * rtt_ns) >= bs->now)
-        want = bs->now;
+    int want = bs->now;
+    int fits = rtt_ns != 0 ? grown(q, bs->ceiling, rtt_ns) : bs->now;
+    if (fits > bs->now ||
+        (bs->kept >= SK_BATCH_KEEP && grown(q, bs->ceiling, 2 * rtt_ns) < bs->now))
+        want = fits;
+    if (want > bs->ceiling)
+        want = bs->ceiling;
+    if (want != bs->now)
+        bs->kept = 0;
     bs->now = want;
     return want;
 }
@@ -71,31 +89,30 @@ void sk_batch_size_update(struct sk_pipeline *p, size_t ran_before_close)
     const struct sk_queue_conf *q = p->queue;
     if (q->batch_max <= q->batch)
         return;
-    int was = p->batch.now;
-    uint64_t rtt = sk_store_rtt_ns(sk_links_store(p->links));
+    int was = p->batch.now > 0 ? p->batch.now : q->batch;
+    uint64_t rtt = sk_store_rtt_settled_ns(sk_links_store(p->links));
     int now = sk_batch_size_next(&p->batch, q, rtt, ran_before_close);
-    if (now == was || (was == 0 && now == q->batch))
+    if (now == was)
         return;
+    sk_log_debug("queue %s: PostgreSQL's round trip is %.1f ms%s: batches of up to %d (were %d)",
+                 q->name, (double)rtt / 1e6,
+                 ran_before_close > 0 ? " and a transaction closed early" : "", now, was);
     int prefetch = 2 * now;
-    if (prefetch < q->prefetch)
-        prefetch = q->prefetch;
     if (prefetch > q->prefetch_max)
         prefetch = q->prefetch_max;
-    if (was == 0)
-        was = q->batch;
+    if (prefetch <= p->prefetch)
+        return;
+    p->prefetch = prefetch;
     char batch[16], window[16], rtt_ms[24];
     snprintf(batch, sizeof(batch), "%d", now);
     snprintf(window, sizeof(window), "%d", prefetch);
     snprintf(rtt_ms, sizeof(rtt_ms), "%.1f", (double)rtt / 1e6);
     const struct sk_log_field fields[] = {
         { "batch", batch }, { "prefetch", window }, { "rtt_ms", rtt_ms },
-        { "closed_early", ran_before_close > 0 ? "1" : "0" },
     };
     sk_log_event_fields(SK_LOG_INFO, SK_EVENT_BATCH_RESIZED, SK_SERVER_POSTGRES,
                         &(struct sk_log_job){ .queue = q->name }, fields, SK_ARRAY_LEN(fields),
-                        "queue %s: PostgreSQL's round trip is %s ms%s: batches of up to %d "
-                        "(were %d), prefetch %d", q->name, rtt_ms,
-                        ran_before_close > 0 ? " and a transaction closed early" : "", now, was,
-                        prefetch);
+                        "queue %s: PostgreSQL's round trip is %s ms: batches of up to %d, "
+                        "prefetch %d", q->name, rtt_ms, now, prefetch);
     sk_links_set_prefetch(p->links, prefetch);
 }

@@ -5,7 +5,13 @@
  * (ttl/3) instead of being signalled per job: a lease taken just after a
  * tick is first renewed at most 2*ttl/3 later, still inside its ttl, and the
  * hot path pays for no wake-up. A generation number keeps a renewal that
- * raced with unwatch() from flagging the next job's ownership as lost. */
+ * raced with unwatch() from flagging the next job's ownership as lost.
+ *
+ * A renewal that Redis does not answer (a stall, a reset) is tried again
+ * at once, not a tick later, as long as the lease it would extend has time
+ * left, each try bounded by that time: a tick later can be past the lease
+ * (a renewal sent into a stall gives up 1.5 ticks after it was sent, and
+ * the lease it extends ends 2 ticks after that send at the earliest). */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -17,6 +23,7 @@
 
 #include <libpq-fe.h>
 
+#include "clock.h"
 #include "failpoint.h"
 #include "heartbeat.h"
 #include "lease.h"
@@ -29,6 +36,7 @@
  * list below); copied out of the mutex for each renewal. */
 struct watched {
     uint32_t ttl_ms;
+    int64_t  since_ms;  /* monotonic: when the locks were given, just after taking them */
     bool     lease;
     char     queue[256];
     char     key[SK_KEY_MAX + 1];
@@ -62,6 +70,8 @@ struct sk_heartbeat {
     struct sk_lock       *redis;
     PGconn               *pg;
     struct sk_outage      redis_outage, pg_outage;  /* retried each tick: no backoff */
+    uint64_t              renewed_gen;  /* the generation renewed_ms is of */
+    int64_t               renewed_ms;   /* monotonic: when its last answered renewal was sent */
     struct watched_lock  *copy;
     const char          **keys, **tokens;
     int                  *rcs;
@@ -70,10 +80,20 @@ struct sk_heartbeat {
 
 static void *run(void *arg);
 static bool grow_copy(struct sk_heartbeat *hb, size_t n);
-static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_t *lost_at);
+static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, uint32_t bound_ms,
+                       size_t *lost_at);
 static int renew_lease(struct sk_heartbeat *hb, const struct watched *w);
 static uint32_t renew_timeout_ms(const struct sk_heartbeat *hb, uint32_t ttl_ms);
+static int64_t lease_left_ms(const struct sk_heartbeat *hb, const struct watched *w,
+                             uint64_t generation, int64_t now);
 static struct timespec deadline_after(uint32_t ms);
+
+/* Between a renewal Redis did not answer and its retry: not a busy loop
+ * against a Redis that refuses connections at once. */
+#define RETRY_PAUSE_MS 50
+/* Less of the lease left than this after the pause: no retry; the next
+ * tick's renewal says whether the lease lived. */
+#define RETRY_FLOOR_MS 20
 
 uint32_t sk_heartbeat_tick(const struct sk_queue_conf *queue, const struct sk_amqp_conf *amqp)
 {
@@ -169,6 +189,7 @@ void sk_heartbeat_watch_locks(struct sk_heartbeat *hb, size_t n, const char *con
         hb->locks_lost[i] = false;
     }
     hb->watched.ttl_ms = ttl_ms;
+    hb->watched.since_ms = sk_now_ms();
     hb->generation++;
     atomic_store(&hb->lost, false);
     pthread_mutex_unlock(&hb->mutex);
@@ -233,14 +254,19 @@ static void *run(void *arg)
     struct sk_heartbeat *hb = arg;
     pthread_setname_np(pthread_self(), "sk-heartbeat");
 
+    bool again = false;  /* the next wake-up retries the locks' renewal */
     pthread_mutex_lock(&hb->mutex);
     for (;;) {
-        struct timespec deadline = deadline_after(hb->tick_ms);
+        struct timespec deadline = deadline_after(again ? RETRY_PAUSE_MS : hb->tick_ms);
         while (!hb->stopping &&
                pthread_cond_timedwait(&hb->cond, &hb->mutex, &deadline) == 0)
             ;
         if (hb->stopping)
             break;
+        /* Only a failed renewal of the same span asks for another retry:
+         * every way out of this turn below leaves the tick's pace. */
+        bool retry = again;
+        again = false;
         /* A failed send is not ours to handle: the worker finds the
          * connection broken at its next use, and reconnects. */
         for (size_t i = 0; i < SK_ARRAY_LEN(hb->lent); i++)
@@ -264,12 +290,28 @@ static void *run(void *arg)
         pthread_mutex_unlock(&hb->mutex);
 
         size_t lost_at = n;
-        bool lock_lost = n > 0 && renew_locks(hb, n, w.ttl_ms, &lost_at) == SK_BUSY;
-        bool lease_lost = w.lease && renew_lease(hb, &w) == SK_BUSY;
+        int64_t sent = sk_now_ms();
+        int64_t left = lease_left_ms(hb, &w, generation, sent);
+        /* Never waits past the lease it would extend, unless that is
+         * already spent (then the answer says whether it lived). */
+        uint32_t bound = renew_timeout_ms(hb, w.ttl_ms);
+        if (left > RETRY_FLOOR_MS && left < bound)
+            bound = (uint32_t)left;
+        int lock_rc = n > 0 ? renew_locks(hb, n, w.ttl_ms, bound, &lost_at) : SK_OK;
+        if (lock_rc == SK_OK && n > 0) {
+            hb->renewed_gen = generation;
+            hb->renewed_ms = sent;
+        }
+        bool lock_lost = lock_rc == SK_BUSY;
+        /* A retry is the locks' alone: the lease was renewed at the tick. */
+        bool lease_lost = w.lease && !retry && renew_lease(hb, &w) == SK_BUSY;
+        bool time_left =
+            lease_left_ms(hb, &w, generation, sk_now_ms()) > RETRY_PAUSE_MS + RETRY_FLOOR_MS;
 
         pthread_mutex_lock(&hb->mutex);
         if (hb->generation != generation)
             continue;  /* the span ended meanwhile: not its loss */
+        again = lock_rc == SK_AGAIN && time_left;
         for (size_t i = 0; lock_lost && i < n; i++)
             hb->locks_lost[i] |= hb->rcs[i] == SK_BUSY;
         /* Logged once per span: the flag stays up until the next watch. */
@@ -304,13 +346,17 @@ static bool grow_copy(struct sk_heartbeat *hb, size_t n)
     return true;
 }
 
-/* Every watched lock in one round trip. SK_BUSY when any was lost (hb->rcs
- * says which; *lost_at is the first), SK_OK, or SK_AGAIN. */
-static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_t *lost_at)
+/* Every watched lock in one round trip, each read and write bounded by
+ * bound_ms. SK_BUSY when any was lost (hb->rcs says which; *lost_at is the
+ * first), SK_OK, or SK_AGAIN. */
+static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, uint32_t bound_ms,
+                       size_t *lost_at)
 {
     struct sk_err err = { 0 };
+    if (hb->redis != NULL)
+        sk_lock_set_timeout(hb->redis, bound_ms);
     int rc = hb->redis != NULL ? SK_OK
-             : sk_lock_open_bounded(&hb->redis, hb->redis_conf, renew_timeout_ms(hb, ttl_ms), &err);
+             : sk_lock_open_bounded(&hb->redis, hb->redis_conf, bound_ms, &err);
     for (size_t i = 0; i < n; i++) {
         hb->keys[i] = hb->copy[i].key;
         hb->tokens[i] = hb->copy[i].token;
@@ -319,7 +365,8 @@ static int renew_locks(struct sk_heartbeat *hb, size_t n, uint32_t ttl_ms, size_
         rc = sk_lock_renew_many(hb->redis, n, hb->keys, hb->tokens, ttl_ms, hb->rcs, &err);
     if (rc == SK_AGAIN && sk_outage_begin(&hb->redis_outage))
         sk_log_event(SK_LOG_WARN, SK_EVENT_OUTAGE_BEGIN, SK_SERVER_REDIS, NULL,
-                     "lock renewal failed, will retry each %u ms: %s", hb->tick_ms, err.msg);
+                     "lock renewal failed, will retry within the lease, then each %u ms: %s",
+                     hb->tick_ms, err.msg);
     else if (rc != SK_AGAIN && sk_outage_ok(&hb->redis_outage))
         sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_REDIS, NULL,
                      "lock renewal reaches redis again");
@@ -349,6 +396,20 @@ static uint32_t renew_timeout_ms(const struct sk_heartbeat *hb, uint32_t ttl_ms)
     if (ticks < t)
         t = (uint32_t)ticks;
     return t > hb->redis_conf->timeout_ms ? t : hb->redis_conf->timeout_ms;
+}
+
+/* What is left of the watched locks' lease at now, as far as this thread
+ * knows: from the send of their last answered renewal (Redis extended it
+ * after that), or from their watch (just after they were taken: late by the
+ * acquire's answer, so a retry may come too late, and then finds the lock
+ * gone and says so). Less than 0: spent. */
+static int64_t lease_left_ms(const struct sk_heartbeat *hb, const struct watched *w,
+                             uint64_t generation, int64_t now)
+{
+    int64_t from = w->since_ms;
+    if (hb->renewed_gen == generation && hb->renewed_ms > from)
+        from = hb->renewed_ms;
+    return from + (int64_t)w->ttl_ms - now;
 }
 
 static int renew_lease(struct sk_heartbeat *hb, const struct watched *w)

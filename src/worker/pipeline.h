@@ -22,6 +22,7 @@ struct sk_batch_size {
     int      now;      /* the batch this worker runs now */
     int      ceiling;  /* what it may grow to: batch_max, less after an early close */
     unsigned calm;     /* batches since the ceiling last moved */
+    unsigned kept;     /* batches since now last changed */
 };
 
 struct sk_pipeline {
@@ -38,6 +39,7 @@ struct sk_pipeline {
     struct sekali_ctx            ctx;            /* reused for every job */
     struct sk_span              *span;           /* jobs in flight: span.c's, made on first use */
     struct sk_batch_size         batch;          /* how many a batch takes now (batch_size.c) */
+    int                          prefetch;       /* the largest window it asked for; 0: none */
     uint32_t                     ready_delay_ms; /* handler->ready() refused: the backoff */
     int64_t                      ready_next_ms;  /* ... and when to ask it again */
 };

@@ -3,7 +3,7 @@
  * passed on. The distance benchmark (tests/bench/distance.sh) puts one in
  * front of PostgreSQL, Redis and RabbitMQ.
  *
- *   delay_proxy [-v] LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS[:FAULT_MS]] ...
+ *   delay_proxy [-v] LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS[:FAULT_MS[:FAULT_JITTER_MS]]] ...
  *
  * Listens on 127.0.0.1:LPORT for each mapping (0: a free port) and relays
  * each accepted connection to THOST:TPORT, dialled anew for each one (so a
@@ -12,8 +12,9 @@
  * on one line of stdout; SIGTERM or SIGINT stop it.
  *
  * A fault can be switched on while it runs: SIGUSR1 makes every mapping
- * hold what it reads from then on FAULT_MS (default: DELAY_MS) instead of
- * DELAY_MS, SIGUSR2 switches back; each switch is acknowledged on stderr.
+ * hold what it reads from then on FAULT_MS (default: DELAY_MS) plus up to
+ * FAULT_JITTER_MS (default: JITTER_MS) instead of DELAY_MS plus up to
+ * JITTER_MS, SIGUSR2 switches back; each switch is acknowledged on stderr.
  * The chaos soak (tests/chaos/run.sh, CHAOS_LATENCY) injects its latency
  * window so, without cutting a connection the way a restart would. What was
  * read before a switch keeps the delay it was read with, and a chunk is
@@ -62,7 +63,7 @@ struct map {
     int                     listen_fd;
     struct sockaddr_storage target;
     socklen_t               target_len;
-    int64_t                 delay_us, jitter_us, fault_us;
+    int64_t                 delay_us, jitter_us, fault_us, fault_jitter_us;
     unsigned                lport;
 };
 
@@ -131,19 +132,20 @@ static void parse_map(const char *arg, struct map *m)
 {
     char host[256];
     unsigned lport, tport;
-    double delay, jitter = 0, fault = -1;
-    int n = sscanf(arg, "%u:%255[^:]:%u:%lf:%lf:%lf", &lport, host, &tport, &delay, &jitter,
-                   &fault);
+    double delay, jitter = 0, fault = -1, fault_jitter = -1;
+    int n = sscanf(arg, "%u:%255[^:]:%u:%lf:%lf:%lf:%lf", &lport, host, &tport, &delay, &jitter,
+                   &fault, &fault_jitter);
     if (n < 4 || lport > 65535 || tport == 0 || tport > 65535 || delay < 0 ||
-        jitter < 0 || (n == 6 && fault < 0)) {
+        jitter < 0 || (n >= 6 && fault < 0) || (n == 7 && fault_jitter < 0)) {
         fprintf(stderr, "delay_proxy: bad mapping '%s': want "
-                        "LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS[:FAULT_MS]]\n",
+                        "LPORT:THOST:TPORT:DELAY_MS[:JITTER_MS[:FAULT_MS[:FAULT_JITTER_MS]]]\n",
                 arg);
         exit(2);
     }
     m->delay_us = (int64_t)(delay * 1000);
     m->jitter_us = (int64_t)(jitter * 1000);
-    m->fault_us = n == 6 ? (int64_t)(fault * 1000) : m->delay_us;
+    m->fault_us = n >= 6 ? (int64_t)(fault * 1000) : m->delay_us;
+    m->fault_jitter_us = n == 7 ? (int64_t)(fault_jitter * 1000) : m->jitter_us;
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai;
     char port[16];
     snprintf(port, sizeof(port), "%u", tport);
@@ -293,9 +295,11 @@ static void hold(struct conn *c, struct dir *d, const char *buf, size_t len)
         conn_kill(c);
         return;
     }
-    int64_t due = now_us() + (faulty ? c->map->fault_us : c->map->delay_us);
-    if (c->map->jitter_us > 0)
-        due += (int64_t)(drand48() * (double)c->map->jitter_us);
+    bool fault = faulty;
+    int64_t due = now_us() + (fault ? c->map->fault_us : c->map->delay_us);
+    int64_t jitter = fault ? c->map->fault_jitter_us : c->map->jitter_us;
+    if (jitter > 0)
+        due += (int64_t)(drand48() * (double)jitter);
     /* In order: never due before what was read ahead of it. */
     if (due < d->last_due_us)
         due = d->last_due_us;

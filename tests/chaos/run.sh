@@ -22,17 +22,20 @@
 #      SIGSTOPped for lock.ttl + 1 s then SIGCONTed, Redis is restarted,
 #      RabbitMQ is restarted, PostgreSQL is stopped in immediate mode
 #      (SIGQUIT to the postmaster, as pg_ctl -m immediate) and started.
-# With CHAOS_LATENCY=PG_MS:REDIS_MS, sekalid reaches PostgreSQL and Redis
-# through tests/bench/delay_proxy.c (0 ms in the calm run and outside the
-# window), and after the stop, a fifth fault in the sequence holds every
-# byte to PostgreSQL PG_MS and to Redis REDIS_MS each way for
-# CHAOS_LATENCY_SECONDS (the proxy's SIGUSR1, then SIGUSR2).
+# With CHAOS_LATENCY=PG_MS:REDIS_MS[:AMQP_MS], sekalid reaches PostgreSQL
+# and Redis (and, given AMQP_MS, RabbitMQ) through
+# tests/bench/delay_proxy.c (0 ms in the calm run and outside the window),
+# and after the stop, a fifth fault in the sequence holds every byte to
+# PostgreSQL PG_MS, to Redis REDIS_MS and to RabbitMQ AMQP_MS each way for
+# CHAOS_LATENCY_SECONDS (the proxy's SIGUSR1, then SIGUSR2), plus up to
+# CHAOS_JITTER ms more on each delayed link (bytes stay in order).
 # Every fault is verified: a killed pid is gone or a zombie within 2 s, the
 # stopped one was in state T past lock.ttl and its lock expired meanwhile, a
 # restarted server has a new pid (PostgreSQL: a new
 # pg_postmaster_start_time()), a round trip through the proxy (redis-cli
-# PING, psql's \timing of SELECT 1) takes at least twice the injected delay
-# in the latency window and less after it. The faults are listed in
+# PING, psql's \timing of SELECT 1, RabbitMQ's answer to the AMQP protocol
+# header) takes at least twice the injected delay in the latency window
+# and less after it. The faults are listed in
 # faults.log.
 #
 # With CHAOS_CONCURRENCY=N the queue gets `concurrency: N` and every key one
@@ -72,8 +75,12 @@
 #                      default: none (no resource keys, the key is the lock)
 #   CHAOS_RESOURCES    resource keys shared by the keys, with
 #                      CHAOS_CONCURRENCY [1: the limit bites all along]
-#   CHAOS_LATENCY      PG_MS:REDIS_MS injected each way in the storm run,
-#                      e.g. 150:900; default: none (no proxy)
+#   CHAOS_LATENCY      PG_MS:REDIS_MS[:AMQP_MS] injected each way in the
+#                      storm run, e.g. 150:900 or 150:900:150; default: none
+#                      (no proxy; without AMQP_MS the broker is reached
+#                      directly)
+#   CHAOS_JITTER       up to this many ms more on each delayed link, in the
+#                      latency window only, in order [0]
 #   CHAOS_LATENCY_SECONDS  how long the latency window lasts [12]
 #   CHAOS_KILL_MIN_MS, CHAOS_KILL_MAX_MS   pause between kills [100, 200]
 #   CHAOS_TIMEOUT      seconds each run may take [600] {45}
@@ -107,9 +114,14 @@ kill_min=${CHAOS_KILL_MIN_MS:-100}
 kill_max=${CHAOS_KILL_MAX_MS:-200}
 latency=${CHAOS_LATENCY:-}
 latency_s=${CHAOS_LATENCY_SECONDS:-12}
-[ -z "$latency" ] || { [[ $latency =~ ^[0-9]+:[0-9]+$ ]] && [ "$latency" != 0:0 ]; } ||
-    { echo "chaos: CHAOS_LATENCY must be PG_MS:REDIS_MS such as 150:900, got '$latency'" >&2; exit 2; }
-lat_pg=${latency%%:*} lat_redis=${latency##*:}
+jitter=${CHAOS_JITTER:-0}
+[ -z "$latency" ] || { [[ $latency =~ ^[0-9]+:[0-9]+(:[0-9]+)?$ ]] && [[ ! $latency =~ ^0:0(:0)?$ ]]; } ||
+    { echo "chaos: CHAOS_LATENCY must be PG_MS:REDIS_MS[:AMQP_MS] such as 150:900:150, got '$latency'" >&2
+      exit 2; }
+# lat_amqp empty: the broker is reached directly, as before the third field.
+IFS=: read -r lat_pg lat_redis lat_amqp <<<"$latency"
+[ "$jitter" = 0 ] || [ -n "$latency" ] ||
+    { echo "chaos: CHAOS_JITTER needs CHAOS_LATENCY" >&2; exit 2; }
 concurrency=${CHAOS_CONCURRENCY:-}
 resources=${CHAOS_RESOURCES:-$([ -n "$concurrency" ] && echo 1 || echo 0)}
 [ -z "$concurrency" ] || [[ $concurrency =~ ^[1-9][0-9]*$ ]] ||
@@ -129,7 +141,7 @@ min_ratio=${CHAOS_MIN_RATIO:-0}
 seed=${CHAOS_SEED:-$((RANDOM * 32768 + RANDOM))}
 [ "$batch" = default ] || [[ $batch =~ ^[1-9][0-9]*$ ]] ||
     { echo "chaos: CHAOS_BATCH must be default or a positive whole number, got '$batch'" >&2; exit 2; }
-for v in workers keys dup_percent job_ms lock_ttl kill_min kill_max timeout seed latency_s resources; do
+for v in workers keys dup_percent job_ms lock_ttl kill_min kill_max timeout seed latency_s resources jitter; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "chaos: $v must be a whole number, got '${!v}'" >&2; exit 2; }
 done
 (( kill_min > 0 && kill_max >= kill_min && keys >= 10 && workers > 0 &&
@@ -164,6 +176,7 @@ now_ms() { local t=${EPOCHREALTIME/./}; printf '%s' $((t / 1000)); }
 # Processes: sekalid, its workers, and whether a pid really died.
 # ---------------------------------------------------------------------------
 sekalid='' storm_pid='' driver_pid='' stopped_file=$work/stopped proxy_pid='' proxy_pg='' proxy_redis=''
+proxy_amqp=''
 
 # The supervisor's children: with no outbox relay and no janitor, its
 # workers (the kernel's list, so a worker being restarted is not in it).
@@ -203,17 +216,33 @@ wait_until() {
 }
 
 # With CHAOS_LATENCY: one delay proxy for the whole soak, in front of
-# PostgreSQL and Redis, at 0 ms until the latency fault switches it. -v: it
-# names each connection's ports, which lock_taker needs to find a worker
-# behind it. The broker is reached directly (issue 42 asked for these two).
+# PostgreSQL and Redis (and RabbitMQ, given a third delay), at 0 ms until
+# the latency fault switches it. -v: it names each connection's ports,
+# which lock_taker needs to find a worker behind it. The jitter is the
+# switched state's only (a 7th field), so the calm run has none.
 proxy_start() {
-    local ready
-    "$proxy" -v "0:127.0.0.1:$SEKALI_PG_PORT:0:0:$lat_pg" "0:127.0.0.1:$SEKALI_REDIS_PORT:0:0:$lat_redis" \
-        >"$work/proxy.out" 2>"$work/proxy.log" &
+    local ready maps=()
+    maps+=("0:127.0.0.1:$SEKALI_PG_PORT:0:0:$lat_pg:$(link_jitter "$lat_pg")")
+    maps+=("0:127.0.0.1:$SEKALI_REDIS_PORT:0:0:$lat_redis:$(link_jitter "$lat_redis")")
+    [ -z "$lat_amqp" ] || maps+=("0:127.0.0.1:$SEKALI_AMQP_PORT:0:0:$lat_amqp:$(link_jitter "$lat_amqp")")
+    "$proxy" -v "${maps[@]}" >"$work/proxy.out" 2>"$work/proxy.log" &
     proxy_pid=$!
     wait_until 5000 test -s "$work/proxy.out" || die "delay_proxy did not start (see $work/proxy.log)"
-    read -r ready proxy_pg proxy_redis <"$work/proxy.out" && [ "$ready" = ready ] ||
+    read -r ready proxy_pg proxy_redis proxy_amqp <"$work/proxy.out" && [ "$ready" = ready ] ||
         die "delay_proxy did not start (see $work/proxy.log)"
+    [ -z "$lat_amqp" ] || [ -n "$proxy_amqp" ] || die "delay_proxy gave no AMQP port (see $work/proxy.log)"
+}
+
+# link_jitter MS: the jitter of a link delayed MS in the window (none on a
+# link left at 0 ms, so that its round trip still says it was not slowed).
+link_jitter() { if (( $1 > 0 )); then printf '%s' "$jitter"; else printf 0; fi; }
+
+# far_amqp_url: sekalid's AMQP URL, through the proxy if it has the broker.
+far_amqp_url() {
+    local u=$SEKALI_AMQP_URL
+    [ -z "$proxy_amqp" ] || u=${u/:$SEKALI_AMQP_PORT\//:$proxy_amqp/}
+    [ -z "$proxy_amqp" ] || [[ $u == *":$proxy_amqp/"* ]] || die "cannot point '$u' at the proxy"
+    printf '%s' "$u"
 }
 
 # far_conninfo: sekalid's PostgreSQL conninfo, through the proxy if there is one.
@@ -232,7 +261,7 @@ far_conninfo() {
 write_conf() {
     cat >"$work/$1.yaml" <<YAML
 amqp:
-  url: "$SEKALI_AMQP_URL"
+  url: "$(far_amqp_url)"
 redis:
   host: 127.0.0.1
   port: ${proxy_redis:-$SEKALI_REDIS_PORT}
@@ -510,9 +539,13 @@ restart_postgres() {
     fi
 }
 
-# round_trip_pg, round_trip_redis: one round trip through the proxy, in ms
-# (psql's \timing of SELECT 1, after connecting; redis-cli's whole PING, a
-# process start included), or 999999 if it failed.
+# round_trip_pg, round_trip_redis, round_trip_amqp: one round trip through
+# the proxy, in ms (psql's \timing of SELECT 1, after connecting;
+# redis-cli's whole PING, a process start included; the AMQP 0-9-1
+# protocol header sent on a new connection until the first byte of
+# RabbitMQ's connection.start, a method frame, comes back: the cheapest
+# answer the broker gives, and the proxy holds both ways of it), or 999999
+# if it failed.
 round_trip_pg() {
     local t
     t=$(timeout 30 psql -X -q -At "$(far_conninfo)" -c '\timing on' -c 'SELECT 1' 2>/dev/null |
@@ -528,39 +561,57 @@ round_trip_redis() {
         printf '999999'
     fi
 }
+round_trip_amqp() {
+    local t0
+    [ -n "$proxy_amqp" ] || { printf 0; return 0; }
+    t0=$(now_ms)
+    # shellcheck disable=SC2016 # $1 is the inner shell's
+    if timeout 30 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf "AMQP\x00\x00\x09\x01" >&3 &&
+                           [ "$(head -c 1 <&3 | od -An -tu1 | tr -d " ")" = 1 ]' _ "$proxy_amqp" 2>/dev/null; then
+        printf '%s' $(( $(now_ms) - t0 ))
+    else
+        printf '999999'
+    fi
+}
 
-# slow_enough MS PG_RT REDIS_RT: both round trips at least twice the delay
-# each way that was injected (a link given 0 ms is not looked at).
+# slow_enough MS PG_RT REDIS_RT AMQP_RT: every round trip at least twice
+# the delay each way that was injected (a link given 0 ms, or none, is not
+# looked at). Jitter only adds, so it changes neither bound.
 slow_enough() {
-    { (( lat_pg == 0 )) || (( $2 >= 2 * lat_pg )); } && { (( lat_redis == 0 )) || (( $3 >= 2 * lat_redis )); }
+    { (( lat_pg == 0 )) || (( $2 >= 2 * lat_pg )); } && { (( lat_redis == 0 )) || (( $3 >= 2 * lat_redis )); } &&
+        { (( ${lat_amqp:-0} == 0 )) || (( $4 >= 2 * lat_amqp )); }
 }
 fast_again() {
-    { (( lat_pg == 0 )) || (( $2 < 2 * lat_pg )); } && { (( lat_redis == 0 )) || (( $3 < 2 * lat_redis )); }
+    { (( lat_pg == 0 )) || (( $2 < 2 * lat_pg )); } && { (( lat_redis == 0 )) || (( $3 < 2 * lat_redis )); } &&
+        { (( ${lat_amqp:-0} == 0 )) || (( $4 < 2 * lat_amqp )); }
 }
 
 # The latency window: the proxy holds every byte read from now on lat_pg ms
-# (PostgreSQL) and lat_redis ms (Redis) each way, for latency_s seconds.
+# (PostgreSQL), lat_redis ms (Redis) and lat_amqp ms (RabbitMQ, if it is
+# behind the proxy) each way, plus up to the jitter, for latency_s seconds.
 # Verified by a round trip through the proxy to each, once inside the
 # window (at least the injected round trip) and after it (less, tried a
 # few times: the machine is loaded).
 inject_latency() {
-    local t0 in_pg in_redis out_pg=999999 out_redis=999999 rest _
+    local t0 in_pg in_redis in_amqp out_pg=999999 out_redis=999999 out_amqp=999999 rest _
     t0=$(now_ms)
     kill -USR1 "$proxy_pid" || { echo "unverified latency: no proxy to switch" >>"$faults"; return 0; }
-    in_pg=$(round_trip_pg) in_redis=$(round_trip_redis)
+    in_pg=$(round_trip_pg) in_redis=$(round_trip_redis) in_amqp=$(round_trip_amqp)
     rest=$(( latency_s * 1000 - ($(now_ms) - t0) ))
     (( rest <= 0 )) || nap "$rest"
     kill -USR2 "$proxy_pid"
     local window=$(( $(now_ms) - t0 ))
     for _ in 1 2 3 4 5; do
-        out_pg=$(round_trip_pg) out_redis=$(round_trip_redis)
-        fast_again 0 "$out_pg" "$out_redis" && break
+        out_pg=$(round_trip_pg) out_redis=$(round_trip_redis) out_amqp=$(round_trip_amqp)
+        fast_again 0 "$out_pg" "$out_redis" "$out_amqp" && break
     done
-    local what="latency pg ${lat_pg}ms redis ${lat_redis}ms for ${window}ms: round trip pg ${in_pg}->${out_pg}ms"
-    what+=" redis ${in_redis}->${out_redis}ms"
-    if ! slow_enough 0 "$in_pg" "$in_redis"; then
+    local what="latency pg ${lat_pg}ms redis ${lat_redis}ms"
+    [ -z "$lat_amqp" ] || what+=" amqp ${lat_amqp}ms"
+    what+=" jitter ${jitter}ms for ${window}ms: round trip pg ${in_pg}->${out_pg}ms redis ${in_redis}->${out_redis}ms"
+    [ -z "$lat_amqp" ] || what+=" amqp ${in_amqp}->${out_amqp}ms"
+    if ! slow_enough 0 "$in_pg" "$in_redis" "$in_amqp"; then
         echo "unverified $what (not slow inside the window)" >>"$faults"
-    elif ! fast_again 0 "$out_pg" "$out_redis"; then
+    elif ! fast_again 0 "$out_pg" "$out_redis" "$out_amqp"; then
         echo "unverified $what (still slow after it)" >>"$faults"
     else
         echo "$what $(since)" >>"$faults"
@@ -732,7 +783,8 @@ schema "$conf"
 sql -f tests/data/effects.sql
 settings="$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}"
 (( resources == 0 )) || settings+=", concurrency ${concurrency:-1} over $resources resource key(s)"
-[ -z "$latency" ] || settings+=", ${lat_pg}ms to PostgreSQL and ${lat_redis}ms to Redis for ${latency_s} s"
+[ -z "$latency" ] || settings+=", ${lat_pg}ms to PostgreSQL, ${lat_redis}ms to Redis${lat_amqp:+, ${lat_amqp}ms to RabbitMQ}"
+[ -z "$latency" ] || settings+=" (jitter ${jitter}ms) for ${latency_s} s"
 say "seed $seed: $keys keys, $dup_percent% published twice, ${job_ms}ms jobs, $settings"
 
 one_run calm
@@ -797,7 +849,7 @@ printf 'chaos: keys=%s published=%s effects=%s doubled=%s lost=%s failed=%s dead
     "$keys" "$published" "$effects" "$doubled" "$lost" "$failed_keys" "$dead_letters" "$left"
 printf ' faults: kills=%s misses=%s stops=%s restarts=redis:%s,rabbitmq:%s,postgres:%s' \
     "$kills" "$misses" "$stops" "$r_redis" "$r_rabbit" "$r_pg"
-[ -z "$latency" ] || printf ' latency=%s@%sms' "$latencies" "$latency"
+[ -z "$latency" ] || printf ' latency=%s@%sms jitter=%sms' "$latencies" "$latency" "$jitter"
 printf ' late=%s unverified=%s' "$late" "$unverified"
 (( resources == 0 )) ||
     printf ' at-once: limit=%s resources=%s calm=%s storm=%s storm-all=%s' "${concurrency:-1}" \

@@ -23,7 +23,7 @@
 #define DELAY_MS       40   /* each way: a statement's round trip is 80 ms */
 #define TRACE_DELAY_MS 100  /* the SQL handler's test: its margin is one delay */
 #define GROW_DELAY_MS  5    /* a round trip of 10 ms: past batch_size.c's 8 ms step */
-#define GROW_JOBS      160
+#define GROW_JOBS      200
 #define JOBS           8
 #define H_QUEUED       "tests/plugins/queued.so"
 /* One batch of the JOBS, the job charged for a failed COMMIT dead at once. */
