@@ -20,7 +20,9 @@ static int otlp_endpoint(struct loader *L, yaml_node_t *v, void *base);
 const struct key sk_conf_tracing_keys[] = {
     CUSTOM("otlp_endpoint", otlp_endpoint, false),
     STR("service_name", sk_tracing_conf, service_name),
-    DURATION("otlp_timeout", sk_tracing_conf, otlp_timeout_ms, 100, 60 * SEC),
+    /* At most 10s: a worker's stop waits this long for its spans, well inside
+     * the default shutdown_timeout (30s). */
+    DURATION("otlp_timeout", sk_tracing_conf, otlp_timeout_ms, 100, 10 * SEC),
     END
 };
 

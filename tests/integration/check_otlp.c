@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 
@@ -30,6 +31,9 @@ struct collector {
     char               path[512];
     int                requests;
     int                port;
+    /* Set: each request waits, unanswered, until collector_release(). */
+    bool               hang;
+    pthread_cond_t     released;
 };
 
 struct upload {
@@ -60,6 +64,13 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    pthread_mutex_lock(&col->lock);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    while (col->hang && pthread_cond_timedwait(&col->released, &col->lock, &until) == 0)
+        ;
+    pthread_mutex_unlock(&col->lock);
     unsigned status = 200;
     if (strcmp(method, "POST") != 0 || strcmp(url, "/v1/traces") != 0 || type == NULL ||
         strcmp(type, "application/json") != 0 || u->body == NULL)
@@ -95,6 +106,7 @@ static void collector_start(struct collector *col, const char *dir)
 {
     memset(col, 0, sizeof(*col));
     pthread_mutex_init(&col->lock, NULL);
+    pthread_cond_init(&col->released, NULL);
     snprintf(col->path, sizeof(col->path), "%s/spans.jsonl", dir);
     col->port = h_free_port();
     col->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
@@ -103,9 +115,19 @@ static void collector_start(struct collector *col, const char *dir)
     ck_assert_msg(col->d != NULL, "the collector cannot listen on port %d", col->port);
 }
 
+static void collector_release(struct collector *col)
+{
+    pthread_mutex_lock(&col->lock);
+    col->hang = false;
+    pthread_cond_broadcast(&col->released);
+    pthread_mutex_unlock(&col->lock);
+}
+
 static void collector_stop(struct collector *col)
 {
+    collector_release(col);
     MHD_stop_daemon(col->d);
+    pthread_cond_destroy(&col->released);
     pthread_mutex_destroy(&col->lock);
 }
 
@@ -336,11 +358,76 @@ START_TEST(test_with_the_collector_down_jobs_run_and_the_spans_are_counted_dropp
 }
 END_TEST
 
+static int by_span_id(const void *a, const void *b)
+{
+    return strcmp(((const struct span *)a)->span_id, ((const struct span *)b)->span_id);
+}
+
+static double spans_metric(int port, const char *name, const struct h_run *r)
+{
+    return h_metric(port, "%s{queue=\"%s\",job_type=\"charge\"}", name, r->queue);
+}
+
+/* A collector that takes requests and does not answer: the export thread
+ * waits in its POST, the worker's queue of 2048 spans fills, and the spans
+ * past it are dropped and counted while every job completes; once the
+ * collector answers, the queued spans go out. */
+START_TEST(test_a_full_span_queue_drops_and_counts_and_never_holds_a_job)
+{
+    struct h_run r;
+    struct collector col;
+    h_run_open(&r, "otlpfull");
+    collector_start(&col, r.dir);
+    col.hang = true;
+    char top[512];
+    int mport = h_metrics_top(top, sizeof(top));
+    size_t used = strlen(top);
+    snprintf(top + used, sizeof(top) - used,
+             "tracing:\n  otlp_endpoint: http://127.0.0.1:%d/v1/traces\n  otlp_timeout: 10s\n",
+             col.port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top });
+    enum { JOBS = 2400, QUEUE = 2048, BATCH = 256 };
+    for (int i = 0; i < JOBS; i++) {
+        char id[32], key[32];
+        snprintf(id, sizeof(id), "job-full-%d", i);
+        snprintf(key, sizeof(key), "full-%d", i);
+        publish(&r, id, key, NULL, "ok");
+    }
+    H_WAIT(h_completed(&r) == JOBS, 60000, "every job should complete while the collector hangs");
+    /* The first batch hangs in its POST, the queue is full, the rest dropped. */
+    H_WAIT(spans_metric(mport, "sekali_spans_dropped_total", &r) >= JOBS - QUEUE - BATCH, 10000,
+           "at least %d spans should be counted dropped", JOBS - QUEUE - BATCH);
+    ck_assert_double_eq(spans_metric(mport, "sekali_spans_exported_total", &r), 0);
+    double dropped = spans_metric(mport, "sekali_spans_dropped_total", &r);
+    ck_assert_double_le(dropped, JOBS - QUEUE);
+    collector_release(&col);
+    H_WAIT(spans_metric(mport, "sekali_spans_exported_total", &r) == JOBS - dropped, 30000,
+           "the %.0f queued spans should be exported once the collector answers",
+           JOBS - dropped);
+    ck_assert_double_eq(spans_metric(mport, "sekali_spans_dropped_total", &r), dropped);
+    h_run_stop(&r);
+    /* A POST that outlived otlp_timeout while the collector hung was sent
+     * again, and the collector kept both copies: spans counted once each. */
+    struct span *all = calloc(2 * JOBS, sizeof(*all));
+    ck_assert_ptr_nonnull(all);
+    size_t n = spans_read(&col, all, 2 * JOBS);
+    qsort(all, n, sizeof(*all), by_span_id);
+    size_t unique = 0;
+    for (size_t i = 0; i < n; i++)
+        unique += i == 0 || strcmp(all[i].span_id, all[i - 1].span_id) != 0;
+    ck_assert_uint_eq(unique, (size_t)(JOBS - dropped));
+    free(all);
+    collector_stop(&col);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_each_run_is_one_span_in_the_producers_trace,
         test_with_the_collector_down_jobs_run_and_the_spans_are_counted_dropped,
+        test_a_full_span_queue_drops_and_counts_and_never_holds_a_job,
         NULL,
     };
     return h_run_suite(h_suite("otlp", 120, tests));
