@@ -25,6 +25,11 @@ uint64_t sk_store_rtt_settled_ns(const struct sk_store *s)
     (void)s;
     return 0;
 }
+uint64_t sk_links_redis_rtt_ns(const struct sk_links *l)
+{
+    (void)l;
+    return 0;
+}
 void sk_links_set_prefetch(struct sk_links *l, int prefetch)
 {
     (void)l;
