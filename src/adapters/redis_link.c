@@ -338,12 +338,9 @@ redisReply *sk_redis_link_command(struct sk_redis_link *l, const char *fmt, ...)
 uint64_t sk_redis_link_rtt_ns(const struct sk_redis_link *l)
 {
     uint64_t least = 0;
-    for (size_t i = 0; i < RTT_SAMPLES; i++) {
-        if (l->rtt_ns[i] == 0)
-            return 0;
-        if (least == 0 || l->rtt_ns[i] < least)
+    for (size_t i = 0; i < RTT_SAMPLES; i++)
+        if (l->rtt_ns[i] != 0 && (least == 0 || l->rtt_ns[i] < least))
             least = l->rtt_ns[i];
-    }
     return least;
 }
 

@@ -18,8 +18,10 @@
  * there a larger batch, fewer round trips a job, is what raises the rate
  * (make bench-distance's 0 ms runs, 16 workers on 2 cores). Such a round
  * trip moves by several times from one batch to the next, so a batch
- * shrinks only a few batches after it changed (it grows at once: a far
- * server's first seconds are the ones a small batch wastes), and the
+ * shrinks only SK_BATCH_KEEP batches after it changed, when the estimate
+ * is made of round trips of its new size (it grows at once, on the first
+ * round trips: a far server's first seconds are the ones a small batch
+ * wastes, and a worker starting among many may grow for the crowd), and the
  * window only grows: a new window is a new consumer, three round trips,
  * while a window larger than the batch costs nothing but deliveries held
  * (handed back if the worker dies).
@@ -92,7 +94,7 @@ void sk_batch_size_update(struct sk_pipeline *p, size_t ran_before_close)
         return;
     int was = p->batch.now > 0 ? p->batch.now : q->batch;
     /* The lock's round trip is a batch's too: the farther server decides. */
-    uint64_t pg = sk_store_rtt_settled_ns(sk_links_store(p->links));
+    uint64_t pg = sk_store_rtt_ns(sk_links_store(p->links));
     uint64_t redis = sk_links_redis_rtt_ns(p->links);
     uint64_t rtt = pg > redis ? pg : redis;
     const char *server = pg >= redis ? "PostgreSQL" : "Redis";
