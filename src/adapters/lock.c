@@ -663,6 +663,11 @@ static int check_master(struct sk_lock *l, struct sk_err *err)
     return SK_OK;
 }
 
+uint64_t sk_lock_rtt_ns(const struct sk_lock *l)
+{
+    return l != NULL && l->ctx != NULL ? sk_redis_link_rtt_ns(l->ctx) : 0;
+}
+
 void sk_lock_set_timeout(struct sk_lock *l, uint32_t timeout_ms)
 {
     l->timeout_ms = timeout_ms > 0 ? timeout_ms : l->conf->timeout_ms;

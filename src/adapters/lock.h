@@ -50,6 +50,9 @@ int  sk_lock_open(struct sk_lock **out, const struct sk_redis_conf *conf, struct
 int  sk_lock_open_bounded(struct sk_lock **out, const struct sk_redis_conf *conf,
                           uint32_t timeout_ms, struct sk_err *err);
 void sk_lock_close(struct sk_lock *l);
+/* Redis's round trip as this connection measures it (the least of its
+ * last 8), in ns; 0 before the first, or while it is not connected. */
+uint64_t sk_lock_rtt_ns(const struct sk_lock *l);
 /* Changes the bound sk_lock_open_bounded() gave: the live connection's
  * reads and writes at once, a reconnect's connect too. The renewal thread
  * narrows it to what is left of the lease it is saving. */

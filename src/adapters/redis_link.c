@@ -32,7 +32,11 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "clock.h"
+
 #define READ_CHUNK 16384
+/* Round trips remembered: their least is the estimate (as store.c's). */
+#define RTT_SAMPLES 8
 
 struct sk_redis_link {
     int                 fd;
@@ -48,6 +52,8 @@ struct sk_redis_link {
     bool                heard;     /* the server has sent us a byte */
     bool                closed;    /* ... and the last failure was its close */
     struct sk_tls_state tls;
+    uint64_t            rtt_ns[RTT_SAMPLES];  /* 0: no sample yet */
+    unsigned            rtt_next;
 };
 
 static int dial(struct sk_redis_link *l, uint32_t timeout_ms, struct sk_err *err);
@@ -232,6 +238,9 @@ int sk_redis_link_reply(struct sk_redis_link *l, redisReply **reply)
 {
     *reply = NULL;
     l->setting = false;
+    /* A reply that comes after what we sent, not one already read with
+     * an earlier pipeline's, is a sample of the round trip. */
+    uint64_t sent_ns = l->out_len > 0 ? sk_now_ns() : 0;
     for (size_t sent = 0; sent < l->out_len;) {
         ssize_t n = l->ssl != NULL ? SSL_write(l->ssl, l->out + sent, (int)(l->out_len - sent))
                                    : send(l->fd, l->out + sent, l->out_len - sent, MSG_NOSIGNAL);
@@ -250,6 +259,10 @@ int sk_redis_link_reply(struct sk_redis_link *l, redisReply **reply)
         }
         if (r != NULL) {
             *reply = r;
+            if (sent_ns != 0) {
+                uint64_t took = sk_now_ns() - sent_ns;
+                l->rtt_ns[l->rtt_next++ % RTT_SAMPLES] = took > 0 ? took : 1;
+            }
             return REDIS_OK;
         }
         char buf[READ_CHUNK];
@@ -320,6 +333,15 @@ redisReply *sk_redis_link_command(struct sk_redis_link *l, const char *fmt, ...)
         return NULL;
     }
     return sk_redis_link_reply(l, &reply) == REDIS_OK ? reply : NULL;
+}
+
+uint64_t sk_redis_link_rtt_ns(const struct sk_redis_link *l)
+{
+    uint64_t least = 0;
+    for (size_t i = 0; i < RTT_SAMPLES; i++)
+        if (l->rtt_ns[i] != 0 && (least == 0 || l->rtt_ns[i] < least))
+            least = l->rtt_ns[i];
+    return least;
 }
 
 const char *sk_redis_link_errstr(const struct sk_redis_link *l)

@@ -46,6 +46,10 @@ int sk_redis_link_reply(struct sk_redis_link *l, redisReply **reply);
 redisReply *sk_redis_link_command(struct sk_redis_link *l, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The least of this connection's last 8 round trips (a pipeline sent and
+ * its first reply), in ns; 0 before the first. */
+uint64_t sk_redis_link_rtt_ns(const struct sk_redis_link *l);
+
 /* Why the last call failed ("" if none). Never holds a command's text. */
 const char *sk_redis_link_errstr(const struct sk_redis_link *l);
 const char *sk_redis_link_host(const struct sk_redis_link *l);

@@ -533,14 +533,6 @@ uint64_t sk_store_rtt_ns(const struct sk_store *s)
     return least;
 }
 
-uint64_t sk_store_rtt_settled_ns(const struct sk_store *s)
-{
-    for (size_t i = 0; i < RTT_SAMPLES; i++)
-        if (s->rtt_ns[i] == 0)
-            return 0;
-    return sk_store_rtt_ns(s);
-}
-
 static void rtt_sample(struct sk_store *s, uint64_t started_ns)
 {
     uint64_t took = sk_now_ns() - started_ns;

@@ -139,11 +139,6 @@ int sk_store_commit_results(struct sk_store *s, const struct sk_keyref *const *r
  * among them does not raise it; a server that stays slow does, within a
  * few transactions. The store's thread only; does not block. */
 uint64_t sk_store_rtt_ns(const struct sk_store *s);
-/* The same once every remembered round trip is of this connection, 0
- * before: a decision that lasts (batch_size.c) waits for it, since the
- * first few round trips of a worker starting with many others measure
- * the crowd as much as the server. */
-uint64_t sk_store_rtt_settled_ns(const struct sk_store *s);
 
 /* Rolls back the job's transaction. SK_OK, SK_AGAIN (connection lost: the
  * server rolled it back) or SK_ERR. */

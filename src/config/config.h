@@ -156,7 +156,7 @@ struct sk_queue_conf {
     bool               dead_letter_mirror; /* also copy dead letters to <queue>.dead */
     int                max_crashes;    /* a job whose worker died this often is dead-lettered; 0: off */
     int                batch;          /* most deliveries per transaction; 1: one job per transaction */
-    int                batch_max;      /* what batch may grow to with a far PostgreSQL (batch_size.c) */
+    int                batch_max;      /* what batch may grow to with far servers (batch_size.c) */
     int                prefetch_max;   /* what prefetch may grow to with it: prefetch when set */
     uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch; 0: never */
     uint32_t           batch_close_after_ms; /* handlers' run time after which a batch commits */

@@ -216,7 +216,7 @@ static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_c
  * next batch is already arriving while this one runs; one set too small
  * for a set batch is the user's to fix.
  *
- * A far PostgreSQL grows a worker's batch up to batch_max (batch_size.c),
+ * A far PostgreSQL or Redis grows a worker's batch up to batch_max (batch_size.c),
  * and an unset prefetch with it, to two of those; a set prefetch stays as
  * set and caps the growth. A queue of batch 1 does not grow: its jobs are
  * one a transaction on purpose. */

@@ -10,7 +10,7 @@
 struct sk_pipeline;
 
 /* Batch mode (queue->batch > 1): takes up to the worker's batch (the
- * queue's, grown by a far PostgreSQL: batch_size.h) of deliveries, the
+ * queue's, grown by far servers: batch_size.h) of deliveries, the
  * first one given and the rest from the consumer's prefetch window (waiting
  * at most queue->batch_wait for them), and runs them in one transaction,
  * each handler in its own savepoint. Every delivery taken is settled and

@@ -6,8 +6,9 @@
  * millisecond, and the queue's batch, small, keeps each job's wait for its
  * batch-mates short. Far away they are most of a job's cost, and only more
  * jobs a batch spread them: at 20 ms each way batch 64 ran 2.3 times batch
- * 16 (docs/benchmark.md). So each worker measures its own round trip (the
- * least of its last claims and COMMITs, store.c) and doubles its batch for
+ * 16 (docs/benchmark.md). So each worker measures its own round trips (the
+ * least of its last claims and COMMITs, store.c, and of its last Redis
+ * pipelines, redis_link.c), and for the farther server doubles its batch for
  * each doubling past SK_BATCH_NEAR_RTT_NS, up to the queue's batch_max;
  * its prefetch window, when sekali chooses it, follows at two batches, so
  * that the next batch is arriving while one runs.
@@ -17,8 +18,10 @@
  * there a larger batch, fewer round trips a job, is what raises the rate
  * (make bench-distance's 0 ms runs, 16 workers on 2 cores). Such a round
  * trip moves by several times from one batch to the next, so a batch
- * shrinks only a few batches after it changed (it grows at once: a far
- * server's first seconds are the ones a small batch wastes), and the
+ * shrinks only SK_BATCH_KEEP batches after it changed, when the estimate
+ * is made of round trips of its new size (it grows at once, on the first
+ * round trips: a far server's first seconds are the ones a small batch
+ * wastes, and a worker starting among many may grow for the crowd), and the
  * window only grows: a new window is a new consumer, three round trips,
  * while a window larger than the batch costs nothing but deliveries held
  * (handed back if the worker dies).
@@ -90,12 +93,16 @@ void sk_batch_size_update(struct sk_pipeline *p, size_t ran_before_close)
     if (q->batch_max <= q->batch)
         return;
     int was = p->batch.now > 0 ? p->batch.now : q->batch;
-    uint64_t rtt = sk_store_rtt_settled_ns(sk_links_store(p->links));
+    /* The lock's round trip is a batch's too: the farther server decides. */
+    uint64_t pg = sk_store_rtt_ns(sk_links_store(p->links));
+    uint64_t redis = sk_links_redis_rtt_ns(p->links);
+    uint64_t rtt = pg > redis ? pg : redis;
+    const char *server = pg >= redis ? "PostgreSQL" : "Redis";
     int now = sk_batch_size_next(&p->batch, q, rtt, ran_before_close);
     if (now == was)
         return;
-    sk_log_debug("queue %s: PostgreSQL's round trip is %.1f ms%s: batches of up to %d (were %d)",
-                 q->name, (double)rtt / 1e6,
+    sk_log_debug("queue %s: %s's round trip is %.1f ms%s: batches of up to %d (were %d)",
+                 q->name, server, (double)rtt / 1e6,
                  ran_before_close > 0 ? " and a transaction closed early" : "", now, was);
     int prefetch = 2 * now;
     if (prefetch > q->prefetch_max)
@@ -110,9 +117,10 @@ void sk_batch_size_update(struct sk_pipeline *p, size_t ran_before_close)
     const struct sk_log_field fields[] = {
         { "batch", batch }, { "prefetch", window }, { "rtt_ms", rtt_ms },
     };
-    sk_log_event_fields(SK_LOG_INFO, SK_EVENT_BATCH_RESIZED, SK_SERVER_POSTGRES,
+    sk_log_event_fields(SK_LOG_INFO, SK_EVENT_BATCH_RESIZED,
+                        pg >= redis ? SK_SERVER_POSTGRES : SK_SERVER_REDIS,
                         &(struct sk_log_job){ .queue = q->name }, fields, SK_ARRAY_LEN(fields),
-                        "queue %s: PostgreSQL's round trip is %s ms: batches of up to %d, "
-                        "prefetch %d", q->name, rtt_ms, now, prefetch);
+                        "queue %s: %s's round trip is %s ms: batches of up to %d, prefetch %d",
+                        q->name, server, rtt_ms, now, prefetch);
     sk_links_set_prefetch(p->links, prefetch);
 }

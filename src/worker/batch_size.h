@@ -11,8 +11,8 @@ struct sk_queue_conf;
 
 struct sk_batch_size;  /* pipeline.h: a worker's batch as it goes */
 
-/* The next batch for a PostgreSQL round trip of rtt_ns (0: not settled
- * yet: the batch stays), ran handlers having run in a transaction that
+/* The next batch for a round trip of rtt_ns (0: none measured yet: the
+ * batch stays), ran handlers having run in a transaction that
  * closed early (0: none closed early): the queue's batch doubled for each
  * doubling of the round trip past SK_BATCH_NEAR_RTT_NS, up to the
  * ceiling, as soon as the round trip calls for more. An early close
@@ -24,8 +24,8 @@ struct sk_batch_size;  /* pipeline.h: a worker's batch as it goes */
 int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, uint64_t rtt_ns,
                        size_t ran);
 
-/* After a batch: p's batch for the next one from the store's settled
- * round trip and how many handlers a transaction ran before it closed
+/* After a batch: p's batch for the next one from the farther of its
+ * PostgreSQL and Redis round trips and how many handlers a transaction ran before it closed
  * early (0: none closed early), and, when the prefetch is sekali's to
  * choose, the consumer's window grown to two of those batches (a new
  * window is logged; it never shrinks, see batch_size.c). */

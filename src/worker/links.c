@@ -183,6 +183,11 @@ int sk_links_lock(struct sk_links *l, struct sk_lock **out)
     return SK_OK;
 }
 
+uint64_t sk_links_redis_rtt_ns(const struct sk_links *l)
+{
+    return sk_lock_rtt_ns(l->lock);
+}
+
 int sk_links_free_orphans(struct sk_links *l, const struct sk_slot_lock *locks, size_t n,
                           size_t *freed)
 {

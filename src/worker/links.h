@@ -89,6 +89,10 @@ struct sk_broker *sk_links_publisher(struct sk_links *l, struct sk_err *err);
  * (`wait`, and always while Redis refuses sekali's password). */
 int sk_links_lock(struct sk_links *l, struct sk_lock **out);
 
+/* Redis's round trip as the lock connection measures it (sk_lock_rtt_ns());
+ * 0 until measured, or while there is no connection. */
+uint64_t sk_links_redis_rtt_ns(const struct sk_links *l);
+
 /* Deletes each of a dead worker's n locks (its slot's orphans) whose token
  * still owns it, in one round trip on the lock connection and under its
  * outage: while Redis is down it is asked again only when the backoff

@@ -35,13 +35,13 @@ struct proxy {
     int   port;
 };
 
-/* A delay_proxy in front of the test PostgreSQL, delay_ms each way; its
+/* A delay_proxy in front of the server on port, delay_ms each way; its
  * listening port is read from its "ready PORT" line. */
-static void proxy_start(struct proxy *px, int delay_ms)
+static void proxy_start_to(struct proxy *px, int port, int delay_ms)
 {
     char path[1100], map[128];
     snprintf(path, sizeof(path), "%s/tests/delay_proxy", h_build_dir());
-    snprintf(map, sizeof(map), "0:127.0.0.1:%s:%d", getenv("SEKALI_PG_PORT"), delay_ms);
+    snprintf(map, sizeof(map), "0:127.0.0.1:%d:%d", port, delay_ms);
     int fds[2];
     ck_assert_int_eq(pipe(fds), 0);
     px->pid = fork();
@@ -61,6 +61,12 @@ static void proxy_start(struct proxy *px, int delay_ms)
                  sscanf(line, "ready %d", &px->port) == 1;
     fclose(out);
     ck_assert_msg(ready, "%s did not start (is it built? make tests): \"%s\"", path, line);
+}
+
+/* ... in front of the test PostgreSQL. */
+static void proxy_start(struct proxy *px, int delay_ms)
+{
+    proxy_start_to(px, atoi(getenv("SEKALI_PG_PORT")), delay_ms);
 }
 
 static void proxy_stop(struct proxy *px)
@@ -258,6 +264,52 @@ START_TEST(test_far_postgres_grows_the_batch_and_the_prefetch)
 }
 END_TEST
 
+/* The same with Redis far and PostgreSQL near: a batch's lock is one of
+ * its round trips, so the farther server decides, and the event names it.
+ * Each job has a resource of its own, so every batch takes its locks. */
+START_TEST(test_far_redis_grows_the_batch_too)
+{
+    struct h_run r;
+    h_run_open(&r, "farredis");
+    int redis_port = h_test_tls() ? atoi(getenv("SEKALI_REDIS_TLS_PORT")) : h_redis_port();
+    struct proxy px;
+    proxy_start_to(&px, redis_port, GROW_DELAY_MS);
+    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
+    for (int i = 1; i <= GROW_JOBS; i++) {
+        char id[16], key[16], resource[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        snprintf(resource, sizeof(resource), "r-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, resource, "ok");
+    }
+    r.config = h_write_config_top(r.dir, r.queue, H_QUEUED, 1,
+                                  "    batch: 4\n    batch_max: 32\n", NULL);
+    char from[64], to[64];
+    snprintf(from, sizeof(from), "  port: %d\n", redis_port);
+    snprintf(to, sizeof(to), "  port: %d\n", px.port);
+    h_config_replace(r.config, from, to);
+    char mark_env[1100];
+    snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", r.mark);
+    const char *env[] = { mark_env, NULL };
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
+    H_WAIT(h_completed(&r) == GROW_JOBS, 90000, "the %d jobs should complete, have %lld",
+           GROW_JOBS, h_completed(&r));
+    H_WAIT(h_consumer_prefetch(r.queue) == 64, 10000, "the consumer's prefetch should grow to "
+           "64, is %d", h_consumer_prefetch(r.queue));
+    h_run_stop(&r);
+    proxy_stop(&px);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.queued_effects WHERE "
+                                      "queue = '%s'", r.queue), GROW_JOBS);
+    ck_assert_int_eq(h_completed(&r), GROW_JOBS);
+    int resized = h_count_event_where(r.log, SK_EVENT_BATCH_RESIZED, "queue", r.queue, "server",
+                                      SK_SERVER_REDIS, "batch", "32", NULL);
+    printf("check_distance: Redis at %d ms each way grew batch 4 to 32 (%d events)\n",
+           GROW_DELAY_MS, resized);
+    ck_assert_msg(resized >= 1, "the worker should log its batch grown to 32 for Redis");
+    h_run_close(&r);
+}
+END_TEST
+
 /* The row "taken" (tests/data/effects.sql), which a job whose body is
  * "dup" breaks the unique key on; and r's queue declared. */
 static void taken_row(struct h_run *r)
@@ -339,6 +391,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_sql_handler_sends_its_trace_with_its_statement);
     tcase_add_test(tc, test_far_postgres_queued_statements_ride_the_commit);
     tcase_add_test(tc, test_far_postgres_grows_the_batch_and_the_prefetch);
+    tcase_add_test(tc, test_far_redis_grows_the_batch_too);
     tcase_add_test(tc, test_queued_statement_failing_charges_its_job_alone);
     tcase_add_test(tc, test_queued_statement_failing_keeps_the_batch_duplicates_count);
     suite_add_tcase(s, tc);

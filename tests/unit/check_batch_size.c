@@ -20,9 +20,14 @@ struct sk_store *sk_links_store(struct sk_links *l)
     (void)l;
     return NULL;
 }
-uint64_t sk_store_rtt_settled_ns(const struct sk_store *s)
+uint64_t sk_store_rtt_ns(const struct sk_store *s)
 {
     (void)s;
+    return 0;
+}
+uint64_t sk_links_redis_rtt_ns(const struct sk_links *l)
+{
+    (void)l;
     return 0;
 }
 void sk_links_set_prefetch(struct sk_links *l, int prefetch)
@@ -64,8 +69,8 @@ START_TEST(test_the_batch_doubles_with_each_doubling_past_a_near_round_trip)
 }
 END_TEST
 
-/* Until the round trip is settled (0) the batch stays as it is. */
-START_TEST(test_no_settled_round_trip_keeps_the_batch)
+/* Until a round trip is measured (0) the batch stays as it is. */
+START_TEST(test_no_measured_round_trip_keeps_the_batch)
 {
     struct sk_batch_size bs = { 0 };
     for (int i = 0; i < 3 * SK_BATCH_KEEP; i++)
@@ -128,7 +133,7 @@ int main(void)
 {
     const TTest *tests[] = {
         test_the_batch_doubles_with_each_doubling_past_a_near_round_trip,
-        test_no_settled_round_trip_keeps_the_batch,
+        test_no_measured_round_trip_keeps_the_batch,
         test_batch_max_caps_the_growth,
         test_a_batch_shrinks_only_well_below_its_round_trip_and_not_at_once,
         test_an_early_close_caps_the_batch_until_calm_batches_pass,
