@@ -220,6 +220,39 @@ START_TEST(test_far_postgres_queued_statements_ride_the_commit)
 }
 END_TEST
 
+/* GROW_JOBS jobs, keys k-1.., each with a resource of its own (r-1..)
+ * when resources, so that every batch takes its locks. */
+static void publish_grow_jobs(struct h_run *r, bool resources)
+{
+    ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
+    for (int i = 1; i <= GROW_JOBS; i++) {
+        char id[16], key[16], resource[16];
+        snprintf(id, sizeof(id), "m-%d", i);
+        snprintf(key, sizeof(key), "k-%d", i);
+        snprintf(resource, sizeof(resource), "r-%d", i);
+        h_publish(r->b, r->queue, "test", id, key, resources ? resource : NULL, "ok");
+    }
+}
+
+/* Every job done once, the consumer's prefetch grown from 8 to 64, then
+ * sekalid and the proxy stopped; the batch_resized events to batch 32
+ * that name server. */
+static int expect_grown(struct h_run *r, struct proxy *px, const char *server)
+{
+    H_WAIT(h_completed(r) == GROW_JOBS, 90000, "the %d jobs should complete, have %lld",
+           GROW_JOBS, h_completed(r));
+    H_WAIT(h_consumer_prefetch(r->queue) == 64, 10000, "the consumer's prefetch should grow to "
+           "64, is %d", h_consumer_prefetch(r->queue));
+    h_run_stop(r);
+    proxy_stop(px);
+    /* Once each: the effects' primary key is (queue, key). */
+    ck_assert_int_eq(h_pg_count(r->pg, "SELECT count(*) FROM sekali_test.queued_effects WHERE "
+                                       "queue = '%s'", r->queue), GROW_JOBS);
+    ck_assert_int_eq(h_completed(r), GROW_JOBS);
+    return h_count_event_where(r->log, SK_EVENT_BATCH_RESIZED, "queue", r->queue, "server",
+                               server, "batch", "32", "prefetch", "64", NULL);
+}
+
 /* A far PostgreSQL (GROW_DELAY_MS each way: a round trip past 8 ms) grows
  * a worker's batch from 4 to its batch_max of 32, and its unset prefetch
  * from 8 to 64, a new consumer the broker counts (batch_size.c). With a
@@ -232,29 +265,12 @@ START_TEST(test_far_postgres_grows_the_batch_and_the_prefetch)
     h_run_open(&r, "fargrow");
     struct proxy px;
     proxy_start(&px, GROW_DELAY_MS);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    for (int i = 1; i <= GROW_JOBS; i++) {
-        char id[16], key[16];
-        snprintf(id, sizeof(id), "m-%d", i);
-        snprintf(key, sizeof(key), "k-%d", i);
-        h_publish(r.b, r.queue, "test", id, key, NULL, "ok");
-    }
+    publish_grow_jobs(&r, false);
     start_far(&r, &px, H_QUEUED, "    batch: 4\n    batch_max: 32\n    lock: false\n");
-    H_WAIT(h_completed(&r) == GROW_JOBS, 90000, "the %d jobs should complete, have %lld",
-           GROW_JOBS, h_completed(&r));
-    H_WAIT(h_consumer_prefetch(r.queue) == 64, 10000, "the consumer's prefetch should grow to "
-           "64, is %d", h_consumer_prefetch(r.queue));
-    h_run_stop(&r);
-    proxy_stop(&px);
-    /* Once each: the effects' primary key is (queue, key). */
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.queued_effects WHERE "
-                                      "queue = '%s'", r.queue), GROW_JOBS);
-    ck_assert_int_eq(h_completed(&r), GROW_JOBS);
+    int resized = expect_grown(&r, &px, SK_SERVER_POSTGRES);
     long long largest = h_pg_count(r.pg, "SELECT max(n) FROM (SELECT count(*) AS n FROM "
                                          "sekali_test.queued_effects WHERE queue = '%s' "
                                          "GROUP BY xmin::text) t", r.queue);
-    int resized = h_count_event_where(r.log, SK_EVENT_BATCH_RESIZED, "queue", r.queue, "batch",
-                                      "32", "prefetch", "64", NULL);
     printf("check_distance: %d jobs at %d ms each way, batch 4 grown to 32 (%d events), at "
            "most %lld jobs a transaction\n", GROW_JOBS, GROW_DELAY_MS, resized, largest);
     ck_assert_msg(resized >= 1, "the worker should log its batch grown to 32");
@@ -265,8 +281,7 @@ START_TEST(test_far_postgres_grows_the_batch_and_the_prefetch)
 END_TEST
 
 /* The same with Redis far and PostgreSQL near: a batch's lock is one of
- * its round trips, so the farther server decides, and the event names it.
- * Each job has a resource of its own, so every batch takes its locks. */
+ * its round trips, so the farther server decides, and the event names it. */
 START_TEST(test_far_redis_grows_the_batch_too)
 {
     struct h_run r;
@@ -274,14 +289,7 @@ START_TEST(test_far_redis_grows_the_batch_too)
     int redis_port = h_test_tls() ? atoi(getenv("SEKALI_REDIS_TLS_PORT")) : h_redis_port();
     struct proxy px;
     proxy_start_to(&px, redis_port, GROW_DELAY_MS);
-    ck_assert_int_eq(sk_broker_declare(r.b, r.queue, NULL, NULL), SK_OK);
-    for (int i = 1; i <= GROW_JOBS; i++) {
-        char id[16], key[16], resource[16];
-        snprintf(id, sizeof(id), "m-%d", i);
-        snprintf(key, sizeof(key), "k-%d", i);
-        snprintf(resource, sizeof(resource), "r-%d", i);
-        h_publish(r.b, r.queue, "test", id, key, resource, "ok");
-    }
+    publish_grow_jobs(&r, true);
     r.config = h_write_config_top(r.dir, r.queue, H_QUEUED, 1,
                                   "    batch: 4\n    batch_max: 32\n", NULL);
     char from[64], to[64];
@@ -292,17 +300,7 @@ START_TEST(test_far_redis_grows_the_batch_too)
     snprintf(mark_env, sizeof(mark_env), "SEKALI_FAILPOINT_MARK=%s", r.mark);
     const char *env[] = { mark_env, NULL };
     r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
-    H_WAIT(h_completed(&r) == GROW_JOBS, 90000, "the %d jobs should complete, have %lld",
-           GROW_JOBS, h_completed(&r));
-    H_WAIT(h_consumer_prefetch(r.queue) == 64, 10000, "the consumer's prefetch should grow to "
-           "64, is %d", h_consumer_prefetch(r.queue));
-    h_run_stop(&r);
-    proxy_stop(&px);
-    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.queued_effects WHERE "
-                                      "queue = '%s'", r.queue), GROW_JOBS);
-    ck_assert_int_eq(h_completed(&r), GROW_JOBS);
-    int resized = h_count_event_where(r.log, SK_EVENT_BATCH_RESIZED, "queue", r.queue, "server",
-                                      SK_SERVER_REDIS, "batch", "32", NULL);
+    int resized = expect_grown(&r, &px, SK_SERVER_REDIS);
     printf("check_distance: Redis at %d ms each way grew batch 4 to 32 (%d events)\n",
            GROW_DELAY_MS, resized);
     ck_assert_msg(resized >= 1, "the worker should log its batch grown to 32 for Redis");
