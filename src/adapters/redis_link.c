@@ -35,8 +35,6 @@
 #include "clock.h"
 
 #define READ_CHUNK 16384
-/* Round trips remembered: their least is the estimate (as store.c's). */
-#define RTT_SAMPLES 8
 
 struct sk_redis_link {
     int                 fd;
@@ -52,8 +50,7 @@ struct sk_redis_link {
     bool                heard;     /* the server has sent us a byte */
     bool                closed;    /* ... and the last failure was its close */
     struct sk_tls_state tls;
-    uint64_t            rtt_ns[RTT_SAMPLES];  /* 0: no sample yet */
-    unsigned            rtt_next;
+    struct sk_rtt       rtt;       /* a pipeline sent and its first reply */
 };
 
 static int dial(struct sk_redis_link *l, uint32_t timeout_ms, struct sk_err *err);
@@ -259,10 +256,8 @@ int sk_redis_link_reply(struct sk_redis_link *l, redisReply **reply)
         }
         if (r != NULL) {
             *reply = r;
-            if (sent_ns != 0) {
-                uint64_t took = sk_now_ns() - sent_ns;
-                l->rtt_ns[l->rtt_next++ % RTT_SAMPLES] = took > 0 ? took : 1;
-            }
+            if (sent_ns != 0)
+                sk_rtt_add(&l->rtt, sent_ns);
             return REDIS_OK;
         }
         char buf[READ_CHUNK];
@@ -337,11 +332,7 @@ redisReply *sk_redis_link_command(struct sk_redis_link *l, const char *fmt, ...)
 
 uint64_t sk_redis_link_rtt_ns(const struct sk_redis_link *l)
 {
-    uint64_t least = 0;
-    for (size_t i = 0; i < RTT_SAMPLES; i++)
-        if (l->rtt_ns[i] != 0 && (least == 0 || l->rtt_ns[i] < least))
-            least = l->rtt_ns[i];
-    return least;
+    return sk_rtt_least(&l->rtt);
 }
 
 const char *sk_redis_link_errstr(const struct sk_redis_link *l)

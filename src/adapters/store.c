@@ -24,17 +24,11 @@
 #include "store.h"
 #include "text.h"
 
-/* Round trips remembered: their least is the estimate. A claim that waited
- * for a row lock, or one slow COMMIT, is one sample of many; only a server
- * that stays far (or slow) for RTT_SAMPLES round trips raises it. */
-#define RTT_SAMPLES 8
-
 struct sk_store {
     const struct sk_postgres_conf *conf;
     char                           application_name[64];  /* copied: reconnects need it */
     PGconn                        *conn;
-    uint64_t                       rtt_ns[RTT_SAMPLES];   /* 0: no sample yet */
-    unsigned                       rtt_next;
+    struct sk_rtt                  rtt;       /* claims, COMMITs, the preparing */
     const struct sk_pg_stmt       *first;    /* sk_store_send_first()'s, for the next finish */
     size_t                         n_first;
 };
@@ -526,17 +520,7 @@ int sk_store_count_duplicates(struct sk_store *s, const struct sk_keyref *const 
 
 uint64_t sk_store_rtt_ns(const struct sk_store *s)
 {
-    uint64_t least = 0;
-    for (size_t i = 0; i < RTT_SAMPLES; i++)
-        if (s->rtt_ns[i] != 0 && (least == 0 || s->rtt_ns[i] < least))
-            least = s->rtt_ns[i];
-    return least;
-}
-
-static void rtt_sample(struct sk_store *s, uint64_t started_ns)
-{
-    uint64_t took = sk_now_ns() - started_ns;
-    s->rtt_ns[s->rtt_next++ % RTT_SAMPLES] = took > 0 ? took : 1;
+    return sk_rtt_least(&s->rtt);
 }
 
 /* sk_pg_pipeline() of the span's own statements, each call one round trip:
@@ -548,7 +532,7 @@ static int timed_pipeline(struct sk_store *s, const struct sk_pg_stmt *steps, in
     uint64_t started = sk_now_ns();
     int rc = sk_pg_pipeline(s->conn, steps, n, last, err);
     if (rc != SK_AGAIN)
-        rtt_sample(s, started);
+        sk_rtt_add(&s->rtt, started);
     return rc;
 }
 
@@ -563,11 +547,11 @@ static int connect_and_prepare(struct sk_store *s, struct sk_err *err)
         return SK_AGAIN;
     /* A new connection may reach another server (a failover): its round
      * trips are measured afresh, the first from the preparing. */
-    memset(s->rtt_ns, 0, sizeof(s->rtt_ns));
+    s->rtt = (struct sk_rtt){ .next = 0 };
     uint64_t started = sk_now_ns();
     int rc = prepare_all(s->conn, err);
     if (rc == SK_OK)
-        rtt_sample(s, started);
+        sk_rtt_add(&s->rtt, started);
     if (rc != SK_OK) {
         PQfinish(s->conn);
         s->conn = NULL;
