@@ -48,6 +48,7 @@
 #include "store.h"
 
 static int grown(const struct sk_queue_conf *q, int ceiling, uint64_t rtt_ns);
+static int clamp(int n, int least, int most);
 
 int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, uint64_t rtt_ns,
                        size_t ran)
@@ -56,12 +57,11 @@ int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, 
         *bs = (struct sk_batch_size){ .now = q->batch, .ceiling = q->batch_max };
     bs->kept++;
     if (ran > 0) {
-        bs->ceiling = ran > (size_t)q->batch ? (ran < (size_t)q->batch_max ? (int)ran
-                                                                          : q->batch_max)
-                                             : q->batch;
+        /* ran is at most the span's size, batch_max. */
+        bs->ceiling = clamp((int)ran, q->batch, q->batch_max);
         bs->calm = 0;
     } else if (bs->ceiling < q->batch_max && ++bs->calm >= SK_BATCH_RETRY_AFTER) {
-        bs->ceiling = 2 * bs->ceiling < q->batch_max ? 2 * bs->ceiling : q->batch_max;
+        bs->ceiling = clamp(2 * bs->ceiling, q->batch, q->batch_max);
         bs->calm = 0;
     }
     int want = bs->now;
@@ -69,8 +69,7 @@ int sk_batch_size_next(struct sk_batch_size *bs, const struct sk_queue_conf *q, 
     if (fits > bs->now ||
         (bs->kept >= SK_BATCH_KEEP && grown(q, bs->ceiling, 2 * rtt_ns) < bs->now))
         want = fits;
-    if (want > bs->ceiling)
-        want = bs->ceiling;
+    want = clamp(want, q->batch, bs->ceiling);
     if (want != bs->now)
         bs->kept = 0;
     bs->now = want;
@@ -83,8 +82,13 @@ static int grown(const struct sk_queue_conf *q, int ceiling, uint64_t rtt_ns)
 {
     int size = q->batch;
     for (uint64_t near = SK_BATCH_NEAR_RTT_NS; rtt_ns > near && size < ceiling; near *= 2)
-        size = 2 * size < ceiling ? 2 * size : ceiling;
+        size = clamp(2 * size, size, ceiling);
     return size;
+}
+
+static int clamp(int n, int least, int most)
+{
+    return n < least ? least : n > most ? most : n;
 }
 
 void sk_batch_size_update(struct sk_pipeline *p, size_t ran_before_close)
@@ -104,12 +108,10 @@ void sk_batch_size_update(struct sk_pipeline *p, size_t ran_before_close)
     sk_log_debug("queue %s: %s's round trip is %.1f ms%s: batches of up to %d (were %d)",
                  q->name, server, (double)rtt / 1e6,
                  ran_before_close > 0 ? " and a transaction closed early" : "", now, was);
-    int prefetch = 2 * now;
-    if (prefetch > q->prefetch_max)
-        prefetch = q->prefetch_max;
-    if (prefetch <= p->prefetch)
+    /* The window only grows (see above). */
+    int prefetch = clamp(2 * now, q->prefetch, q->prefetch_max);
+    if (prefetch <= sk_links_prefetch(p->links))
         return;
-    p->prefetch = prefetch;
     char batch[16], window[16], rtt_ms[24];
     snprintf(batch, sizeof(batch), "%d", now);
     snprintf(window, sizeof(window), "%d", prefetch);

@@ -36,7 +36,7 @@ struct sk_links {
     struct sk_outage            store_outage;
     bool                        lock_refused;  /* Redis refused our password or TLS */
     bool                        fresh;         /* subscribed since sk_links_fresh() asked */
-    int                         prefetch;      /* the consumer's window: 0, the queue's */
+    int                         prefetch;      /* the consumer's window, kept across reopenings */
     struct sk_queue_shape       shape;
 };
 
@@ -59,6 +59,7 @@ int sk_links_new(struct sk_links **out, const struct sk_conf *conf,
     l->queue = queue;
     l->slot = slot;
     l->shape = sk_conf_queue_shape(queue);
+    l->prefetch = queue->prefetch;
     l->consumer_outage = SK_OUTAGE_INIT(100, 10000);
     l->store_outage = SK_OUTAGE_INIT(100, 10000);
     l->lock_outage = SK_OUTAGE_INIT(200, 5000);
@@ -288,9 +289,14 @@ bool sk_links_fresh(struct sk_links *l)
     return fresh;
 }
 
+int sk_links_prefetch(const struct sk_links *l)
+{
+    return l->prefetch;
+}
+
 void sk_links_set_prefetch(struct sk_links *l, int prefetch)
 {
-    if (prefetch == (l->prefetch > 0 ? l->prefetch : l->queue->prefetch))
+    if (prefetch == l->prefetch)
         return;
     l->prefetch = prefetch;
     if (l->consumer == NULL)
@@ -391,7 +397,7 @@ static bool ensure_consumer(struct sk_links *l)
         rc = sk_broker_declare(l->consumer, l->queue->name, &l->shape, &err);
     if (rc == SK_OK)
         rc = sk_broker_consume(l->consumer, l->queue->name,
-                               (uint16_t)(l->prefetch > 0 ? l->prefetch : l->queue->prefetch),
+                               (uint16_t)l->prefetch,
                                l->queue->max_body, &err);
     if (rc == SK_OK) {
         if (sk_outage_ok(o))

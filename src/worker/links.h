@@ -137,6 +137,8 @@ bool sk_links_fresh(struct sk_links *l);
  * Between batches only: should the broker fail the change, the consumer
  * is dropped, and sk_links_ready() reopens it with the new window. */
 void sk_links_set_prefetch(struct sk_links *l, int prefetch);
+/* The consumer's prefetch window now: the queue's until set. */
+int sk_links_prefetch(const struct sk_links *l);
 
 /* Pausing: cancels the consumer (the prefetched deliveries not yet taken go
  * back to the queue, *returned of them); resuming: subscribes it again. Also

@@ -39,7 +39,6 @@ struct sk_pipeline {
     struct sekali_ctx            ctx;            /* reused for every job */
     struct sk_span              *span;           /* jobs in flight: span.c's, made on first use */
     struct sk_batch_size         batch;          /* how many a batch takes now (batch_size.c) */
-    int                          prefetch;       /* the largest window it asked for; 0: none */
     uint32_t                     ready_delay_ms; /* handler->ready() refused: the backoff */
     int64_t                      ready_next_ms;  /* ... and when to ask it again */
 };

@@ -30,6 +30,11 @@ uint64_t sk_links_redis_rtt_ns(const struct sk_links *l)
     (void)l;
     return 0;
 }
+int sk_links_prefetch(const struct sk_links *l)
+{
+    (void)l;
+    return 0;
+}
 void sk_links_set_prefetch(struct sk_links *l, int prefetch)
 {
     (void)l;
