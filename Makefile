@@ -47,10 +47,10 @@ DAEMON_LIBS = $(LDLIBS) $(shell pkg-config --libs libcurl)
 CTL_LIBS = $(shell pkg-config --libs librabbitmq hiredis libpq yaml-0.1 libsystemd libmicrohttpd openssl) \
            -lm -lpthread $(HARDEN_LD)
 
-CORE    = common text file trace_context config config_walk config_servers config_tracing config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
+CORE    = common text file lane trace_context config config_walk config_servers config_tracing config_queues config_schedules config_where config_value pg_conninfo log backoff clock outage broker_url tls cron tz ticks
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
-DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job job_state span span_lock span_commit span_blame span_settle limit batch batch_size job_trace span_export otlp_json links pause $(BROKER) envelope lock rate redis_link heartbeat pg store plugin host sqlq headers_json letter failpoint reschedule scoreboard lease \
+DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job job_state span span_lock span_commit span_blame span_settle limit batch batch_size job_trace span_export otlp_json links forward pause $(BROKER) envelope lock rate redis_link heartbeat pg store plugin host sqlq headers_json letter failpoint reschedule scoreboard lease \
           doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions \
           notify oom metrics metrics_text metrics_http inflight relay janitor history scheduler schema
 CTL     = $(CORE) ctl ctl_common ctl_delays ctl_pool ctl_migrate ctl_migrate_online ctl_migrate_plan ctl_migrate_scan ctl_enqueue ctl_dlq ctl_dlq_read ctl_dlq_import ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_scheduled ctl_inflight ctl_pause ctl_cancel \

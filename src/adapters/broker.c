@@ -337,7 +337,7 @@ int sk_broker_keepalive(struct sk_broker *b, struct sk_err *err)
 
 bool sk_broker_idle_ok(const struct sk_broker *b)
 {
-    if (b == NULL || b->broken || b->channel_closed || b->scanning || b->consumer_tag[0] != '\0' ||
+    if (b == NULL || b->broken || b->channel_closed || b->scanning || b->subscribed ||
         amqp_data_in_buffer(b->conn) || amqp_frames_enqueued(b->conn))
         return false;
     struct pollfd p = { .fd = amqp_get_sockfd(b->conn), .events = POLLIN };

@@ -110,6 +110,7 @@ struct sk_queue_shape {
     uint8_t  max_priority;    /* x-max-priority (quorum: RabbitMQ 4.3 and later, at most
                                * SK_QUORUM_MAX_PRIORITY); 0: none */
     bool     passive;         /* declared by someone else: only check that it exists */
+    uint8_t  lanes;           /* <name>.lane.0 .. lanes-1 alike (lane.h); 0: none */
 };
 
 /* RabbitMQ 4.3 gives quorum queues strict priorities, levels 0 to 31. */
@@ -134,7 +135,8 @@ int sk_broker_dead_name(const char *queue, char *out, size_t size, struct sk_err
  * `name.dead`. With shape->passive, `name.dead` is still declared but `name`
  * is only checked to exist, whatever its arguments. The error of a missing
  * passive queue, or of one whose arguments differ from sekali's, says what
- * to do about it. */
+ * to do about it. With shape->lanes, each lane `name.lane.<i>` (lane.h)
+ * likewise, dead-lettering to `name.dead` too. */
 int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_queue_shape *shape,
                       struct sk_err *err);
 
@@ -157,26 +159,53 @@ int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
 int sk_broker_queue_probe(struct sk_broker *b, const char *name, bool *exists,
                           uint32_t *messages, uint32_t *consumers, struct sk_err *err);
 
-/* A new prefetch window: the channel's basic.qos, and a consumer
- * subscribed anew if one was (the deliveries the old one was sent stay
- * ours, unacked, returned by sk_broker_next()). Without a consumer (a
- * paused queue) the next sk_broker_resubscribe() has it. */
+/* One queue a consumer takes from, and its window (at most prefetch
+ * unacked). fixed: sk_broker_set_prefetch() leaves this one's window as
+ * given (a lane's intake, whose forwards are cheap, keeps a large one). */
+struct sk_broker_sub {
+    const char *queue;
+    uint16_t    prefetch;
+    bool        fixed;
+};
+
+/* A queue and its lanes (lane.h: at most 32). */
+#define SK_BROKER_SUBS_MAX 33
+
+/* The ready messages and the consumers of queue name's lanes
+ * (`name.lane.0` .. `lanes-1`, lane.h), summed: sk_broker_queue_probe() of
+ * each, a lane that does not exist counting none. For whatever reads a
+ * queue's depth for an operator: a queue with lanes holds its jobs there. */
+int sk_broker_lanes_probe(struct sk_broker *b, const char *name, unsigned lanes,
+                          uint32_t *messages, uint32_t *consumers, struct sk_err *err);
+
+/* A new prefetch window for every consumer not fixed: the channel's
+ * basic.qos, and those consumers subscribed anew if they were (the
+ * deliveries the old ones were sent stay ours, unacked, returned by
+ * sk_broker_next()). Without consumers (a paused queue) the next
+ * sk_broker_resubscribe() has it. */
 int sk_broker_set_prefetch(struct sk_broker *b, uint16_t prefetch, struct sk_err *err);
 
-/* Starts consuming `queue` with manual acks and at most `prefetch` unacked.
- * A delivery whose body is over max_body bytes (0: no limit) is not read
- * into memory: see sk_broker_next(). */
-int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
+/* Starts consuming each of the n (1 to SK_BROKER_SUBS_MAX) queues of subs
+ * on the one channel, with manual acks: a consumer each, subscribed after
+ * a basic.qos (per consumer, global=false) of its prefetch, so the broker
+ * serves each queue up to its own window and none can fill another's.
+ * Copies subs. A delivery whose body is over max_body bytes (0: no limit)
+ * is not read into memory: see sk_broker_next(). */
+int sk_broker_consume(struct sk_broker *b, const struct sk_broker_sub *subs, size_t n,
                       size_t max_body, struct sk_err *err);
 
-/* Whether b has a consumer the broker knows (consumed, not unsubscribed). */
+/* The index in sk_broker_consume()'s subs of the queue env was delivered
+ * from; -1 if its consumer tag is none of ours. */
+int sk_broker_delivery_sub(const struct sk_broker *b, const amqp_envelope_t *env);
+
+/* Whether b has consumers the broker knows (consumed, not unsubscribed). */
 bool sk_broker_subscribed(const struct sk_broker *b);
 
-/* Cancels b's consumer (basic.cancel) and gives the deliveries it held but
+/* Cancels b's consumers (basic.cancel) and gives the deliveries they held but
  * nobody took with sk_broker_next() back to the queue, requeued in one
  * multiple-nack; *returned says how many. The acks pending go out first.
  * The connection stays open; sk_broker_resubscribe() consumes again with
- * the same queue and prefetch. Nothing must be in hand (taken with
+ * the same queues and prefetches. Nothing must be in hand (taken with
  * sk_broker_next() and not yet settled). SK_OK, SK_AGAIN if the connection
  * failed, SK_ERR if the broker refused. Blocks one round trip. */
 int sk_broker_unsubscribe(struct sk_broker *b, size_t *returned, struct sk_err *err);

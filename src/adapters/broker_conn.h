@@ -32,8 +32,16 @@ struct sk_broker {
     int64_t                 keepalive_ms;     /* when sk_broker_keepalive() last sent */
     bool                    channel_closed;   /* by the broker, refusing what we sent */
     size_t                  max_body;         /* larger bodies are skipped unread; 0: none */
-    char                    queue[256];       /* consumed by sk_broker_consume(); "" if none */
-    char                    consumer_tag[256];/* the broker's; "" while not subscribed */
+    /* What sk_broker_consume() was given, one consumer each, tagged
+     * "sk.<index>" by us (a delivery's tag says which queue it came from,
+     * even one sent to a consumer since replaced). */
+    struct sk_broker_sub_state {
+        char     queue[256];
+        uint16_t prefetch;
+        bool     fixed;
+    }                       subs[SK_BROKER_SUBS_MAX];
+    size_t                  n_subs;
+    bool                    subscribed;       /* the broker knows our consumers */
     size_t                  node;             /* index in amqp.url of the node we are on */
     int                     frame_max;        /* negotiated: what we may send */
     char                    user[256];        /* logged in as; "" if longer than AMQP allows */

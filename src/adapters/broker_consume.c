@@ -27,39 +27,98 @@ static int basic_get(struct sk_broker *b, const char *queue, bool no_ack, amqp_m
 static int flush_acks(struct sk_broker *b, struct sk_err *err);
 static int broken_delivery(struct sk_broker *b, amqp_envelope_t *env, int status,
                            const char *what, struct sk_err *err);
-static int subscribe(struct sk_broker *b, struct sk_err *err);
+static int subscribe(struct sk_broker *b, bool fixed_too, struct sk_err *err);
+static int cancel(struct sk_broker *b, bool fixed_too, struct sk_err *err);
+static int qos(struct sk_broker *b, uint16_t prefetch, struct sk_err *err);
 
-int sk_broker_consume(struct sk_broker *b, const char *queue, uint16_t prefetch,
+int sk_broker_consume(struct sk_broker *b, const struct sk_broker_sub *subs, size_t n,
                       size_t max_body, struct sk_err *err)
 {
     SK_BROKER_USABLE(b, err);
+    if (n == 0 || n > SK_BROKER_SUBS_MAX)
+        return sk_err_set(err, SK_ERR, "%zu queues to consume: 1 to %d", n, SK_BROKER_SUBS_MAX);
     b->max_body = max_body;
-    int n = snprintf(b->queue, sizeof(b->queue), "%s", queue);
-    if (n < 0 || (size_t)n >= sizeof(b->queue))
-        return sk_err_set(err, SK_ERR, "queue name too long: %.64s...", queue);
+    for (size_t i = 0; i < n; i++) {
+        int len = snprintf(b->subs[i].queue, sizeof(b->subs[i].queue), "%s", subs[i].queue);
+        if (len < 0 || (size_t)len >= sizeof(b->subs[i].queue))
+            return sk_err_set(err, SK_ERR, "queue name too long: %.64s...", subs[i].queue);
+        b->subs[i].prefetch = subs[i].prefetch;
+        b->subs[i].fixed = subs[i].fixed;
+    }
+    b->n_subs = n;
     /* Before the first delivery can arrive: a message grown past
      * frame_max on its way here is read and refused like any other. */
     int large = sk_broker_read_large_frames(b, err);
     if (large != SK_OK)
         return large;
-    amqp_basic_qos(b->conn, SK_BROKER_CHANNEL, 0, prefetch, 0);
-    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.qos", err);
-    if (rc != SK_OK)
-        return rc;
-    return subscribe(b, err);
+    return subscribe(b, true, err);
 }
 
-static int subscribe(struct sk_broker *b, struct sk_err *err)
+/* basic.qos with global=false sets the window of the consumers that
+ * subscribe after it, each its own: so each queue's consumer follows its
+ * own qos. */
+static int qos(struct sk_broker *b, uint16_t prefetch, struct sk_err *err)
 {
-    amqp_basic_consume_ok_t *ok =
-        amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(b->queue),
-                           amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
-    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.consume", err);
-    if (rc != SK_OK)
-        return rc;
-    snprintf(b->consumer_tag, sizeof(b->consumer_tag), "%.*s", (int)ok->consumer_tag.len,
-             (const char *)ok->consumer_tag.bytes);
+    amqp_basic_qos(b->conn, SK_BROKER_CHANNEL, 0, prefetch, 0);
+    return sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.qos", err);
+}
+
+/* Our own tags, "sk.<index>": a delivery names the queue it came from by
+ * its consumer's tag, also one queued for a consumer since cancelled, and
+ * a tag is free again on its channel once its cancel-ok came. */
+static int subscribe(struct sk_broker *b, bool fixed_too, struct sk_err *err)
+{
+    int sent = -1;
+    for (size_t i = 0; i < b->n_subs; i++) {
+        const struct sk_broker_sub_state *sub = &b->subs[i];
+        if (sub->fixed && !fixed_too)
+            continue;
+        int rc = sub->prefetch == sent ? SK_OK : qos(b, sub->prefetch, err);
+        if (rc != SK_OK)
+            return rc;
+        sent = sub->prefetch;
+        char tag[32];
+        snprintf(tag, sizeof(tag), "sk.%zu", i);
+        amqp_basic_consume(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(sub->queue),
+                           amqp_cstring_bytes(tag), 0, 0, 0, amqp_empty_table);
+        rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.consume", err);
+        if (rc != SK_OK)
+            return rc;
+    }
+    b->subscribed = true;
     return SK_OK;
+}
+
+static int cancel(struct sk_broker *b, bool fixed_too, struct sk_err *err)
+{
+    for (size_t i = 0; i < b->n_subs; i++) {
+        if (b->subs[i].fixed && !fixed_too)
+            continue;
+        char tag[32];
+        snprintf(tag, sizeof(tag), "sk.%zu", i);
+        amqp_basic_cancel(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(tag));
+        int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.cancel", err);
+        if (rc != SK_OK)
+            return rc;
+    }
+    if (fixed_too)
+        b->subscribed = false;
+    return SK_OK;
+}
+
+int sk_broker_delivery_sub(const struct sk_broker *b, const amqp_envelope_t *env)
+{
+    const char *tag = env->consumer_tag.bytes;
+    size_t len = env->consumer_tag.len;
+    if (tag == NULL || len < 4 || len > 5 || memcmp(tag, "sk.", 3) != 0)
+        return -1;
+    size_t i = 0;
+    for (size_t k = 3; k < len; k++) {
+        if (tag[k] < '0' || tag[k] > '9')
+            return -1;
+        i = i * 10 + (size_t)(tag[k] - '0');
+    }
+    return i < b->n_subs ? (int)i : -1;
 }
 
 /* RabbitMQ fixes a consumer's prefetch when it subscribes (basic.qos
@@ -72,47 +131,41 @@ static int subscribe(struct sk_broker *b, struct sk_err *err)
 int sk_broker_set_prefetch(struct sk_broker *b, uint16_t prefetch, struct sk_err *err)
 {
     SK_BROKER_USABLE(b, err);
-    bool subscribed = b->consumer_tag[0] != '\0';
-    if (subscribed) {
-        amqp_basic_cancel(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(b->consumer_tag));
-        int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.cancel", err);
-        if (rc != SK_OK)
-            return rc;
-        b->consumer_tag[0] = '\0';
-    }
-    amqp_basic_qos(b->conn, SK_BROKER_CHANNEL, 0, prefetch, 0);
-    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.qos", err);
-    if (rc != SK_OK || !subscribed)
+    for (size_t i = 0; i < b->n_subs; i++)
+        if (!b->subs[i].fixed)
+            b->subs[i].prefetch = prefetch;
+    if (!b->subscribed)
+        return SK_OK;
+    int rc = cancel(b, false, err);
+    if (rc != SK_OK)
         return rc;
-    return subscribe(b, err);
+    return subscribe(b, false, err);
 }
 
 bool sk_broker_subscribed(const struct sk_broker *b)
 {
-    return b != NULL && b->consumer_tag[0] != '\0';
+    return b != NULL && b->subscribed;
 }
 
 int sk_broker_unsubscribe(struct sk_broker *b, size_t *returned, struct sk_err *err)
 {
     *returned = 0;
     SK_BROKER_USABLE(b, err);
-    if (b->consumer_tag[0] == '\0')
+    if (!b->subscribed)
         return SK_OK;
     /* The acks of finished jobs first: the multiple-nack below must settle
      * only deliveries that never started. */
     if (flush_acks(b, err) != SK_OK)
         return SK_AGAIN;
-    amqp_basic_cancel(b->conn, SK_BROKER_CHANNEL, amqp_cstring_bytes(b->consumer_tag));
-    int rc = sk_broker_rpc_check(b, amqp_get_rpc_reply(b->conn), "basic.cancel", err);
+    int rc = cancel(b, true, err);
     if (rc != SK_OK)
         return rc;
-    b->consumer_tag[0] = '\0';
-    /* The broker sent every delivery of this consumer before cancel-ok, and
-     * librabbitmq queued each frame it read while waiting for it: those
-     * are the prefetched messages no job has started, whole. (What its
-     * buffer holds beyond is from after cancel-ok: no delivery of ours.)
-     * One multiple-nack with requeue gives them all back, at their places
-     * in the queue. */
+    /* The broker sent every delivery of each consumer before its
+     * cancel-ok, and librabbitmq queued each frame it read while waiting
+     * for them: those are the prefetched messages no job has started,
+     * whole. (What its buffer holds beyond is from after the last
+     * cancel-ok: no delivery of ours.) One multiple-nack with requeue gives
+     * them all back, at their places in their queues. */
     uint64_t last = 0;
     while (amqp_frames_enqueued(b->conn)) {
         amqp_envelope_t env;
@@ -136,9 +189,9 @@ int sk_broker_unsubscribe(struct sk_broker *b, size_t *returned, struct sk_err *
 int sk_broker_resubscribe(struct sk_broker *b, struct sk_err *err)
 {
     SK_BROKER_USABLE(b, err);
-    if (b->consumer_tag[0] != '\0')
+    if (b->subscribed || b->n_subs == 0)
         return SK_OK;
-    return subscribe(b, err);
+    return subscribe(b, true, err);
 }
 
 bool sk_broker_waiting(const struct sk_broker *b)

@@ -16,6 +16,7 @@
 
 #include "broker.h"
 #include "broker_conn.h"
+#include "lane.h"
 #include "log.h"
 
 static int declare_dead(struct sk_broker *b, const char *dead, bool quorum, struct sk_err *err);
@@ -52,8 +53,20 @@ int sk_broker_declare(struct sk_broker *b, const char *name, const struct sk_que
     if (rc != SK_OK)
         return rc;
     if (shape != NULL && shape->passive)
-        return declare_passive(b, name, err);
-    return declare_work(b, name, dead, shape, err);
+        rc = declare_passive(b, name, err);
+    else
+        rc = declare_work(b, name, dead, shape, err);
+    /* A queue's lanes are the queue again, each: the same type and
+     * arguments, and their rejected messages go to the queue's own
+     * name.dead, where an operator looks for them. */
+    for (unsigned i = 0; rc == SK_OK && shape != NULL && i < shape->lanes; i++) {
+        char lane[512];
+        if (sk_lane_name(name, i, lane, sizeof(lane)) != 0)
+            return sk_err_set(err, SK_ERR, "queue name too long for its lanes: %s", name);
+        rc = shape->passive ? declare_passive(b, lane, err)
+                            : declare_work(b, lane, dead, shape, err);
+    }
+    return rc;
 }
 
 /* A quorum work queue gets quorum dead letters: in a cluster a classic
@@ -233,6 +246,26 @@ int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messa
         *messages = ok->message_count;
     if (consumers != NULL)
         *consumers = ok->consumer_count;
+    return SK_OK;
+}
+
+int sk_broker_lanes_probe(struct sk_broker *b, const char *name, unsigned lanes,
+                          uint32_t *messages, uint32_t *consumers, struct sk_err *err)
+{
+    *messages = 0;
+    *consumers = 0;
+    for (unsigned i = 0; i < lanes; i++) {
+        char lane[512];
+        if (sk_lane_name(name, i, lane, sizeof(lane)) != 0)
+            return sk_err_set(err, SK_ERR, "queue name too long for its lanes: %s", name);
+        bool exists;
+        uint32_t m = 0, c = 0;
+        int rc = sk_broker_queue_probe(b, lane, &exists, &m, &c, err);
+        if (rc != SK_OK)
+            return rc;
+        *messages += m;
+        *consumers += c;
+    }
     return SK_OK;
 }
 

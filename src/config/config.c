@@ -274,7 +274,8 @@ struct sk_queue_shape sk_conf_queue_shape(const struct sk_queue_conf *q)
     return (struct sk_queue_shape){ .quorum = q->queue_type == SK_QUEUE_QUORUM,
                                     .delivery_limit = (uint32_t)q->delivery_limit,
                                     .max_priority = (uint8_t)q->max_priority,
-                                    .passive = q->declare == SK_DECLARE_PASSIVE };
+                                    .passive = q->declare == SK_DECLARE_PASSIVE,
+                                    .lanes = (uint8_t)q->lanes };
 }
 
 /* A schedule's queue must be one of this file's, and its job type one the

@@ -18,6 +18,7 @@
 
 #include "broker.h"
 #include "common.h"
+#include "lane.h"
 #include "lock.h"
 #include "log.h"
 #include "pg.h"
@@ -161,6 +162,8 @@ struct sk_queue_conf {
     uint32_t           batch_wait_ms;  /* longest a worker waits to fill a batch; 0: never */
     uint32_t           batch_close_after_ms; /* handlers' run time after which a batch commits */
     struct sk_rate_conf rate;          /* rate_limit: how fast jobs may start; count 0: no limit */
+    int                lanes;          /* <name>.lane.0 .. lanes-1, a tenant's each; 0: none */
+    char               tenant_header[SK_TENANT_HEADER_MAX + 1]; /* whose a job is (lane.h) */
     struct sk_conf_mark *config_marks; /* where config:'s top-level scalars were written */
     size_t             n_config_marks;
 };

@@ -17,6 +17,8 @@
 static bool owned_by(const char *name, const char *queue);
 static int check_batch(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q);
 static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q);
+static int check_lanes(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q);
+static int tenant_header(struct loader *L, yaml_node_t *v, void *base);
 static int queue_config(struct loader *L, yaml_node_t *v, void *base);
 static int mark_config(struct loader *L, yaml_node_t *v, struct sk_queue_conf *q);
 static int rate_limit(struct loader *L, yaml_node_t *v, void *base);
@@ -83,7 +85,8 @@ static const struct key rate_keys[] = {
  * larger max_headers is accepted. 64 KiB, the default, keeps 20 KB. */
 #define MAX_HEADERS_CAP (80 * 1024)
 
-/* Whether name is one of queue's own: queue.dead, or queue.delay.<digits>. */
+/* Whether name is one of queue's own: queue.dead, queue.delay.<digits> or
+ * queue.lane.<digits>. */
 static bool owned_by(const char *name, const char *queue)
 {
     size_t n = strlen(queue);
@@ -92,9 +95,10 @@ static bool owned_by(const char *name, const char *queue)
     const char *rest = name + n;
     if (strcmp(rest, ".dead") == 0)
         return true;
-    if (strncmp(rest, ".delay.", 7) != 0 || rest[7] == '\0')
+    size_t skip = strncmp(rest, ".delay.", 7) == 0 ? 7 : strncmp(rest, ".lane.", 6) == 0 ? 6 : 0;
+    if (skip == 0 || rest[skip] == '\0')
         return false;
-    for (rest += 7; *rest != '\0'; rest++)
+    for (rest += skip; *rest != '\0'; rest++)
         if (*rest < '0' || *rest > '9')
             return false;
     return true;
@@ -128,6 +132,8 @@ const struct key sk_conf_queue_keys[] = {
     DURATION("lease",       sk_queue_conf, lease_ms, MIN_LOCK_TTL, DAY),
     RETENTION("retention",  sk_queue_conf, retention_ms),
     CUSTOM_SECTION("rate_limit", rate_limit, rate_keys, false),
+    INT("lanes",            sk_queue_conf, lanes, 0, SK_LANES_MAX),
+    CUSTOM("tenant_header", tenant_header, false),
     CUSTOM("config", queue_config, false),
     END
 };
@@ -146,6 +152,7 @@ static const struct sk_queue_conf queue_defaults = {
     .retention_ms = 30 * DAY,
     .max_crashes = 3,
     .batch = DEFAULT_BATCH, .batch_wait_ms = 0, .batch_close_after_ms = DEFAULT_BATCH_CLOSE_AFTER,
+    .tenant_header = "x-tenant",
 };
 
 int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
@@ -170,7 +177,8 @@ int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)
         snprintf(label, sizeof(label), "queues[%zu]", i);
         if ((rc = sk_walk_map(L, item, label, sk_conf_queue_keys, &c->queues[i])) != SK_OK ||
             (rc = check_batch(L, item, &c->queues[i])) != SK_OK ||
-            (rc = check_priority(L, item, &c->queues[i])) != SK_OK)
+            (rc = check_priority(L, item, &c->queues[i])) != SK_OK ||
+            (rc = check_lanes(L, item, &c->queues[i])) != SK_OK)
             return rc;
         for (size_t j = 0; j < i; j++) {
             yaml_node_t *first = sk_walk_item(L, v, j);
@@ -206,6 +214,31 @@ static int check_priority(struct loader *L, yaml_node_t *item, struct sk_queue_c
                             "max_priority on a quorum queue must be at most %d (RabbitMQ "
                             "4.3's 32 levels; queue_type: classic takes up to 255), got %d",
                             SK_QUORUM_MAX_PRIORITY, q->max_priority);
+    return SK_OK;
+}
+
+/* One lane would be the queue again with a hop more: 0 (off) or 2 and up. */
+static int check_lanes(struct loader *L, yaml_node_t *item, struct sk_queue_conf *q)
+{
+    if (q->lanes == 1)
+        return sk_walk_fail(L, sk_walk_lookup(L, item, "lanes"), "lanes must be 0 (no lanes) "
+                            "or 2 to %d, got 1 (one lane is the queue itself)", SK_LANES_MAX);
+    return SK_OK;
+}
+
+/* The header is looked up by name in every delivery's table: a name AMQP
+ * can carry (a short string) of the characters names are made of. */
+static int tenant_header(struct loader *L, yaml_node_t *v, void *base)
+{
+    struct sk_queue_conf *q = base;
+    const char *text;
+    if (sk_walk_scalar(L, v, "tenant_header", "a header name such as x-tenant", &text) != SK_OK)
+        return SK_ERR;
+    size_t n = strlen(text);
+    if (n == 0 || n > SK_TENANT_HEADER_MAX || text[strspn(text, NAME_CHARS)] != '\0')
+        return sk_walk_fail(L, v, "tenant_header: expected 1 to %d of A-Z a-z 0-9 . _ -, "
+                            "got \"%.64s\"", SK_TENANT_HEADER_MAX, text);
+    memcpy(q->tenant_header, text, n + 1);
     return SK_OK;
 }
 

@@ -248,15 +248,20 @@ static void read_broker(struct status *s)
         struct qstat *q = &s->q[i];
         char dead[600];
         sk_broker_dead_name(q->conf->name, dead, sizeof(dead), NULL);   /* names fit: config caps them */
-        uint32_t dead_consumers;
+        uint32_t dead_consumers, lane_ready = 0, lane_consumers = 0;
         if (sk_broker_queue_probe(b, q->conf->name, &q->exists, &q->ready, &q->consumers,
                                   &err) != SK_OK ||
             sk_broker_queue_probe(b, dead, &q->dead_exists, &q->dead, &dead_consumers, &err) !=
                 SK_OK ||
-            sk_ctl_delays_read(b, q->conf, &q->delays, &err) != SK_OK) {
+            sk_ctl_delays_read(b, q->conf, &q->delays, &err) != SK_OK ||
+            sk_broker_lanes_probe(b, q->conf->name, (unsigned)q->conf->lanes, &lane_ready,
+                                  &lane_consumers, &err) != SK_OK) {
             snprintf(s->broker_why, sizeof(s->broker_why), "%s", err.msg);
             break;
         }
+        /* A queue with lanes holds its jobs there; its consumers are the
+         * intake's, one a worker. */
+        q->ready += lane_ready;
         q->delayed = q->delays.messages;
         q->delay_queues = q->delays.n;
         q->broker_ok = true;

@@ -331,16 +331,25 @@ static bool read_broker(struct verify *v, PGconn *pg)
         struct vqueue *q = &v->q[i];
         bool exists;
         uint32_t ready = 0, consumers = 0, depth = 0, dc, delayed = 0, delay_queues;
+        uint32_t lane_ready = 0, lane_consumers = 0;
         char dead[600];
         sk_broker_dead_name(q->conf->name, dead, sizeof(dead), NULL);
         bool ok = sk_broker_queue_probe(b, q->conf->name, &exists, &ready, &consumers, &err) ==
                       SK_OK &&
                   sk_ctl_delayed(b, q->conf, &delayed, &delay_queues, &err) == SK_OK &&
-                  sk_broker_queue_probe(b, dead, &exists, &depth, &dc, &err) == SK_OK;
-        q->ready = ready;
+                  sk_broker_queue_probe(b, dead, &exists, &depth, &dc, &err) == SK_OK &&
+                  sk_broker_lanes_probe(b, q->conf->name, (unsigned)q->conf->lanes, &lane_ready,
+                                        &lane_consumers, &err) == SK_OK;
+        /* A job waiting in a lane is held, not lost; so is each lane
+         * consumer's window, and the intake's wider one. */
+        q->ready = (long long)ready + lane_ready;
         q->delayed = delayed;
         q->dead_queue = depth;
-        q->in_flight_max = (long long)consumers * q->conf->prefetch_max;
+        q->in_flight_max = (long long)consumers * q->conf->prefetch_max +
+                           (long long)lane_consumers * q->conf->prefetch_max;
+        if (q->conf->lanes > 0 && q->conf->prefetch_max < SK_LANE_INTAKE_WINDOW)
+            q->in_flight_max += (long long)consumers *
+                                (SK_LANE_INTAKE_WINDOW - q->conf->prefetch_max);
         if (!ok) {
             fprintf(stderr, "sekalictl: reading the broker for %s: %s\n", q->conf->name,
                     err.msg[0] != '\0' ? err.msg : "failed");

@@ -46,6 +46,7 @@ enum sk_metric {
     SK_METRIC_RATE_LIMITED,  /* deliveries re-scheduled to wait for a slot of the rate limit */
     SK_METRIC_SPANS_EXPORTED, /* job runs' spans a collector accepted (span_export.c) */
     SK_METRIC_SPANS_DROPPED, /* ... and those given up: queue full, collector down or refusing */
+    SK_METRIC_LANE_FORWARDS, /* intake deliveries forwarded to their tenant's lane (forward.c) */
     SK_METRIC_COUNT
 };
 

@@ -69,6 +69,9 @@ static const struct family counters[SK_METRIC_COUNT] = {
     [SK_METRIC_SPANS_DROPPED] = { "sekali_spans_dropped_total",
         "Spans of job runs not exported: the worker's span queue was full, or the collector "
         "stayed unreachable or refused them." },
+    [SK_METRIC_LANE_FORWARDS] = { "sekali_lane_forwards_total",
+        "Deliveries of a queue with lanes taken from the queue itself and forwarded to their "
+        "tenant's lane (job_type is empty: they are not read)." },
 };
 
 /* One scrape: the stream it writes, and the rows read for it. */

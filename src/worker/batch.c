@@ -33,12 +33,16 @@
 #include "batch_size.h"
 #include "broker.h"
 #include "clock.h"
+#include "forward.h"
 #include "job.h"
 #include "job_steps.h"
 #include "links.h"
 #include "log.h"
 
 static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t *first);
+
+/* The most intake deliveries forwarded while a batch is collected. */
+#define FORWARDS_MAX 64
 static bool fast_is_safe(const struct sk_span *s);
 
 size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
@@ -98,6 +102,7 @@ static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t 
         most = s->cap;
     uint64_t until = sk_now_ns() + (uint64_t)p->queue->batch_wait_ms * 1000000u;
     struct sk_err err = { 0 };
+    unsigned forwarded = 0;
     while (n < most) {
         uint64_t now = sk_now_ns();
         int wait_ms = now >= until ? 0 : (int)((until - now + 999999u) / 1000000u);
@@ -105,8 +110,13 @@ static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t 
         if (wait_ms > 0 && s->n_releases > 0 && !sk_broker_waiting(sk_links_consumer(p->links)))
             sk_span_release_locks(p);
         int rc = sk_broker_next(sk_links_consumer(p->links), &s->deliveries[n], wait_ms, &err);
+        /* An intake's delivery is forwarded in passing: it joins no batch.
+         * A few only, while the batch in hand waits (its job timeout runs). */
         if (rc == SK_OK) {
-            n++;
+            if (!sk_forward_intake(p, &s->deliveries[n]))
+                n++;
+            else if (++forwarded >= FORWARDS_MAX)
+                break;
             continue;
         }
         if (rc != SK_AGAIN)

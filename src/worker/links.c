@@ -12,6 +12,7 @@
 
 #include "broker.h"
 #include "heartbeat.h"
+#include "lane.h"
 #include "links.h"
 #include "lock.h"
 #include "log.h"
@@ -44,6 +45,7 @@ static int  open_store(struct sk_links *l, struct sk_err *err);
 static int  check_logins(struct sk_links *l, struct sk_err *err);
 static bool ensure_store(struct sk_links *l);
 static bool ensure_consumer(struct sk_links *l);
+static int  consume(struct sk_links *l, struct sk_err *err);
 static int  lock_down(struct sk_links *l, const struct sk_err *why);
 static int  without_redis(struct sk_links *l, bool began, const char *why);
 static void store_down(struct sk_links *l, const struct sk_log_job *job,
@@ -396,9 +398,7 @@ static bool ensure_consumer(struct sk_links *l)
     if (rc == SK_OK)
         rc = sk_broker_declare(l->consumer, l->queue->name, &l->shape, &err);
     if (rc == SK_OK)
-        rc = sk_broker_consume(l->consumer, l->queue->name,
-                               (uint16_t)l->prefetch,
-                               l->queue->max_body, &err);
+        rc = consume(l, &err);
     if (rc == SK_OK) {
         if (sk_outage_ok(o))
             sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_RABBITMQ, NULL,
@@ -421,6 +421,32 @@ static bool ensure_consumer(struct sk_links *l)
                      "cannot consume %s, retrying with backoff: %s", l->queue->name, err.msg);
     sk_sleep_ms(sk_outage_wait_ms(o));
     return false;
+}
+
+/* The queue, and with lanes its lanes too: the queue is then their intake,
+ * whose deliveries are forwarded, not run (forward.c). A forward is a
+ * publish and an ack, far cheaper than a job, so the intake keeps a window
+ * of its own at least SK_LANE_INTAKE_WINDOW wide, not changed with the
+ * batch's: with the jobs' window it would be forwarded at the jobs' pace,
+ * one for each job run, and a light tenant's job would wait behind the
+ * heavy one's intake backlog. */
+static int consume(struct sk_links *l, struct sk_err *err)
+{
+    const struct sk_queue_conf *q = l->queue;
+    struct sk_broker_sub subs[SK_BROKER_SUBS_MAX];
+    char lanes[SK_LANES_MAX][256];
+    uint16_t window = (uint16_t)l->prefetch;
+    subs[0] = (struct sk_broker_sub){ .queue = q->name, .prefetch = window };
+    if (q->lanes > 0)
+        subs[0] = (struct sk_broker_sub){
+            .queue = q->name, .fixed = true,
+            .prefetch = window > SK_LANE_INTAKE_WINDOW ? window : SK_LANE_INTAKE_WINDOW };
+    for (int i = 0; i < q->lanes; i++) {
+        if (sk_lane_name(q->name, (unsigned)i, lanes[i], sizeof(lanes[i])) != 0)
+            return sk_err_set(err, SK_ERR, "queue name too long for its lanes: %s", q->name);
+        subs[1 + i] = (struct sk_broker_sub){ .queue = lanes[i], .prefetch = window };
+    }
+    return sk_broker_consume(l->consumer, subs, 1 + (size_t)q->lanes, q->max_body, err);
 }
 
 /* Redis failed: ask it again only after the backoff, and say what the

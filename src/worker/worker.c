@@ -16,6 +16,7 @@
 #include "broker.h"
 #include "clock.h"
 #include "doctor.h"
+#include "forward.h"
 #include "heartbeat.h"
 #include "job.h"
 #include "links.h"
@@ -120,7 +121,7 @@ static void serve(struct sk_pipeline *p)
             continue;
         amqp_envelope_t delivery;
         int rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
-        if (rc == SK_OK)
+        if (rc == SK_OK && !sk_forward_intake(p, &delivery))
             run_job(p, &delivery);
         else if (rc != SK_AGAIN)
             sk_links_drop(p->links, SK_LINK_CONSUMER, NULL, &err);

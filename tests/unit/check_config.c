@@ -1385,6 +1385,56 @@ START_TEST(test_concurrency_defaults_to_one_and_refuses_out_of_range_at_its_posi
 }
 END_TEST
 
+/* queues[].lanes: 0 unless given, 0 or 2..32; tenant_header a bounded
+ * name, x-tenant unless given; each refused at its position. A queue may
+ * not be named as another's lane. */
+START_TEST(test_lanes_refuse_one_and_above_32_and_a_bad_tenant_header_at_their_position)
+{
+    char text[1024];
+    struct sk_conf *c;
+    static const char fmt[] = "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+                              "postgres: {conninfo: \"dbname=sekali\"}\n"
+                              "queues:\n"
+                              "  - {name: q, handler: h.so%s}\n";
+    snprintf(text, sizeof(text), fmt, "");
+    ck_assert_str_eq(load_text(text, &c), "");
+    ck_assert_int_eq(c->queues[0].lanes, 0);
+    ck_assert_str_eq(c->queues[0].tenant_header, "x-tenant");
+    sk_conf_free(c);
+    snprintf(text, sizeof(text), fmt, ", lanes: 32, tenant_header: x-org");
+    ck_assert_str_eq(load_text(text, &c), "");
+    ck_assert_int_eq(c->queues[0].lanes, 32);
+    ck_assert_str_eq(c->queues[0].tenant_header, "x-org");
+    sk_conf_free(c);
+    char long_name[200];
+    memset(long_name, 'h', 129);
+    long_name[129] = '\0';
+    char too_long[256], too_long_msg[256];
+    snprintf(too_long, sizeof(too_long), ", tenant_header: %s", long_name);
+    snprintf(too_long_msg, sizeof(too_long_msg), "4:45: tenant_header: expected 1 to 128 of "
+             "A-Z a-z 0-9 . _ -, got \"%.64s\"", long_name);
+    static const struct { const char *value, *message; } cases[] = {
+        { ", lanes: 1", "4:37: lanes must be 0 (no lanes) or 2 to 32, got 1 (one lane is "
+                        "the queue itself)" },
+        { ", lanes: 33", "4:37: lanes must be between 0 and 32, got 33" },
+        { ", tenant_header: \"x tenant\"", "4:45: tenant_header: expected 1 to 128 of "
+                                         "A-Z a-z 0-9 . _ -, got \"x tenant\"" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(text, sizeof(text), fmt, cases[i].value);
+        ck_assert_str_eq(load_text(text, &c), cases[i].message);
+    }
+    snprintf(text, sizeof(text), fmt, too_long);
+    ck_assert_str_eq(load_text(text, &c), too_long_msg);
+    snprintf(text, sizeof(text), "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+             "postgres: {conninfo: \"dbname=sekali\"}\n"
+             "queues:\n"
+             "  - {name: q, handler: h.so, lanes: 2}\n"
+             "  - {name: q.lane.1, handler: h.so}\n");
+    ck_assert_ptr_nonnull(strstr(load_text(text, &c), "is one of"));
+}
+END_TEST
+
 START_TEST(test_redis_sentinels_take_a_list_of_host_port_and_a_master_name)
 {
     struct sk_conf *c;
@@ -1663,6 +1713,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_rate_limit_takes_a_rate_or_a_mapping);
     tcase_add_test(tc, test_rate_limit_refuses_a_bad_rate_at_its_position);
     tcase_add_test(tc, test_concurrency_defaults_to_one_and_refuses_out_of_range_at_its_position);
+    tcase_add_test(tc, test_lanes_refuse_one_and_above_32_and_a_bad_tenant_header_at_their_position);
     tcase_add_test(tc, test_redis_sentinels_refuse_what_cannot_name_a_master);
     tcase_add_test(tc, test_duration_rejects_malformed_text);
     tcase_add_test(tc, test_duration_detects_overflow);
