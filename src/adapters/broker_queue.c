@@ -210,14 +210,10 @@ static int declare_work(struct sk_broker *b, const char *name, const char *dead,
     return sk_broker_rpc_check(b, reply, "queue.declare", err);
 }
 
-int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
-                             const struct sk_queue_shape *shape, bool *conforms, char *why,
-                             size_t why_size, struct sk_err *err)
+static int conforms_one(struct sk_broker *b, const char *name, const char *dead,
+                        const struct sk_queue_shape *shape, bool *conforms, char *why,
+                        size_t why_size, struct sk_err *err)
 {
-    char dead[512];
-    int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
-    if (rc != SK_OK)
-        return rc;
     /* The broker compares a declaration's arguments with the queue's and
      * refuses one that differs, naming the argument: the one way to read
      * them over AMQP. Equal arguments make the declaration a no-op. */
@@ -225,11 +221,35 @@ int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
     *conforms = true;
     if (channel_closed_with(reply, AMQP_PRECONDITION_FAILED)) {
         amqp_channel_close_t *m = reply.reply.decoded;
-        snprintf(why, why_size, "%.*s", (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+        snprintf(why, why_size, "%s: %.*s", name, (int)m->reply_text.len,
+                 (const char *)m->reply_text.bytes);
         *conforms = false;
         return reopen_channel(b, err);
     }
     return sk_broker_rpc_check(b, reply, "queue.declare(conformity)", err);
+}
+
+/* The queue, and those of its lanes that exist (a lane not there yet is
+ * declared by the first worker). */
+int sk_broker_queue_conforms(struct sk_broker *b, const char *name,
+                             const struct sk_queue_shape *shape, bool *conforms, char *why,
+                             size_t why_size, struct sk_err *err)
+{
+    char dead[512];
+    int rc = sk_broker_dead_name(name, dead, sizeof(dead), err);
+    if (rc == SK_OK)
+        rc = conforms_one(b, name, dead, shape, conforms, why, why_size, err);
+    for (unsigned i = 0; rc == SK_OK && *conforms && shape != NULL && i < shape->lanes; i++) {
+        char lane[512];
+        bool exists;
+        uint32_t messages, consumers;
+        if (sk_lane_name(name, i, lane, sizeof(lane)) != 0)
+            return sk_err_set(err, SK_ERR, "queue name too long for its lanes: %s", name);
+        rc = sk_broker_queue_probe(b, lane, &exists, &messages, &consumers, err);
+        if (rc == SK_OK && exists)
+            rc = conforms_one(b, lane, dead, shape, conforms, why, why_size, err);
+    }
+    return rc;
 }
 
 int sk_broker_queue_depth(struct sk_broker *b, const char *name, uint32_t *messages,

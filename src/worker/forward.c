@@ -18,6 +18,7 @@
 
 #include "backoff.h"
 #include "broker.h"
+#include "failpoint.h"
 #include "forward.h"
 #include "lane.h"
 #include "links.h"
@@ -49,6 +50,8 @@ bool sk_forward_intake(struct sk_pipeline *p, amqp_envelope_t *env)
          * a fault of the message, which the job's own way deals with. */
         return false;
     if (rc == SK_OK) {
+        /* Dying here leaves the copy and the original: check_fairness. */
+        sk_failpoint("forward_confirmed", NULL);
         struct sk_err ack_err = { 0 };
         if (sk_broker_ack_one(consumer, env->delivery_tag, &ack_err) != SK_OK)
             sk_log_warn("queue %s: forward to %s not acked (it will be forwarded again): %s",

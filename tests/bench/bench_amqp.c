@@ -12,7 +12,11 @@
  * publish time (CLOCK_REALTIME, microseconds) for tests/bench/bench_handler.c.
  * With BENCH_RANDOM_KEYS set the keys are random UUIDs instead, what most
  * producers send: scattered over the primary key's B-tree rather than
- * appended to one corner of it (tests/bench/scale.sh).
+ * appended to one corner of it (tests/bench/scale.sh). With BENCH_TENANT
+ * each job carries it as header x-tenant, and with BENCH_TAG its keys are
+ * "QUEUE-TAG-i", so that several publishes to one queue do not share keys
+ * (tests/bench/fairness.sh). `delete` deletes QUEUE.lane.0 to
+ * .lane.<BENCH_LANES - 1> too.
  *
  * Publishing uses publisher confirms, but never waits for each one: up to
  * WINDOW messages are in flight, and the broker's acks (often "multiple")
@@ -89,6 +93,13 @@ int main(int argc, char **argv)
         check_reply(amqp_get_rpc_reply(conn), "queue.delete");
         amqp_queue_delete(conn, CHANNEL, amqp_cstring_bytes(dead), 0, 0);
         check_reply(amqp_get_rpc_reply(conn), "queue.delete(dead letters)");
+        const char *lanes = getenv("BENCH_LANES");
+        for (int i = 0; lanes != NULL && i < atoi(lanes); i++) {
+            char lane[600];
+            snprintf(lane, sizeof(lane), "%s.lane.%d", queue, i);
+            amqp_queue_delete(conn, CHANNEL, amqp_cstring_bytes(lane), 0, 0);
+            check_reply(amqp_get_rpc_reply(conn), "queue.delete(lane)");
+        }
     } else if ((strcmp(cmd, "bulk") == 0 && argc == 5) ||
                (strcmp(cmd, "rate") == 0 && argc == 7)) {
         bool paced = strcmp(cmd, "rate") == 0;
@@ -273,15 +284,21 @@ static void random_uuid(char *out, size_t size)
 static void publish_one(struct publisher *p, uint64_t i)
 {
     char key[600], body[32];
+    const char *tag = getenv("BENCH_TAG"), *tenant = getenv("BENCH_TENANT");
     if (getenv("BENCH_RANDOM_KEYS") != NULL)
         random_uuid(key, sizeof(key));
+    else if (tag != NULL)
+        snprintf(key, sizeof(key), "%s-%s-%" PRIu64, p->queue, tag, i);
     else
         snprintf(key, sizeof(key), "%s-%" PRIu64, p->queue, i);
     snprintf(body, sizeof(body), "%" PRId64, now_us(CLOCK_REALTIME));
 
-    amqp_table_entry_t header = {
-        .key = amqp_cstring_bytes("x-idempotency-key"),
-        .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(key) },
+    amqp_table_entry_t headers[2] = {
+        { .key = amqp_cstring_bytes("x-idempotency-key"),
+          .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(key) } },
+        { .key = amqp_cstring_bytes("x-tenant"),
+          .value = { .kind = AMQP_FIELD_KIND_UTF8,
+                     .value.bytes = amqp_cstring_bytes(tenant != NULL ? tenant : "") } },
     };
     amqp_basic_properties_t props = {
         ._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
@@ -290,7 +307,7 @@ static void publish_one(struct publisher *p, uint64_t i)
         .message_id = amqp_cstring_bytes(key),
         .type = amqp_cstring_bytes("bench"),
         .content_type = amqp_cstring_bytes("text/plain"),
-        .headers = { .num_entries = 1, .entries = &header },
+        .headers = { .num_entries = tenant != NULL ? 2 : 1, .entries = headers },
     };
     int status = amqp_basic_publish(p->conn, CHANNEL, amqp_empty_bytes,
                                     amqp_cstring_bytes(p->queue), 1, 0, &props,

@@ -10,7 +10,8 @@
  * every light job's effect has landed most of the heavy ones must still
  * be unfinished. The same run without lanes shows the unfair order (the
  * light jobs finish last). Either way every job's effect happens once and
- * the queue and its lanes end empty. */
+ * the queue and its lanes end empty. A worker killed between a forward's
+ * confirm and its ack loses nothing and doubles nothing. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,10 +161,35 @@ START_TEST(test_forwards_are_counted_and_jobs_keep_their_tenant_lane)
 }
 END_TEST
 
+/* The fault build dies between the lane's confirm and the intake's ack:
+ * the copy is in the lane and the original comes back to the intake, is
+ * forwarded again by the replacement, and the two copies are one job (one
+ * effect, one duplicate). */
+START_TEST(test_a_worker_killed_between_forward_and_ack_loses_and_doubles_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "fwdkill");
+    struct sk_queue_shape shape = { .lanes = LANES };
+    static const char *const env[] = { "SEKALI_FAILPOINT=forward_confirmed",
+                                       "SEKALI_FAILPOINT_ONCE=1", NULL };
+    h_run_start(&r, &(struct h_run_opts){ .binary = "fault/sekalid", .workers = 1,
+                                          .queue_yaml = "    lanes: 4\n", .env = env,
+                                          .shape = &shape });
+    publish(&r, "acme", "k-killed", "ok");
+    h_wait_marked_deaths(&r, "forward_confirmed", 1, 30000);
+    H_WAIT(h_effect_keys(&r) == 1 && h_duplicates(&r) == 1, 60000,
+           "effects %lld, duplicates %lld: want 1 and 1", h_effect_keys(&r), h_duplicates(&r));
+    h_run_stop(&r);
+    h_expect_once(&r, 1, 1);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_forwards_are_counted_and_jobs_keep_their_tenant_lane,
+        test_a_worker_killed_between_forward_and_ack_loses_and_doubles_nothing,
         test_a_light_tenant_waits_for_its_own_lane_not_a_heavy_backlog,
         test_without_lanes_a_light_tenant_waits_for_the_whole_backlog,
         NULL,
