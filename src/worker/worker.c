@@ -121,10 +121,12 @@ static void serve(struct sk_pipeline *p)
             continue;
         amqp_envelope_t delivery;
         int rc = sk_broker_next(sk_links_consumer(p->links), &delivery, POLL_MS, &err);
-        if (rc == SK_OK && !sk_forward_intake(p, &delivery))
-            run_job(p, &delivery);
-        else if (rc != SK_AGAIN)
+        if (rc == SK_OK) {
+            if (!sk_forward_intake(p, &delivery))
+                run_job(p, &delivery);
+        } else if (rc != SK_AGAIN) {
             sk_links_drop(p->links, SK_LINK_CONSUMER, NULL, &err);
+        }
     }
 }
 

@@ -93,6 +93,7 @@ static long long run(struct h_run *r, int lanes)
            h_effect_keys(r), HEAVY + LIGHT);
     h_run_stop(r);
     h_expect_once(r, HEAVY + LIGHT, 0);
+    ck_assert_int_eq(h_count_events(r->log, NULL, "outage_begin", NULL), 0);
     for (int i = 0; i < lanes; i++) {
         char lane[256];
         ck_assert_int_eq(sk_lane_name(r->queue, (unsigned)i, lane, sizeof(lane)), 0);
@@ -157,6 +158,8 @@ START_TEST(test_forwards_are_counted_and_jobs_keep_their_tenant_lane)
            h_metric(port, "sekali_lane_forwards_total{queue=\"%s\",job_type=\"\"}", r.queue));
     h_run_stop(&r);
     h_expect_once(&r, 4, 0);
+    /* A forward keeps the worker's connections: it is no outage. */
+    ck_assert_int_eq(h_count_events(r.log, NULL, "outage_begin", NULL), 0);
     h_run_close(&r);
 }
 END_TEST
