@@ -403,6 +403,14 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         const amqp_envelope_t *original, const struct sk_header *extra,
                         size_t n_extra, struct sk_err *err);
 
+/* sk_broker_republish() with no extra headers, without waiting for the
+ * confirm: fills *p (whose message_id the caller set, for a return; it
+ * must outlive the wait) for sk_broker_await_confirms(). SK_ERR as for
+ * sk_broker_republish() (nothing sent), SK_AGAIN if the connection failed. */
+int sk_broker_republish_async(struct sk_broker *b, const char *routing_key,
+                              const amqp_envelope_t *original, struct sk_publish *p,
+                              struct sk_err *err);
+
 /* sk_broker_republish() for a copy that must be kept whatever its
  * producer put in it (a dead letter): when it would not fit in one frame
  * with 2 KiB to spare, the largest of the original's headers are left out

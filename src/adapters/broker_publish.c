@@ -37,7 +37,7 @@ static const char *unsendable(struct sk_broker *b, const char *routing_key,
                               const amqp_basic_properties_t *props);
 static int republish(struct sk_broker *b, const char *routing_key,
                      const amqp_envelope_t *original, const struct sk_header *extra,
-                     size_t n_extra, bool fit, struct sk_err *err);
+                     size_t n_extra, bool fit, struct sk_publish *async, struct sk_err *err);
 static bool leave_out(struct sk_broker *b, amqp_basic_properties_t *props, size_t n_original,
                       char *note, size_t size);
 static void append_name(char *list, size_t size, amqp_bytes_t name);
@@ -211,14 +211,21 @@ int sk_broker_republish(struct sk_broker *b, const char *routing_key,
                         const amqp_envelope_t *original, const struct sk_header *extra,
                         size_t n_extra, struct sk_err *err)
 {
-    return republish(b, routing_key, original, extra, n_extra, false, err);
+    return republish(b, routing_key, original, extra, n_extra, false, NULL, err);
+}
+
+int sk_broker_republish_async(struct sk_broker *b, const char *routing_key,
+                              const amqp_envelope_t *original, struct sk_publish *p,
+                              struct sk_err *err)
+{
+    return republish(b, routing_key, original, NULL, 0, false, p, err);
 }
 
 int sk_broker_republish_fitted(struct sk_broker *b, const char *routing_key,
                                const amqp_envelope_t *original, const struct sk_header *extra,
                                size_t n_extra, struct sk_err *err)
 {
-    return republish(b, routing_key, original, extra, n_extra, true, err);
+    return republish(b, routing_key, original, extra, n_extra, true, NULL, err);
 }
 
 /* The original's headers into entries, less those extra replaces, then
@@ -247,7 +254,7 @@ static size_t merge_headers(const amqp_table_t *old, size_t n_old, const struct 
 
 static int republish(struct sk_broker *b, const char *routing_key,
                      const amqp_envelope_t *original, const struct sk_header *extra,
-                     size_t n_extra, bool fit, struct sk_err *err)
+                     size_t n_extra, bool fit, struct sk_publish *async, struct sk_err *err)
 {
     sk_assert(b->confirming);
     SK_BROKER_USABLE(b, err);
@@ -295,6 +302,11 @@ static int republish(struct sk_broker *b, const char *routing_key,
     free(entries);
     if (rc != SK_OK)
         return rc;
+    if (async != NULL) {
+        *async = (struct sk_publish){ .message_id = async->message_id,
+                                      .tag = b->next_publish_tag++ };
+        return SK_OK;
+    }
     /* Alone in flight, a return can only be this copy's: no id needed. */
     struct sk_publish p = { .tag = b->next_publish_tag++ };
     return await_one(b, &p, routing_key, err);

@@ -12,8 +12,12 @@
  * host hands over a different connection (sekali reconnects after a failure);
  * the backend pid tells a new connection apart even if libpq reuses the
  * address. A prepared statement is not transactional: rolling back the job
- * transaction it was prepared in does not drop it. */
+ * transaction it was prepared in does not drop it.
+ *
+ * Config `work_us: N` makes each job take N microseconds more (a sleep
+ * before the INSERT), a handler with work to do (tests/bench/fairness.sh). */
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,14 +33,17 @@ struct state {
     const struct sekali_host *host;
     PGconn                   *prepared_on;
     int                       prepared_pid;
+    long                      work_us;       /* config work_us: a sleep per job */
 };
 
 static int bench_init(const struct sekali_host *host, const char *config, void **out)
 {
-    (void)config;
     struct state *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return SEKALI_RETRY;
+    const char *work = config != NULL ? strstr(config, "work_us:") : NULL;
+    if (work != NULL)
+        s->work_us = strtol(work + 8, NULL, 10);
     s->host = host;
     *out = s;
     return SEKALI_OK;
@@ -63,6 +70,11 @@ static int bench_handle(void *state, const struct sekali_job *job, struct sekali
 {
     struct state *s = state;
     PGconn *pg = s->host->pg(ctx);
+    if (s->work_us > 0) {
+        struct timespec t = { .tv_sec = s->work_us / 1000000,
+                              .tv_nsec = (s->work_us % 1000000) * 1000 };
+        nanosleep(&t, NULL);
+    }
 
     /* The body is not NUL-terminated; anything that is not a plain number
      * becomes 0, which only makes that job's latency meaningless. */
