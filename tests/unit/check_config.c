@@ -1429,15 +1429,18 @@ START_TEST(test_rate_limit_refuses_a_bad_rate_at_its_position)
 }
 END_TEST
 
+/* A config of one queue q, whose mapping ends with the %s given. */
+static const char one_queue[] = "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+                                "postgres: {conninfo: \"dbname=sekali\"}\n"
+                                "queues:\n"
+                                "  - {name: q, handler: h.so%s}\n";
+
 /* queues[].concurrency: 1 unless given, 1..10000, refused at its position. */
 START_TEST(test_concurrency_defaults_to_one_and_refuses_out_of_range_at_its_position)
 {
     char text[512];
     struct sk_conf *c;
-    static const char fmt[] = "amqp: {url: \"amqp://127.0.0.1/\"}\n"
-                              "postgres: {conninfo: \"dbname=sekali\"}\n"
-                              "queues:\n"
-                              "  - {name: q, handler: h.so%s}\n";
+    const char *fmt = one_queue;
     snprintf(text, sizeof(text), fmt, "");
     ck_assert_str_eq(load_text(text, &c), "");
     ck_assert_int_eq(c->queues[0].concurrency, 1);
@@ -1465,10 +1468,7 @@ START_TEST(test_lanes_refuse_one_and_above_32_and_a_bad_tenant_header_at_their_p
 {
     char text[1024];
     struct sk_conf *c;
-    static const char fmt[] = "amqp: {url: \"amqp://127.0.0.1/\"}\n"
-                              "postgres: {conninfo: \"dbname=sekali\"}\n"
-                              "queues:\n"
-                              "  - {name: q, handler: h.so%s}\n";
+    const char *fmt = one_queue;
     snprintf(text, sizeof(text), fmt, "");
     ck_assert_str_eq(load_text(text, &c), "");
     ck_assert_int_eq(c->queues[0].lanes, 0);
