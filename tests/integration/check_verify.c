@@ -2,7 +2,8 @@
  * a job whose message was taken off its queue after the relay published it
  * (lost), an external-mode worker frozen with SIGSTOP past its lease
  * (stuck), a dead letter whose key was re-armed by hand (inconsistent);
- * and a clean run of a few thousand jobs, which reports nothing. */
+ * a job waiting in a lane of its queue (not lost); and a clean run of a
+ * few thousand jobs, which reports nothing. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,37 @@ START_TEST(test_a_message_gone_from_its_queue_after_publishing_is_lost)
 }
 END_TEST
 
+/* A queue with lanes holds its jobs in them (queues[].lanes): a job
+ * waiting in a lane is the queue's, not lost. */
+START_TEST(test_a_job_waiting_in_a_lane_is_not_lost)
+{
+    struct h_run r;
+    h_run_open(&r, "verify-lane");
+    struct sk_queue_shape shape = { .lanes = 2 };
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = RELAY,
+                                          .queue_yaml = "    lanes: 2\n", .shape = &shape });
+    h_stop_sekalid(r.sekalid, r.dir);
+    char job_id[200], lane[256], sql[1024];
+    snprintf(job_id, sizeof(job_id), "%s-laned", r.queue);
+    snprintf(lane, sizeof(lane), "%s.lane.1", r.queue);
+    h_publish(r.b, lane, "test", job_id, "k-laned", NULL, "ok");
+    snprintf(sql, sizeof(sql), "INSERT INTO sekali.outbox (job_id, queue, job_type, body, "
+             "idempotency_key, published_at) VALUES ('%s', '%s', 'test', 'ok', 'k-laned', "
+             "now())", job_id, r.queue);
+    h_pg_exec(r.pg, sql);
+    H_WAIT(h_queue_depth(r.b, lane) == 1, 10000, "the message should be in %s", lane);
+    char *report;
+    int code = verify(&r, &report);
+    ck_assert_msg(code == 0, "waiting in a lane is not lost: %d %s", code, report);
+    has(report, "\"waiting\":1");
+    has(report, "\"lost\":0,");
+    amqp_message_t msg;
+    ck_assert(h_get(r.b, lane, &msg));
+    amqp_destroy_message(&msg);
+    h_run_close(&r);
+}
+END_TEST
+
 /* An external-mode worker frozen in its handler: its lease runs out with
  * nobody to renew it. */
 START_TEST(test_a_worker_frozen_past_its_lease_leaves_its_key_stuck)
@@ -167,6 +199,7 @@ int main(void)
     const TTest *tests[] = {
         test_a_clean_run_of_three_thousand_jobs_reports_nothing,
         test_a_message_gone_from_its_queue_after_publishing_is_lost,
+        test_a_job_waiting_in_a_lane_is_not_lost,
         test_a_worker_frozen_past_its_lease_leaves_its_key_stuck,
         test_a_dead_letter_whose_key_was_rearmed_by_hand_is_inconsistent,
         NULL,
