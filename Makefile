@@ -72,7 +72,7 @@ BROWSER_TESTS = $(patsubst tests/browser/%.c,$(B)/tests/%,$(wildcard tests/brows
 TESTS        = $(UNIT_TESTS) $(INTEG_TESTS) $(FAULT_TESTS)
 CHAOS        = $(B)/chaos/chaos_producer
 
-.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-distance bench-rate bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
+.PHONY: all tests check check-unit check-browser check-cluster check-today deps servers demo bench bench-distance bench-rate bench-otlp bench-scale bench-cluster chaos asan valgrind fuzz fuzzers \
         fuzz-seeds install clean help
 all: $(B)/sekalid $(B)/sekalictl $(HANDLERS)
 
@@ -292,6 +292,13 @@ bench-rate: deps
 	tests/servers.sh start
 	tests/bench/rate.sh $(B)
 
+# The cost of exporting every run's span to a local OTLP receiver against
+# none (tests/bench/otlp.sh; BENCH_*).
+bench-otlp: deps
+	$(MAKE) all
+	tests/servers.sh start
+	tests/bench/otlp.sh $(B)
+
 # History at scale: jobs/s, the janitor and the operator's reads with 10 M
 # retained keys against an empty store (tests/bench/scale.sh; BENCH_SCALE_*).
 bench-scale: deps
@@ -399,6 +406,7 @@ help:
 	@echo "bench-distance  jobs/s and p99 with 0, 2, 20, 150 ms each way to every server"
 	@echo "          (a delaying proxy), at the defaults and at batch 1"
 	@echo "bench-rate  jobs/s with a rate limit far above the rate against none (its cost)"
+	@echo "bench-otlp  jobs/s and CPU per job exporting every span over OTLP/HTTP against none"
 	@echo "bench-scale  jobs/s, janitor and operator reads with 10 M retained keys vs none"
 	@echo "bench-cluster  jobs/s with 1, 2, 3 sekalid hosts (network namespaces); quorum vs classic"
 	@echo "chaos     the chaos soak: 20,000 keys (30% published twice) on 4 workers, a worker"

@@ -201,6 +201,7 @@ void sk_conf_free(struct sk_conf *c)
     free(c->console.tls_key_file);
     free(c->tracing.otlp_endpoint);
     free(c->tracing.service_name);
+    sk_conf_tracing_free_headers(&c->tracing);
     for (size_t i = 0; i < c->n_queues; i++) {
         struct sk_queue_conf *q = &c->queues[i];
         free(q->name);

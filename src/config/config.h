@@ -100,11 +100,22 @@ struct sk_console_conf {
     int pool;                      /* PostgreSQL sessions, and AMQP connections, its reads share */
 };
 
+/* One header of every export POST (tracing.otlp_headers): a managed
+ * collector's API key, a tenant. Both strings checked at load (a token
+ * name; a value without CR, LF or NUL). */
+struct sk_otlp_header {
+    char *name;
+    char *value;                   /* wiped when freed */
+    bool  secret;                  /* from value_env/value_file: shown nowhere */
+};
+
 /* Spans exported to an OpenTelemetry collector (tracing:, span_export.c). */
 struct sk_tracing_conf {
     char    *otlp_endpoint;        /* http(s) URL of an OTLP/HTTP traces endpoint; NULL: none */
     char    *service_name;         /* the resource's service.name */
     uint32_t otlp_timeout_ms;      /* one POST's limit, and the flush's at a worker's stop */
+    struct sk_otlp_header *otlp_headers;
+    size_t   n_otlp_headers;
 };
 
 struct sk_outbox_conf {

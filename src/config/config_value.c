@@ -194,8 +194,9 @@ int sk_conf_value_parse_listen(const char *label, const char *s, char **host, in
 /* The variables password_env has read in this process, for
  * sk_conf_value_forget_password_envs(): the supervisor keeps them (a reload
  * reads them again), its children need them no more. A config names at
- * most three (amqp, redis, postgres); reloads may name others. */
-#define MAX_PASSWORD_ENVS 16
+ * most twenty (amqp, redis and its sentinels, postgres, 16 otlp_headers);
+ * reloads may name others. */
+#define MAX_PASSWORD_ENVS 32
 static char password_envs[MAX_PASSWORD_ENVS][65];
 static size_t n_password_envs;
 

@@ -48,6 +48,7 @@ enum type {
 };
 
 struct loader;
+struct sk_tracing_conf;
 
 struct key {
     const char        *name;
@@ -147,6 +148,8 @@ extern const struct key sk_conf_amqp_keys[], sk_conf_redis_keys[], sk_conf_postg
                         sk_conf_tracing_keys[];
 int sk_conf_amqp_section(struct loader *L, yaml_node_t *v, void *base);
 int sk_conf_redis_section(struct loader *L, yaml_node_t *v, void *base);
+/* Frees t's otlp_headers (values wiped); t stays usable. */
+void sk_conf_tracing_free_headers(struct sk_tracing_conf *t);
 
 extern const struct key sk_conf_queue_keys[];
 int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base);

@@ -9,6 +9,9 @@
 
 #define KIND_CONSUMER 5   /* SpanKind SPAN_KIND_CONSUMER */
 #define STATUS_ERROR  2   /* StatusCode STATUS_CODE_ERROR */
+/* SpanFlags: the parent's remoteness is known, and it is remote. */
+#define FLAGS_HAS_IS_REMOTE 0x100
+#define FLAGS_IS_REMOTE     0x200
 
 static bool attr_str(FILE *f, bool first, const char *key, const char *value);
 static bool span(FILE *f, const char *queue, const struct sk_span_rec *r);
@@ -34,8 +37,18 @@ bool sk_otlp_encode(FILE *f, const char *service, const char *queue,
 static bool span(FILE *f, const char *queue, const struct sk_span_rec *r)
 {
     fprintf(f, "{\"traceId\":\"%s\",\"spanId\":\"%s\",", r->trace_id, r->span_id);
-    if (r->parent_id[0] != '\0')
+    /* The message's parent is the producer's span, in another process. */
+    unsigned flags = r->trace_flags;
+    if (r->parent_id[0] != '\0') {
         fprintf(f, "\"parentSpanId\":\"%s\",", r->parent_id);
+        flags |= FLAGS_HAS_IS_REMOTE | FLAGS_IS_REMOTE;
+    }
+    if (r->tracestate[0] != '\0') {
+        fputs("\"traceState\":", f);
+        sk_otlp_string(f, r->tracestate);
+        fputc(',', f);
+    }
+    fprintf(f, "\"flags\":%u,", flags);
     fputs("\"name\":", f);
     fputc('"', f);
     /* The queue is a configured name (NAME_CHARS): nothing to escape. */

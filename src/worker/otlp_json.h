@@ -24,6 +24,8 @@ struct sk_span_rec {
     char     trace_id[SK_TRACE_ID_LEN + 1];
     char     span_id[SK_SPAN_ID_LEN + 1];
     char     parent_id[SK_SPAN_ID_LEN + 1];   /* "": a trace sekali began */
+    char     tracestate[SK_TRACESTATE_MAX + 1];  /* the message's, checked; or "" */
+    uint8_t  trace_flags;                     /* W3C's: SK_TRACE_SAMPLED or 0 */
     char     job_id[SK_SPAN_TEXT_MAX];
     char     idempotency_key[SK_SPAN_TEXT_MAX];
     char     job_type[64];

@@ -28,7 +28,7 @@
 #include "otlp_json.h"
 #include "text.h"
 
-#define QUEUE_CAP 2048   /* spans waiting; about 1.5 MiB */
+#define QUEUE_CAP 2048   /* spans waiting; about 2.5 MiB */
 #define BATCH_MAX 256    /* spans per request */
 #define FLUSH_MS  500    /* longest the first span of a batch waits */
 #define TRIES     5      /* a batch's attempts before it is dropped */
@@ -54,6 +54,7 @@ struct exporter {
  * pointer handed down the pipeline. Set and cleared by the main thread. */
 static struct exporter *ex;
 
+static int headers(struct exporter *e, const struct sk_tracing_conf *conf);
 static void *run(void *arg);
 static size_t take(struct exporter *e);
 static void deliver(struct exporter *e, size_t m);
@@ -92,11 +93,14 @@ int sk_span_export_start(const struct sk_tracing_conf *conf, const char *queue,
         sk_err_set(err, SK_ERR, "curl_easy_init(span exporter) failed");
         goto fail;
     }
-    e->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (headers(e, conf) != SK_OK) {
+        sk_err_set(err, SK_ERR, "curl_slist_append(span exporter) failed");
+        goto fail;
+    }
     CURL *c = e->curl;
     /* No signals in a worker's thread; https verifies the peer and host
      * (libcurl's defaults, left alone); no redirects to elsewhere. */
-    if (e->headers == NULL || curl_easy_setopt(c, CURLOPT_URL, conf->otlp_endpoint) != CURLE_OK ||
+    if (curl_easy_setopt(c, CURLOPT_URL, conf->otlp_endpoint) != CURLE_OK ||
         curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK ||
         curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) != CURLE_OK ||
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, e->headers) != CURLE_OK ||
@@ -132,6 +136,8 @@ void sk_span_export_job(const struct sk_job *j, const char *outcome, bool error)
     memcpy(r.trace_id, j->env.trace.trace_id, sizeof(r.trace_id));
     memcpy(r.span_id, j->env.trace.span_id, sizeof(r.span_id));
     memcpy(r.parent_id, j->env.trace.parent_id, sizeof(r.parent_id));
+    memcpy(r.tracestate, j->env.trace.tracestate, sizeof(r.tracestate));
+    r.trace_flags = j->env.trace.flags;
     /* Whole characters only, so that a cut key is still valid UTF-8. */
     sk_text_copy(r.job_id, sizeof(r.job_id), j->env.job_id);
     sk_text_copy(r.idempotency_key, sizeof(r.idempotency_key), j->env.idempotency_key);
@@ -169,6 +175,28 @@ void sk_span_export_stop(void)
     pthread_join(e->thread, NULL);
     ex = NULL;
     release(e);
+}
+
+/* The request's headers, built once: Content-Type and tracing.otlp_headers
+ * (checked at load: token names, values without CR or LF). */
+static int headers(struct exporter *e, const struct sk_tracing_conf *conf)
+{
+    if ((e->headers = curl_slist_append(NULL, "Content-Type: application/json")) == NULL)
+        return SK_ERR;
+    for (size_t i = 0; i < conf->n_otlp_headers; i++) {
+        const struct sk_otlp_header *h = &conf->otlp_headers[i];
+        char *line;
+        int len = asprintf(&line, "%s: %s", h->name, h->value);
+        if (len < 0)
+            return SK_ERR;
+        struct curl_slist *more = curl_slist_append(e->headers, line);
+        explicit_bzero(line, (size_t)len);
+        free(line);
+        if (more == NULL)
+            return SK_ERR;
+        e->headers = more;
+    }
+    return SK_OK;
 }
 
 static void *run(void *arg)
@@ -273,7 +301,8 @@ static int post(struct exporter *e, const char *body, size_t len, uint64_t timeo
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     if (status >= 200 && status < 300)
         return SK_OK;
-    snprintf(why, size, "the collector answered HTTP %ld", status);
+    snprintf(why, size, "the collector answered HTTP %ld%s", status,
+             status == 401 || status == 403 ? " (is tracing.otlp_headers' key right?)" : "");
     return status == 429 || status == 502 || status == 503 || status == 504 ? SK_AGAIN : SK_ERR;
 }
 
@@ -305,6 +334,9 @@ static void deadline_in(struct timespec *ts, uint64_t ms)
 /* Accepts a half-made exporter (no thread running). */
 static void release(struct exporter *e)
 {
+    /* The list's copies of the headers hold the API key. */
+    for (struct curl_slist *l = e->headers; l != NULL; l = l->next)
+        explicit_bzero(l->data, strlen(l->data));
     curl_slist_free_all(e->headers);
     if (e->curl != NULL)
         curl_easy_cleanup(e->curl);

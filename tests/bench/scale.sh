@@ -17,6 +17,8 @@
 #                                past it: about this percent of them is expired
 #   BENCH_SCALE_PURGE_ROWS [300000]  most keys one round's purge deletes
 #   BENCH_SCALE_PURGE_SECONDS [20]   longest one round's purge runs
+#   BENCH_SCALE_RATE [1000]      jobs/s of the fixed-rate latency run
+#   BENCH_LATENCY_SECONDS [5]    its length
 #   BENCH_TIMEOUT [300]          seconds one run may take
 #
 # The stores are databases of the test server, scale_NAME_N (NAME: before or
@@ -42,10 +44,15 @@
 #      batch, on one session) deletes expired keys beside it, up to
 #      BENCH_SCALE_PURGE_ROWS or BENCH_SCALE_PURGE_SECONDS: its rate, and
 #      the workers' jobs/s against run 1's;
-#   3. the time of one janitor batch with nothing expired (what every round
+#   3. latency: BENCH_SCALE_RATE jobs/s for BENCH_LATENCY_SECONDS (after a
+#      second of warm-up), p50 and p99 of publish -> effect;
+#   4. the time of one janitor batch with nothing expired (what every round
 #      costs once the expired keys are gone), `sekalictl status --json` (the
-#      console's status page runs the same report), `verify` and
-#      `trace KEY` of a retained key.
+#      console's status page runs the same report), `verify`, `trace KEY` of
+#      a retained key, `dlq list --limit 100` and `dlq groups` (the console's dead
+#      letter pages run the same reports) over a dead letter for each
+#      failed key (tests/bench/scale_letters.sql, loaded into a store that
+#      has none).
 # Bytes per key are measured once, from the relations' sizes. The summary's
 # ratios are to N = 0 of the same tree, taken within a round, and their
 # median over the rounds.
@@ -63,7 +70,9 @@ expired_pct=${BENCH_SCALE_EXPIRED_PCT:-10}
 purge_rows=${BENCH_SCALE_PURGE_ROWS:-300000}
 purge_seconds=${BENCH_SCALE_PURGE_SECONDS:-20}
 timeout=${BENCH_TIMEOUT:-300}
-for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout; do
+lat_rate=${BENCH_SCALE_RATE:-1000}
+lat_seconds=${BENCH_LATENCY_SECONDS:-5}
+for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout lat_rate lat_seconds; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
 names=(this) trees=(.)
@@ -137,6 +146,10 @@ store() {
     fi
     [ "$(on "$db" -c 'SELECT n FROM sekali_bench.scale_ready' 2>/dev/null)" = "$n" ] ||
         die "$db exists but was not made to the end: DROP DATABASE $db and run again"
+    if [ "$n" != 0 ] && [ "$(on "$db" -c 'SELECT count(*) = 0 FROM sekali.dead_letters')" = t ]; then
+        on "$db" -v queue=$queue -f tests/bench/scale_letters.sql >/dev/null
+        say "$db: $(on "$db" -c 'SELECT count(*) FROM sekali.dead_letters') dead letters loaded"
+    fi
 }
 
 # seconds COMMAND...: the wall time of COMMAND, whatever its exit status.
@@ -189,22 +202,55 @@ run() {
     [ -z "$ppid" ] || wait "$ppid"
     "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
     live_queue=''
-    local effects distinct done_keys
-    read -r effects distinct done_keys <<<"$(on "$db" -F ' ' -c "
-        SELECT count(*), count(DISTINCT j.key), count(k.key) FILTER (WHERE k.status = 'completed')
-          FROM sekali_bench.jobs j LEFT JOIN sekali.idempotency_keys k
-            ON k.queue = j.queue AND k.key = j.key")"
-    [ "$effects" = "$jobs" ] && [ "$distinct" = "$jobs" ] && [ "$done_keys" = "$jobs" ] ||
-        die "${names[$v]} N=$n: $effects effects, $distinct keys, $done_keys completed for $jobs jobs"
-    on "$db" -c "DELETE FROM sekali.idempotency_keys k USING sekali_bench.jobs j
-                  WHERE k.queue = j.queue AND k.key = j.key"
+    checked "$v" "$n" "$db" "$jobs"
     local pg
     pg=$(awk -v n="$jobs" 'FNR == NR { b[$1] = $2; next } $1 == "postgres_ms" { printf "%.3f", ($2 - b[$1]) / n }' \
         "$work/scale.cpu0" "$work/scale.cpu1")
     echo "$(field jobs_per_s "$result") $pg $([ -z "$ppid" ] || cat "$work/scale.purge")"
 }
 
-# reads V N: "empty_purge_s status_s verify_s trace_s"
+# checked V N DB: every job of the last run had its effect once and its key
+# completed; then its keys are deleted, so that N stays N.
+checked() {
+    local effects distinct done_keys
+    read -r effects distinct done_keys <<<"$(on "$3" -F ' ' -c "
+        SELECT count(*), count(DISTINCT j.key), count(k.key) FILTER (WHERE k.status = 'completed')
+          FROM sekali_bench.jobs j LEFT JOIN sekali.idempotency_keys k
+            ON k.queue = j.queue AND k.key = j.key")"
+    [ "$effects" = "$4" ] && [ "$distinct" = "$4" ] && [ "$done_keys" = "$4" ] ||
+        die "${names[$1]} N=$2: $effects effects, $distinct keys, $done_keys completed for $4 jobs"
+    on "$3" -c "DELETE FROM sekali.idempotency_keys k USING sekali_bench.jobs j
+                  WHERE k.queue = j.queue AND k.key = j.key"
+}
+
+# latency_run V N: jobs at lat_rate for lat_seconds and one more; prints
+# "p50_ms p99_ms" of publish -> effect, the first second left out.
+latency_run() {
+    local v=$1 n=$2 db c count driver
+    db=$(db_of "$v" "$n") c=$(conf "$db") count=$((lat_rate * (lat_seconds + 1)))
+    on "$db" -c 'TRUNCATE sekali_bench.jobs' -c CHECKPOINT
+    quiesce "${names[$v]} N=$n latency" >&2
+    live_queue=$queue
+    "$out/bench_sekalid" "$(bin_of "$v")/sekalid" "$c" "$work/scale-$db-lat.log" \
+        "$SEKALI_PG_CONNINFO dbname=$db" "$queue" "$count" "$((lat_seconds + timeout))" \
+        >"$work/scale.lat" &
+    driver=$!
+    "$out/bench_amqp" "$SEKALI_AMQP_URL" rate "$queue" "$count" "$lat_rate" "$workers" \
+        >"$work/scale.publish" 2>&1 || die "latency publisher (see $work/scale.publish)"
+    wait "$driver" || die "${names[$v]} N=$n latency run (see $work/scale-$db-lat.log)"
+    "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue"
+    live_queue=''
+    on "$db" -F ' ' -c "
+        SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+               round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
+          FROM (SELECT published_us - min(published_us) OVER () AS since_us,
+                       (extract(epoch FROM committed) * 1e6 - published_us) / 1e3 AS ms
+                  FROM sekali_bench.jobs) l
+         WHERE since_us >= 1000000"
+    checked "$v" "$n" "$db" "$count"
+}
+
+# reads V N: "empty_purge_s status_s verify_s trace_s dlq_list_s dlq_groups_s"
 reads() {
     local v=$1 n=$2 db c bin key
     db=$(db_of "$v" "$n") c=$(conf "$db") bin=$(bin_of "$v")
@@ -212,13 +258,15 @@ reads() {
     echo "$(seconds on "$db" -c "SELECT sekali.purge_keys('$queue', $((retention_ms * 4)), 1000)") \
 $(seconds "$bin/sekalictl" -c "$c" status --json) \
 $(seconds "$bin/sekalictl" -c "$c" verify) \
-$(seconds "$bin/sekalictl" -c "$c" trace "${key:-absent}")"
+$(seconds "$bin/sekalictl" -c "$c" trace "${key:-absent}") \
+$(seconds "$bin/sekalictl" -c "$c" dlq list $queue --limit 100) \
+$(seconds "$bin/sekalictl" -c "$c" dlq groups $queue)"
 }
 
 for n in "${sizes[@]}"; do
     for v in "${!names[@]}"; do store "$v" "$n"; done
 done
-declare -A rate cpu prate purged purge_s reads_of
+declare -A rate cpu prate purged purge_s reads_of p50 p99
 for round in $(seq 1 "$runs"); do
     for n in "${sizes[@]}"; do
         for v in "${!names[@]}"; do
@@ -230,9 +278,12 @@ for round in $(seq 1 "$runs"); do
                 prate[$v,$n]+="$r " purged[$v,$n]+="$p " purge_s[$v,$n]+="$s "
                 line+="; purging beside it: $r jobs/s, $p keys purged in $s s"
             fi
+            read -r a b <<<"$(latency_run "$v" "$n")"
+            p50[$v,$n]+="$a " p99[$v,$n]+="$b "
+            line+="; at $lat_rate jobs/s p50 $a ms, p99 $b ms"
             last=$(reads "$v" "$n")
             reads_of[$v,$n]+="$last;"
-            say "$line; empty purge batch, status, verify, trace: $last s"
+            say "$line; empty purge batch, status, verify, trace, dlq list, dlq groups: $last s"
         done
     done
 done
@@ -258,8 +309,10 @@ bytes_per_key() {
 }
 
 say "== summary: $jobs jobs a run, W=$workers, medians of $runs rounds; ratios to N=0 of the same tree in the same round"
-printf '%-7s %10s %9s %6s %9s %9s %12s %9s %8s %8s %8s %8s %12s\n' \
-    tree N jobs/s x_N0 pg_ms/job x_N0 purge_keys/s x_nopurge purge0_s status_s verify_s trace_s bytes/key >"$work/scale-summary"
+fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
+# shellcheck disable=SC2059  # one format for the header and the rows
+printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \
+    purge0_s status_s verify_s trace_s dlq_list dlq_grp bytes/key >"$work/scale-summary"
 for n in "${sizes[@]}"; do
     for v in "${!names[@]}"; do
         # shellcheck disable=SC2086  # lists of numbers
@@ -270,10 +323,14 @@ for n in "${sizes[@]}"; do
                 pr=$(ratio "${purged[$v,$n]}" "${purge_s[$v,$n]}")
                 px=$(ratio "${prate[$v,$n]}" "${rate[$v,$n]}")
             fi
-            printf '%-7s %10s %9s %6s %9s %9s %12s %9s %8s %8s %8s %8s %12s\n' "${names[$v]}" "$n" "$r" \
+            # shellcheck disable=SC2059
+            printf "$fmt" "${names[$v]}" "$n" "$r" \
                 "$(ratio "${rate[$v,$n]}" "${rate[$v,0]}")" "$c" "$(ratio "${cpu[$v,$n]}" "${cpu[$v,0]}")" \
+                "$(median ${p50[$v,$n]})" "$(ratio "${p50[$v,$n]}" "${p50[$v,0]}")" \
+                "$(median ${p99[$v,$n]})" "$(ratio "${p99[$v,$n]}" "${p99[$v,0]}")" \
                 "$pr" "$px" "$(read_median "${reads_of[$v,$n]}" 1)" "$(read_median "${reads_of[$v,$n]}" 2)" \
                 "$(read_median "${reads_of[$v,$n]}" 3)" "$(read_median "${reads_of[$v,$n]}" 4)" \
+                "$(read_median "${reads_of[$v,$n]}" 5)" "$(read_median "${reads_of[$v,$n]}" 6)" \
                 "$(bytes_per_key "$(db_of "$v" "$n")" | tr ' ' /)"
         } >>"$work/scale-summary"
     done

@@ -2,8 +2,11 @@
  * real servers with a collector in the test: one span per job run, in the
  * producer's trace (traceId, the producer's span as parentSpanId, the run's
  * span_id of the log), a retry a second span of the same trace, a hostile
- * key escaped and cut, the spans of the last jobs flushed at a stop, and a
- * collector that is down neither holding a job nor losing count.
+ * key escaped and cut, the spans of the last jobs flushed at a stop, a
+ * collector that is down neither holding a job nor losing count, the
+ * configured headers on every request (an API key read from a file) with
+ * the key in none of the daemon's output even when the collector refuses
+ * it, and the message's tracestate and sampled flag on the span.
  *
  * The collector records each request's body, one per line; python3's json
  * module reads them (a real parser: a byte the exporter failed to escape
@@ -34,6 +37,10 @@ struct collector {
     /* Set: each request waits, unanswered, until collector_release(). */
     bool               hang;
     pthread_cond_t     released;
+    unsigned           answer;       /* the status of every request; 0: 200 */
+    const char        *header;       /* a request header to record, or NULL */
+    char               got[256];     /* its value in the last request */
+    int                with_header;  /* requests that had it */
 };
 
 struct upload {
@@ -71,7 +78,7 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const cha
     while (col->hang && pthread_cond_timedwait(&col->released, &col->lock, &until) == 0)
         ;
     pthread_mutex_unlock(&col->lock);
-    unsigned status = 200;
+    unsigned status = col->answer != 0 ? col->answer : 200;
     if (strcmp(method, "POST") != 0 || strcmp(url, "/v1/traces") != 0 || type == NULL ||
         strcmp(type, "application/json") != 0 || u->body == NULL)
         status = 400;
@@ -83,6 +90,12 @@ static enum MHD_Result on_request(void *arg, struct MHD_Connection *c, const cha
         fclose(f);
     }
     col->requests++;
+    const char *h = col->header != NULL
+        ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, col->header) : NULL;
+    if (h != NULL) {
+        snprintf(col->got, sizeof(col->got), "%s", h);
+        col->with_header++;
+    }
     pthread_mutex_unlock(&col->lock);
     struct MHD_Response *r = MHD_create_response_from_buffer(2, (void *)"{}",
                                                              MHD_RESPMEM_PERSISTENT);
@@ -134,8 +147,8 @@ static void collector_stop(struct collector *col)
 /* One exported span, as the parser printed it. */
 struct span {
     char trace_id[40], span_id[24], parent_id[24], name[300], outcome[32], service[64];
-    char job_id[300], key_hex[1100];
-    int  kind, attempt, status;
+    char job_id[300], key_hex[1100], tracestate[600];
+    int  kind, attempt, status, flags;
 };
 
 #define MAX_SPANS 64
@@ -156,7 +169,8 @@ static const char *const parser =
     "                      str(int(a['sekali.attempt'])),\n"
     "                      str(s.get('status', {}).get('code', 0)), svc,\n"
     "                      a['messaging.message.id'],\n"
-    "                      a['sekali.idempotency_key'].encode().hex()]))\n";
+    "                      a['sekali.idempotency_key'].encode().hex(),\n"
+    "                      s.get('traceState', '-'), str(s.get('flags', -1))]))\n";
 
 /* Parses every body the collector got; returns how many spans, in out. */
 static size_t spans_read(struct collector *col, struct span *out, size_t max)
@@ -180,9 +194,9 @@ static size_t spans_read(struct collector *col, struct span *out, size_t max)
         ck_assert_msg(n < max, "more than %zu spans", max);
         struct span *s = &out[n++];
         memset(s, 0, sizeof(*s));
-        char *save = NULL, *fields[11];
+        char *save = NULL, *fields[13];
         line[strcspn(line, "\n")] = '\0';
-        for (int i = 0; i < 11; i++) {
+        for (int i = 0; i < 13; i++) {
             fields[i] = strtok_r(i == 0 ? line : NULL, "\t", &save);
             ck_assert_msg(fields[i] != NULL, "a span line with %d fields", i);
         }
@@ -197,6 +211,8 @@ static size_t spans_read(struct collector *col, struct span *out, size_t max)
         snprintf(s->service, sizeof(s->service), "%s", fields[8]);
         snprintf(s->job_id, sizeof(s->job_id), "%s", fields[9]);
         snprintf(s->key_hex, sizeof(s->key_hex), "%s", fields[10]);
+        snprintf(s->tracestate, sizeof(s->tracestate), "%s", fields[11]);
+        s->flags = atoi(fields[12]);
     }
     int rc = pclose(p);
     pthread_mutex_unlock(&col->lock);
@@ -217,15 +233,23 @@ static size_t spans_of(const struct span *all, size_t n, const char *job_id,
     return m;
 }
 
-static void publish(struct h_run *r, const char *id, const char *key, const char *traceparent,
-                    const char *body)
+static void publish_state(struct h_run *r, const char *id, const char *key,
+                          const char *traceparent, const char *tracestate, const char *body)
 {
-    struct sk_header h[2];
+    struct sk_header h[3];
     size_t n = 0;
     h[n++] = (struct sk_header){ .key = "x-idempotency-key", .text = key };
     if (traceparent != NULL)
         h[n++] = (struct sk_header){ .key = "traceparent", .text = traceparent };
+    if (tracestate != NULL)
+        h[n++] = (struct sk_header){ .key = "tracestate", .text = tracestate };
     h_publish_raw(r->b, r->queue, id, "charge", h, n, body, strlen(body));
+}
+
+static void publish(struct h_run *r, const char *id, const char *key, const char *traceparent,
+                    const char *body)
+{
+    publish_state(r, id, key, traceparent, NULL, body);
 }
 
 static void hex(const char *s, size_t len, char *out)
@@ -422,12 +446,126 @@ START_TEST(test_a_full_span_queue_drops_and_counts_and_never_holds_a_job)
 }
 END_TEST
 
+#define API_KEY "hcaik_S3cretApiKey0123456789"
+#define ENV_KEY "S3cretFromTheEnvironment42"
+#define STATE   "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+
+/* Writes the API key to dir/otlp.key (with the newline an editor adds)
+ * and into top the tracing: section sending it, and a plain header. */
+static void headers_top(char *top, size_t size, const char *dir, int port)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/otlp.key", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(API_KEY "\n", f);
+    fclose(f);
+    size_t used = strlen(top);
+    snprintf(top + used, size - used,
+             "tracing:\n  otlp_endpoint: http://127.0.0.1:%d/v1/traces\n"
+             "  otlp_headers:\n    x-honeycomb-team: {value_file: %s}\n"
+             "    x-honeycomb-dataset: sekali-tests\n"
+             "    x-env-key: {value_env: SK_TEST_OTLP_ENV_KEY}\n", port, path);
+}
+
+/* The key, read from its file, on every request; a message's tracestate
+ * and flags on its span (sampled or not). */
+START_TEST(test_the_api_key_from_a_file_is_sent_and_the_tracestate_exported)
+{
+    struct h_run r;
+    struct collector col;
+    h_run_open(&r, "otlphdr");
+    collector_start(&col, r.dir);
+    col.header = "x-honeycomb-team";
+    char top[1536] = "";
+    headers_top(top, sizeof(top), r.dir, col.port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top,
+        .env = (const char *const[]){ "SK_TEST_OTLP_ENV_KEY=" ENV_KEY, NULL } });
+    publish_state(&r, "job-state", "otlp-state", TP, STATE, "ok");
+    publish_state(&r, "job-unsampled", "otlp-unsampled", "00-" TRACE2 "-" PARENT2 "-00", NULL,
+                  "ok");
+    H_WAIT(h_completed(&r) == 2, 30000, "the two jobs should complete");
+    h_run_stop(&r);
+
+    struct span all[MAX_SPANS];
+    size_t n = spans_read(&col, all, MAX_SPANS);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_ge(col.requests, 1);
+    ck_assert_int_eq(col.with_header, col.requests);
+    ck_assert_str_eq(col.got, API_KEY);
+    const struct span *s[4];
+    ck_assert_uint_eq(spans_of(all, n, "job-state", s), 1);
+    ck_assert_str_eq(s[0]->trace_id, TRACE);
+    ck_assert_str_eq(s[0]->tracestate, STATE);
+    ck_assert_int_eq(s[0]->flags, 0x301);  /* sampled; the parent is remote */
+    ck_assert_uint_eq(spans_of(all, n, "job-unsampled", s), 1);
+    ck_assert_str_eq(s[0]->tracestate, "-");
+    ck_assert_int_eq(s[0]->flags, 0x300);
+    collector_stop(&col);
+    h_run_close(&r);
+}
+END_TEST
+
+/* Nothing of the daemon's shows a key: its log while the collector
+ * answers 401 (logged), /metrics, and `sekalid -t`. */
+START_TEST(test_a_refused_api_key_shows_in_none_of_the_daemons_output)
+{
+    struct h_run r;
+    struct collector col;
+    h_run_open(&r, "otlp401");
+    collector_start(&col, r.dir);
+    col.answer = 401;
+    col.header = "x-honeycomb-team";
+    char top[1536];
+    int mport = h_metrics_top(top, sizeof(top));
+    headers_top(top, sizeof(top), r.dir, col.port);
+    const char *const env[] = { "SK_TEST_OTLP_ENV_KEY=" ENV_KEY, NULL };
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .top_yaml = top, .env = env });
+    for (int i = 0; i < 3; i++) {
+        char id[32], key[32];
+        snprintf(id, sizeof(id), "job-401-%d", i);
+        snprintf(key, sizeof(key), "otlp-401-%d", i);
+        publish(&r, id, key, TP, "ok");
+    }
+    H_WAIT(h_completed(&r) == 3, 30000, "the jobs should complete with the key refused");
+    H_WAIT(h_metric(mport, "sekali_spans_dropped_total{queue=\"%s\",job_type=\"charge\"}",
+                    r.queue) == 3, 30000, "the refused spans should be counted dropped");
+    ck_assert_int_ge(h_count_lines(r.log, "the collector answered HTTP 401"), 1);
+    char *scrape = h_scrape(mport);
+    ck_assert_ptr_null(strstr(scrape, "S3cret"));
+    free(scrape);
+    h_run_stop(&r);
+
+    char out[600];
+    snprintf(out, sizeof(out), "%s/sekalid-t.out", r.dir);
+    char *text = NULL;
+    int rc = h_spawn(&(struct h_spawn){ .binary = "sekalid",
+                                        .args = (const char *const[]){ "-t", "-c", r.config,
+                                                                       NULL },
+                                        .env = env, .out = out, .err = out },
+                     30000, &text, NULL);
+    ck_assert_msg(rc == 0, "sekalid -t: exit %d: %s", rc, text);
+    ck_assert_ptr_null(strstr(text, "S3cret"));
+    free(text);
+    char *log = h_read_file(r.log);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "S3cret") == NULL, "the key is in %s", r.log);
+    free(log);
+    ck_assert_int_ge(col.with_header, 1);
+    ck_assert_str_eq(col.got, API_KEY);
+    collector_stop(&col);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
         test_each_run_is_one_span_in_the_producers_trace,
         test_with_the_collector_down_jobs_run_and_the_spans_are_counted_dropped,
         test_a_full_span_queue_drops_and_counts_and_never_holds_a_job,
+        test_the_api_key_from_a_file_is_sent_and_the_tracestate_exported,
+        test_a_refused_api_key_shows_in_none_of_the_daemons_output,
         NULL,
     };
     return h_run_suite(h_suite("otlp", 120, tests));

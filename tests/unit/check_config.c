@@ -760,6 +760,79 @@ START_TEST(test_tracing_endpoint_is_an_http_url_without_credentials)
 }
 END_TEST
 
+/* tracing.otlp_headers: token names, values plain or read from a file or
+ * a variable, each mistake placed at file:line:column, and no message
+ * showing a value (the secret file holds CR LF and an injected header). */
+START_TEST(test_tracing_headers_are_checked_and_their_secrets_never_shown)
+{
+    static const char base[] =
+        "amqp:\n  url: amqp://127.0.0.1/\npostgres:\n  conninfo: \"host=127.0.0.1\"\n"
+        "queues:\n  - name: invoices\n    handler: /x.so\n"
+        "tracing:\n  otlp_endpoint: https://otel.example/v1/traces\n  otlp_headers:\n";
+    char key[] = "/tmp/sk-otlp-key-XXXXXX", bad[] = "/tmp/sk-otlp-bad-XXXXXX";
+    char text[4096], cfg[] = "/tmp/sk-tracing-XXXXXX.yaml";
+    write_temp(key, 0, SECRET "-key\n");
+    write_temp(bad, 0, SECRET "\r\nX-Injected: yes\n");
+    setenv("SK_TEST_OTLP_KEY", SECRET "-env", 1);
+    unsetenv("SK_TEST_OTLP_UNSET");
+    snprintf(text, sizeof(text), "%s    x-honeycomb-team: {value_file: %s}\n"
+             "    x-honeycomb-dataset: sekali\n    X-Env: {value_env: SK_TEST_OTLP_KEY}\n"
+             "    x-plain: {value: \"a b\\tc\"}\n", base, key);
+    write_temp(cfg, 5, text);
+    struct sk_conf *c = load_ok(cfg);
+    ck_assert_uint_eq(c->tracing.n_otlp_headers, 4);
+    const struct sk_otlp_header *h = c->tracing.otlp_headers;
+    ck_assert_str_eq(h[0].name, "x-honeycomb-team");
+    ck_assert_str_eq(h[0].value, SECRET "-key");
+    ck_assert(h[0].secret);
+    ck_assert_str_eq(h[1].value, "sekali");
+    ck_assert(!h[1].secret);
+    ck_assert_str_eq(h[2].value, SECRET "-env");
+    ck_assert(h[2].secret);
+    ck_assert_str_eq(h[3].value, "a b\tc");
+    sk_conf_free(c);
+    unlink(cfg);
+
+    char many[2048] = "";
+    for (int i = 0; i <= 16; i++)
+        snprintf(many + strlen(many), sizeof(many) - strlen(many), "    x-h%d: v\n", i);
+    char from_bad[600], both[600];
+    snprintf(from_bad, sizeof(from_bad), "    x-key: {value_file: %s}\n", bad);
+    snprintf(both, sizeof(both), "    x-key: {value: a, value_file: %s}\n", key);
+    const struct { const char *yaml, *where, *error; } cases[] = {
+        { "    \"x team\": abc\n", ":11:5: ", "a header name has only A-Z a-z 0-9 and ! # $ % & "
+          "' * + - . ^ _ ` | ~ (RFC 9110's token); byte 2 is not one" },
+        { "    \"\": abc\n", ":11:5: ", "a header name is 1 to 128 characters" },
+        { from_bad, ":11:12: ", "otlp_headers: x-key: the value (from value_env or value_file) "
+          "has a control character (CR, LF or another) at byte 12" },
+        { "    x-key: \"a\\nb\"\n", ":11:12: ", "the value has a control character" },
+        { "    x-key: \"\"\n", ":11:12: ", "the value must be 1 to 4096 bytes" },
+        { "    x-key:\n", ":11:11: ", "the value is empty" },
+        { "    Content-Type: text/plain\n", ":11:5: ", "Content-Type is set by sekali itself" },
+        { "    x-a: 1\n    X-A: 2\n", ":12:5: ", "X-A is given twice (names ignore case)" },
+        { both, ":11:12: ", "give one of value, value_env or value_file" },
+        { "    x-key: {value_env: SK_TEST_OTLP_UNSET}\n", ":11:24: ",
+          "environment variable SK_TEST_OTLP_UNSET is not set" },
+        { "    x-key: {secret: a}\n", ":11:13: ", "secret" },
+        { "    x-key: [a]\n", ":11:12: ", "expected a value or {value_file: path}" },
+        { many, ":11:5: ", "otlp_headers: at most 16 headers, got 17" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char p2[] = "/tmp/sk-tracing-XXXXXX.yaml";
+        snprintf(text, sizeof(text), "%s%s", base, cases[i].yaml);
+        write_temp(p2, 5, text);
+        const char *msg = load_error(p2);
+        ck_assert_msg(strstr(msg, cases[i].where) != NULL && strstr(msg, cases[i].error) != NULL,
+                      "case %zu: got \"%s\"", i, msg);
+        assert_no_secret(msg);
+        unlink(p2);
+    }
+    unsetenv("SK_TEST_OTLP_KEY");
+    unlink(key);
+    unlink(bad);
+}
+END_TEST
+
 START_TEST(test_full_config_sets_every_key)
 {
     struct sk_conf *c = load_ok(DATA "good_full.yaml");
@@ -1604,6 +1677,7 @@ static Suite *config_suite(void)
                         0, sizeof(bad_cases) / sizeof(bad_cases[0]));
     tcase_add_test(tc, test_missing_file_is_reported_without_position);
     tcase_add_test(tc, test_tracing_endpoint_is_an_http_url_without_credentials);
+    tcase_add_test(tc, test_tracing_headers_are_checked_and_their_secrets_never_shown);
     tcase_add_test(tc, test_directory_is_reported_as_unreadable);
     tcase_add_test(tc, test_failed_load_leaves_the_old_snapshot_in_place);
     tcase_add_test(tc, test_schedules_load_with_their_defaults);

@@ -410,6 +410,12 @@ START_TEST(test_dashboard_has_a_panel_for_each_operator_question)
                                    "sekali_schedule_failures_total",
                                    "sekali_schedule_last_tick_timestamp_seconds",
                                    "sekali_scheduler_last_round_timestamp_seconds", NULL });
+    assert_panel(q, "Rate limits", (const char *[]){ "sekali_rate_limited_total",
+                                                     "sekali_rate_limit_delay_seconds_total",
+                                                     NULL });
+    assert_panel(q, "Spans exported and dropped",
+                 (const char *[]){ "sekali_spans_exported_total", "sekali_spans_dropped_total",
+                                   "sekali_trace_context_dropped_total", NULL });
     free(q);
 }
 END_TEST

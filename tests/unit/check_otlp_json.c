@@ -1,6 +1,7 @@
 /* check_otlp_json.c - a batch of job runs as OTLP/HTTP JSON
  * (src/worker/otlp_json.c): every byte a message may carry is escaped, a
  * span without a parent has no parentSpanId, a failed run is an ERROR,
+ * the message's tracestate and flags are the span's,
  * and the body is JSON that python3's parser reads back to the same
  * values. */
 #include <stdio.h>
@@ -70,7 +71,8 @@ START_TEST(test_a_span_has_its_ids_times_kind_and_status)
                                        "\"svc\"}}]}"));
     ck_assert_ptr_nonnull(strstr(body, "\"traceId\":\"4bf92f3577b34da6a3ce929d0e0e4736\","
                                        "\"spanId\":\"00f067aa0ba902b7\",\"parentSpanId\":"
-                                       "\"b7ad6b7169203331\",\"name\":\"invoices process\","
+                                       "\"b7ad6b7169203331\",\"flags\":768,"
+                                       "\"name\":\"invoices process\","
                                        "\"kind\":5,\"startTimeUnixNano\":\"1700000000000000001\","
                                        "\"endTimeUnixNano\":\"1700000000500000002\""));
     ck_assert_ptr_nonnull(strstr(body, "\"status\":{\"code\":2,\"message\":\"handler_retry\"}"));
@@ -79,6 +81,25 @@ START_TEST(test_a_span_has_its_ids_times_kind_and_status)
     /* One parentSpanId and one status: the second span has neither. */
     ck_assert_ptr_null(strstr(strstr(body, "parentSpanId") + 1, "parentSpanId"));
     ck_assert_ptr_null(strstr(strstr(body, "\"status\"") + 1, "\"status\""));
+    free(body);
+}
+END_TEST
+
+/* The message's tracestate and sampled flag go on as the span's
+ * traceState and flags, with "the parent is remote" set where the parent
+ * is the producer's span; none without a tracestate. */
+START_TEST(test_a_span_carries_the_messages_tracestate_and_flags)
+{
+    struct sk_span_rec r[2] = { rec("k-1", "completed", false), rec("k-2", "completed", false) };
+    strcpy(r[0].tracestate, "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7");
+    r[0].trace_flags = 0x01;
+    r[1].parent_id[0] = '\0';
+    char *body = encode(r, 2);
+    ck_assert_ptr_nonnull(strstr(body, "\"parentSpanId\":\"b7ad6b7169203331\",\"traceState\":"
+                                       "\"congo=t61rcWkgMzE,rojo=00f067aa0ba902b7\","
+                                       "\"flags\":769,\"name\""));
+    ck_assert_ptr_nonnull(strstr(body, "\"spanId\":\"00f067aa0ba902b7\",\"flags\":0,\"name\""));
+    ck_assert_ptr_null(strstr(strstr(body, "traceState") + 1, "traceState"));
     free(body);
 }
 END_TEST
@@ -122,6 +143,7 @@ int main(void)
     const TTest *tests[] = {
         test_every_control_character_quote_and_backslash_is_escaped,
         test_a_span_has_its_ids_times_kind_and_status,
+        test_a_span_carries_the_messages_tracestate_and_flags,
         test_python3_reads_the_body_back_to_the_same_values,
         NULL,
     };
