@@ -127,6 +127,14 @@ static const char *ttl_text(struct sk_lock *l, uint32_t ttl_ms);
 static bool cmd_start(struct sk_lock *l, int argc, size_t need);
 static void cmd_arg(struct sk_lock *l, const char *arg, size_t len);
 static redisReply *cmd_send(struct sk_lock *l);
+static bool put_eval(struct sk_lock *l, const char *sha, size_t n_keys, const char *const *keys,
+                     size_t n_args, const char *const *args);
+static bool put_swap(struct sk_lock *l, size_t n_release, size_t n, const char *const *keys,
+                     const char *const *tokens, uint32_t ttl_ms, int limit);
+static int read_ints(struct sk_lock *l, redisReply *reply, long long *out, size_t n_out,
+                     struct sk_err *err);
+static void ride_answer(struct sk_lock *l, struct sk_lock_ride *ride, redisReply *reply,
+                        int status, const struct sk_err *err);
 
 static int ensure_connected(struct sk_lock *l, struct sk_err *err);
 static int connect_server(struct sk_lock *l, const char *host, int port, struct sk_err *err);
@@ -257,17 +265,103 @@ int sk_lock_acquire_many(struct sk_lock *l, size_t n, const char *const *keys,
     return sk_lock_swap_many(l, 0, n, keys, tokens, ttl_ms, 1, rc, err);
 }
 
-/* One EVALSHA of swap_script over every key: one command, one round trip,
- * whatever the count. A script Redis lost (NOSCRIPT: it ran nothing) is
- * loaded again and the call repeated once. */
 int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char *const *keys,
                       const char *const *tokens, uint32_t ttl_ms, int limit, int *rc,
                       struct sk_err *err)
 {
+    return sk_lock_swap_riding(l, NULL, n_release, n, keys, tokens, ttl_ms, limit, rc, err);
+}
+
+/* One EVALSHA of swap_script over every key: one command, one round trip,
+ * whatever the count; the ride's EVALSHA goes ahead of it in the same
+ * write, and both replies are read before either is looked at, so that a
+ * script Redis lost (NOSCRIPT: it ran nothing) can be loaded again on a
+ * connection with nothing in flight; the swap is then sent again once,
+ * the ride alone (ride_answer()). */
+int sk_lock_swap_riding(struct sk_lock *l, struct sk_lock_ride *ride, size_t n_release,
+                        size_t n, const char *const *keys, const char *const *tokens,
+                        uint32_t ttl_ms, int limit, int *rc, struct sk_err *err)
+{
     sk_assert(n_release <= n && limit >= 1);
     int status = ensure_connected(l, err);
-    if (status != SK_OK || n == 0)
+    if (status == SK_OK && ride != NULL && ride->sha[0] == '\0')
+        status = load_script(l, ride->script, ride->sha, err);
+    if (status == SK_OK && n == 0) {  /* the ride alone */
+        if (ride != NULL)
+            ride->rc = sk_lock_eval(l, ride->script, ride->sha, ride->n_keys, ride->keys,
+                                    ride->n_args, ride->args, ride->out, ride->n_out, &ride->err);
+        return SK_OK;
+    }
+    if (status != SK_OK) {
+        ride_answer(l, ride, NULL, status, err);
         return status;
+    }
+    redisReply *first = NULL;
+    if (ride != NULL && (!put_eval(l, ride->sha, ride->n_keys, ride->keys, ride->n_args,
+                                   ride->args) ||
+                         sk_redis_link_append(l->ctx, l->cmd, l->cmd_len) != REDIS_OK)) {
+        status = reply_error(l, NULL, "EVALSHA", err);
+        ride_answer(l, ride, NULL, status, err);
+        return status;
+    }
+    for (int attempt = 0;; attempt++) {
+        redisReply *reply = NULL;
+        if (put_swap(l, n_release, n, keys, tokens, ttl_ms, limit) &&
+            sk_redis_link_append(l->ctx, l->cmd, l->cmd_len) == REDIS_OK &&
+            (ride == NULL || attempt > 0 || sk_redis_link_reply(l->ctx, &first) == REDIS_OK) &&
+            sk_redis_link_reply(l->ctx, &reply) != REDIS_OK)
+            reply = NULL;
+        status = script_trouble(l, reply, attempt, swap_script, l->swap_sha, "SET NX PX",
+                                "the lock script runs (SET, GET, DEL)", err);
+        if (status == SK_BUSY)
+            continue;
+        if (status == SK_OK && (reply == NULL || reply->type != REDIS_REPLY_ARRAY ||
+                                reply->elements != n))
+            status = reply_error(l, reply, "EVALSHA (lock)", err);
+        else if (status == SK_OK) {
+            for (size_t i = 0; i < n; i++) {
+                const redisReply *e = reply->element[i];
+                rc[i] = e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? SK_OK : SK_BUSY;
+            }
+            freeReplyObject(reply);
+        }
+        ride_answer(l, ride, first, status, err);
+        return status;
+    }
+}
+
+/* The ride's answer, its reply read with the swap's (NULL: none), when the
+ * swap ended in status: nothing to trust unless both were answered. A
+ * script Redis lost ran nothing, and is asked alone once loaded again. */
+static void ride_answer(struct sk_lock *l, struct sk_lock_ride *ride, redisReply *reply,
+                        int status, const struct sk_err *err)
+{
+    if (ride == NULL)
+        return;
+    if (status != SK_OK) {
+        if (reply != NULL)
+            freeReplyObject(reply);
+        ride->rc = SK_AGAIN;
+        if (err != NULL && err != &ride->err)
+            ride->err = *err;
+        else if (err == NULL)
+            sk_err_set(&ride->err, SK_AGAIN, "redis failed in the lock's round trip");
+        return;
+    }
+    int rc = script_trouble(l, reply, 0, ride->script, ride->sha, "EVALSHA", "the script runs",
+                            &ride->err);
+    if (rc == SK_BUSY)
+        rc = sk_lock_eval(l, ride->script, ride->sha, ride->n_keys, ride->keys, ride->n_args,
+                          ride->args, ride->out, ride->n_out, &ride->err);
+    else if (rc == SK_OK)
+        rc = read_ints(l, reply, ride->out, ride->n_out, &ride->err);
+    ride->rc = rc;
+}
+
+/* swap_script's EVALSHA in the command buffer; false out of memory. */
+static bool put_swap(struct sk_lock *l, size_t n_release, size_t n, const char *const *keys,
+                     const char *const *tokens, uint32_t ttl_ms, int limit)
+{
     const char *ttl = ttl_text(l, ttl_ms);
     char n_keys[24], n_rel[24], lim[24];
     snprintf(n_keys, sizeof(n_keys), "%zu", n);
@@ -276,36 +370,19 @@ int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char 
     size_t need = 40 + strlen(n_keys) + strlen(n_rel) + strlen(ttl) + strlen(lim) + 32;
     for (size_t i = 0; i < n; i++)
         need += strlen(keys[i]) + strlen(tokens[i]);
-    for (int attempt = 0;; attempt++) {
-        redisReply *reply = NULL;
-        if (cmd_start(l, 6 + 2 * (int)n, need)) {
-            cmd_arg(l, "EVALSHA", 7);
-            cmd_arg(l, l->swap_sha, 40);
-            cmd_arg(l, n_keys, strlen(n_keys));
-            for (size_t i = 0; i < n; i++)
-                cmd_arg(l, keys[i], strlen(keys[i]));
-            cmd_arg(l, n_rel, strlen(n_rel));
-            cmd_arg(l, ttl, strlen(ttl));
-            cmd_arg(l, lim, strlen(lim));
-            for (size_t i = 0; i < n; i++)
-                cmd_arg(l, tokens[i], strlen(tokens[i]));
-            reply = cmd_send(l);
-        }
-        status = script_trouble(l, reply, attempt, swap_script, l->swap_sha, "SET NX PX",
-                                "the lock script runs (SET, GET, DEL)", err);
-        if (status == SK_BUSY)
-            continue;
-        if (status != SK_OK)
-            return status;
-        if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != n)
-            return reply_error(l, reply, "EVALSHA (lock)", err);
-        for (size_t i = 0; i < n; i++) {
-            const redisReply *e = reply->element[i];
-            rc[i] = e->type == REDIS_REPLY_INTEGER && e->integer == 1 ? SK_OK : SK_BUSY;
-        }
-        freeReplyObject(reply);
-        return SK_OK;
-    }
+    if (!cmd_start(l, 6 + 2 * (int)n, need))
+        return false;
+    cmd_arg(l, "EVALSHA", 7);
+    cmd_arg(l, l->swap_sha, 40);
+    cmd_arg(l, n_keys, strlen(n_keys));
+    for (size_t i = 0; i < n; i++)
+        cmd_arg(l, keys[i], strlen(keys[i]));
+    cmd_arg(l, n_rel, strlen(n_rel));
+    cmd_arg(l, ttl, strlen(ttl));
+    cmd_arg(l, lim, strlen(lim));
+    for (size_t i = 0; i < n; i++)
+        cmd_arg(l, tokens[i], strlen(tokens[i]));
+    return true;
 }
 
 int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,
@@ -690,6 +767,21 @@ int sk_lock_eval(struct sk_lock *l, const char *script, char sha[41], size_t n_k
         rc = load_script(l, script, sha, err);
     if (rc != SK_OK)
         return rc;
+    for (int attempt = 0;; attempt++) {
+        redisReply *reply = NULL;
+        if (put_eval(l, sha, n_keys, keys, n_args, args))
+            reply = cmd_send(l);
+        rc = script_trouble(l, reply, attempt, script, sha, "EVALSHA", "the script runs", err);
+        if (rc == SK_BUSY)
+            continue;
+        return rc != SK_OK ? rc : read_ints(l, reply, out, n_out, err);
+    }
+}
+
+/* An EVALSHA of sha in the command buffer; false out of memory. */
+static bool put_eval(struct sk_lock *l, const char *sha, size_t n_keys, const char *const *keys,
+                     size_t n_args, const char *const *args)
+{
     char count[24];
     snprintf(count, sizeof(count), "%zu", n_keys);
     size_t need = 64;
@@ -697,34 +789,33 @@ int sk_lock_eval(struct sk_lock *l, const char *script, char sha[41], size_t n_k
         need += strlen(keys[i]);
     for (size_t i = 0; i < n_args; i++)
         need += strlen(args[i]);
-    for (int attempt = 0;; attempt++) {
-        redisReply *reply = NULL;
-        if (cmd_start(l, 3 + (int)(n_keys + n_args), need)) {
-            cmd_arg(l, "EVALSHA", 7);
-            cmd_arg(l, sha, 40);
-            cmd_arg(l, count, strlen(count));
-            for (size_t i = 0; i < n_keys; i++)
-                cmd_arg(l, keys[i], strlen(keys[i]));
-            for (size_t i = 0; i < n_args; i++)
-                cmd_arg(l, args[i], strlen(args[i]));
-            reply = cmd_send(l);
-        }
-        rc = script_trouble(l, reply, attempt, script, sha, "EVALSHA", "the script runs", err);
-        if (rc == SK_BUSY)
-            continue;
-        if (rc != SK_OK)
-            return rc;
-        if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != n_out)
-            return reply_error(l, reply, "EVALSHA", err);
-        for (size_t i = 0; i < n_out; i++) {
-            const redisReply *e = reply->element[i];
-            if (e->type != REDIS_REPLY_INTEGER)
-                return reply_error(l, reply, "EVALSHA (not an integer)", err);
-            out[i] = e->integer;
-        }
-        freeReplyObject(reply);
-        return SK_OK;
+    if (!cmd_start(l, 3 + (int)(n_keys + n_args), need))
+        return false;
+    cmd_arg(l, "EVALSHA", 7);
+    cmd_arg(l, sha, 40);
+    cmd_arg(l, count, strlen(count));
+    for (size_t i = 0; i < n_keys; i++)
+        cmd_arg(l, keys[i], strlen(keys[i]));
+    for (size_t i = 0; i < n_args; i++)
+        cmd_arg(l, args[i], strlen(args[i]));
+    return true;
+}
+
+/* A script's reply of n_out integers into out[], freed; else SK_AGAIN and
+ * the connection dropped (reply_error()). */
+static int read_ints(struct sk_lock *l, redisReply *reply, long long *out, size_t n_out,
+                     struct sk_err *err)
+{
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != n_out)
+        return reply_error(l, reply, "EVALSHA", err);
+    for (size_t i = 0; i < n_out; i++) {
+        const redisReply *e = reply->element[i];
+        if (e->type != REDIS_REPLY_INTEGER)
+            return reply_error(l, reply, "EVALSHA (not an integer)", err);
+        out[i] = e->integer;
     }
+    freeReplyObject(reply);
+    return SK_OK;
 }
 
 static int load_script(struct sk_lock *l, const char *script, char sha[41], struct sk_err *err)

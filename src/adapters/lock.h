@@ -95,6 +95,33 @@ int sk_lock_swap_many(struct sk_lock *l, size_t n_release, size_t n, const char 
                       const char *const *tokens, uint32_t ttl_ms, int limit, int *rc,
                       struct sk_err *err);
 
+/* Another module's script, sent ahead of a swap in the same write and
+ * answered with it (sk_lock_swap_riding()): the rate limit asks its keys
+ * in the round trip that takes the batch's locks. The caller fills the
+ * fields above rc, as sk_lock_eval() takes them, and keeps them alive
+ * through the call. */
+struct sk_lock_ride {
+    const char        *script;
+    char              *sha;         /* 41 bytes: "" until known */
+    size_t             n_keys, n_args, n_out;
+    const char *const *keys;
+    const char *const *args;
+    long long         *out;
+    int                rc;          /* SK_OK: out[] holds the answers; else nothing to trust */
+    struct sk_err      err;         /* why not, when rc is not SK_OK */
+};
+
+/* sk_lock_swap_many() with ride's script (none when NULL) in the same
+ * write: one round trip for both. Returns the swap's status; ride->rc is
+ * SK_OK with ride->out filled, or SK_AGAIN with ride->err saying why
+ * (always when the swap failed, since neither was read then; alone, when
+ * the ride's script failed and the connection was dropped). A ride whose
+ * script Redis lost costs a round trip of its own after the swap's. With
+ * n 0 the ride goes alone (keys, tokens and rc unused). */
+int sk_lock_swap_riding(struct sk_lock *l, struct sk_lock_ride *ride, size_t n_release,
+                        size_t n, const char *const *keys, const char *const *tokens,
+                        uint32_t ttl_ms, int limit, int *rc, struct sk_err *err);
+
 /* sk_lock_release() of n keys in one round trip. Returns SK_OK when each
  * was answered (rc[i]: SK_OK, or SK_BUSY: not ours any more), or SK_AGAIN. */
 int sk_lock_release_many(struct sk_lock *l, size_t n, const char *const *keys,

@@ -1,8 +1,8 @@
 /* rate.c - the rate limiter's script and its call (see rate.h): the
  * generic cell rate algorithm, every key of a batch in one EVALSHA on the
- * lock's connection (sk_lock_eval()), so that a batch of jobs costs one
- * round trip whatever its size, and a limit costs no connection of its
- * own. */
+ * lock's connection, so that a batch of jobs costs one round trip whatever
+ * its size (none of its own in the round trip of the batch's locks:
+ * sk_lock_swap_riding()), and a limit costs no connection of its own. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +35,7 @@ static const char rate_script[] =
     "return out";
 
 /* The script's SHA1, the same on every connection: found at the first
- * call, and the script loaded again by sk_lock_eval() wherever Redis lost
- * it. */
+ * call, and the script loaded again by lock.c wherever Redis lost it. */
 static char rate_sha[41];
 
 struct sk_rate sk_rate_of(uint32_t count, uint32_t period_ms, uint32_t burst)
@@ -56,34 +55,49 @@ void sk_rate_key(char *out, size_t size, const char *queue, const char *resource
         snprintf(out, size, "sekali:rate:%s", queue);
 }
 
-int sk_rate_take(struct sk_lock *l, const struct sk_rate *rate, size_t n,
-                 const char *const *keys, const uint32_t *counts, uint32_t *wait_ms,
-                 struct sk_err *err)
+int sk_rate_ask(struct sk_rate_call *c, const struct sk_rate *rate, size_t n,
+                const char *const *keys, const uint32_t *counts, struct sk_err *err)
 {
-    size_t total = 0;
+    *c = (struct sk_rate_call){ 0 };
     for (size_t i = 0; i < n; i++)
-        total += counts[i];
+        c->total += counts[i];
     /* The arguments' text and the answers: one block, sized by the batch. */
-    char (*text)[24] = calloc(n + 2, sizeof(*text));
-    const char **args = calloc(n + 2, sizeof(*args));
-    long long *out = calloc(total > 0 ? total : 1, sizeof(*out));
-    int rc = SK_AGAIN;
-    if (text == NULL || args == NULL || out == NULL) {
+    c->text = calloc(n + 2, sizeof(*c->text));
+    c->args = calloc(n + 2, sizeof(*c->args));
+    c->out = calloc(c->total > 0 ? c->total : 1, sizeof(*c->out));
+    if (c->text == NULL || c->args == NULL || c->out == NULL) {
+        sk_rate_call_free(c);
         sk_err_set(err, SK_AGAIN, "out of memory for a rate limit's round trip");
-        goto done;
+        return SK_AGAIN;
     }
-    snprintf(text[0], sizeof(text[0]), "%llu", (unsigned long long)rate->interval_us);
-    snprintf(text[1], sizeof(text[1]), "%llu", (unsigned long long)rate->tolerance_us);
+    snprintf(c->text[0], sizeof(c->text[0]), "%llu", (unsigned long long)rate->interval_us);
+    snprintf(c->text[1], sizeof(c->text[1]), "%llu", (unsigned long long)rate->tolerance_us);
     for (size_t i = 0; i < n; i++)
-        snprintf(text[i + 2], sizeof(text[i + 2]), "%u", counts[i]);
+        snprintf(c->text[i + 2], sizeof(c->text[i + 2]), "%u", counts[i]);
     for (size_t i = 0; i < n + 2; i++)
-        args[i] = text[i];
-    rc = sk_lock_eval(l, rate_script, rate_sha, n, keys, n + 2, args, out, total, err);
-    for (size_t i = 0; rc == SK_OK && i < total; i++)
-        wait_ms[i] = out[i] <= 0 ? 0 : out[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)out[i];
-done:
-    free(text);
-    free(args);
-    free(out);
-    return rc;
+        c->args[i] = c->text[i];
+    c->ride = (struct sk_lock_ride){
+        .script = rate_script, .sha = rate_sha, .n_keys = n, .keys = keys, .n_args = n + 2,
+        .args = c->args, .out = c->out, .n_out = c->total, .rc = SK_AGAIN,
+    };
+    sk_err_set(&c->ride.err, SK_AGAIN, "redis unavailable");
+    return SK_OK;
+}
+
+void sk_rate_answers(const struct sk_rate_call *c, uint32_t *wait_ms)
+{
+    for (size_t i = 0; c->ride.rc == SK_OK && i < c->total; i++) {
+        long long w = c->out[i];
+        wait_ms[i] = w <= 0 ? 0 : w > UINT32_MAX ? UINT32_MAX : (uint32_t)w;
+    }
+}
+
+void sk_rate_call_free(struct sk_rate_call *c)
+{
+    free(c->text);
+    free(c->args);
+    free(c->out);
+    c->text = NULL;
+    c->args = NULL;
+    c->out = NULL;
 }

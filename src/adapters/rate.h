@@ -29,16 +29,31 @@ struct sk_rate sk_rate_of(uint32_t count, uint32_t period_ms, uint32_t burst);
  * resource's within it when resource is not NULL. */
 void sk_rate_key(char *out, size_t size, const char *queue, const char *resource);
 
-/* Asks for counts[i] starts under keys[i] (distinct keys), for every i < n,
- * in one script and one round trip on the lock's connection. wait_ms holds
- * one answer a start, key by key in order: 0 admitted (counted against the
- * limit now), or how long until a slot is free for it (nothing counted: it
- * asks again then; the second refused of one key is told one interval
- * more than the first, and so on, so that they do not all come back at
- * once). SK_OK, or SK_AGAIN (Redis failed: nothing to trust in wait_ms).
- * Blocks at most the connection's command timeout. */
-int sk_rate_take(struct sk_lock *l, const struct sk_rate *rate, size_t n,
-                 const char *const *keys, const uint32_t *counts, uint32_t *wait_ms,
-                 struct sk_err *err);
+/* A batch's question to the limits, sent by sk_lock_swap_riding() (with
+ * the batch's locks, or alone): ride is what it sends, the rest its
+ * arguments' storage. */
+struct sk_rate_call {
+    struct sk_lock_ride ride;
+    char              (*text)[24];
+    const char        **args;
+    long long          *out;
+    size_t              total;   /* starts asked: answers expected */
+};
+
+/* Fills c to ask for counts[i] starts under keys[i] (distinct keys), for
+ * every i < n, in one script (keys and counts borrowed: they must outlive
+ * the call), with c->ride.rc SK_AGAIN until it is answered. SK_OK, or
+ * SK_AGAIN out of memory (c then holds nothing). */
+int  sk_rate_ask(struct sk_rate_call *c, const struct sk_rate *rate, size_t n,
+                 const char *const *keys, const uint32_t *counts, struct sk_err *err);
+/* c's answers into wait_ms, when c->ride.rc is SK_OK (else wait_ms is left
+ * as it was): one a start, key by key in order: 0 admitted (counted
+ * against the limit now), or how long until a slot is free for it
+ * (nothing counted: it asks again then; the second refused of one key is
+ * told one interval more than the first, and so on, so that they do not
+ * all come back at once). */
+void sk_rate_answers(const struct sk_rate_call *c, uint32_t *wait_ms);
+/* Frees what sk_rate_ask() took; c may be freed twice. */
+void sk_rate_call_free(struct sk_rate_call *c);
 
 #endif

@@ -205,6 +205,10 @@ bool sk_span_deferred(struct sk_pipeline *p, struct sk_span *s);
  * a try, defers or re-schedules the busy ones, and has the heartbeat watch
  * those taken (sk_span_start(), sk_span_deferred()). */
 void sk_span_lock(struct sk_pipeline *p, struct sk_span *s);
+/* span_lock.c: sk_span_lock() with the queue's rate limit asked in the
+ * first round's write (limit.h) and answered before a busy lock is waited
+ * for: no round trip of the limit's own (sk_span_start()). */
+void sk_span_admit_lock(struct sk_pipeline *p, struct sk_span *s);
 /* span_lock.c: the span's locks join the releases waiting (settling). */
 void sk_span_unlock(struct sk_pipeline *p, struct sk_span *s);
 /* Every job's exit, in delivery order, after the span's locks went in one

@@ -2,7 +2,8 @@
  *
  * Per queue, the span asks one key for as many starts as it has jobs; per
  * resource, each distinct resource key for its jobs' count. Either way it
- * is one script in one round trip (rate.c). What is asked of the limiter
+ * is one script (rate.c), sent in the round trip that takes the span's
+ * locks (span_lock.c), or alone in a queue without locks. What is asked of the limiter
  * is only a start: a job admitted and then lost (its worker killed, its
  * claim a duplicate) has used its slot, so the limit errs towards fewer
  * starts, never more. */
@@ -33,59 +34,92 @@ struct scratch {
 
 static struct scratch scratch;
 
+static struct sk_rate_call call;
+
+#define NOT_ASKED SIZE_MAX  /* key_of[] of a job the limit was not asked for */
+
 static bool grow(size_t n);
 static size_t gather(struct sk_pipeline *p, struct sk_span *s);
-static void refuse(struct sk_pipeline *p, struct sk_span *s, uint32_t delay_ms,
+static void refuse(struct sk_pipeline *p, struct sk_span *s, bool gathered, uint32_t delay_ms,
                    const char *why);
 static void delay(struct sk_pipeline *p, struct sk_job *j, uint32_t wait_ms, const char *why);
+static void report(struct sk_pipeline *p, struct sk_span *s, size_t limited, uint32_t shortest);
 
 void sk_limit_admit(struct sk_pipeline *p, struct sk_span *s)
 {
-    const struct sk_rate_conf *c = &p->queue->rate;
-    if (c->count == 0)
-        return;
-    if (!grow(s->n)) {
-        sk_log_warn("queue %s: out of memory for the rate limit's round trip", p->queue->name);
-        refuse(p, s, sk_jitter(100, 1000), "rate limit unknown (out of memory)");
-        return;
-    }
-    size_t m = gather(p, s);
-    if (m == 0)
+    struct sk_lock_ride *ride = sk_limit_ask(p, s);
+    if (ride == NULL)
         return;
     /* Redis's outage is logged once, by the links; each job's exit line
      * says why it waits. */
     struct sk_lock *redis;
-    struct sk_err err = { 0 };
     sk_links_lock(p->links, &redis);
-    if (redis == NULL) {
-        refuse(p, s, sk_jitter(1000, 5000), "rate limit unknown (redis down)");
-        return;
+    if (redis != NULL)
+        sk_lock_swap_riding(redis, ride, 0, 0, NULL, NULL, 0, 1, NULL, &ride->err);
+    sk_limit_answer(p, s, ride, redis == NULL);
+}
+
+struct sk_lock_ride *sk_limit_ask(struct sk_pipeline *p, struct sk_span *s)
+{
+    const struct sk_rate_conf *c = &p->queue->rate;
+    if (c->count == 0)
+        return NULL;
+    if (!grow(s->n)) {
+        sk_log_warn("queue %s: out of memory for the rate limit's round trip", p->queue->name);
+        refuse(p, s, false, sk_jitter(100, 1000), "rate limit unknown (out of memory)");
+        return NULL;
     }
+    size_t m = gather(p, s);
+    if (m == 0)
+        return NULL;
     const struct sk_rate rate = sk_rate_of(c->count, c->period_ms, c->burst);
-    if (sk_rate_take(redis, &rate, m, scratch.keys, scratch.counts, scratch.waits, &err) !=
-        SK_OK) {
-        sk_links_drop(p->links, SK_LINK_LOCK, NULL, &err);
-        refuse(p, s, sk_jitter(1000, 5000), "rate limit unknown (redis down)");
+    struct sk_err err = { 0 };
+    if (sk_rate_ask(&call, &rate, m, scratch.keys, scratch.counts, &err) != SK_OK) {
+        sk_log_warn("queue %s: %s", p->queue->name, err.msg);
+        refuse(p, s, true, sk_jitter(100, 1000), "rate limit unknown (out of memory)");
+        return NULL;
+    }
+    return &call.ride;
+}
+
+void sk_limit_answer(struct sk_pipeline *p, struct sk_span *s, struct sk_lock_ride *ride,
+                     bool dropped)
+{
+    sk_assert(ride == &call.ride);
+    if (ride->rc != SK_OK) {
+        if (!dropped)
+            sk_links_drop(p->links, SK_LINK_LOCK, NULL, &ride->err);
+        refuse(p, s, true, sk_jitter(1000, 5000), "rate limit unknown (redis down)");
+        sk_rate_call_free(&call);
         return;
     }
     sk_links_up(p->links, SK_LINK_LOCK);
+    sk_rate_answers(&call, scratch.waits);
+    sk_rate_call_free(&call);
     size_t limited = 0;
     uint32_t shortest = UINT32_MAX;
-    memset(scratch.seen, 0, m * sizeof(*scratch.seen));
+    memset(scratch.seen, 0, scratch.cap * sizeof(*scratch.seen));
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
-        if (j->state != SK_JOB_RECEIVED)
-            continue;
         size_t k = scratch.key_of[i];
+        if (k == NOT_ASKED)
+            continue;
+        /* Every answer of a key is taken in turn, a job's that has gone
+         * (its lock busy past busy_wait) too: it used its start. */
         uint32_t wait = scratch.waits[scratch.first[k] + scratch.seen[k]++];
-        if (wait == 0)
+        if (wait == 0 || !sk_job_live(j))
             continue;
         limited++;
         shortest = wait < shortest ? wait : shortest;
         delay(p, j, wait, "rate limited");
     }
-    if (limited == 0)
-        return;
+    if (limited > 0)
+        report(p, s, limited, shortest);
+}
+
+/* The event of a span that had jobs over the limit. */
+static void report(struct sk_pipeline *p, struct sk_span *s, size_t limited, uint32_t shortest)
+{
     char jobs[24], wait[24];
     snprintf(jobs, sizeof(jobs), "%zu", limited);
     snprintf(wait, sizeof(wait), "%u", shortest);
@@ -103,6 +137,7 @@ static size_t gather(struct sk_pipeline *p, struct sk_span *s)
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         const struct sk_job *j = &s->jobs[i];
+        scratch.key_of[i] = NOT_ASKED;
         if (j->state != SK_JOB_RECEIVED)
             continue;
         char key[RATE_KEY_MAX];
@@ -123,13 +158,18 @@ static size_t gather(struct sk_pipeline *p, struct sk_span *s)
     return m;
 }
 
-/* Every received job waits: the limit could not be asked. */
-static void refuse(struct sk_pipeline *p, struct sk_span *s, uint32_t delay_ms,
+/* Every job that asked and is still live waits, or every received one
+ * before they were gathered: the limit could not be asked, and fails
+ * closed. */
+static void refuse(struct sk_pipeline *p, struct sk_span *s, bool gathered, uint32_t delay_ms,
                    const char *why)
 {
-    for (size_t i = 0; i < s->n; i++)
-        if (s->jobs[i].state == SK_JOB_RECEIVED)
-            delay(p, &s->jobs[i], delay_ms, why);
+    for (size_t i = 0; i < s->n; i++) {
+        struct sk_job *j = &s->jobs[i];
+        bool asked = gathered ? scratch.key_of[i] != NOT_ASKED : j->state == SK_JOB_RECEIVED;
+        if (asked && sk_job_live(j))
+            delay(p, j, delay_ms, why);
+    }
 }
 
 /* A copy comes back after the wait, at the same attempt: waiting for a slot

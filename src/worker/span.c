@@ -134,9 +134,10 @@ void sk_span_start(struct sk_pipeline *p, struct sk_span *s)
 {
     for (size_t i = 0; i < s->n; i++)
         sk_job_admit(p, &s->jobs[i]);
-    sk_limit_admit(p, s);
     if (p->queue->lock)
-        sk_span_lock(p, s);
+        sk_span_admit_lock(p, s);  /* the rate limit asked in the locks' round trip */
+    else
+        sk_limit_admit(p, s);
     survivable(p, s);
 }
 

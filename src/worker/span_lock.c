@@ -13,6 +13,7 @@
 #include "heartbeat.h"
 #include "job.h"
 #include "job_steps.h"
+#include "limit.h"
 #include "links.h"
 #include "lock.h"
 #include "log.h"
@@ -23,8 +24,10 @@
 
 static size_t put_releases(struct sk_span *s);
 static void released(struct sk_pipeline *p, struct sk_span *s, int rc, const struct sk_err *err);
+static void lock_span(struct sk_pipeline *p, struct sk_span *s, struct sk_lock_ride *ride);
 static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_lock *redis,
-                         size_t r, size_t *asked, size_t *locked);
+                         size_t r, struct sk_lock_ride *ride, size_t *asked, size_t *locked,
+                         bool *dropped);
 static void lock_refused(struct sk_pipeline *p, struct sk_job *j, int rc);
 static bool asks_for_lock(const struct sk_job *j);
 static size_t lock_leader(const struct sk_span *s, size_t i);
@@ -50,6 +53,23 @@ static void watch_locks(struct sk_pipeline *p, struct sk_span *s);
  * the lock deletes nothing. They stay recorded until they are released. */
 void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
 {
+    lock_span(p, s, NULL);
+}
+
+/* The rate limit's question goes in the first round's write, ahead of the
+ * locks, and is answered before any busy lock is waited for: a job over
+ * the limit leaves at once, holding the lock it may have been given until
+ * the span's releases go (sk_span_unlock()), as a settled job's does:
+ * releasing it sooner would cost the round trip saved. Whether a start
+ * was counted is the limit's alone: a job admitted whose lock is busy has
+ * used its start, as one admitted and then lost has. */
+void sk_span_admit_lock(struct sk_pipeline *p, struct sk_span *s)
+{
+    lock_span(p, s, sk_limit_ask(p, s));
+}
+
+static void lock_span(struct sk_pipeline *p, struct sk_span *s, struct sk_lock_ride *ride)
+{
     size_t r = put_releases(s), m = r;
     for (size_t i = 0; i < s->n; i++) {
         struct sk_job *j = &s->jobs[i];
@@ -66,11 +86,14 @@ void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
         s->keys[m] = j->lock.key;
         s->tokens[m++] = j->lock.token;
     }
+    sk_assert(m > r || ride == NULL);  /* the limit is asked for received jobs only */
     if (m == r)
         return;  /* the releases wait for the next acquire, or the worker's idling */
     struct sk_lock *redis;
     int rc = sk_links_lock(p->links, &redis);
     if (redis == NULL) {
+        if (ride != NULL)  /* the limit fails closed, whatever on_redis_down says */
+            sk_limit_answer(p, s, ride, true);
         /* Redis in its backoff: the queue proceeds without locks, or
          * re-schedules. */
         for (size_t i = 0; i < s->n; i++)
@@ -82,7 +105,11 @@ void sk_span_lock(struct sk_pipeline *p, struct sk_span *s)
 
     size_t locked = 0, asked;
     for (;;) {
-        size_t busy = lock_round(p, s, redis, r, &asked, &locked);
+        bool dropped = false;
+        size_t busy = lock_round(p, s, redis, r, ride, &asked, &locked, &dropped);
+        if (ride != NULL)
+            sk_limit_answer(p, s, ride, dropped);
+        ride = NULL;
         r = 0;
         if (busy == 0 || refuse_or_defer(p, s, asked, locked) == 0)
             break;
@@ -109,7 +136,10 @@ static size_t refuse_or_defer(struct sk_pipeline *p, struct sk_span *s, size_t a
         if (s->rcs[k] != SK_BUSY)
             continue;
         struct sk_job *j = &s->jobs[s->index[k]];
-        if (now - j->lock.busy_since >= wait_ns || sk_process_stopping()) {
+        if (!sk_job_live(j)) {  /* over the rate limit: its followers wait too */
+            waited_for_lock(j);
+            j->lock.refusal = SK_BUSY;
+        } else if (now - j->lock.busy_since >= wait_ns || sk_process_stopping()) {
             waited_for_lock(j);
             sk_metrics_inc(j->metrics, SK_METRIC_LOCK_BUSY);
             lock_refused(p, j, SK_BUSY);
@@ -213,12 +243,14 @@ static void released(struct sk_pipeline *p, struct sk_span *s, int rc, const str
 }
 
 /* One script for each job still without its lock (SET NX PX), after the r
- * releases that s->keys starts with: those granted are locked (*locked
- * counts them all so far). Returns how many were busy, which s->index and
- * s->rcs name among the *asked; 0 also when Redis failed, its jobs then
- * sent on (unlocked, or re-scheduled). */
+ * releases that s->keys starts with, and ride (if any) in the same write:
+ * those granted are locked (*locked counts them all so far). Returns how
+ * many were busy, which s->index and s->rcs name among the *asked; 0 also
+ * when Redis failed (*dropped), its jobs then sent on (unlocked, or
+ * re-scheduled). */
 static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_lock *redis,
-                         size_t r, size_t *asked, size_t *locked)
+                         size_t r, struct sk_lock_ride *ride, size_t *asked, size_t *locked,
+                         bool *dropped)
 {
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
@@ -230,18 +262,20 @@ static size_t lock_round(struct sk_pipeline *p, struct sk_span *s, struct sk_loc
         s->index[m++] = i;
     }
     *asked = m;
-    if (m == 0)
+    if (m == 0 && ride == NULL)
         return 0;
     struct sk_err err = { 0 };
-    int rc = sk_lock_swap_many(redis, r, r + m, s->keys, s->tokens, p->queue->lock_ttl_ms,
-                               p->queue->concurrency, s->rcs, &err);
+    int rc = sk_lock_swap_riding(redis, ride, r, r + m, s->keys, s->tokens,
+                                 p->queue->lock_ttl_ms, p->queue->concurrency, s->rcs, &err);
     if (r > 0)
         released(p, s, rc, &err);
     if (rc != SK_OK) {
         /* No lock of this round was taken, and none of an earlier one
          * (only a span holding none asks again). */
         sk_slot_forget_locks(p->slot);
-        rc = sk_links_drop(p->links, SK_LINK_LOCK, &s->jobs[s->index[0]].log, &err);
+        *dropped = true;
+        rc = sk_links_drop(p->links, SK_LINK_LOCK, m > 0 ? &s->jobs[s->index[0]].log : NULL,
+                           &err);
         for (size_t k = 0; k < m; k++) {
             struct sk_job *j = &s->jobs[s->index[k]];
             waited_for_lock(j);

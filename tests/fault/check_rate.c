@@ -21,6 +21,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <hiredis.h>
+
 #include "harness.h"
 
 enum { RATE = 20, BURST = 5, JOBS = 80 };
@@ -241,6 +243,68 @@ START_TEST(test_a_limit_fails_closed_while_redis_is_down)
 }
 END_TEST
 
+/* Redis's count of reads from its clients (INFO stats): a client's
+ * pipelined write is one read, so that the reads a worker caused are its
+ * round trips. This command's own read is counted before it answers. */
+static long long redis_reads(redisContext *redis)
+{
+    redisReply *reply = redisCommand(redis, "INFO stats");
+    ck_assert_msg(reply != NULL && reply->type == REDIS_REPLY_STRING, "INFO stats failed");
+    const char *at = strstr(reply->str, "total_reads_processed:");
+    ck_assert_msg(at != NULL, "INFO stats has no total_reads_processed");
+    long long n = atoll(at + strlen("total_reads_processed:"));
+    freeReplyObject(reply);
+    return n;
+}
+
+static bool redis_has(redisContext *redis, const char *key)
+{
+    redisReply *reply = redisCommand(redis, "EXISTS %s", key);
+    bool has = reply != NULL && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1;
+    freeReplyObject(reply);
+    return has;
+}
+
+/* One job a batch, each waited for and its lock's release (sent when the
+ * worker idles) seen: with a limit far above the rate and a lock, a batch
+ * asks the limit and takes its lock in one round trip, so each job costs
+ * Redis two reads (that one and the release), not three (the limit's, the
+ * lock's, the release). Counted by Redis, every client's reads: this
+ * test's own commands are taken off, and the lock's lease is long, so
+ * that no renewal falls inside. */
+START_TEST(test_a_limit_rides_the_locks_round_trip)
+{
+    enum { ROUNDS = 10 };
+    struct h_run r;
+    start(&r, "raterides", 1, "    rate_limit: 1000000/s\n    lock_ttl: 120s\n");
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    long long mine = 0, before = 0;
+    for (int i = 0; i <= ROUNDS; i++) {
+        char id[32], key[32], lock[256];
+        snprintf(id, sizeof(id), "w-id-%d", i);
+        snprintf(key, sizeof(key), "w-%d", i);
+        snprintf(lock, sizeof(lock), "sekali:lock:%s:%s", r.queue, key);
+        h_publish(r.b, r.queue, "test", id, key, key, "ok");
+        H_WAIT(h_completed(&r) == i + 1, 60000, "job %d should complete", i);
+        H_WAIT((mine++, !redis_has(redis, lock)), 60000, "job %d's lock should be released", i);
+        if (i == 0) {  /* the first loads the scripts and opens the links */
+            before = redis_reads(redis);
+            mine = 0;
+        }
+    }
+    long long reads = redis_reads(redis) - before - mine - 1;
+    redisFree(redis);
+    printf("%d jobs, one a batch: %lld Redis reads\n", ROUNDS, reads);
+    ck_assert_msg(reads <= ROUNDS * 2 + ROUNDS / 2, "%d jobs, one a batch, cost Redis %lld "
+                  "reads (%.1f a job): a batch's limit and locks should share one round "
+                  "trip (2 a job with the release)", ROUNDS, reads, (double)reads / ROUNDS);
+    h_run_stop(&r);
+    h_expect_once(&r, ROUNDS + 1, 0);
+    h_run_close(&r);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *tests[] = {
@@ -249,6 +313,7 @@ int main(void)
         test_a_limit_per_resource_holds_for_each_resource_apart,
         test_workers_killed_under_a_limit_run_nothing_twice,
         test_a_limit_fails_closed_while_redis_is_down,
+        test_a_limit_rides_the_locks_round_trip,
         NULL,
     };
     return h_run_suite(h_suite("rate", 300, tests));

@@ -252,6 +252,59 @@ START_TEST(test_swap_releases_ours_before_it_takes_the_next)
 }
 END_TEST
 
+/* A script riding with a swap (sk_lock_swap_riding(), as the rate limit
+ * rides with a batch's locks): one write, both answered; its script known
+ * and not yet loaded is loaded first; after SCRIPT FLUSH both scripts are
+ * loaded again and both answered, the swap's taking once (its key's token
+ * is ours). A ride alone (n 0) is answered too. */
+START_TEST(test_a_ride_is_answered_with_the_swap_and_after_a_flush)
+{
+    struct sk_lock *a, *b;
+    struct sk_err err = { 0 };
+    struct three t;
+    three_locks(&t, "ride", &a, &b);
+    static const char script[] = "return {tonumber(ARGV[1]), #KEYS}";
+    char sha[41] = "";
+    const char *rkeys[2] = { "sekali:rate:ride-a", "sekali:rate:ride-b" };
+    const char *args[1] = { "7" };
+    long long out[2] = { 0, 0 };
+    struct sk_lock_ride ride = { .script = script, .sha = sha, .n_keys = 2, .keys = rkeys,
+                                 .n_args = 1, .args = args, .out = out, .n_out = 2 };
+    int rc[2];
+    ck_assert_msg(sk_lock_swap_riding(a, &ride, 0, 1, t.key_list, t.token_list, 60000, 1, rc,
+                                      &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(ride.rc == SK_OK, "%s", ride.err.msg);
+    ck_assert_int_eq(out[0], 7);
+    ck_assert_int_eq(out[1], 2);
+    ck_assert_int_eq(rc[0], SK_OK);
+    ck_assert_int_eq(strlen(sha), 40);
+
+    redisContext *redis = redisConnect("127.0.0.1", h_redis_port());
+    ck_assert_msg(redis != NULL && redis->err == 0, "redis connect failed");
+    freeReplyObject(redisCommand(redis, "SCRIPT FLUSH"));
+    redisFree(redis);
+    out[0] = out[1] = 0;
+    args[0] = "9";
+    ck_assert_msg(sk_lock_swap_riding(a, &ride, 0, 1, t.key_list + 1, t.token_list + 1, 60000, 1,
+                                      rc, &err) == SK_OK, "%s", err.msg);
+    ck_assert_msg(ride.rc == SK_OK, "%s", ride.err.msg);
+    ck_assert_int_eq(out[0], 9);
+    ck_assert_int_eq(rc[0], SK_OK);
+    ck_assert_msg(redis_pttl(t.keys[1]) > 50000, "the swap should have taken key 1");
+
+    out[0] = 0;
+    args[0] = "11";
+    ck_assert_int_eq(sk_lock_swap_riding(a, &ride, 0, 0, NULL, NULL, 0, 1, NULL, &ride.err),
+                     SK_OK);
+    ck_assert_msg(ride.rc == SK_OK, "%s", ride.err.msg);
+    ck_assert_int_eq(out[0], 11);
+    ck_assert_int_eq(sk_lock_release(a, t.keys[0], t.tokens[0], &err), SK_OK);
+    ck_assert_int_eq(sk_lock_release(a, t.keys[1], t.tokens[1], &err), SK_OK);
+    sk_lock_close(a);
+    sk_lock_close(b);
+}
+END_TEST
+
 /* The heartbeat's renewal of a span's locks: one round trip extends each
  * lock still ours and answers busy for one another owner took, without
  * touching it; after SCRIPT FLUSH the script is loaded again and every key
@@ -369,6 +422,7 @@ int main(void)
         test_pipelined_acquire_and_release_answer_for_each_key,
         test_pipelined_renewal_extends_ours_and_spares_the_taken_one,
         test_swap_releases_ours_before_it_takes_the_next,
+        test_a_ride_is_answered_with_the_swap_and_after_a_flush,
         test_semaphore_admits_up_to_its_limit_and_drops_the_expired,
         NULL,
     };
