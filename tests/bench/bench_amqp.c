@@ -16,7 +16,8 @@
  * each job carries it as header x-tenant, and with BENCH_TAG its keys are
  * "QUEUE-TAG-i", so that several publishes to one queue do not share keys
  * (tests/bench/fairness.sh). `delete` deletes QUEUE.lane.0 to
- * .lane.<BENCH_LANES - 1> too.
+ * .lane.<BENCH_LANES - 1> too, and `depth` counts their ready messages as
+ * the queue's (tests/chaos/run.sh's CHAOS_LANES).
  *
  * Publishing uses publisher confirms, but never waits for each one: up to
  * WINDOW messages are in flight, and the broker's acks (often "multiple")
@@ -86,6 +87,16 @@ int main(int argc, char **argv)
             die("queue %s does not exist", queue);
         if (!depth(conn, dead, &dead_ready, &unused))
             die("queue %s does not exist", dead);
+        /* A lane's messages are the queue's, not yet run. */
+        const char *lanes = getenv("BENCH_LANES");
+        for (int i = 0; lanes != NULL && i < atoi(lanes); i++) {
+            char lane[600];
+            uint32_t in_lane = 0;
+            snprintf(lane, sizeof(lane), "%s.lane.%d", queue, i);
+            if (!depth(conn, lane, &in_lane, &unused))
+                die("queue %s does not exist", lane);
+            ready += in_lane;
+        }
         printf("ready=%" PRIu32 " dead=%" PRIu32 " consumers=%" PRIu32 "\n", ready,
                dead_ready, consumers);
     } else if (strcmp(cmd, "delete") == 0) {

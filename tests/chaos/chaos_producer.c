@@ -1,6 +1,7 @@
 /* chaos_producer.c - the chaos soak's producer: every key once, some twice.
  *
  *   chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY [quorum[:LIMIT]] [resources:R]
+ *                  [tenants:T]
  *
  * Declares QUEUE as sekalid does (with `quorum`, as sekalid declares a queue
  * of queue_type quorum and delivery_limit LIMIT) and publishes keys QUEUE-1 .. QUEUE-KEYS,
@@ -11,7 +12,8 @@
  * BODY (for tests/plugins/effect.c, "sleep:MS": a job that takes MS).
  * With `resources:R`, key K also carries x-resource-key QUEUE-rK%R: R
  * resources shared by every key, so that a queue's `concurrency` (or its
- * plain resource lock) really has jobs to hold back.
+ * plain resource lock) really has jobs to hold back. With `tenants:T`, key K
+ * carries x-tenant tK%T, so that a queue's lanes all have jobs to forward.
  *
  * A separate process from the one that injects faults, so that publishing
  * is never held up by them. Publishing uses confirms with a window (as
@@ -47,18 +49,21 @@ static void wait_confirms(amqp_connection_state_t conn, unsigned char *acked, ui
 static uint64_t parse_u32(const char *s, const char *what, uint64_t max);
 static uint64_t next_random(uint64_t *state);
 static uint64_t resources;  /* 0: no x-resource-key */
+static uint64_t tenants;    /* 0: no x-tenant */
 
 int main(int argc, char **argv)
 {
-    if (argc < 7 || argc > 9) {
+    if (argc < 7 || argc > 10) {
         fprintf(stderr, "usage: chaos_producer URL QUEUE KEYS DUP_PERCENT SEED BODY "
-                        "[quorum[:LIMIT]] [resources:R]\n");
+                        "[quorum[:LIMIT]] [resources:R] [tenants:T]\n");
         return 2;
     }
     const char *type = NULL;
     for (int i = 7; i < argc; i++) {
         if (strncmp(argv[i], "resources:", 10) == 0)
             resources = parse_u32(argv[i] + 10, "resources:R", 1000000);
+        else if (strncmp(argv[i], "tenants:", 8) == 0)
+            tenants = parse_u32(argv[i] + 8, "tenants:T", 1000000);
         else
             type = argv[i];
     }
@@ -216,17 +221,23 @@ static void declare(amqp_connection_state_t conn, const char *queue, const char 
 static void publish(amqp_connection_state_t conn, const char *queue, const struct job *job,
                     const char *body)
 {
-    char key[300], id[320], resource[320];
+    char key[300], id[320], resource[320], tenant[32];
     snprintf(key, sizeof(key), "%s-%" PRIu32, queue, job->key);
     snprintf(id, sizeof(id), "%s/%" PRIu32, key, job->copy);
     snprintf(resource, sizeof(resource), "%s-r%" PRIu64, queue,
              resources > 0 ? job->key % resources : 0);
-    amqp_table_entry_t headers[2] = {
+    snprintf(tenant, sizeof(tenant), "t%" PRIu64, tenants > 0 ? job->key % tenants : 0);
+    amqp_table_entry_t headers[3] = {
         { .key = amqp_cstring_bytes("x-idempotency-key"),
           .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(key) } },
-        { .key = amqp_cstring_bytes("x-resource-key"),
-          .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(resource) } },
     };
+    size_t n = 1;
+    if (resources > 0)
+        headers[n++] = (amqp_table_entry_t){ .key = amqp_cstring_bytes("x-resource-key"),
+            .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(resource) } };
+    if (tenants > 0)
+        headers[n++] = (amqp_table_entry_t){ .key = amqp_cstring_bytes("x-tenant"),
+            .value = { .kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes(tenant) } };
     amqp_basic_properties_t props = {
         ._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
                   AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_HEADERS_FLAG,
@@ -234,7 +245,7 @@ static void publish(amqp_connection_state_t conn, const char *queue, const struc
         .message_id = amqp_cstring_bytes(id),
         .type = amqp_cstring_bytes("chaos"),
         .content_type = amqp_cstring_bytes("text/plain"),
-        .headers = { .num_entries = resources > 0 ? 2 : 1, .entries = headers },
+        .headers = { .num_entries = (int)n, .entries = headers },
     };
     int status = amqp_basic_publish(conn, CHANNEL, amqp_empty_bytes, amqp_cstring_bytes(queue),
                                     1, 0, &props, amqp_cstring_bytes(body));

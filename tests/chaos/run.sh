@@ -75,6 +75,9 @@
 #                      default: none (no resource keys, the key is the lock)
 #   CHAOS_RESOURCES    resource keys shared by the keys, with
 #                      CHAOS_CONCURRENCY [1: the limit bites all along]
+#   CHAOS_LANES        queues[].lanes: every job published to the queue is
+#                      forwarded to its tenant's lane (2 x LANES tenants in
+#                      x-tenant) before it runs; default: none
 #   CHAOS_LATENCY      PG_MS:REDIS_MS[:AMQP_MS] injected each way in the
 #                      storm run, e.g. 150:900 or 150:900:150; default: none
 #                      (no proxy; without AMQP_MS the broker is reached
@@ -126,6 +129,9 @@ concurrency=${CHAOS_CONCURRENCY:-}
 resources=${CHAOS_RESOURCES:-$([ -n "$concurrency" ] && echo 1 || echo 0)}
 [ -z "$concurrency" ] || [[ $concurrency =~ ^[1-9][0-9]*$ ]] ||
     { echo "chaos: CHAOS_CONCURRENCY must be a positive whole number, got '$concurrency'" >&2; exit 2; }
+lanes=${CHAOS_LANES:-}
+[ -z "$lanes" ] || [[ $lanes =~ ^[0-9]+$ ]] ||
+    { echo "chaos: CHAOS_LANES must be a whole number (2..32), got '$lanes'" >&2; exit 2; }
 fault_kinds=" ${CHAOS_FAULTS:-kill stop redis rabbitmq postgres${latency:+ latency}} "
 log_level=${CHAOS_LOG_LEVEL:-warn}
 for f in $fault_kinds; do
@@ -285,6 +291,7 @@ YAML
     [ "$batch" = default ] || printf '    batch: %s\n' "$batch" >>"$work/$1.yaml"
     [ -z "$rate_limit" ] || printf '    rate_limit: %s\n' "$rate_limit" >>"$work/$1.yaml"
     [ -z "$concurrency" ] || printf '    concurrency: %s\n' "$concurrency" >>"$work/$1.yaml"
+    [ -z "$lanes" ] || printf '    lanes: %s\n' "$lanes" >>"$work/$1.yaml"
     printf '%s' "$work/$1.yaml"
 }
 
@@ -668,11 +675,12 @@ one_run() {
     conf=$(write_conf "$queue")
     log=$work/$kind.sekalid.log
     rm -f "$work/progress" "$work/sequence"
-    "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
+    BENCH_LANES=${lanes:-0} "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
     sql -c "DELETE FROM sekali_test.effects WHERE queue = '$queue';
             DELETE FROM sekali.idempotency_keys WHERE queue = '$queue'"
     local body=sleep:$job_ms extra=()
     (( resources == 0 )) || { body=span:$job_ms extra=("resources:$resources"); }
+    [ -z "$lanes" ] || extra+=("tenants:$((2 * lanes))")
     published=$("$producer" "$SEKALI_AMQP_URL" "$queue" "$keys" "$dup_percent" "$seed" "$body" \
                 "${extra[@]}") ||
         die "$kind: the producer failed"
@@ -781,7 +789,7 @@ rate() { awk -v k="$1" -v ms="$2" 'BEGIN { printf "%.1f", (ms > 0) ? k * 1000 / 
 conf=$(write_conf chaos-check)
 schema "$conf"
 sql -f tests/data/effects.sql
-settings="$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}"
+settings="$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}${lanes:+, $lanes lanes}"
 (( resources == 0 )) || settings+=", concurrency ${concurrency:-1} over $resources resource key(s)"
 [ -z "$latency" ] || settings+=", ${lat_pg}ms to PostgreSQL, ${lat_redis}ms to Redis${lat_amqp:+, ${lat_amqp}ms to RabbitMQ}"
 [ -z "$latency" ] || settings+=" (jitter ${jitter}ms) for ${latency_s} s"
@@ -793,7 +801,7 @@ calm_ms=$run_ms calm_window_ms=$window_ms calm_window_keys=$window_keys
 calm_doubled=$(doubled_keys)
 calm_at_once=0
 (( resources == 0 )) || calm_at_once=$(at_once)
-"$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
+BENCH_LANES=${lanes:-0} "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
 say "calm: $keys keys in $(seconds "$calm_ms") s, doubled $calm_doubled"
 
 one_run storm
@@ -806,7 +814,9 @@ read -r effects distinct < <(sql -F ' ' -c "
 doubled=$(doubled_keys)
 lost=$((keys - distinct))
 failed_keys=$(sql -c "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '$queue' AND status = 'failed'")
-depth=$("$out/bench_amqp" "$SEKALI_AMQP_URL" depth "$queue" 2>/dev/null || echo "ready=? dead=?")
+# With lanes, what they still hold counts as left (BENCH_LANES: bench_amqp).
+depth=$(BENCH_LANES=${lanes:-0} "$out/bench_amqp" "$SEKALI_AMQP_URL" depth "$queue" 2>/dev/null ||
+        echo "ready=? dead=?")
 dead_letters=${depth#*dead=}; dead_letters=${dead_letters%% *}
 left=${depth#ready=}; left=${left%% *}
 
