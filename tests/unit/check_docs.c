@@ -416,6 +416,8 @@ START_TEST(test_dashboard_has_a_panel_for_each_operator_question)
     assert_panel(q, "Spans exported and dropped",
                  (const char *[]){ "sekali_spans_exported_total", "sekali_spans_dropped_total",
                                    "sekali_trace_context_dropped_total", NULL });
+    assert_panel(q, "Lanes: deliveries forwarded",
+                 (const char *[]){ "sekali_lane_forwards_total", NULL });
     free(q);
 }
 END_TEST
