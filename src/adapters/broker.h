@@ -82,6 +82,8 @@ struct sk_message {
     uint8_t        priority;         /* AMQP priority; 0: none (the broker treats both alike) */
     const char    *traceparent;      /* W3C trace context headers, sent when not NULL */
     const char    *tracestate;
+    const char    *tenant_header;    /* the queue's tenant_header, which carries tenant */
+    const char    *tenant;           /* sent when both are set (lanes: lane.h) */
 };
 
 /* Connects, logs in and opens the channel. Blocks at most the configured

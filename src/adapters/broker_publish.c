@@ -85,7 +85,7 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
     sk_assert(b->confirming);
     SK_BROKER_USABLE(b, err);
 
-    amqp_table_entry_t headers[4];
+    amqp_table_entry_t headers[5];
     int n_headers = 0;
     if (msg->idempotency_key != NULL)
         headers[n_headers++] = sk_broker_text_entry("x-idempotency-key", msg->idempotency_key);
@@ -95,6 +95,8 @@ int sk_broker_publish_async(struct sk_broker *b, const char *routing_key,
         headers[n_headers++] = sk_broker_text_entry("traceparent", msg->traceparent);
     if (msg->tracestate != NULL)
         headers[n_headers++] = sk_broker_text_entry("tracestate", msg->tracestate);
+    if (msg->tenant != NULL && msg->tenant_header != NULL)
+        headers[n_headers++] = sk_broker_text_entry(msg->tenant_header, msg->tenant);
 
     amqp_basic_properties_t props = message_properties(msg, headers, n_headers);
 

@@ -57,7 +57,7 @@ static const struct command {
     { "enqueue",
       "enqueue QUEUE TYPE [--key K] [--resource R] [--dedupe D] [--at TIME]\n"
       "          [--priority N] [--traceparent TP [--tracestate TS]] [--content-type T]\n"
-      "          [--direct [--id ID]] [--json] [BODY | -]",
+      "          [--tenant T] [--direct [--id ID]] [--json] [BODY | -]",
       "Enqueue one job through the outbox (sekali.enqueue: a relay publishes it), or\n"
       "with --direct publish it straight to QUEUE and wait for the broker's confirm;\n"
       "prints the job id. The body comes from the argument, or from stdin when it is\n"
@@ -69,6 +69,7 @@ static const struct command {
       "  --priority N       AMQP priority 0-255 (honoured up to the queue's max_priority)\n"
       "  --traceparent TP   W3C trace context the job runs in (its tracestate: --tracestate)\n"
       "  --content-type T   content type of the message (default application/json)\n"
+      "  --tenant T         whose job it is: the queue's tenant_header, and its lane\n"
       "  --direct           publish to the broker at once, not through the outbox\n"
       "  --id ID            with --direct: the message id (default: a random one)\n"
       "  --json             print {\"job_id\": ID}\n",

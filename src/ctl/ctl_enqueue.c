@@ -13,6 +13,7 @@
 #include "ctl_commands.h"
 #include "ctl_common.h"
 #include "ctl_out.h"
+#include "lane.h"
 #include "trace_context.h"
 
 static bool read_body(const char *arg, struct sk_message *msg, char **body);
@@ -39,6 +40,7 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
         { "priority", required_argument, NULL, 'p' },
         { "traceparent", required_argument, NULL, 'T' },
         { "tracestate", required_argument, NULL, 'S' },
+        { "tenant", required_argument, NULL, 'n' },
         { "direct", no_argument, NULL, 'D' },
         { "json", no_argument, NULL, 'j' },
         { NULL, 0, NULL, 0 },
@@ -60,6 +62,7 @@ int sk_ctl_enqueue(const struct sk_conf *conf, int argc, char **argv)
             break;
         case 'T': msg.traceparent = optarg; break;
         case 'S': msg.tracestate = optarg; break;
+        case 'n': msg.tenant = optarg; break;
         case 'D': direct = true; break;
         case 'j': json = true; break;
         default: return SK_CTL_SHOW_USAGE;
@@ -117,6 +120,18 @@ static int enqueue_direct(const struct sk_conf *conf, const char *queue,
     /* A queue of the configuration is declared as sekalid declares it; any
      * other must already exist (the mandatory publish reports it if not). */
     const struct sk_queue_conf *q = sk_conf_queue(conf, queue);
+    /* A tenant travels in the queue's tenant_header, and a queue with lanes
+     * takes the job straight into the tenant's lane (lane.h), as the relay
+     * does: no hop through the intake. */
+    struct sk_message with_tenant = *msg;
+    with_tenant.tenant_header = q != NULL ? q->tenant_header : "x-tenant";
+    msg = &with_tenant;
+    char lane[512];
+    const char *to = queue;
+    if (q != NULL && q->lanes > 0 &&
+        sk_lane_name(queue, sk_lane_of(msg->tenant, msg->tenant != NULL ? strlen(msg->tenant) : 0,
+                                       (unsigned)q->lanes), lane, sizeof(lane)) == 0)
+        to = lane;
     int rc = sk_broker_open(&b, &conf->amqp, &err);
     if (rc == SK_OK && q != NULL) {
         struct sk_queue_shape shape = sk_conf_queue_shape(q);
@@ -125,7 +140,7 @@ static int enqueue_direct(const struct sk_conf *conf, const char *queue,
     if (rc == SK_OK)
         rc = sk_broker_confirm_select(b, &err);
     if (rc == SK_OK)
-        rc = sk_broker_publish(b, queue, msg, &err);
+        rc = sk_broker_publish(b, to, msg, &err);
     sk_broker_close(b);
     if (rc != SK_OK) {
         fprintf(stderr, "sekalictl: enqueue to %s failed: %s\n", queue, err.msg);
@@ -150,15 +165,15 @@ static int enqueue_outbox(const struct sk_conf *conf, const char *queue,
                              msg->resource_key, run_at, msg->priority > 0 ? priority : NULL,
                              msg->content_type,
                              msg->traceparent != NULL ? msg->traceparent : "",
-                             msg->tracestate != NULL ? msg->tracestate : "" };
-    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0, 0, 0, 0 };
-    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0 };
+                             msg->tracestate != NULL ? msg->tracestate : "", msg->tenant };
+    const int lengths[] = { 0, 0, (int)msg->body_len, 0, 0, 0, 0, 0, 0, 0, 0, 0 };
+    const int formats[] = { 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0 };
     const struct sk_pg_stmt st = {
         .sql = "WITH t AS MATERIALIZED (SELECT set_config('sekali.traceparent', $10, true), "
                "set_config('sekali.tracestate', $11, true)) "
                "SELECT sekali.enqueue($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now()), "
-               "p_priority => $8::int, p_content_type => $9) FROM t",
-        .n_params = 11, .values = values, .lengths = lengths, .formats = formats,
+               "p_priority => $8::int, p_content_type => $9, p_tenant => $12) FROM t",
+        .n_params = 12, .values = values, .lengths = lengths, .formats = formats,
         .one_row = true, .what = "sekali.enqueue",
     };
     PGresult *res;

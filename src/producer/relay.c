@@ -33,6 +33,7 @@
 
 #include "broker.h"
 #include "failpoint.h"
+#include "lane.h"
 #include "log.h"
 #include "outage.h"
 #include "pg.h"
@@ -40,9 +41,9 @@
 #include "relay.h"
 
 /* Columns of sekali.claim_outbox()'s result (sql/012), and the row's
- * priority (sql/019) after them. */
+ * priority (sql/019) and later columns after them. */
 enum { COL_ID, COL_JOB_ID, COL_QUEUE, COL_JOB_TYPE, COL_BODY, COL_KEY, COL_RESOURCE,
-       COL_PRIORITY, COL_CONTENT_TYPE, COL_TRACEPARENT, COL_TRACESTATE };
+       COL_PRIORITY, COL_CONTENT_TYPE, COL_TRACEPARENT, COL_TRACESTATE, COL_TENANT };
 
 /* How often one of the relays samples the backlog for the metrics. */
 #define SAMPLE_EVERY_MS 2000
@@ -71,6 +72,9 @@ static int mark_rows(struct relay *r, PGresult *rows, int n);
 static void count_rows(struct relay *r, PGresult *rows, int n);
 static uint64_t row_id(PGresult *rows, int i);
 static uint8_t  row_priority(PGresult *rows, int i);
+static const char *target(const struct relay *r, const char *queue, const char *tenant,
+                          char *lane, size_t size);
+static const char *tenant_header(const struct relay *r, const char *queue);
 static void sample_backlog(struct relay *r);
 static void lost(struct relay *r, const char *what, const struct sk_err *err);
 static void wait_for_work(struct relay *r);
@@ -227,7 +231,8 @@ static PGresult *claim_rows(struct relay *r)
          * the function scan). Through volatile functions, not subqueries:
          * see sql/019. */
         { .sql = "SELECT c.*, sekali.outbox_priority(c.id), sekali.outbox_content_type(c.id), "
-                 "sekali.outbox_traceparent(c.id), sekali.outbox_tracestate(c.id) "
+                 "sekali.outbox_traceparent(c.id), sekali.outbox_tracestate(c.id), "
+                 "sekali.outbox_tenant(c.id) "
                  "FROM sekali.claim_outbox($1) c",
           .n_params = 1, .values = params,
           .binary = 1, .what = "sekali.claim_outbox" },
@@ -249,6 +254,10 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
 {
     struct sk_err err = { 0 };
     for (int i = 0; i < n; i++) {
+        const char *tenant = PQgetisnull(rows, i, COL_TENANT) ? NULL
+                                                                : PQgetvalue(rows, i, COL_TENANT);
+        char lane[512];
+        const char *to = target(r, PQgetvalue(rows, i, COL_QUEUE), tenant, lane, sizeof(lane));
         struct sk_message msg = {
             .message_id = PQgetvalue(rows, i, COL_JOB_ID),
             .type = PQgetvalue(rows, i, COL_JOB_TYPE),
@@ -266,11 +275,12 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
                 ? NULL : PQgetvalue(rows, i, COL_TRACEPARENT),
             .tracestate = PQgetisnull(rows, i, COL_TRACESTATE)
                 ? NULL : PQgetvalue(rows, i, COL_TRACESTATE),
+            .tenant = tenant,
+            .tenant_header = tenant_header(r, PQgetvalue(rows, i, COL_QUEUE)),
         };
         /* A row AMQP cannot carry is refused, not retried: it would fail
          * the same way on every connection, and hold up every row after it. */
-        int rc = sk_broker_publish_async(r->broker, PQgetvalue(rows, i, COL_QUEUE), &msg,
-                                         &r->publishes[i], &err);
+        int rc = sk_broker_publish_async(r->broker, to, &msg, &r->publishes[i], &err);
         if (rc == SK_AGAIN) {
             disconnect(r, SK_SERVER_RABBITMQ, err.msg);
             return SK_AGAIN;
@@ -394,6 +404,28 @@ static uint64_t row_id(PGresult *rows, int i)
 
 /* The backlog per target queue, for the lag and pending gauges. Cheap while
  * the outbox keeps up (see sekali.outbox_backlog(), sql/012). */
+/* Where a row is published: a queue with lanes served here takes it
+ * straight into its tenant's lane (lane.h's rule, which the intake's
+ * forward follows too), so an outbox job never waits behind the intake's
+ * backlog; any other queue takes it itself. */
+static const char *target(const struct relay *r, const char *queue, const char *tenant,
+                          char *lane, size_t size)
+{
+    const struct sk_queue_conf *q = sk_conf_queue(r->conf, queue);
+    if (q == NULL || q->lanes == 0)
+        return queue;
+    unsigned i = sk_lane_of(tenant, tenant != NULL ? strlen(tenant) : 0, (unsigned)q->lanes);
+    return sk_lane_name(queue, i, lane, size) == 0 ? lane : queue;
+}
+
+/* The header a row's tenant travels in: its queue's, or the default's for
+ * a queue this sekalid does not serve. */
+static const char *tenant_header(const struct relay *r, const char *queue)
+{
+    const struct sk_queue_conf *q = sk_conf_queue(r->conf, queue);
+    return q != NULL ? q->tenant_header : "x-tenant";
+}
+
 static void sample_backlog(struct relay *r)
 {
     const struct sk_pg_stmt st = { .sql = "SELECT * FROM sekali.outbox_backlog()" };

@@ -164,6 +164,48 @@ START_TEST(test_forwards_are_counted_and_jobs_keep_their_tenant_lane)
 }
 END_TEST
 
+/* Jobs sekali produces itself carry their tenant and go straight into its
+ * lane: through the outbox (sekali.enqueue()'s p_tenant, sql/039) and
+ * `sekalictl enqueue --tenant`, with or without --direct. None passes
+ * the intake, so none is forwarded, and each runs once. */
+START_TEST(test_jobs_sekali_produces_go_straight_to_their_tenants_lane)
+{
+    struct h_run r;
+    h_run_open(&r, "own");
+    int port = h_free_port();
+    char top[160];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\noutbox:\n  relays: 1\n", port);
+    struct sk_queue_shape shape = { .lanes = LANES };
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    lanes: 4\n",
+                                          .top_yaml = top, .shape = &shape });
+    char sql[400];
+    snprintf(sql, sizeof(sql),
+             "SELECT sekali.enqueue('%s', 'test', 'ok'::bytea, 'k-out-' || i, "
+             "p_tenant => CASE WHEN i = 1 THEN NULL ELSE 'tenant-' || i END) "
+             "FROM generate_series(1, 6) i", r.queue);
+    h_pg_exec(r.pg, sql);
+    char *out = NULL;
+    ck_assert_int_eq(h_sekalictl(&r, &out, (const char *const[]){
+        "enqueue", r.queue, "test", "--key", "k-ctl", "--tenant", "acme", "ok", NULL }), 0);
+    free(out);
+    ck_assert_int_eq(h_sekalictl(&r, &out, (const char *const[]){
+        "enqueue", r.queue, "test", "--key", "k-direct", "--tenant", "globex", "--direct",
+        "ok", NULL }), 0);
+    free(out);
+    H_WAIT(h_effect_keys(&r) == 8, 30000, "jobs done: %lld of 8", h_effect_keys(&r));
+    /* Counted by the one worker as it runs them, after any forward. */
+    H_WAIT(h_metric(port, "sekali_completions_total{queue=\"%s\",job_type=\"test\"}",
+                    r.queue) == 8, 10000, "completions counted: %g",
+           h_metric(port, "sekali_completions_total{queue=\"%s\",job_type=\"test\"}", r.queue));
+    double forwards = h_metric(port, "sekali_lane_forwards_total{queue=\"%s\",job_type=\"\"}",
+                               r.queue);
+    ck_assert_msg(forwards <= 0, "%g of sekali's own jobs went through the intake", forwards);
+    h_run_stop(&r);
+    h_expect_once(&r, 8, 0);
+    h_run_close(&r);
+}
+END_TEST
+
 /* The fault build dies between the lane's confirm and the intake's ack:
  * the copy is in the lane and the original comes back to the intake, is
  * forwarded again by the replacement, and the two copies are one job (one
@@ -193,6 +235,7 @@ int main(void)
     const TTest *tests[] = {
         test_forwards_are_counted_and_jobs_keep_their_tenant_lane,
         test_a_worker_killed_between_forward_and_ack_loses_and_doubles_nothing,
+        test_jobs_sekali_produces_go_straight_to_their_tenants_lane,
         test_a_light_tenant_waits_for_its_own_lane_not_a_heavy_backlog,
         test_without_lanes_a_light_tenant_waits_for_the_whole_backlog,
         NULL,
