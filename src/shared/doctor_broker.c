@@ -13,6 +13,7 @@
  * argument); policies are invisible this way, so for a queue declared by
  * someone else a difference only warns. consumer_timeout is what
  * amqp.consumer_timeout (or sekalictl doctor --consumer-timeout) says. */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,11 +22,14 @@
 #include "broker.h"
 #include "config_value.h"
 #include "doctor.h"
+#include "lane.h"
 
 /* The broker's default consumer_timeout (RabbitMQ 3.8.15 and later). */
 #define BROKER_DEFAULT_CONSUMER_TIMEOUT_MS (30u * 60 * 1000)
 
 static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct sk_queue_conf *q);
+static void check_stranded_lanes(struct sk_doctor *d, struct sk_broker *b,
+                                 const struct sk_queue_conf *q);
 static void check_limits(struct sk_doctor *d, const struct sk_queue_conf *q, int major);
 static void check_priorities(struct sk_doctor *d, const struct sk_queue_conf *q,
                              const struct sk_broker *b);
@@ -48,6 +52,8 @@ void sk_doctor_broker(struct sk_doctor *d)
         sk_doctor_rabbitmq_version(d, sk_broker_version(b));
     for (size_t i = 0; i < d->conf->n_queues; i++) {
         check_queue(d, b, &d->conf->queues[i]);
+        if (!d->cheap)
+            check_stranded_lanes(d, b, &d->conf->queues[i]);
         check_limits(d, &d->conf->queues[i], sk_broker_major(b));
         check_priorities(d, &d->conf->queues[i], b);
         check_timeouts(d, &d->conf->queues[i]);
@@ -112,6 +118,34 @@ static void check_queue(struct sk_doctor *d, struct sk_broker *b, const struct s
                       "set the queue's delivery_limit (e.g. 20; above retry.max_attempts)",
                       "none: a message that kills its worker every time is redelivered for "
                       "ever");
+}
+
+/* Lanes past the queue's `lanes` (it was lowered, or set to 0) that still
+ * hold jobs: no worker consumes them, so those jobs would wait for ever.
+ * Up to SK_LANES_MAX passive declares, each a missing queue's channel
+ * reopened: not in the cheap subset. */
+static void check_stranded_lanes(struct sk_doctor *d, struct sk_broker *b,
+                                 const struct sk_queue_conf *q)
+{
+    for (unsigned i = (unsigned)q->lanes; i < SK_LANES_MAX; i++) {
+        char lane[512];
+        bool exists;
+        uint32_t messages = 0, consumers = 0;
+        struct sk_err err = { 0 };
+        if (sk_lane_name(q->name, i, lane, sizeof(lane)) != 0)
+            return;
+        if (sk_broker_queue_probe(b, lane, &exists, &messages, &consumers, &err) != SK_OK) {
+            sk_doctor_add(d, "queue.stranded_lanes", q->name, SK_DOCTOR_FAIL, NULL, "%s",
+                          err.msg);
+            return;
+        }
+        if (exists && messages > 0)
+            sk_doctor_add(d, "queue.stranded_lanes", q->name, SK_DOCTOR_WARN,
+                          "set lanes back above the lane until it is empty, or move its "
+                          "messages to the queue itself (its intake forwards them)",
+                          "%s holds %" PRIu32 " messages that no worker takes (lanes is %d)",
+                          lane, messages, q->lanes);
+    }
 }
 
 /* Under RabbitMQ 4: a classic work queue is one node's copy (Amazon MQ

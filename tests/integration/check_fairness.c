@@ -52,6 +52,14 @@ static void publish(struct h_run *r, const char *tenant, const char *key, const 
     h_publish_raw(r->b, r->queue, key, "test", headers, 2, body, strlen(body));
 }
 
+/* A job published straight to a queue (a lane), as a producer that
+ * computes the lane does. */
+static void publish_to(struct h_run *r, const char *queue, const char *key)
+{
+    struct sk_header headers[] = { { .key = "x-idempotency-key", .text = key } };
+    h_publish_raw(r->b, queue, key, "test", headers, 1, "ok", 2);
+}
+
 static long long light_done(struct h_run *r)
 {
     return h_pg_count(r->pg, "SELECT count(DISTINCT idempotency_key) FROM sekali_test.effects "
@@ -206,6 +214,36 @@ START_TEST(test_jobs_sekali_produces_go_straight_to_their_tenants_lane)
 }
 END_TEST
 
+/* A lane past the queue's `lanes` (lowered from 4 to 2 here) is consumed
+ * by no worker: doctor names the one that still holds jobs. */
+START_TEST(test_doctor_names_a_lane_left_with_jobs_when_lanes_are_lowered)
+{
+    struct h_run r;
+    h_run_open(&r, "stranded");
+    struct sk_queue_shape shape = { .lanes = 2 };
+    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    lanes: 2\n",
+                                          .shape = &shape });
+    char lane[300];
+    ck_assert_int_eq(sk_lane_name(r.queue, 3, lane, sizeof(lane)), 0);
+    struct sk_err err = { 0 };
+    ck_assert_msg(sk_broker_declare(r.b, lane, &(struct sk_queue_shape){ 0 }, &err) == SK_OK,
+                  "declaring %s: %s", lane, err.msg);
+    publish_to(&r, lane, "k-stranded-1");
+    publish_to(&r, lane, "k-stranded-2");
+    H_WAIT(h_queue_depth(r.b, lane) == 2, 10000, "%s holds %u messages", lane,
+           h_queue_depth(r.b, lane));
+    char *out = NULL;
+    h_sekalictl(&r, &out, (const char *const[]){ "doctor", NULL });
+    char want[400];
+    snprintf(want, sizeof(want), "%s holds 2 messages that no worker takes (lanes is 2)", lane);
+    ck_assert_msg(out != NULL && strstr(out, want) != NULL, "doctor should say \"%s\": %s",
+                  want, out);
+    free(out);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 /* The fault build dies between the lane's confirm and the intake's ack:
  * the copy is in the lane and the original comes back to the intake, is
  * forwarded again by the replacement, and the two copies are one job (one
@@ -236,6 +274,7 @@ int main(void)
         test_forwards_are_counted_and_jobs_keep_their_tenant_lane,
         test_a_worker_killed_between_forward_and_ack_loses_and_doubles_nothing,
         test_jobs_sekali_produces_go_straight_to_their_tenants_lane,
+        test_doctor_names_a_lane_left_with_jobs_when_lanes_are_lowered,
         test_a_light_tenant_waits_for_its_own_lane_not_a_heavy_backlog,
         test_without_lanes_a_light_tenant_waits_for_the_whole_backlog,
         NULL,
