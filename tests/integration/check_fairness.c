@@ -138,18 +138,26 @@ START_TEST(test_without_lanes_a_light_tenant_waits_for_the_whole_backlog)
 }
 END_TEST
 
+/* Starts one worker on the queue with LANES lanes, its metrics served on a
+ * free port (returned), and `more` added to the config's top level. */
+static int start_with_metrics(struct h_run *r, const char *more)
+{
+    int port = h_free_port();
+    char top[200];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n%s", port, more);
+    struct sk_queue_shape shape = { .lanes = LANES };
+    h_run_start(r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    lanes: 4\n",
+                                         .top_yaml = top, .shape = &shape });
+    return port;
+}
+
 /* The intake's deliveries are forwarded, not run: every job published to
  * the queue itself counts a forward, none counts an attempt twice. */
 START_TEST(test_forwards_are_counted_and_jobs_keep_their_tenant_lane)
 {
     struct h_run r;
     h_run_open(&r, "fwd");
-    int port = h_free_port();
-    char top[128];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\n", port);
-    struct sk_queue_shape shape = { .lanes = LANES };
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    lanes: 4\n",
-                                          .top_yaml = top, .shape = &shape });
+    int port = start_with_metrics(&r, "");
     /* No tenant, an empty one, a number: lane 0, and run all the same. */
     struct sk_header none[] = { { .key = "x-idempotency-key", .text = "k-none" } };
     h_publish_raw(r.b, r.queue, "k-none", "test", none, 1, "ok", 2);
@@ -180,12 +188,7 @@ START_TEST(test_jobs_sekali_produces_go_straight_to_their_tenants_lane)
 {
     struct h_run r;
     h_run_open(&r, "own");
-    int port = h_free_port();
-    char top[160];
-    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\noutbox:\n  relays: 1\n", port);
-    struct sk_queue_shape shape = { .lanes = LANES };
-    h_run_start(&r, &(struct h_run_opts){ .workers = 1, .queue_yaml = "    lanes: 4\n",
-                                          .top_yaml = top, .shape = &shape });
+    int port = start_with_metrics(&r, "outbox:\n  relays: 1\n");
     char sql[400];
     snprintf(sql, sizeof(sql),
              "SELECT sekali.enqueue('%s', 'test', 'ok'::bytea, 'k-out-' || i, "
