@@ -2,6 +2,7 @@
  * it is a dozen lines in any language a producer is written in, and
  * spreads short tenant names well enough for 32 lanes. */
 #include <stdio.h>
+#include <string.h>
 
 #include "lane.h"
 
@@ -30,4 +31,13 @@ int sk_lane_name(const char *queue, unsigned i, char *out, size_t size)
 {
     int n = snprintf(out, size, "%s.lane.%u", queue, i);
     return n < 0 || (size_t)n >= size ? -1 : 0;
+}
+
+const char *sk_lane_route(const char *queue, unsigned lanes, const char *tenant, char *out,
+                          size_t size)
+{
+    if (lanes == 0)
+        return queue;
+    unsigned i = sk_lane_of(tenant, tenant != NULL ? strlen(tenant) : 0, lanes);
+    return sk_lane_name(queue, i, out, size) == 0 ? out : queue;
 }

@@ -21,6 +21,9 @@
  * forwarded at the jobs' pace (worker's links.c). */
 #define SK_LANE_INTAKE_WINDOW 256
 
+/* The header a tenant travels in when a queue names none of its own. */
+#define SK_TENANT_HEADER_DEFAULT "x-tenant"
+
 /* FNV-1a, 64 bit, of len bytes at p. */
 uint64_t sk_lane_hash(const void *p, size_t len);
 
@@ -31,5 +34,12 @@ unsigned sk_lane_of(const void *tenant, size_t len, unsigned lanes);
 /* Writes `<queue>.lane.<i>` into out: the one place that spells a lane's
  * name. Returns 0, or -1 when it does not fit in size. */
 int sk_lane_name(const char *queue, unsigned i, char *out, size_t size);
+
+/* Where a producer publishes a job of tenant (NULL: none) to queue, which
+ * has lanes lanes: its tenant's lane, named into out, so that the job
+ * skips the intake; queue itself when it has no lanes (or the lane's name
+ * does not fit in size, and the intake forwards it). */
+const char *sk_lane_route(const char *queue, unsigned lanes, const char *tenant, char *out,
+                          size_t size);
 
 #endif

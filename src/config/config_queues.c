@@ -152,7 +152,7 @@ static const struct sk_queue_conf queue_defaults = {
     .retention_ms = 30 * DAY,
     .max_crashes = 3,
     .batch = DEFAULT_BATCH, .batch_wait_ms = 0, .batch_close_after_ms = DEFAULT_BATCH_CLOSE_AFTER,
-    .tenant_header = "x-tenant",
+    .tenant_header = SK_TENANT_HEADER_DEFAULT,
 };
 
 int sk_conf_queues_load(struct loader *L, yaml_node_t *v, void *base)

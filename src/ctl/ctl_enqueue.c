@@ -124,14 +124,11 @@ static int enqueue_direct(const struct sk_conf *conf, const char *queue,
      * takes the job straight into the tenant's lane (lane.h), as the relay
      * does: no hop through the intake. */
     struct sk_message with_tenant = *msg;
-    with_tenant.tenant_header = q != NULL ? q->tenant_header : "x-tenant";
+    with_tenant.tenant_header = q != NULL ? q->tenant_header : SK_TENANT_HEADER_DEFAULT;
     msg = &with_tenant;
     char lane[512];
-    const char *to = queue;
-    if (q != NULL && q->lanes > 0 &&
-        sk_lane_name(queue, sk_lane_of(msg->tenant, msg->tenant != NULL ? strlen(msg->tenant) : 0,
-                                       (unsigned)q->lanes), lane, sizeof(lane)) == 0)
-        to = lane;
+    const char *to = sk_lane_route(queue, q != NULL ? (unsigned)q->lanes : 0, msg->tenant, lane,
+                                   sizeof(lane));
     int rc = sk_broker_open(&b, &conf->amqp, &err);
     if (rc == SK_OK && q != NULL) {
         struct sk_queue_shape shape = sk_conf_queue_shape(q);

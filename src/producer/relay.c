@@ -72,9 +72,6 @@ static int mark_rows(struct relay *r, PGresult *rows, int n);
 static void count_rows(struct relay *r, PGresult *rows, int n);
 static uint64_t row_id(PGresult *rows, int i);
 static uint8_t  row_priority(PGresult *rows, int i);
-static const char *target(const struct relay *r, const char *queue, const char *tenant,
-                          char *lane, size_t size);
-static const char *tenant_header(const struct relay *r, const char *queue);
 static void sample_backlog(struct relay *r);
 static void lost(struct relay *r, const char *what, const struct sk_err *err);
 static void wait_for_work(struct relay *r);
@@ -256,8 +253,13 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
     for (int i = 0; i < n; i++) {
         const char *tenant = PQgetisnull(rows, i, COL_TENANT) ? NULL
                                                                 : PQgetvalue(rows, i, COL_TENANT);
+        /* A queue with lanes served here takes the row straight into its
+         * tenant's lane, as the intake's forward would, without the hop. */
+        const char *queue = PQgetvalue(rows, i, COL_QUEUE);
+        const struct sk_queue_conf *q = sk_conf_queue(r->conf, queue);
         char lane[512];
-        const char *to = target(r, PQgetvalue(rows, i, COL_QUEUE), tenant, lane, sizeof(lane));
+        const char *to = sk_lane_route(queue, q != NULL ? (unsigned)q->lanes : 0, tenant, lane,
+                                       sizeof(lane));
         struct sk_message msg = {
             .message_id = PQgetvalue(rows, i, COL_JOB_ID),
             .type = PQgetvalue(rows, i, COL_JOB_TYPE),
@@ -276,7 +278,7 @@ static int publish_rows(struct relay *r, PGresult *rows, int n)
             .tracestate = PQgetisnull(rows, i, COL_TRACESTATE)
                 ? NULL : PQgetvalue(rows, i, COL_TRACESTATE),
             .tenant = tenant,
-            .tenant_header = tenant_header(r, PQgetvalue(rows, i, COL_QUEUE)),
+            .tenant_header = q != NULL ? q->tenant_header : SK_TENANT_HEADER_DEFAULT,
         };
         /* A row AMQP cannot carry is refused, not retried: it would fail
          * the same way on every connection, and hold up every row after it. */
@@ -404,28 +406,6 @@ static uint64_t row_id(PGresult *rows, int i)
 
 /* The backlog per target queue, for the lag and pending gauges. Cheap while
  * the outbox keeps up (see sekali.outbox_backlog(), sql/012). */
-/* Where a row is published: a queue with lanes served here takes it
- * straight into its tenant's lane (lane.h's rule, which the intake's
- * forward follows too), so an outbox job never waits behind the intake's
- * backlog; any other queue takes it itself. */
-static const char *target(const struct relay *r, const char *queue, const char *tenant,
-                          char *lane, size_t size)
-{
-    const struct sk_queue_conf *q = sk_conf_queue(r->conf, queue);
-    if (q == NULL || q->lanes == 0)
-        return queue;
-    unsigned i = sk_lane_of(tenant, tenant != NULL ? strlen(tenant) : 0, (unsigned)q->lanes);
-    return sk_lane_name(queue, i, lane, size) == 0 ? lane : queue;
-}
-
-/* The header a row's tenant travels in: its queue's, or the default's for
- * a queue this sekalid does not serve. */
-static const char *tenant_header(const struct relay *r, const char *queue)
-{
-    const struct sk_queue_conf *q = sk_conf_queue(r->conf, queue);
-    return q != NULL ? q->tenant_header : "x-tenant";
-}
-
 static void sample_backlog(struct relay *r)
 {
     const struct sk_pg_stmt st = { .sql = "SELECT * FROM sekali.outbox_backlog()" };
