@@ -41,3 +41,8 @@ const char *sk_lane_route(const char *queue, unsigned lanes, const char *tenant,
     unsigned i = sk_lane_of(tenant, tenant != NULL ? strlen(tenant) : 0, lanes);
     return sk_lane_name(queue, i, out, size) == 0 ? out : queue;
 }
+
+unsigned sk_lane_intake_window(unsigned prefetch)
+{
+    return prefetch > SK_LANE_INTAKE_WINDOW ? prefetch : SK_LANE_INTAKE_WINDOW;
+}

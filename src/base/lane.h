@@ -21,6 +21,9 @@
  * forwarded at the jobs' pace (worker's links.c). */
 #define SK_LANE_INTAKE_WINDOW 256
 
+/* The intake's window beside lanes whose window is prefetch. */
+unsigned sk_lane_intake_window(unsigned prefetch);
+
 /* The header a tenant travels in when a queue names none of its own. */
 #define SK_TENANT_HEADER_DEFAULT "x-tenant"
 

@@ -345,11 +345,11 @@ static bool read_broker(struct verify *v, PGconn *pg)
         q->ready = (long long)ready + lane_ready;
         q->delayed = delayed;
         q->dead_queue = depth;
-        q->in_flight_max = (long long)consumers * q->conf->prefetch_max +
+        unsigned intake = q->conf->lanes > 0
+            ? sk_lane_intake_window((unsigned)q->conf->prefetch_max)
+            : (unsigned)q->conf->prefetch_max;
+        q->in_flight_max = (long long)consumers * intake +
                            (long long)lane_consumers * q->conf->prefetch_max;
-        if (q->conf->lanes > 0 && q->conf->prefetch_max < SK_LANE_INTAKE_WINDOW)
-            q->in_flight_max += (long long)consumers *
-                                (SK_LANE_INTAKE_WINDOW - q->conf->prefetch_max);
         if (!ok) {
             fprintf(stderr, "sekalictl: reading the broker for %s: %s\n", q->conf->name,
                     err.msg[0] != '\0' ? err.msg : "failed");

@@ -436,11 +436,9 @@ static int consume(struct sk_links *l, struct sk_err *err)
     struct sk_broker_sub subs[SK_BROKER_SUBS_MAX];
     char lanes[SK_LANES_MAX][256];
     uint16_t window = (uint16_t)l->prefetch;
-    subs[0] = (struct sk_broker_sub){ .queue = q->name, .prefetch = window };
-    if (q->lanes > 0)
-        subs[0] = (struct sk_broker_sub){
-            .queue = q->name, .fixed = true,
-            .prefetch = window > SK_LANE_INTAKE_WINDOW ? window : SK_LANE_INTAKE_WINDOW };
+    subs[0] = (struct sk_broker_sub){
+        .queue = q->name, .fixed = q->lanes > 0,
+        .prefetch = q->lanes > 0 ? (uint16_t)sk_lane_intake_window(window) : window };
     for (int i = 0; i < q->lanes; i++) {
         if (sk_lane_name(q->name, (unsigned)i, lanes[i], sizeof(lanes[i])) != 0)
             return sk_err_set(err, SK_ERR, "queue name too long for its lanes: %s", q->name);
