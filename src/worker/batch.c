@@ -39,11 +39,11 @@
 #include "links.h"
 #include "log.h"
 
-static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t *first);
-
 /* The most forwards (each up to 64 of an intake's deliveries, forward.c)
  * while a batch is collected. */
 #define FORWARDS_MAX 4
+
+static size_t collect(struct sk_pipeline *p, struct sk_span *s, amqp_envelope_t *first);
 static bool fast_is_safe(const struct sk_span *s);
 
 size_t sk_batch_run(struct sk_pipeline *p, amqp_envelope_t *first)
