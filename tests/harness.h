@@ -287,6 +287,15 @@ long long h_failed(const struct h_run *r);
 /* The key's status in sekali.idempotency_keys, or "absent", in buf. */
 const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size);
 
+/* Puts n keys of r's queue, finished two hours ago, into the store, and
+ * makes every DELETE of the queue's keys take at least slow_ms longer (a
+ * slow database, on PostgreSQL's side) and write its start, end and rows
+ * into sekali_test.key_purges (queue, started, ended, n): what a janitor
+ * round over a backlog does, seen from the server. */
+void h_pg_expired_backlog(const struct h_run *r, int n, int slow_ms);
+/* Ends h_pg_expired_backlog()'s slowing of r's purges. */
+void h_pg_expired_backlog_end(const struct h_run *r);
+
 /* harness_broker.c: publishing to and reading the broker. */
 
 /* Publishing on a confirm-mode connection of its own. */

@@ -106,3 +106,36 @@ const char *h_key_status(const struct h_run *r, const char *key, char *buf, size
     PQclear(res);
     return buf;
 }
+
+void h_pg_expired_backlog(const struct h_run *r, int n, int slow_ms)
+{
+    char sql[2048];
+    h_pg_exec(r->pg, "CREATE TABLE IF NOT EXISTS sekali_test.key_purges (queue text NOT NULL, "
+                     "started timestamptz NOT NULL, ended timestamptz NOT NULL, n bigint NOT NULL)");
+    /* statement_timestamp(): when the janitor's statement reached the
+     * server, so a purge's own time is ended - started. */
+    snprintf(sql, sizeof(sql),
+             "CREATE OR REPLACE FUNCTION sekali_test.time_purge() RETURNS trigger "
+             "LANGUAGE plpgsql AS $$ BEGIN "
+             "IF EXISTS (SELECT 1 FROM gone WHERE queue = TG_ARGV[0]) THEN "
+             "PERFORM pg_sleep(TG_ARGV[1]::float8 / 1000); "
+             "INSERT INTO sekali_test.key_purges SELECT TG_ARGV[0], statement_timestamp(), "
+             "clock_timestamp(), count(*) FROM gone WHERE queue = TG_ARGV[0]; "
+             "END IF; RETURN NULL; END $$; "
+             "CREATE TRIGGER \"time %1$s\" AFTER DELETE ON sekali.idempotency_keys "
+             "REFERENCING OLD TABLE AS gone FOR EACH STATEMENT "
+             "EXECUTE FUNCTION sekali_test.time_purge('%1$s', '%2$d'); "
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) "
+             "SELECT '%1$s', 'old-' || i, 'completed', 1, now() - interval '2 hours' "
+             "FROM generate_series(1, %3$d) AS i",
+             r->queue, slow_ms, n);
+    h_pg_exec(r->pg, sql);
+}
+
+void h_pg_expired_backlog_end(const struct h_run *r)
+{
+    char sql[512];
+    snprintf(sql, sizeof(sql), "DROP TRIGGER IF EXISTS \"time %s\" ON sekali.idempotency_keys",
+             r->queue);
+    h_pg_exec(r->pg, sql);
+}

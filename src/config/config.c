@@ -47,6 +47,7 @@ static const struct key outbox_keys[] = {
 static const struct key janitor_keys[] = {
     DURATION("interval",         sk_janitor_conf, interval_ms, 0, DAY),
     INT("batch",                 sk_janitor_conf, batch, 1, 100000),
+    INT("busy_percent",          sk_janitor_conf, busy_percent, 1, 100),
     RETENTION("outbox_retention", sk_janitor_conf, outbox_retention_ms),
     RETENTION("history_retention", sk_janitor_conf, history_retention_ms),
     END
@@ -86,8 +87,8 @@ static const struct sk_conf conf_defaults = {
     .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
     .shutdown_timeout_ms = 30 * SEC,
     .outbox = { .relays = 0, .batch = 100, .poll_interval_ms = SEC },
-    .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .outbox_retention_ms = 7 * DAY,
-                 .history_retention_ms = 7 * DAY },
+    .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .busy_percent = 50,
+                 .outbox_retention_ms = 7 * DAY, .history_retention_ms = 7 * DAY },
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
     .console = { .session_ms = 15 * MIN, .pool = 4 },
     .tracing = { .otlp_timeout_ms = 2 * SEC },

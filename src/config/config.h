@@ -131,6 +131,7 @@ struct sk_outbox_conf {
 struct sk_janitor_conf {
     uint32_t interval_ms;          /* between rounds; 0: no janitor */
     int      batch;                /* rows per DELETE, so no lock is held for long */
+    int      busy_percent;         /* most of its time spent deleting; it rests the rest */
     uint64_t outbox_retention_ms;  /* published outbox rows older than this go */
     uint64_t history_retention_ms; /* sekali.history's minutes older than this go */
 };

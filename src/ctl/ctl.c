@@ -9,7 +9,8 @@
  *   sekalictl [-c FILE] trace KEY [--queue Q] [--json]         (ctl_trace.c)
  *   sekalictl [-c FILE] doctor [--consumer-timeout D] [--json] (ctl_doctor.c, and
  *                                                              shared/doctor*.c)
- *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--json] (ctl_verify.c)
+ *   sekalictl [-c FILE] verify [--queue Q] [--since T] [--letters N] [--json]
+ *                                                             (ctl_verify.c)
  *   sekalictl [-c FILE] schedules [--json]                     (ctl_schedules.c)
  *   sekalictl [-c FILE] scheduled [--queue Q] [--limit N] [--json]  (ctl_scheduled.c)
  *   sekalictl [-c FILE] inflight [--json]                          (ctl_inflight.c)
@@ -103,7 +104,7 @@ static const struct command {
       "  --json                 one JSON document\n"
       "Exits 0 when every check passed, 6 when some warned, 7 when some failed.\n",
       sk_ctl_doctor },
-    { "verify", "verify [--queue QUEUE] [--since T] [--json]",
+    { "verify", "verify [--queue QUEUE] [--since T] [--letters N] [--json]",
       "Reconcile the outbox, the idempotency keys, the dead letters and the broker's\n"
       "queues over a window, and report jobs lost (enqueued, but neither completed,\n"
       "failed, dead-lettered nor waiting), stuck (processing past their lease) and\n"
@@ -111,6 +112,8 @@ static const struct command {
       "  --queue QUEUE   only QUEUE (default: every configured queue)\n"
       "  --since T       the window: a duration back from now (default 24h) or a time\n"
       "                  PostgreSQL reads (2026-12-01 14:00Z)\n"
+      "  --letters N     check the keys of the oldest N keyed dead letters of each\n"
+      "                  queue (default 1000, at most 1000000; 0: none)\n"
       "  --json          one JSON document\n"
       "Exits 0 when nothing is lost or stuck, 8 when something is, 1 when a source\n"
       "could not be read.\n",

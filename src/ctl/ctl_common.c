@@ -1,4 +1,5 @@
 /* ctl_common.c - what every sekalictl command shares (ctl_common.h). */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,5 +71,16 @@ bool sk_ctl_json_option(int argc, char **argv, bool *json)
             return false;
         *json = true;
     }
+    return true;
+}
+
+bool sk_ctl_whole_number(const char *s, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || v > max)
+        return false;
+    *out = v;
     return true;
 }

@@ -12,6 +12,7 @@
 #define SK_CTL_COMMON_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include <libpq-fe.h>
@@ -80,5 +81,9 @@ char *sk_ctl_read_all(FILE *f, size_t *len);
 /* A command whose only option is --json: sets *json from it; false on any
  * other option (getopt has said which). Its operands then start at optind. */
 bool sk_ctl_json_option(int argc, char **argv, bool *json);
+
+/* An option's whole decimal number up to max (no sign, nothing after it)
+ * into *out; false otherwise. */
+bool sk_ctl_whole_number(const char *s, uint64_t max, uint64_t *out);
 
 #endif

@@ -23,7 +23,6 @@
  * too (sekali.dlq_purge_letter). Selecting and printing letters is
  * ctl_dlq_read.c's; moving the letters a broker's <queue>.dead holds into
  * the table is ctl_dlq_import.c's. */
-#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <pwd.h>
@@ -89,17 +88,6 @@ int sk_ctl_dlq(const struct sk_conf *conf, int argc, char **argv)
     return sk_ctl_dlq_run(conf, &req, stdout);
 }
 
-static bool whole_number(const char *s, uint64_t max, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || v > max)
-        return false;
-    *out = v;
-    return true;
-}
-
 /* false: a usage error. */
 static bool dlq_options(int argc, char **argv, struct sk_ctl_dlq_req *req)
 {
@@ -128,12 +116,12 @@ static bool dlq_options(int argc, char **argv, struct sk_ctl_dlq_req *req)
         case 'b': req->by = optarg; break;
         case 'n': req->dry_run = true; break;
         case 'o': case 'l': case 's':
-            if (!whole_number(optarg, UINT32_MAX, &v))
+            if (!sk_ctl_whole_number(optarg, UINT32_MAX, &v))
                 return false;
             *(opt == 'o' ? &req->offset : opt == 'l' ? &req->limit : &req->scan_max) = (size_t)v;
             break;
         case 'i': case 'A':
-            if (!whole_number(optarg, INT64_MAX, &v) || (opt == 'i' && v == 0))
+            if (!sk_ctl_whole_number(optarg, INT64_MAX, &v) || (opt == 'i' && v == 0))
                 return false;
             *(opt == 'i' ? &req->id : &req->after) = v;
             break;

@@ -6,8 +6,9 @@
  *                   key yet (waiting: in a queue, a delay queue, a
  *                   worker's hands, <queue>.dead, or lost);
  *   dead letters    the letter of a window's job without a key, found by
- *                   its key; the key of each of the oldest 10,000 letters
- *                   (sekali.dead_letters, read and left as they are);
+ *                   its key; the key of each of the oldest 1,000 letters
+ *                   (--letters; sekali.dead_letters, read and left as
+ *                   they are);
  *   the broker      what the work queue, its delay queues and <queue>.dead
  *                   hold (counted, never read), and the most its consumers
  *                   can hold unacked (prefetch_max each);
@@ -44,7 +45,12 @@
 
 #define BATCH      5000   /* outbox rows a statement */
 #define LIST_MAX   100    /* keys listed per finding and queue */
-#define DEAD_MAX   10000  /* dead letters read per queue */
+/* Keyed dead letters whose key is checked per queue, by default and at
+ * most: each is a probe of the keys' primary key, and over a long history
+ * that index and the keys' pages are far larger than memory, so each probe
+ * is a read from disk or two (10,000 took 2.5 s at 30 M keys). */
+#define LETTERS_DEFAULT 1000
+#define LETTERS_MAX     1000000
 #define DEFAULT_SINCE_MS (24u * 3600 * 1000)
 #define STR_(x) #x
 #define STR(x)  STR_(x)
@@ -68,6 +74,7 @@ struct verify {
     struct vqueue        *q;
     size_t                n;
     bool                  json, failed;
+    long long             letters;        /* keyed dead letters checked per queue */
     char                  since_arg[64];  /* "-N" ms back from now, or a time */
     char                  since[64];      /* the window's start, as PostgreSQL said it */
 };
@@ -77,6 +84,7 @@ static bool resolve_since(struct verify *v, PGconn *pg);
 static bool read_outbox(struct verify *v, PGconn *pg);
 static bool read_stuck(struct verify *v, PGconn *pg);
 static bool read_broker(struct verify *v, PGconn *pg);
+static bool read_dead(const struct verify *v, struct vqueue *q, PGconn *pg);
 static void judge(struct verify *v);
 static void print_text(const struct verify *v);
 static void print_json(const struct verify *v, int code);
@@ -86,7 +94,7 @@ static void keylist_free(struct keylist *l);
 
 int sk_ctl_verify(const struct sk_conf *conf, int argc, char **argv)
 {
-    struct verify v = { .conf = conf };
+    struct verify v = { .conf = conf, .letters = LETTERS_DEFAULT };
     const char *only = NULL;
     if (!verify_args(&v, argc, argv, &only))
         return SK_CTL_SHOW_USAGE;
@@ -133,16 +141,19 @@ int sk_ctl_verify(const struct sk_conf *conf, int argc, char **argv)
 }
 
 /* false: a usage error. --since takes a duration back from now (24h) or a
- * time PostgreSQL reads (2026-12-01 14:00Z). */
+ * time PostgreSQL reads (2026-12-01 14:00Z); --letters the keyed dead
+ * letters to check, 0 to LETTERS_MAX. */
 static bool verify_args(struct verify *v, int argc, char **argv, const char **queue)
 {
     static const struct option options[] = {
         { "json", no_argument, NULL, 'j' },
         { "queue", required_argument, NULL, 'q' },
         { "since", required_argument, NULL, 's' },
+        { "letters", required_argument, NULL, 'l' },
         { NULL, 0, NULL, 0 },
     };
     const char *since = NULL;
+    uint64_t letters;
     int opt;
     while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
         if (opt == 'j')
@@ -151,6 +162,8 @@ static bool verify_args(struct verify *v, int argc, char **argv, const char **qu
             *queue = optarg;
         else if (opt == 's')
             since = optarg;
+        else if (opt == 'l' && sk_ctl_whole_number(optarg, LETTERS_MAX, &letters))
+            v->letters = (long long)letters;
         else
             return false;
     }
@@ -275,16 +288,16 @@ static bool read_stuck(struct verify *v, PGconn *pg)
 }
 
 /* The queue's dead letters: their number as sql/029 keeps it, and the
- * status of the keys of the oldest DEAD_MAX keyed letters (a read of the
+ * status of the keys of the oldest v->letters keyed letters (a read of the
  * table, which leaves them as they are), each of which should be failed.
  * A bound, said in the output, because a check of every letter would cost
  * what the queue has ever dead-lettered; the window's jobs without a key
  * are matched to their letters by key (read_outbox). A malformed letter
  * never had a key sekali could record. */
-static bool read_dead(struct vqueue *q, PGconn *pg)
+static bool read_dead(const struct verify *v, struct vqueue *q, PGconn *pg)
 {
-    char max[16];
-    snprintf(max, sizeof(max), "%d", DEAD_MAX);
+    char max[24];
+    snprintf(max, sizeof(max), "%lld", v->letters);
     const char *params[] = { q->conf->name, max };
     const struct sk_pg_stmt st = {
         .sql = "SELECT d.key, coalesce(k.status, '') "
@@ -356,7 +369,7 @@ static bool read_broker(struct verify *v, PGconn *pg)
             sk_broker_close(b);
             return false;
         }
-        if (!read_dead(q, pg)) {
+        if (!read_dead(v, q, pg)) {
             sk_broker_close(b);
             return false;
         }
@@ -406,9 +419,9 @@ static void print_text(const struct verify *v)
         text_keys("inconsistent", q->inconsistent, &q->inconsistent_keys);
         if (q->lost == 0 && q->stuck == 0 && q->inconsistent == 0)
             printf("  nothing lost, stuck or inconsistent\n");
-        if (q->dead_checked == DEAD_MAX)
-            printf("  inconsistent: the oldest %d keyed dead letters checked, of %lld\n",
-                   DEAD_MAX, q->dead);
+        if (q->dead_checked == v->letters && q->dead > v->letters)
+            printf("  inconsistent: the oldest %lld keyed dead letters checked, of %lld "
+                   "(--letters checks more)\n", v->letters, q->dead);
     }
 }
 

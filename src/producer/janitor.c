@@ -18,7 +18,8 @@
  * reading a time index so that a round costs what expired. Each call takes
  * at most janitor.batch rows and commits on its own, so it never holds many
  * row locks or a long transaction; a round repeats batches until one comes
- * back short. */
+ * back short, resting between them so that it deletes at most
+ * janitor.busy_percent of its time (drain()). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,31 +34,70 @@
 #include "pg.h"
 #include "process.h"
 
+/* One round's deletes: where they go and how they are paced. */
+struct janitor_round {
+    PGconn               *pg;
+    const struct sk_conf *conf;
+    struct sk_slot       *slot;
+};
+
+/* Waits ms, in steps short enough that the supervisor, and through it
+ * systemd's watchdog, sees the janitor alive. */
+static void rest(struct sk_slot *slot, int64_t ms)
+{
+    int64_t until = sk_now_ms() + ms;
+    for (;;) {
+        atomic_store(&slot->alive_ms, sk_now_ms());
+        int64_t left = until - sk_now_ms();
+        if (left <= 0 || sk_process_stopping())
+            return;
+        sk_sleep_ms((uint32_t)(left < 200 ? left : 200));
+    }
+}
+
 /* Calls a purge function (it returns the rows it deleted) until a batch
- * deletes fewer rows than asked. Returns SK_OK, or the failure's code after
- * logging it. */
-static int drain(PGconn *pg, const char *sql, const char *const *params, int n_params,
-                 int batch, const char *what)
+ * deletes fewer rows than asked. After each full batch it rests in
+ * proportion to the batch's time, so that deleting takes at most
+ * janitor.busy_percent of the janitor's time: the deletes compete with the
+ * workers for PostgreSQL, and a backlog (a first round over a long history,
+ * a retention shortened) is better spread over minutes than taken from the
+ * jobs in one burst. Returns SK_OK, or the failure's code after logging
+ * it. */
+static int drain(const struct janitor_round *r, const char *sql, const char *const *params,
+                 int n_params, const char *what)
 {
     const struct sk_pg_stmt st = { .sql = sql, .n_params = n_params, .values = params,
                                    .one_row = true };
+    const uint64_t busy = (uint64_t)r->conf->janitor.busy_percent;
+    uint64_t owed_ns = 0;  /* rest earned by batches too short to rest after alone */
     for (;;) {
         struct sk_err err = { 0 };
         PGresult *res;
-        int rc = sk_pg_exec(pg, &st, &res, &err);
+        uint64_t started = sk_now_ns();
+        int rc = sk_pg_exec(r->pg, &st, &res, &err);
         if (rc != SK_OK) {
             sk_log_warn("janitor: deleting %s failed: %s", what, err.msg);
             return rc;
         }
         long long n = atoll(PQgetvalue(res, 0, 0));
         PQclear(res);
-        if (n < batch || sk_process_stopping())
+        /* A batch is short, a round over a backlog is not: the supervisor,
+         * and through it systemd's watchdog, must see every batch. */
+        atomic_store(&r->slot->alive_ms, sk_now_ms());
+        if (n < r->conf->janitor.batch || sk_process_stopping())
             return SK_OK;
+        owed_ns += (sk_now_ns() - started) * (100 - busy) / busy;
+        if (owed_ns >= 10 * 1000000ull) {
+            rest(r->slot, (int64_t)(owed_ns / 1000000));
+            owed_ns %= 1000000;
+        }
     }
 }
 
-static int round_once(const struct sk_conf *conf, PGconn *pg, struct sk_history *history)
+static int round_once(const struct janitor_round *r, struct sk_history *history)
 {
+    const struct sk_conf *conf = r->conf;
+    PGconn *pg = r->pg;
     char batch[16], ms[24];
     snprintf(batch, sizeof(batch), "%d", conf->janitor.batch);
     /* First, so that the counts land in the minute they happened in even
@@ -72,22 +112,19 @@ static int round_once(const struct sk_conf *conf, PGconn *pg, struct sk_history 
             continue;
         snprintf(ms, sizeof(ms), "%" PRIu64, q->retention_ms);
         const char *params[] = { q->name, ms, batch };
-        if (drain(pg, "SELECT sekali.purge_keys($1, $2, $3)", params, 3, conf->janitor.batch,
+        if (drain(r, "SELECT sekali.purge_keys($1, $2, $3)", params, 3,
                   "idempotency keys") != SK_OK ||
-            drain(pg, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
-                  conf->janitor.batch, "dead letters") != SK_OK)
+            drain(r, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
+                  "dead letters") != SK_OK)
             return SK_AGAIN;
     }
     snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.outbox_retention_ms);
     const char *outbox[] = { ms, batch };
     const char *only_batch[] = { batch };
     if ((conf->janitor.outbox_retention_ms != SK_RETENTION_FOREVER &&
-         drain(pg, "SELECT sekali.purge_outbox($1, $2)", outbox, 2, conf->janitor.batch,
-               "outbox rows") != SK_OK) ||
-        drain(pg, "SELECT sekali.purge_dedupe($1)", only_batch, 1, conf->janitor.batch,
-              "dedupe keys") != SK_OK ||
-        drain(pg, "SELECT sekali.purge_crashes($1)", only_batch, 1, conf->janitor.batch,
-              "crash counts") != SK_OK)
+         drain(r, "SELECT sekali.purge_outbox($1, $2)", outbox, 2, "outbox rows") != SK_OK) ||
+        drain(r, "SELECT sekali.purge_dedupe($1)", only_batch, 1, "dedupe keys") != SK_OK ||
+        drain(r, "SELECT sekali.purge_crashes($1)", only_batch, 1, "crash counts") != SK_OK)
         return SK_AGAIN;
 
     /* The dead letters' group counts (sql/029) gain a row per group and
@@ -95,17 +132,36 @@ static int round_once(const struct sk_conf *conf, PGconn *pg, struct sk_history 
      * that a database not yet migrated to 029 still loses its expired rows. */
     for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
         const char *fold[] = { conf->queues[i].name, batch };
-        if (drain(pg, "SELECT sekali.fold_dead_letter_counts($1, $2)", fold, 2,
-                  conf->janitor.batch, "the shards of dead letter counts") != SK_OK)
+        if (drain(r, "SELECT sekali.fold_dead_letter_counts($1, $2)", fold, 2,
+                  "the shards of dead letter counts") != SK_OK)
             return SK_AGAIN;
     }
     snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.history_retention_ms);
     const char *history_args[] = { ms, batch };
     if (conf->janitor.history_retention_ms != SK_RETENTION_FOREVER &&
-        drain(pg, "SELECT sekali.purge_history($1, $2)", history_args, 2, conf->janitor.batch,
+        drain(r, "SELECT sekali.purge_history($1, $2)", history_args, 2,
               "history minutes") != SK_OK)
         return SK_AGAIN;
     return SK_OK;
+}
+
+/* A round longer than the interval, while keys keep expiring, means the
+ * janitor falls behind: the expired rows, and the tables, grow. Said once
+ * per such round; the first round over an old backlog says it too. */
+static void warn_if_behind(const struct sk_conf *conf, int64_t took_ms)
+{
+    if (took_ms <= (int64_t)conf->janitor.interval_ms)
+        return;
+    if (conf->janitor.busy_percent < 100)
+        sk_log_warn("janitor: a round took %.1f s, longer than janitor.interval (%.1f s), "
+                    "deleting %d%% of the time (janitor.busy_percent): if it stays behind, "
+                    "raise busy_percent", (double)took_ms / 1000,
+                    (double)conf->janitor.interval_ms / 1000, conf->janitor.busy_percent);
+    else
+        sk_log_warn("janitor: a round took %.1f s, longer than janitor.interval (%.1f s), "
+                    "deleting back to back: PostgreSQL deletes expired rows slower than "
+                    "they come", (double)took_ms / 1000,
+                    (double)conf->janitor.interval_ms / 1000);
 }
 
 int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
@@ -132,7 +188,9 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         atomic_store(&slot->consuming, 1);
         /* The failed delete was logged; a lost connection also begins an
          * outage, a statement that failed on a live server only backs off. */
-        if (round_once(conf, pg, history) != SK_OK) {
+        const struct janitor_round round = { .pg = pg, .conf = conf, .slot = slot };
+        int64_t round_started = sk_now_ms();
+        if (round_once(&round, history) != SK_OK) {
             if (PQstatus(pg) == CONNECTION_OK)
                 sk_outage_pause(&outage);
             else if (sk_outage_failed(&outage))
@@ -147,12 +205,8 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
             sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
                          "janitor reached PostgreSQL again");
         sk_metrics_janitor_round(metrics);
-        /* Sleep in short steps, so that the supervisor sees us alive. */
-        for (uint32_t slept = 0; slept < conf->janitor.interval_ms && !sk_process_stopping();
-             slept += 200) {
-            atomic_store(&slot->alive_ms, sk_now_ms());
-            sk_sleep_ms(200);
-        }
+        warn_if_behind(conf, sk_now_ms() - round_started);
+        rest(slot, conf->janitor.interval_ms);
     }
     PQfinish(pg);
     sk_history_free(history);

@@ -17,6 +17,8 @@
 #                                past it: about this percent of them is expired
 #   BENCH_SCALE_PURGE_ROWS [300000]  most keys one round's purge deletes
 #   BENCH_SCALE_PURGE_SECONDS [20]   longest one round's purge runs
+#   BENCH_SCALE_BUSY_PERCENT [50]    the purge's janitor.busy_percent (100:
+#                                back to back, as before it existed)
 #   BENCH_SCALE_RATE [1000]      jobs/s of the fixed-rate latency run
 #   BENCH_LATENCY_SECONDS [5]    its length
 #   BENCH_TIMEOUT [300]          seconds one run may take
@@ -69,12 +71,15 @@ workers=${BENCH_WORKERS:-4}
 expired_pct=${BENCH_SCALE_EXPIRED_PCT:-10}
 purge_rows=${BENCH_SCALE_PURGE_ROWS:-300000}
 purge_seconds=${BENCH_SCALE_PURGE_SECONDS:-20}
+busy_percent=${BENCH_SCALE_BUSY_PERCENT:-50}
 timeout=${BENCH_TIMEOUT:-300}
 lat_rate=${BENCH_SCALE_RATE:-1000}
 lat_seconds=${BENCH_LATENCY_SECONDS:-5}
-for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout lat_rate lat_seconds; do
+for v in n_big jobs runs workers expired_pct purge_rows purge_seconds busy_percent timeout lat_rate lat_seconds; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
+[ "$busy_percent" -ge 1 ] && [ "$busy_percent" -le 100 ] ||
+    { echo "bench: BENCH_SCALE_BUSY_PERCENT must be 1..100, got $busy_percent" >&2; exit 2; }
 names=(this) trees=(.)
 if [ -n "$before_tree" ]; then
     [ -x "$before_tree/build/sekalid" ] && [ -d "$before_tree/sql" ] ||
@@ -161,19 +166,24 @@ seconds() {
 }
 
 # purge_loop DB: the janitor's statement, batch after batch on one
-# session as the janitor calls it (each batch its own transaction), until
-# none is left, purge_rows keys are gone or purge_seconds have passed;
-# prints "rows seconds".
+# session as the janitor calls it (each batch its own transaction, then a
+# rest that keeps it busy busy_percent of the time, as janitor.c's drain()),
+# until none is left, purge_rows keys are gone or purge_seconds have
+# passed; prints "rows seconds".
 purge_loop() {
     on "$1" -c "DO \$\$
         DECLARE total bigint := 0; got bigint; t0 timestamptz := clock_timestamp();
+                batch_t0 timestamptz;
         BEGIN
             LOOP
+                batch_t0 := clock_timestamp();
                 got := sekali.purge_keys('$queue', $retention_ms, 1000);
                 total := total + got;
                 COMMIT;
                 EXIT WHEN got < 1000 OR total >= $purge_rows
                        OR clock_timestamp() > t0 + interval '$purge_seconds s';
+                PERFORM pg_sleep(extract(epoch FROM clock_timestamp() - batch_t0)
+                                 * (100 - $busy_percent) / $busy_percent);
             END LOOP;
             RAISE WARNING 'purged % %', total, extract(epoch FROM clock_timestamp() - t0);
         END \$\$" 2>&1 | sed -n 's/.*purged \([0-9]*\) \([0-9.]*\).*/\1 \2/p'
@@ -308,7 +318,7 @@ bytes_per_key() {
              FROM pg_class c WHERE c.oid = 'sekali.idempotency_keys'::regclass"
 }
 
-say "== summary: $jobs jobs a run, W=$workers, medians of $runs rounds; ratios to N=0 of the same tree in the same round"
+say "== summary: $jobs jobs a run, W=$workers, purges at busy_percent $busy_percent, medians of $runs rounds; ratios to N=0 of the same tree in the same round"
 fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
 # shellcheck disable=SC2059  # one format for the header and the rows
 printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \

@@ -524,35 +524,44 @@ END_TEST
 
 /* verify counts a queue's dead letters as they are kept (sql/029), and
  * checks the keys of a bounded number of them, saying so: what it reads
- * does not grow with the letters a queue retains. */
+ * does not grow with the letters a queue retains. --letters asks for a
+ * larger sample, and gets exactly that. */
+static void verify_reads_its_sample(struct h_run *r, PGconn *pg, const char *letters,
+                                    int checked, int held)
+{
+    char *out;
+    long long read = least_read(r, pg, letters_read,
+                                (const char *const[]){ "verify", "--letters", letters, NULL },
+                                5 * checked / 2, &out);
+    /* The sample: its index entries and its rows. */
+    ck_assert_msg(read <= 5 * checked / 2, "verify --letters %s read %lld dead letters' rows "
+                  "and index entries (the least of 3 tries) of %d: it should read its sample "
+                  "of %d", letters, read, held, checked);
+    char dead[64], inconsistent[64], said[200];
+    snprintf(dead, sizeof(dead), "dead %d\n", held);
+    snprintf(inconsistent, sizeof(inconsistent), "inconsistent %d:", checked);
+    snprintf(said, sizeof(said), "inconsistent: the oldest %d keyed dead letters checked, of "
+             "%d (--letters checks more)\n", checked, held);
+    ck_assert_msg(strstr(out, dead) != NULL && strstr(out, inconsistent) != NULL &&
+                  strstr(out, said) != NULL, "verify should say its sample: %s", out);
+    free(out);
+}
+
 START_TEST(test_verify_reads_a_bounded_sample_of_dead_letters)
 {
     struct h_run r;
     h_run_open(&r, "verify");
     char db[160], sql[800];
     PGconn *pg = own_migrated_database(&r, db, sizeof(db));
-    enum { LETTERS = 40000, CHECKED = 10000 };  /* ctl_verify.c's DEAD_MAX */
+    enum { LETTERS = 40000 };
     snprintf(sql, sizeof(sql),
              "INSERT INTO sekali.dead_letters (queue, key, reason, error, body, body_size) "
              "SELECT '%s', 'k-' || i, 'failed', 'gateway ' || i, '\\x00', 1 "
              "FROM generate_series(1, %d) i", r.queue, LETTERS);
     h_pg_exec(pg, sql);
     at_rest(pg);
-
-    char *out;
-    long long read = least_read(&r, pg, letters_read, (const char *const[]){ "verify", NULL },
-                                5 * CHECKED / 2, &out);
-    /* The sample: its index entries and its rows. */
-    ck_assert_msg(read <= 5 * CHECKED / 2, "verify read %lld dead letters' rows and index "
-                  "entries (the least of 3 tries) of %d: it should read its sample of %d",
-                  read, LETTERS, CHECKED);
-    char want[200];
-    snprintf(want, sizeof(want), "dead %d\n", LETTERS);
-    ck_assert_msg(strstr(out, want) != NULL &&
-                  strstr(out, "inconsistent 10000:") != NULL &&
-                  strstr(out, "inconsistent: the oldest 10000 keyed dead letters checked, of "
-                              "40000\n") != NULL, "verify should say its sample: %s", out);
-    free(out);
+    verify_reads_its_sample(&r, pg, "1000", 1000, LETTERS);  /* ctl_verify.c's default */
+    verify_reads_its_sample(&r, pg, "5000", 5000, LETTERS);
     drop_own_database(&r, pg, db, r.config);
     r.config = NULL;
     h_run_close(&r);

@@ -165,6 +165,40 @@ START_TEST(test_one_janitor_round_drains_every_full_batch)
 }
 END_TEST
 
+/* A backlog (a first round over a long history, a retention shortened) is
+ * deleted at most janitor.busy_percent of the time, leaving PostgreSQL to
+ * the workers the rest of it: measured on the server, from when each
+ * DELETE arrived to when it ended, against the whole round. */
+START_TEST(test_a_backlog_is_deleted_at_most_busy_percent_of_the_time)
+{
+    struct h_run r;
+    h_run_open(&r, "janitor");
+    h_pg_expired_backlog(&r, 40, 50);
+    r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 1, "    retention: 1h\n",
+                                  "janitor:\n  interval: 2s\n  batch: 2\n  busy_percent: 25\n");
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, NULL);
+    H_WAIT(h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s'",
+                      r.queue) == 0, 60000, "the round should delete all 40 keys of %s", r.queue);
+    /* At least 20 batches of 50 ms, each resting 150: longer than 2 s. */
+    H_WAIT(h_count_lines(r.log, "longer than janitor.interval (2.0 s), deleting 25% of the "
+                                "time (janitor.busy_percent)") > 0, 20000,
+           "the janitor should say its round outlasted the interval");
+    h_stop_sekalid(r.sekalid, r.dir);
+    h_pg_expired_backlog_end(&r);
+    ck_assert_int_eq(h_pg_count(r.pg, "SELECT count(*) FROM sekali_test.key_purges "
+                                      "WHERE queue = '%s' AND n = 2", r.queue), 20);
+    /* Each batch earns three times its own time of rest: a quarter busy,
+     * a little more for the last batch's rest, which the round's span
+     * leaves out. Deleting back to back it was over 90. */
+    long long busy = h_pg_count(r.pg,
+        "SELECT round(100 * extract(epoch FROM sum(ended - started)) / "
+        "extract(epoch FROM max(ended) - min(started))) FROM sekali_test.key_purges "
+        "WHERE queue = '%s'", r.queue);
+    ck_assert_msg(busy <= 30, "deleting took %lld %% of the round, at busy_percent 25", busy);
+    h_run_close(&r);
+}
+END_TEST
+
 static long long keys_named(const struct h_run *r, const char *key)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
@@ -223,6 +257,7 @@ int main(void)
     const TTest *tests[] = {
         test_janitor_removes_exactly_what_retention_says,
         test_one_janitor_round_drains_every_full_batch,
+        test_a_backlog_is_deleted_at_most_busy_percent_of_the_time,
         test_retention_of_a_year_keeps_half_a_year_old_keys,
         test_retention_forever_keeps_every_key,
         NULL,

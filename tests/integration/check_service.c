@@ -592,6 +592,39 @@ START_TEST(test_a_long_job_that_job_timeout_watches_keeps_the_watchdog_fed)
 }
 END_TEST
 
+/* A janitor round over a backlog outlasts the watchdog many times over: it
+ * must show itself alive between its batches and in its rests, or systemd
+ * restarts sekalid (and its workers' jobs) for as long as the backlog
+ * lasts. Its first round here takes at least 60 batches of 100 ms. */
+START_TEST(test_a_long_janitor_round_keeps_the_watchdog_fed)
+{
+    struct h_run r;
+    h_run_open(&r, "janitor-watchdog");
+    h_pg_expired_backlog(&r, 60, 100);
+    r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 1, "    retention: 1h\n",
+                                  "janitor:\n  interval: 1h\n  batch: 1\n");
+    char sock_env[1100];
+    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
+    const char *env[] = { sock_env, "WATCHDOG_USEC=1000000", NULL };
+    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
+    static char heard[65536];
+    heard[0] = '\0';
+    wait_ready(fd, heard, sizeof(heard));
+    const char *purged = "SELECT count(*) FROM sekali_test.key_purges WHERE queue = '%s'";
+    H_WAIT(h_pg_count(r.pg, purged, r.queue) > 0, 20000, "the janitor's round never began");
+    int64_t begun = h_now_ms(), last = 0;
+    H_WAIT((note_watchdog(fd, heard, sizeof(heard), &last), last > begun + 2500), 15000,
+           "WATCHDOG=1 should keep coming during the janitor's round");
+    long long left = h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys "
+                                      "WHERE queue = '%s'", r.queue);
+    ck_assert_msg(left > 0, "the round should still be running when WATCHDOG=1 came");
+    close(fd);
+    h_run_stop(&r);
+    h_pg_expired_backlog_end(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 /* `sekalid -t` on r's config with redis.timeout `timeout`: its output. */
 static const char *check_with_redis_timeout(struct h_run *r, const char *timeout, int *code)
 {
@@ -651,6 +684,7 @@ int main(void)
     const TTest *watchdog[] = {
         test_a_wedged_handler_without_job_timeout_withholds_the_watchdog,
         test_a_long_job_that_job_timeout_watches_keeps_the_watchdog_fed,
+        test_a_long_janitor_round_keeps_the_watchdog_fed,
         NULL,
     };
     h_tcase(s, "watchdog", 120, watchdog);
