@@ -17,8 +17,9 @@
 #                                past it: about this percent of them is expired
 #   BENCH_SCALE_PURGE_ROWS [300000]  most keys one round's purge deletes
 #   BENCH_SCALE_PURGE_SECONDS [20]   longest one round's purge runs
-#   BENCH_SCALE_BUSY_PERCENT [50]    the purge's janitor.busy_percent (100:
-#                                back to back, as before it existed)
+#   BENCH_SCALE_BUSY_PERCENT ["100 50"]  the purge's janitor.busy_percent,
+#                                a run for each (100: back to back, as
+#                                before it existed; 50: the default)
 #   BENCH_SCALE_RATE [1000]      jobs/s of the fixed-rate latency run
 #   BENCH_LATENCY_SECONDS [5]    its length
 #   BENCH_TIMEOUT [300]          seconds one run may take
@@ -71,15 +72,18 @@ workers=${BENCH_WORKERS:-4}
 expired_pct=${BENCH_SCALE_EXPIRED_PCT:-10}
 purge_rows=${BENCH_SCALE_PURGE_ROWS:-300000}
 purge_seconds=${BENCH_SCALE_PURGE_SECONDS:-20}
-busy_percent=${BENCH_SCALE_BUSY_PERCENT:-50}
+read -r -a busy_list <<<"${BENCH_SCALE_BUSY_PERCENT:-100 50}"
 timeout=${BENCH_TIMEOUT:-300}
 lat_rate=${BENCH_SCALE_RATE:-1000}
 lat_seconds=${BENCH_LATENCY_SECONDS:-5}
-for v in n_big jobs runs workers expired_pct purge_rows purge_seconds busy_percent timeout lat_rate lat_seconds; do
+for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout lat_rate lat_seconds; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
-[ "$busy_percent" -ge 1 ] && [ "$busy_percent" -le 100 ] ||
-    { echo "bench: BENCH_SCALE_BUSY_PERCENT must be 1..100, got $busy_percent" >&2; exit 2; }
+[ ${#busy_list[@]} -gt 0 ] || { echo "bench: BENCH_SCALE_BUSY_PERCENT is empty" >&2; exit 2; }
+for b in "${busy_list[@]}"; do
+    [[ $b =~ ^[0-9]+$ ]] && [ "$b" -ge 1 ] && [ "$b" -le 100 ] ||
+        { echo "bench: BENCH_SCALE_BUSY_PERCENT: each must be 1..100, got '$b'" >&2; exit 2; }
+done
 names=(this) trees=(.)
 if [ -n "$before_tree" ]; then
     [ -x "$before_tree/build/sekalid" ] && [ -d "$before_tree/sql" ] ||
@@ -165,12 +169,13 @@ seconds() {
     awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }'
 }
 
-# purge_loop DB: the janitor's statement, batch after batch on one
+# purge_loop DB BUSY: the janitor's statement, batch after batch on one
 # session as the janitor calls it (each batch its own transaction, then a
-# rest that keeps it busy busy_percent of the time, as janitor.c's drain()),
+# rest that keeps it busy BUSY percent of the time, as janitor.c's drain()),
 # until none is left, purge_rows keys are gone or purge_seconds have
 # passed; prints "rows seconds".
 purge_loop() {
+    local busy=$2
     on "$1" -c "DO \$\$
         DECLARE total bigint := 0; got bigint; t0 timestamptz := clock_timestamp();
                 batch_t0 timestamptz;
@@ -183,13 +188,14 @@ purge_loop() {
                 EXIT WHEN got < 1000 OR total >= $purge_rows
                        OR clock_timestamp() > t0 + interval '$purge_seconds s';
                 PERFORM pg_sleep(extract(epoch FROM clock_timestamp() - batch_t0)
-                                 * (100 - $busy_percent) / $busy_percent);
+                                 * (100 - $busy) / $busy);
             END LOOP;
             RAISE WARNING 'purged % %', total, extract(epoch FROM clock_timestamp() - t0);
         END \$\$" 2>&1 | sed -n 's/.*purged \([0-9]*\) \([0-9.]*\).*/\1 \2/p'
 }
 
-# run V N PURGE: one throughput run; prints "jobs/s pg_ms_per_job [purged purge_s]".
+# run V N PURGE: one throughput run, beside a purge at busy percent PURGE
+# unless it is 0; prints "jobs/s pg_ms_per_job [purged purge_s]".
 run() {
     local v=$1 n=$2 purge=$3 db c result ppid=''
     db=$(db_of "$v" "$n") c=$(conf "$db")
@@ -199,8 +205,8 @@ run() {
     quiesce "${names[$v]} N=$n" >&2
     live_queue=$queue
     "$out/bench_amqp" "$SEKALI_AMQP_URL" bulk "$queue" "$jobs" >/dev/null
-    if [ "$purge" = 1 ]; then
-        purge_loop "$db" >"$work/scale.purge" &
+    if [ "$purge" != 0 ]; then
+        purge_loop "$db" "$purge" >"$work/scale.purge" &
         ppid=$!
     fi
     server_cpu >"$work/scale.cpu0"
@@ -283,11 +289,12 @@ for round in $(seq 1 "$runs"); do
             read -r r c <<<"$(run "$v" "$n" 0)"
             rate[$v,$n]+="$r " cpu[$v,$n]+="$c "
             line="round $round ${names[$v]} N=$n: $r jobs/s, PostgreSQL $c ms/job"
-            if [ "$n" != 0 ]; then
-                read -r r c p s <<<"$(run "$v" "$n" 1)"
-                prate[$v,$n]+="$r " purged[$v,$n]+="$p " purge_s[$v,$n]+="$s "
-                line+="; purging beside it: $r jobs/s, $p keys purged in $s s"
-            fi
+            for b in "${busy_list[@]}"; do
+                [ "$n" != 0 ] || break
+                read -r r c p s <<<"$(run "$v" "$n" "$b")"
+                prate[$v,$n,$b]+="$r " purged[$v,$n,$b]+="$p " purge_s[$v,$n,$b]+="$s "
+                line+="; purging at $b %: $r jobs/s, $p keys purged in $s s"
+            done
             read -r a b <<<"$(latency_run "$v" "$n")"
             p50[$v,$n]+="$a " p99[$v,$n]+="$b "
             line+="; at $lat_rate jobs/s p50 $a ms, p99 $b ms"
@@ -318,7 +325,7 @@ bytes_per_key() {
              FROM pg_class c WHERE c.oid = 'sekali.idempotency_keys'::regclass"
 }
 
-say "== summary: $jobs jobs a run, W=$workers, purges at busy_percent $busy_percent, medians of $runs rounds; ratios to N=0 of the same tree in the same round"
+say "== summary: $jobs jobs a run, W=$workers, medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
 fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
 # shellcheck disable=SC2059  # one format for the header and the rows
 printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \
@@ -330,8 +337,8 @@ for n in "${sizes[@]}"; do
             r=$(median ${rate[$v,$n]}) c=$(median ${cpu[$v,$n]})
             pr=- px=-
             if [ "$n" != 0 ]; then
-                pr=$(ratio "${purged[$v,$n]}" "${purge_s[$v,$n]}")
-                px=$(ratio "${prate[$v,$n]}" "${rate[$v,$n]}")
+                pr=$(ratio "${purged[$v,$n,${busy_list[0]}]}" "${purge_s[$v,$n,${busy_list[0]}]}")
+                px=$(ratio "${prate[$v,$n,${busy_list[0]}]}" "${rate[$v,$n]}")
             fi
             # shellcheck disable=SC2059
             printf "$fmt" "${names[$v]}" "$n" "$r" \
@@ -343,6 +350,19 @@ for n in "${sizes[@]}"; do
                 "$(read_median "${reads_of[$v,$n]}" 5)" "$(read_median "${reads_of[$v,$n]}" 6)" \
                 "$(bytes_per_key "$(db_of "$v" "$n")" | tr ' ' /)"
         } >>"$work/scale-summary"
+    done
+done
+# The purges, one row per busy percent: keys a second, and the workers'
+# jobs/s beside them against the same round's run alone.
+pfmt='%-7s %10s %6s %12s %9s\n'
+# shellcheck disable=SC2059
+printf "$pfmt" tree N busy% purge_keys/s x_nopurge >>"$work/scale-summary"
+for v in "${!names[@]}"; do
+    for b in "${busy_list[@]}"; do
+        # shellcheck disable=SC2059
+        printf "$pfmt" "${names[$v]}" "$n_big" "$b" \
+            "$(ratio "${purged[$v,$n_big,$b]}" "${purge_s[$v,$n_big,$b]}")" \
+            "$(ratio "${prate[$v,$n_big,$b]}" "${rate[$v,$n_big]}")" >>"$work/scale-summary"
     done
 done
 sed 's/^/bench: /' "$work/scale-summary"
