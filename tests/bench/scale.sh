@@ -23,6 +23,8 @@
 #   BENCH_SCALE_RATE [1000]      jobs/s of the fixed-rate latency run
 #   BENCH_LATENCY_SECONDS [5]    its length
 #   BENCH_TIMEOUT [300]          seconds one run may take
+#   BENCH_SCALE_READS_ONLY [0]   1: each round times the operator's reads
+#                                and the console's pages only (step 4)
 #
 # The stores are databases of the test server, scale_NAME_N (NAME: before or
 # this), kept between invocations: the keys are loaded once
@@ -55,7 +57,11 @@
 #      a retained key, `dlq list --limit 100` and `dlq groups` (the console's dead
 #      letter pages run the same reports) over a dead letter for each
 #      failed key (tests/bench/scale_letters.sql, loaded into a store that
-#      has none).
+#      has none); then each page of the console's API as its views ask for
+#      it, from a running `sekalictl serve` (a request after a first one
+#      that opened its pooled sessions): status, trace, a dead letter page
+#      of 100, the letters' groups, 24 h of history, the retries and the
+#      scheduled jobs.
 # Bytes per key are measured once, from the relations' sizes. The summary's
 # ratios are to N = 0 of the same tree, taken within a round, and their
 # median over the rounds.
@@ -74,9 +80,10 @@ purge_rows=${BENCH_SCALE_PURGE_ROWS:-300000}
 purge_seconds=${BENCH_SCALE_PURGE_SECONDS:-20}
 read -r -a busy_list <<<"${BENCH_SCALE_BUSY_PERCENT:-100 50}"
 timeout=${BENCH_TIMEOUT:-300}
+reads_only=${BENCH_SCALE_READS_ONLY:-0}
 lat_rate=${BENCH_SCALE_RATE:-1000}
 lat_seconds=${BENCH_LATENCY_SECONDS:-5}
-for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout lat_rate lat_seconds; do
+for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout lat_rate lat_seconds reads_only; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
 [ ${#busy_list[@]} -gt 0 ] || { echo "bench: BENCH_SCALE_BUSY_PERCENT is empty" >&2; exit 2; }
@@ -279,13 +286,48 @@ $(seconds "$bin/sekalictl" -c "$c" dlq list $queue --limit 100) \
 $(seconds "$bin/sekalictl" -c "$c" dlq groups $queue)"
 }
 
+# console_pages V N: the console's API pages, each a GET to one running
+# `sekalictl serve` (open reads, on loopback), timed by curl; prints the
+# seconds of each, in the order of console_paths.
+console_paths=(status "trace?queue=$queue&key=KEY" "dlq/list?queue=$queue&limit=100"
+               "dlq/groups?queue=$queue" "history?queue=$queue&hours=24"
+               "retries?queue=$queue" "scheduled?queue=$queue")
+console_pages() {
+    local v=$1 n=$2 db c key port=$((SEKALI_AMQP_PORT + 57)) pid path code t i times=''
+    db=$(db_of "$v" "$n") c=$work/scale-console.yaml
+    key=$(on "$db" -c "SELECT key FROM sekali.idempotency_keys WHERE queue = '$queue' LIMIT 1")
+    { cat "$(conf "$db")"; printf 'console:\n  listen: "127.0.0.1:%s"\n  open_reads: true\n' "$port"; } >"$c"
+    "$(bin_of "$v")/sekalictl" -c "$c" serve >"$work/scale-console.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 100); do
+        curl -sf -o /dev/null "http://127.0.0.1:$port/api/status" && break
+        kill -0 "$pid" 2>/dev/null || die "sekalictl serve exited (see $work/scale-console.log)"
+        sleep 0.1
+    done
+    [ "$i" -lt 100 ] || die "the console never answered on 127.0.0.1:$port"
+    for path in "${console_paths[@]}"; do
+        read -r code t <<<"$(curl -s -o "$work/scale-console.page" -w '%{http_code} %{time_total}' \
+            "http://127.0.0.1:$port/api/${path/KEY/${key:-absent}}")"
+        [ "$code" = 200 ] || die "console /api/$path answered $code: $(head -c 300 "$work/scale-console.page")"
+        times+="$t "
+    done
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    echo "$times"
+}
+
 for n in "${sizes[@]}"; do
     for v in "${!names[@]}"; do store "$v" "$n"; done
 done
-declare -A rate cpu prate purged purge_s reads_of p50 p99
+declare -A rate cpu prate purged purge_s reads_of pages_of p50 p99
 for round in $(seq 1 "$runs"); do
     for n in "${sizes[@]}"; do
         for v in "${!names[@]}"; do
+            if [ "$reads_only" = 1 ]; then
+                last=$(reads "$v" "$n") pages=$(console_pages "$v" "$n")
+                reads_of[$v,$n]+="$last;" pages_of[$v,$n]+="$pages;"
+                say "round $round ${names[$v]} N=$n: empty purge batch, status, verify, trace, dlq list, dlq groups: $last s; console ${console_paths[*]}: $pages s"
+                continue
+            fi
             read -r r c <<<"$(run "$v" "$n" 0)"
             rate[$v,$n]+="$r " cpu[$v,$n]+="$c "
             line="round $round ${names[$v]} N=$n: $r jobs/s, PostgreSQL $c ms/job"
@@ -298,9 +340,9 @@ for round in $(seq 1 "$runs"); do
             read -r a b <<<"$(latency_run "$v" "$n")"
             p50[$v,$n]+="$a " p99[$v,$n]+="$b "
             line+="; at $lat_rate jobs/s p50 $a ms, p99 $b ms"
-            last=$(reads "$v" "$n")
-            reads_of[$v,$n]+="$last;"
-            say "$line; empty purge batch, status, verify, trace, dlq list, dlq groups: $last s"
+            last=$(reads "$v" "$n") pages=$(console_pages "$v" "$n")
+            reads_of[$v,$n]+="$last;" pages_of[$v,$n]+="$pages;"
+            say "$line; empty purge batch, status, verify, trace, dlq list, dlq groups: $last s; console ${console_paths[*]}: $pages s"
         done
     done
 done
@@ -325,44 +367,75 @@ bytes_per_key() {
              FROM pg_class c WHERE c.oid = 'sekali.idempotency_keys'::regclass"
 }
 
-say "== summary: $jobs jobs a run, W=$workers, medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
-fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
-# shellcheck disable=SC2059  # one format for the header and the rows
-printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \
-    purge0_s status_s verify_s trace_s dlq_list dlq_grp bytes/key >"$work/scale-summary"
+if [ "$reads_only" = 1 ]; then
+    say "== summary: the operator's reads only, medians of $runs rounds (seconds)"
+    rfmt='%-7s %10s %8s %8s %8s %8s %8s %8s %12s\n'
+    # shellcheck disable=SC2059
+    printf "$rfmt" tree N purge0_s status_s verify_s trace_s dlq_list dlq_grp bytes/key \
+        >"$work/scale-summary"
+    for n in "${sizes[@]}"; do
+        for v in "${!names[@]}"; do
+            # shellcheck disable=SC2059
+            printf "$rfmt" "${names[$v]}" "$n" "$(read_median "${reads_of[$v,$n]}" 1)" \
+                "$(read_median "${reads_of[$v,$n]}" 2)" "$(read_median "${reads_of[$v,$n]}" 3)" \
+                "$(read_median "${reads_of[$v,$n]}" 4)" "$(read_median "${reads_of[$v,$n]}" 5)" \
+                "$(read_median "${reads_of[$v,$n]}" 6)" \
+                "$(bytes_per_key "$(db_of "$v" "$n")" | tr ' ' /)" >>"$work/scale-summary"
+        done
+    done
+else
+    say "== summary: $jobs jobs a run, W=$workers, medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
+    fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
+    # shellcheck disable=SC2059  # one format for the header and the rows
+    printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \
+        purge0_s status_s verify_s trace_s dlq_list dlq_grp bytes/key >"$work/scale-summary"
+    for n in "${sizes[@]}"; do
+        for v in "${!names[@]}"; do
+            # shellcheck disable=SC2086  # lists of numbers
+            {
+                r=$(median ${rate[$v,$n]}) c=$(median ${cpu[$v,$n]})
+                pr=- px=-
+                if [ "$n" != 0 ]; then
+                    pr=$(ratio "${purged[$v,$n,${busy_list[0]}]}" "${purge_s[$v,$n,${busy_list[0]}]}")
+                    px=$(ratio "${prate[$v,$n,${busy_list[0]}]}" "${rate[$v,$n]}")
+                fi
+                # shellcheck disable=SC2059
+                printf "$fmt" "${names[$v]}" "$n" "$r" \
+                    "$(ratio "${rate[$v,$n]}" "${rate[$v,0]}")" "$c" "$(ratio "${cpu[$v,$n]}" "${cpu[$v,0]}")" \
+                    "$(median ${p50[$v,$n]})" "$(ratio "${p50[$v,$n]}" "${p50[$v,0]}")" \
+                    "$(median ${p99[$v,$n]})" "$(ratio "${p99[$v,$n]}" "${p99[$v,0]}")" \
+                    "$pr" "$px" "$(read_median "${reads_of[$v,$n]}" 1)" "$(read_median "${reads_of[$v,$n]}" 2)" \
+                    "$(read_median "${reads_of[$v,$n]}" 3)" "$(read_median "${reads_of[$v,$n]}" 4)" \
+                    "$(read_median "${reads_of[$v,$n]}" 5)" "$(read_median "${reads_of[$v,$n]}" 6)" \
+                    "$(bytes_per_key "$(db_of "$v" "$n")" | tr ' ' /)"
+            } >>"$work/scale-summary"
+        done
+    done
+    # The purges, one row per busy percent: keys a second, and the workers'
+    # jobs/s beside them against the same round's run alone.
+    pfmt='%-7s %10s %6s %12s %9s\n'
+    # shellcheck disable=SC2059
+    printf "$pfmt" tree N busy% purge_keys/s x_nopurge >>"$work/scale-summary"
+    for v in "${!names[@]}"; do
+        for b in "${busy_list[@]}"; do
+            # shellcheck disable=SC2059
+            printf "$pfmt" "${names[$v]}" "$n_big" "$b" \
+                "$(ratio "${purged[$v,$n_big,$b]}" "${purge_s[$v,$n_big,$b]}")" \
+                "$(ratio "${prate[$v,$n_big,$b]}" "${rate[$v,$n_big]}")" >>"$work/scale-summary"
+        done
+    done
+fi
+# The console's pages, each a median of the rounds, in seconds.
+printf '%-7s %10s' tree N >>"$work/scale-summary"
+printf ' %s' "${console_paths[@]%%\?*}" >>"$work/scale-summary"
+echo >>"$work/scale-summary"
 for n in "${sizes[@]}"; do
     for v in "${!names[@]}"; do
-        # shellcheck disable=SC2086  # lists of numbers
-        {
-            r=$(median ${rate[$v,$n]}) c=$(median ${cpu[$v,$n]})
-            pr=- px=-
-            if [ "$n" != 0 ]; then
-                pr=$(ratio "${purged[$v,$n,${busy_list[0]}]}" "${purge_s[$v,$n,${busy_list[0]}]}")
-                px=$(ratio "${prate[$v,$n,${busy_list[0]}]}" "${rate[$v,$n]}")
-            fi
-            # shellcheck disable=SC2059
-            printf "$fmt" "${names[$v]}" "$n" "$r" \
-                "$(ratio "${rate[$v,$n]}" "${rate[$v,0]}")" "$c" "$(ratio "${cpu[$v,$n]}" "${cpu[$v,0]}")" \
-                "$(median ${p50[$v,$n]})" "$(ratio "${p50[$v,$n]}" "${p50[$v,0]}")" \
-                "$(median ${p99[$v,$n]})" "$(ratio "${p99[$v,$n]}" "${p99[$v,0]}")" \
-                "$pr" "$px" "$(read_median "${reads_of[$v,$n]}" 1)" "$(read_median "${reads_of[$v,$n]}" 2)" \
-                "$(read_median "${reads_of[$v,$n]}" 3)" "$(read_median "${reads_of[$v,$n]}" 4)" \
-                "$(read_median "${reads_of[$v,$n]}" 5)" "$(read_median "${reads_of[$v,$n]}" 6)" \
-                "$(bytes_per_key "$(db_of "$v" "$n")" | tr ' ' /)"
-        } >>"$work/scale-summary"
-    done
-done
-# The purges, one row per busy percent: keys a second, and the workers'
-# jobs/s beside them against the same round's run alone.
-pfmt='%-7s %10s %6s %12s %9s\n'
-# shellcheck disable=SC2059
-printf "$pfmt" tree N busy% purge_keys/s x_nopurge >>"$work/scale-summary"
-for v in "${!names[@]}"; do
-    for b in "${busy_list[@]}"; do
-        # shellcheck disable=SC2059
-        printf "$pfmt" "${names[$v]}" "$n_big" "$b" \
-            "$(ratio "${purged[$v,$n_big,$b]}" "${purge_s[$v,$n_big,$b]}")" \
-            "$(ratio "${prate[$v,$n_big,$b]}" "${rate[$v,$n_big]}")" >>"$work/scale-summary"
+        printf '%-7s %10s' "${names[$v]}" "$n" >>"$work/scale-summary"
+        for i in "${!console_paths[@]}"; do
+            printf ' %s' "$(read_median "${pages_of[$v,$n]}" $((i + 1)))" >>"$work/scale-summary"
+        done
+        echo >>"$work/scale-summary"
     done
 done
 sed 's/^/bench: /' "$work/scale-summary"
