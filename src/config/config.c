@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "config_walk.h"
 
@@ -239,6 +240,16 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
     return NULL;
 }
 
+/* The host at the start of host, a URL's after its scheme, is loopback by
+ * its name or address: localhost, 127.0.0.0/8, [::1]. */
+static bool loopback_url_host(const char *host)
+{
+    size_t n = strcspn(host, host[0] == '[' ? "]" : ":/?#");
+    if (host[0] == '[')
+        return strncmp(host, "[::1]", 5) == 0;
+    return (n == 9 && strncasecmp(host, "localhost", 9) == 0) || strncmp(host, "127.", 4) == 0;
+}
+
 int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, void *arg),
                    void *arg)
 {
@@ -259,6 +270,15 @@ int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, voi
                  sk_conf_value_fmt_duration(q->lock_ttl_ms, ttl, sizeof(ttl)),
                  q->lock_ttl_ms / 3);
         say(text, arg);
+        n++;
+    }
+    /* An API key in a header crosses the network in clear: refused it
+     * would break a collector beside sekali on a private network, so said. */
+    const char *endpoint = conf->tracing.otlp_endpoint;
+    if (endpoint != NULL && conf->tracing.n_otlp_headers > 0 &&
+        strncasecmp(endpoint, "http://", 7) == 0 && !loopback_url_host(endpoint + 7)) {
+        say("tracing.otlp_headers are sent in clear text: otlp_endpoint is http:// to a host "
+            "that is not loopback; use https:// for a collector across a network", arg);
         n++;
     }
     /* Ticks are outbox rows: without a relay somewhere they wait there. */

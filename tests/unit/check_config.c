@@ -395,6 +395,15 @@ static void count_advice(const char *text, void *arg)
     (*(int *)arg)++;
 }
 
+/* An sk_conf_advise() callback: appends each warning to the buffer arg
+ * (4096 bytes), one a line. */
+static void keep_advice(const char *text, void *arg)
+{
+    char *buf = arg;
+    size_t used = strlen(buf);
+    snprintf(buf + used, 4096 - used, "%s\n", text);
+}
+
 START_TEST(test_schedules_load_with_their_defaults)
 {
     int advice = 0;
@@ -1353,6 +1362,45 @@ static const char *load_text(const char *text, struct sk_conf **out)
     return msg;
 }
 
+/* A header (an API key, as a rule) to an http:// collector beyond loopback
+ * crosses the network in clear: said at start and by sekalid -t, never
+ * with the value; not for https://, loopback, or an export without
+ * headers. */
+START_TEST(test_tracing_headers_in_clear_beyond_loopback_are_warned_about)
+{
+    static const struct { const char *endpoint, *headers; int advice; } cases[] = {
+        { "http://10.1.2.3:4318/v1/traces", "{x-key: k3y-value}", 1 },
+        { "http://collector.internal/v1/traces", "{x-key: k3y-value}", 1 },
+        { "http://127.0.0.1:4318/v1/traces", "{x-key: k3y-value}", 0 },
+        { "http://LOCALHOST:4318/v1/traces", "{x-key: k3y-value}", 0 },
+        { "http://[::1]:4318/v1/traces", "{x-key: k3y-value}", 0 },
+        { "http://localhost.evil.example/v1/traces", "{x-key: k3y-value}", 1 },
+        { "https://10.1.2.3:4318/v1/traces", "{x-key: k3y-value}", 0 },
+        { "http://10.1.2.3:4318/v1/traces", "{}", 0 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[512];
+        snprintf(text, sizeof(text),
+                 "amqp: {url: \"amqp://127.0.0.1/\"}\n"
+                 "postgres: {conninfo: \"dbname=sekali\"}\n"
+                 "queues: [{name: q, handler: h.so}]\n"
+                 "tracing: {otlp_endpoint: \"%s\", otlp_headers: %s}\n",
+                 cases[i].endpoint, cases[i].headers);
+        struct sk_conf *c;
+        const char *msg = load_text(text, &c);
+        ck_assert_msg(msg[0] == '\0', "%s: %s", cases[i].endpoint, msg);
+        static char said[4096];
+        said[0] = '\0';
+        int advice = sk_conf_advise(c, keep_advice, said);
+        ck_assert_msg(advice == cases[i].advice, "%s %s: %d warnings: %s", cases[i].endpoint,
+                      cases[i].headers, advice, said);
+        ck_assert_msg(advice == 0 || strstr(said, "sent in clear text") != NULL, "%s", said);
+        ck_assert_msg(strstr(said, "k3y-value") == NULL, "the header's value in: %s", said);
+        sk_conf_free(c);
+    }
+}
+END_TEST
+
 /* Loads a minimal config whose queue has `rate_limit: <value>` on line 5,
  * at column 17; returns the error without the file name, or "" with the
  * config in *out (the caller frees). */
@@ -1728,6 +1776,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_missing_file_is_reported_without_position);
     tcase_add_test(tc, test_tracing_endpoint_is_an_http_url_without_credentials);
     tcase_add_test(tc, test_tracing_headers_are_checked_and_their_secrets_never_shown);
+    tcase_add_test(tc, test_tracing_headers_in_clear_beyond_loopback_are_warned_about);
     tcase_add_test(tc, test_directory_is_reported_as_unreadable);
     tcase_add_test(tc, test_failed_load_leaves_the_old_snapshot_in_place);
     tcase_add_test(tc, test_schedules_load_with_their_defaults);
