@@ -88,7 +88,7 @@ static const struct sk_conf conf_defaults = {
     .log   = { .level = SK_LOG_INFO, .format = SK_LOG_FORMAT_AUTO },
     .shutdown_timeout_ms = 30 * SEC,
     .outbox = { .relays = 0, .batch = 100, .poll_interval_ms = SEC },
-    .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .busy_percent = 50,
+    .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .busy_percent = 100,
                  .outbox_retention_ms = 7 * DAY, .history_retention_ms = 7 * DAY },
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
     .console = { .session_ms = 15 * MIN, .pool = 4 },

@@ -18,8 +18,8 @@
 #   BENCH_SCALE_PURGE_ROWS [300000]  most keys one round's purge deletes
 #   BENCH_SCALE_PURGE_SECONDS [20]   longest one round's purge runs
 #   BENCH_SCALE_BUSY_PERCENT ["100 50"]  the purge's janitor.busy_percent,
-#                                a run for each (100: back to back, as
-#                                before it existed; 50: the default)
+#                                a run for each (100, the default: back to
+#                                back)
 #   BENCH_SCALE_RATE [1000]      jobs/s of the fixed-rate latency run
 #   BENCH_LATENCY_SECONDS [5]    its length
 #   BENCH_TIMEOUT [300]          seconds one run may take
