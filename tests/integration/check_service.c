@@ -53,6 +53,19 @@ static void wait_ready(int fd, char *heard, size_t size)
            20000, "sekalid never sent READY=1; heard:\n%s", heard);
 }
 
+/* Starts sekalid on r->config under a 1 s systemd watchdog and waits for
+ * its READY=1; returns the notify socket, heard holding what came. */
+static int start_watched(struct h_run *r, char *heard, size_t size)
+{
+    char sock_env[1100];
+    int fd = notify_socket(r->dir, sock_env, sizeof(sock_env));
+    const char *env[] = { sock_env, "WATCHDOG_USEC=1000000", NULL };
+    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, env);
+    heard[0] = '\0';
+    wait_ready(fd, heard, size);
+    return fd;
+}
+
 /* Collects notifications into heard until a READY=1 follows RELOADING=1. */
 static void wait_reloaded(int fd, char *heard, size_t size, int timeout_ms)
 {
@@ -97,14 +110,8 @@ START_TEST(test_systemd_hears_ready_status_watchdog_reloading_stopping_in_order)
     struct h_run r;
     h_run_open(&r, "notify");
     r.config = h_write_config(r.dir, r.queue, H_EFFECT, 2, NULL);
-    char sock_env[1100];
-    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
-    const char *env[] = { sock_env, "WATCHDOG_USEC=1000000", NULL };
-    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
-
     static char heard[65536];
-    heard[0] = '\0';
-    wait_ready(fd, heard, sizeof(heard));
+    int fd = start_watched(&r, heard, sizeof(heard));
     H_WAIT((drain_notifications(fd, heard, sizeof(heard)),
             strstr(strstr(heard, "READY=1"), "WATCHDOG=1") != NULL), 5000,
            "sekalid should ping the 1 s watchdog after READY; heard:\n%s", heard);
@@ -525,12 +532,7 @@ static int start_stalled(struct h_run *r, const char *queue_yaml, char *heard, s
     snprintf(yaml, sizeof(yaml), "%s    config:\n      marker_dir: %s\n", queue_yaml, r->dir);
     r->config = h_write_config(r->dir, r->queue, H_EFFECT, 1, yaml);
     ck_assert_int_eq(sk_broker_declare(r->b, r->queue, NULL, NULL), SK_OK);
-    char sock_env[1100];
-    int fd = notify_socket(r->dir, sock_env, sizeof(sock_env));
-    const char *env[] = { sock_env, "WATCHDOG_USEC=1000000", NULL };
-    r->sekalid = h_start_sekalid("sekalid", r->config, r->dir, env);
-    heard[0] = '\0';
-    wait_ready(fd, heard, size);
+    int fd = start_watched(r, heard, size);
     h_publish(r->b, r->queue, "test", "wedged-1", "order-wedged", NULL, "stall");
     H_WAIT(h_stalled_pid(r->dir) != 0, 20000, "the handler never reached its stall point");
     *victim = h_stalled_pid(r->dir);
@@ -603,13 +605,8 @@ START_TEST(test_a_long_janitor_round_keeps_the_watchdog_fed)
     h_pg_expired_backlog(&r, 60, 100);
     r.config = h_write_config_top(r.dir, r.queue, H_EFFECT, 1, "    retention: 1h\n",
                                   "janitor:\n  interval: 1h\n  batch: 1\n");
-    char sock_env[1100];
-    int fd = notify_socket(r.dir, sock_env, sizeof(sock_env));
-    const char *env[] = { sock_env, "WATCHDOG_USEC=1000000", NULL };
-    r.sekalid = h_start_sekalid("sekalid", r.config, r.dir, env);
     static char heard[65536];
-    heard[0] = '\0';
-    wait_ready(fd, heard, sizeof(heard));
+    int fd = start_watched(&r, heard, sizeof(heard));
     const char *purged = "SELECT count(*) FROM sekali_test.key_purges WHERE queue = '%s'";
     H_WAIT(h_pg_count(r.pg, purged, r.queue) > 0, 20000, "the janitor's round never began");
     int64_t begun = h_now_ms(), last = 0;
