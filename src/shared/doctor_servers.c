@@ -19,6 +19,7 @@
 static bool check_schema(struct sk_doctor *d, PGconn *pg);
 static void check_sync(struct sk_doctor *d, PGconn *pg);
 static void check_retention(struct sk_doctor *d, PGconn *pg);
+static void check_key_memory(struct sk_doctor *d, PGconn *pg);
 static void check_skew(struct sk_doctor *d, const char *object, int64_t skew_ms);
 static bool pg_exec(struct sk_doctor *d, PGconn *pg, const struct sk_pg_stmt *st,
                     PGresult **out, const char *check, const char *object);
@@ -57,9 +58,10 @@ void sk_doctor_postgres(struct sk_doctor *d)
     }
     if (d->cheap)
         ;  /* retention reads the outbox: not cheap; the workers quarantine such jobs */
-    else if (migrated)
+    else if (migrated) {
         check_retention(d, pg);
-    else
+        check_key_memory(d, pg);
+    } else
         sk_doctor_add(d, "retention", "", SK_DOCTOR_SKIP, NULL, "not judged on an unmigrated schema");
     PQfinish(pg);
 }
@@ -202,6 +204,37 @@ static bool pg_exec(struct sk_doctor *d, PGconn *pg, const struct sk_pg_stmt *st
         return true;
     sk_doctor_add(d, check, object, SK_DOCTOR_FAIL, NULL, "cannot ask PostgreSQL: %s", err.msg);
     return false;
+}
+
+/* Every new key's claim reads a leaf of the keys' primary key at random
+ * (producers' keys are random): once that index outgrows the memory
+ * PostgreSQL can count on, a claim waits for a disk read (at 100 M keys, a
+ * 6.8 GB index on a 24 GB server, jobs/s fell to 0.72-0.78x:
+ * docs/benchmark.md). Half of effective_cache_size, the memory the server
+ * was told it has, is the bound: the heap and the other tables share it.
+ * The index's size is its file's, not a scan. */
+static void check_key_memory(struct sk_doctor *d, PGconn *pg)
+{
+    char found[160];
+    if (!pg_value(d, pg, "SELECT (i <= c / 2)::text || '|' || pg_size_pretty(i) || '|' || "
+                         "pg_size_pretty(c) FROM (SELECT "
+                         "pg_relation_size('sekali.idempotency_keys_pkey') AS i, "
+                         "pg_size_bytes(current_setting('effective_cache_size')) AS c) s",
+                  found, sizeof(found), "retention.memory"))
+        return;
+    char fits[8] = "", index[64] = "?", cache[64] = "?";
+    sscanf(found, "%7[^|]|%63[^|]|%63[^|]", fits, index, cache);
+    if (strcmp(fits, "true") == 0)
+        sk_doctor_add(d, "retention.memory", "", SK_DOCTOR_PASS, NULL,
+                      "the keys' primary key is %s, effective_cache_size %s", index, cache);
+    else
+        sk_doctor_add(d, "retention.memory", "", SK_DOCTOR_WARN,
+                      "give PostgreSQL the memory (and set effective_cache_size to it), keep "
+                      "keys a shorter retention, or have producers send time-ordered keys "
+                      "(UUIDv7), which new claims find on the same few pages",
+                      "the keys' primary key is %s, more than half of effective_cache_size "
+                      "(%s): a new key's claim reads its page from outside memory", index,
+                      cache);
 }
 
 /* The first column of the one row sql returns, as text. */

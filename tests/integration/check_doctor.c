@@ -99,6 +99,7 @@ START_TEST(test_the_healthy_test_servers_pass_every_check)
     has_verdict(report, "queue.arguments", r.queue, "pass");
     has_verdict(report, "redis.maxmemory_policy", "", "pass");
     has_verdict(report, "clock.skew", "host-postgres", "pass");
+    has_verdict(report, "retention.memory", "", "pass");
     /* sekalid's own start checks found nothing to log either. */
     H_WAIT(h_count_events(r.log, "worker", SK_EVENT_DOCTOR_PASSED, NULL) == 1, 20000,
            "sekalid should have run its start checks");
@@ -263,6 +264,25 @@ START_TEST(test_a_retention_shorter_than_the_redelivery_path_warns)
                               "    job_timeout: 10m\n    retention: 1h\n    max_crashes: 0\n");
     doctor(r.config, NULL, NULL, &report);
     has_verdict(report, "retention.redelivery", r.queue, "pass");
+    h_run_close(&r);
+}
+END_TEST
+
+/* The keys' primary key against the memory PostgreSQL was told it has
+ * (effective_cache_size, set for doctor's session through PGOPTIONS): a
+ * page of it is more than half of 8 kB. */
+START_TEST(test_a_key_index_beyond_the_servers_memory_warns)
+{
+    struct h_run r;
+    h_run_open(&r, "doc-memory");
+    r.config = h_write_config(r.dir, r.queue, H_EFFECT, 1, JOB_TIMEOUT);
+    char *report;
+    doctor(r.config, "PGOPTIONS='-c effective_cache_size=8kB'", NULL, &report);
+    has_verdict(report, "retention.memory", "", "warn");
+    ck_assert_msg(strstr(report, "more than half of effective_cache_size (8192 bytes)") != NULL,
+                  "%s", report);
+    doctor(r.config, NULL, NULL, &report);
+    has_verdict(report, "retention.memory", "", "pass");
     h_run_close(&r);
 }
 END_TEST
@@ -511,6 +531,7 @@ int main(void)
         test_an_unmigrated_database_fails_and_sekalid_refuses_it,
         test_a_job_waiting_longer_than_the_retention_fails,
         test_a_retention_shorter_than_the_redelivery_path_warns,
+        test_a_key_index_beyond_the_servers_memory_warns,
         test_a_reload_onto_an_unmigrated_database_keeps_the_old_config,
         test_sekalid_logs_each_failed_start_check_once,
         test_a_schedule_run_with_two_specs_warns,
