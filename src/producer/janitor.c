@@ -152,16 +152,12 @@ static void warn_if_behind(const struct sk_conf *conf, int64_t took_ms)
 {
     if (took_ms <= (int64_t)conf->janitor.interval_ms)
         return;
-    if (conf->janitor.busy_percent < 100)
-        sk_log_warn("janitor: a round took %.1f s, longer than janitor.interval (%.1f s), "
-                    "deleting %d%% of the time (janitor.busy_percent): if it stays behind, "
-                    "raise busy_percent", (double)took_ms / 1000,
-                    (double)conf->janitor.interval_ms / 1000, conf->janitor.busy_percent);
-    else
-        sk_log_warn("janitor: a round took %.1f s, longer than janitor.interval (%.1f s), "
-                    "deleting back to back: PostgreSQL deletes expired rows slower than "
-                    "they come", (double)took_ms / 1000,
-                    (double)conf->janitor.interval_ms / 1000);
+    bool paced = conf->janitor.busy_percent < 100;
+    sk_log_warn("janitor: a round took %.1f s, longer than janitor.interval (%.1f s), "
+                "deleting %d%% of the time (janitor.busy_percent): %s", (double)took_ms / 1000,
+                (double)conf->janitor.interval_ms / 1000, conf->janitor.busy_percent,
+                paced ? "if it stays behind, raise busy_percent"
+                      : "PostgreSQL deletes expired rows slower than they come");
 }
 
 int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_metrics *metrics)
