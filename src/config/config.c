@@ -10,6 +10,7 @@
  * they fit together. */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,13 +242,21 @@ const struct sk_queue_conf *sk_conf_queue(const struct sk_conf *conf, const char
 }
 
 /* The host at the start of host, a URL's after its scheme, is loopback by
- * its name or address: localhost, 127.0.0.0/8, [::1]. */
+ * its name or address: localhost, an IPv4 literal in 127.0.0.0/8 (not a
+ * name that starts with 127.), [::1]. */
 static bool loopback_url_host(const char *host)
 {
-    size_t n = strcspn(host, host[0] == '[' ? "]" : ":/?#");
     if (host[0] == '[')
         return strncmp(host, "[::1]", 5) == 0;
-    return (n == 9 && strncasecmp(host, "localhost", 9) == 0) || strncmp(host, "127.", 4) == 0;
+    char name[64];
+    size_t n = strcspn(host, ":/?#");
+    if (n >= sizeof(name))
+        return false;
+    memcpy(name, host, n);
+    name[n] = '\0';
+    struct in_addr addr;
+    return strcasecmp(name, "localhost") == 0 ||
+           (inet_pton(AF_INET, name, &addr) == 1 && (ntohl(addr.s_addr) >> 24) == 127);
 }
 
 int sk_conf_advise(const struct sk_conf *conf, void (*say)(const char *text, void *arg),

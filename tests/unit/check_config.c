@@ -1375,6 +1375,8 @@ START_TEST(test_tracing_headers_in_clear_beyond_loopback_are_warned_about)
         { "http://LOCALHOST:4318/v1/traces", "{x-key: k3y-value}", 0 },
         { "http://[::1]:4318/v1/traces", "{x-key: k3y-value}", 0 },
         { "http://localhost.evil.example/v1/traces", "{x-key: k3y-value}", 1 },
+        { "http://127.0.0.9:4318/v1/traces", "{x-key: k3y-value}", 0 },
+        { "http://127.evil.example/v1/traces", "{x-key: k3y-value}", 1 },
         { "https://10.1.2.3:4318/v1/traces", "{x-key: k3y-value}", 0 },
         { "http://10.1.2.3:4318/v1/traces", "{}", 0 },
     };
