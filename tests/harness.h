@@ -278,13 +278,13 @@ const char *h_enqueue_body(PGconn *pg, const char *queue, const char *body, cons
 long long h_effects(const struct h_run *r, const char *key);
 /* Distinct idempotency keys that have an effect. */
 long long h_effect_keys(const struct h_run *r);
-/* Keys whose job completed (status 'completed'). */
+/* Keys whose job completed (status 'completed'), archived ones too. */
 long long h_completed(const struct h_run *r);
 /* Duplicate deliveries absorbed, summed over the queue's keys. */
 long long h_duplicates(const struct h_run *r);
 /* Keys recorded failed (status 'failed'). */
 long long h_failed(const struct h_run *r);
-/* The key's status in sekali.idempotency_keys, or "absent", in buf. */
+/* The key's status in either table of keys (sql/040), or "absent", in buf. */
 const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size);
 
 /* Puts n keys of r's queue, finished two hours ago, into the store, and

@@ -81,15 +81,21 @@ static long long keys_in(const struct h_run *r, const char *status)
                              "AND status = '%s'", r->queue, status);
 }
 
+/* Completed keys are in sekali.idempotency_keys, or archived in
+ * sekali.finished_keys (sql/040): the counts read both. */
 long long h_completed(const struct h_run *r)
 {
-    return keys_in(r, "completed");
+    return keys_in(r, "completed") +
+           h_pg_count(r->pg, "SELECT count(*) FROM sekali.finished_keys WHERE queue = '%s'",
+                      r->queue);
 }
 
 long long h_duplicates(const struct h_run *r)
 {
-    return h_pg_count(r->pg, "SELECT coalesce(sum(duplicates), 0) FROM sekali.idempotency_keys "
-                             "WHERE queue = '%s'", r->queue);
+    return h_pg_count(r->pg, "SELECT (SELECT coalesce(sum(duplicates), 0) "
+                             "FROM sekali.idempotency_keys WHERE queue = '%1$s') + "
+                             "(SELECT coalesce(sum(duplicates), 0) FROM sekali.finished_keys "
+                             "WHERE queue = '%1$s')", r->queue);
 }
 
 long long h_failed(const struct h_run *r)
@@ -99,9 +105,8 @@ long long h_failed(const struct h_run *r)
 
 const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size)
 {
-    PGresult *res = PQexecParams(r->pg, "SELECT status FROM sekali.idempotency_keys "
-                                        "WHERE queue = $1 AND key = $2", 2, NULL,
-                                 (const char *[]){ r->queue, key }, NULL, NULL, 0);
+    PGresult *res = PQexecParams(r->pg, "SELECT coalesce(sekali.key_status($1, $2), 'absent')",
+                                 2, NULL, (const char *[]){ r->queue, key }, NULL, NULL, 0);
     snprintf(buf, size, "%s", PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "absent");
     PQclear(res);
     return buf;

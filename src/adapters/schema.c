@@ -43,6 +43,7 @@ const char *const sk_schema_migrations[] = {
     "037_history.sql",
     "038_history_order.sql",
     "039_outbox_tenant.sql",
+    "040_finished_keys.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

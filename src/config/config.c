@@ -52,6 +52,7 @@ static const struct key janitor_keys[] = {
     INT("busy_percent",          sk_janitor_conf, busy_percent, 1, 100),
     RETENTION("outbox_retention", sk_janitor_conf, outbox_retention_ms),
     RETENTION("history_retention", sk_janitor_conf, history_retention_ms),
+    RETENTION("archive_after",   sk_janitor_conf, archive_after_ms),
     END
 };
 
@@ -90,7 +91,8 @@ static const struct sk_conf conf_defaults = {
     .shutdown_timeout_ms = 30 * SEC,
     .outbox = { .relays = 0, .batch = 100, .poll_interval_ms = SEC },
     .janitor = { .interval_ms = 60 * SEC, .batch = 1000, .busy_percent = 100,
-                 .outbox_retention_ms = 7 * DAY, .history_retention_ms = 7 * DAY },
+                 .outbox_retention_ms = 7 * DAY, .history_retention_ms = 7 * DAY,
+                 .archive_after_ms = HOUR },
     .restart = { .initial_ms = 200, .max_ms = 30 * SEC },
     .console = { .session_ms = 15 * MIN, .pool = 4 },
     .tracing = { .otlp_timeout_ms = 2 * SEC },

@@ -134,6 +134,7 @@ struct sk_janitor_conf {
     int      busy_percent;         /* most of its time spent deleting; it rests the rest */
     uint64_t outbox_retention_ms;  /* published outbox rows older than this go */
     uint64_t history_retention_ms; /* sekali.history's minutes older than this go */
+    uint64_t archive_after_ms;     /* completed keys untouched this long move (sql/040) */
 };
 
 /* The supervisor's restart delays for workers that die without progress. */

@@ -24,7 +24,8 @@
 const char sk_dlq_columns[] =
     "SELECT d.id, d.key, d.job_id, d.job_type, d.reason, d.error, d.malformed, "
     ISO("coalesce(d.first_failure, d.failed_at)") ", " ISO("d.failed_at") ", "
-    "d.recorded_by, d.origin, CASE WHEN d.key IS NOT NULL THEN coalesce(k.status, 'absent') END, "
+    "d.recorded_by, d.origin, CASE WHEN d.key IS NOT NULL THEN "
+    "coalesce(k.status, sekali.key_status(d.queue, d.key), 'absent') END, "
     "d.fingerprint, d.host, d.worker, d.body_size, d.attempts, k.attempts, "
     "CASE WHEN d.key IS NOT NULL THEN coalesce(c.crashes, 0) END, "
     "(SELECT count(*) FROM sekali.dlq_audit a WHERE a.queue = d.queue AND a.key = d.key "

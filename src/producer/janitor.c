@@ -14,7 +14,10 @@
  * A row still `processing`, an unpublished outbox row or a live dedupe key
  * is never touched.
  *
- * The deletes are functions of sql/012, 023, 028, 034 and 035 (sekali.purge_*), each
+ * Completed keys untouched for janitor.archive_after move on to a narrow
+ * table (sql/040, sekali.archive_keys), where a key costs half the bytes.
+ *
+ * The deletes are functions of sql/012, 023, 028, 034, 035 and 040 (sekali.purge_*), each
  * reading a time index so that a round costs what expired. Each call takes
  * at most janitor.batch rows and commits on its own, so it never holds many
  * row locks or a long transaction; a round repeats batches until one comes
@@ -94,6 +97,34 @@ static int drain(const struct janitor_round *r, const char *sql, const char *con
     }
 }
 
+/* One queue's keys: the expired ones go from both tables, with the dead
+ * letters whose failed key went; then the completed keys older than
+ * archive_after move to sekali.finished_keys (sql/040), after the purge
+ * so that no key moves only to be deleted. */
+static int purge_queue(const struct janitor_round *r, const struct sk_queue_conf *q,
+                       const char *batch)
+{
+    char ms[24];
+    if (q->retention_ms != SK_RETENTION_FOREVER) {
+        snprintf(ms, sizeof(ms), "%" PRIu64, q->retention_ms);
+        const char *params[] = { q->name, ms, batch };
+        if (drain(r, "SELECT sekali.purge_keys($1, $2, $3)", params, 3,
+                  "idempotency keys") != SK_OK ||
+            drain(r, "SELECT sekali.purge_finished_keys($1, $2, $3)", params, 3,
+                  "archived keys") != SK_OK ||
+            drain(r, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
+                  "dead letters") != SK_OK)
+            return SK_AGAIN;
+    }
+    uint64_t after = r->conf->janitor.archive_after_ms;
+    if (after == SK_RETENTION_FOREVER || after >= q->retention_ms)
+        return SK_OK;
+    snprintf(ms, sizeof(ms), "%" PRIu64, after);
+    const char *params[] = { q->name, ms, batch };
+    return drain(r, "SELECT sekali.archive_keys($1, $2, $3)", params, 3,
+                 "completed keys (moving them to sekali.finished_keys)");
+}
+
 static int round_once(const struct janitor_round *r, struct sk_history *history)
 {
     const struct sk_conf *conf = r->conf;
@@ -107,15 +138,7 @@ static int round_once(const struct janitor_round *r, struct sk_history *history)
         PQstatus(pg) != CONNECTION_OK)
         return SK_AGAIN;
     for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
-        const struct sk_queue_conf *q = &conf->queues[i];
-        if (q->retention_ms == SK_RETENTION_FOREVER)
-            continue;
-        snprintf(ms, sizeof(ms), "%" PRIu64, q->retention_ms);
-        const char *params[] = { q->name, ms, batch };
-        if (drain(r, "SELECT sekali.purge_keys($1, $2, $3)", params, 3,
-                  "idempotency keys") != SK_OK ||
-            drain(r, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
-                  "dead letters") != SK_OK)
+        if (purge_queue(r, &conf->queues[i], batch) != SK_OK)
             return SK_AGAIN;
     }
     snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.outbox_retention_ms);

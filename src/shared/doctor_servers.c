@@ -150,8 +150,7 @@ static void check_retention(struct sk_doctor *d, PGconn *pg)
         const struct sk_pg_stmt st = {
             .sql = "SELECT (extract(epoch FROM now() - min(o.run_at)) * 1000)::bigint "
                    "FROM sekali.outbox o WHERE o.queue = $1 AND o.run_at <= now() "
-                   "AND NOT EXISTS (SELECT 1 FROM sekali.idempotency_keys k "
-                   "WHERE k.queue = o.queue AND k.key = o.idempotency_key)",
+                   "AND sekali.key_status(o.queue, o.idempotency_key) IS NULL",
             .n_params = 1, .values = params, .one_row = true, .what = "oldest waiting job",
         };
         PGresult *res;

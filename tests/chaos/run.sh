@@ -78,6 +78,10 @@
 #   CHAOS_LANES        queues[].lanes: every job published to the queue is
 #                      forwarded to its tenant's lane (2 x LANES tenants in
 #                      x-tenant) before it runs; default: none
+#   CHAOS_ARCHIVE      janitor.archive_after, e.g. 1s: a janitor every 200 ms
+#                      moves completed keys to sekali.finished_keys all
+#                      along (sql/040), so that duplicates meet archived
+#                      keys; default: none (no janitor)
 #   CHAOS_LATENCY      PG_MS:REDIS_MS[:AMQP_MS] injected each way in the
 #                      storm run, e.g. 150:900 or 150:900:150; default: none
 #                      (no proxy; without AMQP_MS the broker is reached
@@ -130,6 +134,9 @@ resources=${CHAOS_RESOURCES:-$([ -n "$concurrency" ] && echo 1 || echo 0)}
 [ -z "$concurrency" ] || [[ $concurrency =~ ^[1-9][0-9]*$ ]] ||
     { echo "chaos: CHAOS_CONCURRENCY must be a positive whole number, got '$concurrency'" >&2; exit 2; }
 lanes=${CHAOS_LANES:-}
+archive=${CHAOS_ARCHIVE:-}
+[ -z "$archive" ] || [[ $archive =~ ^[0-9]+(ms|s|m|h)$ ]] ||
+    { echo "chaos: CHAOS_ARCHIVE must be a duration such as 1s, got '$archive'" >&2; exit 2; }
 [ -z "$lanes" ] || [[ $lanes =~ ^[0-9]+$ ]] ||
     { echo "chaos: CHAOS_LANES must be a whole number (2..32), got '$lanes'" >&2; exit 2; }
 fault_kinds=" ${CHAOS_FAULTS:-kill stop redis rabbitmq postgres${latency:+ latency}} "
@@ -282,7 +289,8 @@ shutdown_timeout: 10s
 outbox:
   relays: 0
 janitor:
-  interval: 0s
+$(if [ -n "$archive" ]; then printf '  interval: 200ms\n  archive_after: %s' "$archive"
+  else printf '  interval: 0s'; fi)
 queues:
   - name: $1
     handler: $handler
@@ -677,7 +685,8 @@ one_run() {
     rm -f "$work/progress" "$work/sequence"
     BENCH_LANES=${lanes:-0} "$out/bench_amqp" "$SEKALI_AMQP_URL" delete "$queue" >/dev/null 2>&1 || true
     sql -c "DELETE FROM sekali_test.effects WHERE queue = '$queue';
-            DELETE FROM sekali.idempotency_keys WHERE queue = '$queue'"
+            DELETE FROM sekali.idempotency_keys WHERE queue = '$queue';
+            DELETE FROM sekali.finished_keys WHERE queue = '$queue'"
     local body=sleep:$job_ms extra=()
     (( resources == 0 )) || { body=span:$job_ms extra=("resources:$resources"); }
     [ -z "$lanes" ] || extra+=("tenants:$((2 * lanes))")
@@ -789,7 +798,7 @@ rate() { awk -v k="$1" -v ms="$2" 'BEGIN { printf "%.1f", (ms > 0) ? k * 1000 / 
 conf=$(write_conf chaos-check)
 schema "$conf"
 sql -f tests/data/effects.sql
-settings="$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}${lanes:+, $lanes lanes}"
+settings="$workers workers, lock.ttl ${lock_ttl}ms${rate_limit:+, rate_limit $rate_limit}${lanes:+, $lanes lanes}${archive:+, archive_after $archive}"
 (( resources == 0 )) || settings+=", concurrency ${concurrency:-1} over $resources resource key(s)"
 [ -z "$latency" ] || settings+=", ${lat_pg}ms to PostgreSQL, ${lat_redis}ms to Redis${lat_amqp:+, ${lat_amqp}ms to RabbitMQ}"
 [ -z "$latency" ] || settings+=" (jitter ${jitter}ms) for ${latency_s} s"
@@ -831,6 +840,15 @@ unverified=$(grep -c '^unverified' "$faults" || true)
 late=$(awk -v end="$storm_ms" '/^(stop|restart|latency) / { t = $NF; sub(/^@/, "", t); if (t + 0 > end) n++ }
                                END { print n + 0 }' "$faults")
 crash_loops=$(grep -c 'crash-looping' "$work/storm.sekalid.log" || true)
+# With CHAOS_ARCHIVE: the keys the janitor moved and that are still
+# archived, and the keys a duplicate brought back (sql/040's adoption
+# leaves a completed row with no job id).
+archived=0 adopted=0
+if [ -n "$archive" ]; then
+    archived=$(sql -c "SELECT count(*) FROM sekali.finished_keys WHERE queue = '$queue'")
+    adopted=$(sql -c "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '$queue'
+                      AND status = 'completed' AND job_id IS NULL AND duplicates > 0")
+fi
 latencies=$(grep -c '^latency ' "$faults" || true)
 
 # The storm's jobs of one resource at once, leaving out what the faults
@@ -861,6 +879,7 @@ printf ' faults: kills=%s misses=%s stops=%s restarts=redis:%s,rabbitmq:%s,postg
     "$kills" "$misses" "$stops" "$r_redis" "$r_rabbit" "$r_pg"
 [ -z "$latency" ] || printf ' latency=%s@%sms jitter=%sms' "$latencies" "$latency" "$jitter"
 printf ' late=%s unverified=%s' "$late" "$unverified"
+[ -z "$archive" ] || printf ' archive: after=%s archived=%s adopted=%s' "$archive" "$archived" "$adopted"
 (( resources == 0 )) ||
     printf ' at-once: limit=%s resources=%s calm=%s storm=%s storm-all=%s' "${concurrency:-1}" \
         "$resources" "$calm_at_once" "$storm_at_once" "$storm_at_once_all"
@@ -877,6 +896,8 @@ if [ "$unverified" -gt 0 ]; then
     say "faults that could not be verified:"; grep '^unverified' "$faults" | sed 's/^/chaos:   /' >&2
     status=1
 fi
+[ -z "$archive" ] || (( archived > 0 && adopted > 0 )) ||
+    { say "CHAOS_ARCHIVE: no key was archived ($archived) or none met by a duplicate ($adopted)"; status=1; }
 # want KIND COUNT: COUNT is right for KIND (once if chosen, else none).
 want() { if [[ $fault_kinds == *" $1 "* ]]; then [ "$2" -eq 1 ]; else [ "$2" -eq 0 ]; fi; }
 if (( resources > 0 )); then
