@@ -284,6 +284,9 @@ long long h_completed(const struct h_run *r);
 long long h_duplicates(const struct h_run *r);
 /* Keys recorded failed (status 'failed'). */
 long long h_failed(const struct h_run *r);
+/* Rows of r's queue that left sekali.finished_keys (sql/040): archived keys
+ * a claim brought back (tests/data/effects.sql's trigger counts them). */
+long long h_unarchived(const struct h_run *r);
 /* The key's status in either table of keys (sql/040), or "absent", in buf. */
 const char *h_key_status(const struct h_run *r, const char *key, char *buf, size_t size);
 

@@ -841,13 +841,13 @@ late=$(awk -v end="$storm_ms" '/^(stop|restart|latency) / { t = $NF; sub(/^@/, "
                                END { print n + 0 }' "$faults")
 crash_loops=$(grep -c 'crash-looping' "$work/storm.sekalid.log" || true)
 # With CHAOS_ARCHIVE: the keys the janitor moved and that are still
-# archived, and the keys a duplicate brought back (sql/040's adoption
-# leaves a completed row with no job id).
+# archived, and the archived keys a duplicate brought back (counted by
+# effects.sql's trigger, since the janitor archives them again).
 archived=0 adopted=0
 if [ -n "$archive" ]; then
     archived=$(sql -c "SELECT count(*) FROM sekali.finished_keys WHERE queue = '$queue'")
-    adopted=$(sql -c "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '$queue'
-                      AND status = 'completed' AND job_id IS NULL AND duplicates > 0")
+    adopted=$(sql -c "SELECT coalesce(sum(n), 0) FROM sekali_test.finished_key_deletes
+                      WHERE queue = '$queue'")
 fi
 latencies=$(grep -c '^latency ' "$faults" || true)
 

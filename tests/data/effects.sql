@@ -47,3 +47,28 @@ CREATE TABLE IF NOT EXISTS sekali_test.queued_effects (
     gap_ms float8 NOT NULL,
     PRIMARY KEY (queue, key)
 );
+
+-- Rows leaving sekali.finished_keys (sql/040), per statement and queue: an
+-- archived key brought back by a claim (or, past its retention, purged).
+-- What proves that a test's duplicates really met archived keys, which the
+-- janitor may archive again a second later.
+CREATE TABLE IF NOT EXISTS sekali_test.finished_key_deletes (
+    queue text   NOT NULL,
+    n     bigint NOT NULL
+);
+CREATE OR REPLACE FUNCTION sekali_test.count_finished_key_deletes() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO sekali_test.finished_key_deletes SELECT queue, count(*) FROM gone GROUP BY queue;
+    RETURN NULL;
+END
+$$;
+DO $$
+BEGIN
+    IF to_regclass('sekali.finished_keys') IS NOT NULL THEN
+        CREATE OR REPLACE TRIGGER count_finished_key_deletes AFTER DELETE ON sekali.finished_keys
+            REFERENCING OLD TABLE AS gone FOR EACH STATEMENT
+            EXECUTE FUNCTION sekali_test.count_finished_key_deletes();
+    END IF;
+END
+$$;

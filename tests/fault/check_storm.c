@@ -199,6 +199,38 @@ END_TEST
 #define STORM_KEYS 1500
 #define STORM_KILLS 20
 
+/* SIGKILLs a random child of sekalid and waits until it is gone; 0 when
+ * there was none to kill (all restarting). */
+static int kill_one(const struct h_run *r)
+{
+    pid_t pids[16];
+    size_t n = h_children(r->sekalid, pids, 16);
+    if (n == 0)
+        return 0;
+    pid_t victim = pids[(size_t)rand() % n];
+    if (kill(victim, SIGKILL) != 0)
+        return 0;
+    H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead", (long)victim);
+    return 1;
+}
+
+/* SIGKILLs sekalid's children, a random one every 100-200 ms, until wanted
+ * died; returns how many did. Counted in kills, not in time: on a loaded
+ * machine a restarted worker takes longer to show up as a child, and 4 s
+ * once gave 6. */
+static int kill_storm(const struct h_run *r, int wanted)
+{
+    int kills = 0;
+    int64_t storm_end = h_now_ms() + h_ms(60000);
+    while (kills < wanted && h_now_ms() < storm_end) {
+        kills += kill_one(r);
+        struct timespec t = { 0, (100 + rand() % 101) * 1000000L };
+        nanosleep(&t, NULL);
+    }
+    ck_assert_msg(kills == wanted, "%d kills in 60 s, %d asked", kills, wanted);
+    return kills;
+}
+
 /* Four workers, a SIGKILL to a random one every 100-200 ms, 20 of them, with
  * work in the queue throughout. Every kill is an outside kill, so every
  * slot comes back at once, whether or not its worker was ready yet: no
@@ -222,25 +254,7 @@ START_TEST(test_kill_storm_restarts_every_slot_promptly_and_loses_nothing)
         h_publish(r.b, r.queue, "test", id, key, key, "sleep:10");
     }
 
-    /* Counted in kills, not in time: on a loaded machine a restarted
-     * worker takes longer to show up as a child, and 4 s once gave 6. */
-    int kills = 0;
-    int64_t storm_end = h_now_ms() + h_ms(60000);
-    while (kills < STORM_KILLS && h_now_ms() < storm_end) {
-        pid_t pids[16];
-        size_t n = h_children(r.sekalid, pids, 16);
-        if (n > 0) {
-            pid_t victim = pids[(size_t)rand() % n];
-            if (kill(victim, SIGKILL) == 0) {
-                H_WAIT(h_process_gone(victim), 10000, "worker %ld should be dead",
-                       (long)victim);
-                kills++;
-            }
-        }
-        struct timespec t = { 0, (100 + rand() % 101) * 1000000L };
-        nanosleep(&t, NULL);
-    }
-    ck_assert_msg(kills == STORM_KILLS, "%d kills in 60 s, %d asked", kills, STORM_KILLS);
+    int kills = kill_storm(&r, STORM_KILLS);
 
     /* Recovery is bounded: the slots were restarted, not left to back off. */
     H_WAIT(h_consumers(r.b, r.queue) == 4, 5000,
@@ -268,6 +282,64 @@ START_TEST(test_kill_storm_restarts_every_slot_promptly_and_loses_nothing)
                   longest);
     h_expect_once(&r, STORM_KEYS, H_ANY_DUPS);
     expect_no_crash_recorded(&r);
+    h_run_close(&r);
+}
+END_TEST
+
+static long long archived_keys(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.finished_keys WHERE queue = '%s'",
+                      r->queue);
+}
+
+/* The storm over archived keys (sql/040): the janitor moves each completed
+ * key to sekali.finished_keys a second after it finished, then every key
+ * is published again and the second copies run into the storm, each claim
+ * bringing an archived key back, some of them in transactions the kills
+ * roll back. Every key still has one effect, every second copy is a
+ * duplicate, and the keys really were moved and really came back. */
+START_TEST(test_kill_storm_over_archived_keys_loses_and_doubles_nothing)
+{
+    struct h_run r;
+    h_run_open(&r, "storm-archive");
+    int port = h_free_port();
+    char top[256];
+    snprintf(top, sizeof(top), "metrics:\n  listen: 127.0.0.1:%d\njanitor:\n  interval: 200ms\n"
+             "  archive_after: 1s\nrestart:\n  initial: 200ms\n  max: 30s\n", port);
+    h_run_start(&r, &(struct h_run_opts){ .workers = 4, .queue_yaml = "    lock_ttl: 2s\n",
+                                          .top_yaml = top });
+    char key[64], id[64];
+    for (int i = 0; i < STORM_KEYS; i++) {
+        snprintf(key, sizeof(key), "storm-%d", i);
+        snprintf(id, sizeof(id), "first-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, key, "sleep:10");
+    }
+    H_WAIT(h_effect_keys(&r) == STORM_KEYS, 120000, "every key should be done, %lld are",
+           h_effect_keys(&r));
+    H_WAIT(archived_keys(&r) == STORM_KEYS, 30000, "every key should be archived, %lld are",
+           archived_keys(&r));
+    /* A kill every 100 copies, as they arrive, then the rest of the storm. */
+    int kills = 0;
+    for (int i = 0; i < STORM_KEYS; i++) {
+        snprintf(key, sizeof(key), "storm-%d", i);
+        snprintf(id, sizeof(id), "second-%d", i);
+        h_publish(r.b, r.queue, "test", id, key, key, "sleep:10");
+        if (i % 100 == 99)
+            kills += kill_one(&r);
+    }
+    kills += kill_storm(&r, STORM_KILLS - kills < 5 ? 5 : STORM_KILLS - kills);
+    H_WAIT(h_in_flight(r.queue) == 0, 120000, "every copy should be settled, %lld are not",
+           h_in_flight(r.queue));
+    long long back = h_unarchived(&r);
+    fprintf(stderr, "storm over archived keys: %d kills, %lld keys brought back\n", kills, back);
+    h_run_stop(&r);
+    ck_assert_int_eq(h_count_deaths(r.log, "restart_ms", "0"), kills);
+    /* Each second copy met its key archived (a claim rolled back by a kill
+     * put it back, for the next copy to bring back again). */
+    ck_assert_msg(back >= STORM_KEYS, "%lld archived keys brought back, %d expected", back,
+                  STORM_KEYS);
+    h_expect_once(&r, STORM_KEYS, H_ANY_DUPS);
+    ck_assert_int_ge(h_duplicates(&r), STORM_KEYS);
     h_run_close(&r);
 }
 END_TEST
@@ -552,6 +624,7 @@ int main(void)
         test_handler_that_segfaults_is_dead_lettered_but_a_kill_after_claim_is_not,
         test_crashing_job_back_from_a_delay_queue_still_meets_max_crashes,
         test_kill_storm_restarts_every_slot_promptly_and_loses_nothing,
+        test_kill_storm_over_archived_keys_loses_and_doubles_nothing,
         test_kills_during_a_broker_outage_never_back_off,
         test_death_mid_batch_frees_every_batch_mates_lock_at_once,
         test_death_while_a_deferred_job_waits_leaves_its_batch_mates_committed,

@@ -278,6 +278,7 @@ START_TEST(test_second_copies_of_archived_keys_are_duplicates)
     H_WAIT(h_duplicates(&r) == KEYS, 30000, "every second copy should be a duplicate, %lld are",
            h_duplicates(&r));
     h_run_stop(&r);
+    ck_assert_int_eq(h_unarchived(&r), KEYS);
     h_expect_once(&r, KEYS, KEYS);
     ck_assert_int_eq(h_completed(&r), KEYS);
     h_run_close(&r);
