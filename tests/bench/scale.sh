@@ -45,7 +45,8 @@
 #      effect per job, each key completed) and its keys deleted after, so
 #      that N stays N;
 #   2. at N > 0, the same run while the janitor's statement
-#      (sekali.purge_keys with the default batch of 1000, one transaction a
+#      (sekali.purge_keys, or sekali.purge_finished_keys where the expired
+#      keys are archived, with the default batch of 1000, one transaction a
 #      batch, on one session) deletes expired keys beside it, up to
 #      BENCH_SCALE_PURGE_ROWS or BENCH_SCALE_PURGE_SECONDS: its rate, and
 #      the workers' jobs/s against run 1's;
@@ -62,7 +63,9 @@
 #      that opened its pooled sessions): status, trace, a dead letter page
 #      of 100, the letters' groups, 24 h of history, the retries and the
 #      scheduled jobs.
-# Bytes per key are measured once, from the relations' sizes. The summary's
+# Where this tree has sql/040, the loader puts the completed keys older than
+# an hour in sekali.finished_keys, as the janitor's moves would have.
+# Bytes per key are measured once, from the relations' sizes (both tables). The summary's
 # ratios are to N = 0 of the same tree, taken within a round, and their
 # median over the rounds.
 set -euo pipefail
@@ -109,9 +112,17 @@ sql_of() { echo "${trees[$1]}/sql"; }
 db_of() { echo "scale_${names[$1]}_$2"; }
 on() { local db=$1; shift; PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO dbname=$db" "$@"; }
 
+# archived DB: t when DB's schema has sql/040's finished_keys, where the
+# loader put the keys older than an hour and where the purge finds the
+# expired ones.
+archived() { on "$1" -c "SELECT to_regclass('sekali.finished_keys') IS NOT NULL"; }
+purge_fn() { if [ "$(archived "$1")" = t ]; then echo sekali.purge_finished_keys; else echo sekali.purge_keys; fi; }
+
 # conf DB: sekalid's configuration for the queue in store DB. Its janitor
-# keeps the keys (retention: forever): the purge is measured on its own
-# (purge_loop), and a janitor's first round at start would purge them all.
+# keeps the keys (retention: forever) and moves none (archive_after:
+# forever): the purge is measured on its own (purge_loop), a janitor's
+# first round at start would purge them all, and on a store migrated
+# forward it would start moving every key.
 conf() {
     local c=$work/scale-$1.yaml
     cat >"$c" <<YAML
@@ -132,6 +143,7 @@ queues:
     workers: $workers
     retention: forever
 YAML
+    [ "$(archived "$1")" != t ] || printf 'janitor:\n  archive_after: forever\n' >>"$c"
     printf '%s' "$c"
 }
 
@@ -182,14 +194,15 @@ seconds() {
 # until none is left, purge_rows keys are gone or purge_seconds have
 # passed; prints "rows seconds".
 purge_loop() {
-    local busy=$2
+    local busy=$2 fn
+    fn=$(purge_fn "$1")
     on "$1" -c "DO \$\$
         DECLARE total bigint := 0; got bigint; t0 timestamptz := clock_timestamp();
                 batch_t0 timestamptz;
         BEGIN
             LOOP
                 batch_t0 := clock_timestamp();
-                got := sekali.purge_keys('$queue', $retention_ms, 1000);
+                got := $fn('$queue', $retention_ms, 1000);
                 total := total + got;
                 COMMIT;
                 EXIT WHEN got < 1000 OR total >= $purge_rows
@@ -278,7 +291,7 @@ reads() {
     local v=$1 n=$2 db c bin key
     db=$(db_of "$v" "$n") c=$(conf "$db") bin=$(bin_of "$v")
     key=$(on "$db" -c "SELECT key FROM sekali.idempotency_keys WHERE queue = '$queue' LIMIT 1")
-    echo "$(seconds on "$db" -c "SELECT sekali.purge_keys('$queue', $((retention_ms * 4)), 1000)") \
+    echo "$(seconds on "$db" -c "SELECT $(purge_fn "$db")('$queue', $((retention_ms * 4)), 1000)") \
 $(seconds "$bin/sekalictl" -c "$c" status --json) \
 $(seconds "$bin/sekalictl" -c "$c" verify) \
 $(seconds "$bin/sekalictl" -c "$c" trace "${key:-absent}") \
@@ -371,10 +384,11 @@ read_median() {
     median $(tr ';' '\n' <<<"$1" | awk -v k="$2" 'NF { print $k }')
 }
 bytes_per_key() {
-    on "$1" -c "SELECT CASE WHEN c.reltuples > 0
-                  THEN round(pg_total_relation_size(c.oid) / c.reltuples) ELSE 0 END
-                  || ' ' || round(pg_relation_size(c.oid) / greatest(c.reltuples, 1))
-             FROM pg_class c WHERE c.oid = 'sekali.idempotency_keys'::regclass"
+    on "$1" -c "SELECT CASE WHEN sum(c.reltuples) > 0
+                  THEN round(sum(pg_total_relation_size(c.oid)) / sum(c.reltuples)) ELSE 0 END
+                  || ' ' || round(sum(pg_relation_size(c.oid)) / greatest(sum(c.reltuples), 1))
+             FROM pg_class c WHERE c.oid IN ('sekali.idempotency_keys'::regclass,
+                                             to_regclass('sekali.finished_keys'))"
 }
 
 if [ "$reads_only" = 1 ]; then
