@@ -209,15 +209,17 @@ static bool pg_exec(struct sk_doctor *d, PGconn *pg, const struct sk_pg_stmt *st
  * (producers' keys are random): once that index outgrows the memory
  * PostgreSQL can count on, a claim waits for a disk read (at 100 M keys, a
  * 6.8 GB index on a 24 GB server, jobs/s fell to 0.72-0.78x:
- * docs/benchmark.md). Half of effective_cache_size, the memory the server
- * was told it has, is the bound: the heap and the other tables share it.
- * The index's size is its file's, not a scan. */
+ * docs/benchmark.md). With keys archived (sql/040) it reads a leaf of
+ * each table's: their sum is what must fit. Half of effective_cache_size,
+ * the memory the server was told it has, is the bound: the heaps and the
+ * other tables share it. The indexes' sizes are their files', not a scan. */
 static void check_key_memory(struct sk_doctor *d, PGconn *pg)
 {
     char found[160];
     if (!pg_value(d, pg, "SELECT (i <= c / 2)::text || '|' || pg_size_pretty(i) || '|' || "
                          "pg_size_pretty(c) FROM (SELECT "
-                         "pg_relation_size('sekali.idempotency_keys_pkey') AS i, "
+                         "pg_relation_size('sekali.idempotency_keys_pkey') + coalesce("
+                         "pg_relation_size(to_regclass('sekali.finished_keys_pkey')), 0) AS i, "
                          "pg_size_bytes(current_setting('effective_cache_size')) AS c) s",
                   found, sizeof(found), "retention.memory"))
         return;
@@ -225,13 +227,13 @@ static void check_key_memory(struct sk_doctor *d, PGconn *pg)
     sscanf(found, "%7[^|]|%63[^|]|%63[^|]", fits, index, cache);
     if (strcmp(fits, "true") == 0)
         sk_doctor_add(d, "retention.memory", "", SK_DOCTOR_PASS, NULL,
-                      "the keys' primary key is %s, effective_cache_size %s", index, cache);
+                      "the keys' primary keys are %s, effective_cache_size %s", index, cache);
     else
         sk_doctor_add(d, "retention.memory", "", SK_DOCTOR_WARN,
                       "give PostgreSQL the memory (and set effective_cache_size to it), keep "
                       "keys a shorter retention, or have producers send time-ordered keys "
                       "(UUIDv7), which new claims find on the same few pages",
-                      "the keys' primary key is %s, more than half of effective_cache_size "
+                      "the keys' primary keys are %s, more than half of effective_cache_size "
                       "(%s): a new key's claim reads its page from outside memory", index,
                       cache);
 }
