@@ -44,7 +44,10 @@
 #      PostgreSQL's CPU per job from its process tree; every run checked (one
 #      effect per job, each key completed) and its keys deleted after, so
 #      that N stays N;
-#   2. at N > 0, the same run while the janitor's statement
+#   2. where the keys can be archived (sql/040), the same run with the
+#      janitor moving each key a second after it completed (archive_after
+#      1s, every 200 ms): what the moves cost the workers;
+#      at N > 0, the same run while the janitor's statement
 #      (sekali.purge_keys, or sekali.purge_finished_keys where the expired
 #      keys are archived, with the default batch of 1000, one transaction a
 #      batch, on one session) deletes expired keys beside it, up to
@@ -118,11 +121,13 @@ on() { local db=$1; shift; PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP
 archived() { on "$1" -c "SELECT to_regclass('sekali.finished_keys') IS NOT NULL"; }
 purge_fn() { if [ "$(archived "$1")" = t ]; then echo sekali.purge_finished_keys; else echo sekali.purge_keys; fi; }
 
-# conf DB: sekalid's configuration for the queue in store DB. Its janitor
+# conf DB [archiving]: sekalid's configuration for the queue in store DB. Its janitor
 # keeps the keys (retention: forever) and moves none (archive_after:
 # forever): the purge is measured on its own (purge_loop), a janitor's
 # first round at start would purge them all, and on a store migrated
-# forward it would start moving every key.
+# forward it would start moving every key. With "archiving", the janitor
+# moves each key a second after it completed, every 200 ms (what moving
+# costs the workers, at the rate they complete keys).
 conf() {
     local c=$work/scale-$1.yaml
     cat >"$c" <<YAML
@@ -143,7 +148,11 @@ queues:
     workers: $workers
     retention: forever
 YAML
-    [ "$(archived "$1")" != t ] || printf 'janitor:\n  archive_after: forever\n' >>"$c"
+    if [ "${2:-}" = archiving ]; then
+        printf 'janitor:\n  interval: 200ms\n  archive_after: 1s\n' >>"$c"
+    elif [ "$(archived "$1")" = t ]; then
+        printf 'janitor:\n  archive_after: forever\n' >>"$c"
+    fi
     printf '%s' "$c"
 }
 
@@ -215,10 +224,14 @@ purge_loop() {
 }
 
 # run V N PURGE: one throughput run, beside a purge at busy percent PURGE
-# unless it is 0; prints "jobs/s pg_ms_per_job [purged purge_s]".
+# unless it is 0, or with the janitor moving keys if it is "archive";
+# prints "jobs/s pg_ms_per_job [purged purge_s]".
 run() {
     local v=$1 n=$2 purge=$3 db c result ppid=''
     db=$(db_of "$v" "$n") c=$(conf "$db")
+    if [ "$purge" = archive ]; then
+        c=$(conf "$db" archiving) purge=0
+    fi
     # No VACUUM of the keys: its index pass would read every index whole
     # for the few thousand rows each run leaves dead.
     on "$db" -c 'TRUNCATE sekali_bench.jobs' -c CHECKPOINT
@@ -248,15 +261,19 @@ run() {
 # checked V N DB: every job of the last run had its effect once and its key
 # completed; then its keys are deleted, so that N stays N.
 checked() {
-    local effects distinct done_keys
+    local effects distinct done_keys status="k.status"
+    [ "$(archived "$3")" != t ] || status="coalesce(k.status, sekali.key_status(j.queue, j.key))"
     read -r effects distinct done_keys <<<"$(on "$3" -F ' ' -c "
-        SELECT count(*), count(DISTINCT j.key), count(k.key) FILTER (WHERE k.status = 'completed')
+        SELECT count(*), count(DISTINCT j.key), count(*) FILTER (WHERE $status = 'completed')
           FROM sekali_bench.jobs j LEFT JOIN sekali.idempotency_keys k
             ON k.queue = j.queue AND k.key = j.key")"
     [ "$effects" = "$4" ] && [ "$distinct" = "$4" ] && [ "$done_keys" = "$4" ] ||
         die "${names[$1]} N=$2: $effects effects, $distinct keys, $done_keys completed for $4 jobs"
     on "$3" -c "DELETE FROM sekali.idempotency_keys k USING sekali_bench.jobs j
                   WHERE k.queue = j.queue AND k.key = j.key"
+    [ "$(archived "$3")" != t ] ||
+        on "$3" -c "DELETE FROM sekali.finished_keys f USING sekali_bench.jobs j
+                      WHERE f.queue = j.queue AND f.key_id = sekali.key_id(j.key)"
 }
 
 # latency_run V N: jobs at lat_rate for lat_seconds and one more; prints
@@ -331,7 +348,7 @@ console_pages() {
 for n in "${sizes[@]}"; do
     for v in "${!names[@]}"; do store "$v" "$n"; done
 done
-declare -A rate cpu prate purged purge_s reads_of pages_of p50 p99
+declare -A rate cpu prate purged purge_s reads_of pages_of p50 p99 arate
 for round in $(seq 1 "$runs"); do
     for n in "${sizes[@]}"; do
         for v in "${!names[@]}"; do
@@ -346,6 +363,7 @@ for round in $(seq 1 "$runs"); do
             # out of cache (at 100 M a round's first ran at half the rate
             # of the next), and that must not fall on one of them only.
             modes=(0)
+            [ "$(archived "$(db_of "$v" "$n")")" != t ] || modes+=(archive)
             [ "$n" = 0 ] || modes+=("${busy_list[@]}")
             k=$(((round - 1) % ${#modes[@]}))
             line="round $round ${names[$v]} N=$n:"
@@ -354,6 +372,10 @@ for round in $(seq 1 "$runs"); do
                     read -r r c <<<"$(run "$v" "$n" 0)"
                     rate[$v,$n]+="$r " cpu[$v,$n]+="$c "
                     line+=" $r jobs/s, PostgreSQL $c ms/job;"
+                elif [ "$m" = archive ]; then
+                    read -r r c <<<"$(run "$v" "$n" archive)"
+                    arate[$v,$n]+="$r "
+                    line+=" moving keys (archive_after 1s): $r jobs/s;"
                 else
                     read -r r c p s <<<"$(run "$v" "$n" "$m")"
                     prate[$v,$n,$m]+="$r " purged[$v,$n,$m]+="$p " purge_s[$v,$n,$m]+="$s "
@@ -433,6 +455,19 @@ else
                     "$(read_median "${reads_of[$v,$n]}" 5)" "$(read_median "${reads_of[$v,$n]}" 6)" \
                     "$(bytes_per_key "$(db_of "$v" "$n")" | tr ' ' /)"
             } >>"$work/scale-summary"
+        done
+    done
+    # The janitor moving each key a second after it completed: the
+    # workers' jobs/s against the same round's run alone.
+    afmt='%-7s %10s %14s %9s\n'
+    # shellcheck disable=SC2059
+    printf "$afmt" tree N moving_jobs/s x_alone >>"$work/scale-summary"
+    for n in "${sizes[@]}"; do
+        for v in "${!names[@]}"; do
+            [ -n "${arate[$v,$n]:-}" ] || continue
+            # shellcheck disable=SC2059,SC2086
+            printf "$afmt" "${names[$v]}" "$n" "$(median ${arate[$v,$n]})" \
+                "$(ratio "${arate[$v,$n]}" "${rate[$v,$n]}")" >>"$work/scale-summary"
         done
     done
     # The purges, one row per busy percent: keys a second, and the workers'
