@@ -32,10 +32,16 @@ CREATE TEMP TABLE scale_indexes AS
     SELECT indrelid::regclass::text AS tab, indexrelid::regclass::text AS name,
            pg_get_indexdef(indexrelid) AS def, conname
       FROM pg_index LEFT JOIN pg_constraint ON conindid = indexrelid AND contype = 'p'
-     WHERE (indrelid = 'sekali.idempotency_keys'::regclass
-            AND NOT EXISTS (SELECT 1 FROM sekali.idempotency_keys))
-        OR (:'archive'::boolean AND indrelid = to_regclass('sekali.finished_keys')
-            AND NOT EXISTS (SELECT 1 FROM sekali.finished_keys));
+     WHERE indrelid = 'sekali.idempotency_keys'::regclass
+       AND NOT EXISTS (SELECT 1 FROM sekali.idempotency_keys);
+\if :archive
+INSERT INTO scale_indexes
+    SELECT indrelid::regclass::text, indexrelid::regclass::text, pg_get_indexdef(indexrelid),
+           conname
+      FROM pg_index LEFT JOIN pg_constraint ON conindid = indexrelid AND contype = 'p'
+     WHERE indrelid = 'sekali.finished_keys'::regclass
+       AND NOT EXISTS (SELECT 1 FROM sekali.finished_keys);
+\endif
 SELECT format('ALTER TABLE %s DROP CONSTRAINT %s', tab, conname)
   FROM scale_indexes WHERE conname IS NOT NULL \gexec
 SELECT format('DROP INDEX %s', name) FROM scale_indexes WHERE conname IS NULL \gexec
