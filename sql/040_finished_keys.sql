@@ -60,21 +60,29 @@ $$;
 -- if the key finished and was archived, its record leaves finished_keys and
 -- the new row becomes the finished key, with one more duplicate. Returns
 -- whether it did. The job id goes: the dedupe-release trigger (sql/014)
--- must not take this delivery for a completion.
+-- must not take this delivery for a completion. Two statements, the second
+-- only on a hit: as one (an UPDATE joined to the DELETE), a plan made while
+-- the keys table looked empty (a worker's first claims after a quiet
+-- spell) scanned the whole table at every claim, since the planner cannot
+-- know the DELETE finds nothing; the DELETE alone always probes the
+-- primary key.
 CREATE OR REPLACE FUNCTION sekali.adopt_finished(p_queue text, p_key text)
 RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
 BEGIN
-    WITH taken AS (
-        DELETE FROM sekali.finished_keys f
-         WHERE f.queue = p_queue AND f.key_id = sekali.key_id(p_key)
-        RETURNING f.duplicates, f.completed_at, f.replied_at, f.result)
-    UPDATE sekali.idempotency_keys k
+    DELETE FROM sekali.finished_keys
+     WHERE queue = p_queue AND key_id = sekali.key_id(p_key)
+    RETURNING duplicates, completed_at, replied_at, result INTO f;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE sekali.idempotency_keys
        SET status = 'completed', owner = NULL, job_id = NULL, job_type = NULL,
-           lease_until = NULL, result = t.result, error = NULL, completed_at = t.completed_at,
-           replied_at = t.replied_at, duplicates = t.duplicates + 1, updated_at = now()
-      FROM taken t
-     WHERE k.queue = p_queue AND k.key = p_key;
-    RETURN FOUND;
+           lease_until = NULL, result = f.result, error = NULL, completed_at = f.completed_at,
+           replied_at = f.replied_at, duplicates = f.duplicates + 1, updated_at = now()
+     WHERE queue = p_queue AND key = p_key;
+    RETURN true;
 END
 $$;
 
@@ -82,18 +90,12 @@ $$;
 CREATE OR REPLACE FUNCTION sekali.adopt_finished_many(p_queue text, p_keys text[])
 RETURNS TABLE (key text, fence bigint, attempts integer) LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY
-    WITH taken AS (
-        DELETE FROM sekali.finished_keys f USING unnest(p_keys) AS u(key)
-         WHERE f.queue = p_queue AND f.key_id = sekali.key_id(u.key)
-        RETURNING u.key, f.duplicates, f.completed_at, f.replied_at, f.result)
-    UPDATE sekali.idempotency_keys k
-       SET status = 'completed', owner = NULL, job_id = NULL, job_type = NULL,
-           lease_until = NULL, result = t.result, error = NULL, completed_at = t.completed_at,
-           replied_at = t.replied_at, duplicates = t.duplicates + 1, updated_at = now()
-      FROM taken t
-     WHERE k.queue = p_queue AND k.key = t.key
-    RETURNING k.key, k.fence, k.attempts;
+    FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+        IF sekali.adopt_finished(p_queue, p_keys[i]) THEN
+            RETURN QUERY SELECT k.key, k.fence, k.attempts FROM sekali.idempotency_keys k
+                          WHERE k.queue = p_queue AND k.key = p_keys[i];
+        END IF;
+    END LOOP;
 END
 $$;
 
