@@ -14,8 +14,8 @@
 -- key (and the handler's result while no reply has carried it). The other
 -- table keeps the last hour of keys, and every key that is not simply
 -- done: processing, failed and cancelled. A key is in one of the two
--- tables, never in both: the move is one statement, and so is the way
--- back.
+-- tables, never in both: the move is one statement, the way back one
+-- transaction.
 --
 -- The way back: every function that creates a key's row asks, when its
 -- INSERT made a new row, whether the key is archived (adopt_finished); if
@@ -115,8 +115,9 @@ $$;
 -- idempotency_keys and into finished_keys, with its recovery points and
 -- any tombstone (which only the key's text could find later). The result
 -- goes along while no reply has carried it (a duplicate asking for a reply
--- gets it), and is dropped once one has. A row a claim holds is skipped, and one a claim changed meanwhile is no
--- longer the version selected (its ctid moved): neither is moved.
+-- gets it), and is dropped once one has. A row a claim holds is skipped,
+-- and one a claim changed meanwhile is no longer the version selected (its
+-- ctid moved): neither is moved.
 CREATE OR REPLACE FUNCTION sekali.archive_keys(p_queue text, p_after_ms bigint,
                                                p_batch integer)
 RETURNS bigint LANGUAGE plpgsql
