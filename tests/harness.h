@@ -284,6 +284,8 @@ long long h_completed(const struct h_run *r);
 long long h_duplicates(const struct h_run *r);
 /* Keys recorded failed (status 'failed'). */
 long long h_failed(const struct h_run *r);
+/* Keys of r's queue in sekali.finished_keys (sql/040): archived now. */
+long long h_archived(const struct h_run *r);
 /* Rows of r's queue that left sekali.finished_keys (sql/040): archived keys
  * a claim brought back (tests/data/effects.sql's trigger counts them). */
 long long h_unarchived(const struct h_run *r);

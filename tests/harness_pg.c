@@ -98,6 +98,12 @@ long long h_duplicates(const struct h_run *r)
                              "WHERE queue = '%1$s')", r->queue);
 }
 
+long long h_archived(const struct h_run *r)
+{
+    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.finished_keys WHERE queue = '%s'",
+                      r->queue);
+}
+
 long long h_unarchived(const struct h_run *r)
 {
     return h_pg_count(r->pg, "SELECT coalesce(sum(n), 0) FROM sekali_test.finished_key_deletes "

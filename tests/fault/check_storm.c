@@ -286,12 +286,6 @@ START_TEST(test_kill_storm_restarts_every_slot_promptly_and_loses_nothing)
 }
 END_TEST
 
-static long long archived_keys(const struct h_run *r)
-{
-    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.finished_keys WHERE queue = '%s'",
-                      r->queue);
-}
-
 /* The storm over archived keys (sql/040): the janitor moves each completed
  * key to sekali.finished_keys a second after it finished, then every key
  * is published again and the second copies run into the storm, each claim
@@ -316,8 +310,8 @@ START_TEST(test_kill_storm_over_archived_keys_loses_and_doubles_nothing)
     }
     H_WAIT(h_effect_keys(&r) == STORM_KEYS, 120000, "every key should be done, %lld are",
            h_effect_keys(&r));
-    H_WAIT(archived_keys(&r) == STORM_KEYS, 30000, "every key should be archived, %lld are",
-           archived_keys(&r));
+    H_WAIT(h_archived(&r) == STORM_KEYS, 30000, "every key should be archived, %lld are",
+           h_archived(&r));
     /* A kill every 100 copies, as they arrive, then the rest of the storm. */
     int kills = 0;
     for (int i = 0; i < STORM_KEYS; i++) {

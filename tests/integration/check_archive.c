@@ -28,12 +28,6 @@ static void old_completed_key(const struct h_run *r, const char *key, int d)
     h_pg_exec(r->pg, sql);
 }
 
-static long long archived(const struct h_run *r)
-{
-    return h_pg_count(r->pg, "SELECT count(*) FROM sekali.finished_keys WHERE queue = '%s'",
-                      r->queue);
-}
-
 static long long rows_of(const struct h_run *r, const char *key)
 {
     return h_pg_count(r->pg, "SELECT count(*) FROM sekali.idempotency_keys WHERE queue = '%s' "
@@ -68,14 +62,14 @@ static void expect_finished(const struct h_run *r, const char *key, const char *
     old_completed_key(r, key, 4);
     ck_assert_int_eq(archive(r), 1);
     ck_assert_int_eq(rows_of(r, key), 0);
-    ck_assert_int_eq(archived(r), 1);
+    ck_assert_int_eq(h_archived(r), 1);
 
     snprintf(sql, sizeof(sql), call, r->queue, key);
     value(r->pg, sql, got, sizeof(got));
     ck_assert_msg(strcmp(got, answer) == 0, "%s answered '%s' for an archived key, not '%s'",
                   sql, got, answer);
     ck_assert_str_eq(h_key_status(r, key, status, sizeof(status)), "completed");
-    ck_assert_int_eq(archived(r), counted ? 0 : 1);
+    ck_assert_int_eq(h_archived(r), counted ? 0 : 1);
     if (counted)
         ck_assert_int_eq(h_pg_count(r->pg, "SELECT duplicates FROM sekali.idempotency_keys "
                                            "WHERE queue = '%s' AND key = '%s'", r->queue, key),
@@ -134,7 +128,7 @@ START_TEST(test_a_batch_claim_sorts_archived_keys_from_new_ones)
              "ARRAY['j1', 'j2', 'j3', 'j4'], ARRAY['test', 'test', 'test', 'test'])", r.queue);
     char got[128];
     ck_assert_str_eq(value(r.pg, sql, got, sizeof(got)), "completed,processing,completed,completed");
-    ck_assert_int_eq(archived(&r), 0);
+    ck_assert_int_eq(h_archived(&r), 0);
     ck_assert_int_eq(h_duplicates(&r), 1 + 1 + 8);
     h_run_close(&r);
 }
@@ -182,7 +176,7 @@ START_TEST(test_a_claim_that_meets_a_move_in_flight_finds_the_key_finished)
                       PQgetvalue(res, 0, 0));
         PQclear(res);
         ck_assert_ptr_null(PQgetResult(worker));
-        ck_assert_int_eq(archived(&r), 0);
+        ck_assert_int_eq(h_archived(&r), 0);
         snprintf(sql, sizeof(sql), "DELETE FROM sekali.idempotency_keys WHERE queue = '%s'", r.queue);
         h_pg_exec(r.pg, sql);
     }
@@ -268,8 +262,8 @@ START_TEST(test_second_copies_of_archived_keys_are_duplicates)
     }
     H_WAIT(h_effects(&r, NULL) == KEYS, 30000, "every first copy should run, %lld did",
            h_effects(&r, NULL));
-    H_WAIT(archived(&r) == KEYS, 30000, "the janitor should move every key, %lld are moved",
-           archived(&r));
+    H_WAIT(h_archived(&r) == KEYS, 30000, "the janitor should move every key, %lld are moved",
+           h_archived(&r));
     for (int i = 0; i < KEYS; i++) {
         snprintf(key, sizeof(key), "k-%d", i);
         snprintf(id, sizeof(id), "second-%d", i);
