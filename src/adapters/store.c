@@ -422,11 +422,8 @@ int sk_store_crashes(struct sk_store *s, const struct sk_keyref *ref, int *crash
 {
     return count_query(s, "crash count",
                        "SELECT coalesce((SELECT crashes FROM sekali.job_crashes "
-                       "WHERE queue = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM "
-                       "sekali.idempotency_keys WHERE queue = $1 AND key = $2 AND status "
-                       "IN ('completed', 'failed', 'cancelled')) AND NOT EXISTS (SELECT 1 FROM "
-                       "sekali.finished_keys WHERE queue = $1 AND key_id = sekali.key_id($2))), 0)", ref->queue, ref->key,
-                       crashes, err);
+                       "WHERE queue = $1 AND key = $2 AND coalesce(sekali.key_status($1, $2), "
+                       "'processing') = 'processing'), 0)", ref->queue, ref->key, crashes, err);
 }
 
 /* Runs sql with (queue, key) and copies the one value it returns into

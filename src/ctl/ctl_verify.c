@@ -216,13 +216,11 @@ static bool read_outbox(struct verify *v, PGconn *pg)
              * one: its letter is found by its key (dead_letters_key), so the
              * cost is the window's, never the letters'. */
             .sql = "SELECT o.id, o.queue, o.idempotency_key, o.published_at IS NOT NULL, "
-                   "o.run_at > now(), "
-                   "coalesce(k.status, sekali.key_status(o.queue, o.idempotency_key), ''), "
-                   "k.status IS NULL AND EXISTS ("
+                   "o.run_at > now(), coalesce(k.status, ''), k.status IS NULL AND EXISTS ("
                    "SELECT 1 FROM sekali.dead_letters d WHERE d.queue = o.queue "
                    "AND d.key = o.idempotency_key AND d.malformed IS NULL) "
-                   "FROM sekali.outbox o LEFT JOIN sekali.idempotency_keys k "
-                   "ON k.queue = o.queue AND k.key = o.idempotency_key "
+                   "FROM sekali.outbox o "
+                   "CROSS JOIN LATERAL sekali.key_status(o.queue, o.idempotency_key) k(status) "
                    "WHERE o.id > $1::bigint AND o.created_at >= $2::timestamptz "
                    "ORDER BY o.id LIMIT " STR(BATCH),
             .n_params = 2, .values = params, .what = "reading the outbox window",
@@ -302,9 +300,8 @@ static bool read_dead(const struct verify *v, struct vqueue *q, PGconn *pg)
     snprintf(max, sizeof(max), "%lld", v->letters);
     const char *params[] = { q->conf->name, max };
     const struct sk_pg_stmt st = {
-        .sql = "SELECT d.key, coalesce(k.status, sekali.key_status(d.queue, d.key), '') "
-               "FROM sekali.dead_letters d LEFT JOIN sekali.idempotency_keys k "
-               "ON k.queue = d.queue AND k.key = d.key WHERE d.queue = $1 AND d.key IS NOT NULL "
+        .sql = "SELECT d.key, coalesce(sekali.key_status(d.queue, d.key), '') "
+               "FROM sekali.dead_letters d WHERE d.queue = $1 AND d.key IS NOT NULL "
                "AND d.malformed IS NULL ORDER BY d.id LIMIT $2::integer",
         .n_params = 2, .values = params, .what = "the dead letters' keys",
     };
