@@ -25,6 +25,13 @@
 #   BENCH_TIMEOUT [300]          seconds one run may take
 #   BENCH_SCALE_READS_ONLY [0]   1: each round times the operator's reads
 #                                and the console's pages only (step 4)
+#   BENCH_SCALE_CACHE [warm]     what each round's large stores start from:
+#                                warm: their primary keys read into the
+#                                kernel's cache (pg_prewarm), as a server
+#                                that has taken claims for a while holds the
+#                                leaves they touch; cold: the kernel's cache
+#                                dropped (root), as a server just restarted
+#                                meets them; asis: neither (before session 27)
 #
 # The stores are databases of the test server, scale_NAME_N (NAME: before or
 # this), kept between invocations: the keys are loaded once
@@ -87,11 +94,18 @@ purge_seconds=${BENCH_SCALE_PURGE_SECONDS:-20}
 read -r -a busy_list <<<"${BENCH_SCALE_BUSY_PERCENT:-100 50}"
 timeout=${BENCH_TIMEOUT:-300}
 reads_only=${BENCH_SCALE_READS_ONLY:-0}
+cache=${BENCH_SCALE_CACHE:-warm}
 lat_rate=${BENCH_SCALE_RATE:-1000}
 lat_seconds=${BENCH_LATENCY_SECONDS:-5}
 for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout lat_rate lat_seconds reads_only; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
+case $cache in
+    warm | asis) ;;
+    cold) [ -w /proc/sys/vm/drop_caches ] ||
+        { echo "bench: BENCH_SCALE_CACHE=cold drops the kernel's cache: run as root" >&2; exit 2; } ;;
+    *) echo "bench: BENCH_SCALE_CACHE must be warm, cold or asis, got '$cache'" >&2; exit 2 ;;
+esac
 [ ${#busy_list[@]} -gt 0 ] || { echo "bench: BENCH_SCALE_BUSY_PERCENT is empty" >&2; exit 2; }
 for b in "${busy_list[@]}"; do
     [[ $b =~ ^[0-9]+$ ]] && [ "$b" -ge 1 ] && [ "$b" -le 100 ] ||
@@ -345,11 +359,36 @@ console_pages() {
     echo "$times"
 }
 
+# cache_state: the memory each round starts from (BENCH_SCALE_CACHE). A
+# 20,000-job run touches 20,000 of the 100 M-key primary key's 500,000
+# leaves: without this, each round measured how much of the index earlier
+# work had left in the kernel's cache, and series of one tree disagreed by
+# more than the layouts differ (docs/benchmark.md, session 26).
+cache_state() {
+    local n v db t0
+    case $cache in
+        asis) return ;;
+        cold) sync; echo 3 >/proc/sys/vm/drop_caches; say "$cache: the kernel's cache dropped"; return ;;
+    esac
+    for n in "${sizes[@]}"; do
+        [ "$n" != 0 ] || continue
+        for v in "${!names[@]}"; do
+            db=$(db_of "$v" "$n") t0=$(date +%s.%N)
+            on "$db" -c 'CREATE EXTENSION IF NOT EXISTS pg_prewarm' -c "
+                SELECT pg_prewarm(i.indexrelid, 'read') FROM pg_index i
+                 WHERE i.indisprimary AND i.indrelid IN ('sekali.idempotency_keys'::regclass,
+                                                         to_regclass('sekali.finished_keys'))" >/dev/null
+            say "$cache: $db's primary keys read into the kernel's cache in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+        done
+    done
+}
+
 for n in "${sizes[@]}"; do
     for v in "${!names[@]}"; do store "$v" "$n"; done
 done
 declare -A rate cpu prate purged purge_s reads_of pages_of p50 p99 arate
 for round in $(seq 1 "$runs"); do
+    cache_state
     for n in "${sizes[@]}"; do
         for v in "${!names[@]}"; do
             if [ "$reads_only" = 1 ]; then
@@ -430,7 +469,7 @@ if [ "$reads_only" = 1 ]; then
         done
     done
 else
-    say "== summary: $jobs jobs a run, W=$workers, medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
+    say "== summary: $jobs jobs a run, W=$workers, cache $cache, medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
     fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
     # shellcheck disable=SC2059  # one format for the header and the rows
     printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \
