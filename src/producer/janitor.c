@@ -15,7 +15,9 @@
  * is never touched.
  *
  * Completed keys untouched for janitor.archive_after move on to a narrow
- * table (sql/040, sekali.archive_keys), where a key costs half the bytes.
+ * table (sql/040, sekali.archive_keys), where a key costs half the bytes,
+ * after every other delete of the round, and each queue's for at most
+ * janitor.interval of it (archive_queues()).
  *
  * The deletes are functions of sql/012, 023, 028, 034, 035 and 040 (sekali.purge_*), each
  * reading a time index so that a round costs what expired. Each call takes
@@ -37,11 +39,21 @@
 #include "pg.h"
 #include "process.h"
 
+/* Room for a timestamptz as PostgreSQL prints it. */
+#define JANITOR_MARK 64
+
+/* The archive purge's marks are forgotten this often, so that a row that
+ * did enter the archive under one (another host's move of a key that
+ * expired meanwhile) is kept at most this much longer than its
+ * retention; the walk it costs is one batch's an hour. */
+#define JANITOR_MARKS_MS (3600 * 1000)
+
 /* One round's deletes: where they go and how they are paced. */
 struct janitor_round {
     PGconn               *pg;
     const struct sk_conf *conf;
     struct sk_slot       *slot;
+    char                (*marks)[JANITOR_MARK];  /* a queue's archive purge mark, or NULL */
 };
 
 /* Waits ms, in steps short enough that the supervisor, and through it
@@ -58,37 +70,61 @@ static void rest(struct sk_slot *slot, int64_t ms)
     }
 }
 
-/* Calls a purge function (it returns the rows it deleted) until a batch
- * deletes fewer rows than asked. After each full batch it rests in
- * proportion to the batch's time, so that deleting takes at most
- * janitor.busy_percent of the janitor's time: the deletes compete with the
- * workers for PostgreSQL, and a backlog (a first round over a long history,
- * a retention shortened) is better spread over minutes than taken from the
- * jobs in one burst. Returns SK_OK, or the failure's code after logging
- * it. */
-static int drain(const struct janitor_round *r, const char *sql, const char *const *params,
-                 int n_params, const char *what)
+/* A call drain() repeats: a purge function that returns the rows it
+ * deleted (its first column). */
+struct drain_call {
+    const char        *sql;
+    const char *const *params;
+    int                n_params;
+    const char        *what;      /* for the log: "idempotency keys" */
+    uint64_t           until_ns;  /* not 0: stop after the batch that ends past it */
+    char              *mark;      /* not NULL: the last parameter, and the second
+                                   * column written back (sql/041); "" is NULL */
+    size_t             mark_size;
+    bool               cut;       /* set: stopped at until_ns with more to do */
+};
+
+/* Calls c's function until a batch deletes fewer rows than asked, or past
+ * c->until_ns. After each full batch it rests in proportion to the
+ * batch's time, so that deleting takes at most janitor.busy_percent of the
+ * janitor's time: the deletes compete with the workers for PostgreSQL,
+ * and a backlog (a first round over a long history, a retention
+ * shortened) is better spread over minutes than taken from the jobs in
+ * one burst. Returns SK_OK, or the failure's code after logging it. */
+static int drain_call(const struct janitor_round *r, struct drain_call *c)
 {
-    const struct sk_pg_stmt st = { .sql = sql, .n_params = n_params, .values = params,
+    const char *params[4];
+    if (c->n_params > 4)
+        return SK_ERR;
+    memcpy(params, c->params, sizeof(params[0]) * (size_t)c->n_params);
+    const struct sk_pg_stmt st = { .sql = c->sql, .n_params = c->n_params, .values = params,
                                    .one_row = true };
     const uint64_t busy = (uint64_t)r->conf->janitor.busy_percent;
     uint64_t owed_ns = 0;  /* rest earned by batches too short to rest after alone */
     for (;;) {
+        if (c->mark != NULL)
+            params[c->n_params - 1] = c->mark[0] != '\0' ? c->mark : NULL;
         struct sk_err err = { 0 };
         PGresult *res;
         uint64_t started = sk_now_ns();
         int rc = sk_pg_exec(r->pg, &st, &res, &err);
         if (rc != SK_OK) {
-            sk_log_warn("janitor: deleting %s failed: %s", what, err.msg);
+            sk_log_warn("janitor: deleting %s failed: %s", c->what, err.msg);
             return rc;
         }
         long long n = atoll(PQgetvalue(res, 0, 0));
+        if (c->mark != NULL && PQnfields(res) > 1)
+            snprintf(c->mark, c->mark_size, "%s", PQgetvalue(res, 0, 1));
         PQclear(res);
         /* A batch is short, a round over a backlog is not: the supervisor,
          * and through it systemd's watchdog, must see every batch. */
         atomic_store(&r->slot->alive_ms, sk_now_ms());
         if (n < r->conf->janitor.batch || sk_process_stopping())
             return SK_OK;
+        if (c->until_ns != 0 && sk_now_ns() >= c->until_ns) {
+            c->cut = true;
+            return SK_OK;
+        }
         owed_ns += (sk_now_ns() - started) * (100 - busy) / busy;
         if (owed_ns >= 10 * 1000000ull) {
             rest(r->slot, (int64_t)(owed_ns / 1000000));
@@ -97,32 +133,73 @@ static int drain(const struct janitor_round *r, const char *sql, const char *con
     }
 }
 
-/* One queue's keys: the expired ones go from both tables, with the dead
- * letters whose failed key went; then the completed keys older than
- * archive_after move to sekali.finished_keys (sql/040), after the purge
- * so that no key moves only to be deleted. */
-static int purge_queue(const struct janitor_round *r, const struct sk_queue_conf *q,
-                       const char *batch)
+static int drain(const struct janitor_round *r, const char *sql, const char *const *params,
+                 int n_params, const char *what)
 {
-    char ms[24];
-    if (q->retention_ms != SK_RETENTION_FOREVER) {
-        snprintf(ms, sizeof(ms), "%" PRIu64, q->retention_ms);
-        const char *params[] = { q->name, ms, batch };
-        if (drain(r, "SELECT sekali.purge_keys($1, $2, $3)", params, 3,
-                  "idempotency keys") != SK_OK ||
-            drain(r, "SELECT sekali.purge_finished_keys($1, $2, $3)", params, 3,
-                  "archived keys") != SK_OK ||
-            drain(r, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
-                  "dead letters") != SK_OK)
-            return SK_AGAIN;
-    }
-    uint64_t after = r->conf->janitor.archive_after_ms;
-    if (after == SK_RETENTION_FOREVER || after >= q->retention_ms)
+    struct drain_call c = { .sql = sql, .params = params, .n_params = n_params, .what = what };
+    return drain_call(r, &c);
+}
+
+/* One queue's expired keys go from both tables, with the dead letters
+ * whose failed key went. The archive's purge goes on from mark, the
+ * newest updated_at it deleted (sql/041): its deleted rows' index entries
+ * stay until a VACUUM, which a table of 100 M keys waits long for, and
+ * each batch from the start walked them all again. */
+static int purge_queue(const struct janitor_round *r, const struct sk_queue_conf *q,
+                       const char *batch, char *mark, size_t mark_size)
+{
+    if (q->retention_ms == SK_RETENTION_FOREVER)
         return SK_OK;
+    char ms[24];
+    snprintf(ms, sizeof(ms), "%" PRIu64, q->retention_ms);
+    const char *params[] = { q->name, ms, batch, NULL };
+    struct drain_call archived = {
+        .sql = "SELECT * FROM sekali.purge_finished_keys_after($1, $2, $3, $4)",
+        .params = params, .n_params = 4, .what = "archived keys",
+        .mark = mark, .mark_size = mark_size };
+    if (drain(r, "SELECT sekali.purge_keys($1, $2, $3)", params, 3, "idempotency keys") != SK_OK ||
+        drain_call(r, &archived) != SK_OK ||
+        drain(r, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
+              "dead letters") != SK_OK)
+        return SK_AGAIN;
+    return SK_OK;
+}
+
+/* The completed keys older than archive_after move to
+ * sekali.finished_keys (sql/040), after the round's purges so that no key
+ * moves only to be deleted, and each queue's for at most janitor.interval
+ * (at least a second) a round: an upgrade over a long history has hours
+ * to move (about 30,000 keys a second), and the purges, the history's
+ * minutes and the other queues' moves must not wait for them. In steady
+ * state a round moves what completed since the last, well inside that. */
+static int archive_queues(const struct janitor_round *r)
+{
+    const struct sk_conf *conf = r->conf;
+    char batch[16];
+    snprintf(batch, sizeof(batch), "%d", conf->janitor.batch);
+    uint64_t after = conf->janitor.archive_after_ms;
+    if (after == SK_RETENTION_FOREVER)
+        return SK_OK;
+    uint64_t budget_ms = conf->janitor.interval_ms > 1000 ? conf->janitor.interval_ms : 1000;
+    char ms[24];
     snprintf(ms, sizeof(ms), "%" PRIu64, after);
-    const char *params[] = { q->name, ms, batch };
-    return drain(r, "SELECT sekali.archive_keys($1, $2, $3)", params, 3,
-                 "completed keys (moving them to sekali.finished_keys)");
+    for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
+        const struct sk_queue_conf *q = &conf->queues[i];
+        if (after >= q->retention_ms)
+            continue;
+        const char *params[] = { q->name, ms, batch };
+        struct drain_call moves = {
+            .sql = "SELECT sekali.archive_keys($1, $2, $3)", .params = params, .n_params = 3,
+            .what = "completed keys (moving them to sekali.finished_keys)",
+            .until_ns = sk_now_ns() + budget_ms * 1000000ull };
+        if (drain_call(r, &moves) != SK_OK)
+            return SK_AGAIN;
+        if (moves.cut)
+            sk_log_info("janitor: queue %s has more completed keys to move to "
+                        "sekali.finished_keys than a round moves (%.1f s of it): "
+                        "the next rounds go on", q->name, (double)budget_ms / 1000);
+    }
+    return SK_OK;
 }
 
 static int round_once(const struct janitor_round *r, struct sk_history *history)
@@ -138,7 +215,8 @@ static int round_once(const struct janitor_round *r, struct sk_history *history)
         PQstatus(pg) != CONNECTION_OK)
         return SK_AGAIN;
     for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
-        if (purge_queue(r, &conf->queues[i], batch) != SK_OK)
+        char *mark = r->marks != NULL ? r->marks[i] : NULL;
+        if (purge_queue(r, &conf->queues[i], batch, mark, JANITOR_MARK) != SK_OK)
             return SK_AGAIN;
     }
     snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.outbox_retention_ms);
@@ -192,6 +270,10 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
     /* Without it (out of memory) the retention still runs. */
     struct sk_history *history =
         sk_history_new(conf, metrics, sk_metrics_read_janitor_round(metrics) == 0);
+    /* Without them (out of memory) each archive purge batch starts from
+     * the oldest row. */
+    char (*marks)[JANITOR_MARK] = calloc(conf->n_queues > 0 ? conf->n_queues : 1, sizeof(*marks));
+    int64_t marks_since = sk_now_ms();
     while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
         struct sk_err err = { 0 };
@@ -207,9 +289,19 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         atomic_store(&slot->consuming, 1);
         /* The failed delete was logged; a lost connection also begins an
          * outage, a statement that failed on a live server only backs off. */
-        const struct janitor_round round = { .pg = pg, .conf = conf, .slot = slot };
+        if (marks != NULL && sk_now_ms() - marks_since >= JANITOR_MARKS_MS) {
+            memset(marks, 0, (conf->n_queues > 0 ? conf->n_queues : 1) * sizeof(*marks));
+            marks_since = sk_now_ms();
+        }
+        const struct janitor_round round = { .pg = pg, .conf = conf, .slot = slot,
+                                             .marks = marks };
         int64_t round_started = sk_now_ms();
-        if (round_once(&round, history) != SK_OK) {
+        int rc = round_once(&round, history);
+        /* Moving keys is not falling behind the retention: timed apart. */
+        int64_t purges_took = sk_now_ms() - round_started;
+        if (rc == SK_OK)
+            rc = archive_queues(&round);
+        if (rc != SK_OK) {
             if (PQstatus(pg) == CONNECTION_OK)
                 sk_outage_pause(&outage);
             else if (sk_outage_failed(&outage))
@@ -224,10 +316,11 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
             sk_log_event(SK_LOG_INFO, SK_EVENT_OUTAGE_END, SK_SERVER_POSTGRES, NULL,
                          "janitor reached PostgreSQL again");
         sk_metrics_janitor_round(metrics);
-        warn_if_behind(conf, sk_now_ms() - round_started);
+        warn_if_behind(conf, purges_took);
         rest(slot, conf->janitor.interval_ms);
     }
     PQfinish(pg);
+    free(marks);
     sk_history_free(history);
     sk_log_event(SK_LOG_INFO, SK_EVENT_STOPPING, NULL, NULL, "janitor stopping");
     return SK_EXIT_OK;

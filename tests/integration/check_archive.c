@@ -279,6 +279,47 @@ START_TEST(test_second_copies_of_archived_keys_are_duplicates)
 }
 END_TEST
 
+#define BACKLOG 100000
+
+/* An upgrade over a long history has hours of keys to move. A round moves
+ * each queue's for at most janitor.interval (at least a second) and then
+ * ends, so the next round's purges come while the backlog is still
+ * moving: an expired key written once the moves began is gone before
+ * the last old key moved. Before, the first round moved the whole
+ * backlog, and every purge waited for it. */
+START_TEST(test_a_long_move_leaves_the_purges_their_rounds)
+{
+    struct h_run r;
+    h_run_open(&r, "archive-backlog");
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) "
+             "SELECT '%s', 'old-' || i, 'completed', 1, now() - interval '10 minutes' "
+             "FROM generate_series(1, %d) AS i", r.queue, BACKLOG);
+    h_pg_exec(r.pg, sql);
+    h_run_start(&r, &(struct h_run_opts){
+        .workers = 1, .queue_yaml = "    retention: 1h\n",
+        .top_yaml = "janitor:\n  interval: 200ms\n  batch: 100\n  archive_after: 1s\n" });
+    H_WAIT(h_archived(&r) > 0, 30000, "the janitor should start moving the backlog");
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) "
+             "VALUES ('%s', 'expired', 'completed', 1, now() - interval '2 hours')", r.queue);
+    h_pg_exec(r.pg, sql);
+    char status[32];
+    H_WAIT(strcmp(h_key_status(&r, "expired", status, sizeof(status)), "absent") == 0, 60000,
+           "a round's purge should delete the expired key");
+    long long left = h_pg_count(r.pg, "SELECT count(*) FROM sekali.idempotency_keys "
+                                      "WHERE queue = '%s'", r.queue);
+    ck_assert_msg(left > 0, "the expired key went only once the whole backlog had moved");
+    ck_assert_int_gt(h_count_lines(r.log, "than a round moves (1.0 s of it): the next rounds go on"),
+                     0);
+    H_WAIT(h_archived(&r) == BACKLOG, 90000, "the janitor should move the whole backlog, "
+           "%lld of %d moved", h_archived(&r), BACKLOG);
+    h_run_stop(&r);
+    h_run_close(&r);
+}
+END_TEST
+
 /* The archive has its retention: a key archived and untouched past it goes. */
 START_TEST(test_archived_keys_expire_with_the_retention)
 {
@@ -312,6 +353,7 @@ int main(void)
         test_a_result_moves_until_a_reply_carried_it,
         test_second_copies_of_archived_keys_are_duplicates,
         test_archived_keys_expire_with_the_retention,
+        test_a_long_move_leaves_the_purges_their_rounds,
         NULL,
     };
     return h_run_suite(h_suite("archive", 120, tests));

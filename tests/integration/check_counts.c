@@ -238,6 +238,63 @@ START_TEST(test_purges_read_what_expired_not_what_is_retained)
 }
 END_TEST
 
+/* The archive's purge goes on from where its last batch ended (sql/041).
+ * The rows a batch deletes keep their index entries until a VACUUM, which
+ * a table of 100 M keys waits long for; a batch that started from the
+ * oldest row again walked all of them (at 100 M keys, 134 MB a batch).
+ * One transaction holds the janitor's batches here: the rows it deleted
+ * stay in the index for its later statements as they do for the
+ * janitor's later batches until a VACUUM. */
+START_TEST(test_the_archive_purge_goes_on_from_its_last_batch)
+{
+    struct h_run r;
+    h_run_open(&r, "purge-mark");
+    char db[160], url[1024], *config;
+    PGconn *pg = own_database(&r, db, sizeof(db), url, sizeof(url), &config);
+    link_migrations(r.dir, "999");
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+
+    enum { RETAINED = 20000, EXPIRED = 2000, BATCH = 100 };
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO sekali.finished_keys (queue, key_id, duplicates, completed_at, "
+             "updated_at) SELECT '%s', sekali.key_id('k-' || i), 0, t, t "
+             "FROM generate_series(1, %d) i, LATERAL (SELECT CASE WHEN i <= %d "
+             "THEN now() - interval '2 hours' - i * interval '1 ms' ELSE now() END t) x;"
+             "ANALYZE sekali.finished_keys", r.queue, RETAINED + EXPIRED, EXPIRED);
+    h_pg_exec(pg, sql);
+
+    h_pg_exec(pg, "BEGIN");
+    long long before = rows_read(pg, "finished_keys"), deleted = 0, batches = 0;
+    char mark[80] = "NULL";
+    for (;;) {
+        snprintf(sql, sizeof(sql), "SELECT deleted, last_updated_at FROM "
+                 "sekali.purge_finished_keys_after('%s', 3600000, %d, %s)", r.queue, BATCH, mark);
+        PGresult *res = PQexec(pg, sql);
+        ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "%s: %s", sql,
+                      PQresultErrorMessage(res));
+        long long n = atoll(PQgetvalue(res, 0, 0));
+        snprintf(mark, sizeof(mark), "'%s'", PQgetvalue(res, 0, 1));
+        PQclear(res);
+        deleted += n;
+        batches++;
+        if (n < BATCH)
+            break;
+        ck_assert_msg(batches <= EXPIRED / BATCH, "more full batches than expired keys");
+    }
+    long long read = rows_read(pg, "finished_keys") - before;
+    h_pg_exec(pg, "ROLLBACK");
+    ck_assert_int_eq(deleted, EXPIRED);
+    /* A deleted row is read twice (its index entry, then its ctid), and the
+     * rows at each mark once more. From the oldest row each time it was
+     * about 11 times EXPIRED. */
+    ck_assert_msg(read <= 3 * EXPIRED, "%lld batches read %lld rows of sekali.finished_keys to "
+                  "delete %d: each should go on from the last", batches, read, EXPIRED);
+    drop_own_database(&r, pg, db, config);
+    h_run_close(&r);
+}
+END_TEST
+
 /* MANY letters of queue in three groups: two with keys, one malformed. */
 static void letters(PGconn *pg, const char *queue)
 {
@@ -575,6 +632,7 @@ int main(void)
         test_dlq_groups_count_letters_without_reading_them,
         test_an_upgrade_counts_what_the_database_held_while_writers_commit,
         test_purges_read_what_expired_not_what_is_retained,
+        test_the_archive_purge_goes_on_from_its_last_batch,
         test_a_deep_dlq_page_reads_its_own_letters_only,
         test_verify_reads_a_bounded_sample_of_dead_letters,
         NULL,
