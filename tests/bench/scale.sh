@@ -50,20 +50,24 @@
 #      counted, since counting the queue's keys would read the history);
 #      PostgreSQL's CPU per job from its process tree; every run checked (one
 #      effect per job, each key completed) and its keys deleted after, so
-#      that N stays N;
+#      that N stays N; before each run, a store with the archive has its
+#      keys table vacuumed (settle());
 #   2. where the keys can be archived (sql/040), the same run with the
 #      janitor moving each key a second after it completed (archive_after
 #      1s, every 200 ms): what the moves cost the workers;
 #      at N > 0, the same run while the janitor's statement
-#      (sekali.purge_keys, or sekali.purge_finished_keys where the expired
-#      keys are archived, with the default batch of 1000, one transaction a
-#      batch, on one session) deletes expired keys beside it, up to
+#      (sekali.purge_keys, or where the expired keys are archived
+#      sekali.purge_finished_keys_after, each batch going on from the last
+#      (sql/041; sql/040's purge_finished_keys in a tree without it), with
+#      the default batch of 1000, one transaction a batch, on one session)
+#      deletes expired keys beside it, up to
 #      BENCH_SCALE_PURGE_ROWS or BENCH_SCALE_PURGE_SECONDS: its rate, and
 #      the workers' jobs/s against run 1's;
 #   3. latency: BENCH_SCALE_RATE jobs/s for BENCH_LATENCY_SECONDS (after a
 #      second of warm-up), p50 and p99 of publish -> effect;
 #   4. the time of one janitor batch with nothing expired (what every round
-#      costs once the expired keys are gone), `sekalictl status --json` (the
+#      costs once the expired keys are gone; the archive's from no mark,
+#      as after a start), `sekalictl status --json` (the
 #      console's status page runs the same report), `verify`, `trace KEY` of
 #      a retained key, `dlq list --limit 100` and `dlq groups` (the console's dead
 #      letter pages run the same reports) over a dead letter for each
@@ -133,7 +137,12 @@ on() { local db=$1; shift; PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP
 # loader put the keys older than an hour and where the purge finds the
 # expired ones.
 archived() { on "$1" -c "SELECT to_regclass('sekali.finished_keys') IS NOT NULL"; }
-purge_fn() { if [ "$(archived "$1")" = t ]; then echo sekali.purge_finished_keys; else echo sekali.purge_keys; fi; }
+purge_fn() {
+    if [ "$(on "$1" -c "SELECT to_regproc('sekali.purge_finished_keys_after') IS NOT NULL")" = t ]; then
+        echo sekali.purge_finished_keys_after
+    elif [ "$(archived "$1")" = t ]; then echo sekali.purge_finished_keys
+    else echo sekali.purge_keys; fi
+}
 
 # conf DB [archiving]: sekalid's configuration for the queue in store DB. Its janitor
 # keeps the keys (retention: forever) and moves none (archive_after:
@@ -182,7 +191,7 @@ store() {
             say "loading $n keys into $db"
             [ "$n" = 0 ] || on "$db" -v n="$n" -v queue=$queue -v retention_h=720 \
                 -v expired_pct="$expired_pct" -f tests/bench/scale_load.sql \
-                -c 'VACUUM ANALYZE sekali.idempotency_keys' -c CHECKPOINT
+                -c 'VACUUM (ANALYZE)' -c CHECKPOINT
         else
             sql -c "CREATE DATABASE $db TEMPLATE $first"
             on "$db" -c 'DROP TABLE sekali_bench.scale_ready'
@@ -203,6 +212,21 @@ store() {
     fi
 }
 
+# settle V N: before a run, the keys table of a store with the archive
+# vacuumed (it holds the last hour's keys, a few hundred thousand at
+# 100 M, and every run leaves its 20,000 dead), with the archive too on the
+# empty store, so that no autovacuum lands inside a run (one doubled
+# PostgreSQL's CPU a job of an empty store's run in session 27's first
+# series). A store without the archive is not: there the keys table holds
+# the whole history, and a VACUUM's index pass reads its indexes whole.
+settle() {
+    local db
+    db=$(db_of "$1" "$2")
+    [ "$(archived "$db")" = t ] || return 0
+    on "$db" -c 'VACUUM (ANALYZE) sekali.idempotency_keys'
+    [ "$2" != 0 ] || on "$db" -c 'VACUUM (ANALYZE) sekali.finished_keys'
+}
+
 # seconds COMMAND...: the wall time of COMMAND, whatever its exit status.
 seconds() {
     local t0
@@ -213,19 +237,25 @@ seconds() {
 
 # purge_loop DB BUSY: the janitor's statement, batch after batch on one
 # session as the janitor calls it (each batch its own transaction, then a
-# rest that keeps it busy BUSY percent of the time, as janitor.c's drain()),
-# until none is left, purge_rows keys are gone or purge_seconds have
-# passed; prints "rows seconds".
+# rest that keeps it busy BUSY percent of the time, as janitor.c's drain();
+# where the archive's purge takes a mark (sql/041), each batch goes on from
+# the last, as the janitor's do), until
+# none is left, purge_rows keys are gone or purge_seconds have passed;
+# prints "rows seconds".
 purge_loop() {
-    local busy=$2 fn
+    local busy=$2 fn call
     fn=$(purge_fn "$1")
+    case $fn in
+        *_after) call="SELECT deleted, last_updated_at INTO got, mark FROM $fn('$queue', $retention_ms, 1000, mark)" ;;
+        *) call="got := $fn('$queue', $retention_ms, 1000)" ;;
+    esac
     on "$1" -c "DO \$\$
-        DECLARE total bigint := 0; got bigint; t0 timestamptz := clock_timestamp();
+        DECLARE total bigint := 0; got bigint; mark timestamptz; t0 timestamptz := clock_timestamp();
                 batch_t0 timestamptz;
         BEGIN
             LOOP
                 batch_t0 := clock_timestamp();
-                got := $fn('$queue', $retention_ms, 1000);
+                $call;
                 total := total + got;
                 COMMIT;
                 EXIT WHEN got < 1000 OR total >= $purge_rows
@@ -246,8 +276,7 @@ run() {
     if [ "$purge" = archive ]; then
         c=$(conf "$db" archiving) purge=0
     fi
-    # No VACUUM of the keys: its index pass would read every index whole
-    # for the few thousand rows each run leaves dead.
+    settle "$v" "$n"
     on "$db" -c 'TRUNCATE sekali_bench.jobs' -c CHECKPOINT
     quiesce "${names[$v]} N=$n" >&2
     live_queue=$queue
@@ -295,6 +324,7 @@ checked() {
 latency_run() {
     local v=$1 n=$2 db c count driver
     db=$(db_of "$v" "$n") c=$(conf "$db") count=$((lat_rate * (lat_seconds + 1)))
+    settle "$v" "$n"
     on "$db" -c 'TRUNCATE sekali_bench.jobs' -c CHECKPOINT
     quiesce "${names[$v]} N=$n latency" >&2
     live_queue=$queue
@@ -322,7 +352,14 @@ reads() {
     local v=$1 n=$2 db c bin key
     db=$(db_of "$v" "$n") c=$(conf "$db") bin=$(bin_of "$v")
     key=$(on "$db" -c "SELECT key FROM sekali.idempotency_keys WHERE queue = '$queue' LIMIT 1")
-    echo "$(seconds on "$db" -c "SELECT $(purge_fn "$db")('$queue', $((retention_ms * 4)), 1000)") \
+    local fn empty_purge
+    fn=$(purge_fn "$db")
+    case $fn in
+        # From no mark, as the janitor's first batch after a start or an hour.
+        *_after) empty_purge="SELECT * FROM $fn('$queue', $((retention_ms * 4)), 1000, NULL)" ;;
+        *) empty_purge="SELECT $fn('$queue', $((retention_ms * 4)), 1000)" ;;
+    esac
+    echo "$(seconds on "$db" -c "$empty_purge") \
 $(seconds "$bin/sekalictl" -c "$c" status --json) \
 $(seconds "$bin/sekalictl" -c "$c" verify) \
 $(seconds "$bin/sekalictl" -c "$c" trace "${key:-absent}") \
