@@ -44,7 +44,7 @@ const char *const sk_schema_migrations[] = {
     "038_history_order.sql",
     "039_outbox_tenant.sql",
     "040_finished_keys.sql",
-    "041_purge_finished_from.sql",
+    "041_janitor_marks.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 

@@ -39,13 +39,17 @@
 #include "pg.h"
 #include "process.h"
 
-/* Room for a timestamptz as PostgreSQL prints it. */
-#define JANITOR_MARK 64
+/* Where a queue's moves and its archive's purge go on from (sql/041):
+ * the newest updated_at the last batch took, as PostgreSQL prints a
+ * timestamptz; "" from the start. */
+struct janitor_marks {
+    char purge[64];
+    char move[64];
+};
 
-/* The archive purge's marks are forgotten this often, so that a row that
- * did enter the archive under one (another host's move of a key that
- * expired meanwhile) is kept at most this much longer than its
- * retention; the walk it costs is one batch's an hour. */
+/* The marks are forgotten this often, so that a row that did land under
+ * one (sql/041 says how) stays at most this much longer where it is; the
+ * walk it costs is one batch's an hour. */
 #define JANITOR_MARKS_MS (3600 * 1000)
 
 /* One round's deletes: where they go and how they are paced. */
@@ -53,7 +57,7 @@ struct janitor_round {
     PGconn               *pg;
     const struct sk_conf *conf;
     struct sk_slot       *slot;
-    char                (*marks)[JANITOR_MARK];  /* a queue's archive purge mark, or NULL */
+    struct janitor_marks *marks;  /* one a queue; NULL: every batch from the start */
 };
 
 /* Waits ms, in steps short enough that the supervisor, and through it
@@ -141,12 +145,10 @@ static int drain(const struct janitor_round *r, const char *sql, const char *con
 }
 
 /* One queue's expired keys go from both tables, with the dead letters
- * whose failed key went. The archive's purge goes on from mark, the
- * newest updated_at it deleted (sql/041): its deleted rows' index entries
- * stay until a VACUUM, which a table of 100 M keys waits long for, and
- * each batch from the start walked them all again. */
+ * whose failed key went. The archive's purge goes on from its mark
+ * (sql/041). */
 static int purge_queue(const struct janitor_round *r, const struct sk_queue_conf *q,
-                       const char *batch, char *mark, size_t mark_size)
+                       const char *batch, struct janitor_marks *marks)
 {
     if (q->retention_ms == SK_RETENTION_FOREVER)
         return SK_OK;
@@ -156,7 +158,7 @@ static int purge_queue(const struct janitor_round *r, const struct sk_queue_conf
     struct drain_call archived = {
         .sql = "SELECT * FROM sekali.purge_finished_keys_after($1, $2, $3, $4)",
         .params = params, .n_params = 4, .what = "archived keys",
-        .mark = mark, .mark_size = mark_size };
+        .mark = marks != NULL ? marks->purge : NULL, .mark_size = sizeof(marks->purge) };
     if (drain(r, "SELECT sekali.purge_keys($1, $2, $3)", params, 3, "idempotency keys") != SK_OK ||
         drain_call(r, &archived) != SK_OK ||
         drain(r, "SELECT sekali.purge_dead_letters($1, $2, $3)", params, 3,
@@ -166,7 +168,8 @@ static int purge_queue(const struct janitor_round *r, const struct sk_queue_conf
 }
 
 /* The completed keys older than archive_after move to
- * sekali.finished_keys (sql/040), after the round's purges so that no key
+ * sekali.finished_keys (sql/040), from where the last batch ended
+ * (sql/041), after the round's purges so that no key
  * moves only to be deleted, and each queue's for at most janitor.interval
  * (at least a second) a round: an upgrade over a long history has hours
  * to move (about 30,000 keys a second), and the purges, the history's
@@ -187,11 +190,13 @@ static int archive_queues(const struct janitor_round *r)
         const struct sk_queue_conf *q = &conf->queues[i];
         if (after >= q->retention_ms)
             continue;
-        const char *params[] = { q->name, ms, batch };
+        const char *params[] = { q->name, ms, batch, NULL };
         struct drain_call moves = {
-            .sql = "SELECT sekali.archive_keys($1, $2, $3)", .params = params, .n_params = 3,
-            .what = "completed keys (moving them to sekali.finished_keys)",
-            .until_ns = sk_now_ns() + budget_ms * 1000000ull };
+            .sql = "SELECT * FROM sekali.archive_keys_after($1, $2, $3, $4)", .params = params,
+            .n_params = 4, .what = "completed keys (moving them to sekali.finished_keys)",
+            .until_ns = sk_now_ns() + budget_ms * 1000000ull,
+            .mark = r->marks != NULL ? r->marks[i].move : NULL,
+            .mark_size = sizeof(r->marks[i].move) };
         if (drain_call(r, &moves) != SK_OK)
             return SK_AGAIN;
         if (moves.cut)
@@ -215,8 +220,8 @@ static int round_once(const struct janitor_round *r, struct sk_history *history)
         PQstatus(pg) != CONNECTION_OK)
         return SK_AGAIN;
     for (size_t i = 0; i < conf->n_queues && !sk_process_stopping(); i++) {
-        char *mark = r->marks != NULL ? r->marks[i] : NULL;
-        if (purge_queue(r, &conf->queues[i], batch, mark, JANITOR_MARK) != SK_OK)
+        struct janitor_marks *marks = r->marks != NULL ? &r->marks[i] : NULL;
+        if (purge_queue(r, &conf->queues[i], batch, marks) != SK_OK)
             return SK_AGAIN;
     }
     snprintf(ms, sizeof(ms), "%" PRIu64, conf->janitor.outbox_retention_ms);
@@ -272,7 +277,7 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         sk_history_new(conf, metrics, sk_metrics_read_janitor_round(metrics) == 0);
     /* Without them (out of memory) each archive purge batch starts from
      * the oldest row. */
-    char (*marks)[JANITOR_MARK] = calloc(conf->n_queues > 0 ? conf->n_queues : 1, sizeof(*marks));
+    struct janitor_marks *marks = calloc(conf->n_queues > 0 ? conf->n_queues : 1, sizeof(*marks));
     int64_t marks_since = sk_now_ms();
     while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());

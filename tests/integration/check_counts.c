@@ -238,58 +238,89 @@ START_TEST(test_purges_read_what_expired_not_what_is_retained)
 }
 END_TEST
 
-/* The archive's purge goes on from where its last batch ended (sql/041).
- * The rows a batch deletes keep their index entries until a VACUUM, which
- * a table of 100 M keys waits long for; a batch that started from the
- * oldest row again walked all of them (at 100 M keys, 134 MB a batch).
- * One transaction holds the janitor's batches here: the rows it deleted
- * stay in the index for its later statements as they do for the
- * janitor's later batches until a VACUUM. */
-START_TEST(test_the_archive_purge_goes_on_from_its_last_batch)
+/* Calls fn (sql/041: queue, a time in ms, a batch, a mark; answers the
+ * rows it took and a new mark) batch after batch from no mark, each from
+ * the mark the last answered, as the janitor does, in one transaction it
+ * rolls back; returns the rows it read of table, *taken the rows taken. */
+static long long walk_reads(PGconn *pg, const char *table, const char *fn, const char *queue,
+                            long long ms, int batch, long long *taken)
 {
-    struct h_run r;
-    h_run_open(&r, "purge-mark");
-    char db[160], url[1024], *config;
-    PGconn *pg = own_database(&r, db, sizeof(db), url, sizeof(url), &config);
-    link_migrations(r.dir, "999");
-    ck_assert_int_eq(migrate(config, r.dir), 0);
-
-    enum { RETAINED = 20000, EXPIRED = 2000, BATCH = 100 };
-    char sql[1024];
-    snprintf(sql, sizeof(sql),
-             "INSERT INTO sekali.finished_keys (queue, key_id, duplicates, completed_at, "
-             "updated_at) SELECT '%s', sekali.key_id('k-' || i), 0, t, t "
-             "FROM generate_series(1, %d) i, LATERAL (SELECT CASE WHEN i <= %d "
-             "THEN now() - interval '2 hours' - i * interval '1 ms' ELSE now() END t) x;"
-             "ANALYZE sekali.finished_keys", r.queue, RETAINED + EXPIRED, EXPIRED);
-    h_pg_exec(pg, sql);
-
+    char sql[512], mark[80] = "NULL";
     h_pg_exec(pg, "BEGIN");
-    long long before = rows_read(pg, "finished_keys"), deleted = 0, batches = 0;
-    char mark[80] = "NULL";
+    long long before = rows_read(pg, table), batches = 0;
+    *taken = 0;
     for (;;) {
-        snprintf(sql, sizeof(sql), "SELECT deleted, last_updated_at FROM "
-                 "sekali.purge_finished_keys_after('%s', 3600000, %d, %s)", r.queue, BATCH, mark);
+        snprintf(sql, sizeof(sql), "SELECT * FROM sekali.%s('%s', %lld, %d, %s)", fn, queue, ms,
+                 batch, mark);
         PGresult *res = PQexec(pg, sql);
         ck_assert_msg(PQresultStatus(res) == PGRES_TUPLES_OK, "%s: %s", sql,
                       PQresultErrorMessage(res));
         long long n = atoll(PQgetvalue(res, 0, 0));
         snprintf(mark, sizeof(mark), "'%s'", PQgetvalue(res, 0, 1));
         PQclear(res);
-        deleted += n;
-        batches++;
-        if (n < BATCH)
+        *taken += n;
+        if (n < batch)
             break;
-        ck_assert_msg(batches <= EXPIRED / BATCH, "more full batches than expired keys");
+        ck_assert_msg(++batches < 1000, "%s: a full batch after a thousand", fn);
     }
-    long long read = rows_read(pg, "finished_keys") - before;
+    long long read = rows_read(pg, table) - before;
     h_pg_exec(pg, "ROLLBACK");
-    ck_assert_int_eq(deleted, EXPIRED);
-    /* A deleted row is read twice (its index entry, then its ctid), and the
-     * rows at each mark once more. From the oldest row each time it was
-     * about 11 times EXPIRED. */
-    ck_assert_msg(read <= 3 * EXPIRED, "%lld batches read %lld rows of sekali.finished_keys to "
-                  "delete %d: each should go on from the last", batches, read, EXPIRED);
+    return read;
+}
+
+/* The janitor's moves and the archive's purge go on from where their last
+ * batch ended (sql/041). At the start of their time index lie the rows
+ * earlier batches deleted, whose entries stay until a VACUUM (which a
+ * table of 100 M keys waits long for), and, in the keys table's, the
+ * failed keys, which never move; a batch that started from the oldest
+ * row again walked all of them (at 100 M keys, 134 MB a purge batch). One
+ * transaction holds the batches here: the rows it deleted stay in the
+ * index for its later statements as they do for the janitor's later
+ * batches until a VACUUM. */
+START_TEST(test_the_janitors_walks_go_on_from_their_last_batch)
+{
+    struct h_run r;
+    h_run_open(&r, "janitor-marks");
+    char db[160], url[1024], *config;
+    PGconn *pg = own_database(&r, db, sizeof(db), url, sizeof(url), &config);
+    link_migrations(r.dir, "999");
+    ck_assert_int_eq(migrate(config, r.dir), 0);
+
+    enum { RETAINED = 20000, OLD = 2000, BATCH = 100 };
+    char sql[2048];
+    snprintf(sql, sizeof(sql),
+             /* The archive: OLD expired, RETAINED not. */
+             "INSERT INTO sekali.finished_keys (queue, key_id, duplicates, completed_at, "
+             "updated_at) SELECT '%1$s', sekali.key_id('k-' || i), 0, t, t "
+             "FROM generate_series(1, %2$d) i, LATERAL (SELECT CASE WHEN i <= %3$d "
+             "THEN now() - interval '2 hours' - i * interval '1 ms' ELSE now() END t) x;"
+             /* The keys: OLD failed two hours ago, OLD completed ten minutes
+              * ago (to move), RETAINED completed now. */
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) "
+             "SELECT '%1$s', 'f-' || i, 'failed', 1, now() - interval '2 hours' "
+             "FROM generate_series(1, %3$d) i;"
+             "INSERT INTO sekali.idempotency_keys (queue, key, status, fence, updated_at) "
+             "SELECT '%1$s', 'c-' || i, 'completed', 1, CASE WHEN i <= %3$d "
+             "THEN now() - interval '10 minutes' - i * interval '1 ms' ELSE now() END "
+             "FROM generate_series(1, %2$d) i;"
+             "ANALYZE sekali.finished_keys; ANALYZE sekali.idempotency_keys",
+             r.queue, RETAINED + OLD, OLD);
+    h_pg_exec(pg, sql);
+
+    /* A row taken is read twice (its index entry, then its ctid), the rows
+     * at each mark once more, and the first move walks the failed keys
+     * once. From the oldest row each time it was about 11 times OLD for
+     * the purge, 30 times for the moves. */
+    long long taken, read = walk_reads(pg, "finished_keys", "purge_finished_keys_after",
+                                       r.queue, 3600000, BATCH, &taken);
+    ck_assert_int_eq(taken, OLD);
+    ck_assert_msg(read <= 3 * OLD, "the purge read %lld rows of sekali.finished_keys to delete "
+                  "%d: each batch should go on from the last", read, OLD);
+    read = walk_reads(pg, "idempotency_keys", "archive_keys_after", r.queue, 60000, BATCH,
+                      &taken);
+    ck_assert_int_eq(taken, OLD);
+    ck_assert_msg(read <= 5 * OLD, "the moves read %lld rows of sekali.idempotency_keys to move "
+                  "%d past %d failed keys: each batch should go on from the last", read, OLD, OLD);
     drop_own_database(&r, pg, db, config);
     h_run_close(&r);
 }
@@ -632,7 +663,7 @@ int main(void)
         test_dlq_groups_count_letters_without_reading_them,
         test_an_upgrade_counts_what_the_database_held_while_writers_commit,
         test_purges_read_what_expired_not_what_is_retained,
-        test_the_archive_purge_goes_on_from_its_last_batch,
+        test_the_janitors_walks_go_on_from_their_last_batch,
         test_a_deep_dlq_page_reads_its_own_letters_only,
         test_verify_reads_a_bounded_sample_of_dead_letters,
         NULL,
