@@ -45,6 +45,7 @@ const char *const sk_schema_migrations[] = {
     "039_outbox_tenant.sql",
     "040_finished_keys.sql",
     "041_janitor_marks.sql",
+    "042_key_functions_by_index.sql",
 };
 const size_t sk_schema_n_migrations = SK_ARRAY_LEN(sk_schema_migrations);
 
