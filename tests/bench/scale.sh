@@ -236,6 +236,22 @@ seconds() {
     awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }'
 }
 
+# purge_retention_ms DB FN: the retention the purge beside a run uses: the
+# store's (720 h), or shorter where fewer than purge_rows keys are left
+# past it (each run deletes up to purge_rows of the loaded store's 10 %
+# expired, and a few series use them up): the age of the key that many
+# from the oldest, so that the purge deletes as much as it did.
+purge_retention_ms() {
+    local table=finished_keys finished='' age
+    # By the expiry index: of the old layout's keys table, the finished ones.
+    [[ $2 == *finished* ]] ||
+        table=idempotency_keys finished="AND status IN ('completed', 'failed', 'cancelled')"
+    age=$(on "$1" -c "SELECT floor(extract(epoch FROM now() - updated_at) * 1000)::bigint
+                        FROM sekali.$table WHERE queue = '$queue' $finished
+                       ORDER BY updated_at OFFSET $purge_rows LIMIT 1")
+    if [ -n "$age" ] && [ "$age" -lt "$retention_ms" ]; then echo "$age"; else echo "$retention_ms"; fi
+}
+
 # purge_loop DB BUSY: the janitor's statement, batch after batch on one
 # session as the janitor calls it (each batch its own transaction, then a
 # rest that keeps it busy BUSY percent of the time, as janitor.c's drain();
@@ -244,11 +260,12 @@ seconds() {
 # none is left, purge_rows keys are gone or purge_seconds have passed;
 # prints "rows seconds".
 purge_loop() {
-    local busy=$2 fn call
+    local busy=$2 fn call ms
     fn=$(purge_fn "$1")
+    ms=$(purge_retention_ms "$1" "$fn")
     case $fn in
-        *_after) call="SELECT deleted, last_updated_at INTO got, mark FROM $fn('$queue', $retention_ms, 1000, mark)" ;;
-        *) call="got := $fn('$queue', $retention_ms, 1000)" ;;
+        *_after) call="SELECT deleted, last_updated_at INTO got, mark FROM $fn('$queue', $ms, 1000, mark)" ;;
+        *) call="got := $fn('$queue', $ms, 1000)" ;;
     esac
     on "$1" -c "DO \$\$
         DECLARE total bigint := 0; got bigint; mark timestamptz; t0 timestamptz := clock_timestamp();
