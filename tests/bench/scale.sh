@@ -31,7 +31,11 @@
 #                                that has taken claims for a while holds the
 #                                leaves they touch; cold: the kernel's cache
 #                                dropped (root), as a server just restarted
-#                                meets them; asis: neither (before session 27)
+#                                meets them; buffers: as warm, into
+#                                PostgreSQL's shared buffers (as many as they
+#                                hold: a server sized for its store, e.g.
+#                                ALTER SYSTEM SET shared_buffers = '6GB');
+#                                asis: none of these (before session 27)
 #
 # The stores are databases of the test server, scale_NAME_N (NAME: before or
 # this), kept between invocations: the keys are loaded once
@@ -106,7 +110,7 @@ for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout la
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
 case $cache in
-    warm | asis) ;;
+    warm | buffers | asis) ;;
     cold) [ -w /proc/sys/vm/drop_caches ] ||
         { echo "bench: BENCH_SCALE_CACHE=cold drops the kernel's cache: run as root" >&2; exit 2; } ;;
     *) echo "bench: BENCH_SCALE_CACHE must be warm, cold or asis, got '$cache'" >&2; exit 2 ;;
@@ -422,19 +426,21 @@ console_pages() {
 # more than the layouts differ (docs/benchmark.md, session 26).
 cache_state() {
     local n v db t0
+    local mode=read where="the kernel's cache"
     case $cache in
         asis) return ;;
         cold) sync; echo 3 >/proc/sys/vm/drop_caches; say "$cache: the kernel's cache dropped"; return ;;
+        buffers) mode=buffer where="shared buffers ($(sql -c 'SHOW shared_buffers'))" ;;
     esac
     for n in "${sizes[@]}"; do
         [ "$n" != 0 ] || continue
         for v in "${!names[@]}"; do
             db=$(db_of "$v" "$n") t0=$(date +%s.%N)
             on "$db" -c 'CREATE EXTENSION IF NOT EXISTS pg_prewarm' -c "
-                SELECT pg_prewarm(i.indexrelid, 'read') FROM pg_index i
+                SELECT pg_prewarm(i.indexrelid, '$mode') FROM pg_index i
                  WHERE i.indisprimary AND i.indrelid IN ('sekali.idempotency_keys'::regclass,
                                                          to_regclass('sekali.finished_keys'))" >/dev/null
-            say "$cache: $db's primary keys read into the kernel's cache in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+            say "$cache: $db's primary keys read into $where in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
         done
     done
 }
