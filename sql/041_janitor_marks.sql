@@ -88,3 +88,16 @@ BEGIN
       INTO moved, last_updated_at;
 END
 $$;
+
+-- sql/040's functions, for a caller without a mark (an operator by hand):
+-- each batch from the start, as before.
+CREATE OR REPLACE FUNCTION sekali.purge_finished_keys(p_queue text, p_retention_ms bigint,
+                                                      p_batch integer)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT deleted FROM sekali.purge_finished_keys_after(p_queue, p_retention_ms, p_batch, NULL)
+$$;
+
+CREATE OR REPLACE FUNCTION sekali.archive_keys(p_queue text, p_after_ms bigint, p_batch integer)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT moved FROM sekali.archive_keys_after(p_queue, p_after_ms, p_batch, NULL)
+$$;
