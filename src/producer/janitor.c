@@ -97,9 +97,13 @@ struct drain_call {
  * one burst. Returns SK_OK, or the failure's code after logging it. */
 static int drain_call(const struct janitor_round *r, struct drain_call *c)
 {
+    /* A copy, so that the mark can be the last parameter of each batch. */
     const char *params[4];
-    if (c->n_params > 4)
+    if (c->n_params < 1 || (size_t)c->n_params > SK_ARRAY_LEN(params)) {
+        sk_log_error("janitor: %s: %d parameters, at most %zu", c->what, c->n_params,
+                     SK_ARRAY_LEN(params));
         return SK_ERR;
+    }
     memcpy(params, c->params, sizeof(params[0]) * (size_t)c->n_params);
     const struct sk_pg_stmt st = { .sql = c->sql, .n_params = c->n_params, .values = params,
                                    .one_row = true };
@@ -277,7 +281,8 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         sk_history_new(conf, metrics, sk_metrics_read_janitor_round(metrics) == 0);
     /* Without them (out of memory) each archive purge batch starts from
      * the oldest row. */
-    struct janitor_marks *marks = calloc(conf->n_queues > 0 ? conf->n_queues : 1, sizeof(*marks));
+    size_t n_marks = conf->n_queues > 0 ? conf->n_queues : 1;
+    struct janitor_marks *marks = calloc(n_marks, sizeof(*marks));
     int64_t marks_since = sk_now_ms();
     while (!sk_process_stopping()) {
         atomic_store(&slot->alive_ms, sk_now_ms());
@@ -295,7 +300,7 @@ int sk_janitor_run(const struct sk_conf *conf, struct sk_slot *slot, struct sk_m
         /* The failed delete was logged; a lost connection also begins an
          * outage, a statement that failed on a live server only backs off. */
         if (marks != NULL && sk_now_ms() - marks_since >= JANITOR_MARKS_MS) {
-            memset(marks, 0, (conf->n_queues > 0 ? conf->n_queues : 1) * sizeof(*marks));
+            memset(marks, 0, n_marks * sizeof(*marks));
             marks_since = sk_now_ms();
         }
         const struct janitor_round round = { .pg = pg, .conf = conf, .slot = slot,
