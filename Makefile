@@ -51,10 +51,10 @@ CORE    = common text file lane trace_context config config_walk config_servers 
 # The broker module (broker.h) is one file per responsibility: see broker.c.
 BROKER  = broker broker_queue broker_consume broker_scan broker_publish broker_wire
 DAEMON  = $(CORE) main proctitle process supervisor generation deaths roles worker job job_state span span_lock span_commit span_blame span_settle limit batch batch_size job_trace span_export otlp_json links forward pause $(BROKER) envelope lock rate redis_link heartbeat pg store plugin host sqlq headers_json letter failpoint reschedule scoreboard lease \
-          doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions \
+          doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions doctor_pages \
           notify oom metrics metrics_text metrics_http inflight relay janitor history scheduler schema
 CTL     = $(CORE) ctl ctl_common ctl_delays ctl_pool ctl_migrate ctl_migrate_online ctl_migrate_plan ctl_migrate_scan ctl_enqueue ctl_dlq ctl_dlq_read ctl_dlq_import ctl_out ctl_status ctl_trace ctl_fingerprint ctl_http ctl_doctor ctl_verify ctl_schedules ctl_scheduled ctl_inflight ctl_pause ctl_cancel \
-          console console_http console_auth console_guard console_api console_rates console_history console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions redis_link
+          console console_http console_auth console_guard console_api console_rates console_history console_assets $(BROKER) pg envelope failpoint reschedule schema doctor doctor_report doctor_broker doctor_servers doctor_schedules doctor_versions doctor_pages redis_link
 
 obj   = $(patsubst %,$(B)/obj/%.o,$(1))
 fobj  = $(patsubst %,$(B)/fault/%.o,$(1))

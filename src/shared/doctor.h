@@ -9,6 +9,7 @@
  * was found and the fix in one line. doctor_report.c keeps the report,
  * doctor.c runs the families; doctor_broker.c checks the queues,
  * doctor_servers.c PostgreSQL, Redis, the clocks, the schema and retention,
+ * doctor_versions.c and doctor_pages.c judge what the servers told,
  * doctor_schedules.c the schedules' specs across hosts. Each family dials its own
  * short-lived connections with the daemon's configuration. */
 #ifndef SK_DOCTOR_H
@@ -81,6 +82,13 @@ void sk_doctor_rabbitmq_version(struct sk_doctor *d, const char *version);
 void sk_doctor_postgres_version(struct sk_doctor *d, int server_version_num);
 void sk_doctor_redis_version(struct sk_doctor *d, const char *object, const char *server,
                              const char *version);
+
+/* doctor_pages.c: whether PostgreSQL's shared buffers (shared_buffers in
+ * bytes) sit on huge pages where their size makes 4 kB pages cost claims;
+ * huge_pages as set (on, off, try), status as huge_pages_status says it
+ * (PostgreSQL 17 on; "" before). Not in the cheap subset. */
+void sk_doctor_postgres_pages(struct sk_doctor *d, long long shared_buffers,
+                              const char *huge_pages, const char *status);
 
 /* Clock skew: below warn_ms passes, below fail_ms warns. */
 #define SK_DOCTOR_SKEW_WARN_MS 1000

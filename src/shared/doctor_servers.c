@@ -20,6 +20,7 @@ static bool check_schema(struct sk_doctor *d, PGconn *pg);
 static void check_sync(struct sk_doctor *d, PGconn *pg);
 static void check_retention(struct sk_doctor *d, PGconn *pg);
 static void check_key_memory(struct sk_doctor *d, PGconn *pg);
+static void check_pages(struct sk_doctor *d, PGconn *pg);
 static void check_skew(struct sk_doctor *d, const char *object, int64_t skew_ms);
 static bool pg_exec(struct sk_doctor *d, PGconn *pg, const struct sk_pg_stmt *st,
                     PGresult **out, const char *check, const char *object);
@@ -44,8 +45,10 @@ void sk_doctor_postgres(struct sk_doctor *d)
         return;
     }
     bool migrated = check_schema(d, pg);
-    if (!d->cheap)
+    if (!d->cheap) {
         sk_doctor_postgres_version(d, PQserverVersion(pg));
+        check_pages(d, pg);
+    }
     check_sync(d, pg);
     /* The server's clock against the host's, at the middle of the round
      * trip. */
@@ -236,6 +239,21 @@ static void check_key_memory(struct sk_doctor *d, PGconn *pg)
                       "the keys' primary keys are %s, more than half of effective_cache_size "
                       "(%s): a new key's claim reads its page from outside memory", index,
                       cache);
+}
+
+/* shared_buffers and whether huge pages hold them (doctor_pages.c judges). */
+static void check_pages(struct sk_doctor *d, PGconn *pg)
+{
+    char found[160];
+    if (!pg_value(d, pg, "SELECT pg_size_bytes(current_setting('shared_buffers')) || '|' || "
+                         "current_setting('huge_pages') || '|' || "
+                         "coalesce(current_setting('huge_pages_status', true), '')",
+                  found, sizeof(found), "postgres.huge_pages"))
+        return;
+    long long bytes = 0;
+    char huge_pages[16] = "", status[16] = "";
+    sscanf(found, "%lld|%15[^|]|%15[^|]", &bytes, huge_pages, status);
+    sk_doctor_postgres_pages(d, bytes, huge_pages, status);
 }
 
 /* The first column of the one row sql returns, as text. */

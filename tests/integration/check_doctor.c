@@ -100,6 +100,8 @@ START_TEST(test_the_healthy_test_servers_pass_every_check)
     has_verdict(report, "redis.maxmemory_policy", "", "pass");
     has_verdict(report, "clock.skew", "host-postgres", "pass");
     has_verdict(report, "retention.memory", "", "pass");
+    /* The test server's shared buffers: the default 128 MB. */
+    has_verdict(report, "postgres.huge_pages", "", "pass");
     /* sekalid's own start checks found nothing to log either. */
     H_WAIT(h_count_events(r.log, "worker", SK_EVENT_DOCTOR_PASSED, NULL) == 1, 20000,
            "sekalid should have run its start checks");
