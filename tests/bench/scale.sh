@@ -34,7 +34,9 @@
 #                                meets them; buffers: as warm, into
 #                                PostgreSQL's shared buffers (as many as they
 #                                hold: a server sized for its store, e.g.
-#                                ALTER SYSTEM SET shared_buffers = '6GB');
+#                                ALTER SYSTEM SET shared_buffers = '6GB',
+#                                on huge pages as doctor asks: sysctl
+#                                vm.nr_hugepages and huge_pages = on);
 #                                asis: none of these (before session 27)
 #
 # The stores are databases of the test server, scale_NAME_N (NAME: before or
@@ -141,6 +143,10 @@ on() { local db=$1; shift; PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP
 # archived DB: t when DB's schema has sql/040's finished_keys, where the
 # loader put the keys older than an hour and where the purge finds the
 # expired ones.
+# pages: the server's shared_buffers and its huge_pages setting (doctor's
+# postgres.huge_pages: the same store ran at 0.70x on 4 kB pages, 1.10x on
+# huge pages).
+pages() { echo "$(sql -c 'SHOW shared_buffers'), huge_pages $(sql -c 'SHOW huge_pages')"; }
 archived() { on "$1" -c "SELECT to_regclass('sekali.finished_keys') IS NOT NULL"; }
 purge_fn() {
     if [ "$(on "$1" -c "SELECT to_regproc('sekali.purge_finished_keys_after') IS NOT NULL")" = t ]; then
@@ -430,7 +436,7 @@ cache_state() {
     case $cache in
         asis) return ;;
         cold) sync; echo 3 >/proc/sys/vm/drop_caches; say "$cache: the kernel's cache dropped"; return ;;
-        buffers) mode=buffer where="shared buffers ($(sql -c 'SHOW shared_buffers'))" ;;
+        buffers) mode=buffer where="shared buffers ($(pages))" ;;
     esac
     for n in "${sizes[@]}"; do
         [ "$n" != 0 ] || continue
@@ -536,7 +542,7 @@ if [ "$reads_only" = 1 ]; then
         done
     done
 else
-    say "== summary: $jobs jobs a run, W=$workers, cache $cache, medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
+    say "== summary: $jobs jobs a run, W=$workers, cache $cache, shared buffers $(pages), medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
     fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
     # shellcheck disable=SC2059  # one format for the header and the rows
     printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \
