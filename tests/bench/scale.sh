@@ -25,6 +25,11 @@
 #   BENCH_TIMEOUT [300]          seconds one run may take
 #   BENCH_SCALE_READS_ONLY [0]   1: each round times the operator's reads
 #                                and the console's pages only (step 4)
+#   BENCH_SCALE_FULL_PAGE_WRITES [on]  the server's full_page_writes for the
+#                                benchmark (ALTER SYSTEM, reset at its end):
+#                                on, as production runs (each move at 100 M
+#                                writes a page image), where the test
+#                                servers turn it off
 #   BENCH_SCALE_CACHE [warm]     what each round's large stores start from:
 #                                warm: their primary keys read into the
 #                                kernel's cache (pg_prewarm), as a server
@@ -106,6 +111,7 @@ read -r -a busy_list <<<"${BENCH_SCALE_BUSY_PERCENT:-100 50}"
 timeout=${BENCH_TIMEOUT:-300}
 reads_only=${BENCH_SCALE_READS_ONLY:-0}
 cache=${BENCH_SCALE_CACHE:-warm}
+full_page_writes=${BENCH_SCALE_FULL_PAGE_WRITES:-on}
 lat_rate=${BENCH_SCALE_RATE:-1000}
 lat_seconds=${BENCH_LATENCY_SECONDS:-5}
 for v in n_big jobs runs workers expired_pct purge_rows purge_seconds timeout lat_rate lat_seconds reads_only; do
@@ -116,6 +122,10 @@ case $cache in
     cold) [ -w /proc/sys/vm/drop_caches ] ||
         { echo "bench: BENCH_SCALE_CACHE=cold drops the kernel's cache: run as root" >&2; exit 2; } ;;
     *) echo "bench: BENCH_SCALE_CACHE must be warm, cold or asis, got '$cache'" >&2; exit 2 ;;
+esac
+case $full_page_writes in
+    on | off) ;;
+    *) echo "bench: BENCH_SCALE_FULL_PAGE_WRITES must be on or off, got '$full_page_writes'" >&2; exit 2 ;;
 esac
 [ ${#busy_list[@]} -gt 0 ] || { echo "bench: BENCH_SCALE_BUSY_PERCENT is empty" >&2; exit 2; }
 for b in "${busy_list[@]}"; do
@@ -146,7 +156,7 @@ on() { local db=$1; shift; PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP
 # pages: the server's shared_buffers and its huge_pages setting (doctor's
 # postgres.huge_pages: the same store ran at 0.70x on 4 kB pages, 1.10x on
 # huge pages).
-pages() { echo "$(sql -c 'SHOW shared_buffers'), huge_pages $(sql -c 'SHOW huge_pages')"; }
+pages() { echo "$(sql -c 'SHOW shared_buffers'), huge_pages $(sql -c 'SHOW huge_pages'), full_page_writes $(sql -c 'SHOW full_page_writes')"; }
 archived() { on "$1" -c "SELECT to_regclass('sekali.finished_keys') IS NOT NULL"; }
 purge_fn() {
     if [ "$(on "$1" -c "SELECT to_regproc('sekali.purge_finished_keys_after') IS NOT NULL")" = t ]; then
@@ -450,6 +460,20 @@ cache_state() {
         done
     done
 }
+
+# The server's full_page_writes for the benchmark, and back to the test
+# servers' own (tests/servers.sh) at its end, however it ends.
+set_full_page_writes() {
+    sql -c "ALTER SYSTEM SET full_page_writes = $1" >/dev/null && sql -c 'SELECT pg_reload_conf()' >/dev/null
+}
+scale_cleanup() {
+    cleanup
+    if sql -c 'ALTER SYSTEM RESET full_page_writes' >/dev/null 2>&1; then
+        sql -c 'SELECT pg_reload_conf()' >/dev/null 2>&1 || true
+    fi
+}
+trap scale_cleanup EXIT
+set_full_page_writes "$full_page_writes"
 
 for n in "${sizes[@]}"; do
     for v in "${!names[@]}"; do store "$v" "$n"; done
