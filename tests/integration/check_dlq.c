@@ -104,6 +104,11 @@ static void every_reason(struct h_run *r, const char *name)
     h_publish(r->b, r->queue, "test", "m-fail", "k-fail", NULL, "fail");
     h_publish(r->b, r->queue, "test", "m-retry", "k-retry", NULL, "retry");
     h_publish(r->b, r->queue, "test", "m-crash", "k-crash", NULL, "crash");
+    /* The malformed ones only once the crashes are over: prefetched beside
+     * m-crash they would die with its worker and come back, recorded with
+     * a second attempt. */
+    H_WAIT(listed(r) == 3, 60000, "expected the 3 letters of k-fail, k-retry and k-crash, "
+           "have %d", listed(r));
     h_publish_raw(r->b, r->queue, NULL, "test", NULL, 0, "{}", 2);
     h_publish_raw(r->b, r->queue, "m-refund", "refund", NULL, 0, "{}", 2);
     H_WAIT(listed(r) == 5, 60000, "expected 5 dead letters recorded, have %d", listed(r));
