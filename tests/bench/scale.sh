@@ -150,13 +150,13 @@ sql_of() { echo "${trees[$1]}/sql"; }
 db_of() { echo "scale_${names[$1]}_$2"; }
 on() { local db=$1; shift; PGOPTIONS=$quiet_pg psql -X -q -t -A -v ON_ERROR_STOP=1 "$SEKALI_PG_CONNINFO dbname=$db" "$@"; }
 
+# server_settings: what of the server's settings moved this benchmark's
+# figures (doctor's postgres.huge_pages: the same store ran at 0.70x on
+# 4 kB pages, 1.10x on huge pages; full_page_writes: docs/benchmark.md).
+server_settings() { echo "shared_buffers $(sql -c 'SHOW shared_buffers'), huge_pages $(sql -c 'SHOW huge_pages'), full_page_writes $(sql -c 'SHOW full_page_writes')"; }
 # archived DB: t when DB's schema has sql/040's finished_keys, where the
 # loader put the keys older than an hour and where the purge finds the
 # expired ones.
-# pages: the server's shared_buffers and its huge_pages setting (doctor's
-# postgres.huge_pages: the same store ran at 0.70x on 4 kB pages, 1.10x on
-# huge pages).
-pages() { echo "$(sql -c 'SHOW shared_buffers'), huge_pages $(sql -c 'SHOW huge_pages'), full_page_writes $(sql -c 'SHOW full_page_writes')"; }
 archived() { on "$1" -c "SELECT to_regclass('sekali.finished_keys') IS NOT NULL"; }
 purge_fn() {
     if [ "$(on "$1" -c "SELECT to_regproc('sekali.purge_finished_keys_after') IS NOT NULL")" = t ]; then
@@ -446,7 +446,7 @@ cache_state() {
     case $cache in
         asis) return ;;
         cold) sync; echo 3 >/proc/sys/vm/drop_caches; say "$cache: the kernel's cache dropped"; return ;;
-        buffers) mode=buffer where="shared buffers ($(pages))" ;;
+        buffers) mode=buffer where="shared buffers ($(server_settings))" ;;
     esac
     for n in "${sizes[@]}"; do
         [ "$n" != 0 ] || continue
@@ -566,7 +566,7 @@ if [ "$reads_only" = 1 ]; then
         done
     done
 else
-    say "== summary: $jobs jobs a run, W=$workers, cache $cache, shared buffers $(pages), medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
+    say "== summary: $jobs jobs a run, W=$workers, cache $cache, $(server_settings), medians of $runs rounds; ratios to N=0 of the same tree in the same round (the purge's columns: busy_percent ${busy_list[0]}; each is below)"
     fmt='%-7s %10s %9s %6s %9s %9s %8s %6s %8s %6s %12s %9s %8s %8s %8s %8s %8s %8s %12s\n'
     # shellcheck disable=SC2059  # one format for the header and the rows
     printf "$fmt" tree N jobs/s x_N0 pg_ms/job x_N0 p50_ms x_N0 p99_ms x_N0 purge_keys/s x_nopurge \
